@@ -1,0 +1,89 @@
+"""TrialConfig: one complete, concrete training configuration, the only thing training sees."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["TrialConfig", "scaled_lr"]
+
+
+def scaled_lr(base_lr: float, effective_batch_size: int, base_batch_size: int, rule: str) -> float:
+    """The learning rate applied at ``effective_batch_size`` under a scaling rule.
+
+    ``base_lr`` is the rate for ``base_batch_size`` examples per optimizer step; ``linear``
+    scales it in proportion to the batch (Goyal et al., 2017), ``sqrt`` by the square root.
+    """
+    ratio = effective_batch_size / base_batch_size
+    if rule == "linear":
+        return base_lr * ratio
+    if rule == "sqrt":
+        return base_lr * math.sqrt(ratio)
+    if rule == "none":
+        return base_lr
+    raise ValueError(f"unknown lr_scaling rule {rule!r}")
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """Every setting of one trial, after sampling, scaling and hardware filtering."""
+
+    # optimization
+    lr: float  # applied learning rate, after lr_scaling
+    base_lr: float  # learning rate per base_batch_size examples, as sampled
+    lr_scaling: str  # none | linear | sqrt
+    base_batch_size: int
+    batch_size: int  # samples per micro-batch
+    accumulation_steps: int  # micro-batches per optimizer step
+    optimizer: str  # sgd | adamw
+    weight_decay: float
+    momentum: float | None  # SGD only
+    nesterov: bool  # SGD only
+    schedule: str  # constant | cosine | onecycle
+    warmup_fraction: float  # fraction of optimizer steps spent warming up
+    # data loading
+    num_workers: int
+    pin_memory: bool
+    prefetch_factor: int | None  # only with num_workers > 0
+    persistent_workers: bool
+    # execution
+    precision: str  # fp32 | tf32 | bf16 | fp16
+    compile: str  # none | default | reduce-overhead | max-autotune | ...
+    channels_last: bool
+    cudnn_benchmark: bool
+    # the run
+    device: str  # cpu | cuda:N
+    epochs: float  # training epochs of this trial
+    eval_every: float  # epochs between evaluations
+    val_batch_size: int
+    seed: int
+
+    @property
+    def effective_batch_size(self) -> int:
+        """Samples per optimizer step: batch_size x accumulation_steps."""
+        return self.batch_size * self.accumulation_steps
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able mapping of every field."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialConfig:
+        """Inverse of ``to_dict``; a missing or unknown key is a ValueError naming it."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        missing = sorted(names - set(data))
+        if unknown or missing:
+            parts = []
+            if unknown:
+                parts.append(f"unknown keys {', '.join(unknown)}")
+            if missing:
+                parts.append(f"missing keys {', '.join(missing)}")
+            raise ValueError(f"not a trial configuration: {'; '.join(parts)}")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> TrialConfig:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)

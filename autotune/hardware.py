@@ -1,0 +1,124 @@
+"""What this machine can do: the training device, its precisions, torch.compile, CPU cores."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import shutil
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["DeviceError", "Hardware", "detect", "device_name"]
+
+
+class DeviceError(Exception):
+    """The requested device does not exist on this machine (a user error)."""
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The training device and what it supports. Plain data: tests build one for any machine."""
+
+    device: str  # "cpu" or "cuda:N"
+    device_name: str  # e.g. "NVIDIA H100 80GB HBM3" or "AMD EPYC (2 cores)"
+    cpu_count: int  # cores this process may use
+    cuda_capability: tuple[int, int] | None  # (major, minor) on CUDA, None on CPU
+    bf16: bool  # bfloat16 autocast runs (natively or emulated)
+    fp16: bool  # float16 autocast with GradScaler runs
+    tf32: bool  # TensorFloat-32 matmul/convolution (NVIDIA Ampere and newer)
+    cuda_graphs: bool  # CUDA graphs (compile modes reduce-overhead and max-autotune)
+    compile_problem: str | None  # why torch.compile cannot run here; None when it can
+    torch_version: str
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def device_type(self) -> str:
+        return "cuda" if self.is_cuda else "cpu"
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "CPU"
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _compile_problem(device_type: str) -> str | None:
+    """Why Inductor (torch.compile's default backend) cannot build kernels here, or None."""
+    if device_type == "cuda":
+        if importlib.util.find_spec("triton") is None:
+            return "torch.compile on CUDA needs Triton, which is not installed"
+        return None
+    compiler = os.environ.get("CXX") or next(
+        (c for c in ("g++", "c++", "clang++") if shutil.which(c)), None
+    )
+    if compiler is None or shutil.which(compiler) is None:
+        return "torch.compile on CPU needs a C++ compiler (g++ or clang++) on PATH"
+    return None
+
+
+def device_name(device: str) -> str:
+    """A person-readable name of a device: the GPU model, or the CPU model and core count."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"{_cpu_name()} ({_cpu_count()} cores)"
+
+
+def detect(device: str = "auto") -> Hardware:
+    """Describe the device ``device`` (auto, cpu, cuda, cuda:N); DeviceError if it is absent."""
+    cores = _cpu_count()
+    if device == "auto":
+        device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return Hardware(
+            device="cpu",
+            device_name=device_name("cpu"),
+            cpu_count=cores,
+            cuda_capability=None,
+            bf16=True,  # autocast to bfloat16 runs on every CPU, emulated where not native
+            fp16=False,  # the study would only measure emulation: fp16 is a GPU technique
+            tf32=False,
+            cuda_graphs=False,
+            compile_problem=_compile_problem("cpu"),
+            torch_version=torch.__version__,
+        )
+    if not torch.cuda.is_available():
+        raise DeviceError(
+            f"device '{device}' was asked for, but this machine has no usable CUDA GPU "
+            f"(torch {torch.__version__}, torch.cuda.is_available() is False)"
+        )
+    index = 0 if device == "cuda" else int(device.split(":", 1)[1])
+    if index >= torch.cuda.device_count():
+        raise DeviceError(
+            f"device '{device}' was asked for, but only {torch.cuda.device_count()} CUDA "
+            f"device(s) are visible"
+        )
+    capability = torch.cuda.get_device_capability(index)
+    return Hardware(
+        device=f"cuda:{index}",
+        device_name=torch.cuda.get_device_name(index),
+        cpu_count=cores,
+        cuda_capability=capability,
+        bf16=torch.cuda.is_bf16_supported(including_emulation=False),
+        fp16=True,
+        tf32=capability >= (8, 0),
+        cuda_graphs=True,
+        compile_problem=_compile_problem("cuda"),
+        torch_version=torch.__version__,
+    )

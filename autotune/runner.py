@@ -1,0 +1,449 @@
+"""The training loop of one trial.
+
+``train(config, workload, report)`` trains ``workload``'s model under ``config`` for
+``config.epochs`` epochs, evaluates on the validation split every ``config.eval_every`` epochs and
+hands each evaluation to ``report``, whose answer says whether to stop. It knows nothing of Optuna.
+
+Measurement rules (DESIGN.md): the device is synchronized only where a clock is read (warm-up end
+and evaluations), the loss is read back only at evaluations, and evaluation time is not training
+time. The first optimizer steps are the warm-up window: whatever they take beyond the steady-state
+step time is one-time overhead (compilation, cuDNN autotuning, DataLoader worker start-up).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import resource
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from autotune.config import TrialConfig
+from autotune.faults import TrialFault
+from autotune.hardware import device_name
+from autotune.timing import TrainClock
+from autotune.workloads import Workload
+
+__all__ = [
+    "Evaluation",
+    "Plan",
+    "Reporter",
+    "TrialResult",
+    "autocast",
+    "make_optimizer",
+    "make_plan",
+    "make_scheduler",
+    "make_train_loader",
+    "train",
+]
+
+MAX_WARMUP_STEPS = 5  # optimizer steps timed as warm-up (at most half the first evaluation span)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One validation pass during a trial, with the training measured up to it."""
+
+    index: int  # 1-based; the pruner's step
+    epoch: float  # epochs of training data consumed
+    optimizer_steps: int
+    samples_seen: int
+    accuracy: float  # validation accuracy, 0..1
+    val_loss: float  # mean validation cross-entropy
+    train_loss: float  # mean training loss since the previous evaluation
+    train_seconds: float  # training wall-clock so far, evaluation excluded
+    overhead_seconds: float  # one-time costs within train_seconds (0 until steady state is seen)
+    eval_seconds: float  # this evaluation's own wall-clock (not training time)
+    final: bool  # the trial's last planned evaluation: its budget is spent
+
+
+Reporter = Callable[[Evaluation], bool]  # returns True to stop the trial after this evaluation
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """What one trial measured."""
+
+    evaluations: tuple[Evaluation, ...]
+    accuracy: float  # at the last evaluation
+    train_seconds: float  # all training wall-clock, evaluation excluded
+    overhead_seconds: float  # one-time share of train_seconds (warm-up beyond steady state)
+    warmup_seconds: float  # wall-clock of the warm-up window
+    samples_per_second: float  # steady state (after the warm-up window)
+    samples_seen: int
+    optimizer_steps: int
+    effective_batch_size: int
+    peak_memory_bytes: int  # CUDA: max allocated on the device; CPU: the process's peak RSS
+    compiled_graphs: int  # graphs torch.compile produced (0 for eager)
+    loss_scale: float | None  # final GradScaler scale under fp16, else None
+    device_name: str
+    torch_version: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a trial's steps are laid out."""
+
+    micro_batches_per_epoch: int
+    optimizer_steps: int  # in the whole trial
+    eval_steps: tuple[int, ...]  # evaluate after these optimizer steps (the last is the end)
+    warmup_steps: int  # optimizer steps in the warm-up window
+
+
+def make_plan(config: TrialConfig, micro_batches_per_epoch: int, train_size: int) -> Plan:
+    """Lay out optimizer steps, evaluation points and the warm-up window of a trial."""
+    if micro_batches_per_epoch == 0:
+        raise TrialFault(
+            "invalid_config",
+            f"batch_size {config.batch_size} is larger than the training set "
+            f"({train_size} samples)",
+        )
+    accumulation = config.accumulation_steps
+    micro_batches = math.floor(config.epochs * micro_batches_per_epoch + 1e-9)
+    optimizer_steps = micro_batches // accumulation
+    if optimizer_steps == 0:
+        raise TrialFault(
+            "invalid_config",
+            f"effective batch {config.effective_batch_size} needs {accumulation} micro-batches "
+            f"per step but the trial has only {micro_batches}",
+        )
+    steps_per_eval = config.eval_every * micro_batches_per_epoch / accumulation
+    n_evals = math.ceil(config.epochs / config.eval_every - 1e-9)
+    eval_steps = sorted(
+        {min(optimizer_steps, max(1, round(k * steps_per_eval))) for k in range(1, n_evals)}
+        | {optimizer_steps}
+    )
+    return Plan(
+        micro_batches_per_epoch=micro_batches_per_epoch,
+        optimizer_steps=optimizer_steps,
+        eval_steps=tuple(eval_steps),
+        warmup_steps=min(MAX_WARMUP_STEPS, max(1, eval_steps[0] // 2)),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks (each mirrors a knob; the exported training script does the same)
+# ---------------------------------------------------------------------------------------------
+
+
+def _seed_worker(worker_id: int) -> None:
+    """Seed Python and NumPy in a DataLoader worker from the seed torch gave it."""
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def make_train_loader(dataset: Dataset, config: TrialConfig, seed: int) -> DataLoader:
+    """Shuffled training batches with the trial's DataLoader knobs; the last partial is dropped."""
+    workers = {}
+    if config.num_workers > 0:
+        workers = {
+            "prefetch_factor": config.prefetch_factor,
+            "persistent_workers": config.persistent_workers,
+            "worker_init_fn": _seed_worker,
+        }
+    return DataLoader(
+        dataset,
+        batch_size=config.batch_size,
+        shuffle=True,
+        drop_last=True,  # static shapes: no recompilation, CUDA graphs stay valid
+        num_workers=config.num_workers,
+        pin_memory=config.pin_memory,
+        generator=torch.Generator().manual_seed(seed),
+        **workers,
+    )
+
+
+def make_optimizer(model: nn.Module, config: TrialConfig) -> torch.optim.Optimizer:
+    """SGD (momentum, Nesterov, L2 weight decay) or AdamW (decoupled weight decay)."""
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(
+            model.parameters(),
+            lr=config.lr,
+            momentum=config.momentum or 0.0,
+            nesterov=config.nesterov,
+            weight_decay=config.weight_decay,
+        )
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(
+            model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+        )
+    raise ValueError(f"unknown optimizer {config.optimizer!r}")
+
+
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, config: TrialConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """The learning-rate schedule over ``total_steps`` optimizer steps (None: constant lr).
+
+    constant and cosine start with ``warmup_fraction`` of the steps rising linearly to ``lr``;
+    cosine then decays to zero. onecycle is PyTorch's OneCycleLR with ``warmup_fraction`` (0.3 if
+    zero) as its rising phase; momentum is not cycled, so the sampled momentum holds.
+    """
+    warmup = round(config.warmup_fraction * total_steps)
+    if config.schedule == "onecycle" and total_steps >= 2:
+        return torch.optim.lr_scheduler.OneCycleLR(
+            optimizer,
+            max_lr=config.lr,
+            total_steps=total_steps,
+            pct_start=config.warmup_fraction or 0.3,
+            cycle_momentum=False,
+        )
+    if config.schedule == "cosine":
+
+        def factor(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            progress = (step - warmup) / max(1, total_steps - warmup)
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    elif warmup > 0:
+
+        def factor(step: int) -> float:
+            return min(1.0, (step + 1) / warmup)
+
+    else:
+        return None
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def autocast(config: TrialConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    """Autocast for bf16/fp16 (the fp32 and tf32 precisions run without it)."""
+    if config.precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if config.precision == "fp16":
+        return torch.autocast(device.type, dtype=torch.float16)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _execution_flags(config: TrialConfig, device: torch.device) -> Iterator[None]:
+    """Set TF32 and cudnn.benchmark for this trial; restore the previous values afterwards."""
+    if device.type != "cuda":
+        yield
+        return
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    saved = (matmul.fp32_precision, conv.fp32_precision, torch.backends.cudnn.benchmark)
+    precision = "tf32" if config.precision == "tf32" else "ieee"
+    try:
+        matmul.fp32_precision = precision
+        conv.fp32_precision = precision
+        torch.backends.cudnn.benchmark = config.cudnn_benchmark
+        yield
+    finally:
+        matmul.fp32_precision, conv.fp32_precision, torch.backends.cudnn.benchmark = saved
+
+
+def _compiled_graphs() -> int:
+    counters = getattr(torch._dynamo.utils, "counters", {})
+    return int(counters.get("stats", {}).get("unique_graphs", 0))
+
+
+def _peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+@torch.no_grad()
+def _evaluate(
+    model: nn.Module,
+    loader: DataLoader,
+    config: TrialConfig,
+    device: torch.device,
+) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of ``model`` on ``loader``; one sync at the end."""
+    model.eval()
+    correct = torch.zeros((), dtype=torch.long, device=device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    count = 0
+    for inputs, targets in loader:
+        inputs, targets = _to_device(inputs, targets, config, device)
+        with autocast(config, device):
+            logits = model(inputs)
+        correct += (logits.argmax(dim=1) == targets).sum()
+        loss_sum += nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
+        count += targets.shape[0]
+    model.train()
+    return correct.item() / count, loss_sum.item() / count
+
+
+def _to_device(
+    inputs: torch.Tensor, targets: torch.Tensor, config: TrialConfig, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    inputs = inputs.to(device, non_blocking=True)
+    targets = targets.to(device, non_blocking=True)
+    if config.channels_last and inputs.dim() == 4:
+        inputs = inputs.contiguous(memory_format=torch.channels_last)
+    return inputs, targets
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+# ---------------------------------------------------------------------------------------------
+
+
+def train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialResult:
+    """Train one trial; raise TrialFault when the configuration cannot train."""
+    device = torch.device(config.device)
+    with _execution_flags(config, device), warnings.catch_warnings():
+        # GradScaler skips the optimizer step when fp16 gradients overflow; the scheduler
+        # stepping anyway is intended (the schedule follows steps attempted).
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+        return _train(config, workload, report, device)
+
+
+def _train(
+    config: TrialConfig, workload: Workload, report: Reporter, device: torch.device
+) -> TrialResult:
+    # -- seeds: weights, data order and DataLoader workers all follow config.seed
+    torch.manual_seed(config.seed)
+    random.seed(config.seed)
+    np.random.seed(config.seed % 2**32)
+
+    # -- data
+    train_loader = make_train_loader(workload.train_set, config, config.seed)
+    val_loader = DataLoader(workload.val_set, batch_size=config.val_batch_size)
+    plan = make_plan(config, len(train_loader), len(workload.train_set))  # type: ignore[arg-type]
+
+    # -- model, compiled when asked (evaluation runs the eager module: no recompiles)
+    model = workload.build_model().to(device)
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    step_model: nn.Module = model
+    graphs_before = 0
+    if config.compile != "none":
+        torch.compiler.reset()  # a fresh cache: earlier trials' graphs must not count
+        graphs_before = _compiled_graphs()
+        mode = None if config.compile == "default" else config.compile
+        step_model = torch.compile(model, mode=mode)  # type: ignore[assignment]
+
+    # -- optimization
+    optimizer = make_optimizer(model, config)
+    scheduler = make_scheduler(optimizer, config, plan.optimizer_steps)
+    scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
+    loss_fn = nn.CrossEntropyLoss()
+    accumulation = config.accumulation_steps
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    # -- bookkeeping read only at evaluations (no per-step host-device synchronization)
+    loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+    losses_summed = 0
+    micro_batches = 0
+    steps = 0
+    warmup_seconds: float | None = None
+    evaluations: list[Evaluation] = []
+    pending_evals = iter(plan.eval_steps)
+    next_eval = next(pending_evals)
+
+    clock = TrainClock(device)
+    clock.start()
+    done = False
+    while not done:
+        for inputs, targets in train_loader:
+            inputs, targets = _to_device(inputs, targets, config, device)
+
+            # forward and backward of one micro-batch
+            with autocast(config, device):
+                loss = loss_fn(step_model(inputs), targets)
+            loss_sum += loss.detach()
+            losses_summed += 1
+            scaler.scale(loss / accumulation if accumulation > 1 else loss).backward()
+            micro_batches += 1
+            if micro_batches % accumulation:
+                continue
+
+            # optimizer step every accumulation_steps micro-batches
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            if scheduler is not None:
+                scheduler.step()
+            steps += 1
+
+            if steps == plan.warmup_steps:
+                warmup_seconds = clock.read()
+            if steps != next_eval:
+                continue
+
+            # evaluation: the clock stops, the loss is read back, the reporter decides
+            train_seconds = clock.pause()
+            train_loss = loss_sum.item() / losses_summed
+            epoch = micro_batches / plan.micro_batches_per_epoch
+            if not math.isfinite(train_loss):
+                raise TrialFault(
+                    "nonfinite_loss",
+                    f"training loss is {train_loss} after {epoch:.2f} epochs "
+                    f"(lr {config.lr:.3g}, {config.precision})",
+                )
+            loss_sum.zero_()
+            losses_summed = 0
+            eval_started = time.perf_counter()
+            accuracy, val_loss = _evaluate(model, val_loader, config, device)
+            evaluation = Evaluation(
+                index=len(evaluations) + 1,
+                epoch=epoch,
+                optimizer_steps=steps,
+                samples_seen=micro_batches * config.batch_size,
+                accuracy=accuracy,
+                val_loss=val_loss,
+                train_loss=train_loss,
+                train_seconds=train_seconds,
+                overhead_seconds=_overhead(plan, warmup_seconds, train_seconds, steps),
+                eval_seconds=time.perf_counter() - eval_started,
+                final=steps == plan.optimizer_steps,
+            )
+            evaluations.append(evaluation)
+            if report(evaluation) or evaluation.final:
+                done = True
+                break
+            next_eval = next(pending_evals)
+            clock.resume()
+
+    last = evaluations[-1]
+    warmup = warmup_seconds if warmup_seconds is not None else last.train_seconds
+    steady_steps = last.optimizer_steps - plan.warmup_steps
+    steady_seconds = last.train_seconds - warmup
+    if steady_steps > 0 and steady_seconds > 0:
+        samples_per_second = steady_steps * config.effective_batch_size / steady_seconds
+    else:
+        samples_per_second = last.samples_seen / last.train_seconds
+    compiled_graphs = _compiled_graphs() - graphs_before
+    if config.compile != "none" and compiled_graphs == 0:
+        raise TrialFault(
+            "compile_error", f"torch.compile (mode {config.compile}) produced no graph"
+        )
+    return TrialResult(
+        evaluations=tuple(evaluations),
+        accuracy=last.accuracy,
+        train_seconds=last.train_seconds,
+        overhead_seconds=last.overhead_seconds,
+        warmup_seconds=warmup,
+        samples_per_second=samples_per_second,
+        samples_seen=last.samples_seen,
+        optimizer_steps=last.optimizer_steps,
+        effective_batch_size=config.effective_batch_size,
+        peak_memory_bytes=_peak_memory_bytes(device),
+        compiled_graphs=compiled_graphs,
+        loss_scale=float(scaler.get_scale()) if scaler.is_enabled() else None,
+        device_name=device_name(config.device),
+        torch_version=torch.__version__,
+    )
+
+
+def _overhead(plan: Plan, warmup_seconds: float | None, train_seconds: float, steps: int) -> float:
+    """Warm-up seconds beyond what the same steps take in steady state (0 until known)."""
+    steady_steps = steps - plan.warmup_steps
+    if warmup_seconds is None or steady_steps <= 0:
+        return 0.0
+    steady_step_seconds = (train_seconds - warmup_seconds) / steady_steps
+    return max(0.0, warmup_seconds - plan.warmup_steps * steady_step_seconds)

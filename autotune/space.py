@@ -1,0 +1,178 @@
+"""The search space: hardware filtering of knob values, and trial -> TrialConfig.
+
+This is the only module that calls ``trial.suggest_*``. Conditional knobs are sampled only where
+they mean something: ``prefetch_factor`` and ``persistent_workers`` only with DataLoader workers,
+``momentum`` only for SGD, ``nesterov`` only with momentum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from autotune.config import TrialConfig, scaled_lr
+from autotune.hardware import Hardware
+from autotune.spec import Choice, FloatRange, IntRange, Knob, Spec, SpecError
+
+__all__ = ["Dropped", "Restriction", "restrict", "sample"]
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """Values of one knob left out of the search because this device cannot run them."""
+
+    knob: str
+    values: tuple[Any, ...]
+    reason: str
+
+    def describe(self) -> str:
+        shown = ", ".join(_show(v) for v in self.values)
+        return f"{self.knob} {shown}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Restriction:
+    """A spec whose space holds only values this device can run, and what was removed."""
+
+    spec: Spec
+    dropped: tuple[Dropped, ...]
+
+
+def _show(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _unsupported(hardware: Hardware) -> dict[str, Callable[[Any], str | None]]:
+    """For each knob with device-dependent values: value -> why it cannot run here, or None."""
+    where = hardware.device_name
+
+    def precision(value: Any) -> str | None:
+        if value == "fp16" and not hardware.fp16:
+            return "float16 training is for CUDA GPUs (on a CPU it is only emulated)"
+        if value == "tf32" and not hardware.tf32:
+            return f"TF32 needs an NVIDIA Ampere or newer GPU, not {where}"
+        if value == "bf16" and not hardware.bf16:
+            return f"{where} has no bfloat16 support"
+        return None
+
+    def compile_mode(value: Any) -> str | None:
+        if value == "none":
+            return None
+        if hardware.compile_problem:
+            return hardware.compile_problem
+        if value in ("reduce-overhead", "max-autotune") and not hardware.cuda_graphs:
+            return "uses CUDA graphs, which need a CUDA GPU"
+        return None
+
+    def pin_memory(value: Any) -> str | None:
+        if value and not hardware.is_cuda:
+            return "page-locked memory only speeds up copies to a GPU"
+        return None
+
+    def cudnn_benchmark(value: Any) -> str | None:
+        if value and not hardware.is_cuda:
+            return "cuDNN runs on CUDA GPUs only"
+        return None
+
+    return {
+        "precision": precision,
+        "compile": compile_mode,
+        "pin_memory": pin_memory,
+        "cudnn_benchmark": cudnn_benchmark,
+    }
+
+
+def restrict(spec: Spec, hardware: Hardware) -> Restriction:
+    """Remove the knob values ``hardware`` cannot run, so no trial is wasted on them.
+
+    Raises SpecError when a knob is left with no value at all (e.g. ``precision: fp16`` on a
+    CPU): the user asked for something this machine cannot do.
+    """
+    updates: dict[str, Choice] = {}
+    dropped: list[Dropped] = []
+    problems: list[str] = []
+    for name, why_not in _unsupported(hardware).items():
+        knob = getattr(spec.space, name)
+        assert isinstance(knob, Choice), f"{name} is categorical"
+        keep = [v for v in knob.values if why_not(v) is None]
+        reasons: dict[str, list[Any]] = {}
+        for value in knob.values:
+            reason = why_not(value)
+            if reason is not None:
+                reasons.setdefault(reason, []).append(value)
+        if not keep:
+            listed = "; ".join(
+                f"{', '.join(map(_show, vs))} ({reason})" for reason, vs in reasons.items()
+            )
+            problems.append(f"space.{name}: no value can run on {hardware.device}: {listed}")
+            continue
+        if reasons:
+            updates[name] = Choice(values=tuple(keep))
+            dropped.extend(Dropped(name, tuple(vs), reason) for reason, vs in reasons.items())
+    if problems:
+        where = str(spec.path) if spec.path else "space"
+        raise SpecError([f"{where}: {problem}" for problem in problems])
+    restricted = spec.model_copy(update={"space": spec.space.model_copy(update=updates)})
+    restricted._path, restricted._text = spec.path, spec.text
+    return Restriction(spec=restricted, dropped=tuple(dropped))
+
+
+def _suggest(trial: optuna.Trial, name: str, knob: Knob) -> Any:
+    """The value of one knob: fixed values directly, searched ones through Optuna."""
+    if isinstance(knob, Choice):
+        if knob.is_fixed:
+            return knob.values[0]
+        return trial.suggest_categorical(name, list(knob.values))
+    if knob.is_fixed:
+        return knob.low
+    if isinstance(knob, IntRange):
+        return trial.suggest_int(name, knob.low, knob.high, step=knob.step, log=knob.log)
+    assert isinstance(knob, FloatRange)
+    return trial.suggest_float(name, knob.low, knob.high, step=knob.step, log=knob.log)
+
+
+def sample(trial: optuna.Trial, spec: Spec, hardware: Hardware) -> TrialConfig:
+    """Draw one configuration from ``spec.space`` (already restricted to ``hardware``)."""
+    space = spec.space
+
+    def pick(name: str) -> Any:
+        return _suggest(trial, name, getattr(space, name))
+
+    batch_size = pick("batch_size")
+    accumulation_steps = pick("accumulation_steps")
+    base_lr = pick("lr")
+    lr_scaling, base_batch_size = pick("lr_scaling"), pick("base_batch_size")
+    optimizer = pick("optimizer")
+    momentum = pick("momentum") if optimizer == "sgd" else None
+    nesterov = bool(pick("nesterov")) if momentum else False
+    num_workers = pick("num_workers")
+    return TrialConfig(
+        lr=scaled_lr(base_lr, batch_size * accumulation_steps, base_batch_size, lr_scaling),
+        base_lr=base_lr,
+        lr_scaling=lr_scaling,
+        base_batch_size=base_batch_size,
+        batch_size=batch_size,
+        accumulation_steps=accumulation_steps,
+        optimizer=optimizer,
+        weight_decay=pick("weight_decay"),
+        momentum=momentum,
+        nesterov=nesterov,
+        schedule=pick("schedule"),
+        warmup_fraction=pick("warmup_fraction"),
+        num_workers=num_workers,
+        pin_memory=pick("pin_memory"),
+        prefetch_factor=pick("prefetch_factor") if num_workers > 0 else None,
+        persistent_workers=pick("persistent_workers") if num_workers > 0 else False,
+        precision=pick("precision"),
+        compile=pick("compile"),
+        channels_last=pick("channels_last"),
+        cudnn_benchmark=pick("cudnn_benchmark"),
+        device=hardware.device,
+        epochs=spec.workload.epochs,
+        eval_every=spec.workload.eval_every,
+        val_batch_size=spec.workload.val_batch_size,
+        seed=spec.study.seed + trial.number,
+    )

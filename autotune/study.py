@@ -1,0 +1,441 @@
+"""Studies: storage, sampler, pruner, the resume guard and the optimize loop.
+
+One space file is one study. Re-running it resumes the study (``n_trials`` is the study's total);
+a study created from a different search (another space, or a machine that filters the space
+differently) is refused rather than silently mixed, because Optuna cannot mix distributions.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import traceback
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.exceptions import ExperimentalWarning
+from optuna.trial import FrozenTrial, TrialState
+
+import autotune
+from autotune import faults, objective, runner, space
+from autotune.config import TrialConfig
+from autotune.hardware import Hardware
+from autotune.runner import Evaluation, TrialResult
+from autotune.spec import Spec
+from autotune.workloads import Workload
+
+__all__ = [
+    "COUNTED_STATES",
+    "RunOutcome",
+    "StudyError",
+    "StudyObserver",
+    "best_trial",
+    "counted_trials",
+    "feasible_trials",
+    "load_study",
+    "open_storage",
+    "open_study",
+    "run_study",
+    "trial_config",
+]
+
+# Trials that count towards ``n_trials``: those that told the sampler something.
+COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED)
+SQLITE_BUSY_TIMEOUT_SECONDS = 60
+SAME_ERROR_LIMIT = 3  # identical unexpected errors in a row, with no trial completed: stop
+
+
+class StudyError(Exception):
+    """A study that cannot be opened, created or resumed as asked (a user error)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Storage, sampler, pruner
+# ---------------------------------------------------------------------------------------------
+
+
+def open_storage(url: str, create_dirs: bool = True) -> optuna.storages.RDBStorage:
+    """An Optuna RDB storage for ``url``; SQLite files get WAL mode and a long busy timeout.
+
+    With ``create_dirs`` the folder of a SQLite file is created when missing (``autotune run``);
+    readers pass False so that looking at a study never creates anything.
+    """
+    engine_kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        path = Path(url.removeprefix("sqlite:///"))
+        if not path.exists():
+            if not create_dirs:
+                raise StudyError(f"no study database at {path} (storage {url})")
+            path.parent.mkdir(parents=True, exist_ok=True)
+        engine_kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_SECONDS}
+    try:
+        storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    except Exception as err:  # SQLAlchemy raises many kinds for a bad URL or server
+        raise StudyError(f"cannot open storage {url}: {type(err).__name__}: {err}") from None
+    if url.startswith("sqlite:///"):
+        # WAL lets optuna-dashboard and other autotune processes read while a study writes.
+        with storage.engine.connect() as connection:
+            connection.exec_driver_sql("PRAGMA journal_mode=WAL")
+    return storage
+
+
+def make_sampler(spec: Spec, existing_trials: int) -> optuna.samplers.BaseSampler:
+    """The study's sampler, seeded so a resumed run does not redraw the first run's trials."""
+    seed = spec.study.seed + existing_trials
+    if spec.study.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)  # group=True is experimental
+        return optuna.samplers.TPESampler(
+            seed=seed,
+            multivariate=True,
+            group=True,  # conditional knobs (prefetch_factor, momentum) form their own groups
+            n_startup_trials=max(0, spec.study.n_startup_trials - existing_trials),
+        )
+
+
+def make_pruner(spec: Spec) -> optuna.pruners.BasePruner:
+    """The study's pruner; evaluations are the steps it compares trials at."""
+    name = spec.study.pruner
+    if name == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=1)
+    if name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0)
+    if name == "successive_halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=1)
+    return optuna.pruners.NopPruner()
+
+
+# ---------------------------------------------------------------------------------------------
+# Creating, resuming and loading studies
+# ---------------------------------------------------------------------------------------------
+
+
+def _effective_space_text(spec: Spec) -> str:
+    return json.dumps(spec.space.model_dump(mode="json"), indent=1, sort_keys=True)
+
+
+def _resume_problem(study: optuna.Study, spec: Spec) -> str | None:
+    """Why ``spec`` cannot continue ``study``, with a readable diff; None when it can."""
+    attrs = study.user_attrs
+    stored = attrs.get("search_fingerprint")
+    if stored is None:
+        return (
+            f"study '{study.study_name}' was not created by autotune (it has no "
+            f"search_fingerprint); give another --study-name"
+        )
+    if stored == spec.search_fingerprint():
+        return None
+    old_text, new_text = attrs.get("space_file", ""), spec.text
+    if old_text != new_text:
+        title = "the space file changed since the study was created"
+        before, after = old_text, new_text
+    else:
+        title = "this machine can run a different set of values than the machine that created it"
+        before, after = attrs.get("effective_space", ""), _effective_space_text(spec)
+    diff = difflib.unified_diff(
+        before.splitlines(), after.splitlines(), "in the study", "now", lineterm="", n=1
+    )
+    return f"study '{study.study_name}' cannot be resumed: {title}:\n" + "\n".join(diff)
+
+
+def _next_free_name(storage: optuna.storages.BaseStorage, name: str) -> str:
+    taken = set(optuna.get_all_study_names(storage))
+    number = 2
+    while f"{name}-{number}" in taken:
+        number += 1
+    return f"{name}-{number}"
+
+
+def open_study(
+    spec: Spec,
+    storage: optuna.storages.BaseStorage,
+    hardware: Hardware,
+    new_study: bool = False,
+) -> optuna.Study:
+    """Create the study of ``spec`` (already restricted to ``hardware``), or resume it.
+
+    A study whose search differs is refused (StudyError with a diff) unless ``new_study``,
+    which starts a fresh study under the next free name (``name-2``, ``name-3``, ...).
+    """
+    name = spec.study_name
+    exists = name in optuna.get_all_study_names(storage)
+    if exists:
+        study = optuna.load_study(study_name=name, storage=storage)
+        problem = _resume_problem(study, spec)
+        if problem is None:
+            return _with_sampler(study, spec, storage)
+        if not new_study:
+            raise StudyError(
+                f"{problem}\nrun with --new-study to start a new study, or set study.name"
+            )
+        name = _next_free_name(storage, name)
+    study = optuna.create_study(
+        study_name=name, storage=storage, direction=spec.objective.direction
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)  # stable in practice since 3.2
+        study.set_metric_names([spec.objective.metric])
+    text = spec.text
+    for key, value in {
+        "space_file": text,
+        "space_file_path": str(spec.path) if spec.path else None,
+        "space_hash": hashlib.sha256(text.encode()).hexdigest()[:16],
+        "search_fingerprint": spec.search_fingerprint(),
+        "effective_space": _effective_space_text(spec),
+        "metric": spec.objective.metric,
+        "created_on": hardware.device_name,
+        "autotune_version": autotune.__version__,
+    }.items():
+        study.set_user_attr(key, value)
+    return _with_sampler(study, spec, storage)
+
+
+def _with_sampler(
+    study: optuna.Study, spec: Spec, storage: optuna.storages.BaseStorage
+) -> optuna.Study:
+    existing = len(study.get_trials(deepcopy=False))
+    return optuna.load_study(
+        study_name=study.study_name,
+        storage=storage,
+        sampler=make_sampler(spec, existing),
+        pruner=make_pruner(spec),
+    )
+
+
+def load_study(name: str, storage_url: str) -> optuna.Study:
+    """An existing study, for reading; StudyError naming the studies there when it is absent."""
+    storage = open_storage(storage_url, create_dirs=False)
+    names = optuna.get_all_study_names(storage)
+    if name not in names:
+        known = ", ".join(sorted(names)) or "none"
+        hint = difflib.get_close_matches(name, names, n=1)
+        suggestion = f"did you mean '{hint[0]}'? " if hint else ""
+        raise StudyError(f"no study '{name}' in {storage_url}; {suggestion}studies there: {known}")
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def feasible_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """COMPLETE trials that satisfy every constraint, best first."""
+    trials = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if all(value <= 0 for value in t.constraints.values())
+    ]
+    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    return sorted(trials, key=lambda t: t.value, reverse=maximize)  # type: ignore[arg-type]
+
+
+def best_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The best feasible COMPLETE trial, or None."""
+    trials = feasible_trials(study)
+    return trials[0] if trials else None
+
+
+def trial_config(trial: FrozenTrial) -> TrialConfig:
+    """The full configuration a trial trained with (stored as its ``config`` attribute)."""
+    return TrialConfig.from_dict(trial.user_attrs["config"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------------------------
+
+
+class StudyObserver:
+    """Hooks for showing a study's progress; the default does nothing."""
+
+    def trial_started(self, number: int, config: TrialConfig) -> None:
+        """A trial is about to train with ``config``."""
+
+    def evaluated(self, number: int, evaluation: Evaluation, value: float) -> None:
+        """A trial evaluated; ``value`` is what the pruner sees."""
+
+    def trial_finished(self, trial: FrozenTrial) -> None:
+        """A trial ended (any state); its attributes are final."""
+
+
+@dataclass
+class RunOutcome:
+    """What one ``run_study`` call did."""
+
+    study_name: str
+    trials_run: int = 0
+    stopped_reason: str = ""  # why the run ended before n_trials, if it did
+    interrupted: bool = False
+    repeated_error: str | None = None
+    states: dict[str, int] = field(default_factory=dict)
+
+
+def _record_result(trial: optuna.Trial, result: TrialResult, config: TrialConfig) -> None:
+    attrs: dict[str, Any] = {
+        "accuracy": result.accuracy,
+        "train_seconds": result.train_seconds,
+        "overhead_seconds": result.overhead_seconds,
+        "warmup_seconds": result.warmup_seconds,
+        "samples_per_second": result.samples_per_second,
+        "effective_batch_size": result.effective_batch_size,
+        "samples_seen": result.samples_seen,
+        "optimizer_steps": result.optimizer_steps,
+        "epochs_trained": result.evaluations[-1].epoch,
+        "peak_memory_bytes": result.peak_memory_bytes,
+        "compiled_graphs": result.compiled_graphs,
+        "device_name": result.device_name,
+        "torch_version": result.torch_version,
+        "accuracy_curve": [[round(e.epoch, 4), e.accuracy] for e in result.evaluations],
+    }
+    if result.loss_scale is not None:
+        attrs["loss_scale"] = result.loss_scale
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+
+
+def _make_objective(
+    spec: Spec,
+    hardware: Hardware,
+    workload: Workload,
+    observer: StudyObserver,
+    train: Callable[..., TrialResult],
+) -> Callable[[optuna.Trial], float]:
+    goal = spec.objective
+
+    def run_trial(trial: optuna.Trial) -> float:
+        config = space.sample(trial, spec, hardware)
+        trial.set_user_attr("config", config.to_dict())
+        observer.trial_started(trial.number, config)
+        pruned_at: list[Evaluation] = []
+
+        def report(evaluation: Evaluation) -> bool:
+            value = objective.intermediate_value(evaluation, goal)
+            trial.report(value, evaluation.index)
+            observer.evaluated(trial.number, evaluation, value)
+            if objective.target_reached(evaluation, goal):
+                return True
+            if not evaluation.final and trial.should_prune():
+                pruned_at.append(evaluation)
+                return True
+            return False
+
+        try:
+            result = train(config, workload, report)
+        except KeyboardInterrupt:
+            trial.set_user_attr("fail_kind", "interrupted")
+            trial.set_user_attr("fail_msg", "interrupted by the user (Ctrl-C)")
+            raise
+        except Exception as error:
+            kind, message = faults.classify(error)
+            faults.release_memory()
+            trial.set_user_attr("fail_kind", kind)
+            trial.set_user_attr("fail_msg", message)
+            if kind in faults.CONFIGURATION_FAULTS:
+                trial.set_constraint("fault", 1.0)
+                raise optuna.TrialPruned(message) from error
+            trial.set_user_attr("fail_traceback", traceback.format_exc()[-4000:])
+            raise
+
+        _record_result(trial, result, config)
+        if pruned_at:
+            at = pruned_at[0]
+            trial.set_user_attr("fail_kind", "pruned")
+            message = (
+                f"pruned at evaluation {at.index} (epoch {at.epoch:.2f}, accuracy "
+                f"{at.accuracy:.3f}) by the {spec.study.pruner} pruner"
+            )
+            trial.set_user_attr("fail_msg", message)
+            raise optuna.TrialPruned(message)
+        score = objective.score(result, goal)
+        trial.set_user_attr("charged_seconds", score.charged_seconds)
+        if score.constraint is not None and score.constraint_name is not None:
+            trial.set_constraint(score.constraint_name, score.constraint)
+        # optuna-dashboard 0.21 does not show Optuna 5's named constraints: say it plainly
+        trial.set_user_attr("feasible", score.feasible)
+        if not score.feasible:
+            trial.set_user_attr("infeasible_reason", score.reason)
+        return score.value
+
+    return run_trial
+
+
+def counted_trials(study: optuna.Study) -> int:
+    """Trials that count towards n_trials (COMPLETE and PRUNED)."""
+    return len(study.get_trials(deepcopy=False, states=COUNTED_STATES))
+
+
+def run_study(
+    study: optuna.Study,
+    spec: Spec,
+    hardware: Hardware,
+    workload: Workload,
+    observer: StudyObserver | None = None,
+    train: Callable[..., TrialResult] = runner.train,
+) -> RunOutcome:
+    """Run trials until the study holds ``spec.study.n_trials`` COMPLETE or PRUNED trials.
+
+    Stops early at ``spec.study.timeout`` seconds (a running trial finishes first) or when the
+    same unexpected error ends ``SAME_ERROR_LIMIT`` trials in a row before any completes (a bug
+    in the workload, not a bad configuration). KeyboardInterrupt propagates after the running
+    trial is recorded as FAIL with fail_kind ``interrupted``.
+    """
+    observer = observer or StudyObserver()
+    outcome = RunOutcome(study_name=study.study_name)
+    target = spec.study.n_trials
+    remaining = target - counted_trials(study)
+    if remaining <= 0:
+        outcome.stopped_reason = (
+            f"the study already has {counted_trials(study)} of its {target} trials; "
+            f"raise study.n_trials (or --n-trials) to run more"
+        )
+        return outcome
+
+    errors: list[str] = []  # messages of unexpected errors since the last counted trial
+    failures = 0
+
+    def after_trial(study: optuna.Study, trial: FrozenTrial) -> None:
+        nonlocal failures
+        outcome.trials_run += 1
+        observer.trial_finished(trial)
+        if trial.state == TrialState.FAIL:
+            failures += 1
+            if trial.user_attrs.get("fail_kind") == "error":
+                errors.append(str(trial.user_attrs.get("fail_msg")))
+        elif trial.state in COUNTED_STATES:
+            errors.clear()
+        last = errors[-SAME_ERROR_LIMIT:]
+        if (
+            len(last) == SAME_ERROR_LIMIT
+            and len(set(last)) == 1
+            and not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        ):
+            outcome.repeated_error = errors[-1]
+            study.stop()
+        elif failures >= max(remaining, SAME_ERROR_LIMIT):
+            outcome.stopped_reason = f"{failures} trials failed in this run"
+            study.stop()
+        elif counted_trials(study) >= target:
+            study.stop()
+
+    objective_fn = _make_objective(spec, hardware, workload, observer, train)
+    try:
+        study.optimize(
+            objective_fn,
+            n_trials=None,  # stopped by after_trial once the study's total is reached
+            timeout=spec.study.timeout,
+            catch=(Exception,),
+            callbacks=[after_trial],
+        )
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+    finished_early = outcome.repeated_error or outcome.interrupted or outcome.stopped_reason
+    if not finished_early and counted_trials(study) < target and spec.study.timeout is not None:
+        outcome.stopped_reason = f"the timeout of {spec.study.timeout:g} s was reached"
+    trials = study.get_trials(deepcopy=False)
+    for state in TrialState:
+        count = sum(1 for t in trials if t.state == state)
+        if count:
+            outcome.states[state.name] = count
+    return outcome

@@ -1,0 +1,224 @@
+"""Name -> model and data-set functions, and resolution of ``package.module:function`` entries."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import sys
+from collections.abc import Callable, Sized
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+from autotune.spec import WorkloadSpec
+
+ModelFn = Callable[..., nn.Module]
+DataFn = Callable[..., Any]
+
+MODELS: dict[str, ModelFn] = {}
+DATASETS: dict[str, DataFn] = {}
+
+
+class WorkloadError(Exception):
+    """A model or data set that cannot be found, imported or built (a user error)."""
+
+
+@dataclass(frozen=True)
+class DataSplits:
+    """What a data function returns: a training and a disjoint validation split."""
+
+    train: Dataset
+    val: Dataset
+    num_classes: int | None = None  # inferred from the data when left out
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A resolved workload: the two splits and a factory for a freshly initialised model."""
+
+    name: str  # e.g. "digits_cnn on digits"
+    train_set: Dataset
+    val_set: Dataset
+    num_classes: int | None
+    input_shape: tuple[int, ...]  # shape of one input sample, e.g. (1, 8, 8)
+    model_fn: Callable[[], nn.Module]
+
+    def build_model(self) -> nn.Module:
+        """A new model with fresh weights (seed torch first for reproducible weights)."""
+        return self.model_fn()
+
+
+def register_model(name: str) -> Callable[[ModelFn], ModelFn]:
+    """Decorator: make a model function available as ``model: name`` in space files."""
+
+    def add(fn: ModelFn) -> ModelFn:
+        MODELS[name] = fn
+        return fn
+
+    return add
+
+
+def register_dataset(name: str) -> Callable[[DataFn], DataFn]:
+    """Decorator: make a data function available as ``data: name`` in space files."""
+
+    def add(fn: DataFn) -> DataFn:
+        DATASETS[name] = fn
+        return fn
+
+    return add
+
+
+def _import_entry_point(entry: str, what: str, search_dirs: list[Path]) -> Callable[..., Any]:
+    module_name, _, attribute = entry.partition(":")
+    if not module_name or not attribute:
+        raise WorkloadError(f"{what} '{entry}' must look like 'package.module:function'")
+    for directory in reversed(search_dirs):
+        if str(directory) not in sys.path:
+            sys.path.insert(0, str(directory))
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name and module_name.startswith(err.name):
+            looked = ", ".join(str(d) for d in search_dirs)
+            raise WorkloadError(
+                f"{what} '{entry}': no module named '{err.name}' (looked in {looked} and the "
+                f"installed packages)"
+            ) from None
+        raise WorkloadError(f"{what} '{entry}': importing {module_name} failed: {err}") from None
+    except Exception as err:
+        raise WorkloadError(
+            f"{what} '{entry}': importing {module_name} raised {type(err).__name__}: {err}"
+        ) from None
+    fn = module
+    for part in attribute.split("."):
+        if not hasattr(fn, part):
+            raise WorkloadError(f"{what} '{entry}': {module_name} has no attribute '{attribute}'")
+        fn = getattr(fn, part)
+    if not callable(fn):
+        raise WorkloadError(f"{what} '{entry}': {attribute} is not callable")
+    return fn
+
+
+def _resolve(
+    name: str, registry: dict[str, Callable[..., Any]], what: str, search_dirs: list[Path]
+) -> Callable[..., Any]:
+    if ":" in name:
+        return _import_entry_point(name, what, search_dirs)
+    if name in registry:
+        return registry[name]
+    close = difflib.get_close_matches(name, list(registry), n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    raise WorkloadError(
+        f"unknown {what} '{name}'; {hint}built-in: {', '.join(sorted(registry))}, "
+        f"or your own as 'package.module:function'"
+    )
+
+
+def _infer_num_classes(train: Dataset) -> int | None:
+    classes = getattr(train, "classes", None)
+    if isinstance(classes, Sized) and len(classes) > 0:
+        return len(classes)
+    if isinstance(train, TensorDataset) and len(train.tensors) >= 2:
+        labels = train.tensors[1]
+        if not labels.is_floating_point() and labels.numel() > 0:
+            return int(labels.max()) + 1
+    return None
+
+
+def _call(fn: Callable[..., Any], kwargs: dict[str, Any], what: str, entry: str) -> Any:
+    try:
+        inspect.signature(fn).bind(**kwargs)
+    except TypeError as err:
+        given = ", ".join(kwargs) or "no arguments"
+        raise WorkloadError(f"{what} '{entry}' cannot be called with {given}: {err}") from None
+    except ValueError:  # no signature (a builtin): just call it
+        pass
+    try:
+        return fn(**kwargs)
+    except WorkloadError:
+        raise
+    except (FileNotFoundError, NotADirectoryError) as err:
+        raise WorkloadError(f"{what} '{entry}': {err}") from None
+
+
+def _model_kwargs(
+    fn: ModelFn, args: dict[str, Any], num_classes: int | None, input_shape: tuple[int, ...]
+) -> dict[str, Any]:
+    """``args`` plus num_classes and input_shape where the function declares them."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except ValueError:
+        return dict(args)
+    kwargs = dict(args)
+    if "num_classes" in parameters and "num_classes" not in kwargs:
+        if num_classes is None:
+            raise WorkloadError(
+                "the model needs num_classes and the data set does not say how many classes "
+                "it has: set workload.model_args.num_classes"
+            )
+        kwargs["num_classes"] = num_classes
+    if "input_shape" in parameters and "input_shape" not in kwargs:
+        kwargs["input_shape"] = input_shape
+    return kwargs
+
+
+def load(spec: WorkloadSpec, base_dir: Path | None = None) -> Workload:
+    """Build the workload a spec names: data loaded, model function checked by building one.
+
+    ``package.module:function`` entries are imported from the working directory, then from
+    ``base_dir`` (the space file's directory). Raises WorkloadError with one readable line.
+    """
+    search_dirs = [Path.cwd()] + ([base_dir.resolve()] if base_dir else [])
+    data_fn = _resolve(spec.data, DATASETS, "data set", search_dirs)
+    model_fn = _resolve(spec.model, MODELS, "model", search_dirs)
+
+    splits = _call(data_fn, dict(spec.data_args), "data set", spec.data)
+    if isinstance(splits, tuple) and len(splits) == 2:
+        splits = DataSplits(train=splits[0], val=splits[1])
+    if not isinstance(splits, DataSplits):
+        raise WorkloadError(
+            f"data set '{spec.data}' returned {type(splits).__name__}; it must return "
+            f"(train_dataset, val_dataset) or autotune.workloads.DataSplits"
+        )
+    for split_name, split in (("training", splits.train), ("validation", splits.val)):
+        if not hasattr(split, "__getitem__") or not hasattr(split, "__len__"):
+            raise WorkloadError(
+                f"data set '{spec.data}': the {split_name} split is not a map-style Dataset "
+                f"(it needs __getitem__ and __len__)"
+            )
+        if len(split) == 0:
+            raise WorkloadError(f"data set '{spec.data}': the {split_name} split is empty")
+    sample = splits.train[0]
+    if not (isinstance(sample, tuple | list) and len(sample) == 2):
+        raise WorkloadError(
+            f"data set '{spec.data}': a sample must be an (input, label) pair, "
+            f"got {type(sample).__name__}"
+        )
+    inputs = sample[0]
+    input_shape = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else ()
+    num_classes = splits.num_classes or _infer_num_classes(splits.train)
+
+    kwargs = _model_kwargs(model_fn, dict(spec.model_args), num_classes, input_shape)
+
+    def build() -> nn.Module:
+        return model_fn(**kwargs)
+
+    model = _call(model_fn, kwargs, "model", spec.model)
+    if not isinstance(model, nn.Module):
+        raise WorkloadError(
+            f"model '{spec.model}' returned {type(model).__name__}, not a torch.nn.Module"
+        )
+    del model
+    return Workload(
+        name=f"{spec.model} on {spec.data}",
+        train_set=splits.train,
+        val_set=splits.val,
+        num_classes=num_classes,
+        input_shape=input_shape,
+        model_fn=build,
+    )

@@ -1,0 +1,106 @@
+"""The ``autotune`` command end to end, in a subprocess, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from .conftest import run_cli, write_space
+
+pytestmark = pytest.mark.slow
+
+
+def test_run_then_best_then_resume(tmp_path: Path):
+    space = write_space(tmp_path, n_trials=4, pruner="hyperband")
+    done = run_cli("run", str(space), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    assert "not on this device: precision fp16" in done.stdout
+    assert "not on this device: pin_memory true" in done.stdout
+    assert "Best configuration (trial" in done.stdout
+    assert "optuna-dashboard sqlite:///studies/autotune.db" in done.stdout
+
+    db = tmp_path / "studies" / "autotune.db"
+    assert db.exists()
+    with sqlite3.connect(db) as connection:  # the dashboard and other writers can read along
+        assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{db}")
+    trials = study.get_trials()
+    assert len(trials) == 4
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert complete, "no trial completed"
+    for trial in complete:
+        for key in ("accuracy", "train_seconds", "samples_per_second", "effective_batch_size"):
+            assert key in trial.user_attrs
+    assert study.best_trial.user_attrs["accuracy"] >= 0.5  # feasible under min_accuracy
+
+    best = run_cli("best", "--study", "tiny", "--json", cwd=tmp_path)
+    assert best.returncode == 0, best.stderr
+    payload = json.loads(best.stdout)
+    assert payload["trial"] == study.best_trial.number
+    assert payload["value"] == pytest.approx(study.best_trial.value)
+    assert payload["config"] == study.best_trial.user_attrs["config"]
+    assert payload["metrics"]["accuracy"] >= 0.5
+
+    listed = run_cli("studies", cwd=tmp_path)
+    assert listed.returncode == 0 and "tiny" in listed.stdout
+
+    again = run_cli("run", str(space), "--n-trials", "6", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "resuming with" in again.stdout
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{db}")
+    assert len(study.get_trials()) == 6
+    assert [t.params for t in study.get_trials()][:4] == [t.params for t in trials]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "workload: {model: digits_cnn, data: digits}\nspace:\n  lerning_rate: 0.1\n",
+            "bad.yaml:3: unknown key 'lerning_rate' in space; did you mean 'lr'?",
+        ),
+        (
+            "workload: {model: digits_cnn, data: digits}\nspace:\n  precision: fp16\n",
+            "space.precision: no value can run on cpu: fp16",
+        ),
+        ("workload: {model: digits_cnn, data: digitz}\n", "unknown data set 'digitz'"),
+        ("workload: {model: m, data: d, device: cuda}\n", "has no usable CUDA GPU"),
+    ],
+)
+def test_user_errors_are_one_line_exit_2_and_create_nothing(tmp_path: Path, text, expected):
+    space = write_space(tmp_path, text=text, name="bad.yaml")
+    done = run_cli("run", str(space), cwd=tmp_path)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr + done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert lines == [f"error: {expected}"] or expected in lines[0], done.stderr
+    assert not (tmp_path / "studies").exists()
+
+
+def test_missing_file_and_unknown_study(tmp_path: Path):
+    missing = run_cli("run", "nope.yaml", cwd=tmp_path)
+    assert missing.returncode == 2 and "nope.yaml: no such file" in missing.stderr
+    no_db = run_cli("best", "--study", "x", cwd=tmp_path)
+    assert no_db.returncode == 1 and "no study database at studies/autotune.db" in no_db.stderr
+    assert "Traceback" not in no_db.stderr
+    assert not (tmp_path / "studies").exists()
+
+
+def test_edited_space_is_refused_until_new_study(tmp_path: Path):
+    space = write_space(tmp_path, n_trials=1)
+    assert run_cli("run", str(space), cwd=tmp_path).returncode == 0
+    space.write_text(space.read_text().replace("[16, 32]", "[16, 64]"))
+    refused = run_cli("run", str(space), cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "the space file changed" in refused.stderr and "[16, 64]" in refused.stderr
+    fresh = run_cli("run", str(space), "--new-study", cwd=tmp_path)
+    assert fresh.returncode == 0 and "study tiny-2" in fresh.stdout
+    unknown = run_cli("best", "--study", "tiyn", cwd=tmp_path)
+    assert unknown.returncode == 1 and "did you mean 'tiny'?" in unknown.stderr

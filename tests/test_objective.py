@@ -1,0 +1,127 @@
+"""The objective: charged seconds, values, constraints, and the best trial being feasible."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState, create_trial
+
+from autotune.objective import charged_seconds, intermediate_value, score, target_reached
+from autotune.runner import Evaluation, TrialResult
+from autotune.spec import ObjectiveSpec
+from autotune.study import best_trial, feasible_trials
+
+
+def evaluation(index: int, epoch: float, accuracy: float, seconds: float, overhead: float = 0.0):
+    return Evaluation(
+        index=index,
+        epoch=epoch,
+        optimizer_steps=index * 10,
+        samples_seen=index * 640,
+        accuracy=accuracy,
+        val_loss=1.0,
+        train_loss=1.0,
+        train_seconds=seconds,
+        overhead_seconds=overhead,
+        eval_seconds=0.1,
+        final=False,
+    )
+
+
+def result(*evaluations: Evaluation) -> TrialResult:
+    last = evaluations[-1]
+    return TrialResult(
+        evaluations=evaluations,
+        accuracy=last.accuracy,
+        train_seconds=last.train_seconds,
+        overhead_seconds=last.overhead_seconds,
+        warmup_seconds=last.overhead_seconds,
+        samples_per_second=1000.0,
+        samples_seen=last.samples_seen,
+        optimizer_steps=last.optimizer_steps,
+        effective_batch_size=64,
+        peak_memory_bytes=1,
+        compiled_graphs=0,
+        loss_scale=None,
+        device_name="cpu",
+        torch_version="2",
+    )
+
+
+def test_overhead_is_charged_in_proportion_to_the_full_run():
+    # 10 s of training of which 4 s compilation, 3 epochs of a 30-epoch run: 6 + 4 * 3/30
+    assert charged_seconds(10.0, 4.0, 3.0, 30.0) == pytest.approx(6.4)
+    assert charged_seconds(10.0, 4.0, 3.0, None) == 10.0  # unknown full run: charged in full
+    assert charged_seconds(10.0, 4.0, 30.0, 30.0) == pytest.approx(10.0)
+    assert charged_seconds(10.0, 4.0, 45.0, 30.0) == pytest.approx(10.0)  # never more than all
+
+
+def test_amortization_lets_a_compiled_run_win_when_the_full_run_is_long():
+    """Compiled: 2x faster steady state but 8 s of compilation; eager: no overhead."""
+    eager = result(evaluation(1, 3.0, 0.9, seconds=12.0))
+    compiled = result(evaluation(1, 3.0, 0.9, seconds=6.0 + 8.0, overhead=8.0))
+    short = ObjectiveSpec()
+    long_run = ObjectiveSpec(full_run_epochs=90)
+    assert score(compiled, short).value < score(eager, short).value
+    assert score(compiled, long_run).value > score(eager, long_run).value
+    assert score(compiled, long_run).charged_seconds == pytest.approx(6.0 + 8.0 * 3 / 90)
+
+
+def test_accuracy_per_second_value_and_min_accuracy_constraint():
+    objective = ObjectiveSpec(min_accuracy=0.9)
+    good = score(result(evaluation(1, 1.0, 0.95, 2.0)), objective)
+    assert good.value == pytest.approx(0.475) and good.feasible and good.reason == ""
+    assert good.constraint == pytest.approx(-0.05) and good.constraint_name == "min_accuracy"
+    fast_but_wrong = score(result(evaluation(1, 1.0, 0.2, 0.1)), objective)
+    assert fast_but_wrong.value > good.value and not fast_but_wrong.feasible
+    assert "below min_accuracy 0.9" in fast_but_wrong.reason
+    unconstrained = score(result(evaluation(1, 1.0, 0.2, 0.1)), ObjectiveSpec())
+    assert unconstrained.constraint is None and unconstrained.feasible
+
+
+def test_time_to_accuracy():
+    objective = ObjectiveSpec(metric="time_to_accuracy", target_accuracy=0.9)
+    curve = [
+        evaluation(1, 1.0, 0.6, 3.0),
+        evaluation(2, 2.0, 0.92, 6.0),
+        evaluation(3, 3.0, 0.95, 9.0),
+    ]
+    reached = score(result(*curve), objective)
+    assert reached.value == 6.0 and reached.feasible and reached.accuracy == 0.92
+    assert [target_reached(e, objective) for e in curve] == [False, True, True]
+    # linear extrapolation to the target for the pruner; the seconds themselves once reached
+    assert intermediate_value(curve[0], objective) == pytest.approx(3.0 * 0.9 / 0.6)
+    assert intermediate_value(curve[1], objective) == pytest.approx(6.0)
+    missed = score(result(evaluation(1, 1.0, 0.5, 3.0), evaluation(2, 2.0, 0.7, 6.0)), objective)
+    assert not missed.feasible and missed.constraint == pytest.approx(0.2)
+    assert "never reached target_accuracy 0.9" in missed.reason
+
+
+def test_intermediate_accuracy_per_second_charges_overhead_so_far():
+    objective = ObjectiveSpec(full_run_epochs=10)
+    value = intermediate_value(evaluation(1, 1.0, 0.8, seconds=5.0, overhead=3.0), objective)
+    assert value == pytest.approx(0.8 / (2.0 + 3.0 * 0.1))
+
+
+def test_infeasible_trials_are_never_the_best():
+    study = optuna.create_study(direction="maximize")
+    distributions = {"lr": FloatDistribution(1e-4, 1.0, log=True)}
+
+    def add(value: float, constraint: float | None, state=TrialState.COMPLETE) -> None:
+        trial = create_trial(
+            state=state,
+            value=value if state == TrialState.COMPLETE else None,
+            params={"lr": 0.01},
+            distributions=distributions,
+            system_attrs={} if constraint is None else {"constraints:min_accuracy": constraint},
+        )
+        study.add_trial(trial)
+
+    add(5.0, 0.3)  # fastest, but 30 points below min_accuracy
+    add(1.0, -0.05)
+    add(2.0, -0.01)
+    add(9.0, None, state=TrialState.PRUNED)
+    assert best_trial(study).value == 2.0
+    assert [t.value for t in feasible_trials(study)] == [2.0, 1.0]
+    assert study.best_trial.value == 2.0  # Optuna agrees

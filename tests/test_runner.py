@@ -1,0 +1,224 @@
+"""The training loop: accumulation, precision, compile, evaluation, timing and faults."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from autotune.faults import TrialFault
+from autotune.runner import (
+    Evaluation,
+    _execution_flags,
+    make_plan,
+    make_scheduler,
+    train,
+)
+from autotune.spec import WorkloadSpec
+from autotune.testing import blobs, tiny_mlp
+from autotune.workloads import Workload, load
+
+from .conftest import make_config
+
+
+def blobs_workload(keep: list[nn.Module] | None = None, **data_args) -> Workload:
+    """The blobs data with tiny_mlp; models built are appended to ``keep`` for inspection."""
+    splits = blobs(**data_args)
+    shape = tuple(splits.train[0][0].shape)
+
+    def build() -> nn.Module:
+        model = tiny_mlp(num_classes=splits.num_classes, input_shape=shape)
+        if keep is not None:
+            keep.append(model)
+        return model
+
+    return Workload(
+        "tiny_mlp on blobs", splits.train, splits.val, splits.num_classes, shape, build
+    )
+
+
+def never_stop(evaluation: Evaluation) -> bool:
+    return False
+
+
+def test_trains_evaluates_and_measures():
+    seen: list[Evaluation] = []
+    config = make_config(epochs=2, eval_every=0.5, batch_size=16)
+    result = train(config, blobs_workload(), lambda e: seen.append(e) or False)
+    assert [e.index for e in seen] == [1, 2, 3, 4]
+    assert [e.final for e in seen] == [False, False, False, True]
+    assert [e.epoch for e in seen] == [0.5, 1.0, 1.5, 2.0]
+    assert [e.optimizer_steps for e in seen] == [8, 16, 24, 32]  # 256 samples / 16 per step
+    assert all(a.train_seconds < b.train_seconds for a, b in itertools.pairwise(seen))
+    assert result.evaluations == tuple(seen)
+    assert result.accuracy == seen[-1].accuracy > 0.9  # blobs are easy
+    assert result.samples_seen == 512 and result.optimizer_steps == 32
+    assert result.samples_per_second > 0 and result.train_seconds > 0
+    assert 0 <= result.overhead_seconds <= result.warmup_seconds <= result.train_seconds
+    assert result.compiled_graphs == 0 and result.loss_scale is None
+    assert result.peak_memory_bytes > 0 and result.torch_version == torch.__version__
+
+
+def test_reporter_can_stop_the_trial():
+    result = train(make_config(epochs=3), blobs_workload(), lambda e: True)
+    assert len(result.evaluations) == 1 and result.evaluations[0].epoch == 1.0
+
+
+def test_evaluation_time_is_not_training_time():
+    # every validation sample takes 5 ms: 64 samples x 3 evaluations ~ 1 s of evaluation
+    workload = blobs_workload(n_val=64, val_delay_seconds=0.005)
+    result = train(make_config(epochs=3, batch_size=64), workload, never_stop)
+    eval_seconds = sum(e.eval_seconds for e in result.evaluations)
+    assert eval_seconds > 0.9
+    assert result.train_seconds < eval_seconds / 3
+
+
+def test_gradient_accumulation_matches_one_big_batch():
+    """Two micro-batches of 16 with accumulation give the step one batch of 32 gives."""
+    models: dict[str, list[nn.Module]] = {"big": [], "accumulated": []}
+    common = dict(epochs=1, optimizer="sgd", momentum=0.0, lr=0.5, seed=3)
+    for name, changes in [
+        ("big", dict(batch_size=32, accumulation_steps=1)),
+        ("accumulated", dict(batch_size=16, accumulation_steps=2)),
+    ]:
+        workload = blobs_workload(keep=models[name], n_train=32)
+        result = train(make_config(**common, **changes), workload, never_stop)
+        assert result.optimizer_steps == 1
+    big, accumulated = models["big"][0], models["accumulated"][0]
+    initial = blobs_workload(keep=None, n_train=32)
+    torch.manual_seed(3)
+    start = initial.build_model()
+    moved = False
+    for p_big, p_acc, p_start in zip(
+        big.parameters(), accumulated.parameters(), start.parameters(), strict=True
+    ):
+        torch.testing.assert_close(p_big, p_acc, rtol=1e-5, atol=1e-6)
+        moved |= not torch.allclose(p_big, p_start)
+    assert moved, "the optimizer step changed nothing: the comparison would prove nothing"
+
+
+def test_same_seed_same_trial_other_seed_other_trial():
+    workload = blobs_workload()
+    runs = [train(make_config(seed=seed), workload, never_stop) for seed in (7, 7, 8)]
+    losses = [[e.train_loss for e in r.evaluations] for r in runs]
+    assert losses[0] == losses[1]
+    assert losses[0] != losses[2]
+
+
+def test_fp16_trains_through_the_grad_scaler():
+    result = train(make_config(precision="fp16"), blobs_workload(), never_stop)
+    assert result.loss_scale is not None and result.loss_scale > 0
+    assert result.accuracy > 0.9
+    bf16 = train(make_config(precision="bf16"), blobs_workload(), never_stop)
+    assert bf16.loss_scale is None and bf16.accuracy > 0.9
+
+
+def test_channels_last_and_workers_train():
+    workload = blobs_workload(image=True)  # (1, 4, 4) images
+    config = make_config(
+        channels_last=True, num_workers=2, prefetch_factor=2, persistent_workers=True
+    )
+    result = train(config, workload, never_stop)
+    assert result.accuracy > 0.9
+
+
+@pytest.mark.slow
+def test_compile_really_compiles():
+    result = train(make_config(compile="default", epochs=1), blobs_workload(), never_stop)
+    assert result.compiled_graphs >= 1
+    assert result.accuracy > 0.8
+
+
+def test_nonfinite_loss_is_a_named_fault():
+    splits = blobs()
+    shape = tuple(splits.train[0][0].shape)
+    workload = Workload(
+        "nan",
+        splits.train,
+        splits.val,
+        4,
+        shape,
+        lambda: tiny_mlp(4, shape, nan_after_steps=3),
+    )
+    with pytest.raises(TrialFault) as caught:
+        train(make_config(), workload, never_stop)
+    assert caught.value.kind == "nonfinite_loss"
+    assert "training loss is nan" in caught.value.message
+
+
+def test_batch_larger_than_the_data_is_an_invalid_config():
+    with pytest.raises(TrialFault) as caught:
+        train(make_config(batch_size=512), blobs_workload(), never_stop)
+    assert caught.value.kind == "invalid_config"
+    assert "larger than the training set (256 samples)" in caught.value.message
+
+
+def test_plan_lays_out_steps_evaluations_and_warmup():
+    plan = make_plan(make_config(epochs=2, eval_every=0.5, accumulation_steps=2), 20, 640)
+    assert plan.optimizer_steps == 20
+    assert plan.eval_steps == (5, 10, 15, 20)
+    assert plan.warmup_steps == 2
+    fractional = make_plan(make_config(epochs=1.5, eval_every=1.0), 10, 320)
+    assert fractional.optimizer_steps == 15 and fractional.eval_steps == (10, 15)
+    with pytest.raises(TrialFault, match="needs 4 micro-batches per step"):
+        make_plan(make_config(epochs=1, accumulation_steps=4), 3, 96)
+
+
+def _lrs(config, total_steps: int) -> list[float]:
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    scheduler = make_scheduler(optimizer, config, total_steps)
+    lrs = []
+    for _ in range(total_steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+    return lrs
+
+
+def test_schedules_follow_the_trial_steps():
+    assert _lrs(make_config(lr=0.1, schedule="constant"), 10) == [0.1] * 10
+    warm = _lrs(make_config(lr=0.1, schedule="constant", warmup_fraction=0.4), 10)
+    assert warm[:4] == pytest.approx([0.025, 0.05, 0.075, 0.1]) and warm[4:] == [0.1] * 6
+    cosine = _lrs(make_config(lr=0.1, schedule="cosine", warmup_fraction=0.2), 10)
+    assert cosine[1] == pytest.approx(0.1) and max(cosine) == pytest.approx(0.1)
+    assert all(a >= b for a, b in itertools.pairwise(cosine[1:]))
+    assert cosine[-1] < 0.01
+    onecycle = _lrs(make_config(lr=0.1, schedule="onecycle", warmup_fraction=0.3), 20)
+    peak = onecycle.index(max(onecycle))
+    assert 4 <= peak <= 7 and max(onecycle) == pytest.approx(0.1, rel=0.05)
+    assert onecycle[0] < 0.01 and onecycle[-1] < 0.001
+
+
+def test_cuda_flags_are_set_for_the_trial_and_restored():
+    """TF32 and cudnn.benchmark flags (settable without a GPU) follow the trial, then revert."""
+    matmul, conv, cudnn = (
+        torch.backends.cuda.matmul,
+        torch.backends.cudnn.conv,
+        torch.backends.cudnn,
+    )
+    before = (matmul.fp32_precision, conv.fp32_precision, cudnn.benchmark)
+    cuda = torch.device("cuda")
+    with _execution_flags(make_config(precision="tf32", cudnn_benchmark=True), cuda):
+        assert (matmul.fp32_precision, conv.fp32_precision, cudnn.benchmark) == (
+            "tf32",
+            "tf32",
+            True,
+        )
+    assert (matmul.fp32_precision, conv.fp32_precision, cudnn.benchmark) == before
+    with _execution_flags(make_config(precision="fp32"), cuda):
+        assert (matmul.fp32_precision, conv.fp32_precision) == ("ieee", "ieee")
+    with pytest.raises(RuntimeError), _execution_flags(make_config(precision="tf32"), cuda):
+        raise RuntimeError("trial failed")
+    assert (matmul.fp32_precision, conv.fp32_precision, cudnn.benchmark) == before
+
+
+def test_digits_cnn_learns_in_one_epoch():
+    workload = load(WorkloadSpec(model="digits_cnn", data="digits"))
+    result = train(make_config(epochs=1, lr=3e-3, batch_size=32), workload, never_stop)
+    assert result.accuracy > 0.85
+    assert math.isfinite(result.evaluations[-1].train_loss)

@@ -1,0 +1,199 @@
+"""Sampling TrialConfigs: conditional knobs, lr scaling, and hardware filtering."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import optuna
+import pytest
+
+from autotune.hardware import Hardware, detect
+from autotune.space import restrict, sample
+from autotune.spec import Choice, SpecError, parse_spec
+
+CPU = Hardware(
+    device="cpu",
+    device_name="test CPU (2 cores)",
+    cpu_count=2,
+    cuda_capability=None,
+    bf16=True,
+    fp16=False,
+    tf32=False,
+    cuda_graphs=False,
+    compile_problem=None,
+    torch_version="2.x",
+)
+AMPERE = dataclasses.replace(
+    CPU,
+    device="cuda:0",
+    device_name="test GPU",
+    cuda_capability=(8, 0),
+    fp16=True,
+    tf32=True,
+    cuda_graphs=True,
+)
+VOLTA = dataclasses.replace(AMPERE, cuda_capability=(7, 0), bf16=False, tf32=False)
+
+HEADER = "workload: {model: digits_cnn, data: digits, epochs: 3}\nstudy: {seed: 100}\n"
+
+
+def spec_with(space: str):
+    return parse_spec(HEADER + "space:\n" + space, "space.yaml")
+
+
+def test_conditional_knobs_are_only_sampled_where_they_mean_something():
+    spec = spec_with(
+        """
+  num_workers: [0, 2]
+  prefetch_factor: [2, 4]
+  persistent_workers: [false, true]
+  optimizer: [sgd, adamw]
+  momentum: {low: 0.0, high: 0.95}
+  nesterov: [false, true]
+"""
+    )
+    # FixedTrial raises if asked for a parameter it does not hold: absent keys prove the
+    # conditional knobs were not sampled.
+    config = sample(optuna.trial.FixedTrial({"num_workers": 0, "optimizer": "adamw"}), spec, CPU)
+    assert config.prefetch_factor is None and config.persistent_workers is False
+    assert config.momentum is None and config.nesterov is False
+
+    with_workers = optuna.trial.FixedTrial(
+        {
+            "num_workers": 2,
+            "prefetch_factor": 4,
+            "persistent_workers": True,
+            "optimizer": "sgd",
+            "momentum": 0.0,
+        }
+    )
+    config = sample(with_workers, spec, CPU)
+    assert (config.num_workers, config.prefetch_factor, config.persistent_workers) == (2, 4, True)
+    assert config.momentum == 0.0 and config.nesterov is False  # no momentum: no Nesterov
+
+    nesterov = optuna.trial.FixedTrial(
+        {"num_workers": 0, "optimizer": "sgd", "momentum": 0.9, "nesterov": True}
+    )
+    assert sample(nesterov, spec, CPU).nesterov is True
+
+
+def test_fixed_knobs_are_not_optuna_parameters_and_seed_follows_trial_number():
+    spec = spec_with("  batch_size: 48\n  lr: {low: 0.001, high: 0.1, log: true}\n")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(3):
+        trial = study.ask()
+        config = sample(trial, spec, CPU)
+        assert set(trial.params) == {"lr"}
+        assert config.batch_size == 48 and 0.001 <= config.lr <= 0.1
+        assert config.seed == 100 + trial.number
+        assert config.epochs == 3 and config.device == "cpu"
+        study.tell(trial, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [("none", 0.1), ("linear", 0.1 * 512 / 256), ("sqrt", 0.1 * math.sqrt(2))],
+)
+def test_lr_scaling_rules(rule, expected):
+    spec = spec_with(
+        f"  lr: 0.1\n  lr_scaling: {rule}\n  base_batch_size: 256\n"
+        "  batch_size: 128\n  accumulation_steps: 4\n"
+    )
+    config = sample(optuna.trial.FixedTrial({}), spec, CPU)
+    assert config.effective_batch_size == 512
+    assert config.base_lr == 0.1
+    assert config.lr == pytest.approx(expected)
+
+
+def test_ranges_are_sampled_within_bounds_and_on_their_grid():
+    spec = spec_with(
+        "  batch_size: {low: 16, high: 256, log: true}\n"
+        "  num_workers: {low: 0, high: 4, step: 2}\n"
+        "  weight_decay: {low: 0.0, high: 0.1, step: 0.05}\n"
+    )
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    seen_workers = set()
+    for _ in range(30):
+        trial = study.ask()
+        config = sample(trial, spec, CPU)
+        assert 16 <= config.batch_size <= 256
+        assert config.num_workers in (0, 2, 4)
+        assert min(abs(config.weight_decay - g) for g in (0.0, 0.05, 0.1)) < 1e-9
+        seen_workers.add(config.num_workers)
+        study.tell(trial, 0.0)
+    assert seen_workers == {0, 2, 4}
+
+
+def test_cpu_drops_gpu_only_values_and_says_why():
+    spec = spec_with(
+        "  precision: [fp32, tf32, bf16, fp16]\n"
+        "  compile: [none, default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs]\n"
+        "  pin_memory: [false, true]\n"
+        "  cudnn_benchmark: [false, true]\n"
+    )
+    restriction = restrict(spec, CPU)
+    space = restriction.spec.space
+    assert space.precision == Choice(values=("fp32", "bf16"))
+    assert space.compile == Choice(values=("none", "default", "max-autotune-no-cudagraphs"))
+    assert space.pin_memory == Choice(values=(False,))
+    assert space.cudnn_benchmark == Choice(values=(False,))
+    dropped = {(d.knob, d.values) for d in restriction.dropped}
+    assert dropped == {
+        ("precision", ("fp16",)),
+        ("precision", ("tf32",)),
+        ("compile", ("reduce-overhead", "max-autotune")),
+        ("pin_memory", (True,)),
+        ("cudnn_benchmark", (True,)),
+    }
+    for item in restriction.dropped:
+        assert item.reason and item.describe().startswith(item.knob)
+    # the restricted spec keeps where it came from
+    assert restriction.spec.path == spec.path and restriction.spec.text == spec.text
+
+
+def test_sampler_never_sees_dropped_values():
+    spec = spec_with("  precision: [fp32, bf16, fp16]\n  pin_memory: [false, true]\n")
+    restricted = restrict(spec, CPU).spec
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(20):
+        trial = study.ask()
+        config = sample(trial, restricted, CPU)
+        assert config.precision in ("fp32", "bf16") and config.pin_memory is False
+        study.tell(trial, 0.0)
+
+
+def test_gpu_keeps_what_it_supports():
+    spec = spec_with(
+        "  precision: [fp32, tf32, bf16, fp16]\n  compile: [none, reduce-overhead]\n"
+        "  pin_memory: [false, true]\n"
+    )
+    ampere = restrict(spec, AMPERE)
+    assert ampere.dropped == ()
+    assert ampere.spec.space == spec.space
+    volta = restrict(spec, VOLTA)
+    assert volta.spec.space.precision == Choice(values=("fp32", "fp16"))
+
+
+def test_missing_compiler_drops_every_compile_mode():
+    no_compiler = dataclasses.replace(CPU, compile_problem="no C++ compiler")
+    spec = spec_with("  compile: [none, default]\n")
+    restriction = restrict(spec, no_compiler)
+    assert restriction.spec.space.compile == Choice(values=("none",))
+    assert restriction.dropped[0].reason == "no C++ compiler"
+
+
+def test_knob_left_without_values_is_an_error():
+    spec = spec_with("  precision: fp16\n  cudnn_benchmark: true\n")
+    with pytest.raises(SpecError) as caught:
+        restrict(spec, CPU)
+    assert len(caught.value.problems) == 2
+    assert caught.value.problems[0].startswith("space.yaml: space.precision: no value can run")
+    assert "fp16" in caught.value.problems[0]
+
+
+def test_detect_cpu_describes_this_machine():
+    hardware = detect("cpu")
+    assert hardware.device == "cpu" and not hardware.is_cuda
+    assert hardware.cpu_count >= 1 and "cores" in hardware.device_name
+    assert hardware.bf16 and not hardware.fp16 and not hardware.tf32

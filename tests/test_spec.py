@@ -1,0 +1,242 @@
+"""Space files: what parses, the defaults, and one clear message per problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.spec import (
+    KNOBS,
+    Choice,
+    FloatRange,
+    IntRange,
+    SpecError,
+    load_spec,
+    parse_spec,
+)
+
+MINIMAL = "workload: {model: digits_cnn, data: digits}\n"
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(SpecError) as caught:
+        parse_spec(text, "s.yaml")
+    return caught.value.problems
+
+
+def one_problem(text: str) -> str:
+    found = problems(text)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_minimal_file_gets_documented_defaults():
+    spec = parse_spec(MINIMAL, "minimal.yaml")
+    assert spec.study.n_trials == 20
+    assert spec.study.sampler == "tpe" and spec.study.pruner == "hyperband"
+    assert spec.study.storage == "sqlite:///studies/autotune.db"
+    assert spec.objective.metric == "accuracy_per_second"
+    assert spec.objective.direction == "maximize"
+    for name, info in KNOBS.items():
+        knob = getattr(spec.space, name)
+        assert knob == Choice(values=(info.default,)), name
+    assert spec.space.searched() == []
+    assert spec.study_name == "minimal"  # the file's stem when study.name is absent
+
+
+def test_knob_forms_scalar_list_and_ranges():
+    spec = parse_spec(
+        MINIMAL
+        + """
+space:
+  lr: {low: 1e-4, high: 1e-1, log: true}     # YAML reads 1e-4 as a string; still a number
+  batch_size: [32, 64]
+  num_workers: {low: 0, high: 4, step: 2}
+  weight_decay: {low: 0.0, high: 0.1, step: 0.05}
+  precision: bf16
+  pin_memory: [false, true]
+"""
+    )
+    assert spec.space.lr == FloatRange(low=1e-4, high=0.1, log=True)
+    assert spec.space.batch_size == Choice(values=(32, 64))
+    assert spec.space.num_workers == IntRange(low=0, high=4, step=2)
+    assert spec.space.weight_decay == FloatRange(low=0.0, high=0.1, step=0.05)
+    assert spec.space.precision == Choice(values=("bf16",)) and spec.space.precision.is_fixed
+    assert spec.space.searched() == [
+        "lr",
+        "batch_size",
+        "num_workers",
+        "pin_memory",
+        "weight_decay",
+    ]
+
+
+def test_models_are_frozen():
+    spec = parse_spec(MINIMAL)
+    with pytest.raises(Exception, match="frozen"):
+        spec.study.n_trials = 3  # type: ignore[misc]
+
+
+def test_typo_names_file_line_and_closest_key():
+    text = MINIMAL + "space:\n  lerning_rate: 0.1\n"
+    assert one_problem(text) == "s.yaml:3: unknown key 'lerning_rate' in space; did you mean 'lr'?"
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "suggestion"),
+    [
+        ("study", "n_trial", "n_trials"),
+        ("study", "samplr", "sampler"),
+        ("workload", "epoch", "epochs"),
+        ("objective", "min_acc", "min_accuracy"),
+        ("space", "learning_rate", "lr"),
+        ("space", "gradient_accumulation_steps", "accumulation_steps"),
+        ("space", "batchsize", "batch_size"),
+    ],
+)
+def test_unknown_keys_in_every_section_suggest_the_closest(section, key, suggestion):
+    extra = f"{section}: {{{key}: 1}}\n"
+    if section == "workload":
+        extra = f"workload: {{model: m, data: d, {key}: 1}}\n"
+        text = extra
+    else:
+        text = MINIMAL + extra
+    message = one_problem(text)
+    assert f"unknown key '{key}' in {section}; did you mean '{suggestion}'?" in message
+
+
+def test_unknown_top_level_section():
+    message = one_problem(MINIMAL + "spcae: {}\n")
+    assert message == "s.yaml:2: unknown key 'spcae' in the space file; did you mean 'space'?"
+
+
+@pytest.mark.parametrize(
+    ("knob_yaml", "expected"),
+    [
+        ("lr: {low: 0.1, high: 0.001}", "space.lr: low (0.1) is greater than high (0.001)"),
+        ("weight_decay: {low: 0, high: 0.1, log: true}", "a log range needs low > 0"),
+        ("lr: {low: 0.001, high: 0.1, log: true, step: 0.01}", "both log and step"),
+        ("lr: {low: 0.001}", "a range needs both low and high (missing high)"),
+        ("lr: {low: 0.001, high: 0.1, lgo: true}", "unknown key 'lgo' in a range; did you mean"),
+        ("batch_size: []", "space.batch_size: empty list"),
+        ("batch_size: [32, 0]", "item 2: 0 is too small: must be >= 1"),
+        ("batch_size: [32, 32]", "32 listed more than once"),
+        ("batch_size: 12.5", "12.5 is not an integer"),
+        ("precision: [fp32, fp8]", "item 2: 'fp8' is not one of fp32, tf32, bf16, fp16"),
+        ("precision: [fp23]", "'fp23' is not one of fp32, tf32, bf16, fp16; did you mean 'fp32'?"),
+        ("compile: false", "false is not one of none, default"),
+        ("compile: max_autotune", "did you mean 'max-autotune'?"),
+        ("pin_memory: maybe", "'maybe' is not true or false"),
+        ("precision: {low: 1, high: 2}", "a range {low, high} only works for numeric knobs"),
+        ("momentum: 1.5", "1.5 is too large: must be < 1"),
+        ("lr: -0.1", "-0.1 is too small: must be > 0"),
+        ("lr: .nan", "is not a finite number"),
+        ("lr_scaling: [none, linear]", "a setting, not a searchable knob"),
+        ("num_workers:", "no value given"),
+    ],
+)
+def test_bad_knob_values(knob_yaml, expected):
+    message = one_problem(MINIMAL + "space:\n  " + knob_yaml + "\n")
+    assert message.startswith("s.yaml:3: space."), message
+    assert expected in message
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("workload: {model: m}\n", "s.yaml:1: missing required key 'workload.data'"),
+        (MINIMAL + "study: {n_trials: 0}\n", "study.n_trials: must be greater than or equal to 1"),
+        (MINIMAL + "study: {pruner: asha}\n", "study.pruner: must be 'hyperband', 'median'"),
+        ("workload: {model: m, data: d, device: gpu}\n", "workload.device: 'gpu' is not a device"),
+        (
+            "workload: {model: m, data: d, epochs: 1, eval_every: 2}\n",
+            "s.yaml:1: workload.eval_every: 2 epochs is longer than the trial",
+        ),
+        (
+            MINIMAL + "objective: {metric: time_to_accuracy}\n",
+            "s.yaml:2: objective.target_accuracy: metric time_to_accuracy needs a target",
+        ),
+        (
+            MINIMAL + "objective: {target_accuracy: 0.9}\n",
+            "objective.target_accuracy: applies only to metric time_to_accuracy",
+        ),
+        (
+            MINIMAL + "objective: {min_accuracy: 1.5}\n",
+            "objective.min_accuracy: must be less than or equal to 1",
+        ),
+        (
+            "workload: {model: m, data: d, epochs: 5}\nobjective:\n  full_run_epochs: 2\n",
+            "s.yaml:3: objective.full_run_epochs: 2 is shorter than a trial",
+        ),
+        ("workload: 3\n", "workload: must be a mapping"),
+        ("", "this one is empty"),
+        ("- a\n- b\n", "this one is list"),
+        ("study: [\n", "invalid YAML"),
+    ],
+)
+def test_bad_sections(text, expected):
+    message = one_problem(text)
+    assert expected in message, message
+
+
+def test_every_problem_is_reported_in_line_order():
+    text = """\
+study:
+  n_trials: 0
+workload:
+  model: digits_cnn
+  data: digits
+space:
+  lr: {low: 1, high: 0.1}
+  batch_size: []
+  lr: 0.3
+"""
+    found = problems(text)  # the second lr wins in YAML; the duplicate itself is reported
+    assert [p.split(":")[1] for p in found] == ["2", "8", "9"]
+    assert "duplicate key 'lr' in space (first at line 7)" in found[-1]
+
+
+def test_load_spec_file_errors(tmp_path: Path):
+    with pytest.raises(SpecError, match="no such file"):
+        load_spec(tmp_path / "missing.yaml")
+    with pytest.raises(SpecError, match="is a directory"):
+        load_spec(tmp_path)
+    path = tmp_path / "ok.yaml"
+    path.write_text(MINIMAL)
+    spec = load_spec(path)
+    assert spec.path == path and spec.text == MINIMAL
+
+
+def test_overrides_are_validated_and_keep_the_source():
+    spec = parse_spec(MINIMAL, Path("q.yaml"))
+    changed = spec.with_overrides(study={"n_trials": 5, "seed": None}, workload={"device": "cpu"})
+    assert changed.study.n_trials == 5 and changed.study.seed == 0
+    assert changed.workload.device == "cpu"
+    assert changed.text == MINIMAL and changed.study_name == "q"
+    with pytest.raises(ValueError, match="not a device"):
+        spec.with_overrides(workload={"device": "tpu"})
+
+
+def test_fingerprint_covers_the_search_but_not_the_run_settings():
+    base = parse_spec(MINIMAL + "space: {batch_size: [16, 32]}\n")
+    more_trials = parse_spec(MINIMAL + "study: {n_trials: 99}\nspace: {batch_size: [16, 32]}\n")
+    other_space = parse_spec(MINIMAL + "space: {batch_size: [16, 64]}\n")
+    other_objective = parse_spec(
+        MINIMAL + "objective: {min_accuracy: 0.5}\nspace: {batch_size: [16, 32]}\n"
+    )
+    assert base.search_fingerprint() == more_trials.search_fingerprint()
+    assert base.search_fingerprint() != other_space.search_fingerprint()
+    assert base.search_fingerprint() != other_objective.search_fingerprint()
+
+
+def test_shipped_space_files_are_valid():
+    for path in sorted(Path(__file__).parents[1].glob("search_spaces/*.yaml")):
+        load_spec(path)
+
+
+def test_readme_documents_every_knob_with_its_default():
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for name, info in KNOBS.items():
+        default = str(info.default).lower() if isinstance(info.default, bool) else info.default
+        assert f"| `{name}` | {default} |" in readme, name

@@ -1,0 +1,181 @@
+"""Studies in-process: trials recorded with their measurements, resume, guards and faults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.config import TrialConfig
+from autotune.hardware import detect
+from autotune.space import restrict
+from autotune.spec import parse_spec
+from autotune.study import (
+    StudyError,
+    best_trial,
+    counted_trials,
+    open_storage,
+    open_study,
+    run_study,
+    trial_config,
+)
+from autotune.workloads import load
+
+from .conftest import TINY_SPACE
+from .test_space import AMPERE
+
+CPU = detect("cpu")
+RESULT_ATTRS = {
+    "accuracy",
+    "train_seconds",
+    "overhead_seconds",
+    "charged_seconds",
+    "samples_per_second",
+    "effective_batch_size",
+    "peak_memory_bytes",
+    "device_name",
+    "torch_version",
+    "config",
+}
+
+
+def tiny_spec(n_trials: int = 4, pruner: str = "none", text: str | None = None, **overrides):
+    spec = parse_spec(text or TINY_SPACE.format(n_trials=n_trials, pruner=pruner), "tiny.yaml")
+    if overrides:
+        spec = spec.with_overrides(**overrides)
+    return restrict(spec, CPU).spec
+
+
+def start(spec, db: Path, new_study: bool = False, hardware=CPU):
+    storage = open_storage(f"sqlite:///{db}")
+    study = open_study(spec, storage, hardware, new_study=new_study)
+    return study
+
+
+def run(spec, db: Path) -> tuple[optuna.Study, object]:
+    study = start(spec, db)
+    outcome = run_study(study, spec, CPU, load(spec.workload))
+    return study, outcome
+
+
+def test_a_study_records_every_trial_with_its_measurements(tmp_path: Path):
+    spec = tiny_spec(n_trials=5)
+    study, outcome = run(spec, tmp_path / "s.db")
+    trials = study.get_trials()
+    assert outcome.trials_run == 5 and len(trials) == 5
+    assert {t.state for t in trials} <= {TrialState.COMPLETE, TrialState.PRUNED}
+    for trial in trials:
+        if trial.state == TrialState.COMPLETE:
+            assert set(trial.user_attrs) >= RESULT_ATTRS
+            assert trial.value == pytest.approx(
+                trial.user_attrs["accuracy"] / trial.user_attrs["charged_seconds"]
+            )
+            assert "min_accuracy" in trial.constraints
+        else:
+            assert trial.user_attrs["fail_kind"] and trial.user_attrs["fail_msg"]
+        config = trial_config(trial)
+        assert isinstance(config, TrialConfig)
+        assert config.precision in ("fp32", "bf16")  # fp16 was dropped on the CPU
+        assert config.seed == trial.number
+        for name, value in trial.params.items():
+            assert getattr(config, "base_lr" if name == "lr" else name) == value
+    best = best_trial(study)
+    assert best is not None and all(v <= 0 for v in best.constraints.values())
+    attrs = study.user_attrs
+    assert attrs["space_file"] == spec.text and attrs["metric"] == "accuracy_per_second"
+    assert attrs["search_fingerprint"] == spec.search_fingerprint()
+    assert study.metric_names == ["accuracy_per_second"]
+
+
+def test_n_trials_is_the_study_total_and_a_rerun_resumes(tmp_path: Path):
+    db = tmp_path / "s.db"
+    study, outcome = run(tiny_spec(n_trials=2), db)
+    assert outcome.trials_run == 2
+    first = [(t.number, t.params, t.value) for t in study.get_trials()]
+
+    study, outcome = run(tiny_spec(n_trials=4), db)
+    assert outcome.trials_run == 2 and counted_trials(study) == 4
+    assert [(t.number, t.params, t.value) for t in study.get_trials()][:2] == first
+    # the resumed sampler does not redraw the first run's configurations
+    params = [tuple(sorted(t.params.items())) for t in study.get_trials()]
+    assert len(set(params)) == 4
+
+    study, outcome = run(tiny_spec(n_trials=4), db)
+    assert outcome.trials_run == 0
+    assert "already has 4 of its 4 trials" in outcome.stopped_reason
+
+
+def test_an_edited_space_is_refused_with_a_diff(tmp_path: Path):
+    db = tmp_path / "s.db"
+    run(tiny_spec(n_trials=1), db)
+    edited = TINY_SPACE.format(n_trials=1, pruner="none").replace("[16, 32]", "[16, 64]")
+    with pytest.raises(StudyError) as caught:
+        start(tiny_spec(text=edited), db)
+    message = str(caught.value)
+    assert "the space file changed since the study was created" in message
+    assert "-  batch_size: [16, 32]" in message and "+  batch_size: [16, 64]" in message
+    assert "--new-study" in message
+
+    fresh = start(tiny_spec(text=edited), db, new_study=True)
+    assert fresh.study_name == "tiny-2" and len(fresh.trials) == 0
+    # the original study is untouched
+    original = optuna.load_study(study_name="tiny", storage=f"sqlite:///{db}")
+    assert len(original.trials) == 1
+
+
+def test_a_machine_that_filters_the_space_differently_is_refused(tmp_path: Path):
+    db = tmp_path / "s.db"
+    text = TINY_SPACE.format(n_trials=1, pruner="none")
+    gpu_spec = restrict(parse_spec(text, "tiny.yaml"), AMPERE).spec
+    start(gpu_spec, db, hardware=AMPERE)
+    with pytest.raises(StudyError, match="this machine can run a different set of values"):
+        start(tiny_spec(text=text), db)
+
+
+def test_a_study_not_made_by_autotune_is_refused(tmp_path: Path):
+    db = tmp_path / "s.db"
+    optuna.create_study(study_name="tiny", storage=f"sqlite:///{db}")
+    with pytest.raises(StudyError, match="was not created by autotune"):
+        start(tiny_spec(), db)
+
+
+def test_configuration_faults_are_pruned_with_a_violated_constraint(tmp_path: Path):
+    spec = tiny_spec(
+        n_trials=2,
+        workload={"model_args": {"nan_after_steps": 2}},
+    )
+    study, _outcome = run(spec, tmp_path / "s.db")
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.PRUNED, TrialState.PRUNED]
+    for trial in trials:
+        assert trial.user_attrs["fail_kind"] == "nonfinite_loss"
+        assert "training loss is nan" in trial.user_attrs["fail_msg"]
+        assert trial.constraints == {"fault": 1.0}
+    assert best_trial(study) is None
+
+
+def test_the_same_bug_in_every_trial_stops_the_study(tmp_path: Path):
+    text = TINY_SPACE.format(n_trials=10, pruner="none").replace(
+        "autotune.testing:tiny_mlp", "autotune.testing:broken_model"
+    )
+    study, outcome = run(tiny_spec(text=text), tmp_path / "s.db")
+    assert outcome.repeated_error == "ValueError: a bug in forward"
+    trials = study.get_trials()
+    assert len(trials) == 3
+    for trial in trials:
+        assert trial.state == TrialState.FAIL
+        assert trial.user_attrs["fail_kind"] == "error"
+        assert "raise ValueError(self.message)" in trial.user_attrs["fail_traceback"]
+
+
+def test_pruned_trials_say_why_and_nothing_is_left_running(tmp_path: Path):
+    spec = tiny_spec(n_trials=8, pruner="median", workload={"epochs": 3})
+    study, _ = run(spec, tmp_path / "s.db")
+    for trial in study.get_trials():
+        assert trial.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        if trial.state == TrialState.PRUNED:
+            assert trial.user_attrs["fail_kind"] == "pruned"
+            assert "by the median pruner" in trial.user_attrs["fail_msg"]
+            assert len(trial.intermediate_values) < 3  # never pruned after its last evaluation
