@@ -164,8 +164,7 @@ def open_study(
     which starts a fresh study under the next free name (``name-2``, ``name-3``, ...).
     """
     name = spec.study_name
-    exists = name in optuna.get_all_study_names(storage)
-    if exists:
+    if name in optuna.get_all_study_names(storage):
         study = optuna.load_study(study_name=name, storage=storage)
         problem = _resume_problem(study, spec)
         if problem is None:
@@ -175,9 +174,13 @@ def open_study(
                 f"{problem}\nrun with --new-study to start a new study, or set study.name"
             )
         name = _next_free_name(storage, name)
-    study = optuna.create_study(
-        study_name=name, storage=storage, direction=spec.objective.direction
-    )
+    try:
+        study = optuna.create_study(
+            study_name=name, storage=storage, direction=spec.objective.direction
+        )
+    except optuna.exceptions.DuplicatedStudyError:
+        # another `autotune run` created it a moment ago: join it like a resume
+        return open_study(spec, storage, hardware, new_study=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)  # stable in practice since 3.2
         study.set_metric_names([spec.objective.metric])
@@ -272,7 +275,7 @@ class RunOutcome:
     states: dict[str, int] = field(default_factory=dict)
 
 
-def _record_result(trial: optuna.Trial, result: TrialResult, config: TrialConfig) -> None:
+def _record_result(trial: optuna.Trial, result: TrialResult) -> None:
     attrs: dict[str, Any] = {
         "accuracy": result.accuracy,
         "train_seconds": result.train_seconds,
@@ -338,7 +341,7 @@ def _make_objective(
             trial.set_user_attr("fail_traceback", traceback.format_exc()[-4000:])
             raise
 
-        _record_result(trial, result, config)
+        _record_result(trial, result)
         if pruned_at:
             at = pruned_at[0]
             trial.set_user_attr("fail_kind", "pruned")
