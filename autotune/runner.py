@@ -12,38 +12,31 @@ step time is one-time overhead (compilation, cuDNN autotuning, DataLoader worker
 
 from __future__ import annotations
 
-import contextlib
 import math
-import random
 import resource
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from autotune.config import TrialConfig
 from autotune.faults import TrialFault
 from autotune.hardware import device_name
 from autotune.timing import TrainClock
+from autotune.trainer import (
+    Trainer,
+    backend_flags,
+    make_train_loader,
+    make_val_loader,
+    seed_everything,
+)
 from autotune.workloads import Workload
 
-__all__ = [
-    "Evaluation",
-    "Plan",
-    "Reporter",
-    "TrialResult",
-    "autocast",
-    "make_optimizer",
-    "make_plan",
-    "make_scheduler",
-    "make_train_loader",
-    "train",
-]
+__all__ = ["Evaluation", "Plan", "Reporter", "TrialResult", "make_plan", "train"]
 
 MAX_WARMUP_STEPS = 5  # optimizer steps timed as warm-up (at most half the first evaluation span)
 
@@ -129,119 +122,6 @@ def make_plan(config: TrialConfig, micro_batches_per_epoch: int, train_size: int
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Building blocks (each mirrors a knob; the exported training script does the same)
-# ---------------------------------------------------------------------------------------------
-
-
-def _seed_worker(worker_id: int) -> None:
-    """Seed Python and NumPy in a DataLoader worker from the seed torch gave it."""
-    seed = torch.initial_seed() % 2**32
-    random.seed(seed)
-    np.random.seed(seed)
-
-
-def make_train_loader(dataset: Dataset, config: TrialConfig, seed: int) -> DataLoader:
-    """Shuffled training batches with the trial's DataLoader knobs; the last partial is dropped."""
-    workers = {}
-    if config.num_workers > 0:
-        workers = {
-            "prefetch_factor": config.prefetch_factor,
-            "persistent_workers": config.persistent_workers,
-            "worker_init_fn": _seed_worker,
-        }
-    return DataLoader(
-        dataset,
-        batch_size=config.batch_size,
-        shuffle=True,
-        drop_last=True,  # static shapes: no recompilation, CUDA graphs stay valid
-        num_workers=config.num_workers,
-        pin_memory=config.pin_memory,
-        generator=torch.Generator().manual_seed(seed),
-        **workers,
-    )
-
-
-def make_optimizer(model: nn.Module, config: TrialConfig) -> torch.optim.Optimizer:
-    """SGD (momentum, Nesterov, L2 weight decay) or AdamW (decoupled weight decay)."""
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(
-            model.parameters(),
-            lr=config.lr,
-            momentum=config.momentum or 0.0,
-            nesterov=config.nesterov,
-            weight_decay=config.weight_decay,
-        )
-    if config.optimizer == "adamw":
-        return torch.optim.AdamW(
-            model.parameters(), lr=config.lr, weight_decay=config.weight_decay
-        )
-    raise ValueError(f"unknown optimizer {config.optimizer!r}")
-
-
-def make_scheduler(
-    optimizer: torch.optim.Optimizer, config: TrialConfig, total_steps: int
-) -> torch.optim.lr_scheduler.LRScheduler | None:
-    """The learning-rate schedule over ``total_steps`` optimizer steps (None: constant lr).
-
-    constant and cosine start with ``warmup_fraction`` of the steps rising linearly to ``lr``;
-    cosine then decays to zero. onecycle is PyTorch's OneCycleLR with ``warmup_fraction`` (0.3 if
-    zero) as its rising phase; momentum is not cycled, so the sampled momentum holds.
-    """
-    warmup = round(config.warmup_fraction * total_steps)
-    if config.schedule == "onecycle" and total_steps >= 2:
-        return torch.optim.lr_scheduler.OneCycleLR(
-            optimizer,
-            max_lr=config.lr,
-            total_steps=total_steps,
-            pct_start=config.warmup_fraction or 0.3,
-            cycle_momentum=False,
-        )
-    if config.schedule == "cosine":
-
-        def factor(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            progress = (step - warmup) / max(1, total_steps - warmup)
-            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-    elif warmup > 0:
-
-        def factor(step: int) -> float:
-            return min(1.0, (step + 1) / warmup)
-
-    else:
-        return None
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def autocast(config: TrialConfig, device: torch.device) -> contextlib.AbstractContextManager:
-    """Autocast for bf16/fp16 (the fp32 and tf32 precisions run without it)."""
-    if config.precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    if config.precision == "fp16":
-        return torch.autocast(device.type, dtype=torch.float16)
-    return contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def _execution_flags(config: TrialConfig, device: torch.device) -> Iterator[None]:
-    """Set TF32 and cudnn.benchmark for this trial; restore the previous values afterwards."""
-    if device.type != "cuda":
-        yield
-        return
-    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
-    saved = (matmul.fp32_precision, conv.fp32_precision, torch.backends.cudnn.benchmark)
-    precision = "tf32" if config.precision == "tf32" else "ieee"
-    try:
-        matmul.fp32_precision = precision
-        conv.fp32_precision = precision
-        torch.backends.cudnn.benchmark = config.cudnn_benchmark
-        yield
-    finally:
-        matmul.fp32_precision, conv.fp32_precision, torch.backends.cudnn.benchmark = saved
-
-
 def _compiled_graphs() -> int:
     counters = getattr(torch._dynamo.utils, "counters", {})
     return int(counters.get("stats", {}).get("unique_graphs", 0))
@@ -254,36 +134,22 @@ def _peak_memory_bytes(device: torch.device) -> int:
 
 
 @torch.no_grad()
-def _evaluate(
-    model: nn.Module,
-    loader: DataLoader,
-    config: TrialConfig,
-    device: torch.device,
-) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) of ``model`` on ``loader``; one sync at the end."""
+def _evaluate(trainer: Trainer, loader: DataLoader) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of the eager model on ``loader``; one sync at the end."""
+    model = trainer.model
     model.eval()
-    correct = torch.zeros((), dtype=torch.long, device=device)
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.long, device=trainer.device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=trainer.device)
     count = 0
-    for inputs, targets in loader:
-        inputs, targets = _to_device(inputs, targets, config, device)
-        with autocast(config, device):
+    for batch in loader:
+        inputs, targets = trainer.to_device(*batch)
+        with trainer.autocast():
             logits = model(inputs)
         correct += (logits.argmax(dim=1) == targets).sum()
         loss_sum += nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
         count += targets.shape[0]
     model.train()
     return correct.item() / count, loss_sum.item() / count
-
-
-def _to_device(
-    inputs: torch.Tensor, targets: torch.Tensor, config: TrialConfig, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    inputs = inputs.to(device, non_blocking=True)
-    targets = targets.to(device, non_blocking=True)
-    if config.channels_last and inputs.dim() == 4:
-        inputs = inputs.contiguous(memory_format=torch.channels_last)
-    return inputs, targets
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,53 +159,36 @@ def _to_device(
 
 def train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialResult:
     """Train one trial; raise TrialFault when the configuration cannot train."""
-    device = torch.device(config.device)
-    with _execution_flags(config, device), warnings.catch_warnings():
+    with backend_flags(config), warnings.catch_warnings():
         # GradScaler skips the optimizer step when fp16 gradients overflow; the scheduler
         # stepping anyway is intended (the schedule follows steps attempted).
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-        return _train(config, workload, report, device)
+        return _train(config, workload, report)
 
 
-def _train(
-    config: TrialConfig, workload: Workload, report: Reporter, device: torch.device
-) -> TrialResult:
+def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialResult:
     # -- seeds: weights, data order and DataLoader workers all follow config.seed
-    torch.manual_seed(config.seed)
-    random.seed(config.seed)
-    np.random.seed(config.seed % 2**32)
+    seed_everything(config.seed)
 
     # -- data
     train_loader = make_train_loader(workload.train_set, config, config.seed)
-    val_loader = DataLoader(workload.val_set, batch_size=config.val_batch_size)
+    val_loader = make_val_loader(workload.val_set, config)
     plan = make_plan(config, len(train_loader), len(workload.train_set))  # type: ignore[arg-type]
 
-    # -- model, compiled when asked (evaluation runs the eager module: no recompiles)
-    model = workload.build_model().to(device)
-    if config.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    step_model: nn.Module = model
+    # -- model, optimizer, schedule, precision; compiled when asked, on a fresh compile cache
+    # so that earlier trials' graphs neither help nor count (evaluation runs the eager module)
     graphs_before = 0
     if config.compile != "none":
-        torch.compiler.reset()  # a fresh cache: earlier trials' graphs must not count
+        torch.compiler.reset()
         graphs_before = _compiled_graphs()
-        mode = None if config.compile == "default" else config.compile
-        step_model = torch.compile(model, mode=mode)  # type: ignore[assignment]
-
-    # -- optimization
-    optimizer = make_optimizer(model, config)
-    scheduler = make_scheduler(optimizer, config, plan.optimizer_steps)
-    scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
-    loss_fn = nn.CrossEntropyLoss()
-    accumulation = config.accumulation_steps
+    trainer = Trainer(workload.build_model(), config, plan.optimizer_steps)
+    device = trainer.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
     # -- bookkeeping read only at evaluations (no per-step host-device synchronization)
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     losses_summed = 0
-    micro_batches = 0
-    steps = 0
     warmup_seconds: float | None = None
     evaluations: list[Evaluation] = []
     pending_evals = iter(plan.eval_steps)
@@ -349,27 +198,13 @@ def _train(
     clock.start()
     done = False
     while not done:
-        for inputs, targets in train_loader:
-            inputs, targets = _to_device(inputs, targets, config, device)
-
-            # forward and backward of one micro-batch
-            with autocast(config, device):
-                loss = loss_fn(step_model(inputs), targets)
-            loss_sum += loss.detach()
+        for batch in train_loader:
+            inputs, targets = trainer.to_device(*batch)
+            loss_sum += trainer.train_step(inputs, targets)
             losses_summed += 1
-            scaler.scale(loss / accumulation if accumulation > 1 else loss).backward()
-            micro_batches += 1
-            if micro_batches % accumulation:
-                continue
-
-            # optimizer step every accumulation_steps micro-batches
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            if scheduler is not None:
-                scheduler.step()
-            steps += 1
-
+            if trainer.micro_batches % config.accumulation_steps:
+                continue  # within an accumulation group: no optimizer step yet
+            steps = trainer.steps
             if steps == plan.warmup_steps:
                 warmup_seconds = clock.read()
             if steps != next_eval:
@@ -378,7 +213,7 @@ def _train(
             # evaluation: the clock stops, the loss is read back, the reporter decides
             train_seconds = clock.pause()
             train_loss = loss_sum.item() / losses_summed
-            epoch = micro_batches / plan.micro_batches_per_epoch
+            epoch = trainer.micro_batches / plan.micro_batches_per_epoch
             if not math.isfinite(train_loss):
                 raise TrialFault(
                     "nonfinite_loss",
@@ -388,12 +223,12 @@ def _train(
             loss_sum.zero_()
             losses_summed = 0
             eval_started = time.perf_counter()
-            accuracy, val_loss = _evaluate(model, val_loader, config, device)
+            accuracy, val_loss = _evaluate(trainer, val_loader)
             evaluation = Evaluation(
                 index=len(evaluations) + 1,
                 epoch=epoch,
                 optimizer_steps=steps,
-                samples_seen=micro_batches * config.batch_size,
+                samples_seen=trainer.micro_batches * config.batch_size,
                 accuracy=accuracy,
                 val_loss=val_loss,
                 train_loss=train_loss,
@@ -434,7 +269,7 @@ def _train(
         effective_batch_size=config.effective_batch_size,
         peak_memory_bytes=_peak_memory_bytes(device),
         compiled_graphs=compiled_graphs,
-        loss_scale=float(scaler.get_scale()) if scaler.is_enabled() else None,
+        loss_scale=trainer.loss_scale,
         device_name=device_name(config.device),
         torch_version=torch.__version__,
     )

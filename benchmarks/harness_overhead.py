@@ -21,9 +21,10 @@ from torch.utils.data import DataLoader
 
 from autotune.config import TrialConfig
 from autotune.hardware import detect
-from autotune.runner import MAX_WARMUP_STEPS, Evaluation, make_train_loader, train
+from autotune.runner import MAX_WARMUP_STEPS, Evaluation, train
 from autotune.spec import WorkloadSpec
 from autotune.timing import synchronize
+from autotune.trainer import make_train_loader
 from autotune.workloads import Workload, load
 
 

@@ -10,15 +10,10 @@ import torch
 from torch import nn
 
 from autotune.faults import TrialFault
-from autotune.runner import (
-    Evaluation,
-    _execution_flags,
-    make_plan,
-    make_scheduler,
-    train,
-)
+from autotune.runner import Evaluation, make_plan, train
 from autotune.spec import WorkloadSpec
 from autotune.testing import blobs, tiny_mlp
+from autotune.trainer import backend_flags, make_scheduler
 from autotune.workloads import Workload, load
 
 from .conftest import make_config
@@ -202,17 +197,16 @@ def test_cuda_flags_are_set_for_the_trial_and_restored():
         torch.backends.cudnn,
     )
     before = (matmul.fp32_precision, conv.fp32_precision, cudnn.benchmark)
-    cuda = torch.device("cuda")
-    with _execution_flags(make_config(precision="tf32", cudnn_benchmark=True), cuda):
+    with backend_flags(make_config(precision="tf32", cudnn_benchmark=True, device="cuda")):
         assert (matmul.fp32_precision, conv.fp32_precision, cudnn.benchmark) == (
             "tf32",
             "tf32",
             True,
         )
     assert (matmul.fp32_precision, conv.fp32_precision, cudnn.benchmark) == before
-    with _execution_flags(make_config(precision="fp32"), cuda):
+    with backend_flags(make_config(precision="fp32", device="cuda")):
         assert (matmul.fp32_precision, conv.fp32_precision) == ("ieee", "ieee")
-    with pytest.raises(RuntimeError), _execution_flags(make_config(precision="tf32"), cuda):
+    with pytest.raises(RuntimeError), backend_flags(make_config(precision="tf32", device="cuda")):
         raise RuntimeError("trial failed")
     assert (matmul.fp32_precision, conv.fp32_precision, cudnn.benchmark) == before
 

@@ -1,0 +1,232 @@
+"""Training building blocks that apply a TrialConfig: loaders, optimizer, schedule, precision.
+
+``Trainer`` owns one model under one configuration: device placement and channels_last,
+torch.compile, the optimizer and its schedule, autocast with a GradScaler for fp16, and gradient
+accumulation. Trials use it (``runner``), and so can users, through ``autotune.load_best``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from autotune.config import TrialConfig
+
+__all__ = [
+    "Trainer",
+    "autocast",
+    "backend_flags",
+    "make_optimizer",
+    "make_scheduler",
+    "make_train_loader",
+    "make_val_loader",
+    "seed_everything",
+]
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch (CPU and CUDA), Python and NumPy."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+
+
+def _seed_worker(worker_id: int) -> None:
+    """Seed Python and NumPy in a DataLoader worker from the seed torch gave it."""
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def make_train_loader(dataset: Dataset, config: TrialConfig, seed: int) -> DataLoader:
+    """Shuffled training batches with the trial's DataLoader knobs; the last partial is dropped."""
+    workers = {}
+    if config.num_workers > 0:
+        workers = {
+            "prefetch_factor": config.prefetch_factor,
+            "persistent_workers": config.persistent_workers,
+            "worker_init_fn": _seed_worker,
+        }
+    return DataLoader(
+        dataset,
+        batch_size=config.batch_size,
+        shuffle=True,
+        drop_last=True,  # static shapes: no recompilation, CUDA graphs stay valid
+        num_workers=config.num_workers,
+        pin_memory=config.pin_memory,
+        generator=torch.Generator().manual_seed(seed),
+        **workers,
+    )
+
+
+def make_val_loader(dataset: Dataset, config: TrialConfig) -> DataLoader:
+    """Validation batches in order, every sample once."""
+    return DataLoader(dataset, batch_size=config.val_batch_size, pin_memory=config.pin_memory)
+
+
+def make_optimizer(model: nn.Module, config: TrialConfig) -> torch.optim.Optimizer:
+    """SGD (momentum, Nesterov, L2 weight decay) or AdamW (decoupled weight decay)."""
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(
+            model.parameters(),
+            lr=config.lr,
+            momentum=config.momentum or 0.0,
+            nesterov=config.nesterov,
+            weight_decay=config.weight_decay,
+        )
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(
+            model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+        )
+    raise ValueError(f"unknown optimizer {config.optimizer!r}")
+
+
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, config: TrialConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """The learning-rate schedule over ``total_steps`` optimizer steps (None: constant lr).
+
+    constant and cosine start with ``warmup_fraction`` of the steps rising linearly to ``lr``;
+    cosine then decays to zero. onecycle is PyTorch's OneCycleLR with ``warmup_fraction`` (0.3 if
+    zero) as its rising phase; momentum is not cycled, so the sampled momentum holds.
+    """
+    warmup = round(config.warmup_fraction * total_steps)
+    if config.schedule == "onecycle" and total_steps >= 2:
+        return torch.optim.lr_scheduler.OneCycleLR(
+            optimizer,
+            max_lr=config.lr,
+            total_steps=total_steps,
+            pct_start=config.warmup_fraction or 0.3,
+            cycle_momentum=False,
+        )
+    if config.schedule == "cosine":
+
+        def factor(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            progress = (step - warmup) / max(1, total_steps - warmup)
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    elif warmup > 0:
+
+        def factor(step: int) -> float:
+            return min(1.0, (step + 1) / warmup)
+
+    else:
+        return None
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def autocast(config: TrialConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    """Autocast for bf16/fp16 (the fp32 and tf32 precisions run without it)."""
+    if config.precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if config.precision == "fp16":
+        return torch.autocast(device.type, dtype=torch.float16)
+    return contextlib.nullcontext()
+
+
+def _set_backend_flags(config: TrialConfig) -> tuple[str, str, bool]:
+    """Set TF32 and cudnn.benchmark as ``config`` says; return the previous values."""
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    previous = (matmul.fp32_precision, conv.fp32_precision, torch.backends.cudnn.benchmark)
+    precision = "tf32" if config.precision == "tf32" else "ieee"
+    matmul.fp32_precision = precision
+    conv.fp32_precision = precision
+    torch.backends.cudnn.benchmark = config.cudnn_benchmark
+    return previous
+
+
+@contextlib.contextmanager
+def backend_flags(config: TrialConfig) -> Iterator[None]:
+    """TF32 and cudnn.benchmark as ``config`` says (CUDA only), restored afterwards."""
+    if not config.device.startswith("cuda"):
+        yield
+        return
+    previous = _set_backend_flags(config)
+    try:
+        yield
+    finally:
+        matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+        matmul.fp32_precision, conv.fp32_precision, torch.backends.cudnn.benchmark = previous
+
+
+class Trainer:
+    """One model trained under one configuration.
+
+    ``train_step(inputs, targets)`` runs one micro-batch (forward under autocast, backward of
+    the loss divided by ``accumulation_steps``) and, every ``accumulation_steps`` micro-batches,
+    one optimizer step (GradScaler step for fp16, zero_grad, schedule). It never synchronizes
+    the device: the returned loss stays on the device.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: TrialConfig,
+        total_steps: int,
+        loss_fn: LossFn | None = None,
+    ) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        model = model.to(self.device)
+        if config.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        self.model = model  # the module itself: for evaluation and checkpoints
+        self.step_model: nn.Module = model  # what training calls: compiled when asked
+        if config.compile != "none":
+            mode = None if config.compile == "default" else config.compile
+            self.step_model = torch.compile(model, mode=mode)  # type: ignore[assignment]
+        self.optimizer = make_optimizer(model, config)
+        self.scheduler = make_scheduler(self.optimizer, config, total_steps)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
+        self.loss_fn: LossFn = loss_fn or nn.functional.cross_entropy
+        self.micro_batches = 0
+        self.steps = 0
+
+    def to_device(
+        self, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Move a batch to the device (asynchronously from pinned memory), NHWC if asked."""
+        inputs = inputs.to(self.device, non_blocking=True)
+        targets = targets.to(self.device, non_blocking=True)
+        if self.config.channels_last and inputs.dim() == 4:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        return inputs, targets
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The precision context for forward passes (training and evaluation)."""
+        return autocast(self.config, self.device)
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """One micro-batch; an optimizer step when it completes an accumulation group.
+
+        Returns the (detached, on-device) loss of this micro-batch.
+        """
+        with self.autocast():
+            loss = self.loss_fn(self.step_model(inputs), targets)
+        accumulation = self.config.accumulation_steps
+        self.scaler.scale(loss / accumulation if accumulation > 1 else loss).backward()
+        self.micro_batches += 1
+        if self.micro_batches % accumulation == 0:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.scheduler is not None:
+                self.scheduler.step()
+            self.steps += 1
+        return loss.detach()
+
+    @property
+    def loss_scale(self) -> float | None:
+        """The GradScaler's current scale under fp16 (reads the device), else None."""
+        return float(self.scaler.get_scale()) if self.scaler.is_enabled() else None
