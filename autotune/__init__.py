@@ -1,10 +1,35 @@
-"""autotune: find the PyTorch training configuration with the most accuracy per second."""
+"""autotune: find the PyTorch training configuration with the most accuracy per second.
+
+The Python API, for using a study's answer in your own training code::
+
+    import autotune
+    best = autotune.load_best("quickstart")               # the best feasible configuration
+    loader = best.make_loader(train_set)                   # DataLoader with the tuned knobs
+    trainer = best.make_trainer(model, total_steps=epochs * len(loader))
+    for inputs, targets in loader:
+        trainer.train_step(*trainer.to_device(inputs, targets))
+"""
 
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
 try:
     __version__ = version("autotune")
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.1.0+source"
 
-__all__ = ["__version__"]
+if TYPE_CHECKING:
+    from autotune.export import BestConfig, ExportError, load_best, load_config
+
+__all__ = ["BestConfig", "ExportError", "__version__", "load_best", "load_config"]
+
+_API = {"BestConfig", "ExportError", "load_best", "load_config"}
+
+
+def __getattr__(name: str) -> Any:
+    # The API pulls in torch and Optuna; importing it lazily keeps `import autotune` light.
+    if name in _API:
+        from autotune import export
+
+        return getattr(export, name)
+    raise AttributeError(f"module 'autotune' has no attribute {name!r}")

@@ -156,6 +156,7 @@ def open_study(
     spec: Spec,
     storage: optuna.storages.BaseStorage,
     hardware: Hardware,
+    workload: Workload | None = None,
     new_study: bool = False,
 ) -> optuna.Study:
     """Create the study of ``spec`` (already restricted to ``hardware``), or resume it.
@@ -180,7 +181,7 @@ def open_study(
         )
     except optuna.exceptions.DuplicatedStudyError:
         # another `autotune run` created it a moment ago: join it like a resume
-        return open_study(spec, storage, hardware, new_study=False)
+        return open_study(spec, storage, hardware, workload, new_study=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)  # stable in practice since 3.2
         study.set_metric_names([spec.objective.metric])
@@ -191,11 +192,16 @@ def open_study(
         "space_hash": hashlib.sha256(text.encode()).hexdigest()[:16],
         "search_fingerprint": spec.search_fingerprint(),
         "effective_space": _effective_space_text(spec),
+        # where module:function entry points were found, for exported scripts
+        "space_file_dir": str(spec.path.resolve().parent) if spec.path else None,
         "metric": spec.objective.metric,
         "created_on": hardware.device_name,
         "autotune_version": autotune.__version__,
     }.items():
         study.set_user_attr(key, value)
+    if workload is not None:
+        study.set_user_attr("num_classes", workload.num_classes)
+        study.set_user_attr("input_shape", list(workload.input_shape))
     return _with_sampler(study, spec, storage)
 
 

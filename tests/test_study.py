@@ -50,7 +50,7 @@ def tiny_spec(n_trials: int = 4, pruner: str = "none", text: str | None = None, 
 
 def start(spec, db: Path, new_study: bool = False, hardware=CPU):
     storage = open_storage(f"sqlite:///{db}")
-    study = open_study(spec, storage, hardware, new_study=new_study)
+    study = open_study(spec, storage, hardware, load(spec.workload), new_study=new_study)
     return study
 
 

@@ -7,8 +7,7 @@ or a ``DataSplits``; a user's model function is called with ``model_args`` (plus
 and ``input_shape`` when it declares those parameters) and returns an ``nn.Module``.
 """
 
-from autotune.workloads import digits as _digits  # noqa: F401  (registers built-ins)
-from autotune.workloads import models as _models  # noqa: F401  (registers built-ins)
+from autotune.workloads import digits, models
 from autotune.workloads._registry import (
     DATASETS,
     MODELS,
@@ -16,9 +15,16 @@ from autotune.workloads._registry import (
     Workload,
     WorkloadError,
     load,
+    model_kwargs,
     register_dataset,
     register_model,
+    resolve_data,
+    resolve_model,
 )
+
+register_dataset("digits")(digits.digits)
+register_model("digits_cnn")(digits.digits_cnn)
+register_model("mlp")(models.mlp)
 
 __all__ = [
     "DATASETS",
@@ -27,6 +33,9 @@ __all__ = [
     "Workload",
     "WorkloadError",
     "load",
+    "model_kwargs",
     "register_dataset",
     "register_model",
+    "resolve_data",
+    "resolve_model",
 ]

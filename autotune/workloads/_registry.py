@@ -6,7 +6,7 @@ import difflib
 import importlib
 import inspect
 import sys
-from collections.abc import Callable, Sized
+from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,10 @@ class DataSplits:
     train: Dataset
     val: Dataset
     num_classes: int | None = None  # inferred from the data when left out
+
+    def __iter__(self) -> Iterator[Dataset]:
+        """Unpacks like the (train, val) pair a data function may return instead."""
+        return iter((self.train, self.val))
 
 
 @dataclass(frozen=True)
@@ -146,10 +150,11 @@ def _call(fn: Callable[..., Any], kwargs: dict[str, Any], what: str, entry: str)
         raise WorkloadError(f"{what} '{entry}': {err}") from None
 
 
-def _model_kwargs(
+def model_kwargs(
     fn: ModelFn, args: dict[str, Any], num_classes: int | None, input_shape: tuple[int, ...]
 ) -> dict[str, Any]:
-    """``args`` plus num_classes and input_shape where the function declares them."""
+    """The keyword arguments a model function gets: ``args`` (the space file's model_args), plus
+    ``num_classes`` and ``input_shape`` where the function declares them."""
     try:
         parameters = inspect.signature(fn).parameters
     except ValueError:
@@ -167,18 +172,31 @@ def _model_kwargs(
     return kwargs
 
 
+def _search_dirs(base_dir: Path | None) -> list[Path]:
+    return [Path.cwd()] + ([base_dir.resolve()] if base_dir else [])
+
+
+def resolve_model(spec: WorkloadSpec, base_dir: Path | None = None) -> ModelFn:
+    """The model function a spec names (imported when it is an entry point)."""
+    return _resolve(spec.model, MODELS, "model", _search_dirs(base_dir))
+
+
+def resolve_data(spec: WorkloadSpec, base_dir: Path | None = None) -> DataFn:
+    """The data function a spec names (imported when it is an entry point)."""
+    return _resolve(spec.data, DATASETS, "data set", _search_dirs(base_dir))
+
+
 def load(spec: WorkloadSpec, base_dir: Path | None = None) -> Workload:
     """Build the workload a spec names: data loaded, model function checked by building one.
 
     ``package.module:function`` entries are imported from the working directory, then from
     ``base_dir`` (the space file's directory). Raises WorkloadError with one readable line.
     """
-    search_dirs = [Path.cwd()] + ([base_dir.resolve()] if base_dir else [])
-    data_fn = _resolve(spec.data, DATASETS, "data set", search_dirs)
-    model_fn = _resolve(spec.model, MODELS, "model", search_dirs)
+    data_fn = resolve_data(spec, base_dir)
+    model_fn = resolve_model(spec, base_dir)
 
     splits = _call(data_fn, dict(spec.data_args), "data set", spec.data)
-    if isinstance(splits, tuple) and len(splits) == 2:
+    if isinstance(splits, tuple | list) and len(splits) == 2:
         splits = DataSplits(train=splits[0], val=splits[1])
     if not isinstance(splits, DataSplits):
         raise WorkloadError(
@@ -203,7 +221,7 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None) -> Workload:
     input_shape = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else ()
     num_classes = splits.num_classes or _infer_num_classes(splits.train)
 
-    kwargs = _model_kwargs(model_fn, dict(spec.model_args), num_classes, input_shape)
+    kwargs = model_kwargs(model_fn, dict(spec.model_args), num_classes, input_shape)
 
     def build() -> nn.Module:
         return model_fn(**kwargs)

@@ -1,4 +1,4 @@
-"""General-purpose built-in models."""
+"""General-purpose built-in models (standalone: ``autotune export`` copies their source)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,7 @@ import math
 
 from torch import nn
 
-from autotune.workloads._registry import register_model
 
-
-@register_model("mlp")
 def mlp(
     num_classes: int, input_shape: tuple[int, ...], hidden: int = 256, depth: int = 2
 ) -> nn.Module:
