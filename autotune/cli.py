@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -30,7 +31,15 @@ errors = Console(stderr=True)
 
 EXIT_USAGE = 2  # the user must change a file or an argument
 EXIT_FAILED = 1  # the command ran but could not do its job
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    """SIGTERM handler: stop the study like Ctrl-C does, recording the running trial."""
+    from autotune.study import Terminated
+
+    raise Terminated()
 
 
 def _fail(lines: str | list[str], code: int = EXIT_USAGE) -> typer.Exit:
@@ -77,6 +86,13 @@ def run(
         str | None, typer.Option(help="auto, cpu, cuda or cuda:N. Default: workload.device.")
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Study seed; trial k uses seed + k.")] = None,
+    isolation: Annotated[
+        str | None,
+        typer.Option(
+            help="worker: trials in a supervised worker process (crashes and hangs are "
+            "contained); none: in this process, for debugging. Default: study.isolation."
+        ),
+    ] = None,
     new_study: Annotated[
         bool,
         typer.Option(
@@ -94,6 +110,7 @@ def run(
                 "storage": storage,
                 "name": study_name,
                 "seed": seed,
+                "isolation": isolation,
             },
             workload={"device": device},
         )
@@ -106,6 +123,7 @@ def run(
     from autotune import study as studies
     from autotune.hardware import DeviceError, detect
     from autotune.space import restrict
+    from autotune.worker import InProcessExecutor, WorkerError, WorkerExecutor
     from autotune.workloads import WorkloadError
     from autotune.workloads import load as load_workload
 
@@ -115,7 +133,9 @@ def run(
         restriction = restrict(spec, hardware)
         spec = restriction.spec
         workload = load_workload(spec.workload, base_dir=space_file.parent)
-        storage_backend = studies.open_storage(spec.study.storage)
+        storage_backend = studies.open_storage(
+            spec.study.storage, heartbeat_interval=spec.study.heartbeat_interval
+        )
         study = studies.open_study(spec, storage_backend, hardware, workload, new_study)
     except SpecError as err:
         raise _fail(err.problems) from None
@@ -123,20 +143,34 @@ def run(
         raise _fail(str(err).splitlines()) from None
 
     display.print_plan(console, spec, hardware, study, [d.describe() for d in restriction.dropped])
+    executor = (
+        WorkerExecutor(spec.workload, space_file.parent, spec.study.trial_timeout, verbose)
+        if spec.study.isolation == "worker"
+        else InProcessExecutor(workload)
+    )
     progress = display.live_progress(console)
-    with Live(progress, console=console, refresh_per_second=8) as live:
-        observer = display.LiveObserver(study, spec, live, progress)
-        outcome = studies.run_study(study, spec, hardware, workload, observer)
-        live.update(progress)
+    previous_handler = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        with Live(progress, console=console, refresh_per_second=8) as live:
+            observer = display.LiveObserver(study, spec, live, progress)
+            outcome = studies.run_study(study, spec, hardware, executor, observer)
+            live.update(progress)
+    except WorkerError as err:
+        raise _fail(str(err), EXIT_FAILED) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+        executor.close()
 
     if outcome.stopped_reason:
         console.print(f"[yellow]Stopped:[/] {outcome.stopped_reason}.")
     display.print_summary(console, study, spec, outcome)
     if outcome.interrupted:
         console.print(
-            "[yellow]Interrupted.[/] Completed trials are saved; run the same command to resume."
+            f"[yellow]{'Terminated' if outcome.terminated else 'Interrupted'}.[/] The running "
+            f"trial is recorded as interrupted and finished trials are saved; run the same "
+            f"command to resume."
         )
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise typer.Exit(EXIT_TERMINATED if outcome.terminated else EXIT_INTERRUPTED)
     if outcome.repeated_error:
         raise _fail(
             [

@@ -59,6 +59,8 @@ class TrialConfig:
     eval_every: float  # epochs between evaluations
     val_batch_size: int
     seed: int
+    # settings added later keep a default, so that older exports still load
+    dataloader_timeout: float = 0.0  # seconds to wait for a batch from a worker; 0: forever
 
     @property
     def effective_batch_size(self) -> int:
@@ -72,9 +74,11 @@ class TrialConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialConfig:
         """Inverse of ``to_dict``; a missing or unknown key is a ValueError naming it."""
-        names = {f.name for f in dataclasses.fields(cls)}
+        fields = dataclasses.fields(cls)
+        names = {f.name for f in fields}
+        required = {f.name for f in fields if f.default is dataclasses.MISSING}
         unknown = sorted(set(data) - names)
-        missing = sorted(names - set(data))
+        missing = sorted(required - set(data))
         if unknown or missing:
             parts = []
             if unknown:

@@ -92,6 +92,14 @@ class LiveObserver(studies.StudyObserver):
         )
         self._render()
 
+    def waiting(self, running: int) -> None:
+        self.status = Text(
+            f"  waiting for {running} running trial(s) of this study in other processes "
+            f"(or left by a stopped run: stale after 3 heartbeats without news)",
+            style="dim",
+        )
+        self._render()
+
     def trial_finished(self, trial: FrozenTrial) -> None:
         attrs = trial.user_attrs
         line = Text(f"trial {trial.number:>3} ")

@@ -39,6 +39,9 @@ from autotune.workloads import Workload
 __all__ = ["Evaluation", "Plan", "Reporter", "TrialResult", "make_plan", "train"]
 
 MAX_WARMUP_STEPS = 5  # optimizer steps timed as warm-up (at most half the first evaluation span)
+DIVERGENCE_FACTOR = 10.0  # a mean training loss this many times the lowest seen has diverged
+MAX_SKIPPED_IN_A_ROW = 25  # fp16 steps skipped for overflow in a row (scale / 2**25): a fault
+MIN_SPAN_FOR_ALL_SKIPPED = 8  # ... or every step between two evaluations, if there were this many
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ class TrialResult:
     peak_memory_bytes: int  # CUDA: max allocated on the device; CPU: the process's peak RSS
     compiled_graphs: int  # graphs torch.compile produced (0 for eager)
     loss_scale: float | None  # final GradScaler scale under fp16, else None
+    skipped_steps: int  # optimizer steps GradScaler skipped for overflowing fp16 gradients
     device_name: str
     torch_version: str
 
@@ -186,9 +190,15 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
-    # -- bookkeeping read only at evaluations (no per-step host-device synchronization)
+    # -- bookkeeping read only at evaluations (no per-step host-device synchronization).
+    # Under fp16 a non-finite loss is an overflow GradScaler recovers from (it skips that step),
+    # so only finite losses are averaged; elsewhere a non-finite loss is a fault.
+    fp16 = config.precision == "fp16"
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
-    losses_summed = 0
+    losses_summed = torch.zeros((), dtype=torch.float32, device=device) if fp16 else 0
+    lowest_train_loss = math.inf
+    skipped_before = 0  # GradScaler's skipped steps at the previous evaluation
+    steps_before = 0
     warmup_seconds: float | None = None
     evaluations: list[Evaluation] = []
     pending_evals = iter(plan.eval_steps)
@@ -200,8 +210,14 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
     while not done:
         for batch in train_loader:
             inputs, targets = trainer.to_device(*batch)
-            loss_sum += trainer.train_step(inputs, targets)
-            losses_summed += 1
+            loss = trainer.train_step(inputs, targets)
+            if fp16:
+                finite = torch.isfinite(loss)
+                loss_sum += torch.where(finite, loss, 0.0)
+                losses_summed += finite
+            else:
+                loss_sum += loss
+                losses_summed += 1
             if trainer.micro_batches % config.accumulation_steps:
                 continue  # within an accumulation group: no optimizer step yet
             steps = trainer.steps
@@ -212,16 +228,21 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
 
             # evaluation: the clock stops, the loss is read back, the reporter decides
             train_seconds = clock.pause()
-            train_loss = loss_sum.item() / losses_summed
             epoch = trainer.micro_batches / plan.micro_batches_per_epoch
-            if not math.isfinite(train_loss):
-                raise TrialFault(
-                    "nonfinite_loss",
-                    f"training loss is {train_loss} after {epoch:.2f} epochs "
-                    f"(lr {config.lr:.3g}, {config.precision})",
-                )
+            train_loss = _segment_loss(loss_sum, losses_summed, epoch, config)
+            _check_training_health(
+                trainer,
+                train_loss,
+                lowest_train_loss,
+                skipped=trainer.skipped_steps - skipped_before,
+                attempted=steps - steps_before,
+                epoch=epoch,
+                config=config,
+            )
+            lowest_train_loss = min(lowest_train_loss, train_loss)
+            skipped_before, steps_before = trainer.skipped_steps, steps
             loss_sum.zero_()
-            losses_summed = 0
+            losses_summed = losses_summed.zero_() if fp16 else 0  # type: ignore[union-attr]
             eval_started = time.perf_counter()
             accuracy, val_loss = _evaluate(trainer, val_loader)
             evaluation = Evaluation(
@@ -270,9 +291,59 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
         peak_memory_bytes=_peak_memory_bytes(device),
         compiled_graphs=compiled_graphs,
         loss_scale=trainer.loss_scale,
+        skipped_steps=trainer.skipped_steps,
         device_name=device_name(config.device),
         torch_version=torch.__version__,
     )
+
+
+def _segment_loss(
+    loss_sum: torch.Tensor, losses_summed: torch.Tensor | int, epoch: float, config: TrialConfig
+) -> float:
+    """Mean training loss since the last evaluation (reads the device once)."""
+    if isinstance(losses_summed, torch.Tensor):  # fp16: only finite losses were summed
+        total, count = torch.stack([loss_sum, losses_summed.float()]).tolist()
+    else:
+        total, count = loss_sum.item(), losses_summed
+    if count == 0 or not math.isfinite(total):
+        shown = "inf or nan at every step" if count == 0 else f"{total / count}"
+        raise TrialFault(
+            "nonfinite_loss",
+            f"training loss is {shown} after {epoch:.2f} epochs "
+            f"(lr {config.lr:.3g}, {config.precision})",
+        )
+    return total / count
+
+
+def _check_training_health(
+    trainer: Trainer,
+    train_loss: float,
+    lowest: float,
+    skipped: int,
+    attempted: int,
+    epoch: float,
+    config: TrialConfig,
+) -> None:
+    """Raise TrialFault when training went astray since the previous evaluation.
+
+    Under fp16 GradScaler skips steps whose gradients overflow and lowers its scale; a few such
+    steps are normal. A long run of them, or a whole span between evaluations without one
+    applied step, means the model is no longer training. A loss far above its lowest has
+    diverged.
+    """
+    whole_span = attempted >= MIN_SPAN_FOR_ALL_SKIPPED and skipped == attempted
+    if trainer.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW or whole_span:
+        raise TrialFault(
+            "nonfinite_loss",
+            f"fp16 gradients overflowed in {trainer.skipped_in_a_row} optimizer steps in a row "
+            f"after {epoch:.2f} epochs: GradScaler cannot recover (lr {config.lr:.3g})",
+        )
+    if train_loss > DIVERGENCE_FACTOR * lowest:
+        raise TrialFault(
+            "diverged",
+            f"training loss {train_loss:.4g} after {epoch:.2f} epochs is over "
+            f"{DIVERGENCE_FACTOR:g}x its lowest, {lowest:.4g} (lr {config.lr:.3g})",
+        )
 
 
 def _overhead(plan: Plan, warmup_seconds: float | None, train_seconds: float, steps: int) -> float:

@@ -175,4 +175,5 @@ def sample(trial: optuna.Trial, spec: Spec, hardware: Hardware) -> TrialConfig:
         eval_every=spec.workload.eval_every,
         val_batch_size=spec.workload.val_batch_size,
         seed=spec.study.seed + trial.number,
+        dataloader_timeout=spec.workload.dataloader_timeout,
     )

@@ -404,6 +404,9 @@ class StudySpec(_Frozen):
     n_startup_trials: int = Field(default=10, ge=0)  # random trials before TPE models the space
     pruner: Literal["hyperband", "median", "successive_halving", "none"] = "hyperband"
     seed: int = 0  # trial k trains with seed + k
+    isolation: Literal["worker", "none"] = "worker"  # trials in a supervised worker process
+    trial_timeout: float | None = Field(default=None, gt=0)  # seconds; the worker is killed after
+    heartbeat_interval: int = Field(default=10, ge=1)  # seconds; a trial silent 3x this is stale
 
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
@@ -420,6 +423,7 @@ class WorkloadSpec(_Frozen):
     eval_every: float = Field(default=1.0, gt=0)  # epochs between validation evaluations
     val_batch_size: int = Field(default=1024, ge=1)
     device: str = "auto"  # auto, cpu, cuda or cuda:N
+    dataloader_timeout: float = Field(default=0.0, ge=0)  # seconds per batch from a worker; 0: off
 
     @field_validator("device")
     @classmethod
@@ -520,11 +524,20 @@ class Spec(_Frozen):
         held to the same rules as the file.
         """
         updated: dict[str, Any] = {}
-        for section, values in sections.items():
-            current: BaseModel = getattr(self, section)
-            changes = {k: v for k, v in values.items() if v is not None}
-            updated[section] = type(current).model_validate({**current.model_dump(), **changes})
-        spec = Spec.model_validate({**dict(self), **updated})
+        try:
+            for section, values in sections.items():
+                current: BaseModel = getattr(self, section)
+                changes = {k: v for k, v in values.items() if v is not None}
+                merged = {**current.model_dump(), **changes}
+                updated[section] = type(current).model_validate(merged)
+            spec = Spec.model_validate({**dict(self), **updated})
+        except ValidationError as err:
+            problems = []
+            for error in err.errors():
+                loc, message = _locate(error)
+                where = ".".join(str(part) for part in (section, *loc) if part != "")
+                problems.append(_describe(error, (where,), message))
+            raise SpecError(problems) from None
         spec._path, spec._text = self._path, self._text
         return spec
 

@@ -7,26 +7,33 @@ differently) is refused rather than silently mixed, because Optuna cannot mix di
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import difflib
 import hashlib
 import json
+import threading
+import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy
 from optuna.exceptions import ExperimentalWarning
+from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 import autotune
-from autotune import faults, objective, runner, space
+from autotune import faults, objective, space
 from autotune.config import TrialConfig
 from autotune.hardware import Hardware
 from autotune.runner import Evaluation, TrialResult
 from autotune.spec import Spec
+from autotune.worker import TrialExecutor, WorkerError
 from autotune.workloads import Workload
 
 __all__ = [
@@ -47,6 +54,8 @@ __all__ = [
 # Trials that count towards ``n_trials``: those that told the sampler something.
 COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED)
 SQLITE_BUSY_TIMEOUT_SECONDS = 60
+STORAGE_OPEN_ATTEMPTS = 5
+PEER_CREATION_SECONDS = 5.0  # how long a study another process is creating may lack its attrs
 SAME_ERROR_LIMIT = 3  # identical unexpected errors in a row, with no trial completed: stop
 
 
@@ -59,11 +68,33 @@ class StudyError(Exception):
 # ---------------------------------------------------------------------------------------------
 
 
-def open_storage(url: str, create_dirs: bool = True) -> optuna.storages.RDBStorage:
+class _RetryOnce:
+    """Queue a stale trial's parameters once more, without its stale measurements.
+
+    RetryHeartbeatStaleTrialCallback copies the stale trial's user attributes into the new
+    trial; those say how the stale one failed, so the copy starts from none.
+    """
+
+    def __init__(self) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ExperimentalWarning)  # stable since Optuna 2.8
+            self._retry = RetryHeartbeatStaleTrialCallback(max_retry=1)
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        clean = copy.deepcopy(trial)
+        clean.user_attrs = {}
+        self._retry(study, clean)
+
+
+def open_storage(
+    url: str, create_dirs: bool = True, heartbeat_interval: int | None = None
+) -> optuna.storages.RDBStorage:
     """An Optuna RDB storage for ``url``; SQLite files get WAL mode and a long busy timeout.
 
     With ``create_dirs`` the folder of a SQLite file is created when missing (``autotune run``);
-    readers pass False so that looking at a study never creates anything.
+    readers pass False so that looking at a study never creates anything. With
+    ``heartbeat_interval`` (seconds) running trials beat, and one silent for three intervals is
+    stale: failed as interrupted and retried once.
     """
     engine_kwargs: dict[str, Any] = {}
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
@@ -73,10 +104,29 @@ def open_storage(url: str, create_dirs: bool = True) -> optuna.storages.RDBStora
                 raise StudyError(f"no study database at {path} (storage {url})")
             path.parent.mkdir(parents=True, exist_ok=True)
         engine_kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_SECONDS}
-    try:
-        storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-    except Exception as err:  # SQLAlchemy raises many kinds for a bad URL or server
-        raise StudyError(f"cannot open storage {url}: {type(err).__name__}: {err}") from None
+    heartbeat: dict[str, Any] = {}
+    if heartbeat_interval is not None:
+        heartbeat = {
+            "heartbeat_interval": heartbeat_interval,
+            "grace_period": 3 * heartbeat_interval,
+            "heartbeat_stale_trial_callback": _RetryOnce(),
+        }
+    for attempt in range(STORAGE_OPEN_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeat_interval
+                storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **heartbeat)
+            break
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as err:
+            # another process is creating the same new database's tables right now
+            racing = isinstance(err, sqlalchemy.exc.IntegrityError) or "already exists" in str(err)
+            if not racing or attempt == STORAGE_OPEN_ATTEMPTS - 1:
+                raise StudyError(
+                    f"cannot open storage {url}: {type(err).__name__}: {err}"
+                ) from None
+            time.sleep(0.2 * (attempt + 1))
+        except Exception as err:  # SQLAlchemy raises many kinds for a bad URL or server
+            raise StudyError(f"cannot open storage {url}: {type(err).__name__}: {err}") from None
     if url.startswith("sqlite:///"):
         # WAL lets optuna-dashboard and other autotune processes read while a study writes.
         with storage.engine.connect() as connection:
@@ -123,6 +173,10 @@ def _effective_space_text(spec: Spec) -> str:
 def _resume_problem(study: optuna.Study, spec: Spec) -> str | None:
     """Why ``spec`` cannot continue ``study``, with a readable diff; None when it can."""
     attrs = study.user_attrs
+    deadline = time.monotonic() + PEER_CREATION_SECONDS
+    while "search_fingerprint" not in attrs and _is_new(study) and time.monotonic() < deadline:
+        time.sleep(0.2)  # another `autotune run` created it a moment ago and is labelling it
+        attrs = study.user_attrs
     stored = attrs.get("search_fingerprint")
     if stored is None:
         return (
@@ -142,6 +196,11 @@ def _resume_problem(study: optuna.Study, spec: Spec) -> str | None:
         before.splitlines(), after.splitlines(), "in the study", "now", lineterm="", n=1
     )
     return f"study '{study.study_name}' cannot be resumed: {title}:\n" + "\n".join(diff)
+
+
+def _is_new(study: optuna.Study) -> bool:
+    """A study with no trials yet: possibly one another process is still setting up."""
+    return not study.get_trials(deepcopy=False)
 
 
 def _next_free_name(storage: optuna.storages.BaseStorage, name: str) -> str:
@@ -256,6 +315,10 @@ def trial_config(trial: FrozenTrial) -> TrialConfig:
 # ---------------------------------------------------------------------------------------------
 
 
+class Terminated(KeyboardInterrupt):
+    """The study process got SIGTERM: stop like Ctrl-C, recording the running trial."""
+
+
 class StudyObserver:
     """Hooks for showing a study's progress; the default does nothing."""
 
@@ -268,6 +331,9 @@ class StudyObserver:
     def trial_finished(self, trial: FrozenTrial) -> None:
         """A trial ended (any state); its attributes are final."""
 
+    def waiting(self, running: int) -> None:
+        """The study's last trials are running elsewhere (or are stale); this run waits."""
+
 
 @dataclass
 class RunOutcome:
@@ -277,8 +343,123 @@ class RunOutcome:
     trials_run: int = 0
     stopped_reason: str = ""  # why the run ended before n_trials, if it did
     interrupted: bool = False
+    terminated: bool = False  # interrupted by SIGTERM rather than Ctrl-C
     repeated_error: str | None = None
     states: dict[str, int] = field(default_factory=dict)
+
+
+def counted_trials(study: optuna.Study) -> int:
+    """Trials that count towards n_trials (COMPLETE and PRUNED)."""
+    return len(study.get_trials(deepcopy=False, states=COUNTED_STATES))
+
+
+def _heartbeat_interval(storage: optuna.storages.BaseStorage) -> int | None:
+    """The storage's heartbeat interval in seconds; None when it keeps no heartbeat.
+
+    Studies hold their RDB storage wrapped in a cache; both speak Optuna's heartbeat interface.
+    """
+    interval = getattr(storage, "get_heartbeat_interval", None)
+    return interval() if interval is not None else None
+
+
+@contextlib.contextmanager
+def _heartbeat(study: optuna.Study, trial_id: int) -> Iterator[None]:
+    """Record the trial's heartbeat every interval while it runs (RDB storages with heartbeat).
+
+    A study process that dies (SIGKILL, power loss) stops beating; the next ``autotune run``
+    finds the trial stale, records it as interrupted and queues its parameters once more.
+    """
+    storage = study._storage
+    interval = _heartbeat_interval(storage)
+    if interval is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            with contextlib.suppress(Exception):  # a missed beat is not worth a crash
+                storage.record_heartbeat(trial_id)
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=beat, name="autotune-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def recover_stale_trials(study: optuna.Study) -> int:
+    """Fail trials whose study process stopped beating, as ``interrupted``; return how many.
+
+    Their parameters are queued once more (RetryHeartbeatStaleTrialCallback in the storage).
+    """
+    storage = study._storage
+    if _heartbeat_interval(storage) is None:
+        return 0
+    # the heartbeat interface's own query (underscored in Optuna, but the one
+    # fail_stale_trials uses): these are the trials it is about to fail
+    stale = storage._get_stale_trial_ids(study._study_id)  # type: ignore[attr-defined]
+    for trial_id in stale:
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+            storage.set_trial_user_attr(trial_id, "fail_kind", "interrupted")
+            storage.set_trial_user_attr(
+                trial_id,
+                "fail_msg",
+                "its study process stopped without recording it (killed or lost); "
+                "its parameters were queued again",
+            )
+    if stale:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+    return len(stale)
+
+
+@dataclass
+class MemoryWalls:
+    """Micro-batch sizes that ran out of memory, by (precision, compile, channels_last).
+
+    A configuration at or above a wall is not trained again: it is recorded as ``oom``
+    straight away, so the study does not pay for the same out-of-memory twice.
+    """
+
+    walls: dict[tuple[str, str, bool], tuple[int, int]] = field(default_factory=dict)
+
+    @staticmethod
+    def _key(config: TrialConfig) -> tuple[str, str, bool]:
+        return config.precision, config.compile, config.channels_last
+
+    def add(self, config: TrialConfig, trial_number: int) -> None:
+        key = self._key(config)
+        if key not in self.walls or config.batch_size < self.walls[key][0]:
+            self.walls[key] = (config.batch_size, trial_number)
+
+    def blocks(self, config: TrialConfig) -> str | None:
+        """Why ``config`` would run out of memory, or None."""
+        wall = self.walls.get(self._key(config))
+        if wall is None or config.batch_size < wall[0]:
+            return None
+        return (
+            f"not run: batch {config.batch_size} >= {wall[0]}, which ran out of memory in trial "
+            f"{wall[1]} at {config.precision}, compile {config.compile}"
+        )
+
+    @classmethod
+    def from_study(cls, study: optuna.Study) -> MemoryWalls:
+        walls = cls()
+        for trial in study.get_trials(deepcopy=False):
+            attrs = trial.user_attrs
+            if (
+                attrs.get("fail_kind") == "oom"
+                and not attrs.get("oom_skipped")
+                and "config" in attrs
+            ):
+                walls.add(TrialConfig.from_dict(attrs["config"]), trial.number)
+        return walls
 
 
 def _record_result(trial: optuna.Trial, result: TrialResult) -> None:
@@ -300,29 +481,47 @@ def _record_result(trial: optuna.Trial, result: TrialResult) -> None:
     }
     if result.loss_scale is not None:
         attrs["loss_scale"] = result.loss_scale
+        attrs["skipped_steps"] = result.skipped_steps
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
 
 
-def _make_objective(
-    spec: Spec,
-    hardware: Hardware,
-    workload: Workload,
-    observer: StudyObserver,
-    train: Callable[..., TrialResult],
-) -> Callable[[optuna.Trial], float]:
-    goal = spec.objective
+def _fault(trial: optuna.Trial, kind: str, message: str) -> TrialState:
+    """Record a fault on the trial; the state it ends in."""
+    trial.set_user_attr("fail_kind", kind)
+    trial.set_user_attr("fail_msg", message)
+    if kind in faults.CONFIGURATION_FAULTS:
+        trial.set_constraint("fault", 1.0)  # the sampler learns from PRUNED + infeasible
+        return TrialState.PRUNED
+    return TrialState.FAIL
 
-    def run_trial(trial: optuna.Trial) -> float:
-        config = space.sample(trial, spec, hardware)
+
+@dataclass
+class _Trial:
+    """One trial being run: what the loop needs to run it and say how it ended."""
+
+    spec: Spec
+    hardware: Hardware
+    executor: TrialExecutor
+    observer: StudyObserver
+    walls: MemoryWalls
+
+    def train(self, trial: optuna.Trial) -> tuple[TrialState, float | None]:
+        """Sample, train and score ``trial``; its end state and value (None unless COMPLETE)."""
+        spec, goal = self.spec, self.spec.objective
+        config = space.sample(trial, spec, self.hardware)
         trial.set_user_attr("config", config.to_dict())
-        observer.trial_started(trial.number, config)
+        self.observer.trial_started(trial.number, config)
+        blocked = self.walls.blocks(config)
+        if blocked is not None:
+            trial.set_user_attr("oom_skipped", True)
+            return _fault(trial, "oom", blocked), None
         pruned_at: list[Evaluation] = []
 
         def report(evaluation: Evaluation) -> bool:
             value = objective.intermediate_value(evaluation, goal)
             trial.report(value, evaluation.index)
-            observer.evaluated(trial.number, evaluation, value)
+            self.observer.evaluated(trial.number, evaluation, value)
             if objective.target_reached(evaluation, goal):
                 return True
             if not evaluation.final and trial.should_prune():
@@ -330,33 +529,33 @@ def _make_objective(
                 return True
             return False
 
+        started = time.monotonic()
         try:
-            result = train(config, workload, report)
-        except KeyboardInterrupt:
-            trial.set_user_attr("fail_kind", "interrupted")
-            trial.set_user_attr("fail_msg", "interrupted by the user (Ctrl-C)")
+            result = self.executor.run(config, report)
+        except (KeyboardInterrupt, WorkerError):
             raise
         except Exception as error:
+            trial.set_user_attr("wall_seconds", time.monotonic() - started)
             kind, message = faults.classify(error)
             faults.release_memory()
-            trial.set_user_attr("fail_kind", kind)
-            trial.set_user_attr("fail_msg", message)
-            if kind in faults.CONFIGURATION_FAULTS:
-                trial.set_constraint("fault", 1.0)
-                raise optuna.TrialPruned(message) from error
-            trial.set_user_attr("fail_traceback", traceback.format_exc()[-4000:])
-            raise
+            if kind == "oom":
+                self.walls.add(config, trial.number)
+            if kind == "error":
+                details = getattr(error, "details", "") or traceback.format_exc()
+                trial.set_user_attr("fail_traceback", details[-4000:])
+            return _fault(trial, kind, message), None
+        trial.set_user_attr("wall_seconds", time.monotonic() - started)
 
         _record_result(trial, result)
         if pruned_at:
             at = pruned_at[0]
-            trial.set_user_attr("fail_kind", "pruned")
             message = (
                 f"pruned at evaluation {at.index} (epoch {at.epoch:.2f}, accuracy "
                 f"{at.accuracy:.3f}) by the {spec.study.pruner} pruner"
             )
+            trial.set_user_attr("fail_kind", "pruned")
             trial.set_user_attr("fail_msg", message)
-            raise optuna.TrialPruned(message)
+            return TrialState.PRUNED, None
         score = objective.score(result, goal)
         trial.set_user_attr("charged_seconds", score.charged_seconds)
         if score.constraint is not None and score.constraint_name is not None:
@@ -365,83 +564,102 @@ def _make_objective(
         trial.set_user_attr("feasible", score.feasible)
         if not score.feasible:
             trial.set_user_attr("infeasible_reason", score.reason)
-        return score.value
+        return TrialState.COMPLETE, score.value
 
-    return run_trial
-
-
-def counted_trials(study: optuna.Study) -> int:
-    """Trials that count towards n_trials (COMPLETE and PRUNED)."""
-    return len(study.get_trials(deepcopy=False, states=COUNTED_STATES))
+    def run(self, study: optuna.Study) -> FrozenTrial:
+        """Ask for a trial, train it with a heartbeat, tell how it ended."""
+        with warnings.catch_warnings():
+            # Optuna beats only inside Study.optimize; this loop beats itself (_heartbeat)
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
+            trial = study.ask()
+        with _heartbeat(study, trial._trial_id):
+            try:
+                state, value = self.train(trial)
+            except KeyboardInterrupt as stop:
+                how = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C (SIGINT)"
+                trial.set_user_attr("fail_kind", "interrupted")
+                trial.set_user_attr("fail_msg", f"the study was stopped by {how}")
+                study.tell(trial, state=TrialState.FAIL)
+                raise
+            except WorkerError as error:  # no trial can run: the study stops and says why
+                _fault(trial, "error", str(error))
+                study.tell(trial, state=TrialState.FAIL)
+                raise
+        if state == TrialState.COMPLETE:
+            return study.tell(trial, value)
+        return study.tell(trial, state=state)
 
 
 def run_study(
     study: optuna.Study,
     spec: Spec,
     hardware: Hardware,
-    workload: Workload,
+    executor: TrialExecutor,
     observer: StudyObserver | None = None,
-    train: Callable[..., TrialResult] = runner.train,
 ) -> RunOutcome:
     """Run trials until the study holds ``spec.study.n_trials`` COMPLETE or PRUNED trials.
 
-    Stops early at ``spec.study.timeout`` seconds (a running trial finishes first) or when the
-    same unexpected error ends ``SAME_ERROR_LIMIT`` trials in a row before any completes (a bug
-    in the workload, not a bad configuration). KeyboardInterrupt propagates after the running
-    trial is recorded as FAIL with fail_kind ``interrupted``.
+    Several processes may run one study: each starts a trial only while the study's counted and
+    running trials are short of the total, and waits for the last ones to finish. Stops early
+    at ``spec.study.timeout`` seconds (a running trial finishes first), when as many trials
+    failed as were wanted, or when the same unexpected error ends ``SAME_ERROR_LIMIT`` trials in
+    a row before any completes (a bug in the workload, not a bad configuration). An interruption
+    records the running trial as ``interrupted`` and sets ``outcome.interrupted``; WorkerError
+    (a worker that cannot start) propagates after the trial is recorded.
     """
     observer = observer or StudyObserver()
     outcome = RunOutcome(study_name=study.study_name)
     target = spec.study.n_trials
-    remaining = target - counted_trials(study)
-    if remaining <= 0:
-        outcome.stopped_reason = (
-            f"the study already has {counted_trials(study)} of its {target} trials; "
-            f"raise study.n_trials (or --n-trials) to run more"
-        )
-        return outcome
-
+    deadline = time.monotonic() + spec.study.timeout if spec.study.timeout else None
+    runner = _Trial(spec, hardware, executor, observer, MemoryWalls.from_study(study))
     errors: list[str] = []  # messages of unexpected errors since the last counted trial
     failures = 0
-
-    def after_trial(study: optuna.Study, trial: FrozenTrial) -> None:
-        nonlocal failures
-        outcome.trials_run += 1
-        observer.trial_finished(trial)
-        if trial.state == TrialState.FAIL:
-            failures += 1
-            if trial.user_attrs.get("fail_kind") == "error":
-                errors.append(str(trial.user_attrs.get("fail_msg")))
-        elif trial.state in COUNTED_STATES:
-            errors.clear()
-        last = errors[-SAME_ERROR_LIMIT:]
-        if (
-            len(last) == SAME_ERROR_LIMIT
-            and len(set(last)) == 1
-            and not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        ):
-            outcome.repeated_error = errors[-1]
-            study.stop()
-        elif failures >= max(remaining, SAME_ERROR_LIMIT):
-            outcome.stopped_reason = f"{failures} trials failed in this run"
-            study.stop()
-        elif counted_trials(study) >= target:
-            study.stop()
-
-    objective_fn = _make_objective(spec, hardware, workload, observer, train)
+    wait_seconds = min(1.0, float(spec.study.heartbeat_interval))
     try:
-        study.optimize(
-            objective_fn,
-            n_trials=None,  # stopped by after_trial once the study's total is reached
-            timeout=spec.study.timeout,
-            catch=(Exception,),
-            callbacks=[after_trial],
-        )
-    except KeyboardInterrupt:
+        while True:
+            recover_stale_trials(study)
+            trials = study.get_trials(deepcopy=False)
+            counted = sum(1 for t in trials if t.state in COUNTED_STATES)
+            running = sum(1 for t in trials if t.state == TrialState.RUNNING)
+            if counted >= target:
+                if outcome.trials_run == 0:
+                    outcome.stopped_reason = (
+                        f"the study already has {counted} of its {target} trials; "
+                        f"raise study.n_trials (or --n-trials) to run more"
+                    )
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                outcome.stopped_reason = f"the timeout of {spec.study.timeout:g} s was reached"
+                break
+            if counted + running >= target:
+                observer.waiting(running)
+                time.sleep(wait_seconds)
+                continue
+            trial = runner.run(study)
+            outcome.trials_run += 1
+            observer.trial_finished(trial)
+            if trial.state == TrialState.FAIL:
+                failures += 1
+                if trial.user_attrs.get("fail_kind") == "error":
+                    errors.append(str(trial.user_attrs.get("fail_msg")))
+            elif trial.state in COUNTED_STATES:
+                errors.clear()
+            last = errors[-SAME_ERROR_LIMIT:]
+            if (
+                len(last) == SAME_ERROR_LIMIT
+                and len(set(last)) == 1
+                and not any(
+                    t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False)
+                )
+            ):
+                outcome.repeated_error = errors[-1]
+                break
+            if failures >= max(target, SAME_ERROR_LIMIT):
+                outcome.stopped_reason = f"{failures} trials failed in this run"
+                break
+    except KeyboardInterrupt as stop:
         outcome.interrupted = True
-    finished_early = outcome.repeated_error or outcome.interrupted or outcome.stopped_reason
-    if not finished_early and counted_trials(study) < target and spec.study.timeout is not None:
-        outcome.stopped_reason = f"the timeout of {spec.study.timeout:g} s was reached"
+        outcome.terminated = isinstance(stop, Terminated)
     trials = study.get_trials(deepcopy=False)
     for state in TrialState:
         count = sum(1 for t in trials if t.state == state)

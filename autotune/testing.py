@@ -4,23 +4,29 @@ Use them from a space file like any user's workload::
 
     workload:
       model: autotune.testing:tiny_mlp
+      model_args: {nan_after_steps: 3}          # a fault to inject, if any
       data: autotune.testing:blobs
+      data_args: {kill_worker_at_item: 20}
 
-They train in a fraction of a second on a CPU, so a whole study fits in a test.
+They train in a fraction of a second on a CPU, so a whole study fits in a test. Each fault hook
+reproduces a real failure the way it happens in real training: the real exception type, a real
+signal, a real sleep, a real broken compiler.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import signal
 import time
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset, TensorDataset, get_worker_info
 
 from autotune.workloads import DataSplits
 
-__all__ = ["SlowDataset", "blobs", "broken_model", "tiny_mlp"]
+__all__ = ["FaultyDataset", "SlowDataset", "blobs", "broken_model", "tiny_mlp"]
 
 
 def blobs(
@@ -32,11 +38,15 @@ def blobs(
     seed: int = 0,
     image: bool = False,
     val_delay_seconds: float = 0.0,
+    train_delay_seconds: float = 0.0,
+    kill_worker_at_item: int | None = None,
 ) -> DataSplits:
     """Gaussian clusters, one per class: learnable in a few steps, deterministic from ``seed``.
 
     ``image`` shapes each sample as a (1, s, s) image (``n_features`` must be a square) so that
-    channels_last applies; ``val_delay_seconds`` makes every validation sample that slow to load.
+    channels_last applies. Fault hooks: every validation (``val_delay_seconds``) or training
+    (``train_delay_seconds``) sample takes that long to load; ``kill_worker_at_item`` makes a
+    DataLoader worker process SIGKILL itself when it loads its k-th training sample.
     """
     generator = torch.Generator().manual_seed(seed)
     centers = torch.randn(n_classes, n_features, generator=generator) * 3.0
@@ -51,8 +61,12 @@ def blobs(
             points = points.reshape(count, 1, side, side)
         return points, labels
 
-    train = TensorDataset(*draw(n_train))
+    train: Dataset = TensorDataset(*draw(n_train))
     val: Dataset = TensorDataset(*draw(n_val))
+    if train_delay_seconds > 0:
+        train = SlowDataset(train, train_delay_seconds)
+    if kill_worker_at_item is not None:
+        train = FaultyDataset(train, kill_worker_at_item)
     if val_delay_seconds > 0:
         val = SlowDataset(val, val_delay_seconds)
     return DataSplits(train=train, val=val, num_classes=n_classes)
@@ -72,19 +86,89 @@ class SlowDataset(Dataset):
         return self.inner[index]
 
 
-class _NanAfter(nn.Module):
-    """Passes its input through until ``steps`` training forwards, then returns NaN."""
+class FaultyDataset(Dataset):
+    """Wraps a data set so that a DataLoader worker SIGKILLs itself at its k-th item.
 
-    def __init__(self, steps: int) -> None:
+    In the main process (``num_workers: 0``) nothing happens: the fault is the worker's.
+    """
+
+    def __init__(self, inner: Dataset, kill_at_item: int) -> None:
+        self.inner, self.kill_at_item = inner, kill_at_item
+        self.loaded = 0
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if get_worker_info() is not None:
+            self.loaded += 1
+            if self.loaded >= self.kill_at_item:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return self.inner[index]
+
+
+class _BlowUpGradient(torch.autograd.Function):
+    """Identity forward; an infinite gradient backward (what an fp16 overflow produces)."""
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+        return grad * float("inf")
+
+
+class _Faults(nn.Module):
+    """Passes logits through, injecting faults at given training forward passes (1-based)."""
+
+    def __init__(
+        self,
+        nan_after_steps: int | None,
+        oom_at_batch: int | None,
+        overflow_at_steps: tuple[int, ...],
+        hang_at_step: int | None,
+        crash_at_step: int | None,
+        step_delay_seconds: float,
+    ) -> None:
         super().__init__()
-        self.steps, self.calls = steps, 0
+        self.nan_after_steps = nan_after_steps
+        self.oom_at_batch = oom_at_batch
+        self.overflow_at_steps = overflow_at_steps
+        self.hang_at_step = hang_at_step
+        self.crash_at_step = crash_at_step
+        self.step_delay_seconds = step_delay_seconds
+        self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training:
-            self.calls += 1
-            if self.calls > self.steps:
-                return x * float("nan")
+        if not self.training:
+            return x
+        self.calls += 1
+        if self.step_delay_seconds:
+            time.sleep(self.step_delay_seconds)
+        if self.oom_at_batch is not None and x.shape[0] >= self.oom_at_batch:
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate {x.shape[0] * 4} MiB (injected at batch "
+                f"{x.shape[0]} >= {self.oom_at_batch})"
+            )
+        if self.hang_at_step is not None and self.calls >= self.hang_at_step:
+            while True:  # a deadlock, as far as anyone outside can tell
+                time.sleep(3600)
+        if self.crash_at_step is not None and self.calls >= self.crash_at_step:
+            os.kill(os.getpid(), signal.SIGSEGV)  # what a crash in native code looks like
+        if self.nan_after_steps is not None and self.calls > self.nan_after_steps:
+            return x * float("nan")
+        if self.calls in self.overflow_at_steps:
+            return _BlowUpGradient.apply(x)
         return x
+
+
+def _break_the_compiler() -> None:
+    """Point Inductor at a C++ compiler that does not exist, with its caches off."""
+    import torch._inductor.config as inductor
+
+    inductor.cpp.cxx = ("/nonexistent/c++",)
+    inductor.fx_graph_cache = False
 
 
 def tiny_mlp(
@@ -92,19 +176,41 @@ def tiny_mlp(
     input_shape: tuple[int, ...],
     hidden: int = 32,
     nan_after_steps: int | None = None,
+    oom_at_batch: int | None = None,
+    overflow_at_steps: tuple[int, ...] | list[int] = (),
+    hang_at_step: int | None = None,
+    crash_at_step: int | None = None,
+    step_delay_seconds: float = 0.0,
+    broken_compiler: bool = False,
 ) -> nn.Module:
-    """Flatten, one hidden ReLU layer, a linear classifier.
+    """Flatten, one hidden ReLU layer, a linear classifier; plus optional injected faults.
 
-    ``nan_after_steps`` injects a fault: after that many training forwards the logits are NaN.
+    Fault hooks, counted in training forward passes: ``nan_after_steps`` (logits become NaN),
+    ``oom_at_batch`` (torch.OutOfMemoryError for batches this large), ``overflow_at_steps``
+    (infinite gradients at those steps, as an fp16 overflow), ``hang_at_step`` (sleep forever),
+    ``crash_at_step`` (SIGSEGV), ``step_delay_seconds`` (every step that slow), and
+    ``broken_compiler`` (torch.compile's C++ compiler is missing in this process).
     """
+    if broken_compiler:
+        _break_the_compiler()
     layers: list[nn.Module] = [
         nn.Flatten(),
         nn.Linear(math.prod(input_shape), hidden),
         nn.ReLU(),
         nn.Linear(hidden, num_classes),
     ]
-    if nan_after_steps is not None:
-        layers.append(_NanAfter(nan_after_steps))
+    faults = (nan_after_steps, oom_at_batch, hang_at_step, crash_at_step)
+    if any(f is not None for f in faults) or overflow_at_steps or step_delay_seconds:
+        layers.append(
+            _Faults(
+                nan_after_steps,
+                oom_at_batch,
+                tuple(overflow_at_steps),
+                hang_at_step,
+                crash_at_step,
+                step_delay_seconds,
+            )
+        )
     return nn.Sequential(*layers)
 
 

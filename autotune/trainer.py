@@ -55,6 +55,7 @@ def make_train_loader(dataset: Dataset, config: TrialConfig, seed: int) -> DataL
             "prefetch_factor": config.prefetch_factor,
             "persistent_workers": config.persistent_workers,
             "worker_init_fn": _seed_worker,
+            "timeout": config.dataloader_timeout,
         }
     return DataLoader(
         dataset,
@@ -184,6 +185,8 @@ class Trainer:
         self.model = model  # the module itself: for evaluation and checkpoints
         self.step_model: nn.Module = model  # what training calls: compiled when asked
         if config.compile != "none":
+            # a compile that fails must fail, not fall back to eager and be labelled compiled
+            torch._dynamo.config.suppress_errors = False
             mode = None if config.compile == "default" else config.compile
             self.step_model = torch.compile(model, mode=mode)  # type: ignore[assignment]
         self.optimizer = make_optimizer(model, config)
@@ -191,7 +194,15 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
         self.loss_fn: LossFn = loss_fn or nn.functional.cross_entropy
         self.micro_batches = 0
-        self.steps = 0
+        self.steps = 0  # optimizer steps attempted (the schedule follows these)
+        # fp16: GradScaler skips the optimizer step when gradients overflow; count those.
+        self.skipped_steps = 0
+        self.skipped_in_a_row = 0
+        self._stepped = False
+        self.optimizer.register_step_post_hook(self._note_step)
+
+    def _note_step(self, *_: object) -> None:
+        self._stepped = True
 
     def to_device(
         self, inputs: torch.Tensor, targets: torch.Tensor
@@ -218,8 +229,14 @@ class Trainer:
         self.scaler.scale(loss / accumulation if accumulation > 1 else loss).backward()
         self.micro_batches += 1
         if self.micro_batches % accumulation == 0:
-            self.scaler.step(self.optimizer)
+            self._stepped = False
+            self.scaler.step(self.optimizer)  # under fp16 this already reads found-inf back
             self.scaler.update()
+            if self._stepped:
+                self.skipped_in_a_row = 0
+            else:
+                self.skipped_steps += 1
+                self.skipped_in_a_row += 1
             self.optimizer.zero_grad(set_to_none=True)
             if self.scheduler is not None:
                 self.scheduler.step()

@@ -31,6 +31,7 @@ from autotune.space import restrict
 from autotune.spec import parse_spec
 from autotune.study import open_storage, open_study, run_study, trial_config
 from autotune.testing import blobs, tiny_mlp
+from autotune.worker import InProcessExecutor
 from autotune.workloads import load
 
 from .conftest import run_cli
@@ -69,7 +70,7 @@ def make_study(directory: Path, text: str) -> tuple[optuna.Study, str]:
     url = f"sqlite:///{directory / 'studies.db'}"
     workload = load(spec.workload, base_dir=directory)
     study = open_study(spec, open_storage(url), CPU, workload)
-    run_study(study, spec, CPU, workload)
+    run_study(study, spec, CPU, InProcessExecutor(workload))
     return study, url
 
 

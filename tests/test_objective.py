@@ -44,6 +44,7 @@ def result(*evaluations: Evaluation) -> TrialResult:
         peak_memory_bytes=1,
         compiled_graphs=0,
         loss_scale=None,
+        skipped_steps=0,
         device_name="cpu",
         torch_version="2",
     )

@@ -214,8 +214,13 @@ def test_overrides_are_validated_and_keep_the_source():
     assert changed.study.n_trials == 5 and changed.study.seed == 0
     assert changed.workload.device == "cpu"
     assert changed.text == MINIMAL and changed.study_name == "q"
-    with pytest.raises(ValueError, match="not a device"):
+    with pytest.raises(SpecError) as caught:
         spec.with_overrides(workload={"device": "tpu"})
+    assert caught.value.problems == [
+        "workload.device: 'tpu' is not a device: use auto, cpu, cuda or cuda:N"
+    ]
+    with pytest.raises(SpecError, match=r"study\.isolation: must be 'worker' or 'none'"):
+        spec.with_overrides(study={"isolation": "thread"})
 
 
 def test_fingerprint_covers_the_search_but_not_the_run_settings():

@@ -21,6 +21,7 @@ from autotune.study import (
     run_study,
     trial_config,
 )
+from autotune.worker import InProcessExecutor
 from autotune.workloads import load
 
 from .conftest import TINY_SPACE
@@ -56,7 +57,7 @@ def start(spec, db: Path, new_study: bool = False, hardware=CPU):
 
 def run(spec, db: Path) -> tuple[optuna.Study, object]:
     study = start(spec, db)
-    outcome = run_study(study, spec, CPU, load(spec.workload))
+    outcome = run_study(study, spec, CPU, InProcessExecutor(load(spec.workload)))
     return study, outcome
 
 

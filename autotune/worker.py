@@ -1,0 +1,286 @@
+"""Trials in a supervised worker process.
+
+A long-lived worker process loads the workload once and trains trial after trial, so a short
+trial does not pay a torch import each time. It streams every evaluation to the study process,
+which answers whether to stop (the pruner runs there, next to the storage). When the worker
+crashes, hangs past the trial timeout, or its CUDA context breaks, the study process kills its
+whole process group (DataLoader workers included), records the trial and starts a fresh worker;
+GPU memory is released between such trials by construction.
+
+Messages on the pipe (pickled):
+    study -> worker   ("trial", TrialConfig) | ("continue" | "stop") | ("exit",)
+    worker -> study   ("ready",) | ("failed", message) | ("evaluation", Evaluation)
+                      | ("result", TrialResult) | ("fault", kind, message, traceback)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import time
+import traceback
+import warnings
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Protocol
+
+from autotune import runner
+from autotune.config import TrialConfig
+from autotune.faults import (
+    TrialFault,
+    classify,
+    describe_exit,
+    needs_fresh_process,
+    release_memory,
+)
+from autotune.runner import Evaluation, Reporter, TrialResult
+from autotune.spec import WorkloadSpec
+from autotune.workloads import Workload
+
+__all__ = ["InProcessExecutor", "TrialExecutor", "WorkerError", "WorkerExecutor"]
+
+POLL_SECONDS = 0.2  # how often the supervisor checks the worker between messages
+START_TIMEOUT_SECONDS = 600.0  # importing torch and loading the data; generous for big data
+PR_SET_PDEATHSIG = 1  # Linux prctl: signal this process when its parent dies
+EXIT_REPORT_SECONDS = 5.0  # how long a worker whose pipe closed may take to exit
+
+
+class WorkerError(Exception):
+    """The worker could not start (e.g. the workload fails to load there)."""
+
+
+class TrialExecutor(Protocol):
+    """Runs one trial: ``run(config, report) -> TrialResult``, raising on faults."""
+
+    def run(self, config: TrialConfig, report: Reporter) -> TrialResult: ...
+
+    def close(self) -> None: ...
+
+
+class InProcessExecutor:
+    """Trials in the study process itself (``--isolation none``): for debugging.
+
+    Nothing is supervised: a crash ends the study and a hang is not timed out.
+    """
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+
+    def run(self, config: TrialConfig, report: Reporter) -> TrialResult:
+        return runner.train(config, self.workload, report)
+
+    def close(self) -> None:
+        pass
+
+
+class WorkerExecutor:
+    """Trials in a supervised, long-lived worker process (the default isolation)."""
+
+    def __init__(
+        self,
+        workload: WorkloadSpec,
+        base_dir: Path | None,
+        trial_timeout: float | None = None,
+        verbose: bool = False,
+    ) -> None:
+        self.workload = workload
+        self.base_dir = base_dir
+        self.trial_timeout = trial_timeout
+        self.verbose = verbose
+        self._context = multiprocessing.get_context("spawn")  # no fork of a threaded process
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._connection: Connection | None = None
+        self.started_pids: list[int] = []  # every worker started, in order
+
+    # -- the worker's life ------------------------------------------------------------------
+
+    def _start(self) -> None:
+        parent, child = self._context.Pipe()
+        process = self._context.Process(
+            target=_worker_main,
+            # DataLoader workers must start in the worker as they would in this process
+            args=(child, self.workload, self.base_dir, self.verbose, _start_method()),
+            name="autotune-worker",
+        )
+        process.start()
+        child.close()
+        if process.pid is not None:
+            self.started_pids.append(process.pid)
+        self._process, self._connection = process, parent
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_SECONDS
+            while not parent.poll(POLL_SECONDS):
+                if not process.is_alive():
+                    raise WorkerError(
+                        f"the worker process died while starting "
+                        f"({describe_exit(process.exitcode)})"
+                    )
+                if time.monotonic() > deadline:
+                    raise WorkerError(f"the worker did not start in {START_TIMEOUT_SECONDS:g} s")
+            message = parent.recv()
+            if message[0] == "failed":
+                raise WorkerError(message[1])
+        except BaseException:  # including Ctrl-C while torch imports in the worker
+            self._kill()
+            raise
+
+    def _kill(self) -> None:
+        """Kill the worker and everything it started (its process group), then reap it."""
+        process, self._process = self._process, None
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+        if process is None:
+            return
+        if process.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+        process.join(timeout=10)
+
+    def close(self) -> None:
+        """Ask an idle worker to exit; kill it if it does not."""
+        if self._process is not None and self._connection is not None:
+            with contextlib.suppress(OSError):
+                self._connection.send(("exit",))
+            self._process.join(timeout=5)
+        self._kill()
+
+    # -- one trial ----------------------------------------------------------------------------
+
+    def run(self, config: TrialConfig, report: Reporter) -> TrialResult:
+        """Run one trial in the worker; TrialFault for every way it can end badly."""
+        if self._process is None or not self._process.is_alive():
+            self._kill()
+            self._start()
+        outcome = self._supervise(config, report)
+        if isinstance(outcome, TrialFault):
+            raise outcome  # the worker survived it and waits for the next trial
+        return outcome
+
+    def _supervise(self, config: TrialConfig, report: Reporter) -> TrialResult | TrialFault:
+        assert self._process is not None and self._connection is not None
+        connection = self._connection
+        started = time.monotonic()
+        try:
+            connection.send(("trial", config))
+            while True:
+                if not connection.poll(POLL_SECONDS):
+                    self._check_alive_and_on_time(started)
+                    continue
+                message = connection.recv()
+                if message[0] == "evaluation":
+                    connection.send(("stop",) if report(message[1]) else ("continue",))
+                elif message[0] == "result":
+                    return message[1]
+                elif message[0] == "fault":
+                    _, kind, text, details = message
+                    return TrialFault(kind, text, details)
+        except (EOFError, OSError):
+            # the pipe closed: the worker is dying; give it a moment to report how
+            exitcode = None
+            if self._process is not None:
+                self._process.join(timeout=EXIT_REPORT_SECONDS)
+                exitcode = self._process.exitcode
+            self._kill()
+            raise TrialFault(
+                "worker_crashed",
+                f"the worker process died during the trial ({describe_exit(exitcode)})",
+            ) from None
+        except BaseException:
+            # a crash or timeout found above, an interruption (Ctrl-C, SIGTERM), or a failing
+            # reporter: the worker may be mid-trial, so it goes, with its DataLoader workers
+            self._kill()
+            raise
+
+    def _check_alive_and_on_time(self, started: float) -> None:
+        assert self._process is not None
+        if not self._process.is_alive():
+            exitcode = self._process.exitcode
+            self._kill()
+            raise TrialFault(
+                "worker_crashed",
+                f"the worker process died during the trial ({describe_exit(exitcode)})",
+            )
+        if self.trial_timeout is not None and time.monotonic() - started > self.trial_timeout:
+            self._kill()
+            raise TrialFault(
+                "trial_timeout",
+                f"no result after {self.trial_timeout:g} s; the worker and its DataLoader "
+                f"workers were killed",
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker process
+# ---------------------------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the study process dies (even by SIGKILL)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _start_method() -> str:
+    """How this process starts child processes (fork on Linux up to Python 3.13)."""
+    return (
+        multiprocessing.get_start_method(allow_none=True)
+        or multiprocessing.get_context().get_start_method()
+    )
+
+
+def _worker_main(
+    connection: Connection,
+    workload_spec: WorkloadSpec,
+    base_dir: Path | None,
+    verbose: bool,
+    start_method: str,
+) -> None:
+    os.setsid()  # a process group of our own: killing it takes the DataLoader workers along
+    # A spawned process inherits "spawn" as its way to start children; DataLoader workers
+    # started that way would import torch at every epoch. Start them as the study would.
+    multiprocessing.set_start_method(start_method, force=True)
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the study process decides what to stop
+    if not verbose:
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+
+    from autotune import workloads
+
+    try:
+        workload = workloads.load(workload_spec, base_dir)
+    except Exception as error:  # reported to the study process, which says it in one line
+        connection.send(("failed", f"the worker could not load the workload: {error}"))
+        return
+    connection.send(("ready",))
+
+    while True:
+        try:
+            message = connection.recv()
+        except (EOFError, OSError):
+            return  # the study process is gone
+        if message[0] == "exit":
+            return
+        config: TrialConfig = message[1]
+
+        def report(evaluation: Evaluation) -> bool:
+            connection.send(("evaluation", evaluation))
+            return connection.recv()[0] == "stop"
+
+        try:
+            result = runner.train(config, workload, report)
+        except Exception as error:
+            kind, text = classify(error)
+            details = traceback.format_exc()[-4000:]
+            release_memory()
+            connection.send(("fault", kind, text, details))
+            if needs_fresh_process(error):
+                return  # a broken CUDA context: the next trial gets a new process
+            continue
+        connection.send(("result", result))

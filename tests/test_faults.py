@@ -1,0 +1,383 @@
+"""Reliability: every fault injected into a real study ends as a named, recorded trial.
+
+Each test injects one fault through ``autotune.testing``'s hooks, runs a real study, and checks
+the invariants: no trial is left RUNNING, every trial that did not complete says why
+(``fail_kind`` and ``fail_msg``), no COMPLETE trial has a non-finite value, and what completed
+before the fault is unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import sqlalchemy
+from optuna.trial import TrialState
+
+from autotune.faults import KINDS
+from autotune.hardware import detect
+from autotune.space import restrict
+from autotune.spec import parse_spec
+from autotune.study import open_storage, open_study, run_study
+from autotune.worker import InProcessExecutor, WorkerExecutor
+from autotune.workloads import load
+
+CPU = detect("cpu")
+CPU_WITH_FP16 = dataclasses.replace(CPU, fp16=True)  # fp16 autocast + GradScaler run on CPUs
+
+
+def space(
+    model_args: str = "{}", data_args: str = "{}", knobs: dict[str, str] | None = None, **study
+) -> str:
+    """A tiny study's space file; ``knobs`` add to or replace the default lr and batch sizes."""
+    settings = {"name": "faults", "n_trials": 3, "pruner": "none", "sampler": "random", **study}
+    study_yaml = ", ".join(f"{k}: {v}" for k, v in settings.items())
+    knob_lines = "".join(
+        f"  {name}: {value}\n"
+        for name, value in {"lr": "0.05", "batch_size": "[16, 32]", **(knobs or {})}.items()
+    )
+    return (
+        textwrap.dedent(
+            f"""\
+        study: {{{study_yaml}}}
+        workload:
+          model: autotune.testing:tiny_mlp
+          model_args: {model_args}
+          data: autotune.testing:blobs
+          data_args: {data_args}
+          epochs: 2
+        objective: {{min_accuracy: 0.5}}
+        space:
+        """
+        )
+        + knob_lines
+    )
+
+
+def run(text: str, tmp_path: Path, isolation: str = "none", hardware=CPU, timeout=None):
+    spec = restrict(parse_spec(text, tmp_path / "space.yaml"), hardware).spec
+    workload = load(spec.workload)
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_interval=1)
+    study = open_study(spec, storage, hardware, workload)
+    if isolation == "worker":
+        executor = WorkerExecutor(spec.workload, tmp_path, trial_timeout=timeout)
+    else:
+        executor = InProcessExecutor(workload)
+    try:
+        outcome = run_study(study, spec, hardware, executor)
+    finally:
+        executor.close()
+    assert_invariants(study)
+    return study, outcome, executor
+
+
+def assert_invariants(study: optuna.Study) -> None:
+    for trial in study.get_trials():
+        assert trial.state != TrialState.RUNNING, trial.number
+        if trial.state == TrialState.COMPLETE:
+            assert math.isfinite(trial.value)
+        elif trial.state in (TrialState.PRUNED, TrialState.FAIL):
+            assert trial.user_attrs.get("fail_kind") in KINDS, trial.number
+            assert trial.user_attrs.get("fail_msg"), trial.number
+
+
+def kinds(study: optuna.Study) -> list[str | None]:
+    return [t.user_attrs.get("fail_kind") for t in study.get_trials()]
+
+
+def test_out_of_memory_is_pruned_and_the_memory_wall_is_not_retried(tmp_path: Path):
+    text = space(
+        model_args="{oom_at_batch: 32}",
+        knobs={"batch_size": "[16, 32, 64]", "precision": "[fp32, bf16]"},
+        n_trials=12,
+    )
+    study, _, _ = run(text, tmp_path)
+    walls: dict[str, int] = {}
+    saw_skip = False
+    for trial in study.get_trials():
+        config = trial.user_attrs["config"]
+        if config["batch_size"] < 32:
+            assert trial.state == TrialState.COMPLETE
+            continue
+        assert trial.state == TrialState.PRUNED
+        assert trial.user_attrs["fail_kind"] == "oom" and trial.constraints == {"fault": 1.0}
+        precision = config["precision"]
+        if precision in walls and config["batch_size"] >= walls[precision]:
+            # the wall is known: the trial is recorded without training again
+            assert trial.user_attrs["oom_skipped"] is True
+            assert "ran out of memory in trial" in trial.user_attrs["fail_msg"]
+            saw_skip = True
+        else:
+            assert "out of memory" in trial.user_attrs["fail_msg"]
+            walls[precision] = min(walls.get(precision, 10**9), config["batch_size"])
+    assert walls and saw_skip
+
+
+def test_nan_loss_from_step_k_is_pruned(tmp_path: Path):
+    study, _, _ = run(space(model_args="{nan_after_steps: 5}"), tmp_path)
+    assert kinds(study) == ["nonfinite_loss"] * 3
+    assert all(t.state == TrialState.PRUNED for t in study.get_trials())
+
+
+def test_transient_fp16_overflow_does_not_prune_but_a_lasting_one_does(tmp_path: Path):
+    clean = space(knobs={"precision": "fp16"})
+    control, _, _ = run(clean, tmp_path / "control", hardware=CPU_WITH_FP16)
+    transient = space(model_args="{overflow_at_steps: [3]}", knobs={"precision": "fp16"})
+    study, _, _ = run(transient, tmp_path / "transient", hardware=CPU_WITH_FP16)
+    for trial, plain in zip(study.get_trials(), control.get_trials(), strict=True):
+        assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("fail_msg")
+        # GradScaler skipped the overflowing step (and whatever its first steps skip anyway)
+        assert trial.user_attrs["skipped_steps"] == plain.user_attrs["skipped_steps"] + 1
+    lasting = space(
+        model_args=f"{{overflow_at_steps: {list(range(1, 200))}}}", knobs={"precision": "fp16"}
+    )
+    study, _, _ = run(lasting, tmp_path / "lasting", hardware=CPU_WITH_FP16)
+    assert kinds(study) == ["nonfinite_loss"] * 3
+    assert "in a row" in study.trials[0].user_attrs["fail_msg"]
+
+
+def test_dataloader_worker_killed(tmp_path: Path):
+    text = space(data_args="{kill_worker_at_item: 40}", knobs={"num_workers": "1"})
+    study, _, _ = run(text, tmp_path)
+    assert kinds(study) == ["dataloader_worker_died"] * 3
+    message = study.trials[0].user_attrs["fail_msg"]
+    assert "DataLoader worker" in message and ("killed" in message or "unexpectedly" in message)
+
+
+def test_slow_data_hits_the_dataloader_timeout(tmp_path: Path):
+    text = space(
+        data_args="{train_delay_seconds: 0.5}", knobs={"num_workers": "1"}, n_trials=1
+    ).replace("epochs: 2", "epochs: 2\n  dataloader_timeout: 0.2")
+    study, _, _ = run(text, tmp_path)
+    assert kinds(study) == ["dataloader_timeout"]
+    assert study.trials[0].state == TrialState.PRUNED
+
+
+def test_the_same_bug_everywhere_stops_the_study(tmp_path: Path):
+    text = space(n_trials=10).replace("autotune.testing:tiny_mlp", "autotune.testing:broken_model")
+    text = text.replace("model_args: {}", "model_args: {message: typo in forward}")
+    study, outcome, _ = run(text, tmp_path)
+    assert outcome.repeated_error == "ValueError: typo in forward"
+    assert kinds(study) == ["error"] * 3
+    assert all(t.state == TrialState.FAIL for t in study.trials)
+
+
+def _live_members(pgid: int) -> list[int]:
+    """Processes in process group ``pgid`` that are not zombies (Linux /proc)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state, _, group = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except OSError:
+            continue  # gone meanwhile
+        if int(group) == pgid and state != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+@pytest.mark.slow
+def test_a_hanging_trial_is_killed_with_its_dataloader_workers(tmp_path: Path):
+    text = space(
+        model_args="{hang_at_step: 3}",
+        knobs={"num_workers": "1", "persistent_workers": "true"},
+        n_trials=2,
+    )
+    study, _, executor = run(text, tmp_path, isolation="worker", timeout=4)
+    assert kinds(study) == ["trial_timeout"] * 2
+    assert "no result after 4 s" in study.trials[0].user_attrs["fail_msg"]
+    assert len(executor.started_pids) == 2  # a fresh worker for the second trial
+    for pid in executor.started_pids:
+        assert _live_members(pid) == [], "a worker or one of its DataLoader workers survived"
+
+
+@pytest.mark.slow
+def test_a_crashing_worker_is_recorded_and_replaced(tmp_path: Path):
+    text = space(model_args="{crash_at_step: 2}", n_trials=2)
+    study, _, executor = run(text, tmp_path, isolation="worker")
+    assert kinds(study) == ["worker_crashed"] * 2
+    assert "signal 11 (SIGSEGV)" in study.trials[0].user_attrs["fail_msg"]
+    assert len(executor.started_pids) == 2
+
+
+@pytest.mark.slow
+def test_a_failing_compiler_is_a_compile_error_never_an_eager_run(tmp_path: Path):
+    import torch._inductor.config as inductor
+
+    text = space(model_args="{broken_compiler: true}", knobs={"compile": "default"}, n_trials=1)
+    saved = (inductor.cpp.cxx, inductor.fx_graph_cache)
+    try:  # the study process builds the model once too, to check it: keep ours working
+        study, _, _ = run(text, tmp_path, isolation="worker")
+    finally:
+        inductor.cpp.cxx, inductor.fx_graph_cache = saved
+    assert kinds(study) == ["compile_error"]
+    assert "C++ compiler" in study.trials[0].user_attrs["fail_msg"]
+    assert study.trials[0].state == TrialState.PRUNED
+
+
+@pytest.mark.slow
+def test_worker_and_in_process_isolation_give_the_same_results(tmp_path: Path):
+    text = space(n_trials=3, knobs={"lr": "{low: 0.01, high: 0.1}"})
+    worker, _, _ = run(text, tmp_path / "worker", isolation="worker")
+    local, _, _ = run(text, tmp_path / "local", isolation="none")
+    for a, b in zip(worker.trials, local.trials, strict=True):
+        assert a.params == b.params
+        assert a.user_attrs["accuracy_curve"] == b.user_attrs["accuracy_curve"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The real command, stopped and resumed
+# ---------------------------------------------------------------------------------------------
+
+
+def cli(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "autotune", *args],
+        cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "160", "PYTHONWARNINGS": "ignore"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def load_study(tmp_path: Path) -> optuna.Study:
+    return optuna.load_study(
+        study_name="faults", storage=f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
+    )
+
+
+def wait_for(condition, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.2)
+
+
+def trial_states(tmp_path: Path) -> list[TrialState]:
+    db = tmp_path / "studies" / "autotune.db"
+    if not db.exists():
+        return []
+    try:
+        return [t.state for t in load_study(tmp_path).get_trials()]
+    except (KeyError, sqlalchemy.exc.SQLAlchemyError):  # the study is still being created
+        return []
+
+
+SLOW_SPACE = space(model_args="{step_delay_seconds: 0.05}", n_trials=3, heartbeat_interval=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupting_records_the_running_trial_and_a_rerun_resumes(tmp_path: Path, sig, code):
+    (tmp_path / "space.yaml").write_text(SLOW_SPACE)
+    process = cli(tmp_path, "run", "space.yaml")
+    # stop it while its second trial runs, after the first completed
+    wait_for(lambda: trial_states(tmp_path)[:2] == [TrialState.COMPLETE, TrialState.RUNNING])
+    first = load_study(tmp_path).trials[0]
+    process.send_signal(sig)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == code, stderr
+    assert "run the same command to resume" in stdout and "Traceback" not in stderr
+    study = load_study(tmp_path)
+    assert_invariants(study)
+    assert study.trials[1].state == TrialState.FAIL
+    assert study.trials[1].user_attrs["fail_kind"] == "interrupted"
+    assert study.trials[0].value == first.value  # what completed is intact
+
+    resumed = cli(tmp_path, "run", "space.yaml")
+    stdout, stderr = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, stderr
+    study = load_study(tmp_path)
+    assert_invariants(study)
+    counted = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(counted) == 3
+
+
+@pytest.mark.slow
+def test_a_killed_study_process_leaves_no_trial_running_after_a_resume(tmp_path: Path):
+    (tmp_path / "space.yaml").write_text(SLOW_SPACE)
+    process = cli(tmp_path, "run", "space.yaml")
+    wait_for(lambda: TrialState.RUNNING in trial_states(tmp_path)[1:])
+    killed = load_study(tmp_path).trials[1]
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=60)
+    assert trial_states(tmp_path)[1] == TrialState.RUNNING  # nobody could record it
+
+    resumed = cli(tmp_path, "run", "space.yaml")
+    _, stderr = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, stderr
+    study = load_study(tmp_path)
+    assert_invariants(study)
+    stale = study.trials[1]
+    assert stale.state == TrialState.FAIL and stale.user_attrs["fail_kind"] == "interrupted"
+    retried = [t for t in study.trials if t.system_attrs.get("failed_trial") == killed.number]
+    assert len(retried) == 1 and retried[0].params == killed.params
+    assert retried[0].state in (TrialState.COMPLETE, TrialState.PRUNED)
+    assert "fail_kind" not in retried[0].user_attrs or retried[0].state == TrialState.PRUNED
+
+
+@pytest.mark.slow
+def test_four_processes_share_one_sqlite_study_while_a_reader_polls(tmp_path: Path):
+    (tmp_path / "space.yaml").write_text(space(n_trials=12, heartbeat_interval=1))
+    reads: list[int] = []
+    problems: list[BaseException] = []
+    done = threading.Event()
+
+    def poll() -> None:  # what optuna-dashboard does while a study runs
+        while not done.is_set():
+            if not (tmp_path / "studies" / "autotune.db").exists():
+                time.sleep(0.05)
+                continue
+            try:
+                reads.append(len(load_study(tmp_path).get_trials()))
+            except KeyError:
+                pass  # not created yet
+            except BaseException as error:
+                if reads:  # once the study exists, every read must work
+                    problems.append(error)
+            time.sleep(0.05)
+
+    reader = threading.Thread(target=poll)
+    reader.start()
+    processes = [cli(tmp_path, "run", "space.yaml") for _ in range(4)]
+    outputs = [p.communicate(timeout=600) for p in processes]
+    done.set()
+    reader.join()
+    for process, (stdout, stderr) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, stderr
+        assert "database is locked" not in stdout + stderr
+    assert not problems, problems
+    assert reads and max(reads) >= 12
+    study = load_study(tmp_path)
+    assert_invariants(study)
+    counted = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert 12 <= len(counted) <= 15  # four processes can each start a last trial at once
+    assert len({t.number for t in study.trials}) == len(study.trials)
+
+
+@pytest.mark.slow
+def test_a_worker_that_cannot_load_the_workload_says_why(tmp_path: Path):
+    from autotune.spec import WorkloadSpec
+    from autotune.worker import WorkerError
+
+    from .conftest import make_config
+
+    executor = WorkerExecutor(WorkloadSpec(model="tiny_mlp", data="no_such_data"), tmp_path)
+    try:
+        with pytest.raises(WorkerError, match="could not load the workload: unknown data set"):
+            executor.run(make_config(), lambda evaluation: False)
+    finally:
+        executor.close()
+    assert all(_live_members(pid) == [] for pid in executor.started_pids)
