@@ -579,7 +579,7 @@ class _Trial:
                 how = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C (SIGINT)"
                 trial.set_user_attr("fail_kind", "interrupted")
                 trial.set_user_attr("fail_msg", f"the study was stopped by {how}")
-                study.tell(trial, state=TrialState.FAIL)
+                self.observer.trial_finished(study.tell(trial, state=TrialState.FAIL))
                 raise
             except WorkerError as error:  # no trial can run: the study stops and says why
                 _fault(trial, "error", str(error))
