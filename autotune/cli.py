@@ -130,9 +130,9 @@ def run(
     _quiet_libraries(verbose)
     try:
         hardware = detect(spec.workload.device)
-        restriction = restrict(spec, hardware)
-        spec = restriction.spec
         workload = load_workload(spec.workload, base_dir=space_file.parent)
+        restriction = restrict(spec, hardware, workload)
+        spec = restriction.spec
         storage_backend = studies.open_storage(
             spec.study.storage, heartbeat_interval=spec.study.heartbeat_interval
         )

@@ -61,6 +61,7 @@ class TrialConfig:
     seed: int
     # settings added later keep a default, so that older exports still load
     dataloader_timeout: float = 0.0  # seconds to wait for a batch from a worker; 0: forever
+    data_pipeline: str = "dataloader"  # dataloader (per-sample, workers) | device (batched)
 
     @property
     def effective_batch_size(self) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import datetime
+import functools
 import inspect
 import json
 import os
@@ -45,6 +46,7 @@ from autotune.trainer import (
 )
 from autotune.workloads import WorkloadError, model_kwargs, resolve_data, resolve_model
 from autotune.workloads import load as load_workload
+from autotune.workloads.vision import DeviceBatches
 
 __all__ = [
     "FORMATS",
@@ -331,9 +333,8 @@ def _import_block(imports: set[_Import]) -> str:
     return "\n\n".join(groups)
 
 
-def _module_imports(module: Any) -> dict[str, _Import]:
+def _module_imports(tree: ast.Module) -> dict[str, _Import]:
     """Top-level imports of a module, by the name each binds."""
-    tree = ast.parse(inspect.getsource(module))
     bound: dict[str, _Import] = {}
     for node in tree.body:
         if isinstance(node, ast.Import):
@@ -347,12 +348,52 @@ def _module_imports(module: Any) -> dict[str, _Import]:
     return bound
 
 
-def _standalone_source(fn: Callable[..., Any]) -> tuple[str, set[_Import]]:
-    """A built-in function's source and the imports it needs, to paste into a script."""
-    source = textwrap.dedent(inspect.getsource(fn))
-    used = {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
-    available = _module_imports(inspect.getmodule(fn))
-    return source.rstrip(), {available[name] for name in used if name in available}
+def _top_level_names(node: ast.stmt) -> list[str]:
+    """The names a module-level statement defines (functions, classes, assignments)."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return [node.name]
+    if isinstance(node, ast.Assign):
+        return [t.id for t in node.targets if isinstance(t, ast.Name)]
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return [node.target.id]
+    return []
+
+
+def _bundle(objects: list[Any]) -> tuple[list[str], set[_Import]]:
+    """Sources of built-in functions and classes, with everything of their module they use.
+
+    Each object's module is read once; the definitions the objects name (functions, classes,
+    constants), and the ones those name in turn, are pasted in module order, with the imports
+    they need. This is how an exported script carries built-in workloads without autotune.
+    """
+    by_module: dict[Any, list[str]] = {}
+    for obj in objects:
+        by_module.setdefault(inspect.getmodule(obj), []).append(obj.__name__)
+    sources: list[str] = []
+    imports: set[_Import] = set()
+    for module, wanted in by_module.items():
+        text = inspect.getsource(module)
+        tree = ast.parse(text)
+        definitions = {name: node for node in tree.body for name in _top_level_names(node)}
+        available = _module_imports(tree)
+        chosen: set[str] = set()
+        pending = list(wanted)
+        while pending:
+            name = pending.pop()
+            if name in chosen or name not in definitions:
+                continue
+            chosen.add(name)
+            used = {n.id for n in ast.walk(definitions[name]) if isinstance(n, ast.Name)}
+            imports |= {available[n] for n in used if n in available}
+            pending.extend(used & definitions.keys())
+        lines = text.splitlines()
+        for node in tree.body:
+            if set(_top_level_names(node)) & chosen:
+                first = min(
+                    [node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))]
+                )
+                sources.append("\n".join(lines[first - 1 : node.end_lineno]))
+    return sources, imports
 
 
 def _installed(path: Path) -> bool:
@@ -397,39 +438,38 @@ def _literal(value: Any) -> str:
     return repr(value)
 
 
-def _call(expression: str, kwargs: dict[str, Any]) -> str:
-    arguments = ", ".join(f"{key}={_literal(value)}" for key, value in kwargs.items())
-    return f"{expression}({arguments})"
+def _call(expression: str, kwargs: dict[str, Any], args: tuple[Any, ...] = ()) -> str:
+    arguments = [_literal(value) for value in args]
+    arguments += [f"{key}={_literal(value)}" for key, value in kwargs.items()]
+    return f"{expression}({', '.join(arguments)})"
 
 
 @dataclass
 class _WorkloadCode:
     """How the script gets its data and model: pasted built-ins or imported entry points."""
 
-    imports: set[_Import] = field(default_factory=set)
-    sources: list[str] = field(default_factory=list)
+    builtins: list[Any] = field(default_factory=list)  # functions and classes to paste
     sys_path: str | None = None
 
     def place(
         self, name: str, fn: Callable[..., Any], kwargs: dict[str, Any]
     ) -> tuple[str | None, str]:
         """(function-local import line or None, call expression) for one workload function."""
-        if ":" not in name:  # built-in: paste its source
-            source, imports = _standalone_source(fn)
-            self.sources.append(source)
-            self.imports |= imports
-            return None, _call(fn.__name__, kwargs)
+        builtin = fn.func if isinstance(fn, functools.partial) else fn
+        if ":" not in name or isinstance(fn, functools.partial):  # built-in: paste its source
+            self.builtins.append(builtin)
+            args = fn.args if isinstance(fn, functools.partial) else ()
+            return None, _call(builtin.__name__, kwargs, args)
         import_line, expression, directory = _entry_point(name)
         if directory:
             self.sys_path = directory
-            self.imports.add(_Import("sys"))
         return import_line, _call(expression, kwargs)
 
 
 def _workload_code(
-    study: optuna.Study, workload: WorkloadSpec
-) -> tuple[_WorkloadCode, dict[str, Any]]:
-    """The script's workload code, and the template fields that place it."""
+    study: optuna.Study, workload: WorkloadSpec, device_pipeline: bool
+) -> tuple[set[_Import], dict[str, Any]]:
+    """The imports the script's workload code needs, and the template fields that place it."""
     search_dir = study.user_attrs.get("space_file_dir")
     if search_dir is None and study.user_attrs.get("space_file_path"):
         # older studies stored only the path, relative to where `autotune run` ran
@@ -452,15 +492,20 @@ def _workload_code(
     code = _WorkloadCode()
     data_import, data_call = code.place(workload.data, data_fn, dict(workload.data_args))
     model_import, model_call = code.place(workload.model, model_fn, kwargs)
+    if device_pipeline:
+        code.builtins.append(DeviceBatches)
+    sources, imports = _bundle(code.builtins)
+    if code.sys_path:
+        imports.add(_Import("sys"))
     fields = {
         "data_import": data_import,
         "data_call": data_call,
         "model_import": model_import,
         "model_call": model_call,
         "sys_path": code.sys_path,
-        "workload_sources": code.sources,
+        "workload_sources": sources,
     }
-    return code, fields
+    return imports, fields
 
 
 def _knob_notes(best: BestConfig) -> list[tuple[str, Any, str]]:
@@ -516,8 +561,11 @@ def _knob_notes(best: BestConfig) -> list[tuple[str, Any, str]]:
                 note("warmup_fraction", "of the optimizer steps"),
             )
         )
-    rows.append(("NUM_WORKERS", config.num_workers, note("num_workers", "DataLoader processes")))
-    rows.append(("PIN_MEMORY", config.pin_memory, note("pin_memory")))
+    if config.data_pipeline == "dataloader":
+        rows.append(
+            ("NUM_WORKERS", config.num_workers, note("num_workers", "DataLoader processes"))
+        )
+        rows.append(("PIN_MEMORY", config.pin_memory, note("pin_memory")))
     if config.num_workers > 0:
         rows.append(("PREFETCH_FACTOR", config.prefetch_factor, note("prefetch_factor")))
         rows.append(("PERSISTENT_WORKERS", config.persistent_workers, note("persistent_workers")))
@@ -549,7 +597,13 @@ def _execution_summary(best: BestConfig) -> str:
 
     compile_text = "eager" if config.compile == "none" else f"torch.compile mode {config.compile}"
     optimizer = "SGD" if config.optimizer == "sgd" else "AdamW"
+    pipeline = (
+        "training set on the device, batches augmented in bulk"
+        if config.data_pipeline == "device"
+        else "DataLoader"
+    )
     parts = [
+        mark("data_pipeline", pipeline),
         mark("precision", f"precision {config.precision}"),
         mark("compile", compile_text),
         mark("optimizer", optimizer),
@@ -582,7 +636,9 @@ def render_script(study: optuna.Study, best: BestConfig, script_name: str = "tra
             f"--format yaml or json instead"
         )
     config = best.config
-    workload, workload_fields = _workload_code(study, spec.workload)
+    workload_imports, workload_fields = _workload_code(
+        study, spec.workload, config.data_pipeline == "device"
+    )
     imports = {
         _Import("argparse"),
         _Import("statistics"),
@@ -590,9 +646,10 @@ def render_script(study: optuna.Study, best: BestConfig, script_name: str = "tra
         _Import("pathlib", "Path"),
         _Import("torch"),
         _Import("torch", "nn"),
-        _Import("torch.utils.data", "DataLoader"),
-        *workload.imports,
+        *workload_imports,
     }
+    if config.data_pipeline == "dataloader":
+        imports.add(_Import("torch.utils.data", "DataLoader"))
     if config.schedule == "cosine":
         imports.add(_Import("math"))
     metrics = best.metrics
@@ -636,6 +693,7 @@ def render_script(study: optuna.Study, best: BestConfig, script_name: str = "tra
             channels_last=config.channels_last,
             accumulation=config.accumulation_steps,
             workers=config.num_workers > 0,
+            device_pipeline=config.data_pipeline == "device",
             cuda=config.device.startswith("cuda"),
         )
     )

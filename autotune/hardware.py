@@ -31,6 +31,7 @@ class Hardware:
     cuda_graphs: bool  # CUDA graphs (compile modes reduce-overhead and max-autotune)
     compile_problem: str | None  # why torch.compile cannot run here; None when it can
     torch_version: str
+    memory_bytes: int | None = None  # the GPU's memory; None on the CPU
 
     @property
     def is_cuda(self) -> bool:
@@ -121,4 +122,5 @@ def detect(device: str = "auto") -> Hardware:
         cuda_graphs=True,
         compile_problem=_compile_problem("cuda"),
         torch_version=torch.__version__,
+        memory_bytes=torch.cuda.get_device_properties(index).total_memory,
     )

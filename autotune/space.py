@@ -12,10 +12,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
+from torch.utils.data import TensorDataset
 
 from autotune.config import TrialConfig, scaled_lr
 from autotune.hardware import Hardware
 from autotune.spec import Choice, FloatRange, IntRange, Knob, Spec, SpecError
+from autotune.workloads import Workload
+from autotune.workloads.vision import ImageTensorDataset
+
+DEVICE_DATA_SHARE = (
+    0.5  # the most of a GPU's memory a training set may take in the device pipeline
+)
 
 __all__ = ["Dropped", "Restriction", "restrict", "sample"]
 
@@ -45,7 +52,18 @@ def _show(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _unsupported(hardware: Hardware) -> dict[str, Callable[[Any], str | None]]:
+def _in_memory_bytes(dataset: Any) -> int | None:
+    """Bytes an in-memory data set would occupy on the device; None if it is not in memory."""
+    if isinstance(dataset, ImageTensorDataset):
+        return dataset.images.nbytes + dataset.labels.nbytes
+    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
+        return sum(t.nbytes for t in dataset.tensors)
+    return None
+
+
+def _unsupported(
+    hardware: Hardware, workload: Workload | None
+) -> dict[str, Callable[[Any], str | None]]:
     """For each knob with device-dependent values: value -> why it cannot run here, or None."""
     where = hardware.device_name
 
@@ -77,16 +95,33 @@ def _unsupported(hardware: Hardware) -> dict[str, Callable[[Any], str | None]]:
             return "cuDNN runs on CUDA GPUs only"
         return None
 
+    def data_pipeline(value: Any) -> str | None:
+        if value != "device" or workload is None:
+            return None
+        size = _in_memory_bytes(workload.train_set)
+        if size is None:
+            return (
+                f"the device pipeline needs the training set in memory as tensors; "
+                f"{type(workload.train_set).__name__} loads sample by sample"
+            )
+        if hardware.memory_bytes is not None and size > DEVICE_DATA_SHARE * hardware.memory_bytes:
+            return (
+                f"the training set ({size / 2**30:.1f} GiB) would take over "
+                f"{DEVICE_DATA_SHARE:.0%} of the GPU's memory"
+            )
+        return None
+
     return {
         "precision": precision,
         "compile": compile_mode,
         "pin_memory": pin_memory,
         "cudnn_benchmark": cudnn_benchmark,
+        "data_pipeline": data_pipeline,
     }
 
 
-def restrict(spec: Spec, hardware: Hardware) -> Restriction:
-    """Remove the knob values ``hardware`` cannot run, so no trial is wasted on them.
+def restrict(spec: Spec, hardware: Hardware, workload: Workload | None = None) -> Restriction:
+    """Remove the knob values ``hardware`` (and ``workload``) cannot run: no trial wasted on them.
 
     Raises SpecError when a knob is left with no value at all (e.g. ``precision: fp16`` on a
     CPU): the user asked for something this machine cannot do.
@@ -94,7 +129,7 @@ def restrict(spec: Spec, hardware: Hardware) -> Restriction:
     updates: dict[str, Choice] = {}
     dropped: list[Dropped] = []
     problems: list[str] = []
-    for name, why_not in _unsupported(hardware).items():
+    for name, why_not in _unsupported(hardware, workload).items():
         knob = getattr(spec.space, name)
         assert isinstance(knob, Choice), f"{name} is categorical"
         keep = [v for v in knob.values if why_not(v) is None]
@@ -148,7 +183,9 @@ def sample(trial: optuna.Trial, spec: Spec, hardware: Hardware) -> TrialConfig:
     optimizer = pick("optimizer")
     momentum = pick("momentum") if optimizer == "sgd" else None
     nesterov = bool(pick("nesterov")) if momentum else False
-    num_workers = pick("num_workers")
+    data_pipeline = pick("data_pipeline")
+    dataloader = data_pipeline == "dataloader"  # the loader knobs mean nothing otherwise
+    num_workers = pick("num_workers") if dataloader else 0
     return TrialConfig(
         lr=scaled_lr(base_lr, batch_size * accumulation_steps, base_batch_size, lr_scaling),
         base_lr=base_lr,
@@ -163,7 +200,7 @@ def sample(trial: optuna.Trial, spec: Spec, hardware: Hardware) -> TrialConfig:
         schedule=pick("schedule"),
         warmup_fraction=pick("warmup_fraction"),
         num_workers=num_workers,
-        pin_memory=pick("pin_memory"),
+        pin_memory=pick("pin_memory") if dataloader else False,
         prefetch_factor=pick("prefetch_factor") if num_workers > 0 else None,
         persistent_workers=pick("persistent_workers") if num_workers > 0 else False,
         precision=pick("precision"),
@@ -176,4 +213,5 @@ def sample(trial: optuna.Trial, spec: Spec, hardware: Hardware) -> TrialConfig:
         val_batch_size=spec.workload.val_batch_size,
         seed=spec.study.seed + trial.number,
         dataloader_timeout=spec.workload.dataloader_timeout,
+        data_pipeline=data_pipeline,
     )

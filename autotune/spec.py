@@ -84,6 +84,7 @@ COMPILE_MODES = (
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("constant", "cosine", "onecycle")
 LR_SCALINGS = ("none", "linear", "sqrt")
+DATA_PIPELINES = ("dataloader", "device")
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,26 @@ KNOBS: dict[str, KnobInfo] = {
     "accumulation_steps": KnobInfo(
         "int", 1, "micro-batches per optimizer step; effective batch = batch_size x this", ge=1
     ),
-    "num_workers": KnobInfo("int", 0, "DataLoader worker processes (0: load in-process)", ge=0),
-    "pin_memory": KnobInfo("bool", False, "page-locked host batches for faster GPU copies"),
+    "data_pipeline": KnobInfo(
+        "choice",
+        "dataloader",
+        "dataloader: per-sample loading in DataLoader workers; device: the training set in "
+        "device memory, batches augmented in bulk",
+        choices=DATA_PIPELINES,
+    ),
+    "num_workers": KnobInfo(
+        "int",
+        0,
+        "DataLoader worker processes (0: load in-process)",
+        ge=0,
+        only_when="data_pipeline == dataloader",
+    ),
+    "pin_memory": KnobInfo(
+        "bool",
+        False,
+        "page-locked host batches for faster GPU copies",
+        only_when="data_pipeline == dataloader",
+    ),
     "prefetch_factor": KnobInfo(
         "int", 2, "batches each worker loads ahead", ge=1, only_when="num_workers > 0"
     ),
@@ -360,6 +379,7 @@ class SpaceSpec(_Frozen):
     base_batch_size: Knob = _default("base_batch_size")
     batch_size: Knob = _default("batch_size")
     accumulation_steps: Knob = _default("accumulation_steps")
+    data_pipeline: Knob = _default("data_pipeline")
     num_workers: Knob = _default("num_workers")
     pin_memory: Knob = _default("pin_memory")
     prefetch_factor: Knob = _default("prefetch_factor")

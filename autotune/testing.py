@@ -26,7 +26,7 @@ from torch.utils.data import Dataset, TensorDataset, get_worker_info
 
 from autotune.workloads import DataSplits
 
-__all__ = ["FaultyDataset", "SlowDataset", "blobs", "broken_model", "tiny_mlp"]
+__all__ = ["FaultyDataset", "SlowDataset", "blobs", "broken_model", "tiny_cnn", "tiny_mlp"]
 
 
 def blobs(
@@ -212,6 +212,21 @@ def tiny_mlp(
             )
         )
     return nn.Sequential(*layers)
+
+
+def tiny_cnn(num_classes: int, input_shape: tuple[int, ...], width: int = 16) -> nn.Module:
+    """Two 3x3 convolutions, global average pooling and a linear classifier: small images fast."""
+    channels = input_shape[0]
+    return nn.Sequential(
+        nn.Conv2d(channels, width, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(width, 2 * width, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(2 * width, num_classes),
+    )
 
 
 class _Broken(nn.Module):

@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from autotune.config import TrialConfig
+from autotune.workloads.vision import DeviceBatches
 
 __all__ = [
     "Trainer",
@@ -47,8 +48,18 @@ def _seed_worker(worker_id: int) -> None:
     np.random.seed(seed)
 
 
-def make_train_loader(dataset: Dataset, config: TrialConfig, seed: int) -> DataLoader:
-    """Shuffled training batches with the trial's DataLoader knobs; the last partial is dropped."""
+def make_train_loader(
+    dataset: Dataset, config: TrialConfig, seed: int
+) -> DataLoader | DeviceBatches:
+    """Shuffled training batches, the last partial one dropped (static shapes).
+
+    The ``dataloader`` pipeline is a DataLoader with the trial's knobs; the ``device`` pipeline
+    keeps the data set on the device and makes each batch there (DeviceBatches).
+    """
+    if config.data_pipeline == "device":
+        device = torch.device(config.device)
+        generator = torch.Generator(device=device).manual_seed(seed)
+        return DeviceBatches(dataset, config.batch_size, device, generator, shuffle=True)
     workers = {}
     if config.num_workers > 0:
         workers = {
@@ -69,8 +80,13 @@ def make_train_loader(dataset: Dataset, config: TrialConfig, seed: int) -> DataL
     )
 
 
-def make_val_loader(dataset: Dataset, config: TrialConfig) -> DataLoader:
-    """Validation batches in order, every sample once."""
+def make_val_loader(dataset: Dataset, config: TrialConfig) -> DataLoader | DeviceBatches:
+    """Validation batches in order, every sample once (on the device with the device pipeline,
+    when the validation set is in memory too)."""
+    if config.data_pipeline == "device":
+        with contextlib.suppress(TypeError):  # not in memory: a DataLoader serves it
+            device = torch.device(config.device)
+            return DeviceBatches(dataset, config.val_batch_size, device, shuffle=False)
     return DataLoader(dataset, batch_size=config.val_batch_size, pin_memory=config.pin_memory)
 
 

@@ -284,3 +284,4 @@ def _worker_main(
                 return  # a broken CUDA context: the next trial gets a new process
             continue
         connection.send(("result", result))
+        release_memory()  # the next trial starts from an empty CUDA cache, its peak its own

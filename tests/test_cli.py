@@ -95,12 +95,12 @@ def test_missing_file_and_unknown_study(tmp_path: Path):
 
 def test_edited_space_is_refused_until_new_study(tmp_path: Path):
     space = write_space(tmp_path, n_trials=1)
-    assert run_cli("run", str(space), cwd=tmp_path).returncode == 0
+    assert run_cli("run", str(space), "--isolation", "none", cwd=tmp_path).returncode == 0
     space.write_text(space.read_text().replace("[16, 32]", "[16, 64]"))
     refused = run_cli("run", str(space), cwd=tmp_path)
     assert refused.returncode == 2
     assert "the space file changed" in refused.stderr and "[16, 64]" in refused.stderr
-    fresh = run_cli("run", str(space), "--new-study", cwd=tmp_path)
+    fresh = run_cli("run", str(space), "--new-study", "--isolation", "none", cwd=tmp_path)
     assert fresh.returncode == 0 and "study tiny-2" in fresh.stdout
     unknown = run_cli("best", "--study", "tiyn", cwd=tmp_path)
     assert unknown.returncode == 1 and "did you mean 'tiny'?" in unknown.stderr

@@ -194,6 +194,7 @@ VARIANTS = {
         "accumulation_steps": 2,
         "channels_last": True,
     },
+    "device-pipeline": {"data_pipeline": "device", "accumulation_steps": 2},
     "bf16-warmup-compile": {
         "precision": "bf16",
         "schedule": "constant",
@@ -248,6 +249,7 @@ def test_every_knob_changes_the_script(tiny_study):
         "device": "cuda:0",
         "val_batch_size": 17,
         "seed": 12345,
+        "data_pipeline": "device",
     }
     for knob, value in changes.items():
         config = best.config
@@ -324,16 +326,20 @@ def test_export_errors_are_one_line(tiny_study, tmp_path: Path):
     assert refused.returncode == 1 and "exists; pass --force" in refused.stderr
     assert existing.read_text() == "my own work\n"  # nothing a user made is lost
 
-    for args, expected in [
-        (["--study", "nope"], "no study 'nope'"),
-        (["--study", "tiny", "-o", str(tmp_path / "no" / "dir.py")], "there is no directory"),
-        (["--study", "tiny", "--trial", "99"], "has no trial 99"),
-        (["--study", "tiny", "--format", "toml"], "--format must be one of script, yaml, json"),
-    ]:
-        done = run_cli("export", *args, "--storage", url, cwd=tmp_path)
-        assert done.returncode != 0 and expected in done.stderr, done.stderr
-        assert "Traceback" not in done.stderr
+    # every error is one line with a non-zero status (the CLI turns ExportError into that)
+    unknown = run_cli("export", "--study", "nope", "--storage", url, cwd=tmp_path)
+    assert unknown.returncode == 1 and "Traceback" not in unknown.stderr
+    assert unknown.stderr.strip().startswith("error: no study 'nope'")
+    study = optuna.load_study(study_name="tiny", storage=url)
+    with pytest.raises(ExportError, match="there is no directory"):
+        write_new_file(tmp_path / "no" / "dir.py", "text")
+    with pytest.raises(ExportError, match="it is a directory"):
+        write_new_file(tmp_path, "text")
+    with pytest.raises(ExportError, match="has no trial 99"):
+        select_trial(study, 99)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]  # no half-written files
+    bad_format = run_cli("export", "--study", "tiny", "--format", "toml", cwd=tmp_path)
+    assert bad_format.returncode == 2 and "--format must be one of" in bad_format.stderr
 
     forced = run_cli(
         "export", "--study", "tiny", "--storage", url, "-o", str(existing), "--force", cwd=tmp_path
@@ -356,3 +362,39 @@ def test_no_feasible_trial_and_multi_objective_studies(tmp_path: Path):
     (tmp_path / "other.yaml").write_text("a: 1\n")
     with pytest.raises(ExportError, match="not an autotune configuration"):
         load_config(tmp_path / "other.yaml")
+
+
+VISION_SPACE = """\
+study: {name: vision, n_trials: 1, pruner: none}
+workload:
+  model: torchvision:resnet18
+  model_args: {cifar_stem: true}
+  data: shapes
+  data_args: {n_train: 64, n_val: 32}
+  epochs: 1
+space:
+  batch_size: 32
+  data_pipeline: device
+  channels_last: true
+"""
+
+
+@pytest.mark.slow
+def test_a_torchvision_model_on_shapes_exports_with_the_device_pipeline(tmp_path: Path):
+    study, _ = make_study(tmp_path, VISION_SPACE)
+    best = best_config(study, select_trial(study))
+    assert best.config.data_pipeline == "device"
+    script = tmp_path / "out" / "train.py"
+    script.parent.mkdir()
+    write_new_file(script, render_script(study, best))
+    text = script.read_text()
+    assert "autotune" not in imported_modules(text)
+    assert 'torchvision_model("resnet18", cifar_stem=True, num_classes=10)' in text
+    assert "class DeviceBatches" in text and "def shapes(" in text
+    assert lint(script).returncode == 0, lint(script).stdout
+    blocker = tmp_path / "blocker" / "autotune"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('no autotune here')\n")
+    done = run_script(script, "--epochs", "1", block_autotune=blocker.parent)
+    assert done.returncode == 0, done.stderr
+    assert "epoch 1/1" in done.stdout

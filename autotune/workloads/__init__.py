@@ -1,15 +1,18 @@
 """Workloads: the model and data a study trains, by built-in name or ``package.module:function``.
 
-Built-in models: ``digits_cnn``, ``mlp``. Built-in data sets: ``digits``.
+Built-in models: ``digits_cnn``, ``mlp``, and any torchvision classification model as
+``torchvision:<name>`` (e.g. ``torchvision:resnet18``). Built-in data sets: ``digits``,
+``shapes`` (generated), ``cifar10`` and ``imagefolder`` (read from disk).
 
 A user's data function is called with ``data_args`` and returns ``(train_dataset, val_dataset)``
 or a ``DataSplits``; a user's model function is called with ``model_args`` (plus ``num_classes``
 and ``input_shape`` when it declares those parameters) and returns an ``nn.Module``.
 """
 
-from autotune.workloads import digits, models
+from autotune.workloads import digits, models, vision
 from autotune.workloads._registry import (
     DATASETS,
+    MODEL_FAMILIES,
     MODELS,
     DataSplits,
     Workload,
@@ -23,12 +26,17 @@ from autotune.workloads._registry import (
 )
 
 register_dataset("digits")(digits.digits)
+register_dataset("shapes")(vision.shapes)
+register_dataset("cifar10")(vision.cifar10)
+register_dataset("imagefolder")(vision.imagefolder)
 register_model("digits_cnn")(digits.digits_cnn)
 register_model("mlp")(models.mlp)
+MODEL_FAMILIES["torchvision"] = vision.torchvision_model
 
 __all__ = [
     "DATASETS",
     "MODELS",
+    "MODEL_FAMILIES",
     "DataSplits",
     "Workload",
     "WorkloadError",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import inspect
 import sys
@@ -22,6 +23,8 @@ DataFn = Callable[..., Any]
 
 MODELS: dict[str, ModelFn] = {}
 DATASETS: dict[str, DataFn] = {}
+# "family:name" models: the family's function gets the name as its first argument
+MODEL_FAMILIES: dict[str, ModelFn] = {}
 
 
 class WorkloadError(Exception):
@@ -108,17 +111,29 @@ def _import_entry_point(entry: str, what: str, search_dirs: list[Path]) -> Calla
     return fn
 
 
+def builtin_family(name: str, registry: dict[str, Callable[..., Any]]) -> tuple[Any, str] | None:
+    """(family function, member name) when ``name`` is a built-in ``family:member`` model."""
+    family, _, member = name.partition(":")
+    if registry is MODELS and family in MODEL_FAMILIES and member:
+        return MODEL_FAMILIES[family], member
+    return None
+
+
 def _resolve(
     name: str, registry: dict[str, Callable[..., Any]], what: str, search_dirs: list[Path]
 ) -> Callable[..., Any]:
+    found = builtin_family(name, registry)
+    if found is not None:
+        return functools.partial(found[0], found[1])
     if ":" in name:
         return _import_entry_point(name, what, search_dirs)
     if name in registry:
         return registry[name]
     close = difflib.get_close_matches(name, list(registry), n=1)
     hint = f"did you mean '{close[0]}'? " if close else ""
+    families = [f"{family}:<name>" for family in MODEL_FAMILIES] if registry is MODELS else []
     raise WorkloadError(
-        f"unknown {what} '{name}'; {hint}built-in: {', '.join(sorted(registry))}, "
+        f"unknown {what} '{name}'; {hint}built-in: {', '.join([*sorted(registry), *families])}, "
         f"or your own as 'package.module:function'"
     )
 
@@ -134,6 +149,13 @@ def _infer_num_classes(train: Dataset) -> int | None:
     return None
 
 
+def _is_builtin(fn: Callable[..., Any]) -> bool:
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    return any(
+        target is f for f in (*MODELS.values(), *DATASETS.values(), *MODEL_FAMILIES.values())
+    )
+
+
 def _call(fn: Callable[..., Any], kwargs: dict[str, Any], what: str, entry: str) -> Any:
     try:
         inspect.signature(fn).bind(**kwargs)
@@ -147,6 +169,10 @@ def _call(fn: Callable[..., Any], kwargs: dict[str, Any], what: str, entry: str)
     except WorkloadError:
         raise
     except (FileNotFoundError, NotADirectoryError) as err:
+        raise WorkloadError(f"{what} '{entry}': {err}") from None
+    except ValueError as err:
+        if not _is_builtin(fn):
+            raise  # the user's own code: its traceback helps
         raise WorkloadError(f"{what} '{entry}': {err}") from None
 
 

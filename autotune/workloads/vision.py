@@ -1,0 +1,348 @@
+"""Image workloads: torchvision models, CIFAR-10 and ImageFolder from disk, generated shapes.
+
+Training images are augmented the way CIFAR-10 training records do it: a random 32x32 crop of the
+image padded by 4 pixels on each side, a horizontal flip half the time, then normalisation. Two
+pipelines apply exactly the same augmentation:
+
+- ``ImageTensorDataset`` (the ``dataloader`` pipeline) augments one sample at a time, in
+  DataLoader worker processes, so the DataLoader knobs matter as they do in real training;
+- ``DeviceBatches`` (the ``device`` pipeline) keeps the whole training set as one uint8 tensor
+  on the training device, draws shuffled batches by index and augments each batch at once.
+
+Everything here depends only on torch, torchvision and NumPy: ``autotune export`` copies this
+source into standalone training scripts.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+import torchvision
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+CROP_PADDING = 4  # pixels of zero padding around the image before the random crop
+
+
+def crop_and_flip(image: torch.Tensor) -> torch.Tensor:
+    """One image (C, H, W), cropped at random from it padded with zeros, flipped half the time."""
+    height, width = image.shape[1:]
+    padded = nn.functional.pad(image, (CROP_PADDING,) * 4)
+    top, left = torch.randint(0, 2 * CROP_PADDING + 1, (2,)).tolist()
+    image = padded[:, top : top + height, left : left + width]
+    return image.flip(-1) if torch.rand(()) < 0.5 else image
+
+
+class ImageTensorDataset(Dataset):
+    """uint8 images (N, C, H, W) and labels in memory, augmented one sample at a time.
+
+    ``augment`` crops randomly from the image padded by ``CROP_PADDING`` zero pixels and flips
+    horizontally half the time; every sample is then scaled to [0, 1] and normalised.
+    """
+
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        mean: tuple[float, ...],
+        std: tuple[float, ...],
+        augment: bool,
+        classes: tuple[str, ...] = (),
+    ) -> None:
+        if images.dtype != torch.uint8 or images.dim() != 4:
+            raise ValueError(
+                f"images must be uint8 (N, C, H, W), got {images.dtype} {images.shape}"
+            )
+        self.images, self.labels = images, labels.long()
+        self.mean = torch.tensor(mean).view(-1, 1, 1)
+        self.std = torch.tensor(std).view(-1, 1, 1)
+        self.augment = augment
+        self.classes = classes
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        image = self.images[index]
+        if self.augment:
+            image = crop_and_flip(image)
+        return (image.float() / 255 - self.mean) / self.std, self.labels[index]
+
+
+class DeviceBatches:
+    """Shuffled (or ordered) batches of an in-memory data set, made on ``device`` in bulk.
+
+    The whole data set is copied to ``device`` once: an ImageTensorDataset as uint8 images
+    (gathered by index, then cropped, flipped and normalised as one tensor operation when it
+    augments), a TensorDataset as its tensors. When shuffling the last partial batch is dropped
+    (static shapes); in order, every sample is kept.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        device: torch.device,
+        generator: torch.Generator | None = None,
+        shuffle: bool = True,
+    ) -> None:
+        if isinstance(dataset, ImageTensorDataset):
+            self.inputs, self.labels = dataset.images.to(device), dataset.labels.to(device)
+            self.mean, self.std = dataset.mean.to(device), dataset.std.to(device)
+            self.augment = dataset.augment
+        elif isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
+            self.inputs, self.labels = (t.to(device) for t in dataset.tensors)
+            self.mean = self.std = None
+            self.augment = False
+        else:
+            raise TypeError(
+                f"the device pipeline needs an in-memory data set (ImageTensorDataset or "
+                f"TensorDataset), not {type(dataset).__name__}"
+            )
+        self.batch_size, self.device, self.shuffle = batch_size, device, shuffle
+        self.generator = generator or torch.Generator(device=device)
+
+    def __len__(self) -> int:
+        count = self.inputs.shape[0]
+        return count // self.batch_size if self.shuffle else math.ceil(count / self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        count = self.inputs.shape[0]
+        if self.shuffle:
+            order = torch.randperm(count, device=self.device, generator=self.generator)
+            stop = len(self) * self.batch_size
+        else:
+            order, stop = torch.arange(count, device=self.device), count
+        for start in range(0, stop, self.batch_size):
+            index = order[start : start + self.batch_size]
+            yield self._prepare(self.inputs[index]), self.labels[index]
+
+    def _prepare(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self.mean is None:
+            return inputs
+        if self.augment:
+            batch, _, height, width = inputs.shape
+            padded = nn.functional.pad(inputs, (CROP_PADDING,) * 4)
+            shifts = torch.randint(
+                0, 2 * CROP_PADDING + 1, (2, batch), device=self.device, generator=self.generator
+            )
+            rows = (shifts[0, :, None] + torch.arange(height, device=self.device))[:, :, None]
+            cols = (shifts[1, :, None] + torch.arange(width, device=self.device))[:, None, :]
+            flip = torch.rand(batch, device=self.device, generator=self.generator) < 0.5
+            cols = torch.where(flip[:, None, None], cols.flip(-1), cols)
+            samples = torch.arange(batch, device=self.device)[:, None, None]
+            inputs = padded.permute(0, 2, 3, 1)[samples, rows, cols].permute(0, 3, 1, 2)
+        return (inputs.float() / 255 - self.mean) / self.std
+
+
+def torchvision_model(
+    arch: str, num_classes: int, cifar_stem: bool = False, **kwargs: object
+) -> nn.Module:
+    """A torchvision classification model with fresh weights (nothing is downloaded).
+
+    ``cifar_stem`` adapts a ResNet-style stem to 32x32 inputs: a 3x3, stride-1 first
+    convolution and no max-pool, so the first stage sees 32x32 rather than 8x8 features.
+    """
+    if kwargs.get("weights") is not None:
+        raise ValueError("pretrained weights are not supported: they would be downloaded")
+    kwargs.pop("weights", None)
+    model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes, **kwargs)
+    if cifar_stem:
+        if not (
+            isinstance(getattr(model, "conv1", None), nn.Conv2d) and hasattr(model, "maxpool")
+        ):
+            raise ValueError(
+                f"cifar_stem adapts ResNet-style models (conv1 and maxpool); {arch} has none"
+            )
+        model.conv1 = nn.Conv2d(
+            model.conv1.in_channels, model.conv1.out_channels, 3, stride=1, padding=1, bias=False
+        )
+        model.maxpool = nn.Identity()
+    return model
+
+
+def _read_cifar_batch(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    with open(path, "rb") as stream:
+        entry = pickle.load(stream, encoding="latin1")  # the format CIFAR-10 ships in
+    images = np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+    return torch.from_numpy(images.copy()), torch.tensor(entry["labels"])
+
+
+def cifar10(root: str = "data") -> tuple[ImageTensorDataset, ImageTensorDataset]:
+    """CIFAR-10 from its standard Python format: ``root/cifar-10-batches-py/data_batch_1..5``
+    and ``test_batch`` (extract ``cifar-10-python.tar.gz`` into ``root``). Nothing is downloaded.
+    """
+    folder = Path(root).expanduser() / "cifar-10-batches-py"
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    missing = [name for name in names if not (folder / name).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"no CIFAR-10 at {folder} (missing {', '.join(missing)}): download "
+            f"cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html and "
+            f"extract it into {Path(root).expanduser()}"
+        )
+    parts = [_read_cifar_batch(folder / name) for name in names[:5]]
+    train_images = torch.cat([images for images, _ in parts])
+    train_labels = torch.cat([labels for _, labels in parts])
+    val_images, val_labels = _read_cifar_batch(folder / "test_batch")
+    classes = (
+        "airplane",
+        "automobile",
+        "bird",
+        "cat",
+        "deer",
+        "dog",
+        "frog",
+        "horse",
+        "ship",
+        "truck",
+    )
+    return (
+        ImageTensorDataset(train_images, train_labels, CIFAR10_MEAN, CIFAR10_STD, True, classes),
+        ImageTensorDataset(val_images, val_labels, CIFAR10_MEAN, CIFAR10_STD, False, classes),
+    )
+
+
+class _ImageFolderSplit(Dataset):
+    """An ImageFolder split, resized to ``size`` squares and augmented like ImageTensorDataset."""
+
+    def __init__(
+        self,
+        folder: Path,
+        size: int,
+        mean: tuple[float, ...],
+        std: tuple[float, ...],
+        augment: bool,
+    ) -> None:
+        self.folder = torchvision.datasets.ImageFolder(str(folder))
+        self.classes = tuple(self.folder.classes)
+        self.size = size
+        self.mean = torch.tensor(mean).view(-1, 1, 1)
+        self.std = torch.tensor(std).view(-1, 1, 1)
+        self.augment = augment
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        image, label = self.folder[index]
+        pixels = torchvision.transforms.functional.pil_to_tensor(image.convert("RGB"))
+        pixels = torchvision.transforms.functional.resize(
+            pixels, [self.size, self.size], antialias=True
+        )
+        if self.augment:
+            pixels = crop_and_flip(pixels)
+        return (pixels.float() / 255 - self.mean) / self.std, torch.tensor(label)
+
+
+def imagefolder(
+    root: str,
+    image_size: int = 32,
+    mean: tuple[float, float, float] = IMAGENET_MEAN,
+    std: tuple[float, float, float] = IMAGENET_STD,
+) -> tuple[Dataset, Dataset]:
+    """Images in ``root/train/<class>/*`` and ``root/val/<class>/*`` (torchvision's ImageFolder),
+    resized to ``image_size`` squares; training images are cropped and flipped at random."""
+    base = Path(root).expanduser()
+    for split in ("train", "val"):
+        if not (base / split).is_dir():
+            raise FileNotFoundError(
+                f"no {split} folder in {base}: imagefolder needs {base}/train/<class>/<image> "
+                f"and {base}/val/<class>/<image>"
+            )
+    train = _ImageFolderSplit(base / "train", image_size, mean, std, augment=True)
+    val = _ImageFolderSplit(base / "val", image_size, mean, std, augment=False)
+    if train.classes != val.classes:
+        raise FileNotFoundError(
+            f"{base}: train and val have different class folders ({len(train.classes)} and "
+            f"{len(val.classes)})"
+        )
+    return train, val
+
+
+SHAPES = (
+    "disk", "square", "ring", "plus", "diamond", "hbar", "vbar", "triangle", "cross", "frame",
+)  # fmt: skip
+
+
+def _draw_shapes(
+    labels: torch.Tensor, difficulty: float, generator: torch.Generator
+) -> torch.Tensor:
+    """uint8 images (N, 3, 32, 32): one shape per image, of the class its label says."""
+    count = labels.shape[0]
+    side = 32
+
+    def uniform(low: float, high: float, *shape: int) -> torch.Tensor:
+        return low + (high - low) * torch.rand(count, *shape, generator=generator)
+
+    jitter = 3 + 6 * difficulty
+    center = uniform(16 - jitter, 16 + jitter, 2)[:, :, None, None]
+    radius = uniform(6 - 2 * difficulty, 9, 1)[:, :, None, None]
+    grid = torch.arange(side, dtype=torch.float32)
+    dy = (grid[None, :, None] - center[:, 0]).abs()
+    dx = (grid[None, None, :] - center[:, 1]).abs()
+    r = radius[:, 0]
+    distance = (dx**2 + dy**2).sqrt()
+    box = torch.maximum(dx, dy)
+    rising = grid[None, :, None] - center[:, 0]  # signed rows, for the triangle
+    masks = torch.stack(
+        [
+            distance < r,
+            box < r,
+            (distance < r) & (distance > r / 2),
+            ((dx < r / 3) & (dy < r)) | ((dy < r / 3) & (dx < r)),
+            dx + dy < r,
+            (dy < r / 3) & (dx < r),
+            (dx < r / 3) & (dy < r),
+            (rising.abs() < r) & (dx < (rising + r) / 2),
+            ((dx - dy).abs() < r / 3) & (box < r),
+            (box < r) & (box > r / 2),
+        ]
+    )  # (classes, N, H, W)
+    shape = masks[labels, torch.arange(count)]
+    contrast = 1.0 - 0.6 * difficulty
+    foreground = uniform(0.4, 1.0, 3) * 255
+    background = foreground * (1 - contrast) + uniform(0.0, 0.3, 3) * 255 * contrast
+    images = torch.where(
+        shape[:, None], foreground[:, :, None, None], background[:, :, None, None]
+    )
+    noise = torch.randn(count, 3, side, side, generator=generator) * (8 + 40 * difficulty)
+    return (images + noise).clamp(0, 255).to(torch.uint8)
+
+
+def shapes(
+    n_train: int = 50_000, n_val: int = 10_000, difficulty: float = 0.3, seed: int = 0
+) -> tuple[ImageTensorDataset, ImageTensorDataset]:
+    """A generated, learnable, CIFAR-sized data set: 3x32x32 images of 10 shapes.
+
+    Each image holds one shape (disk, square, ring, ...) at a random place, size and colour on
+    a noisy background; ``difficulty`` in [0, 1] widens the placement, lowers the contrast and
+    raises the noise. Deterministic from ``seed``; 60,000 images take a few seconds.
+    """
+    if not 0 <= difficulty <= 1:
+        raise ValueError(f"difficulty must be between 0 and 1, got {difficulty}")
+    generator = torch.Generator().manual_seed(seed)
+    labels = [torch.arange(n) % len(SHAPES) for n in (n_train, n_val)]
+    labels = [split[torch.randperm(len(split), generator=generator)] for split in labels]
+    images = []
+    for split in labels:  # in chunks: the masks of all classes for 50,000 images are large
+        chunks = [_draw_shapes(part, difficulty, generator) for part in split.split(4096)]
+        images.append(
+            torch.cat(chunks) if chunks else torch.zeros(0, 3, 32, 32, dtype=torch.uint8)
+        )
+    pixels = images[0].float() / 255
+    mean = tuple(pixels.mean(dim=(0, 2, 3)).tolist())
+    std = tuple(pixels.std(dim=(0, 2, 3)).tolist())
+    return (
+        ImageTensorDataset(images[0], labels[0], mean, std, True, SHAPES),
+        ImageTensorDataset(images[1], labels[1], mean, std, False, SHAPES),
+    )
