@@ -164,6 +164,10 @@ def run(
     if outcome.stopped_reason:
         console.print(f"[yellow]Stopped:[/] {outcome.stopped_reason}.")
     display.print_summary(console, study, spec, outcome)
+    if outcome.trials_run:
+        from autotune import report
+
+        report.write_note(study, spec.study.storage)  # what optuna-dashboard shows first
     if outcome.interrupted:
         console.print(
             f"[yellow]{'Terminated' if outcome.terminated else 'Interrupted'}.[/] The running "
@@ -261,6 +265,10 @@ def export_command(
         export.write_new_file(output, text, force=force)
     except (studies.StudyError, export.ExportError) as err:
         raise _fail(str(err), EXIT_FAILED) from None
+    from autotune import report
+
+    report.upload(found, output, storage)  # downloadable from optuna-dashboard
+    report.write_note(found, storage)
     what = {"script": "training script", "yaml": "YAML", "json": "JSON"}[fmt]
     console.print(
         f"Wrote {output}: the {what} of trial {result.trial} of {study_name} "
@@ -270,6 +278,61 @@ def export_command(
         console.print(
             f"Run it:  [bold]python {output}[/]  ({result.epochs} epochs; --epochs N, --resume)"
         )
+
+
+@app.command("report")
+def report_command(
+    study_name: Annotated[str, typer.Option("--study", help="Study name.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path(
+        "report.html"
+    ),
+    storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
+) -> None:
+    """Write a self-contained HTML report of a study (opens offline)."""
+    from autotune import export, report
+    from autotune import study as studies
+
+    _quiet_libraries(verbose=False)
+    try:
+        found = studies.load_study(study_name, storage)
+        export.write_new_file(output, report.render_html(found, storage), force=force)
+    except (studies.StudyError, export.ExportError) as err:
+        raise _fail(str(err), EXIT_FAILED) from None
+    report.upload(found, output, storage)
+    report.write_note(found, storage)
+    console.print(f"Wrote {output}: the report of {study_name}. Open it in a browser.")
+
+
+@app.command()
+def dashboard(
+    storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8080,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+) -> None:
+    """Open the studies in optuna-dashboard, with autotune's notes and artifacts."""
+    import optuna_dashboard
+    from optuna.artifacts import FileSystemArtifactStore
+
+    from autotune import report
+    from autotune import study as studies
+
+    _quiet_libraries(verbose=False)
+    try:
+        backend = studies.open_storage(storage, create_dirs=False)
+    except studies.StudyError as err:
+        raise _fail(str(err), EXIT_FAILED) from None
+    artifacts = report.artifact_dir(storage)
+    artifacts.mkdir(parents=True, exist_ok=True)
+    console.print(f"optuna-dashboard on [bold]http://{host}:{port}/[/] (Ctrl-C to stop)")
+    try:
+        optuna_dashboard.run_server(
+            backend, host=host, port=port, artifact_store=FileSystemArtifactStore(str(artifacts))
+        )
+    except OSError as err:  # the port is taken, say
+        raise _fail(f"cannot serve on {host}:{port}: {err.strerror or err}", EXIT_FAILED) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
 
 
 @app.command("studies")

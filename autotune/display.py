@@ -119,6 +119,8 @@ class LiveObserver(studies.StudyObserver):
             line.append(f"{kind:>15}  ", style="dim" if kind == "pruned" else "red")
             if kind != "pruned":
                 line.append(f"{attrs.get('fail_msg', '')}  ", style="red")
+        if trial.user_attrs.get("baseline"):
+            line.append("(untuned baseline) ", style="bold")
         line.append(_params(trial), style="cyan")
         self.live.console.print(line, no_wrap=True, overflow="ellipsis")
         if trial.state in studies.COUNTED_STATES:
@@ -211,7 +213,8 @@ def print_summary(
     console.print(config_table(best))
     storage = spec.study.storage
     console.print(
-        f"\nInspect the study:  [bold]optuna-dashboard {storage}[/]\n"
+        f"\nInspect the study:  [bold]autotune dashboard"
+        f"{'' if storage == DEFAULT_STORAGE else f' --storage {storage}'}[/]\n"
         f"Print the winner:   [bold]autotune best --study {study.study_name}"
         f"{'' if storage == DEFAULT_STORAGE else f' --storage {storage}'}[/]"
     )

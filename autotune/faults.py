@@ -104,7 +104,8 @@ def needs_fresh_process(error: BaseException) -> bool:
     A CUDA error (an illegal memory access, a device-side assert) leaves the CUDA context
     unusable; only a new process gets a working device back.
     """
-    return type(error).__name__ == "AcceleratorError" or "CUDA error" in str(error)
+    text = str(error)
+    return type(error).__name__ == "AcceleratorError" or "CUDA error" in text
 
 
 def describe_exit(exitcode: int | None) -> str:

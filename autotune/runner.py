@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import resource
 import time
+import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,9 +25,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from autotune.config import TrialConfig
-from autotune.faults import TrialFault
+from autotune.faults import TrialFault, classify
 from autotune.hardware import device_name
-from autotune.timing import TrainClock
+from autotune.telemetry import GpuSampler, flops_per_sample
+from autotune.timing import PhaseProbe, TrainClock
 from autotune.trainer import (
     Trainer,
     backend_flags,
@@ -42,6 +44,7 @@ MAX_WARMUP_STEPS = 5  # optimizer steps timed as warm-up (at most half the first
 DIVERGENCE_FACTOR = 10.0  # a mean training loss this many times the lowest seen has diverged
 MAX_SKIPPED_IN_A_ROW = 25  # fp16 steps skipped for overflow in a row (scale / 2**25): a fault
 MIN_SPAN_FOR_ALL_SKIPPED = 8  # ... or every step between two evaluations, if there were this many
+PROBE_MICRO_BATCHES = 32  # the window of steady-state micro-batches whose phases are timed
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,10 @@ class TrialResult:
     compiled_graphs: int  # graphs torch.compile produced (0 for eager)
     loss_scale: float | None  # final GradScaler scale under fp16, else None
     skipped_steps: int  # optimizer steps GradScaler skipped for overflowing fp16 gradients
+    time_breakdown: dict[str, float] | None  # seconds per phase over a sampled window of steps
+    compile_seconds: float | None  # torch.compile's own time (None when not compiling)
+    flops_per_sample: float | None  # FLOPs of a training step per sample (flop_counter)
+    gpu: dict[str, float]  # NVML: gpu_utilization (0..1), gpu_memory_used_bytes; {} on CPU
     device_name: str
     torch_version: str
 
@@ -131,6 +138,12 @@ def _compiled_graphs() -> int:
     return int(counters.get("stats", {}).get("unique_graphs", 0))
 
 
+def _compile_seconds() -> float:
+    """Seconds torch.compile has spent compiling frames in this process (Dynamo's own tally)."""
+    metrics = getattr(torch._dynamo.utils, "compilation_time_metrics", {})
+    return float(sum(metrics.get("_compile.compile_inner", ())))
+
+
 def _peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
@@ -162,12 +175,25 @@ def _evaluate(trainer: Trainer, loader: DataLoader) -> tuple[float, float]:
 
 
 def train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialResult:
-    """Train one trial; raise TrialFault when the configuration cannot train."""
+    """Train one trial; raise TrialFault (kind and one-line message, and the traceback as
+    ``details`` for unexpected errors) when it cannot finish."""
     with backend_flags(config), warnings.catch_warnings():
         # GradScaler skips the optimizer step when fp16 gradients overflow; the scheduler
         # stepping anyway is intended (the schedule follows steps attempted).
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-        return _train(config, workload, report)
+        try:
+            return _train(config, workload, report)
+        except Exception as error:
+            if isinstance(error, TrialFault):
+                fault = error
+            else:
+                kind, message = classify(error)
+                fault = TrialFault(kind, message, traceback.format_exc()[-4000:])
+            fault.__traceback__ = None
+    # Raised here, outside the except block, the fault carries no traceback of the trial's
+    # frames. Those hold the DataLoader iterator: alive, its workers would stay watched by
+    # torch's SIGCHLD handler, which raises later, anywhere in this process, when one dies.
+    raise fault
 
 
 def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialResult:
@@ -181,12 +207,15 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
 
     # -- model, optimizer, schedule, precision; compiled when asked, on a fresh compile cache
     # so that earlier trials' graphs neither help nor count (evaluation runs the eager module)
-    graphs_before = 0
+    graphs_before, compile_before = 0, 0.0
     if config.compile != "none":
         torch.compiler.reset()
-        graphs_before = _compiled_graphs()
+        graphs_before, compile_before = _compiled_graphs(), _compile_seconds()
     trainer = Trainer(workload.build_model(), config, plan.optimizer_steps)
     device = trainer.device
+    flops = flops_per_sample(
+        trainer.model, workload.input_shape, device, trainer.loss_fn, config.channels_last
+    )
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
@@ -204,13 +233,31 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
     pending_evals = iter(plan.eval_steps)
     next_eval = next(pending_evals)
 
+    accumulation = config.accumulation_steps
+    probe = PhaseProbe(
+        device,
+        first_micro_batch=plan.warmup_steps * accumulation + 1,
+        micro_batches=PROBE_MICRO_BATCHES,
+    )
+    breakdown: dict[str, float] | None = None
+    sampler = GpuSampler(device)
+    batches = iter(train_loader)
     clock = TrainClock(device)
-    clock.start()
-    done = False
-    while not done:
-        for batch in train_loader:
+    with sampler:
+        clock.start()
+        while True:
+            # one micro-batch: wait for data (a new epoch starts a new pass), copy, forward and
+            # backward; every accumulation_steps micro-batches an optimizer step
+            probe.begin(trainer.micro_batches + 1)
+            batch = next(batches, None)
+            if batch is None:
+                batches = iter(train_loader)
+                batch = next(batches)
+            probe.mark("data_wait")
             inputs, targets = trainer.to_device(*batch)
-            loss = trainer.train_step(inputs, targets)
+            probe.mark("host_to_device")
+            loss = trainer.forward_backward(inputs, targets)
+            probe.mark("forward_backward")
             if fp16:
                 finite = torch.isfinite(loss)
                 loss_sum += torch.where(finite, loss, 0.0)
@@ -218,8 +265,10 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
             else:
                 loss_sum += loss
                 losses_summed += 1
-            if trainer.micro_batches % config.accumulation_steps:
+            if trainer.micro_batches % accumulation:
                 continue  # within an accumulation group: no optimizer step yet
+            trainer.optimizer_step()
+            probe.mark("optimizer")
             steps = trainer.steps
             if steps == plan.warmup_steps:
                 warmup_seconds = clock.read()
@@ -228,6 +277,8 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
 
             # evaluation: the clock stops, the loss is read back, the reporter decides
             train_seconds = clock.pause()
+            sampler.paused = True
+            breakdown = breakdown or probe.result(final=steps == plan.optimizer_steps)
             epoch = trainer.micro_batches / plan.micro_batches_per_epoch
             train_loss = _segment_loss(loss_sum, losses_summed, epoch, config)
             _check_training_health(
@@ -260,9 +311,9 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
             )
             evaluations.append(evaluation)
             if report(evaluation) or evaluation.final:
-                done = True
                 break
             next_eval = next(pending_evals)
+            sampler.paused = False
             clock.resume()
 
     last = evaluations[-1]
@@ -292,6 +343,10 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
         compiled_graphs=compiled_graphs,
         loss_scale=trainer.loss_scale,
         skipped_steps=trainer.skipped_steps,
+        time_breakdown=breakdown or probe.result(final=True),
+        compile_seconds=_compile_seconds() - compile_before if config.compile != "none" else None,
+        flops_per_sample=flops,
+        gpu=sampler.summary(),
         device_name=device_name(config.device),
         torch_version=torch.__version__,
     )

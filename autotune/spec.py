@@ -427,6 +427,20 @@ class StudySpec(_Frozen):
     isolation: Literal["worker", "none"] = "worker"  # trials in a supervised worker process
     trial_timeout: float | None = Field(default=None, gt=0)  # seconds; the worker is killed after
     heartbeat_interval: int = Field(default=10, ge=1)  # seconds; a trial silent 3x this is stale
+    # trial 0 trains the untuned configuration (PyTorch's defaults where the space allows), so
+    # every study says how much faster its answer is; a mapping pins some of its knobs
+    baseline: bool | dict[str, Scalar] = True
+
+    @field_validator("baseline")
+    @classmethod
+    def _baseline_knobs(cls, value: bool | dict[str, Scalar]) -> bool | dict[str, Scalar]:
+        if isinstance(value, dict):
+            for name in value:
+                if name not in KNOBS:
+                    raise ValueError(
+                        f"unknown knob '{name}' in the baseline{_close(name, list(KNOBS))}"
+                    )
+        return value
 
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")

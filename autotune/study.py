@@ -28,7 +28,7 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 import autotune
-from autotune import faults, objective, space
+from autotune import faults, objective, space, telemetry, timing
 from autotune.config import TrialConfig
 from autotune.hardware import Hardware
 from autotune.runner import Evaluation, TrialResult
@@ -261,6 +261,9 @@ def open_study(
     if workload is not None:
         study.set_user_attr("num_classes", workload.num_classes)
         study.set_user_attr("input_shape", list(workload.input_shape))
+    study.set_user_attr("hardware", telemetry.fingerprint(hardware))
+    if spec.study.baseline is not False:
+        study.enqueue_trial(space.baseline_params(spec, hardware), user_attrs={"baseline": True})
     return _with_sampler(study, spec, storage)
 
 
@@ -462,7 +465,7 @@ class MemoryWalls:
         return walls
 
 
-def _record_result(trial: optuna.Trial, result: TrialResult) -> None:
+def _record_result(trial: optuna.Trial, result: TrialResult, precision: str) -> None:
     attrs: dict[str, Any] = {
         "accuracy": result.accuracy,
         "train_seconds": result.train_seconds,
@@ -482,8 +485,34 @@ def _record_result(trial: optuna.Trial, result: TrialResult) -> None:
     if result.loss_scale is not None:
         attrs["loss_scale"] = result.loss_scale
         attrs["skipped_steps"] = result.skipped_steps
+    attrs.update(_where_the_time_went(result, device_name=result.device_name, precision=precision))
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
+
+
+def _where_the_time_went(result: TrialResult, device_name: str, precision: str) -> dict[str, Any]:
+    """Time breakdown, bottleneck, compile time, FLOP/s, MFU and GPU telemetry of a trial."""
+    attrs: dict[str, Any] = {}
+    if result.time_breakdown:
+        total = sum(result.time_breakdown.values())
+        if total > 0:
+            fractions = {
+                phase: seconds / total for phase, seconds in result.time_breakdown.items()
+            }
+            attrs["time_breakdown"] = {phase: round(f, 4) for phase, f in fractions.items()}
+            attrs["data_wait_fraction"] = fractions["data_wait"]
+            attrs["bottleneck"] = timing.bottleneck(fractions, result.gpu.get("gpu_utilization"))
+    if result.compile_seconds is not None:
+        attrs["compile_seconds"] = result.compile_seconds
+    if result.flops_per_sample:
+        achieved = result.flops_per_sample * result.samples_per_second
+        attrs["flops_per_sample"] = result.flops_per_sample
+        attrs["achieved_flops"] = achieved  # FLOP/s, steady state
+        peak = telemetry.peak_flops(device_name, precision)
+        if peak is not None:
+            attrs["mfu"] = achieved / peak
+    attrs.update(result.gpu)
+    return attrs
 
 
 def _fault(trial: optuna.Trial, kind: str, message: str) -> TrialState:
@@ -546,7 +575,7 @@ class _Trial:
             return _fault(trial, kind, message), None
         trial.set_user_attr("wall_seconds", time.monotonic() - started)
 
-        _record_result(trial, result)
+        _record_result(trial, result, config.precision)
         if pruned_at:
             at = pruned_at[0]
             message = (

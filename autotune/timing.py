@@ -6,7 +6,7 @@ import time
 
 import torch
 
-__all__ = ["TrainClock", "synchronize"]
+__all__ = ["PHASES", "PhaseProbe", "TrainClock", "bottleneck", "synchronize"]
 
 
 def synchronize(device: torch.device) -> None:
@@ -45,3 +45,82 @@ class TrainClock:
         self._total = self.read()
         self._since = None
         return self._total
+
+
+PHASES = ("data_wait", "host_to_device", "forward_backward", "optimizer")
+BUSY_SHARE = 0.8  # a device busy less than this share of the time is starved
+DATA_STARVED_SHARE = 0.2  # waiting for batches this share of the time: starved by data
+
+
+class PhaseProbe:
+    """Where a window of training steps spends its time: waiting for data, copying it to the
+    device, forward and backward, the optimizer step.
+
+    Outside its window every call is a cheap no-op. Inside it, boundaries are timestamped
+    without synchronizing: CUDA events on a GPU (each event completes when the GPU reaches it,
+    so the span between two events is the GPU's time on that phase, including any time it
+    sat idle waiting for the host), the host clock on a CPU (which runs synchronously). The
+    events are read only in ``result()``, which the runner calls at an evaluation, where the
+    device is synchronized anyway.
+    """
+
+    def __init__(self, device: torch.device, first_micro_batch: int, micro_batches: int) -> None:
+        self._cuda = device.type == "cuda"
+        self._first = first_micro_batch
+        self._last = first_micro_batch + micro_batches - 1
+        self._marks: list[tuple[str, object]] = []  # (phase that ends here, stamp)
+        self._active = False
+        self.completed = False
+
+    def _stamp(self) -> object:
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def begin(self, micro_batch: int) -> None:
+        """Start timing micro-batch number ``micro_batch`` (1-based) if it is in the window."""
+        self._active = self._first <= micro_batch <= self._last
+        if self._active:
+            self._marks.append(("", self._stamp()))
+        elif micro_batch > self._last and self._marks:
+            self.completed = True
+
+    def mark(self, phase: str) -> None:
+        """The phase ``phase`` (one of PHASES) of the current micro-batch has been issued."""
+        if self._active:
+            self._marks.append((phase, self._stamp()))
+
+    def result(self, final: bool = False) -> dict[str, float] | None:
+        """Seconds per phase over the window; None until it is complete (or, when ``final``,
+        until it has seen a whole micro-batch)."""
+        if not (self.completed or (final and len(self._marks) > len(PHASES))):
+            return None
+        seconds = dict.fromkeys(PHASES, 0.0)
+        for (_, start), (phase, end) in zip(self._marks, self._marks[1:], strict=False):
+            if not phase:
+                continue  # from the last mark of one micro-batch to the start of the next
+            seconds[phase] += (
+                start.elapsed_time(end) / 1000  # type: ignore[attr-defined]
+                if self._cuda
+                else end - start  # type: ignore[operator]
+            )
+        return seconds
+
+
+def bottleneck(fractions: dict[str, float], busy: float | None = None) -> str:
+    """One word for what limits a training step: data, compute or overhead.
+
+    ``fractions`` are the shares of PHASES in a window of steps; ``busy`` is the device's
+    measured utilization (0..1, from NVML) where known, else the share of the compute phases.
+    A device busy less than ~80% of the time is starved: by data when it waits for batches at
+    least a fifth of the time, otherwise by overhead (Python, kernel launches, small ops).
+    """
+    if busy is None:
+        busy = fractions["host_to_device"] + fractions["forward_backward"] + fractions["optimizer"]
+    if fractions["data_wait"] >= DATA_STARVED_SHARE:
+        return "data"
+    if busy >= BUSY_SHARE:
+        return "compute"
+    return "overhead"

@@ -239,25 +239,35 @@ class Trainer:
 
         Returns the (detached, on-device) loss of this micro-batch.
         """
+        loss = self.forward_backward(inputs, targets)
+        if self.micro_batches % self.config.accumulation_steps == 0:
+            self.optimizer_step()
+        return loss
+
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward under autocast and backward of the loss / accumulation_steps (detached loss)."""
         with self.autocast():
             loss = self.loss_fn(self.step_model(inputs), targets)
         accumulation = self.config.accumulation_steps
         self.scaler.scale(loss / accumulation if accumulation > 1 else loss).backward()
         self.micro_batches += 1
-        if self.micro_batches % accumulation == 0:
-            self._stepped = False
-            self.scaler.step(self.optimizer)  # under fp16 this already reads found-inf back
-            self.scaler.update()
-            if self._stepped:
-                self.skipped_in_a_row = 0
-            else:
-                self.skipped_steps += 1
-                self.skipped_in_a_row += 1
-            self.optimizer.zero_grad(set_to_none=True)
-            if self.scheduler is not None:
-                self.scheduler.step()
-            self.steps += 1
         return loss.detach()
+
+    def optimizer_step(self) -> None:
+        """Apply the accumulated gradients (GradScaler step under fp16), zero them, advance
+        the schedule."""
+        self._stepped = False
+        self.scaler.step(self.optimizer)  # under fp16 this already reads found-inf back
+        self.scaler.update()
+        if self._stepped:
+            self.skipped_in_a_row = 0
+        else:
+            self.skipped_steps += 1
+            self.skipped_in_a_row += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.steps += 1
 
     @property
     def loss_scale(self) -> float | None:

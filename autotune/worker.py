@@ -277,10 +277,12 @@ def _worker_main(
             result = runner.train(config, workload, report)
         except Exception as error:
             kind, text = classify(error)
-            details = traceback.format_exc()[-4000:]
+            details = getattr(error, "details", "") or traceback.format_exc()[-4000:]
+            fresh = needs_fresh_process(error)
+            del error
             release_memory()
             connection.send(("fault", kind, text, details))
-            if needs_fresh_process(error):
+            if fresh:
                 return  # a broken CUDA context: the next trial gets a new process
             continue
         connection.send(("result", result))

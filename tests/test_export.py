@@ -27,6 +27,7 @@ from autotune.export import (
     write_new_file,
 )
 from autotune.hardware import detect
+from autotune.runner import train
 from autotune.space import restrict
 from autotune.spec import parse_spec
 from autotune.study import open_storage, open_study, run_study, trial_config
@@ -167,17 +168,23 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
 
 @pytest.mark.slow
 def test_exported_script_reproduces_the_trial_speed(digits_study, tmp_path: Path):
+    """The script and the trial loop train as fast as each other, measured back to back."""
     study, _ = digits_study
     best = best_config(study, select_trial(study))
     script = tmp_path / "train.py"
     write_new_file(script, render_script(study, best))
-    done = run_script(script, "--epochs", "4")
-    assert done.returncode == 0, done.stderr
-    steady = float(re.search(r"steady state ([\d,]+) samples/s", done.stdout)[1].replace(",", ""))
-    ratio = steady / best.metrics["samples_per_second"]
-    # the same loop on the same machine; wide bounds for a shared 2-core machine (see
-    # BENCHMARKS.md for the measured ratio)
-    assert 0.7 < ratio < 1.4, (ratio, done.stdout)
+    workload = load(parse_spec(DIGITS_SPACE).workload)
+    trial_rates, script_rates = [], []
+    for _ in range(2):  # alternate, so that drift on a shared machine hits both alike
+        result = train(best.config.replace(epochs=4), workload, lambda evaluation: False)
+        trial_rates.append(result.samples_per_second)
+        done = run_script(script, "--epochs", "4")
+        assert done.returncode == 0, done.stderr
+        found = re.search(r"steady state ([\d,]+) samples/s", done.stdout)
+        script_rates.append(float(found[1].replace(",", "")))
+    ratio = max(script_rates) / max(trial_rates)
+    # wide bounds for a shared 2-core machine; BENCHMARKS.md has the measured ratio
+    assert 0.7 < ratio < 1.4, (trial_rates, script_rates)
 
 
 VARIANTS = {

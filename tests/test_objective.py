@@ -45,6 +45,10 @@ def result(*evaluations: Evaluation) -> TrialResult:
         compiled_graphs=0,
         loss_scale=None,
         skipped_steps=0,
+        time_breakdown=None,
+        compile_seconds=None,
+        flops_per_sample=None,
+        gpu={},
         device_name="cpu",
         torch_version="2",
     )

@@ -120,7 +120,8 @@ def test_an_edited_space_is_refused_with_a_diff(tmp_path: Path):
     assert "--new-study" in message
 
     fresh = start(tiny_spec(text=edited), db, new_study=True)
-    assert fresh.study_name == "tiny-2" and len(fresh.trials) == 0
+    assert fresh.study_name == "tiny-2"
+    assert [t.state for t in fresh.trials] == [TrialState.WAITING]  # its untuned baseline, queued
     # the original study is untouched
     original = optuna.load_study(study_name="tiny", storage=f"sqlite:///{db}")
     assert len(original.trials) == 1

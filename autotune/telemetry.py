@@ -1,0 +1,201 @@
+"""What the hardware did during a trial: GPU utilization and memory (NVML), FLOPs and model FLOP
+utilization, and the fingerprint of the machine a study ran on."""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from autotune.hardware import Hardware, device_name
+
+__all__ = [
+    "PEAK_FLOPS",
+    "GpuSampler",
+    "fingerprint",
+    "flops_per_sample",
+    "peak_flops",
+]
+
+# Dense peak FLOP/s by GPU and precision, from the vendors' data sheets (no sparsity).
+# fp32 is plain FP32 (TF32 off); tf32 the tensor-core TF32 rate; bf16/fp16 tensor-core rates.
+# A GPU that is not listed gets no MFU: a guessed peak would be a made-up number.
+PEAK_FLOPS: dict[str, dict[str, float]] = {
+    "H200": {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989.5e12, "fp16": 989.5e12},
+    "H100 SXM": {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989.5e12, "fp16": 989.5e12},
+    "H100 PCIe": {"fp32": 51.2e12, "tf32": 378e12, "bf16": 756e12, "fp16": 756e12},
+    "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
+    "L4": {"fp32": 30.3e12, "tf32": 60e12, "bf16": 121e12, "fp16": 121e12},
+    "V100": {"fp32": 15.7e12, "fp16": 125e12},
+}
+
+
+def _peak_key(device_name: str) -> str | None:
+    name = device_name.upper()
+    if "H200" in name:
+        return "H200"
+    if "H100" in name:
+        # "NVIDIA H100 80GB HBM3" is the SXM part; the PCIe card says so in its name
+        return "H100 PCIe" if "PCIE" in name else "H100 SXM"
+    for key in ("A100", "V100"):
+        if key in name:
+            return key
+    if name.endswith(" L4") or name == "L4":
+        return "L4"
+    return None
+
+
+def peak_flops(device_name: str, precision: str) -> float | None:
+    """The device's dense peak FLOP/s at ``precision``, or None when it is not known."""
+    key = _peak_key(device_name)
+    return PEAK_FLOPS[key].get(precision) if key else None
+
+
+def flops_per_sample(
+    model: nn.Module,
+    input_shape: tuple[int, ...],
+    device: torch.device,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    channels_last: bool = False,
+) -> float | None:
+    """FLOPs of one training step (forward and backward) per sample, counted by
+    torch.utils.flop_counter on a two-sample batch of zeros.
+
+    The model runs in eval mode (batch norm statistics are left alone) and its gradients are
+    cleared afterwards, so the trial trains exactly as it would without the count.
+    """
+    if not input_shape:
+        return None
+    batch = 2
+    inputs = torch.zeros((batch, *input_shape), device=device)
+    if channels_last and inputs.dim() == 4:
+        inputs = inputs.contiguous(memory_format=torch.channels_last)
+    targets = torch.zeros(batch, dtype=torch.long, device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        with FlopCounterMode(display=False) as counter:
+            loss_fn(model(inputs), targets).backward()
+    except Exception:  # a model the counter cannot follow: no FLOPs rather than no trial
+        return None
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+    return counter.get_total_flops() / batch
+
+
+def _nvml() -> ModuleType | None:
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError:
+        return None
+    return pynvml
+
+
+class GpuSampler:
+    """Samples a GPU's utilization and memory through NVML in a background thread.
+
+    ``nvml`` is the pynvml module (nvidia-ml-py) or anything with its functions. Where NVML is
+    missing or fails, the sampler records nothing and ``summary()`` is empty: telemetry never
+    fails a trial.
+    """
+
+    def __init__(
+        self, device: torch.device, nvml: Any | None = None, interval_seconds: float = 0.1
+    ) -> None:
+        self.device = device
+        self.nvml = nvml if nvml is not None else (_nvml() if device.type == "cuda" else None)
+        self.interval_seconds = interval_seconds
+        self.utilization: list[float] = []  # percent of time a kernel ran, per sample
+        self.memory_used: list[int] = []  # bytes
+        self.paused = False  # set while the trial evaluates: training time only
+        self._handle: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _open(self) -> Any:
+        nvml = self.nvml
+        nvml.nvmlInit()
+        index = self.device.index or 0
+        with contextlib.suppress(Exception):  # match by UUID: NVML numbers GPUs its own way
+            uuid = str(torch.cuda.get_device_properties(index).uuid)
+            return nvml.nvmlDeviceGetHandleByUUID(
+                uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+            )
+        return nvml.nvmlDeviceGetHandleByIndex(index)
+
+    def _sample(self) -> None:
+        rates = self.nvml.nvmlDeviceGetUtilizationRates(self._handle)
+        memory = self.nvml.nvmlDeviceGetMemoryInfo(self._handle)
+        self.utilization.append(float(rates.gpu))
+        self.memory_used.append(int(memory.used))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_seconds):
+            if self.paused:
+                continue
+            try:
+                self._sample()
+            except Exception:
+                return
+
+    def __enter__(self) -> GpuSampler:
+        if self.nvml is None:
+            return self
+        try:
+            self._handle = self._open()
+        except Exception:
+            self.nvml = None
+            return self
+        self._thread = threading.Thread(target=self._run, name="autotune-nvml", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            with contextlib.suppress(Exception):
+                self.nvml.nvmlShutdown()
+
+    def summary(self) -> dict[str, float]:
+        """Mean utilization (0..1) and peak memory used (bytes), when anything was sampled."""
+        if not self.utilization:
+            return {}
+        return {
+            "gpu_utilization": sum(self.utilization) / len(self.utilization) / 100,
+            "gpu_memory_used_bytes": float(max(self.memory_used)),
+        }
+
+
+def fingerprint(hardware: Hardware) -> dict[str, Any]:
+    """The machine a study ran on: CPU, cores, GPU, driver, torch, CUDA and cuDNN versions."""
+    facts: dict[str, Any] = {
+        "device": hardware.device,
+        "device_name": hardware.device_name,
+        "cpu": device_name("cpu").rsplit(" (", 1)[0],
+        "cpu_cores": hardware.cpu_count,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+    }
+    if hardware.is_cuda:
+        facts["gpu_capability"] = ".".join(map(str, hardware.cuda_capability or ()))
+        facts["gpu_memory_bytes"] = hardware.memory_bytes
+        nvml = _nvml()
+        if nvml is not None:
+            with contextlib.suppress(Exception):
+                nvml.nvmlInit()
+                driver = nvml.nvmlSystemGetDriverVersion()
+                facts["driver"] = driver.decode() if isinstance(driver, bytes) else driver
+                nvml.nvmlShutdown()
+    return {key: value for key, value in facts.items() if value is not None}

@@ -1,0 +1,132 @@
+"""optuna-dashboard, for real: ``autotune dashboard`` serves a study and a headless Chromium
+shows its name, its trials, their measurements and autotune's note."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .test_report import seen  # noqa: F401  (a real study, reused)
+
+pytestmark = pytest.mark.slow
+
+BROWSER_PACKAGES = ("chromium", "chromium-driver")  # Debian's
+
+
+def _find_browser() -> tuple[str, str] | None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    return (chromium, driver) if chromium and driver else None
+
+
+@pytest.fixture(scope="session")
+def browser_paths() -> tuple[str, str]:
+    """Debian's Chromium and ChromeDriver, installed here when missing (CI runs as root)."""
+    found = _find_browser()
+    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for command in (
+            ["apt-get", "update", "-q"],
+            ["apt-get", "install", "-y", "-q", "--no-install-recommends", *BROWSER_PACKAGES],
+        ):
+            subprocess.run(command, env=env, capture_output=True, timeout=900, check=False)
+        found = _find_browser()
+    if found is None:
+        pytest.skip(
+            "no Chromium and ChromeDriver, and they cannot be installed here (needs root and "
+            "apt-get): `apt-get install chromium chromium-driver` enables this test"
+        )
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_for_port(port: int, process: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the dashboard exited: {process.communicate()[1]}")
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise AssertionError("the dashboard did not start")
+
+
+def test_the_dashboard_shows_the_study_its_trials_and_the_note(seen, browser_paths, tmp_path):  # noqa: F811
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from autotune import report
+
+    study, url = seen
+    report.write_note(study, url)
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "dashboard", "--storage", url, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    chromium, driver_path = browser_paths
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--window-size=1400,1000",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ):
+        options.add_argument(flag)
+    browser = None
+    try:
+        _wait_for_port(port, server)
+        browser = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
+        wait = WebDriverWait(browser, 60)
+
+        def page_text() -> str:
+            return browser.find_element(By.TAG_NAME, "body").text
+
+        study_id = study._study_id
+        base = f"http://127.0.0.1:{port}/dashboard/studies/{study_id}"
+        browser.get(base)
+        wait.until(lambda _: f"seen (id={study_id})" in page_text())
+        browser.save_screenshot(str(tmp_path / "study.png"))
+
+        browser.get(f"{base}/note")
+        wait.until(lambda _: "autotune: seen" in page_text())
+        best = report.summarize(study).best
+        assert f"Best: trial {best.number}" in page_text()  # the note, rendered
+        browser.save_screenshot(str(tmp_path / "note.png"))
+
+        browser.get(f"{base}/trials")
+        wait.until(lambda _: "samples_per_second" in page_text())
+        text = page_text()
+        assert "Trial 0" in text and "bottleneck" in text
+        browser.save_screenshot(str(tmp_path / "trials.png"))
+        assert all(
+            (tmp_path / f"{page}.png").stat().st_size > 10_000 for page in ("note", "trials")
+        )
+    finally:
+        if browser is not None:
+            browser.quit()
+        server.terminate()
+        server.communicate(timeout=30)

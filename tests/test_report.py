@@ -1,0 +1,261 @@
+"""Where the time goes: time breakdown and bottleneck, telemetry, the untuned baseline, the
+optuna-dashboard note and artifacts, and the HTML report."""
+
+from __future__ import annotations
+
+import html.parser
+from pathlib import Path
+from types import SimpleNamespace
+
+import optuna
+import optuna_dashboard
+import pytest
+import torch
+from optuna.artifacts import FileSystemArtifactStore, download_artifact, get_all_artifact_meta
+from torch import nn
+
+from autotune import report
+from autotune.hardware import detect
+from autotune.runner import train
+from autotune.space import restrict
+from autotune.spec import WorkloadSpec, parse_spec
+from autotune.study import open_storage, open_study, run_study
+from autotune.telemetry import GpuSampler, flops_per_sample, peak_flops
+from autotune.timing import PHASES, bottleneck
+from autotune.worker import InProcessExecutor
+from autotune.workloads import load
+
+from .conftest import make_config
+
+CPU = detect("cpu")
+
+SPACE = """\
+study: {name: seen, n_trials: 5, pruner: none, n_startup_trials: 2}
+workload:
+  model: autotune.testing:tiny_mlp
+  data: autotune.testing:blobs
+  epochs: 2
+objective: {min_accuracy: 0.5}
+space:
+  lr: {low: 0.005, high: 0.1, log: true}
+  batch_size: [16, 32, 64]
+  precision: [bf16, fp32]
+  num_workers: [1, 0]
+"""
+
+
+@pytest.fixture(scope="module")
+def seen(tmp_path_factory) -> tuple[optuna.Study, str]:
+    directory = tmp_path_factory.mktemp("seen")
+    spec = restrict(parse_spec(SPACE, directory / "space.yaml"), CPU).spec
+    url = f"sqlite:///{directory / 'studies' / 'autotune.db'}"
+    workload = load(spec.workload)
+    study = open_study(spec, open_storage(url), CPU, workload)
+    run_study(study, spec, CPU, InProcessExecutor(workload))
+    return study, url
+
+
+def never_stop(evaluation) -> bool:
+    return False
+
+
+def test_the_breakdown_sums_to_one_and_names_the_bottleneck():
+    slow_data = load(
+        WorkloadSpec(
+            model="autotune.testing:tiny_mlp",
+            data="autotune.testing:blobs",
+            data_args={"train_delay_seconds": 0.002},
+        )
+    )
+    heavy_model = load(
+        WorkloadSpec(
+            model="autotune.testing:tiny_mlp",
+            model_args={"hidden": 4096},
+            data="autotune.testing:blobs",
+            data_args={"n_features": 256, "n_train": 1024},
+        )
+    )
+    config = make_config(epochs=1, batch_size=32)
+    for workload, expected in ((slow_data, "data"), (heavy_model, "compute")):
+        result = train(config, workload, never_stop)
+        seconds = result.time_breakdown
+        assert seconds is not None and set(seconds) == set(PHASES)
+        total = sum(seconds.values())
+        fractions = {phase: s / total for phase, s in seconds.items()}
+        assert abs(sum(fractions.values()) - 1) < 1e-9
+        assert bottleneck(fractions) == expected, fractions
+        if expected == "data":
+            assert fractions["data_wait"] > 0.8
+        else:
+            assert fractions["forward_backward"] + fractions["optimizer"] > 0.8
+
+
+def test_bottleneck_rule():
+    def shares(data, h2d, fwd, opt):
+        return dict(zip(PHASES, (data, h2d, fwd, opt), strict=True))
+
+    assert bottleneck(shares(0.5, 0.0, 0.4, 0.1)) == "data"
+    assert bottleneck(shares(0.05, 0.05, 0.8, 0.1)) == "compute"
+    assert bottleneck(shares(0.1, 0.0, 0.5, 0.1)) == "overhead"
+    # a measured utilization decides busy-ness where there is one
+    assert bottleneck(shares(0.05, 0.05, 0.8, 0.1), busy=0.4) == "overhead"
+
+
+class FakeNVML:
+    """The functions of pynvml that GpuSampler calls, answering like a busy GPU."""
+
+    def __init__(self, fail_init: bool = False) -> None:
+        self.fail_init = fail_init
+        self.calls: list[str] = []
+        self.readings = iter([90, 70, 80] * 1000)
+
+    def nvmlInit(self):
+        self.calls.append("init")
+        if self.fail_init:
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        raise RuntimeError("no such GPU")
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        self.calls.append(f"handle {index}")
+        return ("handle", index)
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return SimpleNamespace(gpu=next(self.readings), memory=30)
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return SimpleNamespace(used=2 * 2**30, total=80 * 2**30)
+
+    def nvmlShutdown(self):
+        self.calls.append("shutdown")
+
+
+def test_nvml_sampler_with_a_fake_handle():
+    nvml = FakeNVML()
+    sampler = GpuSampler(torch.device("cuda", 0), nvml=nvml, interval_seconds=0.01)
+    with sampler:
+        deadline = 0
+        while len(sampler.utilization) < 6 and deadline < 500:
+            torch.zeros(1)  # something to do
+            deadline += 1
+            import time
+
+            time.sleep(0.01)
+    summary = sampler.summary()
+    assert 0.7 <= summary["gpu_utilization"] <= 0.9
+    assert summary["gpu_memory_used_bytes"] == 2 * 2**30
+    assert nvml.calls[:2] == ["init", "handle 0"] and nvml.calls[-1] == "shutdown"
+    broken = GpuSampler(torch.device("cuda", 0), nvml=FakeNVML(fail_init=True))
+    with broken:
+        pass
+    assert broken.summary() == {}  # telemetry never fails a trial
+    assert GpuSampler(torch.device("cpu")).summary() == {}
+
+
+def test_flops_are_counted_without_touching_the_training():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(10, 5), nn.BatchNorm1d(5))
+    before = model[2].running_mean.clone()
+    flops = flops_per_sample(model, (10,), torch.device("cpu"), nn.functional.cross_entropy)
+    # forward 2*10*5 per sample, backward of the weights as much again (the input needs none)
+    assert flops == pytest.approx(200, rel=0.1)
+    assert torch.equal(model[2].running_mean, before) and model.training
+    assert all(p.grad is None for p in model.parameters())
+    assert flops_per_sample(model, (), torch.device("cpu"), nn.functional.cross_entropy) is None
+
+
+def test_peak_flops_only_for_gpus_we_know():
+    assert peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989.5e12
+    assert peak_flops("NVIDIA H100 PCIe", "tf32") == 378e12
+    assert peak_flops("NVIDIA H200", "fp32") == 67e12
+    assert peak_flops("NVIDIA A100-SXM4-40GB", "fp16") == 312e12
+    assert peak_flops("Tesla V100-SXM2-16GB", "bf16") is None
+    assert peak_flops("NVIDIA GeForce RTX 4090", "bf16") is None
+    assert peak_flops("AMD EPYC (2 cores)", "fp32") is None
+
+
+def test_trials_and_study_say_where_the_time_went(seen):
+    study, _ = seen
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert complete
+    for trial in complete:
+        attrs = trial.user_attrs
+        assert abs(sum(attrs["time_breakdown"].values()) - 1) < 0.01
+        assert attrs["bottleneck"] in ("data", "compute", "overhead")
+        assert 0 <= attrs["data_wait_fraction"] <= 1
+        assert attrs["achieved_flops"] > 0 and attrs["flops_per_sample"] > 0
+        assert "mfu" not in attrs  # no peak for a CPU: nothing is guessed
+    hardware = study.user_attrs["hardware"]
+    assert hardware["device"] == "cpu" and hardware["cpu_cores"] >= 1 and hardware["torch"]
+
+
+def test_trial_zero_is_the_untuned_baseline(seen):
+    study, _ = seen
+    first = study.trials[0]
+    assert first.user_attrs["baseline"] is True
+    assert first.params["precision"] == "fp32" and first.params["num_workers"] == 0
+    assert first.params["batch_size"] == 64  # autotune's documented default, in the space
+    assert 0.005 <= first.params["lr"] <= 0.1
+    assert not any(t.user_attrs.get("baseline") for t in study.trials[1:])
+
+
+def test_note_and_artifacts_are_readable_back(seen, tmp_path: Path):
+    study, url = seen
+    report.write_note(study, url)
+    note = optuna_dashboard.get_note(study)
+    summary = report.summarize(study)
+    assert f"**Best: trial {summary.best.number}**" in note
+    assert "the untuned baseline" in note or summary.best.number == 0
+    assert f"autotune export --study seen --storage {url}" in note
+    script = tmp_path / "train.py"
+    script.write_text("print('hello')\n")
+    artifact_id = report.upload(study, script, url)
+    store = FileSystemArtifactStore(str(report.artifact_dir(url)))
+    assert report.artifact_dir(url) == Path(url.removeprefix("sqlite:///")).parent / "artifacts"
+    metas = get_all_artifact_meta(study)
+    assert any(m.artifact_id == artifact_id and m.filename == "train.py" for m in metas)
+    copy = tmp_path / "copy.py"
+    download_artifact(artifact_store=store, artifact_id=artifact_id, file_path=str(copy))
+    assert copy.read_text() == "print('hello')\n"
+
+
+class _Structure(html.parser.HTMLParser):
+    """Checks that elements close in order and collects the text."""
+
+    VOID = frozenset({"meta", "br", "img", "input", "link", "hr", "col", "area", "base", "wbr"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.problems: list[str] = []
+        self.text: list[str] = []
+        self.seen: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        self.seen.add(tag)
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if not self.stack or self.stack[-1] != tag:
+            self.problems.append(f"</{tag}> closes {self.stack[-1:] or 'nothing'}")
+        else:
+            self.stack.pop()
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_the_report_is_one_valid_offline_html_file(seen):
+    study, url = seen
+    page = report.render_html(study, url)
+    parser = _Structure()
+    parser.feed(page)
+    parser.close()
+    assert parser.problems == [] and parser.stack == []
+    assert page.startswith("<!DOCTYPE html>") and {"html", "head", "body", "table"} <= parser.seen
+    best = report.summarize(study).best
+    assert f"Best: trial {best.number}" in " ".join("".join(parser.text).split())
+    assert "Plotly" in page and 'src="http' not in page  # plotly is inlined: opens offline
+    for heading in ("Where the time goes", "Accuracy and speed", "Optimization history"):
+        assert heading in page
