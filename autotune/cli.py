@@ -12,7 +12,7 @@ import signal
 import sys
 import warnings
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -46,6 +46,16 @@ def _fail(lines: str | list[str], code: int = EXIT_USAGE) -> typer.Exit:
     for line in [lines] if isinstance(lines, str) else lines:
         errors.print(Text("error: ", style="bold red") + Text(line))
     return typer.Exit(code)
+
+
+def _open_for_reading(storage: str) -> Any:  # an Optuna RDBStorage (imported lazily)
+    """The storage of existing studies; one line and exit 1 when there is none."""
+    from autotune import study as studies
+
+    try:
+        return studies.open_storage(storage, create_dirs=False)
+    except studies.StudyError as err:
+        raise _fail(str(err), EXIT_FAILED) from None
 
 
 def _quiet_libraries(verbose: bool) -> None:
@@ -315,13 +325,9 @@ def dashboard(
     from optuna.artifacts import FileSystemArtifactStore
 
     from autotune import report
-    from autotune import study as studies
 
     _quiet_libraries(verbose=False)
-    try:
-        backend = studies.open_storage(storage, create_dirs=False)
-    except studies.StudyError as err:
-        raise _fail(str(err), EXIT_FAILED) from None
+    backend = _open_for_reading(storage)
     artifacts = report.artifact_dir(storage)
     artifacts.mkdir(parents=True, exist_ok=True)
     console.print(f"optuna-dashboard on [bold]http://{host}:{port}/[/] (Ctrl-C to stop)")
@@ -348,10 +354,7 @@ def list_studies(
     from autotune import study as studies
 
     _quiet_libraries(verbose=False)
-    try:
-        backend = studies.open_storage(storage, create_dirs=False)
-    except studies.StudyError as err:
-        raise _fail(str(err), EXIT_FAILED) from None
+    backend = _open_for_reading(storage)
     summaries = optuna.get_all_study_summaries(backend, include_best_trial=False)
     if not summaries:
         console.print(f"No studies in {storage}.")

@@ -75,6 +75,21 @@ class Summary:
             return None
         return min(self.feasible, key=lambda t: _attr(t, "samples_per_second") or float("inf"))
 
+    def comparisons(self) -> list[tuple[str, FrozenTrial, float, float | None]]:
+        """(who, trial, best's samples/s over its, best's value over its) against the untuned
+        baseline and the median and slowest feasible trials, where they are not the best."""
+        found = []
+        for label, other in (
+            ("the untuned baseline", self.baseline),
+            ("the median feasible trial", self.median),
+            ("the slowest feasible trial", self.slowest),
+        ):
+            speed = self.ratio("samples_per_second", other)
+            beaten = other is not None and self.best is not None and other is not self.best
+            if beaten and speed and other.number != self.best.number:  # type: ignore[union-attr]
+                found.append((label, other, speed, self.ratio("value", other)))
+        return found
+
 
 def _attr(trial: FrozenTrial, key: str) -> float | None:
     if key == "value":
@@ -141,19 +156,11 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
             f"{_number(attrs.get('charged_seconds'))} s of training).",
             "",
         ]
-        comparisons = []
-        for label, other in (
-            ("the untuned baseline", summary.baseline),
-            ("the median feasible trial", summary.median),
-            ("the slowest feasible trial", summary.slowest),
-        ):
-            speed = summary.ratio("samples_per_second", other)
-            if other is not None and other.number != best.number and speed is not None:
-                value = summary.ratio("value", other)
-                extra = f", {value:.2f}x its {summary.metric}" if value else ""
-                comparisons.append(
-                    f"- {speed:.2f}x the samples/s of {label} (trial {other.number}){extra}"
-                )
+        comparisons = [
+            f"- {speed:.2f}x the samples/s of {label} (trial {other.number})"
+            + (f", {value:.2f}x its {summary.metric}" if value else "")
+            for label, other, speed, value in summary.comparisons()
+        ]
         lines += comparisons + ([""] if comparisons else [])
         if attrs.get("bottleneck"):
             lines.append(f"Its bottleneck: **{attrs['bottleneck']}** ({_breakdown_text(best)}).")
@@ -331,17 +338,10 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
                     "searched" if name in best.params else "",
                 )
             )
-    comparisons = []
-    for label, other in (
-        ("untuned baseline", summary.baseline),
-        ("median feasible trial", summary.median),
-        ("slowest feasible trial", summary.slowest),
-    ):
-        speed = summary.ratio("samples_per_second", other)
-        if other is not None and best is not None and other.number != best.number and speed:
-            comparisons.append(
-                (label, other.number, speed, summary.ratio("value", other), other.user_attrs)
-            )
+    comparisons = [
+        (label.removeprefix("the "), other.number, speed, value, other.user_attrs)
+        for label, other, speed, value in summary.comparisons()
+    ]
     bars = _breakdown_bars(summary)
     environment = jinja2.Environment(
         loader=jinja2.PackageLoader("autotune", "templates"),
