@@ -133,6 +133,23 @@ def _number(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def _measurements(trial: FrozenTrial) -> list[tuple[str, str]]:
+    """(label, formatted value) of a trial's compile, FLOP and memory measurements."""
+    attrs = trial.user_attrs
+    shown = []
+    for key, label, unit in (
+        ("compile_seconds", "torch.compile time", lambda v: f"{v:.1f} s"),
+        ("achieved_flops", "achieved FLOP/s", lambda v: f"{v / 1e9:,.1f} GFLOP/s"),
+        ("mfu", "model FLOP utilization", lambda v: f"{v:.1%}"),
+        ("gpu_utilization", "GPU utilization (NVML)", lambda v: f"{v:.0%}"),
+        ("gpu_memory_used_bytes", "GPU memory used (NVML)", lambda v: f"{v / 2**30:.2f} GiB"),
+        ("peak_memory_bytes", "peak memory", lambda v: f"{v / 2**20:,.0f} MiB"),
+    ):
+        if isinstance(attrs.get(key), int | float):
+            shown.append((label, unit(attrs[key])))
+    return shown
+
+
 def _breakdown_text(trial: FrozenTrial) -> str:
     shares = trial.user_attrs.get("time_breakdown") or {}
     parts = [f"{PHASE_LABELS[p]} {shares[p]:.0%}" for p in PHASES if shares.get(p, 0) >= 0.005]
@@ -354,6 +371,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         best=best,
         config_rows=config_rows,
         comparisons=comparisons,
+        measurements=_measurements(best) if best is not None else [],
         phases=[(p, PHASE_LABELS[p]) for p in PHASES],
         hardware=study.user_attrs.get("hardware", {}),
         figures=_optuna_figures(study),
