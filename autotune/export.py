@@ -569,8 +569,7 @@ def _knob_notes(best: BestConfig) -> list[tuple[str, Any, str]]:
     if config.num_workers > 0:
         rows.append(("PREFETCH_FACTOR", config.prefetch_factor, note("prefetch_factor")))
         rows.append(("PERSISTENT_WORKERS", config.persistent_workers, note("persistent_workers")))
-    if config.device.startswith("cuda"):
-        rows.append(("CUDNN_BENCHMARK", config.cudnn_benchmark, note("cudnn_benchmark")))
+    rows.append(("CUDNN_BENCHMARK", config.cudnn_benchmark, note("cudnn_benchmark", "on CUDA")))
     rows.append(("VAL_BATCH_SIZE", config.val_batch_size, ""))
     rows.append(("SEED", config.seed, "the trial's seed: weights and data order"))
     sps = best.metrics.get("samples_per_second")
@@ -694,7 +693,6 @@ def render_script(study: optuna.Study, best: BestConfig, script_name: str = "tra
             accumulation=config.accumulation_steps,
             workers=config.num_workers > 0,
             device_pipeline=config.data_pipeline == "device",
-            cuda=config.device.startswith("cuda"),
         )
     )
     return text

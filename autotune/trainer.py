@@ -152,14 +152,20 @@ def autocast(config: TrialConfig, device: torch.device) -> contextlib.AbstractCo
     return contextlib.nullcontext()
 
 
-def _set_backend_flags(config: TrialConfig) -> tuple[str, str, bool]:
-    """Set TF32 and cudnn.benchmark as ``config`` says; return the previous values."""
-    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
-    previous = (matmul.fp32_precision, conv.fp32_precision, torch.backends.cudnn.benchmark)
-    precision = "tf32" if config.precision == "tf32" else "ieee"
-    matmul.fp32_precision = precision
-    conv.fp32_precision = precision
-    torch.backends.cudnn.benchmark = config.cudnn_benchmark
+def _set_backend_flags(config: TrialConfig) -> tuple[str, bool, bool]:
+    """Set TF32 and cudnn.benchmark as ``config`` says; return the previous values.
+
+    TF32 goes through ``torch.set_float32_matmul_precision`` and ``cudnn.allow_tf32``, the
+    settings every torch from 2.11 to 2.14 reads consistently: the per-backend
+    ``fp32_precision`` attributes make ``torch.get_float32_matmul_precision()`` raise, and
+    Inductor calls it while compiling, so they would break compiled TF32 trials.
+    """
+    cudnn = torch.backends.cudnn
+    previous = (torch.get_float32_matmul_precision(), cudnn.allow_tf32, cudnn.benchmark)
+    tf32 = config.precision == "tf32"
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    cudnn.allow_tf32 = tf32  # torch's default is True: fp32 convolutions must turn it off
+    cudnn.benchmark = config.cudnn_benchmark
     return previous
 
 
@@ -169,12 +175,13 @@ def backend_flags(config: TrialConfig) -> Iterator[None]:
     if not config.device.startswith("cuda"):
         yield
         return
-    previous = _set_backend_flags(config)
+    matmul_precision, conv_tf32, benchmark = _set_backend_flags(config)
     try:
         yield
     finally:
-        matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
-        matmul.fp32_precision, conv.fp32_precision, torch.backends.cudnn.benchmark = previous
+        torch.set_float32_matmul_precision(matmul_precision)
+        torch.backends.cudnn.allow_tf32 = conv_tf32
+        torch.backends.cudnn.benchmark = benchmark
 
 
 class Trainer:

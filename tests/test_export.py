@@ -222,11 +222,15 @@ def test_every_branch_of_the_script_runs(tiny_study, tmp_path: Path, variant):
     script = tmp_path / "train.py"
     write_new_file(script, render_script(study, changed))
     assert lint(script).returncode == 0, lint(script).stdout
-    done = run_script(script, "--epochs", "2")
+    done = run_script(script, "--epochs", "1")
     assert done.returncode == 0, done.stderr
-    assert "epoch 2/2" in done.stdout
+    assert "epoch 1/1" in done.stdout
     if VARIANTS[variant].get("precision") == "fp16":
         assert "scaler" in torch.load(tmp_path / "checkpoint.pt")
+    # a longer run continued from the checkpoint: every schedule stretches to the new length
+    longer = run_script(script, "--epochs", "2", "--resume")
+    assert longer.returncode == 0, longer.stderr
+    assert "epoch 2/2" in longer.stdout
 
 
 def test_every_knob_changes_the_script(tiny_study):
@@ -276,6 +280,9 @@ def test_every_knob_changes_the_script(tiny_study):
             base_for_knob = base
         changed = render_script(study, _with(best, config.replace(**{knob: value})))
         assert changed != base_for_knob, f"{knob} does not change the exported script"
+        compile(changed, f"train.py ({knob}={value})", "exec")
+        long_lines = [line for line in changed.splitlines() if len(line) > 99]
+        assert not long_lines, f"{knob}={value} renders lines over 99 characters: {long_lines}"
 
 
 def _with(best: BestConfig, config) -> BestConfig:

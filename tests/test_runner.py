@@ -189,26 +189,36 @@ def test_schedules_follow_the_trial_steps():
     assert onecycle[0] < 0.01 and onecycle[-1] < 0.001
 
 
+def _cuda_flags() -> tuple[str, bool, bool, bool]:
+    cudnn = torch.backends.cudnn
+    return (
+        torch.get_float32_matmul_precision(),  # raises if legacy and new TF32 APIs were mixed
+        torch.backends.cuda.matmul.allow_tf32,
+        cudnn.allow_tf32,
+        cudnn.benchmark,
+    )
+
+
 def test_cuda_flags_are_set_for_the_trial_and_restored():
     """TF32 and cudnn.benchmark flags (settable without a GPU) follow the trial, then revert."""
-    matmul, conv, cudnn = (
-        torch.backends.cuda.matmul,
-        torch.backends.cudnn.conv,
-        torch.backends.cudnn,
-    )
-    before = (matmul.fp32_precision, conv.fp32_precision, cudnn.benchmark)
+    before = _cuda_flags()
     with backend_flags(make_config(precision="tf32", cudnn_benchmark=True, device="cuda")):
-        assert (matmul.fp32_precision, conv.fp32_precision, cudnn.benchmark) == (
-            "tf32",
-            "tf32",
-            True,
-        )
-    assert (matmul.fp32_precision, conv.fp32_precision, cudnn.benchmark) == before
+        assert _cuda_flags() == ("high", True, True, True)
+    assert _cuda_flags() == before
     with backend_flags(make_config(precision="fp32", device="cuda")):
-        assert (matmul.fp32_precision, conv.fp32_precision) == ("ieee", "ieee")
+        assert _cuda_flags() == ("highest", False, False, False)
     with pytest.raises(RuntimeError), backend_flags(make_config(precision="tf32", device="cuda")):
         raise RuntimeError("trial failed")
-    assert (matmul.fp32_precision, conv.fp32_precision, cudnn.benchmark) == before
+    assert _cuda_flags() == before
+
+
+def test_tf32_flags_leave_compile_working():
+    """Inductor reads the matmul precision while compiling: the TF32 setting must not break it."""
+    model = nn.Linear(8, 4)
+    with backend_flags(make_config(precision="tf32", device="cuda")):
+        compiled = torch.compile(model)
+        out = compiled(torch.randn(2, 8))
+    assert out.shape == (2, 4)
 
 
 def test_digits_cnn_learns_in_one_epoch():

@@ -182,6 +182,7 @@ def test_device_batches_shapes_dtype_and_label_alignment():
     seen = []
     for inputs, targets in batches:
         assert inputs.shape == (32, 3, 32, 32) and inputs.dtype == torch.float32
+        assert inputs.is_contiguous()  # NCHW, as a DataLoader gives: channels_last is a knob
         assert targets.dtype == torch.long
         centre = inputs[:, 0, 16, 16] * 255  # the centre is never padding
         assert torch.allclose(centre, (targets * 20 + 10).float(), atol=1e-3)

@@ -140,7 +140,9 @@ class DeviceBatches:
             flip = torch.rand(batch, device=self.device, generator=self.generator) < 0.5
             cols = torch.where(flip[:, None, None], cols.flip(-1), cols)
             samples = torch.arange(batch, device=self.device)[:, None, None]
+            # gathered channels-last; made contiguous so that channels_last stays its own knob
             inputs = padded.permute(0, 2, 3, 1)[samples, rows, cols].permute(0, 3, 1, 2)
+            inputs = inputs.contiguous()
         return (inputs.float() / 255 - self.mean) / self.std
 
 
