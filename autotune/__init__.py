@@ -5,7 +5,8 @@ The Python API, for using a study's answer in your own training code::
     import autotune
     best = autotune.load_best("quickstart")               # the best feasible configuration
     loader = best.make_loader(train_set)                   # DataLoader with the tuned knobs
-    trainer = best.make_trainer(model, total_steps=epochs * len(loader))
+    steps_per_epoch = len(loader) // best.config.accumulation_steps  # optimizer steps
+    trainer = best.make_trainer(model, total_steps=epochs * steps_per_epoch)
     for inputs, targets in loader:
         trainer.train_step(*trainer.to_device(inputs, targets))
 """

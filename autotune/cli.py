@@ -179,10 +179,12 @@ def run(
 
         report.write_note(study, spec.study.storage)  # what optuna-dashboard shows first
     if outcome.interrupted:
+        how = "run the same command to resume"
+        if new_study:  # the same command would start yet another study
+            how = f"resume with --study-name {study.study_name} (without --new-study)"
         console.print(
             f"[yellow]{'Terminated' if outcome.terminated else 'Interrupted'}.[/] The running "
-            f"trial is recorded as interrupted and finished trials are saved; run the same "
-            f"command to resume."
+            f"trial is recorded as interrupted and finished trials are saved; {how}."
         )
         raise typer.Exit(EXIT_TERMINATED if outcome.terminated else EXIT_INTERRUPTED)
     if outcome.repeated_error:
@@ -275,10 +277,7 @@ def export_command(
         export.write_new_file(output, text, force=force)
     except (studies.StudyError, export.ExportError) as err:
         raise _fail(str(err), EXIT_FAILED) from None
-    from autotune import report
-
-    report.upload(found, output, storage)  # downloadable from optuna-dashboard
-    report.write_note(found, storage)
+    _attach(found, output, storage)
     what = {"script": "training script", "yaml": "YAML", "json": "JSON"}[fmt]
     console.print(
         f"Wrote {output}: the {what} of trial {result.trial} of {study_name} "
@@ -287,6 +286,21 @@ def export_command(
     if fmt == "script":
         console.print(
             f"Run it:  [bold]python {output}[/]  ({result.epochs} epochs; --epochs N, --resume)"
+        )
+
+
+def _attach(study: Any, output: Path, storage: str) -> None:
+    """Upload ``output`` as an artifact of ``study`` and refresh its note, for optuna-dashboard.
+    The file is written already: a failure here is a warning, not a failed command."""
+    from autotune import report
+
+    try:
+        report.upload(study, output, storage)
+        report.write_note(study, storage)
+    except Exception as err:  # an unwritable artifact folder, a storage hiccup
+        console.print(
+            f"[yellow]Warning:[/] {output} is written, but it could not be attached to the "
+            f"study for optuna-dashboard: {type(err).__name__}: {err}"
         )
 
 
@@ -309,8 +323,7 @@ def report_command(
         export.write_new_file(output, report.render_html(found, storage), force=force)
     except (studies.StudyError, export.ExportError) as err:
         raise _fail(str(err), EXIT_FAILED) from None
-    report.upload(found, output, storage)
-    report.write_note(found, storage)
+    _attach(found, output, storage)
     console.print(f"Wrote {output}: the report of {study_name}. Open it in a browser.")
 
 

@@ -6,7 +6,8 @@ autotune export --study quickstart --format yaml -o best.yaml
 import autotune
 best = autotune.load_best("quickstart")                  # a BestConfig
 loader = best.make_loader(train_set)
-trainer = best.make_trainer(model, total_steps=epochs * len(loader))
+steps_per_epoch = len(loader) // best.config.accumulation_steps  # optimizer steps
+trainer = best.make_trainer(model, total_steps=epochs * steps_per_epoch)
 """
 
 from __future__ import annotations

@@ -77,17 +77,20 @@ class Summary:
 
     def comparisons(self) -> list[tuple[str, FrozenTrial, float, float | None]]:
         """(who, trial, best's samples/s over its, best's value over its) against the untuned
-        baseline and the median and slowest feasible trials, where they are not the best."""
+        baseline and the median and slowest feasible trials, where they are not the best; a
+        trial that is two of these is listed once, under the first."""
         found = []
+        shown = {self.best.number} if self.best is not None else set()
         for label, other in (
             ("the untuned baseline", self.baseline),
             ("the median feasible trial", self.median),
             ("the slowest feasible trial", self.slowest),
         ):
             speed = self.ratio("samples_per_second", other)
-            beaten = other is not None and self.best is not None and other is not self.best
-            if beaten and speed and other.number != self.best.number:  # type: ignore[union-attr]
-                found.append((label, other, speed, self.ratio("value", other)))
+            if other is None or self.best is None or other.number in shown or not speed:
+                continue
+            shown.add(other.number)
+            found.append((label, other, speed, self.ratio("value", other)))
         return found
 
 

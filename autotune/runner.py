@@ -12,12 +12,13 @@ step time is one-time overhead (compilation, cuDNN autotuning, DataLoader worker
 
 from __future__ import annotations
 
+import contextlib
 import math
 import resource
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,7 @@ __all__ = ["Evaluation", "Plan", "Reporter", "TrialResult", "make_plan", "train"
 
 MAX_WARMUP_STEPS = 5  # optimizer steps timed as warm-up (at most half the first evaluation span)
 DIVERGENCE_FACTOR = 10.0  # a mean training loss this many times the lowest seen has diverged
+DIVERGENCE_MIN_RISE = 1.0  # ... and risen by this much (nats): 0.001 -> 0.011 is still healthy
 MAX_SKIPPED_IN_A_ROW = 25  # fp16 steps skipped for overflow in a row (scale / 2**25): a fault
 MIN_SPAN_FOR_ALL_SKIPPED = 8  # ... or every step between two evaluations, if there were this many
 PROBE_MICRO_BATCHES = 32  # the window of steady-state micro-batches whose phases are timed
@@ -80,7 +82,7 @@ class TrialResult:
     samples_seen: int
     optimizer_steps: int
     effective_batch_size: int
-    peak_memory_bytes: int  # CUDA: max allocated on the device; CPU: the process's peak RSS
+    peak_memory_bytes: int  # CUDA: max allocated on the device; CPU: the trial's peak RSS
     compiled_graphs: int  # graphs torch.compile produced (0 for eager)
     loss_scale: float | None  # final GradScaler scale under fp16, else None
     skipped_steps: int  # optimizer steps GradScaler skipped for overflowing fp16 gradients
@@ -139,14 +141,62 @@ def _compiled_graphs() -> int:
 
 
 def _compile_seconds() -> float:
-    """Seconds torch.compile has spent compiling frames in this process (Dynamo's own tally)."""
+    """Seconds torch.compile has spent compiling in this process (its own tally): the forward
+    graphs (Dynamo, AOTAutograd, Inductor) and the backward graphs, compiled lazily at the
+    first ``backward()``. CUDA-graph recording happens while running and counts as warm-up."""
     metrics = getattr(torch._dynamo.utils, "compilation_time_metrics", {})
-    return float(sum(metrics.get("_compile.compile_inner", ())))
+    return float(
+        sum(metrics.get("_compile.compile_inner", ()))
+        + sum(metrics.get("backward._backward_impl", ()))
+    )
+
+
+@contextlib.contextmanager
+def _compile_state(config: TrialConfig) -> Iterator[None]:
+    """For a compiled trial, a cold compiler: Dynamo reset and Inductor's on-disk caches (FX
+    graphs, AOTAutograd, autotuning, kernels) in a fresh directory, removed afterwards, so the
+    compile time a trial pays does not depend on which trials or studies ran before it; and
+    the compiled graphs (CUDA-graph memory pools included) dropped when it ends."""
+    if config.compile == "none":
+        yield
+        return
+    from torch._inductor import utils as inductor_utils
+
+    # fresh_cache since torch 2.8; fresh_inductor_cache, its old name, is kept as an alias
+    fresh_cache = getattr(inductor_utils, "fresh_cache", None)
+    fresh_cache = fresh_cache or inductor_utils.fresh_inductor_cache
+    torch.compiler.reset()
+    try:
+        with fresh_cache():
+            yield
+    finally:
+        torch.compiler.reset()
+
+
+def _on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """Make ``device`` the current CUDA device (streams, events, caches follow it)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _reset_peak_memory(device: torch.device) -> None:
+    """Start this trial's peak-memory reading: the device's allocator peak, or on a CPU the
+    process's resident-set high-water mark (Linux lets a process reset its own)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")  # VmHWM := current RSS
 
 
 def _peak_memory_bytes(device: torch.device) -> int:
+    """Bytes: max allocated on a CUDA device since the reset; on a CPU the process's peak RSS
+    since the reset (since it started where /proc cannot be reset or read)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
@@ -177,7 +227,13 @@ def _evaluate(trainer: Trainer, loader: DataLoader) -> tuple[float, float]:
 def train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialResult:
     """Train one trial; raise TrialFault (kind and one-line message, and the traceback as
     ``details`` for unexpected errors) when it cannot finish."""
-    with backend_flags(config), warnings.catch_warnings():
+    device = torch.device(config.device)
+    with (
+        _on_device(device),
+        backend_flags(config),
+        _compile_state(config),
+        warnings.catch_warnings(),
+    ):
         # GradScaler skips the optimizer step when fp16 gradients overflow; the scheduler
         # stepping anyway is intended (the schedule follows steps attempted).
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
@@ -205,19 +261,15 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
     val_loader = make_val_loader(workload.val_set, config)
     plan = make_plan(config, len(train_loader), len(workload.train_set))  # type: ignore[arg-type]
 
-    # -- model, optimizer, schedule, precision; compiled when asked, on a fresh compile cache
-    # so that earlier trials' graphs neither help nor count (evaluation runs the eager module)
-    graphs_before, compile_before = 0, 0.0
-    if config.compile != "none":
-        torch.compiler.reset()
-        graphs_before, compile_before = _compiled_graphs(), _compile_seconds()
+    # -- model, optimizer, schedule, precision; compiled when asked, on a cold compiler (see
+    # _compile_state) so earlier trials' graphs neither help nor count (evaluation runs eager)
+    graphs_before, compile_before = _compiled_graphs(), _compile_seconds()
     trainer = Trainer(workload.build_model(), config, plan.optimizer_steps)
     device = trainer.device
     flops = flops_per_sample(
         trainer.model, workload.input_shape, device, trainer.loss_fn, config.channels_last
     )
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    _reset_peak_memory(device)
 
     # -- bookkeeping read only at evaluations (no per-step host-device synchronization).
     # Under fp16 a non-finite loss is an overflow GradScaler recovers from (it skips that step),
@@ -241,10 +293,13 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
     )
     breakdown: dict[str, float] | None = None
     sampler = GpuSampler(device)
-    batches = iter(train_loader)
+    sampler.paused = True  # GPU utilization is a steady-state figure: sampled after warm-up
     clock = TrainClock(device)
     with sampler:
         clock.start()
+        # starting DataLoader workers, or copying the data set to the device, is a one-time
+        # cost of the trial's pipeline: on the clock, inside the warm-up
+        batches = iter(train_loader)
         while True:
             # one micro-batch: wait for data (a new epoch starts a new pass), copy, forward and
             # backward; every accumulation_steps micro-batches an optimizer step
@@ -272,6 +327,7 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
             steps = trainer.steps
             if steps == plan.warmup_steps:
                 warmup_seconds = clock.read()
+                sampler.paused = False
             if steps != next_eval:
                 continue
 
@@ -383,8 +439,8 @@ def _check_training_health(
 
     Under fp16 GradScaler skips steps whose gradients overflow and lowers its scale; a few such
     steps are normal. A long run of them, or a whole span between evaluations without one
-    applied step, means the model is no longer training. A loss far above its lowest has
-    diverged.
+    applied step, means the model is no longer training. A loss far above its lowest (10x,
+    and by more than one nat, so that a near-zero loss wobbling is not divergence) has diverged.
     """
     whole_span = attempted >= MIN_SPAN_FOR_ALL_SKIPPED and skipped == attempted
     if trainer.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW or whole_span:
@@ -393,7 +449,7 @@ def _check_training_health(
             f"fp16 gradients overflowed in {trainer.skipped_in_a_row} optimizer steps in a row "
             f"after {epoch:.2f} epochs: GradScaler cannot recover (lr {config.lr:.3g})",
         )
-    if train_loss > DIVERGENCE_FACTOR * lowest:
+    if train_loss > DIVERGENCE_FACTOR * lowest and train_loss - lowest > DIVERGENCE_MIN_RISE:
         raise TrialFault(
             "diverged",
             f"training loss {train_loss:.4g} after {epoch:.2f} epochs is over "

@@ -83,7 +83,8 @@ def _unsupported(
         if hardware.compile_problem:
             return hardware.compile_problem
         if value in ("reduce-overhead", "max-autotune") and not hardware.cuda_graphs:
-            return "uses CUDA graphs, which need a CUDA GPU"
+            # without them these modes are default and max-autotune-no-cudagraphs again
+            return "CUDA graphs need a CUDA GPU"
         return None
 
     def pin_memory(value: Any) -> str | None:
@@ -112,7 +113,13 @@ def _unsupported(
             )
         return None
 
+    def batch_size(value: Any) -> str | None:
+        if workload is None or value <= len(workload.train_set):  # type: ignore[arg-type]
+            return None
+        return f"larger than the training set ({len(workload.train_set)} samples)"  # type: ignore[arg-type]
+
     return {
+        "batch_size": batch_size,
         "precision": precision,
         "compile": compile_mode,
         "pin_memory": pin_memory,
@@ -132,7 +139,8 @@ def restrict(spec: Spec, hardware: Hardware, workload: Workload | None = None) -
     problems: list[str] = []
     for name, why_not in _unsupported(hardware, workload).items():
         knob = getattr(spec.space, name)
-        assert isinstance(knob, Choice), f"{name} is categorical"
+        if not isinstance(knob, Choice):
+            continue  # a batch_size range: trials past the data set end as invalid_config
         keep = [v for v in knob.values if why_not(v) is None]
         reasons: dict[str, list[Any]] = {}
         for value in knob.values:
@@ -151,7 +159,13 @@ def restrict(spec: Spec, hardware: Hardware, workload: Workload | None = None) -
     if problems:
         where = str(spec.path) if spec.path else "space"
         raise SpecError([f"{where}: {problem}" for problem in problems])
-    restricted = spec.model_copy(update={"space": spec.space.model_copy(update=updates)})
+    restricted = spec.model_copy(
+        update={
+            "space": spec.space.model_copy(update=updates),
+            # the device as resolved ("auto" -> "cpu" or "cuda:0"): what trials will run on
+            "workload": spec.workload.model_copy(update={"device": hardware.device}),
+        }
+    )
     restricted._path, restricted._text = spec.path, spec.text
     return Restriction(spec=restricted, dropped=tuple(dropped))
 

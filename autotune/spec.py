@@ -327,7 +327,7 @@ def _parse_range(name: str, info: KnobInfo, raw: dict[str, Any]) -> IntRange | F
         raise ValueError(f"a log range needs low > 0, got low = {low}")
     step = raw.get("step")
     if step is not None:
-        if log and step != 1:
+        if log and (info.kind != "int" or step != 1):  # an int log range steps by 1 anyway
             raise ValueError("a range cannot have both log and step")
         if isinstance(step, bool) or not isinstance(step, int | float) or step <= 0:
             raise ValueError(f"step must be a positive number, not {step!r}")
@@ -541,14 +541,21 @@ class Spec(_Frozen):
             return self.study.name
         return self._path.stem if self._path else "autotune"
 
-    def search_fingerprint(self) -> str:
-        """Hash of everything that defines the search (workload, objective, space).
+    def search_definition(self) -> str:
+        """Everything that defines the search (workload, objective, space) as indented JSON.
 
         ``study`` settings (trial count, timeout, storage, sampler) may change between runs of
-        one study; anything hashed here may not, because Optuna cannot mix two searches.
+        one study; anything here may not, because Optuna cannot mix two searches. The device
+        counts by its kind only (cpu, cuda): another GPU index, or ``auto`` resolved to the
+        same kind, continues the study.
         """
         payload = self.model_dump(mode="json", include={"workload", "objective", "space"})
-        canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+        payload["workload"]["device"] = payload["workload"]["device"].split(":")[0]
+        return json.dumps(payload, sort_keys=True, indent=1)
+
+    def search_fingerprint(self) -> str:
+        """A short hash of ``search_definition()``: equal hashes, the same search."""
+        canonical = json.dumps(json.loads(self.search_definition()), sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def with_overrides(self, **sections: dict[str, Any]) -> Spec:

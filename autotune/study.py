@@ -16,13 +16,14 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
 import sqlalchemy
+from optuna.distributions import BaseDistribution
 from optuna.exceptions import ExperimentalWarning
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
@@ -134,19 +135,81 @@ def open_storage(
     return storage
 
 
-def make_sampler(spec: Spec, existing_trials: int) -> optuna.samplers.BaseSampler:
-    """The study's sampler, seeded so a resumed run does not redraw the first run's trials."""
-    seed = spec.study.seed + existing_trials
+class TrialSeededSampler(optuna.samplers.BaseSampler):
+    """A sampler made afresh for each trial, seeded with the study's seed plus the trial's number.
+
+    The storage hands every trial a number of its own, so processes that share a study draw
+    different configurations even when they start together, while one process re-running a
+    seeded study draws the same ones, resumed runs included. TPE and random sampling keep no
+    state between trials but their random generator (TPE reads the history from the storage
+    every time), so a new instance per trial changes nothing else.
+    """
+
+    def __init__(self, make: Callable[[int], optuna.samplers.BaseSampler], seed: int) -> None:
+        self._make, self._seed = make, seed
+        self._number: int | None = None
+        self._inner = make(seed)
+
+    def _for(self, trial: FrozenTrial) -> optuna.samplers.BaseSampler:
+        if trial.number != self._number:
+            self._inner, self._number = self._make(self._seed + trial.number), trial.number
+        return self._inner
+
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        return self._for(trial).infer_relative_search_space(study, trial)
+
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        return self._for(trial).sample_relative(study, trial, search_space)
+
+    def sample_independent(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
+        return self._for(trial).sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self._for(trial).before_trial(study, trial)
+
+    def after_trial(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        state: TrialState,
+        values: Sequence[float] | None,
+    ) -> None:
+        self._for(trial).after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self._inner.reseed_rng()
+
+
+def make_sampler(spec: Spec) -> optuna.samplers.BaseSampler:
+    """The study's sampler (seeded TPE or random), seeded per trial: see TrialSeededSampler."""
     if spec.study.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ExperimentalWarning)  # group=True is experimental
-        return optuna.samplers.TPESampler(
-            seed=seed,
-            multivariate=True,
-            group=True,  # conditional knobs (prefetch_factor, momentum) form their own groups
-            n_startup_trials=max(0, spec.study.n_startup_trials - existing_trials),
+        return TrialSeededSampler(
+            lambda seed: optuna.samplers.RandomSampler(seed=seed), spec.study.seed
         )
+
+    def tpe(seed: int) -> optuna.samplers.BaseSampler:
+        with warnings.catch_warnings():
+            # group and constant_liar are experimental
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            return optuna.samplers.TPESampler(
+                seed=seed,
+                multivariate=True,
+                group=True,  # conditional knobs (prefetch_factor, momentum) form their own groups
+                constant_liar=True,  # trials running in other processes count as poor ones
+                n_startup_trials=spec.study.n_startup_trials,  # counted over the whole study
+            )
+
+    return TrialSeededSampler(tpe, spec.study.seed)
 
 
 def make_pruner(spec: Spec) -> optuna.pruners.BasePruner:
@@ -189,6 +252,12 @@ def _resume_problem(study: optuna.Study, spec: Spec) -> str | None:
     if old_text != new_text:
         title = "the space file changed since the study was created"
         before, after = old_text, new_text
+    elif "search_definition" in attrs:  # the same file: an option (--device) or the machine
+        title = (
+            "the search differs from the one the study was created with (another --device, "
+            "or a machine that can run other values)"
+        )
+        before, after = attrs["search_definition"], spec.search_definition()
     else:
         title = "this machine can run a different set of values than the machine that created it"
         before, after = attrs.get("effective_space", ""), _effective_space_text(spec)
@@ -250,6 +319,7 @@ def open_study(
         "space_file_path": str(spec.path) if spec.path else None,
         "space_hash": hashlib.sha256(text.encode()).hexdigest()[:16],
         "search_fingerprint": spec.search_fingerprint(),
+        "search_definition": spec.search_definition(),
         "effective_space": _effective_space_text(spec),
         # where module:function entry points were found, for exported scripts
         "space_file_dir": str(spec.path.resolve().parent) if spec.path else None,
@@ -270,11 +340,10 @@ def open_study(
 def _with_sampler(
     study: optuna.Study, spec: Spec, storage: optuna.storages.BaseStorage
 ) -> optuna.Study:
-    existing = len(study.get_trials(deepcopy=False))
     return optuna.load_study(
         study_name=study.study_name,
         storage=storage,
-        sampler=make_sampler(spec, existing),
+        sampler=make_sampler(spec),
         pruner=make_pruner(spec),
     )
 
@@ -424,17 +493,18 @@ def recover_stale_trials(study: optuna.Study) -> int:
 
 @dataclass
 class MemoryWalls:
-    """Micro-batch sizes that ran out of memory, by (precision, compile, channels_last).
+    """Micro-batch sizes that ran out of memory, by (precision, compile, channels_last,
+    data_pipeline): the device pipeline holds the whole training set in device memory too.
 
     A configuration at or above a wall is not trained again: it is recorded as ``oom``
     straight away, so the study does not pay for the same out-of-memory twice.
     """
 
-    walls: dict[tuple[str, str, bool], tuple[int, int]] = field(default_factory=dict)
+    walls: dict[tuple[str, str, bool, str], tuple[int, int]] = field(default_factory=dict)
 
     @staticmethod
-    def _key(config: TrialConfig) -> tuple[str, str, bool]:
-        return config.precision, config.compile, config.channels_last
+    def _key(config: TrialConfig) -> tuple[str, str, bool, str]:
+        return config.precision, config.compile, config.channels_last, config.data_pipeline
 
     def add(self, config: TrialConfig, trial_number: int) -> None:
         key = self._key(config)
@@ -448,7 +518,8 @@ class MemoryWalls:
             return None
         return (
             f"not run: batch {config.batch_size} >= {wall[0]}, which ran out of memory in trial "
-            f"{wall[1]} at {config.precision}, compile {config.compile}"
+            f"{wall[1]} at {config.precision}, compile {config.compile}, "
+            f"{config.data_pipeline} pipeline"
         )
 
     @classmethod
@@ -614,6 +685,11 @@ class _Trial:
                 _fault(trial, "error", str(error))
                 study.tell(trial, state=TrialState.FAIL)
                 raise
+            except Exception as error:  # a bug outside training: still no trial left RUNNING
+                with contextlib.suppress(Exception):
+                    _fault(trial, "error", f"{type(error).__name__}: {error}")
+                    study.tell(trial, state=TrialState.FAIL)
+                raise
         if state == TrialState.COMPLETE:
             return study.tell(trial, value)
         return study.tell(trial, state=state)
@@ -632,9 +708,9 @@ def run_study(
     running trials are short of the total, and waits for the last ones to finish. Stops early
     at ``spec.study.timeout`` seconds (a running trial finishes first), when as many trials
     failed as were wanted, or when the same unexpected error ends ``SAME_ERROR_LIMIT`` trials in
-    a row before any completes (a bug in the workload, not a bad configuration). An interruption
-    records the running trial as ``interrupted`` and sets ``outcome.interrupted``; WorkerError
-    (a worker that cannot start) propagates after the trial is recorded.
+    a row before any completes in this run (a bug in the workload, not a bad configuration). An
+    interruption records the running trial as ``interrupted`` and sets ``outcome.interrupted``;
+    WorkerError (a worker that cannot start) propagates after the trial is recorded.
     """
     observer = observer or StudyObserver()
     outcome = RunOutcome(study_name=study.study_name)
@@ -642,6 +718,7 @@ def run_study(
     deadline = time.monotonic() + spec.study.timeout if spec.study.timeout else None
     runner = _Trial(spec, hardware, executor, observer, MemoryWalls.from_study(study))
     errors: list[str] = []  # messages of unexpected errors since the last counted trial
+    completed_here = False  # whether a trial of this run completed
     failures = 0
     wait_seconds = min(1.0, float(spec.study.heartbeat_interval))
     try:
@@ -673,14 +750,11 @@ def run_study(
                     errors.append(str(trial.user_attrs.get("fail_msg")))
             elif trial.state in COUNTED_STATES:
                 errors.clear()
+                completed_here = completed_here or trial.state == TrialState.COMPLETE
             last = errors[-SAME_ERROR_LIMIT:]
-            if (
-                len(last) == SAME_ERROR_LIMIT
-                and len(set(last)) == 1
-                and not any(
-                    t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False)
-                )
-            ):
+            # the same error every time, and nothing trained to the end in this run (earlier
+            # runs may have completed trials before the code broke): a bug, not a configuration
+            if len(last) == SAME_ERROR_LIMIT and len(set(last)) == 1 and not completed_here:
                 outcome.repeated_error = errors[-1]
                 break
             if failures >= max(target, SAME_ERROR_LIMIT):

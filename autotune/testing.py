@@ -130,6 +130,8 @@ class _Faults(nn.Module):
         hang_at_step: int | None,
         crash_at_step: int | None,
         step_delay_seconds: float,
+        diverge_after_steps: int | None = None,
+        cuda_error_at_batch: int | None = None,
     ) -> None:
         super().__init__()
         self.nan_after_steps = nan_after_steps
@@ -138,6 +140,8 @@ class _Faults(nn.Module):
         self.hang_at_step = hang_at_step
         self.crash_at_step = crash_at_step
         self.step_delay_seconds = step_delay_seconds
+        self.diverge_after_steps = diverge_after_steps
+        self.cuda_error_at_batch = cuda_error_at_batch
         self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -156,6 +160,12 @@ class _Faults(nn.Module):
                 time.sleep(3600)
         if self.crash_at_step is not None and self.calls >= self.crash_at_step:
             os.kill(os.getpid(), signal.SIGSEGV)  # what a crash in native code looks like
+        if self.cuda_error_at_batch is not None and x.shape[0] >= self.cuda_error_at_batch:
+            # the text torch gives an asynchronous kernel fault; the context is then unusable
+            raise RuntimeError("CUDA error: an illegal memory access was encountered (injected)")
+        if self.diverge_after_steps is not None and self.calls > self.diverge_after_steps:
+            # confidently class 0, whatever the input: a loss of ~50 for every other class
+            return 0 * x + torch.zeros_like(x).index_fill(1, torch.tensor([0]), 50.0)
         if self.nan_after_steps is not None and self.calls > self.nan_after_steps:
             return x * float("nan")
         if self.calls in self.overflow_at_steps:
@@ -182,14 +192,19 @@ def tiny_mlp(
     crash_at_step: int | None = None,
     step_delay_seconds: float = 0.0,
     broken_compiler: bool = False,
+    diverge_after_steps: int | None = None,
+    cuda_error_at_batch: int | None = None,
 ) -> nn.Module:
     """Flatten, one hidden ReLU layer, a linear classifier; plus optional injected faults.
 
     Fault hooks, counted in training forward passes: ``nan_after_steps`` (logits become NaN),
     ``oom_at_batch`` (torch.OutOfMemoryError for batches this large), ``overflow_at_steps``
     (infinite gradients at those steps, as an fp16 overflow), ``hang_at_step`` (sleep forever),
-    ``crash_at_step`` (SIGSEGV), ``step_delay_seconds`` (every step that slow), and
-    ``broken_compiler`` (torch.compile's C++ compiler is missing in this process).
+    ``crash_at_step`` (SIGSEGV), ``step_delay_seconds`` (every step that slow),
+    ``diverge_after_steps`` (confident constant logits: a finite loss far above its lowest),
+    ``cuda_error_at_batch`` (the RuntimeError a broken CUDA context raises, for batches this
+    large),
+    and ``broken_compiler`` (torch.compile's C++ compiler is missing in this process).
     """
     if broken_compiler:
         _break_the_compiler()
@@ -199,7 +214,14 @@ def tiny_mlp(
         nn.ReLU(),
         nn.Linear(hidden, num_classes),
     ]
-    faults = (nan_after_steps, oom_at_batch, hang_at_step, crash_at_step)
+    faults = (
+        nan_after_steps,
+        oom_at_batch,
+        hang_at_step,
+        crash_at_step,
+        diverge_after_steps,
+        cuda_error_at_batch,
+    )
     if any(f is not None for f in faults) or overflow_at_steps or step_delay_seconds:
         layers.append(
             _Faults(
@@ -209,6 +231,8 @@ def tiny_mlp(
                 hang_at_step,
                 crash_at_step,
                 step_delay_seconds,
+                diverge_after_steps,
+                cuda_error_at_batch,
             )
         )
     return nn.Sequential(*layers)

@@ -113,9 +113,11 @@ def bottleneck(fractions: dict[str, float], busy: float | None = None) -> str:
     """One word for what limits a training step: data, compute or overhead.
 
     ``fractions`` are the shares of PHASES in a window of steps; ``busy`` is the device's
-    measured utilization (0..1, from NVML) where known, else the share of the compute phases.
-    A device busy less than ~80% of the time is starved: by data when it waits for batches at
-    least a fifth of the time, otherwise by overhead (Python, kernel launches, small ops).
+    measured utilization (0..1, from NVML). A device busy less than ~80% of the time is
+    starved: by data when it waits for batches at least a fifth of the time, otherwise by
+    overhead (Python, kernel launches, small ops). Without a measured utilization (a CPU, or a
+    GPU without NVML) every moment not spent waiting for data counts as busy: the phase spans
+    cannot tell a GPU's idle gaps from its work, so only ``data`` or ``compute`` is said.
     """
     if busy is None:
         busy = fractions["host_to_device"] + fractions["forward_backward"] + fractions["optimizer"]

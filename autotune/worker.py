@@ -71,7 +71,10 @@ class InProcessExecutor:
         self.workload = workload
 
     def run(self, config: TrialConfig, report: Reporter) -> TrialResult:
-        return runner.train(config, self.workload, report)
+        try:
+            return runner.train(config, self.workload, report)
+        finally:
+            release_memory()  # the next trial's peak memory is its own
 
     def close(self) -> None:
         pass
@@ -139,6 +142,8 @@ class WorkerExecutor:
         if process.pid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            process.kill()  # one killed before its setsid() has no process group of its own
         process.join(timeout=10)
 
     def close(self) -> None:
@@ -177,7 +182,9 @@ class WorkerExecutor:
                 elif message[0] == "result":
                     return message[1]
                 elif message[0] == "fault":
-                    _, kind, text, details = message
+                    _, kind, text, details, fresh = message
+                    if fresh:  # the worker's CUDA context is broken: it exits; the next
+                        self._kill()  # trial starts a new one instead of finding it gone
                     return TrialFault(kind, text, details)
         except (EOFError, OSError):
             # the pipe closed: the worker is dying; give it a moment to report how
@@ -281,7 +288,7 @@ def _worker_main(
             fresh = needs_fresh_process(error)
             del error
             release_memory()
-            connection.send(("fault", kind, text, details))
+            connection.send(("fault", kind, text, details, fresh))
             if fresh:
                 return  # a broken CUDA context: the next trial gets a new process
             continue

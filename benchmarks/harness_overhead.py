@@ -24,7 +24,7 @@ from autotune.hardware import detect
 from autotune.runner import MAX_WARMUP_STEPS, Evaluation, train
 from autotune.spec import WorkloadSpec
 from autotune.timing import synchronize
-from autotune.trainer import make_train_loader
+from autotune.trainer import backend_flags, make_train_loader
 from autotune.workloads import Workload, load
 
 
@@ -69,7 +69,13 @@ def autotune_step_seconds(config: TrialConfig, workload: Workload) -> float:
 
 
 def minimal_step_seconds(config: TrialConfig, workload: Workload) -> float:
-    """Steady-state seconds per step of the shortest correct loop one would write by hand."""
+    """Steady-state seconds per step of the shortest correct loop one would write by hand,
+    under the same TF32 and cuDNN settings as the trial (fp32: no TF32 convolutions)."""
+    with backend_flags(config):
+        return _minimal_loop(config, workload)
+
+
+def _minimal_loop(config: TrialConfig, workload: Workload) -> float:
     device = torch.device(config.device)
     torch.manual_seed(config.seed)
     model = workload.build_model().to(device)

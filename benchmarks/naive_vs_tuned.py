@@ -24,6 +24,7 @@ import optuna
 import torch
 
 from autotune.config import TrialConfig
+from autotune.faults import release_memory
 from autotune.hardware import detect
 from autotune.objective import charged_seconds
 from autotune.runner import TrialResult, train
@@ -34,7 +35,11 @@ from autotune.workloads import load
 
 
 def measure(config: TrialConfig, workload, full_run_epochs: float | None) -> dict[str, float]:
-    result: TrialResult = train(config, workload, lambda evaluation: False)
+    """One trial's figures; each run compiles cold and returns its memory, as trials do."""
+    try:
+        result: TrialResult = train(config, workload, lambda evaluation: False)
+    finally:
+        release_memory()
     last = result.evaluations[-1]
     seconds = charged_seconds(
         last.train_seconds, last.overhead_seconds, last.epoch, full_run_epochs

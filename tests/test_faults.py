@@ -129,6 +129,34 @@ def test_nan_loss_from_step_k_is_pruned(tmp_path: Path):
     assert all(t.state == TrialState.PRUNED for t in study.get_trials())
 
 
+def test_a_diverging_loss_is_pruned_as_diverged(tmp_path: Path):
+    # 16 steps an epoch: the first evaluation sees a healthy loss, the second one ~50
+    study, _, _ = run(
+        space(model_args="{diverge_after_steps: 20}", knobs={"batch_size": "16"}, n_trials=2),
+        tmp_path,
+    )
+    assert kinds(study) == ["diverged"] * 2
+    assert all(t.state == TrialState.PRUNED for t in study.get_trials())
+    assert "its lowest" in study.trials[0].user_attrs["fail_msg"]
+
+
+@pytest.mark.slow
+def test_a_broken_cuda_context_gets_a_fresh_worker_and_blames_no_other_trial(tmp_path: Path):
+    # batches of 32 raise the error a broken CUDA context gives; batches of 16 train normally
+    text = space(model_args="{cuda_error_at_batch: 32}", n_trials=6, seed=3)
+    study, _, executor = run(text, tmp_path, isolation="worker")
+    broken = [t for t in study.trials if t.params["batch_size"] == 32]
+    healthy = [t for t in study.trials if t.params["batch_size"] == 16]
+    assert broken and healthy
+    for trial in broken:
+        assert trial.user_attrs["fail_kind"] == "error"
+        assert "CUDA error" in trial.user_attrs["fail_msg"]
+    assert all(t.state == TrialState.COMPLETE for t in healthy), kinds(study)
+    # every broken context cost its worker; the trial after it ran in a new one
+    followed = sum(1 for t in broken if t.number < len(study.trials) - 1)
+    assert len(executor.started_pids) == 1 + followed
+
+
 def test_transient_fp16_overflow_does_not_prune_but_a_lasting_one_does(tmp_path: Path):
     clean = space(knobs={"precision": "fp16"})
     control, _, _ = run(clean, tmp_path / "control", hardware=CPU_WITH_FP16)
@@ -330,7 +358,8 @@ def test_a_killed_study_process_leaves_no_trial_running_after_a_resume(tmp_path:
 
 @pytest.mark.slow
 def test_four_processes_share_one_sqlite_study_while_a_reader_polls(tmp_path: Path):
-    (tmp_path / "space.yaml").write_text(space(n_trials=12, heartbeat_interval=1))
+    lr_range = {"lr": "{low: 0.01, high: 0.1, log: true}"}
+    (tmp_path / "space.yaml").write_text(space(n_trials=12, heartbeat_interval=1, knobs=lr_range))
     reads: list[int] = []
     problems: list[BaseException] = []
     done = threading.Event()
@@ -365,6 +394,9 @@ def test_four_processes_share_one_sqlite_study_while_a_reader_polls(tmp_path: Pa
     counted = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert 12 <= len(counted) <= 15  # four processes can each start a last trial at once
     assert len({t.number for t in study.trials}) == len(study.trials)
+    # processes that start together still draw different configurations
+    drawn = [tuple(sorted(t.params.items())) for t in study.trials]
+    assert len(set(drawn)) == len(drawn), drawn
 
 
 @pytest.mark.slow

@@ -96,9 +96,11 @@ def test_bottleneck_rule():
 
     assert bottleneck(shares(0.5, 0.0, 0.4, 0.1)) == "data"
     assert bottleneck(shares(0.05, 0.05, 0.8, 0.1)) == "compute"
-    assert bottleneck(shares(0.1, 0.0, 0.5, 0.1)) == "overhead"
+    assert bottleneck(shares(0.15, 0.05, 0.7, 0.1)) == "compute"  # unmeasured: not starved
     # a measured utilization decides busy-ness where there is one
     assert bottleneck(shares(0.05, 0.05, 0.8, 0.1), busy=0.4) == "overhead"
+    assert bottleneck(shares(0.3, 0.05, 0.55, 0.1), busy=0.4) == "data"
+    assert bottleneck(shares(0.05, 0.05, 0.8, 0.1), busy=0.9) == "compute"
 
 
 class FakeNVML:
@@ -259,3 +261,29 @@ def test_the_report_is_one_valid_offline_html_file(seen):
     assert "Plotly" in page and 'src="http' not in page  # plotly is inlined: opens offline
     for heading in ("Where the time goes", "Accuracy and speed", "Optimization history"):
         assert heading in page
+
+
+def test_comparisons_name_each_other_trial_once():
+    def trial(number: int, samples_per_second: float, value: float) -> optuna.trial.FrozenTrial:
+        made = optuna.trial.create_trial(
+            value=value, user_attrs={"samples_per_second": samples_per_second}
+        )
+        made.number = number
+        return made
+
+    best, baseline, other = trial(5, 900.0, 3.0), trial(0, 300.0, 1.0), trial(2, 450.0, 1.5)
+    summary = report.Summary(
+        study="s",
+        metric="accuracy_per_second",
+        best=best,
+        baseline=baseline,
+        feasible=[best, other, baseline],
+        states={"COMPLETE": 3},
+        bottlenecks={},
+    )
+    # the baseline is also the slowest feasible trial: it is listed once, as the baseline
+    rows = [(label, t.number, speed, value) for label, t, speed, value in summary.comparisons()]
+    assert rows == [
+        ("the untuned baseline", 0, 3.0, 3.0),
+        ("the median feasible trial", 2, 2.0, 2.0),
+    ]

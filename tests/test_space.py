@@ -125,6 +125,19 @@ def test_ranges_are_sampled_within_bounds_and_on_their_grid():
     assert seen_workers == {0, 2, 4}
 
 
+def test_batch_sizes_larger_than_the_training_set_are_dropped():
+    from autotune.workloads import load
+
+    spec = spec_with("  batch_size: [64, 1024, 4096]\n")
+    workload = load(spec.workload)  # digits: 1,437 training images
+    restriction = restrict(spec, CPU, workload)
+    assert restriction.spec.space.batch_size == Choice(values=(64, 1024))
+    (dropped,) = restriction.dropped
+    assert dropped.values == (4096,) and "larger than the training set (1437" in dropped.reason
+    with pytest.raises(SpecError, match=r"space\.batch_size: no value can run"):
+        restrict(spec_with("  batch_size: 4096\n"), CPU, workload)
+
+
 def test_cpu_drops_gpu_only_values_and_says_why():
     spec = spec_with(
         "  precision: [fp32, tf32, bf16, fp16]\n"

@@ -117,6 +117,7 @@ def test_unknown_top_level_section():
         ("lr: {low: 0.1, high: 0.001}", "space.lr: low (0.1) is greater than high (0.001)"),
         ("weight_decay: {low: 0, high: 0.1, log: true}", "a log range needs low > 0"),
         ("lr: {low: 0.001, high: 0.1, log: true, step: 0.01}", "both log and step"),
+        ("lr: {low: 0.001, high: 0.1, log: true, step: 1}", "both log and step"),
         ("lr: {low: 0.001}", "a range needs both low and high (missing high)"),
         ("lr: {low: 0.001, high: 0.1, lgo: true}", "unknown key 'lgo' in a range; did you mean"),
         ("batch_size: []", "space.batch_size: empty list"),

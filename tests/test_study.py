@@ -14,6 +14,7 @@ from autotune.space import restrict
 from autotune.spec import parse_spec
 from autotune.study import (
     StudyError,
+    StudyObserver,
     best_trial,
     counted_trials,
     open_storage,
@@ -132,8 +133,18 @@ def test_a_machine_that_filters_the_space_differently_is_refused(tmp_path: Path)
     text = TINY_SPACE.format(n_trials=1, pruner="none")
     gpu_spec = restrict(parse_spec(text, "tiny.yaml"), AMPERE).spec
     start(gpu_spec, db, hardware=AMPERE)
-    with pytest.raises(StudyError, match="this machine can run a different set of values"):
+    with pytest.raises(StudyError, match="a machine that can run other values") as caught:
         start(tiny_spec(text=text), db)
+    assert '-  "device": "cuda"' in str(caught.value) and '+  "device": "cpu"' in str(caught.value)
+
+
+def test_the_same_device_spelled_differently_resumes(tmp_path: Path):
+    db = tmp_path / "s.db"
+    text = TINY_SPACE.format(n_trials=1, pruner="none")
+    spelled = parse_spec(text, "tiny.yaml").with_overrides(workload={"device": "cpu"})
+    run(restrict(spelled, CPU).spec, db)
+    auto = parse_spec(text, "tiny.yaml").with_overrides(workload={"device": "auto"})
+    assert start(restrict(auto, detect("auto")).spec, db).study_name == "tiny"
 
 
 def test_a_study_not_made_by_autotune_is_refused(tmp_path: Path):
@@ -181,3 +192,19 @@ def test_pruned_trials_say_why_and_nothing_is_left_running(tmp_path: Path):
             assert trial.user_attrs["fail_kind"] == "pruned"
             assert "by the median pruner" in trial.user_attrs["fail_msg"]
             assert len(trial.intermediate_values) < 3  # never pruned after its last evaluation
+
+
+def test_a_bug_outside_training_leaves_no_trial_running(tmp_path: Path):
+    class BrokenObserver(StudyObserver):
+        def trial_started(self, number: int, config: TrialConfig) -> None:
+            raise RuntimeError("a bug in the display")
+
+    spec = tiny_spec(n_trials=2)
+    study = start(spec, tmp_path / "s.db")
+    executor = InProcessExecutor(load(spec.workload))
+    with pytest.raises(RuntimeError, match="a bug in the display"):
+        run_study(study, spec, CPU, executor, BrokenObserver())
+    (trial,) = study.get_trials()
+    assert trial.state == TrialState.FAIL
+    assert trial.user_attrs["fail_kind"] == "error"
+    assert "a bug in the display" in trial.user_attrs["fail_msg"]

@@ -93,6 +93,16 @@ def test_missing_cifar10_says_where_to_put_it(tmp_path: Path):
     assert "extract it into" in message and "\n" not in message
 
 
+def test_a_truncated_cifar10_batch_is_one_clear_error(tmp_path: Path):
+    write_fake_cifar(tmp_path)
+    batch = tmp_path / "cifar-10-batches-py" / "data_batch_3"
+    batch.write_bytes(batch.read_bytes()[:100])  # an interrupted extraction
+    with pytest.raises(WorkloadError) as caught:
+        load(WorkloadSpec(model="mlp", data="cifar10", data_args={"root": str(tmp_path)}))
+    message = str(caught.value)
+    assert f"{batch} is not a readable CIFAR-10 batch" in message and "\n" not in message
+
+
 def write_image_folder(root: Path, per_class: int = 4) -> None:
     rng = np.random.default_rng(0)
     for split in ("train", "val"):

@@ -81,7 +81,8 @@ class ImageTensorDataset(Dataset):
 class DeviceBatches:
     """Shuffled (or ordered) batches of an in-memory data set, made on ``device`` in bulk.
 
-    The whole data set is copied to ``device`` once: an ImageTensorDataset as uint8 images
+    The whole data set is copied to ``device`` once, when the first pass starts (so that a
+    timed training run pays for it): an ImageTensorDataset as uint8 images
     (gathered by index, then cropped, flipped and normalised as one tensor operation when it
     augments), a TensorDataset as its tensors. When shuffling the last partial batch is dropped
     (static shapes); in order, every sample is kept.
@@ -96,11 +97,11 @@ class DeviceBatches:
         shuffle: bool = True,
     ) -> None:
         if isinstance(dataset, ImageTensorDataset):
-            self.inputs, self.labels = dataset.images.to(device), dataset.labels.to(device)
-            self.mean, self.std = dataset.mean.to(device), dataset.std.to(device)
+            self.inputs, self.labels = dataset.images, dataset.labels
+            self.mean, self.std = dataset.mean, dataset.std
             self.augment = dataset.augment
         elif isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
-            self.inputs, self.labels = (t.to(device) for t in dataset.tensors)
+            self.inputs, self.labels = dataset.tensors
             self.mean = self.std = None
             self.augment = False
         else:
@@ -116,6 +117,10 @@ class DeviceBatches:
         return count // self.batch_size if self.shuffle else math.ceil(count / self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self.inputs.device != self.device:  # the first pass: the data set moves over
+            self.inputs, self.labels = self.inputs.to(self.device), self.labels.to(self.device)
+            if self.mean is not None and self.std is not None:
+                self.mean, self.std = self.mean.to(self.device), self.std.to(self.device)
         count = self.inputs.shape[0]
         if self.shuffle:
             order = torch.randperm(count, device=self.device, generator=self.generator)
@@ -173,10 +178,19 @@ def torchvision_model(
 
 
 def _read_cifar_batch(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    with open(path, "rb") as stream:
-        entry = pickle.load(stream, encoding="latin1")  # the format CIFAR-10 ships in
-    images = np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
-    return torch.from_numpy(images.copy()), torch.tensor(entry["labels"])
+    """One CIFAR-10 batch file; ValueError naming the file when it is not one (truncated,
+    corrupt, or another format)."""
+    try:
+        with open(path, "rb") as stream:
+            entry = pickle.load(stream, encoding="latin1")  # the format CIFAR-10 ships in
+        images = np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+        labels = torch.tensor(entry["labels"])
+    except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as err:
+        raise ValueError(
+            f"{path} is not a readable CIFAR-10 batch ({type(err).__name__}: {err}); extract "
+            f"cifar-10-python.tar.gz again"
+        ) from None
+    return torch.from_numpy(images.copy()), labels
 
 
 def cifar10(root: str = "data") -> tuple[ImageTensorDataset, ImageTensorDataset]:
