@@ -171,6 +171,7 @@ def run(
         signal.signal(signal.SIGTERM, previous_handler)
         executor.close()
 
+    console.print()  # ends the progress line (piped output has no cursor to move)
     if outcome.stopped_reason:
         console.print(f"[yellow]Stopped:[/] {outcome.stopped_reason}.")
     display.print_summary(console, study, spec, outcome)

@@ -199,7 +199,7 @@ def print_summary(
     console: Console, study: optuna.Study, spec: Spec, outcome: studies.RunOutcome
 ) -> None:
     counts = ", ".join(f"{n} {state.lower()}" for state, n in outcome.states.items())
-    console.print(f"\n{outcome.trials_run} trials this run; the study has {counts}.")
+    console.print(f"{outcome.trials_run} trials this run; the study has {counts}.")
     table = _best_table(study, spec)
     if table is None:
         bar = spec.objective.min_accuracy or spec.objective.target_accuracy
