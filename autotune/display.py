@@ -105,14 +105,18 @@ class LiveObserver(studies.StudyObserver):
         line = Text(f"trial {trial.number:>3} ")
         if trial.state == TrialState.COMPLETE:
             feasible = all(v <= 0 for v in trial.constraints.values())
-            line.append(
-                f"{fmt(trial.value):>9} {self.unit}", style="bold green" if feasible else "yellow"
-            )
+            if feasible or self.spec.objective.metric != "time_to_accuracy":
+                line.append(
+                    f"{fmt(trial.value):>9} {self.unit}",
+                    style="bold green" if feasible else "yellow",
+                )
+            else:  # its value is a penalty, not a time to the target
+                line.append(f"{'target not reached':>21}", style="yellow")
             line.append(
                 f"  acc {attrs.get('accuracy', 0):.3f}  {attrs.get('charged_seconds', 0):.2f} s"
                 f"  {_si(attrs.get('samples_per_second', 0))} samples/s  "
             )
-            if not feasible:
+            if not feasible and self.spec.objective.metric != "time_to_accuracy":
                 line.append("infeasible  ", style="yellow")
         else:
             kind = attrs.get("fail_kind", trial.state.name.lower())

@@ -201,7 +201,8 @@ def _study_spec(study: optuna.Study) -> Spec | None:
 def best_config(study: optuna.Study, trial: FrozenTrial) -> BestConfig:
     """The BestConfig of one trial of an autotune study."""
     spec = _study_spec(study)
-    value = trial.value if trial.value is not None else float("nan")
+    # the (first) objective's value; a multi-objective trial has no single .value
+    value = trial.values[0] if trial.values else float("nan")
     return BestConfig(
         study=study.study_name,
         trial=trial.number,

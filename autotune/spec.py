@@ -494,6 +494,11 @@ class ObjectiveSpec(_Frozen):
                     "min_accuracy: does not apply to time_to_accuracy (target_accuracy is "
                     "the bar every answer must reach)"
                 )
+            if self.full_run_epochs is not None:
+                raise ValueError(
+                    "full_run_epochs: applies only to accuracy_per_second (a run to the "
+                    "target pays its one-time costs once, as the trial does)"
+                )
         elif self.target_accuracy is not None:
             raise ValueError("target_accuracy: applies only to metric time_to_accuracy")
         return self

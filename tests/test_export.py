@@ -35,7 +35,7 @@ from autotune.testing import blobs, tiny_mlp
 from autotune.worker import InProcessExecutor
 from autotune.workloads import load
 
-from .conftest import run_cli
+from .conftest import make_config, run_cli
 
 CPU = detect("cpu")
 
@@ -371,6 +371,10 @@ def test_no_feasible_trial_and_multi_objective_studies(tmp_path: Path):
     )
     with pytest.raises(ExportError, match="pick one with --trial N"):
         select_trial(multi)
+    config = make_config().to_dict()
+    multi.add_trial(optuna.trial.create_trial(values=[2.0, 0.5], user_attrs={"config": config}))
+    picked = best_config(multi, select_trial(multi, 0))
+    assert picked.trial == 0 and picked.value == 2.0 and picked.config.to_dict() == config
     with pytest.raises(ExportError, match="no such file"):
         load_config(tmp_path / "missing.yaml")
     (tmp_path / "other.yaml").write_text("a: 1\n")

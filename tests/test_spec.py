@@ -163,6 +163,11 @@ def test_bad_knob_values(knob_yaml, expected):
             "objective.target_accuracy: applies only to metric time_to_accuracy",
         ),
         (
+            MINIMAL + "objective:\n  metric: time_to_accuracy\n  target_accuracy: 0.9\n"
+            "  full_run_epochs: 90\n",
+            "objective.full_run_epochs: applies only to accuracy_per_second",
+        ),
+        (
             MINIMAL + "objective: {min_accuracy: 1.5}\n",
             "objective.min_accuracy: must be less than or equal to 1",
         ),
