@@ -152,6 +152,12 @@ def print_plan(
     console.print(f"[bold]searching[/] {', '.join(searched) if searched else 'nothing'}")
     for line in dropped:
         console.print(f"[yellow]not on this device:[/] {line}")
+    created_on = study.user_attrs.get("created_on")
+    if created_on and created_on != hardware.device_name:
+        console.print(
+            f"[yellow]warning:[/] this study was created on {created_on}; trials measured on "
+            f"{hardware.device_name} will be compared with its trials"
+        )
     workers = spec.space.num_workers
     most = max(workers.values) if isinstance(workers, Choice) else workers.high
     if isinstance(most, int) and most > hardware.cpu_count:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import math
 import resource
+import shutil
+import tempfile
 import time
 import traceback
 import warnings
@@ -154,9 +156,10 @@ def _compile_seconds() -> float:
 @contextlib.contextmanager
 def _compile_state(config: TrialConfig) -> Iterator[None]:
     """For a compiled trial, a cold compiler: Dynamo reset and Inductor's on-disk caches (FX
-    graphs, AOTAutograd, autotuning, kernels) in a fresh directory, removed afterwards, so the
-    compile time a trial pays does not depend on which trials or studies ran before it; and
-    the compiled graphs (CUDA-graph memory pools included) dropped when it ends."""
+    graphs, AOTAutograd, autotuning, kernels) in a fresh directory, removed afterwards (also
+    when the trial fails or is interrupted), so the compile time a trial pays does not depend
+    on which trials or studies ran before it; and the compiled graphs (CUDA-graph memory pools
+    included) dropped when it ends."""
     if config.compile == "none":
         yield
         return
@@ -165,12 +168,14 @@ def _compile_state(config: TrialConfig) -> Iterator[None]:
     # fresh_cache since torch 2.8; fresh_inductor_cache, its old name, is kept as an alias
     fresh_cache = getattr(inductor_utils, "fresh_cache", None)
     fresh_cache = fresh_cache or inductor_utils.fresh_inductor_cache
+    scratch = tempfile.mkdtemp(prefix="autotune-compile-")
     torch.compiler.reset()
     try:
-        with fresh_cache():
+        with fresh_cache(dir=scratch, delete=False):  # removed below, whatever happens
             yield
     finally:
         torch.compiler.reset()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _on_device(device: torch.device) -> contextlib.AbstractContextManager:

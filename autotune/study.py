@@ -136,7 +136,7 @@ def open_storage(
 
 
 class TrialSeededSampler(optuna.samplers.BaseSampler):
-    """A sampler made afresh for each trial, seeded with the study's seed plus the trial's number.
+    """A sampler made afresh for each trial, seeded from the study's seed and the trial's number.
 
     The storage hands every trial a number of its own, so processes that share a study draw
     different configurations even when they start together, while one process re-running a
@@ -152,7 +152,9 @@ class TrialSeededSampler(optuna.samplers.BaseSampler):
 
     def _for(self, trial: FrozenTrial) -> optuna.samplers.BaseSampler:
         if trial.number != self._number:
-            self._inner, self._number = self._make(self._seed + trial.number), trial.number
+            # the study seed spaced far apart, so seeds s and s + 1 share no trial's draw
+            seed = (self._seed * 1_000_003 + trial.number) % 2**32
+            self._inner, self._number = self._make(seed), trial.number
         return self._inner
 
     def infer_relative_search_space(
@@ -248,6 +250,8 @@ def _resume_problem(study: optuna.Study, spec: Spec) -> str | None:
         )
     if stored == spec.search_fingerprint():
         return None
+    if "search_definition" not in attrs and stored in _fingerprints_before_1122(spec):
+        return None  # the same search, labelled by an earlier autotune
     old_text, new_text = attrs.get("space_file", ""), spec.text
     if old_text != new_text:
         title = "the space file changed since the study was created"
@@ -261,10 +265,30 @@ def _resume_problem(study: optuna.Study, spec: Spec) -> str | None:
     else:
         title = "this machine can run a different set of values than the machine that created it"
         before, after = attrs.get("effective_space", ""), _effective_space_text(spec)
-    diff = difflib.unified_diff(
-        before.splitlines(), after.splitlines(), "in the study", "now", lineterm="", n=1
+    diff = "\n".join(
+        difflib.unified_diff(
+            before.splitlines(), after.splitlines(), "in the study", "now", lineterm="", n=1
+        )
     )
-    return f"study '{study.study_name}' cannot be resumed: {title}:\n" + "\n".join(diff)
+    if not diff:
+        return (
+            f"study '{study.study_name}' cannot be resumed: its search label "
+            f"({stored}) does not match this space file's, and the study records no "
+            f"difference autotune can show (was it made by another autotune version?)"
+        )
+    return f"study '{study.study_name}' cannot be resumed: {title}:\n{diff}"
+
+
+def _fingerprints_before_1122(spec: Spec) -> set[str]:
+    """The search fingerprints autotune wrote until 2026-11-22: compact JSON, and the device as
+    given (not yet resolved), so every spelling it could have had is tried."""
+    found = set()
+    for device in {"auto", "cpu", "cuda", spec.workload.device}:
+        payload = spec.model_dump(mode="json", include={"workload", "objective", "space"})
+        payload["workload"]["device"] = device
+        canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+        found.add(hashlib.sha256(canonical.encode()).hexdigest()[:16])
+    return found
 
 
 def _is_new(study: optuna.Study) -> bool:

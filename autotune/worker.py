@@ -20,7 +20,9 @@ import ctypes
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
+import tempfile
 import time
 import traceback
 import warnings
@@ -98,6 +100,8 @@ class WorkerExecutor:
         self._process: multiprocessing.process.BaseProcess | None = None
         self._connection: Connection | None = None
         self.started_pids: list[int] = []  # every worker started, in order
+        self._scratch: str | None = None  # the current worker's temporary directory
+        self.scratch_dirs: list[str] = []  # every worker's, in order (removed with it)
 
     # -- the worker's life ------------------------------------------------------------------
 
@@ -106,10 +110,21 @@ class WorkerExecutor:
         process = self._context.Process(
             target=_worker_main,
             # DataLoader workers must start in the worker as they would in this process
-            args=(child, self.workload, self.base_dir, self.verbose, _start_method()),
+            args=(
+                child,
+                self.workload,
+                self.base_dir,
+                self.verbose,
+                _start_method(),
+                self._new_scratch(),
+            ),
             name="autotune-worker",
         )
-        process.start()
+        try:
+            process.start()
+        except BaseException:
+            self._kill()  # removes the scratch directory made for it
+            raise
         child.close()
         if process.pid is not None:
             self.started_pids.append(process.pid)
@@ -131,20 +146,31 @@ class WorkerExecutor:
             self._kill()
             raise
 
+    def _new_scratch(self) -> str:
+        """A temporary directory for the next worker: everything it writes to temporary files
+        (torch.compile's caches included) goes there, and goes when the worker goes, even when
+        it was killed mid-trial."""
+        self._scratch = tempfile.mkdtemp(prefix="autotune-worker-")
+        self.scratch_dirs.append(self._scratch)
+        return self._scratch
+
     def _kill(self) -> None:
-        """Kill the worker and everything it started (its process group), then reap it."""
+        """Kill the worker and everything it started (its process group), then reap it and
+        remove its temporary directory."""
         process, self._process = self._process, None
         if self._connection is not None:
             self._connection.close()
             self._connection = None
-        if process is None:
-            return
-        if process.pid is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            process.kill()  # one killed before its setsid() has no process group of its own
-        process.join(timeout=10)
+        if process is not None:
+            if process.pid is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError, AttributeError):
+                process.kill()  # one killed before its setsid() has no process group yet
+            process.join(timeout=10)
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
     def close(self) -> None:
         """Ask an idle worker to exit; kill it if it does not."""
@@ -247,8 +273,11 @@ def _worker_main(
     base_dir: Path | None,
     verbose: bool,
     start_method: str,
+    scratch: str,
 ) -> None:
     os.setsid()  # a process group of our own: killing it takes the DataLoader workers along
+    # temporary files in a directory the study process removes when this worker ends
+    os.environ["TMPDIR"] = tempfile.tempdir = scratch
     # A spawned process inherits "spawn" as its way to start children; DataLoader workers
     # started that way would import torch at every epoch. Start them as the study would.
     multiprocessing.set_start_method(start_method, force=True)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 from pathlib import Path
 
 import optuna
@@ -139,12 +142,41 @@ def test_a_machine_that_filters_the_space_differently_is_refused(tmp_path: Path)
 
 
 def test_the_same_device_spelled_differently_resumes(tmp_path: Path):
-    db = tmp_path / "s.db"
     text = TINY_SPACE.format(n_trials=1, pruner="none")
-    spelled = parse_spec(text, "tiny.yaml").with_overrides(workload={"device": "cpu"})
-    run(restrict(spelled, CPU).spec, db)
-    auto = parse_spec(text, "tiny.yaml").with_overrides(workload={"device": "auto"})
-    assert start(restrict(auto, detect("auto")).spec, db).study_name == "tiny"
+
+    def spec_for(device: str, hardware):
+        spec = parse_spec(text, "tiny.yaml").with_overrides(workload={"device": device})
+        return restrict(spec, hardware).spec
+
+    # cuda and cuda:1 on the same kind of GPU continue one study
+    second_gpu = dataclasses.replace(AMPERE, device="cuda:1")
+    start(spec_for("cuda", AMPERE), tmp_path / "gpu.db", hardware=AMPERE)
+    resumed = start(spec_for("cuda:1", second_gpu), tmp_path / "gpu.db", hardware=second_gpu)
+    assert resumed.study_name == "tiny"
+    # auto is resolved to the device it finds before it is compared
+    run(spec_for("cpu", CPU), tmp_path / "cpu.db")
+    assert start(spec_for("auto", CPU), tmp_path / "cpu.db").study_name == "tiny"
+
+
+def test_a_study_labelled_by_an_earlier_autotune_resumes(tmp_path: Path):
+    """Until 2026-11-22 the search fingerprint was compact JSON with the device as written."""
+    spec = tiny_spec(n_trials=2)
+    payload = spec.model_dump(mode="json", include={"workload", "objective", "space"})
+    payload["workload"]["device"] = "auto"
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    old = optuna.create_study(study_name="tiny", storage=storage, direction="maximize")
+    old.set_user_attr("search_fingerprint", hashlib.sha256(canonical.encode()).hexdigest()[:16])
+    old.set_user_attr("space_file", spec.text)
+    assert start(spec, tmp_path / "s.db").study_name == "tiny"
+    # a label that matches nothing is refused with a message, not an empty diff
+    other = optuna.create_study(study_name="other", storage=storage)
+    other.set_user_attr("search_fingerprint", "0123456789abcdef")
+    other.set_user_attr("space_file", spec.text)
+    effective = json.dumps(spec.space.model_dump(mode="json"), indent=1, sort_keys=True)
+    other.set_user_attr("effective_space", effective)
+    with pytest.raises(StudyError, match="records no difference autotune can show"):
+        start(spec.with_overrides(study={"name": "other"}), tmp_path / "s.db")
 
 
 def test_a_study_not_made_by_autotune_is_refused(tmp_path: Path):

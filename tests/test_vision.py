@@ -269,6 +269,7 @@ workload:
   data: imagefolder
   data_args: {{root: {tmp_path}}}
 space:
+  batch_size: 4
   data_pipeline: [dataloader, device]
   num_workers: [0, 2]
 """
