@@ -6,7 +6,10 @@ otherwise) and its best feasible configuration alternately, ``--repeats`` times 
 process, and prints samples/s, accuracy and accuracy per second with their ratios (medians), the
 compile seconds of every compile mode the space offers, and the machine. Meant for a CUDA GPU:
 
-    python benchmarks/naive_vs_tuned.py search_spaces/cifar10_resnet18.yaml --n-trials 40
+    python benchmarks/naive_vs_tuned.py search_spaces/cifar10_resnet18.yaml --timeout 300
+
+(``--timeout`` and ``--compile-modes`` keep it inside a time budget: every compiled run compiles
+cold, and max-autotune can take minutes.)
 
 Paste the printed table into BENCHMARKS.md.
 """
@@ -56,6 +59,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("space", type=Path)
     parser.add_argument("--n-trials", type=int, default=None)
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="seconds for the study (then it stops)"
+    )
+    parser.add_argument(
+        "--compile-modes",
+        default=None,
+        help="comma-separated modes to time (default: every mode the space offers; '' for none)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--storage", default=None, help="default: a fresh SQLite file")
@@ -68,6 +79,8 @@ def main() -> None:
     command = [sys.executable, "-m", "autotune", "run", str(args.space), "--storage", storage]
     if args.n_trials:
         command += ["--n-trials", str(args.n_trials)]
+    if args.timeout:
+        command += ["--timeout", str(args.timeout)]
     if args.device:
         command += ["--device", args.device]
     subprocess.run(command, check=True)
@@ -95,6 +108,8 @@ def main() -> None:
         return statistics.median(run[key] for run in runs[name])
 
     print(f"\nstudy {spec.study_name}: best trial {best.number}, baseline trial {baseline.number}")
+    if best.number == baseline.number:
+        print("the untuned baseline is the study's best: the ratios below are run-to-run noise")
     print("| | samples/s | accuracy | accuracy/s |")
     print("|---|---|---|---|")
     for name in ("naive", "tuned"):
@@ -114,6 +129,8 @@ def main() -> None:
             print(f"| {knob} | {naive_knobs[knob]} | {value} |")
 
     modes = spec.space.compile.values if isinstance(spec.space.compile, Choice) else ()
+    if args.compile_modes is not None:
+        modes = tuple(mode for mode in args.compile_modes.split(",") if mode)
     print("\n| compile mode | compile seconds | samples/s |")
     print("|---|---|---|")
     for mode in modes:
