@@ -233,8 +233,7 @@ def best(
         f"[bold green]{display.fmt(result.value)}[/] {unit}"
     )
     for key, value in result.metrics.items():
-        shown = f"{value / 2**20:,.1f} MiB" if key.endswith("_bytes") else display.fmt(value)
-        console.print(f"  {key}: {shown}")
+        console.print(f"  {key}: {display.fmt_metric(key, value)}")
     console.print(display.config_table(chosen))
     console.print(
         f"\nExport it:  [bold]autotune export --study {study_name}"

@@ -24,6 +24,7 @@ __all__ = [
     "LiveObserver",
     "config_table",
     "fmt",
+    "fmt_metric",
     "live_progress",
     "print_plan",
     "print_summary",
@@ -42,6 +43,28 @@ def fmt(value: Any) -> str:
             return f"{value:.2e}"
         return f"{value:.4g}"
     return "-" if value is None else str(value)
+
+
+_METRIC_FORMATS: dict[str, Any] = {
+    "charged_seconds": lambda v: f"{v:.3g} s",
+    "train_seconds": lambda v: f"{v:.3g} s",
+    "overhead_seconds": lambda v: f"{v:.3g} s",
+    "compile_seconds": lambda v: f"{v:.1f} s",
+    "samples_per_second": lambda v: f"{v:,.0f}",
+    "achieved_flops": lambda v: f"{v / 1e9:,.1f} GFLOP/s",
+    "mfu": lambda v: f"{v:.1%}",
+    "gpu_utilization": lambda v: f"{v:.0%}",
+    "data_wait_fraction": lambda v: f"{v:.1%}",
+    "gpu_memory_used_bytes": lambda v: f"{v / 2**30:.2f} GiB",
+    "peak_memory_bytes": lambda v: f"{v / 2**20:,.0f} MiB",
+}
+
+
+def fmt_metric(key: str, value: Any) -> str:
+    """A trial measurement in its unit (seconds, GFLOP/s, %, MiB) where it has one."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and key in _METRIC_FORMATS:
+        return _METRIC_FORMATS[key](value)
+    return fmt(value)
 
 
 def _si(value: float) -> str:

@@ -73,6 +73,12 @@ METRIC_KEYS = (
     "effective_batch_size",
     "peak_memory_bytes",
     "epochs_trained",
+    "compile_seconds",
+    "bottleneck",
+    "data_wait_fraction",
+    "achieved_flops",
+    "mfu",
+    "gpu_utilization",
     "device_name",
     "torch_version",
 )

@@ -18,6 +18,7 @@ from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.trial import FrozenTrial, TrialState
 
 import autotune
+from autotune.display import fmt_metric
 from autotune.spec import DEFAULT_STORAGE, KNOBS
 from autotune.study import feasible_trials, trial_config
 from autotune.timing import PHASES
@@ -140,16 +141,16 @@ def _measurements(trial: FrozenTrial) -> list[tuple[str, str]]:
     """(label, formatted value) of a trial's compile, FLOP and memory measurements."""
     attrs = trial.user_attrs
     shown = []
-    for key, label, unit in (
-        ("compile_seconds", "torch.compile time", lambda v: f"{v:.1f} s"),
-        ("achieved_flops", "achieved FLOP/s", lambda v: f"{v / 1e9:,.1f} GFLOP/s"),
-        ("mfu", "model FLOP utilization", lambda v: f"{v:.1%}"),
-        ("gpu_utilization", "GPU utilization (NVML)", lambda v: f"{v:.0%}"),
-        ("gpu_memory_used_bytes", "GPU memory used (NVML)", lambda v: f"{v / 2**30:.2f} GiB"),
-        ("peak_memory_bytes", "peak memory", lambda v: f"{v / 2**20:,.0f} MiB"),
+    for key, label in (
+        ("compile_seconds", "torch.compile time"),
+        ("achieved_flops", "achieved FLOP/s"),
+        ("mfu", "model FLOP utilization"),
+        ("gpu_utilization", "GPU utilization (NVML)"),
+        ("gpu_memory_used_bytes", "GPU memory used (NVML)"),
+        ("peak_memory_bytes", "peak memory"),
     ):
         if isinstance(attrs.get(key), int | float):
-            shown.append((label, unit(attrs[key])))
+            shown.append((label, fmt_metric(key, attrs[key])))
     return shown
 
 
