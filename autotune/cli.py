@@ -321,7 +321,7 @@ def report_command(
     try:
         found = studies.load_study(study_name, storage)
         export.write_new_file(output, report.render_html(found, storage), force=force)
-    except (studies.StudyError, export.ExportError) as err:
+    except (studies.StudyError, export.ExportError, report.ReportError) as err:
         raise _fail(str(err), EXIT_FAILED) from None
     _attach(found, output, storage)
     console.print(f"Wrote {output}: the report of {study_name}. Open it in a browser.")

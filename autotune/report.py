@@ -7,13 +7,11 @@ import datetime
 import html
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import optuna
 import optuna_dashboard
-import plotly.graph_objects as go
-import plotly.offline
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.trial import FrozenTrial, TrialState
 
@@ -23,7 +21,11 @@ from autotune.spec import DEFAULT_STORAGE, KNOBS
 from autotune.study import feasible_trials, trial_config
 from autotune.timing import PHASES
 
+if TYPE_CHECKING:  # plotly is imported where a report is drawn: run and export need none
+    import plotly.graph_objects as go
+
 __all__ = [
+    "ReportError",
     "Summary",
     "artifact_dir",
     "render_html",
@@ -40,6 +42,10 @@ PHASE_LABELS = {
     "optimizer": "optimizer step",
 }
 TOP_TRIALS = 10  # trials shown in the time-breakdown chart
+
+
+class ReportError(Exception):
+    """A report that cannot be written here (a user-fixable problem): one line."""
 
 
 @dataclass(frozen=True)
@@ -255,6 +261,8 @@ def _pareto_front(trials: list[FrozenTrial]) -> list[FrozenTrial]:
 
 
 def _scatter(study: optuna.Study, summary: Summary) -> go.Figure:
+    import plotly.graph_objects as go
+
     complete = [
         t
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -296,6 +304,8 @@ def _scatter(study: optuna.Study, summary: Summary) -> go.Figure:
 
 
 def _breakdown_bars(summary: Summary) -> go.Figure | None:
+    import plotly.graph_objects as go
+
     trials = [t for t in summary.feasible[:TOP_TRIALS] if t.user_attrs.get("time_breakdown")]
     baseline = summary.baseline
     if (
@@ -343,7 +353,14 @@ def _optuna_figures(study: optuna.Study) -> list[tuple[str, str]]:
 
 
 def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
-    """A single self-contained HTML page about a study (plotly included: it opens offline)."""
+    """A single self-contained HTML page about a study (plotly included: it opens offline).
+
+    ReportError when plotly is missing (a bare CUDA image may lack it; studies can be reported
+    on any machine that has it)."""
+    try:
+        import plotly.offline
+    except ImportError:
+        raise ReportError("autotune report needs plotly: pip install plotly") from None
     summary = summarize(study)
     best = summary.best
     config_rows: list[tuple[str, str, str, str]] = []

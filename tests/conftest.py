@@ -44,9 +44,12 @@ def write_space(directory: Path, text: str | None = None, name: str = "tiny.yaml
     return path
 
 
-def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m autotune ARGS`` in ``cwd`` as a user would, capturing its output."""
-    env = {**os.environ, "COLUMNS": "160", "PYTHONWARNINGS": "ignore"}
+def run_cli(
+    *args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m autotune ARGS`` in ``cwd`` as a user would, capturing its output;
+    ``env`` adds to the environment."""
+    env = {**os.environ, "COLUMNS": "160", "PYTHONWARNINGS": "ignore", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "autotune", *args],
         cwd=cwd,

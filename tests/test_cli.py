@@ -104,3 +104,22 @@ def test_edited_space_is_refused_until_new_study(tmp_path: Path):
     assert fresh.returncode == 0 and "study tiny-2" in fresh.stdout
     unknown = run_cli("best", "--study", "tiyn", cwd=tmp_path)
     assert unknown.returncode == 1 and "did you mean 'tiny'?" in unknown.stderr
+
+
+def test_run_best_and_export_need_no_plotly(tmp_path: Path):
+    """The CUDA images autotune meets may lack plotly: only ``autotune report`` draws with it."""
+    blocker = tmp_path / "blocker"
+    (blocker / "plotly").mkdir(parents=True)
+    (blocker / "plotly" / "__init__.py").write_text("raise ImportError('no plotly here')\n")
+    without_plotly = {"PYTHONPATH": str(blocker)}
+    space = write_space(tmp_path, n_trials=2)
+    done = run_cli("run", str(space), cwd=tmp_path, env=without_plotly)
+    assert done.returncode == 0, done.stderr
+    best = run_cli("best", "--study", "tiny", cwd=tmp_path, env=without_plotly)
+    assert best.returncode == 0, best.stderr
+    exported = run_cli("export", "--study", "tiny", "-o", "t.py", cwd=tmp_path, env=without_plotly)
+    assert exported.returncode == 0 and (tmp_path / "t.py").exists(), exported.stderr
+    report = run_cli("report", "--study", "tiny", cwd=tmp_path, env=without_plotly)
+    assert report.returncode == 1 and "Traceback" not in report.stderr
+    assert "autotune report needs plotly" in report.stdout + report.stderr
+    assert not (tmp_path / "report.html").exists()
