@@ -1,0 +1,148 @@
+"""The CUDA paths, on a real GPU: every precision and data pipeline, the compile modes, a study
+in a worker process, and an exported script resumed there. Skipped where there is no CUDA GPU;
+on one, run ``python -m pytest tests/test_gpu.py`` first (a few minutes).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from optuna.trial import TrialState
+
+from autotune.runner import train
+from autotune.spec import WorkloadSpec
+from autotune.timing import PHASES
+from autotune.workloads import load
+from autotune.workloads.vision import DeviceBatches
+
+from .conftest import make_config, run_cli, write_space
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+SHAPES = WorkloadSpec(
+    model="autotune.testing:tiny_cnn",
+    data="shapes",
+    data_args={"n_train": 4096, "n_val": 1024},
+)
+
+
+def never_stop(_evaluation: object) -> bool:
+    return False
+
+
+def cuda_config(**changes):
+    return make_config(device="cuda:0", batch_size=128, epochs=1, **changes)
+
+
+def cuda_flags() -> tuple[str, bool, bool]:
+    cudnn = torch.backends.cudnn
+    return torch.get_float32_matmul_precision(), cudnn.allow_tf32, cudnn.benchmark
+
+
+def nvml_available() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("pipeline", ["dataloader", "device"])
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "fp16"])
+def test_every_precision_and_pipeline_trains_on_cuda(precision: str, pipeline: str):
+    workers = {"num_workers": 2, "prefetch_factor": 2} if pipeline == "dataloader" else {}
+    config = cuda_config(
+        precision=precision,
+        data_pipeline=pipeline,
+        pin_memory=pipeline == "dataloader",
+        channels_last=True,
+        cudnn_benchmark=True,
+        **workers,
+    )
+    before = cuda_flags()
+    result = train(config, load(SHAPES), never_stop)
+    assert cuda_flags() == before  # TF32 and cuDNN flags restored after the trial
+    assert 0.0 <= result.accuracy <= 1.0
+    assert all(math.isfinite(e.train_loss) for e in result.evaluations)
+    assert result.samples_per_second > 0 and result.peak_memory_bytes > 0
+    assert result.time_breakdown is not None
+    assert set(result.time_breakdown) == set(PHASES)
+    assert sum(result.time_breakdown.values()) > 0  # CUDA events were recorded and read
+    if nvml_available():
+        assert 0.0 <= result.gpu["gpu_utilization"] <= 1.0
+        assert result.gpu["gpu_memory_used_bytes"] > 0
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
+def test_compile_modes_compile_on_cuda(mode: str):
+    result = train(cuda_config(compile=mode, precision="bf16"), load(SHAPES), never_stop)
+    assert result.compiled_graphs >= 1
+    assert result.compile_seconds is not None and result.compile_seconds > 0
+    assert 0.0 <= result.accuracy <= 1.0
+
+
+def test_device_batches_live_on_the_gpu():
+    workload = load(SHAPES)
+    generator = torch.Generator(device="cuda:0").manual_seed(0)
+    batches = DeviceBatches(workload.train_set, 64, torch.device("cuda:0"), generator)
+    inputs, targets = next(iter(batches))
+    assert inputs.is_cuda and targets.is_cuda and inputs.is_contiguous()
+    assert inputs.shape == (64, 3, 32, 32) and inputs.dtype == torch.float32
+
+
+GPU_SPACE = """\
+study: {name: gpu, n_trials: 4, pruner: none, trial_timeout: 300}
+workload:
+  model: autotune.testing:tiny_cnn
+  data: shapes
+  data_args: {n_train: 4096, n_val: 1024}
+  epochs: 1
+  device: cuda
+space:
+  lr: {low: 1.0e-3, high: 1.0e-2, log: true}
+  batch_size: [128, 256]
+  precision: [bf16, fp16]
+  data_pipeline: [dataloader, device]
+  pin_memory: [false, true]
+"""
+
+
+def test_a_study_runs_in_a_worker_on_cuda_and_exports(tmp_path: Path):
+    space = write_space(tmp_path, GPU_SPACE, name="gpu.yaml")
+    done = run_cli("run", str(space), cwd=tmp_path, timeout=900)
+    assert done.returncode == 0, done.stderr
+    study = optuna.load_study(
+        study_name="gpu", storage=f"sqlite:///{tmp_path}/studies/autotune.db"
+    )
+    complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert complete, [t.user_attrs.get("fail_msg") for t in study.trials]
+    for trial in complete:
+        assert trial.user_attrs["device_name"] == torch.cuda.get_device_name(0)
+        assert trial.user_attrs["peak_memory_bytes"] > 0
+
+    exported = run_cli("export", "--study", "gpu", "-o", "train.py", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    for args in (["--epochs", "1"], ["--epochs", "2", "--resume"]):
+        script = subprocess.run(
+            [sys.executable, "train.py", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert script.returncode == 0, script.stderr
+    assert "epoch 2/2" in script.stdout
