@@ -546,21 +546,25 @@ class Spec(_Frozen):
             return self.study.name
         return self._path.stem if self._path else "autotune"
 
-    def search_definition(self) -> str:
-        """Everything that defines the search (workload, objective, space) as indented JSON.
+    def search_payload(self, device: str | None = None) -> dict[str, Any]:
+        """Everything that defines the search (workload, objective, space), as JSON values.
 
         ``study`` settings (trial count, timeout, storage, sampler) may change between runs of
         one study; anything here may not, because Optuna cannot mix two searches. The device
-        counts by its kind only (cpu, cuda): another GPU index, or ``auto`` resolved to the
-        same kind, continues the study.
+        counts by its kind only (cpu, cuda) unless ``device`` replaces it: another GPU index,
+        or ``auto`` resolved to the same kind, continues the study.
         """
         payload = self.model_dump(mode="json", include={"workload", "objective", "space"})
-        payload["workload"]["device"] = payload["workload"]["device"].split(":")[0]
-        return json.dumps(payload, sort_keys=True, indent=1)
+        payload["workload"]["device"] = device or payload["workload"]["device"].split(":")[0]
+        return payload
+
+    def search_definition(self) -> str:
+        """``search_payload()`` as indented JSON, for the diff of a refused resume."""
+        return json.dumps(self.search_payload(), sort_keys=True, indent=1)
 
     def search_fingerprint(self) -> str:
-        """A short hash of ``search_definition()``: equal hashes, the same search."""
-        canonical = json.dumps(json.loads(self.search_definition()), sort_keys=True)
+        """A short hash of ``search_payload()``: equal hashes, the same search."""
+        canonical = json.dumps(self.search_payload(), sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def with_overrides(self, **sections: dict[str, Any]) -> Spec:

@@ -284,9 +284,7 @@ def _fingerprints_before_1122(spec: Spec) -> set[str]:
     given (not yet resolved), so every spelling it could have had is tried."""
     found = set()
     for device in {"auto", "cpu", "cuda", spec.workload.device}:
-        payload = spec.model_dump(mode="json", include={"workload", "objective", "space"})
-        payload["workload"]["device"] = device
-        canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+        canonical = json.dumps(spec.search_payload(device), sort_keys=True, separators=(",", ":"))
         found.add(hashlib.sha256(canonical.encode()).hexdigest()[:16])
     return found
 
@@ -705,13 +703,16 @@ class _Trial:
                 trial.set_user_attr("fail_msg", f"the study was stopped by {how}")
                 self.observer.trial_finished(study.tell(trial, state=TrialState.FAIL))
                 raise
-            except WorkerError as error:  # no trial can run: the study stops and says why
-                _fault(trial, "error", str(error))
-                study.tell(trial, state=TrialState.FAIL)
-                raise
-            except Exception as error:  # a bug outside training: still no trial left RUNNING
+            except Exception as error:
+                # a worker that cannot start (the study stops and says why), or a bug outside
+                # training: either way no trial is left RUNNING
+                message = (
+                    str(error)
+                    if isinstance(error, WorkerError)
+                    else (f"{type(error).__name__}: {error}")
+                )
                 with contextlib.suppress(Exception):
-                    _fault(trial, "error", f"{type(error).__name__}: {error}")
+                    _fault(trial, "error", message)
                     study.tell(trial, state=TrialState.FAIL)
                 raise
         if state == TrialState.COMPLETE:

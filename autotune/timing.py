@@ -119,10 +119,8 @@ def bottleneck(fractions: dict[str, float], busy: float | None = None) -> str:
     GPU without NVML) every moment not spent waiting for data counts as busy: the phase spans
     cannot tell a GPU's idle gaps from its work, so only ``data`` or ``compute`` is said.
     """
-    if busy is None:
-        busy = fractions["host_to_device"] + fractions["forward_backward"] + fractions["optimizer"]
     if fractions["data_wait"] >= DATA_STARVED_SHARE:
         return "data"
-    if busy >= BUSY_SHARE:
+    if busy is None or busy >= BUSY_SHARE:
         return "compute"
     return "overhead"

@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from autotune.config import TrialConfig
 
@@ -90,6 +91,22 @@ def make_config(**changes) -> TrialConfig:
         "seed": 0,
     }
     return TrialConfig(**{**base, **changes})
+
+
+def never_stop(evaluation: object) -> bool:
+    """A reporter that lets every trial train to its end."""
+    return False
+
+
+def cuda_flags() -> tuple[str, bool, bool, bool]:
+    """The process-wide TF32 and cuDNN settings a trial changes and must restore."""
+    cudnn = torch.backends.cudnn
+    return (
+        torch.get_float32_matmul_precision(),  # raises if legacy and new TF32 APIs were mixed
+        torch.backends.cuda.matmul.allow_tf32,
+        cudnn.allow_tf32,
+        cudnn.benchmark,
+    )
 
 
 @pytest.fixture

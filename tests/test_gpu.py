@@ -22,7 +22,7 @@ from autotune.timing import PHASES
 from autotune.workloads import load
 from autotune.workloads.vision import DeviceBatches
 
-from .conftest import make_config, run_cli, write_space
+from .conftest import cuda_flags, make_config, never_stop, run_cli, write_space
 
 pytestmark = [
     pytest.mark.slow,
@@ -36,17 +36,8 @@ SHAPES = WorkloadSpec(
 )
 
 
-def never_stop(_evaluation: object) -> bool:
-    return False
-
-
 def cuda_config(**changes):
     return make_config(device="cuda:0", batch_size=128, epochs=1, **changes)
-
-
-def cuda_flags() -> tuple[str, bool, bool]:
-    cudnn = torch.backends.cudnn
-    return torch.get_float32_matmul_precision(), cudnn.allow_tf32, cudnn.benchmark
 
 
 def nvml_available() -> bool:

@@ -25,7 +25,7 @@ from autotune.timing import PHASES, bottleneck
 from autotune.worker import InProcessExecutor
 from autotune.workloads import load
 
-from .conftest import make_config
+from .conftest import make_config, never_stop
 
 CPU = detect("cpu")
 
@@ -53,10 +53,6 @@ def seen(tmp_path_factory) -> tuple[optuna.Study, str]:
     study = open_study(spec, open_storage(url), CPU, workload)
     run_study(study, spec, CPU, InProcessExecutor(workload))
     return study, url
-
-
-def never_stop(evaluation) -> bool:
-    return False
 
 
 def test_the_breakdown_sums_to_one_and_names_the_bottleneck():

@@ -16,7 +16,7 @@ from autotune.testing import blobs, tiny_mlp
 from autotune.trainer import backend_flags, make_scheduler
 from autotune.workloads import Workload, load
 
-from .conftest import make_config
+from .conftest import cuda_flags, make_config, never_stop
 
 
 def blobs_workload(keep: list[nn.Module] | None = None, **data_args) -> Workload:
@@ -33,10 +33,6 @@ def blobs_workload(keep: list[nn.Module] | None = None, **data_args) -> Workload
     return Workload(
         "tiny_mlp on blobs", splits.train, splits.val, splits.num_classes, shape, build
     )
-
-
-def never_stop(evaluation: Evaluation) -> bool:
-    return False
 
 
 def test_trains_evaluates_and_measures():
@@ -196,27 +192,17 @@ def test_schedules_follow_the_trial_steps():
     assert onecycle[0] < 0.01 and onecycle[-1] < 0.001
 
 
-def _cuda_flags() -> tuple[str, bool, bool, bool]:
-    cudnn = torch.backends.cudnn
-    return (
-        torch.get_float32_matmul_precision(),  # raises if legacy and new TF32 APIs were mixed
-        torch.backends.cuda.matmul.allow_tf32,
-        cudnn.allow_tf32,
-        cudnn.benchmark,
-    )
-
-
 def test_cuda_flags_are_set_for_the_trial_and_restored():
     """TF32 and cudnn.benchmark flags (settable without a GPU) follow the trial, then revert."""
-    before = _cuda_flags()
+    before = cuda_flags()
     with backend_flags(make_config(precision="tf32", cudnn_benchmark=True, device="cuda")):
-        assert _cuda_flags() == ("high", True, True, True)
-    assert _cuda_flags() == before
+        assert cuda_flags() == ("high", True, True, True)
+    assert cuda_flags() == before
     with backend_flags(make_config(precision="fp32", device="cuda")):
-        assert _cuda_flags() == ("highest", False, False, False)
+        assert cuda_flags() == ("highest", False, False, False)
     with pytest.raises(RuntimeError), backend_flags(make_config(precision="tf32", device="cuda")):
         raise RuntimeError("trial failed")
-    assert _cuda_flags() == before
+    assert cuda_flags() == before
 
 
 def test_tf32_flags_leave_compile_working():

@@ -26,13 +26,9 @@ from autotune.workloads.vision import (
     shapes,
 )
 
-from .conftest import make_config
+from .conftest import make_config, never_stop
 
 CPU = torch.device("cpu")
-
-
-def never_stop(evaluation) -> bool:
-    return False
 
 
 # ---------------------------------------------------------------------------------------------
