@@ -11,13 +11,9 @@ The Python API, for using a study's answer in your own training code::
         trainer.train_step(*trainer.to_device(inputs, targets))
 """
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-try:
-    __version__ = version("autotune")
-except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.1.0+source"
+from autotune._version import __version__
 
 if TYPE_CHECKING:
     from autotune.export import BestConfig, ExportError, load_best, load_config

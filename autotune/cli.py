@@ -18,7 +18,9 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from autotune.spec import DEFAULT_STORAGE, SpecError, load_spec
+from autotune.errors import UserError
+from autotune.files import write_new_file
+from autotune.spec import DEFAULT_STORAGE, load_spec
 
 app = typer.Typer(
     add_completion=False,
@@ -54,7 +56,7 @@ def _open_for_reading(storage: str) -> Any:  # an Optuna RDBStorage (imported la
 
     try:
         return studies.open_storage(storage, create_dirs=False)
-    except studies.StudyError as err:
+    except UserError as err:
         raise _fail(str(err), EXIT_FAILED) from None
 
 
@@ -124,17 +126,17 @@ def run(
             },
             workload={"device": device},
         )
-    except SpecError as err:
-        raise _fail(err.problems) from None
+    except UserError as err:
+        raise _fail(str(err).splitlines()) from None
 
     from rich.live import Live
 
     from autotune import display
     from autotune import study as studies
-    from autotune.hardware import DeviceError, detect
+    from autotune.executor import InProcessExecutor, WorkerError
+    from autotune.hardware import detect
     from autotune.space import restrict
-    from autotune.worker import InProcessExecutor, WorkerError, WorkerExecutor
-    from autotune.workloads import WorkloadError
+    from autotune.worker import WorkerExecutor
     from autotune.workloads import load as load_workload
 
     _quiet_libraries(verbose)
@@ -147,9 +149,7 @@ def run(
             spec.study.storage, heartbeat_interval=spec.study.heartbeat_interval
         )
         study = studies.open_study(spec, storage_backend, hardware, workload, new_study)
-    except SpecError as err:
-        raise _fail(err.problems) from None
-    except (DeviceError, WorkloadError, studies.StudyError) as err:
+    except UserError as err:
         raise _fail(str(err).splitlines()) from None
 
     display.print_plan(console, spec, hardware, study, [d.describe() for d in restriction.dropped])
@@ -176,9 +176,9 @@ def run(
         console.print(f"[yellow]Stopped:[/] {outcome.stopped_reason}.")
     display.print_summary(console, study, spec, outcome)
     if outcome.trials_run:
-        from autotune import report
+        from autotune import notes
 
-        report.write_note(study, spec.study.storage)  # what optuna-dashboard shows first
+        notes.write_note(study, spec.study.storage)  # what optuna-dashboard shows first
     if outcome.interrupted:
         how = "run the same command to resume"
         if new_study:  # the same command would start yet another study
@@ -221,7 +221,7 @@ def best(
     try:
         found = studies.load_study(study_name, storage)
         chosen = export.select_trial(found, trial)
-    except (studies.StudyError, export.ExportError) as err:
+    except UserError as err:
         raise _fail(str(err), EXIT_FAILED) from None
     result = export.best_config(found, chosen)
     if as_json:
@@ -274,8 +274,8 @@ def export_command(
         if output is None:
             sys.stdout.write(text)
             return
-        export.write_new_file(output, text, force=force)
-    except (studies.StudyError, export.ExportError) as err:
+        write_new_file(output, text, force=force)
+    except UserError as err:
         raise _fail(str(err), EXIT_FAILED) from None
     _attach(found, output, storage)
     what = {"script": "training script", "yaml": "YAML", "json": "JSON"}[fmt]
@@ -292,11 +292,11 @@ def export_command(
 def _attach(study: Any, output: Path, storage: str) -> None:
     """Upload ``output`` as an artifact of ``study`` and refresh its note, for optuna-dashboard.
     The file is written already: a failure here is a warning, not a failed command."""
-    from autotune import report
+    from autotune import notes
 
     try:
-        report.upload(study, output, storage)
-        report.write_note(study, storage)
+        notes.upload(study, output, storage)
+        notes.write_note(study, storage)
     except Exception as err:  # an unwritable artifact folder, a storage hiccup
         console.print(
             f"[yellow]Warning:[/] {output} is written, but it could not be attached to the "
@@ -314,14 +314,14 @@ def report_command(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
 ) -> None:
     """Write a self-contained HTML report of a study (opens offline)."""
-    from autotune import export, report
+    from autotune import report
     from autotune import study as studies
 
     _quiet_libraries(verbose=False)
     try:
         found = studies.load_study(study_name, storage)
-        export.write_new_file(output, report.render_html(found, storage), force=force)
-    except (studies.StudyError, export.ExportError, report.ReportError) as err:
+        write_new_file(output, report.render_html(found, storage), force=force)
+    except UserError as err:
         raise _fail(str(err), EXIT_FAILED) from None
     _attach(found, output, storage)
     console.print(f"Wrote {output}: the report of {study_name}. Open it in a browser.")
@@ -337,11 +337,11 @@ def dashboard(
     import optuna_dashboard
     from optuna.artifacts import FileSystemArtifactStore
 
-    from autotune import report
+    from autotune import notes
 
     _quiet_libraries(verbose=False)
     backend = _open_for_reading(storage)
-    artifacts = report.artifact_dir(storage)
+    artifacts = notes.artifact_dir(storage)
     artifacts.mkdir(parents=True, exist_ok=True)
     console.print(f"optuna-dashboard on [bold]http://{host}:{port}/[/] (Ctrl-C to stop)")
     try:
@@ -384,7 +384,7 @@ def list_studies(
         top = studies.best_trial(study)
         table.add_row(
             summary.study_name,
-            str(study.user_attrs.get("metric", "-")),
+            studies.StudyRecord.of(study).metric or "-",
             str(count[TrialState.COMPLETE]),
             str(count[TrialState.PRUNED]),
             str(count[TrialState.FAIL]),

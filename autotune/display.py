@@ -16,7 +16,7 @@ from rich.text import Text
 from autotune import study as studies
 from autotune.config import TrialConfig
 from autotune.hardware import Hardware
-from autotune.runner import Evaluation
+from autotune.results import Evaluation
 from autotune.spec import DEFAULT_STORAGE, KNOBS, Choice, Spec
 
 __all__ = [
@@ -124,10 +124,10 @@ class LiveObserver(studies.StudyObserver):
         self._render()
 
     def trial_finished(self, trial: FrozenTrial) -> None:
-        attrs = trial.user_attrs
+        record = studies.TrialRecord.of(trial)
         line = Text(f"trial {trial.number:>3} ")
         if trial.state == TrialState.COMPLETE:
-            feasible = all(v <= 0 for v in trial.constraints.values())
+            feasible = studies.is_feasible(trial)
             if feasible or self.spec.objective.metric != "time_to_accuracy":
                 line.append(
                     f"{fmt(trial.value):>9} {self.unit}",
@@ -136,17 +136,17 @@ class LiveObserver(studies.StudyObserver):
             else:  # its value is a penalty, not a time to the target
                 line.append(f"{'target not reached':>21}", style="yellow")
             line.append(
-                f"  acc {attrs.get('accuracy', 0):.3f}  {attrs.get('charged_seconds', 0):.2f} s"
-                f"  {_si(attrs.get('samples_per_second', 0))} samples/s  "
+                f"  acc {record.accuracy or 0:.3f}  {record.charged_seconds or 0:.2f} s"
+                f"  {_si(record.samples_per_second or 0)} samples/s  "
             )
             if not feasible and self.spec.objective.metric != "time_to_accuracy":
                 line.append("infeasible  ", style="yellow")
         else:
-            kind = attrs.get("fail_kind", trial.state.name.lower())
+            kind = record.fail_kind or trial.state.name.lower()
             line.append(f"{kind:>15}  ", style="dim" if kind == "pruned" else "red")
             if kind != "pruned":
-                line.append(f"{attrs.get('fail_msg', '')}  ", style="red")
-        if trial.user_attrs.get("baseline"):
+                line.append(f"{record.fail_msg or ''}  ", style="red")
+        if record.baseline:
             line.append("(untuned baseline) ", style="bold")
         line.append(_params(trial), style="cyan")
         self.live.console.print(line, no_wrap=True, overflow="ellipsis")
@@ -175,7 +175,7 @@ def print_plan(
     console.print(f"[bold]searching[/] {', '.join(searched) if searched else 'nothing'}")
     for line in dropped:
         console.print(f"[yellow]not on this device:[/] {line}")
-    created_on = study.user_attrs.get("created_on")
+    created_on = studies.StudyRecord.of(study).created_on
     if created_on and created_on != hardware.device_name:
         console.print(
             f"[yellow]warning:[/] this study was created on {created_on}; trials measured on "
@@ -202,13 +202,13 @@ def _best_table(study: optuna.Study, spec: Spec, limit: int = 5) -> Table | None
     table.add_column("samples/s", justify="right")
     table.add_column("searched knobs", style="cyan", ratio=1)
     for trial in trials:
-        attrs = trial.user_attrs
+        record = studies.TrialRecord.of(trial)
         table.add_row(
             str(trial.number),
             fmt(trial.value),
-            f"{attrs.get('accuracy', math.nan):.3f}",
-            f"{attrs.get('charged_seconds', math.nan):.2f}",
-            _si(attrs.get("samples_per_second", 0)),
+            f"{record.accuracy if record.accuracy is not None else math.nan:.3f}",
+            f"{record.charged_seconds if record.charged_seconds is not None else math.nan:.2f}",
+            _si(record.samples_per_second or 0),
             _params(trial),
         )
     return table

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import gc
 import signal
-
-import torch
+from enum import StrEnum
 
 __all__ = [
     "CONFIGURATION_FAULTS",
     "KINDS",
+    "FaultKind",
     "TrialFault",
     "classify",
     "describe_exit",
@@ -25,32 +25,61 @@ __all__ = [
     "release_memory",
 ]
 
-KINDS = {
-    "pruned": "stopped early by the pruner: it was behind other trials at the same point",
-    "oom": "ran out of memory at this batch size, precision and compile mode",
-    "nonfinite_loss": "the loss became NaN or infinite, or fp16 gradients kept overflowing",
-    "diverged": "the training loss rose far above the lowest it had reached",
-    "compile_error": "torch.compile failed for this model and mode",
-    "invalid_config": "the configuration cannot run on this workload (e.g. batch > data set)",
-    "dataloader_worker_died": "a DataLoader worker process died (killed, or out of memory)",
-    "dataloader_timeout": "a DataLoader worker did not deliver a batch within the timeout",
-    "trial_timeout": "the trial ran past study.trial_timeout; its processes were killed",
-    "worker_crashed": "the process running the trial died (a crash or a signal)",
-    "interrupted": "the study was stopped (Ctrl-C, SIGTERM, or its process was lost)",
-    "error": "an unexpected exception, most likely a bug in the model or data code",
+
+class FaultKind(StrEnum):
+    """Why a trial did not complete; stored as the trial's ``fail_kind`` attribute (its value)."""
+
+    PRUNED = "pruned"
+    OOM = "oom"
+    NONFINITE_LOSS = "nonfinite_loss"
+    DIVERGED = "diverged"
+    COMPILE_ERROR = "compile_error"
+    INVALID_CONFIG = "invalid_config"
+    DATALOADER_WORKER_DIED = "dataloader_worker_died"
+    DATALOADER_TIMEOUT = "dataloader_timeout"
+    TRIAL_TIMEOUT = "trial_timeout"
+    WORKER_CRASHED = "worker_crashed"
+    INTERRUPTED = "interrupted"
+    ERROR = "error"
+
+    @property
+    def description(self) -> str:
+        """What this kind of fault means, in one line."""
+        return KINDS[self]
+
+    @property
+    def is_configuration_fault(self) -> bool:
+        """Whether the configuration itself cannot train here (recorded as PRUNED with a
+        violated constraint, so the sampler learns to avoid it)."""
+        return self in CONFIGURATION_FAULTS
+
+
+KINDS: dict[FaultKind, str] = {
+    FaultKind.PRUNED: "stopped early by the pruner: it was behind other trials at the same point",
+    FaultKind.OOM: "ran out of memory at this batch size, precision and compile mode",
+    FaultKind.NONFINITE_LOSS: "the loss became NaN or infinite, or fp16 gradients overflowed",
+    FaultKind.DIVERGED: "the training loss rose far above the lowest it had reached",
+    FaultKind.COMPILE_ERROR: "torch.compile failed for this model and mode",
+    FaultKind.INVALID_CONFIG: "the configuration cannot run on this workload (batch > data set)",
+    FaultKind.DATALOADER_WORKER_DIED: "a DataLoader worker died (killed, or out of memory)",
+    FaultKind.DATALOADER_TIMEOUT: "a DataLoader worker did not deliver a batch within the timeout",
+    FaultKind.TRIAL_TIMEOUT: "the trial ran past study.trial_timeout; its processes were killed",
+    FaultKind.WORKER_CRASHED: "the process running the trial died (a crash or a signal)",
+    FaultKind.INTERRUPTED: "the study was stopped (Ctrl-C, SIGTERM, or its process was lost)",
+    FaultKind.ERROR: "an unexpected exception, most likely a bug in the model or data code",
 }
 
 CONFIGURATION_FAULTS = frozenset(
     {
-        "oom",
-        "nonfinite_loss",
-        "diverged",
-        "compile_error",
-        "invalid_config",
-        "dataloader_worker_died",
-        "dataloader_timeout",
-        "trial_timeout",
-        "worker_crashed",
+        FaultKind.OOM,
+        FaultKind.NONFINITE_LOSS,
+        FaultKind.DIVERGED,
+        FaultKind.COMPILE_ERROR,
+        FaultKind.INVALID_CONFIG,
+        FaultKind.DATALOADER_WORKER_DIED,
+        FaultKind.DATALOADER_TIMEOUT,
+        FaultKind.TRIAL_TIMEOUT,
+        FaultKind.WORKER_CRASHED,
     }
 )
 
@@ -61,10 +90,9 @@ class TrialFault(Exception):
     ``details`` carries a traceback when the fault came from another process.
     """
 
-    def __init__(self, kind: str, message: str, details: str = "") -> None:
-        assert kind in KINDS, kind
+    def __init__(self, kind: FaultKind | str, message: str, details: str = "") -> None:
         super().__init__(message)
-        self.kind = kind
+        self.kind = FaultKind(kind)  # ValueError for a kind that does not exist
         self.message = message
         self.details = details
 
@@ -82,20 +110,22 @@ def _is_compile_error(error: BaseException) -> bool:
     }
 
 
-def classify(error: BaseException) -> tuple[str, str]:
+def classify(error: BaseException) -> tuple[FaultKind, str]:
     """(fail kind, one-line message) for an exception raised while training a trial."""
     if isinstance(error, TrialFault):
         return error.kind, error.message
+    import torch  # here, not at the top: reading fault kinds needs no torch
+
     text = str(error)
     if isinstance(error, torch.OutOfMemoryError | MemoryError) or "out of memory" in text:
-        return "oom", _first_line(text) or type(error).__name__
+        return FaultKind.OOM, _first_line(text) or type(error).__name__
     if _is_compile_error(error):
-        return "compile_error", f"{type(error).__name__}: {_first_line(text)}"
+        return FaultKind.COMPILE_ERROR, f"{type(error).__name__}: {_first_line(text)}"
     if "DataLoader worker" in text and ("killed" in text or "exited unexpectedly" in text):
-        return "dataloader_worker_died", _first_line(text)
+        return FaultKind.DATALOADER_WORKER_DIED, _first_line(text)
     if "DataLoader timed out" in text:
-        return "dataloader_timeout", _first_line(text)
-    return "error", f"{type(error).__name__}: {_first_line(text)}"
+        return FaultKind.DATALOADER_TIMEOUT, _first_line(text)
+    return FaultKind.ERROR, f"{type(error).__name__}: {_first_line(text)}"
 
 
 def needs_fresh_process(error: BaseException) -> bool:
@@ -122,6 +152,8 @@ def describe_exit(exitcode: int | None) -> str:
 
 def release_memory() -> None:
     """Free what a failed trial left behind: unreachable tensors, then the CUDA cache."""
+    import torch
+
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -10,10 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
+from autotune.errors import UserError
+
 __all__ = ["DeviceError", "Hardware", "detect", "device_name"]
 
 
-class DeviceError(Exception):
+class DeviceError(UserError):
     """The requested device does not exist on this machine (a user error)."""
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.runner import Evaluation, TrialResult
+from autotune.results import Evaluation, TrialResult
 from autotune.spec import ObjectiveSpec
 
 __all__ = ["Score", "charged_seconds", "intermediate_value", "score", "target_reached"]

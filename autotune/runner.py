@@ -20,8 +20,7 @@ import tempfile
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -30,18 +29,18 @@ from torch.utils.data import DataLoader
 from autotune.config import TrialConfig
 from autotune.faults import TrialFault, classify
 from autotune.hardware import device_name
+from autotune.pipeline import DeviceBatches, make_train_loader, make_val_loader
+from autotune.results import Evaluation, Plan, Reporter, TrialResult
 from autotune.telemetry import GpuSampler, flops_per_sample
 from autotune.timing import PhaseProbe, TrainClock
 from autotune.trainer import (
     Trainer,
     backend_flags,
-    make_train_loader,
-    make_val_loader,
     seed_everything,
 )
 from autotune.workloads import Workload
 
-__all__ = ["Evaluation", "Plan", "Reporter", "TrialResult", "make_plan", "train"]
+__all__ = ["make_plan", "train"]
 
 MAX_WARMUP_STEPS = 5  # optimizer steps timed as warm-up (at most half the first evaluation span)
 DIVERGENCE_FACTOR = 10.0  # a mean training loss this many times the lowest seen has diverged
@@ -49,61 +48,6 @@ DIVERGENCE_MIN_RISE = 1.0  # ... and risen by this much (nats): 0.001 -> 0.011 i
 MAX_SKIPPED_IN_A_ROW = 25  # fp16 steps skipped for overflow in a row (scale / 2**25): a fault
 MIN_SPAN_FOR_ALL_SKIPPED = 8  # ... or every step between two evaluations, if there were this many
 PROBE_MICRO_BATCHES = 32  # the window of steady-state micro-batches whose phases are timed
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """One validation pass during a trial, with the training measured up to it."""
-
-    index: int  # 1-based; the pruner's step
-    epoch: float  # epochs of training data consumed
-    optimizer_steps: int
-    samples_seen: int
-    accuracy: float  # validation accuracy, 0..1
-    val_loss: float  # mean validation cross-entropy
-    train_loss: float  # mean training loss since the previous evaluation
-    train_seconds: float  # training wall-clock so far, evaluation excluded
-    overhead_seconds: float  # one-time costs within train_seconds (0 until steady state is seen)
-    eval_seconds: float  # this evaluation's own wall-clock (not training time)
-    final: bool  # the trial's last planned evaluation: its budget is spent
-
-
-Reporter = Callable[[Evaluation], bool]  # returns True to stop the trial after this evaluation
-
-
-@dataclass(frozen=True)
-class TrialResult:
-    """What one trial measured."""
-
-    evaluations: tuple[Evaluation, ...]
-    accuracy: float  # at the last evaluation
-    train_seconds: float  # all training wall-clock, evaluation excluded
-    overhead_seconds: float  # one-time share of train_seconds (warm-up beyond steady state)
-    warmup_seconds: float  # wall-clock of the warm-up window
-    samples_per_second: float  # steady state (after the warm-up window)
-    samples_seen: int
-    optimizer_steps: int
-    effective_batch_size: int
-    peak_memory_bytes: int  # CUDA: max allocated on the device; CPU: the trial's peak RSS
-    compiled_graphs: int  # graphs torch.compile produced (0 for eager)
-    loss_scale: float | None  # final GradScaler scale under fp16, else None
-    skipped_steps: int  # optimizer steps GradScaler skipped for overflowing fp16 gradients
-    time_breakdown: dict[str, float] | None  # seconds per phase over a sampled window of steps
-    compile_seconds: float | None  # torch.compile's own time (None when not compiling)
-    flops_per_sample: float | None  # FLOPs of a training step per sample (flop_counter)
-    gpu: dict[str, float]  # NVML: gpu_utilization (0..1), gpu_memory_used_bytes; {} on CPU
-    device_name: str
-    torch_version: str
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How a trial's steps are laid out."""
-
-    micro_batches_per_epoch: int
-    optimizer_steps: int  # in the whole trial
-    eval_steps: tuple[int, ...]  # evaluate after these optimizer steps (the last is the end)
-    warmup_steps: int  # optimizer steps in the warm-up window
 
 
 def make_plan(config: TrialConfig, micro_batches_per_epoch: int, train_size: int) -> Plan:
@@ -206,7 +150,7 @@ def _peak_memory_bytes(device: torch.device) -> int:
 
 
 @torch.no_grad()
-def _evaluate(trainer: Trainer, loader: DataLoader) -> tuple[float, float]:
+def _evaluate(trainer: Trainer, loader: DataLoader | DeviceBatches) -> tuple[float, float]:
     """(accuracy, mean cross-entropy) of the eager model on ``loader``; one sync at the end."""
     model = trainer.model
     model.eval()
@@ -264,7 +208,8 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
     # -- data
     train_loader = make_train_loader(workload.train_set, config, config.seed)
     val_loader = make_val_loader(workload.val_set, config)
-    plan = make_plan(config, len(train_loader), len(workload.train_set))  # type: ignore[arg-type]
+    train_size = len(workload.train_set)  # type: ignore[arg-type]  # map-style data sets have a length; Dataset's stub does not say so
+    plan = make_plan(config, len(train_loader), train_size)
 
     # -- model, optimizer, schedule, precision; compiled when asked, on a cold compiler (see
     # _compile_state) so earlier trials' graphs neither help nor count (evaluation runs eager)
@@ -354,6 +299,7 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
             lowest_train_loss = min(lowest_train_loss, train_loss)
             skipped_before, steps_before = trainer.skipped_steps, steps
             loss_sum.zero_()
+            # a tensor under fp16 (finite losses are counted on the device), else an int
             losses_summed = losses_summed.zero_() if fp16 else 0  # type: ignore[union-attr]
             eval_started = time.perf_counter()
             accuracy, val_loss = _evaluate(trainer, val_loader)

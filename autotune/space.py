@@ -17,9 +17,9 @@ from torch.utils.data import TensorDataset
 
 from autotune.config import TrialConfig, scaled_lr
 from autotune.hardware import Hardware
+from autotune.pipeline import ImageTensorDataset
 from autotune.spec import KNOBS, Choice, FloatRange, IntRange, Knob, Spec, SpecError
 from autotune.workloads import Workload
-from autotune.workloads.vision import ImageTensorDataset
 
 DEVICE_DATA_SHARE = (
     0.5  # the most of a GPU's memory a training set may take in the device pipeline
@@ -114,9 +114,10 @@ def _unsupported(
         return None
 
     def batch_size(value: Any) -> str | None:
-        if workload is None or value <= len(workload.train_set):  # type: ignore[arg-type]
+        if workload is None:
             return None
-        return f"larger than the training set ({len(workload.train_set)} samples)"  # type: ignore[arg-type]
+        size = len(workload.train_set)  # type: ignore[arg-type]  # map-style: sized
+        return None if value <= size else f"larger than the training set ({size} samples)"
 
     return {
         "batch_size": batch_size,
@@ -302,5 +303,5 @@ def baseline_params(spec: Spec, hardware: Hardware) -> dict[str, Any]:
     """The searched knobs' values of the untuned configuration (see ``study.baseline``)."""
     pins = spec.study.baseline if isinstance(spec.study.baseline, dict) else {}
     untuned = _Untuned(dict(pins))
-    sample(untuned, spec, hardware)  # type: ignore[arg-type]
+    sample(untuned, spec, hardware)  # type: ignore[arg-type]  # it answers the suggest_* calls
     return untuned.params

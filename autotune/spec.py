@@ -19,7 +19,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -34,6 +34,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from autotune.errors import UserError
 
 __all__ = [
     "KNOBS",
@@ -57,7 +59,7 @@ DEFAULT_STORAGE = "sqlite:///studies/autotune.db"
 Scalar = bool | int | float | str
 
 
-class SpecError(Exception):
+class SpecError(UserError):
     """A space file the user has to fix: one formatted line per problem."""
 
     def __init__(self, problems: list[str]) -> None:
@@ -321,9 +323,9 @@ def _parse_range(name: str, info: KnobInfo, raw: dict[str, Any]) -> IntRange | F
     log = raw.get("log", False)
     if not isinstance(log, bool):
         raise ValueError(f"log must be true or false, not {log!r}")
-    if low > high:  # type: ignore[operator]
+    if low > high:  # type: ignore[operator]  # both numbers: _check_scalar checked the kind
         raise ValueError(f"low ({low}) is greater than high ({high})")
-    if log and low <= 0:  # type: ignore[operator]
+    if log and low <= 0:  # type: ignore[operator]  # a number, as above
         raise ValueError(f"a log range needs low > 0, got low = {low}")
     step = raw.get("step")
     if step is not None:
@@ -659,7 +661,7 @@ def _keys_at(loc: tuple[Any, ...]) -> list[str]:
 _KEYED_MESSAGE = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*): (.+)$", re.DOTALL)
 
 
-def _locate(error: dict[str, Any]) -> tuple[tuple[Any, ...], str]:
+def _locate(error: Mapping[str, Any]) -> tuple[tuple[Any, ...], str]:
     """The key path and message of one pydantic error.
 
     Checks that span several fields (model validators) name their key at the start of the
@@ -675,7 +677,7 @@ def _locate(error: dict[str, Any]) -> tuple[tuple[Any, ...], str]:
     return loc, message
 
 
-def _describe(error: dict[str, Any], loc: tuple[Any, ...], message: str) -> str:
+def _describe(error: Mapping[str, Any], loc: tuple[Any, ...], message: str) -> str:
     kind = error["type"]
     if kind == "extra_forbidden":
         key, parent = str(loc[-1]), loc[:-1]

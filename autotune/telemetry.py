@@ -111,7 +111,8 @@ class GpuSampler:
         self, device: torch.device, nvml: Any | None = None, interval_seconds: float = 0.1
     ) -> None:
         self.device = device
-        self.nvml = nvml if nvml is not None else (_nvml() if device.type == "cuda" else None)
+        # pynvml, or None where there is none; Any: nvml-ml-py ships no type information
+        self.nvml: Any = nvml if nvml is not None else (_nvml() if device.type == "cuda" else None)
         self.interval_seconds = interval_seconds
         self.utilization: list[float] = []  # percent of time a kernel ran, per sample
         self.memory_used: list[int] = []  # bytes

@@ -79,7 +79,7 @@ class SlowDataset(Dataset):
         self.inner, self.delay_seconds = inner, delay_seconds
 
     def __len__(self) -> int:
-        return len(self.inner)  # type: ignore[arg-type]
+        return len(self.inner)  # type: ignore[arg-type]  # map-style: sized
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         time.sleep(self.delay_seconds)
@@ -97,7 +97,7 @@ class FaultyDataset(Dataset):
         self.loaded = 0
 
     def __len__(self) -> int:
-        return len(self.inner)  # type: ignore[arg-type]
+        return len(self.inner)  # type: ignore[arg-type]  # map-style: sized
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if get_worker_info() is not None:
@@ -177,7 +177,8 @@ def _break_the_compiler() -> None:
     """Point Inductor at a C++ compiler that does not exist, with its caches off."""
     import torch._inductor.config as inductor
 
-    inductor.cpp.cxx = ("/nonexistent/c++",)
+    # a search list of one compiler; Inductor annotates the field narrower than it reads it
+    inductor.cpp.cxx = ("/nonexistent/c++",)  # type: ignore[assignment]
     inductor.fx_graph_cache = False
 
 

@@ -102,6 +102,7 @@ class PhaseProbe:
             if not phase:
                 continue  # from the last mark of one micro-batch to the start of the next
             seconds[phase] += (
+                # marks are CUDA events on a GPU, perf_counter() seconds elsewhere
                 start.elapsed_time(end) / 1000  # type: ignore[attr-defined]
                 if self._cuda
                 else end - start  # type: ignore[operator]

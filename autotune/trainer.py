@@ -15,10 +15,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
 
 from autotune.config import TrialConfig
-from autotune.workloads.vision import DeviceBatches
 
 __all__ = [
     "Trainer",
@@ -26,8 +24,6 @@ __all__ = [
     "backend_flags",
     "make_optimizer",
     "make_scheduler",
-    "make_train_loader",
-    "make_val_loader",
     "seed_everything",
 ]
 
@@ -39,55 +35,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
-
-
-def _seed_worker(worker_id: int) -> None:
-    """Seed Python and NumPy in a DataLoader worker from the seed torch gave it."""
-    seed = torch.initial_seed() % 2**32
-    random.seed(seed)
-    np.random.seed(seed)
-
-
-def make_train_loader(
-    dataset: Dataset, config: TrialConfig, seed: int
-) -> DataLoader | DeviceBatches:
-    """Shuffled training batches, the last partial one dropped (static shapes).
-
-    The ``dataloader`` pipeline is a DataLoader with the trial's knobs; the ``device`` pipeline
-    keeps the data set on the device and makes each batch there (DeviceBatches).
-    """
-    if config.data_pipeline == "device":
-        device = torch.device(config.device)
-        generator = torch.Generator(device=device).manual_seed(seed)
-        return DeviceBatches(dataset, config.batch_size, device, generator, shuffle=True)
-    workers = {}
-    if config.num_workers > 0:
-        workers = {
-            "prefetch_factor": config.prefetch_factor,
-            "persistent_workers": config.persistent_workers,
-            "worker_init_fn": _seed_worker,
-            "timeout": config.dataloader_timeout,
-        }
-    return DataLoader(
-        dataset,
-        batch_size=config.batch_size,
-        shuffle=True,
-        drop_last=True,  # static shapes: no recompilation, CUDA graphs stay valid
-        num_workers=config.num_workers,
-        pin_memory=config.pin_memory,
-        generator=torch.Generator().manual_seed(seed),
-        **workers,
-    )
-
-
-def make_val_loader(dataset: Dataset, config: TrialConfig) -> DataLoader | DeviceBatches:
-    """Validation batches in order, every sample once (on the device with the device pipeline,
-    when the validation set is in memory too)."""
-    if config.data_pipeline == "device":
-        with contextlib.suppress(TypeError):  # not in memory: a DataLoader serves it
-            device = torch.device(config.device)
-            return DeviceBatches(dataset, config.val_batch_size, device, shuffle=False)
-    return DataLoader(dataset, batch_size=config.val_batch_size, pin_memory=config.pin_memory)
 
 
 def make_optimizer(model: nn.Module, config: TrialConfig) -> torch.optim.Optimizer:
@@ -211,6 +158,7 @@ class Trainer:
             # a compile that fails must fail, not fall back to eager and be labelled compiled
             torch._dynamo.config.suppress_errors = False
             mode = None if config.compile == "default" else config.compile
+            # torch.compile is typed as returning a callable; for a module it is a module
             self.step_model = torch.compile(model, mode=mode)  # type: ignore[assignment]
         self.optimizer = make_optimizer(model, config)
         self.scheduler = make_scheduler(self.optimizer, config, total_steps)

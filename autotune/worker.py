@@ -7,10 +7,9 @@ crashes, hangs past the trial timeout, or its CUDA context breaks, the study pro
 whole process group (DataLoader workers included), records the trial and starts a fresh worker;
 GPU memory is released between such trials by construction.
 
-Messages on the pipe (pickled):
-    study -> worker   ("trial", TrialConfig) | ("continue" | "stop") | ("exit",)
-    worker -> study   ("ready",) | ("failed", message) | ("evaluation", Evaluation)
-                      | ("result", TrialResult) | ("fault", kind, message, traceback)
+The pipe carries the frozen message types below (pickled), and nothing else:
+    study -> worker   RunTrial, then a Verdict after each Evaluated; Exit when idle
+    worker -> study   Ready or StartFailed once; per trial Evaluated..., then Finished or Faulted
 """
 
 from __future__ import annotations
@@ -26,60 +25,93 @@ import tempfile
 import time
 import traceback
 import warnings
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Protocol
 
 from autotune import runner
 from autotune.config import TrialConfig
+from autotune.executor import WorkerError
 from autotune.faults import (
+    FaultKind,
     TrialFault,
     classify,
     describe_exit,
     needs_fresh_process,
     release_memory,
 )
-from autotune.runner import Evaluation, Reporter, TrialResult
+from autotune.results import Evaluation, Reporter, TrialResult
 from autotune.spec import WorkloadSpec
-from autotune.workloads import Workload
 
-__all__ = ["InProcessExecutor", "TrialExecutor", "WorkerError", "WorkerExecutor"]
+__all__ = ["WorkerExecutor"]
+
+# ---------------------------------------------------------------------------------------------
+# The messages
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunTrial:
+    """study -> worker: train this configuration."""
+
+    config: TrialConfig
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """study -> worker: the answer to an evaluation (the pruner's, or a reached target)."""
+
+    stop: bool
+
+
+@dataclass(frozen=True)
+class Exit:
+    """study -> worker: no more trials; exit."""
+
+
+@dataclass(frozen=True)
+class Ready:
+    """worker -> study: the workload is loaded; send trials."""
+
+
+@dataclass(frozen=True)
+class StartFailed:
+    """worker -> study: the worker cannot run trials (the workload did not load)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """worker -> study: an evaluation of the running trial; a Verdict must answer it."""
+
+    evaluation: Evaluation
+
+
+@dataclass(frozen=True)
+class Finished:
+    """worker -> study: the running trial trained to its end (or was stopped by a Verdict)."""
+
+    result: TrialResult
+
+
+@dataclass(frozen=True)
+class Faulted:
+    """worker -> study: the running trial could not finish."""
+
+    kind: FaultKind
+    message: str
+    details: str  # the traceback, for unexpected errors
+    needs_fresh_process: bool  # a broken CUDA context: this worker exits after sending it
+
+
+ToWorker = RunTrial | Verdict | Exit
+FromWorker = Ready | StartFailed | Evaluated | Finished | Faulted
 
 POLL_SECONDS = 0.2  # how often the supervisor checks the worker between messages
 START_TIMEOUT_SECONDS = 600.0  # importing torch and loading the data; generous for big data
 PR_SET_PDEATHSIG = 1  # Linux prctl: signal this process when its parent dies
 EXIT_REPORT_SECONDS = 5.0  # how long a worker whose pipe closed may take to exit
-
-
-class WorkerError(Exception):
-    """The worker could not start (e.g. the workload fails to load there)."""
-
-
-class TrialExecutor(Protocol):
-    """Runs one trial: ``run(config, report) -> TrialResult``, raising on faults."""
-
-    def run(self, config: TrialConfig, report: Reporter) -> TrialResult: ...
-
-    def close(self) -> None: ...
-
-
-class InProcessExecutor:
-    """Trials in the study process itself (``--isolation none``): for debugging.
-
-    Nothing is supervised: a crash ends the study and a hang is not timed out.
-    """
-
-    def __init__(self, workload: Workload) -> None:
-        self.workload = workload
-
-    def run(self, config: TrialConfig, report: Reporter) -> TrialResult:
-        try:
-            return runner.train(config, self.workload, report)
-        finally:
-            release_memory()  # the next trial's peak memory is its own
-
-    def close(self) -> None:
-        pass
 
 
 class WorkerExecutor:
@@ -139,9 +171,9 @@ class WorkerExecutor:
                     )
                 if time.monotonic() > deadline:
                     raise WorkerError(f"the worker did not start in {START_TIMEOUT_SECONDS:g} s")
-            message = parent.recv()
-            if message[0] == "failed":
-                raise WorkerError(message[1])
+            message: FromWorker = parent.recv()
+            if isinstance(message, StartFailed):
+                raise WorkerError(message.message)
         except BaseException:  # including Ctrl-C while torch imports in the worker
             self._kill()
             raise
@@ -176,7 +208,7 @@ class WorkerExecutor:
         """Ask an idle worker to exit; kill it if it does not."""
         if self._process is not None and self._connection is not None:
             with contextlib.suppress(OSError):
-                self._connection.send(("exit",))
+                self._connection.send(Exit())
             self._process.join(timeout=5)
         self._kill()
 
@@ -197,21 +229,22 @@ class WorkerExecutor:
         connection = self._connection
         started = time.monotonic()
         try:
-            connection.send(("trial", config))
+            connection.send(RunTrial(config))
             while True:
                 if not connection.poll(POLL_SECONDS):
                     self._check_alive_and_on_time(started)
                     continue
-                message = connection.recv()
-                if message[0] == "evaluation":
-                    connection.send(("stop",) if report(message[1]) else ("continue",))
-                elif message[0] == "result":
-                    return message[1]
-                elif message[0] == "fault":
-                    _, kind, text, details, fresh = message
-                    if fresh:  # the worker's CUDA context is broken: it exits; the next
-                        self._kill()  # trial starts a new one instead of finding it gone
-                    return TrialFault(kind, text, details)
+                message: FromWorker = connection.recv()
+                if isinstance(message, Evaluated):
+                    connection.send(Verdict(stop=report(message.evaluation)))
+                elif isinstance(message, Finished):
+                    return message.result
+                elif isinstance(message, Faulted):
+                    if message.needs_fresh_process:  # its CUDA context is broken: it exits;
+                        self._kill()  # the next trial starts a new worker, not a dead one
+                    return TrialFault(message.kind, message.message, message.details)
+                else:
+                    raise TypeError(f"unexpected message from the worker: {message!r}")
         except (EOFError, OSError):
             # the pipe closed: the worker is dying; give it a moment to report how
             exitcode = None
@@ -292,22 +325,23 @@ def _worker_main(
     try:
         workload = workloads.load(workload_spec, base_dir)
     except Exception as error:  # reported to the study process, which says it in one line
-        connection.send(("failed", f"the worker could not load the workload: {error}"))
+        connection.send(StartFailed(f"the worker could not load the workload: {error}"))
         return
-    connection.send(("ready",))
+    connection.send(Ready())
 
     while True:
         try:
-            message = connection.recv()
+            message: ToWorker = connection.recv()
         except (EOFError, OSError):
             return  # the study process is gone
-        if message[0] == "exit":
+        if not isinstance(message, RunTrial):  # Exit
             return
-        config: TrialConfig = message[1]
+        config = message.config
 
         def report(evaluation: Evaluation) -> bool:
-            connection.send(("evaluation", evaluation))
-            return connection.recv()[0] == "stop"
+            connection.send(Evaluated(evaluation))
+            verdict: Verdict = connection.recv()
+            return verdict.stop
 
         try:
             result = runner.train(config, workload, report)
@@ -317,9 +351,9 @@ def _worker_main(
             fresh = needs_fresh_process(error)
             del error
             release_memory()
-            connection.send(("fault", kind, text, details, fresh))
+            connection.send(Faulted(kind, text, details, fresh))
             if fresh:
                 return  # a broken CUDA context: the next trial gets a new process
             continue
-        connection.send(("result", result))
+        connection.send(Finished(result))
         release_memory()  # the next trial starts from an empty CUDA cache, its peak its own

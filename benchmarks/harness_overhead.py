@@ -21,10 +21,12 @@ from torch.utils.data import DataLoader
 
 from autotune.config import TrialConfig
 from autotune.hardware import detect
-from autotune.runner import MAX_WARMUP_STEPS, Evaluation, train
+from autotune.pipeline import make_train_loader
+from autotune.results import Evaluation
+from autotune.runner import MAX_WARMUP_STEPS, train
 from autotune.spec import WorkloadSpec
 from autotune.timing import synchronize
-from autotune.trainer import backend_flags, make_train_loader
+from autotune.trainer import backend_flags
 from autotune.workloads import Workload, load
 
 

@@ -30,7 +30,8 @@ from autotune.config import TrialConfig
 from autotune.faults import release_memory
 from autotune.hardware import detect
 from autotune.objective import charged_seconds
-from autotune.runner import TrialResult, train
+from autotune.results import TrialResult
+from autotune.runner import train
 from autotune.spec import Choice, load_spec
 from autotune.study import best_trial, trial_config
 from autotune.telemetry import fingerprint

@@ -69,10 +69,10 @@ def test_the_dashboard_shows_the_study_its_trials_and_the_note(seen, browser_pat
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from autotune import report
+    from autotune import notes
 
     study, url = seen
-    report.write_note(study, url)
+    notes.write_note(study, url)
     port = _free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "autotune", "dashboard", "--storage", url, "--port", str(port)],
@@ -113,7 +113,7 @@ def test_the_dashboard_shows_the_study_its_trials_and_the_note(seen, browser_pat
 
         browser.get(f"{base}/note")
         wait.until(lambda _: "autotune: seen" in page_text())
-        best = report.summarize(study).best
+        best = notes.summarize(study).best
         assert f"Best: trial {best.number}" in page_text()  # the note, rendered
         browser.save_screenshot(str(tmp_path / "note.png"))
 

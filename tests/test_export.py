@@ -16,6 +16,7 @@ import torch
 import yaml
 
 import autotune
+from autotune.executor import InProcessExecutor
 from autotune.export import (
     BestConfig,
     ExportError,
@@ -24,15 +25,14 @@ from autotune.export import (
     render,
     render_script,
     select_trial,
-    write_new_file,
 )
+from autotune.files import OutputFileError, write_new_file
 from autotune.hardware import detect
 from autotune.runner import train
 from autotune.space import restrict
 from autotune.spec import parse_spec
 from autotune.study import open_storage, open_study, run_study, trial_config
 from autotune.testing import blobs, tiny_mlp
-from autotune.worker import InProcessExecutor
 from autotune.workloads import load
 
 from .conftest import make_config, run_cli
@@ -345,9 +345,9 @@ def test_export_errors_are_one_line(tiny_study, tmp_path: Path):
     assert unknown.returncode == 1 and "Traceback" not in unknown.stderr
     assert unknown.stderr.strip().startswith("error: no study 'nope'")
     study = optuna.load_study(study_name="tiny", storage=url)
-    with pytest.raises(ExportError, match="there is no directory"):
+    with pytest.raises(OutputFileError, match="there is no directory"):
         write_new_file(tmp_path / "no" / "dir.py", "text")
-    with pytest.raises(ExportError, match="it is a directory"):
+    with pytest.raises(OutputFileError, match="it is a directory"):
         write_new_file(tmp_path, "text")
     with pytest.raises(ExportError, match="has no trial 99"):
         select_trial(study, 99)

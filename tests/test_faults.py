@@ -24,12 +24,13 @@ import pytest
 import sqlalchemy
 from optuna.trial import TrialState
 
+from autotune.executor import InProcessExecutor
 from autotune.faults import KINDS
 from autotune.hardware import detect
 from autotune.space import restrict
 from autotune.spec import parse_spec
 from autotune.study import open_storage, open_study, run_study
-from autotune.worker import InProcessExecutor, WorkerExecutor
+from autotune.worker import WorkerExecutor
 from autotune.workloads import load
 
 CPU = detect("cpu")
@@ -409,8 +410,8 @@ def test_four_processes_share_one_sqlite_study_while_a_reader_polls(tmp_path: Pa
 
 @pytest.mark.slow
 def test_a_worker_that_cannot_load_the_workload_says_why(tmp_path: Path):
+    from autotune.executor import WorkerError
     from autotune.spec import WorkloadSpec
-    from autotune.worker import WorkerError
 
     from .conftest import make_config
 

@@ -16,11 +16,11 @@ import pytest
 import torch
 from optuna.trial import TrialState
 
+from autotune.pipeline import DeviceBatches
 from autotune.runner import train
 from autotune.spec import WorkloadSpec
 from autotune.timing import PHASES
 from autotune.workloads import load
-from autotune.workloads.vision import DeviceBatches
 
 from .conftest import cuda_flags, make_config, never_stop, run_cli, write_space
 

@@ -8,7 +8,7 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from autotune.objective import charged_seconds, intermediate_value, score, target_reached
-from autotune.runner import Evaluation, TrialResult
+from autotune.results import Evaluation, TrialResult
 from autotune.spec import ObjectiveSpec
 from autotune.study import best_trial, feasible_trials
 

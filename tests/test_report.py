@@ -14,7 +14,8 @@ import torch
 from optuna.artifacts import FileSystemArtifactStore, download_artifact, get_all_artifact_meta
 from torch import nn
 
-from autotune import report
+from autotune import notes, report
+from autotune.executor import InProcessExecutor
 from autotune.hardware import detect
 from autotune.runner import train
 from autotune.space import restrict
@@ -22,7 +23,6 @@ from autotune.spec import WorkloadSpec, parse_spec
 from autotune.study import open_storage, open_study, run_study
 from autotune.telemetry import GpuSampler, flops_per_sample, peak_flops
 from autotune.timing import PHASES, bottleneck
-from autotune.worker import InProcessExecutor
 from autotune.workloads import load
 
 from .conftest import make_config, never_stop
@@ -199,17 +199,17 @@ def test_trial_zero_is_the_untuned_baseline(seen):
 
 def test_note_and_artifacts_are_readable_back(seen, tmp_path: Path):
     study, url = seen
-    report.write_note(study, url)
+    notes.write_note(study, url)
     note = optuna_dashboard.get_note(study)
-    summary = report.summarize(study)
+    summary = notes.summarize(study)
     assert f"**Best: trial {summary.best.number}**" in note
     assert "the untuned baseline" in note or summary.best.number == 0
     assert f"autotune export --study seen --storage {url}" in note
     script = tmp_path / "train.py"
     script.write_text("print('hello')\n")
-    artifact_id = report.upload(study, script, url)
-    store = FileSystemArtifactStore(str(report.artifact_dir(url)))
-    assert report.artifact_dir(url) == Path(url.removeprefix("sqlite:///")).parent / "artifacts"
+    artifact_id = notes.upload(study, script, url)
+    store = FileSystemArtifactStore(str(notes.artifact_dir(url)))
+    assert notes.artifact_dir(url) == Path(url.removeprefix("sqlite:///")).parent / "artifacts"
     metas = get_all_artifact_meta(study)
     assert any(m.artifact_id == artifact_id and m.filename == "train.py" for m in metas)
     copy = tmp_path / "copy.py"
@@ -252,7 +252,7 @@ def test_the_report_is_one_valid_offline_html_file(seen):
     parser.close()
     assert parser.problems == [] and parser.stack == []
     assert page.startswith("<!DOCTYPE html>") and {"html", "head", "body", "table"} <= parser.seen
-    best = report.summarize(study).best
+    best = notes.summarize(study).best
     assert f"Best: trial {best.number}" in " ".join("".join(parser.text).split())
     assert "Plotly" in page and 'src="http' not in page  # plotly is inlined: opens offline
     for heading in ("Where the time goes", "Accuracy and speed", "Optimization history"):
@@ -268,7 +268,7 @@ def test_comparisons_name_each_other_trial_once():
         return made
 
     best, baseline, other = trial(5, 900.0, 3.0), trial(0, 300.0, 1.0), trial(2, 450.0, 1.5)
-    summary = report.Summary(
+    summary = notes.Summary(
         study="s",
         metric="accuracy_per_second",
         best=best,

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from autotune.faults import TrialFault
-from autotune.runner import Evaluation, make_plan, train
+from autotune.results import Evaluation
+from autotune.runner import make_plan, train
 from autotune.spec import WorkloadSpec
 from autotune.testing import blobs, tiny_mlp
 from autotune.trainer import backend_flags, make_scheduler

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -251,3 +252,75 @@ def test_readme_documents_every_knob_with_its_default():
     for name, info in KNOBS.items():
         default = str(info.default).lower() if isinstance(info.default, bool) else info.default
         assert f"| `{name}` | {default} |" in readme, name
+
+
+# One value per knob that differs from its default and is valid, and the knobs that must be set
+# for it to be sampled at all (its ``only_when``).
+OTHER_VALUE = {
+    "lr": 0.02,
+    "lr_scaling": "linear",
+    "base_batch_size": 128,
+    "batch_size": 48,
+    "accumulation_steps": 2,
+    "data_pipeline": "device",
+    "num_workers": 2,
+    "pin_memory": True,
+    "prefetch_factor": 4,
+    "persistent_workers": True,
+    "precision": "bf16",
+    "compile": "default",
+    "optimizer": "sgd",
+    "weight_decay": 0.05,
+    "momentum": 0.5,
+    "nesterov": True,
+    "schedule": "cosine",
+    "warmup_fraction": 0.25,
+    "channels_last": True,
+    "cudnn_benchmark": True,
+}
+NEEDS = {
+    "prefetch_factor": {"num_workers": 2},
+    "persistent_workers": {"num_workers": 2},
+    "momentum": {"optimizer": "sgd"},
+    "nesterov": {"optimizer": "sgd"},
+}
+
+
+@pytest.mark.parametrize("name", list(KNOBS))
+def test_every_knob_reaches_the_configuration_and_the_script(name: str):
+    """A knob added to the registry (spec.KNOBS) and not to the sampler, TrialConfig or the
+    exported script fails here."""
+    import optuna
+    import yaml
+
+    from autotune.config import TrialConfig
+    from autotune.export import SCRIPT_KNOBS
+    from autotune.hardware import detect
+    from autotune.space import sample
+
+    info = KNOBS[name]
+    value = OTHER_VALUE[name]
+    assert value != info.default, name
+    assert name in {f.name for f in dataclasses.fields(TrialConfig)}, name
+    assert name in SCRIPT_KNOBS, f"say in export's SCRIPT_KNOBS where the script applies {name}"
+    fixed = NEEDS.get(name, {})
+    # searched knobs as a list of two values, settings (one value only) as that value
+    space = {name: [info.default, value] if info.searchable else value, **fixed}
+    text = yaml.safe_dump(
+        {
+            "workload": {"model": "mlp", "data": "digits", "device": "cpu"},
+            "space": space,
+        }
+    )
+    spec = parse_spec(text)
+    params = {name: value} if info.searchable else {}
+    config = sample(optuna.trial.FixedTrial(params, number=0), spec, detect("cpu"))
+    field = "base_lr" if name == "lr" else name
+    assert getattr(config, field) == value, (name, config)
+
+
+def test_the_script_knows_no_knob_the_registry_does_not():
+    from autotune.export import SCRIPT_KNOBS
+
+    assert set(SCRIPT_KNOBS) == set(KNOBS)
+    assert set(OTHER_VALUE) == set(KNOBS)

@@ -12,12 +12,18 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.config import TrialConfig
+from autotune.executor import InProcessExecutor
+from autotune.faults import KINDS, FaultKind, TrialFault
 from autotune.hardware import detect
+from autotune.results import Evaluation, TrialResult
 from autotune.space import restrict
 from autotune.spec import parse_spec
 from autotune.study import (
+    METRIC_FIELDS,
     StudyError,
     StudyObserver,
+    StudyRecord,
+    TrialRecord,
     best_trial,
     counted_trials,
     open_storage,
@@ -25,10 +31,9 @@ from autotune.study import (
     run_study,
     trial_config,
 )
-from autotune.worker import InProcessExecutor
 from autotune.workloads import load
 
-from .conftest import TINY_SPACE
+from .conftest import TINY_SPACE, make_config
 from .test_space import AMPERE
 
 CPU = detect("cpu")
@@ -240,3 +245,113 @@ def test_a_bug_outside_training_leaves_no_trial_running(tmp_path: Path):
     assert trial.state == TrialState.FAIL
     assert trial.user_attrs["fail_kind"] == "error"
     assert "a bug in the display" in trial.user_attrs["fail_msg"]
+
+
+# ---------------------------------------------------------------------------------------------
+# What a trial and a study record (study/_records.py)
+# ---------------------------------------------------------------------------------------------
+
+
+def _result(**changes) -> TrialResult:
+    """A TrialResult with constructed measurements (no training, no timing)."""
+    evaluation = Evaluation(
+        index=1,
+        epoch=2.0,
+        optimizer_steps=20,
+        samples_seen=640,
+        accuracy=0.75,
+        val_loss=0.7,
+        train_loss=0.6,
+        train_seconds=4.0,
+        overhead_seconds=1.0,
+        eval_seconds=0.1,
+        final=True,
+    )
+    fields = {
+        "evaluations": (evaluation,),
+        "accuracy": 0.75,
+        "train_seconds": 4.0,
+        "overhead_seconds": 1.0,
+        "warmup_seconds": 1.5,
+        "samples_per_second": 200.0,
+        "samples_seen": 640,
+        "optimizer_steps": 20,
+        "effective_batch_size": 32,
+        "peak_memory_bytes": 2**20,
+        "compiled_graphs": 0,
+        "loss_scale": None,
+        "skipped_steps": 0,
+        "time_breakdown": {
+            "data_wait": 3.0,
+            "host_to_device": 0.0,
+            "forward_backward": 1.0,
+            "optimizer": 0.0,
+        },
+        "compile_seconds": None,
+        "flops_per_sample": 1e6,
+        "gpu": {},
+        "device_name": "NVIDIA H100 80GB HBM3",
+        "torch_version": "2.14.1",
+    }
+    return TrialResult(**{**fields, **changes})
+
+
+def test_a_trial_record_round_trips_through_user_attributes():
+    config = make_config(batch_size=16)
+    record = TrialRecord(
+        config=config,
+        baseline=True,
+        accuracy=0.5,
+        fail_kind=FaultKind.OOM,
+        fail_msg="out of memory",
+    )
+    attrs = record.to_attrs()
+    # JSON as Optuna stores it: the configuration as a dict, the fault kind as its string
+    assert attrs == {
+        "config": config.to_dict(),
+        "baseline": True,
+        "accuracy": 0.5,
+        "fail_kind": "oom",
+        "fail_msg": "out of memory",
+    }
+    assert json.loads(json.dumps(attrs)) == attrs
+    back = TrialRecord.from_attrs({**attrs, "someone_elses": 1})  # unknown attributes: ignored
+    assert back == record
+    assert back.fail_kind is FaultKind.OOM and back.fail_kind.is_configuration_fault
+    assert TrialRecord().to_attrs() == {}  # defaults are not written
+
+
+def test_a_trained_trial_records_its_measurements_with_derived_ones():
+    record = TrialRecord.from_result(_result(), precision="bf16")
+    assert record.time_breakdown == {
+        "data_wait": 0.75,
+        "host_to_device": 0.0,
+        "forward_backward": 0.25,
+        "optimizer": 0.0,
+    }
+    assert record.data_wait_fraction == 0.75 and record.bottleneck == "data"
+    assert record.achieved_flops == 1e6 * 200.0
+    assert record.mfu is not None and 0 < record.mfu < 1  # H100's bf16 peak is known
+    assert record.epochs_trained == 2.0 and record.accuracy_curve == [[2.0, 0.75]]
+    assert record.skipped_steps is None and record.loss_scale is None  # fp16 only
+    on_a_cpu = TrialRecord.from_result(_result(device_name="AMD EPYC"), precision="fp32")
+    assert on_a_cpu.mfu is None and "mfu" not in on_a_cpu.to_attrs()  # no peak: no guess
+    # the metrics autotune best shows, in the schema's order, only those measured
+    metrics = record.metrics()
+    assert list(metrics) == [name for name in METRIC_FIELDS if name in metrics]
+    assert "compile_seconds" not in metrics and metrics["samples_per_second"] == 200.0
+
+
+def test_fault_kinds_are_an_enum_stored_as_strings():
+    assert FaultKind("trial_timeout") is FaultKind.TRIAL_TIMEOUT
+    assert {kind.value for kind in FaultKind} == set(KINDS)
+    assert not FaultKind.INTERRUPTED.is_configuration_fault
+    assert not FaultKind.ERROR.is_configuration_fault
+    with pytest.raises(ValueError):
+        TrialFault("no_such_kind", "message")
+
+
+def test_a_study_record_round_trips_and_ignores_other_attributes():
+    record = StudyRecord(metric="accuracy_per_second", num_classes=10, input_shape=[3, 8, 8])
+    assert StudyRecord.from_attrs({**record.to_attrs(), "note": "x"}) == record
+    assert "space_file" not in record.to_attrs()  # unset fields are not written

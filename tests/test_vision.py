@@ -13,18 +13,12 @@ from PIL import Image
 from torch import nn
 
 from autotune.hardware import detect
+from autotune.pipeline import CROP_PADDING, DeviceBatches, ImageTensorDataset, make_train_loader
 from autotune.runner import train
 from autotune.space import restrict
 from autotune.spec import WorkloadSpec, parse_spec
-from autotune.trainer import make_train_loader
 from autotune.workloads import WorkloadError, load
-from autotune.workloads.vision import (
-    CROP_PADDING,
-    SHAPES,
-    DeviceBatches,
-    ImageTensorDataset,
-    shapes,
-)
+from autotune.workloads.vision import SHAPES, shapes
 
 from .conftest import make_config, never_stop
 

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
+from autotune.errors import UserError
 from autotune.spec import WorkloadSpec
 
 ModelFn = Callable[..., nn.Module]
@@ -27,7 +28,7 @@ DATASETS: dict[str, DataFn] = {}
 MODEL_FAMILIES: dict[str, ModelFn] = {}
 
 
-class WorkloadError(Exception):
+class WorkloadError(UserError):
     """A model or data set that cannot be found, imported or built (a user error)."""
 
 

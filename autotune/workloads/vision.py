@@ -1,154 +1,30 @@
 """Image workloads: torchvision models, CIFAR-10 and ImageFolder from disk, generated shapes.
 
-Training images are augmented the way CIFAR-10 training records do it: a random 32x32 crop of the
-image padded by 4 pixels on each side, a horizontal flip half the time, then normalisation. Two
-pipelines apply exactly the same augmentation:
+The data sets are ``ImageTensorDataset``s (``autotune.pipeline``): uint8 images in memory,
+augmented as CIFAR-10 training records do it, by either data pipeline.
 
-- ``ImageTensorDataset`` (the ``dataloader`` pipeline) augments one sample at a time, in
-  DataLoader worker processes, so the DataLoader knobs matter as they do in real training;
-- ``DeviceBatches`` (the ``device`` pipeline) keeps the whole training set as one uint8 tensor
-  on the training device, draws shuffled batches by index and augments each batch at once.
-
-Everything here depends only on torch, torchvision and NumPy: ``autotune export`` copies this
-source into standalone training scripts.
+Everything here depends only on torch, torchvision, NumPy and ``autotune.pipeline``:
+``autotune export`` copies this source (and what it uses of the pipeline) into standalone
+training scripts.
 """
 
 from __future__ import annotations
 
-import math
 import pickle
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 import torchvision
 from torch import nn
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset
+
+from autotune.pipeline import ImageTensorDataset, crop_and_flip
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-CROP_PADDING = 4  # pixels of zero padding around the image before the random crop
-
-
-def crop_and_flip(image: torch.Tensor) -> torch.Tensor:
-    """One image (C, H, W), cropped at random from it padded with zeros, flipped half the time."""
-    height, width = image.shape[1:]
-    padded = nn.functional.pad(image, (CROP_PADDING,) * 4)
-    top, left = torch.randint(0, 2 * CROP_PADDING + 1, (2,)).tolist()
-    image = padded[:, top : top + height, left : left + width]
-    return image.flip(-1) if torch.rand(()) < 0.5 else image
-
-
-class ImageTensorDataset(Dataset):
-    """uint8 images (N, C, H, W) and labels in memory, augmented one sample at a time.
-
-    ``augment`` crops randomly from the image padded by ``CROP_PADDING`` zero pixels and flips
-    horizontally half the time; every sample is then scaled to [0, 1] and normalised.
-    """
-
-    def __init__(
-        self,
-        images: torch.Tensor,
-        labels: torch.Tensor,
-        mean: tuple[float, ...],
-        std: tuple[float, ...],
-        augment: bool,
-        classes: tuple[str, ...] = (),
-    ) -> None:
-        if images.dtype != torch.uint8 or images.dim() != 4:
-            raise ValueError(
-                f"images must be uint8 (N, C, H, W), got {images.dtype} {images.shape}"
-            )
-        self.images, self.labels = images, labels.long()
-        self.mean = torch.tensor(mean).view(-1, 1, 1)
-        self.std = torch.tensor(std).view(-1, 1, 1)
-        self.augment = augment
-        self.classes = classes
-
-    def __len__(self) -> int:
-        return self.images.shape[0]
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        image = self.images[index]
-        if self.augment:
-            image = crop_and_flip(image)
-        return (image.float() / 255 - self.mean) / self.std, self.labels[index]
-
-
-class DeviceBatches:
-    """Shuffled (or ordered) batches of an in-memory data set, made on ``device`` in bulk.
-
-    The whole data set is copied to ``device`` once, when the first pass starts (so that a
-    timed training run pays for it): an ImageTensorDataset as uint8 images
-    (gathered by index, then cropped, flipped and normalised as one tensor operation when it
-    augments), a TensorDataset as its tensors. When shuffling the last partial batch is dropped
-    (static shapes); in order, every sample is kept.
-    """
-
-    def __init__(
-        self,
-        dataset: Dataset,
-        batch_size: int,
-        device: torch.device,
-        generator: torch.Generator | None = None,
-        shuffle: bool = True,
-    ) -> None:
-        if isinstance(dataset, ImageTensorDataset):
-            self.inputs, self.labels = dataset.images, dataset.labels
-            self.mean, self.std = dataset.mean, dataset.std
-            self.augment = dataset.augment
-        elif isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
-            self.inputs, self.labels = dataset.tensors
-            self.mean = self.std = None
-            self.augment = False
-        else:
-            raise TypeError(
-                f"the device pipeline needs an in-memory data set (ImageTensorDataset or "
-                f"TensorDataset), not {type(dataset).__name__}"
-            )
-        self.batch_size, self.device, self.shuffle = batch_size, device, shuffle
-        self.generator = generator or torch.Generator(device=device)
-
-    def __len__(self) -> int:
-        count = self.inputs.shape[0]
-        return count // self.batch_size if self.shuffle else math.ceil(count / self.batch_size)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        if self.inputs.device != self.device:  # the first pass: the data set moves over
-            self.inputs, self.labels = self.inputs.to(self.device), self.labels.to(self.device)
-            if self.mean is not None and self.std is not None:
-                self.mean, self.std = self.mean.to(self.device), self.std.to(self.device)
-        count = self.inputs.shape[0]
-        if self.shuffle:
-            order = torch.randperm(count, device=self.device, generator=self.generator)
-            stop = len(self) * self.batch_size
-        else:
-            order, stop = torch.arange(count, device=self.device), count
-        for start in range(0, stop, self.batch_size):
-            index = order[start : start + self.batch_size]
-            yield self._prepare(self.inputs[index]), self.labels[index]
-
-    def _prepare(self, inputs: torch.Tensor) -> torch.Tensor:
-        if self.mean is None:
-            return inputs
-        if self.augment:
-            batch, _, height, width = inputs.shape
-            padded = nn.functional.pad(inputs, (CROP_PADDING,) * 4)
-            shifts = torch.randint(
-                0, 2 * CROP_PADDING + 1, (2, batch), device=self.device, generator=self.generator
-            )
-            rows = (shifts[0, :, None] + torch.arange(height, device=self.device))[:, :, None]
-            cols = (shifts[1, :, None] + torch.arange(width, device=self.device))[:, None, :]
-            flip = torch.rand(batch, device=self.device, generator=self.generator) < 0.5
-            cols = torch.where(flip[:, None, None], cols.flip(-1), cols)
-            samples = torch.arange(batch, device=self.device)[:, None, None]
-            # gathered channels-last; made contiguous so that channels_last stays its own knob
-            inputs = padded.permute(0, 2, 3, 1)[samples, rows, cols].permute(0, 3, 1, 2)
-            inputs = inputs.contiguous()
-        return (inputs.float() / 255 - self.mean) / self.std
 
 
 def torchvision_model(

@@ -1,0 +1,15 @@
+"""The one base class of every error a user can cause and fix.
+
+A bad space file, an unknown model or study, a missing GPU, a file that exists already: each is
+raised as a subclass of ``UserError`` with a message of one line (or a few, for a diff), and the
+command-line interface prints it without a traceback and exits non-zero. Anything else that
+escapes is a bug, and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = ["UserError"]
+
+
+class UserError(Exception):
+    """A problem the user can fix (a file, an argument, the machine): shown as one line."""

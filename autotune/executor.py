@@ -1,0 +1,50 @@
+"""How the study runs a trial: the executor interface, and trials in the study process.
+
+The study hands an executor a ``TrialConfig`` and a ``Reporter`` and gets a ``TrialResult``
+back, or an exception for a trial that could not finish. ``InProcessExecutor`` trains in the
+study process itself; ``autotune.worker.WorkerExecutor`` in a supervised worker process.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from autotune import runner
+from autotune.config import TrialConfig
+from autotune.errors import UserError
+from autotune.faults import release_memory
+from autotune.results import Reporter, TrialResult
+from autotune.workloads import Workload
+
+__all__ = ["InProcessExecutor", "TrialExecutor", "WorkerError"]
+
+
+class WorkerError(UserError):
+    """The worker could not start (e.g. the workload fails to load there)."""
+
+
+class TrialExecutor(Protocol):
+    """Runs one trial: ``run(config, report) -> TrialResult``, raising on faults."""
+
+    def run(self, config: TrialConfig, report: Reporter) -> TrialResult: ...
+
+    def close(self) -> None: ...
+
+
+class InProcessExecutor:
+    """Trials in the study process itself (``--isolation none``): for debugging.
+
+    Nothing is supervised: a crash ends the study and a hang is not timed out.
+    """
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+
+    def run(self, config: TrialConfig, report: Reporter) -> TrialResult:
+        try:
+            return runner.train(config, self.workload, report)
+        finally:
+            release_memory()  # the next trial's peak memory is its own
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,39 @@
+"""Export the winning configuration: a standalone training script, YAML/JSON, or Python objects.
+
+autotune export --study quickstart -o train.py           # a script that imports no autotune
+autotune export --study quickstart --format yaml -o best.yaml
+
+import autotune
+best = autotune.load_best("quickstart")                  # a BestConfig
+loader = best.make_loader(train_set)
+steps_per_epoch = len(loader) // best.config.accumulation_steps  # optimizer steps
+trainer = best.make_trainer(model, total_steps=epochs * steps_per_epoch)
+
+``_api`` holds the Python API (``BestConfig``, ``load_best``, ``load_config``), ``_script`` the
+script and YAML/JSON rendering, ``_bundle`` the source bundler the script is built with.
+"""
+
+from autotune.export._api import (
+    BestConfig,
+    ExportError,
+    best_config,
+    load_best,
+    load_config,
+    select_trial,
+    study_spec,
+)
+from autotune.export._script import FORMATS, SCRIPT_KNOBS, render, render_script
+
+__all__ = [
+    "FORMATS",
+    "SCRIPT_KNOBS",
+    "BestConfig",
+    "ExportError",
+    "best_config",
+    "load_best",
+    "load_config",
+    "render",
+    "render_script",
+    "select_trial",
+    "study_spec",
+]

@@ -1,0 +1,196 @@
+"""A study's chosen configuration as data and as building blocks for a user's training loop.
+
+``load_best`` reads the best feasible trial of a study (or one named trial) into a ``BestConfig``;
+``load_config`` reads one back from an exported YAML/JSON file. ``BestConfig.make_loader`` and
+``make_trainer`` apply its knobs to the user's own data and model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from optuna.trial import FrozenTrial, TrialState
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from autotune.config import TrialConfig
+from autotune.errors import UserError
+from autotune.pipeline import DeviceBatches, make_train_loader, make_val_loader
+from autotune.spec import DEFAULT_STORAGE, Spec, SpecError, parse_spec
+from autotune.study import StudyError, StudyRecord, TrialRecord, best_trial, load_study
+from autotune.trainer import LossFn, Trainer, _set_backend_flags
+
+__all__ = [
+    "BestConfig",
+    "ExportError",
+    "best_config",
+    "load_best",
+    "load_config",
+    "select_trial",
+    "study_spec",
+]
+
+EXPORT_FORMAT_VERSION = 1
+
+
+class ExportError(UserError):
+    """A configuration that cannot be exported as asked (a user error): one line."""
+
+
+@dataclass(frozen=True)
+class BestConfig:
+    """A study's chosen trial: its full configuration, where it came from, what it measured."""
+
+    study: str
+    trial: int
+    metric: str
+    value: float
+    config: TrialConfig
+    params: dict[str, Any] = field(default_factory=dict)  # the searched knobs' values
+    metrics: dict[str, Any] = field(default_factory=dict)  # accuracy, samples_per_second, ...
+    full_run_epochs: float | None = None  # objective.full_run_epochs, if the space file set it
+    workload: dict[str, Any] = field(default_factory=dict)  # the space file's workload section
+
+    @property
+    def epochs(self) -> int:
+        """Epochs of the full run: objective.full_run_epochs, else the trials' epochs."""
+        return max(1, round(self.full_run_epochs or self.config.epochs))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: what ``autotune best --json`` prints and the YAML/JSON export holds."""
+        return {
+            "autotune_export": EXPORT_FORMAT_VERSION,
+            "study": self.study,
+            "trial": self.trial,
+            "metric": self.metric,
+            "value": self.value,
+            "params": dict(self.params),
+            "config": self.config.to_dict(),
+            "metrics": dict(self.metrics),
+            "full_run_epochs": self.full_run_epochs,
+            "workload": dict(self.workload),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BestConfig:
+        """Inverse of ``to_dict``; ValueError saying what is wrong with ``data``."""
+        if not isinstance(data, dict) or "config" not in data or "study" not in data:
+            raise ValueError("not an autotune export (it has no study and config)")
+        return cls(
+            study=str(data["study"]),
+            trial=int(data["trial"]),
+            metric=str(data["metric"]),
+            value=float(data["value"]),
+            config=TrialConfig.from_dict(dict(data["config"])),
+            params=dict(data.get("params") or {}),
+            metrics=dict(data.get("metrics") or {}),
+            full_run_epochs=data.get("full_run_epochs"),
+            workload=dict(data.get("workload") or {}),
+        )
+
+    def make_loader(self, dataset: Dataset, seed: int | None = None) -> DataLoader | DeviceBatches:
+        """A shuffled training DataLoader with the tuned batch size and loader knobs."""
+        return make_train_loader(dataset, self.config, self.config.seed if seed is None else seed)
+
+    def make_val_loader(self, dataset: Dataset) -> DataLoader | DeviceBatches:
+        """An in-order validation DataLoader."""
+        return make_val_loader(dataset, self.config)
+
+    def make_trainer(
+        self, model: nn.Module, total_steps: int, loss_fn: LossFn | None = None
+    ) -> Trainer:
+        """A Trainer applying precision, compile, channels_last, optimizer, schedule and
+        accumulation to ``model``; ``total_steps`` optimizer steps set the schedule's length.
+
+        On CUDA this also sets the process-wide TF32 and cudnn.benchmark flags as tuned.
+        """
+        if self.config.device.startswith("cuda"):
+            _set_backend_flags(self.config)
+        return Trainer(model, self.config, total_steps, loss_fn)
+
+
+def select_trial(study: optuna.Study, number: int | None = None) -> FrozenTrial:
+    """Trial ``number``, or the best feasible COMPLETE trial; ExportError when there is none."""
+    if number is not None:
+        matches = [t for t in study.get_trials(deepcopy=False) if t.number == number]
+        if not matches:
+            raise ExportError(f"study '{study.study_name}' has no trial {number}")
+        trial = matches[0]
+        if trial.state != TrialState.COMPLETE:
+            raise ExportError(
+                f"trial {number} of '{study.study_name}' is {trial.state.name}, not COMPLETE"
+            )
+    else:
+        if len(study.directions) > 1:
+            raise ExportError(
+                f"study '{study.study_name}' has several objectives and no single best trial: "
+                f"pick one with --trial N"
+            )
+        found = best_trial(study)
+        if found is None:
+            raise ExportError(f"study '{study.study_name}' has no COMPLETE feasible trial yet")
+        trial = found
+    if TrialRecord.of(trial).config is None:
+        raise ExportError(
+            f"trial {trial.number} of '{study.study_name}' has no autotune configuration "
+            f"(was the study made by autotune?)"
+        )
+    return trial
+
+
+def study_spec(study: optuna.Study) -> Spec | None:
+    """The space file a study was created from, parsed; None when it holds none readable."""
+    record = StudyRecord.of(study)
+    if not record.space_file:
+        return None
+    try:
+        return parse_spec(record.space_file, record.space_file_path or "space file")
+    except SpecError:
+        return None
+
+
+def best_config(study: optuna.Study, trial: FrozenTrial) -> BestConfig:
+    """The BestConfig of one trial of an autotune study."""
+    spec = study_spec(study)
+    # the (first) objective's value; a multi-objective trial has no single .value
+    value = trial.values[0] if trial.values else float("nan")
+    record = TrialRecord.of(trial)
+    assert record.config is not None, "select_trial() gives trials with a configuration"
+    return BestConfig(
+        study=study.study_name,
+        trial=trial.number,
+        metric=StudyRecord.of(study).metric or "value",
+        value=float(value),
+        config=record.config,
+        params=dict(trial.params),
+        metrics=record.metrics(),
+        full_run_epochs=spec.objective.full_run_epochs if spec else None,
+        workload=spec.workload.model_dump(mode="json") if spec else {},
+    )
+
+
+def load_best(study: str, storage: str = DEFAULT_STORAGE, trial: int | None = None) -> BestConfig:
+    """The best feasible configuration of a study (or trial ``trial``) as a BestConfig."""
+    try:
+        found = load_study(study, storage)
+    except StudyError as err:
+        raise ExportError(str(err)) from None
+    return best_config(found, select_trial(found, trial))
+
+
+def load_config(path: Path | str) -> BestConfig:
+    """Read a configuration written by ``autotune export --format yaml|json``."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+        data = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
+        return BestConfig.from_dict(data)
+    except FileNotFoundError:
+        raise ExportError(f"{file}: no such file") from None
+    except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError) as err:
+        raise ExportError(f"{file}: not an autotune configuration: {err}") from None

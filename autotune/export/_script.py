@@ -1,0 +1,333 @@
+"""The standalone training script: the chosen configuration rendered into ``train.py.j2``.
+
+The script imports torch (and the user's own ``module:function`` entry points), never autotune:
+built-in workloads and the device data pipeline are pasted into it (``_bundle``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import optuna
+import yaml
+
+from autotune._version import __version__
+from autotune.export._api import BestConfig, ExportError, study_spec
+from autotune.export._bundle import Import, bundle, call, entry_point, import_block, literal
+from autotune.pipeline import DeviceBatches
+from autotune.spec import WorkloadSpec
+from autotune.study import StudyRecord
+from autotune.workloads import WorkloadError, model_kwargs, resolve_data, resolve_model
+from autotune.workloads import load as load_workload
+
+__all__ = ["FORMATS", "SCRIPT_KNOBS", "render", "render_script"]
+
+FORMATS = ("script", "yaml", "json")
+
+
+def render(
+    best: BestConfig, fmt: str, study: optuna.Study | None = None, script_name: str = "train.py"
+) -> str:
+    """The text of an export in ``fmt`` (script, yaml or json)."""
+    if fmt == "json":
+        return json.dumps(best.to_dict(), indent=2) + "\n"
+    if fmt == "yaml":
+        header = (
+            f"# autotune configuration: study '{best.study}', trial {best.trial}, "
+            f"{best.metric} {best.value:.6g}\n"
+        )
+        return header + yaml.safe_dump(best.to_dict(), sort_keys=False)
+    if fmt == "script":
+        if study is None:
+            raise ValueError("a script export needs the study")
+        return render_script(study, best, script_name)
+    raise ValueError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
+
+
+@dataclass
+class _WorkloadCode:
+    """How the script gets its data and model: pasted built-ins or imported entry points."""
+
+    builtins: list[Any] = field(default_factory=list)  # functions and classes to paste
+    sys_path: str | None = None
+
+    def place(
+        self, name: str, fn: Callable[..., Any], kwargs: dict[str, Any]
+    ) -> tuple[str | None, str]:
+        """(function-local import line or None, call expression) for one workload function."""
+        builtin = fn.func if isinstance(fn, functools.partial) else fn
+        if ":" not in name or isinstance(fn, functools.partial):  # built-in: paste its source
+            self.builtins.append(builtin)
+            args = fn.args if isinstance(fn, functools.partial) else ()
+            return None, call(builtin.__name__, kwargs, args)
+        import_line, expression, directory = entry_point(name)
+        if directory:
+            self.sys_path = directory
+        return import_line, call(expression, kwargs)
+
+
+def _workload_code(
+    study: optuna.Study, workload: WorkloadSpec, device_pipeline: bool
+) -> tuple[set[Import], dict[str, Any]]:
+    """The imports the script's workload code needs, and the template fields that place it."""
+    record = StudyRecord.of(study)
+    search_dir = record.space_file_dir
+    if search_dir is None and record.space_file_path:
+        # older studies stored only the path, relative to where `autotune run` ran
+        search_dir = str(Path(record.space_file_path).resolve().parent)
+    base_dir = Path(search_dir) if search_dir else None
+    num_classes, input_shape = record.num_classes, record.input_shape
+    try:
+        data_fn = resolve_data(workload, base_dir)
+        model_fn = resolve_model(workload, base_dir)
+        if num_classes is None and input_shape is None:
+            # studies made before these were stored: read them off the data
+            loaded = load_workload(workload, base_dir)
+            num_classes, input_shape = loaded.num_classes, list(loaded.input_shape)
+        kwargs = model_kwargs(
+            model_fn, dict(workload.model_args), num_classes, tuple(input_shape or ())
+        )
+    except WorkloadError as err:
+        raise ExportError(f"cannot export the workload: {err}") from None
+    code = _WorkloadCode()
+    data_import, data_call = code.place(workload.data, data_fn, dict(workload.data_args))
+    model_import, model_call = code.place(workload.model, model_fn, kwargs)
+    if device_pipeline:
+        code.builtins.append(DeviceBatches)
+    sources, imports = bundle(code.builtins)
+    if code.sys_path:
+        imports.add(Import("sys"))
+    fields = {
+        "data_import": data_import,
+        "data_call": data_call,
+        "model_import": model_import,
+        "model_call": model_call,
+        "sys_path": code.sys_path,
+        "workload_sources": sources,
+    }
+    return imports, fields
+
+
+# Where the script applies each knob of ``spec.KNOBS`` (a knob missing here fails
+# tests/test_spec.py): a constant at the top of the script, or the execution summary line and the
+# template code that follows it.
+SCRIPT_KNOBS: dict[str, str] = {
+    "lr": "LEARNING_RATE",
+    "lr_scaling": "LEARNING_RATE (applied; its comment says how it was scaled)",
+    "base_batch_size": "LEARNING_RATE (applied; its comment says per how many examples)",
+    "batch_size": "BATCH_SIZE",
+    "accumulation_steps": "ACCUMULATION_STEPS",
+    "data_pipeline": "execution summary; DataLoader or DeviceBatches",
+    "num_workers": "NUM_WORKERS",
+    "pin_memory": "PIN_MEMORY",
+    "prefetch_factor": "PREFETCH_FACTOR",
+    "persistent_workers": "PERSISTENT_WORKERS",
+    "precision": "execution summary; TF32 flags, autocast and GradScaler",
+    "compile": "execution summary; torch.compile(mode=...)",
+    "optimizer": "execution summary; the optimizer's constructor",
+    "weight_decay": "WEIGHT_DECAY",
+    "momentum": "MOMENTUM",
+    "nesterov": "NESTEROV",
+    "schedule": "execution summary; the scheduler",
+    "warmup_fraction": "WARMUP_FRACTION",
+    "channels_last": "execution summary; memory_format=torch.channels_last",
+    "cudnn_benchmark": "CUDNN_BENCHMARK",
+}
+
+
+def _knob_notes(best: BestConfig) -> list[tuple[str, Any, str]]:
+    """(CONSTANT, value, comment) for every knob the script sets as a constant."""
+    config = best.config
+    searched = set(best.params)
+
+    def note(knob: str, text: str = "") -> str:
+        parts = (["searched"] if knob in searched else []) + ([text] if text else [])
+        return "; ".join(parts)
+
+    lr_text = "per optimizer step"
+    if config.lr_scaling != "none":
+        lr_text = (
+            f"{config.base_lr:.6g} per {config.base_batch_size} examples, scaled "
+            f"{config.lr_scaling} to the effective batch of {config.effective_batch_size}"
+        )
+    rows: list[tuple[str, Any, str]] = [
+        ("DEVICE", config.device, "where the study trained; --device overrides"),
+        ("EPOCHS", best.epochs, "the full run; --epochs overrides"),
+        ("LEARNING_RATE", config.lr, note("lr", lr_text)),
+        ("BATCH_SIZE", config.batch_size, note("batch_size", "samples per micro-batch")),
+    ]
+    if config.accumulation_steps > 1:
+        rows.append(
+            (
+                "ACCUMULATION_STEPS",
+                config.accumulation_steps,
+                note(
+                    "accumulation_steps",
+                    f"micro-batches per optimizer step (effective batch "
+                    f"{config.effective_batch_size})",
+                ),
+            )
+        )
+    rows.append(("WEIGHT_DECAY", config.weight_decay, note("weight_decay")))
+    if config.optimizer == "sgd":
+        rows.append(("MOMENTUM", config.momentum or 0.0, note("momentum")))
+        rows.append(("NESTEROV", config.nesterov, note("nesterov")))
+    if config.schedule == "onecycle":
+        rows.append(
+            (
+                "WARMUP_FRACTION",
+                config.warmup_fraction or 0.3,
+                note("warmup_fraction", "OneCycleLR's rising phase"),
+            )
+        )
+    elif config.schedule == "cosine" or config.warmup_fraction > 0:
+        rows.append(
+            (
+                "WARMUP_FRACTION",
+                config.warmup_fraction,
+                note("warmup_fraction", "of the optimizer steps"),
+            )
+        )
+    if config.data_pipeline == "dataloader":
+        rows.append(
+            ("NUM_WORKERS", config.num_workers, note("num_workers", "DataLoader processes"))
+        )
+        rows.append(("PIN_MEMORY", config.pin_memory, note("pin_memory")))
+    if config.num_workers > 0:
+        rows.append(("PREFETCH_FACTOR", config.prefetch_factor, note("prefetch_factor")))
+        rows.append(("PERSISTENT_WORKERS", config.persistent_workers, note("persistent_workers")))
+    rows.append(("CUDNN_BENCHMARK", config.cudnn_benchmark, note("cudnn_benchmark", "on CUDA")))
+    rows.append(("VAL_BATCH_SIZE", config.val_batch_size, ""))
+    rows.append(("SEED", config.seed, "the trial's seed: weights and data order"))
+    sps = best.metrics.get("samples_per_second")
+    rows.append(
+        (
+            "TRIAL_SAMPLES_PER_SECOND",
+            round(float(sps), 1) if sps is not None else None,
+            f"steady state, measured in trial {best.trial}",
+        )
+    )
+
+    def readable(value: Any) -> Any:  # six significant digits are plenty for a knob
+        return float(f"{value:.6g}") if isinstance(value, float) else value
+
+    return [(name, literal(readable(value)), comment) for name, value, comment in rows]
+
+
+def _execution_summary(best: BestConfig) -> str:
+    config = best.config
+    searched = set(best.params)
+
+    def mark(knob: str, text: str) -> str:
+        return f"{text} (searched)" if knob in searched else text
+
+    compile_text = "eager" if config.compile == "none" else f"torch.compile mode {config.compile}"
+    optimizer = "SGD" if config.optimizer == "sgd" else "AdamW"
+    pipeline = (
+        "training set on the device, batches augmented in bulk"
+        if config.data_pipeline == "device"
+        else "DataLoader"
+    )
+    parts = [
+        mark("data_pipeline", pipeline),
+        mark("precision", f"precision {config.precision}"),
+        mark("compile", compile_text),
+        mark("optimizer", optimizer),
+        mark("schedule", f"{config.schedule} schedule"),
+    ]
+    if config.channels_last:
+        parts.append(mark("channels_last", "channels_last"))
+    return ", ".join(parts)
+
+
+def _environment() -> jinja2.Environment:
+    environment = jinja2.Environment(
+        loader=jinja2.PackageLoader("autotune", "templates"),
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # Python source, not HTML
+    )
+    environment.filters["literal"] = literal
+    return environment
+
+
+def render_script(study: optuna.Study, best: BestConfig, script_name: str = "train.py") -> str:
+    """A standalone training script (imports no autotune) for ``best``'s configuration."""
+    spec = study_spec(study)
+    if spec is None:
+        raise ExportError(
+            f"study '{study.study_name}' does not hold a readable space file; export it with "
+            f"--format yaml or json instead"
+        )
+    config = best.config
+    workload_imports, workload_fields = _workload_code(
+        study, spec.workload, config.data_pipeline == "device"
+    )
+    imports = {
+        Import("argparse"),
+        Import("statistics"),
+        Import("time"),
+        Import("pathlib", "Path"),
+        Import("torch"),
+        Import("torch", "nn"),
+        *workload_imports,
+    }
+    if config.data_pipeline == "dataloader":
+        imports.add(Import("torch.utils.data", "DataLoader"))
+    if config.schedule == "cosine":
+        imports.add(Import("math"))
+    metrics = best.metrics
+    accuracy = metrics.get("accuracy")
+    sps = metrics.get("samples_per_second")
+    provenance = textwrap.wrap(
+        f"Configuration from autotune study '{best.study}', trial {best.trial}: {best.metric} "
+        f"{best.value:.4g}"
+        + (f", validation accuracy {accuracy:.4f}" if accuracy is not None else "")
+        + (f", {sps:,.0f} samples/s steady state" if sps is not None else "")
+        + f" on {metrics.get('device_name', config.device)} with torch "
+        f"{metrics.get('torch_version', '?')}. Exported {datetime.date.today().isoformat()} by "
+        f"autotune {__version__}.",
+        width=95,
+    ) + textwrap.wrap(f"Execution: {_execution_summary(best)}.", width=95)
+    compile_mode = None if config.compile == "none" else config.compile
+    text = (
+        _environment()
+        .get_template("train.py.j2")
+        .render(
+            title=f"Train {spec.workload.model} on {spec.workload.data} with the configuration "
+            f"autotune found.",
+            provenance=provenance,
+            script_name=script_name,
+            epochs=best.epochs,
+            import_block=import_block(imports),
+            constants=_knob_notes(best),
+            sys_path_reason="the workload's module lives here (where the study found it)",
+            **workload_fields,
+            schedule=config.schedule,
+            warmup=config.warmup_fraction > 0,
+            has_scheduler=config.schedule != "constant" or config.warmup_fraction > 0,
+            optimizer=config.optimizer,
+            precision=config.precision,
+            autocast_dtype={"bf16": "torch.bfloat16", "fp16": "torch.float16"}.get(
+                config.precision
+            ),
+            fp16=config.precision == "fp16",
+            compile_mode=compile_mode,
+            train_model="train_model" if compile_mode else "model",
+            channels_last=config.channels_last,
+            accumulation=config.accumulation_steps,
+            workers=config.num_workers > 0,
+            device_pipeline=config.data_pipeline == "device",
+        )
+    )
+    return text

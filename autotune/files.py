@@ -1,0 +1,43 @@
+"""Writing files for people: all at once (never half-written), never over theirs unasked."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from autotune.errors import UserError
+
+__all__ = ["OutputFileError", "write_new_file"]
+
+
+class OutputFileError(UserError):
+    """A file that cannot be written as asked (it exists, its directory does not): one line."""
+
+
+def write_new_file(path: Path, text: str, force: bool = False) -> None:
+    """Write ``text`` to ``path`` all at once (temporary file, then rename): never half-written.
+
+    An existing file is kept unless ``force``. OutputFileError when the path cannot be written.
+    """
+    if path.is_dir():
+        raise OutputFileError(f"cannot write {path}: it is a directory")
+    if path.exists() and not force:
+        raise OutputFileError(f"{path} exists; pass --force to replace it")
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise OutputFileError(f"cannot write {path}: there is no directory {directory}")
+    try:
+        handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", text=True)
+    except OSError as err:
+        raise OutputFileError(f"cannot write {path}: {err.strerror}") from None
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # as a plain open() would have made it
+        os.replace(temporary, path)
+    except OSError as err:
+        Path(temporary).unlink(missing_ok=True)
+        raise OutputFileError(f"cannot write {path}: {err.strerror}") from None

@@ -1,0 +1,232 @@
+"""What autotune says about a study where people look first: the summary of its answer, the
+note optuna-dashboard shows, and the artifacts (exported scripts, reports) attached to it."""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import optuna_dashboard
+from optuna.artifacts import FileSystemArtifactStore, upload_artifact
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune._version import __version__
+from autotune.display import fmt_metric
+from autotune.spec import DEFAULT_STORAGE, KNOBS
+from autotune.study import (
+    StudyRecord,
+    TrialRecord,
+    baseline_trial,
+    feasible_trials,
+    trial_config,
+)
+from autotune.timing import PHASES
+
+__all__ = [
+    "PHASE_LABELS",
+    "Summary",
+    "artifact_dir",
+    "measured",
+    "measurements",
+    "number",
+    "study_note",
+    "summarize",
+    "upload",
+    "write_note",
+]
+
+PHASE_LABELS = {
+    "data_wait": "waiting for data",
+    "host_to_device": "copy to device",
+    "forward_backward": "forward + backward",
+    "optimizer": "optimizer step",
+}
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The facts a note or a report states about a study."""
+
+    study: str
+    metric: str
+    best: FrozenTrial | None
+    baseline: FrozenTrial | None  # the untuned trial, if it completed
+    feasible: list[FrozenTrial]  # best first
+    states: dict[str, int]
+    bottlenecks: dict[str, int]  # bottleneck -> COMPLETE trials limited by it
+
+    def ratio(self, key: str, other: FrozenTrial | None) -> float | None:
+        """best's ``key`` attribute (or value for "value") over ``other``'s."""
+        if self.best is None or other is None:
+            return None
+        mine, theirs = measured(self.best, key), measured(other, key)
+        if mine is None or not theirs:
+            return None
+        return mine / theirs
+
+    @property
+    def median(self) -> FrozenTrial | None:
+        if not self.feasible:
+            return None
+        ranked = sorted(self.feasible, key=lambda t: measured(t, "samples_per_second") or 0.0)
+        return ranked[len(ranked) // 2]
+
+    @property
+    def slowest(self) -> FrozenTrial | None:
+        if not self.feasible:
+            return None
+        return min(self.feasible, key=lambda t: measured(t, "samples_per_second") or float("inf"))
+
+    def comparisons(self) -> list[tuple[str, FrozenTrial, float, float | None]]:
+        """(who, trial, best's samples/s over its, best's value over its) against the untuned
+        baseline and the median and slowest feasible trials, where they are not the best; a
+        trial that is two of these is listed once, under the first."""
+        found = []
+        shown = {self.best.number} if self.best is not None else set()
+        for label, other in (
+            ("the untuned baseline", self.baseline),
+            ("the median feasible trial", self.median),
+            ("the slowest feasible trial", self.slowest),
+        ):
+            speed = self.ratio("samples_per_second", other)
+            if other is None or self.best is None or other.number in shown or not speed:
+                continue
+            shown.add(other.number)
+            found.append((label, other, speed, self.ratio("value", other)))
+        return found
+
+
+def measured(trial: FrozenTrial, key: str) -> float | None:
+    """A trial's value ("value") or a numeric field of its record."""
+    if key == "value":
+        return trial.value
+    value = getattr(TrialRecord.of(trial), key)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def summarize(study: optuna.Study) -> Summary:
+    """Best, baseline, feasible trials, state counts and bottlenecks of a study."""
+    trials = study.get_trials(deepcopy=False)
+    feasible = feasible_trials(study)
+    bottlenecks: dict[str, int] = {}
+    for trial in trials:
+        kind = TrialRecord.of(trial).bottleneck
+        if trial.state == TrialState.COMPLETE and kind:
+            bottlenecks[kind] = bottlenecks.get(kind, 0) + 1
+    states: dict[str, int] = {}
+    for trial in trials:
+        states[trial.state.name] = states.get(trial.state.name, 0) + 1
+    return Summary(
+        study=study.study_name,
+        metric=StudyRecord.of(study).metric or "value",
+        best=feasible[0] if feasible else None,
+        baseline=baseline_trial(study),
+        feasible=feasible,
+        states=states,
+        bottlenecks=dict(sorted(bottlenecks.items(), key=lambda kv: -kv[1])),
+    )
+
+
+def number(value: Any) -> str:
+    """A value as a note or report shows it: 3 significant digits, thousands separated."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1e3 else f"{value:,.0f}"
+    return "-" if value is None else str(value)
+
+
+def measurements(trial: FrozenTrial) -> list[tuple[str, str]]:
+    """(label, formatted value) of a trial's compile, FLOP and memory measurements."""
+    record = TrialRecord.of(trial)
+    shown = []
+    for key, label in (
+        ("compile_seconds", "torch.compile time"),
+        ("achieved_flops", "achieved FLOP/s"),
+        ("mfu", "model FLOP utilization"),
+        ("gpu_utilization", "GPU utilization (NVML)"),
+        ("gpu_memory_used_bytes", "GPU memory used (NVML)"),
+        ("peak_memory_bytes", "peak memory"),
+    ):
+        value = getattr(record, key)
+        if isinstance(value, int | float):
+            shown.append((label, fmt_metric(key, value)))
+    return shown
+
+
+def _breakdown_text(trial: FrozenTrial) -> str:
+    shares = TrialRecord.of(trial).time_breakdown or {}
+    parts = [f"{PHASE_LABELS[p]} {shares[p]:.0%}" for p in PHASES if shares.get(p, 0) >= 0.005]
+    return ", ".join(parts)
+
+
+def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
+    """The markdown note autotune keeps on a study in optuna-dashboard."""
+    summary = summarize(study)
+    storage = "" if storage_url == DEFAULT_STORAGE else f" --storage {storage_url}"
+    lines = [f"## autotune: {summary.study}", ""]
+    best = summary.best
+    if best is None:
+        lines += ["No trial has completed feasibly yet.", ""]
+    else:
+        record = TrialRecord.of(best)
+        lines += [
+            f"**Best: trial {best.number}**, {summary.metric} **{number(best.value)}** "
+            f"(validation accuracy {number(record.accuracy)}, "
+            f"{number(record.samples_per_second)} samples/s, "
+            f"{number(record.charged_seconds)} s of training).",
+            "",
+        ]
+        comparisons = [
+            f"- {speed:.2f}x the samples/s of {label} (trial {other.number})"
+            + (f", {value:.2f}x its {summary.metric}" if value else "")
+            for label, other, speed, value in summary.comparisons()
+        ]
+        lines += comparisons + ([""] if comparisons else [])
+        if record.bottleneck:
+            lines.append(f"Its bottleneck: **{record.bottleneck}** ({_breakdown_text(best)}).")
+        if summary.bottlenecks:
+            counted = ", ".join(f"{kind} {n}" for kind, n in summary.bottlenecks.items())
+            lines.append(f"Bottlenecks of the completed trials: {counted}.")
+        lines += ["", "| knob | value |", "|---|---|"]
+        config = trial_config(best).to_dict()
+        for name in KNOBS:
+            mark = " (searched)" if name in best.params else ""
+            lines.append(f"| {name} | {number(config[name])}{mark} |")
+        lines.append("")
+    lines += [
+        f"Export it: `autotune export --study {summary.study}{storage} -o train.py` "
+        f"(or `--format yaml`).  ",
+        f"Report: `autotune report --study {summary.study}{storage} -o report.html`.",
+        "",
+        f"_Updated {datetime.datetime.now().isoformat(timespec='seconds')} by autotune "
+        f"{__version__}._",
+    ]
+    return "\n".join(lines)
+
+
+def write_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> None:
+    """Save ``study_note`` as the study's note in optuna-dashboard."""
+    optuna_dashboard.save_note(study, study_note(study, storage_url))
+
+
+def artifact_dir(storage_url: str) -> Path:
+    """Where a study's artifacts live: ``artifacts/`` next to a SQLite database, else
+    ``studies/artifacts`` in the working directory."""
+    if storage_url.startswith("sqlite:///") and storage_url != "sqlite:///:memory:":
+        return Path(storage_url.removeprefix("sqlite:///")).parent / "artifacts"
+    return Path("studies") / "artifacts"
+
+
+def upload(study: optuna.Study, path: Path, storage_url: str) -> str:
+    """Attach a file (an exported script, a report) to the study as an Optuna artifact."""
+    directory = artifact_dir(storage_url)
+    directory.mkdir(parents=True, exist_ok=True)
+    return upload_artifact(
+        artifact_store=FileSystemArtifactStore(str(directory)),
+        file_path=str(path),
+        study_or_trial=study,
+    )

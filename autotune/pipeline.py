@@ -1,0 +1,206 @@
+"""The data pipelines: how training and validation batches reach the device.
+
+Two pipelines apply exactly the same augmentation (a random crop of the image padded by
+``CROP_PADDING`` pixels, a horizontal flip half the time, then normalisation, as CIFAR-10
+training records do it):
+
+- ``dataloader``: a ``torch.utils.data.DataLoader`` with the trial's knobs (workers, pinned
+  memory, prefetching); an ``ImageTensorDataset`` augments one sample at a time in its workers,
+  so the DataLoader knobs matter as they do in real training;
+- ``device``: ``DeviceBatches`` keeps the whole in-memory training set as one tensor on the
+  training device, draws shuffled batches by index and augments each batch at once.
+
+Everything here depends only on torch and NumPy: ``autotune export`` copies this source into
+standalone training scripts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from autotune.config import TrialConfig
+
+__all__ = [
+    "CROP_PADDING",
+    "DeviceBatches",
+    "ImageTensorDataset",
+    "crop_and_flip",
+    "make_train_loader",
+    "make_val_loader",
+]
+
+CROP_PADDING = 4  # pixels of zero padding around the image before the random crop
+
+
+def crop_and_flip(image: torch.Tensor) -> torch.Tensor:
+    """One image (C, H, W), cropped at random from it padded with zeros, flipped half the time."""
+    height, width = image.shape[1:]
+    padded = nn.functional.pad(image, (CROP_PADDING,) * 4)
+    top, left = torch.randint(0, 2 * CROP_PADDING + 1, (2,)).tolist()
+    image = padded[:, top : top + height, left : left + width]
+    return image.flip(-1) if torch.rand(()) < 0.5 else image
+
+
+class ImageTensorDataset(Dataset):
+    """uint8 images (N, C, H, W) and labels in memory, augmented one sample at a time.
+
+    ``augment`` crops randomly from the image padded by ``CROP_PADDING`` zero pixels and flips
+    horizontally half the time; every sample is then scaled to [0, 1] and normalised.
+    """
+
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        mean: tuple[float, ...],
+        std: tuple[float, ...],
+        augment: bool,
+        classes: tuple[str, ...] = (),
+    ) -> None:
+        if images.dtype != torch.uint8 or images.dim() != 4:
+            raise ValueError(
+                f"images must be uint8 (N, C, H, W), got {images.dtype} {images.shape}"
+            )
+        self.images, self.labels = images, labels.long()
+        self.mean = torch.tensor(mean).view(-1, 1, 1)
+        self.std = torch.tensor(std).view(-1, 1, 1)
+        self.augment = augment
+        self.classes = classes
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        image = self.images[index]
+        if self.augment:
+            image = crop_and_flip(image)
+        return (image.float() / 255 - self.mean) / self.std, self.labels[index]
+
+
+class DeviceBatches:
+    """Shuffled (or ordered) batches of an in-memory data set, made on ``device`` in bulk.
+
+    The whole data set is copied to ``device`` once, when the first pass starts (so that a
+    timed training run pays for it): an ImageTensorDataset as uint8 images
+    (gathered by index, then cropped, flipped and normalised as one tensor operation when it
+    augments), a TensorDataset as its tensors. When shuffling the last partial batch is dropped
+    (static shapes); in order, every sample is kept.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        device: torch.device,
+        generator: torch.Generator | None = None,
+        shuffle: bool = True,
+    ) -> None:
+        self.mean: torch.Tensor | None
+        self.std: torch.Tensor | None
+        if isinstance(dataset, ImageTensorDataset):
+            self.inputs, self.labels = dataset.images, dataset.labels
+            self.mean, self.std = dataset.mean, dataset.std
+            self.augment = dataset.augment
+        elif isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
+            self.inputs, self.labels = dataset.tensors
+            self.mean = self.std = None
+            self.augment = False
+        else:
+            raise TypeError(
+                f"the device pipeline needs an in-memory data set (ImageTensorDataset or "
+                f"TensorDataset), not {type(dataset).__name__}"
+            )
+        self.batch_size, self.device, self.shuffle = batch_size, device, shuffle
+        self.generator = generator or torch.Generator(device=device)
+
+    def __len__(self) -> int:
+        count = self.inputs.shape[0]
+        return count // self.batch_size if self.shuffle else math.ceil(count / self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self.inputs.device != self.device:  # the first pass: the data set moves over
+            self.inputs, self.labels = self.inputs.to(self.device), self.labels.to(self.device)
+            if self.mean is not None and self.std is not None:
+                self.mean, self.std = self.mean.to(self.device), self.std.to(self.device)
+        count = self.inputs.shape[0]
+        if self.shuffle:
+            order = torch.randperm(count, device=self.device, generator=self.generator)
+            stop = len(self) * self.batch_size
+        else:
+            order, stop = torch.arange(count, device=self.device), count
+        for start in range(0, stop, self.batch_size):
+            index = order[start : start + self.batch_size]
+            yield self._prepare(self.inputs[index]), self.labels[index]
+
+    def _prepare(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self.mean is None:
+            return inputs
+        if self.augment:
+            batch, _, height, width = inputs.shape
+            padded = nn.functional.pad(inputs, (CROP_PADDING,) * 4)
+            shifts = torch.randint(
+                0, 2 * CROP_PADDING + 1, (2, batch), device=self.device, generator=self.generator
+            )
+            rows = (shifts[0, :, None] + torch.arange(height, device=self.device))[:, :, None]
+            cols = (shifts[1, :, None] + torch.arange(width, device=self.device))[:, None, :]
+            flip = torch.rand(batch, device=self.device, generator=self.generator) < 0.5
+            cols = torch.where(flip[:, None, None], cols.flip(-1), cols)
+            samples = torch.arange(batch, device=self.device)[:, None, None]
+            # gathered channels-last; made contiguous so that channels_last stays its own knob
+            inputs = padded.permute(0, 2, 3, 1)[samples, rows, cols].permute(0, 3, 1, 2)
+            inputs = inputs.contiguous()
+        assert self.std is not None  # set together with mean
+        return (inputs.float() / 255 - self.mean) / self.std
+
+
+def _seed_worker(worker_id: int) -> None:
+    """Seed Python and NumPy in a DataLoader worker from the seed torch gave it."""
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def make_train_loader(
+    dataset: Dataset, config: TrialConfig, seed: int
+) -> DataLoader | DeviceBatches:
+    """Shuffled training batches, the last partial one dropped (static shapes).
+
+    The ``dataloader`` pipeline is a DataLoader with the trial's knobs; the ``device`` pipeline
+    keeps the data set on the device and makes each batch there (DeviceBatches).
+    """
+    if config.data_pipeline == "device":
+        device = torch.device(config.device)
+        generator = torch.Generator(device=device).manual_seed(seed)
+        return DeviceBatches(dataset, config.batch_size, device, generator, shuffle=True)
+    workers = config.num_workers > 0  # the worker knobs mean nothing without workers
+    return DataLoader(
+        dataset,
+        batch_size=config.batch_size,
+        shuffle=True,
+        drop_last=True,  # static shapes: no recompilation, CUDA graphs stay valid
+        num_workers=config.num_workers,
+        pin_memory=config.pin_memory,
+        generator=torch.Generator().manual_seed(seed),
+        prefetch_factor=config.prefetch_factor if workers else None,
+        persistent_workers=config.persistent_workers if workers else False,
+        worker_init_fn=_seed_worker if workers else None,
+        timeout=config.dataloader_timeout if workers else 0,
+    )
+
+
+def make_val_loader(dataset: Dataset, config: TrialConfig) -> DataLoader | DeviceBatches:
+    """Validation batches in order, every sample once (on the device with the device pipeline,
+    when the validation set is in memory too)."""
+    if config.data_pipeline == "device":
+        with contextlib.suppress(TypeError):  # not in memory: a DataLoader serves it
+            device = torch.device(config.device)
+            return DeviceBatches(dataset, config.val_batch_size, device, shuffle=False)
+    return DataLoader(dataset, batch_size=config.val_batch_size, pin_memory=config.pin_memory)

@@ -1,0 +1,68 @@
+"""What a trial measures, as plain frozen data that crosses module and process boundaries.
+
+The training loop (``runner``) produces these; the worker process pickles them to the study
+process; the objective scores them and the study records them. Nothing here imports torch or
+Optuna.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["Evaluation", "Plan", "Reporter", "TrialResult"]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One validation pass during a trial, with the training measured up to it."""
+
+    index: int  # 1-based; the pruner's step
+    epoch: float  # epochs of training data consumed
+    optimizer_steps: int
+    samples_seen: int
+    accuracy: float  # validation accuracy, 0..1
+    val_loss: float  # mean validation cross-entropy
+    train_loss: float  # mean training loss since the previous evaluation
+    train_seconds: float  # training wall-clock so far, evaluation excluded
+    overhead_seconds: float  # one-time costs within train_seconds (0 until steady state is seen)
+    eval_seconds: float  # this evaluation's own wall-clock (not training time)
+    final: bool  # the trial's last planned evaluation: its budget is spent
+
+
+Reporter = Callable[[Evaluation], bool]  # returns True to stop the trial after this evaluation
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """What one trial measured."""
+
+    evaluations: tuple[Evaluation, ...]
+    accuracy: float  # at the last evaluation
+    train_seconds: float  # all training wall-clock, evaluation excluded
+    overhead_seconds: float  # one-time share of train_seconds (warm-up beyond steady state)
+    warmup_seconds: float  # wall-clock of the warm-up window
+    samples_per_second: float  # steady state (after the warm-up window)
+    samples_seen: int
+    optimizer_steps: int
+    effective_batch_size: int
+    peak_memory_bytes: int  # CUDA: max allocated on the device; CPU: the trial's peak RSS
+    compiled_graphs: int  # graphs torch.compile produced (0 for eager)
+    loss_scale: float | None  # final GradScaler scale under fp16, else None
+    skipped_steps: int  # optimizer steps GradScaler skipped for overflowing fp16 gradients
+    time_breakdown: dict[str, float] | None  # seconds per phase over a sampled window of steps
+    compile_seconds: float | None  # torch.compile's own time (None when not compiling)
+    flops_per_sample: float | None  # FLOPs of a training step per sample (flop_counter)
+    gpu: dict[str, float]  # NVML: gpu_utilization (0..1), gpu_memory_used_bytes; {} on CPU
+    device_name: str
+    torch_version: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a trial's steps are laid out."""
+
+    micro_batches_per_epoch: int
+    optimizer_steps: int  # in the whole trial
+    eval_steps: tuple[int, ...]  # evaluate after these optimizer steps (the last is the end)
+    warmup_steps: int  # optimizer steps in the warm-up window

@@ -1,0 +1,70 @@
+"""Studies: where they live, how they sample, how they open and resume, what they record, and
+the loop that runs their trials.
+
+One subpackage, one concern per private module, everything public re-exported here:
+
+- ``_records``: what a trial and a study record (``TrialRecord``, ``StudyRecord``) and the
+  readers every other module uses (``feasible_trials``, ``best_trial``, ``trial_config``);
+- ``_storage``: Optuna RDB storages (SQLite in WAL mode, PostgreSQL), the heartbeat of running
+  trials and the recovery of stale ones;
+- ``_sampling``: the per-trial seeded sampler and the pruners;
+- ``_open``: creating, resuming (with the guard that refuses to mix two searches) and loading;
+- ``_run``: the run loop over trials, memory walls, and the observer the display implements.
+"""
+
+from autotune.study._open import load_study, open_study
+from autotune.study._records import (
+    COUNTED_STATES,
+    METRIC_FIELDS,
+    StudyRecord,
+    TrialRecord,
+    baseline_trial,
+    best_trial,
+    counted_trials,
+    feasible_trials,
+    is_feasible,
+    trial_config,
+)
+from autotune.study._run import (
+    MemoryWalls,
+    RunOutcome,
+    StudyObserver,
+    Terminated,
+    TrialRunner,
+    run_study,
+)
+from autotune.study._sampling import TrialSeededSampler, make_pruner, make_sampler
+from autotune.study._storage import (
+    StudyError,
+    heartbeat,
+    open_storage,
+    recover_stale_trials,
+)
+
+__all__ = [
+    "COUNTED_STATES",
+    "METRIC_FIELDS",
+    "MemoryWalls",
+    "RunOutcome",
+    "StudyError",
+    "StudyObserver",
+    "StudyRecord",
+    "Terminated",
+    "TrialRecord",
+    "TrialRunner",
+    "TrialSeededSampler",
+    "baseline_trial",
+    "best_trial",
+    "counted_trials",
+    "feasible_trials",
+    "heartbeat",
+    "is_feasible",
+    "load_study",
+    "make_pruner",
+    "make_sampler",
+    "open_storage",
+    "open_study",
+    "recover_stale_trials",
+    "run_study",
+    "trial_config",
+]

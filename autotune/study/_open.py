@@ -1,0 +1,181 @@
+"""Creating, resuming and loading studies, and the guard that refuses to mix two searches.
+
+One space file is one study. Re-running it resumes the study (``n_trials`` is the study's total);
+a study created from a different search (another space, or a machine that filters the space
+differently) is refused rather than silently mixed, because Optuna cannot mix distributions.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import time
+import warnings
+
+import optuna
+from optuna.exceptions import ExperimentalWarning
+
+from autotune import space, telemetry
+from autotune._version import __version__
+from autotune.hardware import Hardware
+from autotune.spec import Spec
+from autotune.study._records import StudyRecord, TrialRecord
+from autotune.study._sampling import make_pruner, make_sampler
+from autotune.study._storage import StudyError, open_storage
+from autotune.workloads import Workload
+
+__all__ = ["load_study", "open_study"]
+
+PEER_CREATION_SECONDS = 5.0  # how long a study another process is creating may lack its attrs
+
+
+def _effective_space_text(spec: Spec) -> str:
+    return json.dumps(spec.space.model_dump(mode="json"), indent=1, sort_keys=True)
+
+
+def _resume_problem(study: optuna.Study, spec: Spec) -> str | None:
+    """Why ``spec`` cannot continue ``study``, with a readable diff; None when it can."""
+    record = StudyRecord.of(study)
+    deadline = time.monotonic() + PEER_CREATION_SECONDS
+    while record.search_fingerprint is None and _is_new(study) and time.monotonic() < deadline:
+        time.sleep(0.2)  # another `autotune run` created it a moment ago and is labelling it
+        record = StudyRecord.of(study)
+    stored = record.search_fingerprint
+    if stored is None:
+        return (
+            f"study '{study.study_name}' was not created by autotune (it has no "
+            f"search_fingerprint); give another --study-name"
+        )
+    if stored == spec.search_fingerprint():
+        return None
+    if record.search_definition is None and stored in _fingerprints_before_1122(spec):
+        return None  # the same search, labelled by an earlier autotune
+    old_text, new_text = record.space_file or "", spec.text
+    if old_text != new_text:
+        title = "the space file changed since the study was created"
+        before, after = old_text, new_text
+    elif record.search_definition is not None:  # the same file: --device, or the machine
+        title = (
+            "the search differs from the one the study was created with (another --device, "
+            "or a machine that can run other values)"
+        )
+        before, after = record.search_definition, spec.search_definition()
+    else:
+        title = "this machine can run a different set of values than the machine that created it"
+        before, after = record.effective_space or "", _effective_space_text(spec)
+    diff = "\n".join(
+        difflib.unified_diff(
+            before.splitlines(), after.splitlines(), "in the study", "now", lineterm="", n=1
+        )
+    )
+    if not diff:
+        return (
+            f"study '{study.study_name}' cannot be resumed: its search label "
+            f"({stored}) does not match this space file's, and the study records no "
+            f"difference autotune can show (was it made by another autotune version?)"
+        )
+    return f"study '{study.study_name}' cannot be resumed: {title}:\n{diff}"
+
+
+def _fingerprints_before_1122(spec: Spec) -> set[str]:
+    """The search fingerprints autotune wrote until 2026-11-22: compact JSON, and the device as
+    given (not yet resolved), so every spelling it could have had is tried."""
+    found = set()
+    for device in {"auto", "cpu", "cuda", spec.workload.device}:
+        canonical = json.dumps(spec.search_payload(device), sort_keys=True, separators=(",", ":"))
+        found.add(hashlib.sha256(canonical.encode()).hexdigest()[:16])
+    return found
+
+
+def _is_new(study: optuna.Study) -> bool:
+    """A study with no trials yet: possibly one another process is still setting up."""
+    return not study.get_trials(deepcopy=False)
+
+
+def _next_free_name(storage: optuna.storages.BaseStorage, name: str) -> str:
+    taken = set(optuna.get_all_study_names(storage))
+    number = 2
+    while f"{name}-{number}" in taken:
+        number += 1
+    return f"{name}-{number}"
+
+
+def open_study(
+    spec: Spec,
+    storage: optuna.storages.BaseStorage,
+    hardware: Hardware,
+    workload: Workload | None = None,
+    new_study: bool = False,
+) -> optuna.Study:
+    """Create the study of ``spec`` (already restricted to ``hardware``), or resume it.
+
+    A study whose search differs is refused (StudyError with a diff) unless ``new_study``,
+    which starts a fresh study under the next free name (``name-2``, ``name-3``, ...).
+    """
+    name = spec.study_name
+    if name in optuna.get_all_study_names(storage):
+        study = optuna.load_study(study_name=name, storage=storage)
+        problem = _resume_problem(study, spec)
+        if problem is None:
+            return _with_sampler(study, spec, storage)
+        if not new_study:
+            raise StudyError(
+                f"{problem}\nrun with --new-study to start a new study, or set study.name"
+            )
+        name = _next_free_name(storage, name)
+    try:
+        study = optuna.create_study(
+            study_name=name, storage=storage, direction=spec.objective.direction
+        )
+    except optuna.exceptions.DuplicatedStudyError:
+        # another `autotune run` created it a moment ago: join it like a resume
+        return open_study(spec, storage, hardware, workload, new_study=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)  # stable in practice since 3.2
+        study.set_metric_names([spec.objective.metric])
+    text = spec.text
+    StudyRecord(
+        space_file=text,
+        space_file_path=str(spec.path) if spec.path else None,
+        space_hash=hashlib.sha256(text.encode()).hexdigest()[:16],
+        search_fingerprint=spec.search_fingerprint(),
+        search_definition=spec.search_definition(),
+        effective_space=_effective_space_text(spec),
+        # where module:function entry points were found, for exported scripts
+        space_file_dir=str(spec.path.resolve().parent) if spec.path else None,
+        metric=spec.objective.metric,
+        created_on=hardware.device_name,
+        autotune_version=__version__,
+        num_classes=workload.num_classes if workload is not None else None,
+        input_shape=list(workload.input_shape) if workload is not None else None,
+        hardware=telemetry.fingerprint(hardware),
+    ).store(study)
+    if spec.study.baseline is not False:
+        study.enqueue_trial(
+            space.baseline_params(spec, hardware), user_attrs=TrialRecord(baseline=True).to_attrs()
+        )
+    return _with_sampler(study, spec, storage)
+
+
+def _with_sampler(
+    study: optuna.Study, spec: Spec, storage: optuna.storages.BaseStorage
+) -> optuna.Study:
+    return optuna.load_study(
+        study_name=study.study_name,
+        storage=storage,
+        sampler=make_sampler(spec),
+        pruner=make_pruner(spec),
+    )
+
+
+def load_study(name: str, storage_url: str) -> optuna.Study:
+    """An existing study, for reading; StudyError naming the studies there when it is absent."""
+    storage = open_storage(storage_url, create_dirs=False)
+    names = optuna.get_all_study_names(storage)
+    if name not in names:
+        known = ", ".join(sorted(names)) or "none"
+        hint = difflib.get_close_matches(name, names, n=1)
+        suggestion = f"did you mean '{hint[0]}'? " if hint else ""
+        raise StudyError(f"no study '{name}' in {storage_url}; {suggestion}studies there: {known}")
+    return optuna.load_study(study_name=name, storage=storage)

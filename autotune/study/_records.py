@@ -1,0 +1,277 @@
+"""What autotune records on a trial and on a study, defined once.
+
+Optuna keeps free-form user attributes; autotune's are typed here. ``TrialRecord`` is every
+attribute a trial can carry (its configuration, measurements, score, fault), ``StudyRecord``
+every attribute of a study (the space file, the search it was created with, the machine).
+Writers build a record and store ``to_attrs()``; readers go through ``TrialRecord.of(trial)`` and
+``StudyRecord.of(study)``, never through key strings of their own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune import telemetry, timing
+from autotune.config import TrialConfig
+from autotune.faults import FaultKind
+from autotune.results import TrialResult
+
+__all__ = [
+    "COUNTED_STATES",
+    "METRIC_FIELDS",
+    "StudyRecord",
+    "TrialRecord",
+    "baseline_trial",
+    "best_trial",
+    "counted_trials",
+    "feasible_trials",
+    "is_feasible",
+    "trial_config",
+]
+
+# Trials that count towards ``n_trials``: those that told the sampler something.
+COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+def _metric() -> Any:
+    """A field that ``autotune best`` and exports show among a trial's metrics."""
+    return field(default=None, metadata={"metric": True})
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """Every user attribute autotune stores on a trial; None (or False) when it has not.
+
+    Fields marked as metrics are what ``autotune best`` and the exports show, in this order.
+    """
+
+    # -- when it starts
+    config: TrialConfig | None = None  # the full configuration it trains with
+    baseline: bool = False  # the untuned baseline (enqueued with the study)
+    # -- what it measured (see autotune.results.TrialResult for the meanings)
+    accuracy: float | None = _metric()
+    charged_seconds: float | None = _metric()  # what the objective charged (see objective)
+    train_seconds: float | None = _metric()  # training wall-clock, overhead included
+    overhead_seconds: float | None = _metric()  # one-time costs within train_seconds
+    samples_per_second: float | None = _metric()  # steady state
+    effective_batch_size: int | None = _metric()
+    peak_memory_bytes: int | None = _metric()
+    epochs_trained: float | None = _metric()
+    compile_seconds: float | None = _metric()  # torch.compile's own share of the overhead
+    bottleneck: str | None = _metric()  # data | compute | overhead
+    data_wait_fraction: float | None = _metric()
+    achieved_flops: float | None = _metric()
+    mfu: float | None = _metric()
+    gpu_utilization: float | None = _metric()  # NVML, 0..1, steady state
+    device_name: str | None = _metric()
+    torch_version: str | None = _metric()
+    warmup_seconds: float | None = None
+    samples_seen: int | None = None
+    optimizer_steps: int | None = None
+    compiled_graphs: int | None = None
+    accuracy_curve: list[list[float]] | None = None  # [epoch, accuracy] at each evaluation
+    loss_scale: float | None = None  # fp16 only
+    skipped_steps: int | None = None  # fp16 only
+    time_breakdown: dict[str, float] | None = None  # phase -> share of a steady-state step
+    flops_per_sample: float | None = None
+    gpu_memory_used_bytes: float | None = None  # NVML
+    wall_seconds: float | None = None  # the whole trial as the study process saw it
+    # -- how it ended
+    feasible: bool | None = None  # COMPLETE trials: whether every constraint holds
+    infeasible_reason: str | None = None
+    fail_kind: FaultKind | None = None  # every trial that is not COMPLETE
+    fail_msg: str | None = None
+    fail_traceback: str | None = None  # fail_kind error: where it happened
+    oom_skipped: bool = False  # not trained: at or above a memory wall found earlier
+
+    def to_attrs(self) -> dict[str, Any]:
+        """The user attributes to store: every field that differs from its default, as JSON."""
+        attrs: dict[str, Any] = {}
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if value == item.default:
+                continue
+            if isinstance(value, TrialConfig):
+                value = value.to_dict()
+            elif isinstance(value, FaultKind):
+                value = value.value
+            attrs[item.name] = value
+        return attrs
+
+    @classmethod
+    def from_attrs(cls, attrs: dict[str, Any]) -> TrialRecord:
+        """The record in a trial's user attributes; attributes autotune does not know (a
+        user's, another tool's) are left out."""
+        known = {name: attrs[name] for name in _TRIAL_FIELDS if name in attrs}
+        if isinstance(known.get("config"), dict):
+            known["config"] = TrialConfig.from_dict(known["config"])
+        if known.get("fail_kind") is not None:
+            known["fail_kind"] = FaultKind(known["fail_kind"])
+        return cls(**known)
+
+    @classmethod
+    def of(cls, trial: FrozenTrial) -> TrialRecord:
+        """The record of a stored trial."""
+        return cls.from_attrs(trial.user_attrs)
+
+    def store(self, trial: optuna.Trial) -> None:
+        """Write this record's attributes on a running trial."""
+        for key, value in self.to_attrs().items():
+            trial.set_user_attr(key, value)
+
+    def metrics(self) -> dict[str, Any]:
+        """The metric fields this trial has, in their order (what ``autotune best`` shows)."""
+        return {
+            name: getattr(self, name) for name in METRIC_FIELDS if getattr(self, name) is not None
+        }
+
+    @classmethod
+    def from_result(cls, result: TrialResult, precision: str) -> TrialRecord:
+        """What a trial that trained stores of its measurements."""
+        breakdown: dict[str, Any] = {}
+        if result.time_breakdown:
+            total = sum(result.time_breakdown.values())
+            if total > 0:
+                fractions = {
+                    phase: seconds / total for phase, seconds in result.time_breakdown.items()
+                }
+                breakdown = {
+                    "time_breakdown": {phase: round(f, 4) for phase, f in fractions.items()},
+                    "data_wait_fraction": fractions["data_wait"],
+                    "bottleneck": timing.bottleneck(fractions, result.gpu.get("gpu_utilization")),
+                }
+        flops: dict[str, Any] = {}
+        if result.flops_per_sample:
+            achieved = result.flops_per_sample * result.samples_per_second
+            peak = telemetry.peak_flops(result.device_name, precision)
+            flops = {
+                "flops_per_sample": result.flops_per_sample,
+                "achieved_flops": achieved,  # FLOP/s, steady state
+                "mfu": achieved / peak if peak is not None else None,
+            }
+        return cls(
+            accuracy=result.accuracy,
+            train_seconds=result.train_seconds,
+            overhead_seconds=result.overhead_seconds,
+            warmup_seconds=result.warmup_seconds,
+            samples_per_second=result.samples_per_second,
+            effective_batch_size=result.effective_batch_size,
+            samples_seen=result.samples_seen,
+            optimizer_steps=result.optimizer_steps,
+            epochs_trained=result.evaluations[-1].epoch,
+            peak_memory_bytes=result.peak_memory_bytes,
+            compiled_graphs=result.compiled_graphs,
+            device_name=result.device_name,
+            torch_version=result.torch_version,
+            accuracy_curve=[[round(e.epoch, 4), e.accuracy] for e in result.evaluations],
+            loss_scale=result.loss_scale,
+            skipped_steps=result.skipped_steps if result.loss_scale is not None else None,
+            compile_seconds=result.compile_seconds,
+            gpu_utilization=result.gpu.get("gpu_utilization"),
+            gpu_memory_used_bytes=result.gpu.get("gpu_memory_used_bytes"),
+            **breakdown,
+            **flops,
+        )
+
+
+_TRIAL_FIELDS = frozenset(f.name for f in dataclasses.fields(TrialRecord))
+METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(TrialRecord) if f.metadata.get("metric"))
+
+
+@dataclass(frozen=True)
+class StudyRecord:
+    """Every user attribute autotune stores on a study when it creates it."""
+
+    space_file: str | None = None  # the space file's text
+    space_file_path: str | None = None  # as given to `autotune run`
+    space_file_dir: str | None = None  # absolute: where module:function entry points were found
+    space_hash: str | None = None
+    search_fingerprint: str | None = None  # the resume guard's label of the search
+    search_definition: str | None = None  # what the fingerprint is of, for a readable diff
+    effective_space: str | None = None  # the space after hardware filtering (older studies)
+    metric: str | None = None
+    created_on: str | None = None  # the device's name
+    autotune_version: str | None = None
+    num_classes: int | None = None
+    input_shape: list[int] | None = None  # one sample's
+    hardware: dict[str, Any] | None = None  # telemetry.fingerprint of the machine
+
+    def to_attrs(self) -> dict[str, Any]:
+        """The user attributes to store: every field that is set."""
+        return {
+            item.name: getattr(self, item.name)
+            for item in dataclasses.fields(self)
+            if getattr(self, item.name) is not None
+        }
+
+    @classmethod
+    def from_attrs(cls, attrs: dict[str, Any]) -> StudyRecord:
+        """The record in a study's user attributes (others are left out)."""
+        return cls(**{name: attrs[name] for name in _STUDY_FIELDS if name in attrs})
+
+    @classmethod
+    def of(cls, study: optuna.Study) -> StudyRecord:
+        """The record of a stored study."""
+        return cls.from_attrs(study.user_attrs)
+
+    def store(self, study: optuna.Study) -> None:
+        """Write this record's attributes on a study."""
+        for key, value in self.to_attrs().items():
+            study.set_user_attr(key, value)
+
+
+_STUDY_FIELDS = frozenset(f.name for f in dataclasses.fields(StudyRecord))
+
+
+def is_feasible(trial: FrozenTrial) -> bool:
+    """Whether ``trial`` is an answer: COMPLETE, with every constraint satisfied."""
+    return trial.state == TrialState.COMPLETE and all(
+        value <= 0 for value in trial.constraints.values()
+    )
+
+
+def feasible_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """COMPLETE trials that satisfy every constraint, best first."""
+    trials = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if is_feasible(t)
+    ]
+    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    return sorted(trials, key=lambda t: float(t.value or 0.0), reverse=maximize)  # COMPLETE: set
+
+
+def best_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The best feasible COMPLETE trial, or None."""
+    trials = feasible_trials(study)
+    return trials[0] if trials else None
+
+
+def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The untuned baseline, if it completed."""
+    return next(
+        (
+            t
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if TrialRecord.of(t).baseline
+        ),
+        None,
+    )
+
+
+def trial_config(trial: FrozenTrial) -> TrialConfig:
+    """The full configuration a trial trained with (stored as its ``config`` attribute)."""
+    config = TrialRecord.of(trial).config
+    if config is None:
+        raise KeyError(f"trial {trial.number} has no autotune configuration")
+    return config
+
+
+def counted_trials(study: optuna.Study) -> int:
+    """Trials that count towards n_trials (COMPLETE and PRUNED)."""
+    return len(study.get_trials(deepcopy=False, states=COUNTED_STATES))

@@ -1,0 +1,107 @@
+"""How a study samples and prunes: a per-trial seeded sampler, and the pruners."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.exceptions import ExperimentalWarning
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.spec import Spec
+
+__all__ = ["TrialSeededSampler", "make_pruner", "make_sampler"]
+
+
+class TrialSeededSampler(optuna.samplers.BaseSampler):
+    """A sampler made afresh for each trial, seeded from the study's seed and the trial's number.
+
+    The storage hands every trial a number of its own, so processes that share a study draw
+    different configurations even when they start together, while one process re-running a
+    seeded study draws the same ones, resumed runs included. TPE and random sampling keep no
+    state between trials but their random generator (TPE reads the history from the storage
+    every time), so a new instance per trial changes nothing else.
+    """
+
+    def __init__(self, make: Callable[[int], optuna.samplers.BaseSampler], seed: int) -> None:
+        self._make, self._seed = make, seed
+        self._number: int | None = None
+        self._inner = make(seed)
+
+    def _for(self, trial: FrozenTrial) -> optuna.samplers.BaseSampler:
+        if trial.number != self._number:
+            # the study seed spaced far apart, so seeds s and s + 1 share no trial's draw
+            seed = (self._seed * 1_000_003 + trial.number) % 2**32
+            self._inner, self._number = self._make(seed), trial.number
+        return self._inner
+
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        return self._for(trial).infer_relative_search_space(study, trial)
+
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        return self._for(trial).sample_relative(study, trial, search_space)
+
+    def sample_independent(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
+        return self._for(trial).sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self._for(trial).before_trial(study, trial)
+
+    def after_trial(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        state: TrialState,
+        values: Sequence[float] | None,
+    ) -> None:
+        self._for(trial).after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self._inner.reseed_rng()
+
+
+def make_sampler(spec: Spec) -> optuna.samplers.BaseSampler:
+    """The study's sampler (seeded TPE or random), seeded per trial: see TrialSeededSampler."""
+    if spec.study.sampler == "random":
+        return TrialSeededSampler(
+            lambda seed: optuna.samplers.RandomSampler(seed=seed), spec.study.seed
+        )
+
+    def tpe(seed: int) -> optuna.samplers.BaseSampler:
+        with warnings.catch_warnings():
+            # group and constant_liar are experimental
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            return optuna.samplers.TPESampler(
+                seed=seed,
+                multivariate=True,
+                group=True,  # conditional knobs (prefetch_factor, momentum) form their own groups
+                constant_liar=True,  # trials running in other processes count as poor ones
+                n_startup_trials=spec.study.n_startup_trials,  # counted over the whole study
+            )
+
+    return TrialSeededSampler(tpe, spec.study.seed)
+
+
+def make_pruner(spec: Spec) -> optuna.pruners.BasePruner:
+    """The study's pruner; evaluations are the steps it compares trials at."""
+    name = spec.study.pruner
+    if name == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=1)
+    if name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0)
+    if name == "successive_halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=1)
+    return optuna.pruners.NopPruner()
