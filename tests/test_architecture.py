@@ -1,0 +1,141 @@
+"""The package's shape: imports flow one way (DESIGN.md), and modules stay small enough to read.
+
+Every module (a subpackage counts as one) sits in a layer; a module imports only from its own
+layer or the layers below, at the top of the file or inside a function alike. A new module must
+be placed here, which is the moment to decide where it belongs.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import autotune
+
+PACKAGE = Path(autotune.__file__).parent
+
+# lowest first
+LAYERS: list[set[str]] = [
+    {"_version", "errors", "config", "results"},  # plain data and names, no torch
+    {"spec", "faults", "hardware", "timing", "files"},  # what the user asked; the machine
+    {"telemetry", "pipeline"},  # measuring the device; batches reaching it
+    {"workloads", "trainer"},  # models and data; a model under a configuration
+    {"testing", "space", "runner", "objective"},  # sampling; one measured trial; its score
+    {"executor"},  # how the study runs a trial
+    {"worker", "study"},  # trials in a supervised process; the study and its records
+    {"display", "export"},  # what people see; the answer as a script, file or object
+    {"notes", "report"},  # the dashboard note and artifacts; the HTML report
+    {"cli", "__init__", "__main__"},  # the command line and the Python API's entrance
+]
+
+# Modules allowed past MAX_LINES, and why.
+MAX_LINES = 400
+LONG_MODULES = {
+    "spec.py": "the space file's schema: one pydantic model per section and the knob registry "
+    "they are checked against, with the YAML line index that puts file:line on every error",
+    "runner.py": "the training loop of one trial reads top to bottom in commented stanzas, as "
+    "nanoGPT's train.py does; splitting it would scatter one loop over files",
+}
+
+
+def _unit(module: str) -> str:
+    """The layer unit of a dotted module name inside the package: a top-level module, or a
+    subpackage as a whole."""
+    parts = module.split(".")
+    assert parts[0] == "autotune", module
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _module_name(path: Path) -> str:
+    relative = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(relative.parts)
+    if parts[-1] == "__init__" and len(parts) > 2:
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """The autotune modules ``path`` imports, anywhere in the file."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("autotune")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            if not module.startswith("autotune"):
+                continue
+            if module == "autotune":  # from autotune import study, export: those modules
+                found |= {f"autotune.{alias.name}" for alias in node.names}
+            else:
+                found.add(module)
+    return found
+
+
+def _sources() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_module_has_a_layer():
+    placed = set().union(*LAYERS)
+    units = {_unit(_module_name(path)) for path in _sources()}
+    assert units, "no modules found"
+    assert units - placed == set(), "place these modules in LAYERS"
+    assert placed - units == set(), "these LAYERS entries no longer exist"
+
+
+def test_imports_only_flow_down():
+    layer = {unit: index for index, units in enumerate(LAYERS) for unit in units}
+    upward = []
+    for path in _sources():
+        here = _unit(_module_name(path))
+        for imported in _imports(path):
+            there = _unit(imported)
+            if there != here and layer[there] > layer[here]:
+                upward.append(f"{path.relative_to(PACKAGE)} imports {imported} (a higher layer)")
+    assert upward == []
+
+
+def test_no_import_cycles_between_units():
+    edges: dict[str, set[str]] = {}
+    for path in _sources():
+        here = _unit(_module_name(path))
+        edges.setdefault(here, set()).update(_unit(m) for m in _imports(path) if _unit(m) != here)
+    visiting: list[str] = []
+    done: set[str] = set()
+
+    def visit(unit: str) -> None:
+        assert unit not in visiting, " -> ".join([*visiting[visiting.index(unit) :], unit])
+        if unit in done:
+            return
+        visiting.append(unit)
+        for other in sorted(edges.get(unit, ())):
+            visit(other)
+        visiting.pop()
+        done.add(unit)
+
+    for unit in sorted(edges):
+        visit(unit)
+
+
+def test_modules_stay_readable():
+    too_long = {}
+    for path in _sources():
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        name = str(path.relative_to(PACKAGE))
+        if lines > MAX_LINES and name not in LONG_MODULES:
+            too_long[name] = lines
+    assert too_long == {}, f"over {MAX_LINES} lines without a reason in LONG_MODULES"
+
+
+def test_the_checks_see_real_imports():
+    """The import reader finds what a module really imports (the oracle of the tests above)."""
+    found = _imports(PACKAGE / "study" / "_run.py")
+    assert {"autotune.executor", "autotune.study._records", "autotune.objective"} <= found
+    assert "autotune.notes" in _imports(PACKAGE / "cli.py")  # an import inside a function
