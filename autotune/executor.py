@@ -14,6 +14,7 @@ from autotune.config import TrialConfig
 from autotune.errors import UserError
 from autotune.faults import release_memory
 from autotune.results import Reporter, TrialResult
+from autotune.warmup import Warmth
 from autotune.workloads import Workload
 
 __all__ = ["InProcessExecutor", "TrialExecutor", "WorkerError"]
@@ -37,11 +38,13 @@ class InProcessExecutor:
     Nothing is supervised: a crash ends the study and a hang is not timed out.
     """
 
-    def __init__(self, workload: Workload) -> None:
+    def __init__(self, workload: Workload, warmth: Warmth | None = None) -> None:
         self.workload = workload
+        self.warmth = warmth or Warmth()
 
     def run(self, config: TrialConfig, report: Reporter) -> TrialResult:
         try:
+            self.warmth.before(config, self.workload)  # before the trial's clock starts
             return runner.train(config, self.workload, report)
         finally:
             release_memory()  # the next trial's peak memory is its own

@@ -208,7 +208,7 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
     # -- data
     train_loader = make_train_loader(workload.train_set, config, config.seed)
     val_loader = make_val_loader(workload.val_set, config)
-    train_size = len(workload.train_set)  # type: ignore[arg-type]  # map-style data sets have a length; Dataset's stub does not say so
+    train_size = len(workload.train_set)  # type: ignore[arg-type]  # map-style: sized
     plan = make_plan(config, len(train_loader), train_size)
 
     # -- model, optimizer, schedule, precision; compiled when asked, on a cold compiler (see

@@ -19,14 +19,23 @@ import math
 import os
 import signal
 import time
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset, get_worker_info
 
-from autotune.workloads import DataSplits
+from autotune.workloads import DataSplits, Workload
 
-__all__ = ["FaultyDataset", "SlowDataset", "blobs", "broken_model", "tiny_cnn", "tiny_mlp"]
+__all__ = [
+    "FaultyDataset",
+    "SlowDataset",
+    "blobs",
+    "blobs_workload",
+    "broken_model",
+    "tiny_cnn",
+    "tiny_mlp",
+]
 
 
 def blobs(
@@ -267,3 +276,20 @@ class _Broken(nn.Module):
 def broken_model(message: str = "a bug in forward") -> nn.Module:
     """A model whose forward always raises ValueError(message): a bug, not a configuration."""
     return _Broken(message)
+
+
+def blobs_workload(keep: list[nn.Module] | None = None, **data_args: Any) -> Workload:
+    """The blobs data with tiny_mlp as a loaded Workload; every model built is appended to
+    ``keep``, for tests that inspect them."""
+    splits = blobs(**data_args)
+    shape = tuple(splits.train[0][0].shape)
+    num_classes = splits.num_classes
+    assert num_classes is not None  # blobs says how many
+
+    def build() -> nn.Module:
+        model = tiny_mlp(num_classes=num_classes, input_shape=shape)
+        if keep is not None:
+            keep.append(model)
+        return model
+
+    return Workload("tiny_mlp on blobs", splits.train, splits.val, num_classes, shape, build)

@@ -42,6 +42,7 @@ from autotune.faults import (
 )
 from autotune.results import Evaluation, Reporter, TrialResult
 from autotune.spec import WorkloadSpec
+from autotune.warmup import Warmth
 
 __all__ = ["WorkerExecutor"]
 
@@ -328,6 +329,7 @@ def _worker_main(
         connection.send(StartFailed(f"the worker could not load the workload: {error}"))
         return
     connection.send(Ready())
+    warmth = Warmth()
 
     while True:
         try:
@@ -344,6 +346,7 @@ def _worker_main(
             return verdict.stop
 
         try:
+            warmth.before(config, workload)  # what this process pays once: not on a clock
             result = runner.train(config, workload, report)
         except Exception as error:
             kind, text = classify(error)

@@ -20,7 +20,8 @@ LAYERS: list[set[str]] = [
     {"spec", "faults", "hardware", "timing", "files"},  # what the user asked; the machine
     {"telemetry", "pipeline"},  # measuring the device; batches reaching it
     {"workloads", "trainer"},  # models and data; a model under a configuration
-    {"testing", "space", "runner", "objective"},  # sampling; one measured trial; its score
+    {"testing", "space", "runner", "objective", "warmup"},  # sampling; a measured trial;
+    # its score; what a process pays once, before any trial
     {"executor"},  # how the study runs a trial
     {"worker", "study"},  # trials in a supervised process; the study and its records
     {"display", "export"},  # what people see; the answer as a script, file or object

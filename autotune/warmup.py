@@ -1,0 +1,110 @@
+"""Pay once, before any trial's clock starts, what a fresh process pays once.
+
+A new worker process (or the study process under ``--isolation none``) trains its first trial
+cold: torch's lazy imports, the allocator growing its pools, the intra-op thread pool starting,
+the first kernels of each kind loaded, pages faulted in. Inside the first trial's clock those
+costs make it look slower than it is, and the first trial is usually the untuned baseline, so
+every "N times faster than untuned" would be inflated by them (23% on the quickstart).
+
+``Warmth.before(config, workload)`` pays them on throwaway copies of the trial's own model and
+data, eager, at the trial's precision, batch size and data pipeline: a few training steps and an
+evaluation batch. The first trial that compiles also gets the compiler's own machinery warmed
+(Dynamo, AOTAutograd and Inductor imported, the C++ toolchain found and loaded) by compiling a
+small unrelated function in a throwaway cache; the trial's own graphs stay cold, so every
+compiled trial still pays its whole compile. A trial trains and measures the same whether a
+warm-up ran before it or not: it seeds everything itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Callable
+
+import torch
+
+from autotune.config import TrialConfig
+from autotune.faults import release_memory
+from autotune.pipeline import make_train_loader, make_val_loader
+from autotune.timing import synchronize
+from autotune.trainer import Trainer, backend_flags, seed_everything
+from autotune.workloads import Workload
+
+__all__ = ["WARMUP_MICRO_BATCHES", "Warmth", "warm_compiler", "warm_process"]
+
+WARMUP_MICRO_BATCHES = 3  # eager training steps that load every kernel a step uses
+
+
+def warm_process(config: TrialConfig, workload: Workload) -> bool:
+    """A few eager training steps and one evaluation batch, as ``config`` trains, discarded;
+    False when the configuration has no batch to train on (the trial says why)."""
+    eager = config.replace(
+        compile="none",  # the trial's graphs must compile cold in the trial
+        accumulation_steps=1,  # every micro-batch an optimizer step: its kernels load too
+        num_workers=0,  # DataLoader workers start in every trial anyway (and are charged)
+        prefetch_factor=None,
+        persistent_workers=False,
+    )
+    device = torch.device(eager.device)
+    with backend_flags(eager):
+        seed_everything(eager.seed)
+        loader = make_train_loader(workload.train_set, eager, eager.seed)
+        if len(loader) == 0:  # a batch larger than the data set: invalid_config in the trial
+            return False
+        trainer = Trainer(workload.build_model(), eager, total_steps=WARMUP_MICRO_BATCHES)
+        batches = iter(loader)
+        for _ in range(min(WARMUP_MICRO_BATCHES, len(loader))):
+            trainer.train_step(*trainer.to_device(*next(batches)))
+        trainer.model.eval()
+        with torch.no_grad(), trainer.autocast():
+            inputs, _ = trainer.to_device(*next(iter(make_val_loader(workload.val_set, eager))))
+            trainer.model(inputs)
+        synchronize(device)
+    del trainer, batches, loader
+    release_memory()
+    return True
+
+
+def warm_compiler(device: torch.device) -> None:
+    """Compile and run (forward and backward) a small function unrelated to any trial, in a
+    throwaway Inductor cache, then forget it: the compiler is loaded, no trial graph is cached."""
+    from torch._inductor import utils as inductor_utils
+
+    fresh_cache = getattr(inductor_utils, "fresh_cache", None)  # torch >= 2.8
+    fresh_cache = fresh_cache or inductor_utils.fresh_inductor_cache
+    scratch = tempfile.mkdtemp(prefix="autotune-warm-compiler-")
+    torch.compiler.reset()
+    try:
+        with fresh_cache(dir=scratch, delete=False):
+            compiled = torch.compile(lambda x: torch.nn.functional.relu(x) * 2.0 + 1.0)
+            x = torch.randn(16, 16, device=device, requires_grad=True)
+            compiled(x).sum().backward()
+            synchronize(device)
+    finally:
+        torch.compiler.reset()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+class Warmth:
+    """What this process has warmed; ``before`` warms what the next trial still needs.
+
+    ``log`` hears each warm-up as it happens ("process", "compiler"), in order.
+    """
+
+    def __init__(self, log: Callable[[str], None] | None = None) -> None:
+        self.process_warm = False
+        self.compiler_warm = False
+        self._log = log or (lambda event: None)
+
+    def before(self, config: TrialConfig, workload: Workload) -> None:
+        """Warm the process (once) and, for a compiled trial, the compiler (once)."""
+        # a failure here is the trial's, raised as such; a later trial tries again
+        if not self.process_warm and warm_process(config, workload):
+            self.process_warm = True
+            self._log("process")
+        if config.compile != "none" and not self.compiler_warm:
+            self.compiler_warm = True  # tried once; a compiler that cannot work fails the trial
+            with contextlib.suppress(Exception):  # ... in the trial, where it is recorded
+                warm_compiler(torch.device(config.device))
+                self._log("compiler")

@@ -1,0 +1,65 @@
+"""What a fresh process pays once is paid before the first trial's clock, and changes nothing
+a trial measures or learns."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune import timing
+from autotune.executor import InProcessExecutor
+from autotune.runner import train
+from autotune.testing import blobs_workload
+from autotune.warmup import Warmth, warm_process
+
+from .conftest import make_config, never_stop
+
+
+@pytest.fixture
+def clock_starts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Events in order: each warm-up, and each time a trial's training clock starts."""
+    events: list[str] = []
+    start = timing.TrainClock.start
+
+    def logged_start(self: timing.TrainClock) -> None:
+        if self._total == 0.0:  # the first start of a trial's clock (resumes add to a total)
+            events.append("clock")
+        start(self)
+
+    monkeypatch.setattr(timing.TrainClock, "start", logged_start)
+    return events
+
+
+@pytest.mark.slow
+def test_a_fresh_process_warms_before_the_first_clock_and_the_compiler_before_compiling(
+    clock_starts: list[str],
+):
+    workload = blobs_workload()
+    executor = InProcessExecutor(workload, Warmth(log=clock_starts.append))
+    eager = make_config(epochs=1)
+    executor.run(eager, never_stop)
+    executor.run(eager, never_stop)
+    executor.run(eager.replace(compile="default"), never_stop)
+    executor.run(eager.replace(compile="default"), never_stop)
+    # once each, and each before the clock of the first trial that needs it
+    assert clock_starts == ["process", "clock", "clock", "compiler", "clock", "clock"]
+
+
+def test_a_warm_up_changes_nothing_a_trial_learns():
+    workload = blobs_workload()
+    config = make_config(epochs=1, eval_every=0.5, batch_size=16)
+    cold = train(config, workload, never_stop)
+    warm_process(config.replace(seed=7, batch_size=32), workload)  # another config, even
+    warm = train(config, workload, never_stop)
+    assert [e.accuracy for e in warm.evaluations] == [e.accuracy for e in cold.evaluations]
+    assert [e.train_loss for e in warm.evaluations] == [e.train_loss for e in cold.evaluations]
+    assert warm.samples_seen == cold.samples_seen
+
+
+def test_a_configuration_with_nothing_to_train_leaves_the_warm_up_to_the_next_trial():
+    workload = blobs_workload()
+    events: list[str] = []
+    warmth = Warmth(log=events.append)
+    warmth.before(make_config(batch_size=100_000), workload)  # more than the data set
+    assert not warmth.process_warm and events == []
+    warmth.before(make_config(), workload)
+    assert warmth.process_warm and events == ["process"]
