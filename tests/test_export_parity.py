@@ -1,0 +1,362 @@
+"""The exported script trains with the trainer's semantics, not a look-alike of them.
+
+``templates/train.py.j2`` re-implements what ``autotune.trainer`` does: the learning-rate
+schedules and their warm-up, the optimizers, the TF32 and cuDNN flags, autocast and GradScaler.
+Each test renders the real template through the real export code from a real (tiny) study, loads
+the script as a module (its ``main()`` runs only under ``__main__``) and compares what the script
+does with what the trainer does, step by step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import ClassVar
+
+import pytest
+import torch
+from torch import nn
+
+from autotune.config import TrialConfig
+from autotune.export import best_config, render_script, select_trial
+from autotune.study import load_study
+from autotune.trainer import Trainer, backend_flags, make_optimizer, make_scheduler
+
+from .conftest import cuda_flags, run_cli, write_space
+
+# the study runs in a subprocess (`autotune run`): most of this module's time is its imports
+pytestmark = pytest.mark.slow
+
+# 148 training samples in micro-batches of 4: one epoch is 37 optimizer steps
+SPACE = """\
+study: {name: parity, n_trials: 1, pruner: none, isolation: none}
+workload:
+  model: autotune.testing:tiny_mlp
+  data: autotune.testing:blobs
+  data_args: {n_train: 148, n_val: 32}
+  epochs: 1
+  device: cpu
+space:
+  lr: 0.05
+  batch_size: 4
+"""
+TOTAL_STEPS = 37  # optimizer steps the schedules span
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+OPTIMIZERS = {
+    "sgd": {"optimizer": "sgd", "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4},
+    "adamw": {"optimizer": "adamw", "momentum": None, "nesterov": False, "weight_decay": 0.05},
+}
+# (schedule, warmup_fraction); onecycle with 0 rises for its default 0.3 of the steps
+SCHEDULES = [
+    ("constant", 0.0),
+    ("constant", 0.2),
+    ("cosine", 0.0),
+    ("cosine", 0.2),
+    ("onecycle", 0.0),
+    ("onecycle", 0.2),
+]
+
+Export = Callable[..., tuple[ModuleType, TrialConfig]]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """A real one-trial study of the tiny workload, made by `autotune run` as a user would."""
+    directory = tmp_path_factory.mktemp("parity")
+    write_space(directory, SPACE, name="space.yaml")
+    url = f"sqlite:///{directory / 'studies.db'}"
+    done = run_cli("run", "space.yaml", "--storage", url, cwd=directory)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return load_study("parity", url)
+
+
+@pytest.fixture
+def export(study, tmp_path: Path) -> Iterator[Export]:
+    """``export(**changes)``: the study's best configuration with ``changes``, rendered into a
+    script by the real export code and loaded as a module; returns (module, config)."""
+    best = best_config(study, select_trial(study))
+    saved_sys_path = list(sys.path)  # the script puts the workload's directory on sys.path
+    count = 0
+
+    def load(**changes) -> tuple[ModuleType, TrialConfig]:
+        nonlocal count
+        count += 1
+        config = best.config.replace(**changes)
+        path = tmp_path / f"train_{count}.py"
+        path.write_text(render_script(study, dataclasses.replace(best, config=config)))
+        spec = importlib.util.spec_from_file_location(f"exported_train_{count}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)  # not __main__: defines everything, trains nothing
+        return module, config
+
+    yield load
+    sys.path[:] = saved_sys_path
+
+
+@pytest.fixture
+def restore_flags() -> Iterator[None]:
+    """Put the process-wide TF32 and cuDNN settings back as they were."""
+    matmul_precision = torch.get_float32_matmul_precision()
+    cudnn = torch.backends.cudnn
+    conv_tf32, benchmark = cudnn.allow_tf32, cudnn.benchmark
+    yield
+    torch.set_float32_matmul_precision(matmul_precision)
+    cudnn.allow_tf32, cudnn.benchmark = conv_tf32, benchmark
+
+
+def set_flags(matmul_precision: str, conv_tf32: bool, benchmark: bool) -> None:
+    torch.set_float32_matmul_precision(matmul_precision)
+    torch.backends.cudnn.allow_tf32 = conv_tf32
+    torch.backends.cudnn.benchmark = benchmark
+
+
+# torch's defaults, and their opposite: a setting left alone shows up against one of them
+START_FLAGS = [("highest", True, False), ("high", False, True)]
+
+
+def learning_rates(
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    steps: int,
+) -> list[float]:
+    """The learning rate each of ``steps`` optimizer steps applies (one param group)."""
+    assert len(optimizer.param_groups) == 1
+    rates = []
+    for _ in range(steps):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()  # no gradients: changes nothing, but counts as the step before
+        if scheduler is not None:
+            scheduler.step()
+    return rates
+
+
+def settings(optimizer: torch.optim.Optimizer) -> dict[str, object]:
+    """Everything of the param group but its parameters: lr, momentum, betas, decay, ..."""
+    return {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
+
+
+def assert_same_rates(script: list[float], trainer: list[float]) -> None:
+    assert len(script) == len(trainer)
+    for step, (ours, theirs) in enumerate(zip(script, trainer, strict=True)):
+        assert math.isclose(ours, theirs, rel_tol=1e-12, abs_tol=0.0), (
+            f"step {step}: the script's learning rate is {ours!r}, the trainer's {theirs!r}"
+        )
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize(("schedule", "warmup_fraction"), SCHEDULES)
+def test_the_script_schedules_the_learning_rate_as_the_trainer_does(
+    export: Export, schedule: str, warmup_fraction: float, optimizer: str, precision: str
+):
+    script, config = export(
+        schedule=schedule,
+        warmup_fraction=warmup_fraction,
+        precision=precision,
+        **OPTIMIZERS[optimizer],
+    )
+    model = script.make_model()
+    ours = script.make_optimizer(model)
+    theirs = make_optimizer(model, config)
+    assert type(ours) is type(theirs)
+    assert settings(ours) == settings(theirs)  # before any schedule touches them
+
+    trainer_scheduler = make_scheduler(theirs, config, TOTAL_STEPS)
+    if trainer_scheduler is None:  # a constant learning rate: the script has no schedule
+        assert not hasattr(script, "make_scheduler")
+        script_scheduler = None
+    else:
+        script_scheduler = script.make_scheduler(ours, TOTAL_STEPS)
+        assert type(script_scheduler) is type(trainer_scheduler)
+    assert settings(ours) == settings(theirs)  # OneCycleLR rewrites lr and adds its own keys
+
+    expected = learning_rates(theirs, trainer_scheduler, TOTAL_STEPS)
+    assert_same_rates(learning_rates(ours, script_scheduler, TOTAL_STEPS), expected)
+    # the comparison means something: a schedule changes the rate, a constant one does not
+    assert (len(set(expected)) > 1) == (trainer_scheduler is not None)
+    assert trainer_scheduler is not None or set(expected) == {config.lr}
+
+
+class _Stop(Exception):
+    """Ends the script's main() once it has set the CUDA flags."""
+
+
+@pytest.mark.usefixtures("restore_flags")
+@pytest.mark.parametrize("cudnn_benchmark", [False, True])
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_on_cuda_the_script_sets_the_trainers_tf32_and_cudnn_flags(
+    export: Export, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, precision, cudnn_benchmark
+):
+    script, config = export(precision=precision, cudnn_benchmark=cudnn_benchmark, device="cuda:0")
+    set_cuda_flags = script.set_cuda_flags
+
+    def set_then_stop() -> None:  # setting the flags needs no GPU; training on one would
+        set_cuda_flags()
+        raise _Stop
+
+    monkeypatch.setattr(script, "set_cuda_flags", set_then_stop)
+    monkeypatch.setattr(sys, "argv", ["train.py", "--checkpoint", str(tmp_path / "c.pt")])
+    for start in START_FLAGS:
+        set_flags(*start)
+        with pytest.raises(_Stop):
+            script.main()  # DEVICE is cuda:0: main() sets the flags before anything else
+        ours = cuda_flags()
+        set_flags(*start)
+        with backend_flags(config):
+            theirs = cuda_flags()
+        # (matmul precision, cuda.matmul.allow_tf32, cudnn.allow_tf32, cudnn.benchmark)
+        assert ours == theirs, f"starting from {start}"
+    assert theirs[1:3] == (precision == "tf32",) * 2 and theirs[3] is cudnn_benchmark
+
+
+class Recorder(nn.Module):
+    """Wraps a model; notes, at every forward, training or not, the autocast dtype (None
+    without autocast) and the learning rate of the optimizer watching it (None before one)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.calls: list[tuple[bool, torch.dtype | None, float | None]] = []
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        kind = inputs.device.type
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+        lr = self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else None
+        self.calls.append((self.training, dtype, lr))
+        return self.inner(inputs)
+
+
+class RecordingScaler(torch.amp.GradScaler):
+    """A GradScaler that counts its instances and its scale() and step() calls."""
+
+    made: ClassVar[list[RecordingScaler]] = []
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.scaled = self.stepped = 0
+        RecordingScaler.made.append(self)
+
+    def scale(self, outputs):
+        self.scaled += 1
+        return super().scale(outputs)
+
+    def step(self, optimizer, *args, **kwargs):
+        self.stepped += 1
+        return super().step(optimizer, *args, **kwargs)
+
+
+# one real epoch of the script's main() per precision, each with another schedule and optimizer
+LOOPS = {
+    "fp32": {"schedule": "cosine", "warmup_fraction": 0.2, **OPTIMIZERS["sgd"]},
+    "tf32": {
+        "schedule": "onecycle",
+        "warmup_fraction": 0.0,
+        "accumulation_steps": 2,
+        **OPTIMIZERS["adamw"],
+    },
+    "bf16": {"schedule": "constant", "warmup_fraction": 0.2, **OPTIMIZERS["adamw"]},
+    "fp16": {
+        "schedule": "onecycle",
+        "warmup_fraction": 0.1,
+        "accumulation_steps": 2,
+        **OPTIMIZERS["sgd"],
+    },
+}
+
+
+@pytest.mark.usefixtures("restore_flags")
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")  # fp16 skipped steps
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_the_scripts_training_loop_matches_the_trainer(
+    export: Export, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, precision: str
+):
+    """Autocast, GradScaler and the learning rate of every optimizer step in the script's own
+    loop (one epoch on the CPU) against a Trainer of the same configuration."""
+    script, config = export(precision=precision, **LOOPS[precision])
+    accumulation = config.accumulation_steps
+    train_set, _ = script.make_datasets()
+    steps = len(train_set) // config.batch_size // accumulation  # the script's optimizer steps
+
+    # the script, as `python train.py --epochs 1` runs it, with a recording model and scaler
+    recorder = Recorder(script.make_model())
+    make_script_optimizer = script.make_optimizer
+
+    def watched_optimizer(model: nn.Module) -> torch.optim.Optimizer:
+        recorder.optimizer = make_script_optimizer(model)
+        return recorder.optimizer
+
+    RecordingScaler.made.clear()
+    set_flags(*START_FLAGS[1])
+    with monkeypatch.context() as patch:
+        patch.setattr(script, "make_model", lambda: recorder)
+        patch.setattr(script, "make_optimizer", watched_optimizer)
+        patch.setattr(torch.amp, "GradScaler", RecordingScaler)
+        patch.setattr(
+            sys, "argv", ["train.py", "--epochs", "1", "--checkpoint", str(tmp_path / "c.pt")]
+        )
+        script.main()
+    matmul_precision, _, conv_tf32, benchmark = cuda_flags()
+    assert (matmul_precision, conv_tf32, benchmark) == START_FLAGS[1], "the CPU sets no flags"
+    training = [call for call in recorder.calls if call[0]]
+    evaluation = [call for call in recorder.calls if not call[0]]
+    assert len(training) == steps * accumulation and evaluation
+
+    # a Trainer of the same configuration, over as many optimizer steps
+    trainer_model = Recorder(script.make_model())
+    trainer = Trainer(trainer_model, config, total_steps=steps)
+    batch = [train_set[i] for i in range(8)]
+    inputs, targets = (torch.stack(column) for column in zip(*batch, strict=True))
+    for _ in range(accumulation):
+        trainer.train_step(inputs[:4], targets[:4])
+    with torch.no_grad(), trainer.autocast():
+        trainer_model.eval()
+        trainer_model(inputs)
+    trainer_dtypes = [dtype for _, dtype, _ in trainer_model.calls]
+    assert trainer.steps == 1 and len(trainer_dtypes) == accumulation + 1
+
+    # autocast: the same dtype (or none) in training and in evaluation
+    assert {dtype for _, dtype, _ in training} == set(trainer_dtypes[:-1])
+    assert {dtype for _, dtype, _ in evaluation} == {trainer_dtypes[-1]}
+    # GradScaler: fp16 only, scaling every micro-batch's loss and making every optimizer step
+    scalers = [scaler for scaler in RecordingScaler.made if scaler.is_enabled()]
+    assert bool(scalers) == trainer.scaler.is_enabled() == (precision == "fp16")
+    if scalers:
+        assert len(scalers) == 1
+        assert (scalers[0].scaled, scalers[0].stepped) == (steps * accumulation, steps)
+    # the learning rate of every micro-batch is its optimizer step's, as the trainer schedules it
+    model = script.make_model()
+    optimizer = make_optimizer(model, config)
+    expected = learning_rates(optimizer, make_scheduler(optimizer, config, steps), steps)
+    per_micro_batch = [lr for lr in expected for _ in range(accumulation)]
+    assert_same_rates([lr for _, _, lr in training], per_micro_batch)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="export._knob_notes writes LEARNING_RATE, MOMENTUM, WEIGHT_DECAY and WARMUP_FRACTION "
+    "rounded to six significant digits; the fix belongs in autotune/export.py",
+)
+def test_the_script_trains_with_the_tuned_values_to_the_last_digit(export: Export):
+    """A sampled learning rate and warm-up fraction have more digits than six: the script must
+    apply the trial's, not a neighbour's (the warm-up here is 0.5000000067 of a step: one
+    step in the trainer, none when rounded to 0.0135135)."""
+    script, config = export(
+        lr=0.0031622776601683794,
+        schedule="cosine",
+        warmup_fraction=0.5000000067 / TOTAL_STEPS,
+        **OPTIMIZERS["adamw"],
+    )
+    model = script.make_model()
+    ours, theirs = script.make_optimizer(model), make_optimizer(model, config)
+    assert_same_rates(
+        learning_rates(ours, script.make_scheduler(ours, TOTAL_STEPS), TOTAL_STEPS),
+        learning_rates(theirs, make_scheduler(theirs, config, TOTAL_STEPS), TOTAL_STEPS),
+    )
