@@ -339,11 +339,6 @@ def test_the_scripts_training_loop_matches_the_trainer(
     assert_same_rates([lr for _, _, lr in training], per_micro_batch)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="export._knob_notes writes LEARNING_RATE, MOMENTUM, WEIGHT_DECAY and WARMUP_FRACTION "
-    "rounded to six significant digits; the fix belongs in autotune/export.py",
-)
 def test_the_script_trains_with_the_tuned_values_to_the_last_digit(export: Export):
     """A sampled learning rate and warm-up fraction have more digits than six: the script must
     apply the trial's, not a neighbour's (the warm-up here is 0.5000000067 of a step: one

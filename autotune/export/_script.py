@@ -216,10 +216,9 @@ def _knob_notes(best: BestConfig) -> list[tuple[str, Any, str]]:
         )
     )
 
-    def readable(value: Any) -> Any:  # six significant digits are plenty for a knob
-        return float(f"{value:.6g}") if isinstance(value, float) else value
-
-    return [(name, literal(readable(value)), comment) for name, value, comment in rows]
+    # every digit: the script must train with the trial's values, not rounded neighbours (a
+    # rounded warm-up fraction can lose a whole warm-up step; tests/test_export_parity.py)
+    return [(name, literal(value), comment) for name, value, comment in rows]
 
 
 def _execution_summary(best: BestConfig) -> str:
