@@ -6,6 +6,7 @@ Heavy modules (torch, Optuna, scikit-learn) are imported inside the commands, so
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import signal
@@ -160,21 +161,30 @@ def run(
     )
     progress = display.live_progress(console)
     previous_handler = signal.signal(signal.SIGTERM, _raise_terminated)
+    confirmed = False
     try:
         with Live(progress, console=console, refresh_per_second=8) as live:
             observer = display.LiveObserver(study, spec, live, progress)
             outcome = studies.run_study(study, spec, hardware, executor, observer)
             live.update(progress)
+        console.print()  # ends the progress line (piped output has no cursor to move)
+        if outcome.stopped_reason:
+            console.print(f"[yellow]Stopped:[/] {outcome.stopped_reason}.")
+        finished = studies.counted_trials(study) >= spec.study.n_trials
+        plan = spec.study.confirm
+        if plan.enabled and finished and not outcome.interrupted and not outcome.repeated_error:
+            try:
+                confirmed = _confirm(study, spec, executor, plan.top, plan.repeats)
+            except KeyboardInterrupt as stop:
+                outcome.interrupted = True
+                outcome.terminated = isinstance(stop, studies.Terminated)
     except WorkerError as err:
         raise _fail(str(err), EXIT_FAILED) from None
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
         executor.close()
 
-    console.print()  # ends the progress line (piped output has no cursor to move)
-    if outcome.stopped_reason:
-        console.print(f"[yellow]Stopped:[/] {outcome.stopped_reason}.")
-    display.print_summary(console, study, spec, outcome)
+    display.print_summary(console, study, spec, outcome, confirmation=confirmed)
     if outcome.trials_run:
         from autotune import notes
 
@@ -185,7 +195,8 @@ def run(
             how = f"resume with --study-name {study.study_name} (without --new-study)"
         console.print(
             f"[yellow]{'Terminated' if outcome.terminated else 'Interrupted'}.[/] The running "
-            f"trial is recorded as interrupted and finished trials are saved; {how}."
+            f"trial (or confirmation run) is recorded as interrupted and finished ones are "
+            f"saved; {how}."
         )
         raise typer.Exit(EXIT_TERMINATED if outcome.terminated else EXIT_INTERRUPTED)
     if outcome.repeated_error:
@@ -197,6 +208,112 @@ def run(
             ],
             EXIT_FAILED,
         )
+
+
+def _confirm(study: Any, spec: Any, executor: Any, top: int, repeats: int) -> bool:
+    """Run (or resume) the confirmation round, a line per run; whether one exists now."""
+    from autotune import display
+    from autotune import study as studies
+
+    plan = studies.confirmation_plan(study, top, repeats)
+    if plan is None:
+        return False
+    todo = len(plan.candidates) * repeats - sum(1 for run in plan.runs if run.repeat > 0)
+    if todo:
+        console.print(
+            f"Confirming the {len(plan.candidates) - (plan.baseline is not None)} best "
+            f"configurations and the untuned baseline: {todo} runs, interleaved."
+        )
+    studies.confirm_study(
+        study,
+        spec.objective,
+        executor,
+        top,
+        repeats,
+        on_run=display.confirmation_progress(console, spec),
+    )
+    return True
+
+
+@app.command()
+def confirm(
+    study_name: Annotated[str, typer.Option("--study", help="Study name.")],
+    storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
+    top: Annotated[
+        int | None,
+        typer.Option(min=1, help="Confirm this many leaders. Default: study.confirm.top."),
+    ] = None,
+    repeats: Annotated[
+        int | None,
+        typer.Option(min=1, help="More runs of each. Default: study.confirm.repeats."),
+    ] = None,
+    isolation: Annotated[
+        str | None, typer.Option(help="worker or none. Default: study.isolation.")
+    ] = None,
+) -> None:
+    """Re-measure a study's leaders and its untuned baseline side by side, and name the answer.
+
+    Runs (or resumes) the confirmation round; with other --top/--repeats, a new one. It trains,
+    so it imports the workload's model and data functions named in the study's space file.
+    """
+    from autotune import display, export
+    from autotune import study as studies
+    from autotune.executor import InProcessExecutor, WorkerError
+    from autotune.hardware import detect
+    from autotune.worker import WorkerExecutor
+    from autotune.workloads import load as load_workload
+
+    _quiet_libraries(verbose=False)
+    try:
+        found = studies.load_study(study_name, storage)
+        spec = export.study_spec(found)
+        if spec is None:
+            raise studies.StudyError(
+                f"study '{study_name}' holds no readable space file: it cannot train again"
+            )
+        record = studies.StudyRecord.of(found)
+        base_dir = Path(record.space_file_dir) if record.space_file_dir else None
+        hardware = detect(spec.workload.device)
+        isolation = isolation or spec.study.isolation
+        executor = (
+            WorkerExecutor(spec.workload, base_dir, spec.study.trial_timeout)
+            if isolation == "worker"
+            else InProcessExecutor(load_workload(spec.workload, base_dir))
+        )
+    except UserError as err:
+        raise _fail(str(err).splitlines(), EXIT_FAILED) from None
+    if record.created_on and record.created_on != hardware.device_name:
+        console.print(
+            f"[yellow]warning:[/] this study was created on {record.created_on}; the runs on "
+            f"{hardware.device_name} will be compared with its trials"
+        )
+    previous_handler = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        confirmed = _confirm(
+            found,
+            spec,
+            executor,
+            top or spec.study.confirm.top,
+            repeats or spec.study.confirm.repeats,
+        )
+    except WorkerError as err:
+        raise _fail(str(err), EXIT_FAILED) from None
+    except KeyboardInterrupt as stop:
+        terminated = isinstance(stop, studies.Terminated)
+        console.print(
+            "[yellow]Interrupted.[/] The finished runs are saved; run the same command to resume."
+        )
+        raise typer.Exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+        executor.close()
+    if not confirmed:
+        raise _fail(f"study '{study_name}' has no feasible trial to confirm", EXIT_FAILED)
+    display.print_confirmation(console, found, spec)
+    from autotune import notes
+
+    with contextlib.suppress(Exception):  # the note is a convenience; the answer is stored
+        notes.write_note(found, storage)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,6 +349,7 @@ def best(
         f"[bold]{study_name}[/]: trial {result.trial}, {result.metric} "
         f"[bold green]{display.fmt(result.value)}[/] {unit}"
     )
+    console.print(f"  {result.confirmation_text()}")
     for key, value in result.metrics.items():
         console.print(f"  {key}: {display.fmt_metric(key, value)}")
     console.print(display.config_table(chosen))
@@ -381,7 +499,7 @@ def list_studies(
         study = optuna.load_study(study_name=summary.study_name, storage=backend)
         trials = study.get_trials(deepcopy=False)
         count = {state: sum(1 for t in trials if t.state == state) for state in TrialState}
-        top = studies.best_trial(study)
+        top = studies.answer_trial(study)
         table.add_row(
             summary.study_name,
             studies.StudyRecord.of(study).metric or "-",

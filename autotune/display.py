@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -18,14 +19,17 @@ from autotune.config import TrialConfig
 from autotune.hardware import Hardware
 from autotune.results import Evaluation
 from autotune.spec import DEFAULT_STORAGE, KNOBS, Choice, Spec
+from autotune.study import ConfirmRun
 
 __all__ = [
     "METRIC_UNITS",
     "LiveObserver",
     "config_table",
+    "confirmation_progress",
     "fmt",
     "fmt_metric",
     "live_progress",
+    "print_confirmation",
     "print_plan",
     "print_summary",
 ]
@@ -229,8 +233,13 @@ def config_table(trial: FrozenTrial) -> Table:
 
 
 def print_summary(
-    console: Console, study: optuna.Study, spec: Spec, outcome: studies.RunOutcome
+    console: Console,
+    study: optuna.Study,
+    spec: Spec,
+    outcome: studies.RunOutcome,
+    confirmation: bool = False,
 ) -> None:
+    """Trial counts, the best trials, the confirmation round (when asked), the answer."""
     counts = ", ".join(f"{n} {state.lower()}" for state, n in outcome.states.items())
     console.print(f"{outcome.trials_run} trials this run; the study has {counts}.")
     table = _best_table(study, spec)
@@ -240,9 +249,13 @@ def print_summary(
         console.print(f"[yellow]No trial has completed feasibly yet{reason}.[/]")
         return
     console.print(table)
-    best = studies.best_trial(study)
+    if confirmation:
+        print_confirmation(console, study, spec)
+    best = studies.answer_trial(study)
     assert best is not None
-    console.print(f"\n[bold]Best configuration[/] (trial {best.number}):")
+    stored = studies.StudyRecord.of(study).confirmation
+    how = "confirmed" if stored is not None and stored.complete else "not confirmed"
+    console.print(f"\n[bold]Best configuration[/] (trial {best.number}, {how}):")
     console.print(config_table(best))
     storage = spec.study.storage
     console.print(
@@ -251,6 +264,94 @@ def print_summary(
         f"Print the winner:   [bold]autotune best --study {study.study_name}"
         f"{'' if storage == DEFAULT_STORAGE else f' --storage {storage}'}[/]"
     )
+
+
+def confirmation_progress(console: Console, spec: Spec) -> Callable[[ConfirmRun, int, int], None]:
+    """A line per run of the confirmation round, as it finishes."""
+    unit = METRIC_UNITS[spec.objective.metric]
+
+    def show(run: ConfirmRun, done: int, total: int) -> None:
+        line = Text(f"confirm {done:>3}/{total}  trial {run.trial:>3} run {run.repeat}  ")
+        if run.value is None:
+            line.append(f"{run.fault}", style="red")
+        else:
+            line.append(
+                f"{fmt(run.value)} {unit}", style="bold green" if run.feasible else "yellow"
+            )
+            line.append(
+                f"  acc {run.accuracy or 0:.3f}  {_si(run.samples_per_second or 0)} samples/s"
+            )
+        console.print(line, no_wrap=True, overflow="ellipsis")
+
+    return show
+
+
+def print_confirmation(console: Console, study: optuna.Study, spec: Spec) -> None:
+    """The confirmation round: each configuration's median and range, the answer, ties, the
+    confirmed speed-up over the baseline, and what the round cost."""
+    record = studies.StudyRecord.of(study).confirmation
+    if record is None:
+        console.print("[yellow]Not confirmed:[/] no feasible trial to confirm.")
+        return
+    verdict = studies.Verdict.of(record)
+    unit = METRIC_UNITS[spec.objective.metric]
+    confirmed = {c.trial: c for c in (*verdict.ranked, verdict.baseline) if c is not None}
+    table = Table(
+        title=f"Confirmation ({record.repeats} more runs each, interleaved)", title_justify="left"
+    )
+    table.add_column("trial", justify="right")
+    table.add_column(f"median {unit}", justify="right", style="bold green")
+    table.add_column("range", justify="right")
+    table.add_column("accuracy", justify="right")
+    table.add_column("runs", justify="right")
+    for number in record.candidates:
+        found = confirmed.get(number)
+        runs = [run for run in record.runs if run.trial == number]
+        label = f"{number}" + (" (baseline)" if number == record.baseline else "")
+        if found is None or not found.values:
+            table.add_row(label, "-", "-", "-", f"{len(runs)}, none feasible")
+            continue
+        table.add_row(
+            label,
+            fmt(found.median),
+            f"{fmt(found.low)}-{fmt(found.high)}",
+            f"{found.median_accuracy:.3f}",
+            str(len(found.values))
+            + ("" if len(found.values) == len(runs) else f" of {len(runs)}"),
+        )
+    console.print(table)
+    spread = f"±{verdict.spread:.0%}" if verdict.spread is not None else "unknown"
+    if verdict.winner is None:
+        console.print("[yellow]No configuration was feasible in most of its runs.[/]")
+    else:
+        winner = verdict.winner
+        console.print(
+            f"[bold]Answer: trial {winner.trial}[/], {fmt(winner.median)} {unit} "
+            f"(median of {len(winner.values)} runs; run-to-run spread {spread})"
+        )
+        if verdict.tied:
+            numbers = [str(winner.trial), *(str(c.trial) for c in verdict.tied)]
+            together = f"{', '.join(numbers[:-1])} and {numbers[-1]}"
+            rule = "higher accuracy" if verdict.tie_break == "accuracy" else "better median"
+            console.print(
+                f"Trials {together} are tied within measurement noise ({spread}); "
+                f"trial {winner.trial} is named for its {rule}."
+            )
+        if verdict.speedup is not None and verdict.baseline is not None:
+            what = "accuracy per second" if verdict.maximize else "time to the target"
+            console.print(
+                f"{verdict.speedup:.2f}x the untuned baseline's {what} (confirmed, "
+                f"{len(winner.values)} and {len(verdict.baseline.values)} runs)."
+            )
+        elif winner.baseline:
+            console.print("The untuned baseline is the answer: tuning found nothing better.")
+    cost = sum(run.wall_seconds for run in record.runs if run.repeat > 0)
+    searched = sum(
+        studies.TrialRecord.of(t).wall_seconds or 0.0 for t in study.get_trials(deepcopy=False)
+    )
+    share = f", {cost / searched:.0%} of the search" if searched else ""
+    extra = sum(1 for run in record.runs if run.repeat > 0)
+    console.print(f"confirmation: {extra} runs, {cost:.0f} s{share}.", style="dim")
 
 
 def live_progress(console: Console) -> Progress:

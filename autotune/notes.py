@@ -19,6 +19,8 @@ from autotune.spec import DEFAULT_STORAGE, KNOBS
 from autotune.study import (
     StudyRecord,
     TrialRecord,
+    Verdict,
+    answer_trial,
     baseline_trial,
     feasible_trials,
     trial_config,
@@ -122,7 +124,7 @@ def summarize(study: optuna.Study) -> Summary:
     return Summary(
         study=study.study_name,
         metric=StudyRecord.of(study).metric or "value",
-        best=feasible[0] if feasible else None,
+        best=answer_trial(study),
         baseline=baseline_trial(study),
         feasible=feasible,
         states=states,
@@ -163,6 +165,30 @@ def _breakdown_text(trial: FrozenTrial) -> str:
     return ", ".join(parts)
 
 
+def _confirmation_line(study: optuna.Study, trial_number: int) -> str:
+    """How sure the study is of its answer, for the note."""
+    record = StudyRecord.of(study).confirmation
+    if record is None or not record.complete or trial_number not in record.candidates:
+        return (
+            "_Not confirmed: the answer rests on one measurement per configuration; "
+            f"`autotune confirm --study {study.study_name}` re-measures the leaders._"
+        )
+    verdict = Verdict.of(record)
+    winner = verdict.winner
+    assert winner is not None and winner.trial == trial_number
+    spread = f"±{verdict.spread:.0%}" if verdict.spread is not None else "unknown"
+    text = (
+        f"**Confirmed**: median {number(winner.median)} over {len(winner.values)} runs, "
+        f"interleaved with the other leaders and the untuned baseline (spread {spread})"
+    )
+    if verdict.speedup is not None:
+        text += f"; **{verdict.speedup:.2f}x** the untuned baseline, measured side by side"
+    if verdict.tied:
+        tied = ", ".join(str(c.trial) for c in verdict.tied)
+        text += f". Tied within measurement noise with trial {tied}"
+    return text + "."
+
+
 def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     """The markdown note autotune keeps on a study in optuna-dashboard."""
     summary = summarize(study)
@@ -186,6 +212,7 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
             for label, other, speed, value in summary.comparisons()
         ]
         lines += comparisons + ([""] if comparisons else [])
+        lines += [_confirmation_line(study, best.number), ""]
         if record.bottleneck:
             lines.append(f"Its bottleneck: **{record.bottleneck}** ({_breakdown_text(best)}).")
         if summary.bottlenecks:

@@ -40,6 +40,7 @@ from autotune.errors import UserError
 __all__ = [
     "KNOBS",
     "Choice",
+    "ConfirmSpec",
     "FloatRange",
     "IntRange",
     "Knob",
@@ -415,6 +416,16 @@ class SpaceSpec(_Frozen):
 assert set(SpaceSpec.model_fields) == set(KNOBS), "SpaceSpec and KNOBS must list the same knobs"
 
 
+class ConfirmSpec(_Frozen):
+    """The confirmation round at the end of a study: its leading configurations and the untuned
+    baseline trained again side by side, interleaved, so that the answer is not a single noisy
+    measurement (``confirm: false`` turns it off)."""
+
+    enabled: bool = True
+    top: int = Field(default=3, ge=1)  # the feasible trials with the best values
+    repeats: int = Field(default=2, ge=1)  # more runs of each (the trial itself is one more)
+
+
 class StudySpec(_Frozen):
     """How the search runs: where trials are stored, how many, which sampler and pruner."""
 
@@ -432,6 +443,12 @@ class StudySpec(_Frozen):
     # trial 0 trains the untuned configuration (PyTorch's defaults where the space allows), so
     # every study says how much faster its answer is; a mapping pins some of its knobs
     baseline: bool | dict[str, Scalar] = True
+    confirm: ConfirmSpec = Field(default_factory=ConfirmSpec)
+
+    @field_validator("confirm", mode="before")
+    @classmethod
+    def _confirm_switch(cls, value: Any) -> Any:
+        return {"enabled": value} if isinstance(value, bool) else value
 
     @field_validator("baseline")
     @classmethod

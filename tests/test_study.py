@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import statistics
 from pathlib import Path
 
 import optuna
@@ -20,12 +21,18 @@ from autotune.space import restrict
 from autotune.spec import parse_spec
 from autotune.study import (
     METRIC_FIELDS,
+    ConfirmationRecord,
+    ConfirmRun,
     StudyError,
     StudyObserver,
     StudyRecord,
     TrialRecord,
+    Verdict,
+    answer_trial,
     best_trial,
+    confirm_study,
     counted_trials,
+    feasible_trials,
     open_storage,
     open_study,
     run_study,
@@ -355,3 +362,145 @@ def test_a_study_record_round_trips_and_ignores_other_attributes():
     record = StudyRecord(metric="accuracy_per_second", num_classes=10, input_shape=[3, 8, 8])
     assert StudyRecord.from_attrs({**record.to_attrs(), "note": "x"}) == record
     assert "space_file" not in record.to_attrs()  # unset fields are not written
+
+
+# ---------------------------------------------------------------------------------------------
+# The confirmation round (study/_confirm.py)
+# ---------------------------------------------------------------------------------------------
+
+
+def _round(values: dict[int, list[float]], accuracy: dict[int, float] | None = None, **kw):
+    """A ConfirmationRecord with constructed measurements: trial -> values (repeat 0 first)."""
+    runs = tuple(
+        ConfirmRun(
+            trial=number,
+            repeat=repeat,
+            seed=repeat,
+            value=value,
+            accuracy=(accuracy or {}).get(number, 0.9),
+            samples_per_second=100.0 * value,
+            feasible=True,
+            wall_seconds=1.0,
+        )
+        for number, series in values.items()
+        for repeat, value in enumerate(series)
+    )
+    fields = {
+        "top": 3,
+        "repeats": 2,
+        "maximize": True,
+        "candidates": tuple(values),
+        "baseline": None,
+        "runs": runs,
+        "complete": True,
+        **kw,
+    }
+    return ConfirmationRecord(**fields)
+
+
+def test_the_answer_is_the_best_median_and_overlapping_ranges_are_a_tie():
+    # trial 3 had the best single value (3.0) but its median is behind trial 5's
+    clear = Verdict.of(_round({3: [3.0, 2.0, 2.1], 5: [2.6, 2.7, 2.65], 0: [1.0, 1.1, 1.05]}))
+    assert clear.winner.trial == 5 and clear.winner.median == 2.65
+    assert [c.trial for c in clear.tied] == [3]  # 3's range 2.0-3.0 overlaps 5's 2.6-2.7
+    # apart: no tie
+    apart = Verdict.of(_round({5: [2.6, 2.7, 2.65], 3: [2.0, 2.1, 2.05]}))
+    assert apart.winner.trial == 5 and apart.tied == ()
+
+
+def test_among_tied_leaders_the_higher_accuracy_wins():
+    record = _round({1: [2.0, 2.2, 2.1], 2: [2.05, 2.15, 2.12]}, accuracy={1: 0.9, 2: 0.95})
+    verdict = Verdict.of(record)
+    assert verdict.winner.trial == 2 and [c.trial for c in verdict.tied] == [1]
+    assert verdict.tie_break == "accuracy"
+
+
+def test_infeasible_runs_do_not_count_and_a_mostly_infeasible_leader_cannot_win():
+    record = _round({1: [3.0, 3.1, 2.9], 2: [2.0, 2.1, 2.05]})
+    runs = tuple(
+        dataclasses.replace(run, feasible=run.repeat == 0) if run.trial == 1 else run
+        for run in record.runs
+    )
+    verdict = Verdict.of(dataclasses.replace(record, runs=runs))
+    assert verdict.winner.trial == 2
+    assert [c.trial for c in verdict.ranked] == [2]
+
+
+def test_the_speedup_is_against_the_baseline_measured_in_the_same_round():
+    record = _round({4: [2.0, 2.2, 2.1], 0: [1.0, 1.2, 1.1]}, baseline=0)
+    verdict = Verdict.of(record)
+    assert verdict.speedup == pytest.approx(2.1 / 1.1)
+    assert verdict.spread == pytest.approx(statistics.median([0.1 / 2.1, 0.1 / 1.1]))
+    # a time to a target: lower is better, the speed-up is the baseline's time over ours
+    timed = Verdict.of(
+        _round({4: [10.0, 11.0, 12.0], 0: [20.0, 22.0, 24.0]}, baseline=0, maximize=False)
+    )
+    assert timed.winner.trial == 4 and timed.speedup == pytest.approx(2.0)
+
+
+@pytest.mark.slow
+def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(tmp_path: Path):
+    spec = tiny_spec(n_trials=5)
+    study, _ = run(spec, tmp_path / "s.db")
+    executor = InProcessExecutor(load(spec.workload))
+    seen: list[tuple[int, int, int]] = []
+
+    class Stop(KeyboardInterrupt):
+        pass
+
+    def interrupt_after_three(run_, done, total):
+        seen.append((run_.trial, run_.repeat, run_.seed))
+        if len(seen) == 3:
+            raise Stop()
+
+    with pytest.raises(Stop):
+        confirm_study(
+            study, spec.objective, executor, top=2, repeats=2, on_run=interrupt_after_three
+        )
+    stored = StudyRecord.of(study).confirmation
+    assert stored is not None and not stored.complete
+    assert len([r for r in stored.runs if r.repeat > 0]) == 3  # what ran is kept
+
+    def record(run_, done, total):
+        seen.append((run_.trial, run_.repeat, run_.seed))
+
+    final = confirm_study(study, spec.objective, executor, top=2, repeats=2, on_run=record)
+    assert final is not None and final.complete
+    leaders = [t.number for t in feasible_trials(study)[:2]]
+    baseline = next(t.number for t in study.get_trials() if TrialRecord.of(t).baseline)
+    candidates = (*leaders, baseline) if baseline not in leaders else tuple(leaders)
+    assert final.candidates == candidates
+    # A B C, then C B A; each of the six runs once, over the interruption
+    order = [(number, 1) for number in candidates] + [(n, 2) for n in reversed(candidates)]
+    assert [(trial, repeat) for trial, repeat, _ in seen] == order
+    # every run with a new seed, reproducible from the trial's own
+    originals = {t.number: trial_config(t).seed for t in study.get_trials()}
+    assert all(seed == originals[trial] + repeat * 1_000_003 for trial, repeat, seed in seen)
+    assert len(final.runs) == 3 * len(candidates)  # the originals count as one each
+    # the study's answer is now the confirmed winner
+    verdict = Verdict.of(final)
+    assert answer_trial(study).number == verdict.winner.trial
+    # a finished round is not run again
+    again: list[object] = []
+    confirm_study(
+        study, spec.objective, executor, top=2, repeats=2, on_run=lambda *a: again.append(a)
+    )
+    assert again == []
+
+
+def test_the_answer_is_the_confirmed_winner_over_a_higher_single_value(tmp_path: Path):
+    spec = tiny_spec(n_trials=3)
+    study, _ = run(spec, tmp_path / "s.db")
+    ranked = feasible_trials(study)
+    assert len(ranked) >= 2
+    first, second = ranked[0].number, ranked[1].number
+    # constructed measurements: the second-best single trial is confirmed clearly faster
+    record = _round(
+        {first: [ranked[0].value, 0.1, 0.1], second: [ranked[1].value, 9.0, 9.0]}, top=2
+    )
+    study.set_user_attr("confirmation", record.to_attrs())
+    assert best_trial(study).number == first
+    assert answer_trial(study).number == second
+    # an unfinished round does not decide
+    study.set_user_attr("confirmation", dataclasses.replace(record, complete=False).to_attrs())
+    assert answer_trial(study).number == first

@@ -22,7 +22,14 @@ from autotune.config import TrialConfig
 from autotune.errors import UserError
 from autotune.pipeline import DeviceBatches, make_train_loader, make_val_loader
 from autotune.spec import DEFAULT_STORAGE, Spec, SpecError, parse_spec
-from autotune.study import StudyError, StudyRecord, TrialRecord, best_trial, load_study
+from autotune.study import (
+    StudyError,
+    StudyRecord,
+    TrialRecord,
+    Verdict,
+    answer_trial,
+    load_study,
+)
 from autotune.trainer import LossFn, Trainer, _set_backend_flags
 
 __all__ = [
@@ -55,6 +62,24 @@ class BestConfig:
     metrics: dict[str, Any] = field(default_factory=dict)  # accuracy, samples_per_second, ...
     full_run_epochs: float | None = None  # objective.full_run_epochs, if the space file set it
     workload: dict[str, Any] = field(default_factory=dict)  # the space file's workload section
+    # the confirmation round's verdict on this trial ({} when the study has none yet):
+    # median, runs, spread, speedup (over the untuned baseline), tied_with
+    confirmation: dict[str, Any] = field(default_factory=dict)
+
+    def confirmation_text(self) -> str:
+        """One line on how sure the study is of this answer."""
+        found = self.confirmation
+        if not found:
+            return "not confirmed: one measurement (run `autotune confirm`)"
+        text = f"confirmed: median {found['median']:.4g} over {found['runs']} runs"
+        if found.get("spread") is not None:
+            text += f" (spread ±{found['spread']:.0%})"
+        if found.get("speedup") is not None:
+            text += f", {found['speedup']:.2f}x the untuned baseline"
+        if found.get("tied_with"):
+            tied = ", ".join(str(n) for n in found["tied_with"])
+            text += f"; tied within noise with trial {tied}"
+        return text
 
     @property
     def epochs(self) -> int:
@@ -74,6 +99,7 @@ class BestConfig:
             "metrics": dict(self.metrics),
             "full_run_epochs": self.full_run_epochs,
             "workload": dict(self.workload),
+            "confirmation": dict(self.confirmation),
         }
 
     @classmethod
@@ -91,6 +117,7 @@ class BestConfig:
             metrics=dict(data.get("metrics") or {}),
             full_run_epochs=data.get("full_run_epochs"),
             workload=dict(data.get("workload") or {}),
+            confirmation=dict(data.get("confirmation") or {}),
         )
 
     def make_loader(self, dataset: Dataset, seed: int | None = None) -> DataLoader | DeviceBatches:
@@ -115,7 +142,8 @@ class BestConfig:
 
 
 def select_trial(study: optuna.Study, number: int | None = None) -> FrozenTrial:
-    """Trial ``number``, or the best feasible COMPLETE trial; ExportError when there is none."""
+    """Trial ``number``, or the study's answer (the confirmation round's winner, else the best
+    feasible COMPLETE trial); ExportError when there is none."""
     if number is not None:
         matches = [t for t in study.get_trials(deepcopy=False) if t.number == number]
         if not matches:
@@ -131,7 +159,7 @@ def select_trial(study: optuna.Study, number: int | None = None) -> FrozenTrial:
                 f"study '{study.study_name}' has several objectives and no single best trial: "
                 f"pick one with --trial N"
             )
-        found = best_trial(study)
+        found = answer_trial(study)
         if found is None:
             raise ExportError(f"study '{study.study_name}' has no COMPLETE feasible trial yet")
         trial = found
@@ -169,9 +197,32 @@ def best_config(study: optuna.Study, trial: FrozenTrial) -> BestConfig:
         config=record.config,
         params=dict(trial.params),
         metrics=record.metrics(),
+        confirmation=_confirmation_of(study, trial.number),
         full_run_epochs=spec.objective.full_run_epochs if spec else None,
         workload=spec.workload.model_dump(mode="json") if spec else {},
     )
+
+
+def _confirmation_of(study: optuna.Study, number: int) -> dict[str, Any]:
+    """The confirmation round's verdict on trial ``number``, as plain data ({} if none)."""
+    record = StudyRecord.of(study).confirmation
+    if record is None or not record.complete or number not in record.candidates:
+        return {}
+    verdict = Verdict.of(record)
+    mine = next((c for c in verdict.ranked if c.trial == number), None)
+    if mine is None or not mine.values:
+        return {}
+    is_winner = verdict.winner is not None and verdict.winner.trial == number
+    return {
+        "median": mine.median,
+        "runs": len(mine.values),
+        "spread": verdict.spread,
+        "median_accuracy": mine.median_accuracy,
+        "median_samples_per_second": mine.median_samples_per_second,
+        "answer": is_winner,
+        "speedup": verdict.speedup if is_winner else None,
+        "tied_with": [c.trial for c in verdict.tied] if is_winner else [],
+    }
 
 
 def load_best(study: str, storage: str = DEFAULT_STORAGE, trial: int | None = None) -> BestConfig:

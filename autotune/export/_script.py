@@ -298,6 +298,7 @@ def render_script(study: optuna.Study, best: BestConfig, script_name: str = "tra
         f"autotune {__version__}.",
         width=95,
     ) + textwrap.wrap(f"Execution: {_execution_summary(best)}.", width=95)
+    provenance += textwrap.wrap(f"The study's answer is {best.confirmation_text()}.", width=95)
     compile_mode = None if config.compile == "none" else config.compile
     text = (
         _environment()

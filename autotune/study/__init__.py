@@ -9,13 +9,24 @@ One subpackage, one concern per private module, everything public re-exported he
   trials and the recovery of stale ones;
 - ``_sampling``: the per-trial seeded sampler and the pruners;
 - ``_open``: creating, resuming (with the guard that refuses to mix two searches) and loading;
-- ``_run``: the run loop over trials, memory walls, and the observer the display implements.
+- ``_run``: the run loop over trials, memory walls, and the observer the display implements;
+- ``_confirm``: the confirmation round that re-measures the leaders and the baseline side by
+  side, and the study's answer (``answer_trial``).
 """
 
+from autotune.study._confirm import (
+    Confirmed,
+    Verdict,
+    answer_trial,
+    confirm_study,
+    confirmation_plan,
+)
 from autotune.study._open import load_study, open_study
 from autotune.study._records import (
     COUNTED_STATES,
     METRIC_FIELDS,
+    ConfirmationRecord,
+    ConfirmRun,
     StudyRecord,
     TrialRecord,
     baseline_trial,
@@ -44,6 +55,9 @@ from autotune.study._storage import (
 __all__ = [
     "COUNTED_STATES",
     "METRIC_FIELDS",
+    "ConfirmRun",
+    "ConfirmationRecord",
+    "Confirmed",
     "MemoryWalls",
     "RunOutcome",
     "StudyError",
@@ -53,8 +67,12 @@ __all__ = [
     "TrialRecord",
     "TrialRunner",
     "TrialSeededSampler",
+    "Verdict",
+    "answer_trial",
     "baseline_trial",
     "best_trial",
+    "confirm_study",
+    "confirmation_plan",
     "counted_trials",
     "feasible_trials",
     "heartbeat",

@@ -24,6 +24,8 @@ from autotune.results import TrialResult
 __all__ = [
     "COUNTED_STATES",
     "METRIC_FIELDS",
+    "ConfirmRun",
+    "ConfirmationRecord",
     "StudyRecord",
     "TrialRecord",
     "baseline_trial",
@@ -184,6 +186,64 @@ METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(TrialRecord) if f.metad
 
 
 @dataclass(frozen=True)
+class ConfirmRun:
+    """One measurement of a confirmed configuration: its original trial (repeat 0) or a run of
+    the confirmation round. ``value`` is None for a run that failed (``fault`` says why)."""
+
+    trial: int
+    repeat: int
+    seed: int
+    value: float | None
+    accuracy: float | None
+    samples_per_second: float | None
+    feasible: bool
+    wall_seconds: float
+    fault: str | None = None
+
+
+@dataclass(frozen=True)
+class ConfirmationRecord:
+    """The confirmation round of a study, as stored (the study's ``confirmation`` attribute).
+
+    ``candidates`` are the trial numbers confirmed, the leaders best first and the untuned
+    baseline last; ``runs`` every measurement so far, the originals included. A round that was
+    interrupted is resumed from here.
+    """
+
+    top: int
+    repeats: int
+    maximize: bool
+    candidates: tuple[int, ...]
+    baseline: int | None
+    runs: tuple[ConfirmRun, ...] = ()
+    complete: bool = False
+
+    def to_attrs(self) -> dict[str, Any]:
+        """JSON for the study's user attribute."""
+        data = dataclasses.asdict(self)
+        data["candidates"] = list(self.candidates)
+        data["runs"] = [dataclasses.asdict(run) for run in self.runs]
+        return data
+
+    @classmethod
+    def from_attrs(cls, data: dict[str, Any]) -> ConfirmationRecord:
+        """Inverse of ``to_attrs``."""
+        return cls(
+            top=int(data["top"]),
+            repeats=int(data["repeats"]),
+            maximize=bool(data["maximize"]),
+            candidates=tuple(int(n) for n in data["candidates"]),
+            baseline=data.get("baseline"),
+            runs=tuple(ConfirmRun(**run) for run in data.get("runs", ())),
+            complete=bool(data.get("complete", False)),
+        )
+
+    def with_run(self, run: ConfirmRun) -> ConfirmationRecord:
+        """A copy with one more measurement."""
+        return dataclasses.replace(self, runs=(*self.runs, run))
+
+
+@dataclass(frozen=True)
 class StudyRecord:
     """Every user attribute autotune stores on a study when it creates it."""
 
@@ -200,19 +260,26 @@ class StudyRecord:
     num_classes: int | None = None
     input_shape: list[int] | None = None  # one sample's
     hardware: dict[str, Any] | None = None  # telemetry.fingerprint of the machine
+    confirmation: ConfirmationRecord | None = None  # the confirmation round, once it started
 
     def to_attrs(self) -> dict[str, Any]:
         """The user attributes to store: every field that is set."""
-        return {
+        attrs = {
             item.name: getattr(self, item.name)
             for item in dataclasses.fields(self)
             if getattr(self, item.name) is not None
         }
+        if self.confirmation is not None:
+            attrs["confirmation"] = self.confirmation.to_attrs()
+        return attrs
 
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any]) -> StudyRecord:
         """The record in a study's user attributes (others are left out)."""
-        return cls(**{name: attrs[name] for name in _STUDY_FIELDS if name in attrs})
+        known = {name: attrs[name] for name in _STUDY_FIELDS if name in attrs}
+        if isinstance(known.get("confirmation"), dict):
+            known["confirmation"] = ConfirmationRecord.from_attrs(known["confirmation"])
+        return cls(**known)
 
     @classmethod
     def of(cls, study: optuna.Study) -> StudyRecord:

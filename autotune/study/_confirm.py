@@ -1,0 +1,331 @@
+"""The confirmation round: a study's leading configurations and its untuned baseline trained
+again, side by side, so that its answer does not rest on one noisy measurement each.
+
+After the search, the ``top`` feasible trials with the best values and the untuned baseline
+each train ``repeats`` more times with their trial's own budget, in interleaved order (A B C D,
+then D C B A, ...) so that whatever the machine does meanwhile falls on all of them alike, and
+each run with a new seed so that accuracy's own variance is part of the spread. The original
+trial counts as one of a configuration's measurements.
+
+The rule (``Verdict.of``):
+
+- a configuration's confirmed value is the median of its measurements; one whose runs are
+  mostly infeasible (below ``min_accuracy``, or failed) cannot be the answer;
+- the answer is the best confirmed median; every other configuration whose range of values
+  (lowest to highest measurement) overlaps the best one's is **tied** with it within the
+  measurement noise, and among tied configurations the higher median accuracy wins, then the
+  better median value: the study names them and says which rule picked;
+- the spread shown (``±6%``) is the median, over the confirmed configurations, of half their
+  range relative to their median;
+- the speed-up over the untuned baseline is the ratio of the two confirmed medians, measured in
+  the same round.
+
+The round is stored in the study (``StudyRecord.confirmation``) after every run: an interrupted
+round resumes where it stopped, and a round whose leaders changed (more trials since) starts
+over.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from autotune import faults, objective
+from autotune.executor import TrialExecutor, WorkerError
+from autotune.results import Evaluation
+from autotune.spec import ObjectiveSpec
+from autotune.study._records import (
+    ConfirmationRecord,
+    ConfirmRun,
+    StudyRecord,
+    TrialRecord,
+    baseline_trial,
+    best_trial,
+    feasible_trials,
+    trial_config,
+)
+
+__all__ = ["Confirmed", "Verdict", "answer_trial", "confirm_study", "confirmation_plan"]
+
+SEED_STRIDE = 1_000_003  # repeat r of a trial trains with its seed + r * this: new, reproducible
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """One configuration's measurements in a confirmation round."""
+
+    trial: int
+    baseline: bool
+    values: tuple[float, ...]  # of the runs that trained, the original first
+    accuracies: tuple[float, ...]
+    samples_per_second: tuple[float, ...]
+    feasible_runs: int
+    runs: int  # measurements taken, failed ones included
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values) if self.values else float("nan")
+
+    @property
+    def median_accuracy(self) -> float:
+        return statistics.median(self.accuracies) if self.accuracies else float("nan")
+
+    @property
+    def median_samples_per_second(self) -> float:
+        return statistics.median(self.samples_per_second) if self.samples_per_second else 0.0
+
+    @property
+    def low(self) -> float:
+        return min(self.values) if self.values else float("nan")
+
+    @property
+    def high(self) -> float:
+        return max(self.values) if self.values else float("nan")
+
+    @property
+    def eligible(self) -> bool:
+        """Whether it can be the answer: most of its measurements were feasible."""
+        return self.feasible_runs * 2 > self.runs
+
+    @property
+    def relative_spread(self) -> float | None:
+        """Half its range relative to its median; None with fewer than two values."""
+        if len(self.values) < 2 or not self.median:
+            return None
+        return (self.high - self.low) / 2 / abs(self.median)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a confirmation round concludes (see the module's docstring for the rule)."""
+
+    ranked: tuple[Confirmed, ...]  # eligible configurations, the answer first
+    winner: Confirmed | None
+    tied: tuple[Confirmed, ...]  # the others tied with the winner within the noise
+    tie_break: str  # which rule picked the winner among the tied: "accuracy" or "value"
+    baseline: Confirmed | None
+    spread: float | None  # the typical relative spread (0.06 for ±6%)
+    complete: bool
+    maximize: bool
+
+    @property
+    def speedup(self) -> float | None:
+        """The answer's confirmed value over the baseline's, as "times better" (for a time to
+        a target, the baseline's time over the answer's)."""
+        if self.winner is None or self.baseline is None or not self.baseline.values:
+            return None
+        if not self.baseline.median or not self.winner.median:
+            return None
+        ratio = self.winner.median / self.baseline.median
+        return ratio if self.maximize else 1 / ratio
+
+    @classmethod
+    def of(cls, record: ConfirmationRecord) -> Verdict:
+        """The verdict on the measurements in ``record``."""
+        confirmed = []
+        for number in record.candidates:
+            runs = [run for run in record.runs if run.trial == number]
+            # the values of feasible runs: a run below min_accuracy (or short of the target)
+            # is no measurement of an answer, and a failed one measured nothing
+            trained = [run for run in runs if run.value is not None and run.feasible]
+            confirmed.append(
+                Confirmed(
+                    trial=number,
+                    baseline=number == record.baseline,
+                    values=tuple(run.value for run in trained if run.value is not None),
+                    accuracies=tuple(r.accuracy for r in trained if r.accuracy is not None),
+                    samples_per_second=tuple(
+                        r.samples_per_second for r in trained if r.samples_per_second
+                    ),
+                    feasible_runs=sum(1 for run in runs if run.feasible),
+                    runs=len(runs),
+                )
+            )
+        sign = 1.0 if record.maximize else -1.0
+        eligible = sorted(
+            (c for c in confirmed if c.eligible and c.values),
+            key=lambda c: sign * c.median,
+            reverse=True,
+        )
+        baseline = next((c for c in confirmed if c.baseline), None)
+        spreads = [s for c in confirmed if (s := c.relative_spread) is not None]
+        spread = statistics.median(spreads) if spreads else None
+        if not eligible:
+            return cls((), None, (), "value", baseline, spread, record.complete, record.maximize)
+        best = eligible[0]
+
+        def overlaps(other: Confirmed) -> bool:
+            return other.high >= best.low if record.maximize else other.low <= best.high
+
+        tied_set = [best, *(c for c in eligible[1:] if overlaps(c))]
+        # among the tied: higher median accuracy first, then the better median value
+        tied_set.sort(key=lambda c: (c.median_accuracy, sign * c.median), reverse=True)
+        winner = tied_set[0]
+        decided_by_accuracy = len(tied_set) > 1 and (
+            winner.median_accuracy > tied_set[1].median_accuracy
+        )
+        ranked = (winner, *(c for c in eligible if c is not winner))
+        tied = tuple(c for c in tied_set if c is not winner)
+        return cls(
+            ranked,
+            winner,
+            tied,
+            "accuracy" if decided_by_accuracy else "value",
+            baseline,
+            spread,
+            record.complete,
+            record.maximize,
+        )
+
+
+def confirmation_plan(study: optuna.Study, top: int, repeats: int) -> ConfirmationRecord | None:
+    """The round to run now: the stored one when it confirms the same leaders (to resume or
+    reuse), else a new one; None when the study has no feasible trial to confirm."""
+    leaders = feasible_trials(study)[:top]
+    if not leaders:
+        return None
+    baseline = baseline_trial(study)
+    candidates = tuple(t.number for t in leaders)
+    if baseline is not None and baseline.number not in candidates:
+        candidates = (*candidates, baseline.number)
+    stored = StudyRecord.of(study).confirmation
+    if (
+        stored is not None
+        and stored.candidates == candidates
+        and stored.top == top
+        and stored.repeats == repeats
+    ):
+        return stored
+    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    originals = tuple(_original(trials[number]) for number in candidates)
+    return ConfirmationRecord(
+        top=top,
+        repeats=repeats,
+        maximize=maximize,
+        candidates=candidates,
+        baseline=baseline.number if baseline is not None else None,
+        runs=originals,
+    )
+
+
+def _original(trial: FrozenTrial) -> ConfirmRun:
+    """A trial's own measurement, as the round's repeat 0."""
+    record = TrialRecord.of(trial)
+    return ConfirmRun(
+        trial=trial.number,
+        repeat=0,
+        seed=trial_config(trial).seed,
+        value=trial.value,
+        accuracy=record.accuracy,
+        samples_per_second=record.samples_per_second,
+        feasible=record.feasible is not False,
+        wall_seconds=record.wall_seconds or 0.0,
+    )
+
+
+def _order(candidates: tuple[int, ...], repeats: int) -> list[tuple[int, int]]:
+    """(trial, repeat) in the order they run: A B C D, then D C B A, then A B C D..."""
+    order = []
+    for repeat in range(1, repeats + 1):
+        round_order = candidates if repeat % 2 else tuple(reversed(candidates))
+        order += [(number, repeat) for number in round_order]
+    return order
+
+
+def confirm_study(
+    study: optuna.Study,
+    goal: ObjectiveSpec,
+    executor: TrialExecutor,
+    top: int,
+    repeats: int,
+    on_run: Callable[[ConfirmRun, int, int], None] | None = None,
+) -> ConfirmationRecord | None:
+    """Run (or resume) the confirmation round of ``study``; its record, stored in the study
+    after every run. ``on_run(run, done, total)`` hears each finished run. None when there is
+    nothing to confirm. An interruption (Ctrl-C, SIGTERM) propagates; what ran is kept."""
+    record = confirmation_plan(study, top, repeats)
+    if record is None:
+        return None
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    done = {(run.trial, run.repeat) for run in record.runs}
+    order = _order(record.candidates, repeats)
+    for position, (number, repeat) in enumerate(order, start=1):
+        if (number, repeat) in done:
+            continue
+        run = _measure(trials[number], repeat, goal, executor)
+        record = record.with_run(run)
+        _store(study, record)
+        if on_run is not None:
+            on_run(run, position, len(order))
+    record = dataclasses.replace(record, complete=True)
+    _store(study, record)
+    return record
+
+
+def _store(study: optuna.Study, record: ConfirmationRecord) -> None:
+    study.set_user_attr("confirmation", record.to_attrs())
+
+
+def _measure(
+    trial: FrozenTrial, repeat: int, goal: ObjectiveSpec, executor: TrialExecutor
+) -> ConfirmRun:
+    """Train ``trial``'s configuration once more, with a new seed and its own budget."""
+    config = trial_config(trial)
+    seed = config.seed + repeat * SEED_STRIDE
+
+    def report(evaluation: Evaluation) -> bool:  # the whole budget, or to the target
+        return objective.target_reached(evaluation, goal)
+
+    started = time.monotonic()
+    try:
+        result = executor.run(config.replace(seed=seed), report)
+    except (KeyboardInterrupt, WorkerError):
+        raise
+    except Exception as error:
+        kind, message = faults.classify(error)
+        faults.release_memory()
+        return ConfirmRun(
+            trial=trial.number,
+            repeat=repeat,
+            seed=seed,
+            value=None,
+            accuracy=None,
+            samples_per_second=None,
+            feasible=False,
+            wall_seconds=time.monotonic() - started,
+            fault=f"{kind}: {message}",
+        )
+    score = objective.score(result, goal)
+    return ConfirmRun(
+        trial=trial.number,
+        repeat=repeat,
+        seed=seed,
+        value=score.value,
+        accuracy=score.accuracy,
+        samples_per_second=result.samples_per_second,
+        feasible=score.feasible,
+        wall_seconds=time.monotonic() - started,
+    )
+
+
+def answer_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The study's answer: the confirmed winner once the confirmation round is complete and
+    still about the study's current leaders, else the best feasible trial."""
+    record = StudyRecord.of(study).confirmation
+    best = best_trial(study)
+    if record is None or not record.complete or best is None:
+        return best
+    leaders = {t.number for t in feasible_trials(study)[: record.top]}
+    if not leaders <= set(record.candidates):  # trials since have changed the leaders
+        return best
+    winner = Verdict.of(record).winner
+    if winner is None:
+        return best
+    return next(t for t in study.get_trials(deepcopy=False) if t.number == winner.trial)
