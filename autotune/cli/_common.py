@@ -1,0 +1,61 @@
+"""What every command shares: the Typer app, the two consoles, exit codes and one-line errors."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from autotune.errors import UserError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,  # a bug gets a plain traceback; user errors get one line
+    help="Find the PyTorch training configuration with the most accuracy per second.",
+)
+console = Console()
+errors = Console(stderr=True)
+
+EXIT_USAGE = 2  # the user must change a file or an argument
+EXIT_FAILED = 1  # the command ran but could not do its job
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+
+def raise_terminated(signum: int, frame: object) -> None:
+    """SIGTERM handler: stop the study like Ctrl-C does, recording the running trial."""
+    from autotune.study import Terminated
+
+    raise Terminated()
+
+
+def fail(lines: str | list[str], code: int = EXIT_USAGE) -> typer.Exit:
+    for line in [lines] if isinstance(lines, str) else lines:
+        errors.print(Text("error: ", style="bold red") + Text(line))
+    return typer.Exit(code)
+
+
+def open_for_reading(storage: str) -> Any:  # an Optuna RDBStorage (imported lazily)
+    """The storage of existing studies; one line and exit 1 when there is none."""
+    from autotune import study as studies
+
+    try:
+        return studies.open_storage(storage, create_dirs=False)
+    except UserError as err:
+        raise fail(str(err), EXIT_FAILED) from None
+
+
+def quiet_libraries(verbose: bool) -> None:
+    """Optuna's per-trial log lines and torch's build chatter off, unless --verbose."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.INFO if verbose else optuna.logging.ERROR)
+    if not verbose:
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+        # autotune reports worker counts above the core count once, before the study
+        warnings.filterwarnings("ignore", message="This DataLoader will create")

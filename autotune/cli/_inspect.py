@@ -1,0 +1,207 @@
+"""The commands that read a study: ``best``, ``export``, ``report``, ``dashboard``, ``studies``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from autotune.cli._common import EXIT_FAILED, app, console, fail, open_for_reading, quiet_libraries
+from autotune.errors import UserError
+from autotune.files import write_new_file
+from autotune.spec import DEFAULT_STORAGE
+
+
+@app.command()
+def best(
+    study_name: Annotated[str, typer.Option("--study", help="Study name.")],
+    storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
+    trial: Annotated[
+        int | None, typer.Option(help="Show this trial instead of the best feasible one.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+) -> None:
+    """Print the best feasible trial of a study: its full configuration and metrics."""
+    from autotune import display, export
+    from autotune import study as studies
+
+    quiet_libraries(verbose=False)
+    try:
+        found = studies.load_study(study_name, storage)
+        chosen = export.select_trial(found, trial)
+    except UserError as err:
+        raise fail(str(err), EXIT_FAILED) from None
+    result = export.best_config(found, chosen)
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        return
+    unit = display.METRIC_UNITS.get(result.metric, "")
+    console.print(
+        f"[bold]{study_name}[/]: trial {result.trial}, {result.metric} "
+        f"[bold green]{display.fmt(result.value)}[/] {unit}"
+    )
+    console.print(f"  {result.confirmation_text()}")
+    for key, value in result.metrics.items():
+        console.print(f"  {key}: {display.fmt_metric(key, value)}")
+    console.print(display.config_table(chosen))
+    console.print(
+        f"\nExport it:  [bold]autotune export --study {study_name}"
+        f"{'' if storage == DEFAULT_STORAGE else f' --storage {storage}'} -o train.py[/]"
+    )
+
+
+@app.command("export")
+def export_command(
+    study_name: Annotated[str, typer.Option("--study", help="Study name.")],
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="File to write. Default: print to the terminal."),
+    ] = None,
+    fmt: Annotated[
+        str, typer.Option("--format", help="script (a training script), yaml or json.")
+    ] = "script",
+    storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
+    trial: Annotated[
+        int | None, typer.Option(help="Export this trial instead of the best feasible one.")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
+) -> None:
+    """Export the best configuration as a standalone training script, YAML or JSON."""
+    formats = ("script", "yaml", "json")
+    if fmt not in formats:
+        raise fail(f"--format must be one of {', '.join(formats)}, not '{fmt}'")
+    from autotune import display, export
+    from autotune import study as studies
+
+    quiet_libraries(verbose=False)
+    try:
+        found = studies.load_study(study_name, storage)
+        chosen = export.select_trial(found, trial)
+        result = export.best_config(found, chosen)
+        name = output.name if output is not None else "train.py"
+        text = export.render(result, fmt, found, script_name=name)
+        if output is None:
+            sys.stdout.write(text)
+            return
+        write_new_file(output, text, force=force)
+    except UserError as err:
+        raise fail(str(err), EXIT_FAILED) from None
+    _attach(found, output, storage)
+    what = {"script": "training script", "yaml": "YAML", "json": "JSON"}[fmt]
+    console.print(
+        f"Wrote {output}: the {what} of trial {result.trial} of {study_name} "
+        f"({result.metric} {display.fmt(result.value)})."
+    )
+    if fmt == "script":
+        console.print(
+            f"Run it:  [bold]python {output}[/]  ({result.epochs} epochs; --epochs N, --resume)"
+        )
+
+
+def _attach(study: Any, output: Path, storage: str) -> None:
+    """Upload ``output`` as an artifact of ``study`` and refresh its note, for optuna-dashboard.
+    The file is written already: a failure here is a warning, not a failed command."""
+    from autotune import notes
+
+    try:
+        notes.upload(study, output, storage)
+        notes.write_note(study, storage)
+    except Exception as err:  # an unwritable artifact folder, a storage hiccup
+        console.print(
+            f"[yellow]Warning:[/] {output} is written, but it could not be attached to the "
+            f"study for optuna-dashboard: {type(err).__name__}: {err}"
+        )
+
+
+@app.command("report")
+def report_command(
+    study_name: Annotated[str, typer.Option("--study", help="Study name.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path(
+        "report.html"
+    ),
+    storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
+) -> None:
+    """Write a self-contained HTML report of a study (opens offline)."""
+    from autotune import report
+    from autotune import study as studies
+
+    quiet_libraries(verbose=False)
+    try:
+        found = studies.load_study(study_name, storage)
+        write_new_file(output, report.render_html(found, storage), force=force)
+    except UserError as err:
+        raise fail(str(err), EXIT_FAILED) from None
+    _attach(found, output, storage)
+    console.print(f"Wrote {output}: the report of {study_name}. Open it in a browser.")
+
+
+@app.command()
+def dashboard(
+    storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8080,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+) -> None:
+    """Open the studies in optuna-dashboard, with autotune's notes and artifacts."""
+    import optuna_dashboard
+    from optuna.artifacts import FileSystemArtifactStore
+
+    from autotune import notes
+
+    quiet_libraries(verbose=False)
+    backend = open_for_reading(storage)
+    artifacts = notes.artifact_dir(storage)
+    artifacts.mkdir(parents=True, exist_ok=True)
+    console.print(f"optuna-dashboard on [bold]http://{host}:{port}/[/] (Ctrl-C to stop)")
+    try:
+        optuna_dashboard.run_server(
+            backend, host=host, port=port, artifact_store=FileSystemArtifactStore(str(artifacts))
+        )
+    except OSError as err:  # the port is taken, say
+        raise fail(f"cannot serve on {host}:{port}: {err.strerror or err}", EXIT_FAILED) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+@app.command("studies")
+def list_studies(
+    storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
+) -> None:
+    """List the studies in a storage with their trial counts and best values."""
+    import optuna
+    from optuna.trial import TrialState
+    from rich.table import Table
+
+    from autotune import display
+    from autotune import study as studies
+
+    quiet_libraries(verbose=False)
+    backend = open_for_reading(storage)
+    summaries = optuna.get_all_study_summaries(backend, include_best_trial=False)
+    if not summaries:
+        console.print(f"No studies in {storage}.")
+        return
+    table = Table(title=f"Studies in {storage}", title_justify="left")
+    table.add_column("study", no_wrap=True)
+    table.add_column("metric", no_wrap=True)
+    for column in ("complete", "pruned", "failed", "running", "best", "trial"):
+        table.add_column(column, justify="right")
+    for summary in sorted(summaries, key=lambda s: s.study_name):
+        study = optuna.load_study(study_name=summary.study_name, storage=backend)
+        trials = study.get_trials(deepcopy=False)
+        count = {state: sum(1 for t in trials if t.state == state) for state in TrialState}
+        top = studies.answer_trial(study)
+        table.add_row(
+            summary.study_name,
+            studies.StudyRecord.of(study).metric or "-",
+            str(count[TrialState.COMPLETE]),
+            str(count[TrialState.PRUNED]),
+            str(count[TrialState.FAIL]),
+            str(count[TrialState.RUNNING]),
+            display.fmt(top.value) if top else "-",
+            str(top.number) if top else "-",
+        )
+    console.print(table)
