@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import signal
+import traceback
 from enum import StrEnum
 
 __all__ = [
@@ -110,6 +111,15 @@ def _is_compile_error(error: BaseException) -> bool:
     }
 
 
+def _is_broken_worker_pipe(error: BaseException) -> bool:
+    """A pipe error raised inside the DataLoader: a worker died while its batch was read (torch
+    names the dead worker only when its own check runs first; otherwise the read fails)."""
+    if not isinstance(error, ConnectionError | EOFError):
+        return False
+    frames = traceback.extract_tb(error.__traceback__)
+    return any("torch/utils/data/" in frame.filename.replace("\\", "/") for frame in frames)
+
+
 def classify(error: BaseException) -> tuple[FaultKind, str]:
     """(fail kind, one-line message) for an exception raised while training a trial."""
     if isinstance(error, TrialFault):
@@ -123,6 +133,11 @@ def classify(error: BaseException) -> tuple[FaultKind, str]:
         return FaultKind.COMPILE_ERROR, f"{type(error).__name__}: {_first_line(text)}"
     if "DataLoader worker" in text and ("killed" in text or "exited unexpectedly" in text):
         return FaultKind.DATALOADER_WORKER_DIED, _first_line(text)
+    if _is_broken_worker_pipe(error):
+        return (
+            FaultKind.DATALOADER_WORKER_DIED,
+            f"a DataLoader worker exited unexpectedly ({type(error).__name__} on its pipe)",
+        )
     if "DataLoader timed out" in text:
         return FaultKind.DATALOADER_TIMEOUT, _first_line(text)
     return FaultKind.ERROR, f"{type(error).__name__}: {_first_line(text)}"

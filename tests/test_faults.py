@@ -25,7 +25,7 @@ import sqlalchemy
 from optuna.trial import TrialState
 
 from autotune.executor import InProcessExecutor
-from autotune.faults import KINDS
+from autotune.faults import KINDS, FaultKind, classify
 from autotune.hardware import detect
 from autotune.space import restrict
 from autotune.spec import parse_spec
@@ -181,6 +181,30 @@ def test_dataloader_worker_killed(tmp_path: Path):
     assert kinds(study) == ["dataloader_worker_died"] * 3
     message = study.trials[0].user_attrs["fail_msg"]
     assert "DataLoader worker" in message and ("killed" in message or "unexpectedly" in message)
+
+
+def _raised_in(filename: str, error: BaseException) -> BaseException:
+    """``error`` with a real traceback through a frame of ``filename``."""
+    code = compile("def read(error):\n    raise error\n", filename, "exec")
+    scope: dict = {}
+    exec(code, scope)
+    try:
+        scope["read"](error)
+    except BaseException as raised:
+        return raised
+    raise AssertionError("not raised")
+
+
+def test_a_broken_pipe_inside_the_dataloader_is_a_dead_worker():
+    # when the worker dies before torch's own check names it, the main process's read fails
+    dataloader = "/site-packages/torch/utils/data/dataloader.py"
+    for error in (ConnectionResetError(104, "Connection reset by peer"), EOFError()):
+        kind, message = classify(_raised_in(dataloader, error))
+        assert kind == FaultKind.DATALOADER_WORKER_DIED, message
+        assert "DataLoader worker exited unexpectedly" in message
+    # the same error from the user's own code is a plain error
+    kind, _ = classify(_raised_in("/home/me/my_data.py", ConnectionResetError("peer")))
+    assert kind == FaultKind.ERROR
 
 
 def test_slow_data_hits_the_dataloader_timeout(tmp_path: Path):
