@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import itertools
 import math
+import tempfile
+import time
 
 import pytest
 import torch
 from torch import nn
+from torch._inductor.utils import fresh_inductor_cache
 
 from autotune.faults import TrialFault
 from autotune.results import Evaluation
@@ -60,12 +63,17 @@ def test_reporter_can_stop_the_trial():
 
 
 def test_evaluation_time_is_not_training_time():
-    # every validation sample takes 5 ms: 64 samples x 3 evaluations ~ 1 s of evaluation
+    # every validation sample takes 5 ms: 64 samples x 3 evaluations >= 0.96 s of evaluation
     workload = blobs_workload(n_val=64, val_delay_seconds=0.005)
+    started = time.perf_counter()
     result = train(make_config(epochs=3, batch_size=64), workload, never_stop)
+    wall_seconds = time.perf_counter() - started
     eval_seconds = sum(e.eval_seconds for e in result.evaluations)
-    assert eval_seconds > 0.9
-    assert result.train_seconds < eval_seconds / 3
+    assert eval_seconds >= 3 * 64 * 0.005
+    # disjoint spans inside one call: had the training clock run through an evaluation, the
+    # two would sum to more than the call took, whatever the machine's load
+    assert result.train_seconds > 0
+    assert result.train_seconds + eval_seconds <= wall_seconds
 
 
 def test_gradient_accumulation_matches_one_big_batch():
@@ -124,11 +132,22 @@ def test_compile_really_compiles_and_every_trial_pays_a_cold_compile():
     assert first.compiled_graphs >= 1
     # the same trial again: no graph or kernel cached by the first may make it cheaper (warm
     # caches cut this to ~0.1 s); forward and backward compiles both count
+    inductor = torch._dynamo.utils.counters["inductor"]  # private, but the only witness
+    hits, misses = inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"]
     again = train(config, blobs_workload(), never_stop)
     assert again.compiled_graphs >= 1
-    assert again.compile_seconds > max(0.25, 0.2 * first.compile_seconds)
-    assert again.overhead_seconds >= 0.5 * again.compile_seconds  # paid inside the warm-up
+    # Inductor looked its graphs up and compiled them: no cache of the first trial was found
+    assert inductor["fxgraph_cache_miss"] > misses
+    assert inductor["fxgraph_cache_hit"] == hits
+    assert again.compile_seconds > 0 and again.overhead_seconds > 0  # charged to the trial
     assert first.accuracy > 0.8 and again.accuracy == first.accuracy
+
+    # the oracle can fail: the same function compiled twice in one warm cache is a hit
+    with tempfile.TemporaryDirectory() as scratch, fresh_inductor_cache(dir=scratch):
+        for _ in range(2):
+            torch._dynamo.reset()
+            torch.compile(lambda x: (x * 2).sin().sum())(torch.randn(8))
+    assert inductor["fxgraph_cache_hit"] > hits
 
 
 def test_nonfinite_loss_is_a_named_fault():

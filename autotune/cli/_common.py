@@ -19,7 +19,7 @@ app = typer.Typer(
     help="Find the PyTorch training configuration with the most accuracy per second.",
 )
 console = Console()
-errors = Console(stderr=True)
+errors = Console(stderr=True, soft_wrap=True)  # an error is one line, at any width
 
 EXIT_USAGE = 2  # the user must change a file or an argument
 EXIT_FAILED = 1  # the command ran but could not do its job
