@@ -17,6 +17,7 @@ from rich.text import Text
 from autotune import study as studies
 from autotune.config import TrialConfig
 from autotune.hardware import Hardware
+from autotune.interference import INTERFERENCE_SHARE
 from autotune.results import Evaluation
 from autotune.spec import DEFAULT_STORAGE, KNOBS, Choice, Spec
 from autotune.study import ConfirmRun
@@ -145,6 +146,8 @@ class LiveObserver(studies.StudyObserver):
             )
             if not feasible and self.spec.objective.metric != "time_to_accuracy":
                 line.append("infeasible  ", style="yellow")
+            if record.interference:
+                line.append(f"interference {record.other_cpu_share or 0:.0%}  ", style="yellow")
         else:
             kind = record.fail_kind or trial.state.name.lower()
             line.append(f"{kind:>15}  ", style="dim" if kind == "pruned" else "red")
@@ -281,6 +284,11 @@ def confirmation_progress(console: Console, spec: Spec) -> Callable[[ConfirmRun,
             line.append(
                 f"  acc {run.accuracy or 0:.3f}  {_si(run.samples_per_second or 0)} samples/s"
             )
+        if run.interfered:
+            line.append(
+                f"  interference: others took {run.other_cpu_share or 0:.0%} of the cores",
+                style="yellow",
+            )
         console.print(line, no_wrap=True, overflow="ellipsis")
 
     return show
@@ -345,6 +353,19 @@ def print_confirmation(console: Console, study: optuna.Study, spec: Spec) -> Non
             )
         elif winner.baseline:
             console.print("The untuned baseline is the answer: tuning found nothing better.")
+    flagged = sum(1 for run in record.runs if run.interfered)
+    if flagged:
+        console.print(
+            f"{flagged} measurement(s) were taken while other processes took more than "
+            f"{INTERFERENCE_SHARE:.0%} of the cores: each was measured again, and the flagged "
+            "ones count only where a configuration has no clean one.",
+            style="yellow",
+        )
+    if verdict.winner is not None and verdict.winner.interfered:
+        console.print(
+            "[yellow]warning:[/] every run of the answer was measured while other processes "
+            "used the CPU; run `autotune confirm` again on a quiet machine."
+        )
     cost = sum(run.wall_seconds for run in record.runs if run.repeat > 0)
     searched = sum(
         studies.TrialRecord.of(t).wall_seconds or 0.0 for t in study.get_trials(deepcopy=False)

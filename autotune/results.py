@@ -56,6 +56,10 @@ class TrialResult:
     gpu: dict[str, float]  # NVML: gpu_utilization (0..1), gpu_memory_used_bytes; {} on CPU
     device_name: str
     torch_version: str
+    intra_op_threads: int = 0  # torch's intra-op threads while it trained (0: not recorded)
+    # the share of its cores' time other processes took while it trained (see interference);
+    # None where it cannot be read
+    other_cpu_share: float | None = None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ step time is one-time overhead (compilation, cuDNN autotuning, DataLoader worker
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import resource
 import shutil
@@ -29,6 +30,7 @@ from torch.utils.data import DataLoader
 from autotune.config import TrialConfig
 from autotune.faults import TrialFault, classify
 from autotune.hardware import device_name
+from autotune.interference import CpuMeter, trial_threads
 from autotune.pipeline import DeviceBatches, make_train_loader, make_val_loader
 from autotune.results import Evaluation, Plan, Reporter, TrialResult
 from autotune.telemetry import GpuSampler, flops_per_sample
@@ -173,21 +175,38 @@ def _evaluate(trainer: Trainer, loader: DataLoader | DeviceBatches) -> tuple[flo
 # ---------------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _intra_op_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``threads`` for the trial, restored after: explicit, so
+    that neither a library default nor an earlier trial decides how many cores it uses."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialResult:
     """Train one trial; raise TrialFault (kind and one-line message, and the traceback as
     ``details`` for unexpected errors) when it cannot finish."""
     device = torch.device(config.device)
+    threads = trial_threads()
     with (
         _on_device(device),
         backend_flags(config),
         _compile_state(config),
+        _intra_op_threads(threads),
         warnings.catch_warnings(),
     ):
         # GradScaler skips the optimizer step when fp16 gradients overflow; the scheduler
         # stepping anyway is intended (the schedule follows steps attempted).
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
         try:
-            return _train(config, workload, report)
+            with CpuMeter() as meter:  # what else ran on these cores meanwhile
+                result = _train(config, workload, report)
+            share = meter.share.other_share if meter.share is not None else None
+            return dataclasses.replace(result, intra_op_threads=threads, other_cpu_share=share)
         except Exception as error:
             if isinstance(error, TrialFault):
                 fault = error

@@ -17,7 +17,8 @@ PACKAGE = Path(autotune.__file__).parent
 # lowest first
 LAYERS: list[set[str]] = [
     {"_version", "errors", "config", "results"},  # plain data and names, no torch
-    {"spec", "faults", "hardware", "timing", "files"},  # what the user asked; the machine
+    {"spec", "faults", "hardware", "timing", "interference", "files"},  # what the user asked;
+    # the machine and what else runs on it
     {"telemetry", "pipeline"},  # measuring the device; batches reaching it
     {"workloads", "trainer"},  # models and data; a model under a configuration
     {"testing", "space", "runner", "objective", "warmup"},  # sampling; a measured trial;

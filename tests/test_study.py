@@ -453,9 +453,16 @@ def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(tmp_path: P
         if len(seen) == 3:
             raise Stop()
 
+    # remeasures=0: interference, a property of the machine, must not change the order here
     with pytest.raises(Stop):
         confirm_study(
-            study, spec.objective, executor, top=2, repeats=2, on_run=interrupt_after_three
+            study,
+            spec.objective,
+            executor,
+            top=2,
+            repeats=2,
+            on_run=interrupt_after_three,
+            remeasures=0,
         )
     stored = StudyRecord.of(study).confirmation
     assert stored is not None and not stored.complete
@@ -464,7 +471,9 @@ def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(tmp_path: P
     def record(run_, done, total):
         seen.append((run_.trial, run_.repeat, run_.seed))
 
-    final = confirm_study(study, spec.objective, executor, top=2, repeats=2, on_run=record)
+    final = confirm_study(
+        study, spec.objective, executor, top=2, repeats=2, on_run=record, remeasures=0
+    )
     assert final is not None and final.complete
     leaders = [t.number for t in feasible_trials(study)[:2]]
     baseline = next(t.number for t in study.get_trials() if TrialRecord.of(t).baseline)
@@ -483,7 +492,13 @@ def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(tmp_path: P
     # a finished round is not run again
     again: list[object] = []
     confirm_study(
-        study, spec.objective, executor, top=2, repeats=2, on_run=lambda *a: again.append(a)
+        study,
+        spec.objective,
+        executor,
+        top=2,
+        repeats=2,
+        on_run=lambda *a: again.append(a),
+        remeasures=0,
     )
     assert again == []
 

@@ -63,7 +63,7 @@ class BestConfig:
     full_run_epochs: float | None = None  # objective.full_run_epochs, if the space file set it
     workload: dict[str, Any] = field(default_factory=dict)  # the space file's workload section
     # the confirmation round's verdict on this trial ({} when the study has none yet):
-    # median, runs, spread, speedup (over the untuned baseline), tied_with
+    # median, runs, spread, speedup (over the untuned baseline), tied_with, under_interference
     confirmation: dict[str, Any] = field(default_factory=dict)
 
     def confirmation_text(self) -> str:
@@ -79,6 +79,8 @@ class BestConfig:
         if found.get("tied_with"):
             tied = ", ".join(str(n) for n in found["tied_with"])
             text += f"; tied within noise with trial {tied}"
+        if found.get("under_interference"):
+            text += "; measured while other processes used the CPU (confirm it again)"
         return text
 
     @property
@@ -222,6 +224,7 @@ def _confirmation_of(study: optuna.Study, number: int) -> dict[str, Any]:
         "answer": is_winner,
         "speedup": verdict.speedup if is_winner else None,
         "tied_with": [c.trial for c in verdict.tied] if is_winner else [],
+        "under_interference": mine.interfered,  # every run measured while others used the CPU
     }
 
 

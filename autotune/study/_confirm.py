@@ -7,6 +7,12 @@ then D C B A, ...) so that whatever the machine does meanwhile falls on all of t
 each run with a new seed so that accuracy's own variance is part of the spread. The original
 trial counts as one of a configuration's measurements.
 
+A run measured under interference (other processes took more than
+``interference.INTERFERENCE_SHARE`` of its cores) is kept but measured again, up to
+``REMEASURES`` times, and the verdict leaves flagged measurements out wherever a configuration
+has clean ones; an original trial that was flagged is likewise left out. A configuration whose
+every measurement was flagged keeps them, and the verdict says so (``Confirmed.interfered``).
+
 The rule (``Verdict.of``):
 
 - a configuration's confirmed value is the median of its measurements; one whose runs are
@@ -54,6 +60,7 @@ from autotune.study._records import (
 __all__ = ["Confirmed", "Verdict", "answer_trial", "confirm_study", "confirmation_plan"]
 
 SEED_STRIDE = 1_000_003  # repeat r of a trial trains with its seed + r * this: new, reproducible
+REMEASURES = 2  # a run measured under interference is run again at most this many times
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,7 @@ class Confirmed:
     samples_per_second: tuple[float, ...]
     feasible_runs: int
     runs: int  # measurements taken, failed ones included
+    interfered: bool = False  # every value was measured under interference
 
     @property
     def median(self) -> float:
@@ -130,7 +138,10 @@ class Verdict:
         """The verdict on the measurements in ``record``."""
         confirmed = []
         for number in record.candidates:
-            runs = [run for run in record.runs if run.trial == number]
+            measured = [run for run in record.runs if run.trial == number]
+            # measurements under interference count only where there are no clean ones
+            clean = [run for run in measured if not run.interfered]
+            runs = clean or measured
             # the values of feasible runs: a run below min_accuracy (or short of the target)
             # is no measurement of an answer, and a failed one measured nothing
             trained = [run for run in runs if run.value is not None and run.feasible]
@@ -145,6 +156,7 @@ class Verdict:
                     ),
                     feasible_runs=sum(1 for run in runs if run.feasible),
                     runs=len(runs),
+                    interfered=not clean and bool(measured),
                 )
             )
         sign = 1.0 if record.maximize else -1.0
@@ -227,6 +239,7 @@ def _original(trial: FrozenTrial) -> ConfirmRun:
         samples_per_second=record.samples_per_second,
         feasible=record.feasible is not False,
         wall_seconds=record.wall_seconds or 0.0,
+        other_cpu_share=record.other_cpu_share,
     )
 
 
@@ -246,27 +259,37 @@ def confirm_study(
     top: int,
     repeats: int,
     on_run: Callable[[ConfirmRun, int, int], None] | None = None,
+    remeasures: int = REMEASURES,
 ) -> ConfirmationRecord | None:
     """Run (or resume) the confirmation round of ``study``; its record, stored in the study
-    after every run. ``on_run(run, done, total)`` hears each finished run. None when there is
-    nothing to confirm. An interruption (Ctrl-C, SIGTERM) propagates; what ran is kept."""
+    after every run. ``on_run(run, done, total)`` hears each finished run (a run measured
+    again under interference is heard again at the same place). A run measured under
+    interference is run again, at most ``remeasures`` times. None when there is nothing to
+    confirm. An interruption (Ctrl-C, SIGTERM) propagates; what ran is kept."""
     record = confirmation_plan(study, top, repeats)
     if record is None:
         return None
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    done = {(run.trial, run.repeat) for run in record.runs}
     order = _order(record.candidates, repeats)
     for position, (number, repeat) in enumerate(order, start=1):
-        if (number, repeat) in done:
-            continue
-        run = _measure(trials[number], repeat, goal, executor)
-        record = record.with_run(run)
-        _store(study, record)
-        if on_run is not None:
-            on_run(run, position, len(order))
+        while _needs_run(record, number, repeat, remeasures):
+            run = _measure(trials[number], repeat, goal, executor)
+            record = record.with_run(run)
+            _store(study, record)
+            if on_run is not None:
+                on_run(run, position, len(order))
     record = dataclasses.replace(record, complete=True)
     _store(study, record)
     return record
+
+
+def _needs_run(record: ConfirmationRecord, number: int, repeat: int, remeasures: int) -> bool:
+    """Whether repeat ``repeat`` of trial ``number`` is still to measure: it has no run yet, or
+    only runs under interference and no more than ``remeasures`` of them."""
+    runs = [run for run in record.runs if (run.trial, run.repeat) == (number, repeat)]
+    if not runs:
+        return True
+    return all(run.interfered for run in runs) and len(runs) <= remeasures
 
 
 def _store(study: optuna.Study, record: ConfirmationRecord) -> None:
@@ -312,6 +335,7 @@ def _measure(
         samples_per_second=result.samples_per_second,
         feasible=score.feasible,
         wall_seconds=time.monotonic() - started,
+        other_cpu_share=result.other_cpu_share,
     )
 
 

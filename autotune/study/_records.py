@@ -19,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune import telemetry, timing
 from autotune.config import TrialConfig
 from autotune.faults import FaultKind
+from autotune.interference import interfered
 from autotune.results import TrialResult
 
 __all__ = [
@@ -72,6 +73,9 @@ class TrialRecord:
     gpu_utilization: float | None = _metric()  # NVML, 0..1, steady state
     device_name: str | None = _metric()
     torch_version: str | None = _metric()
+    intra_op_threads: int | None = _metric()
+    other_cpu_share: float | None = _metric()  # others' share of its cores (interference)
+    interference: bool = False  # measured while others took more than INTERFERENCE_SHARE
     warmup_seconds: float | None = None
     samples_seen: int | None = None
     optimizer_steps: int | None = None
@@ -176,6 +180,9 @@ class TrialRecord:
             compile_seconds=result.compile_seconds,
             gpu_utilization=result.gpu.get("gpu_utilization"),
             gpu_memory_used_bytes=result.gpu.get("gpu_memory_used_bytes"),
+            intra_op_threads=result.intra_op_threads or None,
+            other_cpu_share=result.other_cpu_share,
+            interference=interfered(result.other_cpu_share),
             **breakdown,
             **flops,
         )
@@ -199,6 +206,12 @@ class ConfirmRun:
     feasible: bool
     wall_seconds: float
     fault: str | None = None
+    other_cpu_share: float | None = None  # others' share of its cores while it trained
+
+    @property
+    def interfered(self) -> bool:
+        """Measured while other processes took enough of its cores to distort it."""
+        return interfered(self.other_cpu_share)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,151 @@
+"""What else ran on the machine while a trial measured: interference is detected, not averaged in.
+
+On a shared machine another process's threads take cores from a trial, and its samples/s drops
+by whatever they took (a study saw one configuration at 290 and at 843 samples/s). A trial
+therefore trains with its intra-op threads set explicitly, to the cores it may use
+(``trial_threads``), and measures, with ``CpuMeter``, how much of those cores' time went to
+processes outside its own process tree (its DataLoader workers are its own): the CPU time the
+kernel accounts to those cores (``/proc/stat``, hypervisor steal included) minus the CPU time
+of the trial's process tree (``/proc/PID/stat``). More than ``INTERFERENCE_SHARE`` of the cores'
+capacity flags the measurement: the study shows it, and the confirmation round measures such a
+run again rather than naming an answer from it.
+
+Linux only: elsewhere the meter reads nothing (``None``) and no measurement is flagged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["INTERFERENCE_SHARE", "CpuMeter", "CpuShare", "interfered", "trial_threads"]
+
+# Others' share of the trial's cores above which its measurement is flagged. A quiet machine's
+# daemons take about 1%; one busy process on a 2-core machine takes 50%.
+INTERFERENCE_SHARE = 0.15
+
+_PROC = Path("/proc")
+_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def interfered(other_share: float | None) -> bool:
+    """Whether a measurement taken while others took ``other_share`` of its cores is flagged."""
+    return other_share is not None and other_share > INTERFERENCE_SHARE
+
+
+def trial_threads() -> int:
+    """Intra-op threads for a trial: the cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class CpuShare:
+    """Where the trial's cores spent an interval, in CPU seconds and as shares of capacity."""
+
+    wall_seconds: float
+    cores: int
+    own_cpu_seconds: float  # the trial's process tree (DataLoader workers included)
+    other_cpu_seconds: float  # every other process, and time the hypervisor stole
+
+    @property
+    def other_share(self) -> float:
+        """Others' CPU time over the cores' capacity in the interval, 0..1."""
+        capacity = self.wall_seconds * self.cores
+        return min(1.0, self.other_cpu_seconds / capacity) if capacity > 0 else 0.0
+
+    @property
+    def interfered(self) -> bool:
+        """Whether others took enough of the cores to distort the measurement."""
+        return interfered(self.other_share)
+
+
+def _busy_ticks(cores: set[int]) -> int | None:
+    """CPU ticks the kernel accounts as busy on ``cores`` since boot (steal counts as busy:
+    the trial could not run then either)."""
+    try:
+        lines = (_PROC / "stat").read_text().splitlines()
+    except OSError:
+        return None
+    busy = 0
+    for line in lines:
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cores:
+            continue
+        # user nice system idle iowait irq softirq steal guest guest_nice (guest is in user)
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+        busy += user + nice + system + irq + softirq + steal
+    return busy
+
+
+def _tree_ticks(root: int) -> int | None:
+    """CPU ticks of process ``root`` and its descendants, children already reaped included
+    (their time is in the parent's cutime and cstime)."""
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    try:
+        entries = list(_PROC.iterdir())
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):  # gone, or unreadable
+            # the command name is in parentheses and may hold spaces: split after it
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            pid = int(entry.name)
+            parents[pid] = int(fields[1])
+            ticks[pid] = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    if root not in ticks:
+        return None
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    total, stack = 0, [root]
+    while stack:
+        pid = stack.pop()
+        total += ticks.get(pid, 0)
+        stack.extend(children.get(pid, ()))
+    return total
+
+
+class CpuMeter:
+    """Measures, over a ``with`` block, the CPU time this process tree and everything else
+    spent on the cores this process may use; ``share`` is None where /proc is not there."""
+
+    def __init__(self) -> None:
+        try:
+            self._cores = set(os.sched_getaffinity(0))
+        except AttributeError:
+            self._cores = set()
+        self._pid = os.getpid()
+        self.share: CpuShare | None = None
+
+    def _read(self) -> tuple[float, int | None, int | None]:
+        return time.perf_counter(), _busy_ticks(self._cores), _tree_ticks(self._pid)
+
+    def __enter__(self) -> CpuMeter:
+        self._start = self._read()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        started, busy_before, own_before = self._start
+        ended, busy_after, own_after = self._read()
+        if None in (busy_before, busy_after, own_before, own_after) or not self._cores:
+            return
+        assert busy_before is not None and busy_after is not None
+        assert own_before is not None and own_after is not None
+        own = (own_after - own_before) / _TICKS_PER_SECOND
+        busy = (busy_after - busy_before) / _TICKS_PER_SECOND
+        self.share = CpuShare(
+            wall_seconds=ended - started,
+            cores=len(self._cores),
+            own_cpu_seconds=own,
+            # the tree's time may run on cores outside the set, or be accounted a tick apart
+            other_cpu_seconds=max(0.0, busy - own),
+        )

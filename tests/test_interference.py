@@ -1,0 +1,203 @@
+"""Interference is detected, not averaged in: the CPU meter's accounting, the trial's explicit
+threads, the flag on a trial, and the confirmation round measuring a flagged run again."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from autotune.config import TrialConfig
+from autotune.executor import InProcessExecutor
+from autotune.hardware import detect
+from autotune.interference import INTERFERENCE_SHARE, CpuMeter, trial_threads
+from autotune.results import Reporter, TrialResult
+from autotune.runner import train
+from autotune.space import restrict
+from autotune.spec import parse_spec
+from autotune.study import (
+    ConfirmationRecord,
+    ConfirmRun,
+    TrialRecord,
+    Verdict,
+    confirm_study,
+    open_storage,
+    open_study,
+    run_study,
+)
+from autotune.testing import blobs
+from autotune.workloads import Workload, load
+
+from .conftest import make_config
+
+pytestmark = pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads Linux's /proc")
+
+CPU = detect("cpu")
+BURN = 0.4  # CPU seconds a helper process spends (its own CPU time: no load can shorten it)
+BURNER = f"import time\nt = time.process_time()\nwhile time.process_time() - t < {BURN}: pass\n"
+
+
+def test_the_meter_charges_the_trials_own_children_to_the_trial():
+    with CpuMeter() as meter:
+        subprocess.run([sys.executable, "-c", BURNER], check=True)
+    share = meter.share
+    assert share is not None and share.cores == len(os.sched_getaffinity(0))
+    assert share.own_cpu_seconds >= BURN * 0.8  # ticks are 10 ms; the child is reaped: cutime
+
+
+def test_the_meter_charges_a_process_outside_the_tree_to_others(tmp_path: Path):
+    done = tmp_path / "done"
+    # a double fork: the burner's parent exits at once, so it is no descendant of ours
+    burner = BURNER + f"open({str(done)!r}, 'w').close()\n"
+    orphan = (
+        "import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', {burner!r}], start_new_session=True)\n"
+    )
+    with CpuMeter() as meter:
+        subprocess.run([sys.executable, "-c", orphan], check=True)
+        deadline = time.monotonic() + 60
+        while not done.exists():
+            assert time.monotonic() < deadline, "the burner never finished"
+            time.sleep(0.02)
+    share = meter.share
+    assert share is not None
+    assert share.other_cpu_seconds >= BURN * 0.8
+    # the launcher's start-up (an interpreter, ~0.05 s) and our polling are ours, not the burn
+    assert share.own_cpu_seconds < BURN * 0.8
+    assert share.other_share == pytest.approx(
+        share.other_cpu_seconds / (share.wall_seconds * share.cores)
+    )
+
+
+class ThreadsSeen(nn.Module):
+    """A linear classifier that records torch's intra-op threads at every forward."""
+
+    def __init__(self, features: int, classes: int, seen: list[int]) -> None:
+        super().__init__()
+        self.linear = nn.Linear(features, classes)
+        self.seen = seen
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        self.seen.append(torch.get_num_threads())
+        return self.linear(inputs.flatten(1))
+
+
+def test_a_trial_trains_with_explicit_threads_and_records_what_others_took():
+    splits = blobs()
+    shape = tuple(splits.train[0][0].shape)
+    seen: list[int] = []
+    workload = Workload(
+        "threads", splits.train, splits.val, 4, shape, lambda: ThreadsSeen(shape[0], 4, seen)
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a library or an earlier trial might have left it
+    try:
+        config = make_config(epochs=1, batch_size=32)
+        result = train(config, workload, lambda evaluation: False)
+        assert torch.get_num_threads() == 1  # restored after the trial
+    finally:
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {trial_threads()}
+    assert result.intra_op_threads == trial_threads()
+    assert result.other_cpu_share is not None and 0.0 <= result.other_cpu_share <= 1.0
+
+
+def test_a_trial_measured_under_interference_is_flagged():
+    splits = blobs()
+    shape = tuple(splits.train[0][0].shape)
+    workload = Workload("flag", splits.train, splits.val, 4, shape, lambda: nn.Linear(shape[0], 4))
+    result = train(make_config(epochs=1, batch_size=32), workload, lambda e: False)
+    busy = TrialRecord.from_result(dataclasses.replace(result, other_cpu_share=0.6), "fp32")
+    assert busy.interference and busy.to_attrs()["interference"] is True
+    assert busy.metrics()["other_cpu_share"] == 0.6
+    quiet = dataclasses.replace(result, other_cpu_share=INTERFERENCE_SHARE / 2)
+    assert "interference" not in TrialRecord.from_result(quiet, "fp32").to_attrs()
+
+
+def _run(trial: int, repeat: int, value: float, other: float | None = None) -> ConfirmRun:
+    return ConfirmRun(trial, repeat, repeat, value, 0.9, 100 * value, True, 1.0, None, other)
+
+
+def test_the_verdict_leaves_out_flagged_measurements_where_clean_ones_exist():
+    # interference only slows a run down, so a flagged baseline inflates every speed-up
+    runs = (
+        _run(1, 0, 3.0),
+        _run(1, 1, 3.1),
+        _run(1, 2, 2.9),
+        _run(0, 0, 0.5, other=0.7),  # the baseline, measured slow while others ran
+        _run(0, 1, 1.0),
+        _run(0, 2, 1.1),
+        _run(0, 2, 0.4, other=0.5),
+    )
+    record = ConfirmationRecord(2, 2, True, (1, 0), 0, runs, complete=True)
+    verdict = Verdict.of(record)
+    assert verdict.baseline is not None and verdict.baseline.values == (1.0, 1.1)
+    assert verdict.speedup == pytest.approx(3.0 / 1.05)
+    assert not verdict.baseline.interfered
+    # where every measurement was flagged, they count, and the verdict says so
+    flagged = tuple(dataclasses.replace(run, other_cpu_share=0.9) for run in runs)
+    worst = Verdict.of(dataclasses.replace(record, runs=flagged))
+    assert worst.winner is not None and worst.winner.interfered
+    assert len(worst.winner.values) == 3
+
+
+class Interfering(InProcessExecutor):
+    """Trains for real, and reports the first ``flagged`` runs as measured under interference
+    (and the rest as quiet), as the meter would on a busy machine."""
+
+    def __init__(self, workload: Workload, flagged: int) -> None:
+        super().__init__(workload)
+        self.flagged = flagged
+
+    def run(self, config: TrialConfig, report: Reporter) -> TrialResult:
+        result = super().run(config, report)
+        share = 0.8 if self.flagged > 0 else 0.0
+        self.flagged -= 1
+        return dataclasses.replace(result, other_cpu_share=share)
+
+
+SPACE = """\
+study: {name: flagged, n_trials: 3, seed: 0, confirm: false}
+workload: {model: autotune.testing:tiny_mlp, data: autotune.testing:blobs, epochs: 1, device: cpu}
+space:
+  lr: {low: 0.01, high: 0.1, log: true}
+"""
+
+
+@pytest.mark.slow
+def test_the_confirmation_round_measures_a_flagged_run_again(tmp_path: Path):
+    spec = restrict(parse_spec(SPACE, tmp_path / "space.yaml"), CPU).spec
+    workload = load(spec.workload)
+    study = open_study(spec, open_storage(f"sqlite:///{tmp_path / 's.db'}"), CPU, workload)
+    run_study(study, spec, CPU, Interfering(workload, flagged=0))
+    heard: list[tuple[int, int, bool]] = []
+    record = confirm_study(
+        study,
+        spec.objective,
+        Interfering(workload, flagged=2),  # the first run, and its first re-measure
+        top=1,
+        repeats=1,
+        on_run=lambda run, done, total: heard.append((run.trial, run.repeat, run.interfered)),
+    )
+    assert record is not None and record.complete
+    first = record.candidates[0]
+    # flagged, measured again (flagged), measured again (clean); then the next candidate
+    assert heard[:3] == [(first, 1, True), (first, 1, True), (first, 1, False)]
+    assert len(heard) == 3 + len(record.candidates) - 1
+    confirmed = next(c for c in Verdict.of(record).ranked if c.trial == first)
+    assert len(confirmed.values) == 2 and not confirmed.interfered  # original + clean run
+
+    # a machine that never quiets down: each run is measured 1 + REMEASURES times, then kept
+    again = confirm_study(
+        study, spec.objective, Interfering(workload, flagged=100), top=1, repeats=2
+    )
+    assert again is not None
+    repeat_two = [run for run in again.runs if (run.trial, run.repeat) == (first, 2)]
+    assert len(repeat_two) == 3 and all(run.interfered for run in repeat_two)
