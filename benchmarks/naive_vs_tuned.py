@@ -33,7 +33,7 @@ from autotune.objective import charged_seconds
 from autotune.results import TrialResult
 from autotune.runner import train
 from autotune.spec import Choice, load_spec
-from autotune.study import best_trial, trial_config
+from autotune.study import TrialRecord, answer_trial, trial_config
 from autotune.telemetry import fingerprint
 from autotune.workloads import load
 
@@ -87,9 +87,9 @@ def main() -> None:
     subprocess.run(command, check=True)
 
     study = optuna.load_study(study_name=spec.study_name, storage=storage)
-    best = best_trial(study)
-    baseline = next((t for t in study.trials if t.user_attrs.get("baseline")), None)
-    if best is None or baseline is None or "config" not in baseline.user_attrs:
+    best = answer_trial(study)  # the confirmed winner when the study confirmed one
+    baseline = next((t for t in study.trials if TrialRecord.of(t).baseline), None)
+    if best is None or baseline is None or TrialRecord.of(baseline).config is None:
         sys.exit("the study has no feasible best trial or no baseline trial to compare")
     tuned, naive = trial_config(best), trial_config(baseline)
     hardware = detect(args.device or spec.workload.device)
