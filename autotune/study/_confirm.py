@@ -17,12 +17,13 @@ The rule (``Verdict.of``):
 
 - a configuration's confirmed value is the median of its measurements; one whose runs are
   mostly infeasible (below ``min_accuracy``, or failed) cannot be the answer;
-- the answer is the best confirmed median; every other configuration whose range of values
-  (lowest to highest measurement) overlaps the best one's is **tied** with it within the
-  measurement noise, and among tied configurations the higher median accuracy wins, then the
-  better median value: the study names them and says which rule picked;
 - the spread shown (``±6%``) is the median, over the confirmed configurations, of half their
-  range relative to their median;
+  range relative to their median: the machine's run-to-run noise, measured in this round;
+- the answer is the best confirmed median; every other configuration whose median is behind
+  the best one's by no more than the spread (relatively) is **tied** with it within the
+  measurement noise, and among tied configurations the higher median accuracy wins, then the
+  better median value: the study names them and says which rule picked. (Overlapping ranges
+  are no test: with three runs one slow outlier makes a configuration 35% behind "tied".)
 - the speed-up over the untuned baseline is the ratio of the two confirmed medians, measured in
   the same round.
 
@@ -172,10 +173,11 @@ class Verdict:
             return cls((), None, (), "value", baseline, spread, record.complete, record.maximize)
         best = eligible[0]
 
-        def overlaps(other: Confirmed) -> bool:
-            return other.high >= best.low if record.maximize else other.low <= best.high
+        def within_noise(other: Confirmed) -> bool:
+            behind = sign * (best.median - other.median) / abs(best.median or 1.0)
+            return behind <= (spread or 0.0)
 
-        tied_set = [best, *(c for c in eligible[1:] if overlaps(c))]
+        tied_set = [best, *(c for c in eligible[1:] if within_noise(c))]
         # among the tied: higher median accuracy first, then the better median value
         tied_set.sort(key=lambda c: (c.median_accuracy, sign * c.median), reverse=True)
         winner = tied_set[0]
