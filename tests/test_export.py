@@ -18,6 +18,7 @@ import yaml
 import autotune
 from autotune.executor import InProcessExecutor
 from autotune.export import (
+    SCRIPT_KNOBS,
     BestConfig,
     ExportError,
     best_config,
@@ -211,53 +212,54 @@ def test_every_branch_of_the_script_runs(tiny_study, tmp_path: Path, variant):
     assert "epoch 2/2" in longer.stdout
 
 
-def test_every_knob_changes_the_script(tiny_study):
+# every knob, a value unlike its default, and the code the script must then hold
+KNOB_CODE = {
+    "lr": (0.5, "LEARNING_RATE = 0.5  "),
+    "lr_scaling": ("linear", "scaled linear to the effective batch"),
+    "base_batch_size": (7, "per 7 examples, scaled linear"),
+    "batch_size": (3, "BATCH_SIZE = 3  "),
+    "accumulation_steps": (3, "ACCUMULATION_STEPS = 3  "),
+    "num_workers": (2, "NUM_WORKERS = 2  "),
+    "pin_memory": (True, "PIN_MEMORY = True"),
+    "prefetch_factor": (5, "PREFETCH_FACTOR = 5"),
+    "persistent_workers": (True, "PERSISTENT_WORKERS = True"),
+    "precision": ("bf16", "torch.autocast(device.type, dtype=torch.bfloat16)"),
+    "compile": ("max-autotune", 'torch.compile(model, mode="max-autotune")'),
+    "optimizer": ("sgd", "torch.optim.SGD("),
+    "weight_decay": (0.125, "WEIGHT_DECAY = 0.125"),
+    "momentum": (0.5, "MOMENTUM = 0.5"),
+    "nesterov": (True, "NESTEROV = True"),
+    "schedule": ("onecycle", "torch.optim.lr_scheduler.OneCycleLR("),
+    "warmup_fraction": (0.25, "WARMUP_FRACTION = 0.25  "),
+    "channels_last": (True, "memory_format=torch.channels_last"),
+    "cudnn_benchmark": (True, "CUDNN_BENCHMARK = True"),
+    "device": ("cuda:0", 'DEVICE = "cuda:0"'),
+    "val_batch_size": (17, "VAL_BATCH_SIZE = 17"),
+    "seed": (12345, "SEED = 12345  "),
+    "data_pipeline": ("device", "DeviceBatches("),
+}
+
+
+def test_every_knob_is_rendered_as_its_code(tiny_study):
     study, _ = tiny_study
     best = best_config(study, select_trial(study))
-    base = render_script(study, best)
-    changes = {
-        "lr": 0.5,
-        "lr_scaling": "linear",
-        "base_batch_size": 7,
-        "batch_size": 3,
-        "accumulation_steps": 3,
-        "num_workers": 2,
-        "pin_memory": True,
-        "prefetch_factor": 5,
-        "persistent_workers": True,
-        "precision": "bf16",
-        "compile": "max-autotune",
-        "optimizer": "sgd",
-        "weight_decay": 0.125,
-        "momentum": 0.5,
-        "nesterov": True,
-        "schedule": "onecycle",
-        "warmup_fraction": 0.25,
-        "channels_last": True,
-        "cudnn_benchmark": True,
-        "device": "cuda:0",
-        "val_batch_size": 17,
-        "seed": 12345,
-        "data_pipeline": "device",
-    }
-    for knob, value in changes.items():
-        config = best.config
+    # the searched knobs, and the run settings a script carries too
+    assert set(KNOB_CODE) == {*SCRIPT_KNOBS, "device", "val_batch_size", "seed"}
+    for knob, (value, code) in KNOB_CODE.items():
+        # the knobs a knob depends on, set so that it matters
+        config = best.config.replace(data_pipeline="dataloader")
         if knob in ("momentum", "nesterov"):
             config = config.replace(optimizer="sgd", momentum=0.9)
-            base_for_knob = render_script(study, _with(best, config))
         elif knob in ("prefetch_factor", "persistent_workers"):
             config = config.replace(num_workers=1, prefetch_factor=2)
-            base_for_knob = render_script(study, _with(best, config))
         elif knob == "cudnn_benchmark":
             config = config.replace(device="cuda:0")
-            base_for_knob = render_script(study, _with(best, config))
         elif knob == "base_batch_size":
             config = config.replace(lr_scaling="linear")
-            base_for_knob = render_script(study, _with(best, config))
-        else:
-            base_for_knob = base
+        before = render_script(study, _with(best, config))
         changed = render_script(study, _with(best, config.replace(**{knob: value})))
-        assert changed != base_for_knob, f"{knob} does not change the exported script"
+        assert code not in before, f"{knob}: {code!r} is there before the change"
+        assert code in changed, f"{knob}={value!r} is not rendered as {code!r}"
         compile(changed, f"train.py ({knob}={value})", "exec")
         long_lines = [line for line in changed.splitlines() if len(line) > 99]
         assert not long_lines, f"{knob}={value} renders lines over 99 characters: {long_lines}"

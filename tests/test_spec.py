@@ -243,7 +243,9 @@ def test_fingerprint_covers_the_search_but_not_the_run_settings():
 
 
 def test_shipped_space_files_are_valid():
-    for path in sorted(Path(__file__).parents[1].glob("search_spaces/*.yaml")):
+    paths = sorted(Path(__file__).parents[1].glob("search_spaces/*.yaml"))
+    assert "quickstart.yaml" in {path.name for path in paths}, "the glob found no space files"
+    for path in paths:
         load_spec(path)
 
 
