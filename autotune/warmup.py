@@ -66,9 +66,22 @@ def warm_process(config: TrialConfig, workload: Workload) -> bool:
     return True
 
 
+def _warm_model() -> torch.nn.Module:
+    """A tiny network with the layer kinds most models have (a convolution, a normalization,
+    a matrix multiply), so that their lowerings and pattern passes load here, not in a trial."""
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3, padding=1),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4 * 6 * 6, 3),
+    )
+
+
 def warm_compiler(device: torch.device) -> None:
-    """Compile and run (forward and backward) a small function unrelated to any trial, in a
-    throwaway Inductor cache, then forget it: the compiler is loaded, no trial graph is cached."""
+    """Compile and run (forward and backward, with a loss) a tiny network unrelated to any
+    trial, in a throwaway Inductor cache, then forget it: the compiler is loaded, no trial graph
+    is cached."""
     from torch._inductor import utils as inductor_utils
 
     fresh_cache = getattr(inductor_utils, "fresh_cache", None)  # torch >= 2.8
@@ -77,9 +90,10 @@ def warm_compiler(device: torch.device) -> None:
     torch.compiler.reset()
     try:
         with fresh_cache(dir=scratch, delete=False):
-            compiled = torch.compile(lambda x: torch.nn.functional.relu(x) * 2.0 + 1.0)
-            x = torch.randn(16, 16, device=device, requires_grad=True)
-            compiled(x).sum().backward()
+            compiled = torch.compile(_warm_model().to(device))
+            inputs = torch.randn(8, 1, 6, 6, device=device)
+            targets = torch.randint(0, 3, (8,), device=device)
+            torch.nn.functional.cross_entropy(compiled(inputs), targets).backward()
             synchronize(device)
     finally:
         torch.compiler.reset()
