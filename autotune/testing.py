@@ -10,31 +10,50 @@ Use them from a space file like any user's workload::
 
 They train in a fraction of a second on a CPU, so a whole study fits in a test. Each fault hook
 reproduces a real failure the way it happens in real training: the real exception type, a real
-signal, a real sleep, a real broken compiler.
+signal, a real sleep, a real broken compiler. The rest is what tests of a study share: this
+machine and described ones, a plain TrialConfig, a tiny space file, the real ``autotune``
+command in a subprocess.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset, get_worker_info
 
+from autotune.config import TrialConfig
+from autotune.hardware import Hardware, detect
 from autotune.workloads import DataSplits, Workload
 
 __all__ = [
+    "AMPERE",
+    "CPU",
+    "TEST_CPU",
+    "TINY_SPACE",
+    "VOLTA",
     "FaultyDataset",
     "SlowDataset",
     "blobs",
     "blobs_workload",
     "broken_model",
+    "cuda_flags",
+    "make_config",
+    "never_stop",
+    "run_cli",
     "tiny_cnn",
     "tiny_mlp",
+    "write_space",
 ]
 
 
@@ -293,3 +312,133 @@ def blobs_workload(keep: list[nn.Module] | None = None, **data_args: Any) -> Wor
         return model
 
     return Workload("tiny_mlp on blobs", splits.train, splits.val, num_classes, shape, build)
+
+
+# -- machines ---------------------------------------------------------------------------------
+
+CPU = detect("cpu")  # this machine's CPU, as a study sees it
+# described machines, for tests whose answer must not depend on the machine they run on
+TEST_CPU = Hardware(
+    device="cpu",
+    device_name="test CPU (2 cores)",
+    cpu_count=2,
+    cuda_capability=None,
+    bf16=True,
+    fp16=False,
+    tf32=False,
+    cuda_graphs=False,
+    compile_problem=None,
+    torch_version="2.x",
+)
+AMPERE = dataclasses.replace(
+    TEST_CPU,
+    device="cuda:0",
+    device_name="test GPU",
+    cuda_capability=(8, 0),
+    fp16=True,
+    tf32=True,
+    cuda_graphs=True,
+)
+VOLTA = dataclasses.replace(AMPERE, cuda_capability=(7, 0), bf16=False, tf32=False)
+
+
+# -- trials -----------------------------------------------------------------------------------
+
+
+def make_config(**changes: Any) -> TrialConfig:
+    """A plain CPU configuration: fp32, eager, AdamW, constant lr, no workers."""
+    base = {
+        "lr": 1e-2,
+        "base_lr": 1e-2,
+        "lr_scaling": "none",
+        "base_batch_size": 256,
+        "batch_size": 32,
+        "accumulation_steps": 1,
+        "optimizer": "adamw",
+        "weight_decay": 0.0,
+        "momentum": None,
+        "nesterov": False,
+        "schedule": "constant",
+        "warmup_fraction": 0.0,
+        "num_workers": 0,
+        "pin_memory": False,
+        "prefetch_factor": None,
+        "persistent_workers": False,
+        "precision": "fp32",
+        "compile": "none",
+        "channels_last": False,
+        "cudnn_benchmark": False,
+        "device": "cpu",
+        "epochs": 2.0,
+        "eval_every": 1.0,
+        "val_batch_size": 256,
+        "seed": 0,
+    }
+    return TrialConfig(**{**base, **changes})
+
+
+def never_stop(evaluation: object) -> bool:
+    """A reporter that lets every trial train to its end."""
+    return False
+
+
+def cuda_flags() -> tuple[str, bool, bool, bool]:
+    """The process-wide TF32 and cuDNN settings a trial changes and must restore."""
+    cudnn = torch.backends.cudnn
+    return (
+        torch.get_float32_matmul_precision(),  # raises if legacy and new TF32 APIs were mixed
+        torch.backends.cuda.matmul.allow_tf32,
+        cudnn.allow_tf32,
+        cudnn.benchmark,
+    )
+
+
+# -- space files and the command --------------------------------------------------------------
+
+TINY_SPACE = """\
+study:
+  name: tiny
+  n_trials: {n_trials}
+  n_startup_trials: 3
+  pruner: {pruner}
+  seed: 0
+workload:
+  model: autotune.testing:tiny_mlp
+  data: autotune.testing:blobs
+  epochs: 2
+  eval_every: 1
+  device: cpu
+objective:
+  min_accuracy: 0.5
+space:
+  lr: {{low: 1.0e-3, high: 1.0e-1, log: true}}
+  batch_size: [16, 32]
+  accumulation_steps: [1, 2]
+  precision: [fp32, bf16, fp16]
+  pin_memory: [false, true]
+"""
+
+
+def write_space(
+    directory: Path, text: str | None = None, name: str = "tiny.yaml", **fields: Any
+) -> Path:
+    """Write a space file (the tiny one by default, formatted with ``fields``)."""
+    values = {"n_trials": 4, "pruner": "none", **fields}
+    path = directory / name
+    path.write_text(textwrap.dedent(text) if text is not None else TINY_SPACE.format(**values))
+    return path
+
+
+def run_cli(
+    *args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m autotune ARGS`` in ``cwd`` as a user would, capturing its output;
+    ``env`` adds to the environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args],
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": "160", "PYTHONWARNINGS": "ignore", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

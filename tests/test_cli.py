@@ -10,7 +10,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from .conftest import run_cli, write_space
+from autotune.testing import run_cli, write_space
 
 pytestmark = pytest.mark.slow
 

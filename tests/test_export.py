@@ -28,16 +28,11 @@ from autotune.export import (
     select_trial,
 )
 from autotune.files import OutputFileError, write_new_file
-from autotune.hardware import detect
 from autotune.space import restrict
 from autotune.spec import parse_spec
 from autotune.study import open_storage, open_study, run_study, trial_config
-from autotune.testing import blobs, tiny_mlp
+from autotune.testing import CPU, blobs, make_config, run_cli, tiny_mlp
 from autotune.workloads import load
-
-from .conftest import make_config, run_cli
-
-CPU = detect("cpu")
 
 DIGITS_SPACE = """\
 study: {name: digits, n_trials: 1, pruner: none}

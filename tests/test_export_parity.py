@@ -25,9 +25,8 @@ from torch import nn
 from autotune.config import TrialConfig
 from autotune.export import best_config, render_script, select_trial
 from autotune.study import load_study
+from autotune.testing import cuda_flags, run_cli, write_space
 from autotune.trainer import Trainer, backend_flags, make_optimizer, make_scheduler
-
-from .conftest import cuda_flags, run_cli, write_space
 
 # the study runs in a subprocess (`autotune run`): most of this module's time is its imports
 pytestmark = pytest.mark.slow

@@ -26,14 +26,13 @@ from optuna.trial import TrialState
 
 from autotune.executor import InProcessExecutor
 from autotune.faults import KINDS, FaultKind, classify
-from autotune.hardware import detect
 from autotune.space import restrict
 from autotune.spec import parse_spec
 from autotune.study import open_storage, open_study, run_study
+from autotune.testing import CPU, make_config
 from autotune.worker import WorkerExecutor
 from autotune.workloads import load
 
-CPU = detect("cpu")
 CPU_WITH_FP16 = dataclasses.replace(CPU, fp16=True)  # fp16 autocast + GradScaler run on CPUs
 
 
@@ -436,8 +435,6 @@ def test_four_processes_share_one_sqlite_study_while_a_reader_polls(tmp_path: Pa
 def test_a_worker_that_cannot_load_the_workload_says_why(tmp_path: Path):
     from autotune.executor import WorkerError
     from autotune.spec import WorkloadSpec
-
-    from .conftest import make_config
 
     executor = WorkerExecutor(WorkloadSpec(model="tiny_mlp", data="no_such_data"), tmp_path)
     try:

@@ -19,10 +19,9 @@ from optuna.trial import TrialState
 from autotune.pipeline import DeviceBatches
 from autotune.runner import train
 from autotune.spec import WorkloadSpec
+from autotune.testing import cuda_flags, make_config, never_stop, run_cli, write_space
 from autotune.timing import PHASES
 from autotune.workloads import load
-
-from .conftest import cuda_flags, make_config, never_stop, run_cli, write_space
 
 pytestmark = [
     pytest.mark.slow,

@@ -17,18 +17,14 @@ from torch import nn
 
 from autotune import notes, report
 from autotune.executor import InProcessExecutor
-from autotune.hardware import detect
 from autotune.runner import train
 from autotune.space import restrict
 from autotune.spec import WorkloadSpec, parse_spec
 from autotune.study import TrialRecord, open_storage, open_study, run_study
 from autotune.telemetry import GpuSampler, flops_per_sample, peak_flops
+from autotune.testing import CPU, make_config, never_stop
 from autotune.timing import PHASES, PhaseProbe, bottleneck
 from autotune.workloads import load
-
-from .conftest import make_config, never_stop
-
-CPU = detect("cpu")
 
 SPACE = """\
 study: {name: seen, n_trials: 5, pruner: none, n_startup_trials: 2}

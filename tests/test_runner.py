@@ -16,11 +16,9 @@ from autotune.faults import TrialFault
 from autotune.results import Evaluation
 from autotune.runner import make_plan, train
 from autotune.spec import WorkloadSpec
-from autotune.testing import blobs, tiny_mlp
+from autotune.testing import blobs, cuda_flags, make_config, never_stop, tiny_mlp
 from autotune.trainer import backend_flags, make_scheduler
 from autotune.workloads import Workload, load
-
-from .conftest import cuda_flags, make_config, never_stop
 
 
 def blobs_workload(keep: list[nn.Module] | None = None, **data_args) -> Workload:

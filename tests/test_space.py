@@ -8,32 +8,10 @@ import math
 import optuna
 import pytest
 
-from autotune.hardware import Hardware, detect
+from autotune.hardware import detect
 from autotune.space import restrict, sample
 from autotune.spec import Choice, SpecError, parse_spec
-
-CPU = Hardware(
-    device="cpu",
-    device_name="test CPU (2 cores)",
-    cpu_count=2,
-    cuda_capability=None,
-    bf16=True,
-    fp16=False,
-    tf32=False,
-    cuda_graphs=False,
-    compile_problem=None,
-    torch_version="2.x",
-)
-AMPERE = dataclasses.replace(
-    CPU,
-    device="cuda:0",
-    device_name="test GPU",
-    cuda_capability=(8, 0),
-    fp16=True,
-    tf32=True,
-    cuda_graphs=True,
-)
-VOLTA = dataclasses.replace(AMPERE, cuda_capability=(7, 0), bf16=False, tf32=False)
+from autotune.testing import AMPERE, TEST_CPU, VOLTA
 
 HEADER = "workload: {model: digits_cnn, data: digits, epochs: 3}\nstudy: {seed: 100}\n"
 
@@ -55,7 +33,9 @@ def test_conditional_knobs_are_only_sampled_where_they_mean_something():
     )
     # FixedTrial raises if asked for a parameter it does not hold: absent keys prove the
     # conditional knobs were not sampled.
-    config = sample(optuna.trial.FixedTrial({"num_workers": 0, "optimizer": "adamw"}), spec, CPU)
+    config = sample(
+        optuna.trial.FixedTrial({"num_workers": 0, "optimizer": "adamw"}), spec, TEST_CPU
+    )
     assert config.prefetch_factor is None and config.persistent_workers is False
     assert config.momentum is None and config.nesterov is False
 
@@ -68,14 +48,14 @@ def test_conditional_knobs_are_only_sampled_where_they_mean_something():
             "momentum": 0.0,
         }
     )
-    config = sample(with_workers, spec, CPU)
+    config = sample(with_workers, spec, TEST_CPU)
     assert (config.num_workers, config.prefetch_factor, config.persistent_workers) == (2, 4, True)
     assert config.momentum == 0.0 and config.nesterov is False  # no momentum: no Nesterov
 
     nesterov = optuna.trial.FixedTrial(
         {"num_workers": 0, "optimizer": "sgd", "momentum": 0.9, "nesterov": True}
     )
-    assert sample(nesterov, spec, CPU).nesterov is True
+    assert sample(nesterov, spec, TEST_CPU).nesterov is True
 
 
 def test_fixed_knobs_are_not_optuna_parameters_and_seed_follows_trial_number():
@@ -83,7 +63,7 @@ def test_fixed_knobs_are_not_optuna_parameters_and_seed_follows_trial_number():
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     for _ in range(3):
         trial = study.ask()
-        config = sample(trial, spec, CPU)
+        config = sample(trial, spec, TEST_CPU)
         assert set(trial.params) == {"lr"}
         assert config.batch_size == 48 and 0.001 <= config.lr <= 0.1
         assert config.seed == 100 + trial.number
@@ -100,7 +80,7 @@ def test_lr_scaling_rules(rule, expected):
         f"  lr: 0.1\n  lr_scaling: {rule}\n  base_batch_size: 256\n"
         "  batch_size: 128\n  accumulation_steps: 4\n"
     )
-    config = sample(optuna.trial.FixedTrial({}), spec, CPU)
+    config = sample(optuna.trial.FixedTrial({}), spec, TEST_CPU)
     assert config.effective_batch_size == 512
     assert config.base_lr == 0.1
     assert config.lr == pytest.approx(expected)
@@ -116,7 +96,7 @@ def test_ranges_are_sampled_within_bounds_and_on_their_grid():
     seen_workers = set()
     for _ in range(30):
         trial = study.ask()
-        config = sample(trial, spec, CPU)
+        config = sample(trial, spec, TEST_CPU)
         assert 16 <= config.batch_size <= 256
         assert config.num_workers in (0, 2, 4)
         assert min(abs(config.weight_decay - g) for g in (0.0, 0.05, 0.1)) < 1e-9
@@ -130,12 +110,12 @@ def test_batch_sizes_larger_than_the_training_set_are_dropped():
 
     spec = spec_with("  batch_size: [64, 1024, 4096]\n")
     workload = load(spec.workload)  # digits: 1,437 training images
-    restriction = restrict(spec, CPU, workload)
+    restriction = restrict(spec, TEST_CPU, workload)
     assert restriction.spec.space.batch_size == Choice(values=(64, 1024))
     (dropped,) = restriction.dropped
     assert dropped.values == (4096,) and "larger than the training set (1437" in dropped.reason
     with pytest.raises(SpecError, match=r"space\.batch_size: no value can run"):
-        restrict(spec_with("  batch_size: 4096\n"), CPU, workload)
+        restrict(spec_with("  batch_size: 4096\n"), TEST_CPU, workload)
 
 
 def test_cpu_drops_gpu_only_values_and_says_why():
@@ -145,7 +125,7 @@ def test_cpu_drops_gpu_only_values_and_says_why():
         "  pin_memory: [false, true]\n"
         "  cudnn_benchmark: [false, true]\n"
     )
-    restriction = restrict(spec, CPU)
+    restriction = restrict(spec, TEST_CPU)
     space = restriction.spec.space
     assert space.precision == Choice(values=("fp32", "bf16"))
     assert space.compile == Choice(values=("none", "default", "max-autotune-no-cudagraphs"))
@@ -167,11 +147,11 @@ def test_cpu_drops_gpu_only_values_and_says_why():
 
 def test_sampler_never_sees_dropped_values():
     spec = spec_with("  precision: [fp32, bf16, fp16]\n  pin_memory: [false, true]\n")
-    restricted = restrict(spec, CPU).spec
+    restricted = restrict(spec, TEST_CPU).spec
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     for _ in range(20):
         trial = study.ask()
-        config = sample(trial, restricted, CPU)
+        config = sample(trial, restricted, TEST_CPU)
         assert config.precision in ("fp32", "bf16") and config.pin_memory is False
         study.tell(trial, 0.0)
 
@@ -189,7 +169,7 @@ def test_gpu_keeps_what_it_supports():
 
 
 def test_missing_compiler_drops_every_compile_mode():
-    no_compiler = dataclasses.replace(CPU, compile_problem="no C++ compiler")
+    no_compiler = dataclasses.replace(TEST_CPU, compile_problem="no C++ compiler")
     spec = spec_with("  compile: [none, default]\n")
     restriction = restrict(spec, no_compiler)
     assert restriction.spec.space.compile == Choice(values=("none",))
@@ -199,7 +179,7 @@ def test_missing_compiler_drops_every_compile_mode():
 def test_knob_left_without_values_is_an_error():
     spec = spec_with("  precision: fp16\n  cudnn_benchmark: true\n")
     with pytest.raises(SpecError) as caught:
-        restrict(spec, CPU)
+        restrict(spec, TEST_CPU)
     assert len(caught.value.problems) == 2
     assert caught.value.problems[0].startswith("space.yaml: space.precision: no value can run")
     assert "fp16" in caught.value.problems[0]

@@ -297,8 +297,8 @@ def test_every_knob_reaches_the_configuration_and_the_script(name: str):
 
     from autotune.config import TrialConfig
     from autotune.export import SCRIPT_KNOBS
-    from autotune.hardware import detect
     from autotune.space import sample
+    from autotune.testing import CPU
 
     info = KNOBS[name]
     value = OTHER_VALUE[name]
@@ -316,7 +316,7 @@ def test_every_knob_reaches_the_configuration_and_the_script(name: str):
     )
     spec = parse_spec(text)
     params = {name: value} if info.searchable else {}
-    config = sample(optuna.trial.FixedTrial(params, number=0), spec, detect("cpu"))
+    config = sample(optuna.trial.FixedTrial(params, number=0), spec, CPU)
     field = "base_lr" if name == "lr" else name
     assert getattr(config, field) == value, (name, config)
 

@@ -15,7 +15,6 @@ from optuna.trial import TrialState
 from autotune.config import TrialConfig
 from autotune.executor import InProcessExecutor
 from autotune.faults import KINDS, FaultKind, TrialFault
-from autotune.hardware import detect
 from autotune.results import Evaluation, TrialResult
 from autotune.space import restrict
 from autotune.spec import parse_spec
@@ -38,12 +37,9 @@ from autotune.study import (
     run_study,
     trial_config,
 )
+from autotune.testing import AMPERE, CPU, TINY_SPACE, make_config
 from autotune.workloads import load
 
-from .conftest import TINY_SPACE, make_config
-from .test_space import AMPERE
-
-CPU = detect("cpu")
 RESULT_ATTRS = {
     "accuracy",
     "train_seconds",

@@ -12,17 +12,15 @@ import torch
 from PIL import Image
 from torch import nn
 
-from autotune.hardware import detect
 from autotune.pipeline import CROP_PADDING, DeviceBatches, ImageTensorDataset, make_train_loader
 from autotune.runner import train
 from autotune.space import restrict
 from autotune.spec import WorkloadSpec, parse_spec
+from autotune.testing import CPU, make_config, never_stop
 from autotune.workloads import WorkloadError, load
 from autotune.workloads.vision import SHAPES, shapes
 
-from .conftest import make_config, never_stop
-
-CPU = torch.device("cpu")
+DEVICE = torch.device("cpu")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,7 +176,7 @@ def test_device_batches_shapes_dtype_and_label_alignment():
     labels = torch.arange(100) % 10
     images = (labels * 20 + 10).to(torch.uint8)[:, None, None, None].expand(100, 3, 32, 32)
     dataset = ImageTensorDataset(images.contiguous(), labels, (0.0,) * 3, (1.0,) * 3, augment=True)
-    batches = DeviceBatches(dataset, 32, CPU, torch.Generator().manual_seed(0))
+    batches = DeviceBatches(dataset, 32, DEVICE, torch.Generator().manual_seed(0))
     seen = []
     for inputs, targets in batches:
         assert inputs.shape == (32, 3, 32, 32) and inputs.dtype == torch.float32
@@ -188,7 +186,7 @@ def test_device_batches_shapes_dtype_and_label_alignment():
         assert torch.allclose(centre, (targets * 20 + 10).float(), atol=1e-3)
         seen += targets.tolist()
     assert len(batches) == 3 and len(seen) == 96  # the partial batch is dropped
-    ordered = DeviceBatches(dataset, 32, CPU, shuffle=False)
+    ordered = DeviceBatches(dataset, 32, DEVICE, shuffle=False)
     assert len(ordered) == 4 and sum(t.numel() for _, t in ordered) == 100
 
 
@@ -215,7 +213,7 @@ def test_both_pipelines_draw_the_same_augmentation_distribution():
         augment=True,
     )
     batched = torch.cat(
-        [x for x, _ in DeviceBatches(many, 500, CPU, torch.Generator().manual_seed(1))]
+        [x for x, _ in DeviceBatches(many, 500, DEVICE, torch.Generator().manual_seed(1))]
     )
     assert batched.shape == per_sample.shape
     for axis, size in ((0, 16), (1, 24)):
@@ -264,7 +262,7 @@ space:
   num_workers: [0, 2]
 """
     spec = parse_spec(text, "s.yaml")
-    folder = restrict(spec, detect("cpu"), load(spec.workload))
+    folder = restrict(spec, CPU, load(spec.workload))
     assert folder.spec.space.data_pipeline.values == ("dataloader",)
     assert "loads sample by sample" in folder.dropped[0].reason
     in_memory = parse_spec(
@@ -273,5 +271,5 @@ space:
         ),
         "s.yaml",
     )
-    kept = restrict(in_memory, detect("cpu"), load(in_memory.workload))
+    kept = restrict(in_memory, CPU, load(in_memory.workload))
     assert kept.spec.space.data_pipeline.values == ("dataloader", "device")

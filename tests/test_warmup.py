@@ -8,10 +8,8 @@ import pytest
 from autotune import timing
 from autotune.executor import InProcessExecutor
 from autotune.runner import train
-from autotune.testing import blobs_workload
+from autotune.testing import blobs_workload, make_config, never_stop
 from autotune.warmup import Warmth, warm_process
-
-from .conftest import make_config, never_stop
 
 
 @pytest.fixture
