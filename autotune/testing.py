@@ -26,15 +26,19 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset, get_worker_info
 
 from autotune.config import TrialConfig
+from autotune.faults import KINDS
 from autotune.hardware import Hardware, detect
 from autotune.workloads import DataSplits, Workload
+
+if TYPE_CHECKING:
+    import optuna  # imported where it is used: a worker loading tiny_mlp need not import it
 
 __all__ = [
     "AMPERE",
@@ -44,13 +48,18 @@ __all__ = [
     "VOLTA",
     "FaultyDataset",
     "SlowDataset",
+    "assert_trials_recorded",
     "blobs",
     "blobs_workload",
     "broken_model",
     "cuda_flags",
+    "import_blocker",
+    "learning_rates",
+    "live_group_members",
     "make_config",
     "never_stop",
     "run_cli",
+    "start_cli",
     "tiny_cnn",
     "tiny_mlp",
     "write_space",
@@ -393,6 +402,52 @@ def cuda_flags() -> tuple[str, bool, bool, bool]:
     )
 
 
+def learning_rates(
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    steps: int,
+) -> list[float]:
+    """The learning rate each of ``steps`` optimizer steps applies (one param group)."""
+    assert len(optimizer.param_groups) == 1
+    rates = []
+    for _ in range(steps):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()  # no gradients: changes nothing, but counts as the step before
+        if scheduler is not None:
+            scheduler.step()
+    return rates
+
+
+def assert_trials_recorded(study: optuna.Study) -> None:
+    """Every trial of a finished study is recorded: none is left RUNNING, a COMPLETE one has a
+    finite value, and one that did not complete says why (``fail_kind`` and ``fail_msg``)."""
+    from optuna.trial import TrialState
+
+    for trial in study.get_trials():
+        assert trial.state != TrialState.RUNNING, trial.number
+        if trial.state == TrialState.COMPLETE:
+            assert trial.value is not None and math.isfinite(trial.value)
+        elif trial.state in (TrialState.PRUNED, TrialState.FAIL):
+            assert trial.user_attrs.get("fail_kind") in KINDS, trial.number
+            assert trial.user_attrs.get("fail_msg"), trial.number
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """Processes in process group ``pgid`` that are not zombies (Linux /proc): what is left of a
+    worker started as a group leader, and of the DataLoader workers it started."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state, _, group = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except OSError:
+            continue  # gone meanwhile
+        if int(group) == pgid and state != "Z":
+            members.append(int(entry.name))
+    return members
+
+
 # -- space files and the command --------------------------------------------------------------
 
 TINY_SPACE = """\
@@ -429,6 +484,11 @@ def write_space(
     return path
 
 
+def _environment(env: dict[str, str] | None) -> dict[str, str]:
+    """This process's environment with a wide console and quiet warnings, ``env`` added."""
+    return {**os.environ, "COLUMNS": "160", "PYTHONWARNINGS": "ignore", **(env or {})}
+
+
 def run_cli(
     *args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -437,8 +497,30 @@ def run_cli(
     return subprocess.run(
         [sys.executable, "-m", "autotune", *args],
         cwd=cwd,
-        env={**os.environ, "COLUMNS": "160", "PYTHONWARNINGS": "ignore", **(env or {})},
+        env=_environment(env),
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+
+
+def start_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Start ``python -m autotune ARGS`` in ``cwd`` as run_cli runs it, without waiting: for tests
+    that signal or kill it. Its output is piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "autotune", *args],
+        cwd=cwd,
+        env=_environment(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def import_blocker(directory: Path, package: str) -> Path:
+    """A folder under ``directory`` to put on PYTHONPATH in which ``import package`` fails with
+    ImportError('no PACKAGE here'): what a machine without that package does."""
+    blocker = directory / "blocker"
+    (blocker / package).mkdir(parents=True)
+    (blocker / package / "__init__.py").write_text(f"raise ImportError('no {package} here')\n")
+    return blocker

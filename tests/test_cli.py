@@ -10,7 +10,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.testing import run_cli, write_space
+from autotune.testing import import_blocker, run_cli, write_space
 
 pytestmark = pytest.mark.slow
 
@@ -109,10 +109,7 @@ def test_edited_space_is_refused_until_new_study(tmp_path: Path):
 
 def test_run_best_and_export_need_no_plotly(tmp_path: Path):
     """The CUDA images autotune meets may lack plotly: only ``autotune report`` draws with it."""
-    blocker = tmp_path / "blocker"
-    (blocker / "plotly").mkdir(parents=True)
-    (blocker / "plotly" / "__init__.py").write_text("raise ImportError('no plotly here')\n")
-    without_plotly = {"PYTHONPATH": str(blocker)}
+    without_plotly = {"PYTHONPATH": str(import_blocker(tmp_path, "plotly"))}
     space = write_space(tmp_path, n_trials=2)
     done = run_cli("run", str(space), cwd=tmp_path, env=without_plotly)
     assert done.returncode == 0, done.stderr

@@ -31,7 +31,7 @@ from autotune.files import OutputFileError, write_new_file
 from autotune.space import restrict
 from autotune.spec import parse_spec
 from autotune.study import open_storage, open_study, run_study, trial_config
-from autotune.testing import CPU, blobs, make_config, run_cli, tiny_mlp
+from autotune.testing import CPU, blobs, import_blocker, make_config, run_cli, tiny_mlp
 from autotune.workloads import load
 
 DIGITS_SPACE = """\
@@ -132,9 +132,7 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
     assert lint(script).returncode == 0, lint(script).stdout
 
     # a package named autotune that refuses to import: the script must not need the real one
-    blocker = tmp_path / "blocker"
-    (blocker / "autotune").mkdir(parents=True)
-    (blocker / "autotune" / "__init__.py").write_text("raise ImportError('no autotune here')\n")
+    blocker = import_blocker(tmp_path, "autotune")
     probe = subprocess.run(
         [sys.executable, "-c", "import autotune"],
         env={**os.environ, "PYTHONPATH": str(blocker)},
@@ -387,9 +385,7 @@ def test_a_torchvision_model_on_shapes_exports_with_the_device_pipeline(tmp_path
     assert 'torchvision_model("resnet18", cifar_stem=True, num_classes=10)' in text
     assert "class DeviceBatches" in text and "def shapes(" in text
     assert lint(script).returncode == 0, lint(script).stdout
-    blocker = tmp_path / "blocker" / "autotune"
-    blocker.mkdir(parents=True)
-    (blocker / "__init__.py").write_text("raise ImportError('no autotune here')\n")
-    done = run_script(script, "--epochs", "1", block_autotune=blocker.parent)
+    blocker = import_blocker(tmp_path, "autotune")
+    done = run_script(script, "--epochs", "1", block_autotune=blocker)
     assert done.returncode == 0, done.stderr
     assert "epoch 1/1" in done.stdout

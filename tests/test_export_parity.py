@@ -25,7 +25,7 @@ from torch import nn
 from autotune.config import TrialConfig
 from autotune.export import best_config, render_script, select_trial
 from autotune.study import load_study
-from autotune.testing import cuda_flags, run_cli, write_space
+from autotune.testing import cuda_flags, learning_rates, run_cli, write_space
 from autotune.trainer import Trainer, backend_flags, make_optimizer, make_scheduler
 
 # the study runs in a subprocess (`autotune run`): most of this module's time is its imports
@@ -118,22 +118,6 @@ def set_flags(matmul_precision: str, conv_tf32: bool, benchmark: bool) -> None:
 
 # torch's defaults, and their opposite: a setting left alone shows up against one of them
 START_FLAGS = [("highest", True, False), ("high", False, True)]
-
-
-def learning_rates(
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
-    steps: int,
-) -> list[float]:
-    """The learning rate each of ``steps`` optimizer steps applies (one param group)."""
-    assert len(optimizer.param_groups) == 1
-    rates = []
-    for _ in range(steps):
-        rates.append(optimizer.param_groups[0]["lr"])
-        optimizer.step()  # no gradients: changes nothing, but counts as the step before
-        if scheduler is not None:
-            scheduler.step()
-    return rates
 
 
 def settings(optimizer: torch.optim.Optimizer) -> dict[str, object]:

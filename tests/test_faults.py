@@ -9,11 +9,7 @@ before the fault is unchanged.
 from __future__ import annotations
 
 import dataclasses
-import math
-import os
 import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -25,11 +21,17 @@ import sqlalchemy
 from optuna.trial import TrialState
 
 from autotune.executor import InProcessExecutor
-from autotune.faults import KINDS, FaultKind, classify
+from autotune.faults import FaultKind, classify
 from autotune.space import restrict
 from autotune.spec import parse_spec
 from autotune.study import open_storage, open_study, run_study
-from autotune.testing import CPU, make_config
+from autotune.testing import (
+    CPU,
+    assert_trials_recorded,
+    live_group_members,
+    make_config,
+    start_cli,
+)
 from autotune.worker import WorkerExecutor
 from autotune.workloads import load
 
@@ -77,18 +79,8 @@ def run(text: str, tmp_path: Path, isolation: str = "none", hardware=CPU, timeou
         outcome = run_study(study, spec, hardware, executor)
     finally:
         executor.close()
-    assert_invariants(study)
+    assert_trials_recorded(study)
     return study, outcome, executor
-
-
-def assert_invariants(study: optuna.Study) -> None:
-    for trial in study.get_trials():
-        assert trial.state != TrialState.RUNNING, trial.number
-        if trial.state == TrialState.COMPLETE:
-            assert math.isfinite(trial.value)
-        elif trial.state in (TrialState.PRUNED, TrialState.FAIL):
-            assert trial.user_attrs.get("fail_kind") in KINDS, trial.number
-            assert trial.user_attrs.get("fail_msg"), trial.number
 
 
 def kinds(study: optuna.Study) -> list[str | None]:
@@ -224,21 +216,6 @@ def test_the_same_bug_everywhere_stops_the_study(tmp_path: Path):
     assert all(t.state == TrialState.FAIL for t in study.trials)
 
 
-def _live_members(pgid: int) -> list[int]:
-    """Processes in process group ``pgid`` that are not zombies (Linux /proc)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            state, _, group = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
-        except OSError:
-            continue  # gone meanwhile
-        if int(group) == pgid and state != "Z":
-            members.append(int(entry.name))
-    return members
-
-
 @pytest.mark.slow
 def test_a_hanging_trial_is_killed_with_its_dataloader_workers(tmp_path: Path):
     text = space(
@@ -251,7 +228,7 @@ def test_a_hanging_trial_is_killed_with_its_dataloader_workers(tmp_path: Path):
     assert "no result after 4 s" in study.trials[0].user_attrs["fail_msg"]
     assert len(executor.started_pids) == 2  # a fresh worker for the second trial
     for pid in executor.started_pids:
-        assert _live_members(pid) == [], "a worker or one of its DataLoader workers survived"
+        assert live_group_members(pid) == [], "a worker or one of its DataLoader workers survived"
 
 
 @pytest.mark.slow
@@ -296,17 +273,6 @@ def test_worker_and_in_process_isolation_give_the_same_results(tmp_path: Path):
 # ---------------------------------------------------------------------------------------------
 
 
-def cli(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "autotune", *args],
-        cwd=tmp_path,
-        env={**os.environ, "COLUMNS": "160", "PYTHONWARNINGS": "ignore"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def load_study(tmp_path: Path) -> optuna.Study:
     return optuna.load_study(
         study_name="faults", storage=f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
@@ -337,7 +303,7 @@ SLOW_SPACE = space(model_args="{step_delay_seconds: 0.05}", n_trials=3, heartbea
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupting_records_the_running_trial_and_a_rerun_resumes(tmp_path: Path, sig, code):
     (tmp_path / "space.yaml").write_text(SLOW_SPACE)
-    process = cli(tmp_path, "run", "space.yaml")
+    process = start_cli("run", "space.yaml", cwd=tmp_path)
     # stop it while its second trial runs, after the first completed
     wait_for(lambda: trial_states(tmp_path)[:2] == [TrialState.COMPLETE, TrialState.RUNNING])
     first = load_study(tmp_path).trials[0]
@@ -346,16 +312,16 @@ def test_interrupting_records_the_running_trial_and_a_rerun_resumes(tmp_path: Pa
     assert process.returncode == code, stderr
     assert "run the same command to resume" in stdout and "Traceback" not in stderr
     study = load_study(tmp_path)
-    assert_invariants(study)
+    assert_trials_recorded(study)
     assert study.trials[1].state == TrialState.FAIL
     assert study.trials[1].user_attrs["fail_kind"] == "interrupted"
     assert study.trials[0].value == first.value  # what completed is intact
 
-    resumed = cli(tmp_path, "run", "space.yaml")
+    resumed = start_cli("run", "space.yaml", cwd=tmp_path)
     stdout, stderr = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, stderr
     study = load_study(tmp_path)
-    assert_invariants(study)
+    assert_trials_recorded(study)
     counted = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert len(counted) == 3
 
@@ -363,18 +329,18 @@ def test_interrupting_records_the_running_trial_and_a_rerun_resumes(tmp_path: Pa
 @pytest.mark.slow
 def test_a_killed_study_process_leaves_no_trial_running_after_a_resume(tmp_path: Path):
     (tmp_path / "space.yaml").write_text(SLOW_SPACE)
-    process = cli(tmp_path, "run", "space.yaml")
+    process = start_cli("run", "space.yaml", cwd=tmp_path)
     wait_for(lambda: TrialState.RUNNING in trial_states(tmp_path)[1:])
     killed = load_study(tmp_path).trials[1]
     process.send_signal(signal.SIGKILL)
     process.communicate(timeout=60)
     assert trial_states(tmp_path)[1] == TrialState.RUNNING  # nobody could record it
 
-    resumed = cli(tmp_path, "run", "space.yaml")
+    resumed = start_cli("run", "space.yaml", cwd=tmp_path)
     _, stderr = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, stderr
     study = load_study(tmp_path)
-    assert_invariants(study)
+    assert_trials_recorded(study)
     stale = study.trials[1]
     assert stale.state == TrialState.FAIL and stale.user_attrs["fail_kind"] == "interrupted"
     retried = [t for t in study.trials if t.system_attrs.get("failed_trial") == killed.number]
@@ -407,7 +373,7 @@ def test_four_processes_share_one_sqlite_study_while_a_reader_polls(tmp_path: Pa
 
     reader = threading.Thread(target=poll)
     reader.start()
-    processes = [cli(tmp_path, "run", "space.yaml") for _ in range(4)]
+    processes = [start_cli("run", "space.yaml", cwd=tmp_path) for _ in range(4)]
     outputs = [p.communicate(timeout=600) for p in processes]
     done.set()
     reader.join()
@@ -417,7 +383,7 @@ def test_four_processes_share_one_sqlite_study_while_a_reader_polls(tmp_path: Pa
     assert not problems, problems
     assert reads and max(reads) >= 12
     study = load_study(tmp_path)
-    assert_invariants(study)
+    assert_trials_recorded(study)
     counted = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert 12 <= len(counted) <= 15  # four processes can each start a last trial at once
     assert len({t.number for t in study.trials}) == len(study.trials)
@@ -442,4 +408,4 @@ def test_a_worker_that_cannot_load_the_workload_says_why(tmp_path: Path):
             executor.run(make_config(), lambda evaluation: False)
     finally:
         executor.close()
-    assert all(_live_members(pid) == [] for pid in executor.started_pids)
+    assert all(live_group_members(pid) == [] for pid in executor.started_pids)

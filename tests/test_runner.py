@@ -16,25 +16,17 @@ from autotune.faults import TrialFault
 from autotune.results import Evaluation
 from autotune.runner import make_plan, train
 from autotune.spec import WorkloadSpec
-from autotune.testing import blobs, cuda_flags, make_config, never_stop, tiny_mlp
+from autotune.testing import (
+    blobs,
+    blobs_workload,
+    cuda_flags,
+    learning_rates,
+    make_config,
+    never_stop,
+    tiny_mlp,
+)
 from autotune.trainer import backend_flags, make_scheduler
 from autotune.workloads import Workload, load
-
-
-def blobs_workload(keep: list[nn.Module] | None = None, **data_args) -> Workload:
-    """The blobs data with tiny_mlp; models built are appended to ``keep`` for inspection."""
-    splits = blobs(**data_args)
-    shape = tuple(splits.train[0][0].shape)
-
-    def build() -> nn.Module:
-        model = tiny_mlp(num_classes=splits.num_classes, input_shape=shape)
-        if keep is not None:
-            keep.append(model)
-        return model
-
-    return Workload(
-        "tiny_mlp on blobs", splits.train, splits.val, splits.num_classes, shape, build
-    )
 
 
 def test_trains_evaluates_and_measures():
@@ -187,13 +179,7 @@ def _lrs(config, total_steps: int) -> list[float]:
     model = nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     scheduler = make_scheduler(optimizer, config, total_steps)
-    lrs = []
-    for _ in range(total_steps):
-        lrs.append(optimizer.param_groups[0]["lr"])
-        optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
-    return lrs
+    return learning_rates(optimizer, scheduler, total_steps)
 
 
 def test_schedules_follow_the_trial_steps():
