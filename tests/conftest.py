@@ -1,13 +1,24 @@
-"""Fixtures the test files share. Plain helpers (this machine and described ones, a plain
-TrialConfig, tiny space files, the real ``autotune`` command) live in ``autotune.testing``."""
+"""Fixtures the test files share: a study prepared (and run) in a folder, a real study of five
+trials. Plain helpers live in ``autotune.testing``; test files import from
+there, never from here or from each other."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
+import optuna
 import pytest
 
-from autotune.testing import make_config, write_space
+from autotune.executor import InProcessExecutor, TrialExecutor
+from autotune.hardware import Hardware
+from autotune.space import restrict
+from autotune.spec import Spec, parse_spec
+from autotune.study import RunOutcome, open_storage, open_study, run_study
+from autotune.testing import CPU, make_config, write_space
+from autotune.worker import WorkerExecutor
+from autotune.workloads import load
 
 __all__ = ["make_config"]  # tests/test_interference.py still imports it from here
 
@@ -15,3 +26,84 @@ __all__ = ["make_config"]  # tests/test_interference.py still imports it from he
 @pytest.fixture
 def tiny_space(tmp_path: Path) -> Path:
     return write_space(tmp_path)
+
+
+class PreparedStudy(NamedTuple):
+    study: optuna.Study
+    url: str  # its storage
+    outcome: RunOutcome | None  # None when it was not run
+    executor: TrialExecutor | None  # the one it ran with, closed; None when it was not run
+
+
+def _prepare_study(
+    space: str | Spec,
+    directory: Path,
+    *,
+    run: bool = True,
+    hardware: Hardware = CPU,
+    isolation: str = "none",
+    trial_timeout: float | None = None,
+    heartbeat_interval: int | None = None,
+    new_study: bool = False,
+    storage: str | None = None,
+) -> PreparedStudy:
+    """The study that a space file's text (written to ``directory``/space.yaml) or a parsed Spec
+    describes, restricted to ``hardware``, in ``storage`` (by default a SQLite file under
+    ``directory``, where ``autotune run`` puts it); run to its end unless ``run`` is False, in
+    this process or, with ``isolation="worker"``, in a supervised worker."""
+    if isinstance(space, str):
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "space.yaml").write_text(space)
+        space = parse_spec(space, directory / "space.yaml")
+    spec = restrict(space, hardware).spec
+    url = storage or f"sqlite:///{directory / 'studies' / 'autotune.db'}"
+    workload = load(spec.workload, base_dir=directory)
+    study = open_study(
+        spec,
+        open_storage(url, heartbeat_interval=heartbeat_interval),
+        hardware,
+        workload,
+        new_study=new_study,
+    )
+    if not run:
+        return PreparedStudy(study, url, None, None)
+    executor: TrialExecutor
+    if isolation == "worker":
+        executor = WorkerExecutor(spec.workload, directory, trial_timeout=trial_timeout)
+    else:
+        executor = InProcessExecutor(workload)
+    try:
+        outcome = run_study(study, spec, hardware, executor)
+    finally:
+        executor.close()
+    return PreparedStudy(study, url, outcome, executor)
+
+
+@pytest.fixture(scope="session")
+def prepare_study() -> Callable[..., PreparedStudy]:
+    """``prepare_study(space, directory, run=True, hardware=CPU, isolation="none", ...)``:
+    restrict, open the storage, open the study and run it, as ``autotune run`` does."""
+    return _prepare_study
+
+
+SEEN_SPACE = """\
+study: {name: seen, n_trials: 5, pruner: none, n_startup_trials: 2}
+workload:
+  model: autotune.testing:tiny_mlp
+  data: autotune.testing:blobs
+  epochs: 2
+objective: {min_accuracy: 0.5}
+space:
+  lr: {low: 0.005, high: 0.1, log: true}
+  batch_size: [16, 32, 64]
+  precision: [bf16, fp32]
+  num_workers: [1, 0]
+"""
+
+
+@pytest.fixture(scope="session")
+def seen(tmp_path_factory: pytest.TempPathFactory) -> tuple[optuna.Study, str]:
+    """A real study of five trials and its storage URL, run once for every test that looks at a
+    finished study: its records, note, report and dashboard."""
+    prepared = _prepare_study(SEEN_SPACE, tmp_path_factory.mktemp("seen"))
+    return prepared.study, prepared.url

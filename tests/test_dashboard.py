@@ -12,8 +12,6 @@ import time
 
 import pytest
 
-from .test_report import seen  # noqa: F401  (a real study, reused)
-
 pytestmark = pytest.mark.slow
 
 
@@ -53,7 +51,7 @@ def _wait_for_port(port: int, process: subprocess.Popen, timeout: float = 60) ->
     raise AssertionError("the dashboard did not start")
 
 
-def test_the_dashboard_shows_the_study_its_trials_and_the_note(seen, browser_paths, tmp_path):  # noqa: F811
+def test_the_dashboard_shows_the_study_its_trials_and_the_note(seen, browser_paths, tmp_path):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By

@@ -16,7 +16,6 @@ import torch
 import yaml
 
 import autotune
-from autotune.executor import InProcessExecutor
 from autotune.export import (
     SCRIPT_KNOBS,
     BestConfig,
@@ -28,11 +27,8 @@ from autotune.export import (
     select_trial,
 )
 from autotune.files import OutputFileError, write_new_file
-from autotune.space import restrict
-from autotune.spec import parse_spec
-from autotune.study import open_storage, open_study, run_study, trial_config
-from autotune.testing import CPU, blobs, import_blocker, make_config, run_cli, tiny_mlp
-from autotune.workloads import load
+from autotune.study import trial_config
+from autotune.testing import blobs, import_blocker, make_config, run_cli, tiny_mlp
 
 DIGITS_SPACE = """\
 study: {name: digits, n_trials: 1, pruner: none}
@@ -58,26 +54,16 @@ space:
 """
 
 
-def make_study(directory: Path, text: str) -> tuple[optuna.Study, str]:
-    """Run a real (small) study from ``text`` into a SQLite file in ``directory``."""
-    path = directory / "space.yaml"
-    path.write_text(text)
-    spec = restrict(parse_spec(text, path), CPU).spec
-    url = f"sqlite:///{directory / 'studies.db'}"
-    workload = load(spec.workload, base_dir=directory)
-    study = open_study(spec, open_storage(url), CPU, workload)
-    run_study(study, spec, CPU, InProcessExecutor(workload))
+@pytest.fixture(scope="module")
+def digits_study(tmp_path_factory, prepare_study) -> tuple[optuna.Study, str]:
+    study, url, _, _ = prepare_study(DIGITS_SPACE, tmp_path_factory.mktemp("digits"))
     return study, url
 
 
 @pytest.fixture(scope="module")
-def digits_study(tmp_path_factory) -> tuple[optuna.Study, str]:
-    return make_study(tmp_path_factory.mktemp("digits"), DIGITS_SPACE)
-
-
-@pytest.fixture(scope="module")
-def tiny_study(tmp_path_factory) -> tuple[optuna.Study, str]:
-    return make_study(tmp_path_factory.mktemp("tiny"), TINY_SPACE)
+def tiny_study(tmp_path_factory, prepare_study) -> tuple[optuna.Study, str]:
+    study, url, _, _ = prepare_study(TINY_SPACE, tmp_path_factory.mktemp("tiny"))
+    return study, url
 
 
 def imported_modules(source: str) -> set[str]:
@@ -373,8 +359,10 @@ space:
 
 
 @pytest.mark.slow
-def test_a_torchvision_model_on_shapes_exports_with_the_device_pipeline(tmp_path: Path):
-    study, _ = make_study(tmp_path, VISION_SPACE)
+def test_a_torchvision_model_on_shapes_exports_with_the_device_pipeline(
+    tmp_path: Path, prepare_study
+):
+    study = prepare_study(VISION_SPACE, tmp_path).study
     best = best_config(study, select_trial(study))
     assert best.config.data_pipeline == "device"
     script = tmp_path / "out" / "train.py"

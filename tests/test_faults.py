@@ -20,11 +20,7 @@ import pytest
 import sqlalchemy
 from optuna.trial import TrialState
 
-from autotune.executor import InProcessExecutor
 from autotune.faults import FaultKind, classify
-from autotune.space import restrict
-from autotune.spec import parse_spec
-from autotune.study import open_storage, open_study, run_study
 from autotune.testing import (
     CPU,
     assert_trials_recorded,
@@ -33,7 +29,6 @@ from autotune.testing import (
     start_cli,
 )
 from autotune.worker import WorkerExecutor
-from autotune.workloads import load
 
 CPU_WITH_FP16 = dataclasses.replace(CPU, fp16=True)  # fp16 autocast + GradScaler run on CPUs
 
@@ -66,28 +61,31 @@ def space(
     )
 
 
-def run(text: str, tmp_path: Path, isolation: str = "none", hardware=CPU, timeout=None):
-    spec = restrict(parse_spec(text, tmp_path / "space.yaml"), hardware).spec
-    workload = load(spec.workload)
-    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_interval=1)
-    study = open_study(spec, storage, hardware, workload)
-    if isolation == "worker":
-        executor = WorkerExecutor(spec.workload, tmp_path, trial_timeout=timeout)
-    else:
-        executor = InProcessExecutor(workload)
-    try:
-        outcome = run_study(study, spec, hardware, executor)
-    finally:
-        executor.close()
-    assert_trials_recorded(study)
-    return study, outcome, executor
+@pytest.fixture
+def run(prepare_study):
+    """``run(text, directory, isolation="none", hardware=CPU, timeout=None)``: the study of
+    ``text`` run to its end, every trial checked to be recorded; (study, outcome, executor)."""
+
+    def run(text: str, directory: Path, isolation: str = "none", hardware=CPU, timeout=None):
+        study, _, outcome, executor = prepare_study(
+            text,
+            directory,
+            hardware=hardware,
+            isolation=isolation,
+            trial_timeout=timeout,
+            heartbeat_interval=1,
+        )
+        assert_trials_recorded(study)
+        return study, outcome, executor
+
+    return run
 
 
 def kinds(study: optuna.Study) -> list[str | None]:
     return [t.user_attrs.get("fail_kind") for t in study.get_trials()]
 
 
-def test_out_of_memory_is_pruned_and_the_memory_wall_is_not_retried(tmp_path: Path):
+def test_out_of_memory_is_pruned_and_the_memory_wall_is_not_retried(tmp_path: Path, run):
     text = space(
         model_args="{oom_at_batch: 32}",
         knobs={"batch_size": "[16, 32, 64]", "precision": "[fp32, bf16]"},
@@ -115,13 +113,13 @@ def test_out_of_memory_is_pruned_and_the_memory_wall_is_not_retried(tmp_path: Pa
     assert walls and saw_skip
 
 
-def test_nan_loss_from_step_k_is_pruned(tmp_path: Path):
+def test_nan_loss_from_step_k_is_pruned(tmp_path: Path, run):
     study, _, _ = run(space(model_args="{nan_after_steps: 5}"), tmp_path)
     assert kinds(study) == ["nonfinite_loss"] * 3
     assert all(t.state == TrialState.PRUNED for t in study.get_trials())
 
 
-def test_a_diverging_loss_is_pruned_as_diverged(tmp_path: Path):
+def test_a_diverging_loss_is_pruned_as_diverged(tmp_path: Path, run):
     # 16 steps an epoch: the first evaluation sees a healthy loss, the second one ~50
     study, _, _ = run(
         space(model_args="{diverge_after_steps: 20}", knobs={"batch_size": "16"}, n_trials=2),
@@ -133,7 +131,7 @@ def test_a_diverging_loss_is_pruned_as_diverged(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_a_broken_cuda_context_gets_a_fresh_worker_and_blames_no_other_trial(tmp_path: Path):
+def test_a_broken_cuda_context_gets_a_fresh_worker_and_blames_no_other_trial(tmp_path: Path, run):
     # batches of 32 raise the error a broken CUDA context gives; batches of 16 train normally
     text = space(model_args="{cuda_error_at_batch: 32}", n_trials=6, seed=3)
     study, _, executor = run(text, tmp_path, isolation="worker")
@@ -149,7 +147,7 @@ def test_a_broken_cuda_context_gets_a_fresh_worker_and_blames_no_other_trial(tmp
     assert len(executor.started_pids) == 1 + followed
 
 
-def test_transient_fp16_overflow_does_not_prune_but_a_lasting_one_does(tmp_path: Path):
+def test_transient_fp16_overflow_does_not_prune_but_a_lasting_one_does(tmp_path: Path, run):
     clean = space(knobs={"precision": "fp16"})
     control, _, _ = run(clean, tmp_path / "control", hardware=CPU_WITH_FP16)
     transient = space(model_args="{overflow_at_steps: [3]}", knobs={"precision": "fp16"})
@@ -166,7 +164,7 @@ def test_transient_fp16_overflow_does_not_prune_but_a_lasting_one_does(tmp_path:
     assert "in a row" in study.trials[0].user_attrs["fail_msg"]
 
 
-def test_dataloader_worker_killed(tmp_path: Path):
+def test_dataloader_worker_killed(tmp_path: Path, run):
     text = space(data_args="{kill_worker_at_item: 40}", knobs={"num_workers": "1"})
     study, _, _ = run(text, tmp_path)
     assert kinds(study) == ["dataloader_worker_died"] * 3
@@ -198,7 +196,7 @@ def test_a_broken_pipe_inside_the_dataloader_is_a_dead_worker():
     assert kind == FaultKind.ERROR
 
 
-def test_slow_data_hits_the_dataloader_timeout(tmp_path: Path):
+def test_slow_data_hits_the_dataloader_timeout(tmp_path: Path, run):
     text = space(
         data_args="{train_delay_seconds: 0.5}", knobs={"num_workers": "1"}, n_trials=1
     ).replace("epochs: 2", "epochs: 2\n  dataloader_timeout: 0.2")
@@ -207,7 +205,7 @@ def test_slow_data_hits_the_dataloader_timeout(tmp_path: Path):
     assert study.trials[0].state == TrialState.PRUNED
 
 
-def test_the_same_bug_everywhere_stops_the_study(tmp_path: Path):
+def test_the_same_bug_everywhere_stops_the_study(tmp_path: Path, run):
     text = space(n_trials=10).replace("autotune.testing:tiny_mlp", "autotune.testing:broken_model")
     text = text.replace("model_args: {}", "model_args: {message: typo in forward}")
     study, outcome, _ = run(text, tmp_path)
@@ -217,7 +215,7 @@ def test_the_same_bug_everywhere_stops_the_study(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_a_hanging_trial_is_killed_with_its_dataloader_workers(tmp_path: Path):
+def test_a_hanging_trial_is_killed_with_its_dataloader_workers(tmp_path: Path, run):
     text = space(
         model_args="{hang_at_step: 3}",
         knobs={"num_workers": "1", "persistent_workers": "true"},
@@ -232,7 +230,7 @@ def test_a_hanging_trial_is_killed_with_its_dataloader_workers(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_a_crashing_worker_is_recorded_and_replaced(tmp_path: Path):
+def test_a_crashing_worker_is_recorded_and_replaced(tmp_path: Path, run):
     text = space(model_args="{crash_at_step: 2}", n_trials=2)
     study, _, executor = run(text, tmp_path, isolation="worker")
     assert kinds(study) == ["worker_crashed"] * 2
@@ -244,7 +242,7 @@ def test_a_crashing_worker_is_recorded_and_replaced(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_a_failing_compiler_is_a_compile_error_never_an_eager_run(tmp_path: Path):
+def test_a_failing_compiler_is_a_compile_error_never_an_eager_run(tmp_path: Path, run):
     import torch._inductor.config as inductor
 
     text = space(model_args="{broken_compiler: true}", knobs={"compile": "default"}, n_trials=1)
@@ -259,7 +257,7 @@ def test_a_failing_compiler_is_a_compile_error_never_an_eager_run(tmp_path: Path
 
 
 @pytest.mark.slow
-def test_worker_and_in_process_isolation_give_the_same_results(tmp_path: Path):
+def test_worker_and_in_process_isolation_give_the_same_results(tmp_path: Path, run):
     text = space(n_trials=3, knobs={"lr": "{low: 0.01, high: 0.1}"})
     worker, _, _ = run(text, tmp_path / "worker", isolation="worker")
     local, _, _ = run(text, tmp_path / "local", isolation="none")

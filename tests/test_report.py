@@ -16,40 +16,13 @@ from optuna.artifacts import FileSystemArtifactStore, download_artifact, get_all
 from torch import nn
 
 from autotune import notes, report
-from autotune.executor import InProcessExecutor
 from autotune.runner import train
-from autotune.space import restrict
-from autotune.spec import WorkloadSpec, parse_spec
-from autotune.study import TrialRecord, open_storage, open_study, run_study
+from autotune.spec import WorkloadSpec
+from autotune.study import TrialRecord
 from autotune.telemetry import GpuSampler, flops_per_sample, peak_flops
-from autotune.testing import CPU, make_config, never_stop
+from autotune.testing import make_config, never_stop
 from autotune.timing import PHASES, PhaseProbe, bottleneck
 from autotune.workloads import load
-
-SPACE = """\
-study: {name: seen, n_trials: 5, pruner: none, n_startup_trials: 2}
-workload:
-  model: autotune.testing:tiny_mlp
-  data: autotune.testing:blobs
-  epochs: 2
-objective: {min_accuracy: 0.5}
-space:
-  lr: {low: 0.005, high: 0.1, log: true}
-  batch_size: [16, 32, 64]
-  precision: [bf16, fp32]
-  num_workers: [1, 0]
-"""
-
-
-@pytest.fixture(scope="module")
-def seen(tmp_path_factory) -> tuple[optuna.Study, str]:
-    directory = tmp_path_factory.mktemp("seen")
-    spec = restrict(parse_spec(SPACE, directory / "space.yaml"), CPU).spec
-    url = f"sqlite:///{directory / 'studies' / 'autotune.db'}"
-    workload = load(spec.workload)
-    study = open_study(spec, open_storage(url), CPU, workload)
-    run_study(study, spec, CPU, InProcessExecutor(workload))
-    return study, url
 
 
 def test_the_probe_charges_each_phase_its_own_time():

@@ -32,8 +32,6 @@ from autotune.study import (
     confirm_study,
     counted_trials,
     feasible_trials,
-    open_storage,
-    open_study,
     run_study,
     trial_config,
 )
@@ -61,21 +59,9 @@ def tiny_spec(n_trials: int = 4, pruner: str = "none", text: str | None = None, 
     return restrict(spec, CPU).spec
 
 
-def start(spec, db: Path, new_study: bool = False, hardware=CPU):
-    storage = open_storage(f"sqlite:///{db}")
-    study = open_study(spec, storage, hardware, load(spec.workload), new_study=new_study)
-    return study
-
-
-def run(spec, db: Path) -> tuple[optuna.Study, object]:
-    study = start(spec, db)
-    outcome = run_study(study, spec, CPU, InProcessExecutor(load(spec.workload)))
-    return study, outcome
-
-
-def test_a_study_records_every_trial_with_its_measurements(tmp_path: Path):
+def test_a_study_records_every_trial_with_its_measurements(tmp_path: Path, prepare_study):
     spec = tiny_spec(n_trials=5)
-    study, outcome = run(spec, tmp_path / "s.db")
+    study, _, outcome, _ = prepare_study(spec, tmp_path)
     trials = study.get_trials()
     assert outcome.trials_run == 5 and len(trials) == 5
     assert {t.state for t in trials} <= {TrialState.COMPLETE, TrialState.PRUNED}
@@ -102,54 +88,51 @@ def test_a_study_records_every_trial_with_its_measurements(tmp_path: Path):
     assert study.metric_names == ["accuracy_per_second"]
 
 
-def test_n_trials_is_the_study_total_and_a_rerun_resumes(tmp_path: Path):
-    db = tmp_path / "s.db"
-    study, outcome = run(tiny_spec(n_trials=2), db)
+def test_n_trials_is_the_study_total_and_a_rerun_resumes(tmp_path: Path, prepare_study):
+    study, _, outcome, _ = prepare_study(tiny_spec(n_trials=2), tmp_path)
     assert outcome.trials_run == 2
     first = [(t.number, t.params, t.value) for t in study.get_trials()]
 
-    study, outcome = run(tiny_spec(n_trials=4), db)
+    study, _, outcome, _ = prepare_study(tiny_spec(n_trials=4), tmp_path)
     assert outcome.trials_run == 2 and counted_trials(study) == 4
     assert [(t.number, t.params, t.value) for t in study.get_trials()][:2] == first
     # the resumed sampler does not redraw the first run's configurations
     params = [tuple(sorted(t.params.items())) for t in study.get_trials()]
     assert len(set(params)) == 4
 
-    study, outcome = run(tiny_spec(n_trials=4), db)
+    study, _, outcome, _ = prepare_study(tiny_spec(n_trials=4), tmp_path)
     assert outcome.trials_run == 0
     assert "already has 4 of its 4 trials" in outcome.stopped_reason
 
 
-def test_an_edited_space_is_refused_with_a_diff(tmp_path: Path):
-    db = tmp_path / "s.db"
-    run(tiny_spec(n_trials=1), db)
+def test_an_edited_space_is_refused_with_a_diff(tmp_path: Path, prepare_study):
+    url = prepare_study(tiny_spec(n_trials=1), tmp_path).url
     edited = TINY_SPACE.format(n_trials=1, pruner="none").replace("[16, 32]", "[16, 64]")
     with pytest.raises(StudyError) as caught:
-        start(tiny_spec(text=edited), db)
+        prepare_study(tiny_spec(text=edited), tmp_path, run=False)
     message = str(caught.value)
     assert "the space file changed since the study was created" in message
     assert "-  batch_size: [16, 32]" in message and "+  batch_size: [16, 64]" in message
     assert "--new-study" in message
 
-    fresh = start(tiny_spec(text=edited), db, new_study=True)
+    fresh = prepare_study(tiny_spec(text=edited), tmp_path, run=False, new_study=True).study
     assert fresh.study_name == "tiny-2"
     assert [t.state for t in fresh.trials] == [TrialState.WAITING]  # its untuned baseline, queued
     # the original study is untouched
-    original = optuna.load_study(study_name="tiny", storage=f"sqlite:///{db}")
+    original = optuna.load_study(study_name="tiny", storage=url)
     assert len(original.trials) == 1
 
 
-def test_a_machine_that_filters_the_space_differently_is_refused(tmp_path: Path):
-    db = tmp_path / "s.db"
+def test_a_machine_that_filters_the_space_differently_is_refused(tmp_path: Path, prepare_study):
     text = TINY_SPACE.format(n_trials=1, pruner="none")
     gpu_spec = restrict(parse_spec(text, "tiny.yaml"), AMPERE).spec
-    start(gpu_spec, db, hardware=AMPERE)
+    prepare_study(gpu_spec, tmp_path, run=False, hardware=AMPERE)
     with pytest.raises(StudyError, match="a machine that can run other values") as caught:
-        start(tiny_spec(text=text), db)
+        prepare_study(tiny_spec(text=text), tmp_path, run=False)
     assert '-  "device": "cuda"' in str(caught.value) and '+  "device": "cpu"' in str(caught.value)
 
 
-def test_the_same_device_spelled_differently_resumes(tmp_path: Path):
+def test_the_same_device_spelled_differently_resumes(tmp_path: Path, prepare_study):
     text = TINY_SPACE.format(n_trials=1, pruner="none")
 
     def spec_for(device: str, hardware):
@@ -158,15 +141,19 @@ def test_the_same_device_spelled_differently_resumes(tmp_path: Path):
 
     # cuda and cuda:1 on the same kind of GPU continue one study
     second_gpu = dataclasses.replace(AMPERE, device="cuda:1")
-    start(spec_for("cuda", AMPERE), tmp_path / "gpu.db", hardware=AMPERE)
-    resumed = start(spec_for("cuda:1", second_gpu), tmp_path / "gpu.db", hardware=second_gpu)
+    prepare_study(spec_for("cuda", AMPERE), tmp_path / "gpu", run=False, hardware=AMPERE)
+    resumed = prepare_study(
+        spec_for("cuda:1", second_gpu), tmp_path / "gpu", run=False, hardware=second_gpu
+    ).study
     assert resumed.study_name == "tiny"
     # auto is resolved to the device it finds before it is compared
-    run(spec_for("cpu", CPU), tmp_path / "cpu.db")
-    assert start(spec_for("auto", CPU), tmp_path / "cpu.db").study_name == "tiny"
+    prepare_study(spec_for("cpu", CPU), tmp_path / "cpu")
+    assert prepare_study(spec_for("auto", CPU), tmp_path / "cpu", run=False).study.study_name == (
+        "tiny"
+    )
 
 
-def test_a_study_labelled_by_an_earlier_autotune_resumes(tmp_path: Path):
+def test_a_study_labelled_by_an_earlier_autotune_resumes(tmp_path: Path, prepare_study):
     """Until 2026-11-22 the search fingerprint was compact JSON with the device as written."""
     spec = tiny_spec(n_trials=2)
     payload = spec.model_dump(mode="json", include={"workload", "objective", "space"})
@@ -176,7 +163,7 @@ def test_a_study_labelled_by_an_earlier_autotune_resumes(tmp_path: Path):
     old = optuna.create_study(study_name="tiny", storage=storage, direction="maximize")
     old.set_user_attr("search_fingerprint", hashlib.sha256(canonical.encode()).hexdigest()[:16])
     old.set_user_attr("space_file", spec.text)
-    assert start(spec, tmp_path / "s.db").study_name == "tiny"
+    assert prepare_study(spec, tmp_path, run=False, storage=storage).study.study_name == "tiny"
     # a label that matches nothing is refused with a message, not an empty diff
     other = optuna.create_study(study_name="other", storage=storage)
     other.set_user_attr("search_fingerprint", "0123456789abcdef")
@@ -184,22 +171,24 @@ def test_a_study_labelled_by_an_earlier_autotune_resumes(tmp_path: Path):
     effective = json.dumps(spec.space.model_dump(mode="json"), indent=1, sort_keys=True)
     other.set_user_attr("effective_space", effective)
     with pytest.raises(StudyError, match="records no difference autotune can show"):
-        start(spec.with_overrides(study={"name": "other"}), tmp_path / "s.db")
+        prepare_study(
+            spec.with_overrides(study={"name": "other"}), tmp_path, run=False, storage=storage
+        )
 
 
-def test_a_study_not_made_by_autotune_is_refused(tmp_path: Path):
-    db = tmp_path / "s.db"
-    optuna.create_study(study_name="tiny", storage=f"sqlite:///{db}")
+def test_a_study_not_made_by_autotune_is_refused(tmp_path: Path, prepare_study):
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    optuna.create_study(study_name="tiny", storage=storage)
     with pytest.raises(StudyError, match="was not created by autotune"):
-        start(tiny_spec(), db)
+        prepare_study(tiny_spec(), tmp_path, run=False, storage=storage)
 
 
-def test_configuration_faults_are_pruned_with_a_violated_constraint(tmp_path: Path):
+def test_configuration_faults_are_pruned_with_a_violated_constraint(tmp_path: Path, prepare_study):
     spec = tiny_spec(
         n_trials=2,
         workload={"model_args": {"nan_after_steps": 2}},
     )
-    study, _outcome = run(spec, tmp_path / "s.db")
+    study = prepare_study(spec, tmp_path).study
     trials = study.get_trials()
     assert [t.state for t in trials] == [TrialState.PRUNED, TrialState.PRUNED]
     for trial in trials:
@@ -209,11 +198,11 @@ def test_configuration_faults_are_pruned_with_a_violated_constraint(tmp_path: Pa
     assert best_trial(study) is None
 
 
-def test_the_same_bug_in_every_trial_stops_the_study(tmp_path: Path):
+def test_the_same_bug_in_every_trial_stops_the_study(tmp_path: Path, prepare_study):
     text = TINY_SPACE.format(n_trials=10, pruner="none").replace(
         "autotune.testing:tiny_mlp", "autotune.testing:broken_model"
     )
-    study, outcome = run(tiny_spec(text=text), tmp_path / "s.db")
+    study, _, outcome, _ = prepare_study(tiny_spec(text=text), tmp_path)
     assert outcome.repeated_error == "ValueError: a bug in forward"
     trials = study.get_trials()
     assert len(trials) == 3
@@ -223,9 +212,9 @@ def test_the_same_bug_in_every_trial_stops_the_study(tmp_path: Path):
         assert "raise ValueError(self.message)" in trial.user_attrs["fail_traceback"]
 
 
-def test_pruned_trials_say_why_and_nothing_is_left_running(tmp_path: Path):
+def test_pruned_trials_say_why_and_nothing_is_left_running(tmp_path: Path, prepare_study):
     spec = tiny_spec(n_trials=8, pruner="median", workload={"epochs": 3})
-    study, _ = run(spec, tmp_path / "s.db")
+    study = prepare_study(spec, tmp_path).study
     for trial in study.get_trials():
         assert trial.state in (TrialState.COMPLETE, TrialState.PRUNED)
         if trial.state == TrialState.PRUNED:
@@ -234,13 +223,13 @@ def test_pruned_trials_say_why_and_nothing_is_left_running(tmp_path: Path):
             assert len(trial.intermediate_values) < 3  # never pruned after its last evaluation
 
 
-def test_a_bug_outside_training_leaves_no_trial_running(tmp_path: Path):
+def test_a_bug_outside_training_leaves_no_trial_running(tmp_path: Path, prepare_study):
     class BrokenObserver(StudyObserver):
         def trial_started(self, number: int, config: TrialConfig) -> None:
             raise RuntimeError("a bug in the display")
 
     spec = tiny_spec(n_trials=2)
-    study = start(spec, tmp_path / "s.db")
+    study = prepare_study(spec, tmp_path, run=False).study
     executor = InProcessExecutor(load(spec.workload))
     with pytest.raises(RuntimeError, match="a bug in the display"):
         run_study(study, spec, CPU, executor, BrokenObserver())
@@ -451,9 +440,11 @@ def test_the_speedup_is_against_the_baseline_measured_in_the_same_round():
 
 
 @pytest.mark.slow
-def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(tmp_path: Path):
+def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(
+    tmp_path: Path, prepare_study
+):
     spec = tiny_spec(n_trials=5)
-    study, _ = run(spec, tmp_path / "s.db")
+    study = prepare_study(spec, tmp_path).study
     executor = InProcessExecutor(load(spec.workload))
     seen: list[tuple[int, int, int]] = []
 
@@ -515,9 +506,11 @@ def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(tmp_path: P
     assert again == []
 
 
-def test_the_answer_is_the_confirmed_winner_over_a_higher_single_value(tmp_path: Path):
+def test_the_answer_is_the_confirmed_winner_over_a_higher_single_value(
+    tmp_path: Path, prepare_study
+):
     spec = tiny_spec(n_trials=3)
-    study, _ = run(spec, tmp_path / "s.db")
+    study = prepare_study(spec, tmp_path).study
     ranked = feasible_trials(study)
     assert len(ranked) >= 2
     first, second = ranked[0].number, ranked[1].number
