@@ -88,6 +88,16 @@ def test_a_study_records_every_trial_with_its_measurements(tmp_path: Path, prepa
     assert study.metric_names == ["accuracy_per_second"]
 
 
+def test_trial_zero_is_the_untuned_baseline(seen):
+    study, _ = seen
+    first = study.trials[0]
+    assert first.user_attrs["baseline"] is True
+    assert first.params["precision"] == "fp32" and first.params["num_workers"] == 0
+    assert first.params["batch_size"] == 64  # autotune's documented default, in the space
+    assert 0.005 <= first.params["lr"] <= 0.1
+    assert not any(t.user_attrs.get("baseline") for t in study.trials[1:])
+
+
 def test_n_trials_is_the_study_total_and_a_rerun_resumes(tmp_path: Path, prepare_study):
     study, _, outcome, _ = prepare_study(tiny_spec(n_trials=2), tmp_path)
     assert outcome.trials_run == 2
