@@ -1,5 +1,5 @@
 """Fixtures the test files share: a study prepared (and run) in a folder, a real study of five
-trials. Plain helpers live in ``autotune.testing``; test files import from
+trials, an ImageFolder tree. Plain helpers live in ``autotune.testing``; test files import from
 there, never from here or from each other."""
 
 from __future__ import annotations
@@ -8,8 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import optuna
 import pytest
+from PIL import Image
 
 from autotune.executor import InProcessExecutor, TrialExecutor
 from autotune.hardware import Hardware
@@ -107,3 +109,19 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> tuple[optuna.Study, str]:
     finished study: its records, note, report and dashboard."""
     prepared = _prepare_study(SEEN_SPACE, tmp_path_factory.mktemp("seen"))
     return prepared.study, prepared.url
+
+
+@pytest.fixture
+def image_folder(tmp_path: Path) -> Path:
+    """An ImageFolder tree (train/ and val/, cats and dogs, four small PNGs each) with a colour
+    cue per class; returns its root."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for index, name in enumerate(("cats", "dogs")):
+            folder = tmp_path / split / name
+            folder.mkdir(parents=True)
+            for k in range(4):
+                pixels = rng.integers(0, 256, (20 + k, 24, 3), dtype=np.uint8)
+                pixels[..., index] = 255  # a learnable colour cue per class
+                Image.fromarray(pixels).save(folder / f"{k}.png")
+    return tmp_path

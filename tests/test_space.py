@@ -1,9 +1,10 @@
-"""Sampling TrialConfigs: conditional knobs, lr scaling, and hardware filtering."""
+"""Sampling TrialConfigs: conditional knobs, lr scaling, and filtering by hardware and data."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import optuna
 import pytest
@@ -11,7 +12,8 @@ import pytest
 from autotune.hardware import detect
 from autotune.space import restrict, sample
 from autotune.spec import Choice, SpecError, parse_spec
-from autotune.testing import AMPERE, TEST_CPU, VOLTA
+from autotune.testing import AMPERE, CPU, TEST_CPU, VOLTA
+from autotune.workloads import load
 
 HEADER = "workload: {model: digits_cnn, data: digits, epochs: 3}\nstudy: {seed: 100}\n"
 
@@ -106,8 +108,6 @@ def test_ranges_are_sampled_within_bounds_and_on_their_grid():
 
 
 def test_batch_sizes_larger_than_the_training_set_are_dropped():
-    from autotune.workloads import load
-
     spec = spec_with("  batch_size: [64, 1024, 4096]\n")
     workload = load(spec.workload)  # digits: 1,437 training images
     restriction = restrict(spec, TEST_CPU, workload)
@@ -190,3 +190,28 @@ def test_detect_cpu_describes_this_machine():
     assert hardware.device == "cpu" and not hardware.is_cuda
     assert hardware.cpu_count >= 1 and "cores" in hardware.device_name
     assert hardware.bf16 and not hardware.fp16 and not hardware.tf32
+
+
+def test_device_pipeline_is_offered_only_for_in_memory_data(image_folder: Path):
+    text = f"""
+workload:
+  model: mlp
+  data: imagefolder
+  data_args: {{root: {image_folder}}}
+space:
+  batch_size: 4
+  data_pipeline: [dataloader, device]
+  num_workers: [0, 2]
+"""
+    spec = parse_spec(text, "s.yaml")
+    folder = restrict(spec, CPU, load(spec.workload))
+    assert folder.spec.space.data_pipeline.values == ("dataloader",)
+    assert "loads sample by sample" in folder.dropped[0].reason
+    in_memory = parse_spec(
+        text.replace("imagefolder", "shapes").replace(
+            f"{{root: {image_folder}}}", "{n_train: 20, n_val: 10}"
+        ),
+        "s.yaml",
+    )
+    kept = restrict(in_memory, CPU, load(in_memory.workload))
+    assert kept.spec.space.data_pipeline.values == ("dataloader", "device")

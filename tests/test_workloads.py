@@ -1,16 +1,23 @@
-"""Workloads: the bundled digits data, built-in models and user entry points."""
+"""Workloads: the bundled digits data, built-in models, user entry points, and images: shapes,
+CIFAR-10 and ImageFolder from disk, torchvision models."""
 
 from __future__ import annotations
 
+import pickle
 import re
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from torch import nn
 
+from autotune.runner import train
 from autotune.spec import WorkloadSpec
+from autotune.testing import make_config, never_stop
 from autotune.workloads import WorkloadError, load
+from autotune.workloads.vision import SHAPES, shapes
 
 
 def test_digits_split_is_fixed_stratified_and_disjoint():
@@ -135,3 +142,133 @@ def test_model_needing_num_classes_the_data_cannot_tell(tmp_path: Path):
         base_dir=tmp_path,
     )
     assert workload.build_model()(torch.zeros(1, 2)).shape == (1, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Images
+# ---------------------------------------------------------------------------------------------
+
+
+def test_shapes_are_deterministic_balanced_and_cifar_sized():
+    train_set, val_set = shapes(n_train=200, n_val=50, seed=3)
+    again, _ = shapes(n_train=200, n_val=50, seed=3)
+    other, _ = shapes(n_train=200, n_val=50, seed=4)
+    assert train_set.images.shape == (200, 3, 32, 32) and train_set.images.dtype == torch.uint8
+    assert val_set.images.shape == (50, 3, 32, 32)
+    assert torch.equal(train_set.images, again.images)
+    assert not torch.equal(train_set.images, other.images)
+    assert torch.bincount(train_set.labels, minlength=10).tolist() == [20] * 10
+    assert train_set.classes == SHAPES and train_set.augment and not val_set.augment
+    image, label = train_set[0]
+    assert (
+        image.shape == (3, 32, 32) and image.dtype == torch.float32 and label.dtype == torch.long
+    )
+    with pytest.raises(ValueError, match="difficulty"):
+        shapes(n_train=10, n_val=10, difficulty=2)
+
+
+def write_fake_cifar(root: Path, per_batch: int = 8) -> None:
+    """CIFAR-10's on-disk format: pickled dicts of uint8 rows (N, 3072) and labels."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        entry = {
+            "batch_label": name,
+            "data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+            "labels": [int(v) for v in rng.integers(0, 10, per_batch)],
+        }
+        with open(folder / name, "wb") as stream:
+            pickle.dump(entry, stream)
+
+
+def test_cifar10_is_read_from_its_standard_format(tmp_path: Path):
+    write_fake_cifar(tmp_path)
+    workload = load(WorkloadSpec(model="mlp", data="cifar10", data_args={"root": str(tmp_path)}))
+    assert len(workload.train_set) == 40 and len(workload.val_set) == 8
+    assert workload.num_classes == 10 and workload.input_shape == (3, 32, 32)
+    raw = pickle.loads((tmp_path / "cifar-10-batches-py" / "data_batch_1").read_bytes())
+    first = torch.from_numpy(raw["data"][0].reshape(3, 32, 32))
+    assert torch.equal(workload.train_set.images[0], first)  # channels stay where CIFAR has them
+    result = train(make_config(batch_size=8, epochs=1), workload, never_stop)
+    assert 0 <= result.accuracy <= 1
+
+
+def test_missing_cifar10_says_where_to_put_it(tmp_path: Path):
+    with pytest.raises(WorkloadError) as caught:
+        load(WorkloadSpec(model="mlp", data="cifar10", data_args={"root": str(tmp_path)}))
+    message = str(caught.value)
+    assert f"no CIFAR-10 at {tmp_path / 'cifar-10-batches-py'}" in message
+    assert "extract it into" in message and "\n" not in message
+
+
+def test_a_truncated_cifar10_batch_is_one_clear_error(tmp_path: Path):
+    write_fake_cifar(tmp_path)
+    batch = tmp_path / "cifar-10-batches-py" / "data_batch_3"
+    batch.write_bytes(batch.read_bytes()[:100])  # an interrupted extraction
+    with pytest.raises(WorkloadError) as caught:
+        load(WorkloadSpec(model="mlp", data="cifar10", data_args={"root": str(tmp_path)}))
+    message = str(caught.value)
+    assert f"{batch} is not a readable CIFAR-10 batch" in message and "\n" not in message
+
+
+def test_imagefolder_trains_one_epoch(image_folder: Path):
+    spec = WorkloadSpec(model="mlp", data="imagefolder", data_args={"root": str(image_folder)})
+    workload = load(spec)
+    assert workload.num_classes == 2 and workload.input_shape == (3, 32, 32)
+    assert workload.train_set.classes == ("cats", "dogs")
+    result = train(
+        make_config(batch_size=4, epochs=1, num_workers=1, prefetch_factor=2), workload, never_stop
+    )
+    assert result.optimizer_steps == 2
+
+
+def test_empty_or_missing_imagefolder_is_one_clear_error(tmp_path: Path):
+    (tmp_path / "train").mkdir()
+    (tmp_path / "val").mkdir()
+    for root, expected in [
+        (tmp_path, "Couldn't find any class folder"),
+        (tmp_path / "x", "no train folder"),
+    ]:
+        with pytest.raises(WorkloadError) as caught:
+            load(WorkloadSpec(model="mlp", data="imagefolder", data_args={"root": str(root)}))
+        assert expected in str(caught.value) and "\n" not in str(caught.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# torchvision models
+# ---------------------------------------------------------------------------------------------
+
+
+def test_any_torchvision_model_by_name_with_a_cifar_stem():
+    spec = WorkloadSpec(
+        model="torchvision:resnet18",
+        model_args={"cifar_stem": True},
+        data="shapes",
+        data_args={"n_train": 64, "n_val": 32},
+    )
+    workload = load(spec)
+    model = workload.build_model()
+    assert model.conv1.kernel_size == (3, 3) and model.conv1.stride == (1, 1)
+    assert isinstance(model.maxpool, nn.Identity)
+    assert model.fc.out_features == 10  # num_classes from the data
+    plain = load(spec.model_copy(update={"model_args": {}})).build_model()
+    assert plain.conv1.kernel_size == (7, 7)
+    result = train(make_config(batch_size=32, epochs=1), workload, never_stop)
+    assert result.optimizer_steps == 2
+
+
+@pytest.mark.parametrize(
+    ("model", "args", "expected"),
+    [
+        ("torchvision:resnet1800", {}, "Unknown model resnet1800"),
+        ("torchvision:resnet18", {"weights": "DEFAULT"}, "would be downloaded"),
+        ("torchvision:mobilenet_v3_small", {"cifar_stem": True}, "ResNet-style"),
+    ],
+)
+def test_torchvision_model_errors(model, args, expected):
+    spec = WorkloadSpec(
+        model=model, model_args=args, data="shapes", data_args={"n_train": 20, "n_val": 10}
+    )
+    with pytest.raises(WorkloadError, match=expected):
+        load(spec)
