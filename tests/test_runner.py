@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 import tempfile
 import time
 
@@ -15,18 +14,8 @@ from torch._inductor.utils import fresh_inductor_cache
 from autotune.faults import TrialFault
 from autotune.results import Evaluation
 from autotune.runner import make_plan, train
-from autotune.spec import WorkloadSpec
-from autotune.testing import (
-    blobs,
-    blobs_workload,
-    cuda_flags,
-    learning_rates,
-    make_config,
-    never_stop,
-    tiny_mlp,
-)
-from autotune.trainer import backend_flags, make_scheduler
-from autotune.workloads import Workload, load
+from autotune.testing import blobs, blobs_workload, make_config, never_stop, tiny_mlp
+from autotune.workloads import Workload
 
 
 def test_trains_evaluates_and_measures():
@@ -173,53 +162,3 @@ def test_plan_lays_out_steps_evaluations_and_warmup():
     assert fractional.optimizer_steps == 15 and fractional.eval_steps == (10, 15)
     with pytest.raises(TrialFault, match="needs 4 micro-batches per step"):
         make_plan(make_config(epochs=1, accumulation_steps=4), 3, 96)
-
-
-def _lrs(config, total_steps: int) -> list[float]:
-    model = nn.Linear(2, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    scheduler = make_scheduler(optimizer, config, total_steps)
-    return learning_rates(optimizer, scheduler, total_steps)
-
-
-def test_schedules_follow_the_trial_steps():
-    assert _lrs(make_config(lr=0.1, schedule="constant"), 10) == [0.1] * 10
-    warm = _lrs(make_config(lr=0.1, schedule="constant", warmup_fraction=0.4), 10)
-    assert warm[:4] == pytest.approx([0.025, 0.05, 0.075, 0.1]) and warm[4:] == [0.1] * 6
-    cosine = _lrs(make_config(lr=0.1, schedule="cosine", warmup_fraction=0.2), 10)
-    assert cosine[1] == pytest.approx(0.1) and max(cosine) == pytest.approx(0.1)
-    assert all(a >= b for a, b in itertools.pairwise(cosine[1:]))
-    assert cosine[-1] < 0.01
-    onecycle = _lrs(make_config(lr=0.1, schedule="onecycle", warmup_fraction=0.3), 20)
-    peak = onecycle.index(max(onecycle))
-    assert 4 <= peak <= 7 and max(onecycle) == pytest.approx(0.1, rel=0.05)
-    assert onecycle[0] < 0.01 and onecycle[-1] < 0.001
-
-
-def test_cuda_flags_are_set_for_the_trial_and_restored():
-    """TF32 and cudnn.benchmark flags (settable without a GPU) follow the trial, then revert."""
-    before = cuda_flags()
-    with backend_flags(make_config(precision="tf32", cudnn_benchmark=True, device="cuda")):
-        assert cuda_flags() == ("high", True, True, True)
-    assert cuda_flags() == before
-    with backend_flags(make_config(precision="fp32", device="cuda")):
-        assert cuda_flags() == ("highest", False, False, False)
-    with pytest.raises(RuntimeError), backend_flags(make_config(precision="tf32", device="cuda")):
-        raise RuntimeError("trial failed")
-    assert cuda_flags() == before
-
-
-def test_tf32_flags_leave_compile_working():
-    """Inductor reads the matmul precision while compiling: the TF32 setting must not break it."""
-    model = nn.Linear(8, 4)
-    with backend_flags(make_config(precision="tf32", device="cuda")):
-        compiled = torch.compile(model)
-        out = compiled(torch.randn(2, 8))
-    assert out.shape == (2, 4)
-
-
-def test_digits_cnn_learns_in_one_epoch():
-    workload = load(WorkloadSpec(model="digits_cnn", data="digits"))
-    result = train(make_config(epochs=1, lr=3e-3, batch_size=32), workload, never_stop)
-    assert result.accuracy > 0.85
-    assert math.isfinite(result.evaluations[-1].train_loss)

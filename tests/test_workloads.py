@@ -3,6 +3,7 @@ CIFAR-10 and ImageFolder from disk, torchvision models."""
 
 from __future__ import annotations
 
+import math
 import pickle
 import re
 import textwrap
@@ -48,6 +49,13 @@ def test_builtin_models_build_for_the_data():
     assert logits.shape == (1, 10)
     cnn = load(WorkloadSpec(model="digits_cnn", data="digits")).build_model()
     assert cnn(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
+
+
+def test_digits_cnn_learns_in_one_epoch():
+    workload = load(WorkloadSpec(model="digits_cnn", data="digits"))
+    result = train(make_config(epochs=1, lr=3e-3, batch_size=32), workload, never_stop)
+    assert result.accuracy > 0.85
+    assert math.isfinite(result.evaluations[-1].train_loss)
 
 
 def test_user_entry_points_next_to_the_space_file(tmp_path: Path):

@@ -1,0 +1,56 @@
+"""A model under one configuration: the learning-rate schedules, and the TF32 and cuDNN flags a
+trial sets and restores."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+from autotune.testing import cuda_flags, learning_rates, make_config
+from autotune.trainer import backend_flags, make_scheduler
+
+
+def _lrs(config, total_steps: int) -> list[float]:
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    scheduler = make_scheduler(optimizer, config, total_steps)
+    return learning_rates(optimizer, scheduler, total_steps)
+
+
+def test_schedules_follow_the_trial_steps():
+    assert _lrs(make_config(lr=0.1, schedule="constant"), 10) == [0.1] * 10
+    warm = _lrs(make_config(lr=0.1, schedule="constant", warmup_fraction=0.4), 10)
+    assert warm[:4] == pytest.approx([0.025, 0.05, 0.075, 0.1]) and warm[4:] == [0.1] * 6
+    cosine = _lrs(make_config(lr=0.1, schedule="cosine", warmup_fraction=0.2), 10)
+    assert cosine[1] == pytest.approx(0.1) and max(cosine) == pytest.approx(0.1)
+    assert all(a >= b for a, b in itertools.pairwise(cosine[1:]))
+    assert cosine[-1] < 0.01
+    onecycle = _lrs(make_config(lr=0.1, schedule="onecycle", warmup_fraction=0.3), 20)
+    peak = onecycle.index(max(onecycle))
+    assert 4 <= peak <= 7 and max(onecycle) == pytest.approx(0.1, rel=0.05)
+    assert onecycle[0] < 0.01 and onecycle[-1] < 0.001
+
+
+def test_cuda_flags_are_set_for_the_trial_and_restored():
+    """TF32 and cudnn.benchmark flags (settable without a GPU) follow the trial, then revert."""
+    before = cuda_flags()
+    with backend_flags(make_config(precision="tf32", cudnn_benchmark=True, device="cuda")):
+        assert cuda_flags() == ("high", True, True, True)
+    assert cuda_flags() == before
+    with backend_flags(make_config(precision="fp32", device="cuda")):
+        assert cuda_flags() == ("highest", False, False, False)
+    with pytest.raises(RuntimeError), backend_flags(make_config(precision="tf32", device="cuda")):
+        raise RuntimeError("trial failed")
+    assert cuda_flags() == before
+
+
+def test_tf32_flags_leave_compile_working():
+    """Inductor reads the matmul precision while compiling: the TF32 setting must not break it."""
+    model = nn.Linear(8, 4)
+    with backend_flags(make_config(precision="tf32", device="cuda")):
+        compiled = torch.compile(model)
+        out = compiled(torch.randn(2, 8))
+    assert out.shape == (2, 4)
