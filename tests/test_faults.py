@@ -20,15 +20,8 @@ import pytest
 import sqlalchemy
 from optuna.trial import TrialState
 
-from autotune.faults import FaultKind, classify
-from autotune.testing import (
-    CPU,
-    assert_trials_recorded,
-    live_group_members,
-    make_config,
-    start_cli,
-)
-from autotune.worker import WorkerExecutor
+from autotune.faults import KINDS, FaultKind, TrialFault, classify
+from autotune.testing import CPU, assert_trials_recorded, live_group_members, start_cli
 
 CPU_WITH_FP16 = dataclasses.replace(CPU, fp16=True)  # fp16 autocast + GradScaler run on CPUs
 
@@ -196,6 +189,15 @@ def test_a_broken_pipe_inside_the_dataloader_is_a_dead_worker():
     assert kind == FaultKind.ERROR
 
 
+def test_fault_kinds_are_an_enum_stored_as_strings():
+    assert FaultKind("trial_timeout") is FaultKind.TRIAL_TIMEOUT
+    assert {kind.value for kind in FaultKind} == set(KINDS)
+    assert not FaultKind.INTERRUPTED.is_configuration_fault
+    assert not FaultKind.ERROR.is_configuration_fault
+    with pytest.raises(ValueError):
+        TrialFault("no_such_kind", "message")
+
+
 def test_slow_data_hits_the_dataloader_timeout(tmp_path: Path, run):
     text = space(
         data_args="{train_delay_seconds: 0.5}", knobs={"num_workers": "1"}, n_trials=1
@@ -254,16 +256,6 @@ def test_a_failing_compiler_is_a_compile_error_never_an_eager_run(tmp_path: Path
     assert kinds(study) == ["compile_error"]
     assert "C++ compiler" in study.trials[0].user_attrs["fail_msg"]
     assert study.trials[0].state == TrialState.PRUNED
-
-
-@pytest.mark.slow
-def test_worker_and_in_process_isolation_give_the_same_results(tmp_path: Path, run):
-    text = space(n_trials=3, knobs={"lr": "{low: 0.01, high: 0.1}"})
-    worker, _, _ = run(text, tmp_path / "worker", isolation="worker")
-    local, _, _ = run(text, tmp_path / "local", isolation="none")
-    for a, b in zip(worker.trials, local.trials, strict=True):
-        assert a.params == b.params
-        assert a.user_attrs["accuracy_curve"] == b.user_attrs["accuracy_curve"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,17 +385,3 @@ def test_four_processes_share_one_sqlite_study_while_a_reader_polls(tmp_path: Pa
         if "failed_trial" not in t.system_attrs and not t.user_attrs.get("baseline")
     ]
     assert len(set(drawn)) == len(drawn), drawn
-
-
-@pytest.mark.slow
-def test_a_worker_that_cannot_load_the_workload_says_why(tmp_path: Path):
-    from autotune.executor import WorkerError
-    from autotune.spec import WorkloadSpec
-
-    executor = WorkerExecutor(WorkloadSpec(model="tiny_mlp", data="no_such_data"), tmp_path)
-    try:
-        with pytest.raises(WorkerError, match="could not load the workload: unknown data set"):
-            executor.run(make_config(), lambda evaluation: False)
-    finally:
-        executor.close()
-    assert all(live_group_members(pid) == [] for pid in executor.started_pids)

@@ -9,7 +9,6 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.hardware import detect
 from autotune.space import restrict, sample
 from autotune.spec import Choice, SpecError, parse_spec
 from autotune.testing import AMPERE, CPU, TEST_CPU, VOLTA
@@ -183,13 +182,6 @@ def test_knob_left_without_values_is_an_error():
     assert len(caught.value.problems) == 2
     assert caught.value.problems[0].startswith("space.yaml: space.precision: no value can run")
     assert "fp16" in caught.value.problems[0]
-
-
-def test_detect_cpu_describes_this_machine():
-    hardware = detect("cpu")
-    assert hardware.device == "cpu" and not hardware.is_cuda
-    assert hardware.cpu_count >= 1 and "cores" in hardware.device_name
-    assert hardware.bf16 and not hardware.fp16 and not hardware.tf32
 
 
 def test_device_pipeline_is_offered_only_for_in_memory_data(image_folder: Path):

@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 
 from autotune.config import TrialConfig
 from autotune.executor import InProcessExecutor
-from autotune.faults import KINDS, FaultKind, TrialFault
+from autotune.faults import FaultKind
 from autotune.results import Evaluation, TrialResult
 from autotune.space import restrict
 from autotune.spec import parse_spec
@@ -342,15 +342,6 @@ def test_a_trained_trial_records_its_measurements_with_derived_ones():
     metrics = record.metrics()
     assert list(metrics) == [name for name in METRIC_FIELDS if name in metrics]
     assert "compile_seconds" not in metrics and metrics["samples_per_second"] == 200.0
-
-
-def test_fault_kinds_are_an_enum_stored_as_strings():
-    assert FaultKind("trial_timeout") is FaultKind.TRIAL_TIMEOUT
-    assert {kind.value for kind in FaultKind} == set(KINDS)
-    assert not FaultKind.INTERRUPTED.is_configuration_fault
-    assert not FaultKind.ERROR.is_configuration_fault
-    with pytest.raises(ValueError):
-        TrialFault("no_such_kind", "message")
 
 
 def test_a_study_record_round_trips_and_ignores_other_attributes():

@@ -1,0 +1,49 @@
+"""Trials in a supervised worker process: the same results as in the study process, and a worker
+that cannot start says why and leaves nothing behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.executor import WorkerError
+from autotune.spec import WorkloadSpec
+from autotune.testing import assert_trials_recorded, live_group_members, make_config
+from autotune.worker import WorkerExecutor
+
+SPACE = """\
+study: {name: isolation, n_trials: 3, pruner: none, sampler: random}
+workload:
+  model: autotune.testing:tiny_mlp
+  model_args: {}
+  data: autotune.testing:blobs
+  data_args: {}
+  epochs: 2
+objective: {min_accuracy: 0.5}
+space:
+  lr: {low: 0.01, high: 0.1}
+  batch_size: [16, 32]
+"""
+
+
+@pytest.mark.slow
+def test_worker_and_in_process_isolation_give_the_same_results(tmp_path: Path, prepare_study):
+    worker = prepare_study(SPACE, tmp_path / "worker", isolation="worker", heartbeat_interval=1)
+    assert_trials_recorded(worker.study)
+    local = prepare_study(SPACE, tmp_path / "local", isolation="none", heartbeat_interval=1)
+    assert_trials_recorded(local.study)
+    for a, b in zip(worker.study.trials, local.study.trials, strict=True):
+        assert a.params == b.params
+        assert a.user_attrs["accuracy_curve"] == b.user_attrs["accuracy_curve"]
+
+
+@pytest.mark.slow
+def test_a_worker_that_cannot_load_the_workload_says_why(tmp_path: Path):
+    executor = WorkerExecutor(WorkloadSpec(model="tiny_mlp", data="no_such_data"), tmp_path)
+    try:
+        with pytest.raises(WorkerError, match="could not load the workload: unknown data set"):
+            executor.run(make_config(), lambda evaluation: False)
+    finally:
+        executor.close()
+    assert all(live_group_members(pid) == [] for pid in executor.started_pids)
