@@ -18,11 +18,9 @@ from autotune.hardware import Hardware
 from autotune.space import restrict
 from autotune.spec import Spec, parse_spec
 from autotune.study import RunOutcome, open_storage, open_study, run_study
-from autotune.testing import CPU, make_config, write_space
+from autotune.testing import CPU, write_space
 from autotune.worker import WorkerExecutor
 from autotune.workloads import load
-
-__all__ = ["make_config"]  # tests/test_interference.py still imports it from here
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune.study import StudyRecord, answer_trial
 from autotune.testing import import_blocker, run_cli, write_space
 
 pytestmark = pytest.mark.slow
@@ -40,13 +41,21 @@ def test_run_then_best_then_resume(tmp_path: Path):
             assert key in trial.user_attrs
     assert study.best_trial.user_attrs["accuracy"] >= 0.5  # feasible under min_accuracy
 
+    # `run` ends with the confirmation round; its winner, not the best single value, is the
+    # answer that the run prints and `best` shows
+    answer = answer_trial(study)
+    assert answer is not None and StudyRecord.of(study).confirmation is not None
+    assert StudyRecord.of(study).confirmation.complete
+    assert f"Answer: trial {answer.number}" in done.stdout
     best = run_cli("best", "--study", "tiny", "--json", cwd=tmp_path)
     assert best.returncode == 0, best.stderr
     payload = json.loads(best.stdout)
-    assert payload["trial"] == study.best_trial.number
-    assert payload["value"] == pytest.approx(study.best_trial.value)
-    assert payload["config"] == study.best_trial.user_attrs["config"]
+    assert payload["trial"] == answer.number
+    assert payload["value"] == pytest.approx(answer.value)
+    assert payload["config"] == answer.user_attrs["config"]
     assert payload["metrics"]["accuracy"] >= 0.5
+    shown = run_cli("best", "--study", "tiny", cwd=tmp_path)
+    assert shown.returncode == 0 and "confirmed: median" in shown.stdout, shown.stdout
 
     listed = run_cli("studies", cwd=tmp_path)
     assert listed.returncode == 0 and "tiny" in listed.stdout

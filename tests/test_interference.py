@@ -16,7 +16,6 @@ from torch import nn
 
 from autotune.config import TrialConfig
 from autotune.executor import InProcessExecutor
-from autotune.hardware import detect
 from autotune.interference import INTERFERENCE_SHARE, CpuMeter, trial_threads
 from autotune.results import Reporter, TrialResult
 from autotune.runner import train
@@ -32,14 +31,11 @@ from autotune.study import (
     open_study,
     run_study,
 )
-from autotune.testing import blobs
+from autotune.testing import CPU, blobs, make_config
 from autotune.workloads import Workload, load
-
-from .conftest import make_config
 
 pytestmark = pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads Linux's /proc")
 
-CPU = detect("cpu")
 BURN = 0.4  # CPU seconds a helper process spends (its own CPU time: no load can shorten it)
 BURNER = f"import time\nt = time.process_time()\nwhile time.process_time() - t < {BURN}: pass\n"
 
