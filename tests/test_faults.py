@@ -30,7 +30,14 @@ def space(
     model_args: str = "{}", data_args: str = "{}", knobs: dict[str, str] | None = None, **study
 ) -> str:
     """A tiny study's space file; ``knobs`` add to or replace the default lr and batch sizes."""
-    settings = {"name": "faults", "n_trials": 3, "pruner": "none", "sampler": "random", **study}
+    settings = {
+        "name": "faults",
+        "n_trials": 3,
+        "pruner": "none",
+        "sampler": "random",
+        "confirm": "false",  # these tests are about faults; the round is tested on its own
+        **study,
+    }
     study_yaml = ", ".join(f"{k}: {v}" for k, v in settings.items())
     knob_lines = "".join(
         f"  {name}: {value}\n"
