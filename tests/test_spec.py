@@ -215,6 +215,35 @@ def test_load_spec_file_errors(tmp_path: Path):
     assert spec.path == path and spec.text == MINIMAL
 
 
+def billion_laughs(levels: int) -> str:
+    """A space file whose last key names 10**levels copies of one string through aliases."""
+    lines = ['x0: &x0 "lol"']
+    for level in range(1, levels + 1):
+        lines.append(f"x{level}: &x{level} [{', '.join([f'*x{level - 1}'] * 10)}]")
+    return MINIMAL + "\n".join(lines) + "\n"
+
+
+def test_aliases_that_expand_beyond_a_space_file_are_refused_without_expanding_them():
+    # 10**12 values if followed: the check must size shared nodes once, not walk them
+    message = one_problem(billion_laughs(12))
+    assert "aliases expand to more than 20,000 values" in message, message
+    assert "aliases expand" in one_problem(MINIMAL + "loop: &loop [1, *loop]\n")
+    # aliases a person would write are fine: one list of sizes shared by two knobs
+    shared = MINIMAL + "space:\n  batch_size: &sizes [2, 4]\n  accumulation_steps: *sizes\n"
+    spec = parse_spec(shared, Path("s.yaml"))
+    assert spec.space.batch_size == spec.space.accumulation_steps == Choice(values=(2, 4))
+
+
+def test_a_space_file_larger_than_any_space_file_is_refused_before_parsing(tmp_path: Path):
+    path = tmp_path / "huge.yaml"
+    path.write_text(MINIMAL + "#" * 1_000_001 + "\n")
+    with pytest.raises(SpecError, match="too large for a space file") as caught:
+        load_spec(path)
+    assert len(caught.value.problems) == 1
+    with pytest.raises(SpecError, match="too large for a space file"):
+        parse_spec(path.read_text(), path)
+
+
 def test_overrides_are_validated_and_keep_the_source():
     spec = parse_spec(MINIMAL, Path("q.yaml"))
     changed = spec.with_overrides(study={"n_trials": 5, "seed": None}, workload={"device": "cpu"})
