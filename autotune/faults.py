@@ -39,6 +39,7 @@ class FaultKind(StrEnum):
     DATALOADER_WORKER_DIED = "dataloader_worker_died"
     DATALOADER_TIMEOUT = "dataloader_timeout"
     TRIAL_TIMEOUT = "trial_timeout"
+    TIMEOUT_UNDER_LOAD = "timeout_under_load"
     WORKER_CRASHED = "worker_crashed"
     INTERRUPTED = "interrupted"
     ERROR = "error"
@@ -65,6 +66,8 @@ KINDS: dict[FaultKind, str] = {
     FaultKind.DATALOADER_WORKER_DIED: "a DataLoader worker died (killed, or out of memory)",
     FaultKind.DATALOADER_TIMEOUT: "a DataLoader worker did not deliver a batch within the timeout",
     FaultKind.TRIAL_TIMEOUT: "the trial ran past study.trial_timeout; its processes were killed",
+    FaultKind.TIMEOUT_UNDER_LOAD: "the trial ran past study.trial_timeout while other processes "
+    "took its cores: the machine was busy, which says nothing of the configuration",
     FaultKind.WORKER_CRASHED: "the process running the trial died (a crash or a signal)",
     FaultKind.INTERRUPTED: "the study was stopped (Ctrl-C, SIGTERM, or its process was lost)",
     FaultKind.ERROR: "an unexpected exception, most likely a bug in the model or data code",

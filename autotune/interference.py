@@ -134,15 +134,19 @@ class CpuMeter:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.share = self.so_far()
+
+    def so_far(self) -> CpuShare | None:
+        """Where the cores' time went from the start of the block until now (None: no /proc)."""
         started, busy_before, own_before = self._start
         ended, busy_after, own_after = self._read()
         if None in (busy_before, busy_after, own_before, own_after) or not self._cores:
-            return
+            return None
         assert busy_before is not None and busy_after is not None
         assert own_before is not None and own_after is not None
         own = (own_after - own_before) / _TICKS_PER_SECOND
         busy = (busy_after - busy_before) / _TICKS_PER_SECOND
-        self.share = CpuShare(
+        return CpuShare(
             wall_seconds=ended - started,
             cores=len(self._cores),
             own_cpu_seconds=own,

@@ -40,6 +40,7 @@ from autotune.faults import (
     needs_fresh_process,
     release_memory,
 )
+from autotune.interference import CpuMeter
 from autotune.results import Evaluation, Reporter, TrialResult
 from autotune.spec import WorkloadSpec
 from autotune.warmup import Warmth
@@ -227,13 +228,21 @@ class WorkerExecutor:
 
     def _supervise(self, config: TrialConfig, report: Reporter) -> TrialResult | TrialFault:
         assert self._process is not None and self._connection is not None
-        connection = self._connection
         started = time.monotonic()
+        with CpuMeter() as meter:  # whether a timeout is the machine's or the trial's
+            return self._exchange(config, report, started, meter)
+
+    def _exchange(
+        self, config: TrialConfig, report: Reporter, started: float, meter: CpuMeter
+    ) -> TrialResult | TrialFault:
+        """Send the trial, answer its evaluations, and return how it ended."""
+        assert self._connection is not None
+        connection = self._connection
         try:
             connection.send(RunTrial(config))
             while True:
                 if not connection.poll(POLL_SECONDS):
-                    self._check_alive_and_on_time(started)
+                    self._check_alive_and_on_time(started, meter)
                     continue
                 message: FromWorker = connection.recv()
                 if isinstance(message, Evaluated):
@@ -263,7 +272,7 @@ class WorkerExecutor:
             self._kill()
             raise
 
-    def _check_alive_and_on_time(self, started: float) -> None:
+    def _check_alive_and_on_time(self, started: float, meter: CpuMeter) -> None:
         assert self._process is not None
         if not self._process.is_alive():
             exitcode = self._process.exitcode
@@ -273,12 +282,20 @@ class WorkerExecutor:
                 f"the worker process died during the trial ({describe_exit(exitcode)})",
             )
         if self.trial_timeout is not None and time.monotonic() - started > self.trial_timeout:
+            share = meter.so_far()  # before the kill: the trial's own processes still count
             self._kill()
-            raise TrialFault(
-                "trial_timeout",
+            killed = (
                 f"no result after {self.trial_timeout:g} s; the worker and its DataLoader "
-                f"workers were killed",
+                f"workers were killed"
             )
+            if share is not None and share.interfered:
+                # a busy machine is not a wall of this configuration: not a constraint
+                raise TrialFault(
+                    FaultKind.TIMEOUT_UNDER_LOAD,
+                    f"{killed}; other processes took {share.other_share:.0%} of its cores "
+                    f"meanwhile, so the timeout is not held against the configuration",
+                )
+            raise TrialFault(FaultKind.TRIAL_TIMEOUT, killed)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,7 +9,10 @@ before the fault is unchanged.
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
+import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -236,6 +239,30 @@ def test_a_hanging_trial_is_killed_with_its_dataloader_workers(tmp_path: Path, r
     assert len(executor.started_pids) == 2  # a fresh worker for the second trial
     for pid in executor.started_pids:
         assert live_group_members(pid) == [], "a worker or one of its DataLoader workers survived"
+
+
+@pytest.mark.slow
+def test_a_timeout_while_other_processes_take_the_cores_is_not_held_against_the_trial(
+    tmp_path: Path, run
+):
+    text = space(model_args="{hang_at_step: 3}", n_trials=1, timeout=1)  # one trial, then stop
+    # busy loops outside this process tree (a child of the study would count as its own)
+    burn = f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"
+    burners = [
+        int(subprocess.run(["sh", "-c", burn], capture_output=True, check=True).stdout)
+        for _ in range(len(os.sched_getaffinity(0)))
+    ]
+    try:
+        study, _, _ = run(text, tmp_path, isolation="worker", timeout=4)
+    finally:
+        for pid in burners:
+            os.kill(pid, signal.SIGKILL)
+    assert_trials_recorded(study)
+    assert kinds(study) == ["timeout_under_load"]
+    (trial,) = study.get_trials()
+    assert trial.state == TrialState.FAIL  # not counted, not a constraint the sampler learns
+    assert "other processes took" in trial.user_attrs["fail_msg"]
+    # the same hang on a quiet machine is the configuration's: see the test above
 
 
 @pytest.mark.slow
