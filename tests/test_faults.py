@@ -24,6 +24,7 @@ import sqlalchemy
 from optuna.trial import TrialState
 
 from autotune.faults import KINDS, FaultKind, TrialFault, classify
+from autotune.study import open_storage, recover_stale_trials
 from autotune.testing import CPU, assert_trials_recorded, live_group_members, start_cli
 
 CPU_WITH_FP16 = dataclasses.replace(CPU, fp16=True)  # fp16 autocast + GradScaler run on CPUs
@@ -323,23 +324,41 @@ def trial_states(tmp_path: Path) -> list[TrialState]:
 SLOW_SPACE = space(model_args="{step_delay_seconds: 0.05}", n_trials=3, heartbeat_interval=1)
 
 
+def baselines(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.get_trials() if t.user_attrs.get("baseline")]
+
+
+def assert_one_baseline_counted(study: optuna.Study) -> None:
+    """Every study keeps exactly one untuned baseline until one finishes."""
+    counted = [t for t in baselines(study) if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(counted) == 1, [(t.number, t.state) for t in baselines(study)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_interrupting_records_the_running_trial_and_a_rerun_resumes(tmp_path: Path, sig, code):
+@pytest.mark.parametrize(
+    ("sig", "code", "stopped"), [(signal.SIGINT, 130, 1), (signal.SIGTERM, 143, 0)]
+)
+def test_interrupting_records_the_running_trial_and_a_rerun_resumes(
+    tmp_path: Path, sig, code, stopped
+):
     (tmp_path / "space.yaml").write_text(SLOW_SPACE)
     process = start_cli("run", "space.yaml", cwd=tmp_path)
-    # stop it while its second trial runs, after the first completed
-    wait_for(lambda: trial_states(tmp_path)[:2] == [TrialState.COMPLETE, TrialState.RUNNING])
-    first = load_study(tmp_path).trials[0]
+    # stop it while trial ``stopped`` runs: the second, or the untuned baseline (the first)
+    wait_for(
+        lambda: trial_states(tmp_path)[: stopped + 1]
+        == [TrialState.COMPLETE] * stopped + [TrialState.RUNNING]
+    )
+    before = load_study(tmp_path).trials
     process.send_signal(sig)
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == code, stderr
     assert "run the same command to resume" in stdout and "Traceback" not in stderr
     study = load_study(tmp_path)
     assert_trials_recorded(study)
-    assert study.trials[1].state == TrialState.FAIL
-    assert study.trials[1].user_attrs["fail_kind"] == "interrupted"
-    assert study.trials[0].value == first.value  # what completed is intact
+    assert study.trials[stopped].state == TrialState.FAIL
+    assert study.trials[stopped].user_attrs["fail_kind"] == "interrupted"
+    for number in range(stopped):  # what completed is intact
+        assert study.trials[number].value == before[number].value
 
     resumed = start_cli("run", "space.yaml", cwd=tmp_path)
     stdout, stderr = resumed.communicate(timeout=300)
@@ -348,29 +367,60 @@ def test_interrupting_records_the_running_trial_and_a_rerun_resumes(tmp_path: Pa
     assert_trials_recorded(study)
     counted = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert len(counted) == 3
+    assert_one_baseline_counted(study)  # an interrupted baseline is queued again
+    assert baselines(study)[-1].params == before[0].params
 
 
 @pytest.mark.slow
 def test_a_killed_study_process_leaves_no_trial_running_after_a_resume(tmp_path: Path):
     (tmp_path / "space.yaml").write_text(SLOW_SPACE)
     process = start_cli("run", "space.yaml", cwd=tmp_path)
-    wait_for(lambda: TrialState.RUNNING in trial_states(tmp_path)[1:])
-    killed = load_study(tmp_path).trials[1]
+    wait_for(lambda: trial_states(tmp_path)[:1] == [TrialState.RUNNING])
+    killed = load_study(tmp_path).trials[0]  # the untuned baseline
     process.send_signal(signal.SIGKILL)
     process.communicate(timeout=60)
-    assert trial_states(tmp_path)[1] == TrialState.RUNNING  # nobody could record it
+    assert trial_states(tmp_path)[0] == TrialState.RUNNING  # nobody could record it
 
     resumed = start_cli("run", "space.yaml", cwd=tmp_path)
     _, stderr = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, stderr
     study = load_study(tmp_path)
     assert_trials_recorded(study)
-    stale = study.trials[1]
+    stale = study.trials[0]
     assert stale.state == TrialState.FAIL and stale.user_attrs["fail_kind"] == "interrupted"
     retried = [t for t in study.trials if t.system_attrs.get("failed_trial") == killed.number]
     assert len(retried) == 1 and retried[0].params == killed.params
     assert retried[0].state in (TrialState.COMPLETE, TrialState.PRUNED)
     assert "fail_kind" not in retried[0].user_attrs or retried[0].state == TrialState.PRUNED
+    assert retried[0].user_attrs.get("baseline") is True  # the retry is still the baseline
+    assert_one_baseline_counted(study)
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # this test beats itself
+def test_a_stale_trials_retry_keeps_its_parameters_and_baseline_mark_but_no_measurements(
+    tmp_path: Path,
+):
+    storage = open_storage(f"sqlite:///{tmp_path / 'retry.db'}", heartbeat_interval=1)
+    pruner = optuna.pruners.HyperbandPruner(min_resource=1, max_resource=9)
+    study = optuna.create_study(study_name="retry", storage=storage, pruner=pruner)
+    study.enqueue_trial({"lr": 0.1}, user_attrs={"baseline": True})
+    trial = study.ask()
+    trial.suggest_float("lr", 1e-3, 1.0, log=True)
+    for step in range(1, 10):  # the pruner records its rungs in the trial's system attributes
+        trial.report(0.5, step)
+        trial.should_prune()
+    trial.set_user_attr("samples_per_second", 1234.0)
+    storage.record_heartbeat(trial._trial_id)
+    stale = study.trials[0]
+    assert any(key.startswith("completed_rung") for key in stale.system_attrs)
+    time.sleep(5)  # silent for over three heartbeat intervals (the storage counts whole seconds)
+
+    assert recover_stale_trials(study) == 1
+    (retry,) = study.get_trials(states=(TrialState.WAITING,))
+    assert retry.params == {"lr": 0.1}
+    assert retry.user_attrs == {"baseline": True}
+    assert retry.system_attrs["failed_trial"] == stale.number
+    assert not any(key.startswith("completed_rung") for key in retry.system_attrs)
 
 
 @pytest.mark.slow

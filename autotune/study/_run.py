@@ -223,6 +223,23 @@ class TrialRunner:
         return study.tell(trial, state=state)
 
 
+def requeue_lost_baseline(study: optuna.Study, spec: Spec, hardware: Hardware) -> bool:
+    """Queue the untuned baseline again when the study wants one and none is counted, waiting or
+    running (it was interrupted, timed out under load, or crashed); True when it was queued.
+
+    A study keeps exactly one baseline until one finishes: every speed-up is quoted against it.
+    """
+    if spec.study.baseline is False:
+        return False
+    present = (*COUNTED_STATES, TrialState.WAITING, TrialState.RUNNING)
+    if any(TrialRecord.of(t).baseline for t in study.get_trials(deepcopy=False, states=present)):
+        return False
+    study.enqueue_trial(
+        space.baseline_params(spec, hardware), user_attrs=TrialRecord(baseline=True).to_attrs()
+    )
+    return True
+
+
 def run_study(
     study: optuna.Study,
     spec: Spec,
@@ -238,7 +255,8 @@ def run_study(
     failed as were wanted, or when the same unexpected error ends ``SAME_ERROR_LIMIT`` trials in
     a row before any completes in this run (a bug in the workload, not a bad configuration). An
     interruption records the running trial as ``interrupted`` and sets ``outcome.interrupted``;
-    WorkerError (a worker that cannot start) propagates after the trial is recorded.
+    WorkerError (a worker that cannot start) propagates after the trial is recorded. A baseline
+    that an earlier run lost is queued again first (``requeue_lost_baseline``).
     """
     observer = observer or StudyObserver()
     outcome = RunOutcome(study_name=study.study_name)
@@ -249,6 +267,8 @@ def run_study(
     completed_here = False  # whether a trial of this run completed
     failures = 0
     wait_seconds = min(1.0, float(spec.study.heartbeat_interval))
+    recover_stale_trials(study)  # a stale baseline is retried with its mark, not queued anew
+    requeue_lost_baseline(study, spec, hardware)
     try:
         while True:
             recover_stale_trials(study)

@@ -32,11 +32,16 @@ class StudyError(UserError):
 
 
 class _RetryOnce:
-    """Queue a stale trial's parameters once more, without its stale measurements.
+    """Queue a stale trial's parameters once more, without anything it measured.
 
-    RetryHeartbeatStaleTrialCallback copies the stale trial's user attributes into the new
-    trial; those say how the stale one failed, so the copy starts from none.
+    RetryHeartbeatStaleTrialCallback copies the stale trial's user and system attributes into
+    the new trial. Those hold how the stale one failed and the pruner's state (Hyperband's
+    ``completed_rung_*`` values): a retry that inherited them would be judged on measurements
+    it never made. It keeps only the retry history, the parameters it was queued with, and
+    whether it is the study's untuned baseline.
     """
+
+    KEPT_SYSTEM_ATTRS = ("failed_trial", "retry_history", "fixed_params")
 
     def __init__(self) -> None:
         with warnings.catch_warnings():
@@ -45,7 +50,9 @@ class _RetryOnce:
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         clean = copy.deepcopy(trial)
-        clean.user_attrs = {}
+        clean.user_attrs = TrialRecord(baseline=TrialRecord.of(trial).baseline).to_attrs()
+        kept = self.KEPT_SYSTEM_ATTRS
+        clean.system_attrs = {k: v for k, v in trial.system_attrs.items() if k in kept}
         self._retry(study, clean)
 
 
