@@ -345,8 +345,10 @@ def test_interrupting_records_the_running_trial_and_a_rerun_resumes(
     process = start_cli("run", "space.yaml", cwd=tmp_path)
     # stop it while trial ``stopped`` runs: the second, or the untuned baseline (the first)
     wait_for(
-        lambda: trial_states(tmp_path)[: stopped + 1]
-        == [TrialState.COMPLETE] * stopped + [TrialState.RUNNING]
+        lambda: (
+            trial_states(tmp_path)[: stopped + 1]
+            == [TrialState.COMPLETE] * stopped + [TrialState.RUNNING]
+        )
     )
     before = load_study(tmp_path).trials
     process.send_signal(sig)
