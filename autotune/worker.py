@@ -116,6 +116,35 @@ PR_SET_PDEATHSIG = 1  # Linux prctl: signal this process when its parent dies
 EXIT_REPORT_SECONDS = 5.0  # how long a worker whose pipe closed may take to exit
 
 
+SCRATCH_PREFIX = "autotune-worker-"
+
+
+def remove_orphaned_scratch(directory: str | None = None) -> list[Path]:
+    """Remove workers' temporary directories whose study process is gone (it was SIGKILLed, so
+    nobody removed them), in ``directory`` (the temporary directory by default); they are
+    removed only when this user owns them. The directories removed."""
+    removed = []
+    for path in Path(directory or tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*-*"):
+        owner = path.name.removeprefix(SCRATCH_PREFIX).partition("-")[0]
+        with contextlib.suppress(OSError):
+            if not owner.isdigit() or path.stat().st_uid != os.getuid() or _alive(int(owner)):
+                continue
+            shutil.rmtree(path)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user's counts as existing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class WorkerExecutor:
     """Trials in a supervised, long-lived worker process (the default isolation)."""
 
@@ -183,8 +212,11 @@ class WorkerExecutor:
     def _new_scratch(self) -> str:
         """A temporary directory for the next worker: everything it writes to temporary files
         (torch.compile's caches included) goes there, and goes when the worker goes, even when
-        it was killed mid-trial."""
-        self._scratch = tempfile.mkdtemp(prefix="autotune-worker-")
+        it was killed mid-trial. Its name holds this process's id, so that when this process
+        is killed outright the next study removes it (``remove_orphaned_scratch``)."""
+        if not self.scratch_dirs:
+            remove_orphaned_scratch()
+        self._scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
         self.scratch_dirs.append(self._scratch)
         return self._scratch
 

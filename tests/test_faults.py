@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -382,6 +383,9 @@ def test_a_killed_study_process_leaves_no_trial_running_after_a_resume(tmp_path:
     process.send_signal(signal.SIGKILL)
     process.communicate(timeout=60)
     assert trial_states(tmp_path)[0] == TrialState.RUNNING  # nobody could record it
+    # nobody removed its worker's temporary directory either: the next run does
+    orphans = list(Path(tempfile.gettempdir()).glob(f"autotune-worker-{process.pid}-*"))
+    assert orphans
 
     resumed = start_cli("run", "space.yaml", cwd=tmp_path)
     _, stderr = resumed.communicate(timeout=300)
@@ -396,6 +400,7 @@ def test_a_killed_study_process_leaves_no_trial_running_after_a_resume(tmp_path:
     assert "fail_kind" not in retried[0].user_attrs or retried[0].state == TrialState.PRUNED
     assert retried[0].user_attrs.get("baseline") is True  # the retry is still the baseline
     assert_one_baseline_counted(study)
+    assert not any(orphan.exists() for orphan in orphans)
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # this test beats itself

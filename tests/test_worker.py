@@ -3,6 +3,9 @@ that cannot start says why and leaves nothing behind."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +13,7 @@ import pytest
 from autotune.executor import WorkerError
 from autotune.spec import WorkloadSpec
 from autotune.testing import assert_trials_recorded, live_group_members, make_config
-from autotune.worker import WorkerExecutor
+from autotune.worker import WorkerExecutor, remove_orphaned_scratch
 
 SPACE = """\
 study: {name: isolation, n_trials: 3, pruner: none, sampler: random}
@@ -47,3 +50,20 @@ def test_a_worker_that_cannot_load_the_workload_says_why(tmp_path: Path):
     finally:
         executor.close()
     assert all(live_group_members(pid) == [] for pid in executor.started_pids)
+
+
+def test_only_the_scratch_of_study_processes_that_are_gone_is_removed(tmp_path: Path):
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    dead_pid = int(gone.stdout)
+    orphan = tmp_path / f"autotune-worker-{dead_pid}-abc"
+    live = tmp_path / f"autotune-worker-{os.getpid()}-def"
+    unrelated = tmp_path / "autotune-worker-xyz"  # not a name this version makes
+    for folder in (orphan, live, unrelated):
+        (folder / "inductor").mkdir(parents=True)
+    assert remove_orphaned_scratch(str(tmp_path)) == [orphan]
+    assert not orphan.exists() and live.exists() and unrelated.exists()
