@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +11,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -70,6 +72,18 @@ def fmt_metric(key: str, value: Any) -> str:
     if isinstance(value, int | float) and not isinstance(value, bool) and key in _METRIC_FORMATS:
         return _METRIC_FORMATS[key](value)
     return fmt(value)
+
+
+def command(*words: str) -> str:
+    """A command line for the user to copy, as rich markup: each word quoted for the shell and
+    the whole escaped, so that a study name such as ``run[fast]`` or ``a b`` survives both."""
+    return escape(shlex.join(words))
+
+
+def study_options(study_name: str, storage: str) -> list[str]:
+    """``--study NAME`` and, unless it is the default, ``--storage URL``: how a command finds a
+    study."""
+    return ["--study", study_name, *([] if storage == DEFAULT_STORAGE else ["--storage", storage])]
 
 
 def _si(value: float) -> str:
@@ -170,23 +184,23 @@ def print_plan(
     counted = studies.counted_trials(study)
     resumed = f", resuming with {counted} done" if counted else ""
     console.print(
-        f"[bold]study[/] {study.study_name} ({spec.objective.metric}, "
-        f"{spec.study.n_trials} trials{resumed})  [bold]storage[/] {spec.study.storage}"
+        f"[bold]study[/] {escape(study.study_name)} ({spec.objective.metric}, "
+        f"{spec.study.n_trials} trials{resumed})  [bold]storage[/] {escape(spec.study.storage)}"
     )
     console.print(
-        f"[bold]device[/] {hardware.device} ({hardware.device_name}, torch "
-        f"{hardware.torch_version})  [bold]workload[/] {spec.workload.model} on "
-        f"{spec.workload.data}, {spec.workload.epochs:g} epochs per trial"
+        f"[bold]device[/] {hardware.device} ({escape(hardware.device_name)}, torch "
+        f"{hardware.torch_version})  [bold]workload[/] {escape(spec.workload.model)} on "
+        f"{escape(spec.workload.data)}, {spec.workload.epochs:g} epochs per trial"
     )
     searched = spec.space.searched()
     console.print(f"[bold]searching[/] {', '.join(searched) if searched else 'nothing'}")
     for line in dropped:
-        console.print(f"[yellow]not on this device:[/] {line}")
+        console.print(f"[yellow]not on this device:[/] {escape(line)}")
     created_on = studies.StudyRecord.of(study).created_on
     if created_on and created_on != hardware.device_name:
         console.print(
-            f"[yellow]warning:[/] this study was created on {created_on}; trials measured on "
-            f"{hardware.device_name} will be compared with its trials"
+            f"[yellow]warning:[/] this study was created on {escape(created_on)}; trials "
+            f"measured on {escape(hardware.device_name)} will be compared with its trials"
         )
     workers = spec.space.num_workers
     most = max(workers.values) if isinstance(workers, Choice) else workers.high
@@ -201,7 +215,7 @@ def _best_table(study: optuna.Study, spec: Spec, limit: int = 5) -> Table | None
     if not trials:
         return None
     unit = METRIC_UNITS[spec.objective.metric]
-    table = Table(title=f"Best trials of {study.study_name}", title_justify="left")
+    table = Table(title=Text(f"Best trials of {study.study_name}"), title_justify="left")
     table.add_column("trial", justify="right")
     table.add_column(unit, justify="right", style="bold green")
     table.add_column("accuracy", justify="right")
@@ -216,7 +230,7 @@ def _best_table(study: optuna.Study, spec: Spec, limit: int = 5) -> Table | None
             f"{record.accuracy if record.accuracy is not None else math.nan:.3f}",
             f"{record.charged_seconds if record.charged_seconds is not None else math.nan:.2f}",
             _si(record.samples_per_second or 0),
-            _params(trial),
+            Text(_params(trial)),  # categorical values are the user's strings
         )
     return table
 
@@ -260,12 +274,10 @@ def print_summary(
     how = "confirmed" if stored is not None and stored.complete else "not confirmed"
     console.print(f"\n[bold]Best configuration[/] (trial {best.number}, {how}):")
     console.print(config_table(best))
-    storage = spec.study.storage
+    where = study_options(study.study_name, spec.study.storage)
     console.print(
-        f"\nInspect the study:  [bold]autotune dashboard"
-        f"{'' if storage == DEFAULT_STORAGE else f' --storage {storage}'}[/]\n"
-        f"Print the winner:   [bold]autotune best --study {study.study_name}"
-        f"{'' if storage == DEFAULT_STORAGE else f' --storage {storage}'}[/]"
+        f"\nInspect the study:  [bold]{command('autotune', 'dashboard', *where[2:])}[/]\n"
+        f"Print the winner:   [bold]{command('autotune', 'best', *where)}[/]"
     )
 
 

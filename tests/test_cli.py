@@ -130,3 +130,25 @@ def test_run_best_and_export_need_no_plotly(tmp_path: Path):
     assert report.returncode == 1 and "Traceback" not in report.stderr
     assert "autotune report needs plotly" in report.stdout + report.stderr
     assert not (tmp_path / "report.html").exists()
+
+
+def test_a_study_name_with_markup_and_spaces_is_shown_as_it_is(tmp_path: Path):
+    """rich reads ``[...]`` as markup: ``x[/y]`` crashed the display and ``run[fast]`` showed as
+    ``run``. Names are the user's data: shown verbatim, and quoted in commands to copy."""
+    name = "run[fast] x[/y]"
+    space = write_space(tmp_path, n_trials=1)
+    space.write_text(space.read_text().replace("  seed: 0\n", "  seed: 0\n  confirm: false\n"))
+    done = run_cli("run", str(space), "--study-name", name, "--isolation", "none", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"study {name} (" in done.stdout
+    assert f"Best trials of {name}" in done.stdout
+    assert f"autotune best --study '{name}'" in done.stdout  # a command that works when pasted
+    best = run_cli("best", "--study", name, cwd=tmp_path)
+    assert best.returncode == 0 and f"{name}: trial 0" in best.stdout, best.stderr
+    assert f"autotune export --study '{name}' -o train.py" in best.stdout
+    listed = run_cli("studies", cwd=tmp_path)
+    assert listed.returncode == 0 and name in listed.stdout, listed.stderr
+    exported = run_cli("export", "--study", name, "-o", "t.py", cwd=tmp_path)
+    assert exported.returncode == 0 and f"of {name} (" in exported.stdout, exported.stderr
+    for result in (done, best, listed, exported):
+        assert "Traceback" not in result.stderr

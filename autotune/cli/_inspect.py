@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
+from rich.text import Text
 
 from autotune.cli._common import EXIT_FAILED, app, console, fail, open_for_reading, quiet_libraries
 from autotune.errors import UserError
@@ -40,16 +42,16 @@ def best(
         return
     unit = display.METRIC_UNITS.get(result.metric, "")
     console.print(
-        f"[bold]{study_name}[/]: trial {result.trial}, {result.metric} "
+        f"[bold]{escape(study_name)}[/]: trial {result.trial}, {result.metric} "
         f"[bold green]{display.fmt(result.value)}[/] {unit}"
     )
-    console.print(f"  {result.confirmation_text()}")
+    console.print(f"  {result.confirmation_text()}", markup=False)
     for key, value in result.metrics.items():
-        console.print(f"  {key}: {display.fmt_metric(key, value)}")
+        console.print(f"  {key}: {display.fmt_metric(key, value)}", markup=False)
     console.print(display.config_table(chosen))
+    where = display.study_options(study_name, storage)
     console.print(
-        f"\nExport it:  [bold]autotune export --study {study_name}"
-        f"{'' if storage == DEFAULT_STORAGE else f' --storage {storage}'} -o train.py[/]"
+        f"\nExport it:  [bold]{display.command('autotune', 'export', *where, '-o', 'train.py')}[/]"
     )
 
 
@@ -93,11 +95,13 @@ def export_command(
     what = {"script": "training script", "yaml": "YAML", "json": "JSON"}[fmt]
     console.print(
         f"Wrote {output}: the {what} of trial {result.trial} of {study_name} "
-        f"({result.metric} {display.fmt(result.value)})."
+        f"({result.metric} {display.fmt(result.value)}).",
+        markup=False,
     )
     if fmt == "script":
         console.print(
-            f"Run it:  [bold]python {output}[/]  ({result.epochs} epochs; --epochs N, --resume)"
+            f"Run it:  [bold]{display.command('python', str(output))}[/]  "
+            f"({result.epochs} epochs; --epochs N, --resume)"
         )
 
 
@@ -111,8 +115,8 @@ def _attach(study: Any, output: Path, storage: str) -> None:
         notes.write_note(study, storage)
     except Exception as err:  # an unwritable artifact folder, a storage hiccup
         console.print(
-            f"[yellow]Warning:[/] {output} is written, but it could not be attached to the "
-            f"study for optuna-dashboard: {type(err).__name__}: {err}"
+            f"[yellow]Warning:[/] {escape(str(output))} is written, but it could not be attached "
+            f"to the study for optuna-dashboard: {escape(f'{type(err).__name__}: {err}')}"
         )
 
 
@@ -136,7 +140,9 @@ def report_command(
     except UserError as err:
         raise fail(str(err), EXIT_FAILED) from None
     _attach(found, output, storage)
-    console.print(f"Wrote {output}: the report of {study_name}. Open it in a browser.")
+    console.print(
+        f"Wrote {output}: the report of {study_name}. Open it in a browser.", markup=False
+    )
 
 
 @app.command()
@@ -155,7 +161,9 @@ def dashboard(
     backend = open_for_reading(storage)
     artifacts = notes.artifact_dir(storage)
     artifacts.mkdir(parents=True, exist_ok=True)
-    console.print(f"optuna-dashboard on [bold]http://{host}:{port}/[/] (Ctrl-C to stop)")
+    console.print(
+        f"optuna-dashboard on [bold]{escape(f'http://{host}:{port}/')}[/] (Ctrl-C to stop)"
+    )
     try:
         optuna_dashboard.run_server(
             backend, host=host, port=port, artifact_store=FileSystemArtifactStore(str(artifacts))
@@ -182,9 +190,9 @@ def list_studies(
     backend = open_for_reading(storage)
     summaries = optuna.get_all_study_summaries(backend, include_best_trial=False)
     if not summaries:
-        console.print(f"No studies in {storage}.")
+        console.print(f"No studies in {storage}.", markup=False)
         return
-    table = Table(title=f"Studies in {storage}", title_justify="left")
+    table = Table(title=Text(f"Studies in {storage}"), title_justify="left")
     table.add_column("study", no_wrap=True)
     table.add_column("metric", no_wrap=True)
     for column in ("complete", "pruned", "failed", "running", "best", "trial"):
@@ -195,7 +203,7 @@ def list_studies(
         count = {state: sum(1 for t in trials if t.state == state) for state in TrialState}
         top = studies.answer_trial(study)
         table.add_row(
-            summary.study_name,
+            Text(summary.study_name),
             studies.StudyRecord.of(study).metric or "-",
             str(count[TrialState.COMPLETE]),
             str(count[TrialState.PRUNED]),

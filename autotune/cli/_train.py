@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from autotune.cli._common import (
     EXIT_FAILED,
@@ -120,7 +121,7 @@ def run(
             live.update(progress)
         console.print()  # ends the progress line (piped output has no cursor to move)
         if outcome.stopped_reason:
-            console.print(f"[yellow]Stopped:[/] {outcome.stopped_reason}.")
+            console.print(f"[yellow]Stopped:[/] {escape(outcome.stopped_reason)}.")
         finished = studies.counted_trials(study) >= spec.study.n_trials
         plan = spec.study.confirm
         if plan.enabled and finished and not outcome.interrupted and not outcome.repeated_error:
@@ -143,7 +144,10 @@ def run(
     if outcome.interrupted:
         how = "run the same command to resume"
         if new_study:  # the same command would start yet another study
-            how = f"resume with --study-name {study.study_name} (without --new-study)"
+            how = (
+                f"resume with {display.command('--study-name', study.study_name)} "
+                f"(without --new-study)"
+            )
         console.print(
             f"[yellow]{'Terminated' if outcome.terminated else 'Interrupted'}.[/] The running "
             f"trial (or confirmation run) is recorded as interrupted and finished ones are "
@@ -235,8 +239,8 @@ def confirm(
         raise fail(str(err).splitlines(), EXIT_FAILED) from None
     if record.created_on and record.created_on != hardware.device_name:
         console.print(
-            f"[yellow]warning:[/] this study was created on {record.created_on}; the runs on "
-            f"{hardware.device_name} will be compared with its trials"
+            f"[yellow]warning:[/] this study was created on {escape(record.created_on)}; the "
+            f"runs on {escape(hardware.device_name)} will be compared with its trials"
         )
     previous_handler = signal.signal(signal.SIGTERM, raise_terminated)
     try:
