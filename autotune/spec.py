@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import keyword
 import math
 import re
 from collections.abc import Iterator, Mapping
@@ -467,6 +468,8 @@ class StudySpec(_Frozen):
 
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+_DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+_ENTRY = re.compile(rf"^{_DOTTED}(?::{_DOTTED})?$", re.ASCII)
 
 
 class WorkloadSpec(_Frozen):
@@ -481,6 +484,23 @@ class WorkloadSpec(_Frozen):
     val_batch_size: int = Field(default=1024, ge=1)
     device: str = "auto"  # auto, cpu, cuda or cuda:N
     dataloader_timeout: float = Field(default=0.0, ge=0)  # seconds per batch from a worker; 0: off
+
+    @field_validator("model", "data")
+    @classmethod
+    def _entry(cls, value: str) -> str:
+        # a name reaches exported scripts as an import line: only dotted identifiers can
+        if not _ENTRY.match(value):
+            raise ValueError(f"'{value}' is neither a built-in name nor 'package.module:function'")
+        return value
+
+    @field_validator("model_args", "data_args")
+    @classmethod
+    def _keyword_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # passed as keyword arguments, in the study and in exported scripts
+        for key in value:
+            if not (isinstance(key, str) and key.isidentifier() and not keyword.iskeyword(key)):
+                raise ValueError(f"{key!r} is not a Python argument name")
+        return value
 
     @field_validator("device")
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import re
@@ -76,6 +77,14 @@ def imported_modules(source: str) -> set[str]:
     return modules
 
 
+def provenance(source: str) -> dict[str, object]:
+    """The script's PROVENANCE, read as data (ast.literal_eval: no code runs)."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "PROVENANCE":
+            return ast.literal_eval(node.value)
+    raise AssertionError("the script has no PROVENANCE")
+
+
 def lint(path: Path) -> subprocess.CompletedProcess[str]:
     config = Path(__file__).parents[1] / "pyproject.toml"
     return subprocess.run(
@@ -113,7 +122,8 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
     assert imported_modules(text) <= {
         "argparse", "math", "statistics", "time", "pathlib", "torch", "sklearn",
     }  # fmt: skip
-    assert f"study 'digits', trial {best.trial}" in text and "EPOCHS = 4" in text
+    assert provenance(text)["study"] == "digits" and "EPOCHS = 4" in text
+    assert provenance(text)["trial"] == best.trial
     compile(text, str(script), "exec")
     assert lint(script).returncode == 0, lint(script).stdout
 
@@ -242,6 +252,40 @@ def test_every_knob_is_rendered_as_its_code(tiny_study):
         compile(changed, f"train.py ({knob}={value})", "exec")
         long_lines = [line for line in changed.splitlines() if len(line) > 99]
         assert not long_lines, f"{knob}={value} renders lines over 99 characters: {long_lines}"
+
+
+HOSTILE_NAMES = [
+    'q""";__import__("os").system("touch pwned");"""',
+    "q''';__import__('os').system('touch pwned');'''",
+    "a \"quoted\" name with 'both' kinds",
+    "back\\slash\\ and \\N{BULLET} and a trailing \\",
+    'line\nbreak\n__import__("os").system("touch pwned")\n#',
+    "{{ jinja }} {% if x %} # not a comment",
+    "étude 学習 🚀",
+    "x[/y] run[fast]" + "z" * 150,  # markup, and longer than a line
+]
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_hostile_strings_reach_the_script_only_as_data(tiny_study, tmp_path: Path, name):
+    """A study name (or anything else a user or a shared study gives) is data in the export."""
+    study, _ = tiny_study
+    best = best_config(study, select_trial(study))
+    hostile = dataclasses.replace(best, study=name, metrics={**best.metrics, "device_name": name})
+    script = tmp_path / "train.py"
+    text = render(hostile, "script", study, script_name=f"{name}.py")
+    write_new_file(script, text)
+    compile(text, str(script), "exec")  # parses: nothing ended a string or docstring early
+    assert lint(script).returncode == 0, lint(script).stdout
+    found = provenance(text)
+    assert found["study"] == name and name in str(found["measured_on"])
+    help_run = run_script(script, "--help")
+    assert help_run.returncode == 0, help_run.stderr
+    assert not (tmp_path / "pwned").exists()
+    for fmt in ("yaml", "json"):
+        path = tmp_path / f"best.{fmt}"
+        write_new_file(path, render(hostile, fmt))
+        assert load_config(path).study == name
 
 
 def _with(best: BestConfig, config) -> BestConfig:

@@ -177,6 +177,14 @@ def test_bad_knob_values(knob_yaml, expected):
             "s.yaml:3: objective.full_run_epochs: 2 is shorter than a trial",
         ),
         ("workload: 3\n", "workload: must be a mapping"),
+        (  # names reach exported scripts as import lines: dotted identifiers only
+            "workload: {model: 'os; import x:y', data: digits}\n",
+            "workload.model: 'os; import x:y' is neither a built-in name nor",
+        ),
+        (
+            "workload: {model: digits_cnn, data: digits, model_args: {'a=1)': 2}}\n",
+            "workload.model_args: 'a=1)' is not a Python argument name",
+        ),
         ("", "this one is empty"),
         ("- a\n- b\n", "this one is list"),
         ("study: [\n", "invalid YAML"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime
 import functools
 import json
-import textwrap
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +40,8 @@ def render(
     if fmt == "json":
         return json.dumps(best.to_dict(), indent=2) + "\n"
     if fmt == "yaml":
-        header = (
-            f"# autotune configuration: study '{best.study}', trial {best.trial}, "
+        header = (  # the name is the user's: a line break in it would end the comment
+            f"# autotune configuration: study {literal(best.study)}, trial {best.trial}, "
             f"{best.metric} {best.value:.6g}\n"
         )
         return header + yaml.safe_dump(best.to_dict(), sort_keys=False)
@@ -247,6 +247,70 @@ def _execution_summary(best: BestConfig) -> str:
     return ", ".join(parts)
 
 
+_PLAIN_FILE_NAME = re.compile(r"^[\w.+-]+$", re.ASCII)  # shown as it is in the docstring
+_PROVENANCE_WIDTH = 84  # characters of a string literal per line: the script's lines stay < 99
+
+
+def _wrapped_literal(text: str, room: int) -> str:
+    """``text`` as Python source: one string literal, or several in parentheses (implicitly
+    concatenated) when it is long. Every piece is a JSON string, a valid Python literal, so
+    that nothing in ``text`` (quotes, newlines, backslashes) can end it early. ``room``: the
+    characters left on the first line."""
+    if len(literal(text)) <= room:
+        return literal(text)
+    pieces: list[str] = []
+    current = ""
+    for char in text:
+        if current and len(literal(current + char)) > _PROVENANCE_WIDTH:
+            cut = current.rfind(" ") + 1 or len(current)  # after a space where there is one
+            pieces.append(current[:cut])
+            current = current[cut:]
+        current += char
+    pieces.append(current)
+    return "(\n" + "".join(f"        {literal(piece)}\n" for piece in pieces) + "    )"
+
+
+def _provenance(best: BestConfig, workload: WorkloadSpec) -> list[tuple[str, str]]:
+    """(key, Python source of its value) of the script's PROVENANCE: where the configuration
+    comes from. Study names, device names and the like are the user's (or a shared study's)
+    strings: they are data, written as literals, never pasted into code or the docstring."""
+    config, metrics = best.config, best.metrics
+    accuracy = metrics.get("accuracy")
+    sps = metrics.get("samples_per_second")
+    result = (
+        f"{best.metric} {best.value:.4g}"
+        + (f", validation accuracy {accuracy:.4f}" if accuracy is not None else "")
+        + (f", {sps:,.0f} samples/s steady state" if sps is not None else "")
+    )
+    device = str(metrics.get("device_name", config.device))
+    items: list[tuple[str, Any]] = [
+        ("study", best.study),
+        ("trial", best.trial),
+        ("model", workload.model),
+        ("data", workload.data),
+        ("result", result),
+        ("measured_on", f"{device} with torch {metrics.get('torch_version', '?')}"),
+        ("execution", _execution_summary(best)),
+        ("answer", best.confirmation_text()),
+        ("exported", f"{datetime.date.today().isoformat()} by autotune {__version__}"),
+    ]
+    # each item is a line '    "key": value,' of at most 99 characters
+    return [
+        (
+            literal(key),
+            _wrapped_literal(value, 99 - len(f'    "{key}": ,'))
+            if isinstance(value, str)
+            else literal(value),
+        )
+        for key, value in items
+    ]
+
+
+def _one_line(text: object) -> str:
+    """Template filter for comments: a line break in ``text`` would end the comment."""
+    return " ".join(str(text).splitlines())
+
+
 def _environment() -> jinja2.Environment:
     environment = jinja2.Environment(
         loader=jinja2.PackageLoader("autotune", "templates"),
@@ -257,6 +321,7 @@ def _environment() -> jinja2.Environment:
         autoescape=False,  # Python source, not HTML
     )
     environment.filters["literal"] = literal
+    environment.filters["one_line"] = _one_line
     return environment
 
 
@@ -285,29 +350,17 @@ def render_script(study: optuna.Study, best: BestConfig, script_name: str = "tra
         imports.add(Import("torch.utils.data", "DataLoader"))
     if config.schedule == "cosine":
         imports.add(Import("math"))
-    metrics = best.metrics
-    accuracy = metrics.get("accuracy")
-    sps = metrics.get("samples_per_second")
-    provenance = textwrap.wrap(
-        f"Configuration from autotune study '{best.study}', trial {best.trial}: {best.metric} "
-        f"{best.value:.4g}"
-        + (f", validation accuracy {accuracy:.4f}" if accuracy is not None else "")
-        + (f", {sps:,.0f} samples/s steady state" if sps is not None else "")
-        + f" on {metrics.get('device_name', config.device)} with torch "
-        f"{metrics.get('torch_version', '?')}. Exported {datetime.date.today().isoformat()} by "
-        f"autotune {__version__}.",
-        width=95,
-    ) + textwrap.wrap(f"Execution: {_execution_summary(best)}.", width=95)
-    provenance += textwrap.wrap(f"The study's answer is {best.confirmation_text()}.", width=95)
+    provenance = _provenance(best, spec.workload)
     compile_mode = None if config.compile == "none" else config.compile
     text = (
         _environment()
         .get_template("train.py.j2")
         .render(
+            # model and data are dotted names (spec checks them), safe in a docstring
             title=f"Train {spec.workload.model} on {spec.workload.data} with the configuration "
             f"autotune found.",
             provenance=provenance,
-            script_name=script_name,
+            script_name=script_name if _PLAIN_FILE_NAME.match(script_name) else "<this file>",
             epochs=best.epochs,
             import_block=import_block(imports),
             constants=_knob_notes(best),
