@@ -306,6 +306,37 @@ def test_yaml_and_json_round_trip_to_the_same_config(tiny_study, tmp_path: Path)
     assert json.loads((tmp_path / "best.json").read_text())["config"]["seed"] == trial.number
 
 
+def test_reading_a_crafted_study_runs_none_of_the_code_it_names(prepare_study, tmp_path: Path):
+    """A study database someone else wrote could name any function: export places it by name
+    and says so; it imports and calls nothing unless --rebuild-workload asks it to."""
+    study, url, _, _ = prepare_study(TINY_SPACE, tmp_path)
+    marker = tmp_path / "pwned"
+    space = study.user_attrs["space_file"].replace(
+        "data: autotune.testing:blobs\n  data_args: {image: true}",
+        f"data: os:system\n  data_args: {{command: 'touch {marker}'}}",
+    )
+    study.set_user_attr("space_file", space)
+    for missing in ("num_classes", "input_shape"):  # once, export called the data to learn them
+        study.set_user_attr(missing, None)
+
+    exported = run_cli("export", "--study", "tiny", "--storage", url, "-o", "t.py", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    assert "It imports and runs your code: autotune.testing:tiny_mlp, os:system." in (
+        exported.stdout
+    )
+    assert "from os import system" in (tmp_path / "t.py").read_text()
+    best = run_cli("best", "--study", "tiny", "--storage", url, cwd=tmp_path)
+    assert "its workload is your code: autotune.testing:tiny_mlp, os:system" in best.stdout
+    assert not marker.exists()
+
+    study.set_user_attr("model_kwargs", None)  # as older studies: only rebuilding could tell
+    refused = run_cli("export", "--study", "tiny", "--storage", url, "-o", "u.py", cwd=tmp_path)
+    assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1
+    assert "add --rebuild-workload if you trust this study" in refused.stderr
+    assert "os:system" in refused.stderr and not (tmp_path / "u.py").exists()
+    assert not marker.exists()
+
+
 def test_load_best_matches_autotune_best_json(tiny_study, tmp_path: Path):
     _, url = tiny_study
     best = autotune.load_best("tiny", storage=url)

@@ -27,7 +27,7 @@ def best(
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Print the best feasible trial of a study: its full configuration and metrics."""
-    from autotune import display, export
+    from autotune import display, export, workloads
     from autotune import study as studies
 
     quiet_libraries(verbose=False)
@@ -49,6 +49,10 @@ def best(
     for key, value in result.metrics.items():
         console.print(f"  {key}: {display.fmt_metric(key, value)}", markup=False)
     console.print(display.config_table(chosen))
+    spec = export.study_spec(found)
+    imported = workloads.user_entry_points(spec.workload) if spec is not None else []
+    if imported:
+        console.print(f"  its workload is your code: {', '.join(imported)}", markup=False)
     where = display.study_options(study_name, storage)
     console.print(
         f"\nExport it:  [bold]{display.command('autotune', 'export', *where, '-o', 'train.py')}[/]"
@@ -70,12 +74,20 @@ def export_command(
         int | None, typer.Option(help="Export this trial instead of the best feasible one.")
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
+    rebuild_workload: Annotated[
+        bool,
+        typer.Option(
+            "--rebuild-workload",
+            help="Let the export import and run the study's model and data code (for studies "
+            "that did not record what the script needs). Only for studies you trust.",
+        ),
+    ] = False,
 ) -> None:
     """Export the best configuration as a standalone training script, YAML or JSON."""
     formats = ("script", "yaml", "json")
     if fmt not in formats:
         raise fail(f"--format must be one of {', '.join(formats)}, not '{fmt}'")
-    from autotune import display, export
+    from autotune import display, export, workloads
     from autotune import study as studies
 
     quiet_libraries(verbose=False)
@@ -84,7 +96,7 @@ def export_command(
         chosen = export.select_trial(found, trial)
         result = export.best_config(found, chosen)
         name = output.name if output is not None else "train.py"
-        text = export.render(result, fmt, found, script_name=name)
+        text = export.render(result, fmt, found, name, rebuild_workload)
         if output is None:
             sys.stdout.write(text)
             return
@@ -103,6 +115,10 @@ def export_command(
             f"Run it:  [bold]{display.command('python', str(output))}[/]  "
             f"({result.epochs} epochs; --epochs N, --resume)"
         )
+        spec = export.study_spec(found)
+        imported = workloads.user_entry_points(spec.workload) if spec is not None else []
+        if imported:  # say so before the user runs it: a shared study could name anything
+            console.print(f"It imports and runs your code: {', '.join(imported)}.", markup=False)
 
 
 def _attach(study: Any, output: Path, storage: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import inspect
 import json
 import sys
@@ -178,6 +179,32 @@ def literal(value: Any) -> str:
         inner = ", ".join(literal(v) for v in value)
         return f"({inner},)" if len(value) == 1 else f"({inner})"
     return repr(value)
+
+
+def static_entry_point(entry: str, search_dir: Path | None) -> tuple[str, str, str | None]:
+    """What ``entry_point`` says, found without importing (so without running) the user's code:
+    its module is beside the space file (``search_dir``: the script puts that on ``sys.path``)
+    or installed (found by name; a top-level name is found without executing anything)."""
+    module, _, attribute = entry.partition(":")
+    import_line = f"from {module} import {attribute.split('.')[0]}"
+    top = module.split(".")[0]
+    if search_dir is not None and (
+        (search_dir / f"{top}.py").is_file() or (search_dir / top).is_dir()
+    ):
+        return import_line, attribute, str(search_dir)
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        found = None
+    origin = getattr(found, "origin", None)
+    if origin is None or _installed(Path(origin).resolve()):
+        return import_line, attribute, None
+    where = Path(origin).resolve()
+    return (
+        import_line,
+        attribute,
+        str(where.parent.parent if where.name == "__init__.py" else where.parent),
+    )
 
 
 def call(expression: str, kwargs: dict[str, Any], args: tuple[Any, ...] = ()) -> str:

@@ -21,11 +21,25 @@ import yaml
 
 from autotune._version import __version__
 from autotune.export._api import BestConfig, ExportError, study_spec
-from autotune.export._bundle import Import, bundle, call, entry_point, import_block, literal
+from autotune.export._bundle import (
+    Import,
+    bundle,
+    call,
+    entry_point,
+    import_block,
+    literal,
+    static_entry_point,
+)
 from autotune.pipeline import DeviceBatches
 from autotune.spec import WorkloadSpec
 from autotune.study import StudyRecord
-from autotune.workloads import WorkloadError, model_kwargs, resolve_data, resolve_model
+from autotune.workloads import (
+    WorkloadError,
+    model_kwargs,
+    resolve_data,
+    resolve_model,
+    user_entry_points,
+)
 from autotune.workloads import load as load_workload
 
 __all__ = ["FORMATS", "SCRIPT_KNOBS", "render", "render_script"]
@@ -34,9 +48,14 @@ FORMATS = ("script", "yaml", "json")
 
 
 def render(
-    best: BestConfig, fmt: str, study: optuna.Study | None = None, script_name: str = "train.py"
+    best: BestConfig,
+    fmt: str,
+    study: optuna.Study | None = None,
+    script_name: str = "train.py",
+    rebuild_workload: bool = False,
 ) -> str:
-    """The text of an export in ``fmt`` (script, yaml or json)."""
+    """The text of an export in ``fmt`` (script, yaml or json); ``rebuild_workload`` lets a
+    script export import and run the study's own model and data code (see _workload_code)."""
     if fmt == "json":
         return json.dumps(best.to_dict(), indent=2) + "\n"
     if fmt == "yaml":
@@ -48,7 +67,7 @@ def render(
     if fmt == "script":
         if study is None:
             raise ValueError("a script export needs the study")
-        return render_script(study, best, script_name)
+        return render_script(study, best, script_name, rebuild_workload)
     raise ValueError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
 
 
@@ -75,15 +94,30 @@ class _WorkloadCode:
 
 
 def _workload_code(
-    study: optuna.Study, workload: WorkloadSpec, device_pipeline: bool
+    study: optuna.Study, workload: WorkloadSpec, device_pipeline: bool, rebuild: bool = False
 ) -> tuple[set[Import], dict[str, Any]]:
-    """The imports the script's workload code needs, and the template fields that place it."""
+    """The imports the script's workload code needs, and the template fields that place it.
+
+    A study is read, not run: the user's ``package.module:function`` entries are neither
+    imported nor called (a study database someone else wrote could name any function) unless
+    ``rebuild`` asks for the workload to be rebuilt; what the script needs from them (the model's
+    arguments) was recorded when the study was created.
+    """
     record = StudyRecord.of(study)
     search_dir = record.space_file_dir
     if search_dir is None and record.space_file_path:
         # older studies stored only the path, relative to where `autotune run` ran
         search_dir = str(Path(record.space_file_path).resolve().parent)
     base_dir = Path(search_dir) if search_dir else None
+    user_code = user_entry_points(workload)
+    if user_code and not rebuild:
+        if record.model_kwargs is None:
+            raise ExportError(
+                f"study '{study.study_name}' did not record its model's arguments (it is older, "
+                f"or they are not plain data); exporting it means importing and running "
+                f"{' and '.join(user_code)}: add --rebuild-workload if you trust this study"
+            )
+        return _recorded_workload_code(workload, base_dir, record.model_kwargs, device_pipeline)
     num_classes, input_shape = record.num_classes, record.input_shape
     try:
         data_fn = resolve_data(workload, base_dir)
@@ -98,22 +132,60 @@ def _workload_code(
     except WorkloadError as err:
         raise ExportError(f"cannot export the workload: {err}") from None
     code = _WorkloadCode()
-    data_import, data_call = code.place(workload.data, data_fn, dict(workload.data_args))
-    model_import, model_call = code.place(workload.model, model_fn, kwargs)
+    data = code.place(workload.data, data_fn, dict(workload.data_args))
+    model = code.place(workload.model, model_fn, kwargs)
+    return _place_workload(code, data, model, device_pipeline)
+
+
+def _place_workload(
+    code: _WorkloadCode,
+    data: tuple[str | None, str],
+    model: tuple[str | None, str],
+    device_pipeline: bool,
+) -> tuple[set[Import], dict[str, Any]]:
+    """The imports and template fields for the data and model (import line, call) placed."""
     if device_pipeline:
         code.builtins.append(DeviceBatches)
     sources, imports = bundle(code.builtins)
     if code.sys_path:
         imports.add(Import("sys"))
     fields = {
-        "data_import": data_import,
-        "data_call": data_call,
-        "model_import": model_import,
-        "model_call": model_call,
+        "data_import": data[0],
+        "data_call": data[1],
+        "model_import": model[0],
+        "model_call": model[1],
         "sys_path": code.sys_path,
         "workload_sources": sources,
     }
     return imports, fields
+
+
+def _recorded_workload_code(
+    workload: WorkloadSpec,
+    base_dir: Path | None,
+    recorded_model_kwargs: dict[str, Any],
+    device_pipeline: bool,
+) -> tuple[set[Import], dict[str, Any]]:
+    """``_workload_code`` from what the study recorded: built-ins are autotune's own code and
+    resolved as usual; the user's entries are placed by name, never imported."""
+    code = _WorkloadCode()
+    placed: list[tuple[str | None, str]] = []
+    user_code = user_entry_points(workload)
+    for name, kwargs, resolve in (
+        (workload.data, dict(workload.data_args), resolve_data),
+        (workload.model, recorded_model_kwargs, resolve_model),
+    ):
+        if name in user_code:
+            import_line, expression, directory = static_entry_point(name, base_dir)
+            code.sys_path = directory or code.sys_path
+            placed.append((import_line, call(expression, kwargs)))
+            continue
+        try:
+            fn = resolve(workload, base_dir)
+        except WorkloadError as err:
+            raise ExportError(f"cannot export the workload: {err}") from None
+        placed.append(code.place(name, fn, kwargs))
+    return _place_workload(code, placed[0], placed[1], device_pipeline)
 
 
 # Where the script applies each knob of ``spec.KNOBS`` (a knob missing here fails
@@ -325,7 +397,12 @@ def _environment() -> jinja2.Environment:
     return environment
 
 
-def render_script(study: optuna.Study, best: BestConfig, script_name: str = "train.py") -> str:
+def render_script(
+    study: optuna.Study,
+    best: BestConfig,
+    script_name: str = "train.py",
+    rebuild_workload: bool = False,
+) -> str:
     """A standalone training script (imports no autotune) for ``best``'s configuration."""
     spec = study_spec(study)
     if spec is None:
@@ -335,7 +412,7 @@ def render_script(study: optuna.Study, best: BestConfig, script_name: str = "tra
         )
     config = best.config
     workload_imports, workload_fields = _workload_code(
-        study, spec.workload, config.data_pipeline == "device"
+        study, spec.workload, config.data_pipeline == "device", rebuild_workload
     )
     imports = {
         Import("argparse"),

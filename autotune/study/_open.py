@@ -12,6 +12,7 @@ import hashlib
 import json
 import time
 import warnings
+from typing import Any
 
 import optuna
 from optuna.exceptions import ExperimentalWarning
@@ -88,6 +89,15 @@ def _fingerprints_before_1122(spec: Spec) -> set[str]:
     return found
 
 
+def _json_or_none(value: dict[str, Any]) -> dict[str, Any] | None:
+    """``value`` as it reads back from JSON (tuples become lists), or None when it cannot be
+    stored (an argument that is not plain data)."""
+    try:
+        return dict(json.loads(json.dumps(value)))
+    except (TypeError, ValueError):
+        return None
+
+
 def _is_new(study: optuna.Study) -> bool:
     """A study with no trials yet: possibly one another process is still setting up."""
     return not study.get_trials(deepcopy=False)
@@ -149,6 +159,8 @@ def open_study(
         autotune_version=__version__,
         num_classes=workload.num_classes if workload is not None else None,
         input_shape=list(workload.input_shape) if workload is not None else None,
+        # for exports, which then need not import the user's code to learn them
+        model_kwargs=_json_or_none(workload.model_kwargs) if workload is not None else None,
         hardware=telemetry.fingerprint(hardware),
     ).store(study)
     if spec.study.baseline is not False:

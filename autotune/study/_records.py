@@ -272,6 +272,7 @@ class StudyRecord:
     autotune_version: str | None = None
     num_classes: int | None = None
     input_shape: list[int] | None = None  # one sample's
+    model_kwargs: dict[str, Any] | None = None  # what the model function was called with
     hardware: dict[str, Any] | None = None  # telemetry.fingerprint of the machine
     confirmation: ConfirmationRecord | None = None  # the confirmation round, once it started
 

@@ -23,6 +23,7 @@ from autotune.workloads._registry import (
     register_model,
     resolve_data,
     resolve_model,
+    user_entry_points,
 )
 
 register_dataset("digits")(digits.digits)
@@ -46,4 +47,5 @@ __all__ = [
     "register_model",
     "resolve_data",
     "resolve_model",
+    "user_entry_points",
 ]

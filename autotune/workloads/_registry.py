@@ -8,7 +8,7 @@ import importlib
 import inspect
 import sys
 from collections.abc import Callable, Iterator, Sized
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,7 @@ class Workload:
     num_classes: int | None
     input_shape: tuple[int, ...]  # shape of one input sample, e.g. (1, 8, 8)
     model_fn: Callable[[], nn.Module]
+    model_kwargs: dict[str, Any] = field(default_factory=dict)  # what model_fn passes on
 
     def build_model(self) -> nn.Module:
         """A new model with fresh weights (seed torch first for reproducible weights)."""
@@ -118,6 +119,16 @@ def builtin_family(name: str, registry: dict[str, Callable[..., Any]]) -> tuple[
     if registry is MODELS and family in MODEL_FAMILIES and member:
         return MODEL_FAMILIES[family], member
     return None
+
+
+def user_entry_points(spec: WorkloadSpec) -> list[str]:
+    """The ``package.module:function`` entries of ``spec`` that are the user's code (not
+    autotune's built-ins): what building the workload, or running an exported script, imports."""
+    return [
+        name
+        for name, registry in ((spec.model, MODELS), (spec.data, DATASETS))
+        if ":" in name and builtin_family(name, registry) is None
+    ]
 
 
 def _resolve(
@@ -266,4 +277,5 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None) -> Workload:
         num_classes=num_classes,
         input_shape=input_shape,
         model_fn=build,
+        model_kwargs=kwargs,
     )
