@@ -37,6 +37,9 @@ LONG_MODULES = {
     "they are checked against, with the YAML line index that puts file:line on every error",
     "runner.py": "the training loop of one trial reads top to bottom in commented stanzas, as "
     "nanoGPT's train.py does; splitting it would scatter one loop over files",
+    "worker.py": "the two ends of one pipe protocol, the supervisor (timeouts, kills, scratch "
+    "folders) and the worker process's loop, read together; the messages they exchange are "
+    "defined beside them",
     "testing.py": "what a test imports, in one module as optuna.testing is: tiny workloads and "
     "their fault hooks, described machines, a plain configuration, a tiny space file and the "
     "real command; autotune's own tests and a user's import the same helpers",

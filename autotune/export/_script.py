@@ -7,12 +7,8 @@ built-in workloads and the device data pipeline are pasted into it (``_bundle``)
 from __future__ import annotations
 
 import datetime
-import functools
 import json
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -23,24 +19,11 @@ from autotune._version import __version__
 from autotune.export._api import BestConfig, ExportError, study_spec
 from autotune.export._bundle import (
     Import,
-    bundle,
-    call,
-    entry_point,
     import_block,
     literal,
-    static_entry_point,
 )
-from autotune.pipeline import DeviceBatches
+from autotune.export._workload import workload_code
 from autotune.spec import WorkloadSpec
-from autotune.study import StudyRecord
-from autotune.workloads import (
-    WorkloadError,
-    model_kwargs,
-    resolve_data,
-    resolve_model,
-    user_entry_points,
-)
-from autotune.workloads import load as load_workload
 
 __all__ = ["FORMATS", "SCRIPT_KNOBS", "render", "render_script"]
 
@@ -55,7 +38,7 @@ def render(
     rebuild_workload: bool = False,
 ) -> str:
     """The text of an export in ``fmt`` (script, yaml or json); ``rebuild_workload`` lets a
-    script export import and run the study's own model and data code (see _workload_code)."""
+    script export import and run the study's own model and data code (``workload_code``)."""
     if fmt == "json":
         return json.dumps(best.to_dict(), indent=2) + "\n"
     if fmt == "yaml":
@@ -69,123 +52,6 @@ def render(
             raise ValueError("a script export needs the study")
         return render_script(study, best, script_name, rebuild_workload)
     raise ValueError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
-
-
-@dataclass
-class _WorkloadCode:
-    """How the script gets its data and model: pasted built-ins or imported entry points."""
-
-    builtins: list[Any] = field(default_factory=list)  # functions and classes to paste
-    sys_path: str | None = None
-
-    def place(
-        self, name: str, fn: Callable[..., Any], kwargs: dict[str, Any]
-    ) -> tuple[str | None, str]:
-        """(function-local import line or None, call expression) for one workload function."""
-        builtin = fn.func if isinstance(fn, functools.partial) else fn
-        if ":" not in name or isinstance(fn, functools.partial):  # built-in: paste its source
-            self.builtins.append(builtin)
-            args = fn.args if isinstance(fn, functools.partial) else ()
-            return None, call(builtin.__name__, kwargs, args)
-        import_line, expression, directory = entry_point(name)
-        if directory:
-            self.sys_path = directory
-        return import_line, call(expression, kwargs)
-
-
-def _workload_code(
-    study: optuna.Study, workload: WorkloadSpec, device_pipeline: bool, rebuild: bool = False
-) -> tuple[set[Import], dict[str, Any]]:
-    """The imports the script's workload code needs, and the template fields that place it.
-
-    A study is read, not run: the user's ``package.module:function`` entries are neither
-    imported nor called (a study database someone else wrote could name any function) unless
-    ``rebuild`` asks for the workload to be rebuilt; what the script needs from them (the model's
-    arguments) was recorded when the study was created.
-    """
-    record = StudyRecord.of(study)
-    search_dir = record.space_file_dir
-    if search_dir is None and record.space_file_path:
-        # older studies stored only the path, relative to where `autotune run` ran
-        search_dir = str(Path(record.space_file_path).resolve().parent)
-    base_dir = Path(search_dir) if search_dir else None
-    user_code = user_entry_points(workload)
-    if user_code and not rebuild:
-        if record.model_kwargs is None:
-            raise ExportError(
-                f"study '{study.study_name}' did not record its model's arguments (it is older, "
-                f"or they are not plain data); exporting it means importing and running "
-                f"{' and '.join(user_code)}: add --rebuild-workload if you trust this study"
-            )
-        return _recorded_workload_code(workload, base_dir, record.model_kwargs, device_pipeline)
-    num_classes, input_shape = record.num_classes, record.input_shape
-    try:
-        data_fn = resolve_data(workload, base_dir)
-        model_fn = resolve_model(workload, base_dir)
-        if num_classes is None and input_shape is None:
-            # studies made before these were stored: read them off the data
-            loaded = load_workload(workload, base_dir)
-            num_classes, input_shape = loaded.num_classes, list(loaded.input_shape)
-        kwargs = model_kwargs(
-            model_fn, dict(workload.model_args), num_classes, tuple(input_shape or ())
-        )
-    except WorkloadError as err:
-        raise ExportError(f"cannot export the workload: {err}") from None
-    code = _WorkloadCode()
-    data = code.place(workload.data, data_fn, dict(workload.data_args))
-    model = code.place(workload.model, model_fn, kwargs)
-    return _place_workload(code, data, model, device_pipeline)
-
-
-def _place_workload(
-    code: _WorkloadCode,
-    data: tuple[str | None, str],
-    model: tuple[str | None, str],
-    device_pipeline: bool,
-) -> tuple[set[Import], dict[str, Any]]:
-    """The imports and template fields for the data and model (import line, call) placed."""
-    if device_pipeline:
-        code.builtins.append(DeviceBatches)
-    sources, imports = bundle(code.builtins)
-    if code.sys_path:
-        imports.add(Import("sys"))
-    fields = {
-        "data_import": data[0],
-        "data_call": data[1],
-        "model_import": model[0],
-        "model_call": model[1],
-        "sys_path": code.sys_path,
-        "workload_sources": sources,
-    }
-    return imports, fields
-
-
-def _recorded_workload_code(
-    workload: WorkloadSpec,
-    base_dir: Path | None,
-    recorded_model_kwargs: dict[str, Any],
-    device_pipeline: bool,
-) -> tuple[set[Import], dict[str, Any]]:
-    """``_workload_code`` from what the study recorded: built-ins are autotune's own code and
-    resolved as usual; the user's entries are placed by name, never imported."""
-    code = _WorkloadCode()
-    placed: list[tuple[str | None, str]] = []
-    user_code = user_entry_points(workload)
-    for name, kwargs, resolve in (
-        (workload.data, dict(workload.data_args), resolve_data),
-        (workload.model, recorded_model_kwargs, resolve_model),
-    ):
-        if name in user_code:
-            import_line, expression, directory = static_entry_point(name, base_dir)
-            code.sys_path = directory or code.sys_path
-            placed.append((import_line, call(expression, kwargs)))
-            continue
-        try:
-            fn = resolve(workload, base_dir)
-        except WorkloadError as err:
-            raise ExportError(f"cannot export the workload: {err}") from None
-        placed.append(code.place(name, fn, kwargs))
-    return _place_workload(code, placed[0], placed[1], device_pipeline)
 
 
 # Where the script applies each knob of ``spec.KNOBS`` (a knob missing here fails
@@ -411,7 +277,7 @@ def render_script(
             f"--format yaml or json instead"
         )
     config = best.config
-    workload_imports, workload_fields = _workload_code(
+    workload_imports, workload_fields = workload_code(
         study, spec.workload, config.data_pipeline == "device", rebuild_workload
     )
     imports = {
