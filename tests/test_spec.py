@@ -182,6 +182,10 @@ def test_bad_knob_values(knob_yaml, expected):
             "workload.model: 'os; import x:y' is neither a built-in name nor",
         ),
         (
+            "workload: {model: 'autotune.testing:', data: digits}\n",
+            "workload.model: 'autotune.testing:' is neither a built-in name nor",
+        ),
+        (
             "workload: {model: digits_cnn, data: digits, model_args: {'a=1)': 2}}\n",
             "workload.model_args: 'a=1)' is not a Python argument name",
         ),
