@@ -268,7 +268,8 @@ def run_study(
     failures = 0
     wait_seconds = min(1.0, float(spec.study.heartbeat_interval))
     recover_stale_trials(study)  # a stale baseline is retried with its mark, not queued anew
-    requeue_lost_baseline(study, spec, hardware)
+    if len(study.get_trials(deepcopy=False, states=COUNTED_STATES)) < target:
+        requeue_lost_baseline(study, spec, hardware)  # not into a study that runs no more
     try:
         while True:
             recover_stale_trials(study)
