@@ -469,7 +469,7 @@ class StudySpec(_Frozen):
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
-_ENTRY = re.compile(rf"^{_DOTTED}(?::{_DOTTED})?$", re.ASCII)
+_ENTRY = re.compile(rf"{_DOTTED}(?::{_DOTTED})?", re.ASCII)  # fullmatch: no trailing newline
 
 
 class WorkloadSpec(_Frozen):
@@ -489,7 +489,7 @@ class WorkloadSpec(_Frozen):
     @classmethod
     def _entry(cls, value: str) -> str:
         # a name reaches exported scripts as an import line: only dotted identifiers can
-        if not _ENTRY.match(value):
+        if not _ENTRY.fullmatch(value):
             raise ValueError(f"'{value}' is neither a built-in name nor 'package.module:function'")
         return value
 
@@ -505,7 +505,7 @@ class WorkloadSpec(_Frozen):
     @field_validator("device")
     @classmethod
     def _device(cls, value: str) -> str:
-        if not _DEVICE.match(value):
+        if not _DEVICE.fullmatch(value):
             raise ValueError(f"'{value}' is not a device: use auto, cpu, cuda or cuda:N")
         return value
 

@@ -29,7 +29,7 @@ def browser_paths() -> tuple[str, str]:
     if found is None:
         if os.environ.get("AUTOTUNE_REQUIRE_BROWSER"):
             pytest.fail("AUTOTUNE_REQUIRE_BROWSER is set but chromium or chromedriver is missing")
-        pytest.skip("no Chromium and ChromeDriver: `apt-get install chromium chromium-driver`")
+        pytest.skip("no Chromium and ChromeDriver on this machine (.ci/run provides them)")
     return found
 
 

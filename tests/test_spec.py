@@ -181,6 +181,10 @@ def test_bad_knob_values(knob_yaml, expected):
             "workload: {model: 'os; import x:y', data: digits}\n",
             "workload.model: 'os; import x:y' is neither a built-in name nor",
         ),
+        (  # "$" would accept a trailing line break; the whole name must match
+            'workload: {model: "os:system\\n", data: digits}\n',
+            "is neither a built-in name nor",
+        ),
         (
             "workload: {model: 'autotune.testing:', data: digits}\n",
             "workload.model: 'autotune.testing:' is neither a built-in name nor",
