@@ -159,11 +159,16 @@ def entry_point(entry: str) -> tuple[str, str, str | None]:
         file = str(Path(portions[0]) / "__init__.py") if portions else None
     if file is None:
         return import_line, attribute, None
-    origin = Path(file).resolve()
+    return import_line, attribute, _folder_to_add(Path(file))
+
+
+def _folder_to_add(origin: Path) -> str | None:
+    """The folder a script must put on ``sys.path`` to import the module at ``origin`` (a
+    module file or a package's ``__init__.py``); None when it is installed."""
+    origin = origin.resolve()
     if _installed(origin):
-        return import_line, attribute, None
-    directory = origin.parent.parent if origin.name == "__init__.py" else origin.parent
-    return import_line, attribute, str(directory)
+        return None
+    return str(origin.parent.parent if origin.name == "__init__.py" else origin.parent)
 
 
 def literal(value: Any) -> str:
@@ -197,14 +202,9 @@ def static_entry_point(entry: str, search_dir: Path | None) -> tuple[str, str, s
     except (ImportError, ValueError):
         found = None
     origin = getattr(found, "origin", None)
-    if origin is None or _installed(Path(origin).resolve()):
+    if origin is None:  # not found here, or a namespace package: the script finds it or says so
         return import_line, attribute, None
-    where = Path(origin).resolve()
-    return (
-        import_line,
-        attribute,
-        str(where.parent.parent if where.name == "__init__.py" else where.parent),
-    )
+    return import_line, attribute, _folder_to_add(Path(origin))
 
 
 def call(expression: str, kwargs: dict[str, Any], args: tuple[Any, ...] = ()) -> str:

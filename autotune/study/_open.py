@@ -89,6 +89,13 @@ def _fingerprints_before_1122(spec: Spec) -> set[str]:
     return found
 
 
+def queue_baseline(study: optuna.Study, spec: Spec, hardware: Hardware) -> None:
+    """Queue the untuned baseline (``study.baseline``) to run next, marked as the baseline."""
+    study.enqueue_trial(
+        space.baseline_params(spec, hardware), user_attrs=TrialRecord(baseline=True).to_attrs()
+    )
+
+
 def _json_or_none(value: dict[str, Any]) -> dict[str, Any] | None:
     """``value`` as it reads back from JSON (tuples become lists), or None when it cannot be
     stored (an argument that is not plain data)."""
@@ -164,9 +171,7 @@ def open_study(
         hardware=telemetry.fingerprint(hardware),
     ).store(study)
     if spec.study.baseline is not False:
-        study.enqueue_trial(
-            space.baseline_params(spec, hardware), user_attrs=TrialRecord(baseline=True).to_attrs()
-        )
+        queue_baseline(study, spec, hardware)
     return _with_sampler(study, spec, storage)
 
 

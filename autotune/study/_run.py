@@ -23,6 +23,7 @@ from autotune.faults import FaultKind
 from autotune.hardware import Hardware
 from autotune.results import Evaluation
 from autotune.spec import Spec
+from autotune.study._open import queue_baseline
 from autotune.study._records import COUNTED_STATES, TrialRecord
 from autotune.study._storage import heartbeat, recover_stale_trials
 
@@ -234,9 +235,7 @@ def requeue_lost_baseline(study: optuna.Study, spec: Spec, hardware: Hardware) -
     present = (*COUNTED_STATES, TrialState.WAITING, TrialState.RUNNING)
     if any(TrialRecord.of(t).baseline for t in study.get_trials(deepcopy=False, states=present)):
         return False
-    study.enqueue_trial(
-        space.baseline_params(spec, hardware), user_attrs=TrialRecord(baseline=True).to_attrs()
-    )
+    queue_baseline(study, spec, hardware)
     return True
 
 
