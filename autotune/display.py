@@ -195,7 +195,7 @@ def print_plan(
     searched = spec.space.searched()
     console.print(f"[bold]searching[/] {', '.join(searched) if searched else 'nothing'}")
     for line in dropped:
-        console.print(f"[yellow]not on this device:[/] {escape(line)}")
+        console.print(f"[yellow]not searched:[/] {escape(line)}")
     created_on = studies.StudyRecord.of(study).created_on
     if created_on and created_on != hardware.device_name:
         console.print(

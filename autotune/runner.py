@@ -24,11 +24,10 @@ import warnings
 from collections.abc import Iterator
 
 import torch
-from torch import nn
 from torch.utils.data import DataLoader
 
 from autotune.config import TrialConfig
-from autotune.faults import TrialFault, classify
+from autotune.faults import FaultKind, TrialFault, classify
 from autotune.hardware import device_name
 from autotune.interference import CpuMeter, trial_threads
 from autotune.pipeline import DeviceBatches, make_train_loader, make_val_loader
@@ -41,6 +40,7 @@ from autotune.trainer import (
     seed_everything,
 )
 from autotune.workloads import Workload
+from autotune.workloads.scoring import IGNORE_INDEX, classification_sums
 
 __all__ = ["make_plan", "train"]
 
@@ -153,21 +153,24 @@ def _peak_memory_bytes(device: torch.device) -> int:
 
 @torch.no_grad()
 def _evaluate(trainer: Trainer, loader: DataLoader | DeviceBatches) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) of the eager model on ``loader``; one sync at the end."""
+    """(accuracy, mean cross-entropy per scored target element) of the eager model on
+    ``loader``; one sync at the end."""
     model = trainer.model
     model.eval()
-    correct = torch.zeros((), dtype=torch.long, device=trainer.device)
-    loss_sum = torch.zeros((), dtype=torch.float64, device=trainer.device)
-    count = 0
+    sums = torch.zeros(3, dtype=torch.float64, device=trainer.device)
     for batch in loader:
         inputs, targets = trainer.to_device(*batch)
         with trainer.autocast():
             logits = model(inputs)
-        correct += (logits.argmax(dim=1) == targets).sum()
-        loss_sum += nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
-        count += targets.shape[0]
+        sums += torch.stack(classification_sums(logits, targets)).double()
     model.train()
-    return correct.item() / count, loss_sum.item() / count
+    right, loss_sum, scored = sums.tolist()
+    if scored == 0:
+        raise TrialFault(
+            FaultKind.ERROR,
+            f"every validation target is {IGNORE_INDEX} (ignored): nothing to score",
+        )
+    return right / scored, loss_sum / scored
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,7 +30,8 @@ __all__ = ["Dropped", "Restriction", "baseline_params", "restrict", "sample"]
 
 @dataclass(frozen=True)
 class Dropped:
-    """Values of one knob left out of the search because this device cannot run them."""
+    """Values of one knob left out of the search: this device cannot run them, or they do
+    nothing for this workload."""
 
     knob: str
     values: tuple[Any, ...]
@@ -119,8 +120,15 @@ def _unsupported(
         size = len(workload.train_set)  # type: ignore[arg-type]  # map-style: sized
         return None if value <= size else f"larger than the training set ({size} samples)"
 
+    def channels_last(value: Any) -> str | None:
+        if not value or workload is None or len(workload.input_shape) == 3:
+            return None
+        shape = list(workload.input_shape) if workload.input_shape else "not a tensor"
+        return f"it reorders 4-D image batches only; one input here is {shape}"
+
     return {
         "batch_size": batch_size,
+        "channels_last": channels_last,
         "precision": precision,
         "compile": compile_mode,
         "pin_memory": pin_memory,

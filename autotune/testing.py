@@ -292,18 +292,24 @@ def tiny_cnn(num_classes: int, input_shape: tuple[int, ...], width: int = 16) ->
 
 
 class _Broken(nn.Module):
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, features: int, classes: int) -> None:
         super().__init__()
         self.message = message
-        self.weight = nn.Parameter(torch.zeros(1))
+        self.head = nn.Linear(features, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        raise ValueError(self.message)
+        if self.training:
+            raise ValueError(self.message)
+        return self.head(x.flatten(1))
 
 
-def broken_model(message: str = "a bug in forward") -> nn.Module:
-    """A model whose forward always raises ValueError(message): a bug, not a configuration."""
-    return _Broken(message)
+def broken_model(
+    num_classes: int, input_shape: tuple[int, ...], message: str = "a bug in forward"
+) -> nn.Module:
+    """A model whose forward raises ValueError(message) in training mode: a bug, not a
+    configuration, and one the check before the study (an eval-mode forward) does not see, as a
+    bug in a training-only branch (dropout, an auxiliary loss) would not be."""
+    return _Broken(message, math.prod(input_shape), num_classes)
 
 
 def blobs_workload(keep: list[nn.Module] | None = None, **data_args: Any) -> Workload:

@@ -21,8 +21,8 @@ def test_run_then_best_then_resume(tmp_path: Path):
     done = run_cli("run", str(space), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stdout + done.stderr
-    assert "not on this device: precision fp16" in done.stdout
-    assert "not on this device: pin_memory true" in done.stdout
+    assert "not searched: precision fp16" in done.stdout
+    assert "not searched: pin_memory true" in done.stdout
     assert "Best configuration (trial" in done.stdout
     assert "autotune dashboard" in done.stdout
 

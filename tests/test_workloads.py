@@ -136,19 +136,25 @@ def test_data_functions_must_return_two_splits(tmp_path: Path):
 
 
 def test_model_needing_num_classes_the_data_cannot_tell(tmp_path: Path):
-    (tmp_path / "floaty.py").write_text(
-        "import torch\nfrom torch.utils.data import TensorDataset\n"
+    (tmp_path / "untold.py").write_text(
+        "import torch\n"
         "def data():\n"
-        "    d = TensorDataset(torch.zeros(4, 2), torch.zeros(4))\n"
+        "    d = [(torch.zeros(2), i % 2) for i in range(4)]  # a list of pairs: no classes\n"
+        "    return d, d\n"
+        "def floats():\n"
+        "    d = [(torch.zeros(2), torch.tensor(0.5)) for i in range(4)]\n"
         "    return d, d\n"
     )
     with pytest.raises(WorkloadError, match=r"set workload\.model_args\.num_classes"):
-        load(WorkloadSpec(model="mlp", data="floaty:data"), base_dir=tmp_path)
+        load(WorkloadSpec(model="mlp", data="untold:data"), base_dir=tmp_path)
     workload = load(
-        WorkloadSpec(model="mlp", data="floaty:data", model_args={"num_classes": 2}),
+        WorkloadSpec(model="mlp", data="untold:data", model_args={"num_classes": 2}),
         base_dir=tmp_path,
     )
     assert workload.build_model()(torch.zeros(1, 2)).shape == (1, 2)
+    # float labels are named as what they are, not as a missing class count
+    with pytest.raises(WorkloadError, match=r"labels are float32; .* need integer class indices"):
+        load(WorkloadSpec(model="mlp", data="untold:floats"), base_dir=tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -106,6 +106,8 @@ def run(
         raise fail(str(err).splitlines()) from None
 
     display.print_plan(console, spec, hardware, study, [d.describe() for d in restriction.dropped])
+    for line in workload.warnings:  # what the check of the workload found doubtful
+        console.print(f"[yellow]warning:[/] {escape(line)}")
     executor = (
         WorkerExecutor(spec.workload, space_file.parent, spec.study.trial_timeout, verbose)
         if spec.study.isolation == "worker"

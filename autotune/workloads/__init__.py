@@ -10,6 +10,7 @@ and ``input_shape`` when it declares those parameters) and returns an ``nn.Modul
 """
 
 from autotune.workloads import digits, models, vision
+from autotune.workloads._load import load, model_kwargs
 from autotune.workloads._registry import (
     DATASETS,
     MODEL_FAMILIES,
@@ -17,8 +18,6 @@ from autotune.workloads._registry import (
     DataSplits,
     Workload,
     WorkloadError,
-    load,
-    model_kwargs,
     register_dataset,
     register_model,
     resolve_data,

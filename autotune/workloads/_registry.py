@@ -1,20 +1,19 @@
-"""Name -> model and data-set functions, and resolution of ``package.module:function`` entries."""
+"""Name -> model and data-set functions, and resolution of ``package.module:function`` entries;
+the types a loaded workload is made of."""
 
 from __future__ import annotations
 
 import difflib
 import functools
 import importlib
-import inspect
 import sys
-from collections.abc import Callable, Iterator, Sized
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset
 
 from autotune.errors import UserError
 from autotune.spec import WorkloadSpec
@@ -56,6 +55,7 @@ class Workload:
     input_shape: tuple[int, ...]  # shape of one input sample, e.g. (1, 8, 8)
     model_fn: Callable[[], nn.Module]
     model_kwargs: dict[str, Any] = field(default_factory=dict)  # what model_fn passes on
+    warnings: tuple[str, ...] = ()  # what the check before the study found doubtful, one line each
 
     def build_model(self) -> nn.Module:
         """A new model with fresh weights (seed torch first for reproducible weights)."""
@@ -150,64 +150,12 @@ def _resolve(
     )
 
 
-def _infer_num_classes(train: Dataset) -> int | None:
-    classes = getattr(train, "classes", None)
-    if isinstance(classes, Sized) and len(classes) > 0:
-        return len(classes)
-    if isinstance(train, TensorDataset) and len(train.tensors) >= 2:
-        labels = train.tensors[1]
-        if not labels.is_floating_point() and labels.numel() > 0:
-            return int(labels.max()) + 1
-    return None
-
-
-def _is_builtin(fn: Callable[..., Any]) -> bool:
+def is_builtin(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is one of autotune's own model or data functions (not the user's code)."""
     target = fn.func if isinstance(fn, functools.partial) else fn
     return any(
         target is f for f in (*MODELS.values(), *DATASETS.values(), *MODEL_FAMILIES.values())
     )
-
-
-def _call(fn: Callable[..., Any], kwargs: dict[str, Any], what: str, entry: str) -> Any:
-    try:
-        inspect.signature(fn).bind(**kwargs)
-    except TypeError as err:
-        given = ", ".join(kwargs) or "no arguments"
-        raise WorkloadError(f"{what} '{entry}' cannot be called with {given}: {err}") from None
-    except ValueError:  # no signature (a builtin): just call it
-        pass
-    try:
-        return fn(**kwargs)
-    except WorkloadError:
-        raise
-    except (FileNotFoundError, NotADirectoryError) as err:
-        raise WorkloadError(f"{what} '{entry}': {err}") from None
-    except ValueError as err:
-        if not _is_builtin(fn):
-            raise  # the user's own code: its traceback helps
-        raise WorkloadError(f"{what} '{entry}': {err}") from None
-
-
-def model_kwargs(
-    fn: ModelFn, args: dict[str, Any], num_classes: int | None, input_shape: tuple[int, ...]
-) -> dict[str, Any]:
-    """The keyword arguments a model function gets: ``args`` (the space file's model_args), plus
-    ``num_classes`` and ``input_shape`` where the function declares them."""
-    try:
-        parameters = inspect.signature(fn).parameters
-    except ValueError:
-        return dict(args)
-    kwargs = dict(args)
-    if "num_classes" in parameters and "num_classes" not in kwargs:
-        if num_classes is None:
-            raise WorkloadError(
-                "the model needs num_classes and the data set does not say how many classes "
-                "it has: set workload.model_args.num_classes"
-            )
-        kwargs["num_classes"] = num_classes
-    if "input_shape" in parameters and "input_shape" not in kwargs:
-        kwargs["input_shape"] = input_shape
-    return kwargs
 
 
 def _search_dirs(base_dir: Path | None) -> list[Path]:
@@ -222,60 +170,3 @@ def resolve_model(spec: WorkloadSpec, base_dir: Path | None = None) -> ModelFn:
 def resolve_data(spec: WorkloadSpec, base_dir: Path | None = None) -> DataFn:
     """The data function a spec names (imported when it is an entry point)."""
     return _resolve(spec.data, DATASETS, "data set", _search_dirs(base_dir))
-
-
-def load(spec: WorkloadSpec, base_dir: Path | None = None) -> Workload:
-    """Build the workload a spec names: data loaded, model function checked by building one.
-
-    ``package.module:function`` entries are imported from the working directory, then from
-    ``base_dir`` (the space file's directory). Raises WorkloadError with one readable line.
-    """
-    data_fn = resolve_data(spec, base_dir)
-    model_fn = resolve_model(spec, base_dir)
-
-    splits = _call(data_fn, dict(spec.data_args), "data set", spec.data)
-    if isinstance(splits, tuple | list) and len(splits) == 2:
-        splits = DataSplits(train=splits[0], val=splits[1])
-    if not isinstance(splits, DataSplits):
-        raise WorkloadError(
-            f"data set '{spec.data}' returned {type(splits).__name__}; it must return "
-            f"(train_dataset, val_dataset) or autotune.workloads.DataSplits"
-        )
-    for split_name, split in (("training", splits.train), ("validation", splits.val)):
-        if not hasattr(split, "__getitem__") or not hasattr(split, "__len__"):
-            raise WorkloadError(
-                f"data set '{spec.data}': the {split_name} split is not a map-style Dataset "
-                f"(it needs __getitem__ and __len__)"
-            )
-        if len(split) == 0:
-            raise WorkloadError(f"data set '{spec.data}': the {split_name} split is empty")
-    sample = splits.train[0]
-    if not (isinstance(sample, tuple | list) and len(sample) == 2):
-        raise WorkloadError(
-            f"data set '{spec.data}': a sample must be an (input, label) pair, "
-            f"got {type(sample).__name__}"
-        )
-    inputs = sample[0]
-    input_shape = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else ()
-    num_classes = splits.num_classes or _infer_num_classes(splits.train)
-
-    kwargs = model_kwargs(model_fn, dict(spec.model_args), num_classes, input_shape)
-
-    def build() -> nn.Module:
-        return model_fn(**kwargs)
-
-    model = _call(model_fn, kwargs, "model", spec.model)
-    if not isinstance(model, nn.Module):
-        raise WorkloadError(
-            f"model '{spec.model}' returned {type(model).__name__}, not a torch.nn.Module"
-        )
-    del model
-    return Workload(
-        name=f"{spec.model} on {spec.data}",
-        train_set=splits.train,
-        val_set=splits.val,
-        num_classes=num_classes,
-        input_shape=input_shape,
-        model_fn=build,
-        model_kwargs=kwargs,
-    )

@@ -1,0 +1,147 @@
+"""Building the workload a space file names: data loaded, model built and run once on real batches.
+
+Everything that can go wrong here is the user's to fix (a missing file, a data function that
+raises, a model that does not fit its data) and is raised as one WorkloadError line naming the
+workload entry and, for an exception in the user's code, where it was raised.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sized
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+from autotune.spec import WorkloadSpec
+from autotune.workloads._check import check, check_labels, first_sample, user_frame
+from autotune.workloads._registry import (
+    DataSplits,
+    ModelFn,
+    Workload,
+    WorkloadError,
+    is_builtin,
+    resolve_data,
+    resolve_model,
+)
+
+__all__ = ["load", "model_kwargs"]
+
+
+def _infer_num_classes(train: Dataset) -> int | None:
+    classes = getattr(train, "classes", None)
+    if isinstance(classes, Sized) and len(classes) > 0:
+        return len(classes)
+    if isinstance(train, TensorDataset) and len(train.tensors) >= 2:
+        labels = train.tensors[1]
+        if not labels.is_floating_point() and labels.numel() > 0:
+            return int(labels.max()) + 1
+    return None
+
+
+def _call(fn: Callable[..., Any], kwargs: dict[str, Any], what: str, entry: str) -> Any:
+    try:
+        inspect.signature(fn).bind(**kwargs)
+    except TypeError as err:
+        given = ", ".join(kwargs) or "no arguments"
+        raise WorkloadError(f"{what} '{entry}' cannot be called with {given}: {err}") from None
+    except ValueError:  # no signature (a builtin): just call it
+        pass
+    try:
+        return fn(**kwargs)
+    except WorkloadError:
+        raise
+    except (FileNotFoundError, NotADirectoryError) as err:
+        raise WorkloadError(f"{what} '{entry}': {err}") from None
+    except ValueError as err:
+        if not is_builtin(fn):
+            raise WorkloadError(
+                f"{what} '{entry}' raised ValueError: {err} (at {user_frame(err)})"
+            ) from None
+        raise WorkloadError(f"{what} '{entry}': {err}") from None
+    except Exception as err:
+        if is_builtin(fn):
+            raise  # autotune's own function failing: a bug, its traceback helps
+        raise WorkloadError(
+            f"{what} '{entry}' raised {type(err).__name__}: {err} (at {user_frame(err)})"
+        ) from None
+
+
+def model_kwargs(
+    fn: ModelFn, args: dict[str, Any], num_classes: int | None, input_shape: tuple[int, ...]
+) -> dict[str, Any]:
+    """The keyword arguments a model function gets: ``args`` (the space file's model_args), plus
+    ``num_classes`` and ``input_shape`` where the function declares them."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except ValueError:
+        return dict(args)
+    kwargs = dict(args)
+    if "num_classes" in parameters and "num_classes" not in kwargs:
+        if num_classes is None:
+            raise WorkloadError(
+                "the model needs num_classes and the data set does not say how many classes "
+                "it has: set workload.model_args.num_classes"
+            )
+        kwargs["num_classes"] = num_classes
+    if "input_shape" in parameters and "input_shape" not in kwargs:
+        kwargs["input_shape"] = input_shape
+    return kwargs
+
+
+def load(spec: WorkloadSpec, base_dir: Path | None = None) -> Workload:
+    """Build the workload a spec names: data loaded, and the model built and run once on a
+    small batch of each split, its loss and score computed as a trial will (``_check``).
+
+    ``package.module:function`` entries are imported from the working directory, then from
+    ``base_dir`` (the space file's directory). Raises WorkloadError with one readable line.
+    """
+    data_fn = resolve_data(spec, base_dir)
+    model_fn = resolve_model(spec, base_dir)
+
+    splits = _call(data_fn, dict(spec.data_args), "data set", spec.data)
+    if isinstance(splits, tuple | list) and len(splits) == 2:
+        splits = DataSplits(train=splits[0], val=splits[1])
+    if not isinstance(splits, DataSplits):
+        raise WorkloadError(
+            f"data set '{spec.data}' returned {type(splits).__name__}; it must return "
+            f"(train_dataset, val_dataset) or autotune.workloads.DataSplits"
+        )
+    for split_name, split in (("training", splits.train), ("validation", splits.val)):
+        if not hasattr(split, "__getitem__") or not hasattr(split, "__len__"):
+            raise WorkloadError(
+                f"data set '{spec.data}': the {split_name} split is not a map-style Dataset "
+                f"(it needs __getitem__ and __len__)"
+            )
+        if len(split) == 0:
+            raise WorkloadError(f"data set '{spec.data}': the {split_name} split is empty")
+    inputs, label = first_sample(splits.train, "training", spec.data)
+    check_labels(label, spec.data)  # before num_classes is looked for: say what is wrong
+    input_shape = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else ()
+    num_classes = splits.num_classes or _infer_num_classes(splits.train)
+
+    kwargs = model_kwargs(model_fn, dict(spec.model_args), num_classes, input_shape)
+
+    def build() -> nn.Module:
+        return model_fn(**kwargs)
+
+    model = _call(model_fn, kwargs, "model", spec.model)
+    if not isinstance(model, nn.Module):
+        raise WorkloadError(
+            f"model '{spec.model}' returned {type(model).__name__}, not a torch.nn.Module"
+        )
+    warnings = check(model, splits.train, splits.val, num_classes, spec.model, spec.data)
+    del model
+    return Workload(
+        name=f"{spec.model} on {spec.data}",
+        train_set=splits.train,
+        val_set=splits.val,
+        num_classes=num_classes,
+        input_shape=input_shape,
+        model_fn=build,
+        model_kwargs=kwargs,
+        warnings=warnings,
+    )

@@ -1,0 +1,212 @@
+"""The check before the study (one real batch through the model) and scoring any target shape."""
+
+from __future__ import annotations
+
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from autotune.hardware import detect
+from autotune.runner import train
+from autotune.space import restrict
+from autotune.spec import WorkloadSpec, parse_spec
+from autotune.testing import make_config, never_stop
+from autotune.workloads import WorkloadError, load
+from autotune.workloads.scoring import IGNORE_INDEX, classification_sums
+
+# Workloads as a new user writes them: each data function returns (train, val), each model
+# function an nn.Module; most of them wrong in one way.
+USER_MODULE = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+    from torch.utils.data import Dataset, TensorDataset
+
+    def blobs(n=64, classes=3, val=32, float_labels=False):
+        g = torch.Generator().manual_seed(0)
+        y = torch.arange(n + val) % classes
+        x = torch.randn(n + val, 6, generator=g) + y[:, None].float()
+        if float_labels:
+            y = y.float()
+        return TensorDataset(x[:n], y[:n]), TensorDataset(x[n:], y[n:])
+
+    def broken_data():
+        settings = {"path": "/data"}
+        return settings["root"]  # the user's bug: line 16
+
+    class Unreadable(Dataset):
+        def __len__(self):
+            return 8
+        def __getitem__(self, index):
+            raise IndexError("shard 3 is missing")
+
+    def unreadable():
+        return Unreadable(), Unreadable()
+
+    def masks(n=24, val=12, size=6):
+        # segmentation: one class per pixel, 3 classes; the label is the brightest channel
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(n + val, 3, size, size, generator=g)
+        y = x.argmax(dim=1)
+        y[:, 0, 0] = -100  # a padding pixel: neither trained on nor scored
+        return TensorDataset(x[:n], y[:n]), TensorDataset(x[n:], y[n:])
+
+    def linear(num_classes):
+        return nn.Linear(6, num_classes)
+
+    def ten_outputs():
+        return nn.Linear(6, 10)
+
+    def two_outputs():
+        return nn.Linear(6, 2)
+
+    class DictOut(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(6, 3)
+        def forward(self, x):
+            return {"logits": self.head(x)}
+
+    def dict_out():
+        return DictOut()
+
+    class Crashes(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(5, 3)  # the user's bug: the inputs have 6 features
+        def forward(self, x):
+            return self.head(x)
+
+    def crashes():
+        return Crashes()
+
+    class ClassesLast(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 3, 1)
+        def forward(self, x):
+            return self.conv(x).permute(0, 2, 3, 1)
+
+    def classes_last():
+        return ClassesLast()
+
+    def pixels(num_classes):
+        return nn.Conv2d(3, num_classes, 3, padding=1)
+    """
+)
+
+
+@pytest.fixture
+def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "odd_workloads.py").write_text(USER_MODULE)
+    monkeypatch.delitem(sys.modules, "odd_workloads", raising=False)  # this test's copy
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    return tmp_path
+
+
+def _load(folder: Path, model: str, data: str = "blobs", **data_args: object):
+    spec = WorkloadSpec(
+        model=f"odd_workloads:{model}", data=f"odd_workloads:{data}", data_args=data_args
+    )
+    return load(spec, base_dir=folder)
+
+
+@pytest.mark.parametrize(
+    ("model", "data", "data_args", "expected"),
+    [
+        (
+            "ten_outputs",
+            "blobs",
+            {},
+            "outputs 10 classes but data set 'odd_workloads:blobs' has 3",
+        ),
+        ("two_outputs", "blobs", {}, "outputs 2 classes but"),
+        (
+            "linear",
+            "blobs",
+            {"float_labels": True},
+            "labels are float32; the loss .* need integer class indices",
+        ),
+        ("dict_out", "blobs", {}, "returned dict; .* return its .logits from forward"),
+        ("classes_last", "masks", {}, r"has its classes in the last dimension.*movedim\(-1, 1\)"),
+        (
+            "linear",
+            "masks",
+            {},
+            r"output \[2, 3, 6, 3\] does not fit targets \[2, 6, 6\]: .*\[2, classes, 6, 6\]",
+        ),
+        ("crashes", "masks", {}, r"fails on a training batch \(float32 \[2, 3, 6, 6\]\)"),
+        (
+            "crashes",
+            "blobs",
+            {},
+            r"RuntimeError: mat1 and mat2 shapes cannot be multiplied.* \(at .*in forward\)",
+        ),
+        ("linear", "broken_data", {}, r"'odd_workloads:broken_data' raised KeyError: 'root'"),
+        ("linear", "unreadable", {}, r"reading training sample 0 raised IndexError: shard 3"),
+    ],
+)
+def test_a_workload_that_cannot_train_or_be_scored_is_refused_in_one_line(
+    user_dir: Path, model: str, data: str, data_args: dict, expected: str
+):
+    with pytest.raises(WorkloadError) as caught:
+        _load(user_dir, model, data, **data_args)
+    message = str(caught.value)
+    assert re.search(expected, message), message
+    assert "\n" not in message
+
+
+def test_an_error_in_the_users_code_names_the_line_it_was_raised_on(user_dir: Path):
+    with pytest.raises(WorkloadError) as caught:
+        _load(user_dir, "linear", "broken_data")
+    assert str(caught.value).endswith("odd_workloads.py:16 in broken_data)")
+
+
+def test_a_small_validation_split_is_warned_about_and_a_fitting_one_is_not(user_dir: Path):
+    small = _load(user_dir, "linear", val=5)
+    assert len(small.warnings) == 1
+    assert "5 scored targets: accuracy moves in steps of 0.2" in small.warnings[0]
+    # a segmentation target scores every pixel: 12 masks of 36 pixels, one pixel padding
+    pixels = _load(user_dir, "pixels", "masks")
+    assert pixels.warnings == ()
+    assert _load(user_dir, "linear", val=100).warnings == ()
+
+
+def test_accuracy_counts_every_scored_target_element_not_samples():
+    logits = torch.zeros(2, 3, 2, 2)
+    logits[:, 1] = 1.0  # predicts class 1 everywhere
+    targets = torch.tensor([[[1, 1], [0, IGNORE_INDEX]], [[1, 2], [1, 1]]])
+    right, loss, scored = classification_sums(logits, targets)
+    assert (int(right), int(scored)) == (5, 7)  # 5 of the 7 scored pixels are class 1
+    expected = torch.nn.functional.cross_entropy(logits, targets, reduction="sum")
+    assert float(loss) == pytest.approx(float(expected))
+    # one class per sample: unchanged
+    right, _, scored = classification_sums(torch.eye(3), torch.tensor([0, 2, 2]))
+    assert (int(right), int(scored)) == (2, 3)
+
+
+def test_a_segmentation_trial_scores_a_share_of_pixels(user_dir: Path):
+    workload = _load(user_dir, "pixels", "masks")
+    result = train(make_config(epochs=2, lr=0.05, batch_size=8), workload, never_stop)
+    # the brightest channel is learnable by a 3x3 convolution: well above chance, never above 1
+    assert 0.6 < result.accuracy <= 1.0
+    assert all(0.0 <= e.accuracy <= 1.0 for e in result.evaluations)
+
+
+def test_channels_last_is_not_searched_for_inputs_that_are_not_images(user_dir: Path):
+    spec = parse_spec(
+        "workload: {model: mlp, data: digits}\n"
+        "space: {channels_last: [true, false], batch_size: [8]}\n",
+        "s.yaml",
+    )
+    flat = restrict(spec, detect("cpu"), _load(user_dir, "linear"))
+    assert flat.spec.space.channels_last.values == (False,)
+    assert [d.describe() for d in flat.dropped] == [
+        "channels_last true: it reorders 4-D image batches only; one input here is [6]"
+    ]
+    images = restrict(spec, detect("cpu"), _load(user_dir, "pixels", "masks"))
+    assert images.spec.space.channels_last.values == (True, False)
