@@ -40,7 +40,8 @@ from autotune.trainer import (
     seed_everything,
 )
 from autotune.workloads import Workload
-from autotune.workloads.scoring import IGNORE_INDEX, classification_sums
+from autotune.workloads.batches import BatchLayout, call_model, count_samples
+from autotune.workloads.scoring import IGNORE_INDEX, classification_sums, logits_of
 
 __all__ = ["make_plan", "train"]
 
@@ -152,16 +153,18 @@ def _peak_memory_bytes(device: torch.device) -> int:
 
 
 @torch.no_grad()
-def _evaluate(trainer: Trainer, loader: DataLoader | DeviceBatches) -> tuple[float, float]:
+def _evaluate(
+    trainer: Trainer, loader: DataLoader | DeviceBatches, layout: BatchLayout
+) -> tuple[float, float]:
     """(accuracy, mean cross-entropy per scored target element) of the eager model on
     ``loader``; one sync at the end."""
     model = trainer.model
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=trainer.device)
     for batch in loader:
-        inputs, targets = trainer.to_device(*batch)
+        inputs, targets = trainer.to_device(*layout.split(batch))
         with trainer.autocast():
-            logits = model(inputs)
+            logits = logits_of(call_model(model, inputs))
         sums += torch.stack(classification_sums(logits, targets)).double()
     model.train()
     right, loss_sum, scored = sums.tolist()
@@ -171,6 +174,16 @@ def _evaluate(trainer: Trainer, loader: DataLoader | DeviceBatches) -> tuple[flo
             f"every validation target is {IGNORE_INDEX} (ignored): nothing to score",
         )
     return right / scored, loss_sum / scored
+
+
+def _flops_per_sample(trainer: Trainer, workload: Workload) -> float | None:
+    """FLOPs of a training step per sample, counted on the workload's first samples."""
+    inputs, targets = trainer.to_device(*workload.example_batch())
+    return flops_per_sample(
+        trainer.model,
+        lambda: trainer.loss_fn(call_model(trainer.model, inputs), targets),
+        count_samples(targets),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,11 +249,9 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
     # -- model, optimizer, schedule, precision; compiled when asked, on a cold compiler (see
     # _compile_state) so earlier trials' graphs neither help nor count (evaluation runs eager)
     graphs_before, compile_before = _compiled_graphs(), _compile_seconds()
-    trainer = Trainer(workload.build_model(), config, plan.optimizer_steps)
+    trainer = Trainer(workload.build_model(), config, plan.optimizer_steps, workload.loss_fn)
     device = trainer.device
-    flops = flops_per_sample(
-        trainer.model, workload.input_shape, device, trainer.loss_fn, config.channels_last
-    )
+    flops = _flops_per_sample(trainer, workload)
     _reset_peak_memory(device)
 
     # -- bookkeeping read only at evaluations (no per-step host-device synchronization).
@@ -281,7 +292,7 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
                 batches = iter(train_loader)
                 batch = next(batches)
             probe.mark("data_wait")
-            inputs, targets = trainer.to_device(*batch)
+            inputs, targets = trainer.to_device(*workload.layout.split(batch))
             probe.mark("host_to_device")
             loss = trainer.forward_backward(inputs, targets)
             probe.mark("forward_backward")
@@ -324,7 +335,7 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
             # a tensor under fp16 (finite losses are counted on the device), else an int
             losses_summed = losses_summed.zero_() if fp16 else 0  # type: ignore[union-attr]
             eval_started = time.perf_counter()
-            accuracy, val_loss = _evaluate(trainer, val_loader)
+            accuracy, val_loss = _evaluate(trainer, val_loader, workload.layout)
             evaluation = Evaluation(
                 index=len(evaluations) + 1,
                 epoch=epoch,

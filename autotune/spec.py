@@ -467,6 +467,9 @@ class StudySpec(_Frozen):
         return value
 
 
+# workload fields added after studies were labelled: left out of the label at their default
+_ADDED_LATER: dict[str, Any] = {"inputs": None, "target": None, "loss": "cross_entropy"}
+LOSSES = ("cross_entropy", "model")  # built-in losses; or the user's package.module:function
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 _ENTRY = re.compile(rf"{_DOTTED}(?::{_DOTTED})?", re.ASCII)  # fullmatch: no trailing newline
@@ -484,6 +487,11 @@ class WorkloadSpec(_Frozen):
     val_batch_size: int = Field(default=1024, ge=1)
     device: str = "auto"  # auto, cpu, cuda or cuda:N
     dataloader_timeout: float = Field(default=0.0, ge=0)  # seconds per batch from a worker; 0: off
+    # Where a sample holds the model's inputs and the target (keys of a dict sample, indices of
+    # a tuple); None: a pair's 0 and 1, a dict's "labels" (or "label") and its other keys.
+    inputs: str | int | list[str | int] | None = None
+    target: str | int | None = None
+    loss: str = "cross_entropy"  # cross_entropy | model | package.module:function
 
     @field_validator("model", "data")
     @classmethod
@@ -500,6 +508,30 @@ class WorkloadSpec(_Frozen):
         for key in value:
             if not (isinstance(key, str) and key.isidentifier() and not keyword.iskeyword(key)):
                 raise ValueError(f"{key!r} is not a Python argument name")
+        return value
+
+    @field_validator("inputs", "target")
+    @classmethod
+    def _places(cls, value: Any) -> Any:
+        # a key becomes a keyword argument (in the study and in exported scripts)
+        for place in value if isinstance(value, list) else [value]:
+            if isinstance(place, int) and place < 0:
+                raise ValueError(f"{place} is not an index of a sample: use 0, 1, ...")
+            if isinstance(place, str) and not (
+                place.isidentifier() and not keyword.iskeyword(place)
+            ):
+                raise ValueError(f"{place!r} is not a key a model can take as an argument")
+        if isinstance(value, list) and len(set(map(repr, value))) != len(value):
+            raise ValueError("lists a place twice")
+        return value
+
+    @field_validator("loss")
+    @classmethod
+    def _loss(cls, value: str) -> str:
+        if value not in LOSSES and not (":" in value and _ENTRY.fullmatch(value)):
+            raise ValueError(
+                f"'{value}' is not a loss: use {', '.join(LOSSES)} or 'package.module:function'"
+            )
         return value
 
     @field_validator("device")
@@ -599,6 +631,9 @@ class Spec(_Frozen):
         """
         payload = self.model_dump(mode="json", include={"workload", "objective", "space"})
         payload["workload"]["device"] = device or payload["workload"]["device"].split(":")[0]
+        for key, default in _ADDED_LATER.items():  # studies labelled before they existed
+            if payload["workload"].get(key) == default:
+                del payload["workload"][key]
         return payload
 
     def search_definition(self) -> str:

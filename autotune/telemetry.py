@@ -59,36 +59,26 @@ def peak_flops(device_name: str, precision: str) -> float | None:
 
 
 def flops_per_sample(
-    model: nn.Module,
-    input_shape: tuple[int, ...],
-    device: torch.device,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    channels_last: bool = False,
+    model: nn.Module, training_loss: Callable[[], torch.Tensor], samples: int
 ) -> float | None:
     """FLOPs of one training step (forward and backward) per sample, counted by
-    torch.utils.flop_counter on a two-sample batch of zeros.
+    torch.utils.flop_counter while ``training_loss()`` computes the loss of a batch of
+    ``samples`` samples and it is back-propagated.
 
     The model runs in eval mode (batch norm statistics are left alone) and its gradients are
     cleared afterwards, so the trial trains exactly as it would without the count.
     """
-    if not input_shape:
-        return None
-    batch = 2
-    inputs = torch.zeros((batch, *input_shape), device=device)
-    if channels_last and inputs.dim() == 4:
-        inputs = inputs.contiguous(memory_format=torch.channels_last)
-    targets = torch.zeros(batch, dtype=torch.long, device=device)
     was_training = model.training
     model.eval()
     try:
         with FlopCounterMode(display=False) as counter:
-            loss_fn(model(inputs), targets).backward()
+            training_loss().backward()
     except Exception:  # a model the counter cannot follow: no FLOPs rather than no trial
         return None
     finally:
         model.zero_grad(set_to_none=True)
         model.train(was_training)
-    return counter.get_total_flops() / batch
+    return counter.get_total_flops() / samples
 
 
 def _nvml() -> ModuleType | None:

@@ -10,13 +10,16 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from autotune.config import TrialConfig
+from autotune.workloads.batches import ModelInputs, call_model, to_device
+from autotune.workloads.scoring import LossFn, cross_entropy_loss
 
 __all__ = [
     "Trainer",
@@ -26,8 +29,6 @@ __all__ = [
     "make_scheduler",
     "seed_everything",
 ]
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def seed_everything(seed: int) -> None:
@@ -131,6 +132,9 @@ def backend_flags(config: TrialConfig) -> Iterator[None]:
         torch.backends.cudnn.benchmark = benchmark
 
 
+Batch = torch.Tensor | ModelInputs  # what the model is called with
+
+
 class Trainer:
     """One model trained under one configuration.
 
@@ -163,7 +167,7 @@ class Trainer:
         self.optimizer = make_optimizer(model, config)
         self.scheduler = make_scheduler(self.optimizer, config, total_steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
-        self.loss_fn: LossFn = loss_fn or nn.functional.cross_entropy
+        self.loss_fn: LossFn = loss_fn or cross_entropy_loss
         self.micro_batches = 0
         self.steps = 0  # optimizer steps attempted (the schedule follows these)
         # fp16: GradScaler skips the optimizer step when gradients overflow; count those.
@@ -175,21 +179,18 @@ class Trainer:
     def _note_step(self, *_: object) -> None:
         self._stepped = True
 
-    def to_device(
-        self, inputs: torch.Tensor, targets: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Move a batch to the device (asynchronously from pinned memory), NHWC if asked."""
-        inputs = inputs.to(self.device, non_blocking=True)
-        targets = targets.to(self.device, non_blocking=True)
-        if self.config.channels_last and inputs.dim() == 4:
-            inputs = inputs.contiguous(memory_format=torch.channels_last)
-        return inputs, targets
+    def to_device(self, inputs: Batch, targets: Any) -> tuple[Batch, Any]:
+        """Move a batch to the device (asynchronously from pinned memory), image inputs NHWC if
+        asked. ``inputs`` is a tensor or a ``ModelInputs``; either may hold tuples, lists and
+        dicts of tensors."""
+        channels_last = self.config.channels_last
+        return to_device(inputs, self.device, channels_last), to_device(targets, self.device)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The precision context for forward passes (training and evaluation)."""
         return autocast(self.config, self.device)
 
-    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def train_step(self, inputs: Batch, targets: Any) -> torch.Tensor:
         """One micro-batch; an optimizer step when it completes an accumulation group.
 
         Returns the (detached, on-device) loss of this micro-batch.
@@ -199,10 +200,10 @@ class Trainer:
             self.optimizer_step()
         return loss
 
-    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward_backward(self, inputs: Batch, targets: Any) -> torch.Tensor:
         """Forward under autocast and backward of the loss / accumulation_steps (detached loss)."""
         with self.autocast():
-            loss = self.loss_fn(self.step_model(inputs), targets)
+            loss = self.loss_fn(call_model(self.step_model, inputs), targets)
         accumulation = self.config.accumulation_steps
         self.scaler.scale(loss / accumulation if accumulation > 1 else loss).backward()
         self.micro_batches += 1

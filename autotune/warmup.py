@@ -30,6 +30,7 @@ from autotune.pipeline import make_train_loader, make_val_loader
 from autotune.timing import synchronize
 from autotune.trainer import Trainer, backend_flags, seed_everything
 from autotune.workloads import Workload
+from autotune.workloads.batches import call_model
 
 __all__ = ["WARMUP_MICRO_BATCHES", "Warmth", "warm_compiler", "warm_process"]
 
@@ -54,12 +55,14 @@ def warm_process(config: TrialConfig, workload: Workload) -> bool:
             return False
         trainer = Trainer(workload.build_model(), eager, total_steps=WARMUP_MICRO_BATCHES)
         batches = iter(loader)
+        split = workload.layout.split
         for _ in range(min(WARMUP_MICRO_BATCHES, len(loader))):
-            trainer.train_step(*trainer.to_device(*next(batches)))
+            trainer.train_step(*trainer.to_device(*split(next(batches))))
         trainer.model.eval()
         with torch.no_grad(), trainer.autocast():
-            inputs, _ = trainer.to_device(*next(iter(make_val_loader(workload.val_set, eager))))
-            trainer.model(inputs)
+            val_batch = next(iter(make_val_loader(workload.val_set, eager)))
+            inputs, _ = trainer.to_device(*split(val_batch))
+            call_model(trainer.model, inputs)
         synchronize(device)
     del trainer, batches, loader
     release_memory()

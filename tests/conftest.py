@@ -4,6 +4,7 @@ there, never from here or from each other."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -26,6 +27,21 @@ from autotune.workloads import load
 @pytest.fixture
 def tiny_space(tmp_path: Path) -> Path:
     return write_space(tmp_path)
+
+
+@pytest.fixture
+def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str, str], Path]:
+    """Write a user's module ``name`` with ``source`` into a folder of its own and return the
+    folder; the test imports this copy (not one an earlier test imported) and sys.path is
+    restored afterwards."""
+
+    def write(name: str, source: str) -> Path:
+        (tmp_path / f"{name}.py").write_text(source)
+        monkeypatch.delitem(sys.modules, name, raising=False)
+        monkeypatch.setattr(sys, "path", list(sys.path))
+        return tmp_path
+
+    return write
 
 
 class PreparedStudy(NamedTuple):

@@ -168,6 +168,8 @@ def test_a_study_labelled_by_an_earlier_autotune_resumes(tmp_path: Path, prepare
     spec = tiny_spec(n_trials=2)
     payload = spec.model_dump(mode="json", include={"workload", "objective", "space"})
     payload["workload"]["device"] = "auto"
+    for added_since in ("inputs", "target", "loss"):
+        del payload["workload"][added_since]
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     storage = f"sqlite:///{tmp_path / 's.db'}"
     old = optuna.create_study(study_name="tiny", storage=storage, direction="maximize")

@@ -68,12 +68,21 @@ def test_nvml_sampler_with_a_fake_handle():
 def test_flops_are_counted_without_touching_the_training():
     model = nn.Sequential(nn.Flatten(), nn.Linear(10, 5), nn.BatchNorm1d(5))
     before = model[2].running_mean.clone()
-    flops = flops_per_sample(model, (10,), torch.device("cpu"), nn.functional.cross_entropy)
+    inputs, targets = torch.randn(4, 10), torch.tensor([0, 1, 2, 3])
+
+    def loss() -> torch.Tensor:
+        return nn.functional.cross_entropy(model(inputs), targets)
+
+    flops = flops_per_sample(model, loss, samples=4)
     # forward 2*10*5 per sample, backward of the weights as much again (the input needs none)
     assert flops == pytest.approx(200, rel=0.1)
     assert torch.equal(model[2].running_mean, before) and model.training
     assert all(p.grad is None for p in model.parameters())
-    assert flops_per_sample(model, (), torch.device("cpu"), nn.functional.cross_entropy) is None
+
+    def unfollowable() -> torch.Tensor:
+        raise RuntimeError("a model the counter cannot follow")
+
+    assert flops_per_sample(model, unfollowable, samples=4) is None
 
 
 def test_peak_flops_only_for_gpus_we_know():

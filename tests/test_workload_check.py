@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import sys
 import textwrap
 from pathlib import Path
 
@@ -69,7 +68,7 @@ USER_MODULE = textwrap.dedent(
             super().__init__()
             self.head = nn.Linear(6, 3)
         def forward(self, x):
-            return {"logits": self.head(x)}
+            return {"scores": self.head(x)}
 
     def dict_out():
         return DictOut()
@@ -101,11 +100,8 @@ USER_MODULE = textwrap.dedent(
 
 
 @pytest.fixture
-def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "odd_workloads.py").write_text(USER_MODULE)
-    monkeypatch.delitem(sys.modules, "odd_workloads", raising=False)  # this test's copy
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    return tmp_path
+def user_dir(user_module) -> Path:
+    return user_module("odd_workloads", USER_MODULE)
 
 
 def _load(folder: Path, model: str, data: str = "blobs", **data_args: object):
@@ -131,7 +127,7 @@ def _load(folder: Path, model: str, data: str = "blobs", **data_args: object):
             {"float_labels": True},
             "labels are float32; the loss .* need integer class indices",
         ),
-        ("dict_out", "blobs", {}, "returned dict; .* return its .logits from forward"),
+        ("dict_out", "blobs", {}, r"returned dict of 'scores'; the score \(accuracy\) reads"),
         ("classes_last", "masks", {}, r"has its classes in the last dimension.*movedim\(-1, 1\)"),
         (
             "linear",

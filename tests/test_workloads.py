@@ -128,7 +128,7 @@ def test_data_functions_must_return_two_splits(tmp_path: Path):
     for function, expected in [
         ("one", "must return (train_dataset, val_dataset)"),
         ("empty", "the training split is empty"),
-        ("unlabeled", "must be an (input, label) pair"),
+        ("unlabeled", "a sample is a tuple of 1: it holds no target"),
     ]:
         spec = WorkloadSpec(model="mlp", data=f"odd_data:{function}")
         with pytest.raises(WorkloadError, match=re.escape(expected)):

@@ -24,6 +24,8 @@ from autotune.export._bundle import (
 )
 from autotune.export._workload import workload_code
 from autotune.spec import WorkloadSpec
+from autotune.study import StudyRecord
+from autotune.workloads.batches import BatchLayout
 
 __all__ = ["FORMATS", "SCRIPT_KNOBS", "render", "render_script"]
 
@@ -275,6 +277,13 @@ def render_script(
         raise ExportError(
             f"study '{study.study_name}' does not hold a readable space file; export it with "
             f"--format yaml or json instead"
+        )
+    layout = BatchLayout.from_record(StudyRecord.of(study).batch_layout)
+    if not layout.is_pair or spec.workload.loss != "cross_entropy":
+        raise ExportError(
+            f"study '{study.study_name}' trains on batches of another structure or with another "
+            f"loss than (input, label) and cross-entropy, which scripts do not write yet; "
+            f"export it with --format yaml or json, or use autotune.load_best"
         )
     config = best.config
     workload_imports, workload_fields = workload_code(

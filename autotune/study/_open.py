@@ -168,6 +168,7 @@ def open_study(
         input_shape=list(workload.input_shape) if workload is not None else None,
         # for exports, which then need not import the user's code to learn them
         model_kwargs=_json_or_none(workload.model_kwargs) if workload is not None else None,
+        batch_layout=workload.layout.to_record() if workload is not None else None,
         hardware=telemetry.fingerprint(hardware),
     ).store(study)
     if spec.study.baseline is not False:

@@ -273,6 +273,7 @@ class StudyRecord:
     num_classes: int | None = None
     input_shape: list[int] | None = None  # one sample's
     model_kwargs: dict[str, Any] | None = None  # what the model function was called with
+    batch_layout: dict[str, Any] | None = None  # BatchLayout.to_record(): inputs and target
     hardware: dict[str, Any] | None = None  # telemetry.fingerprint of the machine
     confirmation: ConfirmationRecord | None = None  # the confirmation round, once it started
 

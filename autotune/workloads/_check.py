@@ -14,16 +14,18 @@ import os
 import sysconfig
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
+from autotune.spec import LOSSES
 from autotune.workloads._registry import WorkloadError
-from autotune.workloads.scoring import IGNORE_INDEX, classification_sums
+from autotune.workloads.batches import BatchLayout, ModelInputs, call_model
+from autotune.workloads.scoring import IGNORE_INDEX, LossFn, classification_sums, logits_of
 
-__all__ = ["MIN_SCORED_TARGETS", "check", "check_labels", "first_sample", "user_frame"]
+__all__ = ["MIN_SCORED_TARGETS", "Entries", "check", "check_labels", "read_sample", "user_frame"]
 
 CHECK_BATCH = 2  # samples per split run through the model before the study
 MIN_SCORED_TARGETS = 100  # fewer validation targets: accuracy moves in steps over 1%
@@ -38,28 +40,37 @@ _NOT_USER_CODE = tuple(
 
 
 def user_frame(error: BaseException) -> str:
-    """Where ``error`` was raised in the user's code: ``path:line in function`` of the innermost
-    frame outside Python's library, installed packages and autotune (the innermost frame when
-    every frame is there); the path is relative to the working directory when it is inside."""
+    """Where ``error`` was raised in the user's code, as `` (at path:line in function)``: the
+    innermost frame outside Python's library, installed packages and autotune, its path relative
+    to the working directory when inside it; empty when no frame is the user's (an error in how
+    torch called their code, such as arguments that do not fit)."""
     frames = traceback.extract_tb(error.__traceback__)
-    if not frames:
-        return "no traceback"
     users = [frame for frame in frames if not frame.filename.startswith(_NOT_USER_CODE)]
-    frame = (users or frames)[-1]
+    if not users:
+        return ""
+    frame = users[-1]
     path = Path(frame.filename)
     try:
         shown = str(path.relative_to(Path.cwd()))
     except ValueError:
         shown = str(path)
-    return f"{shown}:{frame.lineno} in {frame.name}"
+    return f" (at {shown}:{frame.lineno} in {frame.name})"
 
 
 def _describe(value: Any) -> str:
     """A batch element in a few words: ``float32 [2, 1, 8, 8]``, or its type."""
     if isinstance(value, torch.Tensor):
         return f"{str(value.dtype).removeprefix('torch.')} {list(value.shape)}"
+    if isinstance(value, ModelInputs):
+        parts = [
+            *map(_describe, value.args),
+            *(f"{k}={_describe(v)}" for k, v in value.kwargs.items()),
+        ]
+        return ", ".join(parts) or "no inputs"
     if isinstance(value, tuple | list):
         return f"{type(value).__name__} of {', '.join(_describe(v) for v in value[:4])}"
+    if isinstance(value, dict):
+        return f"dict of {', '.join(repr(key) for key in list(value)[:6])}"
     return type(value).__name__
 
 
@@ -89,37 +100,27 @@ def _is_index(tensor: torch.Tensor) -> bool:
     )
 
 
-def first_sample(split: Dataset, name: str, data: str, index: int = 0) -> tuple[Any, Any]:
-    """Sample ``index`` of a split as an (input, label) pair; one line when reading it raises
-    or it is not a pair."""
+def read_sample(split: Dataset, name: str, data: str, index: int = 0) -> Any:
+    """Sample ``index`` of a split; one line when reading it raises."""
     try:
-        sample = split[index]
+        return split[index]
     except Exception as error:
         raise WorkloadError(
             f"data set '{data}': reading {name} sample {index} raised {type(error).__name__}: "
-            f"{error} (at {user_frame(error)})"
+            f"{error}{user_frame(error)}"
         ) from None
-    if not (isinstance(sample, tuple | list) and len(sample) == 2):
-        raise WorkloadError(
-            f"data set '{data}': a {name} sample must be an (input, label) pair, "
-            f"got {_describe(sample)}"
-        )
-    return sample[0], sample[1]
 
 
-def _batch(split: Dataset, name: str, data: str) -> tuple[Any, torch.Tensor]:
+def _batch(split: Dataset, name: str, data: str) -> Any:
     size = min(CHECK_BATCH, len(split))  # type: ignore[arg-type]  # map-style: sized
-    samples = [first_sample(split, name, data, index) for index in range(size)]
-    for _, label in samples:
-        check_labels(label, data)
+    samples = [read_sample(split, name, data, index) for index in range(size)]
     try:
-        inputs, targets = default_collate(samples)
+        return default_collate(samples)
     except Exception as error:
         raise WorkloadError(
             f"data set '{data}': {name} samples cannot be stacked into a batch "
             f"({type(error).__name__}: {error}); every input must have the same shape"
         ) from None
-    return inputs, targets
 
 
 def _shape_problem(output: torch.Tensor, targets: torch.Tensor) -> str | None:
@@ -139,50 +140,79 @@ def _shape_problem(output: torch.Tensor, targets: torch.Tensor) -> str | None:
     )
 
 
-def _run_model(
-    model: nn.Module, inputs: Any, targets: torch.Tensor, split: str, entry: str
-) -> torch.Tensor:
+def _run_model(model: nn.Module, inputs: ModelInputs, split: str, entry: str) -> Any:
     try:
-        output = model(inputs)
+        return call_model(model, inputs)
     except Exception as error:
         raise WorkloadError(
             f"model '{entry}' fails on a {split} batch ({_describe(inputs)}): "
-            f"{type(error).__name__}: {error} (at {user_frame(error)})"
+            f"{type(error).__name__}: {error}{user_frame(error)}"
         ) from None
-    if not isinstance(output, torch.Tensor):
-        logits = "logits" in output if isinstance(output, dict) else hasattr(output, "logits")
-        hint = "return its .logits from forward" if logits else "return a tensor of logits"
+
+
+def _logits(output: Any, targets: torch.Tensor, entry: str) -> torch.Tensor:
+    try:
+        logits = logits_of(output)
+    except TypeError:
         raise WorkloadError(
-            f"model '{entry}' returned {_describe(output)}; the loss and the score read a "
-            f"tensor of logits [batch, classes, ...]: {hint}"
-        )
-    problem = _shape_problem(output, targets)
+            f"model '{entry}' returned {_describe(output)}; the score (accuracy) reads a tensor "
+            f"of logits [batch, classes, ...]: return one, or an object with .logits"
+        ) from None
+    problem = _shape_problem(logits, targets)
     if problem is not None:
         raise WorkloadError(f"model '{entry}': {problem}")
-    return output
+    return logits
+
+
+def _loss(loss_fn: LossFn, output: Any, targets: Any, split: str, names: Entries) -> float:
+    try:
+        loss = loss_fn(output, targets)
+    except Exception as error:
+        where = "" if names.loss in LOSSES else user_frame(error)
+        raise WorkloadError(
+            f"loss '{names.loss}' fails on a {split} batch of model '{names.model}': "
+            f"{type(error).__name__}: {error}{where}"
+        ) from None
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        shown = _describe(loss)
+        raise WorkloadError(
+            f"loss '{names.loss}' returned {shown}; it must be one number, a tensor averaged "
+            f"over the batch"
+        )
+    return float(loss)
+
+
+class Entries(NamedTuple):
+    """The space file's names of the workload's parts, for messages."""
+
+    model: str
+    data: str
+    loss: str
 
 
 @torch.no_grad()
 def check(
     model: nn.Module,
-    train: Dataset,
-    val: Dataset,
+    splits: tuple[Dataset, Dataset],
+    layout: BatchLayout,
+    loss_fn: LossFn,
     num_classes: int | None,
-    model_entry: str,
-    data_entry: str,
+    names: Entries,
 ) -> tuple[str, ...]:
     """Run ``model`` on a small batch of each split and compute the loss and the score as trials
     do. Raises WorkloadError with one line for a workload that cannot train or be scored;
     returns warnings (one line each) for one that can, but not well."""
     model.eval()
     warnings: list[str] = []
-    for split, dataset in (("training", train), ("validation", val)):
-        inputs, targets = _batch(dataset, split, data_entry)
-        output = _run_model(model, inputs, targets, split, model_entry)
-        classes = output.shape[1]
+    for split, dataset in zip(("training", "validation"), splits, strict=True):
+        inputs, targets = layout.split(_batch(dataset, split, names.data))
+        check_labels(targets, names.data)
+        output = _run_model(model, inputs, split, names.model)
+        logits = _logits(output, targets, names.model)
+        classes = logits.shape[1]
         if num_classes is not None and classes != num_classes:
             raise WorkloadError(
-                f"model '{model_entry}' outputs {classes} classes but data set '{data_entry}' "
+                f"model '{names.model}' outputs {classes} classes but data set '{names.data}' "
                 f"has {num_classes}: build the model with num_classes (autotune passes it when "
                 f"the model function takes it), or have the data function return "
                 f"DataSplits(..., num_classes={classes}) if the data set really has {classes}"
@@ -190,19 +220,20 @@ def check(
         labels = targets[targets != IGNORE_INDEX]
         if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= classes):
             raise WorkloadError(
-                f"data set '{data_entry}': {split} labels go from {int(labels.min())} to "
-                f"{int(labels.max())}, but model '{model_entry}' outputs {classes} classes "
+                f"data set '{names.data}': {split} labels go from {int(labels.min())} to "
+                f"{int(labels.max())}, but model '{names.model}' outputs {classes} classes "
                 f"(0 to {classes - 1}; {IGNORE_INDEX} marks a target not scored)"
             )
-        _, loss, scored = classification_sums(output, targets)
-        if scored and not math.isfinite(float(loss)):
+        loss = _loss(loss_fn, output, targets, split, names)
+        _, _, scored = classification_sums(logits, targets)
+        if scored and not math.isfinite(loss):
             raise WorkloadError(
-                f"model '{model_entry}' gives a {split} loss of {float(loss)} before any "
-                f"training: its weights or the inputs hold NaN or infinity"
+                f"model '{names.model}' gives a {split} loss of {loss} before any training: "
+                f"its weights or the inputs hold NaN or infinity"
             )
         if split == "validation":
             per_sample = int(scored) / targets.shape[0]
-            total = round(per_sample * len(val))  # type: ignore[arg-type]  # map-style: sized
+            total = round(per_sample * len(dataset))  # type: ignore[arg-type]  # sized
             if total < MIN_SCORED_TARGETS:
                 warnings.append(
                     f"the validation split has {total} scored targets: accuracy moves in steps "

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 from autotune.spec import WorkloadSpec
-from autotune.workloads._check import check, check_labels, first_sample, user_frame
+from autotune.workloads._check import Entries, check, check_labels, read_sample, user_frame
 from autotune.workloads._registry import (
     DataSplits,
     ModelFn,
@@ -25,8 +25,11 @@ from autotune.workloads._registry import (
     WorkloadError,
     is_builtin,
     resolve_data,
+    resolve_entry_point,
     resolve_model,
 )
+from autotune.workloads.batches import BatchLayout, LayoutError
+from autotune.workloads.scoring import LossFn, cross_entropy_loss, model_loss
 
 __all__ = ["load", "model_kwargs"]
 
@@ -59,14 +62,14 @@ def _call(fn: Callable[..., Any], kwargs: dict[str, Any], what: str, entry: str)
     except ValueError as err:
         if not is_builtin(fn):
             raise WorkloadError(
-                f"{what} '{entry}' raised ValueError: {err} (at {user_frame(err)})"
+                f"{what} '{entry}' raised ValueError: {err}{user_frame(err)}"
             ) from None
         raise WorkloadError(f"{what} '{entry}': {err}") from None
     except Exception as err:
         if is_builtin(fn):
             raise  # autotune's own function failing: a bug, its traceback helps
         raise WorkloadError(
-            f"{what} '{entry}' raised {type(err).__name__}: {err} (at {user_frame(err)})"
+            f"{what} '{entry}' raised {type(err).__name__}: {err}{user_frame(err)}"
         ) from None
 
 
@@ -118,10 +121,17 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None) -> Workload:
             )
         if len(split) == 0:
             raise WorkloadError(f"data set '{spec.data}': the {split_name} split is empty")
-    inputs, label = first_sample(splits.train, "training", spec.data)
+    sample = read_sample(splits.train, "training", spec.data)
+    try:
+        layout = BatchLayout.of(sample, spec.inputs, spec.target, spec.loss == "model")
+    except LayoutError as error:
+        raise WorkloadError(f"data set '{spec.data}': {error}") from None
+    inputs, label = layout.split(sample)
     check_labels(label, spec.data)  # before num_classes is looked for: say what is wrong
-    input_shape = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else ()
+    only = inputs.args[0] if len(inputs.args) == 1 and not inputs.kwargs else None
+    input_shape = tuple(only.shape) if isinstance(only, torch.Tensor) else ()
     num_classes = splits.num_classes or _infer_num_classes(splits.train)
+    loss_fn = _loss_function(spec, base_dir)
 
     kwargs = model_kwargs(model_fn, dict(spec.model_args), num_classes, input_shape)
 
@@ -133,7 +143,8 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None) -> Workload:
         raise WorkloadError(
             f"model '{spec.model}' returned {type(model).__name__}, not a torch.nn.Module"
         )
-    warnings = check(model, splits.train, splits.val, num_classes, spec.model, spec.data)
+    names = Entries(model=spec.model, data=spec.data, loss=spec.loss)
+    warnings = check(model, (splits.train, splits.val), layout, loss_fn, num_classes, names)
     del model
     return Workload(
         name=f"{spec.model} on {spec.data}",
@@ -144,4 +155,15 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None) -> Workload:
         model_fn=build,
         model_kwargs=kwargs,
         warnings=warnings,
+        layout=layout,
+        loss_fn=loss_fn,
     )
+
+
+def _loss_function(spec: WorkloadSpec, base_dir: Path | None) -> LossFn:
+    """The loss a spec names: a built-in one, or the user's function (imported)."""
+    if spec.loss == "cross_entropy":
+        return cross_entropy_loss
+    if spec.loss == "model":
+        return model_loss
+    return resolve_entry_point(spec.loss, "loss", base_dir)

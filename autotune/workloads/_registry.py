@@ -12,11 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from autotune.errors import UserError
 from autotune.spec import WorkloadSpec
+from autotune.workloads.batches import BatchLayout, ModelInputs
+from autotune.workloads.scoring import LossFn, cross_entropy_loss
 
 ModelFn = Callable[..., nn.Module]
 DataFn = Callable[..., Any]
@@ -56,10 +59,20 @@ class Workload:
     model_fn: Callable[[], nn.Module]
     model_kwargs: dict[str, Any] = field(default_factory=dict)  # what model_fn passes on
     warnings: tuple[str, ...] = ()  # what the check before the study found doubtful, one line each
+    layout: BatchLayout = field(default_factory=BatchLayout)  # where inputs and target are
+    loss_fn: LossFn = cross_entropy_loss  # (model output, target) -> loss
 
     def build_model(self) -> nn.Module:
         """A new model with fresh weights (seed torch first for reproducible weights)."""
         return self.model_fn()
+
+    def example_batch(self, size: int = 2) -> tuple[ModelInputs, Any]:
+        """The first ``size`` training samples as one batch, split into the model's inputs and
+        the target; torch's random state is left as it was (augmentations draw from it)."""
+        count = min(size, len(self.train_set))  # type: ignore[arg-type]  # map-style: sized
+        with torch.random.fork_rng(devices=[]):
+            batch = default_collate([self.train_set[index] for index in range(count)])
+        return self.layout.split(batch)
 
 
 def register_model(name: str) -> Callable[[ModelFn], ModelFn]:
@@ -170,3 +183,8 @@ def resolve_model(spec: WorkloadSpec, base_dir: Path | None = None) -> ModelFn:
 def resolve_data(spec: WorkloadSpec, base_dir: Path | None = None) -> DataFn:
     """The data function a spec names (imported when it is an entry point)."""
     return _resolve(spec.data, DATASETS, "data set", _search_dirs(base_dir))
+
+
+def resolve_entry_point(entry: str, what: str, base_dir: Path | None = None) -> Any:
+    """The user's ``package.module:function`` (imported), searched as model and data are."""
+    return _import_entry_point(entry, what, _search_dirs(base_dir))

@@ -1,0 +1,175 @@
+"""Where a batch holds the model's inputs and the target, and how the model is called with them.
+
+A sample (and so a batch, once collated) may be an ``(input, label)`` pair, a longer tuple, a
+dict such as a Hugging Face tokenizer's ``{"input_ids": ..., "attention_mask": ..., "labels":
+...}``, or any nesting of those. The space file declares where the inputs and the target are
+(``workload.inputs`` / ``workload.target``); the defaults cover a pair (input 0, target 1) and
+a dict (target ``"labels"`` or ``"label"``, every other key an input). Inputs found by index are
+passed to the model positionally, inputs found by key as keyword arguments; with
+``loss: model`` the target is passed too, as Hugging Face models compute their loss from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch.utils._pytree import tree_leaves, tree_map_only
+
+__all__ = ["BatchLayout", "ModelInputs", "call_model", "count_samples", "to_device"]
+
+DICT_TARGETS = ("labels", "label")  # a dict sample's target when none is declared
+
+
+class ModelInputs(NamedTuple):
+    """What the model is called with: ``model(*args, **kwargs)``. A named tuple, so that torch's
+    tree utilities (device copies, pinning) reach every tensor inside."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def call_model(model: torch.nn.Module, inputs: ModelInputs | torch.Tensor) -> Any:
+    """The model's output for ``inputs`` (a lone tensor is the one positional argument)."""
+    if isinstance(inputs, ModelInputs):
+        return model(*inputs.args, **inputs.kwargs)
+    return model(inputs)
+
+
+def to_device(tree: Any, device: torch.device, channels_last: bool = False) -> Any:
+    """Every tensor in ``tree`` (tuples, lists, dicts, named tuples of them) on ``device``,
+    asynchronously from pinned memory; with ``channels_last``, 4-D floating-point tensors (image
+    batches) in NHWC memory format."""
+
+    def move(tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.to(device, non_blocking=True)
+        if channels_last and tensor.dim() == 4 and tensor.is_floating_point():
+            tensor = tensor.contiguous(memory_format=torch.channels_last)
+        return tensor
+
+    return tree_map_only(torch.Tensor, move, tree)
+
+
+def count_samples(target: Any) -> int:
+    """Samples in a batch: the first dimension of its target's first tensor."""
+    leaves = [leaf for leaf in tree_leaves(target) if isinstance(leaf, torch.Tensor)]
+    return int(leaves[0].shape[0]) if leaves and leaves[0].dim() else 1
+
+
+Place = str | int
+
+
+class LayoutError(ValueError):
+    """A sample that does not hold what the layout names (the message says what it holds)."""
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """Where the inputs and the target are in a sample, and so in a batch.
+
+    ``inputs`` are indices of a tuple sample or keys of a dict sample (``None``: every key but
+    the target's); ``target`` is one index or key; with ``target_to_model`` the target is passed
+    to the model as well (last positionally, or under its key).
+    """
+
+    inputs: tuple[Place, ...] | None = (0,)
+    target: Place = 1
+    target_to_model: bool = False
+
+    @property
+    def is_pair(self) -> bool:
+        """The plain ``(input, label)`` layout: the model gets the input alone."""
+        return self.inputs == (0,) and self.target == 1 and not self.target_to_model
+
+    def to_record(self) -> dict[str, Any]:
+        """The layout as JSON values, for a study to record (exports read it back)."""
+        inputs = None if self.inputs is None else list(self.inputs)
+        return {"inputs": inputs, "target": self.target, "target_to_model": self.target_to_model}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any] | None) -> BatchLayout:
+        """The layout a study recorded; a pair's when it recorded none (it predates layouts,
+        when every sample was a pair)."""
+        if record is None:
+            return cls()
+        inputs = record["inputs"]
+        return cls(
+            inputs=None if inputs is None else tuple(inputs),
+            target=record["target"],
+            target_to_model=bool(record["target_to_model"]),
+        )
+
+    def split(self, batch: Any) -> tuple[ModelInputs, Any]:
+        """(what the model is called with, the target) of a sample or batch."""
+        if isinstance(batch, Mapping):
+            keys = self.inputs if self.inputs is not None else tuple(batch)
+            kwargs = {str(k): batch[k] for k in keys if k != self.target}
+            if self.target_to_model:
+                kwargs[str(self.target)] = batch[self.target]
+            return ModelInputs((), kwargs), batch[self.target]
+        args = tuple(batch[i] for i in self.inputs or ())
+        if self.target_to_model:
+            args += (batch[self.target],)
+        return ModelInputs(args, {}), batch[self.target]
+
+    @classmethod
+    def of(
+        cls,
+        sample: Any,
+        inputs: Place | list[Place] | None,
+        target: Place | None,
+        target_to_model: bool,
+    ) -> BatchLayout:
+        """The layout of ``sample`` given what the space file declares; LayoutError naming what
+        the sample holds when it has no such place."""
+        listed = (
+            None if inputs is None else tuple(inputs if isinstance(inputs, list) else [inputs])
+        )
+        if isinstance(sample, Mapping):
+            keys = list(sample)
+            if target is None:
+                target = next((key for key in DICT_TARGETS if key in sample), None)
+                if target is None:
+                    raise LayoutError(
+                        f"a sample is a dict of {_listed(keys)} with no 'labels' or 'label': "
+                        f"set workload.target to the key of the target"
+                    )
+            wanted = [target, *(listed or ())]
+            missing = [place for place in wanted if place not in sample]
+            if missing:
+                raise LayoutError(
+                    f"a sample has no key {_listed(missing)}; it has {_listed(keys)}"
+                )
+            return cls(listed, target, target_to_model)
+        if isinstance(sample, Sequence) and not isinstance(sample, str | bytes):
+            size = len(sample)
+            if size < 2:
+                raise LayoutError(
+                    f"a sample is a {type(sample).__name__} of {size}: it holds no target; it "
+                    f"must be an (input, label) pair, a longer tuple, or a dict"
+                )
+            if target is None and listed is None and size != 2:
+                raise LayoutError(
+                    f"a sample is a {type(sample).__name__} of {size}: set workload.target (and "
+                    f"workload.inputs) to the indices of the target and the inputs"
+                )
+            target = 1 if target is None else target
+            listed = listed if listed is not None else tuple(i for i in range(size) if i != target)
+            wanted = [target, *listed]
+            bad = [place for place in wanted if not isinstance(place, int) or place >= size]
+            if bad:
+                raise LayoutError(
+                    f"a sample is a {type(sample).__name__} of {size}: {_listed(bad)} is not "
+                    f"an index of it (0 to {size - 1})"
+                )
+            return cls(listed, target, target_to_model)
+        raise LayoutError(
+            f"a sample is a {type(sample).__name__}; it must be a tuple (such as (input, label)) "
+            f"or a dict (such as {{'input_ids': ..., 'labels': ...}})"
+        )
+
+
+def _listed(places: Sequence[Any]) -> str:
+    return ", ".join(repr(place) for place in places)
