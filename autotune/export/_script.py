@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import re
 from typing import Any
 
@@ -23,7 +24,8 @@ from autotune.export._bundle import (
     literal,
 )
 from autotune.export._workload import workload_code
-from autotune.spec import WorkloadSpec
+from autotune.spec import SpecError, WorkloadSpec, parse_spec
+from autotune.study import StudyRecord
 
 __all__ = ["FORMATS", "SCRIPT_KNOBS", "render", "render_script"]
 
@@ -40,7 +42,14 @@ def render(
     """The text of an export in ``fmt`` (script, yaml or json); ``rebuild_workload`` lets a
     script export import and run the study's own model and data code (``workload_code``)."""
     if fmt == "json":
-        return json.dumps(best.to_dict(), indent=2) + "\n"
+        data = best.to_dict()
+        found = _non_finite(data)
+        if found is not None:  # JSON has no NaN or infinity; writing null would change a value
+            raise ExportError(
+                f"{found[0]} is {found[1]}, which JSON cannot hold: export with --format yaml "
+                f"(it writes .nan and .inf) or as a script"
+            )
+        return json.dumps(data, indent=2, allow_nan=False) + "\n"
     if fmt == "yaml":
         header = (  # the name is the user's: a line break in it would end the comment
             f"# autotune configuration: study {literal(best.study)}, trial {best.trial}, "
@@ -52,6 +61,23 @@ def render(
             raise ValueError("a script export needs the study")
         return render_script(study, best, script_name, rebuild_workload)
     raise ValueError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
+
+
+def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
+    """(dotted path, value) of the first NaN or infinity in plain data, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where, value
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, list | tuple):
+        items = list(enumerate(value))
+    else:
+        return None
+    for key, item in items:
+        found = _non_finite(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 # Where the script applies each knob of ``spec.KNOBS`` (a knob missing here fails
@@ -263,6 +289,18 @@ def _environment() -> jinja2.Environment:
     return environment
 
 
+def _unreadable_spec(study: optuna.Study) -> str:
+    """Why ``study_spec`` found no space file in ``study``, on one line."""
+    text = StudyRecord.of(study).space_file
+    try:
+        parse_spec(text or "", "its space file")
+    except SpecError as err:
+        if text:  # the study's own file was accepted when it ran: somebody changed it since
+            problem = " ".join(err.problems[0].split())
+            return f"holds a space file autotune refuses ({problem}); was its database edited?"
+    return "does not hold a readable space file"
+
+
 def render_script(
     study: optuna.Study,
     best: BestConfig,
@@ -273,8 +311,8 @@ def render_script(
     spec = study_spec(study)
     if spec is None:
         raise ExportError(
-            f"study '{study.study_name}' does not hold a readable space file; export it with "
-            f"--format yaml or json instead"
+            f"study '{study.study_name}' {_unreadable_spec(study)}; export it with --format yaml "
+            f"or json instead"
         )
     config = best.config
     workload_imports, workload_fields = workload_code(

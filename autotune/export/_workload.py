@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from pydantic import ValidationError
 
 from autotune.export._api import ExportError
 from autotune.export._bundle import (
@@ -86,7 +87,8 @@ def workload_code(
                 f"or they are not plain data); exporting it means importing and running "
                 f"{' and '.join(user_code)}: add --rebuild-workload if you trust this study"
             )
-        return _recorded_workload_code(workload, base_dir, record.model_kwargs, device_pipeline)
+        recorded = _checked_model_kwargs(study.study_name, workload, record.model_kwargs)
+        return _recorded_workload_code(workload, base_dir, recorded, device_pipeline)
     num_classes, input_shape = record.num_classes, record.input_shape
     try:
         data_fn = resolve_data(workload, base_dir)
@@ -104,6 +106,25 @@ def workload_code(
     data = code.place(workload.data, data_fn, dict(workload.data_args))
     model = code.place(workload.model, model_fn, kwargs)
     return _place_workload(code, data, model, device_pipeline)
+
+
+def _checked_model_kwargs(
+    study_name: str, workload: WorkloadSpec, recorded: Any
+) -> dict[str, Any]:
+    """The model arguments a study recorded, if the space file's checks accept them as
+    ``model_args`` (keyword names, plain values): a study database is data that anyone may have
+    edited, and these are written into the script as code (``Model(name=value)``)."""
+    try:
+        checked = WorkloadSpec.model_validate({**workload.model_dump(), "model_args": recorded})
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        problem = str(first["msg"]).removeprefix("Value error, ")
+        raise ExportError(
+            f"study '{study_name}' records model arguments that no space file could hold "
+            f"({where}: {problem}); was its database edited?"
+        ) from None
+    return dict(checked.model_args)
 
 
 def _place_workload(
