@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -553,5 +554,68 @@ def test_a_torchvision_model_on_shapes_exports_with_the_device_pipeline(
     assert lint(script).returncode == 0, lint(script).stdout
     blocker = import_blocker(tmp_path, "autotune")
     done = run_script(script, "--epochs", "1", block_autotune=blocker)
+    assert done.returncode == 0, done.stderr
+    assert "epoch 1/1" in done.stdout
+
+
+TWO_FOLDERS_SPACE = """\
+study: {name: folders, n_trials: 1, pruner: none, confirm: false}
+workload: {model: "folder_model:small_model", data: "folder_data:small_data", epochs: 1}
+space: {batch_size: 16}
+"""
+
+FOLDER_MODEL = """\
+from torch import nn
+
+
+def small_model(width: int = 8) -> nn.Module:
+    return nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 2))
+"""
+
+FOLDER_DATA = """\
+import torch
+from torch.utils.data import TensorDataset
+
+
+def small_data(count: int = 64):
+    generator = torch.Generator().manual_seed(0)
+
+    def split(n):
+        labels = torch.arange(n) % 2
+        points = torch.randn(n, 4, generator=generator) + 3.0 * labels[:, None]
+        return TensorDataset(points, labels)
+
+    return split(count), split(count // 2)
+"""
+
+
+@pytest.fixture(scope="module")
+def two_folder_study(tmp_path_factory, prepare_study) -> Iterator[tuple[optuna.Study, Path]]:
+    """A study whose model module lives beside its space file and whose data module lives in
+    another folder (on sys.path, as PYTHONPATH would put it)."""
+    root = tmp_path_factory.mktemp("folders")
+    (root / "models").mkdir()
+    (root / "data").mkdir()
+    (root / "models" / "folder_model.py").write_text(FOLDER_MODEL)
+    (root / "data" / "folder_data.py").write_text(FOLDER_DATA)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(root / "data"))
+        yield prepare_study(TWO_FOLDERS_SPACE, root / "models").study, root
+
+
+@pytest.mark.slow
+def test_modules_in_two_folders_put_both_on_the_scripts_sys_path(two_folder_study, tmp_path):
+    study, root = two_folder_study
+    best = best_config(study, select_trial(study))
+    text = render_script(study, best)
+    listed = "".join(f"    {literal(str(root / name))},\n" for name in ("data", "models"))
+    folders = f"sys.path[:0] = [\n{listed}]\n"  # each once, in the order placed: data, model
+    assert folders in text and text.count("sys.path") == 1, text
+    assert folders in render_script(study, best, rebuild_workload=True)  # the same, imported
+    script = tmp_path / "elsewhere" / "train.py"
+    script.parent.mkdir()
+    write_new_file(script, text)
+    assert lint(script).returncode == 0, lint(script).stdout
+    done = run_script(script, "--epochs", "1", block_autotune=import_blocker(tmp_path, "autotune"))
     assert done.returncode == 0, done.stderr
     assert "epoch 1/1" in done.stdout

@@ -345,7 +345,6 @@ def render_script(
             epochs=best.epochs,
             import_block=import_block(imports),
             constants=_knob_notes(best),
-            sys_path_reason="the workload's module lives here (where the study found it)",
             **workload_fields,
             schedule=config.schedule,
             warmup=config.warmup_fraction > 0,

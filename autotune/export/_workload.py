@@ -46,7 +46,12 @@ class _WorkloadCode:
     """How the script gets its data and model: pasted built-ins or imported entry points."""
 
     builtins: list[Any] = field(default_factory=list)  # functions and classes to paste
-    sys_path: str | None = None
+    folders: list[str] = field(default_factory=list)  # for sys.path, in the order placed
+
+    def add_folder(self, directory: str | None) -> None:
+        """Put ``directory`` (where the study found a module) on the script's sys.path, once."""
+        if directory and directory not in self.folders:
+            self.folders.append(directory)
 
     def place(
         self, name: str, fn: Callable[..., Any], kwargs: dict[str, Any]
@@ -58,8 +63,7 @@ class _WorkloadCode:
             args = fn.args if isinstance(fn, functools.partial) else ()
             return None, call(builtin.__name__, kwargs, args)
         import_line, expression, directory = entry_point(name)
-        if directory:
-            self.sys_path = directory
+        self.add_folder(directory)
         return import_line, call(expression, kwargs)
 
 
@@ -137,14 +141,14 @@ def _place_workload(
     if device_pipeline:
         code.builtins.append(DeviceBatches)
     sources, imports = bundle(code.builtins)
-    if code.sys_path:
+    if code.folders:
         imports.add(Import("sys"))
     fields = {
         "data_import": data[0],
         "data_call": data[1],
         "model_import": model[0],
         "model_call": model[1],
-        "sys_path": code.sys_path,
+        "sys_path": code.folders,
         "workload_sources": sources,
     }
     return imports, fields
@@ -167,7 +171,7 @@ def _recorded_workload_code(
     ):
         if name in user_code:
             import_line, expression, directory = static_entry_point(name, base_dir)
-            code.sys_path = directory or code.sys_path
+            code.add_folder(directory)
             placed.append((import_line, call(expression, kwargs)))
             continue
         try:
