@@ -42,7 +42,7 @@ def best(
         return
     unit = display.METRIC_UNITS.get(result.metric, "")
     console.print(
-        f"[bold]{escape(study_name)}[/]: trial {result.trial}, {result.metric} "
+        f"[bold]{escape(study_name)}[/]: trial {result.trial}, {escape(result.metric)} "
         f"[bold green]{display.fmt(result.value)}[/] {unit}"
     )
     console.print(f"  {result.confirmation_text()}", markup=False)
@@ -220,12 +220,12 @@ def list_studies(
         top = studies.answer_trial(study)
         table.add_row(
             Text(summary.study_name),
-            studies.StudyRecord.of(study).metric or "-",
+            Text(studies.StudyRecord.of(study).metric or "-"),  # stored values are data
             str(count[TrialState.COMPLETE]),
             str(count[TrialState.PRUNED]),
             str(count[TrialState.FAIL]),
             str(count[TrialState.RUNNING]),
-            display.fmt(top.value) if top else "-",
+            Text(display.fmt(top.value) if top else "-"),
             str(top.number) if top else "-",
         )
     console.print(table)
