@@ -576,6 +576,8 @@ FOLDER_DATA = """\
 import torch
 from torch.utils.data import TensorDataset
 
+print("folder_data is imported")  # user code that prints: not into an exported script
+
 
 def small_data(count: int = 64):
     generator = torch.Generator().manual_seed(0)
@@ -590,7 +592,7 @@ def small_data(count: int = 64):
 
 
 @pytest.fixture(scope="module")
-def two_folder_study(tmp_path_factory, prepare_study) -> Iterator[tuple[optuna.Study, Path]]:
+def two_folder_study(tmp_path_factory, prepare_study) -> Iterator[tuple[optuna.Study, Path, str]]:
     """A study whose model module lives beside its space file and whose data module lives in
     another folder (on sys.path, as PYTHONPATH would put it)."""
     root = tmp_path_factory.mktemp("folders")
@@ -600,12 +602,13 @@ def two_folder_study(tmp_path_factory, prepare_study) -> Iterator[tuple[optuna.S
     (root / "data" / "folder_data.py").write_text(FOLDER_DATA)
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(root / "data"))
-        yield prepare_study(TWO_FOLDERS_SPACE, root / "models").study, root
+        prepared = prepare_study(TWO_FOLDERS_SPACE, root / "models")
+        yield prepared.study, root, prepared.url
 
 
 @pytest.mark.slow
 def test_modules_in_two_folders_put_both_on_the_scripts_sys_path(two_folder_study, tmp_path):
-    study, root = two_folder_study
+    study, root, _ = two_folder_study
     best = best_config(study, select_trial(study))
     text = render_script(study, best)
     listed = "".join(f"    {literal(str(root / name))},\n" for name in ("data", "models"))
@@ -619,3 +622,28 @@ def test_modules_in_two_folders_put_both_on_the_scripts_sys_path(two_folder_stud
     done = run_script(script, "--epochs", "1", block_autotune=import_blocker(tmp_path, "autotune"))
     assert done.returncode == 0, done.stderr
     assert "epoch 1/1" in done.stdout
+
+
+def test_rebuilding_says_what_it_imports_first_and_stdout_is_only_the_script(
+    two_folder_study, tmp_path: Path
+):
+    _, root, url = two_folder_study
+    pythonpath = os.pathsep.join([str(root / "data"), os.environ.get("PYTHONPATH", "")])
+    done = run_cli(
+        "export", "--study", "folders", "--storage", url, "--rebuild-workload",
+        cwd=tmp_path, env={"PYTHONPATH": pythonpath},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # exactly the script: every notice, and what the user's code printed, went to stderr
+    ast.parse(done.stdout)
+    assert done.stdout.startswith('"""Train folder_model:small_model on folder_data:small_data')
+    notice = (
+        "Rebuilding the workload: importing and running folder_model:small_model, "
+        "folder_data:small_data."
+    )
+    lines = done.stderr.splitlines()
+    assert lines.index(notice) < lines.index("folder_data is imported"), done.stderr
+    assert (
+        lines[-1]
+        == "It imports and runs your code: folder_model:small_model, folder_data:small_data."
+    )
