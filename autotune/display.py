@@ -245,7 +245,8 @@ def config_table(trial: FrozenTrial) -> Table:
         note = "searched" if name in trial.params else ""
         if name == "lr" and config["lr_scaling"] != "none":
             note = f"{note}; {fmt(config['base_lr'])} per {config['base_batch_size']} examples"
-        table.add_row(name, fmt(config[name]), note.strip("; "))
+        # Text: a stored value (a device name, say) is data, never markup
+        table.add_row(Text(name), Text(fmt(config[name])), Text(note.strip("; ")))
     return table
 
 

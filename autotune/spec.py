@@ -30,6 +30,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    JsonValue,
     PrivateAttr,
     ValidationError,
     field_validator,
@@ -479,9 +480,10 @@ class WorkloadSpec(_Frozen):
     """What is trained: a model and data set by name or ``package.module:function``."""
 
     model: str = Field(min_length=1)
-    model_args: dict[str, Any] = Field(default_factory=dict)
+    # plain data only (a YAML date is not): written into exported scripts as literals
+    model_args: dict[str, JsonValue] = Field(default_factory=dict)
     data: str = Field(min_length=1)
-    data_args: dict[str, Any] = Field(default_factory=dict)
+    data_args: dict[str, JsonValue] = Field(default_factory=dict)
     epochs: float = Field(default=2.0, gt=0)  # training epochs per trial
     eval_every: float = Field(default=1.0, gt=0)  # epochs between validation evaluations
     val_batch_size: int = Field(default=1024, ge=1)
@@ -778,6 +780,8 @@ def _locate(error: Mapping[str, Any]) -> tuple[tuple[Any, ...], str]:
     message (``"eval_every: ..."``); that key is moved into the path so the line is found.
     """
     loc = tuple(error["loc"])
+    if error["type"] == "invalid-json-value":  # (workload, model_args, key, tag, key, tag, ...)
+        loc = loc[:3] + loc[4::2]
     message = str(error.get("msg", "")).removeprefix("Value error, ")
     keyed = _KEYED_MESSAGE.match(message)
     if error["type"] == "value_error" and keyed and _model_at(loc) is not None:
@@ -797,6 +801,12 @@ def _describe(error: Mapping[str, Any], loc: tuple[Any, ...], message: str) -> s
         return f"missing required key '{_dotted(loc)}'"
     if kind == "value_error":
         return f"{_dotted(loc)}: {message}" if loc else message
+    if kind == "invalid-json-value":  # a YAML date or timestamp, say
+        found = error["input"]
+        return (
+            f"{_dotted(loc)}: {found} is a {type(found).__name__}, not plain data (a string, "
+            f"number, true/false, null, list or mapping); quote it to pass a string"
+        )
     if kind in ("model_type", "dict_type", "model_attributes_type"):
         return f"{_dotted(loc)}: must be a mapping of keys to values, got {error['input']!r}"
     message = message.replace("Input should be", "must be").replace("String should", "must")

@@ -152,3 +152,39 @@ def test_a_study_name_with_markup_and_spaces_is_shown_as_it_is(tmp_path: Path):
     assert exported.returncode == 0 and f"of {name} (" in exported.stdout, exported.stderr
     for result in (done, best, listed, exported):
         assert "Traceback" not in result.stderr
+
+
+def test_stored_names_and_values_are_shown_as_text(seen, tmp_path: Path):
+    """A study database is data: markup ("[/x]") and emoji codes (":fire:") in a study name, a
+    stored configuration value or the metric are shown as they are (a device "cpu [/x]" written
+    into the database made ``autotune best`` crash with a MarkupError)."""
+    study, url = seen
+    name = ":fire: study [/x]"
+    copy = f"sqlite:///{tmp_path / 'copy.db'}"
+    optuna.copy_study(
+        from_study_name=study.study_name, from_storage=url, to_storage=copy, to_study_name=name
+    )
+    with sqlite3.connect(tmp_path / "copy.db") as connection:
+        rows = connection.execute(
+            "SELECT trial_user_attribute_id, value_json FROM trial_user_attributes "
+            "WHERE key = 'config'"
+        ).fetchall()
+        for row, value in rows:
+            config = {**json.loads(value), "device": "cpu [/x] :fire:"}
+            connection.execute(
+                "UPDATE trial_user_attributes SET value_json = ? "
+                "WHERE trial_user_attribute_id = ?",
+                (json.dumps(config), row),
+            )
+        connection.execute(
+            "UPDATE study_user_attributes SET value_json = ? WHERE key = 'metric'",
+            (json.dumps("acc [/m] :fire:"),),
+        )
+    best = run_cli("best", "--study", name, "--storage", copy, cwd=tmp_path)
+    assert best.returncode == 0, best.stderr
+    assert f"{name}: trial" in best.stdout and "acc [/m] :fire:" in best.stdout
+    assert "cpu [/x] :fire:" in best.stdout and "\N{FIRE}" not in best.stdout
+    listed = run_cli("studies", "--storage", copy, cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert name in listed.stdout and "acc [/m] :fire:" in listed.stdout
+    assert "\N{FIRE}" not in listed.stdout

@@ -5,10 +5,12 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import math
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -27,6 +29,7 @@ from autotune.export import (
     render_script,
     select_trial,
 )
+from autotune.export._bundle import call, literal
 from autotune.files import write_new_file
 from autotune.study import trial_config
 from autotune.testing import blobs, import_blocker, make_config, run_cli, tiny_mlp
@@ -263,6 +266,9 @@ HOSTILE_NAMES = [
     "{{ jinja }} {% if x %} # not a comment",
     "étude 学習 🚀",
     "x[/y] run[fast]" + "z" * 150,  # markup, and longer than a line
+    "line\u2028separator\u2029paragraph\x85next",  # line breaks to YAML and str.splitlines
+    "\udcff a lone surrogate, as a file system name decodes",
+    "\x00 nul \x1b[31m escape \u202e reversed",
 ]
 
 
@@ -286,6 +292,108 @@ def test_hostile_strings_reach_the_script_only_as_data(tiny_study, tmp_path: Pat
         path = tmp_path / f"best.{fmt}"
         write_new_file(path, render(hostile, fmt))
         assert load_config(path).study == name
+
+
+@pytest.mark.parametrize("value", [*HOSTILE_NAMES, "\ud83d\ude80 a split pair", "", "\U0010ffff"])
+def test_a_string_literal_is_ascii_and_evaluates_to_the_string(value):
+    written = literal(value)
+    assert written.isascii() and written.isprintable(), written
+    assert ast.literal_eval(written) == value
+
+
+def test_nan_and_infinity_are_written_as_float_calls():
+    values = [float("nan"), float("inf"), -float("inf"), 0.1, -0.0, 1e300, 3, True, None, "s"]
+    written = literal(values)
+    assert written.count("float(") == 3
+    found = eval(written, {"__builtins__": {}, "float": float})  # no other name is in reach
+    assert math.isnan(found[0]) and found[1:3] == [math.inf, -math.inf]
+    assert found[3:] == values[3:] and math.copysign(1, found[4]) == -1
+
+
+@pytest.mark.parametrize("key", ["x=1); evil(", "class", "a b", "1x", ""])
+def test_a_call_refuses_keyword_names_that_are_not_argument_names(key):
+    with pytest.raises(ValueError, match="is not a Python argument name"):
+        call("make", {"width": 1, key: 2})
+
+
+@pytest.fixture
+def tiny_copy(tiny_study, tmp_path: Path) -> tuple[optuna.Study, str]:
+    """The tiny study copied into a database of its own, to be edited as somebody might."""
+    url = f"sqlite:///{tmp_path / 'copy.db'}"
+    optuna.copy_study(from_study_name="tiny", from_storage=tiny_study[1], to_storage=url)
+    return optuna.load_study(study_name="tiny", storage=url), url
+
+
+def model_call_arguments(source: str) -> dict[str, object]:
+    """The keyword arguments of the script's model call, evaluated with only ``float`` in reach."""
+    make_model = next(
+        node for node in ast.parse(source).body
+        if isinstance(node, ast.FunctionDef) and node.name == "make_model"
+    )  # fmt: skip
+    returned = next(node for node in make_model.body if isinstance(node, ast.Return))
+    assert isinstance(returned.value, ast.Call)
+    scope = {"__builtins__": {}, "float": float}
+    return {k.arg: eval(ast.unparse(k.value), scope) for k in returned.value.keywords}
+
+
+def test_nan_and_infinity_reach_the_script_and_yaml_exactly_and_json_refuses_them(
+    tiny_copy, tmp_path: Path
+):
+    study, _ = tiny_copy
+    recorded = study.user_attrs["model_kwargs"]
+    study.set_user_attr("model_kwargs", {**recorded, "clip": float("inf"), "eps": float("nan")})
+    best = best_config(study, select_trial(study))
+    odd = _with(best, best.config.replace(weight_decay=float("inf")))
+    text = render_script(study, odd)
+    compile(text, "train.py", "exec")
+    assert 'WEIGHT_DECAY = float("inf")' in text
+    arguments = model_call_arguments(text)
+    assert arguments["clip"] == math.inf and math.isnan(arguments["eps"])  # type: ignore[arg-type]
+    assert {k: v for k, v in arguments.items() if k not in ("clip", "eps")} == recorded
+
+    odd = dataclasses.replace(odd, metrics={**odd.metrics, "mfu": float("nan")})
+    write_new_file(tmp_path / "best.yaml", render(odd, "yaml"))
+    loaded = load_config(tmp_path / "best.yaml")  # YAML writes .inf and .nan
+    assert loaded.config.weight_decay == math.inf and math.isnan(loaded.metrics["mfu"])
+    with pytest.raises(ExportError, match=r"^config.weight_decay is inf, which JSON cannot hold"):
+        render(odd, "json")
+
+
+def test_a_study_whose_recorded_arguments_or_names_were_edited_is_refused(
+    tiny_copy, tmp_path: Path
+):
+    """A study database is data anyone may have edited: what the script writes as code (argument
+    names, entry names) must still be what a space file may hold, or export refuses."""
+    study, url = tiny_copy
+    marker = tmp_path / "pwned"
+    recorded = study.user_attrs["model_kwargs"]
+    study.set_user_attr(
+        "model_kwargs", {**recorded, f"x=__import__('os').system('touch {marker}'),y": 1}
+    )
+    refused = run_cli("export", "--study", "tiny", "--storage", url, "-o", "t.py", cwd=tmp_path)
+    assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1
+    assert "records model arguments that no space file could hold" in refused.stderr
+    assert "is not a Python argument name); was its database edited?" in refused.stderr
+    assert not (tmp_path / "t.py").exists()
+
+    for edited in ([1, 2], "width=2", {"class": 1}):
+        study.set_user_attr("model_kwargs", edited)
+        with pytest.raises(ExportError, match="no space file could hold"):
+            render(best_config(study, select_trial(study)), "script", study)
+    study.set_user_attr("model_kwargs", recorded)
+    space = study.user_attrs["space_file"]
+    study.set_user_attr(
+        "space_file",
+        space.replace(
+            "model: autotune.testing:tiny_mlp", f"model: 'os:system\n(\"touch {marker}\")'"
+        ),
+    )
+    with pytest.raises(ExportError) as refusal:
+        render(best_config(study, select_trial(study)), "script", study)
+    message = str(refusal.value)
+    assert "holds a space file autotune refuses" in message and "\n" not in message
+    assert "was its database edited?" in message
+    assert not marker.exists()
 
 
 def _with(best: BestConfig, config) -> BestConfig:
@@ -448,3 +556,94 @@ def test_a_torchvision_model_on_shapes_exports_with_the_device_pipeline(
     done = run_script(script, "--epochs", "1", block_autotune=blocker)
     assert done.returncode == 0, done.stderr
     assert "epoch 1/1" in done.stdout
+
+
+TWO_FOLDERS_SPACE = """\
+study: {name: folders, n_trials: 1, pruner: none, confirm: false}
+workload: {model: "folder_model:small_model", data: "folder_data:small_data", epochs: 1}
+space: {batch_size: 16}
+"""
+
+FOLDER_MODEL = """\
+from torch import nn
+
+
+def small_model(width: int = 8) -> nn.Module:
+    return nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 2))
+"""
+
+FOLDER_DATA = """\
+import torch
+from torch.utils.data import TensorDataset
+
+print("folder_data is imported")  # user code that prints: not into an exported script
+
+
+def small_data(count: int = 64):
+    generator = torch.Generator().manual_seed(0)
+
+    def split(n):
+        labels = torch.arange(n) % 2
+        points = torch.randn(n, 4, generator=generator) + 3.0 * labels[:, None]
+        return TensorDataset(points, labels)
+
+    return split(count), split(count // 2)
+"""
+
+
+@pytest.fixture(scope="module")
+def two_folder_study(tmp_path_factory, prepare_study) -> Iterator[tuple[optuna.Study, Path, str]]:
+    """A study whose model module lives beside its space file and whose data module lives in
+    another folder (on sys.path, as PYTHONPATH would put it)."""
+    root = tmp_path_factory.mktemp("folders")
+    (root / "models").mkdir()
+    (root / "data").mkdir()
+    (root / "models" / "folder_model.py").write_text(FOLDER_MODEL)
+    (root / "data" / "folder_data.py").write_text(FOLDER_DATA)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(root / "data"))
+        prepared = prepare_study(TWO_FOLDERS_SPACE, root / "models")
+        yield prepared.study, root, prepared.url
+
+
+@pytest.mark.slow
+def test_modules_in_two_folders_put_both_on_the_scripts_sys_path(two_folder_study, tmp_path):
+    study, root, _ = two_folder_study
+    best = best_config(study, select_trial(study))
+    text = render_script(study, best)
+    listed = "".join(f"    {literal(str(root / name))},\n" for name in ("data", "models"))
+    folders = f"sys.path[:0] = [\n{listed}]\n"  # each once, in the order placed: data, model
+    assert folders in text and text.count("sys.path") == 1, text
+    assert folders in render_script(study, best, rebuild_workload=True)  # the same, imported
+    script = tmp_path / "elsewhere" / "train.py"
+    script.parent.mkdir()
+    write_new_file(script, text)
+    assert lint(script).returncode == 0, lint(script).stdout
+    done = run_script(script, "--epochs", "1", block_autotune=import_blocker(tmp_path, "autotune"))
+    assert done.returncode == 0, done.stderr
+    assert "epoch 1/1" in done.stdout
+
+
+def test_rebuilding_says_what_it_imports_first_and_stdout_is_only_the_script(
+    two_folder_study, tmp_path: Path
+):
+    _, root, url = two_folder_study
+    pythonpath = os.pathsep.join([str(root / "data"), os.environ.get("PYTHONPATH", "")])
+    done = run_cli(
+        "export", "--study", "folders", "--storage", url, "--rebuild-workload",
+        cwd=tmp_path, env={"PYTHONPATH": pythonpath},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # exactly the script: every notice, and what the user's code printed, went to stderr
+    ast.parse(done.stdout)
+    assert done.stdout.startswith('"""Train folder_model:small_model on folder_data:small_data')
+    notice = (
+        "Rebuilding the workload: importing and running folder_model:small_model, "
+        "folder_data:small_data."
+    )
+    lines = done.stderr.splitlines()
+    assert lines.index(notice) < lines.index("folder_data is imported"), done.stderr
+    assert (
+        lines[-1]
+        == "It imports and runs your code: folder_model:small_model, folder_data:small_data."
+    )

@@ -193,6 +193,14 @@ def test_bad_knob_values(knob_yaml, expected):
             "workload: {model: digits_cnn, data: digits, model_args: {'a=1)': 2}}\n",
             "workload.model_args: 'a=1)' is not a Python argument name",
         ),
+        (  # a YAML date would reach an exported script as datetime.date(...), a NameError there
+            "workload:\n  model: m\n  data: digits\n  data_args:\n    since: 2024-01-01\n",
+            "s.yaml:5: workload.data_args.since: 2024-01-01 is a date, not plain data",
+        ),
+        (
+            "workload: {model: m, data: d, model_args: {at: [1, {t: 2024-01-01 10:00:00}]}}\n",
+            "workload.model_args.at[1].t: 2024-01-01 10:00:00 is a datetime, not plain data",
+        ),
         ("", "this one is empty"),
         ("- a\n- b\n", "this one is list"),
         ("study: [\n", "invalid YAML"),

@@ -18,8 +18,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,  # a bug gets a plain traceback; user errors get one line
     help="Find the PyTorch training configuration with the most accuracy per second.",
 )
-console = Console()
-errors = Console(stderr=True, soft_wrap=True)  # an error is one line, at any width
+# emoji=False: a name or value with ":fire:" in it is shown as it is, not as an emoji
+console = Console(emoji=False)
+errors = Console(stderr=True, soft_wrap=True, emoji=False)  # one line at any width
 
 EXIT_USAGE = 2  # the user must change a file or an argument
 EXIT_FAILED = 1  # the command ran but could not do its job

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -11,7 +12,15 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
-from autotune.cli._common import EXIT_FAILED, app, console, fail, open_for_reading, quiet_libraries
+from autotune.cli._common import (
+    EXIT_FAILED,
+    app,
+    console,
+    errors,
+    fail,
+    open_for_reading,
+    quiet_libraries,
+)
 from autotune.errors import UserError
 from autotune.files import write_new_file
 from autotune.spec import DEFAULT_STORAGE
@@ -42,7 +51,7 @@ def best(
         return
     unit = display.METRIC_UNITS.get(result.metric, "")
     console.print(
-        f"[bold]{escape(study_name)}[/]: trial {result.trial}, {result.metric} "
+        f"[bold]{escape(study_name)}[/]: trial {result.trial}, {escape(result.metric)} "
         f"[bold green]{display.fmt(result.value)}[/] {unit}"
     )
     console.print(f"  {result.confirmation_text()}", markup=False)
@@ -91,14 +100,27 @@ def export_command(
     from autotune import study as studies
 
     quiet_libraries(verbose=False)
+    notices = console if output is not None else errors  # stdout may be the script itself
     try:
         found = studies.load_study(study_name, storage)
         chosen = export.select_trial(found, trial)
         result = export.best_config(found, chosen)
+        spec = export.study_spec(found)
+        imported = workloads.user_entry_points(spec.workload) if spec is not None else []
+        if rebuild_workload and fmt == "script" and imported:  # before it runs any of it
+            notices.print(
+                f"Rebuilding the workload: importing and running {', '.join(imported)}.",
+                markup=False,
+            )
         name = output.name if output is not None else "train.py"
-        text = export.render(result, fmt, found, name, rebuild_workload)
+        with contextlib.redirect_stdout(sys.stderr):  # what the user's code prints, say
+            text = export.render(result, fmt, found, name, rebuild_workload)
         if output is None:
             sys.stdout.write(text)
+            if fmt == "script" and imported:
+                notices.print(
+                    f"It imports and runs your code: {', '.join(imported)}.", markup=False
+                )
             return
         write_new_file(output, text, force=force)
     except UserError as err:
@@ -115,8 +137,6 @@ def export_command(
             f"Run it:  [bold]{display.command('python', str(output))}[/]  "
             f"({result.epochs} epochs; --epochs N, --resume)"
         )
-        spec = export.study_spec(found)
-        imported = workloads.user_entry_points(spec.workload) if spec is not None else []
         if imported:  # say so before the user runs it: a shared study could name anything
             console.print(f"It imports and runs your code: {', '.join(imported)}.", markup=False)
 
@@ -220,12 +240,12 @@ def list_studies(
         top = studies.answer_trial(study)
         table.add_row(
             Text(summary.study_name),
-            studies.StudyRecord.of(study).metric or "-",
+            Text(studies.StudyRecord.of(study).metric or "-"),  # stored values are data
             str(count[TrialState.COMPLETE]),
             str(count[TrialState.PRUNED]),
             str(count[TrialState.FAIL]),
             str(count[TrialState.RUNNING]),
-            display.fmt(top.value) if top else "-",
+            Text(display.fmt(top.value) if top else "-"),
             str(top.number) if top else "-",
         )
     console.print(table)

@@ -7,14 +7,23 @@ import ast
 import importlib
 import importlib.util
 import inspect
-import json
+import keyword
+import math
 import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Import", "bundle", "call", "entry_point", "import_block", "literal"]
+__all__ = [
+    "Import",
+    "bundle",
+    "call",
+    "entry_point",
+    "import_block",
+    "is_argument_name",
+    "literal",
+]
 
 _STDLIB = sys.stdlib_module_names
 
@@ -171,10 +180,34 @@ def _folder_to_add(origin: Path) -> str | None:
     return str(origin.parent.parent if origin.name == "__init__.py" else origin.parent)
 
 
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _string_literal(text: str) -> str:
+    """``text`` as a double-quoted Python literal of printable ASCII only: every other character
+    is an escape, so that a line separator (U+2028) cannot break a line of a YAML or Python
+    file and a lone surrogate (from a file system name) cannot make the file unwritable."""
+    out = []
+    for char in text:
+        code = ord(char)
+        if char in _ESCAPES:
+            out.append(_ESCAPES[char])
+        elif 0x20 <= code < 0x7F:
+            out.append(char)
+        elif code < 0x100:
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return '"' + "".join(out) + '"'
+
+
 def literal(value: Any) -> str:
-    """Python source for a plain value, strings in double quotes as ruff format writes them."""
+    """Python source for plain data (what JSON holds, and tuples), that evaluates to ``value``
+    exactly: strings in double quotes of ASCII only, NaN and infinity as ``float("nan")``."""
     if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
+        return _string_literal(value)
     if isinstance(value, dict):
         items = ", ".join(f"{literal(k)}: {literal(v)}" for k, v in value.items())
         return f"{{{items}}}"
@@ -183,7 +216,16 @@ def literal(value: Any) -> str:
     if isinstance(value, tuple):
         inner = ", ".join(literal(v) for v in value)
         return f"({inner},)" if len(value) == 1 else f"({inner})"
-    return repr(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return f'float("{value}")'  # nan, inf, -inf: float() reads what str() writes
+    if value is None or isinstance(value, bool | int | float):
+        return repr(value)
+    raise TypeError(f"{type(value).__name__} is not plain data: {value!r}")
+
+
+def is_argument_name(key: object) -> bool:
+    """Whether ``key`` can be written as ``key=`` in a call: an identifier, not a keyword."""
+    return isinstance(key, str) and key.isidentifier() and not keyword.iskeyword(key)
 
 
 def static_entry_point(entry: str, search_dir: Path | None) -> tuple[str, str, str | None]:
@@ -208,6 +250,11 @@ def static_entry_point(entry: str, search_dir: Path | None) -> tuple[str, str, s
 
 
 def call(expression: str, kwargs: dict[str, Any], args: tuple[Any, ...] = ()) -> str:
+    """Python source of ``expression(*args, **kwargs)``, values as literals. ValueError for a
+    keyword that is not an argument name (``x=1); evil(`` would be code, not a name)."""
+    bad = [key for key in kwargs if not is_argument_name(key)]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not a Python argument name")
     arguments = [literal(value) for value in args]
     arguments += [f"{key}={literal(value)}" for key, value in kwargs.items()]
     return f"{expression}({', '.join(arguments)})"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import re
 from typing import Any
 
@@ -22,10 +23,9 @@ from autotune.export._bundle import (
     import_block,
     literal,
 )
-from autotune.export._workload import workload_code
-from autotune.spec import WorkloadSpec
+from autotune.export._workload import recorded_layout, split_return, workload_code
+from autotune.spec import LOSSES, SpecError, WorkloadSpec, parse_spec
 from autotune.study import StudyRecord
-from autotune.workloads.batches import BatchLayout
 
 __all__ = ["FORMATS", "SCRIPT_KNOBS", "render", "render_script"]
 
@@ -42,7 +42,14 @@ def render(
     """The text of an export in ``fmt`` (script, yaml or json); ``rebuild_workload`` lets a
     script export import and run the study's own model and data code (``workload_code``)."""
     if fmt == "json":
-        return json.dumps(best.to_dict(), indent=2) + "\n"
+        data = best.to_dict()
+        found = _non_finite(data)
+        if found is not None:  # JSON has no NaN or infinity; writing null would change a value
+            raise ExportError(
+                f"{found[0]} is {found[1]}, which JSON cannot hold: export with --format yaml "
+                f"(it writes .nan and .inf) or as a script"
+            )
+        return json.dumps(data, indent=2, allow_nan=False) + "\n"
     if fmt == "yaml":
         header = (  # the name is the user's: a line break in it would end the comment
             f"# autotune configuration: study {literal(best.study)}, trial {best.trial}, "
@@ -54,6 +61,23 @@ def render(
             raise ValueError("a script export needs the study")
         return render_script(study, best, script_name, rebuild_workload)
     raise ValueError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
+
+
+def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
+    """(dotted path, value) of the first NaN or infinity in plain data, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where, value
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, list | tuple):
+        items = list(enumerate(value))
+    else:
+        return None
+    for key, item in items:
+        found = _non_finite(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 # Where the script applies each knob of ``spec.KNOBS`` (a knob missing here fails
@@ -265,6 +289,18 @@ def _environment() -> jinja2.Environment:
     return environment
 
 
+def _unreadable_spec(study: optuna.Study) -> str:
+    """Why ``study_spec`` found no space file in ``study``, on one line."""
+    text = StudyRecord.of(study).space_file
+    try:
+        parse_spec(text or "", "its space file")
+    except SpecError as err:
+        if text:  # the study's own file was accepted when it ran: somebody changed it since
+            problem = " ".join(err.problems[0].split())
+            return f"holds a space file autotune refuses ({problem}); was its database edited?"
+    return "does not hold a readable space file"
+
+
 def render_script(
     study: optuna.Study,
     best: BestConfig,
@@ -275,16 +311,11 @@ def render_script(
     spec = study_spec(study)
     if spec is None:
         raise ExportError(
-            f"study '{study.study_name}' does not hold a readable space file; export it with "
-            f"--format yaml or json instead"
+            f"study '{study.study_name}' {_unreadable_spec(study)}; export it with --format yaml "
+            f"or json instead"
         )
-    layout = BatchLayout.from_record(StudyRecord.of(study).batch_layout)
-    if not layout.is_pair or spec.workload.loss != "cross_entropy":
-        raise ExportError(
-            f"study '{study.study_name}' trains on batches of another structure or with another "
-            f"loss than (input, label) and cross-entropy, which scripts do not write yet; "
-            f"export it with --format yaml or json, or use autotune.load_best"
-        )
+    layout = recorded_layout(study)
+    structured = not layout.is_pair or spec.workload.loss != "cross_entropy"
     config = best.config
     workload_imports, workload_fields = workload_code(
         study, spec.workload, config.data_pipeline == "device", rebuild_workload
@@ -300,6 +331,8 @@ def render_script(
     }
     if config.data_pipeline == "dataloader":
         imports.add(Import("torch.utils.data", "DataLoader"))
+    if structured:
+        imports.add(Import("torch.utils._pytree", "tree_map_only"))
     if config.schedule == "cosine":
         imports.add(Import("math"))
     provenance = _provenance(best, spec.workload)
@@ -316,7 +349,6 @@ def render_script(
             epochs=best.epochs,
             import_block=import_block(imports),
             constants=_knob_notes(best),
-            sys_path_reason="the workload's module lives here (where the study found it)",
             **workload_fields,
             schedule=config.schedule,
             warmup=config.warmup_fraction > 0,
@@ -333,6 +365,9 @@ def render_script(
             accumulation=config.accumulation_steps,
             workers=config.num_workers > 0,
             device_pipeline=config.data_pipeline == "device",
+            structured=structured,
+            split_return=split_return(layout) if structured else None,
+            loss_kind=spec.workload.loss if spec.workload.loss in LOSSES else "function",
         )
     )
     return text

@@ -1,5 +1,5 @@
-"""How an exported script gets its data and model: autotune's built-ins pasted into it, the
-user's ``package.module:function`` entries imported by name.
+"""How an exported script gets its data, model, loss and batches: autotune's built-ins pasted
+into it, the user's ``package.module:function`` entries imported by name.
 
 A study is read, not run: the user's entries are neither imported nor called here (a study
 database someone else wrote could name any function) unless the user asks for the workload to
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from pydantic import ValidationError
 
 from autotune.export._api import ExportError
 from autotune.export._bundle import (
@@ -23,6 +24,7 @@ from autotune.export._bundle import (
     bundle,
     call,
     entry_point,
+    literal,
     static_entry_point,
 )
 from autotune.pipeline import DeviceBatches
@@ -36,8 +38,9 @@ from autotune.workloads import (
     user_entry_points,
 )
 from autotune.workloads import load as load_workload
+from autotune.workloads.batches import BatchLayout
 
-__all__ = ["workload_code"]
+__all__ = ["recorded_layout", "split_return", "workload_code"]
 
 
 @dataclass
@@ -45,7 +48,12 @@ class _WorkloadCode:
     """How the script gets its data and model: pasted built-ins or imported entry points."""
 
     builtins: list[Any] = field(default_factory=list)  # functions and classes to paste
-    sys_path: str | None = None
+    folders: list[str] = field(default_factory=list)  # for sys.path, in the order placed
+
+    def add_folder(self, directory: str | None) -> None:
+        """Put ``directory`` (where the study found a module) on the script's sys.path, once."""
+        if directory and directory not in self.folders:
+            self.folders.append(directory)
 
     def place(
         self, name: str, fn: Callable[..., Any], kwargs: dict[str, Any]
@@ -57,8 +65,7 @@ class _WorkloadCode:
             args = fn.args if isinstance(fn, functools.partial) else ()
             return None, call(builtin.__name__, kwargs, args)
         import_line, expression, directory = entry_point(name)
-        if directory:
-            self.sys_path = directory
+        self.add_folder(directory)
         return import_line, call(expression, kwargs)
 
 
@@ -86,7 +93,8 @@ def workload_code(
                 f"or they are not plain data); exporting it means importing and running "
                 f"{' and '.join(user_code)}: add --rebuild-workload if you trust this study"
             )
-        return _recorded_workload_code(workload, base_dir, record.model_kwargs, device_pipeline)
+        recorded = _checked_model_kwargs(study.study_name, workload, record.model_kwargs)
+        return _recorded_workload_code(workload, base_dir, recorded, device_pipeline)
     num_classes, input_shape = record.num_classes, record.input_shape
     try:
         data_fn = resolve_data(workload, base_dir)
@@ -103,27 +111,98 @@ def workload_code(
     code = _WorkloadCode()
     data = code.place(workload.data, data_fn, dict(workload.data_args))
     model = code.place(workload.model, model_fn, kwargs)
-    return _place_workload(code, data, model, device_pipeline)
+    return _place_workload(
+        code, data, model, _place_loss(code, workload, base_dir), device_pipeline
+    )
+
+
+def recorded_layout(study: optuna.Study) -> BatchLayout:
+    """Where the study's batches hold the inputs and the target, as it recorded them."""
+    try:
+        return BatchLayout.from_record(StudyRecord.of(study).batch_layout)
+    except (KeyError, TypeError, ValueError):
+        raise ExportError(
+            f"study '{study.study_name}' records a batch layout no space file could give "
+            f"(batch_layout); was its database edited?"
+        ) from None
+
+
+def split_return(layout: BatchLayout) -> str:
+    """The expression ``split`` returns for ``layout``: (positional inputs, keyword inputs,
+    target) of ``batch``, every key and index a literal."""
+
+    def at(place: str | int) -> str:
+        return f"batch[{literal(place)}]"
+
+    target = layout.target
+    if layout.is_dict:
+        if layout.inputs is None:
+            kwargs = (
+                "dict(batch)"
+                if layout.target_to_model
+                else f"{{key: value for key, value in batch.items() if key != {literal(target)}}}"
+            )
+        else:
+            keys = [*layout.inputs, *([target] if layout.target_to_model else [])]
+            kwargs = "{" + ", ".join(f"{literal(k)}: {at(k)}" for k in keys) + "}"
+        return f"(), {kwargs}, {at(target)}"
+    places = [*(layout.inputs or ()), *([target] if layout.target_to_model else [])]
+    args = ", ".join(at(i) for i in places) + ("," if len(places) == 1 else "")
+    return f"({args}), {{}}, {at(target)}"
+
+
+def _checked_model_kwargs(
+    study_name: str, workload: WorkloadSpec, recorded: Any
+) -> dict[str, Any]:
+    """The model arguments a study recorded, if the space file's checks accept them as
+    ``model_args`` (keyword names, plain values): a study database is data that anyone may have
+    edited, and these are written into the script as code (``Model(name=value)``)."""
+    try:
+        checked = WorkloadSpec.model_validate({**workload.model_dump(), "model_args": recorded})
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        problem = str(first["msg"]).removeprefix("Value error, ")
+        raise ExportError(
+            f"study '{study_name}' records model arguments that no space file could hold "
+            f"({where}: {problem}); was its database edited?"
+        ) from None
+    return dict(checked.model_args)
+
+
+def _place_loss(
+    code: _WorkloadCode, workload: WorkloadSpec, base_dir: Path | None
+) -> tuple[str | None, str | None]:
+    """(import line, name) of the user's loss function, found by name (never imported here);
+    (None, None) for a built-in loss, which the template writes itself."""
+    if ":" not in workload.loss:
+        return None, None
+    import_line, name, directory = static_entry_point(workload.loss, base_dir)
+    code.add_folder(directory)
+    return import_line, name
 
 
 def _place_workload(
     code: _WorkloadCode,
     data: tuple[str | None, str],
     model: tuple[str | None, str],
+    loss: tuple[str | None, str | None],
     device_pipeline: bool,
 ) -> tuple[set[Import], dict[str, Any]]:
     """The imports and template fields for the data and model (import line, call) placed."""
     if device_pipeline:
         code.builtins.append(DeviceBatches)
     sources, imports = bundle(code.builtins)
-    if code.sys_path:
+    if code.folders:
         imports.add(Import("sys"))
     fields = {
         "data_import": data[0],
         "data_call": data[1],
         "model_import": model[0],
         "model_call": model[1],
-        "sys_path": code.sys_path,
+        "loss_import": loss[0],
+        "loss_name": loss[1],
+        "sys_path": code.folders,
         "workload_sources": sources,
     }
     return imports, fields
@@ -146,7 +225,7 @@ def _recorded_workload_code(
     ):
         if name in user_code:
             import_line, expression, directory = static_entry_point(name, base_dir)
-            code.sys_path = directory or code.sys_path
+            code.add_folder(directory)
             placed.append((import_line, call(expression, kwargs)))
             continue
         try:
@@ -154,4 +233,5 @@ def _recorded_workload_code(
         except WorkloadError as err:
             raise ExportError(f"cannot export the workload: {err}") from None
         placed.append(code.place(name, fn, kwargs))
-    return _place_workload(code, placed[0], placed[1], device_pipeline)
+    loss = _place_loss(code, workload, base_dir)
+    return _place_workload(code, placed[0], placed[1], loss, device_pipeline)

@@ -83,6 +83,11 @@ class BatchLayout:
         """The plain ``(input, label)`` layout: the model gets the input alone."""
         return self.inputs == (0,) and self.target == 1 and not self.target_to_model
 
+    @property
+    def is_dict(self) -> bool:
+        """Whether the samples are dicts (their inputs and target found by key)."""
+        return self.inputs is None or any(isinstance(p, str) for p in (*self.inputs, self.target))
+
     def to_record(self) -> dict[str, Any]:
         """The layout as JSON values, for a study to record (exports read it back)."""
         inputs = None if self.inputs is None else list(self.inputs)
@@ -91,15 +96,18 @@ class BatchLayout:
     @classmethod
     def from_record(cls, record: dict[str, Any] | None) -> BatchLayout:
         """The layout a study recorded; a pair's when it recorded none (it predates layouts,
-        when every sample was a pair)."""
+        when every sample was a pair). ValueError (or KeyError) for a record that is not one."""
         if record is None:
             return cls()
-        inputs = record["inputs"]
-        return cls(
-            inputs=None if inputs is None else tuple(inputs),
-            target=record["target"],
-            target_to_model=bool(record["target_to_model"]),
-        )
+        inputs, target, to_model = record["inputs"], record["target"], record["target_to_model"]
+        places = [target, *(inputs if isinstance(inputs, list) else [])]
+        if (
+            not (inputs is None or isinstance(inputs, list))
+            or not all(isinstance(p, str | int) and not isinstance(p, bool) for p in places)
+            or not isinstance(to_model, bool)
+        ):
+            raise ValueError(f"not a batch layout: {record!r}")
+        return cls(None if inputs is None else tuple(inputs), target, to_model)
 
     def split(self, batch: Any) -> tuple[ModelInputs, Any]:
         """(what the model is called with, the target) of a sample or batch."""

@@ -1,0 +1,115 @@
+"""Exported scripts for batches of other structures and other losses: a Hugging Face style
+workload (dict samples, the model's own loss) and a tuple of three with the user's loss function,
+each exported from a real study and run outside the repository without autotune."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.export import best_config, render_script, select_trial
+from autotune.testing import import_blocker
+
+SEARCH_SPACES = Path(__file__).parents[1] / "search_spaces"
+
+TEXT_SPACE = """\
+study: {name: text, n_trials: 1, pruner: none, confirm: false}
+workload:
+  model: text_workload:transformer
+  model_args: {width: 16}
+  data: text_workload:topics
+  data_args: {train_size: 512, val_size: 128, length: 12}
+  epochs: 1
+  loss: model
+space: {batch_size: 32, lr: 1.0e-2}
+"""
+
+TRIPLE_SPACE = """\
+study: {name: triple, n_trials: 1, pruner: none, confirm: false}
+workload:
+  model: triple_workload:two_inputs
+  data: triple_workload:triples
+  target: 2
+  loss: triple_workload:smoothed
+  epochs: 1
+space: {batch_size: 16, lr: 3.0e-2, channels_last: true}
+"""
+
+TRIPLE_MODULE = """\
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+
+def triples(count: int = 1024):
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(count, 3, 4, 4, generator=generator)
+    vectors = torch.randn(count, 4, generator=generator)
+    labels = ((images.mean((1, 2, 3)) + vectors.mean(1)) > 0).long()
+    train = TensorDataset(images[:768], vectors[:768], labels[:768])
+    return train, TensorDataset(images[768:], vectors[768:], labels[768:])
+
+
+class TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.image = nn.Linear(48, 2)
+        self.vector = nn.Linear(4, 2)
+
+    def forward(self, image, vector):
+        return self.image(image.flatten(1)) + self.vector(vector)
+
+
+def two_inputs():
+    return TwoInputs()
+
+
+def smoothed(output, target):
+    return nn.functional.cross_entropy(output, target, label_smoothing=0.05)
+"""
+
+
+def _exported(prepare_study, folder: Path, space: str) -> str:
+    study = prepare_study(space, folder).study
+    return render_script(study, best_config(study, select_trial(study)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("workload", "chance"), [("text", 0.25), ("triple", 0.5)])
+def test_a_script_of_another_batch_structure_and_loss_trains_outside_the_repository(
+    prepare_study, tmp_path: Path, workload: str, chance: float
+):
+    study_dir = tmp_path / "study"
+    study_dir.mkdir()
+    if workload == "text":
+        shutil.copy(SEARCH_SPACES / "text_workload.py", study_dir)
+        text = _exported(prepare_study, study_dir, TEXT_SPACE)
+        assert 'return (), dict(batch), batch["labels"]' in text  # labels go to the model
+        assert "output.loss" in text
+    else:
+        (study_dir / "triple_workload.py").write_text(TRIPLE_MODULE)
+        text = _exported(prepare_study, study_dir, TRIPLE_SPACE)
+        assert "return (batch[0], batch[1]), {}, batch[2]" in text
+        assert "from triple_workload import smoothed" in text
+        assert "channels_last=True" in text  # the image input goes NHWC, the vector cannot
+    ast.parse(text)
+    script = tmp_path / "elsewhere" / "train.py"
+    script.parent.mkdir()
+    script.write_text(text)
+    blocker = import_blocker(tmp_path, "autotune")
+    done = subprocess.run(
+        [sys.executable, str(script), "--epochs", "3"],
+        cwd=script.parent,
+        env={"PYTHONPATH": str(blocker), "PYTHONWARNINGS": "ignore", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    accuracy = float(done.stdout.split("val accuracy ")[-1].split()[0])
+    assert chance + 0.2 < accuracy <= 1.0, done.stdout  # it learned, and was scored right
