@@ -4,6 +4,7 @@ databases said in one line, and passwords that are never shown or stored."""
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -23,7 +24,7 @@ from autotune.study import (
     open_storage,
     storage_problem,
 )
-from autotune.testing import run_cli, write_space
+from autotune.testing import import_blocker, run_cli, write_space
 
 # root ignores file modes; without these two capabilities it meets them as anyone does
 WITHOUT_ROOT_OVERRIDE = ("setpriv", "--bounding-set=-dac_override,-dac_read_search")
@@ -213,3 +214,49 @@ def test_a_half_made_study_is_made_again(tmp_path: Path, prepare_study, monkeypa
     space = _space(tmp_path).read_text()
     prepared = prepare_study(space, tmp_path, run=False, storage=storage)
     assert StudyRecord.of(prepared.study).search_fingerprint is not None
+
+
+@pytest.mark.slow
+def test_a_postgresql_study_never_shows_or_stores_its_password(postgres, tmp_path: Path):
+    space = _space(tmp_path)
+    url = postgres.url
+    done = {"run": run_cli("run", str(space), "--storage", url, cwd=tmp_path)}
+    assert done["run"].returncode == 0, done["run"].stderr
+    assert "postgresql+psycopg://autotune:***@127.0.0.1" in done["run"].stdout
+    assert "put yours in its place" in done["run"].stdout
+    where = ("--study", "tiny", "--storage", url)
+    done["best"] = run_cli("best", *where, cwd=tmp_path)
+    done["studies"] = run_cli("studies", "--storage", url, cwd=tmp_path)
+    done["export"] = run_cli("export", *where, "-o", "train.py", cwd=tmp_path)
+    done["report"] = run_cli("report", *where, "-o", "report.html", cwd=tmp_path)
+    for name, result in done.items():
+        assert result.returncode == 0, (name, result.stderr)
+        assert "Warning" not in result.stdout, (name, result.stdout)  # the note was written
+    wrong = url.replace(postgres.password, "wrong-password")
+    refused = run_cli("best", "--study", "tiny", "--storage", wrong, cwd=tmp_path)
+    _one_error_line(refused, 1, "the password or user name is wrong")
+    assert "wrong-password" not in refused.stderr
+
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.load_study(study_name="tiny", storage=storage)
+    assert answer_trial(study) is not None
+    # the note is kept in the study's system attributes
+    stored = [study.user_attrs, storage.get_study_system_attrs(study._study_id)]
+    stored += [[t.user_attrs, t.system_attrs] for t in study.get_trials()]
+    assert "autotune export --study tiny --storage" in str(stored)
+    storage.engine.dispose()
+    written = [p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()]  # artifacts too
+    assert any(b"<html" in text for text in written)
+    shown = [r.stdout + r.stderr for r in [*done.values(), refused]]
+    for text in [*shown, str(stored), *[t.decode(errors="replace") for t in written]]:
+        assert postgres.password not in text
+
+
+@pytest.mark.slow
+def test_a_missing_postgresql_driver_names_the_extra(tmp_path: Path):
+    blocker = import_blocker(tmp_path, "psycopg")
+    path = os.pathsep.join(filter(None, [str(blocker), os.environ.get("PYTHONPATH")]))
+    url = "postgresql+psycopg://autotune:S3cret@127.0.0.1:1/db"
+    done = run_cli("studies", "--storage", url, cwd=tmp_path, env={"PYTHONPATH": path})
+    _one_error_line(done, 1, "pip install 'autotune[postgres]'")
+    assert "S3cret" not in done.stderr

@@ -273,16 +273,14 @@ def open_storage(
 
 def _open_error(shown: str, err: BaseException) -> str:
     """The one line that says why the storage ``shown`` (a masked URL) did not open."""
-    missing = next(
-        (e.name for e in (err, err.__cause__) if isinstance(e, ImportError) and e.name), ""
-    )
-    if missing:
-        if shown.startswith("postgresql") and missing.startswith("psycopg"):
-            return (
-                f"cannot open storage {shown}: its driver {missing} is not installed; "
-                f"pip install 'autotune[postgres]' and use a postgresql+psycopg:// URL"
-            )
-        return f"cannot open storage {shown}: its driver {missing} is not installed"
+    missing = next((e for e in (err.__cause__, err) if isinstance(e, ImportError)), None)
+    if missing is not None and shown.startswith("postgresql"):
+        return (
+            f"cannot open storage {shown}: its driver is not installed ({missing}); "
+            f"pip install 'autotune[postgres]' and use a postgresql+psycopg:// URL"
+        )
+    if missing is not None:
+        return f"cannot open storage {shown}: its database driver is not installed ({missing})"
     problem = storage_problem(err)
     detail = problem or f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     return f"cannot open storage {shown}: {detail}"
