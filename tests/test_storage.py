@@ -204,16 +204,15 @@ def test_a_full_disk_is_one_line_and_the_study_resumes(small_disk: Path, tmp_pat
     storage.engine.dispose()  # the disk is unmounted next
 
 
-def test_a_half_made_study_is_made_again(tmp_path: Path, prepare_study, monkeypatch):
+def test_a_half_made_study_is_named_as_such(tmp_path: Path, prepare_study, monkeypatch):
     """A study whose labelling stopped half way and that could not be removed then (the disk
-    was full) is removed and created again by the next run, not refused as not autotune's."""
+    was full) is named as half-made by the next run, not as another tool's study."""
     monkeypatch.setattr("autotune.study._open.PEER_CREATION_SECONDS", 0.2)
     storage = f"sqlite:///{tmp_path / 's.db'}"
     half = optuna.create_study(study_name="tiny", storage=open_storage(storage))
     StudyRecord(autotune_version=autotune.__version__).store(half)  # what _label writes first
-    space = _space(tmp_path).read_text()
-    prepared = prepare_study(space, tmp_path, run=False, storage=storage)
-    assert StudyRecord.of(prepared.study).search_fingerprint is not None
+    with pytest.raises(StudyError, match=r"was left half-made .* optuna delete-study"):
+        prepare_study(_space(tmp_path).read_text(), tmp_path, run=False, storage=storage)
 
 
 @pytest.mark.slow

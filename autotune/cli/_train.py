@@ -14,6 +14,7 @@ from autotune.cli._common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
+    EXIT_USAGE,
     app,
     console,
     fail,
@@ -177,15 +178,15 @@ def run(
         )
 
 
-def _storage_failure(err: Exception, storage: str) -> typer.Exit:
-    """A storage fault (a full disk, a read-only or damaged database) as one line and exit 2;
-    anything else is a bug and is raised again with its traceback."""
+def _storage_failure(err: Exception, storage: str, code: int = EXIT_USAGE) -> typer.Exit:
+    """A storage fault (a full disk, a read-only or damaged database) as one line and exit
+    ``code``; anything else is a bug and is raised again with its traceback."""
     from autotune import study as studies
 
     problem = studies.storage_problem(err)
     if problem is None:
         raise err
-    return fail(f"cannot write the study to {studies.display_url(storage)}: {problem}")
+    return fail(f"cannot write the study to {studies.display_url(storage)}: {problem}", code)
 
 
 def _confirm(study: Any, spec: Any, executor: Any, top: int, repeats: int) -> bool:
@@ -276,6 +277,8 @@ def confirm(
         )
     except WorkerError as err:
         raise fail(str(err), EXIT_FAILED) from None
+    except Exception as err:  # the disk filled up, the database became read-only, ...
+        raise _storage_failure(err, storage, EXIT_FAILED) from None
     except KeyboardInterrupt as stop:
         terminated = isinstance(stop, studies.Terminated)
         console.print(

@@ -46,21 +46,16 @@ def _settled_record(study: optuna.Study) -> StudyRecord:
     return record
 
 
-def _half_made(study: optuna.Study, record: StudyRecord) -> bool:
-    """A study whose labelling by autotune stopped half way (a full disk, say) and that its
-    creator could not remove: begun (``autotune_version``) but without its search label or
-    any trial."""
-    return (
-        record.search_fingerprint is None
-        and record.autotune_version is not None
-        and (_is_new(study))
-    )
-
-
-def _resume_problem(study: optuna.Study, spec: Spec, record: StudyRecord) -> str | None:
-    """Why ``spec`` cannot continue ``study`` (whose settled ``record`` it is), with a readable
-    diff; None when it can."""
+def _resume_problem(study: optuna.Study, spec: Spec) -> str | None:
+    """Why ``spec`` cannot continue ``study``, with a readable diff; None when it can."""
+    record = _settled_record(study)
     stored = record.search_fingerprint
+    if stored is None and record.autotune_version is not None:
+        return (
+            f"study '{study.study_name}' was left half-made by an autotune run that failed while "
+            f"creating it (a full disk?); remove it with optuna delete-study --study-name "
+            f"'{study.study_name}' --storage URL, or give another --study-name"
+        )
     if stored is None:
         return (
             f"study '{study.study_name}' was not created by autotune (it has no "
@@ -151,11 +146,7 @@ def open_study(
     name = spec.study_name
     if name in optuna.get_all_study_names(storage):
         study = optuna.load_study(study_name=name, storage=storage)
-        record = _settled_record(study)
-        if _half_made(study, record):
-            optuna.delete_study(study_name=name, storage=storage)
-            return open_study(spec, storage, hardware, workload, new_study)
-        problem = _resume_problem(study, spec, record)
+        problem = _resume_problem(study, spec)
         if problem is None:
             return _with_sampler(study, spec, storage)
         if not new_study:
@@ -173,8 +164,9 @@ def open_study(
     try:
         _label(study, spec, hardware, workload)
     except BaseException:
-        # a study without its labels could not be resumed (it reads as not autotune's): it is
-        # removed, or, where even that fails (a full disk), the next run removes it (_half_made)
+        # a study without its labels cannot be resumed: it is removed, or, where even that
+        # fails (a full disk), the next run names it as half-made (never removing it: it could
+        # be another process's study, still being labelled)
         with contextlib.suppress(Exception):
             optuna.delete_study(study_name=name, storage=storage)
         raise
@@ -184,7 +176,7 @@ def open_study(
 def _label(study: optuna.Study, spec: Spec, hardware: Hardware, workload: Workload | None) -> None:
     """Write what a new study records (its search, space file, machine) and queue its
     baseline."""
-    StudyRecord(autotune_version=__version__).store(study)  # first: a half-made study says so
+    StudyRecord(autotune_version=__version__).store(study)  # first: a half-made one says so
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)  # stable in practice since 3.2
         study.set_metric_names([spec.objective.metric])
