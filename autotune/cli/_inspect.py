@@ -181,7 +181,7 @@ def dashboard(
     from autotune import notes
 
     quiet_libraries(verbose=False)
-    # read-only, and it creates nothing: notes are edited with `optuna-dashboard URL` itself
+    # read-only (notes are edited with `optuna-dashboard URL` itself); no artifact folder made
     backend = open_for_reading(storage, follow_writers=True)
     artifacts = notes.artifact_dir(storage)
     store = FileSystemArtifactStore(str(artifacts)) if artifacts.is_dir() else None
