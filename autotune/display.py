@@ -81,9 +81,9 @@ def command(*words: str) -> str:
 
 
 def study_options(study_name: str, storage: str) -> list[str]:
-    """``--study NAME`` and, unless it is the default, ``--storage URL``: how a command finds a
-    study."""
-    return ["--study", study_name, *([] if storage == DEFAULT_STORAGE else ["--storage", storage])]
+    """``--study NAME`` and ``--storage URL`` (password ``***``) unless it is the default."""
+    shown = studies.display_url(storage)
+    return ["--study", study_name, *([] if storage == DEFAULT_STORAGE else ["--storage", shown])]
 
 
 def _si(value: float) -> str:
@@ -185,7 +185,8 @@ def print_plan(
     resumed = f", resuming with {counted} done" if counted else ""
     console.print(
         f"[bold]study[/] {escape(study.study_name)} ({spec.objective.metric}, "
-        f"{spec.study.n_trials} trials{resumed})  [bold]storage[/] {escape(spec.study.storage)}"
+        f"{spec.study.n_trials} trials{resumed})  "
+        f"[bold]storage[/] {escape(studies.display_url(spec.study.storage))}"
     )
     console.print(
         f"[bold]device[/] {hardware.device} ({escape(hardware.device_name)}, torch "

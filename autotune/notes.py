@@ -22,6 +22,7 @@ from autotune.study import (
     Verdict,
     answer_trial,
     baseline_trial,
+    display_url,
     feasible_trials,
     trial_config,
 )
@@ -192,7 +193,9 @@ def _confirmation_line(study: optuna.Study, trial_number: int) -> str:
 def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     """The markdown note autotune keeps on a study in optuna-dashboard."""
     summary = summarize(study)
-    storage = "" if storage_url == DEFAULT_STORAGE else f" --storage {storage_url}"
+    # the password never goes into the study: the command shows *** in its place
+    shown = display_url(storage_url)
+    storage = "" if storage_url == DEFAULT_STORAGE else f" --storage {shown}"
     lines = [f"## autotune: {summary.study}", ""]
     best = summary.best
     if best is None:

@@ -16,7 +16,7 @@ from autotune.errors import UserError
 from autotune.export import best_config
 from autotune.notes import PHASE_LABELS, Summary, measured, measurements, number, summarize
 from autotune.spec import DEFAULT_STORAGE, KNOBS
-from autotune.study import StudyRecord, TrialRecord, trial_config
+from autotune.study import StudyRecord, TrialRecord, display_url, trial_config
 from autotune.timing import PHASES
 
 if TYPE_CHECKING:  # plotly is imported where a report is drawn: run and export need none
@@ -193,5 +193,5 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         plotly_js=plotly.offline.get_plotlyjs(),
         generated=datetime.datetime.now().isoformat(timespec="seconds"),
         version=__version__,
-        storage=storage_url,
+        storage=display_url(storage_url),  # never the password: it is a file people share
     )

@@ -496,12 +496,16 @@ def _environment(env: dict[str, str] | None) -> dict[str, str]:
 
 
 def run_cli(
-    *args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
+    *args: str,
+    cwd: Path,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+    wrapper: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python -m autotune ARGS`` in ``cwd`` as a user would, capturing its output;
-    ``env`` adds to the environment."""
+    ``env`` adds to the environment; ``wrapper`` is a command that runs it (``setpriv ...``)."""
     return subprocess.run(
-        [sys.executable, "-m", "autotune", *args],
+        [*wrapper, sys.executable, "-m", "autotune", *args],
         cwd=cwd,
         env=_environment(env),
         capture_output=True,

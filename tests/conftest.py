@@ -1,11 +1,16 @@
 """Fixtures the test files share: a study prepared (and run) in a folder, a real study of five
-trials, an ImageFolder tree. Plain helpers live in ``autotune.testing``; test files import from
-there, never from here or from each other."""
+trials, an ImageFolder tree, a PostgreSQL server. Plain helpers live in ``autotune.testing``;
+test files import from there, never from here or from each other."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import socket
+import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -139,3 +144,52 @@ def image_folder(tmp_path: Path) -> Path:
                 pixels[..., index] = 255  # a learnable colour cue per class
                 Image.fromarray(pixels).save(folder / f"{k}.png")
     return tmp_path
+
+
+POSTGRES_BIN = Path("/usr/lib/postgresql/15/bin")
+PLANTED_PASSWORD = "S3cret-planted-pw"  # must never appear in anything autotune shows or stores
+
+
+class Postgres(NamedTuple):
+    url: str  # postgresql+psycopg://autotune:PLANTED_PASSWORD@127.0.0.1:PORT/postgres
+    password: str
+    port: int
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    """A real PostgreSQL 15 server on 127.0.0.1 (a free port) for this session, whose superuser
+    ``autotune`` has the password ``PLANTED_PASSWORD`` (md5 authentication); stopped and
+    removed afterwards. The server refuses to run as root: as root it runs as ``postgres``."""
+    if not (POSTGRES_BIN / "initdb").exists():
+        pytest.skip(f"PostgreSQL 15 is not installed ({POSTGRES_BIN} has no initdb)")
+    as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    root = Path(tempfile.mkdtemp(prefix="autotune-postgres-"))  # not under pytest's 0700 tmp
+    (root / "password").write_text(PLANTED_PASSWORD + "\n")
+    if as_postgres:
+        for path in (root, root / "password"):
+            shutil.chown(path, "postgres", "postgres")
+    data, port = root / "data", _free_port()
+
+    def pg(*args: str) -> None:
+        subprocess.run([*as_postgres, *args], check=True, capture_output=True, timeout=120)
+
+    try:
+        pg(str(POSTGRES_BIN / "initdb"), "-D", str(data), "--auth=md5", "--username=autotune",
+           f"--pwfile={root / 'password'}")  # fmt: skip
+        options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1"
+        pg(str(POSTGRES_BIN / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-o", options,
+           "-w", "start")  # fmt: skip
+        try:
+            url = f"postgresql+psycopg://autotune:{PLANTED_PASSWORD}@127.0.0.1:{port}/postgres"
+            yield Postgres(url, PLANTED_PASSWORD, port)
+        finally:
+            pg(str(POSTGRES_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

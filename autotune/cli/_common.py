@@ -41,12 +41,13 @@ def fail(lines: str | list[str], code: int = EXIT_USAGE) -> typer.Exit:
     return typer.Exit(code)
 
 
-def open_for_reading(storage: str) -> Any:  # an Optuna RDBStorage (imported lazily)
-    """The storage of existing studies; one line and exit 1 when there is none."""
+def open_for_reading(storage: str, follow_writers: bool = False) -> Any:  # an RDBStorage
+    """The storage of existing studies, opened read-only; one line and exit 1 when there is
+    none or it cannot be read."""
     from autotune import study as studies
 
     try:
-        return studies.open_storage(storage, create_dirs=False)
+        return studies.open_storage(storage, "read", follow_writers=follow_writers)
     except UserError as err:
         raise fail(str(err), EXIT_FAILED) from None
 

@@ -66,6 +66,8 @@ def best(
     console.print(
         f"\nExport it:  [bold]{display.command('autotune', 'export', *where, '-o', 'train.py')}[/]"
     )
+    if studies.password_note(storage):
+        console.print(studies.password_note(storage), markup=False)
 
 
 @app.command("export")
@@ -142,17 +144,22 @@ def export_command(
 
 
 def _attach(study: Any, output: Path, storage: str) -> None:
-    """Upload ``output`` as an artifact of ``study`` and refresh its note, for optuna-dashboard.
-    The file is written already: a failure here is a warning, not a failed command."""
+    """Refresh the study's note and upload ``output`` as its artifact, for optuna-dashboard,
+    through a storage opened for writing (the study was read read-only). The file is written
+    already: a failure here (a read-only database, a full disk) is a warning of one line."""
     from autotune import notes
+    from autotune import study as studies
 
     try:
-        notes.upload(study, output, storage)
-        notes.write_note(study, storage)
-    except Exception as err:  # an unwritable artifact folder, a storage hiccup
+        writable = studies.load_study(study.study_name, storage, "write")
+        notes.write_note(writable, storage)  # first: a read-only storage stops before the upload
+        notes.upload(writable, output, storage)
+    except Exception as err:  # a read-only or full storage, an unwritable artifact folder
+        why = studies.storage_problem(err) or f"{type(err).__name__}: {err}".splitlines()[0]
         console.print(
             f"[yellow]Warning:[/] {escape(str(output))} is written, but it could not be attached "
-            f"to the study for optuna-dashboard: {escape(f'{type(err).__name__}: {err}')}"
+            f"to the study for optuna-dashboard: {escape(why)}",
+            soft_wrap=True,
         )
 
 
@@ -194,16 +201,16 @@ def dashboard(
     from autotune import notes
 
     quiet_libraries(verbose=False)
-    backend = open_for_reading(storage)
+    # read-only (notes are edited with `optuna-dashboard URL` itself); no artifact folder made
+    backend = open_for_reading(storage, follow_writers=True)
     artifacts = notes.artifact_dir(storage)
-    artifacts.mkdir(parents=True, exist_ok=True)
+    store = FileSystemArtifactStore(str(artifacts)) if artifacts.is_dir() else None
     console.print(
-        f"optuna-dashboard on [bold]{escape(f'http://{host}:{port}/')}[/] (Ctrl-C to stop)"
+        f"optuna-dashboard on [bold]{escape(f'http://{host}:{port}/')}[/] (Ctrl-C to stop; "
+        f"read-only)"
     )
     try:
-        optuna_dashboard.run_server(
-            backend, host=host, port=port, artifact_store=FileSystemArtifactStore(str(artifacts))
-        )
+        optuna_dashboard.run_server(backend, host=host, port=port, artifact_store=store)
     except OSError as err:  # the port is taken, say
         raise fail(f"cannot serve on {host}:{port}: {err.strerror or err}", EXIT_FAILED) from None
     except KeyboardInterrupt:
@@ -225,10 +232,11 @@ def list_studies(
     quiet_libraries(verbose=False)
     backend = open_for_reading(storage)
     summaries = optuna.get_all_study_summaries(backend, include_best_trial=False)
+    shown = studies.display_url(storage)
     if not summaries:
-        console.print(f"No studies in {storage}.", markup=False)
+        console.print(f"No studies in {shown}.", markup=False)
         return
-    table = Table(title=Text(f"Studies in {storage}"), title_justify="left")
+    table = Table(title=Text(f"Studies in {shown}"), title_justify="left")
     table.add_column("study", no_wrap=True)
     table.add_column("metric", no_wrap=True)
     for column in ("complete", "pruned", "failed", "running", "best", "trial"):

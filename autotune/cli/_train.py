@@ -14,6 +14,7 @@ from autotune.cli._common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
+    EXIT_USAGE,
     app,
     console,
     fail,
@@ -98,12 +99,17 @@ def run(
         workload = load_workload(spec.workload, base_dir=space_file.parent)
         restriction = restrict(spec, hardware, workload)
         spec = restriction.spec
+    except UserError as err:
+        raise fail(str(err).splitlines()) from None
+    try:
         storage_backend = studies.open_storage(
-            spec.study.storage, heartbeat_interval=spec.study.heartbeat_interval
+            spec.study.storage, "create", heartbeat_interval=spec.study.heartbeat_interval
         )
         study = studies.open_study(spec, storage_backend, hardware, workload, new_study)
     except UserError as err:
         raise fail(str(err).splitlines()) from None
+    except Exception as err:
+        raise _storage_failure(err, spec.study.storage) from None
 
     display.print_plan(console, spec, hardware, study, [d.describe() for d in restriction.dropped])
     for line in workload.warnings:  # what the check of the workload found doubtful
@@ -134,15 +140,22 @@ def run(
                 outcome.terminated = isinstance(stop, studies.Terminated)
     except WorkerError as err:
         raise fail(str(err), EXIT_FAILED) from None
+    except Exception as err:  # the disk filled up, the database became read-only, ...
+        raise _storage_failure(err, spec.study.storage) from None
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
         executor.close()
 
     display.print_summary(console, study, spec, outcome, confirmation=confirmed)
+    if studies.password_note(spec.study.storage):
+        console.print(studies.password_note(spec.study.storage), markup=False)
     if outcome.trials_run:
         from autotune import notes
 
-        notes.write_note(study, spec.study.storage)  # what optuna-dashboard shows first
+        try:
+            notes.write_note(study, spec.study.storage)  # what optuna-dashboard shows first
+        except Exception as err:
+            raise _storage_failure(err, spec.study.storage) from None
     if outcome.interrupted:
         how = "run the same command to resume"
         if new_study:  # the same command would start yet another study
@@ -165,6 +178,17 @@ def run(
             ],
             EXIT_FAILED,
         )
+
+
+def _storage_failure(err: Exception, storage: str, code: int = EXIT_USAGE) -> typer.Exit:
+    """A storage fault (a full disk, a read-only or damaged database) as one line and exit
+    ``code``; anything else is a bug and is raised again with its traceback."""
+    from autotune import study as studies
+
+    problem = studies.storage_problem(err)
+    if problem is None:
+        raise err
+    return fail(f"cannot write the study to {studies.display_url(storage)}: {problem}", code)
 
 
 def _confirm(study: Any, spec: Any, executor: Any, top: int, repeats: int) -> bool:
@@ -222,7 +246,7 @@ def confirm(
 
     quiet_libraries(verbose=False)
     try:
-        found = studies.load_study(study_name, storage)
+        found = studies.load_study(study_name, storage, "write")
         spec = export.study_spec(found)
         if spec is None:
             raise studies.StudyError(
@@ -255,6 +279,8 @@ def confirm(
         )
     except WorkerError as err:
         raise fail(str(err), EXIT_FAILED) from None
+    except Exception as err:  # the disk filled up, the database became read-only, ...
+        raise _storage_failure(err, storage, EXIT_FAILED) from None
     except KeyboardInterrupt as stop:
         terminated = isinstance(stop, studies.Terminated)
         console.print(

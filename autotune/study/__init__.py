@@ -46,15 +46,21 @@ from autotune.study._run import (
 )
 from autotune.study._sampling import TrialSeededSampler, make_pruner, make_sampler
 from autotune.study._storage import (
+    Access,
     StudyError,
+    display_url,
     heartbeat,
     open_storage,
+    password_note,
     recover_stale_trials,
+    sqlite_path,
+    storage_problem,
 )
 
 __all__ = [
     "COUNTED_STATES",
     "METRIC_FIELDS",
+    "Access",
     "ConfirmRun",
     "ConfirmationRecord",
     "Confirmed",
@@ -74,6 +80,7 @@ __all__ = [
     "confirm_study",
     "confirmation_plan",
     "counted_trials",
+    "display_url",
     "feasible_trials",
     "heartbeat",
     "is_feasible",
@@ -82,7 +89,10 @@ __all__ = [
     "make_sampler",
     "open_storage",
     "open_study",
+    "password_note",
     "recover_stale_trials",
     "run_study",
+    "sqlite_path",
+    "storage_problem",
     "trial_config",
 ]

@@ -7,6 +7,7 @@ differently) is refused rather than silently mixed, because Optuna cannot mix di
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import json
@@ -23,7 +24,7 @@ from autotune.hardware import Hardware
 from autotune.spec import Spec
 from autotune.study._records import StudyRecord, TrialRecord
 from autotune.study._sampling import make_pruner, make_sampler
-from autotune.study._storage import StudyError, open_storage
+from autotune.study._storage import Access, StudyError, display_url, open_storage
 from autotune.workloads import Workload
 
 __all__ = ["load_study", "open_study"]
@@ -35,14 +36,26 @@ def _effective_space_text(spec: Spec) -> str:
     return json.dumps(spec.space.model_dump(mode="json"), indent=1, sort_keys=True)
 
 
-def _resume_problem(study: optuna.Study, spec: Spec) -> str | None:
-    """Why ``spec`` cannot continue ``study``, with a readable diff; None when it can."""
+def _settled_record(study: optuna.Study) -> StudyRecord:
+    """The study's record, once a process that created it a moment ago has labelled it."""
     record = StudyRecord.of(study)
     deadline = time.monotonic() + PEER_CREATION_SECONDS
     while record.search_fingerprint is None and _is_new(study) and time.monotonic() < deadline:
         time.sleep(0.2)  # another `autotune run` created it a moment ago and is labelling it
         record = StudyRecord.of(study)
+    return record
+
+
+def _resume_problem(study: optuna.Study, spec: Spec) -> str | None:
+    """Why ``spec`` cannot continue ``study``, with a readable diff; None when it can."""
+    record = _settled_record(study)
     stored = record.search_fingerprint
+    if stored is None and record.autotune_version is not None:
+        return (
+            f"study '{study.study_name}' was left half-made by an autotune run that failed while "
+            f"creating it (a full disk?); remove it with optuna delete-study --study-name "
+            f"'{study.study_name}' --storage URL, or give another --study-name"
+        )
     if stored is None:
         return (
             f"study '{study.study_name}' was not created by autotune (it has no "
@@ -148,6 +161,22 @@ def open_study(
     except optuna.exceptions.DuplicatedStudyError:
         # another `autotune run` created it a moment ago: join it like a resume
         return open_study(spec, storage, hardware, workload, new_study=False)
+    try:
+        _label(study, spec, hardware, workload)
+    except BaseException:
+        # a study without its labels cannot be resumed: it is removed, or, where even that
+        # fails (a full disk), the next run names it as half-made (never removing it: it could
+        # be another process's study, still being labelled)
+        with contextlib.suppress(Exception):
+            optuna.delete_study(study_name=name, storage=storage)
+        raise
+    return _with_sampler(study, spec, storage)
+
+
+def _label(study: optuna.Study, spec: Spec, hardware: Hardware, workload: Workload | None) -> None:
+    """Write what a new study records (its search, space file, machine) and queue its
+    baseline."""
+    StudyRecord(autotune_version=__version__).store(study)  # first: a half-made one says so
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)  # stable in practice since 3.2
         study.set_metric_names([spec.objective.metric])
@@ -173,7 +202,6 @@ def open_study(
     ).store(study)
     if spec.study.baseline is not False:
         queue_baseline(study, spec, hardware)
-    return _with_sampler(study, spec, storage)
 
 
 def _with_sampler(
@@ -187,13 +215,16 @@ def _with_sampler(
     )
 
 
-def load_study(name: str, storage_url: str) -> optuna.Study:
-    """An existing study, for reading; StudyError naming the studies there when it is absent."""
-    storage = open_storage(storage_url, create_dirs=False)
+def load_study(name: str, storage_url: str, access: Access = "read") -> optuna.Study:
+    """An existing study, read-only unless ``access`` is "write"; StudyError naming the studies
+    there when it is absent."""
+    storage = open_storage(storage_url, access)
     names = optuna.get_all_study_names(storage)
     if name not in names:
         known = ", ".join(sorted(names)) or "none"
         hint = difflib.get_close_matches(name, names, n=1)
         suggestion = f"did you mean '{hint[0]}'? " if hint else ""
-        raise StudyError(f"no study '{name}' in {storage_url}; {suggestion}studies there: {known}")
+        raise StudyError(
+            f"no study '{name}' in {display_url(storage_url)}; {suggestion}studies there: {known}"
+        )
     return optuna.load_study(study_name=name, storage=storage)

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import errno
+import os
+import re
+import sqlite3
 import threading
 import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import quote
 
 import optuna
 import sqlalchemy
@@ -21,7 +26,17 @@ from autotune.errors import UserError
 from autotune.faults import FaultKind
 from autotune.study._records import TrialRecord
 
-__all__ = ["StudyError", "heartbeat", "open_storage", "recover_stale_trials"]
+__all__ = [
+    "Access",
+    "StudyError",
+    "display_url",
+    "heartbeat",
+    "open_storage",
+    "password_note",
+    "recover_stale_trials",
+    "sqlite_path",
+    "storage_problem",
+]
 
 SQLITE_BUSY_TIMEOUT_SECONDS = 60
 STORAGE_OPEN_ATTEMPTS = 5
@@ -56,24 +71,170 @@ class _RetryOnce:
         self._retry(study, clean)
 
 
-def open_storage(
-    url: str, create_dirs: bool = True, heartbeat_interval: int | None = None
-) -> optuna.storages.RDBStorage:
-    """An Optuna RDB storage for ``url``; SQLite files get WAL mode and a long busy timeout.
+Access = Literal["create", "write", "read"]
+OPTUNA_TABLES = frozenset({"studies", "trials", "version_info"})
+_SQLITE_PREFIX = "sqlite:///"
 
-    With ``create_dirs`` the folder of a SQLite file is created when missing (``autotune run``);
-    readers pass False so that looking at a study never creates anything. With
-    ``heartbeat_interval`` (seconds) running trials beat, and one silent for three intervals is
-    stale: failed as interrupted and retried once.
+
+def display_url(url: str) -> str:
+    """``url`` as it may be shown or stored: its password (and a ``password=`` query value)
+    replaced by ``***``; a URL that does not parse has everything between ``//`` and ``@``
+    masked."""
+    try:
+        parsed = sqlalchemy.engine.make_url(url)
+    except Exception:  # SQLAlchemy raises several kinds for a malformed URL
+        return re.sub(r"//[^/]*@", "//***@", url)
+    secret_keys = [key for key in parsed.query if "password" in key.lower()]
+    if parsed.password is None and not secret_keys:
+        return url  # shown exactly as given (SQLAlchemy would re-quote a SQLite path)
+    masked = parsed.update_query_dict({key: "***" for key in secret_keys})
+    return masked.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
+
+
+def password_note(url: str) -> str:
+    """What to tell a user who copies a command whose ``--storage`` shows ``***`` for the
+    password; "" when ``url`` has none."""
+    if display_url(url) == url:
+        return ""
+    return "(--storage shows the password as ***: put yours in its place)"
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` URL; None for other storages and memory."""
+    if not url.startswith(_SQLITE_PREFIX) or url == "sqlite:///:memory:":
+        return None
+    return Path(url.removeprefix(_SQLITE_PREFIX))
+
+
+_PROBLEMS: list[tuple[tuple[str, ...], str]] = [
+    (("database or disk is full",), "the disk is full"),
+    (("disk i/o error",), "a disk I/O error (is the disk full?)"),
+    (("attempt to write a readonly database", "read-only transaction"), "it is read-only"),
+    (
+        ("file is not a database", "database disk image is malformed"),
+        "the database file is damaged (not a database, or malformed)",
+    ),
+    (("unable to open database file",), "the database file cannot be opened (permissions?)"),
+    (("password authentication failed",), "the password or user name is wrong"),
+    (("connection refused", "could not connect", "connection failed"), "no server answers"),
+]
+
+
+def storage_problem(exc: BaseException) -> str | None:
+    """What went wrong with the storage, in a few words ("the disk is full", "it is read-only",
+    "the database file is damaged ..."), read from ``exc`` and everything it wraps (causes,
+    contexts, SQLAlchemy's ``.orig``); None when it is not a storage fault."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno == errno.ENOSPC:
+            return "the disk is full"
+        if isinstance(current, OSError) and current.errno == errno.EROFS:
+            return "it is read-only"
+        if isinstance(current, PermissionError):
+            return f"permission denied ({current.filename or 'a file or folder'})"
+        text = str(current).lower()
+        for needles, problem in _PROBLEMS:
+            if any(needle in text for needle in needles):
+                return problem
+        orig = getattr(current, "orig", None)
+        pending += [current.__cause__, current.__context__]
+        pending.append(orig if isinstance(orig, BaseException) else None)
+    return None
+
+
+def _sqlite_header(path: Path) -> bytes:
+    with path.open("rb") as file:
+        return file.read(100)
+
+
+def _check_sqlite_study(path: Path) -> None:
+    """Refuse, in one line, a SQLite file that is missing, damaged or holds no Optuna study
+    tables; it is read through a read-only connection that changes nothing (immutable)."""
+    if not path.is_file():
+        raise StudyError(f"no study database at {path}")
+    try:
+        if path.stat().st_size == 0:
+            raise StudyError(f"{path} is not an autotune study database (it is empty)")
+        query = _read_only_query(path, follow_writers=False)
+        connection = sqlite3.connect(f"{path.resolve().as_uri()}?{query}", uri=True)
+        try:
+            checked = connection.execute("PRAGMA quick_check").fetchone()
+            tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
+        finally:
+            connection.close()
+    except (OSError, sqlite3.Error) as err:
+        raise StudyError(f"cannot read {path}: {storage_problem(err) or err}") from None
+    if checked is None or checked[0] != "ok":
+        raise StudyError(f"cannot read {path}: the database file is damaged ({checked})")
+    if not tables >= OPTUNA_TABLES:
+        raise StudyError(f"{path} is not an autotune study database")
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why SQLite could not write ``path`` (the file, or its folder where the ``-wal`` journal
+    goes, is read-only); None when it can."""
+    if path.exists() and not os.access(path, os.W_OK):
+        return "it is read-only"
+    if path.parent.exists() and not os.access(path.parent, os.W_OK):
+        return f"its folder {path.parent} is read-only"
+    return None
+
+
+def _read_only_query(path: Path, follow_writers: bool) -> str:
+    """The URI query that opens ``path`` read-only. A WAL database with no ``-wal`` file beside
+    it (no writer now) is opened immutable, since plain ``mode=ro`` would create the ``-wal``
+    and ``-shm`` files; ``follow_writers`` (a long-lived reader such as the dashboard) keeps
+    plain ``mode=ro`` so that it sees a study that runs later."""
+    in_wal = _sqlite_header(path)[18:20] == b"\x02\x02"
+    wal_file = path.with_name(path.name + "-wal")
+    immutable = in_wal and not wal_file.exists() and not follow_writers
+    return "mode=ro&immutable=1" if immutable else "mode=ro"
+
+
+def open_storage(
+    url: str,
+    access: Access = "create",
+    heartbeat_interval: int | None = None,
+    follow_writers: bool = False,
+) -> optuna.storages.RDBStorage:
+    """An Optuna RDB storage for ``url``.
+
+    ``access``: "create" (``autotune run``) creates a SQLite file's folder and Optuna's tables
+    when missing and sets WAL mode; "write" opens an existing study database to add to it
+    (``confirm``, the note); "read" opens an existing one read-only and changes nothing: a
+    SQLite file is checked first (``PRAGMA quick_check`` on a read-only connection), then opened
+    with ``mode=ro``; a PostgreSQL session is read-only. A missing, empty, damaged or foreign
+    file is a StudyError of one line. With ``heartbeat_interval`` (seconds) running trials
+    beat, and one silent for three intervals is stale: failed as interrupted and retried once.
     """
+    shown = display_url(url)
+    path = sqlite_path(url)
     engine_kwargs: dict[str, Any] = {}
-    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        path = Path(url.removeprefix("sqlite:///"))
-        if not path.exists():
-            if not create_dirs:
-                raise StudyError(f"no study database at {path} (storage {url})")
-            path.parent.mkdir(parents=True, exist_ok=True)
+    target = url
+    if path is not None:
+        unwritable = _unwritable(path) if access != "read" else None
+        if unwritable is not None:
+            raise StudyError(f"cannot write the study to {path}: {unwritable}")
+        if access == "create":
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise StudyError(
+                    f"cannot create {path.parent}: {storage_problem(err) or err}"
+                ) from None
+        else:
+            _check_sqlite_study(path)
+        if access == "read":
+            query = _read_only_query(path, follow_writers)
+            target = f"{_SQLITE_PREFIX}file:{quote(str(path.resolve()))}?{query}&uri=true"
         engine_kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_SECONDS}
+    elif access == "read" and url.startswith("postgresql"):
+        engine_kwargs["connect_args"] = {"options": "-c default_transaction_read_only=on"}
     heartbeat: dict[str, Any] = {}
     if heartbeat_interval is not None:
         heartbeat = {
@@ -85,23 +246,44 @@ def open_storage(
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeat_interval
-                storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **heartbeat)
+                storage = optuna.storages.RDBStorage(
+                    target,
+                    engine_kwargs=engine_kwargs,
+                    skip_table_creation=access != "create",
+                    **heartbeat,
+                )
             break
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as err:
             # another process is creating the same new database's tables right now
             racing = isinstance(err, sqlalchemy.exc.IntegrityError) or "already exists" in str(err)
             if not racing or attempt == STORAGE_OPEN_ATTEMPTS - 1:
-                raise StudyError(
-                    f"cannot open storage {url}: {type(err).__name__}: {err}"
-                ) from None
+                raise StudyError(_open_error(shown, err)) from None
             time.sleep(0.2 * (attempt + 1))
         except Exception as err:  # SQLAlchemy raises many kinds for a bad URL or server
-            raise StudyError(f"cannot open storage {url}: {type(err).__name__}: {err}") from None
-    if url.startswith("sqlite:///"):
+            raise StudyError(_open_error(shown, err)) from None
+    if path is not None and access != "read":
         # WAL lets optuna-dashboard and other autotune processes read while a study writes.
-        with storage.engine.connect() as connection:
-            connection.exec_driver_sql("PRAGMA journal_mode=WAL")
+        try:
+            with storage.engine.connect() as connection:
+                connection.exec_driver_sql("PRAGMA journal_mode=WAL")
+        except sqlalchemy.exc.SQLAlchemyError as err:
+            raise StudyError(_open_error(shown, err)) from None
     return storage
+
+
+def _open_error(shown: str, err: BaseException) -> str:
+    """The one line that says why the storage ``shown`` (a masked URL) did not open."""
+    missing = next((e for e in (err.__cause__, err) if isinstance(e, ImportError)), None)
+    if missing is not None and shown.startswith("postgresql"):
+        return (
+            f"cannot open storage {shown}: its driver is not installed ({missing}); "
+            f"pip install 'autotune[postgres]' and use a postgresql+psycopg:// URL"
+        )
+    if missing is not None:
+        return f"cannot open storage {shown}: its database driver is not installed ({missing})"
+    problem = storage_problem(err)
+    detail = problem or f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    return f"cannot open storage {shown}: {detail}"
 
 
 def _heartbeat_interval(storage: optuna.storages.BaseStorage) -> int | None:
