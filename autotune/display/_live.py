@@ -1,0 +1,138 @@
+"""What a running study shows: the progress bar, the current trial, each trial and confirmation
+run as it ends."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from autotune import study as studies
+from autotune.config import TrialConfig
+from autotune.display._text import METRIC_UNITS, fmt, params, si
+from autotune.results import Evaluation
+from autotune.spec import Spec
+from autotune.study import ConfirmRun
+
+
+class LiveObserver(studies.StudyObserver):
+    """Live progress: a bar of the study's trials, the running best, the current trial."""
+
+    def __init__(self, study: optuna.Study, spec: Spec, live: Live, progress: Progress) -> None:
+        self.study, self.spec, self.live, self.progress = study, spec, live, progress
+        self.unit = METRIC_UNITS[spec.objective.metric]
+        self.task = progress.add_task(
+            "trials",
+            total=spec.study.n_trials,
+            completed=min(spec.study.n_trials, studies.counted_trials(study)),
+            best=self._best_text(),
+        )
+        self.status = Text("")
+
+    def _best_text(self) -> str:
+        best = studies.best_trial(self.study)
+        if best is None:
+            return "best: -"
+        return f"best: {fmt(best.value)} {self.unit} (trial {best.number})"
+
+    def _render(self) -> None:
+        self.live.update(Group(self.progress, self.status))
+
+    def trial_started(self, number: int, config: TrialConfig) -> None:
+        self.current = number
+        self.status = Text(f"  trial {number}: starting", style="dim")
+        self._render()
+
+    def evaluated(self, number: int, evaluation: Evaluation, value: float) -> None:
+        epochs = self.spec.workload.epochs
+        self.status = Text(
+            f"  trial {number}: epoch {evaluation.epoch:.2f}/{epochs:g}  "
+            f"accuracy {evaluation.accuracy:.3f}  {fmt(value)} {self.unit}",
+            style="dim",
+        )
+        self._render()
+
+    def waiting(self, running: int) -> None:
+        self.status = Text(
+            f"  waiting for {running} running trial(s) of this study in other processes "
+            f"(or left by a stopped run: stale after 3 heartbeats without news)",
+            style="dim",
+        )
+        self._render()
+
+    def trial_finished(self, trial: FrozenTrial) -> None:
+        record = studies.TrialRecord.of(trial)
+        line = Text(f"trial {trial.number:>3} ")
+        if trial.state == TrialState.COMPLETE:
+            feasible = studies.is_feasible(trial)
+            if feasible or self.spec.objective.metric != "time_to_accuracy":
+                line.append(
+                    f"{fmt(trial.value):>9} {self.unit}",
+                    style="bold green" if feasible else "yellow",
+                )
+            else:  # its value is a penalty, not a time to the target
+                line.append(f"{'target not reached':>21}", style="yellow")
+            line.append(
+                f"  acc {record.accuracy or 0:.3f}  {record.charged_seconds or 0:.2f} s"
+                f"  {si(record.samples_per_second or 0)} samples/s  "
+            )
+            if not feasible and self.spec.objective.metric != "time_to_accuracy":
+                line.append("infeasible  ", style="yellow")
+            if record.interference:
+                line.append(f"interference {record.other_cpu_share or 0:.0%}  ", style="yellow")
+        else:
+            kind = record.fail_kind or trial.state.name.lower()
+            line.append(f"{kind:>15}  ", style="dim" if kind == "pruned" else "red")
+            if kind != "pruned":
+                line.append(f"{record.fail_msg or ''}  ", style="red")
+        if record.baseline:
+            line.append("(untuned baseline) ", style="bold")
+        line.append(params(trial), style="cyan")
+        self.live.console.print(line, no_wrap=True, overflow="ellipsis")
+        if trial.state in studies.COUNTED_STATES:
+            self.progress.advance(self.task)
+        self.progress.update(self.task, best=self._best_text())
+        self.status = Text("")
+        self._render()
+
+
+def live_progress(console: Console) -> Progress:
+    """The study's progress bar: trials done of the total, the running best, elapsed time."""
+    return Progress(
+        TextColumn("[bold]trials"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[best]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
+def confirmation_progress(console: Console, spec: Spec) -> Callable[[ConfirmRun, int, int], None]:
+    """A line per run of the confirmation round, as it finishes."""
+    unit = METRIC_UNITS[spec.objective.metric]
+
+    def show(run: ConfirmRun, done: int, total: int) -> None:
+        line = Text(f"confirm {done:>3}/{total}  trial {run.trial:>3} run {run.repeat}  ")
+        if run.value is None:
+            line.append(f"{run.fault}", style="red")
+        else:
+            line.append(
+                f"{fmt(run.value)} {unit}", style="bold green" if run.feasible else "yellow"
+            )
+            line.append(
+                f"  acc {run.accuracy or 0:.3f}  {si(run.samples_per_second or 0)} samples/s"
+            )
+        if run.interfered:
+            line.append(
+                f"  interference: others took {run.other_cpu_share or 0:.0%} of the cores",
+                style="yellow",
+            )
+        console.print(line, no_wrap=True, overflow="ellipsis")
+
+    return show
