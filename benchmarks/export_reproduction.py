@@ -71,7 +71,7 @@ def main() -> None:
             if repeat == 1:
                 autotune("export", "--study", "reproduction", "-o", "train.py", cwd=work)
             done = subprocess.run(
-                [sys.executable, "train.py", "--epochs", str(args.epochs)],
+                [sys.executable, "train.py", "--epochs", str(args.epochs), "--force"],
                 cwd=work,
                 capture_output=True,
                 text=True,

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -123,7 +124,7 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
 
     assert "autotune" not in imported_modules(text)
     assert imported_modules(text) <= {
-        "argparse", "math", "statistics", "time", "pathlib", "torch", "sklearn",
+        "argparse", "json", "math", "statistics", "time", "pathlib", "torch", "sklearn",
     }  # fmt: skip
     assert provenance(text)["study"] == "digits" and "EPOCHS = 4" in text
     assert provenance(text)["trial"] == best.trial
@@ -144,18 +145,43 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
     first = run_script(script, "--epochs", "1", block_autotune=blocker)
     assert first.returncode == 0, first.stderr
     assert re.search(r"epoch 1/1 .* val accuracy 0\.\d+ .* samples/s", first.stdout)
-    assert (tmp_path / "checkpoint.pt").exists()
-    saved = torch.load(tmp_path / "checkpoint.pt")
-    assert saved["epoch"] == 1 and {"model", "optimizer", "scheduler"} <= set(saved)
+    assert "done: 1 epoch;" in first.stdout  # not "1 epochs"
+    run = tmp_path / "run"
+    saved = torch.load(run / "checkpoint.pt")
+    assert saved["epoch"] == 1 and {"model", "optimizer", "scheduler", "plan"} <= set(saved)
+    assert set(torch.load(run / "model.pt")) == set(saved["model"])  # the final weights
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [entry["epoch"] for entry in logged] == [1] and 0 < logged[0]["val_accuracy"] <= 1
 
+    # a second run in the same folder is refused: nothing of the first is overwritten
+    again = run_script(script, "--epochs", "1", block_autotune=blocker)
+    assert again.returncode == 2 and "run holds a run already: --resume" in again.stderr
+    assert torch.load(run / "checkpoint.pt")["epoch"] == 1
+
+    # continued, with more epochs: the schedule keeps the length the run started with
     resumed = run_script(script, "--epochs", "2", "--resume", block_autotune=blocker)
     assert resumed.returncode == 0, resumed.stderr
-    assert "resumed from checkpoint.pt after epoch 1" in resumed.stdout
+    assert "resumed from run/checkpoint.pt after 1 epoch" in resumed.stdout
+    assert "the learning-rate schedule ends after epoch 1" in resumed.stdout
     assert "epoch 2/2" in resumed.stdout and "epoch 1/2" not in resumed.stdout
-    assert torch.load(tmp_path / "checkpoint.pt")["epoch"] == 2
+    state = torch.load(run / "checkpoint.pt")
+    assert state["epoch"] == 2 and state["plan"]["total_steps"] == saved["plan"]["total_steps"]
+    assert state["scheduler"]["last_epoch"] == saved["plan"]["total_steps"]  # ended, not re-run
+    logged = (run / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in logged] == [1, 2]  # appended
 
-    missing = run_script(script, "--resume", "--checkpoint", "nope.pt")
-    assert missing.returncode == 2 and "there is no checkpoint at nope.pt" in missing.stderr
+    missing = run_script(script, "--resume", "--run-dir", "nope")
+    assert missing.returncode == 2 and "there is no checkpoint at nope/checkpoint.pt" in (
+        missing.stderr
+    )
+    other = run_script(script, "--epochs", "1", "--run-dir", "b", "--seed", "3", "--lr", "0.01")
+    assert other.returncode == 0, other.stderr
+    assert torch.load(tmp_path / "b" / "checkpoint.pt")["plan"] == {
+        "lr": 0.01,
+        "seed": 3,
+        "epochs": 1,
+        "total_steps": saved["plan"]["total_steps"],
+    }
 
 
 VARIANTS = {
@@ -197,8 +223,9 @@ def test_every_branch_of_the_script_runs(tiny_study, tmp_path: Path, variant):
     assert done.returncode == 0, done.stderr
     assert "epoch 1/1" in done.stdout
     if VARIANTS[variant].get("precision") == "fp16":
-        assert "scaler" in torch.load(tmp_path / "checkpoint.pt")
-    # a longer run continued from the checkpoint: every schedule stretches to the new length
+        assert "scaler" in torch.load(tmp_path / "run" / "checkpoint.pt")
+    # a longer run continued from the checkpoint: every schedule keeps its length and ends
+    # (OneCycleLR would raise if stepped past it)
     longer = run_script(script, "--epochs", "2", "--resume")
     assert longer.returncode == 0, longer.stderr
     assert "epoch 2/2" in longer.stdout
@@ -499,6 +526,25 @@ def test_export_errors_are_one_line(tiny_study, tmp_path: Path):
         "export", "--study", "tiny", "--storage", url, "-o", str(existing), "--force", cwd=tmp_path
     )
     assert forced.returncode == 0 and "def main():" in existing.read_text()
+
+
+def test_an_infeasible_trial_exports_with_a_warning_into_a_new_folder(tiny_copy, tmp_path: Path):
+    study, url = tiny_copy
+    chosen = select_trial(study)
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as db:  # as if it missed min_accuracy
+        db.execute(
+            "UPDATE trial_system_attributes SET value_json = '0.5' WHERE trial_id = ? AND key = ?",
+            (chosen._trial_id, "constraints:min_accuracy"),
+        )
+    target = tmp_path / "runs" / "b" / "train.py"  # a folder that does not exist yet
+    args = ("--study", "tiny", "--storage", url, "--trial", str(chosen.number), "-o", str(target))
+    done = run_cli("export", *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"warning: trial {chosen.number} is infeasible" in done.stdout
+    text = target.read_text()
+    assert "this trial did not meet the study's requirement" in text
+    assert provenance(text)["feasible"] is False
+    assert provenance(text)["answer"] == "not an answer: infeasible"
 
 
 def test_no_feasible_trial_and_multi_objective_studies(tmp_path: Path):

@@ -185,7 +185,7 @@ def test_on_cuda_the_script_sets_the_trainers_tf32_and_cudnn_flags(
         raise _Stop
 
     monkeypatch.setattr(script, "set_cuda_flags", set_then_stop)
-    monkeypatch.setattr(sys, "argv", ["train.py", "--checkpoint", str(tmp_path / "c.pt")])
+    monkeypatch.setattr(sys, "argv", ["train.py", "--run-dir", str(tmp_path / "run")])
     for start in START_FLAGS:
         set_flags(*start)
         with pytest.raises(_Stop):
@@ -272,8 +272,8 @@ def test_the_scripts_training_loop_matches_the_trainer(
     recorder = Recorder(script.make_model())
     make_script_optimizer = script.make_optimizer
 
-    def watched_optimizer(model: nn.Module) -> torch.optim.Optimizer:
-        recorder.optimizer = make_script_optimizer(model)
+    def watched_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+        recorder.optimizer = make_script_optimizer(model, lr)
         return recorder.optimizer
 
     RecordingScaler.made.clear()
@@ -283,7 +283,7 @@ def test_the_scripts_training_loop_matches_the_trainer(
         patch.setattr(script, "make_optimizer", watched_optimizer)
         patch.setattr(torch.amp, "GradScaler", RecordingScaler)
         patch.setattr(
-            sys, "argv", ["train.py", "--epochs", "1", "--checkpoint", str(tmp_path / "c.pt")]
+            sys, "argv", ["train.py", "--epochs", "1", "--run-dir", str(tmp_path / "run")]
         )
         script.main()
     matmul_precision, _, conv_tf32, benchmark = cuda_flags()

@@ -114,6 +114,11 @@ def export_command(
                 f"Rebuilding the workload: importing and running {', '.join(imported)}.",
                 markup=False,
             )
+        if not result.feasible:
+            notices.print(
+                f"[yellow]warning:[/] trial {result.trial} is infeasible (below min_accuracy, or "
+                f"a fault): it is not the study's answer, and the export says so"
+            )
         name = output.name if output is not None else "train.py"
         with contextlib.redirect_stdout(sys.stderr):  # what the user's code prints, say
             text = export.render(result, fmt, found, name, rebuild_workload)
@@ -124,9 +129,12 @@ def export_command(
                     f"It imports and runs your code: {', '.join(imported)}.", markup=False
                 )
             return
+        output.parent.mkdir(parents=True, exist_ok=True)  # -o runs/b/train.py: made here
         write_new_file(output, text, force=force)
     except UserError as err:
         raise fail(str(err), EXIT_FAILED) from None
+    except OSError as err:  # the folder could not be made
+        raise fail(f"cannot write {output}: {err.strerror}", EXIT_FAILED) from None
     _attach(found, output, storage)
     what = {"script": "training script", "yaml": "YAML", "json": "JSON"}[fmt]
     console.print(
@@ -137,7 +145,8 @@ def export_command(
     if fmt == "script":
         console.print(
             f"Run it:  [bold]{display.command('python', str(output))}[/]  "
-            f"({result.epochs} epochs; --epochs N, --resume)"
+            f"({result.epochs} epoch{'s' if result.epochs != 1 else ''} in run/; --epochs N, "
+            f"--resume, --run-dir DIR)"
         )
         if imported:  # say so before the user runs it: a shared study could name anything
             console.print(f"It imports and runs your code: {', '.join(imported)}.", markup=False)

@@ -28,6 +28,7 @@ from autotune.study import (
     TrialRecord,
     Verdict,
     answer_trial,
+    is_feasible,
     load_study,
 )
 from autotune.trainer import LossFn, Trainer, _set_backend_flags
@@ -65,6 +66,7 @@ class BestConfig:
     # the confirmation round's verdict on this trial ({} when the study has none yet):
     # median, runs, spread, speedup (over the untuned baseline), tied_with, under_interference
     confirmation: dict[str, Any] = field(default_factory=dict)
+    feasible: bool = True  # the trial met every requirement (min_accuracy): an answer
 
     def confirmation_text(self) -> str:
         """One line on how sure the study is of this answer."""
@@ -102,6 +104,7 @@ class BestConfig:
             "full_run_epochs": self.full_run_epochs,
             "workload": dict(self.workload),
             "confirmation": dict(self.confirmation),
+            "feasible": self.feasible,
         }
 
     @classmethod
@@ -120,6 +123,7 @@ class BestConfig:
             full_run_epochs=data.get("full_run_epochs"),
             workload=dict(data.get("workload") or {}),
             confirmation=dict(data.get("confirmation") or {}),
+            feasible=bool(data.get("feasible", True)),
         )
 
     def make_loader(self, dataset: Dataset, seed: int | None = None) -> DataLoader | DeviceBatches:
@@ -200,6 +204,7 @@ def best_config(study: optuna.Study, trial: FrozenTrial) -> BestConfig:
         params=dict(trial.params),
         metrics=record.metrics(),
         confirmation=_confirmation_of(study, trial.number),
+        feasible=is_feasible(trial),
         full_run_epochs=spec.objective.full_run_epochs if spec else None,
         workload=spec.workload.model_dump(mode="json") if spec else {},
     )

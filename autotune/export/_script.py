@@ -122,10 +122,13 @@ def _knob_notes(best: BestConfig) -> list[tuple[str, Any, str]]:
             f"{config.base_lr:.6g} per {config.base_batch_size} examples, scaled "
             f"{config.lr_scaling} to the effective batch of {config.effective_batch_size}"
         )
+    epochs_text = "the full run; --epochs overrides"
+    if best.full_run_epochs is None and best.epochs != config.epochs:
+        epochs_text = f"the trials trained {config.epochs:g}; a script trains whole epochs"
     rows: list[tuple[str, Any, str]] = [
         ("DEVICE", config.device, "where the study trained; --device overrides"),
-        ("EPOCHS", best.epochs, "the full run; --epochs overrides"),
-        ("LEARNING_RATE", config.lr, note("lr", lr_text)),
+        ("EPOCHS", best.epochs, epochs_text),
+        ("LEARNING_RATE", config.lr, note("lr", lr_text) + "; --lr overrides"),
         ("BATCH_SIZE", config.batch_size, note("batch_size", "samples per micro-batch")),
     ]
     if config.accumulation_steps > 1:
@@ -170,7 +173,7 @@ def _knob_notes(best: BestConfig) -> list[tuple[str, Any, str]]:
         rows.append(("PERSISTENT_WORKERS", config.persistent_workers, note("persistent_workers")))
     rows.append(("CUDNN_BENCHMARK", config.cudnn_benchmark, note("cudnn_benchmark", "on CUDA")))
     rows.append(("VAL_BATCH_SIZE", config.val_batch_size, ""))
-    rows.append(("SEED", config.seed, "the trial's seed: weights and data order"))
+    rows.append(("SEED", config.seed, "the trial's: weights and data order; --seed overrides"))
     sps = best.metrics.get("samples_per_second")
     rows.append(
         (
@@ -255,7 +258,8 @@ def _provenance(best: BestConfig, workload: WorkloadSpec) -> list[tuple[str, str
         ("result", result),
         ("measured_on", f"{device} with torch {metrics.get('torch_version', '?')}"),
         ("execution", _execution_summary(best)),
-        ("answer", best.confirmation_text()),
+        ("answer", best.confirmation_text() if best.feasible else "not an answer: infeasible"),
+        ("feasible", best.feasible),
         ("exported", f"{datetime.date.today().isoformat()} by autotune {__version__}"),
     ]
     # each item is a line '    "key": value,' of at most 99 characters
@@ -268,6 +272,14 @@ def _provenance(best: BestConfig, workload: WorkloadSpec) -> list[tuple[str, str
         )
         for key, value in items
     ]
+
+
+def _infeasible_reason(best: BestConfig, spec: Any) -> str:
+    """Why ``best`` is not an answer, in autotune's words (numbers only, no user text)."""
+    floor, accuracy = spec.objective.min_accuracy, best.metrics.get("accuracy")
+    if floor is not None and isinstance(accuracy, float) and accuracy < floor:
+        return f"validation accuracy {accuracy:.4f} is below min_accuracy {floor:g}"
+    return "it violated a constraint: a fault, or a requirement it missed"
 
 
 def _one_line(text: object) -> str:
@@ -322,6 +334,7 @@ def render_script(
     )
     imports = {
         Import("argparse"),
+        Import("json"),
         Import("statistics"),
         Import("time"),
         Import("pathlib", "Path"),
@@ -366,6 +379,8 @@ def render_script(
             workers=config.num_workers > 0,
             device_pipeline=config.data_pipeline == "device",
             structured=structured,
+            feasible=best.feasible,
+            infeasible_reason=_infeasible_reason(best, spec),
             split_return=split_return(layout) if structured else None,
             loss_kind=spec.workload.loss if spec.workload.loss in LOSSES else "function",
         )
