@@ -57,6 +57,8 @@ class TrialResult:
     device_name: str
     torch_version: str
     intra_op_threads: int = 0  # torch's intra-op threads while it trained (0: not recorded)
+    # token inputs: samples_per_second times the tokens per sample trained on (padding excluded)
+    tokens_per_second: float | None = None
     # the share of its cores' time other processes took while it trained (see interference);
     # None where it cannot be read
     other_cpu_share: float | None = None

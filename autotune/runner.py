@@ -40,7 +40,13 @@ from autotune.trainer import (
     seed_everything,
 )
 from autotune.workloads import Workload
-from autotune.workloads.batches import BatchLayout, call_model, count_samples
+from autotune.workloads.batches import (
+    BatchLayout,
+    ModelInputs,
+    call_model,
+    count_samples,
+    count_tokens,
+)
 from autotune.workloads.scoring import IGNORE_INDEX, classification_sums, logits_of
 
 __all__ = ["make_plan", "train"]
@@ -259,6 +265,8 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
     # so only finite losses are averaged; elsewhere a non-finite loss is a fault.
     fp16 = config.precision == "fp16"
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+    # tokens in the batches trained on, for token inputs (a device tensor when masks count them)
+    tokens: torch.Tensor | int | None = 0 if workload.counts_tokens else None
     losses_summed = torch.zeros((), dtype=torch.float32, device=device) if fp16 else 0
     lowest_train_loss = math.inf
     skipped_before = 0  # GradScaler's skipped steps at the previous evaluation
@@ -293,6 +301,8 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
                 batch = next(batches)
             probe.mark("data_wait")
             inputs, targets = trainer.to_device(*workload.layout.split(batch))
+            if tokens is not None and isinstance(inputs, ModelInputs):
+                tokens = tokens + (count_tokens(inputs) or 0)
             probe.mark("host_to_device")
             loss = trainer.forward_backward(inputs, targets)
             probe.mark("forward_backward")
@@ -376,6 +386,11 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
         overhead_seconds=last.overhead_seconds,
         warmup_seconds=warmup,
         samples_per_second=samples_per_second,
+        tokens_per_second=(
+            samples_per_second * float(tokens) / (trainer.micro_batches * config.batch_size)
+            if tokens is not None
+            else None
+        ),
         samples_seen=last.samples_seen,
         optimizer_steps=last.optimizer_steps,
         effective_batch_size=config.effective_batch_size,

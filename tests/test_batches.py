@@ -51,6 +51,8 @@ USER_MODULE = textwrap.dedent(
                 return {"input_ids": ids, "attention_mask": mask, "labels": label}
             if self.style == "triple":
                 return ids, mask, label
+            if self.style == "ids":
+                return ids, label
             return (ids, mask), label  # nested: the input is itself a pair
 
     def tokens(style="dict", n=192):
@@ -90,6 +92,13 @@ USER_MODULE = textwrap.dedent(
 
     def logits_only(num_classes):
         return LogitsOnly(num_classes)
+
+    class IdsOnly(Classifier):
+        def forward(self, input_ids):
+            return super().forward(input_ids, (input_ids != 0).long()).logits
+
+    def ids_only(num_classes):
+        return IdsOnly(num_classes)
 
     def smoothed(output, target):
         return nn.functional.cross_entropy(output.logits, target, label_smoothing=0.1)
@@ -135,6 +144,18 @@ def test_every_batch_structure_and_loss_trains_and_is_scored(
     first, last = result.evaluations[0], result.evaluations[-1]
     assert last.train_loss < first.train_loss or last.accuracy > first.accuracy
     assert result.flops_per_sample and result.flops_per_sample > 0
+
+
+def test_token_throughput_counts_the_tokens_a_batch_holds(user_dir: Path):
+    config = make_config(epochs=1, lr=0.05, batch_size=16)
+    masked = train(config, _load(user_dir, "hf_style", "dict"), never_stop)
+    assert masked.tokens_per_second is not None
+    per_sample = masked.tokens_per_second / masked.samples_per_second
+    assert 5 <= per_sample < 9  # sequences of 5 to 10 tokens in 10 places: padding not counted
+    ids = train(config, _load(user_dir, "ids_only", "ids"), never_stop)
+    assert ids.tokens_per_second == pytest.approx(10 * ids.samples_per_second)  # no mask
+    two_inputs = train(config, _load(user_dir, "hf_style", "triple", target=2), never_stop)
+    assert two_inputs.tokens_per_second is None  # which input is the mask is not said
 
 
 def test_dict_layouts_pass_the_labels_to_the_model_only_for_its_own_loss(user_dir: Path):

@@ -32,6 +32,7 @@ _METRIC_FORMATS: dict[str, Any] = {
     "overhead_seconds": lambda v: f"{v:.3g} s",
     "compile_seconds": lambda v: f"{v:.1f} s",
     "samples_per_second": lambda v: f"{v:,.0f}",
+    "tokens_per_second": lambda v: f"{v:,.0f}",
     "achieved_flops": lambda v: f"{v / 1e9:,.1f} GFLOP/s",
     "mfu": lambda v: f"{v:.1%}",
     "gpu_utilization": lambda v: f"{v:.0%}",

@@ -62,6 +62,7 @@ class TrialRecord:
     train_seconds: float | None = _metric()  # training wall-clock, overhead included
     overhead_seconds: float | None = _metric()  # one-time costs within train_seconds
     samples_per_second: float | None = _metric()  # steady state
+    tokens_per_second: float | None = _metric()  # token inputs, padding excluded
     effective_batch_size: int | None = _metric()
     peak_memory_bytes: int | None = _metric()
     epochs_trained: float | None = _metric()
@@ -166,6 +167,7 @@ class TrialRecord:
             overhead_seconds=result.overhead_seconds,
             warmup_seconds=result.warmup_seconds,
             samples_per_second=result.samples_per_second,
+            tokens_per_second=result.tokens_per_second,
             effective_batch_size=result.effective_batch_size,
             samples_seen=result.samples_seen,
             optimizer_steps=result.optimizer_steps,

@@ -18,7 +18,7 @@ from torch.utils.data import Dataset, default_collate
 
 from autotune.errors import UserError
 from autotune.spec import WorkloadSpec
-from autotune.workloads.batches import BatchLayout, ModelInputs
+from autotune.workloads.batches import BatchLayout, ModelInputs, count_tokens
 from autotune.workloads.scoring import LossFn, cross_entropy_loss
 
 ModelFn = Callable[..., nn.Module]
@@ -65,6 +65,11 @@ class Workload:
     def build_model(self) -> nn.Module:
         """A new model with fresh weights (seed torch first for reproducible weights)."""
         return self.model_fn()
+
+    @property
+    def counts_tokens(self) -> bool:
+        """Whether its inputs are token sequences, whose throughput is also counted in tokens."""
+        return count_tokens(self.example_batch()[0]) is not None
 
     def example_batch(self, size: int = 2) -> tuple[ModelInputs, Any]:
         """The first ``size`` training samples as one batch, split into the model's inputs and

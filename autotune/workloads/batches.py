@@ -18,7 +18,14 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-__all__ = ["BatchLayout", "ModelInputs", "call_model", "count_samples", "to_device"]
+__all__ = [
+    "BatchLayout",
+    "ModelInputs",
+    "call_model",
+    "count_samples",
+    "count_tokens",
+    "to_device",
+]
 
 DICT_TARGETS = ("labels", "label")  # a dict sample's target when none is declared
 
@@ -56,6 +63,28 @@ def count_samples(target: Any) -> int:
     """Samples in a batch: the first dimension of its target's first tensor."""
     leaves = [leaf for leaf in tree_leaves(target) if isinstance(leaf, torch.Tensor)]
     return int(leaves[0].shape[0]) if leaves and leaves[0].dim() else 1
+
+
+def count_tokens(inputs: ModelInputs) -> torch.Tensor | int | None:
+    """The tokens a batch of token sequences really holds, read nothing back from the device:
+    the ones of its ``attention_mask`` (padding excluded; a device tensor), else every id of its
+    ``input_ids`` or of a lone 2-D integer input ``[batch, length]`` (an int); None for inputs
+    that are not token sequences."""
+    mask = inputs.kwargs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2:
+        return mask.sum()
+    ids = inputs.kwargs.get("input_ids")
+    if ids is None and len(inputs.args) == 1 and not inputs.kwargs:
+        ids = inputs.args[0]
+    if isinstance(ids, torch.Tensor) and ids.dim() == 2 and _is_integer(ids):
+        return ids.numel()
+    return None
+
+
+def _is_integer(tensor: torch.Tensor) -> bool:
+    return (
+        not tensor.is_floating_point() and not tensor.is_complex() and tensor.dtype != torch.bool
+    )
 
 
 Place = str | int
