@@ -208,6 +208,8 @@ def test_hf_maps_every_knob(best):
     assert "# channels_last: model = model.to(memory_format=torch.channels_last)" in text
     assert "# cudnn_benchmark: torch.backends.cudnn.benchmark = True" in text
     assert "CUDA_VISIBLE_DEVICES=1" in text
+    assert "# weight decay: the Trainer exempts biases and norm weights" in text
+    assert "weight decay:" not in render(best, "hf")  # the study's weight decay is 0
 
     plain = call_keywords(render(best, "hf"), "training_arguments")
     assert plain["optim"] == "adamw_torch" and "optim_args" not in plain

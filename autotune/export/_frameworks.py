@@ -327,6 +327,7 @@ def _hf(best: BestConfig) -> dict[str, Any]:
         "imports": {Import("typing", "Any"), Import("transformers", "TrainingArguments")},
         "arguments": arguments,
         "outside": outside,
+        "weight_decay": config.weight_decay > 0,
         "notes": notes + _not_applicable(best, "the Trainer"),
     }
 
