@@ -260,19 +260,23 @@ def test_hostile_strings_stay_data(best, tmp_path: Path, name):
     assert not (tmp_path / "pwned").exists()
 
 
-@pytest.mark.parametrize(
-    "change",
-    [
-        {"precision": "fp8\nimport os"},
-        {"compile": "x"},
-        {"device": "cuda:0\n#"},
-        {"lr_scaling": "?"},
-    ],
-)
-def test_a_crafted_choice_is_refused_in_one_line(best, change):
-    with pytest.raises(ExportError) as refused:
-        render(changed(best, **change), "lightning")
-    assert len(str(refused.value).splitlines()) == 1
+CRAFTED = [
+    {"precision": "fp8\nimport os"},
+    {"compile": "x"},
+    {"device": "cuda:0\n#"},
+    {"lr_scaling": "?"},
+    {"batch_size": "32\nimport os"},  # it reaches a comment as the effective batch
+    {"nesterov": "yes"},
+]
+
+
+@pytest.mark.parametrize("change", CRAFTED)
+def test_a_crafted_value_is_refused_in_one_line(best, change):
+    """A study's stored configuration is not checked when read; values reach comments."""
+    for fmt in ("lightning", "hf"):
+        with pytest.raises(ExportError) as refused:
+            render(changed(best, **change), fmt)
+        assert len(str(refused.value).splitlines()) == 1
 
 
 def test_the_cli_writes_both_formats(prepared, tmp_path: Path):

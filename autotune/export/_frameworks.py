@@ -37,6 +37,13 @@ LIGHTNING_PRECISION = {
     "fp16": "16-mixed",
 }
 _CUDA_INDEX = re.compile(r"^cuda:(\d+)$", re.ASCII)
+# the TrialConfig fields these files write, by kind (_check)
+_NUMBERS = (
+    "lr", "base_lr", "base_batch_size", "batch_size", "accumulation_steps", "weight_decay",
+    "momentum", "warmup_fraction", "num_workers", "prefetch_factor", "val_batch_size", "seed",
+    "dataloader_timeout",
+)  # fmt: skip
+_FLAGS = ("nesterov", "pin_memory", "persistent_workers", "channels_last", "cudnn_benchmark")
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,13 @@ class Argument:
     def line(self) -> str:
         """The call's line for it (indented by the template)."""
         code = f"{self.name}={self.value},"
-        return f"{code}  # {self.comment}" if self.comment else code
+        return f"{code}  # {comment_text(self.comment)}" if self.comment else code
+
+
+def comment_text(text: str) -> str:
+    """``text`` safe in a ``#`` comment: printable ASCII on one line (others escaped), even
+    if a value that reached it was not what autotune wrote."""
+    return literal(str(text))[1:-1]
 
 
 def _searched(best: BestConfig, knob: str, text: str = "") -> str:
@@ -107,6 +120,13 @@ def _check(best: BestConfig) -> None:
             raise ExportError(f"{knob} {value!r} is not one of {', '.join(known)}")
     if not (config.device in ("cpu", "cuda") or _CUDA_INDEX.match(config.device)):
         raise ExportError(f"device {config.device!r} is not cpu, cuda or cuda:N")
+    for name in _NUMBERS:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int | float | None):
+            raise ExportError(f"{name} {value!r} is not a number")
+    for name in _FLAGS:
+        if not isinstance(getattr(config, name), bool):
+            raise ExportError(f"{name} {getattr(config, name)!r} is not true or false")
 
 
 def _lightning_device(device: str) -> tuple[str, Any]:
@@ -344,12 +364,10 @@ def render_framework(best: BestConfig, fmt: str) -> str:
     _check(best)
     fields = _lightning(best) if fmt == "lightning" else _hf(best)
     imports = fields.pop("imports")
-    return (
-        _environment()
-        .get_template(f"{fmt}.py.j2")
-        .render(
-            provenance=_provenance(best, workload),
-            import_block=import_block(imports),
-            **fields,
-        )
+    environment = _environment()
+    environment.filters["comment"] = comment_text
+    return environment.get_template(f"{fmt}.py.j2").render(
+        provenance=_provenance(best, workload),
+        import_block=import_block(imports),
+        **fields,
     )
