@@ -17,6 +17,7 @@ command in a subprocess.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import math
 import os
@@ -534,3 +535,34 @@ def import_blocker(directory: Path, package: str) -> Path:
     (blocker / package).mkdir(parents=True)
     (blocker / package / "__init__.py").write_text(f"raise ImportError('no {package} here')\n")
     return blocker
+
+
+def imported_modules(source: str) -> set[str]:
+    """The top-level packages a Python source imports (an exported file, say)."""
+    modules = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            modules |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            modules.add(node.module.split(".")[0])
+    return modules
+
+
+def provenance(source: str) -> dict[str, object]:
+    """An exported file's PROVENANCE, read as data (ast.literal_eval: no code runs)."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "PROVENANCE":
+            found = ast.literal_eval(node.value)
+            assert isinstance(found, dict)
+            return found
+    raise AssertionError("the file has no PROVENANCE")
+
+
+def lint(path: Path) -> subprocess.CompletedProcess[str]:
+    """``ruff check`` of ``path`` with this project's configuration (pyproject.toml)."""
+    config = Path(__file__).parents[1] / "pyproject.toml"
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "--config", str(config), str(path)],
+        capture_output=True,
+        text=True,
+    )

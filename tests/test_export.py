@@ -33,7 +33,16 @@ from autotune.export import (
 from autotune.export._bundle import call, literal
 from autotune.files import write_new_file
 from autotune.study import trial_config
-from autotune.testing import blobs, import_blocker, make_config, run_cli, tiny_mlp
+from autotune.testing import (
+    blobs,
+    import_blocker,
+    imported_modules,
+    lint,
+    make_config,
+    provenance,
+    run_cli,
+    tiny_mlp,
+)
 
 DIGITS_SPACE = """\
 study: {name: digits, n_trials: 1, pruner: none}
@@ -69,33 +78,6 @@ def digits_study(tmp_path_factory, prepare_study) -> tuple[optuna.Study, str]:
 def tiny_study(tmp_path_factory, prepare_study) -> tuple[optuna.Study, str]:
     study, url, _, _ = prepare_study(TINY_SPACE, tmp_path_factory.mktemp("tiny"))
     return study, url
-
-
-def imported_modules(source: str) -> set[str]:
-    modules = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            modules |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            modules.add(node.module.split(".")[0])
-    return modules
-
-
-def provenance(source: str) -> dict[str, object]:
-    """The script's PROVENANCE, read as data (ast.literal_eval: no code runs)."""
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "PROVENANCE":
-            return ast.literal_eval(node.value)
-    raise AssertionError("the script has no PROVENANCE")
-
-
-def lint(path: Path) -> subprocess.CompletedProcess[str]:
-    config = Path(__file__).parents[1] / "pyproject.toml"
-    return subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "--no-cache", "--config", str(config), str(path)],
-        capture_output=True,
-        text=True,
-    )
 
 
 def run_script(script: Path, *args: str, block_autotune: Path | None = None):

@@ -78,7 +78,12 @@ def export_command(
         typer.Option("--output", "-o", help="File to write. Default: print to the terminal."),
     ] = None,
     fmt: Annotated[
-        str, typer.Option("--format", help="script (a training script), yaml or json.")
+        str,
+        typer.Option(
+            "--format",
+            help="script (a training script), yaml, json, lightning (Trainer, DataLoader and "
+            "optimizer settings) or hf (Hugging Face TrainingArguments).",
+        ),
     ] = "script",
     storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
     trial: Annotated[
@@ -94,8 +99,9 @@ def export_command(
         ),
     ] = False,
 ) -> None:
-    """Export the best configuration as a standalone training script, YAML or JSON."""
-    formats = ("script", "yaml", "json")
+    """Export the best configuration as a standalone training script, YAML, JSON, or the
+    settings of a Lightning or Hugging Face Trainer."""
+    formats = ("script", "yaml", "json", "lightning", "hf")
     if fmt not in formats:
         raise fail(f"--format must be one of {', '.join(formats)}, not '{fmt}'")
     from autotune import display, export, workloads
@@ -136,7 +142,13 @@ def export_command(
     except OSError as err:  # the folder could not be made
         raise fail(f"cannot write {output}: {err.strerror}", EXIT_FAILED) from None
     _attach(found, output, storage)
-    what = {"script": "training script", "yaml": "YAML", "json": "JSON"}[fmt]
+    what = {
+        "script": "training script",
+        "yaml": "YAML",
+        "json": "JSON",
+        "lightning": "Lightning settings",
+        "hf": "Hugging Face TrainingArguments",
+    }[fmt]
     console.print(
         f"Wrote {output}: the {what} of trial {result.trial} of {study_name} "
         f"({result.metric} {display.fmt(result.value)}).",

@@ -2,6 +2,7 @@
 
 autotune export --study quickstart -o train.py           # a script that imports no autotune
 autotune export --study quickstart --format yaml -o best.yaml
+autotune export --study quickstart --format lightning -o lightning_settings.py  # or --format hf
 
 import autotune
 best = autotune.load_best("quickstart")                  # a BestConfig
@@ -10,7 +11,8 @@ steps_per_epoch = len(loader) // best.config.accumulation_steps  # optimizer ste
 trainer = best.make_trainer(model, total_steps=epochs * steps_per_epoch)
 
 ``_api`` holds the Python API (``BestConfig``, ``load_best``, ``load_config``), ``_script`` the
-script and YAML/JSON rendering, ``_bundle`` the source bundler the script is built with.
+script and YAML/JSON rendering, ``_frameworks`` the Lightning and Hugging Face settings files,
+``_bundle`` the source bundler the script is built with.
 """
 
 from autotune.export._api import (

@@ -29,7 +29,7 @@ from autotune.study import StudyRecord
 
 __all__ = ["FORMATS", "SCRIPT_KNOBS", "render", "render_script"]
 
-FORMATS = ("script", "yaml", "json")
+FORMATS = ("script", "yaml", "json", "lightning", "hf")
 
 
 def render(
@@ -39,8 +39,8 @@ def render(
     script_name: str = "train.py",
     rebuild_workload: bool = False,
 ) -> str:
-    """The text of an export in ``fmt`` (script, yaml or json); ``rebuild_workload`` lets a
-    script export import and run the study's own model and data code (``workload_code``)."""
+    """The text of an export in ``fmt`` (script, yaml, json, lightning or hf); ``rebuild_workload``
+    lets a script export import and run the study's own model and data code (``workload_code``)."""
     if fmt == "json":
         data = best.to_dict()
         found = _non_finite(data)
@@ -56,6 +56,10 @@ def render(
             f"{best.metric} {best.value:.6g}\n"
         )
         return header + yaml.safe_dump(best.to_dict(), sort_keys=False)
+    if fmt in ("lightning", "hf"):
+        from autotune.export._frameworks import render_framework  # it imports this module
+
+        return render_framework(best, fmt)
     if fmt == "script":
         if study is None:
             raise ValueError("a script export needs the study")

@@ -1,0 +1,373 @@
+"""Exports for the frameworks users train with: the chosen configuration as the arguments of a
+Lightning ``Trainer`` (with its DataLoader, model and optimizer settings) or of a Hugging Face
+``TrainingArguments``, each a Python file to paste from (``lightning.py.j2``, ``hf.py.j2``).
+
+Every value is written with ``literal``; comments hold only autotune's own words and numbers.
+A knob the framework has no setting for gets a comment saying so and what to do instead.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.export._api import BestConfig, ExportError
+from autotune.export._bundle import Import, import_block, literal
+from autotune.export._script import _environment, _provenance
+from autotune.spec import (
+    COMPILE_MODES,
+    DATA_PIPELINES,
+    LR_SCALINGS,
+    OPTIMIZERS,
+    PRECISIONS,
+    SCHEDULES,
+    WorkloadSpec,
+)
+
+__all__ = ["FRAMEWORK_FORMATS", "render_framework"]
+
+FRAMEWORK_FORMATS = ("lightning", "hf")
+
+# Lightning 2.x precision strings (lightning.fabric.connector._PRECISION_INPUT_STR)
+LIGHTNING_PRECISION = {
+    "fp32": "32-true",
+    "tf32": "32-true",
+    "bf16": "bf16-mixed",
+    "fp16": "16-mixed",
+}
+_CUDA_INDEX = re.compile(r"^cuda:(\d+)$", re.ASCII)
+# the TrialConfig fields these files write, by kind (_check)
+_NUMBERS = (
+    "lr", "base_lr", "base_batch_size", "batch_size", "accumulation_steps", "weight_decay",
+    "momentum", "warmup_fraction", "num_workers", "prefetch_factor", "val_batch_size", "seed",
+    "dataloader_timeout",
+)  # fmt: skip
+_FLAGS = ("nesterov", "pin_memory", "persistent_workers", "channels_last", "cudnn_benchmark")
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One keyword of a generated call: ``name=value,  # comment``."""
+
+    name: str  # a Python argument name, autotune's own
+    value: str  # Python source of the value: a literal
+    comment: str = ""  # autotune's words and numbers only
+
+    @property
+    def line(self) -> str:
+        """The call's line for it (indented by the template)."""
+        code = f"{self.name}={self.value},"
+        return f"{code}  # {comment_text(self.comment)}" if self.comment else code
+
+
+def comment_text(text: str) -> str:
+    """``text`` safe in a ``#`` comment: printable ASCII on one line (others escaped), even
+    if a value that reached it was not what autotune wrote."""
+    return literal(str(text))[1:-1]
+
+
+def _searched(best: BestConfig, knob: str, text: str = "") -> str:
+    parts = (["searched"] if knob in best.params else []) + ([text] if text else [])
+    return "; ".join(parts)
+
+
+def _lr_comment(best: BestConfig) -> str:
+    config = best.config
+    if config.lr_scaling == "none":
+        return _searched(best, "lr", "per optimizer step")
+    return _searched(
+        best,
+        "lr",
+        f"{config.base_lr:.6g} per {config.base_batch_size} examples, scaled {config.lr_scaling} "
+        f"to {config.effective_batch_size}",
+    )
+
+
+def _not_applicable(best: BestConfig, framework: str) -> list[str]:
+    """Comment lines for the knobs ``framework`` has no setting for."""
+    config = best.config
+    notes = []
+    if config.data_pipeline == "device":
+        notes += [
+            "data_pipeline device: the study kept the training set in device memory and batched",
+            f"it there; {framework} loads through a DataLoader, whose settings here the study did",
+            "not measure (its workers, pinning and prefetch are autotune's defaults).",
+        ]
+    if config.lr_scaling != "none":
+        notes += [
+            f"lr_scaling {config.lr_scaling}: the learning rate is already scaled to the "
+            f"effective batch of {config.effective_batch_size};",
+            "scale it yourself if you change the batch size or the accumulation.",
+        ]
+    return notes
+
+
+def _check(best: BestConfig) -> None:
+    """ExportError naming the first choice of ``best`` that autotune does not know (a crafted
+    or damaged file): every choice reaches the file's comments, so it must be autotune's own."""
+    config = best.config
+    choices = {
+        "precision": (config.precision, PRECISIONS),
+        "compile": (config.compile, COMPILE_MODES),
+        "optimizer": (config.optimizer, OPTIMIZERS),
+        "schedule": (config.schedule, SCHEDULES),
+        "lr_scaling": (config.lr_scaling, LR_SCALINGS),
+        "data_pipeline": (config.data_pipeline, DATA_PIPELINES),
+    }
+    for knob, (value, known) in choices.items():
+        if value not in known:
+            raise ExportError(f"{knob} {value!r} is not one of {', '.join(known)}")
+    if not (config.device in ("cpu", "cuda") or _CUDA_INDEX.match(config.device)):
+        raise ExportError(f"device {config.device!r} is not cpu, cuda or cuda:N")
+    for name in _NUMBERS:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int | float | None):
+            raise ExportError(f"{name} {value!r} is not a number")
+    for name in _FLAGS:
+        if not isinstance(getattr(config, name), bool):
+            raise ExportError(f"{name} {getattr(config, name)!r} is not true or false")
+
+
+def _lightning_device(device: str) -> tuple[str, Any]:
+    """(accelerator, devices) of Lightning's Trainer for autotune's device string."""
+    if device == "cpu":
+        return "cpu", 1
+    if device == "cuda":
+        return "gpu", 1
+    found = _CUDA_INDEX.match(device)
+    if found:
+        return "gpu", [int(found.group(1))]
+    raise AssertionError(device)  # _check refused it
+
+
+def _loader_arguments(best: BestConfig, prefix: str = "") -> list[Argument]:
+    """The DataLoader's tuned settings (keywords of DataLoader, or TrainingArguments'
+    ``dataloader_*`` fields with ``prefix``)."""
+    config = best.config
+    workers = config.num_workers if config.data_pipeline == "dataloader" else 0
+    rows = [
+        Argument(f"{prefix}num_workers", literal(workers), _searched(best, "num_workers")),
+        Argument(f"{prefix}pin_memory", literal(config.pin_memory), _searched(best, "pin_memory")),
+    ]
+    if workers > 0:
+        rows.append(
+            Argument(
+                f"{prefix}prefetch_factor",
+                literal(config.prefetch_factor or 2),
+                _searched(best, "prefetch_factor", "batches each worker loads ahead"),
+            )
+        )
+        rows.append(
+            Argument(
+                f"{prefix}persistent_workers",
+                literal(config.persistent_workers),
+                _searched(best, "persistent_workers"),
+            )
+        )
+    return rows
+
+
+def _schedule(best: BestConfig) -> dict[str, Any]:
+    config = best.config
+    return {
+        "schedule": config.schedule,
+        "warmup": literal(config.warmup_fraction),
+        "onecycle_rise": literal(config.warmup_fraction or 0.3),
+        "has_warmup": config.warmup_fraction > 0,
+        "schedule_comment": _searched(best, "schedule"),
+        "warmup_comment": _searched(best, "warmup_fraction", "of the optimizer steps"),
+    }
+
+
+def _optimizer(best: BestConfig) -> list[Argument]:
+    """Keywords of the optimizer's constructor after the parameters."""
+    config = best.config
+    rows = [
+        Argument("lr", literal(config.lr), _lr_comment(best)),
+        Argument("weight_decay", literal(config.weight_decay), _searched(best, "weight_decay")),
+    ]
+    if config.optimizer == "sgd":
+        rows.insert(
+            1, Argument("momentum", literal(config.momentum or 0.0), _searched(best, "momentum"))
+        )
+        rows.insert(2, Argument("nesterov", literal(config.nesterov), _searched(best, "nesterov")))
+    return rows
+
+
+def _lightning(best: BestConfig) -> dict[str, Any]:
+    config = best.config
+    precision = config.precision
+    accelerator, devices = _lightning_device(config.device)
+    trainer = [
+        Argument(
+            "precision",
+            literal(LIGHTNING_PRECISION[precision]),
+            _searched(best, "precision", f"autotune's {precision}"),
+        ),
+        Argument(
+            "accumulate_grad_batches",
+            literal(config.accumulation_steps),
+            _searched(
+                best,
+                "accumulation_steps",
+                f"micro-batches per step (effective batch {config.effective_batch_size})",
+            ),
+        ),
+        Argument("max_epochs", literal(best.epochs), "the full run"),
+        Argument(
+            "benchmark",
+            literal(config.cudnn_benchmark),
+            _searched(best, "cudnn_benchmark", "cudnn.benchmark"),
+        ),
+        Argument("accelerator", literal(accelerator), "where the study trained"),
+        Argument("devices", literal(devices)),
+    ]
+    loader = [
+        Argument(
+            "batch_size",
+            literal(config.batch_size),
+            _searched(best, "batch_size", "per micro-batch"),
+        ),
+        Argument("shuffle", "True"),
+        *_loader_arguments(best),
+    ]
+    if config.dataloader_timeout > 0:
+        loader.append(
+            Argument("timeout", literal(config.dataloader_timeout), "seconds to wait for a batch")
+        )
+    imports = {
+        Import("typing", "Any"),
+        Import("lightning", alias="L"),
+        Import("torch"),
+        Import("torch.utils.data", "DataLoader"),
+        Import("torch.utils.data", "Dataset"),
+    }
+    if config.schedule == "cosine":
+        imports.add(Import("math"))
+    compile_mode = None if config.compile in ("none", "default") else literal(config.compile)
+    return {
+        "imports": imports,
+        "trainer": trainer,
+        "loader": loader,
+        "optimizer": "SGD" if config.optimizer == "sgd" else "AdamW",
+        "optimizer_arguments": _optimizer(best),
+        "tf32": precision == "tf32",
+        "seed": literal(config.seed),
+        "compile": config.compile != "none",
+        "compile_mode": compile_mode,
+        "compile_comment": _searched(best, "compile"),
+        "channels_last": config.channels_last,
+        "channels_last_comment": _searched(best, "channels_last"),
+        "notes": _not_applicable(best, "Lightning"),
+        **_schedule(best),
+    }
+
+
+def _hf_schedule(best: BestConfig) -> tuple[str, list[str]]:
+    """(lr_scheduler_type, comment lines) nearest autotune's schedule."""
+    config = best.config
+    if config.schedule == "cosine":
+        return "cosine", []
+    if config.schedule == "onecycle":
+        return "cosine", [
+            "schedule onecycle: TrainingArguments has no one-cycle schedule; the nearest is",
+            "cosine after a linear warm-up over the same rising fraction. For the exact schedule",
+            "pass Trainer(optimizers=(optimizer, torch.optim.lr_scheduler.OneCycleLR(optimizer,",
+            "max_lr=learning_rate, total_steps=steps, pct_start=warmup, cycle_momentum=False))).",
+        ]
+    return ("constant_with_warmup" if config.warmup_fraction > 0 else "constant"), []
+
+
+def _hf(best: BestConfig) -> dict[str, Any]:
+    config = best.config
+    precision = config.precision
+    scheduler, notes = _hf_schedule(best)
+    warmup = config.warmup_fraction or (0.3 if config.schedule == "onecycle" else 0.0)
+    precision_comment = _searched(best, "precision", f"autotune's {precision}")
+    arguments = [
+        Argument(
+            "per_device_train_batch_size",
+            literal(config.batch_size),
+            _searched(best, "batch_size", "per micro-batch"),
+        ),
+        Argument(
+            "gradient_accumulation_steps",
+            literal(config.accumulation_steps),
+            _searched(
+                best, "accumulation_steps", f"effective batch {config.effective_batch_size}"
+            ),
+        ),
+        Argument("num_train_epochs", literal(best.epochs), "the full run"),
+        Argument("learning_rate", literal(config.lr), _lr_comment(best)),
+        Argument(
+            "optim",
+            literal("sgd" if config.optimizer == "sgd" else "adamw_torch"),
+            _searched(best, "optimizer"),
+        ),
+    ]
+    if config.optimizer == "sgd":
+        options = f"momentum={config.momentum or 0.0!r},nesterov={config.nesterov}"
+        arguments.append(Argument("optim_args", literal(options), _searched(best, "momentum")))
+    arguments += [
+        Argument("weight_decay", literal(config.weight_decay), _searched(best, "weight_decay")),
+        Argument("lr_scheduler_type", literal(scheduler), _searched(best, "schedule")),
+        Argument(
+            "warmup_steps",
+            literal(warmup),
+            _searched(best, "warmup_fraction", "below 1: a fraction of the steps"),
+        ),
+        Argument("max_grad_norm", "0.0", "the study did not clip gradients (default 1.0)"),
+        Argument("bf16", literal(precision == "bf16"), precision_comment),
+        Argument("fp16", literal(precision == "fp16")),
+        Argument("tf32", literal(precision == "tf32"), "TF32 matmuls and convolutions (CUDA)"),
+        Argument("torch_compile", literal(config.compile != "none"), _searched(best, "compile")),
+    ]
+    if config.compile not in ("none", "default"):
+        arguments.append(Argument("torch_compile_mode", literal(config.compile)))
+    arguments += _loader_arguments(best, "dataloader_")
+    arguments.append(Argument("per_device_eval_batch_size", literal(config.val_batch_size)))
+    arguments.append(Argument("seed", literal(config.seed), "the trial's seed"))
+    if config.device == "cpu":
+        arguments.append(Argument("use_cpu", "True", "where the study trained"))
+    outside = []
+    if config.channels_last:
+        outside.append(
+            "channels_last: model = model.to(memory_format=torch.channels_last) before Trainer"
+        )
+    if config.cudnn_benchmark:
+        outside.append("cudnn_benchmark: torch.backends.cudnn.benchmark = True before training")
+    if config.device.startswith("cuda:"):
+        outside.append(
+            f"device {config.device}: run with CUDA_VISIBLE_DEVICES={config.device[5:]}"
+        )
+    if config.dataloader_timeout > 0:
+        outside.append(f"dataloader_timeout {config.dataloader_timeout:g} s: no such field")
+    return {
+        "imports": {Import("typing", "Any"), Import("transformers", "TrainingArguments")},
+        "arguments": arguments,
+        "outside": outside,
+        "weight_decay": config.weight_decay > 0,
+        "notes": notes + _not_applicable(best, "the Trainer"),
+    }
+
+
+def render_framework(best: BestConfig, fmt: str) -> str:
+    """The text of a ``lightning`` or ``hf`` export of ``best``: a Python file of the settings
+    to paste into a LightningModule and Trainer, or into TrainingArguments."""
+    if fmt not in FRAMEWORK_FORMATS:
+        raise ValueError(f"unknown framework format {fmt!r}")
+    workload = WorkloadSpec.model_construct(
+        model=str(best.workload.get("model", "unknown")),
+        data=str(best.workload.get("data", "unknown")),
+    )
+    _check(best)
+    fields = _lightning(best) if fmt == "lightning" else _hf(best)
+    imports = fields.pop("imports")
+    environment = _environment()
+    environment.filters["comment"] = comment_text
+    return environment.get_template(f"{fmt}.py.j2").render(
+        provenance=_provenance(best, workload),
+        import_block=import_block(imports),
+        **fields,
+    )

@@ -1,0 +1,370 @@
+"""Exports for Lightning and Hugging Face: each knob reaches its framework setting, the files
+are valid, lint-clean Python that imports no autotune, names stay data, and (where the library
+is installed) the real Trainer and TrainingArguments are built from them."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import torch
+
+from autotune.export import BestConfig, ExportError, best_config, render, select_trial
+from autotune.testing import blobs, imported_modules, lint, provenance, run_cli, tiny_mlp
+
+SPACE = """\
+study: {name: frameworks, n_trials: 1, pruner: none}
+workload:
+  model: autotune.testing:tiny_mlp
+  data: autotune.testing:blobs
+  data_args: {image: true}
+  epochs: 1
+objective: {full_run_epochs: 3}
+space:
+  lr: 0.02
+  batch_size: [16, 32]
+"""
+
+HOSTILE_NAMES = [
+    'q""";__import__("os").system("touch pwned");"""',
+    "q''';__import__('os').system('touch pwned');'''",
+    'line\nbreak\n__import__("os").system("touch pwned")\n#',
+    "{{ jinja }} {% if x %} # not a comment",
+    "x[/y] run[fast]" + "z" * 150,
+    "line\u2028separator\u2029paragraph\x85next",
+    "\udcff a lone surrogate, as a file system name decodes",
+    "\x00 nul \x1b[31m escape \u202e reversed",
+]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, prepare_study) -> tuple[optuna.Study, str]:
+    """One real study for the module, and its storage URL."""
+    study, url, _, _ = prepare_study(SPACE, tmp_path_factory.mktemp("frameworks"))
+    return study, url
+
+
+@pytest.fixture(scope="module")
+def best(prepared) -> BestConfig:
+    study, _ = prepared
+    return best_config(study, select_trial(study))
+
+
+def changed(best: BestConfig, **changes: Any) -> BestConfig:
+    return dataclasses.replace(best, config=best.config.replace(**changes))
+
+
+def call_keywords(source: str, function: str) -> dict[str, Any]:
+    """The keyword arguments of the call ``function`` returns, read as data (no code runs)."""
+    tree = ast.parse(source)
+    found = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
+    returned = next(n for n in ast.walk(found) if isinstance(n, ast.Return))
+    assert isinstance(returned.value, ast.Call)
+    return {k.arg: ast.literal_eval(k.value) for k in returned.value.keywords if k.arg}
+
+
+def function_source(source: str, name: str) -> str:
+    tree = ast.parse(source)
+    found = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    return ast.unparse(found)
+
+
+# configurations unlike the study's, each knob set so that it matters
+VARIANTS: dict[str, dict[str, Any]] = {
+    "study": {},
+    "bf16-sgd-cosine-workers": {
+        "precision": "bf16",
+        "optimizer": "sgd",
+        "momentum": 0.875,
+        "nesterov": True,
+        "weight_decay": 0.125,
+        "schedule": "cosine",
+        "warmup_fraction": 0.25,
+        "num_workers": 3,
+        "pin_memory": True,
+        "prefetch_factor": 5,
+        "persistent_workers": True,
+        "accumulation_steps": 4,
+        "compile": "max-autotune",
+        "channels_last": True,
+        "cudnn_benchmark": True,
+        "device": "cuda:1",
+        "seed": 4242,
+    },
+    "fp16-onecycle": {"precision": "fp16", "schedule": "onecycle", "compile": "default"},
+    "tf32-warmup-device": {
+        "precision": "tf32",
+        "warmup_fraction": 0.5,
+        "data_pipeline": "device",
+        "lr_scaling": "sqrt",
+        "device": "cuda",
+    },
+}
+
+
+@pytest.mark.parametrize("fmt", ["lightning", "hf"])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_files_parse_lint_clean_and_import_no_autotune(best, tmp_path: Path, fmt, variant):
+    text = render(changed(best, **VARIANTS[variant]), fmt)
+    path = tmp_path / f"{fmt}_settings.py"
+    path.write_text(text)
+    compile(text, str(path), "exec")
+    assert lint(path).returncode == 0, lint(path).stdout
+    framework = "lightning" if fmt == "lightning" else "transformers"
+    assert "autotune" not in imported_modules(text)
+    assert framework in imported_modules(text)
+    assert provenance(text)["study"] == "frameworks"
+    assert provenance(text)["trial"] == best.trial
+
+
+@pytest.mark.parametrize(
+    ("precision", "expected"),
+    [("fp32", "32-true"), ("tf32", "32-true"), ("bf16", "bf16-mixed"), ("fp16", "16-mixed")],
+)
+def test_lightning_precision_strings(best, precision, expected):
+    text = render(changed(best, precision=precision), "lightning")
+    assert call_keywords(text, "make_trainer")["precision"] == expected
+    set_up = function_source(text, "set_up")
+    tf32 = "torch.set_float32_matmul_precision('high')" in set_up
+    assert tf32 == (precision == "tf32")
+    assert ("torch.backends.cudnn.allow_tf32 = True" in set_up) == (precision == "tf32")
+
+
+def test_lightning_maps_every_knob(best):
+    text = render(changed(best, **VARIANTS["bf16-sgd-cosine-workers"]), "lightning")
+    assert call_keywords(text, "make_trainer") == {
+        "precision": "bf16-mixed",
+        "accumulate_grad_batches": 4,
+        "max_epochs": 3,  # objective.full_run_epochs
+        "benchmark": True,
+        "accelerator": "gpu",
+        "devices": [1],
+    }
+    assert call_keywords(text, "train_dataloader") == {
+        "batch_size": best.config.batch_size,
+        "shuffle": True,
+        "num_workers": 3,
+        "pin_memory": True,
+        "prefetch_factor": 5,
+        "persistent_workers": True,
+    }
+    model = function_source(text, "prepare_model")
+    assert "model.to(memory_format=torch.channels_last)" in model
+    assert "torch.compile(model, mode='max-autotune')" in model
+    optimizers = function_source(text, "configure_optimizers")
+    assert "torch.optim.SGD(module.parameters(), lr=0.02, momentum=0.875, nesterov=True, " \
+        "weight_decay=0.125)" in optimizers  # fmt: skip
+    assert (
+        "LambdaLR(optimizer, factor)" in optimizers and "round(0.25 * total_steps)" in optimizers
+    )
+    assert "math.cos" in optimizers and "'interval': 'step'" in optimizers
+    assert "L.seed_everything(4242, workers=True)" in function_source(text, "set_up")
+
+    plain = render(best, "lightning")  # the study: AdamW, constant, eager, in-process loading
+    assert call_keywords(plain, "make_trainer")["accelerator"] == "cpu"
+    assert call_keywords(plain, "make_trainer")["devices"] == 1
+    assert "prefetch_factor" not in call_keywords(plain, "train_dataloader")
+    assert "return model" in function_source(plain, "prepare_model")
+    assert "torch.compile" not in function_source(plain, "prepare_model")
+    assert "torch.optim.AdamW(" in function_source(plain, "configure_optimizers")
+    assert "return {'optimizer': optimizer}" in function_source(plain, "configure_optimizers")
+
+    onecycle = render(changed(best, schedule="onecycle", compile="default"), "lightning")
+    optimizers = function_source(onecycle, "configure_optimizers")
+    assert "OneCycleLR(" in optimizers and "pct_start=0.3" in optimizers
+    assert "torch.compile(model)" in function_source(onecycle, "prepare_model")
+
+
+def test_hf_maps_every_knob(best):
+    text = render(changed(best, **VARIANTS["bf16-sgd-cosine-workers"]), "hf")
+    assert call_keywords(text, "training_arguments") == {
+        "per_device_train_batch_size": best.config.batch_size,
+        "gradient_accumulation_steps": 4,
+        "num_train_epochs": 3,
+        "learning_rate": 0.02,
+        "optim": "sgd",
+        "optim_args": "momentum=0.875,nesterov=True",
+        "weight_decay": 0.125,
+        "lr_scheduler_type": "cosine",
+        "warmup_steps": 0.25,
+        "max_grad_norm": 0.0,
+        "bf16": True,
+        "fp16": False,
+        "tf32": False,
+        "torch_compile": True,
+        "torch_compile_mode": "max-autotune",
+        "dataloader_num_workers": 3,
+        "dataloader_pin_memory": True,
+        "dataloader_prefetch_factor": 5,
+        "dataloader_persistent_workers": True,
+        "per_device_eval_batch_size": best.config.val_batch_size,
+        "seed": 4242,
+    }
+    # knobs with no field: said in a comment, never dropped silently
+    assert "# channels_last: model = model.to(memory_format=torch.channels_last)" in text
+    assert "# cudnn_benchmark: torch.backends.cudnn.benchmark = True" in text
+    assert "CUDA_VISIBLE_DEVICES=1" in text
+    assert "# weight decay: the Trainer exempts biases and norm weights" in text
+    assert "weight decay:" not in render(best, "hf")  # the study's weight decay is 0
+
+    plain = call_keywords(render(best, "hf"), "training_arguments")
+    assert plain["optim"] == "adamw_torch" and "optim_args" not in plain
+    assert plain["lr_scheduler_type"] == "constant" and plain["use_cpu"] is True
+    assert "dataloader_prefetch_factor" not in plain and "torch_compile_mode" not in plain
+
+    schedules = {
+        ("constant", 0.0): "constant",
+        ("constant", 0.5): "constant_with_warmup",
+        ("cosine", 0.0): "cosine",
+    }
+    for (schedule, warmup), expected in schedules.items():
+        written = render(changed(best, schedule=schedule, warmup_fraction=warmup), "hf")
+        assert call_keywords(written, "training_arguments")["lr_scheduler_type"] == expected
+        assert call_keywords(written, "training_arguments")["warmup_steps"] == warmup
+    # one-cycle has no TrainingArguments schedule: the nearest, and a comment saying so
+    onecycle = render(changed(best, schedule="onecycle"), "hf")
+    assert call_keywords(onecycle, "training_arguments")["lr_scheduler_type"] == "cosine"
+    assert call_keywords(onecycle, "training_arguments")["warmup_steps"] == 0.3
+    assert "TrainingArguments has no one-cycle schedule" in onecycle
+    for precision, flags in {"fp16": (False, True, False), "tf32": (False, False, True)}.items():
+        written = call_keywords(
+            render(changed(best, precision=precision), "hf"), "training_arguments"
+        )
+        assert (written["bf16"], written["fp16"], written["tf32"]) == flags
+
+
+def test_knobs_without_a_setting_get_a_comment(best):
+    device = changed(best, data_pipeline="device", lr_scaling="linear", base_batch_size=64)
+    for fmt in ("lightning", "hf"):
+        text = render(device, fmt)
+        assert "# data_pipeline device: the study kept the training set in device memory" in text
+        assert "# lr_scaling linear: the learning rate is already scaled" in text
+        assert "scaled linear to" in text  # on the learning rate's own line too
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_hostile_strings_stay_data(best, tmp_path: Path, name):
+    hostile = dataclasses.replace(best, study=name, metrics={**best.metrics, "device_name": name})
+    for fmt in ("lightning", "hf"):
+        text = render(hostile, fmt)
+        path = tmp_path / f"{fmt}.py"
+        path.write_text(text)
+        compile(text, str(path), "exec")
+        assert lint(path).returncode == 0, lint(path).stdout
+        found = provenance(text)
+        assert found["study"] == name and name in str(found["measured_on"])
+    assert not (tmp_path / "pwned").exists()
+
+
+CRAFTED = [
+    {"precision": "fp8\nimport os"},
+    {"compile": "x"},
+    {"device": "cuda:0\n#"},
+    {"lr_scaling": "?"},
+    {"batch_size": "32\nimport os"},  # it reaches a comment as the effective batch
+    {"nesterov": "yes"},
+]
+
+
+@pytest.mark.parametrize("change", CRAFTED)
+def test_a_crafted_value_is_refused_in_one_line(best, change):
+    """A study's stored configuration is not checked when read; values reach comments."""
+    for fmt in ("lightning", "hf"):
+        with pytest.raises(ExportError) as refused:
+            render(changed(best, **change), fmt)
+        assert len(str(refused.value).splitlines()) == 1
+
+
+def test_the_cli_writes_both_formats(prepared, tmp_path: Path):
+    _, url = prepared
+    for fmt in ("lightning", "hf"):
+        out = tmp_path / f"{fmt}.py"
+        done = run_cli("export", "--study", "frameworks", "--storage", url, "--format", fmt,
+                       "-o", str(out), cwd=tmp_path)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert out.read_text().startswith('"""') and "Wrote" in done.stdout
+
+
+def _exec(text: str) -> dict[str, Any]:
+    namespace: dict[str, Any] = {"__name__": "settings"}
+    exec(compile(text, "settings.py", "exec"), namespace)
+    return namespace
+
+
+CONSTRUCTED = ["study", "bf16-sgd-cosine-workers", "fp16-onecycle"]
+
+
+@pytest.mark.parametrize("variant", CONSTRUCTED)
+def test_lightning_builds_and_fits_from_the_file(best, tmp_path: Path, variant):
+    lightning = pytest.importorskip("lightning")
+    config = {**VARIANTS[variant], "device": "cpu", "compile": "none"}
+    if config.get("precision") != "bf16":  # Lightning's CPU autocast is bf16-mixed only
+        config["precision"] = "fp32"
+    config["num_workers"] = min(config.get("num_workers", 0), 1)  # 2 cores
+    settings = _exec(render(changed(best, **config), "lightning"))
+    splits = blobs(n_train=64, n_val=16, image=True)
+
+    class Module(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = tiny_mlp(splits.num_classes, tuple(splits.train[0][0].shape))
+
+        def training_step(self, batch, batch_idx):
+            inputs, targets = batch
+            return torch.nn.functional.cross_entropy(self.net(inputs), targets)
+
+        def train_dataloader(self):
+            return settings["train_dataloader"](splits.train)
+
+        def configure_optimizers(self):
+            return settings["configure_optimizers"](self)
+
+    previous = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    try:
+        settings["set_up"]()
+        trainer = settings["make_trainer"](
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_train_batches=3,
+            default_root_dir=str(tmp_path),
+        )
+        assert trainer.accumulate_grad_batches == best.config.replace(**config).accumulation_steps
+        assert trainer.max_epochs == 3
+        assert trainer.precision == {"bf16": "bf16-mixed", "fp32": "32-true"}[config["precision"]]
+        module = settings["prepare_model"](Module())
+        trainer.fit(module)
+    finally:
+        torch.set_float32_matmul_precision(previous[0])
+        torch.backends.cudnn.allow_tf32 = previous[1]
+    assert trainer.global_step >= 1
+
+
+@pytest.mark.parametrize("variant", CONSTRUCTED)
+def test_hf_training_arguments_build_from_the_file(best, tmp_path: Path, variant):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # the Trainer needs it (transformers[torch])
+    config = {**VARIANTS[variant], "device": "cpu"}
+    settings = _exec(render(changed(best, **config), "hf"))
+    args = settings["training_arguments"](output_dir=str(tmp_path), report_to="none")
+    expected = best.config.replace(**config)
+    assert args.per_device_train_batch_size == expected.batch_size
+    assert args.gradient_accumulation_steps == expected.accumulation_steps
+    assert args.learning_rate == expected.lr and args.seed == expected.seed
+    assert args.dataloader_num_workers == expected.num_workers
+    assert args.bf16 == (expected.precision == "bf16")
+    assert args.fp16 == (expected.precision == "fp16")
+    assert args.torch_compile == (expected.compile != "none")
+    trainer = transformers.Trainer(model=torch.nn.Linear(4, 2), args=args)
+    optimizer = trainer.create_optimizer()
+    if expected.optimizer == "sgd":
+        assert isinstance(optimizer, torch.optim.SGD)
+        group = optimizer.param_groups[0]
+        assert group["momentum"] == expected.momentum and group["nesterov"] is True
+    else:
+        assert isinstance(optimizer, torch.optim.AdamW)
