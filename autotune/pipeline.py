@@ -19,7 +19,8 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,6 +28,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from autotune.config import TrialConfig
+
+Collate = Callable[[list[Any]], Any]  # samples -> one batch, as DataLoader's collate_fn
 
 __all__ = [
     "CROP_PADDING",
@@ -169,12 +172,13 @@ def _seed_worker(worker_id: int) -> None:
 
 
 def make_train_loader(
-    dataset: Dataset, config: TrialConfig, seed: int
+    dataset: Dataset, config: TrialConfig, seed: int, collate_fn: Collate | None = None
 ) -> DataLoader | DeviceBatches:
     """Shuffled training batches, the last partial one dropped (static shapes).
 
-    The ``dataloader`` pipeline is a DataLoader with the trial's knobs; the ``device`` pipeline
-    keeps the data set on the device and makes each batch there (DeviceBatches).
+    The ``dataloader`` pipeline is a DataLoader with the trial's knobs (and the data function's
+    ``collate_fn``, if it gave one); the ``device`` pipeline keeps the data set on the device and
+    makes each batch there (DeviceBatches).
     """
     if config.data_pipeline == "device":
         device = torch.device(config.device)
@@ -193,14 +197,22 @@ def make_train_loader(
         persistent_workers=config.persistent_workers if workers else False,
         worker_init_fn=_seed_worker if workers else None,
         timeout=config.dataloader_timeout if workers else 0,
+        collate_fn=collate_fn,
     )
 
 
-def make_val_loader(dataset: Dataset, config: TrialConfig) -> DataLoader | DeviceBatches:
+def make_val_loader(
+    dataset: Dataset, config: TrialConfig, collate_fn: Collate | None = None
+) -> DataLoader | DeviceBatches:
     """Validation batches in order, every sample once (on the device with the device pipeline,
     when the validation set is in memory too)."""
     if config.data_pipeline == "device":
         with contextlib.suppress(TypeError):  # not in memory: a DataLoader serves it
             device = torch.device(config.device)
             return DeviceBatches(dataset, config.val_batch_size, device, shuffle=False)
-    return DataLoader(dataset, batch_size=config.val_batch_size, pin_memory=config.pin_memory)
+    return DataLoader(
+        dataset,
+        batch_size=config.val_batch_size,
+        pin_memory=config.pin_memory,
+        collate_fn=collate_fn,
+    )

@@ -247,8 +247,8 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
     seed_everything(config.seed)
 
     # -- data
-    train_loader = make_train_loader(workload.train_set, config, config.seed)
-    val_loader = make_val_loader(workload.val_set, config)
+    train_loader = make_train_loader(workload.train_set, config, config.seed, workload.collate_fn)
+    val_loader = make_val_loader(workload.val_set, config, workload.collate_fn)
     train_size = len(workload.train_set)  # type: ignore[arg-type]  # map-style: sized
     plan = make_plan(config, len(train_loader), train_size)
 

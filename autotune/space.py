@@ -101,6 +101,8 @@ def _unsupported(
     def data_pipeline(value: Any) -> str | None:
         if value != "device" or workload is None:
             return None
+        if workload.collate_fn is not None:
+            return "the data function's collate_fn batches samples in a DataLoader"
         size = _in_memory_bytes(workload.train_set)
         if size is None:
             return (

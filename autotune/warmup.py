@@ -50,7 +50,7 @@ def warm_process(config: TrialConfig, workload: Workload) -> bool:
     device = torch.device(eager.device)
     with backend_flags(eager):
         seed_everything(eager.seed)
-        loader = make_train_loader(workload.train_set, eager, eager.seed)
+        loader = make_train_loader(workload.train_set, eager, eager.seed, workload.collate_fn)
         if len(loader) == 0:  # a batch larger than the data set: invalid_config in the trial
             return False
         trainer = Trainer(workload.build_model(), eager, total_steps=WARMUP_MICRO_BATCHES)
@@ -60,7 +60,7 @@ def warm_process(config: TrialConfig, workload: Workload) -> bool:
             trainer.train_step(*trainer.to_device(*split(next(batches))))
         trainer.model.eval()
         with torch.no_grad(), trainer.autocast():
-            val_batch = next(iter(make_val_loader(workload.val_set, eager)))
+            val_batch = next(iter(make_val_loader(workload.val_set, eager, workload.collate_fn)))
             inputs, _ = trainer.to_device(*split(val_batch))
             call_model(trainer.model, inputs)
         synchronize(device)

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from autotune.hardware import detect
 from autotune.runner import train
-from autotune.spec import WorkloadSpec
+from autotune.space import restrict
+from autotune.spec import Spec, WorkloadSpec, parse_spec
 from autotune.testing import make_config, never_stop
 from autotune.workloads import WorkloadError, load
 from autotune.workloads.batches import BatchLayout, ModelInputs, to_device
@@ -26,6 +28,8 @@ USER_MODULE = textwrap.dedent(
     import torch
     from torch import nn
     from torch.utils.data import Dataset
+
+    from autotune.workloads import DataSplits
 
     CLASSES, VOCAB, LENGTH = 3, 12, 10
 
@@ -57,6 +61,24 @@ USER_MODULE = textwrap.dedent(
 
     def tokens(style="dict", n=192):
         return Tokens(n, 0, style), Tokens(120, 1, style)
+
+    def pad(samples):  # variable-length sequences padded per batch, as a collator does
+        longest = max(len(sample["input_ids"]) for sample in samples)
+        ids = torch.zeros(len(samples), longest, dtype=torch.long)
+        for row, sample in enumerate(samples):
+            ids[row, : len(sample["input_ids"])] = sample["input_ids"]
+        labels = torch.tensor([sample["labels"] for sample in samples])
+        return {"input_ids": ids, "attention_mask": (ids != 0).long(), "labels": labels}
+
+    class Ragged(Tokens):
+        def __getitem__(self, i):
+            return {"input_ids": self.ids[i, : self.lengths[i]], "labels": int(self.labels[i])}
+
+    def unpadded():
+        return Ragged(192, 0, "dict"), Ragged(120, 1, "dict")
+
+    def ragged():
+        return DataSplits(Ragged(192, 0, "dict"), Ragged(120, 1, "dict"), collate_fn=pad)
 
     @dataclass
     class Output:  # what a Hugging Face model returns: a ModelOutput with .loss and .logits
@@ -144,6 +166,24 @@ def test_every_batch_structure_and_loss_trains_and_is_scored(
     first, last = result.evaluations[0], result.evaluations[-1]
     assert last.train_loss < first.train_loss or last.accuracy > first.accuracy
     assert result.flops_per_sample and result.flops_per_sample > 0
+
+
+def test_a_data_function_may_batch_its_samples_with_its_own_collate_fn(user_dir: Path):
+    spec = WorkloadSpec(model="token_workloads:hf_style", data="token_workloads:ragged")
+    loaded = load(spec, base_dir=user_dir)
+    result = train(make_config(epochs=3, lr=0.05, batch_size=16), loaded, never_stop)
+    assert 0.7 < result.accuracy <= 1.0
+    space = parse_spec(
+        "workload: {model: mlp, data: digits}\nspace: {data_pipeline: [dataloader, device]}\n",
+        "s.yaml",
+    ).space
+    restricted = restrict(Spec(workload=spec, space=space), detect("cpu"), loaded)
+    assert restricted.spec.space.data_pipeline.values == ("dataloader",)
+    assert "collate_fn batches samples in a DataLoader" in restricted.dropped[0].reason
+    # without it, samples of different lengths cannot be stacked: one line says what to do
+    with pytest.raises(WorkloadError, match=r"cannot be stacked .* DataSplits\(\.\.\., coll"):
+        load(WorkloadSpec(model="token_workloads:hf_style", data="token_workloads:unpadded"),
+             base_dir=user_dir)  # fmt: skip
 
 
 def test_token_throughput_counts_the_tokens_a_batch_holds(user_dir: Path):

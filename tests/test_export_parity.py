@@ -265,7 +265,7 @@ def test_the_scripts_training_loop_matches_the_trainer(
     loop (one epoch on the CPU) against a Trainer of the same configuration."""
     script, config = export(precision=precision, **LOOPS[precision])
     accumulation = config.accumulation_steps
-    train_set, _ = script.make_datasets()
+    train_set, _, _ = script.make_datasets()
     steps = len(train_set) // config.batch_size // accumulation  # the script's optimizer steps
 
     # the script, as `python train.py --epochs 1` runs it, with a recording model and scaler

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from autotune.config import TrialConfig
 from autotune.errors import UserError
-from autotune.pipeline import DeviceBatches, make_train_loader, make_val_loader
+from autotune.pipeline import Collate, DeviceBatches, make_train_loader, make_val_loader
 from autotune.spec import DEFAULT_STORAGE, Spec, SpecError, parse_spec
 from autotune.study import (
     StudyError,
@@ -126,13 +126,18 @@ class BestConfig:
             feasible=bool(data.get("feasible", True)),
         )
 
-    def make_loader(self, dataset: Dataset, seed: int | None = None) -> DataLoader | DeviceBatches:
+    def make_loader(
+        self, dataset: Dataset, seed: int | None = None, collate_fn: Collate | None = None
+    ) -> DataLoader | DeviceBatches:
         """A shuffled training DataLoader with the tuned batch size and loader knobs."""
-        return make_train_loader(dataset, self.config, self.config.seed if seed is None else seed)
+        seed = self.config.seed if seed is None else seed
+        return make_train_loader(dataset, self.config, seed, collate_fn)
 
-    def make_val_loader(self, dataset: Dataset) -> DataLoader | DeviceBatches:
+    def make_val_loader(
+        self, dataset: Dataset, collate_fn: Collate | None = None
+    ) -> DataLoader | DeviceBatches:
         """An in-order validation DataLoader."""
-        return make_val_loader(dataset, self.config)
+        return make_val_loader(dataset, self.config, collate_fn)
 
     def make_trainer(
         self, model: nn.Module, total_steps: int, loss_fn: LossFn | None = None

@@ -20,8 +20,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
+from autotune.pipeline import Collate
 from autotune.spec import LOSSES
-from autotune.workloads._registry import WorkloadError
+from autotune.workloads._registry import DataSplits, WorkloadError
 from autotune.workloads.batches import BatchLayout, ModelInputs, call_model
 from autotune.workloads.scoring import IGNORE_INDEX, LossFn, classification_sums, logits_of
 
@@ -111,15 +112,24 @@ def read_sample(split: Dataset, name: str, data: str, index: int = 0) -> Any:
         ) from None
 
 
-def _batch(split: Dataset, name: str, data: str) -> Any:
+def _batch(split: Dataset, name: str, data: str, collate: Collate | None) -> Any:
     size = min(CHECK_BATCH, len(split))  # type: ignore[arg-type]  # map-style: sized
     samples = [read_sample(split, name, data, index) for index in range(size)]
+    if collate is not None:
+        try:
+            return collate(samples)
+        except Exception as error:
+            raise WorkloadError(
+                f"data set '{data}': its collate_fn fails on {name} samples: "
+                f"{type(error).__name__}: {error}{user_frame(error)}"
+            ) from None
     try:
         return default_collate(samples)
     except Exception as error:
         raise WorkloadError(
             f"data set '{data}': {name} samples cannot be stacked into a batch "
-            f"({type(error).__name__}: {error}); every input must have the same shape"
+            f"({type(error).__name__}: {error}); every input must have the same shape, or "
+            f"the data function returns DataSplits(..., collate_fn=...) to batch them"
         ) from None
 
 
@@ -193,7 +203,7 @@ class Entries(NamedTuple):
 @torch.no_grad()
 def check(
     model: nn.Module,
-    splits: tuple[Dataset, Dataset],
+    splits: DataSplits,
     layout: BatchLayout,
     loss_fn: LossFn,
     num_classes: int | None,
@@ -205,7 +215,7 @@ def check(
     model.eval()
     warnings: list[str] = []
     for split, dataset in zip(("training", "validation"), splits, strict=True):
-        inputs, targets = layout.split(_batch(dataset, split, names.data))
+        inputs, targets = layout.split(_batch(dataset, split, names.data, splits.collate_fn))
         check_labels(targets, names.data)
         output = _run_model(model, inputs, split, names.model)
         logits = _logits(output, targets, names.model)

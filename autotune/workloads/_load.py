@@ -144,7 +144,7 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None) -> Workload:
             f"model '{spec.model}' returned {type(model).__name__}, not a torch.nn.Module"
         )
     names = Entries(model=spec.model, data=spec.data, loss=spec.loss)
-    warnings = check(model, (splits.train, splits.val), layout, loss_fn, num_classes, names)
+    warnings = check(model, splits, layout, loss_fn, num_classes, names)
     del model
     return Workload(
         name=f"{spec.model} on {spec.data}",
@@ -157,6 +157,7 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None) -> Workload:
         warnings=warnings,
         layout=layout,
         loss_fn=loss_fn,
+        collate_fn=splits.collate_fn,
     )
 
 

@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils.data import Dataset, default_collate
 
 from autotune.errors import UserError
+from autotune.pipeline import Collate
 from autotune.spec import WorkloadSpec
 from autotune.workloads.batches import BatchLayout, ModelInputs, count_tokens
 from autotune.workloads.scoring import LossFn, cross_entropy_loss
@@ -41,6 +42,7 @@ class DataSplits:
     train: Dataset
     val: Dataset
     num_classes: int | None = None  # inferred from the data when left out
+    collate_fn: Collate | None = None  # how samples become a batch (DataLoader's collate_fn)
 
     def __iter__(self) -> Iterator[Dataset]:
         """Unpacks like the (train, val) pair a data function may return instead."""
@@ -60,6 +62,7 @@ class Workload:
     model_kwargs: dict[str, Any] = field(default_factory=dict)  # what model_fn passes on
     warnings: tuple[str, ...] = ()  # what the check before the study found doubtful, one line each
     layout: BatchLayout = field(default_factory=BatchLayout)  # where inputs and target are
+    collate_fn: Collate | None = None  # the data function's, if it gave one
     loss_fn: LossFn = cross_entropy_loss  # (model output, target) -> loss
 
     def build_model(self) -> nn.Module:
@@ -75,8 +78,9 @@ class Workload:
         """The first ``size`` training samples as one batch, split into the model's inputs and
         the target; torch's random state is left as it was (augmentations draw from it)."""
         count = min(size, len(self.train_set))  # type: ignore[arg-type]  # map-style: sized
+        collate = self.collate_fn or default_collate
         with torch.random.fork_rng(devices=[]):
-            batch = default_collate([self.train_set[index] for index in range(count)])
+            batch = collate([self.train_set[index] for index in range(count)])
         return self.layout.split(batch)
 
 
