@@ -10,6 +10,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune._version import __version__
 from autotune.study import StudyRecord, answer_trial
 from autotune.testing import import_blocker, run_cli, write_space
 
@@ -188,3 +189,15 @@ def test_stored_names_and_values_are_shown_as_text(seen, tmp_path: Path):
     assert listed.returncode == 0, listed.stderr
     assert name in listed.stdout and "acc [/m] :fire:" in listed.stdout
     assert "\N{FIRE}" not in listed.stdout
+
+
+def test_help_shows_flags_as_flags_and_version(tmp_path: Path):
+    """Typer showed ``--new-study <bool>``: ``--new-study true`` looked right and was refused."""
+    for args in (("--help",), ("run", "--help"), ("export", "--help"), ("best", "--help")):
+        shown = run_cli(*args, cwd=tmp_path, env={"COLUMNS": "80"})
+        assert shown.returncode == 0, shown.stderr
+        assert "<bool>" not in shown.stdout, shown.stdout
+    assert "--new-study " in run_cli("run", "--help", cwd=tmp_path).stdout
+    version = run_cli("--version", cwd=tmp_path)
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip() == f"autotune {__version__}"

@@ -14,10 +14,12 @@ from rich.text import Text
 
 from autotune.cli._common import (
     EXIT_FAILED,
+    Command,
     app,
     console,
     errors,
     fail,
+    flag,
     open_for_reading,
     quiet_libraries,
 )
@@ -26,14 +28,14 @@ from autotune.files import write_new_file
 from autotune.spec import DEFAULT_STORAGE
 
 
-@app.command()
+@app.command(cls=Command)
 def best(
     study_name: Annotated[str, typer.Option("--study", help="Study name.")],
     storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
     trial: Annotated[
         int | None, typer.Option(help="Show this trial instead of the best feasible one.")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+    as_json: Annotated[bool, flag("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Print the best feasible trial of a study: its full configuration and metrics."""
     from autotune import display, export, workloads
@@ -70,7 +72,7 @@ def best(
         console.print(studies.password_note(storage), markup=False)
 
 
-@app.command("export")
+@app.command("export", cls=Command)
 def export_command(
     study_name: Annotated[str, typer.Option("--study", help="Study name.")],
     output: Annotated[
@@ -84,10 +86,10 @@ def export_command(
     trial: Annotated[
         int | None, typer.Option(help="Export this trial instead of the best feasible one.")
     ] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
+    force: Annotated[bool, flag("--force", help="Replace an existing file.")] = False,
     rebuild_workload: Annotated[
         bool,
-        typer.Option(
+        flag(
             "--rebuild-workload",
             help="Let the export import and run the study's model and data code (for studies "
             "that did not record what the script needs). Only for studies you trust.",
@@ -163,14 +165,14 @@ def _attach(study: Any, output: Path, storage: str) -> None:
         )
 
 
-@app.command("report")
+@app.command("report", cls=Command)
 def report_command(
     study_name: Annotated[str, typer.Option("--study", help="Study name.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path(
         "report.html"
     ),
     storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
+    force: Annotated[bool, flag("--force", help="Replace an existing file.")] = False,
 ) -> None:
     """Write a self-contained HTML report of a study (opens offline)."""
     from autotune import report
@@ -188,7 +190,7 @@ def report_command(
     )
 
 
-@app.command()
+@app.command(cls=Command)
 def dashboard(
     storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8080,
@@ -217,7 +219,7 @@ def dashboard(
         raise typer.Exit(0) from None
 
 
-@app.command("studies")
+@app.command("studies", cls=Command)
 def list_studies(
     storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
 ) -> None:

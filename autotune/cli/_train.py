@@ -15,9 +15,11 @@ from autotune.cli._common import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
     EXIT_USAGE,
+    Command,
     app,
     console,
     fail,
+    flag,
     quiet_libraries,
     raise_terminated,
 )
@@ -25,7 +27,7 @@ from autotune.errors import UserError
 from autotune.spec import DEFAULT_STORAGE, load_spec
 
 
-@app.command()
+@app.command(cls=Command)
 def run(
     space_file: Annotated[
         Path, typer.Argument(help="The space file (YAML) describing the study.")
@@ -61,11 +63,9 @@ def run(
     ] = None,
     new_study: Annotated[
         bool,
-        typer.Option(
-            "--new-study", help="If the study exists with a different search, start a new one."
-        ),
+        flag("--new-study", help="If the study exists with a different search, start a new one."),
     ] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show Optuna's logs.")] = False,
+    verbose: Annotated[bool, flag("--verbose", "-v", help="Show Optuna's logs.")] = False,
 ) -> None:
     """Run (or resume) the study a space file describes and print the best configuration."""
     try:
@@ -216,7 +216,7 @@ def _confirm(study: Any, spec: Any, executor: Any, top: int, repeats: int) -> bo
     return True
 
 
-@app.command()
+@app.command(cls=Command)
 def confirm(
     study_name: Annotated[str, typer.Option("--study", help="Study name.")],
     storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
