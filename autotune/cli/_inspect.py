@@ -65,9 +65,8 @@ def best(
     if imported:
         console.print(f"  its workload is your code: {', '.join(imported)}", markup=False)
     where = display.study_options(study_name, storage)
-    console.print(
-        f"\nExport it:  [bold]{display.command('autotune', 'export', *where, '-o', 'train.py')}[/]"
-    )
+    console.print()
+    display.print_command(console, "Export it:", "autotune", "export", *where, "-o", "train.py")
     if studies.password_note(storage):
         console.print(studies.password_note(storage), markup=False)
 
@@ -226,6 +225,7 @@ def list_studies(
     """List the studies in a storage with their trial counts and best values."""
     import optuna
     from optuna.trial import TrialState
+    from rich import box
     from rich.table import Table
 
     from autotune import display
@@ -238,24 +238,28 @@ def list_studies(
     if not summaries:
         console.print(f"No studies in {shown}.", markup=False)
         return
-    table = Table(title=Text(f"Studies in {shown}"), title_justify="left")
-    table.add_column("study", no_wrap=True)
-    table.add_column("metric", no_wrap=True)
-    for column in ("complete", "pruned", "failed", "running", "best", "trial"):
-        table.add_column(column, justify="right")
+    display.print_item(console, "Studies in", shown, copy=True)
+    # no vertical rules and the unit beside the best value: the table fits 80 columns
+    table = Table(box=box.SIMPLE_HEAD)
+    table.add_column("study", overflow="fold")
+    for column in ("complete", "pruned", "failed", "running"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("best", justify="right", no_wrap=True)
+    table.add_column("trial", justify="right", no_wrap=True)
     for summary in sorted(summaries, key=lambda s: s.study_name):
         study = optuna.load_study(study_name=summary.study_name, storage=backend)
         trials = study.get_trials(deepcopy=False)
         count = {state: sum(1 for t in trials if t.state == state) for state in TrialState}
         top = studies.answer_trial(study)
+        metric = studies.StudyRecord.of(study).metric or "-"
+        unit = display.METRIC_UNITS.get(metric, metric)
         table.add_row(
-            Text(summary.study_name),
-            Text(studies.StudyRecord.of(study).metric or "-"),  # stored values are data
+            Text(summary.study_name),  # stored values are data, never markup
             str(count[TrialState.COMPLETE]),
             str(count[TrialState.PRUNED]),
             str(count[TrialState.FAIL]),
             str(count[TrialState.RUNNING]),
-            Text(display.fmt(top.value) if top else "-"),
+            Text(f"{display.fmt(top.value)} {unit}" if top else f"- {unit}"),
             str(top.number) if top else "-",
         )
     console.print(table)

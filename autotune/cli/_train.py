@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
+from rich.text import Text
 
 from autotune.cli._common import (
     EXIT_FAILED,
@@ -129,7 +130,8 @@ def run(
             live.update(progress)
         console.print()  # ends the progress line (piped output has no cursor to move)
         if outcome.stopped_reason:
-            console.print(f"[yellow]Stopped:[/] {escape(outcome.stopped_reason)}.")
+            stopped = "" if outcome.trials_run == 0 else "Stopped: "
+            console.print(Text(f"{stopped}{outcome.stopped_reason}.", style="yellow"))
         finished = studies.counted_trials(study) >= spec.study.n_trials
         plan = spec.study.confirm
         if plan.enabled and finished and not outcome.interrupted and not outcome.repeated_error:

@@ -6,7 +6,10 @@ import shlex
 from typing import Any
 
 from optuna.trial import FrozenTrial
+from rich.console import Console
 from rich.markup import escape
+from rich.padding import Padding
+from rich.text import Text
 
 from autotune import study as studies
 from autotune.spec import DEFAULT_STORAGE
@@ -54,6 +57,26 @@ def command(*words: str) -> str:
     return escape(shlex.join(words))
 
 
+def print_item(console: Console, label: str, value: str, *, copy: bool = False) -> None:
+    """``label value`` on one line where it fits the console; else the label, then the value on
+    lines of its own, indented: wrapped between words, or, to ``copy`` (a command, a URL),
+    never broken by a newline (the terminal wraps it; a copy of it stays whole)."""
+    line = Text.assemble((label, "bold"), " ", value)  # Text: the value is data, never markup
+    if line.cell_len <= console.width:
+        console.print(line, soft_wrap=True, highlight=False)
+    elif copy:
+        console.print(Text(label, style="bold"))
+        console.print(Text(f"  {value}"), soft_wrap=True, highlight=False)
+    else:
+        console.print(Text(label, style="bold"))
+        console.print(Padding(Text(value), (0, 0, 0, 2)), highlight=False)
+
+
+def print_command(console: Console, label: str, *words: str) -> None:
+    """A command for the user to copy, after its label; never broken (see ``print_item``)."""
+    print_item(console, label, shlex.join(words), copy=True)
+
+
 def study_options(study_name: str, storage: str) -> list[str]:
     """``--study NAME`` and ``--storage URL`` (password ``***``) unless it is the default."""
     shown = studies.display_url(storage)
@@ -67,5 +90,12 @@ def si(value: float) -> str:
     return f"{value:.0f}"
 
 
+# the knobs that change speed the most, shown first where a line has room for only some
+FIRST_KNOBS = ("precision", "data_pipeline", "compile", "batch_size", "lr")
+
+
 def params(trial: FrozenTrial) -> str:
-    return " ".join(f"{k}={fmt(v)}" for k, v in trial.params.items())
+    """A trial's searched knobs as ``name=value``, those of FIRST_KNOBS first."""
+    first = [name for name in FIRST_KNOBS if name in trial.params]
+    rest = [name for name in trial.params if name not in FIRST_KNOBS]
+    return " ".join(f"{name}={fmt(trial.params[name])}" for name in [*first, *rest])
