@@ -194,14 +194,16 @@ def dashboard(
     storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8080,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    verbose: Annotated[bool, flag("--verbose", "-v", help="Log every HTTP request.")] = False,
 ) -> None:
     """Open the studies in optuna-dashboard, with autotune's notes and artifacts."""
+    import bottle
     import optuna_dashboard
     from optuna.artifacts import FileSystemArtifactStore
 
     from autotune import notes
 
-    quiet_libraries(verbose=False)
+    quiet_libraries(verbose)
     # read-only (notes are edited with `optuna-dashboard URL` itself); no artifact folder made
     backend = open_for_reading(storage, follow_writers=True)
     artifacts = notes.artifact_dir(storage)
@@ -211,7 +213,9 @@ def dashboard(
         f"read-only)"
     )
     try:
-        optuna_dashboard.run_server(backend, host=host, port=port, artifact_store=store)
+        # optuna_dashboard.run_server, but quiet: no line per HTTP request unless --verbose
+        app = optuna_dashboard.wsgi(backend, artifact_store=store)
+        bottle.run(app, host=host, port=port, quiet=not verbose)
     except OSError as err:  # the port is taken, say
         raise fail(f"cannot serve on {host}:{port}: {err.strerror or err}", EXIT_FAILED) from None
     except KeyboardInterrupt:
