@@ -201,3 +201,31 @@ def test_help_shows_flags_as_flags_and_version(tmp_path: Path):
     version = run_cli("--version", cwd=tmp_path)
     assert version.returncode == 0, version.stderr
     assert version.stdout.strip() == f"autotune {__version__}"
+
+
+def test_best_says_what_its_seconds_are_and_the_speedup_over_the_baseline(seen, tmp_path: Path):
+    import dataclasses
+
+    from autotune import notes
+
+    study, url = seen
+    summary = notes.summarize(study)  # the ratios the note states, for a trial not the baseline
+    assert summary.baseline is not None
+    trial = next(t for t in summary.feasible if t.number != summary.baseline.number)
+    value = dataclasses.replace(summary, best=trial).ratio("value", summary.baseline)
+    speed = dataclasses.replace(summary, best=trial).ratio("samples_per_second", summary.baseline)
+    assert value is not None and speed is not None
+    shown = run_cli(
+        "best", "--study", "seen", "--storage", url, "--trial", str(trial.number),
+        cwd=tmp_path, env={"COLUMNS": "80"},
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    lines = [line.strip() for line in shown.stdout.splitlines()]
+    assert any(line.startswith("train_seconds:") and "overhead_seconds included" in line
+               for line in lines), lines  # fmt: skip
+    said = " ".join(shown.stdout.split())
+    assert (
+        f"{value:.2f}x the accuracy_per_second and {speed:.2f}x the samples/s of the untuned "
+        f"baseline (trial {summary.baseline.number})"
+    ) in said
+    assert f"autotune export --study seen --storage {url} -o train.py" in lines  # whole

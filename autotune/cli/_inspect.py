@@ -57,8 +57,12 @@ def best(
         f"[bold green]{display.fmt(result.value)}[/] {unit}"
     )
     console.print(f"  {result.confirmation_text()}", markup=False)
+    if not (result.confirmation or {}).get("speedup"):  # the confirmed speed-up is said above
+        _against_baseline(found, chosen)
     for key, value in result.metrics.items():
-        console.print(f"  {key}: {display.fmt_metric(key, value)}", markup=False)
+        note = display.METRIC_NOTES.get(key)
+        shown = f"  {key}: {display.fmt_metric(key, value)}" + (f"  ({note})" if note else "")
+        console.print(shown, markup=False)
     console.print(display.config_table(chosen))
     spec = export.study_spec(found)
     imported = workloads.user_entry_points(spec.workload) if spec is not None else []
@@ -69,6 +73,22 @@ def best(
     display.print_command(console, "Export it:", "autotune", "export", *where, "-o", "train.py")
     if studies.password_note(storage):
         console.print(studies.password_note(storage), markup=False)
+
+
+def _against_baseline(study: Any, chosen: Any) -> None:
+    """The trial against the untuned baseline, one measurement each: the note's ratios."""
+    import dataclasses
+
+    from rich.padding import Padding
+
+    from autotune import notes
+
+    summary = dataclasses.replace(notes.summarize(study), best=chosen)
+    for label, other, speed, value in summary.comparisons()[:1]:
+        if other is summary.baseline:
+            ratio = f"{value:.2f}x the {summary.metric} and " if value else ""
+            said = f"{ratio}{speed:.2f}x the samples/s of {label} (trial {other.number}), "
+            console.print(Padding(Text(said + "one measurement each"), (0, 0, 0, 2)))
 
 
 @app.command("export", cls=Command)

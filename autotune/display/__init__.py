@@ -4,6 +4,7 @@ and how values and commands are written (``_text``)."""
 from autotune.display._live import LiveObserver, confirmation_progress, live_progress
 from autotune.display._tables import config_table, print_confirmation, print_plan, print_summary
 from autotune.display._text import (
+    METRIC_NOTES,
     METRIC_UNITS,
     command,
     fmt,
@@ -14,6 +15,7 @@ from autotune.display._text import (
 )
 
 __all__ = [
+    "METRIC_NOTES",
     "METRIC_UNITS",
     "LiveObserver",
     "command",

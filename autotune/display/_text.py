@@ -44,6 +44,14 @@ _METRIC_FORMATS: dict[str, Any] = {
 }
 
 
+# what `autotune best` says beside a measurement whose name alone misleads
+METRIC_NOTES = {
+    "charged_seconds": "the seconds the value is based on",
+    "train_seconds": "training time, overhead_seconds included",
+    "overhead_seconds": "one-time costs: compile, warm-up, worker start",
+}
+
+
 def fmt_metric(key: str, value: Any) -> str:
     """A trial measurement in its unit (seconds, GFLOP/s, %, MiB) where it has one."""
     if isinstance(value, int | float) and not isinstance(value, bool) and key in _METRIC_FORMATS:
