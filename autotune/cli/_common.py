@@ -38,6 +38,14 @@ def flag(*names: str, help: str) -> Any:
     return typer.Option(*names, metavar="", help=help)
 
 
+STORAGE_ENV = "AUTOTUNE_STORAGE"  # the default of every command's --storage
+
+
+def storage_option() -> Any:
+    """``--storage URL``, by default $AUTOTUNE_STORAGE, else the SQLite file under studies/."""
+    return typer.Option(envvar=STORAGE_ENV, help="Optuna storage URL.")
+
+
 app = typer.Typer(
     cls=Group,
     add_completion=False,

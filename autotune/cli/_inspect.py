@@ -22,6 +22,7 @@ from autotune.cli._common import (
     flag,
     open_for_reading,
     quiet_libraries,
+    storage_option,
 )
 from autotune.errors import UserError
 from autotune.files import write_new_file
@@ -31,7 +32,7 @@ from autotune.spec import DEFAULT_STORAGE
 @app.command(cls=Command)
 def best(
     study_name: Annotated[str, typer.Option("--study", help="Study name.")],
-    storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
+    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
     trial: Annotated[
         int | None, typer.Option(help="Show this trial instead of the best feasible one.")
     ] = None,
@@ -101,7 +102,7 @@ def export_command(
     fmt: Annotated[
         str, typer.Option("--format", help="script (a training script), yaml or json.")
     ] = "script",
-    storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
+    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
     trial: Annotated[
         int | None, typer.Option(help="Export this trial instead of the best feasible one.")
     ] = None,
@@ -190,7 +191,7 @@ def report_command(
     output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path(
         "report.html"
     ),
-    storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
+    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
     force: Annotated[bool, flag("--force", help="Replace an existing file.")] = False,
 ) -> None:
     """Write a self-contained HTML report of a study (opens offline)."""
@@ -211,7 +212,7 @@ def report_command(
 
 @app.command(cls=Command)
 def dashboard(
-    storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
+    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8080,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     verbose: Annotated[bool, flag("--verbose", "-v", help="Log every HTTP request.")] = False,
@@ -244,7 +245,7 @@ def dashboard(
 
 @app.command("studies", cls=Command)
 def list_studies(
-    storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
+    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
 ) -> None:
     """List the studies in a storage with their trial counts and best values."""
     import optuna

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,6 +17,7 @@ from autotune.cli._common import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
     EXIT_USAGE,
+    STORAGE_ENV,
     Command,
     app,
     console,
@@ -23,9 +25,10 @@ from autotune.cli._common import (
     flag,
     quiet_libraries,
     raise_terminated,
+    storage_option,
 )
 from autotune.errors import UserError
-from autotune.spec import DEFAULT_STORAGE, load_spec
+from autotune.spec import DEFAULT_STORAGE, Spec, load_spec
 
 
 @app.command(cls=Command)
@@ -46,7 +49,10 @@ def run(
     ] = None,
     storage: Annotated[
         str | None,
-        typer.Option(help=f"Optuna storage URL. Default: study.storage or {DEFAULT_STORAGE}."),
+        typer.Option(
+            help=f"Optuna storage URL. Default: study.storage, else ${STORAGE_ENV}, else "
+            f"{DEFAULT_STORAGE}."
+        ),
     ] = None,
     study_name: Annotated[
         str | None, typer.Option(help="Study name. Default: study.name or the file's stem.")
@@ -70,7 +76,9 @@ def run(
 ) -> None:
     """Run (or resume) the study a space file describes and print the best configuration."""
     try:
-        spec = load_spec(space_file).with_overrides(
+        spec = load_spec(space_file)
+        storage = storage or environment_storage(spec)
+        spec = spec.with_overrides(
             study={
                 "n_trials": n_trials,
                 "timeout": timeout,
@@ -182,6 +190,14 @@ def run(
         )
 
 
+def environment_storage(spec: Spec) -> str | None:
+    """$AUTOTUNE_STORAGE, unless the space file names its storage (an explicit study.storage
+    comes before an environment's default)."""
+    if "storage" in spec.study.model_fields_set:
+        return None
+    return os.environ.get(STORAGE_ENV) or None
+
+
 def _storage_failure(err: Exception, storage: str, code: int = EXIT_USAGE) -> typer.Exit:
     """A storage fault (a full disk, a read-only or damaged database) as one line and exit
     ``code``; anything else is a bug and is raised again with its traceback."""
@@ -221,7 +237,7 @@ def _confirm(study: Any, spec: Any, executor: Any, top: int, repeats: int) -> bo
 @app.command(cls=Command)
 def confirm(
     study_name: Annotated[str, typer.Option("--study", help="Study name.")],
-    storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
+    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
     top: Annotated[
         int | None,
         typer.Option(min=1, help="Confirm this many leaders. Default: study.confirm.top."),
