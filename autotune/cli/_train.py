@@ -217,7 +217,7 @@ def _confirm(study: Any, spec: Any, executor: Any, top: int, repeats: int) -> bo
     plan = studies.confirmation_plan(study, top, repeats)
     if plan is None:
         return False
-    todo = len(plan.candidates) * repeats - sum(1 for run in plan.runs if run.repeat > 0)
+    todo = plan.runs_left()  # runs measured again count once: never "-8 runs"
     if todo:
         console.print(
             f"Confirming the {len(plan.candidates) - (plan.baseline is not None)} best "
