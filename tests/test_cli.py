@@ -10,6 +10,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune._version import __version__
 from autotune.study import StudyRecord, answer_trial
 from autotune.testing import import_blocker, run_cli, write_space
 
@@ -97,9 +98,13 @@ def test_user_errors_are_one_line_exit_2_and_create_nothing(tmp_path: Path, text
 def test_missing_file_and_unknown_study(tmp_path: Path):
     missing = run_cli("run", "nope.yaml", cwd=tmp_path)
     assert missing.returncode == 2 and "nope.yaml: no such file" in missing.stderr
-    no_db = run_cli("best", "--study", "x", cwd=tmp_path)
-    assert no_db.returncode == 1 and "no study database at studies/autotune.db" in no_db.stderr
-    assert "Traceback" not in no_db.stderr
+    no_db = run_cli("best", "--study", "x", cwd=tmp_path, env={"COLUMNS": "80"})
+    looked = tmp_path.resolve() / "studies" / "autotune.db"  # where, from wherever it runs
+    assert no_db.returncode == 1 and "Traceback" not in no_db.stderr
+    assert no_db.stderr.splitlines() == [
+        f"error: no study database at {looked}; name the storage with --storage URL (or set "
+        "AUTOTUNE_STORAGE)"
+    ]  # one line at 80 columns, never wrapped
     assert not (tmp_path / "studies").exists()
 
 
@@ -188,3 +193,71 @@ def test_stored_names_and_values_are_shown_as_text(seen, tmp_path: Path):
     assert listed.returncode == 0, listed.stderr
     assert name in listed.stdout and "acc [/m] :fire:" in listed.stdout
     assert "\N{FIRE}" not in listed.stdout
+
+
+def test_help_shows_flags_as_flags_and_version(tmp_path: Path):
+    """Typer showed ``--new-study <bool>``: ``--new-study true`` looked right and was refused."""
+    for args in (("--help",), ("run", "--help"), ("export", "--help"), ("best", "--help")):
+        shown = run_cli(*args, cwd=tmp_path, env={"COLUMNS": "80"})
+        assert shown.returncode == 0, shown.stderr
+        assert "<bool>" not in shown.stdout, shown.stdout
+    assert "--new-study " in run_cli("run", "--help", cwd=tmp_path).stdout
+    version = run_cli("--version", cwd=tmp_path)
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip() == f"autotune {__version__}"
+
+
+def test_autotune_storage_is_every_commands_default_storage(seen, tmp_path: Path):
+    """The default storage is relative to the current folder; AUTOTUNE_STORAGE names one for
+    every command run from anywhere."""
+    _, url = seen
+    env = {"AUTOTUNE_STORAGE": url}
+    best = run_cli("best", "--study", "seen", "--json", cwd=tmp_path, env=env)
+    assert best.returncode == 0, best.stderr
+    assert json.loads(best.stdout)["trial"] is not None
+    listed = run_cli("studies", cwd=tmp_path, env=env)
+    assert listed.returncode == 0 and "seen" in listed.stdout, listed.stderr
+    assert "AUTOTUNE_STORAGE" in run_cli("best", "--help", cwd=tmp_path).stdout
+
+
+def test_run_takes_autotune_storage_unless_the_space_file_names_one(tmp_path: Path, monkeypatch):
+    from autotune.cli._train import environment_storage
+    from autotune.spec import parse_spec
+
+    monkeypatch.setenv("AUTOTUNE_STORAGE", "sqlite:////elsewhere/a.db")
+    plain = parse_spec("workload: {model: digits_cnn, data: digits}\n")
+    assert environment_storage(plain) == "sqlite:////elsewhere/a.db"
+    named = parse_spec(
+        "study: {storage: 'sqlite:///mine.db'}\nworkload: {model: digits_cnn, data: digits}\n"
+    )
+    assert environment_storage(named) is None
+    monkeypatch.delenv("AUTOTUNE_STORAGE")
+    assert environment_storage(plain) is None
+
+
+def test_best_says_what_its_seconds_are_and_the_speedup_over_the_baseline(seen, tmp_path: Path):
+    import dataclasses
+
+    from autotune import notes
+
+    study, url = seen
+    summary = notes.summarize(study)  # the ratios the note states, for a trial not the baseline
+    assert summary.baseline is not None
+    trial = next(t for t in summary.feasible if t.number != summary.baseline.number)
+    value = dataclasses.replace(summary, best=trial).ratio("value", summary.baseline)
+    speed = dataclasses.replace(summary, best=trial).ratio("samples_per_second", summary.baseline)
+    assert value is not None and speed is not None
+    shown = run_cli(
+        "best", "--study", "seen", "--storage", url, "--trial", str(trial.number),
+        cwd=tmp_path, env={"COLUMNS": "80"},
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    lines = [line.strip() for line in shown.stdout.splitlines()]
+    assert any(line.startswith("train_seconds:") and "overhead_seconds included" in line
+               for line in lines), lines  # fmt: skip
+    said = " ".join(shown.stdout.split())
+    assert (
+        f"{value:.2f}x the accuracy_per_second and {speed:.2f}x the samples/s of the untuned "
+        f"baseline (trial {summary.baseline.number})"
+    ) in said
+    assert f"autotune export --study seen --storage {url} -o train.py" in lines  # whole

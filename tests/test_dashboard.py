@@ -118,3 +118,23 @@ def test_the_dashboard_shows_the_study_its_trials_and_the_note(seen, browser_pat
             browser.quit()
         server.terminate()
         server.communicate(timeout=30)
+
+
+def test_the_dashboard_logs_no_line_per_request(seen, tmp_path):
+    """optuna-dashboard's server wrote a line per HTTP request to the terminal; --verbose only."""
+    import urllib.request
+
+    from autotune.testing import start_cli
+
+    _, url = seen
+    port = _free_port()
+    server = start_cli("dashboard", "--storage", url, "--port", str(port), cwd=tmp_path)
+    try:
+        _wait_for_port(port, server)
+        for path in ("/dashboard", "/api/studies"):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as page:
+                assert page.status == 200
+    finally:
+        server.terminate()
+        out, err = server.communicate(timeout=30)
+    assert "GET /" not in out + err and "HTTP/1.1" not in out + err, out + err

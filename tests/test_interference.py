@@ -168,6 +168,15 @@ space:
 
 
 @pytest.mark.slow
+def test_runs_left_count_a_run_measured_again_once():
+    """A round whose runs were measured again said "Confirming ...: -8 runs" when resumed."""
+    runs = (_run(1, 0, 3.0), _run(1, 1, 3.1, other=0.7), _run(1, 1, 3.0), _run(0, 1, 1.0))
+    record = ConfirmationRecord(1, 2, True, (1, 0), 0, runs)
+    assert record.runs_left() == 2  # (1, 2) and (0, 2)
+    again = (*runs, _run(1, 2, 3.0), _run(0, 2, 1.0, other=0.7), _run(0, 2, 1.0))
+    assert dataclasses.replace(record, runs=again).runs_left() == 0
+
+
 def test_the_confirmation_round_measures_a_flagged_run_again(tmp_path: Path):
     spec = restrict(parse_spec(SPACE, tmp_path / "space.yaml"), CPU).spec
     workload = load(spec.workload)

@@ -100,7 +100,9 @@ def test_missing_empty_foreign_and_damaged_files_are_one_line(study_copy: Path):
         file.seek(4096)
         file.write(b"\xde\xad\xbe\xef" * 2048)
     cases = {
-        "missing.db": "no study database at studies/missing.db",
+        # where it looked, as an absolute path: a relative URL is read from the current folder
+        "missing.db": f"no study database at {(folder / 'missing.db').resolve()}; name the "
+        "storage with --storage URL (or set AUTOTUNE_STORAGE)",
         "empty.db": "studies/empty.db is not an autotune study database",
         "foreign.db": "studies/foreign.db is not an autotune study database",
         "damaged.db": "cannot read studies/damaged.db: the database file is damaged",

@@ -112,7 +112,8 @@ def test_n_trials_is_the_study_total_and_a_rerun_resumes(tmp_path: Path, prepare
 
     study, _, outcome, _ = prepare_study(tiny_spec(n_trials=4), tmp_path)
     assert outcome.trials_run == 0
-    assert "already has 4 of its 4 trials" in outcome.stopped_reason
+    assert outcome.stopped_reason.startswith("nothing to run: the study already has 4 trials;")
+    assert "--n-trials (study.n_trials, now 4) is the study's total" in outcome.stopped_reason
 
 
 def test_an_edited_space_is_refused_with_a_diff(tmp_path: Path, prepare_study):

@@ -4,15 +4,50 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.text import Text
+from typer.core import TyperCommand, TyperGroup
 
 from autotune.errors import UserError
 
+
+class _PlainHelp:
+    """Typer shows every boolean option as ``--help <bool>``: its own --help is shown as the
+    plain flag it is (our flags say so with ``flag``)."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class Group(_PlainHelp, TyperGroup):
+    """The ``autotune`` group: a plain ``--help``."""
+
+
+class Command(_PlainHelp, TyperCommand):
+    """Each command: a plain ``--help``."""
+
+
+def flag(*names: str, help: str) -> Any:
+    """A boolean option that takes no value, shown in --help as ``--name`` with no type."""
+    return typer.Option(*names, metavar="", help=help)
+
+
+STORAGE_ENV = "AUTOTUNE_STORAGE"  # the default of every command's --storage
+
+
+def storage_option() -> Any:
+    """``--storage URL``, by default $AUTOTUNE_STORAGE, else the SQLite file under studies/."""
+    return typer.Option(envvar=STORAGE_ENV, help="Optuna storage URL.")
+
+
 app = typer.Typer(
+    cls=Group,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,  # a bug gets a plain traceback; user errors get one line
@@ -21,6 +56,27 @@ app = typer.Typer(
 # emoji=False: a name or value with ":fire:" in it is shown as it is, not as an emoji
 console = Console(emoji=False)
 errors = Console(stderr=True, soft_wrap=True, emoji=False)  # one line at any width
+
+
+def _version(shown: bool) -> None:
+    if shown:
+        from autotune._version import __version__
+
+        console.print(f"autotune {__version__}", markup=False, highlight=False)
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", metavar="", callback=_version, is_eager=True, help="Print the version."
+        ),
+    ] = False,
+) -> None:
+    """Find the PyTorch training configuration with the most accuracy per second."""
+
 
 EXIT_USAGE = 2  # the user must change a file or an argument
 EXIT_FAILED = 1  # the command ran but could not do its job

@@ -14,26 +14,29 @@ from rich.text import Text
 
 from autotune.cli._common import (
     EXIT_FAILED,
+    Command,
     app,
     console,
     errors,
     fail,
+    flag,
     open_for_reading,
     quiet_libraries,
+    storage_option,
 )
 from autotune.errors import UserError
 from autotune.files import write_new_file
 from autotune.spec import DEFAULT_STORAGE
 
 
-@app.command()
+@app.command(cls=Command)
 def best(
     study_name: Annotated[str, typer.Option("--study", help="Study name.")],
-    storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
+    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
     trial: Annotated[
         int | None, typer.Option(help="Show this trial instead of the best feasible one.")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+    as_json: Annotated[bool, flag("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Print the best feasible trial of a study: its full configuration and metrics."""
     from autotune import display, export, workloads
@@ -55,22 +58,41 @@ def best(
         f"[bold green]{display.fmt(result.value)}[/] {unit}"
     )
     console.print(f"  {result.confirmation_text()}", markup=False)
+    if not (result.confirmation or {}).get("speedup"):  # the confirmed speed-up is said above
+        _against_baseline(found, chosen)
     for key, value in result.metrics.items():
-        console.print(f"  {key}: {display.fmt_metric(key, value)}", markup=False)
+        note = display.METRIC_NOTES.get(key)
+        shown = f"  {key}: {display.fmt_metric(key, value)}" + (f"  ({note})" if note else "")
+        console.print(shown, markup=False)
     console.print(display.config_table(chosen))
     spec = export.study_spec(found)
     imported = workloads.user_entry_points(spec.workload) if spec is not None else []
     if imported:
         console.print(f"  its workload is your code: {', '.join(imported)}", markup=False)
     where = display.study_options(study_name, storage)
-    console.print(
-        f"\nExport it:  [bold]{display.command('autotune', 'export', *where, '-o', 'train.py')}[/]"
-    )
+    console.print()
+    display.print_command(console, "Export it:", "autotune", "export", *where, "-o", "train.py")
     if studies.password_note(storage):
         console.print(studies.password_note(storage), markup=False)
 
 
-@app.command("export")
+def _against_baseline(study: Any, chosen: Any) -> None:
+    """The trial against the untuned baseline, one measurement each: the note's ratios."""
+    import dataclasses
+
+    from rich.padding import Padding
+
+    from autotune import notes
+
+    summary = dataclasses.replace(notes.summarize(study), best=chosen)
+    for label, other, speed, value in summary.comparisons()[:1]:
+        if other is summary.baseline:
+            ratio = f"{value:.2f}x the {summary.metric} and " if value else ""
+            said = f"{ratio}{speed:.2f}x the samples/s of {label} (trial {other.number}), "
+            console.print(Padding(Text(said + "one measurement each"), (0, 0, 0, 2)))
+
+
+@app.command("export", cls=Command)
 def export_command(
     study_name: Annotated[str, typer.Option("--study", help="Study name.")],
     output: Annotated[
@@ -85,14 +107,14 @@ def export_command(
             "optimizer settings) or hf (Hugging Face TrainingArguments).",
         ),
     ] = "script",
-    storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
+    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
     trial: Annotated[
         int | None, typer.Option(help="Export this trial instead of the best feasible one.")
     ] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
+    force: Annotated[bool, flag("--force", help="Replace an existing file.")] = False,
     rebuild_workload: Annotated[
         bool,
-        typer.Option(
+        flag(
             "--rebuild-workload",
             help="Let the export import and run the study's model and data code (for studies "
             "that did not record what the script needs). Only for studies you trust.",
@@ -184,14 +206,14 @@ def _attach(study: Any, output: Path, storage: str) -> None:
         )
 
 
-@app.command("report")
+@app.command("report", cls=Command)
 def report_command(
     study_name: Annotated[str, typer.Option("--study", help="Study name.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path(
         "report.html"
     ),
-    storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
+    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
+    force: Annotated[bool, flag("--force", help="Replace an existing file.")] = False,
 ) -> None:
     """Write a self-contained HTML report of a study (opens offline)."""
     from autotune import report
@@ -209,19 +231,21 @@ def report_command(
     )
 
 
-@app.command()
+@app.command(cls=Command)
 def dashboard(
-    storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
+    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8080,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    verbose: Annotated[bool, flag("--verbose", "-v", help="Log every HTTP request.")] = False,
 ) -> None:
     """Open the studies in optuna-dashboard, with autotune's notes and artifacts."""
+    import bottle
     import optuna_dashboard
     from optuna.artifacts import FileSystemArtifactStore
 
     from autotune import notes
 
-    quiet_libraries(verbose=False)
+    quiet_libraries(verbose)
     # read-only (notes are edited with `optuna-dashboard URL` itself); no artifact folder made
     backend = open_for_reading(storage, follow_writers=True)
     artifacts = notes.artifact_dir(storage)
@@ -231,20 +255,23 @@ def dashboard(
         f"read-only)"
     )
     try:
-        optuna_dashboard.run_server(backend, host=host, port=port, artifact_store=store)
+        # optuna_dashboard.run_server, but quiet: no line per HTTP request unless --verbose
+        app = optuna_dashboard.wsgi(backend, artifact_store=store)
+        bottle.run(app, host=host, port=port, quiet=not verbose)
     except OSError as err:  # the port is taken, say
         raise fail(f"cannot serve on {host}:{port}: {err.strerror or err}", EXIT_FAILED) from None
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
 
 
-@app.command("studies")
+@app.command("studies", cls=Command)
 def list_studies(
-    storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
+    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
 ) -> None:
     """List the studies in a storage with their trial counts and best values."""
     import optuna
     from optuna.trial import TrialState
+    from rich import box
     from rich.table import Table
 
     from autotune import display
@@ -257,24 +284,28 @@ def list_studies(
     if not summaries:
         console.print(f"No studies in {shown}.", markup=False)
         return
-    table = Table(title=Text(f"Studies in {shown}"), title_justify="left")
-    table.add_column("study", no_wrap=True)
-    table.add_column("metric", no_wrap=True)
-    for column in ("complete", "pruned", "failed", "running", "best", "trial"):
-        table.add_column(column, justify="right")
+    display.print_item(console, "Studies in", shown, copy=True)
+    # no vertical rules and the unit beside the best value: the table fits 80 columns
+    table = Table(box=box.SIMPLE_HEAD)
+    table.add_column("study", overflow="fold")
+    for column in ("complete", "pruned", "failed", "running"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("best", justify="right", no_wrap=True)
+    table.add_column("trial", justify="right", no_wrap=True)
     for summary in sorted(summaries, key=lambda s: s.study_name):
         study = optuna.load_study(study_name=summary.study_name, storage=backend)
         trials = study.get_trials(deepcopy=False)
         count = {state: sum(1 for t in trials if t.state == state) for state in TrialState}
         top = studies.answer_trial(study)
+        metric = studies.StudyRecord.of(study).metric or "-"
+        unit = display.METRIC_UNITS.get(metric, metric)
         table.add_row(
-            Text(summary.study_name),
-            Text(studies.StudyRecord.of(study).metric or "-"),  # stored values are data
+            Text(summary.study_name),  # stored values are data, never markup
             str(count[TrialState.COMPLETE]),
             str(count[TrialState.PRUNED]),
             str(count[TrialState.FAIL]),
             str(count[TrialState.RUNNING]),
-            Text(display.fmt(top.value) if top else "-"),
+            Text(f"{display.fmt(top.value)} {unit}" if top else f"- {unit}"),
             str(top.number) if top else "-",
         )
     console.print(table)

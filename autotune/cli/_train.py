@@ -3,29 +3,35 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
+from rich.text import Text
 
 from autotune.cli._common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
     EXIT_USAGE,
+    STORAGE_ENV,
+    Command,
     app,
     console,
     fail,
+    flag,
     quiet_libraries,
     raise_terminated,
+    storage_option,
 )
 from autotune.errors import UserError
-from autotune.spec import DEFAULT_STORAGE, load_spec
+from autotune.spec import DEFAULT_STORAGE, Spec, load_spec
 
 
-@app.command()
+@app.command(cls=Command)
 def run(
     space_file: Annotated[
         Path, typer.Argument(help="The space file (YAML) describing the study.")
@@ -43,7 +49,10 @@ def run(
     ] = None,
     storage: Annotated[
         str | None,
-        typer.Option(help=f"Optuna storage URL. Default: study.storage or {DEFAULT_STORAGE}."),
+        typer.Option(
+            help=f"Optuna storage URL. Default: study.storage, else ${STORAGE_ENV}, else "
+            f"{DEFAULT_STORAGE}."
+        ),
     ] = None,
     study_name: Annotated[
         str | None, typer.Option(help="Study name. Default: study.name or the file's stem.")
@@ -61,15 +70,15 @@ def run(
     ] = None,
     new_study: Annotated[
         bool,
-        typer.Option(
-            "--new-study", help="If the study exists with a different search, start a new one."
-        ),
+        flag("--new-study", help="If the study exists with a different search, start a new one."),
     ] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show Optuna's logs.")] = False,
+    verbose: Annotated[bool, flag("--verbose", "-v", help="Show Optuna's logs.")] = False,
 ) -> None:
     """Run (or resume) the study a space file describes and print the best configuration."""
     try:
-        spec = load_spec(space_file).with_overrides(
+        spec = load_spec(space_file)
+        storage = storage or environment_storage(spec)
+        spec = spec.with_overrides(
             study={
                 "n_trials": n_trials,
                 "timeout": timeout,
@@ -129,7 +138,8 @@ def run(
             live.update(progress)
         console.print()  # ends the progress line (piped output has no cursor to move)
         if outcome.stopped_reason:
-            console.print(f"[yellow]Stopped:[/] {escape(outcome.stopped_reason)}.")
+            stopped = "" if outcome.trials_run == 0 else "Stopped: "
+            console.print(Text(f"{stopped}{outcome.stopped_reason}.", style="yellow"))
         finished = studies.counted_trials(study) >= spec.study.n_trials
         plan = spec.study.confirm
         if plan.enabled and finished and not outcome.interrupted and not outcome.repeated_error:
@@ -180,6 +190,14 @@ def run(
         )
 
 
+def environment_storage(spec: Spec) -> str | None:
+    """$AUTOTUNE_STORAGE, unless the space file names its storage (an explicit study.storage
+    comes before an environment's default)."""
+    if "storage" in spec.study.model_fields_set:
+        return None
+    return os.environ.get(STORAGE_ENV) or None
+
+
 def _storage_failure(err: Exception, storage: str, code: int = EXIT_USAGE) -> typer.Exit:
     """A storage fault (a full disk, a read-only or damaged database) as one line and exit
     ``code``; anything else is a bug and is raised again with its traceback."""
@@ -199,7 +217,7 @@ def _confirm(study: Any, spec: Any, executor: Any, top: int, repeats: int) -> bo
     plan = studies.confirmation_plan(study, top, repeats)
     if plan is None:
         return False
-    todo = len(plan.candidates) * repeats - sum(1 for run in plan.runs if run.repeat > 0)
+    todo = plan.runs_left()  # runs measured again count once: never "-8 runs"
     if todo:
         console.print(
             f"Confirming the {len(plan.candidates) - (plan.baseline is not None)} best "
@@ -216,10 +234,10 @@ def _confirm(study: Any, spec: Any, executor: Any, top: int, repeats: int) -> bo
     return True
 
 
-@app.command()
+@app.command(cls=Command)
 def confirm(
     study_name: Annotated[str, typer.Option("--study", help="Study name.")],
-    storage: Annotated[str, typer.Option(help="Optuna storage URL.")] = DEFAULT_STORAGE,
+    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
     top: Annotated[
         int | None,
         typer.Option(min=1, help="Confirm this many leaders. Default: study.confirm.top."),

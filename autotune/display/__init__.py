@@ -3,9 +3,19 @@ and how values and commands are written (``_text``)."""
 
 from autotune.display._live import LiveObserver, confirmation_progress, live_progress
 from autotune.display._tables import config_table, print_confirmation, print_plan, print_summary
-from autotune.display._text import METRIC_UNITS, command, fmt, fmt_metric, study_options
+from autotune.display._text import (
+    METRIC_NOTES,
+    METRIC_UNITS,
+    command,
+    fmt,
+    fmt_metric,
+    print_command,
+    print_item,
+    study_options,
+)
 
 __all__ = [
+    "METRIC_NOTES",
     "METRIC_UNITS",
     "LiveObserver",
     "command",
@@ -14,7 +24,9 @@ __all__ = [
     "fmt",
     "fmt_metric",
     "live_progress",
+    "print_command",
     "print_confirmation",
+    "print_item",
     "print_plan",
     "print_summary",
     "study_options",

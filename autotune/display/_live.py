@@ -9,6 +9,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console, Group
 from rich.live import Live
+from rich.padding import Padding
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
@@ -26,11 +27,13 @@ class LiveObserver(studies.StudyObserver):
     def __init__(self, study: optuna.Study, spec: Spec, live: Live, progress: Progress) -> None:
         self.study, self.spec, self.live, self.progress = study, spec, live, progress
         self.unit = METRIC_UNITS[spec.objective.metric]
+        counted = studies.counted_trials(study)
         self.task = progress.add_task(
             "trials",
             total=spec.study.n_trials,
-            completed=min(spec.study.n_trials, studies.counted_trials(study)),
+            completed=min(spec.study.n_trials, counted),
             best=self._best_text(),
+            visible=counted < spec.study.n_trials,  # no full bar for a run with nothing to do
         )
         self.status = Text("")
 
@@ -90,10 +93,15 @@ class LiveObserver(studies.StudyObserver):
             line.append(f"{kind:>15}  ", style="dim" if kind == "pruned" else "red")
             if kind != "pruned":
                 line.append(f"{record.fail_msg or ''}  ", style="red")
-        if record.baseline:
-            line.append("(untuned baseline) ", style="bold")
-        line.append(params(trial), style="cyan")
-        self.live.console.print(line, no_wrap=True, overflow="ellipsis")
+        knobs = Text("(untuned baseline) " if record.baseline else "", style="bold")
+        knobs.append(params(trial), style="cyan")  # precision, data_pipeline, ... first
+        console = self.live.console
+        if line.cell_len + knobs.cell_len <= console.width:
+            console.print(line + knobs)
+        else:  # the knobs on lines of their own, indented, wrapped between knobs: never cut
+            line.rstrip()
+            console.print(line)
+            console.print(Padding(knobs, (0, 0, 0, 8)))
         if trial.state in studies.COUNTED_STATES:
             self.progress.advance(self.task)
         self.progress.update(self.task, best=self._best_text())
@@ -133,6 +141,6 @@ def confirmation_progress(console: Console, spec: Spec) -> Callable[[ConfirmRun,
                 f"  interference: others took {run.other_cpu_share or 0:.0%} of the cores",
                 style="yellow",
             )
-        console.print(line, no_wrap=True, overflow="ellipsis")
+        console.print(line)  # wrapped, never cut: the interference note comes last
 
     return show

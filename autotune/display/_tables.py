@@ -13,7 +13,15 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune import study as studies
-from autotune.display._text import METRIC_UNITS, command, fmt, params, si, study_options
+from autotune.display._text import (
+    METRIC_UNITS,
+    fmt,
+    params,
+    print_command,
+    print_item,
+    si,
+    study_options,
+)
 from autotune.hardware import Hardware
 from autotune.interference import INTERFERENCE_SHARE
 from autotune.spec import KNOBS, Choice, Spec
@@ -22,20 +30,29 @@ from autotune.spec import KNOBS, Choice, Spec
 def print_plan(
     console: Console, spec: Spec, hardware: Hardware, study: optuna.Study, dropped: list[str]
 ) -> None:
+    """The study, its storage, device, workload and knobs searched, an item a line (long
+    values on lines of their own: the storage URL is never broken)."""
     counted = studies.counted_trials(study)
     resumed = f", resuming with {counted} done" if counted else ""
-    console.print(
-        f"[bold]study[/] {escape(study.study_name)} ({spec.objective.metric}, "
-        f"{spec.study.n_trials} trials{resumed})  "
-        f"[bold]storage[/] {escape(studies.display_url(spec.study.storage))}"
+    print_item(
+        console,
+        "study",
+        f"{study.study_name} ({spec.objective.metric}, {spec.study.n_trials} trials{resumed})",
     )
-    console.print(
-        f"[bold]device[/] {hardware.device} ({escape(hardware.device_name)}, torch "
-        f"{hardware.torch_version})  [bold]workload[/] {escape(spec.workload.model)} on "
-        f"{escape(spec.workload.data)}, {spec.workload.epochs:g} epochs per trial"
+    print_item(console, "storage", studies.display_url(spec.study.storage), copy=True)
+    print_item(
+        console,
+        "device",
+        f"{hardware.device} ({hardware.device_name}, torch {hardware.torch_version})",
+    )
+    workload = spec.workload
+    print_item(
+        console,
+        "workload",
+        f"{workload.model} on {workload.data}, {workload.epochs:g} epochs per trial",
     )
     searched = spec.space.searched()
-    console.print(f"[bold]searching[/] {', '.join(searched) if searched else 'nothing'}")
+    print_item(console, "searching", ", ".join(searched) if searched else "nothing")
     for line in dropped:
         console.print(f"[yellow]not searched:[/] {escape(line)}")
     created_on = studies.StudyRecord.of(study).created_on
@@ -118,10 +135,9 @@ def print_summary(
     console.print(f"\n[bold]Best configuration[/] (trial {best.number}, {how}):")
     console.print(config_table(best))
     where = study_options(study.study_name, spec.study.storage)
-    console.print(
-        f"\nInspect the study:  [bold]{command('autotune', 'dashboard', *where[2:])}[/]\n"
-        f"Print the winner:   [bold]{command('autotune', 'best', *where)}[/]"
-    )
+    console.print()
+    print_command(console, "Inspect the study:", "autotune", "dashboard", *where[2:])
+    print_command(console, "Print the winner: ", "autotune", "best", *where)
 
 
 def print_confirmation(console: Console, study: optuna.Study, spec: Spec) -> None:

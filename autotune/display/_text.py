@@ -6,7 +6,10 @@ import shlex
 from typing import Any
 
 from optuna.trial import FrozenTrial
+from rich.console import Console
 from rich.markup import escape
+from rich.padding import Padding
+from rich.text import Text
 
 from autotune import study as studies
 from autotune.spec import DEFAULT_STORAGE
@@ -42,6 +45,14 @@ _METRIC_FORMATS: dict[str, Any] = {
 }
 
 
+# what `autotune best` says beside a measurement whose name alone misleads
+METRIC_NOTES = {
+    "charged_seconds": "the seconds the value is based on",
+    "train_seconds": "training time, overhead_seconds included",
+    "overhead_seconds": "one-time costs: compile, warm-up, worker start",
+}
+
+
 def fmt_metric(key: str, value: Any) -> str:
     """A trial measurement in its unit (seconds, GFLOP/s, %, MiB) where it has one."""
     if isinstance(value, int | float) and not isinstance(value, bool) and key in _METRIC_FORMATS:
@@ -53,6 +64,26 @@ def command(*words: str) -> str:
     """A command line for the user to copy, as rich markup: each word quoted for the shell and
     the whole escaped, so that a study name such as ``run[fast]`` or ``a b`` survives both."""
     return escape(shlex.join(words))
+
+
+def print_item(console: Console, label: str, value: str, *, copy: bool = False) -> None:
+    """``label value`` on one line where it fits the console; else the label, then the value on
+    lines of its own, indented: wrapped between words, or, to ``copy`` (a command, a URL),
+    never broken by a newline (the terminal wraps it; a copy of it stays whole)."""
+    line = Text.assemble((label, "bold"), " ", value)  # Text: the value is data, never markup
+    if line.cell_len <= console.width:
+        console.print(line, soft_wrap=True, highlight=False)
+    elif copy:
+        console.print(Text(label, style="bold"))
+        console.print(Text(f"  {value}"), soft_wrap=True, highlight=False)
+    else:
+        console.print(Text(label, style="bold"))
+        console.print(Padding(Text(value), (0, 0, 0, 2)), highlight=False)
+
+
+def print_command(console: Console, label: str, *words: str) -> None:
+    """A command for the user to copy, after its label; never broken (see ``print_item``)."""
+    print_item(console, label, shlex.join(words), copy=True)
 
 
 def study_options(study_name: str, storage: str) -> list[str]:
@@ -68,5 +99,12 @@ def si(value: float) -> str:
     return f"{value:.0f}"
 
 
+# the knobs that change speed the most, shown first where a line has room for only some
+FIRST_KNOBS = ("precision", "data_pipeline", "compile", "batch_size", "lr")
+
+
 def params(trial: FrozenTrial) -> str:
-    return " ".join(f"{k}={fmt(v)}" for k, v in trial.params.items())
+    """A trial's searched knobs as ``name=value``, those of FIRST_KNOBS first."""
+    first = [name for name in FIRST_KNOBS if name in trial.params]
+    rest = [name for name in trial.params if name not in FIRST_KNOBS]
+    return " ".join(f"{name}={fmt(trial.params[name])}" for name in [*first, *rest])

@@ -253,6 +253,12 @@ class ConfirmationRecord:
             complete=bool(data.get("complete", False)),
         )
 
+    def runs_left(self) -> int:
+        """Runs of the round not measured yet; a run measured again (under interference)
+        counts once."""
+        done = {(run.trial, run.repeat) for run in self.runs if run.repeat > 0}
+        return max(0, len(self.candidates) * self.repeats - len(done))
+
     def with_run(self, run: ConfirmRun) -> ConfirmationRecord:
         """A copy with one more measurement."""
         return dataclasses.replace(self, runs=(*self.runs, run))

@@ -278,8 +278,8 @@ def run_study(
             if counted >= target:
                 if outcome.trials_run == 0:
                     outcome.stopped_reason = (
-                        f"the study already has {counted} of its {target} trials; "
-                        f"raise study.n_trials (or --n-trials) to run more"
+                        f"nothing to run: the study already has {counted} trials; --n-trials "
+                        f"(study.n_trials, now {target}) is the study's total, not this many more"
                     )
                 break
             if deadline is not None and time.monotonic() >= deadline:

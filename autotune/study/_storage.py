@@ -156,7 +156,10 @@ def _check_sqlite_study(path: Path) -> None:
     """Refuse, in one line, a SQLite file that is missing, damaged or holds no Optuna study
     tables; it is read through a read-only connection that changes nothing (immutable)."""
     if not path.is_file():
-        raise StudyError(f"no study database at {path}")
+        raise StudyError(
+            f"no study database at {path.absolute()}; name the storage with --storage URL "
+            "(or set AUTOTUNE_STORAGE)"
+        )
     try:
         if path.stat().st_size == 0:
             raise StudyError(f"{path} is not an autotune study database (it is empty)")

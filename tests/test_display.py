@@ -1,0 +1,126 @@
+"""What people see, rendered at 80 and 100 columns (a pipe and a small terminal): the knobs and
+the commands to copy are intact. Not snapshots: each test asserts what must survive."""
+
+from __future__ import annotations
+
+import io
+import shlex
+from pathlib import Path
+
+import optuna
+import pytest
+from rich.console import Console
+from rich.live import Live
+
+from autotune import display, export
+from autotune import study as studies
+from autotune.spec import Spec
+from autotune.testing import CPU
+
+
+def _console(width: int) -> Console:
+    return Console(file=io.StringIO(), width=width, emoji=False)
+
+
+def _text(console: Console) -> str:
+    file = console.file
+    assert isinstance(file, io.StringIO)
+    return file.getvalue()
+
+
+def _spec(study: optuna.Study, **changes: object) -> Spec:
+    spec = export.study_spec(study)
+    assert spec is not None
+    return spec.with_overrides(study=changes) if changes else spec
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_the_plan_puts_each_item_and_the_whole_storage_url_on_a_line(seen, width):
+    study, url = seen
+    spec = _spec(study, storage=url)
+    console = _console(width)
+    display.print_plan(console, spec, CPU, study, [])
+    lines = _text(console).splitlines()
+    assert url in lines or f"  {url}" in lines or f"storage {url}" in lines, lines
+    starts = [line.split(" ")[0] for line in lines if not line.startswith(" ")]
+    for item in ("study", "storage", "device", "workload", "searching"):
+        assert item in starts, lines
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_trial_lines_show_every_knob_precision_first_never_cut(seen, width):
+    study, _ = seen
+    spec = _spec(study)
+    console = _console(width)
+    progress = display.live_progress(console)
+    observer = display.LiveObserver(study, spec, Live(progress, console=console), progress)
+    for trial in study.get_trials():
+        observer.trial_finished(trial)
+    text = _text(console)
+    assert "…" not in text
+    for trial in study.get_trials():
+        knobs = [f"{name}={display.fmt(value)}" for name, value in trial.params.items()]
+        shown = [line for line in text.splitlines() if f"trial {trial.number:>3} " in line]
+        assert shown, text
+        after = text[text.index(shown[0]) :].split()
+        first = next(word for word in after if "=" in word)
+        assert first.startswith("precision="), after  # the knob that changes speed the most
+        for knob in knobs:
+            assert knob in after, (knob, text)
+
+
+def test_a_study_with_all_its_trials_shows_no_full_bar(seen):
+    """``run --n-trials 5`` on a study of 5 showed a 5/5 bar for a run that ran nothing."""
+    study, _ = seen
+    console = _console(80)
+    progress = display.live_progress(console)
+    display.LiveObserver(
+        study, _spec(study, n_trials=5), Live(progress, console=console), progress
+    )
+    console.print(progress)
+    assert "5/5" not in _text(console)
+    console = _console(80)
+    progress = display.live_progress(console)
+    display.LiveObserver(
+        study, _spec(study, n_trials=8), Live(progress, console=console), progress
+    )
+    console.print(progress)
+    assert "5/8" in _text(console)
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_the_commands_to_copy_are_whole_lines(seen, width):
+    study, url = seen
+    spec = _spec(study, storage=url)
+    console = _console(width)
+    outcome = studies.RunOutcome(study_name=study.study_name, states={"COMPLETE": 5})
+    display.print_summary(console, study, spec, outcome)
+    lines = [line.strip() for line in _text(console).splitlines()]
+    shown = studies.display_url(url)
+    assert shlex.join(["autotune", "dashboard", "--storage", shown]) in lines, lines
+    assert shlex.join(["autotune", "best", "--study", "seen", "--storage", shown]) in lines
+
+
+def test_a_long_value_goes_on_a_line_of_its_own_and_is_never_broken():
+    console = _console(80)
+    long_url = "postgresql://autotune:***@db.example.org:5432/" + "x" * 60
+    display.print_item(console, "storage", long_url, copy=True)
+    display.print_item(console, "searching", ", ".join(["a_long_knob_name"] * 8))
+    lines = _text(console).splitlines()
+    assert lines[:2] == ["storage", f"  {long_url}"]  # one line: the terminal wraps it
+    assert lines[2] == "searching" and all(len(line) <= 80 for line in lines[3:])
+    assert all(line.startswith("  a_long_knob_name") for line in lines[3:])
+
+
+def test_studies_fits_80_columns_with_whole_headers(seen, tmp_path: Path):
+    from autotune.testing import run_cli
+
+    _, url = seen
+    listed = run_cli("studies", "--storage", url, cwd=tmp_path, env={"COLUMNS": "80"})
+    assert listed.returncode == 0, listed.stderr
+    assert "…" not in listed.stdout
+    header = next(line for line in listed.stdout.splitlines() if "study" in line.split())
+    assert header.split() == ["study", "complete", "pruned", "failed", "running", "best", "trial"]
+    assert url in listed.stdout.splitlines() or f"Studies in {url}" in listed.stdout
+    row = next(line for line in listed.stdout.splitlines() if line.split()[:1] == ["seen"])
+    assert "acc/s" in row and all(len(line) <= 80 for line in listed.stdout.splitlines())
