@@ -236,8 +236,14 @@ def test_a_hanging_trial_is_killed_with_its_dataloader_workers(tmp_path: Path, r
         n_trials=2,
     )
     study, _, executor = run(text, tmp_path, isolation="worker", timeout=4)
-    assert kinds(study) == ["trial_timeout"] * 2
-    assert "no result after 4 s" in study.trials[0].user_attrs["fail_msg"]
+    for trial in study.trials:
+        message = trial.user_attrs["fail_msg"]
+        assert "no result after 4 s; the worker and its DataLoader workers were killed" in message
+        # on a busy machine (other jobs on these cores) the timeout is not held against the
+        # configuration: the next test checks that case on purpose
+        under_load = "other processes took" in message
+        expected = "timeout_under_load" if under_load else "trial_timeout"
+        assert trial.user_attrs["fail_kind"] == expected
     assert len(executor.started_pids) == 2  # a fresh worker for the second trial
     for pid in executor.started_pids:
         assert live_group_members(pid) == [], "a worker or one of its DataLoader workers survived"

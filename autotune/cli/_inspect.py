@@ -177,10 +177,11 @@ def export_command(
         markup=False,
     )
     if fmt == "script":
+        display.print_command(console, "Run it:", "python", str(output))
         console.print(
-            f"Run it:  [bold]{display.command('python', str(output))}[/]  "
-            f"({result.epochs} epoch{'s' if result.epochs != 1 else ''} in run/; --epochs N, "
-            f"--resume, --run-dir DIR)"
+            f"  {result.epochs} epoch{'s' if result.epochs != 1 else ''} into run/; "
+            f"--epochs N, --resume, --run-dir DIR, --lr, --seed, --device",
+            markup=False,
         )
         if imported:  # say so before the user runs it: a shared study could name anything
             console.print(f"It imports and runs your code: {', '.join(imported)}.", markup=False)
