@@ -14,11 +14,13 @@ from pathlib import Path
 import optuna
 import pytest
 import sqlalchemy
+from optuna.trial import TrialState
 
 import autotune
 from autotune.study import (
     StudyError,
     StudyRecord,
+    TrialRecord,
     answer_trial,
     display_url,
     open_storage,
@@ -203,6 +205,15 @@ def test_a_full_disk_is_one_line_and_the_study_resumes(small_disk: Path, tmp_pat
     storage = optuna.storages.RDBStorage(url)
     study = optuna.load_study(study_name="tiny", storage=storage)
     assert answer_trial(study) is not None and StudyRecord.of(study).search_fingerprint
+    # the fault-matrix invariants: nothing left RUNNING, every other trial says why, and
+    # exactly one untuned baseline measured
+    trials = study.get_trials()
+    assert [t.number for t in trials if t.state == TrialState.RUNNING] == []
+    for trial in trials:
+        if trial.state != TrialState.COMPLETE:
+            assert trial.user_attrs.get("fail_kind") and trial.user_attrs.get("fail_msg")
+    baselines = [t for t in trials if TrialRecord.of(t).baseline]
+    assert [t.state for t in baselines].count(TrialState.COMPLETE) == 1
     storage.engine.dispose()  # the disk is unmounted next
 
 
