@@ -22,7 +22,7 @@ from autotune.timing import PHASES
 if TYPE_CHECKING:  # plotly is imported where a report is drawn: run and export need none
     import plotly.graph_objects as go
 
-__all__ = ["ReportError", "render_html"]
+__all__ = ["ReportError", "cudnn_version", "hardware_rows", "render_html"]
 
 TOP_TRIALS = 10  # trials shown in the time-breakdown chart
 
@@ -128,6 +128,35 @@ def _breakdown_bars(summary: Summary) -> go.Figure | None:
     return figure
 
 
+def cudnn_version(version: int) -> str:
+    """cuDNN's version as torch.backends.cudnn.version() gives it (CUDNN_VERSION: 92400 for
+    9.24.0) in words: from cuDNN 9 on it is major * 10000 + minor * 100 + patch, before that
+    major * 1000 + minor * 100 + patch."""
+    if version >= 90000:
+        major, minor, patch = version // 10000, version % 10000 // 100, version % 100
+    else:
+        major, minor, patch = version // 1000, version % 1000 // 100, version % 100
+    return f"{major}.{minor}.{patch}"
+
+
+def hardware_rows(hardware: dict[str, object]) -> list[tuple[str, str]]:
+    """(fact, value) of the machine the trials ran on; CUDA and cuDNN only when the trials used
+    the GPU (torch records the versions it was built with even where there is none)."""
+    if not hardware:
+        return []
+    on_gpu = str(hardware.get("device", "")).startswith("cuda")
+    rows = []
+    for key, value in hardware.items():
+        if key in ("cuda", "cudnn") and not on_gpu:
+            continue
+        if key == "cudnn" and isinstance(value, int):
+            value = cudnn_version(value)
+        rows.append((key, str(value)))
+    if not on_gpu:
+        rows.append(("cuda, cudnn", "not used (the trials ran on the CPU)"))
+    return rows
+
+
 def _optuna_figures(study: optuna.Study) -> list[tuple[str, str]]:
     """(title, html) of Optuna's optimization history and parameter importances."""
     figures = []
@@ -186,7 +215,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         comparisons=comparisons,
         measurements=measurements(best) if best is not None else [],
         phases=[(p, PHASE_LABELS[p]) for p in PHASES],
-        hardware=StudyRecord.of(study).hardware or {},
+        hardware=hardware_rows(StudyRecord.of(study).hardware or {}),
         figures=_optuna_figures(study),
         scatter=_figure_html(_scatter(study, summary)),
         bars=_figure_html(bars) if bars is not None else None,
