@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import html
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import jinja2
@@ -22,7 +23,14 @@ from autotune.timing import PHASES
 if TYPE_CHECKING:  # plotly is imported where a report is drawn: run and export need none
     import plotly.graph_objects as go
 
-__all__ = ["ReportError", "cudnn_version", "hardware_rows", "render_html"]
+__all__ = [
+    "ReportError",
+    "TrialRow",
+    "cudnn_version",
+    "hardware_rows",
+    "render_html",
+    "trial_rows",
+]
 
 TOP_TRIALS = 10  # trials shown in the time-breakdown chart
 
@@ -128,6 +136,47 @@ def _breakdown_bars(summary: Summary) -> go.Figure | None:
     return figure
 
 
+@dataclass(frozen=True)
+class TrialRow:
+    """One trial as the report's table of all trials shows it (formatted)."""
+
+    number: int
+    state: str  # COMPLETE, COMPLETE (infeasible), PRUNED, FAIL, ...
+    value: str
+    accuracy: str
+    samples_per_second: str
+    params: tuple[str, ...]  # in the order of the table's parameter columns
+    fail_kind: str  # pruned, oom, ...; for an infeasible trial: infeasible
+    fail_msg: str  # why; for an infeasible trial: which constraint failed
+
+
+def trial_rows(study: optuna.Study) -> tuple[list[str], list[TrialRow]]:
+    """The searched parameters' names and a row for every trial of ``study``, by number."""
+    trials = study.get_trials(deepcopy=False)
+    names = [k for k in KNOBS if any(k in t.params for t in trials)]
+    names += sorted({k for t in trials for k in t.params} - set(names))
+    rows = []
+    for trial in trials:
+        record = TrialRecord.of(trial)
+        state, kind, message = trial.state.name, record.fail_kind or "", record.fail_msg or ""
+        if trial.state == TrialState.COMPLETE and record.feasible is False:
+            state, kind = f"{state} (infeasible)", "infeasible"
+            message = record.infeasible_reason or ""
+        rows.append(
+            TrialRow(
+                number=trial.number,
+                state=state,
+                value=number(trial.value),
+                accuracy=number(record.accuracy),
+                samples_per_second=number(record.samples_per_second),
+                params=tuple(number(trial.params.get(k)) for k in names),
+                fail_kind=str(kind),
+                fail_msg=message or "",
+            )
+        )
+    return names, rows
+
+
 def cudnn_version(version: int) -> str:
     """cuDNN's version as torch.backends.cudnn.version() gives it (CUDNN_VERSION: 92400 for
     9.24.0) in words: from cuDNN 9 on it is major * 10000 + minor * 100 + patch, before that
@@ -200,6 +249,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         for label, other, speed, value in summary.comparisons()
     ]
     bars = _breakdown_bars(summary)
+    param_names, rows = trial_rows(study)
     environment = jinja2.Environment(
         loader=jinja2.PackageLoader("autotune", "templates"),
         autoescape=jinja2.select_autoescape(["html", "j2"]),
@@ -215,6 +265,8 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         comparisons=comparisons,
         measurements=measurements(best) if best is not None else [],
         phases=[(p, PHASE_LABELS[p]) for p in PHASES],
+        param_names=param_names,
+        trial_rows=rows,
         hardware=hardware_rows(StudyRecord.of(study).hardware or {}),
         figures=_optuna_figures(study),
         scatter=_figure_html(_scatter(study, summary)),

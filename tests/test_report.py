@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import html.parser
 
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
 from autotune import notes, report
+from autotune.study import TrialRecord
 
 
 class _Structure(html.parser.HTMLParser):
@@ -58,10 +63,12 @@ def _text(page: str) -> str:
 def test_comparison_columns_are_labelled_as_ratios(seen):
     study, url = seen
     page = report.render_html(study, url)
-    assert "<th>samples/s</th>" not in page
     if notes.summarize(study).comparisons():
-        assert "<th>&times; samples/s</th>" in page
-        assert "<th>&times; accuracy_per_second</th>" in page
+        start = page.index("<h2>Against the others</h2>")
+        table = page[start : page.index("</table>", start)]
+        assert "<th>samples/s</th>" not in table
+        assert "<th>&times; samples/s</th>" in table
+        assert "<th>&times; accuracy_per_second</th>" in table
 
 
 def test_hardware_shows_what_the_trials_used(seen):
@@ -84,3 +91,45 @@ def test_cudnn_versions_read_as_cudnn_writes_them():
     assert report.cudnn_version(92400) == "9.24.0"
     assert report.cudnn_version(90100) == "9.1.0"
     assert report.cudnn_version(8907) == "8.9.7"
+
+
+def _copy_with(study, *trials):
+    """An in-memory copy of ``study`` (its attributes and trials) with ``trials`` added."""
+    copy = optuna.create_study(directions=study.directions, study_name=study.study_name)
+    for key, value in study.user_attrs.items():
+        copy.set_user_attr(key, value)
+    copy.add_trials(study.get_trials(deepcopy=False))
+    copy.add_trials(trials)
+    return copy
+
+
+def test_every_trial_is_in_the_table_with_why_it_failed_escaped(seen):
+    study, url = seen
+    precision = CategoricalDistribution(["bf16", "fp32"])
+    failed = optuna.trial.create_trial(
+        state=TrialState.FAIL,
+        params={"precision": "fp32"},
+        distributions={"precision": precision},
+        user_attrs={"fail_kind": "oom", "fail_msg": "<script>alert('out of memory')</script>"},
+    )
+    pruned = optuna.trial.create_trial(
+        state=TrialState.PRUNED,
+        params={"precision": "bf16"},
+        distributions={"precision": precision},
+        user_attrs={"fail_kind": "pruned", "fail_msg": "below the median at epoch 1"},
+    )
+    copy = _copy_with(study, failed, pruned)
+    page = report.render_html(copy, url)
+    names, rows = report.trial_rows(copy)
+    assert [row.number for row in rows] == [t.number for t in copy.trials]
+    assert "precision" in names and "lr" in names
+    assert (rows[-2].state, rows[-2].fail_kind) == ("FAIL", "oom")
+    assert (rows[-1].state, rows[-1].fail_kind) == ("PRUNED", "pruned")
+    assert "<script>alert" not in page
+    assert "&lt;script&gt;alert(&#39;out of memory&#39;)&lt;/script&gt;" in page
+    table = _text(page[page.index('<table id="trials">') :])
+    assert "fail kind why" in table and "below the median at epoch 1" in table
+    for trial in study.trials:
+        assert TrialRecord.of(trial).samples_per_second is None or (
+            notes.number(TrialRecord.of(trial).samples_per_second) in table
+        )
