@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import datetime
 import html
+import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import jinja2
 import optuna
+from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune._version import __version__
@@ -24,10 +26,12 @@ if TYPE_CHECKING:  # plotly is imported where a report is drawn: run and export 
     import plotly.graph_objects as go
 
 __all__ = [
+    "KnobSpeed",
     "ReportError",
     "TrialRow",
     "cudnn_version",
     "hardware_rows",
+    "knob_speeds",
     "render_html",
     "trial_rows",
 ]
@@ -177,6 +181,43 @@ def trial_rows(study: optuna.Study) -> tuple[list[str], list[TrialRow]]:
     return names, rows
 
 
+@dataclass(frozen=True)
+class KnobSpeed:
+    """How fast the completed trials trained at one value of a searched categorical knob."""
+
+    knob: str
+    value: str
+    trials: int  # completed trials with this value that measured samples/s
+    median_samples_per_second: float
+    over_slowest: float  # the median over the slowest value's median (1.0 for the slowest)
+
+
+def knob_speeds(study: optuna.Study) -> list[KnobSpeed]:
+    """For each searched categorical knob, the median samples/s of the completed trials at each
+    of its values and its ratio to the slowest value's median: the knob's effect on speed,
+    which the objective's importances do not show (a knob can change speed ten-fold and still
+    rank low). Knobs with fewer than two values tried are left out."""
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    speeds: dict[str, dict[str, list[float]]] = {}
+    for trial in complete:
+        speed = TrialRecord.of(trial).samples_per_second
+        for name, distribution in trial.distributions.items():
+            if isinstance(distribution, CategoricalDistribution) and speed:
+                by_value = speeds.setdefault(name, {})
+                by_value.setdefault(number(trial.params[name]), []).append(speed)
+    found, order = [], list(KNOBS)
+    for name in sorted(speeds, key=lambda k: (order.index(k) if k in order else len(order), k)):
+        medians = {value: statistics.median(s) for value, s in speeds[name].items()}
+        if len(medians) < 2:
+            continue
+        slowest = min(medians.values())
+        for value, median in sorted(medians.items(), key=lambda item: -item[1]):
+            found.append(
+                KnobSpeed(name, value, len(speeds[name][value]), median, median / slowest)
+            )
+    return found
+
+
 def cudnn_version(version: int) -> str:
     """cuDNN's version as torch.backends.cudnn.version() gives it (CUDNN_VERSION: 92400 for
     9.24.0) in words: from cuDNN 9 on it is major * 10000 + minor * 100 + patch, before that
@@ -267,6 +308,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         phases=[(p, PHASE_LABELS[p]) for p in PHASES],
         param_names=param_names,
         trial_rows=rows,
+        knob_speeds=knob_speeds(study),
         hardware=hardware_rows(StudyRecord.of(study).hardware or {}),
         figures=_optuna_figures(study),
         scatter=_figure_html(_scatter(study, summary)),

@@ -133,3 +133,29 @@ def test_every_trial_is_in_the_table_with_why_it_failed_escaped(seen):
         assert TrialRecord.of(trial).samples_per_second is None or (
             notes.number(TrialRecord.of(trial).samples_per_second) in table
         )
+
+
+def test_importances_say_what_they_measure_beside_each_knobs_speed(seen):
+    study, url = seen
+    precision = CategoricalDistribution(["bf16", "fp32"])
+    trials = [
+        optuna.trial.create_trial(
+            value=1.0,
+            params={"precision": value},
+            distributions={"precision": precision},
+            user_attrs={"samples_per_second": speed},
+        )
+        for value, speed in (("bf16", 100.0), ("bf16", 120.0), ("fp32", 1000.0), ("fp32", 1200.0))
+    ]
+    synthetic = optuna.create_study(direction="maximize")
+    synthetic.add_trials(trials)
+    assert report.knob_speeds(synthetic) == [
+        report.KnobSpeed("precision", "fp32", 2, 1100.0, 10.0),
+        report.KnobSpeed("precision", "bf16", 2, 110.0, 1.0),
+    ]
+    page = report.render_html(study, url)
+    assert "PED-ANOVA" in _text(page)
+    tried = {t.params["precision"] for t in study.get_trials(states=(TrialState.COMPLETE,))}
+    if len(tried) == 2:  # the study tried both precisions: their speeds are side by side
+        speeds = _text(page[page.index('<table id="knob-speeds">') :])
+        assert "precision bf16" in speeds and "precision fp32" in speeds
