@@ -4,6 +4,7 @@ note optuna-dashboard shows, and the artifacts (exported scripts, reports) attac
 from __future__ import annotations
 
 import datetime
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,36 @@ def _confirmation_line(study: optuna.Study, trial_number: int) -> str:
     return text + "."
 
 
+NOTE_SPACE_CHARS = 20_000  # the longest space file the note shows whole
+
+
+def _space_file_block(study: optuna.Study) -> list[str]:
+    """The study's space file as a fenced YAML block for the note (its study attribute
+    space_file holds the same text, flattened into one line by the dashboard)."""
+    record = StudyRecord.of(study)
+    if not record.space_file:
+        return []
+    text = record.space_file.rstrip("\n")
+    cut = len(text) > NOTE_SPACE_CHARS
+    if cut:
+        text = text[:NOTE_SPACE_CHARS].rsplit("\n", 1)[0]
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)  # a fence the file's own backticks cannot close
+    title = (
+        f"The space file ({record.space_file_path})"
+        if record.space_file_path
+        else "The space file"
+    )
+    lines = [f"### {title}", "", f"{fence}yaml", text, fence, ""]
+    if cut:
+        lines += [
+            f"(the first {NOTE_SPACE_CHARS:,} characters; the study attribute space_file "
+            "holds the whole file)",
+            "",
+        ]
+    return lines
+
+
 def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     """The markdown note autotune keeps on a study in optuna-dashboard."""
     summary = summarize(study)
@@ -227,6 +258,7 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
             mark = " (searched)" if name in best.params else ""
             lines.append(f"| {name} | {number(config[name])}{mark} |")
         lines.append("")
+    lines += _space_file_block(study)
     lines += [
         f"Export it: `autotune export --study {summary.study}{storage} -o train.py` "
         f"(or `--format yaml`).  ",

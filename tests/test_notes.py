@@ -9,6 +9,7 @@ import optuna_dashboard
 from optuna.artifacts import FileSystemArtifactStore, download_artifact, get_all_artifact_meta
 
 from autotune import notes
+from autotune.study import StudyRecord
 
 
 def test_note_and_artifacts_are_readable_back(seen, tmp_path: Path):
@@ -55,3 +56,20 @@ def test_comparisons_name_each_other_trial_once():
         ("the untuned baseline", 0, 3.0, 3.0),
         ("the median feasible trial", 2, 2.0, 2.0),
     ]
+
+
+def test_the_note_shows_the_space_file_as_a_code_block(seen):
+    study, url = seen
+    space = StudyRecord.of(study).space_file
+    note = notes.study_note(study, url)
+    assert "### The space file" in note
+    assert f"```yaml\n{space.rstrip()}\n```" in note  # line by line, as written
+
+
+def test_a_space_file_with_backticks_stays_inside_its_code_block():
+    study = optuna.create_study(study_name="fenced")
+    space = "# a ``` in a comment\nspace:\n  lr: {low: 0.001, high: 0.1}\n"
+    study.set_user_attr("space_file", space)
+    study.set_user_attr("space_file_path", "space.yaml")
+    note = notes.study_note(study)
+    assert f"### The space file (space.yaml)\n\n````yaml\n{space.rstrip()}\n````" in note
