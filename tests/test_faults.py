@@ -244,7 +244,8 @@ def test_a_hanging_trial_is_killed_with_its_dataloader_workers(tmp_path: Path, r
         under_load = "other processes took" in message
         expected = "timeout_under_load" if under_load else "trial_timeout"
         assert trial.user_attrs["fail_kind"] == expected
-    assert len(executor.started_pids) == 2  # a fresh worker for the second trial
+    # a fresh worker for every trial (a timeout under load is not counted: one more trial runs)
+    assert len(executor.started_pids) == len(study.trials) >= 2
     for pid in executor.started_pids:
         assert live_group_members(pid) == [], "a worker or one of its DataLoader workers survived"
 
