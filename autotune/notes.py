@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import optuna_dashboard
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune._version import __version__
 from autotune.display import fmt_metric
+from autotune.results import PHASES
 from autotune.spec import DEFAULT_STORAGE, KNOBS
 from autotune.study import (
     StudyRecord,
@@ -27,7 +27,6 @@ from autotune.study import (
     feasible_trials,
     trial_config,
 )
-from autotune.timing import PHASES
 
 __all__ = [
     "PHASE_LABELS",
@@ -272,6 +271,8 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
 
 def write_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> None:
     """Save ``study_note`` as the study's note in optuna-dashboard."""
+    import optuna_dashboard  # with scikit-learn: `autotune best` reads the note's numbers only
+
     optuna_dashboard.save_note(study, study_note(study, storage_url))
 
 

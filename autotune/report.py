@@ -18,9 +18,9 @@ from autotune._version import __version__
 from autotune.errors import UserError
 from autotune.export import best_config
 from autotune.notes import PHASE_LABELS, Summary, measured, measurements, number, summarize
+from autotune.results import PHASES
 from autotune.spec import DEFAULT_STORAGE, KNOBS
 from autotune.study import StudyRecord, TrialRecord, display_url, trial_config
-from autotune.timing import PHASES
 
 if TYPE_CHECKING:  # plotly is imported where a report is drawn: run and export need none
     import plotly.graph_objects as go

@@ -471,6 +471,9 @@ class StudySpec(_Frozen):
 # workload fields added after studies were labelled: left out of the label at their default
 _ADDED_LATER: dict[str, Any] = {"inputs": None, "target": None, "loss": "cross_entropy"}
 LOSSES = ("cross_entropy", "model")  # built-in losses; or the user's package.module:function
+# built-in model families, written family:member (torchvision:resnet18); autotune.workloads
+# registers one function for each
+MODEL_FAMILY_NAMES = ("torchvision",)
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 _ENTRY = re.compile(rf"{_DOTTED}(?::{_DOTTED})?", re.ASCII)  # fullmatch: no trailing newline
@@ -551,6 +554,15 @@ class WorkloadSpec(_Frozen):
                 f"(epochs = {self.epochs:g}): no evaluation would run"
             )
         return self
+
+    def user_entry_points(self) -> list[str]:
+        """The ``package.module:function`` entries that are the user's code (not autotune's
+        built-ins): what building the workload, or running an exported script, imports."""
+        family, _, member = self.model.partition(":")
+        model_is_builtin = family in MODEL_FAMILY_NAMES and bool(member)
+        entries = [self.model] if ":" in self.model and not model_is_builtin else []
+        entries += [self.data] if ":" in self.data else []
+        return entries + ([self.loss] if ":" in self.loss else [])
 
 
 class ObjectiveSpec(_Frozen):

@@ -6,6 +6,8 @@ import time
 
 import torch
 
+from autotune.results import PHASES
+
 __all__ = ["PHASES", "PhaseProbe", "TrainClock", "bottleneck", "synchronize"]
 
 
@@ -47,7 +49,6 @@ class TrainClock:
         return self._total
 
 
-PHASES = ("data_wait", "host_to_device", "forward_backward", "optimizer")
 BUSY_SHARE = 0.8  # a device busy less than this share of the time is starved
 DATA_STARVED_SHARE = 0.2  # waiting for batches this share of the time: starved by data
 

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import optuna
@@ -218,6 +222,61 @@ def test_autotune_storage_is_every_commands_default_storage(seen, tmp_path: Path
     listed = run_cli("studies", cwd=tmp_path, env=env)
     assert listed.returncode == 0 and "seen" in listed.stdout, listed.stderr
     assert "AUTOTUNE_STORAGE" in run_cli("best", "--help", cwd=tmp_path).stdout
+
+
+# Runs one command in a fresh interpreter, as the console script does, then names the heavy
+# packages it loaded on stderr's last line.
+_PROBE = """
+import sys
+from autotune.cli import app
+try:
+    app(sys.argv[1:], prog_name="autotune")
+except SystemExit as exit:
+    code = exit.code
+else:
+    code = 0
+heavy = sorted({"torch", "torchvision", "sklearn"} & set(sys.modules))
+print(f"exit {code}; loaded {' '.join(heavy) or 'none'}", file=sys.stderr)
+"""
+
+
+def _probe(*args: str, cwd: Path) -> tuple[str, str]:
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, *args],
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": "160", "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout, done.stderr.strip().splitlines()[-1]
+
+
+def test_commands_that_read_a_study_do_not_import_torch(seen, tmp_path: Path):
+    """best, studies, export to YAML/JSON, dashboard, --help and --version read a study or print
+    text: importing torch (seconds on a CPU machine) is for the commands that train."""
+    _, url = seen
+    for args, shown in (
+        (("--help",), "export"),
+        (("--version",), __version__),
+        (("best", "--study", "seen", "--storage", url), "Export it:"),
+        (("best", "--study", "seen", "--storage", url, "--json"), '"config"'),
+        (("studies", "--storage", url), "seen"),
+        (("export", "--study", "seen", "--storage", url, "--format", "yaml"), "config:"),
+        (("export", "--study", "seen", "--storage", url, "--format", "json"), '"config"'),
+    ):
+        stdout, last = _probe(*args, cwd=tmp_path)
+        assert shown in stdout, (args, stdout)
+        assert last == "exit 0; loaded none", (args, last)
+    # the dashboard: every import done, then the port it is given is taken
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        _, last = _probe("dashboard", "--storage", url, "--port", port, cwd=tmp_path)
+    # optuna-dashboard imports scikit-learn (for its importances): torch it need not
+    assert last.startswith("exit 1; loaded ") and "torch" not in last, last
 
 
 def test_run_takes_autotune_storage_unless_the_space_file_names_one(tmp_path: Path, monkeypatch):

@@ -285,3 +285,15 @@ def test_torchvision_model_errors(model, args, expected):
     )
     with pytest.raises(WorkloadError, match=expected):
         load(spec)
+
+
+def test_the_spec_knows_the_built_in_model_families():
+    """``WorkloadSpec.user_entry_points`` tells built-in families from user code without
+    importing torch: its list of family names is the registry's."""
+    from autotune.spec import MODEL_FAMILY_NAMES
+    from autotune.workloads import MODEL_FAMILIES
+
+    assert set(MODEL_FAMILY_NAMES) == set(MODEL_FAMILIES)
+    spec = WorkloadSpec(model="torchvision:resnet18", data="proj.data:load", loss="proj:loss")
+    assert spec.user_entry_points() == ["proj.data:load", "proj:loss"]
+    assert WorkloadSpec(model="proj:net", data="digits").user_entry_points() == ["proj:net"]

@@ -39,7 +39,7 @@ def best(
     as_json: Annotated[bool, flag("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Print the best feasible trial of a study: its full configuration and metrics."""
-    from autotune import display, export, workloads
+    from autotune import display, export
     from autotune import study as studies
 
     quiet_libraries(verbose=False)
@@ -66,7 +66,7 @@ def best(
         console.print(shown, markup=False)
     console.print(display.config_table(chosen))
     spec = export.study_spec(found)
-    imported = workloads.user_entry_points(spec.workload) if spec is not None else []
+    imported = spec.workload.user_entry_points() if spec is not None else []
     if imported:
         console.print(f"  its workload is your code: {', '.join(imported)}", markup=False)
     where = display.study_options(study_name, storage)
@@ -126,7 +126,7 @@ def export_command(
     formats = ("script", "yaml", "json", "lightning", "hf")
     if fmt not in formats:
         raise fail(f"--format must be one of {', '.join(formats)}, not '{fmt}'")
-    from autotune import display, export, workloads
+    from autotune import display, export
     from autotune import study as studies
 
     quiet_libraries(verbose=False)
@@ -136,7 +136,7 @@ def export_command(
         chosen = export.select_trial(found, trial)
         result = export.best_config(found, chosen)
         spec = export.study_spec(found)
-        imported = workloads.user_entry_points(spec.workload) if spec is not None else []
+        imported = spec.workload.user_entry_points() if spec is not None else []
         if rebuild_workload and fmt == "script" and imported:  # before it runs any of it
             notices.print(
                 f"Rebuilding the workload: importing and running {', '.join(imported)}.",

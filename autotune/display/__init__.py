@@ -1,7 +1,8 @@
 """What people see: the live study display (``_live``), the tables printed around it (``_tables``)
 and how values and commands are written (``_text``)."""
 
-from autotune.display._live import LiveObserver, confirmation_progress, live_progress
+from typing import TYPE_CHECKING, Any
+
 from autotune.display._tables import config_table, print_confirmation, print_plan, print_summary
 from autotune.display._text import (
     METRIC_NOTES,
@@ -13,6 +14,9 @@ from autotune.display._text import (
     print_item,
     study_options,
 )
+
+if TYPE_CHECKING:
+    from autotune.display._live import LiveObserver, confirmation_progress, live_progress
 
 __all__ = [
     "METRIC_NOTES",
@@ -31,3 +35,15 @@ __all__ = [
     "print_summary",
     "study_options",
 ]
+
+# _live observes the run loop (autotune.study._run, which imports the trainer and torch): it is
+# imported on first use, so that the commands that read a study do not load torch.
+_LIVE = {"LiveObserver", "confirmation_progress", "live_progress"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LIVE:
+        from autotune.display import _live
+
+        return getattr(_live, name)
+    raise AttributeError(f"module 'autotune.display' has no attribute {name!r}")

@@ -4,6 +4,7 @@ and the confirmation round's verdict."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import optuna
 from optuna.trial import FrozenTrial
@@ -22,9 +23,11 @@ from autotune.display._text import (
     si,
     study_options,
 )
-from autotune.hardware import Hardware
 from autotune.interference import INTERFERENCE_SHARE
 from autotune.spec import KNOBS, Choice, Spec
+
+if TYPE_CHECKING:  # torch: the plan is printed by `autotune run` only
+    from autotune.hardware import Hardware
 
 
 def print_plan(

@@ -10,17 +10,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 import yaml
 from optuna.trial import FrozenTrial, TrialState
-from torch import nn
-from torch.utils.data import DataLoader, Dataset
 
 from autotune.config import TrialConfig
 from autotune.errors import UserError
-from autotune.pipeline import Collate, DeviceBatches, make_train_loader, make_val_loader
 from autotune.spec import DEFAULT_STORAGE, Spec, SpecError, parse_spec
 from autotune.study import (
     StudyError,
@@ -31,7 +28,13 @@ from autotune.study import (
     is_feasible,
     load_study,
 )
-from autotune.trainer import LossFn, Trainer, _set_backend_flags
+
+if TYPE_CHECKING:  # torch: only the building blocks need it, not reading a study's answer
+    from torch import nn
+    from torch.utils.data import DataLoader, Dataset
+
+    from autotune.pipeline import Collate, DeviceBatches
+    from autotune.trainer import LossFn, Trainer
 
 __all__ = [
     "BestConfig",
@@ -130,6 +133,8 @@ class BestConfig:
         self, dataset: Dataset, seed: int | None = None, collate_fn: Collate | None = None
     ) -> DataLoader | DeviceBatches:
         """A shuffled training DataLoader with the tuned batch size and loader knobs."""
+        from autotune.pipeline import make_train_loader
+
         seed = self.config.seed if seed is None else seed
         return make_train_loader(dataset, self.config, seed, collate_fn)
 
@@ -137,6 +142,8 @@ class BestConfig:
         self, dataset: Dataset, collate_fn: Collate | None = None
     ) -> DataLoader | DeviceBatches:
         """An in-order validation DataLoader."""
+        from autotune.pipeline import make_val_loader
+
         return make_val_loader(dataset, self.config, collate_fn)
 
     def make_trainer(
@@ -147,6 +154,8 @@ class BestConfig:
 
         On CUDA this also sets the process-wide TF32 and cudnn.benchmark flags as tuned.
         """
+        from autotune.trainer import Trainer, _set_backend_flags
+
         if self.config.device.startswith("cuda"):
             _set_backend_flags(self.config)
         return Trainer(model, self.config, total_steps, loss_fn)

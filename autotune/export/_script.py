@@ -23,7 +23,6 @@ from autotune.export._bundle import (
     import_block,
     literal,
 )
-from autotune.export._workload import recorded_layout, split_return, workload_code
 from autotune.spec import LOSSES, SpecError, WorkloadSpec, parse_spec
 from autotune.study import StudyRecord
 
@@ -324,6 +323,9 @@ def render_script(
     rebuild_workload: bool = False,
 ) -> str:
     """A standalone training script (imports no autotune) for ``best``'s configuration."""
+    # the workload's layout and the bundled code import torch: YAML and JSON need neither
+    from autotune.export._workload import recorded_layout, split_return, workload_code
+
     spec = study_spec(study)
     if spec is None:
         raise ExportError(

@@ -14,48 +14,104 @@ One subpackage, one concern per private module, everything public re-exported he
   side, and the study's answer (``answer_trial``).
 """
 
-from autotune.study._confirm import (
-    Confirmed,
-    Verdict,
-    answer_trial,
-    confirm_study,
-    confirmation_plan,
-)
-from autotune.study._open import load_study, open_study
-from autotune.study._records import (
-    COUNTED_STATES,
-    METRIC_FIELDS,
-    ConfirmationRecord,
-    ConfirmRun,
-    StudyRecord,
-    TrialRecord,
-    baseline_trial,
-    best_trial,
-    counted_trials,
-    feasible_trials,
-    is_feasible,
-    trial_config,
-)
-from autotune.study._run import (
-    MemoryWalls,
-    RunOutcome,
-    StudyObserver,
-    Terminated,
-    TrialRunner,
-    run_study,
-)
-from autotune.study._sampling import TrialSeededSampler, make_pruner, make_sampler
-from autotune.study._storage import (
-    Access,
-    StudyError,
-    display_url,
-    heartbeat,
-    open_storage,
-    password_note,
-    recover_stale_trials,
-    sqlite_path,
-    storage_problem,
-)
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autotune.study._confirm import (
+        Confirmed,
+        Verdict,
+        answer_trial,
+        confirm_study,
+        confirmation_plan,
+    )
+    from autotune.study._open import load_study, open_study
+    from autotune.study._records import (
+        COUNTED_STATES,
+        METRIC_FIELDS,
+        ConfirmationRecord,
+        ConfirmRun,
+        StudyRecord,
+        TrialRecord,
+        baseline_trial,
+        best_trial,
+        counted_trials,
+        feasible_trials,
+        is_feasible,
+        trial_config,
+    )
+    from autotune.study._run import (
+        MemoryWalls,
+        RunOutcome,
+        StudyObserver,
+        Terminated,
+        TrialRunner,
+        run_study,
+    )
+    from autotune.study._sampling import TrialSeededSampler, make_pruner, make_sampler
+    from autotune.study._storage import (
+        Access,
+        StudyError,
+        display_url,
+        heartbeat,
+        open_storage,
+        password_note,
+        recover_stale_trials,
+        sqlite_path,
+        storage_problem,
+    )
+
+# Imported on first use: a reader of finished studies (autotune best, studies, export) never
+# loads _run and _confirm, which import the trainer and torch.
+_MODULES = {
+    "Confirmed": "_confirm",
+    "Verdict": "_confirm",
+    "answer_trial": "_confirm",
+    "confirm_study": "_confirm",
+    "confirmation_plan": "_confirm",
+    "load_study": "_open",
+    "open_study": "_open",
+    "COUNTED_STATES": "_records",
+    "METRIC_FIELDS": "_records",
+    "ConfirmationRecord": "_records",
+    "ConfirmRun": "_records",
+    "StudyRecord": "_records",
+    "TrialRecord": "_records",
+    "baseline_trial": "_records",
+    "best_trial": "_records",
+    "counted_trials": "_records",
+    "feasible_trials": "_records",
+    "is_feasible": "_records",
+    "trial_config": "_records",
+    "MemoryWalls": "_run",
+    "RunOutcome": "_run",
+    "StudyObserver": "_run",
+    "Terminated": "_run",
+    "TrialRunner": "_run",
+    "run_study": "_run",
+    "TrialSeededSampler": "_sampling",
+    "make_pruner": "_sampling",
+    "make_sampler": "_sampling",
+    "Access": "_storage",
+    "StudyError": "_storage",
+    "display_url": "_storage",
+    "heartbeat": "_storage",
+    "open_storage": "_storage",
+    "password_note": "_storage",
+    "recover_stale_trials": "_storage",
+    "sqlite_path": "_storage",
+    "storage_problem": "_storage",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        import importlib
+
+        value = getattr(importlib.import_module(f"autotune.study.{_MODULES[name]}"), name)
+        globals()[name] = value  # looked up once
+        return value
+    raise AttributeError(f"module 'autotune.study' has no attribute {name!r}")
+
 
 __all__ = [
     "COUNTED_STATES",

@@ -39,12 +39,12 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import optuna
 from optuna.trial import FrozenTrial
 
 from autotune import faults, objective
-from autotune.executor import TrialExecutor, WorkerError
 from autotune.results import Evaluation
 from autotune.spec import ObjectiveSpec
 from autotune.study._records import (
@@ -57,6 +57,9 @@ from autotune.study._records import (
     feasible_trials,
     trial_config,
 )
+
+if TYPE_CHECKING:
+    from autotune.executor import TrialExecutor
 
 __all__ = ["Confirmed", "Verdict", "answer_trial", "confirm_study", "confirmation_plan"]
 
@@ -307,6 +310,8 @@ def _measure(
 
     def report(evaluation: Evaluation) -> bool:  # the whole budget, or to the target
         return objective.target_reached(evaluation, goal)
+
+    from autotune.executor import WorkerError  # torch: only a confirmation round needs it
 
     started = time.monotonic()
     try:

@@ -13,19 +13,20 @@ import hashlib
 import json
 import time
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.exceptions import ExperimentalWarning
 
-from autotune import space, telemetry
 from autotune._version import __version__
-from autotune.hardware import Hardware
 from autotune.spec import Spec
 from autotune.study._records import StudyRecord, TrialRecord
 from autotune.study._sampling import make_pruner, make_sampler
 from autotune.study._storage import Access, StudyError, display_url, open_storage
-from autotune.workloads import Workload
+
+if TYPE_CHECKING:  # torch: only creating a study needs it, not loading one
+    from autotune.hardware import Hardware
+    from autotune.workloads import Workload
 
 __all__ = ["load_study", "open_study"]
 
@@ -104,6 +105,8 @@ def _fingerprints_before_1122(spec: Spec) -> set[str]:
 
 def queue_baseline(study: optuna.Study, spec: Spec, hardware: Hardware) -> None:
     """Queue the untuned baseline (``study.baseline``) to run next, marked as the baseline."""
+    from autotune import space
+
     study.enqueue_trial(
         space.baseline_params(spec, hardware), user_attrs=TrialRecord(baseline=True).to_attrs()
     )
@@ -176,6 +179,8 @@ def open_study(
 def _label(study: optuna.Study, spec: Spec, hardware: Hardware, workload: Workload | None) -> None:
     """Write what a new study records (its search, space file, machine) and queue its
     baseline."""
+    from autotune import telemetry
+
     StudyRecord(autotune_version=__version__).store(study)  # first: a half-made one says so
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)  # stable in practice since 3.2

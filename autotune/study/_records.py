@@ -16,7 +16,6 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import telemetry, timing
 from autotune.config import TrialConfig
 from autotune.faults import FaultKind
 from autotune.interference import interfered
@@ -140,6 +139,8 @@ class TrialRecord:
     @classmethod
     def from_result(cls, result: TrialResult, precision: str) -> TrialRecord:
         """What a trial that trained stores of its measurements."""
+        from autotune import telemetry, timing  # torch: only the writer of a trial needs it
+
         breakdown: dict[str, Any] = {}
         if result.time_breakdown:
             total = sum(result.time_breakdown.values())

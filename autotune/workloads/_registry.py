@@ -145,13 +145,9 @@ def builtin_family(name: str, registry: dict[str, Callable[..., Any]]) -> tuple[
 
 def user_entry_points(spec: WorkloadSpec) -> list[str]:
     """The ``package.module:function`` entries of ``spec`` that are the user's code (not
-    autotune's built-ins): what building the workload, or running an exported script, imports."""
-    entries = [
-        name
-        for name, registry in ((spec.model, MODELS), (spec.data, DATASETS))
-        if ":" in name and builtin_family(name, registry) is None
-    ]
-    return entries + ([spec.loss] if ":" in spec.loss else [])
+    autotune's built-ins): what building the workload, or running an exported script, imports.
+    The spec answers without torch (``WorkloadSpec.user_entry_points``)."""
+    return spec.user_entry_points()
 
 
 def _resolve(
