@@ -69,6 +69,28 @@ def test_trial_lines_show_every_knob_precision_first_never_cut(seen, width):
             assert knob in after, (knob, text)
 
 
+def test_flags_that_do_not_fit_the_trial_line_go_with_its_knobs(seen):
+    study, _ = seen
+    done = next(t for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE)
+    flagged = optuna.trial.create_trial(
+        state=optuna.trial.TrialState.COMPLETE,
+        value=done.value,
+        params=done.params,
+        distributions=done.distributions,
+        user_attrs={**done.user_attrs, "interference": True, "other_cpu_share": 0.37},
+        system_attrs={"constraints:min_accuracy": 0.5},  # infeasible: below min_accuracy
+    )
+    console = _console(80)
+    progress = display.live_progress(console)
+    observer = display.LiveObserver(study, _spec(study), Live(progress, console=console), progress)
+    observer.trial_finished(flagged)
+    lines = [line.rstrip() for line in _text(console).splitlines() if line.strip()]
+    assert lines[0].startswith("trial ") and len(lines) >= 2, lines
+    assert all(line.startswith(" ") for line in lines[1:]), lines  # nothing at column 0
+    text = " ".join(lines)
+    assert "infeasible" in text and "interference 37%" in text
+
+
 def test_a_study_with_all_its_trials_shows_no_full_bar(seen):
     """``run --n-trials 5`` on a study of 5 showed a 5/5 bar for a run that ran nothing."""
     study, _ = seen

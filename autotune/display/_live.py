@@ -71,6 +71,7 @@ class LiveObserver(studies.StudyObserver):
     def trial_finished(self, trial: FrozenTrial) -> None:
         record = studies.TrialRecord.of(trial)
         line = Text(f"trial {trial.number:>3} ")
+        flags = Text()  # infeasible, interference: with the knobs when the line has no room
         if trial.state == TrialState.COMPLETE:
             feasible = studies.is_feasible(trial)
             if feasible or self.spec.objective.metric != "time_to_accuracy":
@@ -85,9 +86,9 @@ class LiveObserver(studies.StudyObserver):
                 f"  {si(record.samples_per_second or 0)} samples/s  "
             )
             if not feasible and self.spec.objective.metric != "time_to_accuracy":
-                line.append("infeasible  ", style="yellow")
+                flags.append("infeasible  ", style="yellow")
             if record.interference:
-                line.append(f"interference {record.other_cpu_share or 0:.0%}  ", style="yellow")
+                flags.append(f"interference {record.other_cpu_share or 0:.0%}  ", style="yellow")
         else:
             kind = record.fail_kind or trial.state.name.lower()
             line.append(f"{kind:>15}  ", style="dim" if kind == "pruned" else "red")
@@ -96,6 +97,10 @@ class LiveObserver(studies.StudyObserver):
         knobs = Text("(untuned baseline) " if record.baseline else "", style="bold")
         knobs.append(params(trial), style="cyan")  # precision, data_pipeline, ... first
         console = self.live.console
+        if line.cell_len + flags.cell_len <= console.width:
+            line.append_text(flags)
+        else:
+            knobs = flags + knobs
         if line.cell_len + knobs.cell_len <= console.width:
             console.print(line + knobs)
         else:  # the knobs on lines of their own, indented, wrapped between knobs: never cut
