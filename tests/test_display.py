@@ -4,6 +4,7 @@ the commands to copy are intact. Not snapshots: each test asserts what must surv
 from __future__ import annotations
 
 import io
+import json
 import shlex
 from pathlib import Path
 
@@ -146,3 +147,9 @@ def test_studies_fits_80_columns_with_whole_headers(seen, tmp_path: Path):
     assert url in listed.stdout.splitlines() or f"Studies in {url}" in listed.stdout
     row = next(line for line in listed.stdout.splitlines() if line.split()[:1] == ["seen"])
     assert "acc/s" in row and all(len(line) <= 80 for line in listed.stdout.splitlines())
+    # and for scripts, the same as JSON
+    as_json = run_cli("studies", "--storage", url, "--json", cwd=tmp_path)
+    assert as_json.returncode == 0, as_json.stderr
+    (entry,) = [e for e in json.loads(as_json.stdout) if e["study"] == "seen"]
+    assert entry["metric"] == "accuracy_per_second" and entry["best_trial"] == int(row.split()[-1])
+    assert entry["complete"] == int(row.split()[1]) and entry["failed"] == int(row.split()[3])

@@ -265,9 +265,14 @@ def dashboard(
         raise typer.Exit(0) from None
 
 
+# trials counted per study, by state (the names TrialState gives them, but "failed")
+_COUNTED = {"complete": "COMPLETE", "pruned": "PRUNED", "failed": "FAIL", "running": "RUNNING"}
+
+
 @app.command("studies", cls=Command)
 def list_studies(
     storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
+    as_json: Annotated[bool, flag("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """List the studies in a storage with their trial counts and best values."""
     import optuna
@@ -282,6 +287,24 @@ def list_studies(
     backend = open_for_reading(storage)
     summaries = optuna.get_all_study_summaries(backend, include_best_trial=False)
     shown = studies.display_url(storage)
+    rows: list[dict[str, Any]] = []
+    for summary in sorted(summaries, key=lambda s: s.study_name):
+        study = optuna.load_study(study_name=summary.study_name, storage=backend)
+        trials = study.get_trials(deepcopy=False)
+        count = {state: sum(1 for t in trials if t.state == state) for state in TrialState}
+        top = studies.answer_trial(study)
+        rows.append(
+            {
+                "study": summary.study_name,
+                "metric": studies.StudyRecord.of(study).metric,
+                **{column: count[TrialState[state]] for column, state in _COUNTED.items()},
+                "best_value": top.value if top else None,
+                "best_trial": top.number if top else None,
+            }
+        )
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
     if not summaries:
         console.print(f"No studies in {shown}.", markup=False)
         return
@@ -289,24 +312,18 @@ def list_studies(
     # no vertical rules and the unit beside the best value: the table fits 80 columns
     table = Table(box=box.SIMPLE_HEAD)
     table.add_column("study", overflow="fold")
-    for column in ("complete", "pruned", "failed", "running"):
+    for column in _COUNTED:
         table.add_column(column, justify="right", no_wrap=True)
     table.add_column("best", justify="right", no_wrap=True)
     table.add_column("trial", justify="right", no_wrap=True)
-    for summary in sorted(summaries, key=lambda s: s.study_name):
-        study = optuna.load_study(study_name=summary.study_name, storage=backend)
-        trials = study.get_trials(deepcopy=False)
-        count = {state: sum(1 for t in trials if t.state == state) for state in TrialState}
-        top = studies.answer_trial(study)
-        metric = studies.StudyRecord.of(study).metric or "-"
+    for row in rows:
+        metric = str(row["metric"] or "-")
         unit = display.METRIC_UNITS.get(metric, metric)
+        value = row["best_value"]
         table.add_row(
-            Text(summary.study_name),  # stored values are data, never markup
-            str(count[TrialState.COMPLETE]),
-            str(count[TrialState.PRUNED]),
-            str(count[TrialState.FAIL]),
-            str(count[TrialState.RUNNING]),
-            Text(f"{display.fmt(top.value)} {unit}" if top else f"- {unit}"),
-            str(top.number) if top else "-",
+            Text(str(row["study"])),  # stored values are data, never markup
+            *(str(row[state]) for state in _COUNTED),
+            Text(f"{display.fmt(value)} {unit}" if value is not None else f"- {unit}"),
+            str(row["best_trial"]) if row["best_trial"] is not None else "-",
         )
     console.print(table)
