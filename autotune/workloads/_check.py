@@ -23,7 +23,7 @@ from torch.utils.data import Dataset, default_collate
 from autotune.pipeline import Collate
 from autotune.spec import LOSSES
 from autotune.workloads._registry import DataSplits, WorkloadError
-from autotune.workloads.batches import BatchLayout, ModelInputs, call_model
+from autotune.workloads.batches import BatchLayout, ModelInputs, call_model, is_integer
 from autotune.workloads.scoring import IGNORE_INDEX, LossFn, classification_sums, logits_of
 
 __all__ = ["MIN_SCORED_TARGETS", "Entries", "check", "check_labels", "read_sample", "user_frame"]
@@ -88,17 +88,11 @@ def check_labels(label: Any, data: str) -> None:
             f"the score (accuracy) need integer class indices"
         )
     integer = isinstance(label, int) and not isinstance(label, bool)
-    if not integer and not (isinstance(label, torch.Tensor) and _is_index(label)):
+    if not integer and not (isinstance(label, torch.Tensor) and is_integer(label)):
         raise WorkloadError(
             f"data set '{data}': a label is {_describe(label)}; it must be an integer class "
             f"index, or an integer tensor of them (one per pixel or token)"
         )
-
-
-def _is_index(tensor: torch.Tensor) -> bool:
-    return (
-        not tensor.is_floating_point() and not tensor.is_complex() and tensor.dtype != torch.bool
-    )
 
 
 def read_sample(split: Dataset, name: str, data: str, index: int = 0) -> Any:

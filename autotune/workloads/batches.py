@@ -24,6 +24,7 @@ __all__ = [
     "call_model",
     "count_samples",
     "count_tokens",
+    "is_integer",
     "to_device",
 ]
 
@@ -76,12 +77,13 @@ def count_tokens(inputs: ModelInputs) -> torch.Tensor | int | None:
     ids = inputs.kwargs.get("input_ids")
     if ids is None and len(inputs.args) == 1 and not inputs.kwargs:
         ids = inputs.args[0]
-    if isinstance(ids, torch.Tensor) and ids.dim() == 2 and _is_integer(ids):
+    if isinstance(ids, torch.Tensor) and ids.dim() == 2 and is_integer(ids):
         return ids.numel()
     return None
 
 
-def _is_integer(tensor: torch.Tensor) -> bool:
+def is_integer(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` holds integers (class indices, token ids): not float, complex or bool."""
     return (
         not tensor.is_floating_point() and not tensor.is_complex() and tensor.dtype != torch.bool
     )
