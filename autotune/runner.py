@@ -12,31 +12,29 @@ step time is one-time overhead (compilation, cuDNN autotuning, DataLoader worker
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-import resource
-import shutil
-import tempfile
 import time
-import traceback
-import warnings
-from collections.abc import Iterator
 
 import torch
 from torch.utils.data import DataLoader
 
 from autotune.config import TrialConfig
-from autotune.faults import FaultKind, TrialFault, classify
+from autotune.execution import (
+    compile_seconds,
+    compiled_graphs,
+    guarded,
+    peak_memory_bytes,
+    reset_peak_memory,
+)
+from autotune.faults import FaultKind, TrialFault
 from autotune.hardware import device_name
-from autotune.interference import CpuMeter, trial_threads
 from autotune.pipeline import DeviceBatches, make_train_loader, make_val_loader
 from autotune.results import Evaluation, Plan, Reporter, TrialResult
 from autotune.telemetry import GpuSampler, flops_per_sample
 from autotune.timing import PhaseProbe, TrainClock
 from autotune.trainer import (
     Trainer,
-    backend_flags,
     seed_everything,
 )
 from autotune.workloads import Workload
@@ -90,74 +88,6 @@ def make_plan(config: TrialConfig, micro_batches_per_epoch: int, train_size: int
     )
 
 
-def _compiled_graphs() -> int:
-    counters = getattr(torch._dynamo.utils, "counters", {})
-    return int(counters.get("stats", {}).get("unique_graphs", 0))
-
-
-def _compile_seconds() -> float:
-    """Seconds torch.compile has spent compiling in this process (its own tally): the forward
-    graphs (Dynamo, AOTAutograd, Inductor) and the backward graphs, compiled lazily at the
-    first ``backward()``. CUDA-graph recording happens while running and counts as warm-up."""
-    metrics = getattr(torch._dynamo.utils, "compilation_time_metrics", {})
-    return float(
-        sum(metrics.get("_compile.compile_inner", ()))
-        + sum(metrics.get("backward._backward_impl", ()))
-    )
-
-
-@contextlib.contextmanager
-def _compile_state(config: TrialConfig) -> Iterator[None]:
-    """For a compiled trial, a cold compiler: Dynamo reset and Inductor's on-disk caches (FX
-    graphs, AOTAutograd, autotuning, kernels) in a fresh directory, removed afterwards (also
-    when the trial fails or is interrupted), so the compile time a trial pays does not depend
-    on which trials or studies ran before it; and the compiled graphs (CUDA-graph memory pools
-    included) dropped when it ends."""
-    if config.compile == "none":
-        yield
-        return
-    from torch._inductor import utils as inductor_utils
-
-    # fresh_cache since torch 2.8; fresh_inductor_cache, its old name, is kept as an alias
-    fresh_cache = getattr(inductor_utils, "fresh_cache", None)
-    fresh_cache = fresh_cache or inductor_utils.fresh_inductor_cache
-    scratch = tempfile.mkdtemp(prefix="autotune-compile-")
-    torch.compiler.reset()
-    try:
-        with fresh_cache(dir=scratch, delete=False):  # removed below, whatever happens
-            yield
-    finally:
-        torch.compiler.reset()
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _on_device(device: torch.device) -> contextlib.AbstractContextManager:
-    """Make ``device`` the current CUDA device (streams, events, caches follow it)."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
-def _reset_peak_memory(device: torch.device) -> None:
-    """Start this trial's peak-memory reading: the device's allocator peak, or on a CPU the
-    process's resident-set high-water mark (Linux lets a process reset its own)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return
-    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")  # VmHWM := current RSS
-
-
-def _peak_memory_bytes(device: torch.device) -> int:
-    """Bytes: max allocated on a CUDA device since the reset; on a CPU the process's peak RSS
-    since the reset (since it started where /proc cannot be reset or read)."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024  # kB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
 @torch.no_grad()
 def _evaluate(
     trainer: Trainer, loader: DataLoader | DeviceBatches, layout: BatchLayout
@@ -197,49 +127,13 @@ def _flops_per_sample(trainer: Trainer, workload: Workload) -> float | None:
 # ---------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _intra_op_threads(threads: int) -> Iterator[None]:
-    """torch's intra-op threads set to ``threads`` for the trial, restored after: explicit, so
-    that neither a library default nor an earlier trial decides how many cores it uses."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialResult:
     """Train one trial; raise TrialFault (kind and one-line message, and the traceback as
     ``details`` for unexpected errors) when it cannot finish."""
-    device = torch.device(config.device)
-    threads = trial_threads()
-    with (
-        _on_device(device),
-        backend_flags(config),
-        _compile_state(config),
-        _intra_op_threads(threads),
-        warnings.catch_warnings(),
-    ):
-        # GradScaler skips the optimizer step when fp16 gradients overflow; the scheduler
-        # stepping anyway is intended (the schedule follows steps attempted).
-        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-        try:
-            with CpuMeter() as meter:  # what else ran on these cores meanwhile
-                result = _train(config, workload, report)
-            share = meter.share.other_share if meter.share is not None else None
-            return dataclasses.replace(result, intra_op_threads=threads, other_cpu_share=share)
-        except Exception as error:
-            if isinstance(error, TrialFault):
-                fault = error
-            else:
-                kind, message = classify(error)
-                fault = TrialFault(kind, message, traceback.format_exc()[-4000:])
-            fault.__traceback__ = None
-    # Raised here, outside the except block, the fault carries no traceback of the trial's
-    # frames. Those hold the DataLoader iterator: alive, its workers would stay watched by
-    # torch's SIGCHLD handler, which raises later, anywhere in this process, when one dies.
-    raise fault
+    run = guarded(config, lambda: _train(config, workload, report))
+    return dataclasses.replace(
+        run.value, intra_op_threads=run.intra_op_threads, other_cpu_share=run.other_cpu_share
+    )
 
 
 def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialResult:
@@ -253,12 +147,12 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
     plan = make_plan(config, len(train_loader), train_size)
 
     # -- model, optimizer, schedule, precision; compiled when asked, on a cold compiler (see
-    # _compile_state) so earlier trials' graphs neither help nor count (evaluation runs eager)
-    graphs_before, compile_before = _compiled_graphs(), _compile_seconds()
+    # compile_state) so earlier trials' graphs neither help nor count (evaluation runs eager)
+    graphs_before, compile_before = compiled_graphs(), compile_seconds()
     trainer = Trainer(workload.build_model(), config, plan.optimizer_steps, workload.loss_fn)
     device = trainer.device
     flops = _flops_per_sample(trainer, workload)
-    _reset_peak_memory(device)
+    reset_peak_memory(device)
 
     # -- bookkeeping read only at evaluations (no per-step host-device synchronization).
     # Under fp16 a non-finite loss is an overflow GradScaler recovers from (it skips that step),
@@ -374,8 +268,8 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
         samples_per_second = steady_steps * config.effective_batch_size / steady_seconds
     else:
         samples_per_second = last.samples_seen / last.train_seconds
-    compiled_graphs = _compiled_graphs() - graphs_before
-    if config.compile != "none" and compiled_graphs == 0:
+    new_graphs = compiled_graphs() - graphs_before
+    if config.compile != "none" and new_graphs == 0:
         raise TrialFault(
             "compile_error", f"torch.compile (mode {config.compile}) produced no graph"
         )
@@ -394,12 +288,12 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
         samples_seen=last.samples_seen,
         optimizer_steps=last.optimizer_steps,
         effective_batch_size=config.effective_batch_size,
-        peak_memory_bytes=_peak_memory_bytes(device),
-        compiled_graphs=compiled_graphs,
+        peak_memory_bytes=peak_memory_bytes(device),
+        compiled_graphs=new_graphs,
         loss_scale=trainer.loss_scale,
         skipped_steps=trainer.skipped_steps,
         time_breakdown=breakdown or probe.result(final=True),
-        compile_seconds=_compile_seconds() - compile_before if config.compile != "none" else None,
+        compile_seconds=compile_seconds() - compile_before if config.compile != "none" else None,
         flops_per_sample=flops,
         gpu=sampler.summary(),
         device_name=device_name(config.device),

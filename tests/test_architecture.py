@@ -16,11 +16,12 @@ PACKAGE = Path(autotune.__file__).parent
 
 # lowest first
 LAYERS: list[set[str]] = [
-    {"_version", "errors", "config", "results"},  # plain data and names, no torch
+    {"_version", "errors", "config", "results", "speed"},  # plain data and names, no torch
     {"spec", "faults", "hardware", "timing", "interference", "files"},  # what the user asked;
     # the machine and what else runs on it
     {"telemetry", "pipeline"},  # measuring the device; batches reaching it
-    {"workloads", "trainer"},  # models and data; a model under a configuration
+    {"workloads", "trainer", "execution"},  # models and data; a model under a configuration;
+    # the context a training run executes in
     {"testing", "space", "runner", "objective", "warmup"},  # sampling; a measured trial;
     # its score; what a process pays once, before any trial
     {"executor"},  # how the study runs a trial
@@ -35,8 +36,6 @@ MAX_LINES = 400
 LONG_MODULES = {
     "spec.py": "the space file's schema: one pydantic model per section and the knob registry "
     "they are checked against, with the YAML line index that puts file:line on every error",
-    "runner.py": "the training loop of one trial reads top to bottom in commented stanzas, as "
-    "nanoGPT's train.py does; splitting it would scatter one loop over files",
     "worker.py": "the two ends of one pipe protocol, the supervisor (timeouts, kills, scratch "
     "folders) and the worker process's loop, read together; the messages they exchange are "
     "defined beside them",

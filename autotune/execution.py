@@ -1,0 +1,165 @@
+"""The context one training run executes in: its device, backend flags, a cold compiler,
+its intra-op threads, the load of other processes meanwhile, and the readings of its memory peak
+and compile work.
+
+A trial (``autotune.runner``) and a speed measurement (``autotune.bursts``) run through
+``guarded``, so that the two measure the same thing the same way and fail the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import shutil
+import tempfile
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import torch
+
+from autotune.config import TrialConfig
+from autotune.faults import TrialFault, classify
+from autotune.interference import CpuMeter, trial_threads
+from autotune.trainer import backend_flags
+
+__all__ = [
+    "Guarded",
+    "compile_seconds",
+    "compile_state",
+    "compiled_graphs",
+    "guarded",
+    "intra_op_threads",
+    "on_device",
+    "peak_memory_bytes",
+    "reset_peak_memory",
+]
+
+
+def compiled_graphs() -> int:
+    counters = getattr(torch._dynamo.utils, "counters", {})
+    return int(counters.get("stats", {}).get("unique_graphs", 0))
+
+
+def compile_seconds() -> float:
+    """Seconds torch.compile has spent compiling in this process (its own tally): the forward
+    graphs (Dynamo, AOTAutograd, Inductor) and the backward graphs, compiled lazily at the
+    first ``backward()``. CUDA-graph recording happens while running and counts as warm-up."""
+    metrics = getattr(torch._dynamo.utils, "compilation_time_metrics", {})
+    return float(
+        sum(metrics.get("_compile.compile_inner", ()))
+        + sum(metrics.get("backward._backward_impl", ()))
+    )
+
+
+@contextlib.contextmanager
+def compile_state(config: TrialConfig) -> Iterator[None]:
+    """For a compiled trial, a cold compiler: Dynamo reset and Inductor's on-disk caches (FX
+    graphs, AOTAutograd, autotuning, kernels) in a fresh directory, removed afterwards (also
+    when the trial fails or is interrupted), so the compile time a trial pays does not depend
+    on which trials or studies ran before it; and the compiled graphs (CUDA-graph memory pools
+    included) dropped when it ends."""
+    if config.compile == "none":
+        yield
+        return
+    from torch._inductor import utils as inductor_utils
+
+    # fresh_cache since torch 2.8; fresh_inductor_cache, its old name, is kept as an alias
+    fresh_cache = getattr(inductor_utils, "fresh_cache", None)
+    fresh_cache = fresh_cache or inductor_utils.fresh_inductor_cache
+    scratch = tempfile.mkdtemp(prefix="autotune-compile-")
+    torch.compiler.reset()
+    try:
+        with fresh_cache(dir=scratch, delete=False):  # removed below, whatever happens
+            yield
+    finally:
+        torch.compiler.reset()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """Make ``device`` the current CUDA device (streams, events, caches follow it)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start this trial's peak-memory reading: the device's allocator peak, or on a CPU the
+    process's resident-set high-water mark (Linux lets a process reset its own)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")  # VmHWM := current RSS
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Bytes: max allocated on a CUDA device since the reset; on a CPU the process's peak RSS
+    since the reset (since it started where /proc cannot be reset or read)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+@contextlib.contextmanager
+def intra_op_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``threads`` for the trial, restored after: explicit, so
+    that neither a library default nor an earlier trial decides how many cores it uses."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+Result = TypeVar("Result")
+
+
+@dataclass(frozen=True)
+class Guarded(Generic[Result]):
+    """What ``body`` returned, with the threads it ran on and the load beside it."""
+
+    value: Result
+    intra_op_threads: int
+    other_cpu_share: float | None  # others' share of its cores meanwhile; None: unreadable
+
+
+def guarded(config: TrialConfig, body: Callable[[], Result]) -> Guarded[Result]:
+    """Run ``body`` (training under ``config``) on its device, with its backend flags, a cold
+    compiler and explicit intra-op threads, metering other processes' load; every failure is
+    raised as a TrialFault (kind, one-line message, and the traceback as ``details`` for
+    unexpected errors)."""
+    device = torch.device(config.device)
+    threads = trial_threads()
+    with (
+        on_device(device),
+        backend_flags(config),
+        compile_state(config),
+        intra_op_threads(threads),
+        warnings.catch_warnings(),
+    ):
+        # GradScaler skips the optimizer step when fp16 gradients overflow; the scheduler
+        # stepping anyway is intended (the schedule follows steps attempted).
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+        try:
+            with CpuMeter() as meter:  # what else ran on these cores meanwhile
+                value = body()
+            share = meter.share.other_share if meter.share is not None else None
+            return Guarded(value, threads, share)
+        except Exception as error:
+            if isinstance(error, TrialFault):
+                fault = error
+            else:
+                kind, message = classify(error)
+                fault = TrialFault(kind, message, traceback.format_exc()[-4000:])
+            fault.__traceback__ = None
+    # Raised here, outside the except block, the fault carries no traceback of the run's
+    # frames. Those hold the DataLoader iterator: alive, its workers would stay watched by
+    # torch's SIGCHLD handler, which raises later, anywhere in this process, when one dies.
+    raise fault
