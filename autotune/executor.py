@@ -1,19 +1,22 @@
 """How the study runs a trial: the executor interface, and trials in the study process.
 
 The study hands an executor a ``TrialConfig`` and a ``Reporter`` and gets a ``TrialResult``
-back, or an exception for a trial that could not finish. ``InProcessExecutor`` trains in the
-study process itself; ``autotune.worker.WorkerExecutor`` in a supervised worker process.
+back, or an exception for a trial that could not finish; the speed stage hands it a
+configuration and a ``BurstPlan`` and gets a ``SpeedMeasurement``. ``InProcessExecutor``
+trains in the study process itself; ``autotune.worker.WorkerExecutor`` in a supervised
+worker process.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from autotune import runner
+from autotune import bursts, runner
 from autotune.config import TrialConfig
 from autotune.errors import UserError
 from autotune.faults import release_memory
 from autotune.results import Reporter, TrialResult
+from autotune.speed import BurstPlan, SpeedMeasurement
 from autotune.warmup import Warmth
 from autotune.workloads import Workload
 
@@ -25,9 +28,12 @@ class WorkerError(UserError):
 
 
 class TrialExecutor(Protocol):
-    """Runs one trial: ``run(config, report) -> TrialResult``, raising on faults."""
+    """Runs one trial: ``run(config, report) -> TrialResult``, or times one configuration:
+    ``measure(config, plan) -> SpeedMeasurement``; both raise on faults."""
 
     def run(self, config: TrialConfig, report: Reporter) -> TrialResult: ...
+
+    def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement: ...
 
     def close(self) -> None: ...
 
@@ -48,6 +54,13 @@ class InProcessExecutor:
             return runner.train(config, self.workload, report)
         finally:
             release_memory()  # the next trial's peak memory is its own
+
+    def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
+        try:
+            self.warmth.before(config, self.workload)  # before the first burst's clock
+            return bursts.measure(config, self.workload, plan)
+        finally:
+            release_memory()
 
     def close(self) -> None:
         pass

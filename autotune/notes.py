@@ -26,6 +26,7 @@ from autotune.study import (
     display_url,
     feasible_trials,
     trial_config,
+    trial_knob_origin,
 )
 
 __all__ = [
@@ -254,7 +255,8 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         lines += ["", "| knob | value |", "|---|---|"]
         config = trial_config(best).to_dict()
         for name in KNOBS:
-            mark = " (searched)" if name in best.params else ""
+            origin = trial_knob_origin(best, name)
+            mark = f" ({origin})" if origin else ""
             lines.append(f"| {name} | {number(config[name])}{mark} |")
         lines.append("")
     lines += _space_file_block(study)

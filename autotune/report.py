@@ -20,7 +20,13 @@ from autotune.export import best_config
 from autotune.notes import PHASE_LABELS, Summary, measured, measurements, number, summarize
 from autotune.results import PHASES
 from autotune.spec import DEFAULT_STORAGE, KNOBS
-from autotune.study import StudyRecord, TrialRecord, display_url, trial_config
+from autotune.study import (
+    StudyRecord,
+    TrialRecord,
+    display_url,
+    trial_config,
+    trial_knob_origin,
+)
 
 if TYPE_CHECKING:  # plotly is imported where a report is drawn: run and export need none
     import plotly.graph_objects as go
@@ -282,7 +288,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
                     name,
                     number(config[name]),
                     number(baseline.get(name)) if baseline else "",
-                    "searched" if name in best.params else "",
+                    trial_knob_origin(best, name),
                 )
             )
     comparisons = [

@@ -3,6 +3,11 @@
 This is the only module that calls ``trial.suggest_*``. Conditional knobs are sampled only where
 they mean something: ``prefetch_factor`` and ``persistent_workers`` only with DataLoader workers,
 ``momentum`` only for SGD, ``nesterov`` only with momentum.
+
+A joint study samples every knob. A two-stage study's trials sample what changes learning (the
+learning rate, the effective batch, the optimizer and schedule, the precision, and any knob
+declared in ``study.learning_knobs``) and take the execution knobs and the micro-batch split
+from the speed stage's table (``autotune.speed.SpeedTable``).
 """
 
 from __future__ import annotations
@@ -19,13 +24,27 @@ from autotune.config import TrialConfig, scaled_lr
 from autotune.hardware import Hardware
 from autotune.pipeline import ImageTensorDataset
 from autotune.spec import KNOBS, Choice, FloatRange, IntRange, Knob, Spec, SpecError
+from autotune.speed import SPEED_KNOBS, SPLIT_KNOBS, SpeedTable
 from autotune.workloads import Workload
 
 DEVICE_DATA_SHARE = (
     0.5  # the most of a GPU's memory a training set may take in the device pipeline
 )
 
-__all__ = ["Dropped", "Restriction", "baseline_params", "restrict", "sample"]
+__all__ = [
+    "Dropped",
+    "NothingFits",
+    "Restriction",
+    "baseline_params",
+    "effective_batch_sizes",
+    "restrict",
+    "sample",
+    "untuned_config",
+]
+
+
+class NothingFits(Exception):
+    """The speed stage found no way to train the sampled effective batch and precision."""
 
 
 @dataclass(frozen=True)
@@ -195,23 +214,89 @@ def _suggest(trial: optuna.Trial, name: str, knob: Knob) -> Any:
     return trial.suggest_float(name, knob.low, knob.high, step=knob.step, log=knob.log)
 
 
-def sample(trial: optuna.Trial, spec: Spec, hardware: Hardware) -> TrialConfig:
-    """Draw one configuration from ``spec.space`` (already restricted to ``hardware``)."""
+def effective_batch_sizes(spec: Spec) -> list[int]:
+    """Every batch_size x accumulation_steps the space offers, ascending (listed values)."""
+    sizes = _listed(spec.space.batch_size)
+    steps = _listed(spec.space.accumulation_steps)
+    return sorted({size * step for size in sizes for step in steps})
+
+
+def _listed(knob: Knob) -> tuple[Any, ...]:
+    if isinstance(knob, Choice):
+        return knob.values
+    assert isinstance(knob, IntRange) and knob.is_fixed, "two_stage needs listed batch sizes"
+    return (knob.low,)
+
+
+def _execution_from_table(
+    trial: optuna.Trial, spec: Spec, pick: Callable[[str], Any], table: SpeedTable
+) -> dict[str, Any]:
+    """The micro-batch split and execution knobs of a two-stage trial: the speed stage's
+    fastest for the sampled effective batch, precision and declared learning knobs."""
+    declared = spec.study.learning_knobs
+    split_sampled = any(name in declared for name in SPLIT_KNOBS)
+    if split_sampled:
+        batch_size, accumulation_steps = pick("batch_size"), pick("accumulation_steps")
+        effective = batch_size * accumulation_steps
+    else:
+        sizes = effective_batch_sizes(spec)
+        effective = (
+            trial.suggest_categorical("effective_batch_size", sizes)
+            if len(sizes) > 1
+            else sizes[0]
+        )
+    precision = pick("precision")
+    extras = tuple((name, pick(name)) for name in SPEED_KNOBS if name in declared)
+    if split_sampled:
+        choice = table.exact(batch_size, accumulation_steps, precision, extras)
+    else:
+        choice = table.fastest(effective, precision, extras)
+    if choice is None:
+        raise NothingFits(table.why_not(effective, precision, extras))
+    return {"precision": precision, **choice.knobs()}
+
+
+def sample(
+    trial: optuna.Trial, spec: Spec, hardware: Hardware, speed: SpeedTable | None = None
+) -> TrialConfig:
+    """Draw one configuration from ``spec.space`` (already restricted to ``hardware``); with
+    the speed stage's ``speed`` table, only what changes learning is drawn (see the module).
+    NothingFits when the table has no way to train what was drawn."""
     space = spec.space
 
     def pick(name: str) -> Any:
         return _suggest(trial, name, getattr(space, name))
 
-    batch_size = pick("batch_size")
-    accumulation_steps = pick("accumulation_steps")
+    execution: dict[str, Any] = {}
+    if speed is not None:
+        execution = _execution_from_table(trial, spec, pick, speed)
+        batch_size = execution["batch_size"]
+        accumulation_steps = execution["accumulation_steps"]
+    else:
+        batch_size = pick("batch_size")
+        accumulation_steps = pick("accumulation_steps")
     base_lr = pick("lr")
     lr_scaling, base_batch_size = pick("lr_scaling"), pick("base_batch_size")
     optimizer = pick("optimizer")
     momentum = pick("momentum") if optimizer == "sgd" else None
     nesterov = bool(pick("nesterov")) if momentum else False
-    data_pipeline = pick("data_pipeline")
-    dataloader = data_pipeline == "dataloader"  # the loader knobs mean nothing otherwise
-    num_workers = pick("num_workers") if dataloader else 0
+    if speed is None:
+        data_pipeline = pick("data_pipeline")
+        dataloader = data_pipeline == "dataloader"  # the loader knobs mean nothing otherwise
+        num_workers = pick("num_workers") if dataloader else 0
+        execution = {
+            "data_pipeline": data_pipeline,
+            "num_workers": num_workers,
+            "pin_memory": pick("pin_memory") if dataloader else False,
+            "prefetch_factor": pick("prefetch_factor") if num_workers > 0 else None,
+            "persistent_workers": pick("persistent_workers") if num_workers > 0 else False,
+            "precision": pick("precision"),
+            "compile": pick("compile"),
+            "channels_last": pick("channels_last"),
+            "cudnn_benchmark": pick("cudnn_benchmark"),
+        }
+    weight_decay = pick("weight_decay")
+    schedule, warmup_fraction = pick("schedule"), pick("warmup_fraction")
     return TrialConfig(
         lr=scaled_lr(base_lr, batch_size * accumulation_steps, base_batch_size, lr_scaling),
         base_lr=base_lr,
@@ -220,26 +305,26 @@ def sample(trial: optuna.Trial, spec: Spec, hardware: Hardware) -> TrialConfig:
         batch_size=batch_size,
         accumulation_steps=accumulation_steps,
         optimizer=optimizer,
-        weight_decay=pick("weight_decay"),
+        weight_decay=weight_decay,
         momentum=momentum,
         nesterov=nesterov,
-        schedule=pick("schedule"),
-        warmup_fraction=pick("warmup_fraction"),
-        num_workers=num_workers,
-        pin_memory=pick("pin_memory") if dataloader else False,
-        prefetch_factor=pick("prefetch_factor") if num_workers > 0 else None,
-        persistent_workers=pick("persistent_workers") if num_workers > 0 else False,
-        precision=pick("precision"),
-        compile=pick("compile"),
-        channels_last=pick("channels_last"),
-        cudnn_benchmark=pick("cudnn_benchmark"),
+        schedule=schedule,
+        warmup_fraction=warmup_fraction,
+        num_workers=execution["num_workers"],
+        pin_memory=execution["pin_memory"],
+        prefetch_factor=execution["prefetch_factor"],
+        persistent_workers=execution["persistent_workers"],
+        precision=execution["precision"],
+        compile=execution["compile"],
+        channels_last=execution["channels_last"],
+        cudnn_benchmark=execution["cudnn_benchmark"],
         device=hardware.device,
         epochs=spec.workload.epochs,
         eval_every=spec.workload.eval_every,
         val_batch_size=spec.workload.val_batch_size,
         seed=spec.study.seed + trial.number,
         dataloader_timeout=spec.workload.dataloader_timeout,
-        data_pipeline=data_pipeline,
+        data_pipeline=execution["data_pipeline"],
     )
 
 
@@ -315,3 +400,9 @@ def baseline_params(spec: Spec, hardware: Hardware) -> dict[str, Any]:
     untuned = _Untuned(dict(pins))
     sample(untuned, spec, hardware)  # type: ignore[arg-type]  # it answers the suggest_* calls
     return untuned.params
+
+
+def untuned_config(spec: Spec, hardware: Hardware) -> TrialConfig:
+    """The untuned configuration (see ``study.baseline``) as a whole TrialConfig."""
+    pins = spec.study.baseline if isinstance(spec.study.baseline, dict) else {}
+    return sample(_Untuned(dict(pins)), spec, hardware)  # type: ignore[arg-type]

@@ -432,6 +432,19 @@ class ConfirmSpec(_Frozen):
     repeats: int = Field(default=2, ge=1)  # more runs of each (the trial itself is one more)
 
 
+class SpeedSpec(_Frozen):
+    """Stage 1 of the two-stage search: how each execution configuration is timed."""
+
+    repeats: int = Field(default=2, ge=1)  # measurements of each of a cell's leaders
+    bursts: int = Field(default=3, ge=1)  # timed bursts per measurement
+    burst_seconds: float = Field(default=0.25, gt=0)  # each burst's target length
+
+
+STRATEGIES = ("two_stage", "joint")
+# knobs that only say how batches are loaded: they never change what is learned
+_LOADER_KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+
+
 class StudySpec(_Frozen):
     """How the search runs: where trials are stored, how many, which sampler and pruner."""
 
@@ -450,6 +463,24 @@ class StudySpec(_Frozen):
     # every study says how much faster its answer is; a mapping pins some of its knobs
     baseline: bool | dict[str, Scalar] = True
     confirm: ConfirmSpec = Field(default_factory=ConfirmSpec)
+    # two_stage: execution knobs timed first (stage 1), trials only for what changes learning;
+    # joint: every knob in one study of training trials
+    strategy: Literal["two_stage", "joint"] = "two_stage"
+    learning_knobs: tuple[str, ...] = ()  # execution knobs that change learning here: stage 2
+    speed: SpeedSpec = Field(default_factory=SpeedSpec)
+
+    @field_validator("learning_knobs")
+    @classmethod
+    def _learning_knobs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if name not in KNOBS:
+                raise ValueError(f"unknown knob '{name}'{_close(name, list(KNOBS))}")
+            if name in _LOADER_KNOBS:
+                raise ValueError(
+                    f"{name} only says how batches are loaded, never what is learned; "
+                    f"declare data_pipeline to search the pipeline in stage 2"
+                )
+        return value
 
     @field_validator("confirm", mode="before")
     @classmethod
@@ -607,6 +638,20 @@ class Spec(_Frozen):
 
     _path: Path | None = PrivateAttr(default=None)
     _text: str = PrivateAttr(default="")
+
+    @model_validator(mode="after")
+    def _two_stage_sizes(self) -> Spec:
+        if self.study.strategy != "two_stage":
+            return self
+        for name in ("batch_size", "accumulation_steps"):
+            knob = getattr(self.space, name)
+            if isinstance(knob, IntRange) and not knob.is_fixed:
+                raise ValueError(
+                    f"space.{name}: the two-stage search times each micro-batch split, so it "
+                    f"needs a list of values (e.g. [32, 64, 128]), not a range; or set "
+                    f"study.strategy: joint"
+                )
+        return self
 
     @model_validator(mode="after")
     def _full_run_covers_trial(self) -> Spec:

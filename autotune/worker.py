@@ -8,8 +8,10 @@ whole process group (DataLoader workers included), records the trial and starts 
 GPU memory is released between such trials by construction.
 
 The pipe carries the frozen message types below (pickled), and nothing else:
-    study -> worker   RunTrial, then a Verdict after each Evaluated; Exit when idle
-    worker -> study   Ready or StartFailed once; per trial Evaluated..., then Finished or Faulted
+    study -> worker   RunTrial, then a Verdict after each Evaluated; or MeasureSpeed;
+                      Exit when idle
+    worker -> study   Ready or StartFailed once; per trial Evaluated..., then Finished or
+                      Faulted; per speed measurement Measured or Faulted
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from autotune import runner
+from autotune import bursts, runner
 from autotune.config import TrialConfig
 from autotune.executor import WorkerError
 from autotune.faults import (
@@ -43,6 +45,7 @@ from autotune.faults import (
 from autotune.interference import CpuMeter
 from autotune.results import Evaluation, Reporter, TrialResult
 from autotune.spec import WorkloadSpec
+from autotune.speed import BurstPlan, SpeedMeasurement
 from autotune.warmup import Warmth
 
 __all__ = ["WorkerExecutor"]
@@ -57,6 +60,14 @@ class RunTrial:
     """study -> worker: train this configuration."""
 
     config: TrialConfig
+
+
+@dataclass(frozen=True)
+class MeasureSpeed:
+    """study -> worker: time bursts of this configuration's training steps (speed stage)."""
+
+    config: TrialConfig
+    plan: BurstPlan
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,13 @@ class Finished:
 
 
 @dataclass(frozen=True)
+class Measured:
+    """worker -> study: the speed measurement asked for."""
+
+    measurement: SpeedMeasurement
+
+
+@dataclass(frozen=True)
 class Faulted:
     """worker -> study: the running trial could not finish."""
 
@@ -107,8 +125,9 @@ class Faulted:
     needs_fresh_process: bool  # a broken CUDA context: this worker exits after sending it
 
 
-ToWorker = RunTrial | Verdict | Exit
-FromWorker = Ready | StartFailed | Evaluated | Finished | Faulted
+ToWorker = RunTrial | MeasureSpeed | Verdict | Exit
+FromWorker = Ready | StartFailed | Evaluated | Finished | Measured | Faulted
+Request = RunTrial | MeasureSpeed
 
 POLL_SECONDS = 0.2  # how often the supervisor checks the worker between messages
 START_TIMEOUT_SECONDS = 600.0  # importing torch and loading the data; generous for big data
@@ -250,28 +269,36 @@ class WorkerExecutor:
 
     def run(self, config: TrialConfig, report: Reporter) -> TrialResult:
         """Run one trial in the worker; TrialFault for every way it can end badly."""
+        outcome = self._supervise(RunTrial(config), report)
+        assert isinstance(outcome, TrialResult)
+        return outcome
+
+    def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
+        """Time one configuration in the worker (speed stage); TrialFault as ``run``."""
+        outcome = self._supervise(MeasureSpeed(config, plan), _no_evaluations)
+        assert isinstance(outcome, SpeedMeasurement)
+        return outcome
+
+    def _supervise(self, request: Request, report: Reporter) -> TrialResult | SpeedMeasurement:
         if self._process is None or not self._process.is_alive():
             self._kill()
             self._start()
-        outcome = self._supervise(config, report)
-        if isinstance(outcome, TrialFault):
-            raise outcome  # the worker survived it and waits for the next trial
-        return outcome
-
-    def _supervise(self, config: TrialConfig, report: Reporter) -> TrialResult | TrialFault:
         assert self._process is not None and self._connection is not None
         started = time.monotonic()
         with CpuMeter() as meter:  # whether a timeout is the machine's or the trial's
-            return self._exchange(config, report, started, meter)
+            outcome = self._exchange(request, report, started, meter)
+        if isinstance(outcome, TrialFault):
+            raise outcome  # the worker survived it and waits for the next request
+        return outcome
 
     def _exchange(
-        self, config: TrialConfig, report: Reporter, started: float, meter: CpuMeter
-    ) -> TrialResult | TrialFault:
-        """Send the trial, answer its evaluations, and return how it ended."""
+        self, request: Request, report: Reporter, started: float, meter: CpuMeter
+    ) -> TrialResult | SpeedMeasurement | TrialFault:
+        """Send the request, answer its evaluations, and return how it ended."""
         assert self._connection is not None
         connection = self._connection
         try:
-            connection.send(RunTrial(config))
+            connection.send(request)
             while True:
                 if not connection.poll(POLL_SECONDS):
                     self._check_alive_and_on_time(started, meter)
@@ -281,6 +308,8 @@ class WorkerExecutor:
                     connection.send(Verdict(stop=report(message.evaluation)))
                 elif isinstance(message, Finished):
                     return message.result
+                elif isinstance(message, Measured):
+                    return message.measurement
                 elif isinstance(message, Faulted):
                     if message.needs_fresh_process:  # its CUDA context is broken: it exits;
                         self._kill()  # the next trial starts a new worker, not a dead one
@@ -328,6 +357,10 @@ class WorkerExecutor:
                     f"meanwhile, so the timeout is not held against the configuration",
                 )
             raise TrialFault(FaultKind.TRIAL_TIMEOUT, killed)
+
+
+def _no_evaluations(evaluation: Evaluation) -> bool:
+    raise TypeError("a speed measurement does not evaluate")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,7 +418,7 @@ def _worker_main(
             message: ToWorker = connection.recv()
         except (EOFError, OSError):
             return  # the study process is gone
-        if not isinstance(message, RunTrial):  # Exit
+        if not isinstance(message, RunTrial | MeasureSpeed):  # Exit
             return
         config = message.config
 
@@ -396,7 +429,10 @@ def _worker_main(
 
         try:
             warmth.before(config, workload)  # what this process pays once: not on a clock
-            result = runner.train(config, workload, report)
+            if isinstance(message, MeasureSpeed):
+                measured = bursts.measure(config, workload, message.plan)
+            else:
+                result = runner.train(config, workload, report)
         except Exception as error:
             kind, text = classify(error)
             details = getattr(error, "details", "") or traceback.format_exc()[-4000:]
@@ -407,5 +443,7 @@ def _worker_main(
             if fresh:
                 return  # a broken CUDA context: the next trial gets a new process
             continue
-        connection.send(Finished(result))
+        connection.send(
+            Measured(measured) if isinstance(message, MeasureSpeed) else Finished(result)
+        )
         release_memory()  # the next trial starts from an empty CUDA cache, its peak its own

@@ -23,7 +23,7 @@ from autotune.executor import InProcessExecutor, TrialExecutor
 from autotune.hardware import Hardware
 from autotune.space import restrict
 from autotune.spec import Spec, parse_spec
-from autotune.study import RunOutcome, open_storage, open_study, run_study
+from autotune.study import RunOutcome, open_storage, open_study, run_study, with_study_strategy
 from autotune.testing import CPU, write_space
 from autotune.worker import WorkerExecutor
 from autotune.workloads import load
@@ -67,11 +67,14 @@ def _prepare_study(
     heartbeat_interval: int | None = None,
     new_study: bool = False,
     storage: str | None = None,
+    executor: TrialExecutor | None = None,
+    remeasure: bool = False,
 ) -> PreparedStudy:
     """The study that a space file's text (written to ``directory``/space.yaml) or a parsed Spec
     describes, restricted to ``hardware``, in ``storage`` (by default a SQLite file under
     ``directory``, where ``autotune run`` puts it); run to its end unless ``run`` is False, in
-    this process or, with ``isolation="worker"``, in a supervised worker."""
+    this process or, with ``isolation="worker"``, in a supervised worker (or by ``executor``,
+    which is then left open)."""
     if isinstance(space, str):
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "space.yaml").write_text(space)
@@ -86,17 +89,21 @@ def _prepare_study(
         workload,
         new_study=new_study,
     )
+    spec = with_study_strategy(study, spec)
     if not run:
         return PreparedStudy(study, url, None, None)
-    executor: TrialExecutor
-    if isolation == "worker":
+    given = executor is not None
+    if executor is None and isolation == "worker":
         executor = WorkerExecutor(spec.workload, directory, trial_timeout=trial_timeout)
-    else:
+    elif executor is None:
         executor = InProcessExecutor(workload)
     try:
-        outcome = run_study(study, spec, hardware, executor)
+        outcome = run_study(
+            study, spec, hardware, executor, workload=workload, remeasure=remeasure
+        )
     finally:
-        executor.close()
+        if not given:
+            executor.close()
     return PreparedStudy(study, url, outcome, executor)
 
 

@@ -296,7 +296,8 @@ def list_studies(
         rows.append(
             {
                 "study": summary.study_name,
-                "metric": studies.StudyRecord.of(study).metric,
+                "metric": studies.StudyRecord.of(study).metric
+                or next(iter(study.metric_names or []), None),
                 **{column: count[TrialState[state]] for column, state in _COUNTED.items()},
                 "best_value": top.value if top else None,
                 "best_trial": top.number if top else None,

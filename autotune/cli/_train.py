@@ -72,6 +72,14 @@ def run(
         bool,
         flag("--new-study", help="If the study exists with a different search, start a new one."),
     ] = False,
+    remeasure: Annotated[
+        bool,
+        flag(
+            "--remeasure",
+            help="Time the execution knobs again (stage 1 of a two-stage study) instead of "
+            "reusing the measurements stored for this machine, model and data.",
+        ),
+    ] = False,
     verbose: Annotated[bool, flag("--verbose", "-v", help="Show Optuna's logs.")] = False,
 ) -> None:
     """Run (or resume) the study a space file describes and print the best configuration."""
@@ -115,6 +123,7 @@ def run(
             spec.study.storage, "create", heartbeat_interval=spec.study.heartbeat_interval
         )
         study = studies.open_study(spec, storage_backend, hardware, workload, new_study)
+        spec = studies.with_study_strategy(study, spec)  # an older study resumes as it was
     except UserError as err:
         raise fail(str(err).splitlines()) from None
     except Exception as err:
@@ -134,7 +143,9 @@ def run(
     try:
         with Live(progress, console=console, refresh_per_second=8) as live:
             observer = display.LiveObserver(study, spec, live, progress)
-            outcome = studies.run_study(study, spec, hardware, executor, observer)
+            outcome = studies.run_study(
+                study, spec, hardware, executor, observer, workload, remeasure
+            )
             live.update(progress)
         console.print()  # ends the progress line (piped output has no cursor to move)
         if outcome.stopped_reason:

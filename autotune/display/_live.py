@@ -18,6 +18,7 @@ from autotune.config import TrialConfig
 from autotune.display._text import METRIC_UNITS, fmt, params, si
 from autotune.results import Evaluation
 from autotune.spec import Spec
+from autotune.speed import SpeedTable
 from autotune.study import ConfirmRun
 
 
@@ -36,6 +37,8 @@ class LiveObserver(studies.StudyObserver):
             visible=counted < spec.study.n_trials,  # no full bar for a run with nothing to do
         )
         self.status = Text("")
+        self.speed_events = 0  # stage 1: settings timed or reused
+        self.speed_reused = 0
 
     def _best_text(self) -> str:
         best = studies.best_trial(self.study)
@@ -45,6 +48,38 @@ class LiveObserver(studies.StudyObserver):
 
     def _render(self) -> None:
         self.live.update(Group(self.progress, self.status))
+
+    def speed_measured(self, event: studies.SpeedEvent) -> None:
+        self.speed_events += 1
+        self.speed_reused += event.cached
+        if event.samples_per_second is not None:
+            result = f"{si(event.samples_per_second)} samples/s"
+        else:
+            result = event.fault or "failed"
+        again = f", again ({event.round})" if event.round > 1 else ""
+        self.status = Text(
+            f"  stage 1, speed: {self.speed_events} timed ({self.speed_reused} reused)  "
+            f"{event.cell}{again}: {event.settings}: {result}",
+            style="dim",
+            overflow="ellipsis",
+            no_wrap=True,
+        )
+        self._render()
+
+    def speed_finished(self, table: SpeedTable) -> None:
+        from autotune.display._tables import print_speed_table
+
+        events, reused = self.speed_events, self.speed_reused
+        console = self.live.console
+        print_speed_table(console, table)
+        name = studies.speed_study_name(self.study.study_name)
+        console.print(
+            f"stage 1: {events - reused} settings timed, {reused} reused from earlier runs "
+            f"(study {name}); stage 2 trains with the fastest of each.",
+            markup=False,
+        )
+        self.status = Text("")
+        self._render()
 
     def trial_started(self, number: int, config: TrialConfig) -> None:
         self.current = number

@@ -28,6 +28,7 @@ from autotune.spec import KNOBS, Choice, Spec
 
 if TYPE_CHECKING:  # torch: the plan is printed by `autotune run` only
     from autotune.hardware import Hardware
+    from autotune.speed import SpeedTable
 
 
 def print_plan(
@@ -55,7 +56,26 @@ def print_plan(
         f"{workload.model} on {workload.data}, {workload.epochs:g} epochs per trial",
     )
     searched = spec.space.searched()
-    print_item(console, "searching", ", ".join(searched) if searched else "nothing")
+    if spec.study.strategy == "two_stage":
+        from autotune.speed import SPEED_KNOBS, SPLIT_KNOBS
+
+        declared = spec.study.learning_knobs
+        timed = [k for k in searched if k in SPEED_KNOBS and k not in declared]
+        split = [k for k in searched if k in SPLIT_KNOBS and k not in declared]
+        learned = [k for k in searched if k not in timed and k not in split]
+        if split and not any(k in declared for k in SPLIT_KNOBS):
+            learned.insert(1 if "lr" in learned else 0, "effective_batch_size")
+        stage1 = timed + (
+            [f"the split of each effective batch ({', '.join(split)})"] if split else []
+        )
+        print_item(
+            console,
+            "stage 1, speed",
+            ", ".join(stage1) if stage1 else "nothing to choose; timed for the predictions",
+        )
+        print_item(console, "stage 2, learning", ", ".join(learned) if learned else "nothing")
+    else:
+        print_item(console, "searching", ", ".join(searched) if searched else "nothing")
     for line in dropped:
         console.print(f"[yellow]not searched:[/] {escape(line)}")
     created_on = studies.StudyRecord.of(study).created_on
@@ -70,6 +90,41 @@ def print_plan(
         console.print(
             f"[yellow]note:[/] num_workers goes up to {most} on {hardware.cpu_count} CPU cores"
         )
+
+
+def print_speed_table(console: Console, table: SpeedTable) -> None:
+    """Stage 1's answer: the fastest settings of each micro-batch and precision."""
+    from autotune.study._speed_plan import describe
+
+    shown = Table(title="Stage 1: the fastest settings per micro-batch", title_justify="left")
+    shown.add_column("micro-batch", justify="right")
+    shown.add_column("precision")
+    shown.add_column("samples/s", justify="right")
+    shown.add_column("next best", justify="right")
+    shown.add_column("settings")
+    for choice in table:
+        if choice.accumulation_steps != min(
+            c.accumulation_steps for c in table if c.batch_size == choice.batch_size
+        ):
+            continue  # one row a micro-batch: accumulation only moves the optimizer's share
+        extra = "".join(f", {k} {v}" for k, v in choice.extras)
+        runner_up = (
+            f"{choice.runner_up / choice.samples_per_second - 1:+.0%}" if choice.runner_up else "-"
+        )
+        shown.add_row(
+            str(choice.batch_size),
+            choice.precision + extra,
+            f"{si(choice.samples_per_second)} ±{choice.spread / 2:.0%}",
+            runner_up,
+            Text(describe(choice.settings)),
+        )
+    seen: set[tuple[object, ...]] = set()
+    for (batch, _, precision, extras), why in table.unrunnable:
+        if (batch, precision, extras) in seen:
+            continue
+        seen.add((batch, precision, extras))
+        shown.add_row(str(batch), str(precision), "-", "-", Text(why, style="red"))
+    console.print(shown)
 
 
 def _best_table(study: optuna.Study, spec: Spec, limit: int = 5) -> Table | None:
@@ -104,7 +159,7 @@ def config_table(trial: FrozenTrial) -> Table:
     table.add_column()
     table.add_column(style="dim")
     for name in [*KNOBS, "device", "epochs", "seed"]:
-        note = "searched" if name in trial.params else ""
+        note = studies.trial_knob_origin(trial, name)
         if name == "lr" and config["lr_scaling"] != "none":
             note = f"{note}; {fmt(config['base_lr'])} per {config['base_batch_size']} examples"
         # Text: a stored value (a device name, say) is data, never markup

@@ -14,7 +14,11 @@ from rich.text import Text
 from autotune import study as studies
 from autotune.spec import DEFAULT_STORAGE
 
-METRIC_UNITS = {"accuracy_per_second": "acc/s", "time_to_accuracy": "s to target"}
+METRIC_UNITS = {
+    "accuracy_per_second": "acc/s",
+    "time_to_accuracy": "s to target",
+    "samples_per_second": "samples/s",  # the speed stage's studies (NAME.speed)
+}
 
 
 def fmt(value: Any) -> str:

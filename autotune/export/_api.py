@@ -26,6 +26,7 @@ from autotune.study import (
     Verdict,
     answer_trial,
     is_feasible,
+    knob_origin,
     load_study,
 )
 
@@ -70,6 +71,11 @@ class BestConfig:
     # median, runs, spread, speedup (over the untuned baseline), tied_with, under_interference
     confirmation: dict[str, Any] = field(default_factory=dict)
     feasible: bool = True  # the trial met every requirement (min_accuracy): an answer
+    speed_knobs: tuple[str, ...] = ()  # two-stage: the knobs the speed stage chose
+
+    def origin(self, knob: str) -> str:
+        """ "searched", "timed in stage 1" or "" (fixed): see study.knob_origin."""
+        return knob_origin(knob, self.params, self.speed_knobs)
 
     def confirmation_text(self) -> str:
         """One line on how sure the study is of this answer."""
@@ -108,6 +114,7 @@ class BestConfig:
             "workload": dict(self.workload),
             "confirmation": dict(self.confirmation),
             "feasible": self.feasible,
+            "speed_knobs": list(self.speed_knobs),
         }
 
     @classmethod
@@ -127,6 +134,7 @@ class BestConfig:
             workload=dict(data.get("workload") or {}),
             confirmation=dict(data.get("confirmation") or {}),
             feasible=bool(data.get("feasible", True)),
+            speed_knobs=tuple(data.get("speed_knobs") or ()),
         )
 
     def make_loader(
@@ -184,6 +192,13 @@ def select_trial(study: optuna.Study, number: int | None = None) -> FrozenTrial:
             raise ExportError(f"study '{study.study_name}' has no COMPLETE feasible trial yet")
         trial = found
     if TrialRecord.of(trial).config is None:
+        name = study.study_name
+        if name.endswith(".speed"):
+            raise ExportError(
+                f"'{name}' holds the speed stage's measurements of study "
+                f"'{name.removesuffix('.speed')}', not configurations to use; give --study "
+                f"{name.removesuffix('.speed')}"
+            )
         raise ExportError(
             f"trial {trial.number} of '{study.study_name}' has no autotune configuration "
             f"(was the study made by autotune?)"
@@ -219,6 +234,7 @@ def best_config(study: optuna.Study, trial: FrozenTrial) -> BestConfig:
         metrics=record.metrics(),
         confirmation=_confirmation_of(study, trial.number),
         feasible=is_feasible(trial),
+        speed_knobs=tuple(record.speed_knobs or ()),
         full_run_epochs=spec.objective.full_run_epochs if spec else None,
         workload=spec.workload.model_dump(mode="json") if spec else {},
     )

@@ -68,8 +68,8 @@ def comment_text(text: str) -> str:
 
 
 def _searched(best: BestConfig, knob: str, text: str = "") -> str:
-    parts = (["searched"] if knob in best.params else []) + ([text] if text else [])
-    return "; ".join(parts)
+    origin = best.origin(knob)
+    return "; ".join(([origin] if origin else []) + ([text] if text else []))
 
 
 def _lr_comment(best: BestConfig) -> str:

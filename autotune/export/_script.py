@@ -113,11 +113,10 @@ SCRIPT_KNOBS: dict[str, str] = {
 def _knob_notes(best: BestConfig) -> list[tuple[str, Any, str]]:
     """(CONSTANT, value, comment) for every knob the script sets as a constant."""
     config = best.config
-    searched = set(best.params)
 
     def note(knob: str, text: str = "") -> str:
-        parts = (["searched"] if knob in searched else []) + ([text] if text else [])
-        return "; ".join(parts)
+        origin = best.origin(knob)
+        return "; ".join(([origin] if origin else []) + ([text] if text else []))
 
     lr_text = "per optimizer step"
     if config.lr_scaling != "none":
@@ -193,10 +192,10 @@ def _knob_notes(best: BestConfig) -> list[tuple[str, Any, str]]:
 
 def _execution_summary(best: BestConfig) -> str:
     config = best.config
-    searched = set(best.params)
 
     def mark(knob: str, text: str) -> str:
-        return f"{text} (searched)" if knob in searched else text
+        origin = best.origin(knob)
+        return f"{text} ({origin})" if origin else text
 
     compile_text = "eager" if config.compile == "none" else f"torch.compile mode {config.compile}"
     optimizer = "SGD" if config.optimizer == "sgd" else "AdamW"

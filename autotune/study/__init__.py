@@ -10,6 +10,8 @@ One subpackage, one concern per private module, everything public re-exported he
 - ``_sampling``: the per-trial seeded sampler and the pruners;
 - ``_open``: creating, resuming (with the guard that refuses to mix two searches) and loading;
 - ``_run``: the run loop over trials, memory walls, and the observer the display implements;
+- ``_speed_plan``, ``_speed_store``, ``_speed``: stage 1 of a two-stage study, what it
+  measures, the speed study that records and caches it, and the stage that runs it;
 - ``_confirm``: the confirmation round that re-measures the leaders and the baseline side by
   side, and the study's answer (``answer_trial``).
 """
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
         confirm_study,
         confirmation_plan,
     )
-    from autotune.study._open import load_study, open_study
+    from autotune.study._open import load_study, open_study, with_study_strategy
     from autotune.study._records import (
         COUNTED_STATES,
         METRIC_FIELDS,
@@ -37,7 +39,9 @@ if TYPE_CHECKING:
         counted_trials,
         feasible_trials,
         is_feasible,
+        knob_origin,
         trial_config,
+        trial_knob_origin,
     )
     from autotune.study._run import (
         MemoryWalls,
@@ -48,6 +52,8 @@ if TYPE_CHECKING:
         run_study,
     )
     from autotune.study._sampling import TrialSeededSampler, make_pruner, make_sampler
+    from autotune.study._speed import run_speed_stage
+    from autotune.study._speed_store import SpeedEvent, SpeedRecord, speed_study_name
     from autotune.study._storage import (
         Access,
         StudyError,
@@ -70,6 +76,11 @@ _MODULES = {
     "confirmation_plan": "_confirm",
     "load_study": "_open",
     "open_study": "_open",
+    "with_study_strategy": "_open",
+    "run_speed_stage": "_speed",
+    "SpeedEvent": "_speed_store",
+    "SpeedRecord": "_speed_store",
+    "speed_study_name": "_speed_store",
     "COUNTED_STATES": "_records",
     "METRIC_FIELDS": "_records",
     "ConfirmationRecord": "_records",
@@ -81,6 +92,8 @@ _MODULES = {
     "counted_trials": "_records",
     "feasible_trials": "_records",
     "is_feasible": "_records",
+    "knob_origin": "_records",
+    "trial_knob_origin": "_records",
     "trial_config": "_records",
     "MemoryWalls": "_run",
     "RunOutcome": "_run",
@@ -122,6 +135,8 @@ __all__ = [
     "Confirmed",
     "MemoryWalls",
     "RunOutcome",
+    "SpeedEvent",
+    "SpeedRecord",
     "StudyError",
     "StudyObserver",
     "StudyRecord",
@@ -140,6 +155,7 @@ __all__ = [
     "feasible_trials",
     "heartbeat",
     "is_feasible",
+    "knob_origin",
     "load_study",
     "make_pruner",
     "make_sampler",
@@ -147,8 +163,12 @@ __all__ = [
     "open_study",
     "password_note",
     "recover_stale_trials",
+    "run_speed_stage",
     "run_study",
+    "speed_study_name",
     "sqlite_path",
     "storage_problem",
     "trial_config",
+    "trial_knob_origin",
+    "with_study_strategy",
 ]

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # torch: only creating a study needs it, not loading one
     from autotune.hardware import Hardware
     from autotune.workloads import Workload
 
-__all__ = ["load_study", "open_study"]
+__all__ = ["load_study", "open_study", "with_study_strategy"]
 
 PEER_CREATION_SECONDS = 5.0  # how long a study another process is creating may lack its attrs
 
@@ -47,10 +47,45 @@ def _settled_record(study: optuna.Study) -> StudyRecord:
     return record
 
 
+def _stored_strategy(record: StudyRecord) -> tuple[str, tuple[str, ...]]:
+    """(strategy, learning knobs) a study was made with; joint before there was a choice."""
+    return record.strategy or "joint", tuple(record.learning_knobs or ())
+
+
+def _strategy_problem(study: optuna.Study, record: StudyRecord, spec: Spec) -> str | None:
+    """Why ``spec``'s explicit strategy cannot continue ``study``; None when it can (an
+    omitted strategy continues the study's own)."""
+    strategy, knobs = _stored_strategy(record)
+    asked = spec.study.model_fields_set
+    name = study.study_name
+    if "strategy" in asked and spec.study.strategy != strategy:
+        return (
+            f"study '{name}' was made with study.strategy {strategy}; the space file asks for "
+            f"{spec.study.strategy}, and one study cannot mix the two searches"
+        )
+    if strategy == "two_stage" and tuple(spec.study.learning_knobs) != knobs:
+        return (
+            f"study '{name}' was made with study.learning_knobs [{', '.join(knobs)}]; the "
+            f"space file says [{', '.join(spec.study.learning_knobs)}]"
+        )
+    return None
+
+
+def with_study_strategy(study: optuna.Study, spec: Spec) -> Spec:
+    """``spec`` with the strategy ``study`` was made with, when the space file names none: a
+    study made before two-stage searches existed resumes as the joint search it was."""
+    strategy, _ = _stored_strategy(StudyRecord.of(study))
+    if strategy == spec.study.strategy or "strategy" in spec.study.model_fields_set:
+        return spec
+    return spec.with_overrides(study={"strategy": strategy})
+
+
 def _resume_problem(study: optuna.Study, spec: Spec) -> str | None:
     """Why ``spec`` cannot continue ``study``, with a readable diff; None when it can."""
     record = _settled_record(study)
     stored = record.search_fingerprint
+    if stored is not None and (problem := _strategy_problem(study, record, spec)):
+        return problem
     if stored is None and record.autotune_version is not None:
         return (
             f"study '{study.study_name}' was left half-made by an autotune run that failed while "
@@ -204,6 +239,8 @@ def _label(study: optuna.Study, spec: Spec, hardware: Hardware, workload: Worklo
         model_kwargs=_json_or_none(workload.model_kwargs) if workload is not None else None,
         batch_layout=workload.layout.to_record() if workload is not None else None,
         hardware=telemetry.fingerprint(hardware),
+        strategy=spec.study.strategy,
+        learning_knobs=list(spec.study.learning_knobs),
     ).store(study)
     if spec.study.baseline is not False:
         queue_baseline(study, spec, hardware)

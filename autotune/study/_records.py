@@ -33,7 +33,9 @@ __all__ = [
     "counted_trials",
     "feasible_trials",
     "is_feasible",
+    "knob_origin",
     "trial_config",
+    "trial_knob_origin",
 ]
 
 # Trials that count towards ``n_trials``: those that told the sampler something.
@@ -94,6 +96,11 @@ class TrialRecord:
     fail_msg: str | None = None
     fail_traceback: str | None = None  # fail_kind error: where it happened
     oom_skipped: bool = False  # not trained: at or above a memory wall found earlier
+    # -- two-stage studies: the knobs the speed stage chose, and what it predicted
+    speed_knobs: list[str] | None = None  # names of the knobs taken from the speed stage
+    predicted_samples_per_second: float | None = None
+    speed_trials: list[int] | None = None  # the NAME.speed trials behind the prediction
+    speed_mismatch: bool = False  # trained over SPEED_MISMATCH off the prediction
 
     def to_attrs(self) -> dict[str, Any]:
         """The user attributes to store: every field that differs from its default, as JSON."""
@@ -285,6 +292,8 @@ class StudyRecord:
     batch_layout: dict[str, Any] | None = None  # BatchLayout.to_record(): inputs and target
     hardware: dict[str, Any] | None = None  # telemetry.fingerprint of the machine
     confirmation: ConfirmationRecord | None = None  # the confirmation round, once it started
+    strategy: str | None = None  # two_stage | joint (None: made before there was a choice)
+    learning_knobs: list[str] | None = None  # two_stage: execution knobs sampled in stage 2
 
     def to_attrs(self) -> dict[str, Any]:
         """The user attributes to store: every field that is set."""
@@ -366,3 +375,19 @@ def trial_config(trial: FrozenTrial) -> TrialConfig:
 def counted_trials(study: optuna.Study) -> int:
     """Trials that count towards n_trials (COMPLETE and PRUNED)."""
     return len(study.get_trials(deepcopy=False, states=COUNTED_STATES))
+
+
+def knob_origin(name: str, params: Any, speed_knobs: Any = ()) -> str:
+    """How a trial's knob got its value, in a word or two: "searched" (sampled by the study),
+    "timed in stage 1" (the speed stage's fastest for the trial's effective batch and
+    precision), or "" (fixed by the space file)."""
+    if name in params:
+        return "searched"
+    if name in (speed_knobs or ()):
+        return "timed in stage 1"
+    return ""
+
+
+def trial_knob_origin(trial: FrozenTrial, name: str) -> str:
+    """``knob_origin`` of a stored trial."""
+    return knob_origin(name, trial.params, TrialRecord.of(trial).speed_knobs)

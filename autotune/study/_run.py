@@ -12,6 +12,7 @@ import time
 import traceback
 import warnings
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -23,13 +24,19 @@ from autotune.faults import FaultKind
 from autotune.hardware import Hardware
 from autotune.results import Evaluation
 from autotune.spec import Spec
+from autotune.speed import SPEED_KNOBS, SpeedTable
 from autotune.study._open import queue_baseline
 from autotune.study._records import COUNTED_STATES, TrialRecord
 from autotune.study._storage import heartbeat, recover_stale_trials
 
+if TYPE_CHECKING:
+    from autotune.study._speed_store import SpeedEvent
+    from autotune.workloads import Workload
+
 __all__ = ["MemoryWalls", "RunOutcome", "StudyObserver", "Terminated", "run_study"]
 
 SAME_ERROR_LIMIT = 3  # identical unexpected errors in a row, with no trial completed: stop
+SPEED_MISMATCH = 0.10  # a trial this far off the speed stage's prediction is flagged
 
 
 class Terminated(KeyboardInterrupt):
@@ -38,6 +45,12 @@ class Terminated(KeyboardInterrupt):
 
 class StudyObserver:
     """Hooks for showing a study's progress; the default does nothing."""
+
+    def speed_measured(self, event: SpeedEvent) -> None:
+        """Stage 1 (two-stage studies) measured, reused or skipped one setting."""
+
+    def speed_finished(self, table: SpeedTable) -> None:
+        """Stage 1 is done: ``table`` holds the fastest settings; stage 2 starts."""
 
     def trial_started(self, number: int, config: TrialConfig) -> None:
         """A trial is about to train with ``config``."""
@@ -63,6 +76,7 @@ class RunOutcome:
     terminated: bool = False  # interrupted by SIGTERM rather than Ctrl-C
     repeated_error: str | None = None
     states: dict[str, int] = field(default_factory=dict)
+    speed_table: SpeedTable | None = None  # two-stage studies: stage 1's answer
 
 
 @dataclass
@@ -130,11 +144,36 @@ class TrialRunner:
     executor: TrialExecutor
     observer: StudyObserver
     walls: MemoryWalls
+    speed: SpeedTable | None = None  # two-stage: the execution knobs come from here
+
+    def _sample(self, trial: optuna.Trial) -> TrialConfig:
+        """The trial's configuration; a two-stage trial's execution knobs from the speed
+        stage (the untuned baseline keeps its own)."""
+        baseline = TrialRecord.from_attrs(trial.user_attrs).baseline
+        if self.speed is None or baseline:
+            return space.sample(trial, self.spec, self.hardware)
+        config = space.sample(trial, self.spec, self.hardware, self.speed)
+        declared = self.spec.study.learning_knobs
+        extras = tuple((k, getattr(config, k)) for k in SPEED_KNOBS if k in declared)
+        choice = self.speed.exact(
+            config.batch_size, config.accumulation_steps, config.precision, extras
+        )
+        assert choice is not None  # sample took it from the table
+        TrialRecord(
+            # the knobs stage 1 chose among several values (fixed ones it only kept)
+            speed_knobs=sorted(k for k in choice.knobs() if k in self.spec.space.searched()),
+            predicted_samples_per_second=choice.samples_per_second,
+            speed_trials=list(choice.speed_trials),
+        ).store(trial)
+        return config
 
     def train(self, trial: optuna.Trial) -> tuple[TrialState, float | None]:
         """Sample, train and score ``trial``; its end state and value (None unless COMPLETE)."""
         spec, goal = self.spec, self.spec.objective
-        config = space.sample(trial, spec, self.hardware)
+        try:
+            config = self._sample(trial)
+        except space.NothingFits as nothing:
+            return _fault(trial, FaultKind.OOM, str(nothing)), None
         TrialRecord(config=config).store(trial)
         self.observer.trial_started(trial.number, config)
         blocked = self.walls.blocks(config)
@@ -172,6 +211,9 @@ class TrialRunner:
         TrialRecord(wall_seconds=time.monotonic() - started).store(trial)
 
         TrialRecord.from_result(result, config.precision).store(trial)
+        predicted = TrialRecord.from_attrs(trial.user_attrs).predicted_samples_per_second
+        if predicted and abs(result.samples_per_second / predicted - 1) > SPEED_MISMATCH:
+            TrialRecord(speed_mismatch=True).store(trial)  # interference, or a stale cache
         if pruned_at:
             at = pruned_at[0]
             message = (
@@ -245,8 +287,12 @@ def run_study(
     hardware: Hardware,
     executor: TrialExecutor,
     observer: StudyObserver | None = None,
+    workload: Workload | None = None,
+    remeasure: bool = False,
 ) -> RunOutcome:
-    """Run trials until the study holds ``spec.study.n_trials`` COMPLETE or PRUNED trials.
+    """Run the study's stages: for ``study.strategy: two_stage`` the speed stage first (its
+    measurements reused from the storage unless ``remeasure``), then trials until the study
+    holds ``spec.study.n_trials`` COMPLETE or PRUNED trials.
 
     Several processes may run one study: each starts a trial only while the study's counted and
     running trials are short of the total, and waits for the last ones to finish. Stops early
@@ -261,7 +307,21 @@ def run_study(
     outcome = RunOutcome(study_name=study.study_name)
     target = spec.study.n_trials
     deadline = time.monotonic() + spec.study.timeout if spec.study.timeout else None
-    trial_runner = TrialRunner(spec, hardware, executor, observer, MemoryWalls.from_study(study))
+    walls = MemoryWalls.from_study(study)
+    trial_runner = TrialRunner(spec, hardware, executor, observer, walls)
+    if spec.study.strategy == "two_stage":
+        from autotune.study._speed import run_speed_stage
+
+        try:
+            table = run_speed_stage(
+                study, spec, hardware, executor, workload, remeasure, observer.speed_measured
+            )
+        except KeyboardInterrupt as stop:
+            outcome.interrupted = True
+            outcome.terminated = isinstance(stop, Terminated)
+            return outcome
+        observer.speed_finished(table)
+        outcome.speed_table = trial_runner.speed = table
     errors: list[str] = []  # messages of unexpected errors since the last counted trial
     completed_here = False  # whether a trial of this run completed
     failures = 0

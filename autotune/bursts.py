@@ -1,0 +1,169 @@
+"""Timed bursts of real training steps: the speed stage's measurement of one configuration.
+
+``measure(config, workload, plan)`` builds the trial's model, optimizer and data pipeline
+under ``config`` (accumulation 1), pays the one-time costs in a warm-up (DataLoader workers
+start, the data set is copied to the device, torch.compile compiles, cuDNN autotunes), then
+times ``plan.bursts`` bursts of steady steps. Each burst starts a new pass over the training
+data, as an epoch does, so the cost of starting a pass (non-persistent workers start again) is
+measured too. No evaluation, no convergence: a few seconds per configuration.
+
+It runs in the same execution context as a trial (``execution.guarded``) and uses the same
+clocks: the device is synchronized where a clock is read, at burst boundaries only, and the
+phases of each step (the optimizer step's share among them) come from the trial's PhaseProbe.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from autotune.config import TrialConfig
+from autotune.execution import (
+    compile_seconds,
+    compiled_graphs,
+    guarded,
+    peak_memory_bytes,
+    reset_peak_memory,
+)
+from autotune.faults import TrialFault
+from autotune.hardware import device_name
+from autotune.pipeline import make_train_loader
+from autotune.speed import BurstPlan, SpeedMeasurement
+from autotune.timing import PhaseProbe, TrainClock, synchronize
+from autotune.trainer import Trainer, seed_everything
+from autotune.workloads import Workload
+
+__all__ = ["measure"]
+
+CALIBRATION_MICRO_BATCHES = 4  # an untimed burst that sizes the timed ones
+
+
+def measure(
+    config: TrialConfig, workload: Workload, plan: BurstPlan | None = None
+) -> SpeedMeasurement:
+    """Time ``config``'s training steps (at accumulation 1); TrialFault when it cannot train
+    (out of memory, a failed compile, a batch larger than the data set)."""
+    plan = plan or BurstPlan()
+    config = config.replace(accumulation_steps=1)  # the optimizer's share is timed apart
+    run = guarded(config, lambda: _measure(config, workload, plan))
+    return SpeedMeasurement(
+        **{
+            **run.value,
+            "intra_op_threads": run.intra_op_threads,
+            "other_cpu_share": run.other_cpu_share,
+        }
+    )
+
+
+class _Batches:
+    """The training batches, one pass at a time, each burst starting a new pass."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self._pass: Iterator[Any] | None = None
+
+    def new_pass(self) -> Any:
+        """Start a new pass (the previous one is abandoned) and return its first batch."""
+        self._pass = None  # a non-persistent DataLoader's workers stop here, as at an epoch end
+        self._pass = iter(self.loader)
+        return next(self._pass)
+
+    def next(self) -> Any:
+        """The next batch of this pass; a new pass when it is exhausted."""
+        assert self._pass is not None
+        batch = next(self._pass, None)
+        return self.new_pass() if batch is None else batch
+
+
+def _measure(config: TrialConfig, workload: Workload, plan: BurstPlan) -> dict[str, Any]:
+    seed_everything(config.seed)
+    loader = make_train_loader(workload.train_set, config, config.seed, workload.collate_fn)
+    per_epoch = len(loader)
+    if per_epoch == 0:
+        size = len(workload.train_set)  # type: ignore[arg-type]  # map-style: sized
+        raise TrialFault(
+            "invalid_config",
+            f"batch_size {config.batch_size} is larger than the training set ({size} samples)",
+        )
+    graphs_before, compile_before = compiled_graphs(), compile_seconds()
+    trainer = Trainer(
+        workload.build_model(), config, total_steps=1_000_000, loss_fn=workload.loss_fn
+    )
+    device = trainer.device
+    split = workload.layout.split
+    batches = _Batches(loader)
+    reset_peak_memory(device)
+
+    def step(batch: Any) -> None:
+        trainer.train_step(*trainer.to_device(*split(batch)))
+
+    # -- warm-up: the first pass starts, the model compiles, kernels are chosen
+    clock = TrainClock(device)
+    clock.start()
+    step(batches.new_pass())
+    for _ in range(plan.warmup_micro_batches - 1):
+        step(batches.next())
+    warmup_seconds = clock.pause()
+
+    # -- an untimed burst that sizes the timed ones to about plan.burst_seconds each
+    started = time.perf_counter()
+    for _ in range(CALIBRATION_MICRO_BATCHES):
+        step(batches.next())
+    synchronize(device)
+    per_batch = (time.perf_counter() - started) / CALIBRATION_MICRO_BATCHES
+    length = round(plan.burst_seconds / max(per_batch, 1e-6))
+    length = max(plan.min_micro_batches, min(plan.max_micro_batches, length, per_epoch))
+
+    # -- the bursts: each a new pass, its start timed apart from its steady steps
+    steps: list[float] = []
+    optimizer: list[float] = []
+    epoch_starts: list[float] = []
+    for _ in range(plan.bursts):
+        probe = PhaseProbe(device, first_micro_batch=2, micro_batches=length - 1)
+        synchronize(device)
+        began = time.perf_counter()
+        first = batches.new_pass()  # host work: worker start-up and the first batch's loading
+        ready = time.perf_counter()
+        step(first)
+        for index in range(2, length + 1):
+            probe.begin(index)
+            batch = batches.next()
+            probe.mark("data_wait")
+            inputs, targets = trainer.to_device(*split(batch))
+            probe.mark("host_to_device")
+            trainer.forward_backward(inputs, targets)
+            probe.mark("forward_backward")
+            trainer.optimizer_step()
+            probe.mark("optimizer")
+        probe.begin(length + 1)  # closes the probe's window
+        synchronize(device)
+        ended = time.perf_counter()
+        phases = probe.result(final=True) or {}
+        epoch_starts.append(ready - began)
+        steps.append((ended - ready) / length)
+        optimizer.append(phases.get("optimizer", 0.0) / max(1, length - 1))
+
+    steady = sorted(steps)[len(steps) // 2]
+    epoch_start = sorted(epoch_starts)[len(epoch_starts) // 2]
+    one_time = warmup_seconds - plan.warmup_micro_batches * steady - epoch_start
+    if config.compile != "none" and compiled_graphs() == graphs_before:
+        raise TrialFault(
+            "compile_error", f"torch.compile (mode {config.compile}) produced no graph"
+        )
+    return {
+        "batch_size": config.batch_size,
+        "micro_batches_per_epoch": per_epoch,
+        "step_seconds": tuple(steps),
+        "optimizer_seconds": tuple(optimizer),
+        "epoch_start_seconds": tuple(epoch_starts),
+        "one_time_seconds": max(0.0, one_time),
+        "compile_seconds": (
+            compile_seconds() - compile_before if config.compile != "none" else None
+        ),
+        "peak_memory_bytes": peak_memory_bytes(device),
+        "device_name": device_name(config.device),
+        "torch_version": torch.__version__,
+    }

@@ -1,0 +1,198 @@
+"""What the speed stage measures and what it hands the learning stage, as plain frozen data.
+
+Most knobs change how fast a step runs, not what the model learns (``SPEED_KNOBS``, and the
+split of an effective batch into micro-batch x accumulation steps). The speed stage times short
+bursts of real training steps for each of them (``SpeedMeasurement``, made by
+``autotune.bursts``) and keeps, for every micro-batch split, precision and declared learning
+knob, the fastest settings it measured (``SpeedTable``). The learning stage's trials then train
+with those settings. Nothing here imports torch or Optuna.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "COMPUTE_KNOBS",
+    "LOADER_KNOBS",
+    "PIPELINE_KNOBS",
+    "SPEED_KNOBS",
+    "SPLIT_KNOBS",
+    "BurstPlan",
+    "Extras",
+    "SpeedChoice",
+    "SpeedMeasurement",
+    "SpeedTable",
+]
+
+# how batches reach the model: the pipeline and the DataLoader's own knobs
+LOADER_KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+PIPELINE_KNOBS = ("data_pipeline", *LOADER_KNOBS)
+# how the step computes
+COMPUTE_KNOBS = ("compile", "channels_last", "cudnn_benchmark")
+SPEED_KNOBS = (*PIPELINE_KNOBS, *COMPUTE_KNOBS)
+# the split of an effective batch: speed only, at a fixed effective batch, unless declared
+SPLIT_KNOBS = ("batch_size", "accumulation_steps")
+
+Extras = tuple[tuple[str, Any], ...]  # declared learning knobs among SPEED_KNOBS, by name
+
+
+@dataclass(frozen=True)
+class BurstPlan:
+    """How one configuration is timed: warm-up steps, then bursts of steady steps."""
+
+    warmup_micro_batches: int = 3  # compile, cuDNN autotuning, worker start: one-time costs
+    bursts: int = 3  # timed bursts, each starting a new pass over the data
+    burst_seconds: float = 0.25  # each burst's target length (its micro-batches follow)
+    min_micro_batches: int = 4  # per burst, however slow a step is
+    max_micro_batches: int = 400  # per burst, however fast
+
+
+def _median(values: tuple[float, ...]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+@dataclass(frozen=True)
+class SpeedMeasurement:
+    """Short bursts of real training steps of one configuration (accumulation 1).
+
+    Each burst starts a new pass over the training data, as an epoch does: ``epoch_start``
+    is the time to its first batch (DataLoader workers started again unless persistent), and
+    ``step`` the steady seconds per micro-batch after it (data wait, copy, forward, backward,
+    optimizer step), of which ``optimizer`` the optimizer step's share. Predictions for any
+    accumulation follow from these (one optimizer step per ``accumulation`` micro-batches).
+    """
+
+    batch_size: int
+    micro_batches_per_epoch: int
+    step_seconds: tuple[float, ...]  # per burst: seconds per micro-batch
+    optimizer_seconds: tuple[float, ...]  # per burst: the optimizer step's seconds per step
+    epoch_start_seconds: tuple[float, ...]  # per burst: seconds to a new pass's first batch
+    one_time_seconds: float  # the warm-up beyond steady steps (compile, autotuning, start-up)
+    compile_seconds: float | None  # torch.compile's own share (None when not compiling)
+    peak_memory_bytes: int
+    device_name: str
+    torch_version: str
+    intra_op_threads: int = 0
+    other_cpu_share: float | None = None  # others' share of its cores while it ran
+
+    def seconds_per_micro_batch(self, accumulation_steps: int = 1) -> float:
+        """Steady seconds per micro-batch with one optimizer step per ``accumulation_steps``."""
+        optimizer = _median(self.optimizer_seconds)
+        return _median(self.step_seconds) - optimizer * (1.0 - 1.0 / accumulation_steps)
+
+    def epoch_seconds(self, accumulation_steps: int = 1) -> float:
+        """Seconds of one pass over the training data, its start included."""
+        per_batch = self.seconds_per_micro_batch(accumulation_steps)
+        return _median(self.epoch_start_seconds) + self.micro_batches_per_epoch * per_batch
+
+    def samples_per_second(self, accumulation_steps: int = 1) -> float:
+        """Steady training samples per second, epoch starts included."""
+        samples = self.micro_batches_per_epoch * self.batch_size
+        return samples / self.epoch_seconds(accumulation_steps)
+
+    @property
+    def spread(self) -> float:
+        """(slowest - fastest) / median of the bursts' step times: the run-to-run noise."""
+        steps = self.step_seconds
+        return (max(steps) - min(steps)) / _median(steps) if len(steps) > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class SpeedChoice:
+    """The fastest measured way to train one micro-batch split at one precision."""
+
+    batch_size: int
+    accumulation_steps: int
+    precision: str
+    extras: Extras  # declared learning knobs among the speed knobs, fixed for this choice
+    settings: tuple[tuple[str, Any], ...]  # the speed knobs stage 1 chose, by name
+    samples_per_second: float  # predicted, steady, epoch starts included
+    charged_seconds: float  # predicted charged seconds of one trial (see objective)
+    one_time_seconds: float
+    spread: float  # of the measurements behind it
+    measurements: int
+    speed_trials: tuple[int, ...]  # the speed study's trial numbers behind it
+    runner_up: float | None = None  # the next-best settings' samples/s in this cell
+
+    @property
+    def effective_batch_size(self) -> int:
+        return self.batch_size * self.accumulation_steps
+
+    def knobs(self) -> dict[str, Any]:
+        """The choice as TrialConfig fields."""
+        return {
+            "batch_size": self.batch_size,
+            "accumulation_steps": self.accumulation_steps,
+            **dict(self.settings),
+        }
+
+
+def _key(batch_size: int, accumulation: int, precision: str, extras: Extras) -> tuple[Any, ...]:
+    return batch_size, accumulation, precision, tuple(sorted(extras))
+
+
+@dataclass(frozen=True)
+class SpeedTable:
+    """Stage 1's answer: for each micro-batch split, precision and declared learning knob
+    values, the fastest settings measured; and why a split has none (out of memory, ...)."""
+
+    choices: tuple[SpeedChoice, ...] = ()
+    unrunnable: tuple[tuple[tuple[Any, ...], str], ...] = ()  # (key, why) with no runnable one
+    _by_key: dict[tuple[Any, ...], SpeedChoice] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        for choice in self.choices:
+            key = _key(
+                choice.batch_size, choice.accumulation_steps, choice.precision, choice.extras
+            )
+            self._by_key[key] = choice
+
+    def __iter__(self) -> Iterator[SpeedChoice]:
+        return iter(self.choices)
+
+    def exact(
+        self, batch_size: int, accumulation_steps: int, precision: str, extras: Extras = ()
+    ) -> SpeedChoice | None:
+        """The choice for this micro-batch split, or None when none of it ran."""
+        return self._by_key.get(_key(batch_size, accumulation_steps, precision, extras))
+
+    def fastest(
+        self, effective_batch_size: int, precision: str, extras: Extras = ()
+    ) -> SpeedChoice | None:
+        """Of the splits of ``effective_batch_size``, the one a trial finishes soonest with
+        (fewest predicted charged seconds); None when none of them ran."""
+        wanted = tuple(sorted(extras))
+        candidates = [
+            c
+            for c in self.choices
+            if c.effective_batch_size == effective_batch_size
+            and c.precision == precision
+            and tuple(sorted(c.extras)) == wanted
+        ]
+        return min(candidates, key=lambda c: c.charged_seconds, default=None)
+
+    def why_not(self, effective_batch_size: int, precision: str, extras: Extras = ()) -> str:
+        """Why no split of ``effective_batch_size`` can run at ``precision``, in words."""
+        wanted = tuple(sorted(extras))
+        reasons = sorted(
+            {
+                why
+                for (b, a, p, e), why in self.unrunnable
+                if b * a == effective_batch_size and p == precision and e == wanted
+            }
+        )
+        where = f"effective batch {effective_batch_size} at {precision}"
+        if not reasons:
+            return f"stage 1 measured no way to train {where}"
+        return f"no micro-batch split of {where} ran in stage 1: {'; '.join(reasons)}"
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        """Precisions with at least one runnable choice."""
+        return tuple(dict.fromkeys(c.precision for c in self.choices))

@@ -1,0 +1,302 @@
+"""Stage 1 of the two-stage search: time the execution knobs, keep the fastest per cell.
+
+For every cell of the plan (``_speed_plan``: a micro-batch size at a precision) the stage times
+short bursts of real training steps of each setting of the execution knobs through the study's
+executor (``bursts.measure`` in the worker), then measures the cell's leaders again in the
+opposite order (A B C, then C B A) so that the choice between close settings rests on more
+than one measurement taken at one moment. Out of memory marks a wall: larger micro-batches at
+those settings are not tried. Measurements are stored in, and reused from, the speed study
+(``_speed_store``); ``--remeasure`` ignores earlier ones.
+
+The stage's answer is a ``SpeedTable``: for each micro-batch split (batch x accumulation) and
+precision, the settings with which a trial finishes soonest, charged as the objective charges.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import optuna
+
+from autotune import objective
+from autotune.executor import TrialExecutor, WorkerError
+from autotune.faults import FaultKind, TrialFault, classify, release_memory
+from autotune.interference import interfered
+from autotune.spec import Spec
+from autotune.speed import COMPUTE_KNOBS, BurstPlan, SpeedChoice, SpeedMeasurement, SpeedTable
+from autotune.study._speed_plan import Cell, Settings, SpeedPlan, config_key, context_key, describe
+from autotune.study._speed_store import (
+    Pool,
+    SpeedEvent,
+    SpeedRecord,
+    context_facts,
+    load_cache,
+    open_speed_study,
+    speed_trial,
+)
+
+if TYPE_CHECKING:
+    from autotune.hardware import Hardware
+    from autotune.workloads import Workload
+
+__all__ = ["run_speed_stage"]
+
+CONTENDER_MARGIN = 0.10  # settings within this of a cell's fastest are measured again
+MAX_CONTENDERS = 4  # ... at most this many per cell
+# faults that say nothing about the configuration: not cached, measured again next time
+_TRANSIENT = (FaultKind.TIMEOUT_UNDER_LOAD, FaultKind.INTERRUPTED)
+
+
+class _Stage:
+    def __init__(
+        self,
+        study: optuna.Study,
+        spec: Spec,
+        plan: SpeedPlan,
+        executor: TrialExecutor,
+        context: str,
+        pools: dict[str, Pool],
+        on_event: Callable[[SpeedEvent], None],
+    ) -> None:
+        self.speed_study = open_speed_study(study._storage, study.study_name)
+        self.spec = spec
+        self.plan = plan
+        self.executor = executor
+        self.context = context
+        self.pools = pools
+        self.on_event = on_event
+        self.burst_plan = BurstPlan(
+            bursts=spec.study.speed.bursts, burst_seconds=spec.study.speed.burst_seconds
+        )
+        # (precision, extras, settings) -> (smallest batch that ran out of memory, message)
+        self.walls: dict[tuple[Any, ...], tuple[int, str]] = {}
+        self.tried: dict[Cell, list[Settings]] = {}  # every setting of a cell, in order
+
+    def key(self, cell: Cell, settings: Settings) -> str:
+        return config_key(self.context, self.plan.config(cell, settings))
+
+    def pool(self, cell: Cell, settings: Settings) -> Pool:
+        return self.pools.setdefault(self.key(cell, settings), Pool())
+
+    def _wall_key(self, cell: Cell, settings: Settings) -> tuple[Any, ...]:
+        return cell.precision, cell.extras, settings
+
+    def measure(self, cell: Cell, settings: Settings, count: int) -> None:
+        """Measure ``settings`` in ``cell`` until it has ``count`` measurements (or a fault)."""
+        if settings not in self.tried.setdefault(cell, []):
+            self.tried[cell].append(settings)
+        pool = self.pool(cell, settings)
+        words = describe(settings)
+        wall = self.walls.get(self._wall_key(cell, settings))
+        if pool.fault is None and not pool.results and wall and cell.batch_size >= wall[0]:
+            pool.fault = (FaultKind.OOM.value, f"not run: batch {wall[0]} ran out of memory")
+            self.on_event(SpeedEvent(cell.label(), words, None, None, False, pool.fault[1], 1))
+            return
+        if pool.fault is not None or len(pool.results) >= count:
+            if count == 1:  # reported once, not at every round
+                fault = pool.fault[1] if pool.fault else None
+                best = pool.combined()
+                self.on_event(
+                    SpeedEvent(
+                        cell.label(),
+                        words,
+                        best.samples_per_second() if best else None,
+                        best.spread if best else None,
+                        True,
+                        fault,
+                        1,
+                    )
+                )
+            return
+        config = self.plan.config(cell, settings)
+        round_number = len(pool.results) + 1
+        record = SpeedRecord(
+            cache_key=self.key(cell, settings),
+            context=self.context,
+            cell=cell.label(),
+            settings=words,
+            round=round_number,
+        )
+        try:
+            result = self.executor.measure(config, self.burst_plan)
+        except (KeyboardInterrupt, WorkerError):
+            raise
+        except Exception as error:
+            kind, message = classify(error)
+            if isinstance(error, TrialFault):
+                kind, message = error.kind, str(error)
+            release_memory()
+            if kind == FaultKind.OOM:
+                wall_key = self._wall_key(cell, settings)
+                if wall_key not in self.walls or cell.batch_size < self.walls[wall_key][0]:
+                    self.walls[wall_key] = (cell.batch_size, message)
+            failed = dataclasses.replace(record, fail_kind=kind.value, fail_msg=message)
+            self._store(speed_trial(cell, settings, failed, None))
+            if kind not in _TRANSIENT:
+                pool.fault = (kind.value, message)
+            self.on_event(SpeedEvent(cell.label(), words, None, None, False, message, 1))
+            return
+        flagged = interfered(result.other_cpu_share)
+        by_accumulation = {str(a): result.samples_per_second(a) for a in self.plan.accumulations}
+        done = dataclasses.replace(
+            record,
+            measurement=dataclasses.asdict(result),
+            interference=flagged,
+            samples_per_second_by_accumulation=by_accumulation,
+        )
+        number = self._store(speed_trial(cell, settings, done, result.samples_per_second()))
+        pool.results.append((number, result, flagged))
+        self.on_event(
+            SpeedEvent(
+                cell.label(),
+                words,
+                result.samples_per_second(),
+                result.spread,
+                False,
+                "measured under interference" if flagged else None,
+                round_number,
+            )
+        )
+
+    def _store(self, trial: optuna.trial.FrozenTrial) -> int:
+        """Add a finished measurement to the speed study; its trial number."""
+        storage = self.speed_study._storage
+        trial_id = storage.create_new_trial(self.speed_study._study_id, template_trial=trial)
+        return storage.get_trial_number_from_id(trial_id)
+
+    def speed(self, cell: Cell, settings: Settings) -> float | None:
+        combined = self.pool(cell, settings).combined()
+        return combined.samples_per_second() if combined else None
+
+    def fastest(self, cell: Cell, candidates: list[Settings]) -> Settings | None:
+        timed = [(self.speed(cell, s), s) for s in candidates]
+        ranked = [(speed, s) for speed, s in timed if speed is not None]
+        return max(ranked, key=lambda pair: pair[0])[1] if ranked else None
+
+    def run_cell(self, cell: Cell) -> None:
+        plan = self.plan
+        if plan.exhaustive(cell):
+            for settings in plan.all_settings(cell):
+                self.measure(cell, settings, 1)
+        else:
+            reference = plan.reference_pipeline(cell)
+            first = [plan.settings(reference, c) for c in plan.compute_settings(cell)]
+            for settings in first:
+                self.measure(cell, settings, 1)
+            best = self.fastest(cell, first)
+            if best is not None:
+                compute = {k: v for k, v in best if k in COMPUTE_KNOBS}
+                for pipeline in plan.pipeline_settings(cell):
+                    self.measure(cell, plan.settings(pipeline, compute), 1)
+        # the leaders again, in alternating order: A B C, then C B A, ...
+        tried = self.tried.get(cell, [])
+        timed = [(self.speed(cell, s), s) for s in tried]
+        top = max((speed for speed, _ in timed if speed is not None), default=None)
+        if top is None:
+            return
+        leaders = [
+            s for speed, s in timed if speed is not None and speed >= top * (1 - CONTENDER_MARGIN)
+        ]
+        leaders = sorted(leaders, key=lambda s: -(self.speed(cell, s) or 0))[:MAX_CONTENDERS]
+        leaders = [s for s in tried if s in leaders]  # in the order first measured
+        if len(leaders) < 2:
+            return  # a clear winner needs no rematch
+        for repeat in range(2, self.spec.study.speed.repeats + 1):
+            order = leaders if repeat % 2 == 1 else list(reversed(leaders))
+            for settings in order:
+                self.measure(cell, settings, repeat)
+
+    def table(self) -> SpeedTable:
+        """The fastest settings of every micro-batch split, precision and declared value."""
+        spec, plan = self.spec, self.plan
+        epochs = spec.workload.epochs
+        full = (
+            spec.objective.full_run_epochs
+            if spec.objective.metric == "accuracy_per_second"
+            else None
+        )
+        choices: list[SpeedChoice] = []
+        unrunnable: list[tuple[tuple[Any, ...], str]] = []
+        for cell in plan.cells():
+            runs: list[tuple[Settings, SpeedMeasurement, list[int]]] = []
+            faults: list[str] = []
+            for settings in self.tried.get(cell, []):
+                pool = self.pool(cell, settings)
+                combined = pool.combined()
+                if combined is not None:
+                    runs.append((settings, combined, [n for n, _ in pool.clean()]))
+                elif pool.fault is not None:
+                    faults.append(pool.fault[1])
+            extras = tuple(sorted(cell.extras))
+            for accumulation in plan.accumulations:
+                key = (cell.batch_size, accumulation, cell.precision, extras)
+                if not runs:
+                    why = faults[0] if faults else "nothing measured"
+                    unrunnable.append((key, f"batch {cell.batch_size}: {why}"))
+                    continue
+
+                def charged(m: SpeedMeasurement, a: int = accumulation) -> float:
+                    train = m.one_time_seconds + epochs * m.epoch_seconds(a)
+                    return objective.charged_seconds(train, m.one_time_seconds, epochs, full)
+
+                ranked = sorted(runs, key=lambda run: charged(run[1]))
+                settings, best, numbers = ranked[0]
+                choices.append(
+                    SpeedChoice(
+                        batch_size=cell.batch_size,
+                        accumulation_steps=accumulation,
+                        precision=cell.precision,
+                        extras=cell.extras,
+                        settings=settings,
+                        samples_per_second=best.samples_per_second(accumulation),
+                        charged_seconds=charged(best),
+                        one_time_seconds=best.one_time_seconds,
+                        spread=best.spread,
+                        measurements=len(numbers),
+                        speed_trials=tuple(numbers),
+                        runner_up=(
+                            ranked[1][1].samples_per_second(accumulation)
+                            if len(ranked) > 1
+                            else None
+                        ),
+                    )
+                )
+        return SpeedTable(choices=tuple(choices), unrunnable=tuple(unrunnable))
+
+
+def _stage(
+    study: optuna.Study,
+    spec: Spec,
+    hardware: Hardware,
+    executor: TrialExecutor,
+    workload: Workload | None,
+    since: datetime.datetime | None,
+    on_event: Callable[[SpeedEvent], None],
+) -> _Stage:
+    from autotune import space
+
+    plan = SpeedPlan(spec, space.untuned_config(spec, hardware))
+    context = context_key(context_facts(spec, hardware, workload))
+    pools = load_cache(study._storage, context, since)
+    return _Stage(study, spec, plan, executor, context, pools, on_event)
+
+
+def run_speed_stage(
+    study: optuna.Study,
+    spec: Spec,
+    hardware: Hardware,
+    executor: TrialExecutor,
+    workload: Workload | None = None,
+    remeasure: bool = False,
+    on_event: Callable[[SpeedEvent], None] | None = None,
+) -> SpeedTable:
+    """Time every cell's execution settings (reusing matching measurements unless
+    ``remeasure``) and return the fastest of each micro-batch split and precision."""
+    since = datetime.datetime.now() if remeasure else None
+    stage = _stage(study, spec, hardware, executor, workload, since, on_event or (lambda e: None))
+    for cell in stage.plan.cells():
+        stage.run_cell(cell)
+    return stage.table()

@@ -1,0 +1,241 @@
+"""What the speed stage measures: its cells, the settings it tries in each, and cache keys.
+
+A *cell* is one micro-batch size at one precision (and one value of each execution knob the
+user declared as changing learning). Within a cell the stage tries *settings*: values of the
+other execution knobs (``autotune.speed.SPEED_KNOBS``), with the conditional ones only where
+they mean something (the loader knobs only with the DataLoader pipeline, prefetch and
+persistence only with workers).
+
+When a cell's settings are few (at most ``FULL_PRODUCT_LIMIT``) every one is measured. When
+they are many, the stage measures them in two passes: the compute knobs (compile,
+channels_last, cudnn_benchmark) with a reference pipeline that keeps the model fed, then the
+pipeline knobs with the fastest compute settings. The two groups act on different phases of a
+step (the pipeline on the wait for data, the compute knobs on the forward and backward), so the
+best of each is found at the cost of the sum of their sizes, not the product: 240 settings of
+``cifar10_resnet18.yaml`` per cell become 16 + 15. Nothing here touches Optuna or torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.config import TrialConfig
+from autotune.spec import Choice, FloatRange, IntRange, Knob, Spec, SpecError
+from autotune.speed import COMPUTE_KNOBS, SPEED_KNOBS, Extras
+
+__all__ = [
+    "FULL_PRODUCT_LIMIT",
+    "METHOD_VERSION",
+    "Cell",
+    "Settings",
+    "SpeedPlan",
+    "config_key",
+]
+
+FULL_PRODUCT_LIMIT = 12  # settings per cell measured exhaustively; more: in two passes
+MAX_RANGE_VALUES = 64  # an integer range of an execution knob is enumerated up to this many
+METHOD_VERSION = 1  # of the measurement: a change makes earlier measurements a cache miss
+
+Settings = tuple[tuple[str, Any], ...]  # execution knob values by name, in SPEED_KNOBS order
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One micro-batch size at one precision (and declared learning knob values)."""
+
+    batch_size: int
+    precision: str
+    extras: Extras = ()
+
+    def label(self) -> str:
+        extra = "".join(f", {name} {_show(value)}" for name, value in self.extras)
+        return f"batch {self.batch_size}, {self.precision}{extra}"
+
+
+def _show(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def describe(settings: Settings) -> str:
+    """Settings in a few words: "dataloader, 2 workers, pinned, compile default"."""
+    values = dict(settings)
+    if values.get("data_pipeline") == "device":
+        words = ["device pipeline"]
+    else:
+        workers = values.get("num_workers", 0)
+        words = [f"{workers} worker{'s' * (workers != 1)}" if workers else "no workers"]
+        if workers:
+            words.append(f"prefetch {values.get('prefetch_factor')}")
+            if values.get("persistent_workers"):
+                words.append("persistent")
+        if values.get("pin_memory"):
+            words.append("pinned")
+    if values.get("compile", "none") != "none":
+        words.append(f"compile {values['compile']}")
+    if values.get("channels_last"):
+        words.append("channels_last")
+    if values.get("cudnn_benchmark"):
+        words.append("cudnn.benchmark")
+    return ", ".join(words)
+
+
+def _values(name: str, knob: Knob) -> tuple[Any, ...]:
+    """Every value of an execution knob's space entry, in order."""
+    if isinstance(knob, Choice):
+        return knob.values
+    if isinstance(knob, IntRange):
+        count = (knob.high - knob.low) // knob.step + 1
+        if count > MAX_RANGE_VALUES:
+            raise SpecError(
+                [
+                    f"space.{name}: the speed stage tries every value of an execution knob; "
+                    f"{knob.low}..{knob.high} has {count} (list the ones worth trying)"
+                ]
+            )
+        return tuple(range(knob.low, knob.high + 1, knob.step))
+    assert isinstance(knob, FloatRange)
+    raise SpecError([f"space.{name}: an execution knob takes a list of values, not a range"])
+
+
+class SpeedPlan:
+    """The cells and settings the speed stage of ``spec`` (restricted to the machine) tries."""
+
+    def __init__(self, spec: Spec, base: TrialConfig) -> None:
+        self.spec = spec
+        self.base = base  # the untuned configuration: every knob stage 1 does not set
+        space = spec.space
+        self.values = {name: _values(name, getattr(space, name)) for name in SPEED_KNOBS}
+        self.values["precision"] = _values("precision", space.precision)
+        self.declared = tuple(
+            name for name in SPEED_KNOBS if name in spec.study.learning_knobs
+        )  # fixed within a cell, sampled by stage 2
+        self.batch_sizes = tuple(sorted(set(_values("batch_size", space.batch_size))))
+        self.accumulations = tuple(
+            sorted(set(_values("accumulation_steps", space.accumulation_steps)))
+        )
+
+    # -- cells ---------------------------------------------------------------------------------
+
+    def groups(self) -> Iterator[tuple[str, Extras]]:
+        """(precision, declared knob values) of every group of cells, in a stable order."""
+        declared = [self.values[name] for name in self.declared]
+        for precision in self.values["precision"]:
+            for combination in itertools.product(*declared):
+                yield precision, tuple(zip(self.declared, combination, strict=True))
+
+    def cells(self) -> Iterator[Cell]:
+        """Every cell; within a group, micro-batch sizes ascending (memory walls grow)."""
+        for precision, extras in self.groups():
+            for batch_size in self.batch_sizes:
+                yield Cell(batch_size, precision, extras)
+
+    # -- settings -------------------------------------------------------------------------------
+
+    def _fixed(self, cell: Cell) -> dict[str, Any]:
+        return dict(cell.extras)
+
+    def pipeline_settings(self, cell: Cell) -> list[dict[str, Any]]:
+        """Every pipeline setting (data_pipeline and the loader knobs) of ``cell``."""
+        fixed = self._fixed(cell)
+        found = []
+        for pipeline in (
+            [fixed["data_pipeline"]] if "data_pipeline" in fixed else self.values["data_pipeline"]
+        ):
+            if pipeline == "device":
+                found.append(_pipeline("device", 0, False, None, False))
+                continue
+            for workers in self.values["num_workers"]:
+                for pin in self.values["pin_memory"]:
+                    if workers == 0:
+                        found.append(_pipeline("dataloader", 0, pin, None, False))
+                        continue
+                    for prefetch in self.values["prefetch_factor"]:
+                        for persistent in self.values["persistent_workers"]:
+                            found.append(
+                                _pipeline("dataloader", workers, pin, prefetch, persistent)
+                            )
+        return found
+
+    def compute_settings(self, cell: Cell) -> list[dict[str, Any]]:
+        """Every compute setting (compile, channels_last, cudnn_benchmark) of ``cell``."""
+        fixed = self._fixed(cell)
+        axes = [[fixed[name]] if name in fixed else self.values[name] for name in COMPUTE_KNOBS]
+        return [
+            dict(zip(COMPUTE_KNOBS, values, strict=True)) for values in itertools.product(*axes)
+        ]
+
+    def exhaustive(self, cell: Cell) -> bool:
+        """Whether ``cell``'s settings are few enough to measure every one."""
+        size = len(self.pipeline_settings(cell)) * len(self.compute_settings(cell))
+        return size <= FULL_PRODUCT_LIMIT
+
+    def reference_pipeline(self, cell: Cell) -> dict[str, Any]:
+        """The pipeline that keeps the model best fed, for timing the compute knobs: the data
+        on the device when offered, else the most workers, persistent and pinned if offered."""
+
+        def feeding(setting: dict[str, Any]) -> tuple[Any, ...]:
+            return (
+                setting["data_pipeline"] == "device",
+                setting["num_workers"],
+                setting["persistent_workers"],
+                setting["pin_memory"],
+                setting["prefetch_factor"] or 0,
+            )
+
+        return max(self.pipeline_settings(cell), key=feeding)
+
+    def settings(self, pipeline: dict[str, Any], compute: dict[str, Any]) -> Settings:
+        merged = {**pipeline, **compute}
+        return tuple((name, merged[name]) for name in SPEED_KNOBS)
+
+    def all_settings(self, cell: Cell) -> list[Settings]:
+        """Every setting of ``cell`` (the exhaustive plan)."""
+        return [
+            self.settings(pipeline, compute)
+            for compute in self.compute_settings(cell)
+            for pipeline in self.pipeline_settings(cell)
+        ]
+
+    def config(self, cell: Cell, settings: Settings) -> TrialConfig:
+        """The configuration that times ``settings`` in ``cell``."""
+        return self.base.replace(
+            batch_size=cell.batch_size,
+            accumulation_steps=1,
+            precision=cell.precision,
+            **dict(settings),
+        )
+
+
+def _pipeline(
+    pipeline: str, workers: int, pin: bool, prefetch: int | None, persistent: bool
+) -> dict[str, Any]:
+    return {
+        "data_pipeline": pipeline,
+        "num_workers": workers,
+        "pin_memory": pin,
+        "prefetch_factor": prefetch,
+        "persistent_workers": persistent,
+    }
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def config_key(context: str, config: TrialConfig) -> str:
+    """The cache key of timing ``config`` in ``context`` (machine, model, data, code): what a
+    measurement depends on, and nothing it does not (learning rate, schedule, epochs)."""
+    fields = ("batch_size", "precision", "optimizer", "device", *SPEED_KNOBS)
+    values = {name: getattr(config, name) for name in fields}
+    values["momentum"] = config.momentum is not None  # a momentum buffer costs a step
+    return _digest({"method": METHOD_VERSION, "context": context, "config": values})
+
+
+def context_key(facts: dict[str, Any]) -> str:
+    """A short hash of what every measurement of a study depends on."""
+    return _digest({"method": METHOD_VERSION, **facts})

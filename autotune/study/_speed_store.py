@@ -1,0 +1,260 @@
+"""The speed study (``NAME.speed``): what one measurement records, and the cache it forms.
+
+Every measurement of the speed stage is a finished Optuna trial of ``NAME.speed`` in the
+study's storage, with samples/s as its value and the execution knobs as its parameters (on
+fixed axes, so optuna-dashboard plots every run's trials together). Its ``cache_key`` names what
+it measured: the context (the machine and torch, the threads a trial gets, the workload as the
+space file names it, the source of its entry points, the data's size) and the configuration's
+execution knobs. The cache is every speed study in the storage, whatever its name: a later
+study on the same machine and model reuses each measurement whose key matches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import importlib.util
+import statistics
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+from optuna.exceptions import ExperimentalWarning
+from optuna.trial import TrialState
+
+from autotune.interference import trial_threads
+from autotune.spec import COMPILE_MODES, DATA_PIPELINES, PRECISIONS, Spec
+from autotune.speed import SpeedMeasurement
+from autotune.study._speed_plan import Cell, Settings
+
+if TYPE_CHECKING:
+    from autotune.hardware import Hardware
+    from autotune.workloads import Workload
+
+__all__ = [
+    "SPEED_SUFFIX",
+    "SpeedEvent",
+    "SpeedRecord",
+    "context_facts",
+    "load_cache",
+    "open_speed_study",
+    "speed_params",
+    "speed_study_name",
+    "speed_trial",
+]
+
+SPEED_SUFFIX = ".speed"
+
+
+def speed_study_name(study_name: str) -> str:
+    """The name of the study that holds ``study_name``'s speed measurements."""
+    return f"{study_name}{SPEED_SUFFIX}"
+
+
+@dataclass(frozen=True)
+class SpeedRecord:
+    """The user attributes of one speed measurement (a trial of ``NAME.speed``)."""
+
+    cache_key: str
+    context: str  # the machine, model and data it was measured on (see context_facts)
+    cell: str  # "batch 64, bf16"
+    settings: str  # in words: "2 workers, prefetch 2, compile default"
+    measurement: dict[str, Any] | None = None  # SpeedMeasurement's fields (None: it failed)
+    interference: bool = False  # others took more than INTERFERENCE_SHARE of its cores
+    round: int = 1  # 1: first measurement; 2...: a leader measured again
+    samples_per_second_by_accumulation: dict[str, float] | None = None  # predicted
+    fail_kind: str | None = None
+    fail_msg: str | None = None
+
+    def to_attrs(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def of(cls, trial: optuna.trial.FrozenTrial) -> SpeedRecord | None:
+        attrs = trial.user_attrs
+        if "cache_key" not in attrs or "context" not in attrs:
+            return None
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in attrs.items() if k in names})
+
+    def result(self) -> SpeedMeasurement | None:
+        if self.measurement is None:
+            return None
+        fields = dict(self.measurement)
+        for name in ("step_seconds", "optimizer_seconds", "epoch_start_seconds"):
+            fields[name] = tuple(fields[name])
+        return SpeedMeasurement(**fields)
+
+
+@dataclass(frozen=True)
+class SpeedEvent:
+    """One step of stage 1, for the display: a measurement taken, reused or skipped."""
+
+    cell: str
+    settings: str
+    samples_per_second: float | None  # None: it failed or was skipped
+    spread: float | None
+    cached: bool  # reused from an earlier measurement with the same key
+    fault: str | None  # why it has no speed
+    round: int
+
+
+def _source_digest(entry: str) -> str | None:
+    """A hash of the source file of a ``package.module:function`` entry point's module."""
+    module = entry.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if found is None or not found.origin or not found.origin.endswith(".py"):
+        return None
+    try:
+        with open(found.origin, "rb") as source:
+            return hashlib.sha256(source.read()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
+def context_facts(spec: Spec, hardware: Hardware, workload: Workload | None) -> dict[str, Any]:
+    """What every measurement of this study depends on: the machine and torch, the threads a
+    trial gets, the workload as the space file names it, the code of its entry points, and
+    the data's size and shape."""
+    from autotune import telemetry
+
+    machine = telemetry.fingerprint(hardware)
+    machine.pop("platform", None)  # a kernel update does not change a step's speed
+    named = spec.workload.model_dump(
+        mode="json",
+        include={"model", "model_args", "data", "data_args", "inputs", "target", "loss"},
+    )
+    facts: dict[str, Any] = {
+        "machine": machine,
+        "threads": trial_threads(),
+        "workload": named,
+        "code": {entry: _source_digest(entry) for entry in spec.workload.user_entry_points()},
+    }
+    if workload is not None:
+        facts["data"] = {
+            "train": len(workload.train_set),  # type: ignore[arg-type]  # map-style: sized
+            "input_shape": list(workload.input_shape),
+            "num_classes": workload.num_classes,
+        }
+    return facts
+
+
+# -- the speed study ----------------------------------------------------------------------------
+
+_FLAGS = CategoricalDistribution((False, True))
+
+
+def _distributions(config_values: dict[str, Any]) -> dict[str, BaseDistribution]:
+    """Fixed distributions of a speed trial's parameters, so that the dashboard plots every
+    trial of every run on the same axes."""
+    big = max(256, *(v for v in config_values.values() if isinstance(v, int)))
+    known: dict[str, BaseDistribution] = {
+        "batch_size": IntDistribution(1, max(big, 1 << 16), log=True),
+        "precision": CategoricalDistribution(PRECISIONS),
+        "data_pipeline": CategoricalDistribution(DATA_PIPELINES),
+        "num_workers": IntDistribution(0, big),
+        "pin_memory": _FLAGS,
+        "prefetch_factor": IntDistribution(1, big),
+        "persistent_workers": _FLAGS,
+        "compile": CategoricalDistribution(COMPILE_MODES),
+        "channels_last": _FLAGS,
+        "cudnn_benchmark": _FLAGS,
+    }
+    return {name: known[name] for name in config_values}
+
+
+def speed_params(cell: Cell, settings: Settings) -> dict[str, Any]:
+    values: dict[str, Any] = {"batch_size": cell.batch_size, "precision": cell.precision}
+    for name, value in (*cell.extras, *settings):
+        if value is None:  # prefetch_factor without workers: it means nothing there
+            continue
+        values[name] = value
+    if values.get("num_workers", 0) == 0:
+        values.pop("persistent_workers", None)
+    return values
+
+
+def speed_trial(
+    cell: Cell, settings: Settings, record: SpeedRecord, value: float | None
+) -> optuna.trial.FrozenTrial:
+    """A finished speed trial: COMPLETE with ``value`` (samples/s), or FAIL without one."""
+    params = speed_params(cell, settings)
+    return optuna.trial.create_trial(
+        state=TrialState.COMPLETE if value is not None else TrialState.FAIL,
+        value=value,
+        params=params,
+        distributions=_distributions(params),
+        user_attrs=record.to_attrs(),
+    )
+
+
+def open_speed_study(storage: optuna.storages.BaseStorage, study_name: str) -> optuna.Study:
+    """``NAME.speed``, created when it does not exist yet."""
+    name = speed_study_name(study_name)
+    study = optuna.create_study(
+        study_name=name, storage=storage, direction="maximize", load_if_exists=True
+    )
+    if not study.metric_names:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            study.set_metric_names(["samples_per_second"])
+    return study
+
+
+@dataclass
+class Pool:
+    """Every usable measurement of one cache key."""
+
+    results: list[tuple[int, SpeedMeasurement, bool]] = field(default_factory=list)
+    fault: tuple[str, str] | None = None  # (kind, message) of a measurement that failed
+
+    def clean(self) -> list[tuple[int, SpeedMeasurement]]:
+        """The measurements to trust: those without interference when there are any."""
+        quiet = [(n, m) for n, m, flagged in self.results if not flagged]
+        return quiet or [(n, m) for n, m, _ in self.results]
+
+    def combined(self) -> SpeedMeasurement | None:
+        """The measurements pooled: every burst of every one, medians of the rest."""
+        results = [m for _, m in self.clean()]
+        if not results:
+            return None
+        first = results[0]
+        return dataclasses.replace(
+            first,
+            step_seconds=tuple(s for m in results for s in m.step_seconds),
+            optimizer_seconds=tuple(s for m in results for s in m.optimizer_seconds),
+            epoch_start_seconds=tuple(s for m in results for s in m.epoch_start_seconds),
+            one_time_seconds=statistics.median(m.one_time_seconds for m in results),
+            peak_memory_bytes=max(m.peak_memory_bytes for m in results),
+        )
+
+
+def load_cache(
+    storage: optuna.storages.BaseStorage, context: str, since: datetime.datetime | None
+) -> dict[str, Pool]:
+    """Every measurement in the storage's speed studies taken in ``context`` (after
+    ``since``, when given), by cache key."""
+    pools: dict[str, Pool] = {}
+    for name in optuna.get_all_study_names(storage):
+        if not name.endswith(SPEED_SUFFIX):
+            continue
+        study = optuna.load_study(study_name=name, storage=storage)
+        for trial in study.get_trials(deepcopy=False):
+            record = SpeedRecord.of(trial)
+            if record is None or record.context != context:
+                continue
+            if since is not None and (trial.datetime_start or since) < since:
+                continue
+            pool = pools.setdefault(record.cache_key, Pool())
+            result = record.result()
+            if trial.state == TrialState.COMPLETE and result is not None:
+                pool.results.append((trial.number, result, record.interference))
+            elif trial.state == TrialState.FAIL and record.fail_kind is not None:
+                pool.fault = (record.fail_kind, record.fail_msg or record.fail_kind)
+    return pools

@@ -1,0 +1,430 @@
+"""The two-stage search: timed bursts, the speed plan, the speed study and its cache, and
+learning trials that train with stage 1's choices."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune import bursts
+from autotune.config import TrialConfig
+from autotune.executor import InProcessExecutor
+from autotune.faults import FaultKind, TrialFault
+from autotune.space import restrict, untuned_config
+from autotune.spec import SpecError, parse_spec
+from autotune.speed import BurstPlan, SpeedChoice, SpeedMeasurement, SpeedTable
+from autotune.study import (
+    SpeedRecord,
+    StudyError,
+    StudyRecord,
+    TrialRecord,
+    speed_study_name,
+    trial_config,
+)
+from autotune.study._speed_plan import FULL_PRODUCT_LIMIT, Cell, SpeedPlan
+from autotune.testing import AMPERE, CPU, blobs_workload, make_config
+from autotune.workloads import Workload
+
+QUICK = BurstPlan(warmup_micro_batches=2, bursts=2, burst_seconds=0.02)
+
+TWO_STAGE = """\
+study:
+  name: two
+  n_trials: {n_trials}
+  n_startup_trials: 2
+  pruner: none
+  speed: {{bursts: 2, burst_seconds: 0.02}}
+{study_extra}
+workload:
+  model: autotune.testing:tiny_mlp
+  model_args: {model_args}
+  data: autotune.testing:blobs
+  data_args: {data_args}
+  epochs: 1
+  device: cpu
+objective: {{min_accuracy: 0.3}}
+space:
+  lr: {{low: 1.0e-3, high: 1.0e-1, log: true}}
+  batch_size: {batch_sizes}
+  accumulation_steps: [1, 2]
+  precision: {precisions}
+  data_pipeline: [dataloader, device]
+  num_workers: {workers}
+"""
+
+
+def two_stage(
+    n_trials: int = 3,
+    batch_sizes: str = "[16, 32]",
+    model_args: str = "{}",
+    data_args: str = "{}",
+    study_extra: str = "",
+    precisions: str = "[fp32, bf16]",
+    workers: str = "[0, 1]",
+) -> str:
+    return TWO_STAGE.format(
+        precisions=precisions,
+        workers=workers,
+        n_trials=n_trials,
+        batch_sizes=batch_sizes,
+        model_args=model_args,
+        data_args=data_args,
+        study_extra=study_extra,
+    )
+
+
+class CountingExecutor(InProcessExecutor):
+    """The in-process executor, counting what it measures and stopping at a given one."""
+
+    def __init__(self, workload: Workload, interrupt_at: int | None = None) -> None:
+        super().__init__(workload)
+        self.measured: list[TrialConfig] = []
+        self.interrupt_at = interrupt_at
+
+    def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
+        if self.interrupt_at is not None and len(self.measured) + 1 == self.interrupt_at:
+            raise KeyboardInterrupt
+        self.measured.append(config)
+        return super().measure(config, plan)
+
+
+def _workload(directory: Path, space: str) -> Workload:
+    from autotune.workloads import load
+
+    spec = parse_spec(space, directory / "space.yaml")
+    return load(spec.workload, base_dir=directory)
+
+
+# -- the measurement ------------------------------------------------------------------------------
+
+
+def test_a_measurement_times_bursts_of_real_steps():
+    workload = blobs_workload()
+    result = bursts.measure(make_config(batch_size=32, accumulation_steps=4), workload, QUICK)
+    assert len(result.step_seconds) == len(result.epoch_start_seconds) == QUICK.bursts
+    assert all(seconds > 0 for seconds in result.step_seconds)
+    assert result.micro_batches_per_epoch == len(workload.train_set) // 32
+    assert result.compile_seconds is None and result.intra_op_threads >= 1
+    # the optimizer step is timed apart: accumulating gradients saves a share of it
+    assert 0 < max(result.optimizer_seconds) < max(result.step_seconds)
+    assert result.samples_per_second(4) > result.samples_per_second(1)
+
+
+def test_a_measurement_fails_as_a_trial_would():
+    workload = blobs_workload()
+    with pytest.raises(TrialFault) as too_big:
+        bursts.measure(make_config(batch_size=10_000), workload, QUICK)
+    assert too_big.value.kind == FaultKind.INVALID_CONFIG
+
+    from autotune.testing import tiny_mlp
+
+    splits_workload = blobs_workload()
+    oom = Workload(
+        "oom",
+        splits_workload.train_set,
+        splits_workload.val_set,
+        splits_workload.num_classes,
+        splits_workload.input_shape,
+        lambda: tiny_mlp(
+            splits_workload.num_classes or 0, splits_workload.input_shape, oom_at_batch=32
+        ),
+    )
+    with pytest.raises(TrialFault) as out_of_memory:
+        bursts.measure(make_config(batch_size=32), oom, QUICK)
+    assert out_of_memory.value.kind == FaultKind.OOM
+    bursts.measure(make_config(batch_size=16), oom, QUICK)  # below the wall it runs
+
+
+# -- the plan -------------------------------------------------------------------------------------
+
+
+def _plan(space: str, hardware=CPU) -> SpeedPlan:
+    spec = restrict(parse_spec(space, "space.yaml"), hardware).spec
+    return SpeedPlan(spec, untuned_config(spec, hardware))
+
+
+def test_the_plan_tries_conditional_knobs_only_where_they_mean_something():
+    plan = _plan(two_stage())
+    cell = Cell(16, "fp32")
+    pipelines = plan.pipeline_settings(cell)
+    assert {
+        "data_pipeline": "device",
+        "num_workers": 0,
+        "pin_memory": False,
+        "prefetch_factor": None,
+        "persistent_workers": False,
+    } in pipelines
+    assert len(pipelines) == 3  # device; dataloader with 0 workers; with 1 (prefetch 2)
+    with_workers = [p for p in pipelines if p["num_workers"] == 1]
+    assert with_workers == [
+        {
+            "data_pipeline": "dataloader",
+            "num_workers": 1,
+            "pin_memory": False,
+            "prefetch_factor": 2,
+            "persistent_workers": False,
+        }
+    ]
+    assert plan.exhaustive(cell) and len(plan.all_settings(cell)) == 3
+    assert [c.batch_size for c in plan.cells()] == [16, 32, 16, 32]  # fp32, bf16
+    assert plan.accumulations == (1, 2)
+
+
+def test_many_settings_are_searched_in_two_passes_with_a_feeding_pipeline():
+    space = two_stage().replace(
+        "num_workers: [0, 1]",
+        "num_workers: [0, 1, 2]\n  persistent_workers: [false, true]\n"
+        "  pin_memory: [false, true]\n  compile: [none, default]\n"
+        "  cudnn_benchmark: [false, true]",
+    )
+    plan = _plan(space, AMPERE)
+    cell = Cell(16, "fp32")
+    count = len(plan.pipeline_settings(cell)) * len(plan.compute_settings(cell))
+    assert count > FULL_PRODUCT_LIMIT and not plan.exhaustive(cell)
+    assert plan.reference_pipeline(cell)["data_pipeline"] == "device"
+    no_device = _plan(space.replace("[dataloader, device]", "dataloader"), AMPERE)
+    reference = no_device.reference_pipeline(cell)
+    assert reference["num_workers"] == 2 and reference["persistent_workers"] is True
+    assert reference["pin_memory"] is True
+
+
+def test_a_range_of_an_execution_knob_is_enumerated_and_a_wide_one_refused():
+    plan = _plan(two_stage().replace("num_workers: [0, 1]", "num_workers: {low: 0, high: 2}"))
+    assert plan.values["num_workers"] == (0, 1, 2)
+    with pytest.raises(SpecError, match="num_workers: the speed stage tries every value"):
+        _plan(two_stage().replace("num_workers: [0, 1]", "num_workers: {low: 0, high: 500}"))
+
+
+def test_two_stage_needs_listed_micro_batches_and_sound_learning_knobs():
+    with pytest.raises(SpecError, match="batch_size: the two-stage search times each"):
+        parse_spec(two_stage(batch_sizes="{low: 16, high: 64}"), "space.yaml")
+    joint = two_stage(batch_sizes="{low: 16, high: 64}", study_extra="  strategy: joint")
+    assert parse_spec(joint, "space.yaml").study.strategy == "joint"
+    assert parse_spec(two_stage(), "space.yaml").study.strategy == "two_stage"  # the default
+    with pytest.raises(SpecError, match="num_workers only says how batches are loaded"):
+        parse_spec(two_stage(study_extra="  learning_knobs: [num_workers]"), "space.yaml")
+    with pytest.raises(SpecError, match="unknown knob 'compil'"):
+        parse_spec(two_stage(study_extra="  learning_knobs: [compil]"), "space.yaml")
+
+
+# -- the table ------------------------------------------------------------------------------------
+
+
+def _choice(batch: int, steps: int, seconds: float, precision: str = "fp32") -> SpeedChoice:
+    return SpeedChoice(
+        batch_size=batch,
+        accumulation_steps=steps,
+        precision=precision,
+        extras=(),
+        settings=(("data_pipeline", "device"),),
+        samples_per_second=1000 / seconds,
+        charged_seconds=seconds,
+        one_time_seconds=0.0,
+        spread=0.05,
+        measurements=1,
+        speed_trials=(0,),
+    )
+
+
+def test_the_table_gives_the_split_a_trial_finishes_soonest_with():
+    table = SpeedTable(
+        choices=(_choice(16, 2, 3.0), _choice(32, 1, 2.0), _choice(16, 1, 4.0)),
+        unrunnable=(((64, 1, "fp32", ()), "batch 64: out of memory"),),
+    )
+    assert table.fastest(32, "fp32") == _choice(32, 1, 2.0)
+    assert table.fastest(16, "fp32") == _choice(16, 1, 4.0)
+    assert table.fastest(64, "fp32") is None
+    assert "batch 64: out of memory" in table.why_not(64, "fp32")
+    assert table.exact(16, 2, "fp32") == _choice(16, 2, 3.0)
+    assert table.fastest(32, "bf16") is None and table.precisions == ("fp32",)
+
+
+# -- the stage ------------------------------------------------------------------------------------
+
+
+def test_stage_one_times_every_setting_and_stage_two_trains_with_its_choice(
+    tmp_path: Path, prepare_study
+):
+    space = two_stage()
+    executor = CountingExecutor(_workload(tmp_path, space))
+    study, url, outcome, _ = prepare_study(space, tmp_path, executor=executor)
+    table = outcome.speed_table
+    assert table is not None and outcome.trials_run == 3
+    # 2 precisions x 2 micro-batches x 3 settings, plus the leaders measured again
+    first_round = {
+        (c.batch_size, c.precision, c.data_pipeline, c.num_workers) for c in executor.measured
+    }
+    assert len(first_round) == 12
+    assert all(c.accumulation_steps == 1 for c in executor.measured)
+    assert len(list(table)) == 8  # 2 micro-batches x 2 accumulations x 2 precisions
+
+    speed = optuna.load_study(study_name=speed_study_name("two"), storage=url)
+    records = [SpeedRecord.of(t) for t in speed.trials]
+    assert len(records) == len(executor.measured)
+    assert all(r is not None and r.measurement for r in records)
+    assert {t.params["batch_size"] for t in speed.trials} == {16, 32}
+    assert speed.metric_names == ["samples_per_second"]
+
+    for trial in study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        config, record = trial_config(trial), TrialRecord.of(trial)
+        if record.baseline:  # the untuned baseline keeps PyTorch's defaults
+            assert config.data_pipeline == "dataloader" and config.num_workers == 0
+            assert record.speed_knobs is None
+            continue
+        assert "num_workers" not in trial.params and "batch_size" not in trial.params
+        effective = trial.params["effective_batch_size"]
+        choice = table.fastest(effective, config.precision)
+        assert choice is not None and record.speed_knobs
+        assert {k: getattr(config, k) for k in choice.knobs()} == choice.knobs()
+        assert record.predicted_samples_per_second == pytest.approx(choice.samples_per_second)
+        assert set(record.speed_trials or []) <= {t.number for t in speed.trials}
+    assert StudyRecord.of(study).strategy == "two_stage"
+
+
+def test_the_cache_is_reused_and_missed_on_another_model_or_with_remeasure(
+    tmp_path: Path, prepare_study
+):
+    space = two_stage(n_trials=1, precisions="fp32", workers="[0]")
+    first = CountingExecutor(_workload(tmp_path, space))
+    prepare_study(space, tmp_path, executor=first)
+    assert first.measured
+
+    more = space.replace("n_trials: 1", "n_trials: 2")
+    again = CountingExecutor(_workload(tmp_path, more))
+    _, _, outcome, _ = prepare_study(more, tmp_path, executor=again)
+    assert again.measured == [] and outcome.trials_run == 1  # every measurement reused
+
+    # another study on the same machine and model, under another name: reused too
+    other = more.replace("name: two", "name: other")
+    reused = CountingExecutor(_workload(tmp_path, other))
+    prepare_study(other, tmp_path, executor=reused)
+    assert reused.measured == []
+
+    # another model (a wider MLP) is another context: measured afresh
+    wider = other.replace("name: other", "name: wider").replace(
+        "model_args: {}", "model_args: {hidden: 64}"
+    )
+    missed = CountingExecutor(_workload(tmp_path, wider))
+    prepare_study(wider, tmp_path, executor=missed)
+    settings = {(c.batch_size, c.data_pipeline) for c in first.measured}
+    assert len(settings) == 4  # 2 micro-batches x (device, dataloader)
+    assert {(c.batch_size, c.data_pipeline) for c in missed.measured} == settings
+
+    remeasured = CountingExecutor(_workload(tmp_path, more))
+    prepare_study(
+        more.replace("n_trials: 2", "n_trials: 3"), tmp_path, executor=remeasured, remeasure=True
+    )
+    assert {(c.batch_size, c.data_pipeline) for c in remeasured.measured} == settings
+
+
+def test_a_memory_wall_stops_larger_micro_batches_and_their_trials(tmp_path: Path, prepare_study):
+    space = two_stage(
+        n_trials=4,
+        batch_sizes="[16, 32, 64]",
+        model_args="{oom_at_batch: 32}",
+        study_extra="  baseline: false",
+        precisions="fp32",
+        workers="[0]",
+    )
+    executor = CountingExecutor(_workload(tmp_path, space))
+    study, url, outcome, _ = prepare_study(space, tmp_path, executor=executor)
+    measured = {c.batch_size for c in executor.measured}
+    assert measured == {16, 32}  # 64 is above the wall found at 32: not tried
+    table = outcome.speed_table
+    assert table is not None
+    assert {c.batch_size for c in table} == {16}
+    assert "out of memory" in table.why_not(64, "fp32")
+    speed = optuna.load_study(study_name=speed_study_name("two"), storage=url)
+    failed = [t for t in speed.trials if t.state == TrialState.FAIL]
+    assert failed and all(t.user_attrs["fail_kind"] == "oom" for t in failed)
+    for trial in study.trials:
+        effective = trial.params["effective_batch_size"]
+        if effective >= 64:  # no split of it fits under the wall
+            assert trial.state == TrialState.PRUNED
+            assert TrialRecord.of(trial).fail_kind == FaultKind.OOM
+
+
+def test_an_interrupted_stage_one_resumes_where_it_stopped(tmp_path: Path, prepare_study):
+    space = two_stage(n_trials=2, workers="[0]")
+    stopped = CountingExecutor(_workload(tmp_path, space), interrupt_at=5)
+    study, _, outcome, _ = prepare_study(space, tmp_path, executor=stopped)
+    assert outcome.interrupted and len(stopped.measured) == 4
+    started = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
+    assert study.get_trials(states=started) == []  # stage 2 never started
+
+    resumed = CountingExecutor(_workload(tmp_path, space))
+    study, _, outcome, _ = prepare_study(space, tmp_path, executor=resumed)
+    done_before = {
+        (c.batch_size, c.precision, c.data_pipeline, c.num_workers) for c in stopped.measured
+    }
+    done_now = {
+        (c.batch_size, c.precision, c.data_pipeline, c.num_workers) for c in resumed.measured
+    }
+    assert not done_before & done_now  # nothing measured twice in the first round
+    assert len(done_before | done_now) == 8  # 2 precisions x 2 micro-batches x 2 pipelines
+    assert outcome.trials_run == 2
+
+
+def test_declared_learning_knobs_are_sampled_in_stage_two(tmp_path: Path, prepare_study):
+    space = two_stage(
+        n_trials=3,
+        study_extra="  learning_knobs: [batch_size, data_pipeline]",
+        precisions="fp32",
+        workers="[0]",
+    )
+    study, _, outcome, _ = prepare_study(space, tmp_path)
+    table = outcome.speed_table
+    assert table is not None
+    for trial in study.trials[1:]:
+        config = trial_config(trial)
+        assert {"batch_size", "accumulation_steps", "data_pipeline"} <= set(trial.params)
+        assert "effective_batch_size" not in trial.params
+        choice = table.exact(
+            config.batch_size,
+            config.accumulation_steps,
+            config.precision,
+            (("data_pipeline", config.data_pipeline),),
+        )
+        assert choice is not None and config.num_workers == choice.knobs()["num_workers"]
+
+
+def test_a_study_keeps_its_strategy(tmp_path: Path, prepare_study):
+    joint = two_stage(n_trials=1, study_extra="  strategy: joint")
+    prepare_study(joint, tmp_path)
+    # the file without a strategy continues the joint study as it was
+    study, _, outcome, _ = prepare_study(
+        joint.replace("  strategy: joint", "").replace("n_trials: 1", "n_trials: 2"), tmp_path
+    )
+    assert outcome.speed_table is None
+    assert "batch_size" in study.trials[1].params
+    assert "effective_batch_size" not in study.trials[1].params
+    explicit = joint.replace("strategy: joint", "strategy: two_stage")
+    with pytest.raises(StudyError, match=r"was made with study\.strategy joint"):
+        prepare_study(explicit, tmp_path, run=False)
+
+
+def test_the_speed_study_opens_with_optunas_own_command(tmp_path: Path, prepare_study):
+    space = two_stage(n_trials=1, precisions="fp32", workers="[0]")
+    _, url, _, _ = prepare_study(space, tmp_path)
+    shown = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "optuna"),
+            "trials",
+            "--study-name",
+            "two.speed",
+            "--storage",
+            url,
+            "-f",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert '"params_batch_size"' in shown.stdout or "batch_size" in shown.stdout
