@@ -172,6 +172,14 @@ def trial_rows(study: optuna.Study) -> tuple[list[str], list[TrialRow]]:
         if trial.state == TrialState.COMPLETE and record.feasible is False:
             state, kind = f"{state} (infeasible)", "infeasible"
             message = record.infeasible_reason or ""
+        if record.speed_mismatch and record.predicted_samples_per_second and not kind:
+            off = (record.samples_per_second or 0) / record.predicted_samples_per_second - 1
+            kind = "speed_mismatch"
+            message = (
+                f"trained {off:+.0%} off stage 1's prediction of "
+                f"{record.predicted_samples_per_second:.4g} samples/s (interference, or a "
+                f"stale speed cache: --remeasure)"
+            )
         rows.append(
             TrialRow(
                 number=trial.number,

@@ -12,7 +12,6 @@ from the speed stage's table (``autotune.speed.SpeedTable``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,7 @@ from torch.utils.data import TensorDataset
 from autotune.config import TrialConfig, scaled_lr
 from autotune.hardware import Hardware
 from autotune.pipeline import ImageTensorDataset
-from autotune.spec import KNOBS, Choice, FloatRange, IntRange, Knob, Spec, SpecError
+from autotune.spec import Choice, FloatRange, IntRange, Knob, Spec, SpecError
 from autotune.speed import SPEED_KNOBS, SPLIT_KNOBS, SpeedTable
 from autotune.workloads import Workload
 
@@ -35,16 +34,19 @@ __all__ = [
     "Dropped",
     "NothingFits",
     "Restriction",
-    "baseline_params",
     "effective_batch_sizes",
     "restrict",
     "sample",
-    "untuned_config",
 ]
 
 
 class NothingFits(Exception):
-    """The speed stage found no way to train the sampled effective batch and precision."""
+    """The speed stage found no way to train the sampled effective batch and precision:
+    ``kind`` is the fault its measurements ended with (oom, compile_error, ...)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -252,7 +254,7 @@ def _execution_from_table(
     else:
         choice = table.fastest(effective, precision, extras)
     if choice is None:
-        raise NothingFits(table.why_not(effective, precision, extras))
+        raise NothingFits(*table.why_not(effective, precision, extras))
     return {"precision": precision, **choice.knobs()}
 
 
@@ -326,83 +328,3 @@ def sample(
         dataloader_timeout=spec.workload.dataloader_timeout,
         data_pipeline=execution["data_pipeline"],
     )
-
-
-# PyTorch's own defaults, where they exist: the configuration nobody tuned
-UNTUNED = {
-    "precision": "fp32",
-    "compile": "none",
-    "data_pipeline": "dataloader",
-    "num_workers": 0,
-    "pin_memory": False,
-    "prefetch_factor": 2,
-    "persistent_workers": False,
-    "accumulation_steps": 1,
-    "channels_last": False,
-    "cudnn_benchmark": False,
-    "weight_decay": 0.0,
-    "schedule": "constant",
-    "warmup_fraction": 0.0,
-}
-
-
-class _Untuned:
-    """A stand-in for an Optuna trial whose every suggestion is the untuned value of a knob:
-    PyTorch's default (or the space file's pin) when the space holds it, else the first listed
-    value or the middle of the range. Run through ``sample`` so conditional knobs stay right."""
-
-    number = 0
-
-    def __init__(self, pins: dict[str, Any]) -> None:
-        self.pins = pins
-        self.params: dict[str, Any] = {}
-
-    def _wanted(self, name: str) -> Any:
-        if name in self.pins:
-            return self.pins[name]
-        if name in UNTUNED:
-            return UNTUNED[name]
-        return KNOBS[name].default
-
-    def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
-        wanted = self._wanted(name)
-        self.params[name] = wanted if wanted in choices else choices[0]
-        return self.params[name]
-
-    def _in_range(self, name: str, low: float, high: float, log: bool, middle: float) -> float:
-        wanted = self._wanted(name)
-        if (
-            isinstance(wanted, int | float)
-            and not isinstance(wanted, bool)
-            and low <= wanted <= high
-        ):
-            return wanted
-        return math.sqrt(low * high) if log else middle
-
-    def suggest_int(self, name: str, low: int, high: int, step: int = 1, log: bool = False) -> int:
-        value = round(self._in_range(name, low, high, log, (low + high) / 2))
-        self.params[name] = min(high, low + (value - low) // step * step)
-        return self.params[name]
-
-    def suggest_float(
-        self, name: str, low: float, high: float, step: float | None = None, log: bool = False
-    ) -> float:
-        value = self._in_range(name, low, high, log, (low + high) / 2)
-        if step:
-            value = low + round((value - low) / step) * step
-        self.params[name] = float(value)
-        return self.params[name]
-
-
-def baseline_params(spec: Spec, hardware: Hardware) -> dict[str, Any]:
-    """The searched knobs' values of the untuned configuration (see ``study.baseline``)."""
-    pins = spec.study.baseline if isinstance(spec.study.baseline, dict) else {}
-    untuned = _Untuned(dict(pins))
-    sample(untuned, spec, hardware)  # type: ignore[arg-type]  # it answers the suggest_* calls
-    return untuned.params
-
-
-def untuned_config(spec: Spec, hardware: Hardware) -> TrialConfig:
-    """The untuned configuration (see ``study.baseline``) as a whole TrialConfig."""
-    pins = spec.study.baseline if isinstance(spec.study.baseline, dict) else {}
-    return sample(_Untuned(dict(pins)), spec, hardware)  # type: ignore[arg-type]

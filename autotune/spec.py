@@ -715,7 +715,9 @@ class Spec(_Frozen):
             for section, values in sections.items():
                 current: BaseModel = getattr(self, section)
                 changes = {k: v for k, v in values.items() if v is not None}
-                merged = {**current.model_dump(), **changes}
+                # what the file set, and the overrides: the rest stays a default, so that
+                # "was this set?" (model_fields_set) keeps its answer
+                merged = {**current.model_dump(exclude_unset=True), **changes}
                 updated[section] = type(current).model_validate(merged)
             spec = Spec.model_validate({**dict(self), **updated})
         except ValidationError as err:

@@ -141,7 +141,8 @@ class SpeedTable:
     values, the fastest settings measured; and why a split has none (out of memory, ...)."""
 
     choices: tuple[SpeedChoice, ...] = ()
-    unrunnable: tuple[tuple[tuple[Any, ...], str], ...] = ()  # (key, why) with no runnable one
+    # (key, fault kind, why) of every split with no runnable setting
+    unrunnable: tuple[tuple[tuple[Any, ...], str, str], ...] = ()
     _by_key: dict[tuple[Any, ...], SpeedChoice] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -177,20 +178,33 @@ class SpeedTable:
         ]
         return min(candidates, key=lambda c: c.charged_seconds, default=None)
 
-    def why_not(self, effective_batch_size: int, precision: str, extras: Extras = ()) -> str:
-        """Why no split of ``effective_batch_size`` can run at ``precision``, in words."""
+    def why_not(
+        self, effective_batch_size: int, precision: str, extras: Extras = ()
+    ) -> tuple[str, str]:
+        """(fault kind, why in words) no split of ``effective_batch_size`` can run at
+        ``precision``; out of memory when any split ran out of it."""
         wanted = tuple(sorted(extras))
-        reasons = sorted(
+        found = sorted(
             {
-                why
-                for (b, a, p, e), why in self.unrunnable
+                (kind, why)
+                for (b, a, p, e), kind, why in self.unrunnable
                 if b * a == effective_batch_size and p == precision and e == wanted
             }
         )
         where = f"effective batch {effective_batch_size} at {precision}"
-        if not reasons:
-            return f"stage 1 measured no way to train {where}"
-        return f"no micro-batch split of {where} ran in stage 1: {'; '.join(reasons)}"
+        if not found:
+            return "error", f"stage 1 measured no way to train {where}"
+        kind = "oom" if any(k == "oom" for k, _ in found) else found[0][0]
+        reasons = "; ".join(why for _, why in found)
+        return kind, f"no micro-batch split of {where} ran in stage 1: {reasons}"
+
+    def failure(self) -> tuple[str, str] | None:
+        """When nothing at all could run: the most frequent (fault kind, reason in words);
+        else None."""
+        if self.choices or not self.unrunnable:
+            return None
+        reasons = [(kind, why.partition(": ")[2] or why) for _, kind, why in self.unrunnable]
+        return max(set(reasons), key=reasons.count)
 
     @property
     def precisions(self) -> tuple[str, ...]:

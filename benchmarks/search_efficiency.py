@@ -66,6 +66,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import objective, space
+from autotune.baseline import untuned_config
 from autotune.config import TrialConfig, scaled_lr
 from autotune.executor import InProcessExecutor
 from autotune.faults import TrialFault, classify
@@ -224,7 +225,7 @@ def record_stage_one(
 
 def grid_configs(spec: Spec, hardware: Hardware, lrs: list[float]) -> list[TrialConfig]:
     """Every grid point: lr x batch size x accumulation x precision x execution settings."""
-    base = space.untuned_config(spec, hardware)
+    base = untuned_config(spec, hardware)
     plan = SpeedPlan(spec, base)
     configs = []
     for lr in lrs:
@@ -299,7 +300,7 @@ def record(args: argparse.Namespace) -> None:
     lr = spec.space.lr
     assert isinstance(lr, FloatRange), "the learning rate must be a range"
     lrs = log_spaced(lr.low, lr.high, args.lrs)
-    plan = SpeedPlan(spec, space.untuned_config(spec, hardware))
+    plan = SpeedPlan(spec, untuned_config(spec, hardware))
     print(f"{args.space}: stage 1 on {fingerprint(hardware)}", flush=True)
     stage_one = record_stage_one(spec, hardware, workload, plan.accumulations)
     print(f"stage 1: {stage_one['wall_seconds']:.1f} s", flush=True)

@@ -22,8 +22,9 @@ LAYERS: list[set[str]] = [
     {"telemetry", "pipeline"},  # measuring the device; batches reaching it
     {"workloads", "trainer", "execution"},  # models and data; a model under a configuration;
     # the context a training run executes in
-    {"testing", "space", "runner", "objective", "warmup"},  # sampling; a measured trial;
-    # its score; what a process pays once, before any trial
+    {"testing", "space", "runner", "bursts", "objective", "warmup"},  # sampling; a measured
+    # trial; timed bursts of one configuration; its score; what a process pays once
+    {"baseline"},  # the untuned configuration, drawn through space
     {"executor"},  # how the study runs a trial
     {"worker", "study"},  # trials in a supervised process; the study and its records
     {"display", "export"},  # what people see; the answer as a script, file or object

@@ -41,6 +41,9 @@ def space(
         "pruner": "none",
         "sampler": "random",
         "confirm": "false",  # these tests are about faults; the round is tested on its own
+        # faults injected into trials: with two stages they would strike stage 1 first
+        # (tests/test_speed.py covers that)
+        "strategy": "joint",
         **study,
     }
     study_yaml = ", ".join(f"{k}: {v}" for k, v in settings.items())

@@ -88,10 +88,13 @@ def test_lr_scaling_rules(rule, expected):
 
 
 def test_ranges_are_sampled_within_bounds_and_on_their_grid():
-    spec = spec_with(
-        "  batch_size: {low: 16, high: 256, log: true}\n"
+    spec = parse_spec(  # a batch_size range: two stages time listed sizes only
+        HEADER.replace("{seed: 100}", "{seed: 100, strategy: joint}")
+        + "space:\n"
+        + "  batch_size: {low: 16, high: 256, log: true}\n"
         "  num_workers: {low: 0, high: 4, step: 2}\n"
-        "  weight_decay: {low: 0.0, high: 0.1, step: 0.05}\n"
+        "  weight_decay: {low: 0.0, high: 0.1, step: 0.05}\n",
+        "space.yaml",
     )
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     seen_workers = set()

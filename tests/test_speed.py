@@ -12,10 +12,11 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune import bursts
+from autotune.baseline import untuned_config
 from autotune.config import TrialConfig
 from autotune.executor import InProcessExecutor
 from autotune.faults import FaultKind, TrialFault
-from autotune.space import restrict, untuned_config
+from autotune.space import restrict
 from autotune.spec import SpecError, parse_spec
 from autotune.speed import BurstPlan, SpeedChoice, SpeedMeasurement, SpeedTable
 from autotune.study import (
@@ -23,11 +24,12 @@ from autotune.study import (
     StudyError,
     StudyRecord,
     TrialRecord,
+    counted_trials,
     speed_study_name,
     trial_config,
 )
 from autotune.study._speed_plan import FULL_PRODUCT_LIMIT, Cell, SpeedPlan
-from autotune.testing import AMPERE, CPU, blobs_workload, make_config
+from autotune.testing import AMPERE, CPU, blobs_workload, make_config, run_cli
 from autotune.workloads import Workload
 
 QUICK = BurstPlan(warmup_micro_batches=2, bursts=2, burst_seconds=0.02)
@@ -234,12 +236,13 @@ def _choice(batch: int, steps: int, seconds: float, precision: str = "fp32") -> 
 def test_the_table_gives_the_split_a_trial_finishes_soonest_with():
     table = SpeedTable(
         choices=(_choice(16, 2, 3.0), _choice(32, 1, 2.0), _choice(16, 1, 4.0)),
-        unrunnable=(((64, 1, "fp32", ()), "batch 64: out of memory"),),
+        unrunnable=(((64, 1, "fp32", ()), "oom", "batch 64: out of memory"),),
     )
     assert table.fastest(32, "fp32") == _choice(32, 1, 2.0)
     assert table.fastest(16, "fp32") == _choice(16, 1, 4.0)
     assert table.fastest(64, "fp32") is None
-    assert "batch 64: out of memory" in table.why_not(64, "fp32")
+    kind, why = table.why_not(64, "fp32")
+    assert kind == "oom" and "batch 64: out of memory" in why
     assert table.exact(16, 2, "fp32") == _choice(16, 2, 3.0)
     assert table.fastest(32, "bf16") is None and table.precisions == ("fp32",)
 
@@ -338,7 +341,7 @@ def test_a_memory_wall_stops_larger_micro_batches_and_their_trials(tmp_path: Pat
     table = outcome.speed_table
     assert table is not None
     assert {c.batch_size for c in table} == {16}
-    assert "out of memory" in table.why_not(64, "fp32")
+    assert table.why_not(64, "fp32")[0] == "oom"
     speed = optuna.load_study(study_name=speed_study_name("two"), storage=url)
     failed = [t for t in speed.trials if t.state == TrialState.FAIL]
     assert failed and all(t.user_attrs["fail_kind"] == "oom" for t in failed)
@@ -428,3 +431,43 @@ def test_the_speed_study_opens_with_optunas_own_command(tmp_path: Path, prepare_
     )
     assert shown.returncode == 0, shown.stderr
     assert '"params_batch_size"' in shown.stdout or "batch_size" in shown.stdout
+
+
+def test_a_crash_in_stage_one_is_recorded_and_the_worker_replaced(tmp_path: Path, prepare_study):
+    space = two_stage(
+        n_trials=1,
+        batch_sizes="[16]",
+        model_args="{crash_at_step: 2}",
+        precisions="fp32",
+        workers="[0]",
+    )
+    study, url, outcome, executor = prepare_study(space, tmp_path, isolation="worker")
+    assert outcome.stage_failed is not None and "worker process died" in outcome.stage_failed
+    assert counted_trials(study) == 0  # no trial trained what cannot run
+    speed = optuna.load_study(study_name="two.speed", storage=url)
+    kinds = {t.user_attrs["fail_kind"] for t in speed.trials}
+    assert kinds == {"worker_crashed"} and len(speed.trials) == 2  # device, dataloader
+    assert executor is not None and len(executor.started_pids) == 2  # a fresh one each
+
+
+def test_the_command_runs_two_stages_and_says_which_knobs_came_from_where(tmp_path: Path):
+    space = tmp_path / "two.yaml"
+    space.write_text(
+        two_stage(n_trials=3, precisions="fp32", workers="[0]", study_extra="  confirm: false")
+    )
+    first = run_cli("run", str(space), cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    out = first.stdout
+    assert "timing" in out and "(stage 1: speed)" in out and "(stage 2: learning)" in out
+    assert "Stage 1: the fastest settings per micro-batch" in out
+    assert "stage 1: 4 settings timed, 0 reused" in out
+    best = run_cli("best", "--study", "two", cwd=tmp_path)
+    assert best.returncode == 0, best.stderr
+    lines = {line.split()[0]: line for line in best.stdout.splitlines() if line.strip()}
+    assert "timed in stage 1" in lines["data_pipeline"] and "searched" in lines["lr"]
+    again = run_cli("run", str(space), "--n-trials", "4", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "0 settings timed, 4 reused" in again.stdout
+    wrong = run_cli("best", "--study", "two.speed", cwd=tmp_path)
+    assert wrong.returncode == 1
+    assert "holds the speed stage's measurements of study 'two'" in wrong.stdout + wrong.stderr

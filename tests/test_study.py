@@ -211,12 +211,20 @@ def test_configuration_faults_are_pruned_with_a_violated_constraint(tmp_path: Pa
     assert best_trial(study) is None
 
 
-def test_the_same_bug_in_every_trial_stops_the_study(tmp_path: Path, prepare_study):
+@pytest.mark.parametrize("strategy", ["joint", "two_stage"])
+def test_the_same_bug_in_every_trial_stops_the_study(tmp_path: Path, prepare_study, strategy: str):
     text = TINY_SPACE.format(n_trials=10, pruner="none").replace(
         "autotune.testing:tiny_mlp", "autotune.testing:broken_model"
     )
-    study, _, outcome, _ = prepare_study(tiny_spec(text=text), tmp_path)
+    spec = tiny_spec(text=text, study={"strategy": strategy})
+    study, url, outcome, _ = prepare_study(spec, tmp_path)
     assert outcome.repeated_error == "ValueError: a bug in forward"
+    if strategy == "two_stage":  # stage 1 found it: every setting failed, no trial ran
+        speed = optuna.load_study(study_name="tiny.speed", storage=url)
+        assert speed.trials and all(t.state == TrialState.FAIL for t in speed.trials)
+        assert {t.user_attrs["fail_kind"] for t in speed.trials} == {"error"}
+        assert counted_trials(study) == 0
+        return
     trials = study.get_trials()
     assert len(trials) == 3
     for trial in trials:

@@ -153,7 +153,8 @@ def run(
             console.print(Text(f"{stopped}{outcome.stopped_reason}.", style="yellow"))
         finished = studies.counted_trials(study) >= spec.study.n_trials
         plan = spec.study.confirm
-        if plan.enabled and finished and not outcome.interrupted and not outcome.repeated_error:
+        ended_early = bool(outcome.interrupted or outcome.repeated_error or outcome.stage_failed)
+        if plan.enabled and finished and not ended_early:
             try:
                 confirmed = _confirm(study, spec, executor, plan.top, plan.repeats)
             except KeyboardInterrupt as stop:
@@ -190,6 +191,11 @@ def run(
             f"saved; {how}."
         )
         raise typer.Exit(EXIT_TERMINATED if outcome.terminated else EXIT_INTERRUPTED)
+    if outcome.stage_failed:
+        raise fail(
+            f"stage 1 could not train any configuration of the space: {outcome.stage_failed}",
+            EXIT_FAILED,
+        )
     if outcome.repeated_error:
         raise fail(
             [

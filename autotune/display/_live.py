@@ -124,6 +124,9 @@ class LiveObserver(studies.StudyObserver):
                 flags.append("infeasible  ", style="yellow")
             if record.interference:
                 flags.append(f"interference {record.other_cpu_share or 0:.0%}  ", style="yellow")
+            if record.speed_mismatch and record.predicted_samples_per_second:
+                off = (record.samples_per_second or 0) / record.predicted_samples_per_second - 1
+                flags.append(f"{off:+.0%} off stage 1  ", style="yellow")
         else:
             kind = record.fail_kind or trial.state.name.lower()
             line.append(f"{kind:>15}  ", style="dim" if kind == "pruned" else "red")

@@ -65,15 +65,10 @@ def print_plan(
         learned = [k for k in searched if k not in timed and k not in split]
         if split and not any(k in declared for k in SPLIT_KNOBS):
             learned.insert(1 if "lr" in learned else 0, "effective_batch_size")
-        stage1 = timed + (
-            [f"the split of each effective batch ({', '.join(split)})"] if split else []
-        )
-        print_item(
-            console,
-            "stage 1, speed",
-            ", ".join(stage1) if stage1 else "nothing to choose; timed for the predictions",
-        )
-        print_item(console, "stage 2, learning", ", ".join(learned) if learned else "nothing")
+        if split:
+            timed.append(f"the split of each effective batch ({', '.join(split)})")
+        print_item(console, "timing", f"{', '.join(timed) or 'nothing'} (stage 1: speed)")
+        print_item(console, "searching", f"{', '.join(learned) or 'nothing'} (stage 2: learning)")
     else:
         print_item(console, "searching", ", ".join(searched) if searched else "nothing")
     for line in dropped:
@@ -119,7 +114,7 @@ def print_speed_table(console: Console, table: SpeedTable) -> None:
             Text(describe(choice.settings)),
         )
     seen: set[tuple[object, ...]] = set()
-    for (batch, _, precision, extras), why in table.unrunnable:
+    for (batch, _, precision, extras), _, why in table.unrunnable:
         if (batch, precision, extras) in seen:
             continue
         seen.add((batch, precision, extras))

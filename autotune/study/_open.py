@@ -140,10 +140,10 @@ def _fingerprints_before_1122(spec: Spec) -> set[str]:
 
 def queue_baseline(study: optuna.Study, spec: Spec, hardware: Hardware) -> None:
     """Queue the untuned baseline (``study.baseline``) to run next, marked as the baseline."""
-    from autotune import space
+    from autotune import baseline
 
     study.enqueue_trial(
-        space.baseline_params(spec, hardware), user_attrs=TrialRecord(baseline=True).to_attrs()
+        baseline.baseline_params(spec, hardware), user_attrs=TrialRecord(baseline=True).to_attrs()
     )
 
 

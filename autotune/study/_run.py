@@ -77,6 +77,7 @@ class RunOutcome:
     repeated_error: str | None = None
     states: dict[str, int] = field(default_factory=dict)
     speed_table: SpeedTable | None = None  # two-stage studies: stage 1's answer
+    stage_failed: str | None = None  # stage 1 could run no setting at all: why
 
 
 @dataclass
@@ -173,7 +174,7 @@ class TrialRunner:
         try:
             config = self._sample(trial)
         except space.NothingFits as nothing:
-            return _fault(trial, FaultKind.OOM, str(nothing)), None
+            return _fault(trial, FaultKind(nothing.kind), str(nothing)), None
         TrialRecord(config=config).store(trial)
         self.observer.trial_started(trial.number, config)
         blocked = self.walls.blocks(config)
@@ -322,6 +323,14 @@ def run_study(
             return outcome
         observer.speed_finished(table)
         outcome.speed_table = trial_runner.speed = table
+        failure = table.failure()
+        if failure is not None:  # no trial could train: say why, run none
+            kind, why = failure
+            if kind == FaultKind.ERROR:  # the same bug everywhere, as trials would show it
+                outcome.repeated_error = why
+            else:
+                outcome.stage_failed = why
+            return outcome
     errors: list[str] = []  # messages of unexpected errors since the last counted trial
     completed_here = False  # whether a trial of this run completed
     failures = 0

@@ -219,23 +219,27 @@ class _Stage:
             else None
         )
         choices: list[SpeedChoice] = []
-        unrunnable: list[tuple[tuple[Any, ...], str]] = []
+        unrunnable: list[tuple[tuple[Any, ...], str, str]] = []
         for cell in plan.cells():
             runs: list[tuple[Settings, SpeedMeasurement, list[int]]] = []
-            faults: list[str] = []
+            faults: list[tuple[str, str]] = []  # (kind, message)
             for settings in self.tried.get(cell, []):
                 pool = self.pool(cell, settings)
                 combined = pool.combined()
                 if combined is not None:
                     runs.append((settings, combined, [n for n, _ in pool.clean()]))
                 elif pool.fault is not None:
-                    faults.append(pool.fault[1])
+                    faults.append(pool.fault)
             extras = tuple(sorted(cell.extras))
             for accumulation in plan.accumulations:
                 key = (cell.batch_size, accumulation, cell.precision, extras)
                 if not runs:
-                    why = faults[0] if faults else "nothing measured"
-                    unrunnable.append((key, f"batch {cell.batch_size}: {why}"))
+                    # out of memory when any setting ran out of it: the cell's wall
+                    kind, why = next(
+                        (f for f in faults if f[0] == FaultKind.OOM.value),
+                        faults[0] if faults else (FaultKind.ERROR.value, "nothing measured"),
+                    )
+                    unrunnable.append((key, kind, f"batch {cell.batch_size}: {why}"))
                     continue
 
                 def charged(m: SpeedMeasurement, a: int = accumulation) -> float:
@@ -276,9 +280,9 @@ def _stage(
     since: datetime.datetime | None,
     on_event: Callable[[SpeedEvent], None],
 ) -> _Stage:
-    from autotune import space
+    from autotune.baseline import untuned_config
 
-    plan = SpeedPlan(spec, space.untuned_config(spec, hardware))
+    plan = SpeedPlan(spec, untuned_config(spec, hardware))
     context = context_key(context_facts(spec, hardware, workload))
     pools = load_cache(study._storage, context, since)
     return _Stage(study, spec, plan, executor, context, pools, on_event)
