@@ -259,6 +259,15 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
             mark = f" ({origin})" if origin else ""
             lines.append(f"| {name} | {number(config[name])}{mark} |")
         lines.append("")
+        if StudyRecord.of(study).strategy == "two_stage":
+            predicted = record.predicted_samples_per_second
+            lines += [
+                "Two stages: the knobs *timed in stage 1* are the fastest of the speed "
+                f"stage's measurements (study `{summary.study}.speed`"
+                + (f", which predicted {number(predicted)} samples/s" if predicted else "")
+                + "); the *searched* ones were sampled by this study.",
+                "",
+            ]
     lines += _space_file_block(study)
     lines += [
         f"Export it: `autotune export --study {summary.study}{storage} -o train.py` "

@@ -148,7 +148,7 @@ class _Stage:
             samples_per_second_by_accumulation=by_accumulation,
         )
         number = self._store(speed_trial(cell, settings, done, result.samples_per_second()))
-        pool.results.append((number, result, flagged))
+        pool.results.append((number, result, flagged, round_number))
         self.on_event(
             SpeedEvent(
                 cell.label(),
@@ -168,8 +168,9 @@ class _Stage:
         return storage.get_trial_number_from_id(trial_id)
 
     def speed(self, cell: Cell, settings: Settings) -> float | None:
-        combined = self.pool(cell, settings).combined()
-        return combined.samples_per_second() if combined else None
+        """Samples/s of the first round: the stage's decisions rest on it alone, so that a
+        resumed stage decides as the interrupted one did."""
+        return self.pool(cell, settings).first_round()
 
     def fastest(self, cell: Cell, candidates: list[Settings]) -> Settings | None:
         timed = [(self.speed(cell, s), s) for s in candidates]

@@ -211,13 +211,20 @@ def open_speed_study(storage: optuna.storages.BaseStorage, study_name: str) -> o
 class Pool:
     """Every usable measurement of one cache key."""
 
-    results: list[tuple[int, SpeedMeasurement, bool]] = field(default_factory=list)
+    # (speed trial number, measurement, measured under interference, its round)
+    results: list[tuple[int, SpeedMeasurement, bool, int]] = field(default_factory=list)
     fault: tuple[str, str] | None = None  # (kind, message) of a measurement that failed
 
     def clean(self) -> list[tuple[int, SpeedMeasurement]]:
         """The measurements to trust: those without interference when there are any."""
-        quiet = [(n, m) for n, m, flagged in self.results if not flagged]
-        return quiet or [(n, m) for n, m, _ in self.results]
+        quiet = [(n, m) for n, m, flagged, _ in self.results if not flagged]
+        return quiet or [(n, m) for n, m, _, _ in self.results]
+
+    def first_round(self) -> float | None:
+        """Samples/s of the first-round measurements (their median): what decides which
+        settings are measured again, so that a resumed stage decides as the first run did."""
+        speeds = [m.samples_per_second() for _, m, _, r in self.results if r == 1]
+        return statistics.median(speeds) if speeds else None
 
     def combined(self) -> SpeedMeasurement | None:
         """The measurements pooled: every burst of every one, medians of the rest."""
@@ -254,7 +261,7 @@ def load_cache(
             pool = pools.setdefault(record.cache_key, Pool())
             result = record.result()
             if trial.state == TrialState.COMPLETE and result is not None:
-                pool.results.append((trial.number, result, record.interference))
+                pool.results.append((trial.number, result, record.interference, record.round))
             elif trial.state == TrialState.FAIL and record.fail_kind is not None:
                 pool.fault = (record.fail_kind, record.fail_msg or record.fail_kind)
     return pools
