@@ -18,6 +18,7 @@ warm-up ran before it or not: it seeds everything itself.
 from __future__ import annotations
 
 import contextlib
+import gc
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -119,6 +120,10 @@ class Warmth:
         # a failure here is the trial's, raised as such; a later trial tries again
         if not self.process_warm and warm_process(config, workload):
             self.process_warm = True
+            # what the process holds now (torch's modules, the workload, the data) lives as
+            # long as the process: kept out of every later collection, each release of a
+            # trial's memory walks only what trials made (0.25 s a trial less on a CPU)
+            gc.freeze()
             self._log("process")
         if config.compile != "none" and not self.compiler_warm:
             self.compiler_warm = True  # tried once; a compiler that cannot work fails the trial

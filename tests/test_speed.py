@@ -258,17 +258,37 @@ def test_stage_one_times_every_setting_and_stage_two_trains_with_its_choice(
     study, url, outcome, _ = prepare_study(space, tmp_path, executor=executor)
     table = outcome.speed_table
     assert table is not None and outcome.trials_run == 3
-    # 2 precisions x 2 micro-batches x 3 settings, plus the leaders measured again
+    # fp32 first: every setting of each micro-batch (device; dataloader with 0 or 1 worker)
     first_round = {
         (c.batch_size, c.precision, c.data_pipeline, c.num_workers) for c in executor.measured
     }
-    assert len(first_round) == 12
+    assert {k for k in first_round if k[1] == "fp32"} == {
+        (batch, "fp32", pipeline, workers)
+        for batch in (16, 32)
+        for pipeline, workers in (("device", 0), ("dataloader", 0), ("dataloader", 1))
+    }
     assert all(c.accumulation_steps == 1 for c in executor.measured)
     assert len(list(table)) == 8  # 2 micro-batches x 2 accumulations x 2 precisions
 
     speed = optuna.load_study(study_name=speed_study_name("two"), storage=url)
     records = [SpeedRecord.of(t) for t in speed.trials]
     assert len(records) == len(executor.measured)
+    # at bf16, a pipeline is left out only when it was under half the fastest at fp32
+    first = {
+        (
+            t.params["batch_size"],
+            t.params["precision"],
+            t.params["data_pipeline"],
+            t.params.get("num_workers", 0),
+        ): t.value
+        for t, r in zip(speed.trials, records, strict=True)
+        if r is not None and r.round == 1
+    }
+    for batch in (16, 32):
+        fastest = max(v for k, v in first.items() if k[:2] == (batch, "fp32") and v)
+        for (b, precision, pipeline, workers), value in first.items():
+            if b == batch and precision == "fp32" and (b, "bf16", pipeline, workers) not in first:
+                assert value is not None and value < 0.5 * fastest
     assert all(r is not None and r.measurement for r in records)
     assert {t.params["batch_size"] for t in speed.trials} == {16, 32}
     assert speed.metric_names == ["samples_per_second"]
@@ -372,7 +392,8 @@ def test_an_interrupted_stage_one_resumes_where_it_stopped(tmp_path: Path, prepa
         record = SpeedRecord.of(trial)
         assert record is not None
         rounds.setdefault(record.cache_key, []).append(record.round)
-    assert len(rounds) == 8  # 2 precisions x 2 micro-batches x 2 pipelines
+    # 2 micro-batches x 2 pipelines at fp32, and at bf16 those not far behind at fp32
+    assert 6 <= len(rounds) <= 8
     assert all(sorted(r) == list(range(1, len(r) + 1)) for r in rounds.values()), rounds
     assert len(stopped.measured) + len(resumed.measured) == len(speed.trials)
 

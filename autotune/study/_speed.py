@@ -46,6 +46,10 @@ __all__ = ["run_speed_stage"]
 
 CONTENDER_MARGIN = 0.10  # settings within this of a cell's fastest are measured again
 MAX_CONTENDERS = 4  # ... at most this many per cell
+# a pipeline below this share of its cell's fastest is not tried at the micro-batch's other
+# precisions: what a pipeline costs a batch (loading, workers' start and hand-over) does not
+# depend on the precision, so one this far behind is held back by its own overhead
+SLOW_PIPELINE_SHARE = 0.5
 # faults that say nothing about the configuration: not cached, measured again next time
 _TRANSIENT = (FaultKind.TIMEOUT_UNDER_LOAD, FaultKind.INTERRUPTED)
 
@@ -74,6 +78,8 @@ class _Stage:
         # (precision, extras, settings) -> (smallest batch that ran out of memory, message)
         self.walls: dict[tuple[Any, ...], tuple[int, str]] = {}
         self.tried: dict[Cell, list[Settings]] = {}  # every setting of a cell, in order
+        # (micro-batch, declared knobs) -> pipelines far behind at a precision measured before
+        self.slow_pipelines: dict[tuple[Any, ...], dict[Settings, str]] = {}
 
     def key(self, cell: Cell, settings: Settings) -> str:
         return config_key(self.context, self.plan.config(cell, settings))
@@ -177,11 +183,41 @@ class _Stage:
         ranked = [(speed, s) for speed, s in timed if speed is not None]
         return max(ranked, key=lambda pair: pair[0])[1] if ranked else None
 
+    def _pipeline(self, settings: Settings) -> Settings:
+        return tuple((k, v) for k, v in settings if k not in COMPUTE_KNOBS)
+
+    def skip_slow(self, cell: Cell, settings: Settings) -> bool:
+        """Whether ``settings`` uses a pipeline that was far behind at another precision of
+        this micro-batch (reported, not measured)."""
+        slow = self.slow_pipelines.get((cell.batch_size, cell.extras), {})
+        why = slow.get(self._pipeline(settings))
+        if why is None or self.pool(cell, settings).results:
+            return False
+        words = describe(settings)
+        self.on_event(SpeedEvent(cell.label(), words, None, None, False, why, 1))
+        return True
+
+    def note_slow_pipelines(self, cell: Cell) -> None:
+        """Remember the pipelines of ``cell`` below SLOW_PIPELINE_SHARE of its fastest."""
+        timed = [(self.speed(cell, s), s) for s in self.tried.get(cell, [])]
+        top = max((speed for speed, _ in timed if speed is not None), default=None)
+        if top is None:
+            return
+        slow = self.slow_pipelines.setdefault((cell.batch_size, cell.extras), {})
+        for speed, settings in timed:
+            if speed is not None and speed < SLOW_PIPELINE_SHARE * top:
+                slow.setdefault(
+                    self._pipeline(settings),
+                    f"not tried: under {SLOW_PIPELINE_SHARE:.0%} of the fastest at "
+                    f"{cell.precision} ({speed / top:.0%})",
+                )
+
     def run_cell(self, cell: Cell) -> None:
         plan = self.plan
         if plan.exhaustive(cell):
             for settings in plan.all_settings(cell):
-                self.measure(cell, settings, 1)
+                if not self.skip_slow(cell, settings):
+                    self.measure(cell, settings, 1)
         else:
             reference = plan.reference_pipeline(cell)
             first = [plan.settings(reference, c) for c in plan.compute_settings(cell)]
@@ -191,7 +227,10 @@ class _Stage:
             if best is not None:
                 compute = {k: v for k, v in best if k in COMPUTE_KNOBS}
                 for pipeline in plan.pipeline_settings(cell):
-                    self.measure(cell, plan.settings(pipeline, compute), 1)
+                    settings = plan.settings(pipeline, compute)
+                    if not self.skip_slow(cell, settings):
+                        self.measure(cell, settings, 1)
+        self.note_slow_pipelines(cell)
         # the leaders again, in alternating order: A B C, then C B A, ...
         tried = self.tried.get(cell, [])
         timed = [(self.speed(cell, s), s) for s in tried]
