@@ -66,7 +66,7 @@ def print_plan(
         if split and not any(k in declared for k in SPLIT_KNOBS):
             learned.insert(1 if "lr" in learned else 0, "effective_batch_size")
         if split:
-            timed.append(f"the split of each effective batch ({', '.join(split)})")
+            timed.append(f"the split of each effective batch into {' x '.join(split)}")
         print_item(console, "timing", f"{', '.join(timed) or 'nothing'} (stage 1: speed)")
         print_item(console, "searching", f"{', '.join(learned) or 'nothing'} (stage 2: learning)")
     else:

@@ -100,7 +100,8 @@ class TrialRecord:
     speed_knobs: list[str] | None = None  # names of the knobs taken from the speed stage
     predicted_samples_per_second: float | None = None
     speed_trials: list[int] | None = None  # the NAME.speed trials behind the prediction
-    speed_mismatch: bool = False  # trained over SPEED_MISMATCH off the prediction
+    speed_tolerance: float | None = None  # how far off the prediction is still expected
+    speed_mismatch: bool = False  # trained further off the prediction than that
 
     def to_attrs(self) -> dict[str, Any]:
         """The user attributes to store: every field that differs from its default, as JSON."""

@@ -36,7 +36,9 @@ if TYPE_CHECKING:
 __all__ = ["MemoryWalls", "RunOutcome", "StudyObserver", "Terminated", "run_study"]
 
 SAME_ERROR_LIMIT = 3  # identical unexpected errors in a row, with no trial completed: stop
-SPEED_MISMATCH = 0.10  # a trial this far off the speed stage's prediction is flagged
+# a trial further off the speed stage's prediction than this, or than the spread stage 1
+# measured where that is wider (a noisy CPU), is flagged
+SPEED_MISMATCH = 0.10
 
 
 class Terminated(KeyboardInterrupt):
@@ -165,6 +167,7 @@ class TrialRunner:
             speed_knobs=sorted(k for k in choice.knobs() if k in self.spec.space.searched()),
             predicted_samples_per_second=choice.samples_per_second,
             speed_trials=list(choice.speed_trials),
+            speed_tolerance=max(SPEED_MISMATCH, choice.spread),
         ).store(trial)
         return config
 
@@ -212,8 +215,9 @@ class TrialRunner:
         TrialRecord(wall_seconds=time.monotonic() - started).store(trial)
 
         TrialRecord.from_result(result, config.precision).store(trial)
-        predicted = TrialRecord.from_attrs(trial.user_attrs).predicted_samples_per_second
-        if predicted and abs(result.samples_per_second / predicted - 1) > SPEED_MISMATCH:
+        stored = TrialRecord.from_attrs(trial.user_attrs)
+        predicted, tolerance = stored.predicted_samples_per_second, stored.speed_tolerance
+        if predicted and abs(result.samples_per_second / predicted - 1) > (tolerance or 0):
             TrialRecord(speed_mismatch=True).store(trial)  # interference, or a stale cache
         if pruned_at:
             at = pruned_at[0]
