@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import html
 import statistics
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -269,7 +270,9 @@ def _optuna_figures(study: optuna.Study) -> list[tuple[str, str]]:
         ("Parameter importances", optuna.visualization.plot_param_importances),
     ):
         try:
-            figures.append((title, _figure_html(make(study))))
+            with warnings.catch_warnings():  # "some regimes have less than 2 trials": the
+                warnings.simplefilter("ignore", UserWarning)  # page says what it measures
+                figures.append((title, _figure_html(make(study))))
         except (ValueError, RuntimeError, ZeroDivisionError) as err:  # too few trials, say
             figures.append((title, f"<p class='note'>Not available: {html.escape(str(err))}</p>"))
     return figures

@@ -147,6 +147,9 @@ def test_studies_fits_80_columns_with_whole_headers(seen, tmp_path: Path):
     assert url in listed.stdout.splitlines() or f"Studies in {url}" in listed.stdout
     row = next(line for line in listed.stdout.splitlines() if line.split()[:1] == ["seen"])
     assert "acc/s" in row and all(len(line) <= 80 for line in listed.stdout.splitlines())
+    # its speed study (stage 1) beside it, in samples/s
+    speed = next(line for line in listed.stdout.splitlines() if line.split()[:1] == ["seen.speed"])
+    assert "samples/s" in speed and "e+" not in speed
     # and for scripts, the same as JSON
     as_json = run_cli("studies", "--storage", url, "--json", cwd=tmp_path)
     assert as_json.returncode == 0, as_json.stderr

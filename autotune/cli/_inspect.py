@@ -311,8 +311,9 @@ def list_studies(
         return
     display.print_item(console, "Studies in", shown, copy=True)
     # no vertical rules and the unit beside the best value: the table fits 80 columns
-    table = Table(box=box.SIMPLE_HEAD)
-    table.add_column("study", overflow="fold")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    longest = max((len(str(row["study"])) for row in rows), default=5)
+    table.add_column("study", overflow="fold", min_width=min(32, longest))
     for column in _COUNTED:
         table.add_column(column, justify="right", no_wrap=True)
     table.add_column("best", justify="right", no_wrap=True)
@@ -324,7 +325,17 @@ def list_studies(
         table.add_row(
             Text(str(row["study"])),  # stored values are data, never markup
             *(str(row[state]) for state in _COUNTED),
-            Text(f"{display.fmt(value)} {unit}" if value is not None else f"- {unit}"),
+            Text(_best_value(value, metric, unit)),
             str(row["best_trial"]) if row["best_trial"] is not None else "-",
         )
     console.print(table)
+
+
+def _best_value(value: float | None, metric: str, unit: str) -> str:
+    """A study's best value with its unit; samples/s (a speed study) in SI: 20.8k."""
+    from autotune import display
+
+    if value is None:
+        return f"- {unit}"
+    shown = display.si(value) if metric == "samples_per_second" else display.fmt(value)
+    return f"{shown} {unit}"

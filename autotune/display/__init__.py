@@ -12,6 +12,7 @@ from autotune.display._text import (
     fmt_metric,
     print_command,
     print_item,
+    si,
     study_options,
 )
 
@@ -33,6 +34,7 @@ __all__ = [
     "print_item",
     "print_plan",
     "print_summary",
+    "si",
     "study_options",
 ]
 

@@ -37,8 +37,9 @@ class LiveObserver(studies.StudyObserver):
             visible=counted < spec.study.n_trials,  # no full bar for a run with nothing to do
         )
         self.status = Text("")
-        self.speed_events = 0  # stage 1: settings timed or reused
+        self.speed_timed = 0  # stage 1: settings timed, reused, not tried
         self.speed_reused = 0
+        self.speed_skipped = 0
 
     def _best_text(self) -> str:
         best = studies.best_trial(self.study)
@@ -50,15 +51,19 @@ class LiveObserver(studies.StudyObserver):
         self.live.update(Group(self.progress, self.status))
 
     def speed_measured(self, event: studies.SpeedEvent) -> None:
-        self.speed_events += 1
-        self.speed_reused += event.cached
+        if event.cached:
+            self.speed_reused += 1
+        elif event.measured:
+            self.speed_timed += 1
+        else:
+            self.speed_skipped += 1
         if event.samples_per_second is not None:
             result = f"{si(event.samples_per_second)} samples/s"
         else:
             result = event.fault or "failed"
         again = f", again ({event.round})" if event.round > 1 else ""
         self.status = Text(
-            f"  stage 1, speed: {self.speed_events} timed ({self.speed_reused} reused)  "
+            f"  stage 1, speed: {self.speed_timed} timed, {self.speed_reused} reused  "
             f"{event.cell}{again}: {event.settings}: {result}",
             style="dim",
             overflow="ellipsis",
@@ -69,13 +74,17 @@ class LiveObserver(studies.StudyObserver):
     def speed_finished(self, table: SpeedTable) -> None:
         from autotune.display._tables import print_speed_table
 
-        events, reused = self.speed_events, self.speed_reused
         console = self.live.console
         print_speed_table(console, table)
         name = studies.speed_study_name(self.study.study_name)
+        skipped = (
+            f", {self.speed_skipped} not tried (memory walls, pipelines far behind)"
+            if self.speed_skipped
+            else ""
+        )
         console.print(
-            f"stage 1: {events - reused} settings timed, {reused} reused from earlier runs "
-            f"(study {name}); stage 2 trains with the fastest of each.",
+            f"stage 1: {self.speed_timed} settings timed, {self.speed_reused} reused from "
+            f"earlier runs{skipped} (study {name}); stage 2 trains with the fastest of each.",
             markup=False,
         )
         self.status = Text("")

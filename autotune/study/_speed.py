@@ -99,7 +99,9 @@ class _Stage:
         wall = self.walls.get(self._wall_key(cell, settings))
         if pool.fault is None and not pool.results and wall and cell.batch_size >= wall[0]:
             pool.fault = (FaultKind.OOM.value, f"not run: batch {wall[0]} ran out of memory")
-            self.on_event(SpeedEvent(cell.label(), words, None, None, False, pool.fault[1], 1))
+            self.on_event(
+                SpeedEvent(cell.label(), words, None, None, False, pool.fault[1], 1, False)
+            )
             return
         if pool.fault is not None or len(pool.results) >= count:
             if count == 1:  # reported once, not at every round
@@ -194,7 +196,7 @@ class _Stage:
         if why is None or self.pool(cell, settings).results:
             return False
         words = describe(settings)
-        self.on_event(SpeedEvent(cell.label(), words, None, None, False, why, 1))
+        self.on_event(SpeedEvent(cell.label(), words, None, None, False, why, 1, False))
         return True
 
     def note_slow_pipelines(self, cell: Cell) -> None:

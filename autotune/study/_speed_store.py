@@ -100,6 +100,7 @@ class SpeedEvent:
     cached: bool  # reused from an earlier measurement with the same key
     fault: str | None  # why it has no speed
     round: int
+    measured: bool = True  # False: not tried (a memory wall, a pipeline far behind)
 
 
 def _source_digest(entry: str) -> str | None:
