@@ -25,6 +25,7 @@ from autotune.study import (
     baseline_trial,
     display_url,
     feasible_trials,
+    speed_study_name,
     trial_config,
     trial_knob_origin,
 )
@@ -280,11 +281,37 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     return "\n".join(lines)
 
 
+def speed_note(study_name: str) -> str:
+    """The note on a study's speed study (``NAME.speed``): what its trials are."""
+    return "\n".join(
+        [
+            f"## autotune: {study_name}.speed, stage 1 of study `{study_name}`",
+            "",
+            "Each trial is one timed measurement of a way to *execute* training steps (the data "
+            "pipeline, DataLoader workers, compile, channels_last, cudnn.benchmark) at one "
+            "micro-batch size and precision: short bursts of real steps, no evaluation. Its "
+            "value is samples/s, epoch starts included, at accumulation 1; its user attributes "
+            "hold every burst (`measurement`), the predicted samples/s at each accumulation, the "
+            "round (2 and up: a cell's leaders measured again) and the cache key.",
+            "",
+            f"The trials of `{study_name}` train with the fastest settings per micro-batch and "
+            f"precision; their knobs marked *timed in stage 1* come from here. Any later study "
+            f"on the same machine, model and data reuses these measurements "
+            f"(`autotune run --remeasure` times them again).",
+        ]
+    )
+
+
 def write_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> None:
-    """Save ``study_note`` as the study's note in optuna-dashboard."""
+    """Save ``study_note`` as the study's note in optuna-dashboard (and ``speed_note`` on its
+    speed study, when it has one)."""
     import optuna_dashboard  # with scikit-learn: `autotune best` reads the note's numbers only
 
     optuna_dashboard.save_note(study, study_note(study, storage_url))
+    speed = speed_study_name(study.study_name)
+    if speed in optuna.get_all_study_names(study._storage):
+        speed_study = optuna.load_study(study_name=speed, storage=study._storage)
+        optuna_dashboard.save_note(speed_study, speed_note(study.study_name))
 
 
 def artifact_dir(storage_url: str) -> Path:

@@ -22,9 +22,11 @@ from autotune.notes import PHASE_LABELS, Summary, measured, measurements, number
 from autotune.results import PHASES
 from autotune.spec import DEFAULT_STORAGE, KNOBS
 from autotune.study import (
+    SpeedRecord,
     StudyRecord,
     TrialRecord,
     display_url,
+    speed_study_name,
     trial_config,
     trial_knob_origin,
 )
@@ -262,6 +264,59 @@ def hardware_rows(hardware: dict[str, object]) -> list[tuple[str, str]]:
     return rows
 
 
+@dataclass(frozen=True)
+class SpeedRow:
+    """One cell of stage 1 (a micro-batch at a precision) as the report shows it."""
+
+    cell: str  # "batch 64, bf16"
+    settings: str  # the fastest, in words
+    samples_per_second: str  # its median over its measurements
+    measurements: int
+    tried: int  # settings measured in the cell
+    failed: str  # the faults of the others, counted: "oom 2"
+
+
+def speed_rows(study: optuna.Study) -> list[SpeedRow]:
+    """Stage 1's fastest settings per cell, from the study's ``NAME.speed`` ([] without)."""
+    name = speed_study_name(study.study_name)
+    storage = study._storage
+    if name not in optuna.get_all_study_names(storage):
+        return []
+    by_cell: dict[str, dict[str, list[float]]] = {}
+    faults: dict[str, dict[str, int]] = {}
+    for trial in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False):
+        record = SpeedRecord.of(trial)
+        if record is None:
+            continue
+        if trial.state == TrialState.COMPLETE and trial.value is not None:
+            by_cell.setdefault(record.cell, {}).setdefault(record.settings, []).append(trial.value)
+        elif record.fail_kind:
+            counted = faults.setdefault(record.cell, {})
+            counted[record.fail_kind] = counted.get(record.fail_kind, 0) + 1
+    rows = []
+    for cell in sorted(set(by_cell) | set(faults), key=_cell_order):
+        settings = by_cell.get(cell, {})
+        medians = {words: statistics.median(values) for words, values in settings.items()}
+        fastest = max(medians, key=lambda words: medians[words], default=None)
+        rows.append(
+            SpeedRow(
+                cell=cell,
+                settings=fastest or "none ran",
+                samples_per_second=number(medians[fastest]) if fastest else "-",
+                measurements=len(settings.get(fastest, [])) if fastest else 0,
+                tried=len(settings) + sum(faults.get(cell, {}).values()),
+                failed=", ".join(f"{k} {n}" for k, n in sorted(faults.get(cell, {}).items())),
+            )
+        )
+    return rows
+
+
+def _cell_order(cell: str) -> tuple[str, int]:
+    """'batch 64, bf16' sorts by precision, then micro-batch."""
+    batch, _, rest = cell.removeprefix("batch ").partition(", ")
+    return rest, int(batch) if batch.isdigit() else 0
+
+
 def _optuna_figures(study: optuna.Study) -> list[tuple[str, str]]:
     """(title, html) of Optuna's optimization history and parameter importances."""
     figures = []
@@ -326,6 +381,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         param_names=param_names,
         trial_rows=rows,
         knob_speeds=knob_speeds(study),
+        speed_rows=speed_rows(study),
         hardware=hardware_rows(StudyRecord.of(study).hardware or {}),
         figures=_optuna_figures(study),
         scatter=_figure_html(_scatter(study, summary)),

@@ -20,6 +20,9 @@ def test_note_and_artifacts_are_readable_back(seen, tmp_path: Path):
     assert f"**Best: trial {summary.best.number}**" in note
     assert "the untuned baseline" in note or summary.best.number == 0
     assert f"autotune export --study seen --storage {url}" in note
+    assert "study `seen.speed`" in note  # a two-stage study says where stage 1 is
+    speed = optuna.load_study(study_name="seen.speed", storage=url)
+    assert "stage 1 of study `seen`" in optuna_dashboard.get_note(speed)
     script = tmp_path / "train.py"
     script.write_text("print('hello')\n")
     artifact_id = notes.upload(study, script, url)

@@ -159,3 +159,14 @@ def test_importances_say_what_they_measure_beside_each_knobs_speed(seen):
     if len(tried) == 2:  # the study tried both precisions: their speeds are side by side
         speeds = _text(page[page.index('<table id="knob-speeds">') :])
         assert "precision bf16" in speeds and "precision fp32" in speeds
+
+
+def test_a_two_stage_report_shows_stage_one_and_where_each_knob_came_from(seen):
+    study, url = seen  # a two-stage study: batch size and workers are timed in stage 1
+    rows = report.speed_rows(study)
+    cells = {row.cell for row in rows}
+    assert {"batch 16, fp32", "batch 64, bf16"} <= cells
+    assert all(row.tried >= 1 and row.settings for row in rows)
+    page = _text(report.render_html(study, url))
+    assert "Stage 1: the fastest settings per micro-batch" in page
+    assert "timed in stage 1" in page and "searched" in page
