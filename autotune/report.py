@@ -158,6 +158,7 @@ class TrialRow:
     value: str
     accuracy: str
     samples_per_second: str
+    tokens_per_second: str  # token inputs, padding excluded ("-" for others)
     params: tuple[str, ...]  # in the order of the table's parameter columns
     fail_kind: str  # pruned, oom, ...; for an infeasible trial: infeasible
     fail_msg: str  # why; for an infeasible trial: which constraint failed
@@ -190,6 +191,7 @@ def trial_rows(study: optuna.Study) -> tuple[list[str], list[TrialRow]]:
                 value=number(trial.value),
                 accuracy=number(record.accuracy),
                 samples_per_second=number(record.samples_per_second),
+                tokens_per_second=number(record.tokens_per_second),
                 params=tuple(number(trial.params.get(k)) for k in names),
                 fail_kind=str(kind),
                 fail_msg=message or "",
@@ -380,6 +382,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         phases=[(p, PHASE_LABELS[p]) for p in PHASES],
         param_names=param_names,
         trial_rows=rows,
+        any_tokens=any(row.tokens_per_second != number(None) for row in rows),
         knob_speeds=knob_speeds(study),
         speed_rows=speed_rows(study),
         hardware=hardware_rows(StudyRecord.of(study).hardware or {}),

@@ -92,6 +92,34 @@ def test_flags_that_do_not_fit_the_trial_line_go_with_its_knobs(seen):
     assert "infeasible" in text and "interference 37%" in text
 
 
+def test_a_trial_off_stage_one_and_on_tokens_says_so(seen):
+    study, _ = seen
+    done = next(
+        t
+        for t in study.get_trials()
+        if t.state == optuna.trial.TrialState.COMPLETE and not t.user_attrs.get("baseline")
+    )
+    speed = done.user_attrs["samples_per_second"]
+    shown = optuna.trial.create_trial(
+        state=optuna.trial.TrialState.COMPLETE,
+        value=done.value,
+        params=done.params,
+        distributions=done.distributions,
+        user_attrs={
+            **done.user_attrs,
+            "tokens_per_second": 1_234_567.0,
+            "predicted_samples_per_second": speed / 0.7,
+            "speed_mismatch": True,
+        },
+    )
+    console = _console(100)
+    progress = display.live_progress(console)
+    observer = display.LiveObserver(study, _spec(study), Live(progress, console=console), progress)
+    observer.trial_finished(shown)
+    text = " ".join(_text(console).split())
+    assert "1.2M tokens/s" in text and "-30% off stage 1" in text
+
+
 def test_a_study_with_all_its_trials_shows_no_full_bar(seen):
     """``run --n-trials 5`` on a study of 5 showed a 5/5 bar for a run that ran nothing."""
     study, _ = seen

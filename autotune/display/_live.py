@@ -129,6 +129,8 @@ class LiveObserver(studies.StudyObserver):
                 f"  acc {record.accuracy or 0:.3f}  {record.charged_seconds or 0:.2f} s"
                 f"  {si(record.samples_per_second or 0)} samples/s  "
             )
+            if record.tokens_per_second:  # token inputs: the unit that fits them
+                line.append(f"{si(record.tokens_per_second)} tokens/s  ")
             if not feasible and self.spec.objective.metric != "time_to_accuracy":
                 flags.append("infeasible  ", style="yellow")
             if record.interference:
