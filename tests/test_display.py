@@ -184,3 +184,45 @@ def test_studies_fits_80_columns_with_whole_headers(seen, tmp_path: Path):
     (entry,) = [e for e in json.loads(as_json.stdout) if e["study"] == "seen"]
     assert entry["metric"] == "accuracy_per_second" and entry["best_trial"] == int(row.split()[-1])
     assert entry["complete"] == int(row.split()[1]) and entry["failed"] == int(row.split()[3])
+
+
+def test_the_running_best_carries_the_noise_a_confirmation_measured(tmp_path: Path, seen):
+    from autotune.study import ConfirmationRecord, ConfirmRun, StudyRecord
+
+    study, url = seen
+    optuna.copy_study(
+        from_study_name="seen",
+        from_storage=url,
+        to_storage=f"sqlite:///{tmp_path / 'copy.db'}",
+        to_study_name="noisy",
+    )
+    copy = optuna.load_study(study_name="noisy", storage=f"sqlite:///{tmp_path / 'copy.db'}")
+    console = _console(100)
+
+    def best_line() -> str:
+        progress = display.live_progress(console)
+        observer = display.LiveObserver(
+            copy, _spec(study), Live(progress, console=console), progress
+        )
+        return observer._best_text()
+
+    assert "±" not in best_line()  # no round yet: the spread is unknown
+    runs = tuple(
+        ConfirmRun(
+            trial=number,
+            repeat=r,
+            seed=r,
+            value=v,
+            accuracy=0.9,
+            samples_per_second=1.0,
+            feasible=True,
+            wall_seconds=1.0,
+        )
+        for number, values in ((1, (2.0, 2.2, 2.4)), (2, (1.8, 2.0, 1.9)))
+        for r, v in enumerate(values)
+    )
+    round_ = ConfirmationRecord(
+        top=2, repeats=2, maximize=True, candidates=(1, 2), baseline=None, runs=runs, complete=True
+    )
+    StudyRecord(confirmation=round_).store(copy)
+    assert "acc/s ±" in best_line()

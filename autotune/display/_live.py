@@ -45,7 +45,17 @@ class LiveObserver(studies.StudyObserver):
         best = studies.best_trial(self.study)
         if best is None:
             return "best: -"
-        return f"best: {fmt(best.value)} {self.unit} (trial {best.number})"
+        return f"best: {fmt(best.value)} {self.unit}{self.noise} (trial {best.number})"
+
+    @property
+    def noise(self) -> str:
+        """ " ±6%": the run-to-run spread a confirmation round of this study measured, once
+        one has (a resumed study's earlier round); "" before. A value is read with it."""
+        record = studies.StudyRecord.of(self.study).confirmation
+        if record is None:
+            return ""
+        spread = studies.Verdict.of(record).spread
+        return f" ±{spread:.0%}" if spread else ""
 
     def _render(self) -> None:
         self.live.update(Group(self.progress, self.status))
