@@ -94,7 +94,8 @@ class LiveObserver(studies.StudyObserver):
         )
         console.print(
             f"stage 1: {self.speed_timed} settings timed, {self.speed_reused} reused from "
-            f"earlier runs{skipped} (study {name}); stage 2 trains with the fastest of each.",
+            f"earlier runs{skipped}; all in study {name}. Stage 2 trains with the fastest "
+            f"of each.",
             markup=False,
         )
         self.status = Text("")
