@@ -63,4 +63,4 @@ class InProcessExecutor:
             release_memory()
 
     def close(self) -> None:
-        pass
+        self.warmth.close()

@@ -61,3 +61,15 @@ def test_a_configuration_with_nothing_to_train_leaves_the_warm_up_to_the_next_tr
     assert not warmth.process_warm and events == []
     warmth.before(make_config(), workload)
     assert warmth.process_warm and events == ["process"]
+
+
+def test_a_warm_process_keeps_its_objects_out_of_collections_until_it_closes():
+    import gc
+
+    executor = InProcessExecutor(blobs_workload())
+    try:
+        executor.run(make_config(epochs=1.0), never_stop)
+        assert gc.get_freeze_count() > 0  # torch's objects are not walked after every trial
+    finally:
+        executor.close()
+    assert gc.get_freeze_count() == 0  # ... and are collected at exit again (SQLite's WAL)
