@@ -3,8 +3,11 @@ learning trials that train with stage 1's choices."""
 
 from __future__ import annotations
 
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -29,7 +32,7 @@ from autotune.study import (
     trial_config,
 )
 from autotune.study._speed_plan import FULL_PRODUCT_LIMIT, Cell, SpeedPlan
-from autotune.testing import AMPERE, CPU, blobs_workload, make_config, run_cli
+from autotune.testing import AMPERE, CPU, blobs_workload, make_config, run_cli, start_cli
 from autotune.workloads import Workload
 
 QUICK = BurstPlan(warmup_micro_batches=2, bursts=2, burst_seconds=0.02)
@@ -478,14 +481,19 @@ def test_a_crash_in_stage_one_is_recorded_and_the_worker_replaced(tmp_path: Path
 def test_the_command_runs_two_stages_and_says_which_knobs_came_from_where(tmp_path: Path):
     space = tmp_path / "two.yaml"
     space.write_text(
-        two_stage(n_trials=3, precisions="fp32", workers="[0]", study_extra="  confirm: false")
+        two_stage(
+            n_trials=3,
+            precisions="fp32",
+            workers="[0]",
+            study_extra="  confirm: false\n  baseline: false",  # the answer: a stage 2 trial
+        )
     )
     first = run_cli("run", str(space), cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
     out = first.stdout
     assert "timing" in out and "(stage 1: speed)" in out and "(stage 2: learning)" in out
     assert "Stage 1: the fastest settings per micro-batch" in out
-    assert "stage 1: 4 settings timed, 0 reused" in out
+    assert re.search(r"stage 1: 4 settings timed( \(\d leaders again\))?, 0 reused", out)
     best = run_cli("best", "--study", "two", cwd=tmp_path)
     assert best.returncode == 0, best.stderr
     lines = {line.split()[0]: line for line in best.stdout.splitlines() if line.strip()}
@@ -496,3 +504,43 @@ def test_the_command_runs_two_stages_and_says_which_knobs_came_from_where(tmp_pa
     wrong = run_cli("best", "--study", "two.speed", cwd=tmp_path)
     assert wrong.returncode == 1
     assert "holds the speed stage's measurements of study 'two'" in wrong.stdout + wrong.stderr
+
+
+def _speed_trials(directory: Path) -> int:
+    """Measurements stored so far in ``two.speed`` (0 while it does not exist yet)."""
+    db = directory / "studies" / "autotune.db"
+    try:
+        storage = f"sqlite:///{db}?mode=ro"
+        return len(optuna.load_study(study_name="two.speed", storage=storage).trials)
+    except Exception:  # not created yet, or being written: ask again
+        return 0
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_stage_one_keeps_its_measurements_for_the_next_run(tmp_path: Path):
+    space = tmp_path / "two.yaml"
+    slow = two_stage(
+        n_trials=1,
+        batch_sizes="[16]",
+        model_args="{step_delay_seconds: 0.2}",  # about 4 s a measurement
+        precisions="fp32",
+        workers="[0]",
+        study_extra="  confirm: false\n  isolation: none",
+    )
+    space.write_text(slow)
+    process = start_cli("run", str(space), cwd=tmp_path)
+    deadline = time.monotonic() + 120
+    while _speed_trials(tmp_path) < 1:  # the first setting is measured, the second runs
+        assert time.monotonic() < deadline and process.poll() is None, process.poll()
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert "Stage 1's finished measurements are saved and will be reused" in stdout
+    assert _speed_trials(tmp_path) == 1  # the interrupted one is not recorded
+
+    again = run_cli("run", str(space), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    shown = " ".join(again.stdout.split())
+    assert re.search(r"stage 1: 1 settings timed( \(\d leaders again\))?, 1 reused", shown)

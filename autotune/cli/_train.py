@@ -185,11 +185,15 @@ def run(
                 f"resume with {display.command('--study-name', study.study_name)} "
                 f"(without --new-study)"
             )
-        console.print(
-            f"[yellow]{'Terminated' if outcome.terminated else 'Interrupted'}.[/] The running "
-            f"trial (or confirmation run) is recorded as interrupted and finished ones are "
-            f"saved; {how}."
-        )
+        stopped = "Terminated" if outcome.terminated else "Interrupted"
+        if spec.study.strategy == "two_stage" and outcome.speed_table is None:
+            saved = "stage 1's finished measurements are saved and will be reused"
+        else:
+            saved = (
+                "the running trial (or confirmation run) is recorded as interrupted and "
+                "finished ones are saved"
+            )
+        console.print(f"[yellow]{stopped}.[/] {saved[0].upper()}{saved[1:]}; {how}.")
         raise typer.Exit(EXIT_TERMINATED if outcome.terminated else EXIT_INTERRUPTED)
     if outcome.stage_failed:
         raise fail(

@@ -40,6 +40,7 @@ class LiveObserver(studies.StudyObserver):
         self.speed_timed = 0  # stage 1: settings timed, reused, not tried
         self.speed_reused = 0
         self.speed_skipped = 0
+        self.speed_again = 0
 
     def _best_text(self) -> str:
         best = studies.best_trial(self.study)
@@ -63,6 +64,8 @@ class LiveObserver(studies.StudyObserver):
     def speed_measured(self, event: studies.SpeedEvent) -> None:
         if event.cached:
             self.speed_reused += 1
+        elif event.measured and event.round > 1:
+            self.speed_again += 1  # a leader measured again: the same setting
         elif event.measured:
             self.speed_timed += 1
         else:
@@ -92,8 +95,9 @@ class LiveObserver(studies.StudyObserver):
             if self.speed_skipped
             else ""
         )
+        again = f" ({self.speed_again} leaders again)" if self.speed_again else ""
         console.print(
-            f"stage 1: {self.speed_timed} settings timed, {self.speed_reused} reused from "
+            f"stage 1: {self.speed_timed} settings timed{again}, {self.speed_reused} reused from "
             f"earlier runs{skipped}; all in study {name}. Stage 2 trains with the fastest "
             f"of each.",
             markup=False,
