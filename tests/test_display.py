@@ -226,3 +226,14 @@ def test_the_running_best_carries_the_noise_a_confirmation_measured(tmp_path: Pa
     )
     StudyRecord(confirmation=round_).store(copy)
     assert "acc/s ±" in best_line()
+
+
+def test_the_baselines_knobs_are_untuned_not_searched(seen):
+    study, _ = seen
+    baseline = studies.baseline_trial(study)
+    assert baseline is not None
+    console = _console(100)
+    console.print(display.config_table(baseline))
+    rows = {line.split()[0]: line for line in _text(console).splitlines() if line.strip()}
+    assert "untuned" in rows["precision"] and "searched" not in _text(console)
+    assert export.best_config(study, baseline).origin("precision") == "untuned"

@@ -72,10 +72,11 @@ class BestConfig:
     confirmation: dict[str, Any] = field(default_factory=dict)
     feasible: bool = True  # the trial met every requirement (min_accuracy): an answer
     speed_knobs: tuple[str, ...] = ()  # two-stage: the knobs the speed stage chose
+    baseline: bool = False  # the untuned baseline: its knobs were pinned, not searched
 
     def origin(self, knob: str) -> str:
-        """ "searched", "timed in stage 1" or "" (fixed): see study.knob_origin."""
-        return knob_origin(knob, self.params, self.speed_knobs)
+        """ "searched", "timed in stage 1", "untuned" or "" (fixed): see study.knob_origin."""
+        return knob_origin(knob, self.params, self.speed_knobs, self.baseline)
 
     def confirmation_text(self) -> str:
         """One line on how sure the study is of this answer."""
@@ -115,6 +116,7 @@ class BestConfig:
             "confirmation": dict(self.confirmation),
             "feasible": self.feasible,
             "speed_knobs": list(self.speed_knobs),
+            "baseline": self.baseline,
         }
 
     @classmethod
@@ -135,6 +137,7 @@ class BestConfig:
             confirmation=dict(data.get("confirmation") or {}),
             feasible=bool(data.get("feasible", True)),
             speed_knobs=tuple(data.get("speed_knobs") or ()),
+            baseline=bool(data.get("baseline", False)),
         )
 
     def make_loader(
@@ -235,6 +238,7 @@ def best_config(study: optuna.Study, trial: FrozenTrial) -> BestConfig:
         confirmation=_confirmation_of(study, trial.number),
         feasible=is_feasible(trial),
         speed_knobs=tuple(record.speed_knobs or ()),
+        baseline=record.baseline,
         full_run_epochs=spec.objective.full_run_epochs if spec else None,
         workload=spec.workload.model_dump(mode="json") if spec else {},
     )

@@ -378,12 +378,13 @@ def counted_trials(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=COUNTED_STATES))
 
 
-def knob_origin(name: str, params: Any, speed_knobs: Any = ()) -> str:
+def knob_origin(name: str, params: Any, speed_knobs: Any = (), baseline: bool = False) -> str:
     """How a trial's knob got its value, in a word or two: "searched" (sampled by the study),
     "timed in stage 1" (the speed stage's fastest for the trial's effective batch and
-    precision), or "" (fixed by the space file)."""
+    precision), "untuned" (the baseline's, which the study did not choose), or "" (fixed by
+    the space file)."""
     if name in params:
-        return "searched"
+        return "untuned" if baseline else "searched"
     if name in (speed_knobs or ()):
         return "timed in stage 1"
     return ""
@@ -391,4 +392,5 @@ def knob_origin(name: str, params: Any, speed_knobs: Any = ()) -> str:
 
 def trial_knob_origin(trial: FrozenTrial, name: str) -> str:
     """``knob_origin`` of a stored trial."""
-    return knob_origin(name, trial.params, TrialRecord.of(trial).speed_knobs)
+    record = TrialRecord.of(trial)
+    return knob_origin(name, trial.params, record.speed_knobs, record.baseline)
