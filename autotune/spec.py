@@ -639,6 +639,23 @@ class Spec(_Frozen):
     _path: Path | None = PrivateAttr(default=None)
     _text: str = PrivateAttr(default="")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _joint_for_size_ranges(cls, data: Any) -> Any:
+        """A file that names no strategy and gives batch_size or accumulation_steps as a range
+        is a joint search: two stages time listed micro-batches only (older files keep
+        working, in every command)."""
+        if not isinstance(data, dict):
+            return data
+        study, space = data.get("study") or {}, data.get("space") or {}
+        if not isinstance(study, dict) or "strategy" in study or not isinstance(space, dict):
+            return data
+        for name in ("batch_size", "accumulation_steps"):
+            knob = space.get(name)
+            if isinstance(knob, dict) and knob.get("low") != knob.get("high", knob.get("low")):
+                return {**data, "study": {**study, "strategy": "joint"}}
+        return data
+
     @model_validator(mode="after")
     def _two_stage_sizes(self) -> Spec:
         if self.study.strategy != "two_stage":
@@ -647,9 +664,9 @@ class Spec(_Frozen):
             knob = getattr(self.space, name)
             if isinstance(knob, IntRange) and not knob.is_fixed:
                 raise ValueError(
-                    f"space.{name}: the two-stage search times each micro-batch split, so it "
-                    f"needs a list of values (e.g. [32, 64, 128]), not a range; or set "
-                    f"study.strategy: joint"
+                    f"space.{name}: study.strategy two_stage times each micro-batch split, so "
+                    f"it needs a list of values (e.g. [32, 64, 128]), not a range; or leave "
+                    f"the strategy out (a range makes the search joint)"
                 )
         return self
 

@@ -206,10 +206,11 @@ def test_a_range_of_an_execution_knob_is_enumerated_and_a_wide_one_refused():
 
 
 def test_two_stage_needs_listed_micro_batches_and_sound_learning_knobs():
-    with pytest.raises(SpecError, match="batch_size: the two-stage search times each"):
-        parse_spec(two_stage(batch_sizes="{low: 16, high: 64}"), "space.yaml")
-    joint = two_stage(batch_sizes="{low: 16, high: 64}", study_extra="  strategy: joint")
-    assert parse_spec(joint, "space.yaml").study.strategy == "joint"
+    ranged = two_stage(batch_sizes="{low: 16, high: 64}")
+    assert parse_spec(ranged, "space.yaml").study.strategy == "joint"  # no strategy named
+    explicit = two_stage(batch_sizes="{low: 16, high: 64}", study_extra="  strategy: two_stage")
+    with pytest.raises(SpecError, match=r"batch_size: study\.strategy two_stage times each"):
+        parse_spec(explicit, "space.yaml")
     assert parse_spec(two_stage(), "space.yaml").study.strategy == "two_stage"  # the default
     with pytest.raises(SpecError, match="num_workers only says how batches are loaded"):
         parse_spec(two_stage(study_extra="  learning_knobs: [num_workers]"), "space.yaml")
