@@ -3,8 +3,9 @@ the loop that runs their trials.
 
 One subpackage, one concern per private module, everything public re-exported here:
 
-- ``_records``: what a trial and a study record (``TrialRecord``, ``StudyRecord``) and the
-  readers every other module uses (``feasible_trials``, ``best_trial``, ``trial_config``);
+- ``_records``: what a trial and a study record (``TrialRecord``, ``StudyRecord``);
+- ``_queries``: what every other module asks of a study's trials (``feasible_trials``,
+  ``best_trial``, ``trial_config``), read through those records;
 - ``_storage``: Optuna RDB storages (SQLite in WAL mode, PostgreSQL), the heartbeat of running
   trials and the recovery of stale ones;
 - ``_sampling``: the per-trial seeded sampler and the pruners;
@@ -27,13 +28,8 @@ if TYPE_CHECKING:
         confirmation_plan,
     )
     from autotune.study._open import load_study, open_study, with_study_strategy
-    from autotune.study._records import (
+    from autotune.study._queries import (
         COUNTED_STATES,
-        METRIC_FIELDS,
-        ConfirmationRecord,
-        ConfirmRun,
-        StudyRecord,
-        TrialRecord,
         baseline_trial,
         best_trial,
         counted_trials,
@@ -42,6 +38,13 @@ if TYPE_CHECKING:
         knob_origin,
         trial_config,
         trial_knob_origin,
+    )
+    from autotune.study._records import (
+        METRIC_FIELDS,
+        ConfirmationRecord,
+        ConfirmRun,
+        StudyRecord,
+        TrialRecord,
     )
     from autotune.study._run import (
         MemoryWalls,
@@ -81,20 +84,20 @@ _MODULES = {
     "SpeedEvent": "_speed_store",
     "SpeedRecord": "_speed_store",
     "speed_study_name": "_speed_store",
-    "COUNTED_STATES": "_records",
+    "COUNTED_STATES": "_queries",
     "METRIC_FIELDS": "_records",
     "ConfirmationRecord": "_records",
     "ConfirmRun": "_records",
     "StudyRecord": "_records",
     "TrialRecord": "_records",
-    "baseline_trial": "_records",
-    "best_trial": "_records",
-    "counted_trials": "_records",
-    "feasible_trials": "_records",
-    "is_feasible": "_records",
-    "knob_origin": "_records",
-    "trial_knob_origin": "_records",
-    "trial_config": "_records",
+    "baseline_trial": "_queries",
+    "best_trial": "_queries",
+    "counted_trials": "_queries",
+    "feasible_trials": "_queries",
+    "is_feasible": "_queries",
+    "knob_origin": "_queries",
+    "trial_knob_origin": "_queries",
+    "trial_config": "_queries",
     "MemoryWalls": "_run",
     "RunOutcome": "_run",
     "StudyObserver": "_run",

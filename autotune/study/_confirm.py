@@ -47,16 +47,8 @@ from optuna.trial import FrozenTrial
 from autotune import faults, objective
 from autotune.results import Evaluation
 from autotune.spec import ObjectiveSpec
-from autotune.study._records import (
-    ConfirmationRecord,
-    ConfirmRun,
-    StudyRecord,
-    TrialRecord,
-    baseline_trial,
-    best_trial,
-    feasible_trials,
-    trial_config,
-)
+from autotune.study._queries import baseline_trial, best_trial, feasible_trials, trial_config
+from autotune.study._records import ConfirmationRecord, ConfirmRun, StudyRecord, TrialRecord
 
 if TYPE_CHECKING:
     from autotune.executor import TrialExecutor

@@ -26,7 +26,8 @@ from autotune.results import Evaluation
 from autotune.spec import Spec
 from autotune.speed import SPEED_KNOBS, SpeedTable
 from autotune.study._open import queue_baseline
-from autotune.study._records import COUNTED_STATES, TrialRecord
+from autotune.study._queries import COUNTED_STATES
+from autotune.study._records import TrialRecord
 from autotune.study._storage import heartbeat, recover_stale_trials
 
 if TYPE_CHECKING:

@@ -1,0 +1,95 @@
+"""What every reader asks of a study's trials, answered once: which are answers (feasible), the
+best, the untuned baseline, how many count towards n_trials, a trial's configuration, and where
+each of its knobs got its value. Read through the records of ``_records``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config import TrialConfig
+from autotune.study._records import TrialRecord
+
+__all__ = [
+    "COUNTED_STATES",
+    "baseline_trial",
+    "best_trial",
+    "counted_trials",
+    "feasible_trials",
+    "is_feasible",
+    "knob_origin",
+    "trial_config",
+    "trial_knob_origin",
+]
+
+# Trials that count towards ``n_trials``: those that told the sampler something.
+COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+def is_feasible(trial: FrozenTrial) -> bool:
+    """Whether ``trial`` is an answer: COMPLETE, with every constraint satisfied."""
+    return trial.state == TrialState.COMPLETE and all(
+        value <= 0 for value in trial.constraints.values()
+    )
+
+
+def feasible_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """COMPLETE trials that satisfy every constraint, best first."""
+    trials = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if is_feasible(t)
+    ]
+    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    return sorted(trials, key=lambda t: float(t.value or 0.0), reverse=maximize)  # COMPLETE: set
+
+
+def best_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The best feasible COMPLETE trial, or None."""
+    trials = feasible_trials(study)
+    return trials[0] if trials else None
+
+
+def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The untuned baseline, if it completed."""
+    return next(
+        (
+            t
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if TrialRecord.of(t).baseline
+        ),
+        None,
+    )
+
+
+def trial_config(trial: FrozenTrial) -> TrialConfig:
+    """The full configuration a trial trained with (stored as its ``config`` attribute)."""
+    config = TrialRecord.of(trial).config
+    if config is None:
+        raise KeyError(f"trial {trial.number} has no autotune configuration")
+    return config
+
+
+def counted_trials(study: optuna.Study) -> int:
+    """Trials that count towards n_trials (COMPLETE and PRUNED)."""
+    return len(study.get_trials(deepcopy=False, states=COUNTED_STATES))
+
+
+def knob_origin(name: str, params: Any, speed_knobs: Any = (), baseline: bool = False) -> str:
+    """How a trial's knob got its value, in a word or two: "searched" (sampled by the study),
+    "timed in stage 1" (the speed stage's fastest for the trial's effective batch and
+    precision), "untuned" (the baseline's, which the study did not choose), or "" (fixed by
+    the space file)."""
+    if name in params:
+        return "untuned" if baseline else "searched"
+    if name in (speed_knobs or ()):
+        return "timed in stage 1"
+    return ""
+
+
+def trial_knob_origin(trial: FrozenTrial, name: str) -> str:
+    """``knob_origin`` of a stored trial."""
+    record = TrialRecord.of(trial)
+    return knob_origin(name, trial.params, record.speed_knobs, record.baseline)
