@@ -62,6 +62,9 @@ class Summary:
     feasible: list[FrozenTrial]  # best first
     states: dict[str, int]
     bottlenecks: dict[str, int]  # bottleneck -> COMPLETE trials limited by it
+    score_name: str = "accuracy"  # the validation score's: accuracy, val_loss, macro_f1, ...
+    higher_score_better: bool = True
+    spread: float | None = None  # the confirmation round's run-to-run spread (0.06: ±6%)
 
     def ratio(self, key: str, other: FrozenTrial | None) -> float | None:
         """best's ``key`` attribute (or value for "value") over ``other``'s."""
@@ -124,9 +127,13 @@ def summarize(study: optuna.Study) -> Summary:
     states: dict[str, int] = {}
     for trial in trials:
         states[trial.state.name] = states.get(trial.state.name, 0) + 1
+    record = StudyRecord.of(study)
     return Summary(
         study=study.study_name,
-        metric=StudyRecord.of(study).metric or "value",
+        metric=record.metric or "value",
+        score_name=record.score_name or "accuracy",
+        higher_score_better=record.score_higher_is_better is not False,
+        spread=Verdict.of(record.confirmation).spread if record.confirmation else None,
         best=answer_trial(study),
         baseline=baseline_trial(study),
         feasible=feasible,
@@ -235,8 +242,10 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     else:
         record = TrialRecord.of(best)
         lines += [
-            f"**Best: trial {best.number}**, {summary.metric} **{number(best.value)}** "
-            f"(validation accuracy {number(record.accuracy)}, "
+            f"**Best: trial {best.number}**, {summary.metric} **{number(best.value)}**"
+            + (f" ±{summary.spread:.0%}" if summary.spread is not None else "")
+            + " "
+            f"(validation {summary.score_name} {number(record.score)}, "
             f"{number(record.samples_per_second)} samples/s, "
             f"{number(record.charged_seconds)} s of training).",
             "",

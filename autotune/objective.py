@@ -1,13 +1,15 @@
 """The objective: trial measurements -> the value Optuna stores, and which answers are acceptable.
 
-``accuracy_per_second`` (maximize): validation accuracy / charged training seconds.
-``time_to_accuracy`` (minimize): charged training seconds until validation accuracy first reaches
-``target_accuracy``.
+A trial is judged by its validation ``score`` (``objective.score``: accuracy by default).
+``score_per_second`` (maximize; older name ``accuracy_per_second``): the score / charged training
+seconds, for a score where higher is better. ``time_to_score`` (minimize; older name
+``time_to_accuracy``): charged training seconds until the score first reaches ``target_score`` in
+its direction (at or above it, or at or below it for a lower-is-better score such as val_loss).
 
 Charged seconds are training seconds with the one-time overhead (compilation, cuDNN autotuning,
 worker start-up) charged in proportion ``epochs / full_run_epochs`` when the full run's length is
 known: a compile that pays off over a 90-epoch run must not lose to eager in a 3-epoch trial.
-Without ``full_run_epochs``, and always for ``time_to_accuracy`` (the run to the target *is* the
+Without ``full_run_epochs``, and always for ``time_to_score`` (the run to the target *is* the
 full run), overhead is charged in full.
 """
 
@@ -20,7 +22,7 @@ from autotune.spec import ObjectiveSpec
 
 __all__ = ["Score", "charged_seconds", "intermediate_value", "score", "target_reached"]
 
-MIN_ACCURACY_FOR_EXTRAPOLATION = 1e-3
+MIN_SCORE_FOR_EXTRAPOLATION = 1e-3
 
 
 def charged_seconds(
@@ -41,33 +43,48 @@ def charged_seconds(
 
 
 def _charged(evaluation: Evaluation, objective: ObjectiveSpec) -> float:
-    full = objective.full_run_epochs if objective.metric == "accuracy_per_second" else None
+    full = objective.full_run_epochs if objective.per_second else None
     return charged_seconds(
         evaluation.train_seconds, evaluation.overhead_seconds, evaluation.epoch, full
     )
 
 
+def _distance_to_target(score: float, objective: ObjectiveSpec) -> float:
+    """How many times the way to the target is still to go, 1.0 once it is reached: the ratio
+    of target to score (higher is better) or of score to target (lower is better)."""
+    target = objective.target
+    assert target is not None
+    if objective.reaches(score, target):
+        return 1.0
+    if objective.score_higher_is_better:
+        return (
+            target / max(score, MIN_SCORE_FOR_EXTRAPOLATION)
+            if target > 0
+            else 1.0 + target - score
+        )
+    return score / target if target > 0 else 1.0 + score - target
+
+
 def intermediate_value(evaluation: Evaluation, objective: ObjectiveSpec) -> float:
     """The value reported to the pruner at an evaluation, in the study's direction.
 
-    accuracy_per_second: accuracy so far / charged seconds so far. time_to_accuracy: the
-    seconds so far extrapolated linearly to the target (lower is better; equal to the seconds
-    once the target is reached).
+    score_per_second: score so far / charged seconds so far. time_to_score: the seconds so far
+    extrapolated linearly to the target (lower is better; equal to the seconds once the target
+    is reached).
     """
     seconds = _charged(evaluation, objective)
-    if objective.metric == "accuracy_per_second":
-        return evaluation.accuracy / seconds
-    assert objective.target_accuracy is not None
-    accuracy = max(evaluation.accuracy, MIN_ACCURACY_FOR_EXTRAPOLATION)
-    return seconds * max(1.0, objective.target_accuracy / accuracy)
+    if objective.per_second:
+        return max(evaluation.score, 0.0) / seconds
+    return seconds * _distance_to_target(evaluation.score, objective)
 
 
 def target_reached(evaluation: Evaluation, objective: ObjectiveSpec) -> bool:
-    """Whether this evaluation ends a time_to_accuracy trial: its target is reached."""
+    """Whether this evaluation ends a time_to_score trial: its target is reached."""
+    target = objective.target
     return (
-        objective.metric == "time_to_accuracy"
-        and objective.target_accuracy is not None
-        and evaluation.accuracy >= objective.target_accuracy
+        not objective.per_second
+        and target is not None
+        and objective.reaches(evaluation.score, target)
     )
 
 
@@ -76,7 +93,7 @@ class Score:
     """A finished trial as the study sees it."""
 
     value: float  # stored as the trial's value (maximize or minimize per metric)
-    accuracy: float  # the accuracy the value is based on
+    score: float  # the validation score the value is based on
     charged_seconds: float  # the seconds the value is based on
     constraint: float | None  # <= 0 means feasible; None when the objective has no constraint
     constraint_name: str | None
@@ -90,39 +107,52 @@ class Score:
 def score(result: TrialResult, objective: ObjectiveSpec) -> Score:
     """Score a trial that trained to its end (or to its target)."""
     last = result.evaluations[-1]
-    if objective.metric == "accuracy_per_second":
+    name = objective.score_name
+    if objective.per_second:
         seconds = _charged(last, objective)
-        bar = objective.min_accuracy
+        bar = objective.bar
+        if last.score < 0:  # score / seconds would rank a worse negative score higher
+            return Score(
+                value=0.0,
+                score=last.score,
+                charged_seconds=seconds,
+                constraint=-last.score,
+                constraint_name=objective.bar_name,
+                reason=f"{name} {last.score:.4g} is below 0: {objective.metric} needs a score of "
+                f"0 or more",
+            )
         return Score(
-            value=last.accuracy / seconds,
-            accuracy=last.accuracy,
+            value=last.score / seconds,
+            score=last.score,
             charged_seconds=seconds,
-            constraint=None if bar is None else bar - last.accuracy,
-            constraint_name=None if bar is None else "min_accuracy",
+            constraint=None if bar is None else bar - last.score,
+            constraint_name=None if bar is None else objective.bar_name,
             reason=""
-            if bar is None or last.accuracy >= bar
-            else f"accuracy {last.accuracy:.3f} is below min_accuracy {bar:g}",
+            if bar is None or last.score >= bar
+            else f"{name} {last.score:.4g} is below {objective.bar_name} {bar:g}",
         )
-    assert objective.target_accuracy is not None
-    target = objective.target_accuracy
-    reached = next((e for e in result.evaluations if e.accuracy >= target), None)
+    target = objective.target
+    assert target is not None
+    sign = 1.0 if objective.score_higher_is_better else -1.0
+    # the constraint is how far short of the target a score is, in the score's direction
+    reached = next((e for e in result.evaluations if objective.reaches(e.score, target)), None)
     if reached is not None:
         seconds = _charged(reached, objective)
         return Score(
             value=seconds,
-            accuracy=reached.accuracy,
+            score=reached.score,
             charged_seconds=seconds,
-            constraint=target - reached.accuracy,
-            constraint_name="target_accuracy",
+            constraint=sign * (target - reached.score),
+            constraint_name=objective.target_name,
             reason="",
         )
-    best = max(e.accuracy for e in result.evaluations)
+    best = max((e.score for e in result.evaluations), key=lambda value: sign * value)
     seconds = _charged(last, objective)
     return Score(
         value=seconds,  # time spent without reaching the target; infeasible, so never the answer
-        accuracy=best,
+        score=best,
         charged_seconds=seconds,
-        constraint=target - best,
-        constraint_name="target_accuracy",
-        reason=f"best accuracy {best:.3f} never reached target_accuracy {target:g}",
+        constraint=sign * (target - best),
+        constraint_name=objective.target_name,
+        reason=f"best {name} {best:.4g} never reached {objective.target_name} {target:g}",
     )

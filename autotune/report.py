@@ -1,5 +1,5 @@
 """The self-contained HTML report of a study: its answer against the baseline and the others,
-where the time goes, accuracy against speed, Optuna's history and importances, the machine."""
+where the time goes, the score against speed, Optuna's history and importances, the machine."""
 
 from __future__ import annotations
 
@@ -57,16 +57,17 @@ def _figure_html(figure: go.Figure) -> str:
     return figure.to_html(full_html=False, include_plotlyjs=False)
 
 
-def _pareto_front(trials: list[FrozenTrial]) -> list[FrozenTrial]:
-    """Trials no other trial beats on both accuracy and samples/s."""
+def _pareto_front(trials: list[FrozenTrial], higher_score_better: bool) -> list[FrozenTrial]:
+    """Trials no other trial beats on both the score and samples/s."""
+    sign = 1.0 if higher_score_better else -1.0
     points = [
-        (t, measured(t, "accuracy") or 0.0, measured(t, "samples_per_second") or 0.0)
+        (t, sign * (measured(t, "score") or 0.0), measured(t, "samples_per_second") or 0.0)
         for t in trials
     ]
     front = []
-    for trial, accuracy, speed in points:
+    for trial, score, speed in points:
         dominated = any(
-            a >= accuracy and s >= speed and (a > accuracy or s > speed) for _, a, s in points
+            a >= score and s >= speed and (a > score or s > speed) for _, a, s in points
         )
         if not dominated:
             front.append(trial)
@@ -90,18 +91,18 @@ def _scatter(study: optuna.Study, summary: Summary) -> go.Figure:
         figure.add_trace(
             go.Scatter(
                 x=[measured(t, "samples_per_second") for t in chosen],
-                y=[measured(t, "accuracy") for t in chosen],
+                y=[measured(t, "score") for t in chosen],
                 mode="markers",
                 name=label,
                 marker={"symbol": symbol, "size": 9},
                 text=[f"trial {t.number}" for t in chosen],
             )
         )
-    front = _pareto_front(summary.feasible)
+    front = _pareto_front(summary.feasible, summary.higher_score_better)
     figure.add_trace(
         go.Scatter(
             x=[measured(t, "samples_per_second") for t in front],
-            y=[measured(t, "accuracy") for t in front],
+            y=[measured(t, "score") for t in front],
             mode="lines+markers",
             name="Pareto front (feasible)",
             line={"dash": "dot"},
@@ -109,9 +110,9 @@ def _scatter(study: optuna.Study, summary: Summary) -> go.Figure:
         )
     )
     figure.update_layout(
-        title="Accuracy against samples/s",
+        title=f"{summary.score_name} against samples/s",
         xaxis_title="samples/s (steady state)",
-        yaxis_title="validation accuracy",
+        yaxis_title=f"validation {summary.score_name}",
     )
     return figure
 
@@ -156,7 +157,7 @@ class TrialRow:
     number: int
     state: str  # COMPLETE, COMPLETE (infeasible), PRUNED, FAIL, ...
     value: str
-    accuracy: str
+    score: str
     samples_per_second: str
     tokens_per_second: str  # token inputs, padding excluded ("-" for others)
     params: tuple[str, ...]  # in the order of the table's parameter columns
@@ -189,7 +190,7 @@ def trial_rows(study: optuna.Study) -> tuple[list[str], list[TrialRow]]:
                 number=trial.number,
                 state=state,
                 value=number(trial.value),
-                accuracy=number(record.accuracy),
+                score=number(record.score),
                 samples_per_second=number(record.samples_per_second),
                 tokens_per_second=number(record.tokens_per_second),
                 params=tuple(number(trial.params.get(k)) for k in names),

@@ -25,8 +25,8 @@ class Evaluation:
     epoch: float  # epochs of training data consumed
     optimizer_steps: int
     samples_seen: int
-    accuracy: float  # validation accuracy, 0..1
-    val_loss: float  # mean validation cross-entropy
+    score: float  # the validation score (objective.score: accuracy, 0..1, by default)
+    val_loss: float | None  # mean validation cross-entropy; None when the user's score is kept
     train_loss: float  # mean training loss since the previous evaluation
     train_seconds: float  # training wall-clock so far, evaluation excluded
     overhead_seconds: float  # one-time costs within train_seconds (0 until steady state is seen)
@@ -42,7 +42,7 @@ class TrialResult:
     """What one trial measured."""
 
     evaluations: tuple[Evaluation, ...]
-    accuracy: float  # at the last evaluation
+    score: float  # the validation score at the last evaluation
     train_seconds: float  # all training wall-clock, evaluation excluded
     overhead_seconds: float  # one-time share of train_seconds (warm-up beyond steady state)
     warmup_seconds: float  # wall-clock of the warm-up window

@@ -4,7 +4,7 @@ A space file has four sections::
 
     study:     name, storage, n_trials, timeout, sampler, pruner, seed
     workload:  model, data, epochs per trial, evaluation interval, device
-    objective: metric, min_accuracy, target_accuracy, full_run_epochs
+    objective: metric, score, higher_is_better, min_score, target_score, full_run_epochs
     space:     the knobs; each is a fixed scalar, a list (categorical) or {low, high, log, step}
 
 Everything is validated once, here. A problem the user made is reported as one line naming the
@@ -500,7 +500,15 @@ class StudySpec(_Frozen):
 
 
 # workload fields added after studies were labelled: left out of the label at their default
-_ADDED_LATER: dict[str, Any] = {"inputs": None, "target": None, "loss": "cross_entropy"}
+_ADDED_LATER: dict[str, dict[str, Any]] = {
+    "workload": {"inputs": None, "target": None, "loss": "cross_entropy", "batch_fn": None},
+    "objective": {
+        "score": "accuracy",
+        "higher_is_better": None,
+        "min_score": None,
+        "target_score": None,
+    },
+}
 LOSSES = ("cross_entropy", "model")  # built-in losses; or the user's package.module:function
 # built-in model families, written family:member (torchvision:resnet18); autotune.workloads
 # registers one function for each
@@ -528,6 +536,9 @@ class WorkloadSpec(_Frozen):
     inputs: str | int | list[str | int] | None = None
     target: str | int | None = None
     loss: str = "cross_entropy"  # cross_entropy | model | package.module:function
+    # the user's package.module:function(batch) -> (model_args, model_kwargs, target), in
+    # place of inputs and target: for batches a key or an index cannot describe
+    batch_fn: str | None = None
 
     @field_validator("model", "data")
     @classmethod
@@ -561,6 +572,22 @@ class WorkloadSpec(_Frozen):
             raise ValueError("lists a place twice")
         return value
 
+    @field_validator("batch_fn")
+    @classmethod
+    def _batch_fn(cls, value: str | None) -> str | None:
+        if value is not None and not (":" in value and _ENTRY.fullmatch(value)):
+            raise ValueError(f"'{value}' is not 'package.module:function'")
+        return value
+
+    @model_validator(mode="after")
+    def _one_way_to_split(self) -> WorkloadSpec:
+        if self.batch_fn is not None and (self.inputs is not None or self.target is not None):
+            raise ValueError(
+                "batch_fn: it says where the inputs and the target are; leave workload.inputs "
+                "and workload.target out"
+            )
+        return self
+
     @field_validator("loss")
     @classmethod
     def _loss(cls, value: str) -> str:
@@ -593,39 +620,159 @@ class WorkloadSpec(_Frozen):
         model_is_builtin = family in MODEL_FAMILY_NAMES and bool(member)
         entries = [self.model] if ":" in self.model and not model_is_builtin else []
         entries += [self.data] if ":" in self.data else []
-        return entries + ([self.loss] if ":" in self.loss else [])
+        entries += [self.loss] if ":" in self.loss else []
+        return entries + ([self.batch_fn] if self.batch_fn else [])
+
+
+# built-in scores: whether higher is better, and the short name per-second values are shown in
+SCORES: dict[str, tuple[bool, str]] = {
+    "accuracy": (True, "acc"),  # share of target elements predicted right, 0..1
+    "top5": (True, "top5"),  # share with the right class among the five highest logits
+    "val_loss": (False, "loss"),  # mean validation cross-entropy per target element, nats
+    "perplexity": (False, "ppl"),  # exp(val_loss)
+}
+_ACCURACY_SCORES = ("accuracy", "top5")  # scores in 0..1 that min_/target_accuracy may bound
+_PER_SECOND = ("accuracy_per_second", "score_per_second")  # older name first: the same metric
+_TIME_TO = ("time_to_accuracy", "time_to_score")
 
 
 class ObjectiveSpec(_Frozen):
-    """What the study optimizes and which trials count as acceptable answers."""
+    """What the study optimizes and which trials count as acceptable answers.
 
-    metric: Literal["accuracy_per_second", "time_to_accuracy"] = "accuracy_per_second"
+    ``score`` is what a trained model is judged by on the validation split: a built-in (see
+    ``SCORES``) or the user's ``package.module:function(model, val_loader, device) -> float``.
+    ``score_per_second`` (its older name ``accuracy_per_second``) maximizes score / charged
+    seconds, for a score where higher is better; ``time_to_score`` (``time_to_accuracy``)
+    minimizes the seconds to reach ``target_score`` in the score's direction.
+    ``min_accuracy`` and ``target_accuracy`` are the older names of ``min_score`` and
+    ``target_score`` for the scores in 0..1 (accuracy, top5).
+    """
+
+    metric: Literal[
+        "accuracy_per_second", "score_per_second", "time_to_accuracy", "time_to_score"
+    ] = "accuracy_per_second"
+    score: str = "accuracy"  # a built-in of SCORES, or package.module:function
+    higher_is_better: bool | None = None  # None: the built-in's; True for a user's function
+    min_score: float | None = None
+    target_score: float | None = None
     min_accuracy: float | None = Field(default=None, ge=0, le=1)
     target_accuracy: float | None = Field(default=None, gt=0, le=1)
     full_run_epochs: float | None = Field(default=None, gt=0)
 
+    @field_validator("score")
+    @classmethod
+    def _score(cls, value: str) -> str:
+        if value not in SCORES and not (":" in value and _ENTRY.fullmatch(value)):
+            raise ValueError(
+                f"'{value}' is not a score: use {', '.join(SCORES)} or 'package.module:function'"
+            )
+        return value
+
     @model_validator(mode="after")
     def _metric_settings(self) -> ObjectiveSpec:
-        if self.metric == "time_to_accuracy":
-            if self.target_accuracy is None:
-                raise ValueError("target_accuracy: metric time_to_accuracy needs a target")
-            if self.min_accuracy is not None:
+        for old, new in (("min_accuracy", "min_score"), ("target_accuracy", "target_score")):
+            if getattr(self, old) is not None:
+                if getattr(self, new) is not None:
+                    raise ValueError(f"{old}: give {new} or {old} (its older name), not both")
+                if self.score not in _ACCURACY_SCORES:
+                    raise ValueError(
+                        f"{old}: bounds an accuracy; for score {self.score} use {new}"
+                    )
+        builtin = SCORES.get(self.score)
+        if builtin is not None and self.higher_is_better not in (None, builtin[0]):
+            raise ValueError(
+                f"higher_is_better: score {self.score} is "
+                f"{'higher' if builtin[0] else 'lower'}-is-better; leave the setting out"
+            )
+        if not self.per_second:
+            if self.target is None:
+                needs = "target_accuracy" if self.metric == _TIME_TO[0] else "target_score"
+                raise ValueError(f"{needs}: metric {self.metric} needs a target")
+            if self.bar is not None:
                 raise ValueError(
-                    "min_accuracy: does not apply to time_to_accuracy (target_accuracy is "
-                    "the bar every answer must reach)"
+                    f"{self.bar_name}: does not apply to {self.metric} ({self.target_name} is "
+                    f"the bar every answer must reach)"
                 )
             if self.full_run_epochs is not None:
                 raise ValueError(
-                    "full_run_epochs: applies only to accuracy_per_second (a run to the "
-                    "target pays its one-time costs once, as the trial does)"
+                    f"full_run_epochs: applies only to {_PER_SECOND[self.metric == _TIME_TO[1]]} "
+                    f"(a run to the target "
+                    f"pays its one-time costs once, as the trial does)"
                 )
-        elif self.target_accuracy is not None:
-            raise ValueError("target_accuracy: applies only to metric time_to_accuracy")
+            return self
+        if self.target is not None:
+            metric = _TIME_TO[0] if self.target_name == "target_accuracy" else _TIME_TO[1]
+            raise ValueError(f"{self.target_name}: applies only to metric {metric}")
+        if not self.score_higher_is_better:
+            raise ValueError(
+                f"metric: {self.metric} needs a score where higher is better, and "
+                f"{self.score} is lower-is-better: use metric time_to_score with a target_score"
+            )
         return self
 
     @property
+    def per_second(self) -> bool:
+        """Score per second (maximized), rather than time to a target score (minimized)."""
+        return self.metric in _PER_SECOND
+
+    @property
     def direction(self) -> Literal["maximize", "minimize"]:
-        return "maximize" if self.metric == "accuracy_per_second" else "minimize"
+        return "maximize" if self.per_second else "minimize"
+
+    @property
+    def score_higher_is_better(self) -> bool:
+        """Whether a higher score is a better model."""
+        builtin = SCORES.get(self.score)
+        if builtin is not None:
+            return builtin[0]
+        return True if self.higher_is_better is None else self.higher_is_better
+
+    @property
+    def score_name(self) -> str:
+        """The score's name in tables and messages: the built-in's, or the function's."""
+        return self.score.rpartition(":")[2]
+
+    @property
+    def score_short(self) -> str:
+        """The score's name in a unit: ``acc`` in ``acc/s``."""
+        builtin = SCORES.get(self.score)
+        return builtin[1] if builtin is not None else self.score_name
+
+    @property
+    def metric_name(self) -> str:
+        """The metric named after the score: ``accuracy_per_second``, ``macro_f1_per_second``,
+        ``time_to_val_loss``; what the study records and the dashboard shows."""
+        if self.per_second:
+            return f"{self.score_name}_per_second"
+        return f"time_to_{self.score_name}"
+
+    @property
+    def bar(self) -> float | None:
+        """The least score a per-second answer must reach (``min_score``), or None."""
+        return self.min_score if self.min_score is not None else self.min_accuracy
+
+    @property
+    def bar_name(self) -> str:
+        """The space file's name of ``bar``."""
+        return "min_accuracy" if self.min_accuracy is not None else "min_score"
+
+    @property
+    def target(self) -> float | None:
+        """The score a time-to-target trial must reach (``target_score``), or None."""
+        return self.target_score if self.target_score is not None else self.target_accuracy
+
+    @property
+    def target_name(self) -> str:
+        """The space file's name of ``target``."""
+        return "target_accuracy" if self.target_accuracy is not None else "target_score"
+
+    def reaches(self, score: float, bound: float) -> bool:
+        """Whether ``score`` is at ``bound`` or better, in the score's direction."""
+        return score >= bound if self.score_higher_is_better else score <= bound
+
+    def better(self, score: float, other: float) -> bool:
+        """Whether ``score`` is strictly better than ``other``, in the score's direction."""
+        return score > other if self.score_higher_is_better else score < other
 
 
 class Spec(_Frozen):
@@ -707,9 +854,10 @@ class Spec(_Frozen):
         """
         payload = self.model_dump(mode="json", include={"workload", "objective", "space"})
         payload["workload"]["device"] = device or payload["workload"]["device"].split(":")[0]
-        for key, default in _ADDED_LATER.items():  # studies labelled before they existed
-            if payload["workload"].get(key) == default:
-                del payload["workload"][key]
+        for section, added in _ADDED_LATER.items():  # studies labelled before they existed
+            for key, default in added.items():
+                if payload[section].get(key, default) == default:
+                    payload[section].pop(key, None)
         return payload
 
     def search_definition(self) -> str:

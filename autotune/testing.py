@@ -36,6 +36,7 @@ from torch.utils.data import Dataset, TensorDataset, get_worker_info
 from autotune.config import TrialConfig
 from autotune.faults import KINDS
 from autotune.hardware import Hardware, detect
+from autotune.results import Evaluation, TrialResult
 from autotune.workloads import DataSplits, Workload
 
 if TYPE_CHECKING:
@@ -58,8 +59,11 @@ __all__ = [
     "learning_rates",
     "live_group_members",
     "make_config",
+    "make_evaluation",
+    "make_result",
     "never_stop",
     "run_cli",
+    "run_script",
     "start_cli",
     "tiny_cnn",
     "tiny_mlp",
@@ -393,6 +397,52 @@ def make_config(**changes: Any) -> TrialConfig:
     return TrialConfig(**{**base, **changes})
 
 
+def make_evaluation(
+    index: int, epoch: float, score: float, seconds: float, overhead: float = 0.0
+) -> Evaluation:
+    """An evaluation with constructed measurements (no training, no timing): ``score`` after
+    ``seconds`` of training (``overhead`` of them one-time), ``epoch`` epochs in."""
+    return Evaluation(
+        index=index,
+        epoch=epoch,
+        optimizer_steps=index * 10,
+        samples_seen=index * 640,
+        score=score,
+        val_loss=1.0,
+        train_loss=1.0,
+        train_seconds=seconds,
+        overhead_seconds=overhead,
+        eval_seconds=0.1,
+        final=False,
+    )
+
+
+def make_result(*evaluations: Evaluation) -> TrialResult:
+    """A trial's result made of constructed ``evaluations`` (the last one is where it ended)."""
+    last = evaluations[-1]
+    return TrialResult(
+        evaluations=evaluations,
+        score=last.score,
+        train_seconds=last.train_seconds,
+        overhead_seconds=last.overhead_seconds,
+        warmup_seconds=last.overhead_seconds,
+        samples_per_second=1000.0,
+        samples_seen=last.samples_seen,
+        optimizer_steps=last.optimizer_steps,
+        effective_batch_size=64,
+        peak_memory_bytes=1,
+        compiled_graphs=0,
+        loss_scale=None,
+        skipped_steps=0,
+        time_breakdown=None,
+        compile_seconds=None,
+        flops_per_sample=None,
+        gpu={},
+        device_name="cpu",
+        torch_version="2",
+    )
+
+
 def never_stop(evaluation: object) -> bool:
     """A reporter that lets every trial train to its end."""
     return False
@@ -512,6 +562,24 @@ def run_cli(
         capture_output=True,
         text=True,
         timeout=timeout,
+    )
+
+
+def run_script(
+    script: Path, *args: str, block_autotune: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run an exported script as its user would (``python train.py ARGS`` in its folder);
+    ``block_autotune`` (an ``import_blocker`` folder) makes importing autotune fail in it."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    if block_autotune is not None:
+        env["PYTHONPATH"] = str(block_autotune)
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        cwd=script.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 

@@ -173,8 +173,10 @@ class WorkerExecutor:
         base_dir: Path | None,
         trial_timeout: float | None = None,
         verbose: bool = False,
+        score: str = "accuracy",
     ) -> None:
         self.workload = workload
+        self.score = score  # objective.score: what the workload is judged by
         self.base_dir = base_dir
         self.trial_timeout = trial_timeout
         self.verbose = verbose
@@ -195,6 +197,7 @@ class WorkerExecutor:
             args=(
                 child,
                 self.workload,
+                self.score,
                 self.base_dir,
                 self.verbose,
                 _start_method(),
@@ -386,6 +389,7 @@ def _start_method() -> str:
 def _worker_main(
     connection: Connection,
     workload_spec: WorkloadSpec,
+    score: str,
     base_dir: Path | None,
     verbose: bool,
     start_method: str,
@@ -406,7 +410,7 @@ def _worker_main(
     from autotune import workloads
 
     try:
-        workload = workloads.load(workload_spec, base_dir)
+        workload = workloads.load(workload_spec, base_dir, score)
     except Exception as error:  # reported to the study process, which says it in one line
         connection.send(StartFailed(f"the worker could not load the workload: {error}"))
         return

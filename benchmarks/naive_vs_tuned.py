@@ -50,8 +50,8 @@ def measure(config: TrialConfig, workload, full_run_epochs: float | None) -> dic
     )
     return {
         "samples_per_second": result.samples_per_second,
-        "accuracy": result.accuracy,
-        "accuracy_per_second": result.accuracy / seconds,
+        "accuracy": result.score,
+        "accuracy_per_second": result.score / seconds,
         "compile_seconds": result.compile_seconds or 0.0,
     }
 
@@ -93,7 +93,7 @@ def main() -> None:
         sys.exit("the study has no feasible best trial or no baseline trial to compare")
     tuned, naive = trial_config(best), trial_config(baseline)
     hardware = detect(args.device or spec.workload.device)
-    workload = load(spec.workload, base_dir=args.space.parent)
+    workload = load(spec.workload, args.space.parent, spec.objective.score)
     full = spec.objective.full_run_epochs
 
     runs: dict[str, list[dict[str, float]]] = {"naive": [], "tuned": []}

@@ -99,7 +99,7 @@ def restricted_spec(path: Path) -> tuple[Spec, Hardware, Any]:
     """The space file's spec restricted to this machine, its hardware and workload."""
     spec = load_spec(path)
     hardware = detect(spec.workload.device)
-    workload = load(spec.workload, base_dir=path.parent)
+    workload = load(spec.workload, path.parent, spec.objective.score)
     return space.restrict(spec, hardware, workload).spec, hardware, workload
 
 
@@ -250,7 +250,7 @@ def train_point(executor: InProcessExecutor, config: TrialConfig, spec: Spec) ->
             {
                 "index": e.index,
                 "epoch": e.epoch,
-                "accuracy": e.accuracy,
+                "accuracy": e.score,  # the score (accuracy on the quickstart)
                 "train_seconds": e.train_seconds,
                 "overhead_seconds": e.overhead_seconds,
                 "eval_seconds": e.eval_seconds,
@@ -259,7 +259,7 @@ def train_point(executor: InProcessExecutor, config: TrialConfig, spec: Spec) ->
             }
             for e in result.evaluations
         ],
-        accuracy=result.accuracy,
+        accuracy=result.score,
         train_seconds=result.train_seconds,
         overhead_seconds=result.overhead_seconds,
         samples_per_second=result.samples_per_second,

@@ -45,7 +45,7 @@ def main() -> None:
     args = parser.parse_args()
     spec = load_spec(args.space)
     hardware = detect(spec.workload.device)
-    workload = load(spec.workload, base_dir=args.space.parent)
+    workload = load(spec.workload, args.space.parent, spec.objective.score)
     spec = restrict(spec, hardware, workload).spec
     plan = BurstPlan(bursts=spec.study.speed.bursts, burst_seconds=spec.study.speed.burst_seconds)
     base = untuned_config(spec, hardware)

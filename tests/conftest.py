@@ -81,7 +81,7 @@ def _prepare_study(
         space = parse_spec(space, directory / "space.yaml")
     spec = restrict(space, hardware).spec
     url = storage or f"sqlite:///{directory / 'studies' / 'autotune.db'}"
-    workload = load(spec.workload, base_dir=directory)
+    workload = load(spec.workload, directory, spec.objective.score)
     study = open_study(
         spec,
         open_storage(url, heartbeat_interval=heartbeat_interval),
@@ -94,7 +94,9 @@ def _prepare_study(
         return PreparedStudy(study, url, None, None)
     given = executor is not None
     if executor is None and isolation == "worker":
-        executor = WorkerExecutor(spec.workload, directory, trial_timeout=trial_timeout)
+        executor = WorkerExecutor(
+            spec.workload, directory, trial_timeout=trial_timeout, score=spec.objective.score
+        )
     elif executor is None:
         executor = InProcessExecutor(workload)
     try:

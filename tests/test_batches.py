@@ -127,6 +127,16 @@ USER_MODULE = textwrap.dedent(
 
     def per_sample(output, target):
         return nn.functional.cross_entropy(output.logits, target, reduction="none")
+
+    def by_keyword(batch):  # ((ids, mask), label): the pair becomes keyword arguments
+        (ids, mask), label = batch
+        return (), {"input_ids": ids, "attention_mask": mask}, label
+
+    def two_things(batch):
+        return batch[0], batch[1]
+
+    def misreads(batch):
+        return batch["input_ids"]
     """
 )
 
@@ -154,6 +164,7 @@ def _load(folder: Path, model: str, style: str, **workload: object):
         ("hf_style", "triple", {"target": 2}),  # inputs 0 and 1, positionally
         ("pair_input", "nested", {}),  # ((ids, mask), label): the model gets the pair
         ("hf_style", "dict", {"loss": "token_workloads:smoothed"}),
+        ("logits_only", "nested", {"batch_fn": "token_workloads:by_keyword"}),
     ],
 )
 def test_every_batch_structure_and_loss_trains_and_is_scored(
@@ -162,9 +173,9 @@ def test_every_batch_structure_and_loss_trains_and_is_scored(
     loaded = _load(user_dir, model, style, **workload)
     assert loaded.num_classes == 3  # from the data set's classes
     result = train(make_config(epochs=3, lr=0.05, batch_size=16), loaded, never_stop)
-    assert 0.7 < result.accuracy <= 1.0  # chance is 1/3: it learned, and was scored right
+    assert 0.7 < result.score <= 1.0  # chance is 1/3: it learned, and was scored right
     first, last = result.evaluations[0], result.evaluations[-1]
-    assert last.train_loss < first.train_loss or last.accuracy > first.accuracy
+    assert last.train_loss < first.train_loss or last.score > first.score
     assert result.flops_per_sample and result.flops_per_sample > 0
 
 
@@ -172,7 +183,7 @@ def test_a_data_function_may_batch_its_samples_with_its_own_collate_fn(user_dir:
     spec = WorkloadSpec(model="token_workloads:hf_style", data="token_workloads:ragged")
     loaded = load(spec, base_dir=user_dir)
     result = train(make_config(epochs=3, lr=0.05, batch_size=16), loaded, never_stop)
-    assert 0.7 < result.accuracy <= 1.0
+    assert 0.7 < result.score <= 1.0
     space = parse_spec(
         "workload: {model: mlp, data: digits}\nspace: {data_pipeline: [dataloader, device]}\n",
         "s.yaml",
@@ -254,6 +265,20 @@ def test_dict_layouts_pass_the_labels_to_the_model_only_for_its_own_loss(user_di
             {"loss": "token_workloads:nowhere"},
             "loss 'token_workloads:nowhere': token_workloads has no attribute 'nowhere'",
         ),
+        (
+            "hf_style",
+            "nested",
+            {"batch_fn": "token_workloads:two_things"},
+            r"^batch_fn 'token_workloads:two_things' returned tuple of 2; it must return "
+            r"\(model_args, model_kwargs, target\)$",
+        ),
+        (
+            "hf_style",
+            "nested",
+            {"batch_fn": "token_workloads:misreads"},
+            r"^batch_fn 'token_workloads:misreads' raised TypeError: .* \(at "
+            r".*token_workloads\.py:\d+ in misreads\)$",
+        ),
     ],
 )
 def test_a_layout_or_loss_that_does_not_fit_the_data_is_one_line(
@@ -278,3 +303,15 @@ def test_every_tensor_of_a_nested_batch_reaches_the_device_and_images_go_nhwc():
     assert inputs.args[0].is_contiguous(memory_format=torch.channels_last)
     assert inputs.args[1][0].device.type == "meta" and inputs.kwargs["m"].device.type == "meta"
     assert targets["y"].device.type == "meta" and targets["y"].dtype == torch.long
+
+
+def test_a_batch_fn_replaces_inputs_and_target(user_dir: Path):
+    with pytest.raises(ValueError, match="batch_fn: it says where the inputs and the target are"):
+        WorkloadSpec(model="m", data="d", batch_fn="token_workloads:by_keyword", target=1)
+    loaded = _load(user_dir, "logits_only", "nested", batch_fn="token_workloads:by_keyword")
+    inputs, target = loaded.example_batch(4)
+    assert set(inputs.kwargs) == {"input_ids", "attention_mask"} and inputs.args == ()
+    assert target.shape == (4,) and loaded.counts_tokens  # an attention mask: tokens counted
+    record = loaded.layout.to_record()
+    assert record["batch_fn"] == "token_workloads:by_keyword"
+    assert BatchLayout.from_record(record).batch_fn_name == "token_workloads:by_keyword"

@@ -42,9 +42,9 @@ def test_run_then_best_then_resume(tmp_path: Path):
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert complete, "no trial completed"
     for trial in complete:
-        for key in ("accuracy", "train_seconds", "samples_per_second", "effective_batch_size"):
+        for key in ("score", "train_seconds", "samples_per_second", "effective_batch_size"):
             assert key in trial.user_attrs
-    assert study.best_trial.user_attrs["accuracy"] >= 0.5  # feasible under min_accuracy
+    assert study.best_trial.user_attrs["score"] >= 0.5  # feasible under min_accuracy
 
     # `run` ends with the confirmation round; its winner, not the best single value, is the
     # answer that the run prints and `best` shows
@@ -58,7 +58,7 @@ def test_run_then_best_then_resume(tmp_path: Path):
     assert payload["trial"] == answer.number
     assert payload["value"] == pytest.approx(answer.value)
     assert payload["config"] == answer.user_attrs["config"]
-    assert payload["metrics"]["accuracy"] >= 0.5
+    assert payload["metrics"]["score"] >= 0.5
     shown = run_cli("best", "--study", "tiny", cwd=tmp_path)
     assert shown.returncode == 0 and "confirmed: median" in shown.stdout, shown.stdout
 

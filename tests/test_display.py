@@ -213,7 +213,7 @@ def test_the_running_best_carries_the_noise_a_confirmation_measured(tmp_path: Pa
             repeat=r,
             seed=r,
             value=v,
-            accuracy=0.9,
+            score=0.9,
             samples_per_second=1.0,
             feasible=True,
             wall_seconds=1.0,

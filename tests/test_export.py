@@ -41,6 +41,7 @@ from autotune.testing import (
     make_config,
     provenance,
     run_cli,
+    run_script,
     tiny_mlp,
 )
 
@@ -78,20 +79,6 @@ def digits_study(tmp_path_factory, prepare_study) -> tuple[optuna.Study, str]:
 def tiny_study(tmp_path_factory, prepare_study) -> tuple[optuna.Study, str]:
     study, url, _, _ = prepare_study(TINY_SPACE, tmp_path_factory.mktemp("tiny"))
     return study, url
-
-
-def run_script(script: Path, *args: str, block_autotune: Path | None = None):
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    if block_autotune is not None:
-        env["PYTHONPATH"] = str(block_autotune)
-    return subprocess.run(
-        [sys.executable, str(script), *args],
-        cwd=script.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 @pytest.mark.slow
@@ -643,8 +630,18 @@ def test_modules_in_two_folders_put_both_on_the_scripts_sys_path(two_folder_stud
     folders = f"sys.path[:0] = [\n{listed}]\n"  # each once, in the order placed: data, model
     assert folders in text and text.count("sys.path") == 1, text
     assert folders in render_script(study, best, rebuild_workload=True)  # the same, imported
+    # written where it will be, the script finds the folders from there: the study machine's
+    # absolute paths mean nothing on another machine
     script = tmp_path / "elsewhere" / "train.py"
     script.parent.mkdir()
+    text = render_script(study, best, script_dir=script.parent)
+    for name in ("data", "models"):
+        relative = os.path.relpath(root / name, script.parent)
+        assert f"str(Path(__file__).resolve().parent / {literal(relative)})," in text, text
+    assert str(root) not in text
+    # beside the model's module, only the data's folder is added: Python searches its own
+    beside = render_script(study, best, script_dir=root / "models")
+    assert 'sys.path.insert(0, str(Path(__file__).resolve().parent / "../data"))' in beside
     write_new_file(script, text)
     assert lint(script).returncode == 0, lint(script).stdout
     done = run_script(script, "--epochs", "1", block_autotune=import_blocker(tmp_path, "autotune"))

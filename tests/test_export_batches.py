@@ -71,6 +71,11 @@ def two_inputs():
 
 def smoothed(output, target):
     return nn.functional.cross_entropy(output, target, label_smoothing=0.05)
+
+
+def by_name(batch):
+    image, vector, label = batch
+    return (), {"image": image, "vector": vector}, label
 """
 
 
@@ -80,7 +85,9 @@ def _exported(prepare_study, folder: Path, space: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("workload", "chance"), [("text", 0.25), ("triple", 0.5)])
+@pytest.mark.parametrize(
+    ("workload", "chance"), [("text", 0.25), ("triple", 0.5), ("batch_fn", 0.5)]
+)
 def test_a_script_of_another_batch_structure_and_loss_trains_outside_the_repository(
     prepare_study, tmp_path: Path, workload: str, chance: float
 ):
@@ -91,6 +98,12 @@ def test_a_script_of_another_batch_structure_and_loss_trains_outside_the_reposit
         text = _exported(prepare_study, study_dir, TEXT_SPACE)
         assert 'return (), dict(batch), batch["labels"]' in text  # labels go to the model
         assert "output.loss" in text
+    elif workload == "batch_fn":  # the user's function splits the batch, in the script too
+        (study_dir / "triple_workload.py").write_text(TRIPLE_MODULE)
+        space = TRIPLE_SPACE.replace("target: 2", "batch_fn: triple_workload:by_name")
+        text = _exported(prepare_study, study_dir, space)
+        assert "from triple_workload import by_name" in text
+        assert "args, kwargs, target = by_name(batch)" in text
     else:
         (study_dir / "triple_workload.py").write_text(TRIPLE_MODULE)
         text = _exported(prepare_study, study_dir, TRIPLE_SPACE)

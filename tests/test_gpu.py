@@ -64,7 +64,7 @@ def test_every_precision_and_pipeline_trains_on_cuda(precision: str, pipeline: s
     before = cuda_flags()
     result = train(config, load(SHAPES), never_stop)
     assert cuda_flags() == before  # TF32 and cuDNN flags restored after the trial
-    assert 0.0 <= result.accuracy <= 1.0
+    assert 0.0 <= result.score <= 1.0
     assert all(math.isfinite(e.train_loss) for e in result.evaluations)
     assert result.samples_per_second > 0 and result.peak_memory_bytes > 0
     assert result.time_breakdown is not None
@@ -80,7 +80,7 @@ def test_compile_modes_compile_on_cuda(mode: str):
     result = train(cuda_config(compile=mode, precision="bf16"), load(SHAPES), never_stop)
     assert result.compiled_graphs >= 1
     assert result.compile_seconds is not None and result.compile_seconds > 0
-    assert 0.0 <= result.accuracy <= 1.0
+    assert 0.0 <= result.score <= 1.0
 
 
 def test_device_batches_live_on_the_gpu():

@@ -8,50 +8,10 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from autotune.objective import charged_seconds, intermediate_value, score, target_reached
-from autotune.results import Evaluation, TrialResult
 from autotune.spec import ObjectiveSpec
 from autotune.study import best_trial, feasible_trials
-
-
-def evaluation(index: int, epoch: float, accuracy: float, seconds: float, overhead: float = 0.0):
-    return Evaluation(
-        index=index,
-        epoch=epoch,
-        optimizer_steps=index * 10,
-        samples_seen=index * 640,
-        accuracy=accuracy,
-        val_loss=1.0,
-        train_loss=1.0,
-        train_seconds=seconds,
-        overhead_seconds=overhead,
-        eval_seconds=0.1,
-        final=False,
-    )
-
-
-def result(*evaluations: Evaluation) -> TrialResult:
-    last = evaluations[-1]
-    return TrialResult(
-        evaluations=evaluations,
-        accuracy=last.accuracy,
-        train_seconds=last.train_seconds,
-        overhead_seconds=last.overhead_seconds,
-        warmup_seconds=last.overhead_seconds,
-        samples_per_second=1000.0,
-        samples_seen=last.samples_seen,
-        optimizer_steps=last.optimizer_steps,
-        effective_batch_size=64,
-        peak_memory_bytes=1,
-        compiled_graphs=0,
-        loss_scale=None,
-        skipped_steps=0,
-        time_breakdown=None,
-        compile_seconds=None,
-        flops_per_sample=None,
-        gpu={},
-        device_name="cpu",
-        torch_version="2",
-    )
+from autotune.testing import make_evaluation as evaluation
+from autotune.testing import make_result as result
 
 
 def test_overhead_is_charged_in_proportion_to_the_full_run():
@@ -93,7 +53,7 @@ def test_time_to_accuracy():
         evaluation(3, 3.0, 0.95, 9.0),
     ]
     reached = score(result(*curve), objective)
-    assert reached.value == 6.0 and reached.feasible and reached.accuracy == 0.92
+    assert reached.value == 6.0 and reached.feasible and reached.score == 0.92
     assert [target_reached(e, objective) for e in curve] == [False, True, True]
     # linear extrapolation to the target for the pruner; the seconds themselves once reached
     assert intermediate_value(curve[0], objective) == pytest.approx(3.0 * 0.9 / 0.6)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import html.parser
+import re
 
 import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from autotune import notes, report
-from autotune.study import TrialRecord
+from autotune.study import ConfirmationRecord, ConfirmRun, TrialRecord
 
 
 class _Structure(html.parser.HTMLParser):
@@ -170,3 +171,26 @@ def test_a_two_stage_report_shows_stage_one_and_where_each_knob_came_from(seen):
     page = _text(report.render_html(study, url))
     assert "Stage 1: the fastest settings per micro-batch" in page
     assert "timed in stage 1" in page and "searched" in page
+
+
+def test_values_carry_the_run_to_run_spread_once_a_confirmation_round_measured_it(seen):
+    study, _ = seen
+    copy = optuna.create_study(direction=study.direction)  # in memory: the fixture stays as is
+    for trial in study.get_trials():
+        copy.add_trial(trial)
+    for key, value in study.user_attrs.items():
+        copy.set_user_attr(key, value)
+    assert "run to run" not in _text(report.render_html(copy, "sqlite:///x.db"))
+    best = notes.summarize(copy).best
+    runs = tuple(
+        ConfirmRun(best.number, repeat, repeat, value, 0.9, 100.0, True, 1.0)
+        for repeat, value in enumerate((1.0, 1.2, 1.1))
+    )
+    record = ConfirmationRecord(1, 2, True, (best.number,), None, runs, complete=True)
+    copy.set_user_attr("confirmation", record.to_attrs())
+    text = _text(report.render_html(copy, "sqlite:///x.db"))
+    # half the range over the median: 0.1 / 1.1, shown beside the best value and the column
+    assert "±9% run to run" in text
+    assert re.search(r"Best: trial \d+ ?, accuracy_per_second [\d.]+ ±9%", text), text[
+        text.find("Best:") : text.find("Best:") + 200
+    ]

@@ -39,7 +39,7 @@ from autotune.testing import AMPERE, CPU, TINY_SPACE, make_config
 from autotune.workloads import load
 
 RESULT_ATTRS = {
-    "accuracy",
+    "score",
     "train_seconds",
     "overhead_seconds",
     "charged_seconds",
@@ -69,7 +69,7 @@ def test_a_study_records_every_trial_with_its_measurements(tmp_path: Path, prepa
         if trial.state == TrialState.COMPLETE:
             assert set(trial.user_attrs) >= RESULT_ATTRS
             assert trial.value == pytest.approx(
-                trial.user_attrs["accuracy"] / trial.user_attrs["charged_seconds"]
+                trial.user_attrs["score"] / trial.user_attrs["charged_seconds"]
             )
             assert "min_accuracy" in trial.constraints
         else:
@@ -169,8 +169,10 @@ def test_a_study_labelled_by_an_earlier_autotune_resumes(tmp_path: Path, prepare
     spec = tiny_spec(n_trials=2)
     payload = spec.model_dump(mode="json", include={"workload", "objective", "space"})
     payload["workload"]["device"] = "auto"
-    for added_since in ("inputs", "target", "loss"):
+    for added_since in ("inputs", "target", "loss", "batch_fn"):
         del payload["workload"][added_since]
+    for added_since in ("score", "higher_is_better", "min_score", "target_score"):
+        del payload["objective"][added_since]
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     storage = f"sqlite:///{tmp_path / 's.db'}"
     old = optuna.create_study(study_name="tiny", storage=storage, direction="maximize")
@@ -272,7 +274,7 @@ def _result(**changes) -> TrialResult:
         epoch=2.0,
         optimizer_steps=20,
         samples_seen=640,
-        accuracy=0.75,
+        score=0.75,
         val_loss=0.7,
         train_loss=0.6,
         train_seconds=4.0,
@@ -282,7 +284,7 @@ def _result(**changes) -> TrialResult:
     )
     fields = {
         "evaluations": (evaluation,),
-        "accuracy": 0.75,
+        "score": 0.75,
         "train_seconds": 4.0,
         "overhead_seconds": 1.0,
         "warmup_seconds": 1.5,
@@ -314,7 +316,7 @@ def test_a_trial_record_round_trips_through_user_attributes():
     record = TrialRecord(
         config=config,
         baseline=True,
-        accuracy=0.5,
+        score=0.5,
         fail_kind=FaultKind.OOM,
         fail_msg="out of memory",
     )
@@ -323,7 +325,7 @@ def test_a_trial_record_round_trips_through_user_attributes():
     assert attrs == {
         "config": config.to_dict(),
         "baseline": True,
-        "accuracy": 0.5,
+        "score": 0.5,
         "fail_kind": "oom",
         "fail_msg": "out of memory",
     }
@@ -332,6 +334,9 @@ def test_a_trial_record_round_trips_through_user_attributes():
     assert back == record
     assert back.fail_kind is FaultKind.OOM and back.fail_kind.is_configuration_fault
     assert TrialRecord().to_attrs() == {}  # defaults are not written
+    # a trial stored before scores other than accuracy: its accuracy is its score
+    older = TrialRecord.from_attrs({"accuracy": 0.8, "accuracy_curve": [[1.0, 0.8]]})
+    assert older.score == 0.8 and older.score_curve == [[1.0, 0.8]]
 
 
 def test_a_trained_trial_records_its_measurements_with_derived_ones():
@@ -345,7 +350,7 @@ def test_a_trained_trial_records_its_measurements_with_derived_ones():
     assert record.data_wait_fraction == 0.75 and record.bottleneck == "data"
     assert record.achieved_flops == 1e6 * 200.0
     assert record.mfu is not None and 0 < record.mfu < 1  # H100's bf16 peak is known
-    assert record.epochs_trained == 2.0 and record.accuracy_curve == [[2.0, 0.75]]
+    assert record.epochs_trained == 2.0 and record.score_curve == [[2.0, 0.75]]
     assert record.skipped_steps is None and record.loss_scale is None  # fp16 only
     on_a_cpu = TrialRecord.from_result(_result(device_name="AMD EPYC"), precision="fp32")
     assert on_a_cpu.mfu is None and "mfu" not in on_a_cpu.to_attrs()  # no peak: no guess
@@ -366,7 +371,7 @@ def test_a_study_record_round_trips_and_ignores_other_attributes():
 # ---------------------------------------------------------------------------------------------
 
 
-def _round(values: dict[int, list[float]], accuracy: dict[int, float] | None = None, **kw):
+def _round(values: dict[int, list[float]], score: dict[int, float] | None = None, **kw):
     """A ConfirmationRecord with constructed measurements: trial -> values (repeat 0 first)."""
     runs = tuple(
         ConfirmRun(
@@ -374,7 +379,7 @@ def _round(values: dict[int, list[float]], accuracy: dict[int, float] | None = N
             repeat=repeat,
             seed=repeat,
             value=value,
-            accuracy=(accuracy or {}).get(number, 0.9),
+            score=(score or {}).get(number, 0.9),
             samples_per_second=100.0 * value,
             feasible=True,
             wall_seconds=1.0,
@@ -413,7 +418,7 @@ def test_one_slow_outlier_does_not_tie_a_slower_configuration_with_the_leader():
     # baseline's; ranges overlapping made them "tied" and the baseline won on accuracy
     record = _round(
         {21: [1.909, 1.846, 1.235], 0: [1.300, 1.364, 1.396]},
-        accuracy={21: 0.94, 0: 0.97},
+        score={21: 0.94, 0: 0.97},
         baseline=0,
     )
     verdict = Verdict.of(record)
@@ -421,11 +426,21 @@ def test_one_slow_outlier_does_not_tie_a_slower_configuration_with_the_leader():
     assert verdict.speedup == pytest.approx(1.846 / 1.364)
 
 
-def test_among_tied_leaders_the_higher_accuracy_wins():
-    record = _round({1: [2.0, 2.2, 2.1], 2: [2.05, 2.15, 2.12]}, accuracy={1: 0.9, 2: 0.95})
+def test_among_tied_leaders_the_better_score_wins():
+    record = _round({1: [2.0, 2.2, 2.1], 2: [2.05, 2.15, 2.12]}, score={1: 0.9, 2: 0.95})
     verdict = Verdict.of(record)
     assert verdict.winner.trial == 2 and [c.trial for c in verdict.tied] == [1]
-    assert verdict.tie_break == "accuracy"
+    assert verdict.tie_break == "score"
+    # a lower-is-better score (validation loss): the lower median wins the tie
+    losses = _round(
+        {1: [2.0, 2.2, 2.1], 2: [2.05, 2.15, 2.12]},
+        score={1: 0.4, 2: 0.5},
+        higher_score_better=False,
+    )
+    lowest = Verdict.of(losses)
+    assert lowest.winner.trial == 1 and lowest.tie_break == "score"
+    stored = ConfirmationRecord.from_attrs(losses.to_attrs())
+    assert stored == losses and Verdict.of(stored).winner.trial == 1
 
 
 def test_infeasible_runs_do_not_count_and_a_mostly_infeasible_leader_cannot_win():

@@ -48,7 +48,7 @@ def test_a_warm_up_changes_nothing_a_trial_learns():
     cold = train(config, workload, never_stop)
     warm_process(config.replace(seed=7, batch_size=32), workload)  # another config, even
     warm = train(config, workload, never_stop)
-    assert [e.accuracy for e in warm.evaluations] == [e.accuracy for e in cold.evaluations]
+    assert [e.score for e in warm.evaluations] == [e.score for e in cold.evaluations]
     assert [e.train_loss for e in warm.evaluations] == [e.train_loss for e in cold.evaluations]
     assert warm.samples_seen == cold.samples_seen
 

@@ -38,7 +38,7 @@ def test_worker_and_in_process_isolation_give_the_same_results(tmp_path: Path, p
     assert_trials_recorded(local.study)
     for a, b in zip(worker.study.trials, local.study.trials, strict=True):
         assert a.params == b.params
-        assert a.user_attrs["accuracy_curve"] == b.user_attrs["accuracy_curve"]
+        assert a.user_attrs["score_curve"] == b.user_attrs["score_curve"]
 
 
 @pytest.mark.slow

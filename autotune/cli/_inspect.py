@@ -52,7 +52,7 @@ def best(
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
         return
-    unit = display.METRIC_UNITS.get(result.metric, "")
+    unit = display.metric_unit(result.metric)
     console.print(
         f"[bold]{escape(study_name)}[/]: trial {result.trial}, {escape(result.metric)} "
         f"[bold green]{display.fmt(result.value)}[/] {unit}"
@@ -62,7 +62,8 @@ def best(
         _against_baseline(found, chosen)
     for key, value in result.metrics.items():
         note = display.METRIC_NOTES.get(key)
-        shown = f"  {key}: {display.fmt_metric(key, value)}" + (f"  ({note})" if note else "")
+        name = f"validation {result.score_name}" if key == "score" else key
+        shown = f"  {name}: {display.fmt_metric(key, value)}" + (f"  ({note})" if note else "")
         console.print(shown, markup=False)
     console.print(display.config_table(chosen))
     spec = export.study_spec(found)
@@ -144,12 +145,14 @@ def export_command(
             )
         if not result.feasible:
             notices.print(
-                f"[yellow]warning:[/] trial {result.trial} is infeasible (below min_accuracy, or "
+                f"[yellow]warning:[/] trial {result.trial} is infeasible (below min_score, or "
                 f"a fault): it is not the study's answer, and the export says so"
             )
         name = output.name if output is not None else "train.py"
         with contextlib.redirect_stdout(sys.stderr):  # what the user's code prints, say
-            text = export.render(result, fmt, found, name, rebuild_workload)
+            # the script finds the user's modules from where it is written (or printed: here)
+            where = output.parent if output is not None else Path.cwd()
+            text = export.render(result, fmt, found, name, rebuild_workload, where)
         if output is None:
             sys.stdout.write(text)
             if fmt == "script" and imported:
@@ -320,7 +323,7 @@ def list_studies(
     table.add_column("trial", justify="right", no_wrap=True)
     for row in rows:
         metric = str(row["metric"] or "-")
-        unit = display.METRIC_UNITS.get(metric, metric)
+        unit = display.metric_unit(metric) or metric
         value = row["best_value"]
         table.add_row(
             Text(str(row["study"])),  # stored values are data, never markup

@@ -113,7 +113,7 @@ def run(
     quiet_libraries(verbose)
     try:
         hardware = detect(spec.workload.device)
-        workload = load_workload(spec.workload, base_dir=space_file.parent)
+        workload = load_workload(spec.workload, space_file.parent, spec.objective.score)
         restriction = restrict(spec, hardware, workload)
         spec = restriction.spec
     except UserError as err:
@@ -133,7 +133,13 @@ def run(
     for line in workload.warnings:  # what the check of the workload found doubtful
         console.print(f"[yellow]warning:[/] {escape(line)}")
     executor = (
-        WorkerExecutor(spec.workload, space_file.parent, spec.study.trial_timeout, verbose)
+        WorkerExecutor(
+            spec.workload,
+            space_file.parent,
+            spec.study.trial_timeout,
+            verbose,
+            score=spec.objective.score,
+        )
         if spec.study.isolation == "worker"
         else InProcessExecutor(workload)
     )
@@ -235,7 +241,7 @@ def _confirm(study: Any, spec: Any, executor: Any, top: int, repeats: int) -> bo
     from autotune import display
     from autotune import study as studies
 
-    plan = studies.confirmation_plan(study, top, repeats)
+    plan = studies.confirmation_plan(study, top, repeats, spec.objective.score_higher_is_better)
     if plan is None:
         return False
     todo = plan.runs_left()  # runs measured again count once: never "-8 runs"
@@ -296,9 +302,11 @@ def confirm(
         hardware = detect(spec.workload.device)
         isolation = isolation or spec.study.isolation
         executor = (
-            WorkerExecutor(spec.workload, base_dir, spec.study.trial_timeout)
+            WorkerExecutor(
+                spec.workload, base_dir, spec.study.trial_timeout, score=spec.objective.score
+            )
             if isolation == "worker"
-            else InProcessExecutor(load_workload(spec.workload, base_dir))
+            else InProcessExecutor(load_workload(spec.workload, base_dir, spec.objective.score))
         )
     except UserError as err:
         raise fail(str(err).splitlines(), EXIT_FAILED) from None

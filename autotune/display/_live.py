@@ -15,7 +15,7 @@ from rich.text import Text
 
 from autotune import study as studies
 from autotune.config import TrialConfig
-from autotune.display._text import METRIC_UNITS, fmt, params, si
+from autotune.display._text import fmt, metric_unit, params, score_text, si
 from autotune.results import Evaluation
 from autotune.spec import Spec
 from autotune.speed import SpeedTable
@@ -27,7 +27,7 @@ class LiveObserver(studies.StudyObserver):
 
     def __init__(self, study: optuna.Study, spec: Spec, live: Live, progress: Progress) -> None:
         self.study, self.spec, self.live, self.progress = study, spec, live, progress
-        self.unit = METRIC_UNITS[spec.objective.metric]
+        self.unit = metric_unit(spec.objective.metric_name)
         counted = studies.counted_trials(study)
         self.task = progress.add_task(
             "trials",
@@ -114,7 +114,8 @@ class LiveObserver(studies.StudyObserver):
         epochs = self.spec.workload.epochs
         self.status = Text(
             f"  trial {number}: epoch {evaluation.epoch:.2f}/{epochs:g}  "
-            f"accuracy {evaluation.accuracy:.3f}  {fmt(value)} {self.unit}",
+            f"{score_text(self.spec.objective, evaluation.score, short=False)}  "
+            f"{fmt(value)} {self.unit}",
             style="dim",
         )
         self._render()
@@ -133,7 +134,7 @@ class LiveObserver(studies.StudyObserver):
         flags = Text()  # infeasible, interference: with the knobs when the line has no room
         if trial.state == TrialState.COMPLETE:
             feasible = studies.is_feasible(trial)
-            if feasible or self.spec.objective.metric != "time_to_accuracy":
+            if feasible or self.spec.objective.per_second:
                 line.append(
                     f"{fmt(trial.value):>9} {self.unit}",
                     style="bold green" if feasible else "yellow",
@@ -141,12 +142,13 @@ class LiveObserver(studies.StudyObserver):
             else:  # its value is a penalty, not a time to the target
                 line.append(f"{'target not reached':>21}", style="yellow")
             line.append(
-                f"  acc {record.accuracy or 0:.3f}  {record.charged_seconds or 0:.2f} s"
+                f"  {score_text(self.spec.objective, record.score)}  "
+                f"{record.charged_seconds or 0:.2f} s"
                 f"  {si(record.samples_per_second or 0)} samples/s  "
             )
             if record.tokens_per_second:  # token inputs: the unit that fits them
                 line.append(f"{si(record.tokens_per_second)} tokens/s  ")
-            if not feasible and self.spec.objective.metric != "time_to_accuracy":
+            if not feasible and self.spec.objective.per_second:
                 flags.append("infeasible  ", style="yellow")
             if record.interference:
                 flags.append(f"interference {record.other_cpu_share or 0:.0%}  ", style="yellow")
@@ -192,7 +194,7 @@ def live_progress(console: Console) -> Progress:
 
 def confirmation_progress(console: Console, spec: Spec) -> Callable[[ConfirmRun, int, int], None]:
     """A line per run of the confirmation round, as it finishes."""
-    unit = METRIC_UNITS[spec.objective.metric]
+    unit = metric_unit(spec.objective.metric_name)
 
     def show(run: ConfirmRun, done: int, total: int) -> None:
         line = Text(f"confirm {done:>3}/{total}  trial {run.trial:>3} run {run.repeat}  ")
@@ -203,7 +205,8 @@ def confirmation_progress(console: Console, spec: Spec) -> Callable[[ConfirmRun,
                 f"{fmt(run.value)} {unit}", style="bold green" if run.feasible else "yellow"
             )
             line.append(
-                f"  acc {run.accuracy or 0:.3f}  {si(run.samples_per_second or 0)} samples/s"
+                f"  {score_text(spec.objective, run.score)}  "
+                f"{si(run.samples_per_second or 0)} samples/s"
             )
         if run.interfered:
             line.append(

@@ -15,8 +15,8 @@ from rich.text import Text
 
 from autotune import study as studies
 from autotune.display._text import (
-    METRIC_UNITS,
     fmt,
+    metric_unit,
     params,
     print_command,
     print_item,
@@ -41,7 +41,8 @@ def print_plan(
     print_item(
         console,
         "study",
-        f"{study.study_name} ({spec.objective.metric}, {spec.study.n_trials} trials{resumed})",
+        f"{study.study_name} ({spec.objective.metric_name}, "
+        f"{spec.study.n_trials} trials{resumed})",
     )
     print_item(console, "storage", studies.display_url(spec.study.storage), copy=True)
     print_item(
@@ -126,11 +127,11 @@ def _best_table(study: optuna.Study, spec: Spec, limit: int = 5) -> Table | None
     trials = studies.feasible_trials(study)[:limit]
     if not trials:
         return None
-    unit = METRIC_UNITS[spec.objective.metric]
+    unit = metric_unit(spec.objective.metric_name)
     table = Table(title=Text(f"Best trials of {study.study_name}"), title_justify="left")
     table.add_column("trial", justify="right")
     table.add_column(unit, justify="right", style="bold green")
-    table.add_column("accuracy", justify="right")
+    table.add_column(spec.objective.score_name, justify="right")
     table.add_column("seconds", justify="right")
     table.add_column("samples/s", justify="right")
     table.add_column("searched knobs", style="cyan", ratio=1)
@@ -139,7 +140,7 @@ def _best_table(study: optuna.Study, spec: Spec, limit: int = 5) -> Table | None
         table.add_row(
             str(trial.number),
             fmt(trial.value),
-            f"{record.accuracy if record.accuracy is not None else math.nan:.3f}",
+            fmt(record.score),
             f"{record.charged_seconds if record.charged_seconds is not None else math.nan:.2f}",
             si(record.samples_per_second or 0),
             Text(params(trial)),  # categorical values are the user's strings
@@ -174,8 +175,9 @@ def print_summary(
     console.print(f"{outcome.trials_run} trials this run; the study has {counts}.")
     table = _best_table(study, spec)
     if table is None:
-        bar = spec.objective.min_accuracy or spec.objective.target_accuracy
-        reason = f" (none reached accuracy {bar:g})" if bar else ""
+        goal = spec.objective
+        bar = goal.bar if goal.per_second else goal.target
+        reason = f" (none reached {goal.score_name} {bar:g})" if bar is not None else ""
         console.print(f"[yellow]No trial has completed feasibly yet{reason}.[/]")
         return
     console.print(table)
@@ -201,7 +203,7 @@ def print_confirmation(console: Console, study: optuna.Study, spec: Spec) -> Non
         console.print("[yellow]Not confirmed:[/] no feasible trial to confirm.")
         return
     verdict = studies.Verdict.of(record)
-    unit = METRIC_UNITS[spec.objective.metric]
+    unit = metric_unit(spec.objective.metric_name)
     confirmed = {c.trial: c for c in (*verdict.ranked, verdict.baseline) if c is not None}
     table = Table(
         title=f"Confirmation ({record.repeats} more runs each, interleaved)", title_justify="left"
@@ -209,7 +211,7 @@ def print_confirmation(console: Console, study: optuna.Study, spec: Spec) -> Non
     table.add_column("trial", justify="right")
     table.add_column(f"median {unit}", justify="right", style="bold green")
     table.add_column("range", justify="right")
-    table.add_column("accuracy", justify="right")
+    table.add_column(f"median {spec.objective.score_name}", justify="right")
     table.add_column("runs", justify="right")
     for number in record.candidates:
         found = confirmed.get(number)
@@ -222,7 +224,7 @@ def print_confirmation(console: Console, study: optuna.Study, spec: Spec) -> Non
             label,
             fmt(found.median),
             f"{fmt(found.low)}-{fmt(found.high)}",
-            f"{found.median_accuracy:.3f}",
+            fmt(found.median_score),
             str(len(found.values))
             + ("" if len(found.values) == len(runs) else f" of {len(runs)}"),
         )
@@ -239,13 +241,21 @@ def print_confirmation(console: Console, study: optuna.Study, spec: Spec) -> Non
         if verdict.tied:
             numbers = [str(winner.trial), *(str(c.trial) for c in verdict.tied)]
             together = f"{', '.join(numbers[:-1])} and {numbers[-1]}"
-            rule = "higher accuracy" if verdict.tie_break == "accuracy" else "better median"
+            rule = (
+                f"better {spec.objective.score_name}"
+                if verdict.tie_break == "score"
+                else "better median"
+            )
             console.print(
                 f"Trials {together} are tied within measurement noise ({spread}); "
                 f"trial {winner.trial} is named for its {rule}."
             )
         if verdict.speedup is not None and verdict.baseline is not None:
-            what = "accuracy per second" if verdict.maximize else "time to the target"
+            what = (
+                f"{spec.objective.score_name} per second"
+                if verdict.maximize
+                else "time to the target"
+            )
             console.print(
                 f"{verdict.speedup:.2f}x the untuned baseline's {what} (confirmed, "
                 f"{len(winner.values)} and {len(verdict.baseline.values)} runs)."

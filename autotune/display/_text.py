@@ -12,13 +12,26 @@ from rich.padding import Padding
 from rich.text import Text
 
 from autotune import study as studies
-from autotune.spec import DEFAULT_STORAGE
+from autotune.spec import DEFAULT_STORAGE, SCORES, ObjectiveSpec
 
 METRIC_UNITS = {
-    "accuracy_per_second": "acc/s",
-    "time_to_accuracy": "s to target",
     "samples_per_second": "samples/s",  # the speed stage's studies (NAME.speed)
 }
+
+
+def metric_unit(metric: str) -> str:
+    """The unit a study's values are shown in, from the metric it records
+    (``ObjectiveSpec.metric_name``): ``acc/s``, ``macro_f1/s``, ``s to target``; "" for a metric
+    autotune does not know."""
+    if metric in METRIC_UNITS:
+        return METRIC_UNITS[metric]
+    if metric.startswith("time_to_"):
+        return "s to target"
+    if metric.endswith("_per_second"):
+        name = metric.removesuffix("_per_second")
+        short = SCORES[name][1] if name in SCORES else name
+        return f"{short}/s"
+    return ""
 
 
 def fmt(value: Any) -> str:
@@ -55,6 +68,12 @@ METRIC_NOTES = {
     "train_seconds": "training time, overhead_seconds included",
     "overhead_seconds": "one-time costs: compile, warm-up, worker start",
 }
+
+
+def score_text(goal: ObjectiveSpec, value: float | None, short: bool = True) -> str:
+    """A validation score with its name: ``acc 0.953`` (``accuracy 0.953`` unless ``short``)."""
+    name = goal.score_short if short else goal.score_name
+    return f"{name} {'-' if value is None else f'{value:.4g}'}"
 
 
 def fmt_metric(key: str, value: Any) -> str:

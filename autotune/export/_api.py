@@ -47,7 +47,7 @@ __all__ = [
     "study_spec",
 ]
 
-EXPORT_FORMAT_VERSION = 1
+EXPORT_FORMAT_VERSION = 2  # 2: metrics hold "score" (named by score_name), not "accuracy"
 
 
 class ExportError(UserError):
@@ -64,15 +64,16 @@ class BestConfig:
     value: float
     config: TrialConfig
     params: dict[str, Any] = field(default_factory=dict)  # the searched knobs' values
-    metrics: dict[str, Any] = field(default_factory=dict)  # accuracy, samples_per_second, ...
+    metrics: dict[str, Any] = field(default_factory=dict)  # score, samples_per_second, ...
     full_run_epochs: float | None = None  # objective.full_run_epochs, if the space file set it
     workload: dict[str, Any] = field(default_factory=dict)  # the space file's workload section
     # the confirmation round's verdict on this trial ({} when the study has none yet):
     # median, runs, spread, speedup (over the untuned baseline), tied_with, under_interference
     confirmation: dict[str, Any] = field(default_factory=dict)
-    feasible: bool = True  # the trial met every requirement (min_accuracy): an answer
+    feasible: bool = True  # the trial met every requirement (min_score): an answer
     speed_knobs: tuple[str, ...] = ()  # two-stage: the knobs the speed stage chose
     baseline: bool = False  # the untuned baseline: its knobs were pinned, not searched
+    score_name: str = "accuracy"  # what metrics["score"] is: objective.score's name
 
     def origin(self, knob: str) -> str:
         """ "searched", "timed in stage 1", "untuned" or "" (fixed): see study.knob_origin."""
@@ -117,6 +118,7 @@ class BestConfig:
             "feasible": self.feasible,
             "speed_knobs": list(self.speed_knobs),
             "baseline": self.baseline,
+            "score_name": self.score_name,
         }
 
     @classmethod
@@ -131,13 +133,14 @@ class BestConfig:
             value=float(data["value"]),
             config=TrialConfig.from_dict(dict(data["config"])),
             params=dict(data.get("params") or {}),
-            metrics=dict(data.get("metrics") or {}),
+            metrics=_renamed_metrics(dict(data.get("metrics") or {})),
             full_run_epochs=data.get("full_run_epochs"),
             workload=dict(data.get("workload") or {}),
             confirmation=dict(data.get("confirmation") or {}),
             feasible=bool(data.get("feasible", True)),
             speed_knobs=tuple(data.get("speed_knobs") or ()),
             baseline=bool(data.get("baseline", False)),
+            score_name=str(data.get("score_name") or "accuracy"),
         )
 
     def make_loader(
@@ -170,6 +173,14 @@ class BestConfig:
         if self.config.device.startswith("cuda"):
             _set_backend_flags(self.config)
         return Trainer(model, self.config, total_steps, loss_fn)
+
+
+def _renamed_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Metrics as this version names them: an export of format 1 held the score as
+    "accuracy"."""
+    if "accuracy" in metrics and "score" not in metrics:
+        metrics["score"] = metrics.pop("accuracy")
+    return metrics
 
 
 def select_trial(study: optuna.Study, number: int | None = None) -> FrozenTrial:
@@ -239,6 +250,7 @@ def best_config(study: optuna.Study, trial: FrozenTrial) -> BestConfig:
         feasible=is_feasible(trial),
         speed_knobs=tuple(record.speed_knobs or ()),
         baseline=record.baseline,
+        score_name=StudyRecord.of(study).score_name or "accuracy",
         full_run_epochs=spec.objective.full_run_epochs if spec else None,
         workload=spec.workload.model_dump(mode="json") if spec else {},
     )
@@ -258,7 +270,7 @@ def _confirmation_of(study: optuna.Study, number: int) -> dict[str, Any]:
         "median": mine.median,
         "runs": len(mine.values),
         "spread": verdict.spread,
-        "median_accuracy": mine.median_accuracy,
+        "median_score": mine.median_score,
         "median_samples_per_second": mine.median_samples_per_second,
         "answer": is_winner,
         "speedup": verdict.speedup if is_winner else None,

@@ -10,6 +10,7 @@ import datetime
 import json
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -23,7 +24,7 @@ from autotune.export._bundle import (
     import_block,
     literal,
 )
-from autotune.spec import LOSSES, SpecError, WorkloadSpec, parse_spec
+from autotune.spec import LOSSES, SCORES, SpecError, WorkloadSpec, parse_spec
 from autotune.study import StudyRecord
 
 __all__ = ["FORMATS", "SCRIPT_KNOBS", "render", "render_script"]
@@ -37,9 +38,12 @@ def render(
     study: optuna.Study | None = None,
     script_name: str = "train.py",
     rebuild_workload: bool = False,
+    script_dir: Path | None = None,
 ) -> str:
     """The text of an export in ``fmt`` (script, yaml, json, lightning or hf); ``rebuild_workload``
-    lets a script export import and run the study's own model and data code (``workload_code``)."""
+    lets a script export import and run the study's own model and data code (``workload_code``);
+    ``script_dir`` is where the script will be, so that it finds the user's modules from there
+    (without it, the folders the study found them in are written as they are)."""
     if fmt == "json":
         data = best.to_dict()
         found = _non_finite(data)
@@ -62,7 +66,7 @@ def render(
     if fmt == "script":
         if study is None:
             raise ValueError("a script export needs the study")
-        return render_script(study, best, script_name, rebuild_workload)
+        return render_script(study, best, script_name, rebuild_workload, script_dir)
     raise ValueError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
 
 
@@ -244,11 +248,11 @@ def _provenance(best: BestConfig, workload: WorkloadSpec) -> list[tuple[str, str
     comes from. Study names, device names and the like are the user's (or a shared study's)
     strings: they are data, written as literals, never pasted into code or the docstring."""
     config, metrics = best.config, best.metrics
-    accuracy = metrics.get("accuracy")
+    score = metrics.get("score")
     sps = metrics.get("samples_per_second")
     result = (
         f"{best.metric} {best.value:.4g}"
-        + (f", validation accuracy {accuracy:.4f}" if accuracy is not None else "")
+        + (f", validation {best.score_name} {score:.4g}" if score is not None else "")
         + (f", {sps:,.0f} samples/s steady state" if sps is not None else "")
     )
     device = str(metrics.get("device_name", config.device))
@@ -278,9 +282,10 @@ def _provenance(best: BestConfig, workload: WorkloadSpec) -> list[tuple[str, str
 
 def _infeasible_reason(best: BestConfig, spec: Any) -> str:
     """Why ``best`` is not an answer, in autotune's words (numbers only, no user text)."""
-    floor, accuracy = spec.objective.min_accuracy, best.metrics.get("accuracy")
-    if floor is not None and isinstance(accuracy, float) and accuracy < floor:
-        return f"validation accuracy {accuracy:.4f} is below min_accuracy {floor:g}"
+    goal, score = spec.objective, best.metrics.get("score")
+    floor = goal.bar
+    if floor is not None and isinstance(score, float) and score < floor:
+        return f"validation {goal.score_name} {score:.4g} is below {goal.bar_name} {floor:g}"
     return "it violated a constraint: a fault, or a requirement it missed"
 
 
@@ -320,8 +325,10 @@ def render_script(
     best: BestConfig,
     script_name: str = "train.py",
     rebuild_workload: bool = False,
+    script_dir: Path | None = None,
 ) -> str:
-    """A standalone training script (imports no autotune) for ``best``'s configuration."""
+    """A standalone training script (imports no autotune) for ``best``'s configuration, to be
+    written in ``script_dir`` (see ``render``)."""
     # the workload's layout and the bundled code import torch: YAML and JSON need neither
     from autotune.export._workload import recorded_layout, split_return, workload_code
 
@@ -332,10 +339,18 @@ def render_script(
             f"or json instead"
         )
     layout = recorded_layout(study)
-    structured = not layout.is_pair or spec.workload.loss != "cross_entropy"
+    # logits with the classes last are read through logits_of, as other structures are
+    classes_last = bool(StudyRecord.of(study).classes_last)
+    structured = not layout.is_pair or spec.workload.loss != "cross_entropy" or classes_last
     config = best.config
+    goal = spec.objective
     workload_imports, workload_fields = workload_code(
-        study, spec.workload, config.data_pipeline == "device", rebuild_workload
+        study,
+        spec.workload,
+        config.data_pipeline == "device",
+        rebuild_workload,
+        goal.score,
+        script_dir,
     )
     imports = {
         Import("argparse"),
@@ -351,7 +366,7 @@ def render_script(
         imports.add(Import("torch.utils.data", "DataLoader"))
     if structured:
         imports.add(Import("torch.utils._pytree", "tree_map_only"))
-    if config.schedule == "cosine":
+    if config.schedule == "cosine" or goal.score == "perplexity":
         imports.add(Import("math"))
     provenance = _provenance(best, spec.workload)
     compile_mode = None if config.compile == "none" else config.compile
@@ -386,8 +401,11 @@ def render_script(
             structured=structured,
             feasible=best.feasible,
             infeasible_reason=_infeasible_reason(best, spec),
-            split_return=split_return(layout) if structured else None,
+            split_return=split_return(layout) if structured and not layout.batch_fn_name else None,
             loss_kind=spec.workload.loss if spec.workload.loss in LOSSES else "function",
+            score_kind=goal.score if goal.score in SCORES else "function",
+            classes_last=classes_last,
+            score_label=goal.score_name,
         )
     )
     return text

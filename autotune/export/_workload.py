@@ -10,6 +10,7 @@ was created.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,22 @@ class _WorkloadCode:
 
     builtins: list[Any] = field(default_factory=list)  # functions and classes to paste
     folders: list[str] = field(default_factory=list)  # for sys.path, in the order placed
+    script_dir: Path | None = None  # where the script is written, when known
+
+    def sys_path_entries(self) -> list[str]:
+        """Python source of each folder the script puts on sys.path: relative to the script's
+        own folder when it is known (the study machine's absolute paths mean nothing on
+        another), the folder itself otherwise; the script's own folder is left out (Python
+        searches it first anyway). Every path is written as a literal."""
+        if self.script_dir is None:
+            return [literal(folder) for folder in self.folders]
+        here = self.script_dir.resolve()
+        entries = []
+        for folder in self.folders:
+            relative = os.path.relpath(Path(folder).resolve(), here)
+            if relative != os.curdir:
+                entries.append(f"str(Path(__file__).resolve().parent / {literal(relative)})")
+        return entries
 
     def add_folder(self, directory: str | None) -> None:
         """Put ``directory`` (where the study found a module) on the script's sys.path, once."""
@@ -70,7 +87,12 @@ class _WorkloadCode:
 
 
 def workload_code(
-    study: optuna.Study, workload: WorkloadSpec, device_pipeline: bool, rebuild: bool = False
+    study: optuna.Study,
+    workload: WorkloadSpec,
+    device_pipeline: bool,
+    rebuild: bool = False,
+    score: str = "accuracy",
+    script_dir: Path | None = None,
 ) -> tuple[set[Import], dict[str, Any]]:
     """The imports the script's workload code needs, and the template fields that place it.
 
@@ -94,7 +116,9 @@ def workload_code(
                 f"{' and '.join(user_code)}: add --rebuild-workload if you trust this study"
             )
         recorded = _checked_model_kwargs(study.study_name, workload, record.model_kwargs)
-        return _recorded_workload_code(workload, base_dir, recorded, device_pipeline)
+        return _recorded_workload_code(
+            workload, base_dir, recorded, device_pipeline, score, script_dir
+        )
     num_classes, input_shape = record.num_classes, record.input_shape
     try:
         data_fn = resolve_data(workload, base_dir)
@@ -108,11 +132,11 @@ def workload_code(
         )
     except WorkloadError as err:
         raise ExportError(f"cannot export the workload: {err}") from None
-    code = _WorkloadCode()
+    code = _WorkloadCode(script_dir=script_dir)
     data = code.place(workload.data, data_fn, dict(workload.data_args))
     model = code.place(workload.model, model_fn, kwargs)
     return _place_workload(
-        code, data, model, _place_loss(code, workload, base_dir), device_pipeline
+        code, data, model, _functions(code, workload, score, base_dir), device_pipeline
     )
 
 
@@ -170,39 +194,51 @@ def _checked_model_kwargs(
     return dict(checked.model_args)
 
 
-def _place_loss(
-    code: _WorkloadCode, workload: WorkloadSpec, base_dir: Path | None
+def _place_function(
+    code: _WorkloadCode, entry: str, base_dir: Path | None
 ) -> tuple[str | None, str | None]:
-    """(import line, name) of the user's loss function, found by name (never imported here);
-    (None, None) for a built-in loss, which the template writes itself."""
-    if ":" not in workload.loss:
+    """(import line, name) of the user's loss or score function, found by name (never imported
+    here); (None, None) for a built-in, which the template writes itself."""
+    if ":" not in entry:
         return None, None
-    import_line, name, directory = static_entry_point(workload.loss, base_dir)
+    import_line, name, directory = static_entry_point(entry, base_dir)
     code.add_folder(directory)
     return import_line, name
+
+
+def _functions(
+    code: _WorkloadCode, workload: WorkloadSpec, score: str, base_dir: Path | None
+) -> dict[str, tuple[str | None, str | None]]:
+    """The user's loss, score and batch_fn, each (import line, name) or (None, None)."""
+    return {
+        "loss": _place_function(code, workload.loss, base_dir),
+        "score": _place_function(code, score, base_dir),
+        "batch_fn": _place_function(code, workload.batch_fn or "", base_dir),
+    }
 
 
 def _place_workload(
     code: _WorkloadCode,
     data: tuple[str | None, str],
     model: tuple[str | None, str],
-    loss: tuple[str | None, str | None],
+    functions: dict[str, tuple[str | None, str | None]],
     device_pipeline: bool,
 ) -> tuple[set[Import], dict[str, Any]]:
     """The imports and template fields for the data and model (import line, call) placed."""
     if device_pipeline:
         code.builtins.append(DeviceBatches)
     sources, imports = bundle(code.builtins)
-    if code.folders:
+    sys_path = code.sys_path_entries()
+    if sys_path:
         imports.add(Import("sys"))
     fields = {
         "data_import": data[0],
         "data_call": data[1],
         "model_import": model[0],
         "model_call": model[1],
-        "loss_import": loss[0],
-        "loss_name": loss[1],
-        "sys_path": code.folders,
+        **{f"{key}_import": placed[0] for key, placed in functions.items()},
+        **{f"{key}_function": placed[1] for key, placed in functions.items()},
+        "sys_path": sys_path,
         "workload_sources": sources,
     }
     return imports, fields
@@ -213,10 +249,12 @@ def _recorded_workload_code(
     base_dir: Path | None,
     recorded_model_kwargs: dict[str, Any],
     device_pipeline: bool,
+    score: str,
+    script_dir: Path | None,
 ) -> tuple[set[Import], dict[str, Any]]:
     """``workload_code`` from what the study recorded: built-ins are autotune's own code and
     resolved as usual; the user's entries are placed by name, never imported."""
-    code = _WorkloadCode()
+    code = _WorkloadCode(script_dir=script_dir)
     placed: list[tuple[str | None, str]] = []
     user_code = user_entry_points(workload)
     for name, kwargs, resolve in (
@@ -233,5 +271,5 @@ def _recorded_workload_code(
         except WorkloadError as err:
             raise ExportError(f"cannot export the workload: {err}") from None
         placed.append(code.place(name, fn, kwargs))
-    loss = _place_loss(code, workload, base_dir)
-    return _place_workload(code, placed[0], placed[1], loss, device_pipeline)
+    functions = _functions(code, workload, score, base_dir)
+    return _place_workload(code, placed[0], placed[1], functions, device_pipeline)

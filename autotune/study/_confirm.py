@@ -4,7 +4,7 @@ again, side by side, so that its answer does not rest on one noisy measurement e
 After the search, the ``top`` feasible trials with the best values and the untuned baseline
 each train ``repeats`` more times with their trial's own budget, in interleaved order (A B C D,
 then D C B A, ...) so that whatever the machine does meanwhile falls on all of them alike, and
-each run with a new seed so that accuracy's own variance is part of the spread. The original
+each run with a new seed so that the score's own variance is part of the spread. The original
 trial counts as one of a configuration's measurements.
 
 A run measured under interference (other processes took more than
@@ -16,14 +16,15 @@ every measurement was flagged keeps them, and the verdict says so (``Confirmed.i
 The rule (``Verdict.of``):
 
 - a configuration's confirmed value is the median of its measurements; one whose runs are
-  mostly infeasible (below ``min_accuracy``, or failed) cannot be the answer;
+  mostly infeasible (below ``min_score``, or failed) cannot be the answer;
 - the spread shown (``±6%``) is the median, over the confirmed configurations, of half their
   range relative to their median: the machine's run-to-run noise, measured in this round;
 - the answer is the best confirmed median; every other configuration whose median is behind
   the best one's by no more than the spread (relatively) is **tied** with it within the
-  measurement noise, and among tied configurations the higher median accuracy wins, then the
-  better median value: the study names them and says which rule picked. (Overlapping ranges
-  are no test: with three runs one slow outlier makes a configuration 35% behind "tied".)
+  measurement noise, and among tied configurations the better median score (higher accuracy,
+  lower validation loss) wins, then the better median value: the study names them and says
+  which rule picked. (Overlapping ranges are no test: with three runs one slow outlier makes a
+  configuration 35% behind "tied".)
 - the speed-up over the untuned baseline is the ratio of the two confirmed medians, measured in
   the same round.
 
@@ -66,7 +67,7 @@ class Confirmed:
     trial: int
     baseline: bool
     values: tuple[float, ...]  # of the runs that trained, the original first
-    accuracies: tuple[float, ...]
+    scores: tuple[float, ...]  # the validation scores of the same runs
     samples_per_second: tuple[float, ...]
     feasible_runs: int
     runs: int  # measurements taken, failed ones included
@@ -77,8 +78,8 @@ class Confirmed:
         return statistics.median(self.values) if self.values else float("nan")
 
     @property
-    def median_accuracy(self) -> float:
-        return statistics.median(self.accuracies) if self.accuracies else float("nan")
+    def median_score(self) -> float:
+        return statistics.median(self.scores) if self.scores else float("nan")
 
     @property
     def median_samples_per_second(self) -> float:
@@ -112,7 +113,7 @@ class Verdict:
     ranked: tuple[Confirmed, ...]  # eligible configurations, the answer first
     winner: Confirmed | None
     tied: tuple[Confirmed, ...]  # the others tied with the winner within the noise
-    tie_break: str  # which rule picked the winner among the tied: "accuracy" or "value"
+    tie_break: str  # which rule picked the winner among the tied: "score" or "value"
     baseline: Confirmed | None
     spread: float | None  # the typical relative spread (0.06 for ±6%)
     complete: bool
@@ -138,7 +139,7 @@ class Verdict:
             # measurements under interference count only where there are no clean ones
             clean = [run for run in measured if not run.interfered]
             runs = clean or measured
-            # the values of feasible runs: a run below min_accuracy (or short of the target)
+            # the values of feasible runs: a run below min_score (or short of the target)
             # is no measurement of an answer, and a failed one measured nothing
             trained = [run for run in runs if run.value is not None and run.feasible]
             confirmed.append(
@@ -146,7 +147,7 @@ class Verdict:
                     trial=number,
                     baseline=number == record.baseline,
                     values=tuple(run.value for run in trained if run.value is not None),
-                    accuracies=tuple(r.accuracy for r in trained if r.accuracy is not None),
+                    scores=tuple(r.score for r in trained if r.score is not None),
                     samples_per_second=tuple(
                         r.samples_per_second for r in trained if r.samples_per_second
                     ),
@@ -173,11 +174,12 @@ class Verdict:
             return behind <= (spread or 0.0)
 
         tied_set = [best, *(c for c in eligible[1:] if within_noise(c))]
-        # among the tied: higher median accuracy first, then the better median value
-        tied_set.sort(key=lambda c: (c.median_accuracy, sign * c.median), reverse=True)
+        # among the tied: the better median score first, then the better median value
+        score_sign = 1.0 if record.higher_score_better else -1.0
+        tied_set.sort(key=lambda c: (score_sign * c.median_score, sign * c.median), reverse=True)
         winner = tied_set[0]
-        decided_by_accuracy = len(tied_set) > 1 and (
-            winner.median_accuracy > tied_set[1].median_accuracy
+        decided_by_score = len(tied_set) > 1 and (
+            score_sign * winner.median_score > score_sign * tied_set[1].median_score
         )
         ranked = (winner, *(c for c in eligible if c is not winner))
         tied = tuple(c for c in tied_set if c is not winner)
@@ -185,7 +187,7 @@ class Verdict:
             ranked,
             winner,
             tied,
-            "accuracy" if decided_by_accuracy else "value",
+            "score" if decided_by_score else "value",
             baseline,
             spread,
             record.complete,
@@ -193,9 +195,12 @@ class Verdict:
         )
 
 
-def confirmation_plan(study: optuna.Study, top: int, repeats: int) -> ConfirmationRecord | None:
+def confirmation_plan(
+    study: optuna.Study, top: int, repeats: int, higher_score_better: bool = True
+) -> ConfirmationRecord | None:
     """The round to run now: the stored one when it confirms the same leaders (to resume or
-    reuse), else a new one; None when the study has no feasible trial to confirm."""
+    reuse), else a new one; None when the study has no feasible trial to confirm.
+    ``higher_score_better``: the score's direction, for the tie rule."""
     leaders = feasible_trials(study)[:top]
     if not leaders:
         return None
@@ -221,6 +226,7 @@ def confirmation_plan(study: optuna.Study, top: int, repeats: int) -> Confirmati
         candidates=candidates,
         baseline=baseline.number if baseline is not None else None,
         runs=originals,
+        higher_score_better=higher_score_better,
     )
 
 
@@ -232,7 +238,7 @@ def _original(trial: FrozenTrial) -> ConfirmRun:
         repeat=0,
         seed=trial_config(trial).seed,
         value=trial.value,
-        accuracy=record.accuracy,
+        score=record.score,
         samples_per_second=record.samples_per_second,
         feasible=record.feasible is not False,
         wall_seconds=record.wall_seconds or 0.0,
@@ -263,7 +269,7 @@ def confirm_study(
     again under interference is heard again at the same place). A run measured under
     interference is run again, at most ``remeasures`` times. None when there is nothing to
     confirm. An interruption (Ctrl-C, SIGTERM) propagates; what ran is kept."""
-    record = confirmation_plan(study, top, repeats)
+    record = confirmation_plan(study, top, repeats, goal.score_higher_is_better)
     if record is None:
         return None
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
@@ -318,21 +324,21 @@ def _measure(
             repeat=repeat,
             seed=seed,
             value=None,
-            accuracy=None,
+            score=None,
             samples_per_second=None,
             feasible=False,
             wall_seconds=time.monotonic() - started,
             fault=f"{kind}: {message}",
         )
-    score = objective.score(result, goal)
+    scored = objective.score(result, goal)
     return ConfirmRun(
         trial=trial.number,
         repeat=repeat,
         seed=seed,
-        value=score.value,
-        accuracy=score.accuracy,
+        value=scored.value,
+        score=scored.score,
         samples_per_second=result.samples_per_second,
-        feasible=score.feasible,
+        feasible=scored.feasible,
         wall_seconds=time.monotonic() - started,
         other_cpu_share=result.other_cpu_share,
     )

@@ -219,7 +219,7 @@ def _label(study: optuna.Study, spec: Spec, hardware: Hardware, workload: Worklo
     StudyRecord(autotune_version=__version__).store(study)  # first: a half-made one says so
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)  # stable in practice since 3.2
-        study.set_metric_names([spec.objective.metric])
+        study.set_metric_names([spec.objective.metric_name])
     text = spec.text
     StudyRecord(
         space_file=text,
@@ -230,7 +230,9 @@ def _label(study: optuna.Study, spec: Spec, hardware: Hardware, workload: Worklo
         effective_space=_effective_space_text(spec),
         # where module:function entry points were found, for exported scripts
         space_file_dir=str(spec.path.resolve().parent) if spec.path else None,
-        metric=spec.objective.metric,
+        metric=spec.objective.metric_name,
+        score_name=spec.objective.score_name,
+        score_higher_is_better=spec.objective.score_higher_is_better,
         created_on=hardware.device_name,
         autotune_version=__version__,
         num_classes=workload.num_classes if workload is not None else None,
@@ -238,6 +240,7 @@ def _label(study: optuna.Study, spec: Spec, hardware: Hardware, workload: Worklo
         # for exports, which then need not import the user's code to learn them
         model_kwargs=_json_or_none(workload.model_kwargs) if workload is not None else None,
         batch_layout=workload.layout.to_record() if workload is not None else None,
+        classes_last=workload.classes_last if workload is not None else None,
         hardware=telemetry.fingerprint(hardware),
         strategy=spec.study.strategy,
         learning_knobs=list(spec.study.learning_knobs),

@@ -47,7 +47,7 @@ class TrialRecord:
     config: TrialConfig | None = None  # the full configuration it trains with
     baseline: bool = False  # the untuned baseline (enqueued with the study)
     # -- what it measured (see autotune.results.TrialResult for the meanings)
-    accuracy: float | None = _metric()
+    score: float | None = _metric()  # the validation score (objective.score) at its end
     charged_seconds: float | None = _metric()  # what the objective charged (see objective)
     train_seconds: float | None = _metric()  # training wall-clock, overhead included
     overhead_seconds: float | None = _metric()  # one-time costs within train_seconds
@@ -71,7 +71,7 @@ class TrialRecord:
     samples_seen: int | None = None
     optimizer_steps: int | None = None
     compiled_graphs: int | None = None
-    accuracy_curve: list[list[float]] | None = None  # [epoch, accuracy] at each evaluation
+    score_curve: list[list[float]] | None = None  # [epoch, score] at each evaluation
     loss_scale: float | None = None  # fp16 only
     skipped_steps: int | None = None  # fp16 only
     time_breakdown: dict[str, float] | None = None  # phase -> share of a steady-state step
@@ -111,6 +111,9 @@ class TrialRecord:
         """The record in a trial's user attributes; attributes autotune does not know (a
         user's, another tool's) are left out."""
         known = {name: attrs[name] for name in _TRIAL_FIELDS if name in attrs}
+        for old, new in _RENAMED.items():  # trials stored before the names changed
+            if old in attrs and new not in known:
+                known[new] = attrs[old]
         if isinstance(known.get("config"), dict):
             known["config"] = TrialConfig.from_dict(known["config"])
         if known.get("fail_kind") is not None:
@@ -160,7 +163,7 @@ class TrialRecord:
                 "mfu": achieved / peak if peak is not None else None,
             }
         return cls(
-            accuracy=result.accuracy,
+            score=result.score,
             train_seconds=result.train_seconds,
             overhead_seconds=result.overhead_seconds,
             warmup_seconds=result.warmup_seconds,
@@ -174,7 +177,7 @@ class TrialRecord:
             compiled_graphs=result.compiled_graphs,
             device_name=result.device_name,
             torch_version=result.torch_version,
-            accuracy_curve=[[round(e.epoch, 4), e.accuracy] for e in result.evaluations],
+            score_curve=[[round(e.epoch, 4), e.score] for e in result.evaluations],
             loss_scale=result.loss_scale,
             skipped_steps=result.skipped_steps if result.loss_scale is not None else None,
             compile_seconds=result.compile_seconds,
@@ -189,6 +192,8 @@ class TrialRecord:
 
 
 _TRIAL_FIELDS = frozenset(f.name for f in dataclasses.fields(TrialRecord))
+# stored attribute names that changed: old -> new (the score was accuracy before any other)
+_RENAMED = {"accuracy": "score", "accuracy_curve": "score_curve"}
 METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(TrialRecord) if f.metadata.get("metric"))
 
 
@@ -201,7 +206,7 @@ class ConfirmRun:
     repeat: int
     seed: int
     value: float | None
-    accuracy: float | None
+    score: float | None  # the validation score it reached
     samples_per_second: float | None
     feasible: bool
     wall_seconds: float
@@ -230,6 +235,7 @@ class ConfirmationRecord:
     baseline: int | None
     runs: tuple[ConfirmRun, ...] = ()
     complete: bool = False
+    higher_score_better: bool = True  # the score's direction, for the tie rule
 
     def to_attrs(self) -> dict[str, Any]:
         """JSON for the study's user attribute."""
@@ -247,8 +253,12 @@ class ConfirmationRecord:
             maximize=bool(data["maximize"]),
             candidates=tuple(int(n) for n in data["candidates"]),
             baseline=data.get("baseline"),
-            runs=tuple(ConfirmRun(**run) for run in data.get("runs", ())),
+            runs=tuple(
+                ConfirmRun(**{_RENAMED.get(key, key): value for key, value in run.items()})
+                for run in data.get("runs", ())
+            ),
             complete=bool(data.get("complete", False)),
+            higher_score_better=bool(data.get("higher_score_better", True)),
         )
 
     def runs_left(self) -> int:
@@ -273,13 +283,16 @@ class StudyRecord:
     search_fingerprint: str | None = None  # the resume guard's label of the search
     search_definition: str | None = None  # what the fingerprint is of, for a readable diff
     effective_space: str | None = None  # the space after hardware filtering (older studies)
-    metric: str | None = None
+    metric: str | None = None  # ObjectiveSpec.metric_name: accuracy_per_second, ...
+    score_name: str | None = None  # what trials are scored by (None: accuracy, made before)
+    score_higher_is_better: bool | None = None  # the score's direction (None: accuracy's)
     created_on: str | None = None  # the device's name
     autotune_version: str | None = None
     num_classes: int | None = None
     input_shape: list[int] | None = None  # one sample's
     model_kwargs: dict[str, Any] | None = None  # what the model function was called with
     batch_layout: dict[str, Any] | None = None  # BatchLayout.to_record(): inputs and target
+    classes_last: bool | None = None  # the model's logits hold the classes last
     hardware: dict[str, Any] | None = None  # telemetry.fingerprint of the machine
     confirmation: ConfirmationRecord | None = None  # the confirmation round, once it started
     strategy: str | None = None  # two_stage | joint (None: made before there was a choice)

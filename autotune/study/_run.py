@@ -223,8 +223,8 @@ class TrialRunner:
         if pruned_at:
             at = pruned_at[0]
             message = (
-                f"pruned at evaluation {at.index} (epoch {at.epoch:.2f}, accuracy "
-                f"{at.accuracy:.3f}) by the {spec.study.pruner} pruner"
+                f"pruned at evaluation {at.index} (epoch {at.epoch:.2f}, "
+                f"{goal.score_name} {at.score:.4g}) by the {spec.study.pruner} pruner"
             )
             TrialRecord(fail_kind=FaultKind.PRUNED, fail_msg=message).store(trial)
             return TrialState.PRUNED, None

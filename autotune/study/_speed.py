@@ -255,11 +255,7 @@ class _Stage:
         """The fastest settings of every micro-batch split, precision and declared value."""
         spec, plan = self.spec, self.plan
         epochs = spec.workload.epochs
-        full = (
-            spec.objective.full_run_epochs
-            if spec.objective.metric == "accuracy_per_second"
-            else None
-        )
+        full = spec.objective.full_run_epochs if spec.objective.per_second else None
         choices: list[SpeedChoice] = []
         unrunnable: list[tuple[tuple[Any, ...], str, str]] = []
         for cell in plan.cells():

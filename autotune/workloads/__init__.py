@@ -10,6 +10,7 @@ and ``input_shape`` when it declares those parameters) and returns an ``nn.Modul
 """
 
 from autotune.workloads import digits, models, vision
+from autotune.workloads._check import user_frame
 from autotune.workloads._load import load, model_kwargs
 from autotune.workloads._registry import (
     DATASETS,
@@ -47,4 +48,5 @@ __all__ = [
     "resolve_data",
     "resolve_model",
     "user_entry_points",
+    "user_frame",
 ]

@@ -18,15 +18,40 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
 from autotune.pipeline import Collate
-from autotune.spec import LOSSES
+from autotune.spec import LOSSES, SCORES
 from autotune.workloads._registry import DataSplits, WorkloadError
-from autotune.workloads.batches import BatchLayout, ModelInputs, call_model, is_integer
-from autotune.workloads.scoring import IGNORE_INDEX, LossFn, classification_sums, logits_of
+from autotune.workloads.batches import (
+    BatchError,
+    BatchLayout,
+    ModelInputs,
+    call_model,
+    is_integer,
+)
+from autotune.workloads.scoring import (
+    IGNORE_INDEX,
+    TOP_K,
+    LossFn,
+    ScoreFn,
+    cross_entropy_classes_last,
+    logits_of,
+    score_value,
+)
 
-__all__ = ["MIN_SCORED_TARGETS", "Entries", "check", "check_labels", "read_sample", "user_frame"]
+__all__ = [
+    "MIN_SCORED_TARGETS",
+    "Checked",
+    "Entries",
+    "batch_of",
+    "check",
+    "check_labels",
+    "label_readers",
+    "read_sample",
+    "split_batch",
+    "user_frame",
+]
 
 CHECK_BATCH = 2  # samples per split run through the model before the study
 MIN_SCORED_TARGETS = 100  # fewer validation targets: accuracy moves in steps over 1%
@@ -75,17 +100,33 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
-def check_labels(label: Any, data: str) -> None:
-    """Refuse labels the default loss (cross-entropy over class indices) cannot read."""
+_FOR_OTHER_TARGETS = (
+    "; for other targets (regression, ...) set workload.loss and objective.score to functions "
+    "of your own"
+)
+
+
+def label_readers(loss: str, score: str) -> str:
+    """What reads the labels as class indices, for messages: the loss, the score, or both."""
+    readers = [f"the loss ({loss})"] if loss == "cross_entropy" else []
+    readers += [f"the score ({score})"] if score in SCORES else []
+    return " and ".join(readers)
+
+
+def check_labels(
+    label: Any, data: str, readers: str = "the loss (cross_entropy) and the score (accuracy)"
+) -> None:
+    """Refuse labels that ``readers`` (the default loss, a built-in score: they read class
+    indices) cannot read."""
     if isinstance(label, torch.Tensor) and label.is_floating_point():
         raise WorkloadError(
-            f"data set '{data}': labels are {str(label.dtype).removeprefix('torch.')}; the loss "
-            f"(cross-entropy) and the score (accuracy) need integer class indices"
+            f"data set '{data}': labels are {str(label.dtype).removeprefix('torch.')}; "
+            f"{readers} need integer class indices{_FOR_OTHER_TARGETS}"
         )
     if isinstance(label, float):
         raise WorkloadError(
-            f"data set '{data}': labels are floats ({label!r}); the loss (cross-entropy) and "
-            f"the score (accuracy) need integer class indices"
+            f"data set '{data}': labels are floats ({label!r}); {readers} need integer class "
+            f"indices{_FOR_OTHER_TARGETS}"
         )
     integer = isinstance(label, int) and not isinstance(label, bool)
     if not integer and not (isinstance(label, torch.Tensor) and is_integer(label)):
@@ -109,6 +150,25 @@ def read_sample(split: Dataset, name: str, data: str, index: int = 0) -> Any:
 def _batch(split: Dataset, name: str, data: str, collate: Collate | None) -> Any:
     size = min(CHECK_BATCH, len(split))  # type: ignore[arg-type]  # map-style: sized
     samples = [read_sample(split, name, data, index) for index in range(size)]
+    return batch_of(samples, collate, data, name)
+
+
+def split_batch(layout: BatchLayout, batch: Any) -> tuple[ModelInputs, Any]:
+    """``layout.split(batch)``; WorkloadError naming the user's batch_fn (and where it raised)
+    when it fails."""
+    try:
+        return layout.split(batch)
+    except BatchError as error:
+        cause = error.__cause__
+        where = user_frame(cause) if cause is not None else ""
+        raise WorkloadError(f"{error}{where}") from None
+
+
+def batch_of(
+    samples: list[Any], collate: Collate | None, data: str, name: str = "training"
+) -> Any:
+    """``samples`` collated into a batch as the trials' DataLoaders will; WorkloadError when they
+    cannot be."""
     if collate is not None:
         try:
             return collate(samples)
@@ -127,20 +187,20 @@ def _batch(split: Dataset, name: str, data: str, collate: Collate | None) -> Any
         ) from None
 
 
-def _shape_problem(output: torch.Tensor, targets: torch.Tensor) -> str | None:
-    expected = "[" + ", ".join(map(str, [targets.shape[0], "classes", *targets.shape[1:]])) + "]"
+def _classes_last(output: torch.Tensor, targets: torch.Tensor, entry: str) -> bool:
+    """Whether ``output`` holds the classes in its last dimension (``[batch, *d, classes]``, a
+    Hugging Face token classifier's) rather than in dimension 1; WorkloadError when neither
+    fits ``targets``."""
     if output.dim() >= 2 and output.shape[0] == targets.shape[0]:
         if output.shape[2:] == targets.shape[1:]:
-            return None
+            return False
         if output.shape[:-1] == targets.shape:
-            return (
-                f"output {list(output.shape)} has its classes in the last dimension; "
-                f"cross-entropy reads them in dimension 1: return "
-                f"logits.movedim(-1, 1) ({expected})"
-            )
-    return (
-        f"output {list(output.shape)} does not fit targets {list(targets.shape)}: "
-        f"cross-entropy needs logits {expected}, the classes in dimension 1"
+            return True
+    expected = "[" + ", ".join(map(str, [targets.shape[0], "classes", *targets.shape[1:]])) + "]"
+    raise WorkloadError(
+        f"model '{entry}': output {list(output.shape)} does not fit targets "
+        f"{list(targets.shape)}: cross-entropy needs logits {expected}, the classes in "
+        f"dimension 1 (or in the last)"
     )
 
 
@@ -154,18 +214,20 @@ def _run_model(model: nn.Module, inputs: ModelInputs, split: str, entry: str) ->
         ) from None
 
 
-def _logits(output: Any, targets: torch.Tensor, entry: str) -> torch.Tensor:
+def _logits(output: Any, targets: torch.Tensor, names: Entries) -> tuple[torch.Tensor, bool]:
+    """The logits in ``output`` with the classes in dimension 1, and whether the model gives them
+    last."""
+    entry = names.model
     try:
         logits = logits_of(output)
     except TypeError:
+        reader = f"the score ({names.score})" if names.score in SCORES else "the loss"
         raise WorkloadError(
-            f"model '{entry}' returned {_describe(output)}; the score (accuracy) reads a tensor "
-            f"of logits [batch, classes, ...]: return one, or an object with .logits"
+            f"model '{entry}' returned {_describe(output)}; {reader} reads a tensor of logits "
+            f"[batch, classes, ...]: return one, or an object with .logits"
         ) from None
-    problem = _shape_problem(logits, targets)
-    if problem is not None:
-        raise WorkloadError(f"model '{entry}': {problem}")
-    return logits
+    last = _classes_last(logits, targets, entry)
+    return (logits.movedim(-1, 1) if last else logits), last
 
 
 def _loss(loss_fn: LossFn, output: Any, targets: Any, split: str, names: Entries) -> float:
@@ -186,12 +248,40 @@ def _loss(loss_fn: LossFn, output: Any, targets: Any, split: str, names: Entries
     return float(loss)
 
 
+class Checked(NamedTuple):
+    """What the check found of a workload that can train."""
+
+    warnings: tuple[str, ...]  # doubtful, one line each
+    classes_last: bool  # its logits hold the classes in the last dimension, not in dimension 1
+
+
 class Entries(NamedTuple):
     """The space file's names of the workload's parts, for messages."""
 
     model: str
     data: str
     loss: str
+    score: str = "accuracy"
+
+
+def _user_score(
+    score_fn: ScoreFn, model: nn.Module, dataset: Dataset, collate: Collate | None, entry: str
+) -> float:
+    """The user's score of ``model`` on the first samples of the validation split, as a trial
+    will compute it on all of them; WorkloadError when it raises or returns no number."""
+    size = min(2 * CHECK_BATCH, len(dataset))  # type: ignore[arg-type]  # map-style: sized
+    loader = DataLoader(Subset(dataset, range(size)), batch_size=CHECK_BATCH, collate_fn=collate)
+    try:
+        value = score_fn(model, loader, torch.device("cpu"))
+    except Exception as error:
+        raise WorkloadError(
+            f"score '{entry}' fails on the validation split: {type(error).__name__}: "
+            f"{error}{user_frame(error)}"
+        ) from None
+    try:
+        return score_value(value, entry)
+    except ValueError as error:
+        raise WorkloadError(str(error)) from None
 
 
 @torch.no_grad()
@@ -200,47 +290,88 @@ def check(
     splits: DataSplits,
     layout: BatchLayout,
     loss_fn: LossFn,
+    score_fn: ScoreFn | None,
     num_classes: int | None,
     names: Entries,
-) -> tuple[str, ...]:
+) -> Checked:
     """Run ``model`` on a small batch of each split and compute the loss and the score as trials
     do. Raises WorkloadError with one line for a workload that cannot train or be scored;
-    returns warnings (one line each) for one that can, but not well."""
+    returns warnings (one line each) for one that can, but not well, and how its logits are
+    laid out."""
     model.eval()
     warnings: list[str] = []
+    classes_last: bool | None = None
+    # the output is read as class logits by the default loss and by every built-in score
+    classifies = score_fn is None or names.loss == "cross_entropy"
     for split, dataset in zip(("training", "validation"), splits, strict=True):
-        inputs, targets = layout.split(_batch(dataset, split, names.data, splits.collate_fn))
-        check_labels(targets, names.data)
+        batch = _batch(dataset, split, names.data, splits.collate_fn)
+        inputs, targets = split_batch(layout, batch)
+        if classifies:
+            check_labels(targets, names.data, label_readers(names.loss, names.score))
         output = _run_model(model, inputs, split, names.model)
-        logits = _logits(output, targets, names.model)
-        classes = logits.shape[1]
-        if num_classes is not None and classes != num_classes:
-            raise WorkloadError(
-                f"model '{names.model}' outputs {classes} classes but data set '{names.data}' "
-                f"has {num_classes}: build the model with num_classes (autotune passes it when "
-                f"the model function takes it), or have the data function return "
-                f"DataSplits(..., num_classes={classes}) if the data set really has {classes}"
-            )
-        labels = targets[targets != IGNORE_INDEX]
-        if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= classes):
-            raise WorkloadError(
-                f"data set '{names.data}': {split} labels go from {int(labels.min())} to "
-                f"{int(labels.max())}, but model '{names.model}' outputs {classes} classes "
-                f"(0 to {classes - 1}; {IGNORE_INDEX} marks a target not scored)"
-            )
+        if classifies:
+            logits, last = _logits(output, targets, names)
+            if classes_last is not None and last != classes_last:
+                raise WorkloadError(
+                    f"model '{names.model}' gives its classes in the "
+                    f"{'last dimension' if last else 'dimension 1'} on a {split} batch but "
+                    f"not on a training batch ({list(logits.shape)})"
+                )
+            classes_last = last
+            _check_classes(logits, targets, split, num_classes, names)
+            if last and names.loss == "cross_entropy":  # as the trials will take it
+                loss_fn = cross_entropy_classes_last
         loss = _loss(loss_fn, output, targets, split, names)
-        _, _, scored = classification_sums(logits, targets)
-        if scored and not math.isfinite(loss):
+        if not math.isfinite(loss) and not (classifies and _nothing_scored(targets)):
             raise WorkloadError(
                 f"model '{names.model}' gives a {split} loss of {loss} before any training: "
                 f"its weights or the inputs hold NaN or infinity"
             )
-        if split == "validation":
-            per_sample = int(scored) / targets.shape[0]
+        if split == "validation" and score_fn is None:
+            per_sample = int((targets != IGNORE_INDEX).sum()) / targets.shape[0]
             total = round(per_sample * len(dataset))  # type: ignore[arg-type]  # sized
-            if total < MIN_SCORED_TARGETS:
+            if total < MIN_SCORED_TARGETS and names.score in ("accuracy", "top5"):
                 warnings.append(
-                    f"the validation split has {total} scored targets: accuracy moves in steps "
-                    f"of {1 / max(total, 1):.3g}, too coarse to tell close configurations apart"
+                    f"the validation split has {total} scored targets: {names.score} moves in "
+                    f"steps of {1 / max(total, 1):.3g}, too coarse to tell close configurations "
+                    f"apart"
                 )
-    return tuple(warnings)
+    if score_fn is not None:
+        _user_score(score_fn, model, splits.val, splits.collate_fn, names.score)
+    return Checked(tuple(warnings), bool(classes_last))
+
+
+def _nothing_scored(targets: torch.Tensor) -> bool:
+    """Every target of the batch is IGNORE_INDEX: a mean loss over none of them is NaN."""
+    return not bool((targets != IGNORE_INDEX).any())
+
+
+def _check_classes(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    split: str,
+    num_classes: int | None,
+    names: Entries,
+) -> None:
+    """The model's class count against the data set's and the labels', and enough classes for
+    top5."""
+    classes = logits.shape[1]
+    if num_classes is not None and classes != num_classes:
+        raise WorkloadError(
+            f"model '{names.model}' outputs {classes} classes but data set '{names.data}' "
+            f"has {num_classes}: build the model with num_classes (autotune passes it when "
+            f"the model function takes it), or have the data function return "
+            f"DataSplits(..., num_classes={classes}) if the data set really has {classes}"
+        )
+    labels = targets[targets != IGNORE_INDEX]
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= classes):
+        raise WorkloadError(
+            f"data set '{names.data}': {split} labels go from {int(labels.min())} to "
+            f"{int(labels.max())}, but model '{names.model}' outputs {classes} classes "
+            f"(0 to {classes - 1}; {IGNORE_INDEX} marks a target not scored)"
+        )
+    if names.score == "top5" and classes <= TOP_K:
+        raise WorkloadError(
+            f"score top5: model '{names.model}' outputs {classes} classes, so every target is "
+            f"among its {TOP_K} highest logits; use score accuracy"
+        )

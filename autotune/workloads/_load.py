@@ -14,10 +14,20 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map_only
 from torch.utils.data import Dataset, TensorDataset
 
-from autotune.spec import WorkloadSpec
-from autotune.workloads._check import Entries, check, check_labels, read_sample, user_frame
+from autotune.spec import SCORES, WorkloadSpec
+from autotune.workloads._check import (
+    Entries,
+    batch_of,
+    check,
+    check_labels,
+    label_readers,
+    read_sample,
+    split_batch,
+    user_frame,
+)
 from autotune.workloads._registry import (
     DataSplits,
     ModelFn,
@@ -29,7 +39,12 @@ from autotune.workloads._registry import (
     resolve_model,
 )
 from autotune.workloads.batches import BatchLayout, LayoutError
-from autotune.workloads.scoring import LossFn, cross_entropy_loss, model_loss
+from autotune.workloads.scoring import (
+    LossFn,
+    cross_entropy_classes_last,
+    cross_entropy_loss,
+    model_loss,
+)
 
 __all__ = ["load", "model_kwargs"]
 
@@ -95,9 +110,10 @@ def model_kwargs(
     return kwargs
 
 
-def load(spec: WorkloadSpec, base_dir: Path | None = None) -> Workload:
-    """Build the workload a spec names: data loaded, and the model built and run once on a
-    small batch of each split, its loss and score computed as a trial will (``_check``).
+def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accuracy") -> Workload:
+    """Build the workload a spec names, judged by ``score`` (objective.score: a built-in's name
+    or the user's ``package.module:function``): data loaded, and the model built and run once
+    on a small batch of each split, its loss and score computed as a trial will (``_check``).
 
     ``package.module:function`` entries are imported from the working directory, then from
     ``base_dir`` (the space file's directory). Raises WorkloadError with one readable line.
@@ -122,16 +138,27 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None) -> Workload:
         if len(split) == 0:
             raise WorkloadError(f"data set '{spec.data}': the {split_name} split is empty")
     sample = read_sample(splits.train, "training", spec.data)
-    try:
-        layout = BatchLayout.of(sample, spec.inputs, spec.target, spec.loss == "model")
-    except LayoutError as error:
-        raise WorkloadError(f"data set '{spec.data}': {error}") from None
-    inputs, label = layout.split(sample)
-    check_labels(label, spec.data)  # before num_classes is looked for: say what is wrong
+    if spec.batch_fn is not None:  # the user's function splits batches: one of one sample
+        layout = BatchLayout(
+            batch_fn=resolve_entry_point(spec.batch_fn, "batch_fn", base_dir),
+            batch_fn_name=spec.batch_fn,
+        )
+        inputs, label = split_batch(layout, batch_of([sample], splits.collate_fn, spec.data))
+        inputs = tree_map_only(torch.Tensor, lambda tensor: tensor[0], inputs)  # one sample's
+    else:
+        try:
+            layout = BatchLayout.of(sample, spec.inputs, spec.target, spec.loss == "model")
+        except LayoutError as error:
+            raise WorkloadError(f"data set '{spec.data}': {error}") from None
+        inputs, label = layout.split(sample)
+    loss_fn = _loss_function(spec, base_dir)
+    score_fn = None if score in SCORES else resolve_entry_point(score, "score", base_dir)
+    classifies = score_fn is None or loss_fn is cross_entropy_loss
+    if classifies:  # before num_classes is looked for: say what is wrong
+        check_labels(label, spec.data, label_readers(spec.loss, score))
     only = inputs.args[0] if len(inputs.args) == 1 and not inputs.kwargs else None
     input_shape = tuple(only.shape) if isinstance(only, torch.Tensor) else ()
     num_classes = splits.num_classes or _infer_num_classes(splits.train)
-    loss_fn = _loss_function(spec, base_dir)
 
     kwargs = model_kwargs(model_fn, dict(spec.model_args), num_classes, input_shape)
 
@@ -143,8 +170,10 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None) -> Workload:
         raise WorkloadError(
             f"model '{spec.model}' returned {type(model).__name__}, not a torch.nn.Module"
         )
-    names = Entries(model=spec.model, data=spec.data, loss=spec.loss)
-    warnings = check(model, splits, layout, loss_fn, num_classes, names)
+    names = Entries(model=spec.model, data=spec.data, loss=spec.loss, score=score)
+    checked = check(model, splits, layout, loss_fn, score_fn, num_classes, names)
+    if checked.classes_last and loss_fn is cross_entropy_loss:
+        loss_fn = cross_entropy_classes_last
     del model
     return Workload(
         name=f"{spec.model} on {spec.data}",
@@ -154,10 +183,13 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None) -> Workload:
         input_shape=input_shape,
         model_fn=build,
         model_kwargs=kwargs,
-        warnings=warnings,
+        warnings=checked.warnings,
         layout=layout,
         loss_fn=loss_fn,
         collate_fn=splits.collate_fn,
+        score=score,
+        score_fn=score_fn,
+        classes_last=checked.classes_last,
     )
 
 

@@ -20,7 +20,12 @@ from autotune.errors import UserError
 from autotune.pipeline import Collate
 from autotune.spec import WorkloadSpec
 from autotune.workloads.batches import BatchLayout, ModelInputs, count_tokens
-from autotune.workloads.scoring import LossFn, cross_entropy_loss
+from autotune.workloads.scoring import (
+    LossFn,
+    ScoreFn,
+    cross_entropy_classes_last,
+    cross_entropy_loss,
+)
 
 ModelFn = Callable[..., nn.Module]
 DataFn = Callable[..., Any]
@@ -64,6 +69,18 @@ class Workload:
     layout: BatchLayout = field(default_factory=BatchLayout)  # where inputs and target are
     collate_fn: Collate | None = None  # the data function's, if it gave one
     loss_fn: LossFn = cross_entropy_loss  # (model output, target) -> loss
+    score: str = "accuracy"  # objective.score: a built-in's name, or the user's entry
+    score_fn: ScoreFn | None = None  # the user's score function; None: the built-in ``score``
+    classes_last: bool = False  # its logits hold the classes last ([batch, *d, classes])
+
+    @property
+    def classifies(self) -> bool:
+        """Whether training or scoring reads the model's output as class logits against integer
+        class indices: the default loss (cross-entropy) or a built-in score."""
+        return self.score_fn is None or self.loss_fn in (
+            cross_entropy_loss,
+            cross_entropy_classes_last,
+        )
 
     def build_model(self) -> nn.Module:
         """A new model with fresh weights (seed torch first for reproducible weights)."""

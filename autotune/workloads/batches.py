@@ -11,7 +11,7 @@ passed to the model positionally, inputs found by key as keyword arguments; with
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -19,6 +19,8 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 __all__ = [
+    "BatchError",
+    "BatchFn",
     "BatchLayout",
     "ModelInputs",
     "call_model",
@@ -90,10 +92,37 @@ def is_integer(tensor: torch.Tensor) -> bool:
 
 
 Place = str | int
+# the user's batch_fn: batch -> (positional model inputs, keyword model inputs, target)
+BatchFn = Callable[[Any], Any]
 
 
 class LayoutError(ValueError):
     """A sample that does not hold what the layout names (the message says what it holds)."""
+
+
+class BatchError(TypeError):
+    """The user's batch_fn raised, or returned something other than (args, kwargs, target);
+    the message names it (``__cause__`` is what it raised)."""
+
+
+def _user_split(fn: BatchFn, name: str, batch: Any) -> tuple[ModelInputs, Any]:
+    try:
+        split = fn(batch)
+    except Exception as error:
+        raise BatchError(f"batch_fn '{name}' raised {type(error).__name__}: {error}") from error
+    if not (isinstance(split, tuple | list) and len(split) == 3):
+        raise BatchError(
+            f"batch_fn '{name}' returned {type(split).__name__}"
+            + (f" of {len(split)}" if isinstance(split, tuple | list) else "")
+            + "; it must return (model_args, model_kwargs, target)"
+        )
+    args, kwargs, target = split
+    if not isinstance(args, tuple | list) or not isinstance(kwargs, Mapping):
+        raise BatchError(
+            f"batch_fn '{name}' returned ({type(args).__name__}, {type(kwargs).__name__}, "
+            f"...); model_args must be a tuple or list, model_kwargs a dict"
+        )
+    return ModelInputs(tuple(args), {str(k): v for k, v in kwargs.items()}), target
 
 
 @dataclass(frozen=True)
@@ -102,17 +131,25 @@ class BatchLayout:
 
     ``inputs`` are indices of a tuple sample or keys of a dict sample (``None``: every key but
     the target's); ``target`` is one index or key; with ``target_to_model`` the target is passed
-    to the model as well (last positionally, or under its key).
+    to the model as well (last positionally, or under its key). A ``batch_fn`` (the user's,
+    named ``batch_fn_name``) replaces all three: it splits a batch itself.
     """
 
     inputs: tuple[Place, ...] | None = (0,)
     target: Place = 1
     target_to_model: bool = False
+    batch_fn: BatchFn | None = None
+    batch_fn_name: str | None = None  # its package.module:function
 
     @property
     def is_pair(self) -> bool:
         """The plain ``(input, label)`` layout: the model gets the input alone."""
-        return self.inputs == (0,) and self.target == 1 and not self.target_to_model
+        return (
+            self.inputs == (0,)
+            and self.target == 1
+            and not self.target_to_model
+            and self.batch_fn_name is None
+        )
 
     @property
     def is_dict(self) -> bool:
@@ -122,7 +159,8 @@ class BatchLayout:
     def to_record(self) -> dict[str, Any]:
         """The layout as JSON values, for a study to record (exports read it back)."""
         inputs = None if self.inputs is None else list(self.inputs)
-        return {"inputs": inputs, "target": self.target, "target_to_model": self.target_to_model}
+        record = {"inputs": inputs, "target": self.target, "target_to_model": self.target_to_model}
+        return record | ({"batch_fn": self.batch_fn_name} if self.batch_fn_name else {})
 
     @classmethod
     def from_record(cls, record: dict[str, Any] | None) -> BatchLayout:
@@ -138,10 +176,16 @@ class BatchLayout:
             or not isinstance(to_model, bool)
         ):
             raise ValueError(f"not a batch layout: {record!r}")
-        return cls(None if inputs is None else tuple(inputs), target, to_model)
+        name = record.get("batch_fn")
+        if name is not None and not isinstance(name, str):
+            raise ValueError(f"not a batch layout: {record!r}")
+        return cls(None if inputs is None else tuple(inputs), target, to_model, None, name)
 
     def split(self, batch: Any) -> tuple[ModelInputs, Any]:
-        """(what the model is called with, the target) of a sample or batch."""
+        """(what the model is called with, the target) of a sample or batch (a batch only, with
+        a batch_fn); BatchError when the batch_fn fails."""
+        if self.batch_fn is not None:
+            return _user_split(self.batch_fn, self.batch_fn_name or "batch_fn", batch)
         if isinstance(batch, Mapping):
             keys = self.inputs if self.inputs is not None else tuple(batch)
             kwargs = {str(k): batch[k] for k in keys if k != self.target}

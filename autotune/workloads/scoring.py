@@ -1,16 +1,20 @@
-"""How a batch is scored and its loss taken: accuracy and cross-entropy over every target element.
+"""How a batch is scored and its loss taken: the built-in scores (accuracy, top-5 accuracy,
+validation loss and perplexity) and cross-entropy over every target element, and the user's score.
 
 A target is one class index per sample (``[batch]``, image classification) or per element
 (``[batch, *d]``: a class per pixel in segmentation, per token in a language model); the model's
 logits carry the classes in dimension 1 (``[batch, classes, *d]``), as ``cross_entropy`` reads
-them. Accuracy is the share of scored target elements predicted right: never divided by the batch
-size alone, so a score is in [0, 1] for any target shape. Targets equal to ``IGNORE_INDEX`` (the
+them; logits with the classes last (``[batch, *d, classes]``, a Hugging Face token classifier's)
+are read as such when the check before the study finds them so. Accuracy is the share of scored
+target elements predicted right: never divided by the batch size alone, so a score is in [0, 1]
+for any target shape. Targets equal to ``IGNORE_INDEX`` (the
 padding label of Hugging Face and ``cross_entropy``'s default) are neither trained on nor scored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -18,29 +22,76 @@ from torch import nn
 
 __all__ = [
     "IGNORE_INDEX",
+    "TOP_K",
     "LossFn",
+    "ScoreFn",
+    "builtin_score",
     "classification_sums",
+    "cross_entropy_classes_last",
     "cross_entropy_loss",
     "logits_of",
     "model_loss",
+    "score_value",
 ]
 
 IGNORE_INDEX = -100
 
+TOP_K = 5  # score top5: right when the target is among this many highest logits
+
 LossFn = Callable[[Any, Any], torch.Tensor]  # (model output, target) -> scalar loss
+# (model, validation batches, device) -> the score of the model on them
+ScoreFn = Callable[[nn.Module, Iterable[Any], torch.device], Any]
 
 
 def classification_sums(
-    logits: torch.Tensor, targets: torch.Tensor
+    logits: torch.Tensor, targets: torch.Tensor, top_k: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(right predictions, summed cross-entropy in nats, scored target elements) of one batch,
-    as device tensors: adding them up over batches reads nothing back from the device."""
+    as device tensors: adding them up over batches reads nothing back from the device. A
+    prediction is right when the target is among the ``top_k`` highest logits."""
     scored = targets != IGNORE_INDEX
-    right = ((logits.argmax(dim=1) == targets) & scored).sum()
+    if top_k == 1:
+        hits = logits.argmax(dim=1) == targets
+    else:
+        best = logits.topk(min(top_k, logits.shape[1]), dim=1).indices
+        hits = (best == targets.unsqueeze(1)).any(dim=1)
+    right = (hits & scored).sum()
     loss = nn.functional.cross_entropy(
         logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum"
     )
     return right, loss, scored.sum()
+
+
+def builtin_score(name: str, right: float, loss_sum: float, scored: float) -> float:
+    """A built-in score from the sums of ``classification_sums`` over the validation split:
+    accuracy or top5 (right / scored), val_loss (nats per target element), perplexity."""
+    if name in ("accuracy", "top5"):
+        return right / scored
+    if name == "val_loss":
+        return loss_sum / scored
+    if name == "perplexity":
+        return math.exp(min(loss_sum / scored, MAX_LOG_PERPLEXITY))
+    raise ValueError(f"no built-in score {name!r}")
+
+
+MAX_LOG_PERPLEXITY = 700.0  # exp() of more overflows a float
+
+
+def score_value(value: Any, entry: str) -> float:
+    """A user's score function's answer as a float: a number, or a tensor of one element;
+    ValueError saying what it returned otherwise, or that it is not finite."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        shown = (
+            f"a tensor of shape {list(value.shape)}"
+            if isinstance(value, torch.Tensor)
+            else type(value).__name__
+        )
+        raise ValueError(f"score '{entry}' returned {shown}; it must return one number")
+    if not math.isfinite(value):
+        raise ValueError(f"score '{entry}' returned {value}; it must be a finite number")
+    return float(value)
 
 
 def logits_of(output: Any) -> torch.Tensor:
@@ -62,6 +113,14 @@ def logits_of(output: Any) -> torch.Tensor:
 def cross_entropy_loss(output: Any, target: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of the output's logits over the scored target elements."""
     return nn.functional.cross_entropy(logits_of(output), target, ignore_index=IGNORE_INDEX)
+
+
+def cross_entropy_classes_last(output: Any, target: torch.Tensor) -> torch.Tensor:
+    """``cross_entropy_loss`` for logits with the classes in their last dimension
+    (``[batch, *d, classes]``, as Hugging Face token classification gives them)."""
+    return nn.functional.cross_entropy(
+        logits_of(output).movedim(-1, 1), target, ignore_index=IGNORE_INDEX
+    )
 
 
 def model_loss(output: Any, target: Any) -> torch.Tensor:
