@@ -9,7 +9,10 @@ configurations and its untuned baseline in one fresh worker, interleaved (A B C 
 - the Spearman correlation of the study's confirmed order with the re-measured order;
 - the speed-up over the baseline the study reported against the re-measured one;
 - the baseline's samples/s in the study (its trial 0, the first of a fresh worker) against its
-  re-measured median: the first trial of a process must not be measured slow.
+  re-measured median: the first trial of a process must not be measured slow;
+- whether the re-measured best was among the configurations the round confirmed (it cannot
+  name one it did not measure), and the re-measurement's own spread (the median half-range
+  over median of its configurations): differences under it are not resolved by it either.
 
     python benchmarks/answer_stability.py search_spaces/quickstart.yaml --seeds 10
 
@@ -61,12 +64,14 @@ def study_once(spec: Spec, seed: int, directory: Path, isolation: str) -> optuna
         study={"seed": seed, "name": f"{spec.study_name}-seed{seed}"},
     )
     hardware = detect(spec.workload.device)
-    workload = load(spec.workload, base_dir=spec.path.parent if spec.path else None)
+    workload = load(spec.workload, spec.path.parent if spec.path else None, spec.objective.score)
     spec = restrict(spec, hardware, workload).spec
     storage = open_storage(f"sqlite:///{directory / 'stability.db'}")
     study = open_study(spec, storage, hardware, workload)
     executor = (
-        WorkerExecutor(spec.workload, spec.path.parent if spec.path else None)
+        WorkerExecutor(
+            spec.workload, spec.path.parent if spec.path else None, score=spec.objective.score
+        )
         if isolation == "worker"
         else InProcessExecutor(workload)
     )
@@ -90,9 +95,11 @@ def remeasure(
     baseline = baseline_trial(study)
     if baseline is not None and baseline not in trials:
         trials.append(baseline)
-    workload = load(spec.workload, base_dir=spec.path.parent if spec.path else None)
+    workload = load(spec.workload, spec.path.parent if spec.path else None, spec.objective.score)
     executor = (
-        WorkerExecutor(spec.workload, spec.path.parent if spec.path else None)
+        WorkerExecutor(
+            spec.workload, spec.path.parent if spec.path else None, score=spec.objective.score
+        )
         if isolation == "worker"
         else InProcessExecutor(workload)
     )
@@ -140,9 +147,9 @@ def main() -> None:
     print(
         "| seed | answer | re-measured best | answer / best | Spearman | reported speed-up | "
         "re-measured speed-up | baseline samples/s in study / re-measured | "
-        "flagged: study / round / re-measure | minutes |"
+        "flagged: study / round / re-measure | best in the round? | re-measure spread | minutes |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         started = time.monotonic()
         study = study_once(spec, seed, directory, args.isolation)
@@ -179,11 +186,17 @@ def main() -> None:
             again = statistics.median(speeds[baseline.number])
             baseline_speed = f"{in_study:,.0f} / {again:,.0f} ({in_study / again:.2f})"
         rows.append((within, reported, measured))
+        # could the round have named it? and how far apart the re-measurement itself can tell
+        in_round = "yes" if confirmation and best in confirmation.candidates else "no"
+        halves = [
+            (max(v) - min(v)) / 2 / statistics.median(v) for v in values.values() if len(v) > 1
+        ]
+        noise = f"±{statistics.median(halves):.0%}" if halves else "-"
         print(
             f"| {seed} | {answer.number if answer else '-'} | {best} | {within:.3f} | "
             f"{rho:.2f} | {f'{reported:.2f}x' if reported else '-'} | "
             f"{f'{measured:.2f}x' if measured else '-'} | {baseline_speed} | "
-            f"{flagged_in_study} / {flagged_in_round} / {flagged} | "
+            f"{flagged_in_study} / {flagged_in_round} / {flagged} | {in_round} | {noise} | "
             f"{(time.monotonic() - started) / 60:.1f} |",
             flush=True,
         )
