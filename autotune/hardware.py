@@ -34,6 +34,7 @@ class Hardware:
     compile_problem: str | None  # why torch.compile cannot run here; None when it can
     torch_version: str
     memory_bytes: int | None = None  # the GPU's memory; None on the CPU
+    cpu_share: bool = False  # cpu_count is this worker's share of the machine (--workers, --gpus)
 
     @property
     def is_cuda(self) -> bool:

@@ -15,12 +15,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-import traceback
 
 import torch
-from torch.utils.data import DataLoader
 
 from autotune.config import TrialConfig
+from autotune.evaluation import evaluate
 from autotune.execution import (
     compile_seconds,
     compiled_graphs,
@@ -28,9 +27,9 @@ from autotune.execution import (
     peak_memory_bytes,
     reset_peak_memory,
 )
-from autotune.faults import FaultKind, TrialFault, classify
+from autotune.faults import TrialFault
 from autotune.hardware import device_name
-from autotune.pipeline import DeviceBatches, make_train_loader, make_val_loader
+from autotune.pipeline import make_train_loader, make_val_loader
 from autotune.results import Evaluation, Plan, Reporter, TrialResult
 from autotune.telemetry import GpuSampler, flops_per_sample
 from autotune.timing import PhaseProbe, TrainClock
@@ -38,20 +37,12 @@ from autotune.trainer import (
     Trainer,
     seed_everything,
 )
-from autotune.workloads import Workload, user_frame
+from autotune.workloads import Workload
 from autotune.workloads.batches import (
     ModelInputs,
     call_model,
     count_samples,
     count_tokens,
-)
-from autotune.workloads.scoring import (
-    IGNORE_INDEX,
-    TOP_K,
-    builtin_score,
-    classification_sums,
-    logits_of,
-    score_value,
 )
 
 __all__ = ["make_plan", "train"]
@@ -93,62 +84,6 @@ def make_plan(config: TrialConfig, micro_batches_per_epoch: int, train_size: int
         eval_steps=tuple(eval_steps),
         warmup_steps=min(MAX_WARMUP_STEPS, max(1, eval_steps[0] // 2)),
     )
-
-
-@torch.no_grad()
-def _evaluate(
-    trainer: Trainer, loader: DataLoader | DeviceBatches, workload: Workload
-) -> tuple[float, float | None]:
-    """(score, mean cross-entropy per scored target element, or None under the user's score) of
-    the eager model on ``loader``; one sync at the end."""
-    model = trainer.model
-    model.eval()
-    try:
-        if workload.score_fn is not None:
-            return _user_score(trainer, loader, workload), None
-        return _builtin_score(trainer, loader, workload)
-    finally:
-        model.train()
-
-
-def _builtin_score(
-    trainer: Trainer, loader: DataLoader | DeviceBatches, workload: Workload
-) -> tuple[float, float]:
-    top_k = TOP_K if workload.score == "top5" else 1
-    sums = torch.zeros(3, dtype=torch.float64, device=trainer.device)
-    for batch in loader:
-        inputs, targets = trainer.to_device(*workload.layout.split(batch))
-        with trainer.autocast():
-            logits = logits_of(call_model(trainer.model, inputs))
-            if workload.classes_last:  # [batch, *d, classes]: classes to dimension 1
-                logits = logits.movedim(-1, 1)
-        sums += torch.stack(classification_sums(logits, targets, top_k)).double()
-    right, loss_sum, scored = sums.tolist()
-    if scored == 0:
-        raise TrialFault(
-            FaultKind.ERROR,
-            f"every validation target is {IGNORE_INDEX} (ignored): nothing to score",
-        )
-    return builtin_score(workload.score, right, loss_sum, scored), loss_sum / scored
-
-
-def _user_score(trainer: Trainer, loader: DataLoader | DeviceBatches, workload: Workload) -> float:
-    assert workload.score_fn is not None
-    try:
-        with trainer.autocast():
-            value = workload.score_fn(trainer.model, loader, trainer.device)
-    except Exception as error:
-        if classify(error)[0] != FaultKind.ERROR:
-            raise  # out of memory, a DataLoader worker that died, ...: that fault, as it is
-        raise TrialFault(
-            FaultKind.ERROR,
-            f"score '{workload.score}' raised {type(error).__name__}: {error}{user_frame(error)}",
-            traceback.format_exc()[-4000:],
-        ) from None
-    try:
-        return score_value(value, workload.score)
-    except ValueError as error:
-        raise TrialFault(FaultKind.ERROR, str(error)) from None
 
 
 def _flops_per_sample(trainer: Trainer, workload: Workload) -> float | None:
@@ -278,7 +213,7 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
             # a tensor under fp16 (finite losses are counted on the device), else an int
             losses_summed = losses_summed.zero_() if fp16 else 0  # type: ignore[union-attr]
             eval_started = time.perf_counter()
-            score, val_loss = _evaluate(trainer, val_loader, workload)
+            score, val_loss = evaluate(trainer, val_loader, workload)
             evaluation = Evaluation(
                 index=len(evaluations) + 1,
                 epoch=epoch,

@@ -143,6 +143,12 @@ def _unsupported(
         size = len(workload.train_set)  # type: ignore[arg-type]  # map-style: sized
         return None if value <= size else f"larger than the training set ({size} samples)"
 
+    def num_workers(value: Any) -> str | None:
+        if not hardware.cpu_share or value <= hardware.cpu_count:
+            return None
+        cores = f"{hardware.cpu_count} core{'' if hardware.cpu_count == 1 else 's'}"
+        return f"more DataLoader processes than the {cores} of this worker's share"
+
     def channels_last(value: Any) -> str | None:
         if not value or workload is None or len(workload.input_shape) == 3:
             return None
@@ -152,6 +158,7 @@ def _unsupported(
     return {
         "batch_size": batch_size,
         "channels_last": channels_last,
+        "num_workers": num_workers,
         "precision": precision,
         "compile": compile_mode,
         "pin_memory": pin_memory,

@@ -17,11 +17,12 @@ PACKAGE = Path(autotune.__file__).parent
 # lowest first
 LAYERS: list[set[str]] = [
     {"_version", "errors", "config", "results", "speed"},  # plain data and names, no torch
-    {"spec", "faults", "hardware", "timing", "interference", "files"},  # what the user asked;
-    # the machine and what else runs on it
+    {"spec", "faults", "hardware", "timing", "interference", "files", "scaleout"},  # what the
+    # user asked; the machine, what else runs on it, and its shares among workers
     {"telemetry", "pipeline"},  # measuring the device; batches reaching it
     {"workloads", "trainer", "execution"},  # models and data; a model under a configuration;
     # the context a training run executes in
+    {"evaluation"},  # a trained model judged on the validation split
     {"testing", "space", "runner", "bursts", "objective", "warmup"},  # sampling; a measured
     # trial; timed bursts of one configuration; its score; what a process pays once
     {"baseline"},  # the untuned configuration, drawn through space
@@ -144,6 +145,6 @@ def test_modules_stay_readable():
 
 def test_the_checks_see_real_imports():
     """The import reader finds what a module really imports (the oracle of the tests above)."""
-    found = _imports(PACKAGE / "study" / "_run.py")
+    found = _imports(PACKAGE / "study" / "_trial.py")
     assert {"autotune.executor", "autotune.study._records", "autotune.objective"} <= found
     assert "autotune.notes" in _imports(PACKAGE / "cli" / "_inspect.py")  # inside a function

@@ -2,7 +2,7 @@
 
 Heavy modules (torch, Optuna, scikit-learn) are imported inside the commands, so that
 ``autotune --help`` and a typo in a space file answer at once. The commands live in two
-modules: those that train (``_train``: run, confirm) and those that read a study
+modules: those that train (``_train``: run; ``_confirm``: confirm) and those that read a study
 (``_inspect``: best, export, report, dashboard, studies); importing them registers them.
 """
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
+import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -16,7 +18,6 @@ from autotune.cli._common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
-    EXIT_USAGE,
     STORAGE_ENV,
     Command,
     app,
@@ -25,10 +26,21 @@ from autotune.cli._common import (
     flag,
     quiet_libraries,
     raise_terminated,
-    storage_option,
+)
+from autotune.cli._confirm import confirm, confirm_round, storage_failure
+from autotune.cli._scaleout import (
+    OthersShown,
+    describe_shares,
+    say_lines,
+    start_workers,
+    stop_workers,
+    worker_log_dir,
 )
 from autotune.errors import UserError
 from autotune.spec import DEFAULT_STORAGE, Spec, load_spec
+
+if TYPE_CHECKING:
+    from autotune.scaleout import Workers
 
 
 @app.command(cls=Command)
@@ -80,9 +92,41 @@ def run(
             "reusing the measurements stored for this machine, model and data.",
         ),
     ] = False,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Run N workers on this machine's CPU, each on an equal share of its cores, "
+            "all on this study; they start once stage 1 is measured.",
+        ),
+    ] = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            help="One worker per GPU: all, or indices such as 0,2,3; each sees its GPU as "
+            "cuda:0 and runs on an equal share of the cores.",
+        ),
+    ] = None,
+    as_worker: Annotated[int | None, typer.Option(hidden=True)] = None,
     verbose: Annotated[bool, flag("--verbose", "-v", help="Show Optuna's logs.")] = False,
 ) -> None:
     """Run (or resume) the study a space file describes and print the best configuration."""
+    from autotune import scaleout
+
+    try:
+        shares = scaleout.plan_shares(workers, gpus) if workers or gpus else None
+        if as_worker is not None and (shares is None or not 0 < as_worker < len(shares)):
+            raise scaleout.ScaleOutError("--as-worker is for the workers autotune starts itself")
+    except UserError as err:
+        raise fail(str(err)) from None
+    share = shares[as_worker or 0] if shares is not None else None
+    if share is not None:
+        scaleout.apply_share(share)  # before torch sees a GPU or sizes its thread pools
+    if as_worker is not None:  # the storage worker 0 runs on, from its environment
+        storage = os.environ.pop(scaleout.WORKER_STORAGE_ENV, None) or storage
+        os.environ.pop(scaleout.WORKER_CORES_ENV, None)  # not for what this worker starts
+        if not scaleout.stop_with_parent():
+            raise fail("worker 1 of this study is gone: this worker does not start", EXIT_FAILED)
     try:
         spec = load_spec(space_file)
         storage = storage or environment_storage(spec)
@@ -113,6 +157,13 @@ def run(
     quiet_libraries(verbose)
     try:
         hardware = detect(spec.workload.device)
+        if workers is not None and gpus is None and hardware.is_cuda:
+            raise scaleout.ScaleOutError(
+                f"--workers runs workers on the CPU, and this study trains on "
+                f"{hardware.device}: use --gpus (a worker per GPU), or --device cpu"
+            )
+        if share is not None and share.count > 1:  # its cores are a share of the machine's
+            hardware = dataclasses.replace(hardware, cpu_share=True)
         workload = load_workload(spec.workload, space_file.parent, spec.objective.score)
         restriction = restrict(spec, hardware, workload)
         spec = restriction.spec
@@ -127,11 +178,19 @@ def run(
     except UserError as err:
         raise fail(str(err).splitlines()) from None
     except Exception as err:
-        raise _storage_failure(err, spec.study.storage) from None
+        raise storage_failure(err, spec.study.storage) from None
 
-    display.print_plan(console, spec, hardware, study, [d.describe() for d in restriction.dropped])
-    for line in workload.warnings:  # what the check of the workload found doubtful
-        console.print(f"[yellow]warning:[/] {escape(line)}")
+    if as_worker is None:  # worker 0 (or the only one) shows the study; the others log
+        display.print_plan(
+            console, spec, hardware, study, [d.describe() for d in restriction.dropped]
+        )
+        if shares is not None and len(shares) > 1:
+            display.print_item(console, "workers", describe_shares(shares))
+        for line in workload.warnings:  # what the check of the workload found doubtful
+            console.print(f"[yellow]warning:[/] {escape(line)}")
+    else:
+        assert share is not None
+        console.print(f"{share.describe()} of study {study.study_name}", markup=False)
     executor = (
         WorkerExecutor(
             spec.workload,
@@ -146,12 +205,42 @@ def run(
     progress = display.live_progress(console)
     previous_handler = signal.signal(signal.SIGTERM, raise_terminated)
     confirmed = False
+    others: Workers | None = None
+    run_started = time.monotonic()
     try:
-        with Live(progress, console=console, refresh_per_second=8) as live:
+        with (
+            Live(progress, console=console, refresh_per_second=8) as live,
+            contextlib.ExitStack() as showing,
+        ):
             observer = display.LiveObserver(study, spec, live, progress)
+
+            def start_others() -> None:  # worker 0, once stage 1 is measured
+                nonlocal others
+                if shares is None or len(shares) < 2 or as_worker is not None:
+                    return
+                log_dir = worker_log_dir(spec.study.storage, study.study_name)
+                left = spec.study.timeout
+                if left is not None:  # the others stop starting trials when worker 0 does
+                    left -= time.monotonic() - run_started
+                others = start_workers(shares, space_file, spec, study.study_name, log_dir, left)
+                showing.enter_context(OthersShown(study, observer, others))
+
             outcome = studies.run_study(
-                study, spec, hardware, executor, observer, workload, remeasure
+                study,
+                spec,
+                hardware,
+                executor,
+                observer,
+                workload,
+                remeasure,
+                on_trials_start=start_others,
+                worker=f"{share.index + 1}/{share.count}" if share and share.count > 1 else None,
             )
+            if others is not None:  # the study is done, or this worker stopped or gave up
+                showing.close()  # the display's poll ends first: the exits are said below
+                gave_up = bool(outcome.interrupted or outcome.repeated_error)
+                gave_up = gave_up or "trials failed" in outcome.stopped_reason
+                say_lines(stop_workers(others, gave_up, spec.study.trial_timeout or 600))
             live.update(progress)
         console.print()  # ends the progress line (piped output has no cursor to move)
         if outcome.stopped_reason:
@@ -160,20 +249,25 @@ def run(
         finished = studies.counted_trials(study) >= spec.study.n_trials
         plan = spec.study.confirm
         ended_early = bool(outcome.interrupted or outcome.repeated_error or outcome.stage_failed)
-        if plan.enabled and finished and not ended_early:
+        if plan.enabled and finished and not ended_early and as_worker is None:
             try:
-                confirmed = _confirm(study, spec, executor, plan.top, plan.repeats)
+                confirmed = confirm_round(study, spec, executor, plan.top, plan.repeats)
             except KeyboardInterrupt as stop:
                 outcome.interrupted = True
                 outcome.terminated = isinstance(stop, studies.Terminated)
     except WorkerError as err:
         raise fail(str(err), EXIT_FAILED) from None
     except Exception as err:  # the disk filled up, the database became read-only, ...
-        raise _storage_failure(err, spec.study.storage) from None
+        raise storage_failure(err, spec.study.storage) from None
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
         executor.close()
+        if others is not None:  # a path that left them running: never leave them behind
+            others.interrupt()
+            others.wait(60)
 
+    if as_worker is not None:  # worker 0 confirms and sums up
+        _worker_exit(outcome)
     display.print_summary(console, study, spec, outcome, confirmation=confirmed)
     if studies.password_note(spec.study.storage):
         console.print(studies.password_note(spec.study.storage), markup=False)
@@ -183,7 +277,7 @@ def run(
         try:
             notes.write_note(study, spec.study.storage)  # what optuna-dashboard shows first
         except Exception as err:
-            raise _storage_failure(err, spec.study.storage) from None
+            raise storage_failure(err, spec.study.storage) from None
     if outcome.interrupted:
         how = "run the same command to resume"
         if new_study:  # the same command would start yet another study
@@ -217,6 +311,16 @@ def run(
         )
 
 
+def _worker_exit(outcome: Any) -> None:
+    """How a worker started by worker 0 ends: a line, and the exit status run would give."""
+    console.print(f"{outcome.trials_run} trials run by this worker.", markup=False)
+    if outcome.interrupted:
+        raise typer.Exit(EXIT_TERMINATED if outcome.terminated else EXIT_INTERRUPTED)
+    if outcome.repeated_error or outcome.stage_failed:
+        raise typer.Exit(EXIT_FAILED)
+    raise typer.Exit(0)
+
+
 def environment_storage(spec: Spec) -> str | None:
     """$AUTOTUNE_STORAGE, unless the space file names its storage (an explicit study.storage
     comes before an environment's default)."""
@@ -225,122 +329,4 @@ def environment_storage(spec: Spec) -> str | None:
     return os.environ.get(STORAGE_ENV) or None
 
 
-def _storage_failure(err: Exception, storage: str, code: int = EXIT_USAGE) -> typer.Exit:
-    """A storage fault (a full disk, a read-only or damaged database) as one line and exit
-    ``code``; anything else is a bug and is raised again with its traceback."""
-    from autotune import study as studies
-
-    problem = studies.storage_problem(err)
-    if problem is None:
-        raise err
-    return fail(f"cannot write the study to {studies.display_url(storage)}: {problem}", code)
-
-
-def _confirm(study: Any, spec: Any, executor: Any, top: int, repeats: int) -> bool:
-    """Run (or resume) the confirmation round, a line per run; whether one exists now."""
-    from autotune import display
-    from autotune import study as studies
-
-    plan = studies.confirmation_plan(study, top, repeats, spec.objective.score_higher_is_better)
-    if plan is None:
-        return False
-    todo = plan.runs_left()  # runs measured again count once: never "-8 runs"
-    if todo:
-        console.print(
-            f"Confirming the {len(plan.candidates) - (plan.baseline is not None)} best "
-            f"configurations and the untuned baseline: {todo} runs, interleaved."
-        )
-    studies.confirm_study(
-        study,
-        spec.objective,
-        executor,
-        top,
-        repeats,
-        on_run=display.confirmation_progress(console, spec),
-    )
-    return True
-
-
-@app.command(cls=Command)
-def confirm(
-    study_name: Annotated[str, typer.Option("--study", help="Study name.")],
-    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
-    top: Annotated[
-        int | None,
-        typer.Option(min=1, help="Confirm this many leaders. Default: study.confirm.top."),
-    ] = None,
-    repeats: Annotated[
-        int | None,
-        typer.Option(min=1, help="More runs of each. Default: study.confirm.repeats."),
-    ] = None,
-    isolation: Annotated[
-        str | None, typer.Option(help="worker or none. Default: study.isolation.")
-    ] = None,
-) -> None:
-    """Re-measure a study's leaders and its untuned baseline side by side, and name the answer.
-
-    Runs (or resumes) the confirmation round; with other --top/--repeats, a new one. It trains,
-    so it imports the workload's model and data functions named in the study's space file.
-    """
-    from autotune import display, export
-    from autotune import study as studies
-    from autotune.executor import InProcessExecutor, WorkerError
-    from autotune.hardware import detect
-    from autotune.worker import WorkerExecutor
-    from autotune.workloads import load as load_workload
-
-    quiet_libraries(verbose=False)
-    try:
-        found = studies.load_study(study_name, storage, "write")
-        spec = export.study_spec(found)
-        if spec is None:
-            raise studies.StudyError(
-                f"study '{study_name}' holds no readable space file: it cannot train again"
-            )
-        record = studies.StudyRecord.of(found)
-        base_dir = Path(record.space_file_dir) if record.space_file_dir else None
-        hardware = detect(spec.workload.device)
-        isolation = isolation or spec.study.isolation
-        executor = (
-            WorkerExecutor(
-                spec.workload, base_dir, spec.study.trial_timeout, score=spec.objective.score
-            )
-            if isolation == "worker"
-            else InProcessExecutor(load_workload(spec.workload, base_dir, spec.objective.score))
-        )
-    except UserError as err:
-        raise fail(str(err).splitlines(), EXIT_FAILED) from None
-    if record.created_on and record.created_on != hardware.device_name:
-        console.print(
-            f"[yellow]warning:[/] this study was created on {escape(record.created_on)}; the "
-            f"runs on {escape(hardware.device_name)} will be compared with its trials"
-        )
-    previous_handler = signal.signal(signal.SIGTERM, raise_terminated)
-    try:
-        confirmed = _confirm(
-            found,
-            spec,
-            executor,
-            top or spec.study.confirm.top,
-            repeats or spec.study.confirm.repeats,
-        )
-    except WorkerError as err:
-        raise fail(str(err), EXIT_FAILED) from None
-    except Exception as err:  # the disk filled up, the database became read-only, ...
-        raise _storage_failure(err, storage, EXIT_FAILED) from None
-    except KeyboardInterrupt as stop:
-        terminated = isinstance(stop, studies.Terminated)
-        console.print(
-            "[yellow]Interrupted.[/] The finished runs are saved; run the same command to resume."
-        )
-        raise typer.Exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous_handler)
-        executor.close()
-    if not confirmed:
-        raise fail(f"study '{study_name}' has no feasible trial to confirm", EXIT_FAILED)
-    display.print_confirmation(console, found, spec)
-    from autotune import notes
-
-    with contextlib.suppress(Exception):  # the note is a convenience; the answer is stored
-        notes.write_note(found, storage)
+app.command(cls=Command)(confirm)  # after run: --help lists the commands in this order

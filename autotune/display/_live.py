@@ -3,6 +3,7 @@ run as it ends."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import optuna
@@ -41,6 +42,9 @@ class LiveObserver(studies.StudyObserver):
         self.speed_reused = 0
         self.speed_skipped = 0
         self.speed_again = 0
+        self.shown: set[int] = set()  # trials whose line is printed (this and other workers')
+        self.own: set[int] = set()  # trials this process trains (the others' are polled)
+        self.lock = threading.Lock()  # worker 0 shows other workers' trials from a thread
 
     def _best_text(self) -> str:
         best = studies.best_trial(self.study)
@@ -106,6 +110,7 @@ class LiveObserver(studies.StudyObserver):
         self._render()
 
     def trial_started(self, number: int, config: TrialConfig) -> None:
+        self.own.add(number)  # its line is this process's to print, however it ends
         self.current = number
         self.status = Text(f"  trial {number}: starting", style="dim")
         self._render()
@@ -128,9 +133,52 @@ class LiveObserver(studies.StudyObserver):
         )
         self._render()
 
+    def taken_over(self, number: int, kept_on: str | None) -> None:
+        kept = f"; what it measured is kept on {kept_on} (earlier_attempt)" if kept_on else ""
+        self.say(
+            Text(
+                f"trial {number:>3} was failed as stale by another process while this one "
+                f"trained it (its heartbeat came late) and was queued again; stopped it{kept}",
+                style="yellow",
+            )
+        )
+        with self.lock:
+            self.shown.add(number)  # its line is this one
+        self.status = Text("")
+        self._render()
+
+    def mark_shown(self, trials: list[FrozenTrial]) -> None:
+        """Finished ``trials`` not to show (an earlier run's)."""
+        with self.lock:
+            self.shown.update(t.number for t in trials if t.state.is_finished())
+
+    def show_finished(self, trials: list[FrozenTrial]) -> None:
+        """Show the finished ``trials`` of other workers not shown yet, leaving this process's
+        status line as it is."""
+        for trial in trials:
+            if trial.state.is_finished() and trial.number not in self.own:
+                with self.lock:
+                    if trial.number not in self.shown:
+                        self.shown.add(trial.number)
+                        self._trial_line(trial, own=False)
+
+    def say(self, line: Text) -> None:
+        """A line of its own above the progress bar."""
+        with self.lock:
+            self.live.console.print(line)
+
     def trial_finished(self, trial: FrozenTrial) -> None:
+        with self.lock:
+            if trial.number in self.shown:
+                return
+            self.shown.add(trial.number)
+            self._trial_line(trial)
+
+    def _trial_line(self, trial: FrozenTrial, own: bool = True) -> None:
         record = studies.TrialRecord.of(trial)
         line = Text(f"trial {trial.number:>3} ")
+        if record.worker:  # a --workers / --gpus run: which worker trained it
+            line = Text(f"w{record.worker.split('/')[0]} trial {trial.number:>3} ")
         flags = Text()  # infeasible, interference: with the knobs when the line has no room
         if trial.state == TrialState.COMPLETE:
             feasible = studies.is_feasible(trial)
@@ -176,7 +224,8 @@ class LiveObserver(studies.StudyObserver):
         if trial.state in studies.COUNTED_STATES:
             self.progress.advance(self.task)
         self.progress.update(self.task, best=self._best_text())
-        self.status = Text("")
+        if own:  # this process's trial ended: its status line with it
+            self.status = Text("")
         self._render()
 
 

@@ -24,7 +24,8 @@ from autotune.export._api import (
     select_trial,
     study_spec,
 )
-from autotune.export._script import FORMATS, SCRIPT_KNOBS, render, render_script
+from autotune.export._formats import FORMATS, render
+from autotune.export._script import SCRIPT_KNOBS, render_script
 
 __all__ = [
     "FORMATS",

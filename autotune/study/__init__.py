@@ -6,11 +6,14 @@ One subpackage, one concern per private module, everything public re-exported he
 - ``_records``: what a trial and a study record (``TrialRecord``, ``StudyRecord``);
 - ``_queries``: what every other module asks of a study's trials (``feasible_trials``,
   ``best_trial``, ``trial_config``), read through those records;
-- ``_storage``: Optuna RDB storages (SQLite in WAL mode, PostgreSQL), the heartbeat of running
-  trials and the recovery of stale ones;
+- ``_storage``: Optuna RDB storages (SQLite in WAL mode, PostgreSQL), opened as asked;
+- ``_liveness``: the heartbeat of running trials, the recovery of stale ones, and the study's
+  lock under which a process counts and starts trials;
 - ``_sampling``: the per-trial seeded sampler and the pruners;
 - ``_open``: creating, resuming (with the guard that refuses to mix two searches) and loading;
-- ``_run``: the run loop over trials, memory walls, and the observer the display implements;
+- ``_trial``: one trial's life (sampled, trained, scored, told), memory walls, and the
+  observer the display implements;
+- ``_run``: the run loop over the stages and the trials, under the study's lock;
 - ``_speed_plan``, ``_speed_store``, ``_speed``: stage 1 of a two-stage study, what it
   measures, the speed study that records and caches it, and the stage that runs it;
 - ``_confirm``: the confirmation round that re-measures the leaders and the baseline side by
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
         confirm_study,
         confirmation_plan,
     )
+    from autotune.study._liveness import heartbeat, recover_stale_trials, study_lock
     from autotune.study._open import load_study, open_study, with_study_strategy
     from autotune.study._queries import (
         COUNTED_STATES,
@@ -46,14 +50,7 @@ if TYPE_CHECKING:
         StudyRecord,
         TrialRecord,
     )
-    from autotune.study._run import (
-        MemoryWalls,
-        RunOutcome,
-        StudyObserver,
-        Terminated,
-        TrialRunner,
-        run_study,
-    )
+    from autotune.study._run import RunOutcome, run_study
     from autotune.study._sampling import TrialSeededSampler, make_pruner, make_sampler
     from autotune.study._speed import run_speed_stage
     from autotune.study._speed_store import SpeedEvent, SpeedRecord, speed_study_name
@@ -61,13 +58,12 @@ if TYPE_CHECKING:
         Access,
         StudyError,
         display_url,
-        heartbeat,
         open_storage,
         password_note,
-        recover_stale_trials,
         sqlite_path,
         storage_problem,
     )
+    from autotune.study._trial import MemoryWalls, StudyObserver, Terminated, TrialRunner
 
 # Imported on first use: a reader of finished studies (autotune best, studies, export) never
 # loads _run and _confirm, which import the trainer and torch.
@@ -98,11 +94,11 @@ _MODULES = {
     "knob_origin": "_queries",
     "trial_knob_origin": "_queries",
     "trial_config": "_queries",
-    "MemoryWalls": "_run",
+    "MemoryWalls": "_trial",
     "RunOutcome": "_run",
-    "StudyObserver": "_run",
-    "Terminated": "_run",
-    "TrialRunner": "_run",
+    "StudyObserver": "_trial",
+    "Terminated": "_trial",
+    "TrialRunner": "_trial",
     "run_study": "_run",
     "TrialSeededSampler": "_sampling",
     "make_pruner": "_sampling",
@@ -110,10 +106,11 @@ _MODULES = {
     "Access": "_storage",
     "StudyError": "_storage",
     "display_url": "_storage",
-    "heartbeat": "_storage",
+    "heartbeat": "_liveness",
     "open_storage": "_storage",
     "password_note": "_storage",
-    "recover_stale_trials": "_storage",
+    "recover_stale_trials": "_liveness",
+    "study_lock": "_liveness",
     "sqlite_path": "_storage",
     "storage_problem": "_storage",
 }
@@ -171,6 +168,7 @@ __all__ = [
     "speed_study_name",
     "sqlite_path",
     "storage_problem",
+    "study_lock",
     "trial_config",
     "trial_knob_origin",
     "with_study_strategy",

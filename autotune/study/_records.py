@@ -46,6 +46,7 @@ class TrialRecord:
     # -- when it starts
     config: TrialConfig | None = None  # the full configuration it trains with
     baseline: bool = False  # the untuned baseline (enqueued with the study)
+    worker: str | None = None  # "2/4": the worker of a --workers / --gpus run that trained it
     # -- what it measured (see autotune.results.TrialResult for the meanings)
     score: float | None = _metric()  # the validation score (objective.score) at its end
     charged_seconds: float | None = _metric()  # what the objective charged (see objective)
@@ -78,6 +79,9 @@ class TrialRecord:
     flops_per_sample: float | None = None
     gpu_memory_used_bytes: float | None = None  # NVML
     wall_seconds: float | None = None  # the whole trial as the study process saw it
+    # a retry of a trial failed as stale while its process still trained it: what that
+    # process measured before it noticed (trial, score, epochs, train_seconds, samples/s)
+    earlier_attempt: dict[str, Any] | None = None
     # -- how it ended
     feasible: bool | None = None  # COMPLETE trials: whether every constraint holds
     infeasible_reason: str | None = None

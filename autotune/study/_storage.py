@@ -1,17 +1,15 @@
-"""Where studies live: Optuna RDB storages (SQLite, PostgreSQL) and the trials' heartbeat."""
+"""Where studies live: Optuna RDB storages (SQLite, PostgreSQL), opened as asked, with every
+fault they raise said in one line (see ``_liveness`` for the processes that share them)."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import errno
 import os
 import re
 import sqlite3
-import threading
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
@@ -23,17 +21,14 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial
 
 from autotune.errors import UserError
-from autotune.faults import FaultKind
 from autotune.study._records import TrialRecord
 
 __all__ = [
     "Access",
     "StudyError",
     "display_url",
-    "heartbeat",
     "open_storage",
     "password_note",
-    "recover_stale_trials",
     "sqlite_path",
     "storage_problem",
 ]
@@ -287,70 +282,3 @@ def _open_error(shown: str, err: BaseException) -> str:
     problem = storage_problem(err)
     detail = problem or f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     return f"cannot open storage {shown}: {detail}"
-
-
-def _heartbeat_interval(storage: optuna.storages.BaseStorage) -> int | None:
-    """The storage's heartbeat interval in seconds; None when it keeps no heartbeat.
-
-    Studies hold their RDB storage wrapped in a cache; both speak Optuna's heartbeat interface.
-    """
-    interval = getattr(storage, "get_heartbeat_interval", None)
-    return interval() if interval is not None else None
-
-
-@contextlib.contextmanager
-def heartbeat(study: optuna.Study, trial_id: int) -> Iterator[None]:
-    """Record the trial's heartbeat every interval while it runs (RDB storages with heartbeat).
-
-    A study process that dies (SIGKILL, power loss) stops beating; the next ``autotune run``
-    finds the trial stale, records it as interrupted and queues its parameters once more.
-    """
-    storage = study._storage
-    interval = _heartbeat_interval(storage)
-    if interval is None:
-        yield
-        return
-    stop = threading.Event()
-
-    def beat() -> None:
-        while True:
-            with contextlib.suppress(Exception):  # a missed beat is not worth a crash
-                # RDB storages and their cache beat; BaseStorage does not declare it
-                storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
-            if stop.wait(interval):
-                return
-
-    thread = threading.Thread(target=beat, name="autotune-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
-def recover_stale_trials(study: optuna.Study) -> int:
-    """Fail trials whose study process stopped beating, as ``interrupted``; return how many.
-
-    Their parameters are queued once more (RetryHeartbeatStaleTrialCallback in the storage).
-    """
-    storage = study._storage
-    if _heartbeat_interval(storage) is None:
-        return 0
-    # the heartbeat interface's own query (underscored in Optuna, but the one
-    # fail_stale_trials uses): these are the trials it is about to fail
-    stale = storage._get_stale_trial_ids(study._study_id)  # type: ignore[attr-defined]  # as above
-    for trial_id in stale:
-        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-            record = TrialRecord(
-                fail_kind=FaultKind.INTERRUPTED,
-                fail_msg="its study process stopped without recording it (killed or lost); "
-                "its parameters were queued again",
-            )
-            for key, value in record.to_attrs().items():
-                storage.set_trial_user_attr(trial_id, key, value)
-    if stale:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ExperimentalWarning)
-            optuna.storages.fail_stale_trials(study)
-    return len(stale)

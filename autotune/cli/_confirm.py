@@ -1,0 +1,149 @@
+"""``confirm``: the confirmation round of a study, run (or resumed) on its own; and what both
+training commands share: running a round, and a storage fault said in one line. The command is
+registered by ``_train`` after ``run``, in the order --help lists them."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from autotune.cli._common import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    console,
+    fail,
+    quiet_libraries,
+    raise_terminated,
+    storage_option,
+)
+from autotune.errors import UserError
+from autotune.spec import DEFAULT_STORAGE
+
+__all__ = ["confirm", "confirm_round", "storage_failure"]
+
+
+def storage_failure(err: Exception, storage: str, code: int = EXIT_USAGE) -> typer.Exit:
+    """A storage fault (a full disk, a read-only or damaged database) as one line and exit
+    ``code``; anything else is a bug and is raised again with its traceback."""
+    from autotune import study as studies
+
+    problem = studies.storage_problem(err)
+    if problem is None:
+        raise err
+    return fail(f"cannot write the study to {studies.display_url(storage)}: {problem}", code)
+
+
+def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) -> bool:
+    """Run (or resume) the confirmation round, a line per run; whether one exists now."""
+    from autotune import display
+    from autotune import study as studies
+
+    plan = studies.confirmation_plan(study, top, repeats, spec.objective.score_higher_is_better)
+    if plan is None:
+        return False
+    todo = plan.runs_left()  # runs measured again count once: never "-8 runs"
+    if todo:
+        console.print(
+            f"Confirming the {len(plan.candidates) - (plan.baseline is not None)} best "
+            f"configurations and the untuned baseline: {todo} runs, interleaved."
+        )
+    studies.confirm_study(
+        study,
+        spec.objective,
+        executor,
+        top,
+        repeats,
+        on_run=display.confirmation_progress(console, spec),
+    )
+    return True
+
+
+def confirm(
+    study_name: Annotated[str, typer.Option("--study", help="Study name.")],
+    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
+    top: Annotated[
+        int | None,
+        typer.Option(min=1, help="Confirm this many leaders. Default: study.confirm.top."),
+    ] = None,
+    repeats: Annotated[
+        int | None,
+        typer.Option(min=1, help="More runs of each. Default: study.confirm.repeats."),
+    ] = None,
+    isolation: Annotated[
+        str | None, typer.Option(help="worker or none. Default: study.isolation.")
+    ] = None,
+) -> None:
+    """Re-measure a study's leaders and its untuned baseline side by side, and name the answer.
+
+    Runs (or resumes) the confirmation round; with other --top/--repeats, a new one. It trains,
+    so it imports the workload's model and data functions named in the study's space file.
+    """
+    from autotune import display, export
+    from autotune import study as studies
+    from autotune.executor import InProcessExecutor, WorkerError
+    from autotune.hardware import detect
+    from autotune.worker import WorkerExecutor
+    from autotune.workloads import load as load_workload
+
+    quiet_libraries(verbose=False)
+    try:
+        found = studies.load_study(study_name, storage, "write")
+        spec = export.study_spec(found)
+        if spec is None:
+            raise studies.StudyError(
+                f"study '{study_name}' holds no readable space file: it cannot train again"
+            )
+        record = studies.StudyRecord.of(found)
+        base_dir = Path(record.space_file_dir) if record.space_file_dir else None
+        hardware = detect(spec.workload.device)
+        isolation = isolation or spec.study.isolation
+        executor = (
+            WorkerExecutor(
+                spec.workload, base_dir, spec.study.trial_timeout, score=spec.objective.score
+            )
+            if isolation == "worker"
+            else InProcessExecutor(load_workload(spec.workload, base_dir, spec.objective.score))
+        )
+    except UserError as err:
+        raise fail(str(err).splitlines(), EXIT_FAILED) from None
+    if record.created_on and record.created_on != hardware.device_name:
+        console.print(
+            f"[yellow]warning:[/] this study was created on {escape(record.created_on)}; the "
+            f"runs on {escape(hardware.device_name)} will be compared with its trials"
+        )
+    previous_handler = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        confirmed = confirm_round(
+            found,
+            spec,
+            executor,
+            top or spec.study.confirm.top,
+            repeats or spec.study.confirm.repeats,
+        )
+    except WorkerError as err:
+        raise fail(str(err), EXIT_FAILED) from None
+    except Exception as err:  # the disk filled up, the database became read-only, ...
+        raise storage_failure(err, storage, EXIT_FAILED) from None
+    except KeyboardInterrupt as stop:
+        terminated = isinstance(stop, studies.Terminated)
+        console.print(
+            "[yellow]Interrupted.[/] The finished runs are saved; run the same command to resume."
+        )
+        raise typer.Exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+        executor.close()
+    if not confirmed:
+        raise fail(f"study '{study_name}' has no feasible trial to confirm", EXIT_FAILED)
+    display.print_confirmation(console, found, spec)
+    from autotune import notes
+
+    with contextlib.suppress(Exception):  # the note is a convenience; the answer is stored
+        notes.write_note(found, storage)

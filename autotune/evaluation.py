@@ -1,0 +1,87 @@
+"""A trained model judged on the validation split, as the study's score asks: a built-in score
+(accuracy, top-5 accuracy, validation loss, perplexity; see ``workloads.scoring``) summed on the
+device with one synchronization at the end, or the user's score function called on the eager
+model in eval mode. Evaluation time is not training time: the runner stops its clock first."""
+
+from __future__ import annotations
+
+import math
+import traceback
+
+import torch
+from torch.utils.data import DataLoader
+
+from autotune.faults import FaultKind, TrialFault, classify
+from autotune.pipeline import DeviceBatches
+from autotune.trainer import Trainer
+from autotune.workloads import Workload, user_frame
+from autotune.workloads.batches import call_model
+from autotune.workloads.scoring import (
+    IGNORE_INDEX,
+    TOP_K,
+    builtin_score,
+    classification_sums,
+    logits_of,
+    score_value,
+)
+
+__all__ = ["evaluate"]
+
+
+@torch.no_grad()
+def evaluate(
+    trainer: Trainer, loader: DataLoader | DeviceBatches, workload: Workload
+) -> tuple[float, float | None]:
+    """(score, mean cross-entropy per scored target element, or None under the user's score) of
+    the eager model on ``loader``; one sync at the end."""
+    model = trainer.model
+    model.eval()
+    try:
+        if workload.score_fn is not None:
+            return _user_score(trainer, loader, workload), None
+        return _builtin_score(trainer, loader, workload)
+    finally:
+        model.train()
+
+
+def _builtin_score(
+    trainer: Trainer, loader: DataLoader | DeviceBatches, workload: Workload
+) -> tuple[float, float]:
+    top_k = TOP_K if workload.score == "top5" else 1
+    sums = torch.zeros(3, dtype=torch.float64, device=trainer.device)
+    for batch in loader:
+        inputs, targets = trainer.to_device(*workload.layout.split(batch))
+        with trainer.autocast():
+            logits = logits_of(call_model(trainer.model, inputs))
+            if workload.classes_last:  # [batch, *d, classes]: classes to dimension 1
+                logits = logits.movedim(-1, 1)
+        sums += torch.stack(classification_sums(logits, targets, top_k)).double()
+    right, loss_sum, scored = sums.tolist()
+    if scored == 0:
+        raise TrialFault(
+            FaultKind.ERROR,
+            f"every validation target is {IGNORE_INDEX} (ignored): nothing to score",
+        )
+    score = builtin_score(workload.score, right, loss_sum, scored)
+    if not math.isfinite(score):  # val_loss or perplexity of a model gone NaN
+        raise TrialFault(FaultKind.NONFINITE_LOSS, f"the validation {workload.score} is {score}")
+    return score, loss_sum / scored
+
+
+def _user_score(trainer: Trainer, loader: DataLoader | DeviceBatches, workload: Workload) -> float:
+    assert workload.score_fn is not None
+    try:
+        with trainer.autocast():
+            value = workload.score_fn(trainer.model, loader, trainer.device)
+    except Exception as error:
+        if classify(error)[0] != FaultKind.ERROR:
+            raise  # out of memory, a DataLoader worker that died, ...: that fault, as it is
+        raise TrialFault(
+            FaultKind.ERROR,
+            f"score '{workload.score}' raised {type(error).__name__}: {error}{user_frame(error)}",
+            traceback.format_exc()[-4000:],
+        ) from None
+    try:
+        return score_value(value, workload.score)
+    except ValueError as error:
+        raise TrialFault(FaultKind.ERROR, str(error)) from None

@@ -1,0 +1,299 @@
+"""One study on several workers of one machine: a share of the cores (and a GPU) each.
+
+``autotune run --workers N`` (CPU) or ``--gpus all|0,2,3`` splits the cores this process may use
+into N equal, contiguous shares, one per worker (equal: trials of different workers are compared
+with each other; cores left over stay idle), and gives worker k the k-th GPU listed. Every
+worker is an ``autotune run`` process of its own on the same study (Optuna's way of running a
+study in parallel, and the one many machines use too): worker 0 is the command the user started,
+which runs stage 1, shows the study, waits for the others and confirms; workers 1..N-1 are
+started by it once stage 1 is measured. A worker is pinned to its cores (``sched_setaffinity``:
+its DataLoader processes inherit them, so trials never oversubscribe the host) and sees its GPU
+as ``cuda:0`` (``CUDA_VISIBLE_DEVICES``). Each writes its own log; worker 0 shows every worker's
+trials as the study records them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.errors import UserError
+
+__all__ = [
+    "WORKER_CORES_ENV",
+    "WORKER_PARENT_ENV",
+    "WORKER_STORAGE_ENV",
+    "ScaleOutError",
+    "WorkerShare",
+    "Workers",
+    "apply_share",
+    "plan_shares",
+    "stop_with_parent",
+    "unused_cores",
+]
+
+WORKER_ENV = "AUTOTUNE_WORKER"  # "k/N" in a worker started by worker 0 (for its log's header)
+# the storage URL a worker joins, passed in its environment: a password stays out of `ps`
+WORKER_STORAGE_ENV = "AUTOTUNE_WORKER_STORAGE"
+# the cores the shares were made of: a worker starts pinned to worker 0's share and widens
+WORKER_CORES_ENV = "AUTOTUNE_WORKER_CORES"
+WORKER_PARENT_ENV = (
+    "AUTOTUNE_WORKER_PARENT"  # worker 0's pid: a worker started after it died stops
+)
+
+
+class ScaleOutError(UserError):
+    """A --workers or --gpus request this machine cannot meet (a user error)."""
+
+
+@dataclass(frozen=True)
+class WorkerShare:
+    """What worker ``index`` of ``count`` may use."""
+
+    index: int  # 0 is the command the user started
+    count: int
+    cores: tuple[int, ...]  # CPU cores it is pinned to
+    gpu: str | None  # the GPU it sees as cuda:0 (an index or UUID), None on the CPU
+
+    def describe(self) -> str:
+        """``worker 2 of 4: cores 4-5, GPU 2``."""
+        cores = _ranges(self.cores)
+        gpu = f", GPU {self.gpu}" if self.gpu is not None else ""
+        size = _plural(len(self.cores), "core")
+        return f"worker {self.index + 1} of {self.count}: {size} {cores}{gpu}"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _ranges(cores: tuple[int, ...]) -> str:
+    """``0-3,8`` for cores 0, 1, 2, 3 and 8."""
+    parts: list[str] = []
+    start = previous = cores[0]
+    for core in (*cores[1:], None):
+        if core is not None and core == previous + 1:
+            previous = core
+            continue
+        parts.append(str(start) if start == previous else f"{start}-{previous}")
+        if core is not None:
+            start = previous = core
+    return ",".join(parts)
+
+
+def _available_cores() -> tuple[int, ...]:
+    given = os.environ.get(WORKER_CORES_ENV)
+    if given:  # a worker started by worker 0: the cores worker 0 divided
+        return tuple(sorted(int(core) for core in given.split(",")))
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux: every core, unpinned
+        return tuple(range(os.cpu_count() or 1))
+
+
+def _gpus(spec: str) -> list[str]:
+    """The GPUs ``spec`` names: ``all`` (every visible one) or a comma-separated list."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if spec == "all":
+        if visible is not None:
+            found = [g.strip() for g in visible.split(",") if g.strip()]
+        else:
+            import torch  # only asked for when GPUs are
+
+            found = [str(i) for i in range(torch.cuda.device_count())]
+        if not found:
+            raise ScaleOutError("--gpus all: this machine has no CUDA GPU autotune can see")
+        return found
+    wanted = [g.strip() for g in spec.split(",") if g.strip()]
+    if not wanted:
+        raise ScaleOutError(f"--gpus {spec!r}: give 'all' or GPU indices such as 0,2,3")
+    if len(set(wanted)) != len(wanted):
+        raise ScaleOutError(f"--gpus {spec}: names a GPU twice")
+    if visible is None:
+        return wanted
+    # indices count among the GPUs this process may see (a scheduler's CUDA_VISIBLE_DEVICES)
+    allowed = [g.strip() for g in visible.split(",") if g.strip()]
+    outside = [g for g in wanted if not g.isdigit() or int(g) >= len(allowed)]
+    if outside:
+        raise ScaleOutError(
+            f"--gpus {spec}: this process sees {len(allowed)} GPU(s) (CUDA_VISIBLE_DEVICES="
+            f"{visible}); give indices from 0 to {len(allowed) - 1}"
+        )
+    return [allowed[int(g)] for g in wanted]
+
+
+def plan_shares(workers: int | None, gpus: str | None) -> list[WorkerShare]:
+    """One share per worker: ``workers`` CPU workers, or one per GPU of ``gpus``; the cores this
+    process may use divided among them in contiguous blocks. ScaleOutError when they cannot
+    be (more workers than cores, --workers and --gpus that disagree)."""
+    devices = _gpus(gpus) if gpus is not None else []
+    if devices and workers is not None and workers != len(devices):
+        raise ScaleOutError(
+            f"--workers {workers} and --gpus {gpus} disagree: a GPU study runs one worker per "
+            f"GPU ({len(devices)}); leave --workers out"
+        )
+    count = len(devices) or workers or 1
+    cores = _available_cores()
+    if count > len(cores):
+        raise ScaleOutError(
+            f"{count} workers need a core each at least; this process may use "
+            f"{_plural(len(cores), 'core')} ({_ranges(cores)})"
+        )
+    per = len(cores) // count  # equal shares: trials of different workers compare
+    return [
+        WorkerShare(
+            index,
+            count,
+            cores[index * per : (index + 1) * per],
+            devices[index] if devices else None,
+        )
+        for index in range(count)
+    ]
+
+
+def unused_cores(shares: list[WorkerShare]) -> tuple[int, ...]:
+    """The cores no share got (the shares are equal; the rest stays idle)."""
+    used = {core for share in shares for core in share.cores}
+    return tuple(core for core in _available_cores() if core not in used)
+
+
+def apply_share(share: WorkerShare) -> None:
+    """Pin this process to ``share``: its cores (which the processes it starts inherit) and its
+    GPU, seen as cuda:0. Call before torch initialises CUDA."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, share.cores)
+    if share.gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = share.gpu
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def stop_with_parent() -> bool:
+    """Ask Linux to send this worker SIGINT when worker 0 dies (even by SIGKILL): it records
+    its running trial as interrupted and stops, as at a Ctrl-C. False when worker 0 is gone
+    already (it died before this worker could ask): the worker should not run at all."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGINT)
+    parent = os.environ.pop(WORKER_PARENT_ENV, None)
+    return parent is None or os.getppid() == int(parent)
+
+
+@dataclass
+class _Started:
+    share: WorkerShare
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
+class Workers:
+    """The workers 1..N-1 that worker 0 starts: ``autotune run`` processes, each with its share
+    and a log file of its own."""
+
+    def __init__(self, log_dir: Path, cores: tuple[int, ...]) -> None:
+        self.log_dir = log_dir
+        self.cores = cores  # those the shares were made of
+        self.started: list[_Started] = []
+        self.reported: set[int] = set()  # workers whose exit was said
+        self.interrupted = False  # SIGINT was passed on to them (once: a second cuts short)
+        self._lock = threading.Lock()  # exited() is asked from worker 0's display thread too
+
+    def start(
+        self, shares: list[WorkerShare], arguments: list[str], environment: dict[str, str]
+    ) -> None:
+        """Start a worker per share: ``autotune run ARGUMENTS --as-worker K`` with
+        ``environment`` added to theirs (not to this process's). If one cannot be started, the
+        ones already started are stopped before the error is raised."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for share in shares:
+                self._start_one(share, arguments, environment)
+        except BaseException:
+            self.interrupt()
+            self.wait(60)
+            raise
+
+    def _start_one(
+        self, share: WorkerShare, arguments: list[str], environment: dict[str, str]
+    ) -> None:
+        log = self.log_dir / f"worker-{share.index + 1}.log"
+        command = [
+            sys.executable,
+            "-m",
+            "autotune",
+            "run",
+            *arguments,
+            "--as-worker",
+            str(share.index),
+        ]
+        full = {
+            **os.environ,
+            **environment,
+            WORKER_ENV: f"{share.index + 1}/{share.count}",
+            WORKER_CORES_ENV: ",".join(str(core) for core in self.cores),
+            WORKER_PARENT_ENV: str(os.getpid()),
+        }
+        with open(log, "wb") as output:
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                env=full,
+                # a session of its own: a Ctrl-C at the terminal reaches worker 0 alone,
+                # which passes it on once (two would cut a worker's recording short)
+                start_new_session=True,
+            )
+        self.started.append(_Started(share, process, log))
+
+    def exited(self) -> list[tuple[WorkerShare, int, Path]]:
+        """Workers that ended since last asked: (share, exit code, log)."""
+        ended = []
+        with self._lock:
+            for started in self.started:
+                code = started.process.poll()
+                if code is not None and started.share.index not in self.reported:
+                    self.reported.add(started.share.index)
+                    ended.append((started.share, code, started.log))
+        return ended
+
+    def running(self) -> int:
+        """Workers still running."""
+        return sum(1 for started in self.started if started.process.poll() is None)
+
+    def interrupt(self) -> None:
+        """Stop every worker still running as Ctrl-C stops one (SIGINT: its running trial is
+        recorded as interrupted); once, however often asked."""
+        if self.interrupted:
+            return
+        self.interrupted = True
+        for started in self.started:
+            if started.process.poll() is None:
+                started.process.send_signal(signal.SIGINT)
+
+    def wait(self, timeout: float) -> None:
+        """Wait, ``timeout`` seconds in all, for every worker to end; then interrupt those still
+        running, and kill them a minute later."""
+        deadline = time.monotonic() + timeout
+        for started in self.started:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                started.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        if all(started.process.poll() is not None for started in self.started):
+            return
+        self.interrupt()
+        deadline = time.monotonic() + 60
+        for started in self.started:
+            try:
+                started.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                started.process.kill()
+                started.process.wait()

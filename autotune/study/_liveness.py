@@ -1,0 +1,174 @@
+"""How processes that share a study stay out of each other's way: the running trials'
+heartbeat (through a connection of its own), the recovery of trials whose process stopped
+beating, and the study's lock under which a process counts the trials and starts one."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import optuna
+import sqlalchemy
+from optuna.exceptions import ExperimentalWarning
+
+from autotune.faults import FaultKind
+from autotune.study._records import TrialRecord
+from autotune.study._storage import sqlite_path
+
+__all__ = ["heartbeat", "recover_stale_trials", "study_lock"]
+
+
+def _heartbeat_interval(storage: optuna.storages.BaseStorage) -> int | None:
+    """The storage's heartbeat interval in seconds; None when it keeps no heartbeat.
+
+    Studies hold their RDB storage wrapped in a cache; both speak Optuna's heartbeat interface.
+    """
+    interval = getattr(storage, "get_heartbeat_interval", None)
+    return interval() if interval is not None else None
+
+
+@contextlib.contextmanager
+def heartbeat(study: optuna.Study, trial_id: int) -> Iterator[None]:
+    """Record the trial's heartbeat every interval while it runs (RDB storages with heartbeat).
+
+    A study process that dies (SIGKILL, power loss) stops beating; the next ``autotune run``
+    finds the trial stale, records it as interrupted and queues its parameters once more.
+    """
+    interval = _heartbeat_interval(study._storage)
+    if interval is None:
+        yield
+        return
+    storage = _beat_storage(study._storage, interval)
+    stop = threading.Event()
+
+    def beat() -> None:
+        started = time.monotonic()
+        for count in itertools.count(1):
+            with contextlib.suppress(Exception):  # a missed beat is not worth a crash
+                storage.record_heartbeat(trial_id)
+            # on a fixed clock: a beat that waited does not push the next one later
+            if stop.wait(max(0.0, started + count * interval - time.monotonic())):
+                return
+
+    thread = threading.Thread(target=beat, name="autotune-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+@contextlib.contextmanager
+def study_lock(study: optuna.Study) -> Iterator[None]:
+    """Hold the study's lock against every other process on its storage: while held, no other
+    ``autotune run`` counts the study's trials or starts one (so ``n_trials`` is never exceeded
+    by processes that count at the same moment). SQLite: an exclusive lock on a file beside the
+    database (its processes share a machine); PostgreSQL: an advisory lock on a connection of
+    its own; other storages: none."""
+    backend: Any = getattr(study._storage, "_backend", study._storage)
+    url = getattr(backend, "url", None)
+    path = sqlite_path(url) if isinstance(url, str) else None
+    if path is not None:
+        import fcntl
+
+        try:
+            handle = open(path.with_name(path.name + ".lock"), "a")  # noqa: SIM115
+        except OSError:  # a full or read-only disk: the study's own write says so next
+            yield
+            return
+        with handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+        return
+    if isinstance(url, str) and url.startswith("postgresql"):
+        key = {"key": f"autotune:{study.study_name}"}
+        with backend.engine.connect() as connection:
+            connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(hashtext(:key))"), key)
+            try:
+                yield
+            finally:
+                connection.execute(
+                    sqlalchemy.text("SELECT pg_advisory_unlock(hashtext(:key))"), key
+                )
+        return
+    yield
+
+
+_BEAT_STORAGES: dict[str, optuna.storages.RDBStorage] = {}
+
+
+def _beat_storage(storage: optuna.storages.BaseStorage, interval: int) -> Any:
+    """The storage the heartbeat writes through: one of its own (its own engine, so its own
+    connections) whose writes give up after half an interval.
+
+    The rule: a trial is stale after three intervals without a beat (the grace period). A beat
+    that waited behind the study's own writes (SQLite's busy timeout is a minute) could land
+    after that although its process is alive. Beats are due on a fixed clock, one an interval,
+    and each gives up after half an interval, so a live process is judged stale only when the
+    database refused every beat due in three intervals. Falls back to ``storage`` where none
+    can be made.
+    """
+    backend = getattr(storage, "_backend", storage)  # the study's cache wraps the RDB storage
+    url = getattr(backend, "url", None)
+    if not isinstance(backend, optuna.storages.RDBStorage) or not isinstance(url, str):
+        return storage
+    if url not in _BEAT_STORAGES:
+        if url.startswith("sqlite"):
+            connect_args: dict[str, Any] = {"timeout": interval / 2}
+        elif url.startswith("postgresql"):
+            milliseconds = interval * 500
+            connect_args = {
+                "options": f"-c lock_timeout={milliseconds} -c statement_timeout={milliseconds}"
+            }
+        else:
+            connect_args = {}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeat_interval
+                _BEAT_STORAGES[url] = optuna.storages.RDBStorage(
+                    url,
+                    engine_kwargs={"connect_args": connect_args},
+                    skip_compatibility_check=True,
+                    skip_table_creation=True,
+                    heartbeat_interval=interval,
+                    grace_period=3 * interval,
+                )
+        except Exception:  # the study's own storage beats then, as before
+            return storage
+    return _BEAT_STORAGES[url]
+
+
+def recover_stale_trials(study: optuna.Study) -> int:
+    """Fail trials whose study process stopped beating, as ``interrupted``; return how many.
+
+    Their parameters are queued once more (RetryHeartbeatStaleTrialCallback in the storage).
+    """
+    storage = study._storage
+    if _heartbeat_interval(storage) is None:
+        return 0
+    # the heartbeat interface's own query (underscored in Optuna, but the one
+    # fail_stale_trials uses): these are the trials it is about to fail
+    stale = storage._get_stale_trial_ids(study._study_id)  # type: ignore[attr-defined]  # as above
+    for trial_id in stale:
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+            record = TrialRecord(
+                fail_kind=FaultKind.INTERRUPTED,
+                fail_msg="its study process stopped without recording it (killed or lost); "
+                "its parameters were queued again",
+            )
+            for key, value in record.to_attrs().items():
+                storage.set_trial_user_attr(trial_id, key, value)
+    if stale:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+    return len(stale)

@@ -1,0 +1,334 @@
+"""One trial of the study: its configuration sampled, trained through an executor under a
+heartbeat, scored, and told to Optuna with how it ended.
+
+Every trial that does not complete is recorded with its fault kind (``autotune.faults``);
+configuration faults are PRUNED with a violated constraint so that the sampler learns from them,
+and a configuration at or above a memory wall is not trained again. A trial another process
+failed as stale while this one trained it is stopped and its measurements kept (``TakenOver``).
+``StudyObserver`` is what the display hears of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune import faults, objective, space
+from autotune.config import TrialConfig
+from autotune.executor import TrialExecutor, WorkerError
+from autotune.faults import FaultKind
+from autotune.hardware import Hardware
+from autotune.results import Evaluation, TrialResult
+from autotune.spec import Spec
+from autotune.speed import SPEED_KNOBS, SpeedTable
+from autotune.study._liveness import heartbeat
+from autotune.study._records import TrialRecord
+
+if TYPE_CHECKING:
+    from autotune.study._speed_store import SpeedEvent
+
+__all__ = ["MemoryWalls", "StudyObserver", "TakenOver", "Terminated", "TrialRunner"]
+
+# a trial further off the speed stage's prediction than this, or than the spread stage 1
+# measured where that is wider (a noisy CPU), is flagged
+SPEED_MISMATCH = 0.10
+
+
+class Terminated(KeyboardInterrupt):
+    """The study process got SIGTERM: stop like Ctrl-C, recording the running trial."""
+
+
+class TakenOver(Exception):
+    """Another process failed this process's running trial as stale (its heartbeat came late)
+    and queued it again; ``result`` is what this process measured of it, if it got that far."""
+
+    def __init__(self, result: TrialResult | None = None) -> None:
+        super().__init__("the trial was failed as stale by another process")
+        self.result = result
+
+
+class StudyObserver:
+    """Hooks for showing a study's progress; the default does nothing."""
+
+    def speed_measured(self, event: SpeedEvent) -> None:
+        """Stage 1 (two-stage studies) measured, reused or skipped one setting."""
+
+    def speed_finished(self, table: SpeedTable) -> None:
+        """Stage 1 is done: ``table`` holds the fastest settings; stage 2 starts."""
+
+    def trial_started(self, number: int, config: TrialConfig) -> None:
+        """A trial is about to train with ``config``."""
+
+    def evaluated(self, number: int, evaluation: Evaluation, value: float) -> None:
+        """A trial evaluated; ``value`` is what the pruner sees."""
+
+    def trial_finished(self, trial: FrozenTrial) -> None:
+        """A trial ended (any state); its attributes are final."""
+
+    def waiting(self, running: int) -> None:
+        """The study's last trials are running elsewhere (or are stale); this run waits."""
+
+    def taken_over(self, number: int, kept_on: str | None) -> None:
+        """Another process failed trial ``number`` as stale while this one trained it; what
+        this one measured is kept on ``kept_on`` (a trial or the study), if anything."""
+
+
+@dataclass
+class MemoryWalls:
+    """Micro-batch sizes that ran out of memory, by (precision, compile, channels_last,
+    data_pipeline): the device pipeline holds the whole training set in device memory too.
+
+    A configuration at or above a wall is not trained again: it is recorded as ``oom``
+    straight away, so the study does not pay for the same out-of-memory twice.
+    """
+
+    walls: dict[tuple[str, str, bool, str], tuple[int, int]] = field(default_factory=dict)
+
+    @staticmethod
+    def _key(config: TrialConfig) -> tuple[str, str, bool, str]:
+        return config.precision, config.compile, config.channels_last, config.data_pipeline
+
+    def add(self, config: TrialConfig, trial_number: int) -> None:
+        key = self._key(config)
+        if key not in self.walls or config.batch_size < self.walls[key][0]:
+            self.walls[key] = (config.batch_size, trial_number)
+
+    def blocks(self, config: TrialConfig) -> str | None:
+        """Why ``config`` would run out of memory, or None."""
+        wall = self.walls.get(self._key(config))
+        if wall is None or config.batch_size < wall[0]:
+            return None
+        return (
+            f"not run: batch {config.batch_size} >= {wall[0]}, which ran out of memory in trial "
+            f"{wall[1]} at {config.precision}, compile {config.compile}, "
+            f"{config.data_pipeline} pipeline"
+        )
+
+    @classmethod
+    def from_study(cls, study: optuna.Study) -> MemoryWalls:
+        walls = cls()
+        for trial in study.get_trials(deepcopy=False):
+            record = TrialRecord.of(trial)
+            if (
+                record.fail_kind == FaultKind.OOM
+                and not record.oom_skipped
+                and record.config is not None
+            ):
+                walls.add(record.config, trial.number)
+        return walls
+
+
+def _fault(
+    trial: optuna.Trial, kind: FaultKind, message: str, traceback_text: str | None = None
+) -> TrialState:
+    """Record a fault on the trial; the state it ends in."""
+    TrialRecord(fail_kind=kind, fail_msg=message, fail_traceback=traceback_text).store(trial)
+    if kind.is_configuration_fault:
+        trial.set_constraint("fault", 1.0)  # the sampler learns from PRUNED + infeasible
+        return TrialState.PRUNED
+    return TrialState.FAIL
+
+
+@dataclass
+class TrialRunner:
+    """One trial being run: what the loop needs to run it and say how it ended."""
+
+    spec: Spec
+    hardware: Hardware
+    executor: TrialExecutor
+    observer: StudyObserver
+    walls: MemoryWalls
+    speed: SpeedTable | None = None  # two-stage: the execution knobs come from here
+    taken_over: bool = False  # the last trial run was failed as stale by another process
+    worker: str | None = None  # "2/4": this process's place among --workers, if any
+
+    def _sample(self, trial: optuna.Trial) -> TrialConfig:
+        """The trial's configuration; a two-stage trial's execution knobs from the speed
+        stage (the untuned baseline keeps its own)."""
+        baseline = TrialRecord.from_attrs(trial.user_attrs).baseline
+        if self.speed is None or baseline:
+            return space.sample(trial, self.spec, self.hardware)
+        config = space.sample(trial, self.spec, self.hardware, self.speed)
+        declared = self.spec.study.learning_knobs
+        extras = tuple((k, getattr(config, k)) for k in SPEED_KNOBS if k in declared)
+        choice = self.speed.exact(
+            config.batch_size, config.accumulation_steps, config.precision, extras
+        )
+        assert choice is not None  # sample took it from the table
+        TrialRecord(
+            # the knobs stage 1 chose among several values (fixed ones it only kept)
+            speed_knobs=sorted(k for k in choice.knobs() if k in self.spec.space.searched()),
+            predicted_samples_per_second=choice.samples_per_second,
+            speed_trials=list(choice.speed_trials),
+            speed_tolerance=max(SPEED_MISMATCH, choice.spread),
+        ).store(trial)
+        return config
+
+    def train(self, trial: optuna.Trial) -> tuple[TrialState, float | None]:
+        """Sample, train and score ``trial``; its end state and value (None unless COMPLETE)."""
+        spec, goal = self.spec, self.spec.objective
+        try:
+            config = self._sample(trial)
+        except space.NothingFits as nothing:
+            return _fault(trial, FaultKind(nothing.kind), str(nothing)), None
+        TrialRecord(config=config, worker=self.worker).store(trial)
+        self.observer.trial_started(trial.number, config)
+        blocked = self.walls.blocks(config)
+        if blocked is not None:
+            TrialRecord(oom_skipped=True).store(trial)
+            return _fault(trial, FaultKind.OOM, blocked), None
+        pruned_at: list[Evaluation] = []
+        taken_over: list[bool] = []
+
+        def report(evaluation: Evaluation) -> bool:
+            value = objective.intermediate_value(evaluation, goal)
+            try:
+                trial.report(value, evaluation.index)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                taken_over.append(True)  # failed as stale elsewhere: stop training it
+                return True
+            self.observer.evaluated(trial.number, evaluation, value)
+            if objective.target_reached(evaluation, goal):
+                return True
+            if not evaluation.final and trial.should_prune():
+                pruned_at.append(evaluation)
+                return True
+            return False
+
+        started = time.monotonic()
+        try:
+            result = self.executor.run(config, report)
+        except (KeyboardInterrupt, WorkerError):
+            raise
+        except Exception as error:
+            if taken_over:
+                raise TakenOver() from None
+            TrialRecord(wall_seconds=time.monotonic() - started).store(trial)
+            kind, message = faults.classify(error)
+            faults.release_memory()
+            if kind == FaultKind.OOM:
+                self.walls.add(config, trial.number)
+            details = None
+            if kind == FaultKind.ERROR:
+                details = (getattr(error, "details", "") or traceback.format_exc())[-4000:]
+            return _fault(trial, kind, message, details), None
+        if taken_over:
+            raise TakenOver(result)
+        TrialRecord(wall_seconds=time.monotonic() - started).store(trial)
+
+        TrialRecord.from_result(result, config.precision).store(trial)
+        stored = TrialRecord.from_attrs(trial.user_attrs)
+        predicted, tolerance = stored.predicted_samples_per_second, stored.speed_tolerance
+        if predicted and abs(result.samples_per_second / predicted - 1) > (tolerance or 0):
+            TrialRecord(speed_mismatch=True).store(trial)  # interference, or a stale cache
+        if pruned_at:
+            at = pruned_at[0]
+            message = (
+                f"pruned at evaluation {at.index} (epoch {at.epoch:.2f}, "
+                f"{goal.score_name} {at.score:.4g}) by the {spec.study.pruner} pruner"
+            )
+            TrialRecord(fail_kind=FaultKind.PRUNED, fail_msg=message).store(trial)
+            return TrialState.PRUNED, None
+        score = objective.score(result, goal)
+        if score.constraint is not None and score.constraint_name is not None:
+            trial.set_constraint(score.constraint_name, score.constraint)
+        # optuna-dashboard 0.21 does not show Optuna 5's named constraints: say it plainly
+        TrialRecord(
+            charged_seconds=score.charged_seconds,
+            feasible=score.feasible,
+            infeasible_reason=score.reason or None,
+        ).store(trial)
+        return TrialState.COMPLETE, score.value
+
+    @staticmethod
+    def ask(study: optuna.Study) -> optuna.Trial:
+        """The next trial: a queued one (the baseline, a retry) first, else a new one."""
+        with warnings.catch_warnings():
+            # Optuna beats only inside Study.optimize; this loop beats itself (heartbeat)
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
+            return study.ask()
+
+    def run(self, study: optuna.Study, trial: optuna.Trial) -> FrozenTrial:
+        """Train an asked ``trial`` with a heartbeat, tell how it ended."""
+        self.taken_over = False
+        with heartbeat(study, trial._trial_id):
+            try:
+                state, value = self.train(trial)
+            except TakenOver as over:
+                return self._taken_over(study, trial, over.result)
+            except optuna.exceptions.UpdateFinishedTrialError:  # between two of its writes
+                return self._taken_over(study, trial, None)
+            except KeyboardInterrupt as stop:
+                how = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C (SIGINT)"
+                with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError, ValueError):
+                    TrialRecord(
+                        fail_kind=FaultKind.INTERRUPTED,
+                        fail_msg=f"the study was stopped by {how}",
+                    ).store(trial)
+                    self.observer.trial_finished(study.tell(trial, state=TrialState.FAIL))
+                raise
+            except Exception as error:
+                # a worker that cannot start (the study stops and says why), or a bug outside
+                # training: either way no trial is left RUNNING
+                message = (
+                    str(error)
+                    if isinstance(error, WorkerError)
+                    else (f"{type(error).__name__}: {error}")
+                )
+                with contextlib.suppress(Exception):
+                    _fault(trial, FaultKind.ERROR, message)
+                    study.tell(trial, state=TrialState.FAIL)
+                raise
+        try:
+            if state == TrialState.COMPLETE:
+                return study.tell(trial, value)
+            return study.tell(trial, state=state)
+        except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
+            # "Cannot tell a FAIL trial", or failed between Optuna's read and its write:
+            # another process failed it as stale a moment ago
+            if not study._storage.get_trial(trial._trial_id).state.is_finished():
+                raise
+            return self._taken_over(study, trial, None)
+
+    def _taken_over(
+        self, study: optuna.Study, trial: optuna.Trial, result: TrialResult | None
+    ) -> FrozenTrial:
+        """Trial ``trial`` was failed as stale by another process while this one trained it
+        (and queued again): keep what this process measured where a reader finds it (on the
+        retry as ``earlier_attempt``, else on the study), say so, and go on."""
+        self.taken_over = True
+        storage = study._storage
+        retried = next(
+            (
+                t
+                for t in study.get_trials(deepcopy=False)
+                if (t.system_attrs.get("retry_history") or [None])[-1] == trial.number
+            ),
+            None,
+        )
+        kept_on = None
+        if result is not None:
+            attempt = {
+                "trial": trial.number,
+                "score": result.score,
+                "epochs": result.evaluations[-1].epoch,
+                "train_seconds": result.train_seconds,
+                "samples_per_second": result.samples_per_second,
+            }
+            try:
+                if retried is None:
+                    raise optuna.exceptions.UpdateFinishedTrialError("no retry to keep it on")
+                storage.set_trial_user_attr(retried._trial_id, "earlier_attempt", attempt)
+                kept_on = f"trial {retried.number}"
+            except optuna.exceptions.UpdateFinishedTrialError:  # the retry ended already
+                study.set_user_attr(f"earlier_attempt_of_trial_{trial.number}", attempt)
+                kept_on = "the study"
+        self.observer.taken_over(trial.number, kept_on)
+        return storage.get_trial(trial._trial_id)

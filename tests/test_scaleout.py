@@ -1,0 +1,130 @@
+"""Several workers on one machine, one study: shares of the cores, trials at once, the count of
+trials kept, and a Ctrl-C that stops them all (``run --workers N``; GPUs take the same path)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.scaleout import WORKER_CORES_ENV, ScaleOutError, plan_shares, unused_cores
+from autotune.study import TrialRecord, load_study
+from autotune.testing import run_cli, start_cli, write_space
+
+CORES = len(os.sched_getaffinity(0))
+two_cores = pytest.mark.skipif(CORES < 2, reason=f"needs 2 cores for 2 workers; has {CORES}")
+
+# trials of about a second (a sample takes 2 ms to load) and nothing to search but lr: the
+# time goes to training, not to starting workers
+SLOW_SPACE = """\
+study:
+  name: shared
+  n_trials: {n_trials}
+  n_startup_trials: 2
+  pruner: none
+  seed: 0
+  confirm: false
+workload:
+  model: autotune.testing:tiny_mlp
+  data: autotune.testing:blobs
+  data_args: {{train_delay_seconds: {delay}}}
+  epochs: 2
+  device: cpu
+space:
+  lr: {{low: 1.0e-3, high: 1.0e-1, log: true}}
+  batch_size: [32]
+"""
+
+
+def test_the_cores_are_divided_into_equal_shares(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(WORKER_CORES_ENV, "0,1,2,3,4")  # the cores a worker 0 divided
+    shares = plan_shares(2, None)
+    assert [share.cores for share in shares] == [(0, 1), (2, 3)]
+    assert unused_cores(shares) == (4,)  # equal shares: trials of either worker compare
+    assert shares[1].describe() == "worker 2 of 2: 2 cores 2-3"
+    gpus = plan_shares(None, "1,3")
+    assert [(share.gpu, share.cores) for share in gpus] == [("1", (0, 1)), ("3", (2, 3))]
+    assert gpus[0].describe() == "worker 1 of 2: 2 cores 0-1, GPU 1"
+    for workers, devices, problem in [
+        (6, None, "6 workers need a core each at least; this process may use 5 cores (0-4)"),
+        (3, "0,1", "--workers 3 and --gpus 0,1 disagree"),
+        (None, "2,2", "--gpus 2,2: names a GPU twice"),
+    ]:
+        with pytest.raises(ScaleOutError, match=re.escape(problem)):
+            plan_shares(workers, devices)
+
+
+@two_cores
+@pytest.mark.slow
+def test_two_workers_train_at_once_on_their_own_cores_and_keep_the_count(tmp_path: Path):
+    write_space(tmp_path, SLOW_SPACE.format(n_trials=10, delay=0.004), name="space.yaml")
+    done = run_cli("run", "space.yaml", "--workers", "2", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "workers worker 1 of 2: 1 core 0; worker 2 of 2: 1 core 1" in done.stdout
+    study = load_study("shared", f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}")
+    counted = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
+    assert len(counted) == 10 and not study.get_trials(states=(TrialState.RUNNING,))
+    records = {t.number: TrialRecord.of(t) for t in counted}
+    assert {r.worker for r in records.values()} == {"1/2", "2/2"}
+    assert all(r.intra_op_threads == 1 for r in records.values())  # a core each: no more
+    # trained at the same time: a trial of each worker overlapping in time
+    by_worker = {w: [t for t in counted if records[t.number].worker == w] for w in ("1/2", "2/2")}
+    assert any(
+        a.datetime_start < b.datetime_complete and b.datetime_start < a.datetime_complete
+        for a in by_worker["1/2"]
+        for b in by_worker["2/2"]
+    )
+    # worker 0 shows the other worker's trials as they end; the other wrote its own log
+    assert "w2 trial" in done.stdout
+    log = (tmp_path / "studies" / "shared.workers" / "worker-2.log").read_text()
+    assert "worker 2 of 2: 1 core 1 of study shared" in log
+
+
+def _own_processes(marker: str) -> list[int]:
+    """Processes whose command line holds ``marker`` (this test's folder)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@two_cores
+@pytest.mark.slow
+def test_a_ctrl_c_stops_every_worker_and_records_their_trials(tmp_path: Path):
+    space = write_space(tmp_path, SLOW_SPACE.format(n_trials=40, delay=0.01), name="space.yaml")
+    process = start_cli("run", str(space), "--workers", "2", cwd=tmp_path)
+    url = f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
+    deadline = time.monotonic() + 240
+    running: set[str | None] = set()
+    while running != {"1/2", "2/2"} and time.monotonic() < deadline:
+        time.sleep(0.5)
+        try:
+            trials = load_study("shared", url).get_trials(states=(TrialState.RUNNING,))
+        except Exception:  # not created yet
+            continue
+        running = {TrialRecord.of(t).worker for t in trials}
+    assert running == {"1/2", "2/2"}, process.stdout.read() if process.stdout else ""
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=180)
+    assert process.returncode == 130, stdout + stderr
+    study = optuna.load_study(study_name="shared", storage=url)
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    interrupted = [
+        TrialRecord.of(t).worker
+        for t in study.get_trials(states=(TrialState.FAIL,))
+        if TrialRecord.of(t).fail_kind == "interrupted"
+    ]
+    assert sorted(interrupted) == ["1/2", "2/2"]  # each worker recorded its own
+    time.sleep(1)
+    assert _own_processes(str(tmp_path)) == []  # nothing left behind
