@@ -837,6 +837,12 @@ class Spec(_Frozen):
         """The space file's text as read."""
         return self._text
 
+    def user_entry_points(self) -> list[str]:
+        """The ``package.module:function`` entries that are the user's code: the workload's
+        (``WorkloadSpec.user_entry_points``), then the score's."""
+        score = [self.objective.score] if ":" in self.objective.score else []
+        return self.workload.user_entry_points() + score
+
     @property
     def study_name(self) -> str:
         """The study name: ``study.name``, else the space file's stem."""

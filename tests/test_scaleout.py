@@ -128,3 +128,42 @@ def test_a_ctrl_c_stops_every_worker_and_records_their_trials(tmp_path: Path):
     assert sorted(interrupted) == ["1/2", "2/2"]  # each worker recorded its own
     time.sleep(1)
     assert _own_processes(str(tmp_path)) == []  # nothing left behind
+
+
+@pytest.mark.slow
+def test_three_processes_share_a_postgresql_study_and_recover_a_killed_one(
+    postgres, tmp_path: Path
+):
+    """Many machines on one PostgreSQL study, played by three processes: the count holds under
+    the advisory lock, a process killed mid-trial is recovered, and the readers work there."""
+    text = SLOW_SPACE.format(n_trials=8, delay=0.004).replace("name: shared", "name: pg-shared")
+    text = text.replace("  seed: 0\n", "  seed: 0\n  heartbeat_interval: 1\n")
+    write_space(tmp_path, text, name="space.yaml")
+    url = postgres.url
+    processes = [start_cli("run", "space.yaml", "--storage", url, cwd=tmp_path) for _ in range(3)]
+    deadline = time.monotonic() + 240
+    running = 0
+    while running < 3 and time.monotonic() < deadline:  # each process trains one: kill one
+        time.sleep(0.2)
+        try:
+            study = optuna.load_study(study_name="pg-shared", storage=url)
+        except KeyError:
+            continue
+        running = len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+    assert running == 3
+    processes[0].kill()
+    processes[0].wait()
+    for process in processes[1:]:
+        stdout, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stdout + stderr
+    study = optuna.load_study(study_name="pg-shared", storage=url)
+    counted = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
+    assert len(counted) == 8 and not study.get_trials(states=(TrialState.RUNNING,))
+    (killed,) = study.get_trials(states=(TrialState.FAIL,))
+    assert TrialRecord.of(killed).fail_kind == "interrupted"
+    retried = [t for t in counted if t.system_attrs.get("failed_trial") == killed.number]
+    assert len(retried) == 1 and retried[0].params == killed.params
+    where = ("--study", "pg-shared", "--storage", url)
+    for command in (("best",), ("export", "-o", "train.py"), ("report", "-o", "r.html")):
+        done = run_cli(*command, *where, cwd=tmp_path)
+        assert done.returncode == 0, (command, done.stderr)

@@ -281,3 +281,5 @@ def test_the_commands_name_the_score(score_dir):
     best = run_cli("best", "--study", "regression", cwd=score_dir)
     assert best.returncode == 0, best.stderr
     assert re.search(r"validation val_mse: \d", best.stdout), best.stdout
+    # the score function is the user's code too: said with the rest
+    assert "scores:regression, scores:mse, scores:val_mse" in best.stdout

@@ -67,7 +67,7 @@ def best(
         console.print(shown, markup=False)
     console.print(display.config_table(chosen))
     spec = export.study_spec(found)
-    imported = spec.workload.user_entry_points() if spec is not None else []
+    imported = spec.user_entry_points() if spec is not None else []
     if imported:
         console.print(f"  its workload is your code: {', '.join(imported)}", markup=False)
     where = display.study_options(study_name, storage)
@@ -137,7 +137,7 @@ def export_command(
         chosen = export.select_trial(found, trial)
         result = export.best_config(found, chosen)
         spec = export.study_spec(found)
-        imported = spec.workload.user_entry_points() if spec is not None else []
+        imported = spec.user_entry_points() if spec is not None else []
         if rebuild_workload and fmt == "script" and imported:  # before it runs any of it
             notices.print(
                 f"Rebuilding the workload: importing and running {', '.join(imported)}.",
