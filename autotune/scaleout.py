@@ -29,6 +29,7 @@ from autotune.errors import UserError
 
 __all__ = [
     "WORKER_CORES_ENV",
+    "WORKER_GO_ENV",
     "WORKER_PARENT_ENV",
     "WORKER_STORAGE_ENV",
     "ScaleOutError",
@@ -38,6 +39,7 @@ __all__ = [
     "plan_shares",
     "stop_with_parent",
     "unused_cores",
+    "wait_to_go",
 ]
 
 WORKER_ENV = "AUTOTUNE_WORKER"  # "k/N" in a worker started by worker 0 (for its log's header)
@@ -45,9 +47,11 @@ WORKER_ENV = "AUTOTUNE_WORKER"  # "k/N" in a worker started by worker 0 (for its
 WORKER_STORAGE_ENV = "AUTOTUNE_WORKER_STORAGE"
 # the cores the shares were made of: a worker starts pinned to worker 0's share and widens
 WORKER_CORES_ENV = "AUTOTUNE_WORKER_CORES"
-WORKER_PARENT_ENV = (
-    "AUTOTUNE_WORKER_PARENT"  # worker 0's pid: a worker started after it died stops
-)
+# worker 0's pid: a worker started after it died does not run
+WORKER_PARENT_ENV = "AUTOTUNE_WORKER_PARENT"
+# a file worker 0 makes once stage 1 is measured: the others, started earlier so that their
+# start-up (imports, data, the check) overlaps stage 1 on their own cores, wait for it
+WORKER_GO_ENV = "AUTOTUNE_WORKER_GO"
 
 
 class ScaleOutError(UserError):
@@ -165,6 +169,19 @@ def unused_cores(shares: list[WorkerShare]) -> tuple[int, ...]:
     return tuple(core for core in _available_cores() if core not in used)
 
 
+def wait_to_go() -> float | None:
+    """In a worker started by worker 0: wait until worker 0 has measured stage 1 (a SIGINT, as
+    when worker 0 stops or dies, ends the wait with KeyboardInterrupt); the seconds worker 0
+    has left of the study's timeout, or None."""
+    go = os.environ.pop(WORKER_GO_ENV, None)
+    if go is None:
+        return None
+    while not os.path.exists(go):
+        time.sleep(0.1)
+    text = Path(go).read_text()
+    return float(text) if text else None
+
+
 def apply_share(share: WorkerShare) -> None:
     """Pin this process to ``share``: its cores (which the processes it starts inherit) and its
     GPU, seen as cuda:0. Call before torch initialises CUDA."""
@@ -205,6 +222,8 @@ class Workers:
         self.started: list[_Started] = []
         self.reported: set[int] = set()  # workers whose exit was said
         self.interrupted = False  # SIGINT was passed on to them (once: a second cuts short)
+        self.going = False  # told to start training (stage 1 is measured)
+        self.go_file = log_dir / "stage-1-measured"
         self._lock = threading.Lock()  # exited() is asked from worker 0's display thread too
 
     def start(
@@ -212,8 +231,9 @@ class Workers:
     ) -> None:
         """Start a worker per share: ``autotune run ARGUMENTS --as-worker K`` with
         ``environment`` added to theirs (not to this process's). If one cannot be started, the
-        ones already started are stopped before the error is raised."""
+        ones already started are stopped before the error is raised. They wait for ``go``."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.go_file.unlink(missing_ok=True)  # an earlier run's
         try:
             for share in shares:
                 self._start_one(share, arguments, environment)
@@ -241,6 +261,7 @@ class Workers:
             WORKER_ENV: f"{share.index + 1}/{share.count}",
             WORKER_CORES_ENV: ",".join(str(core) for core in self.cores),
             WORKER_PARENT_ENV: str(os.getpid()),
+            WORKER_GO_ENV: str(self.go_file),
         }
         with open(log, "wb") as output:
             process = subprocess.Popen(
@@ -254,6 +275,14 @@ class Workers:
                 start_new_session=True,
             )
         self.started.append(_Started(share, process, log))
+
+    def go(self, timeout: float | None) -> None:
+        """Let the workers train: stage 1 is measured (they reuse its measurements); they stop
+        starting trials after ``timeout`` seconds, as worker 0 does (None: no timeout)."""
+        written = self.go_file.with_name(self.go_file.name + ".new")
+        written.write_text("" if timeout is None else f"{max(timeout, 0.001):.3f}")
+        written.replace(self.go_file)  # whole when it appears
+        self.going = True
 
     def exited(self) -> list[tuple[WorkerShare, int, Path]]:
         """Workers that ended since last asked: (share, exit code, log)."""

@@ -84,6 +84,9 @@ def test_two_workers_train_at_once_on_their_own_cores_and_keep_the_count(tmp_pat
     assert "w2 trial" in done.stdout
     log = (tmp_path / "studies" / "shared.workers" / "worker-2.log").read_text()
     assert "worker 2 of 2: 1 core 1 of study shared" in log
+    # it started up during stage 1 and waited for it: stage 1's measurements are reused, never
+    # taken twice (nor on a core another worker was timing on)
+    assert "stage 1: 0 settings timed" in log
 
 
 def _own_processes(marker: str) -> list[int]:

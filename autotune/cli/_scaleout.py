@@ -50,8 +50,8 @@ def start_workers(
 ) -> Workers:
     """Start workers 1..N-1 on the study (``autotune run SPACE ... --as-worker K``): the same
     space file and resolved settings, the study by its name, ``timeout`` (the seconds worker 0
-    has left), and the storage in their environment (a password stays out of the process
-    list)."""
+    has), and the storage in their environment (a password stays out of the process list).
+    They start up while worker 0 measures stage 1, then wait for ``Workers.go``."""
     arguments = [
         str(space_file),
         "--study-name",

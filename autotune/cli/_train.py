@@ -206,7 +206,7 @@ def run(
     previous_handler = signal.signal(signal.SIGTERM, raise_terminated)
     confirmed = False
     others: Workers | None = None
-    run_started = time.monotonic()
+    started = time.monotonic()  # the study's timeout counts from here, stage 1 included
     try:
         with (
             Live(progress, console=console, refresh_per_second=8) as live,
@@ -214,16 +214,26 @@ def run(
         ):
             observer = display.LiveObserver(study, spec, live, progress)
 
-            def start_others() -> None:  # worker 0, once stage 1 is measured
-                nonlocal others
-                if shares is None or len(shares) < 2 or as_worker is not None:
-                    return
+            if shares is not None and len(shares) > 1 and as_worker is None:
+                # started now: their start-up overlaps stage 1, on their own cores
                 log_dir = worker_log_dir(spec.study.storage, study.study_name)
-                left = spec.study.timeout
-                if left is not None:  # the others stop starting trials when worker 0 does
-                    left -= time.monotonic() - run_started
-                others = start_workers(shares, space_file, spec, study.study_name, log_dir, left)
-                showing.enter_context(OthersShown(study, observer, others))
+                others = start_workers(
+                    shares, space_file, spec, study.study_name, log_dir, spec.study.timeout
+                )
+            if as_worker is not None:
+                try:
+                    left = scaleout.wait_to_go()  # until worker 0 has measured stage 1
+                except KeyboardInterrupt:
+                    console.print("Stopped by worker 1 before any trial.", markup=False)
+                    raise typer.Exit(EXIT_INTERRUPTED) from None
+                spec = spec.with_overrides(study={"timeout": left})
+
+            def start_others() -> None:  # worker 0, once stage 1 is measured
+                if others is not None:
+                    timeout = spec.study.timeout
+                    left = timeout - (time.monotonic() - started) if timeout else None
+                    others.go(left)
+                    showing.enter_context(OthersShown(study, observer, others))
 
             outcome = studies.run_study(
                 study,
@@ -240,6 +250,7 @@ def run(
                 showing.close()  # the display's poll ends first: the exits are said below
                 gave_up = bool(outcome.interrupted or outcome.repeated_error)
                 gave_up = gave_up or "trials failed" in outcome.stopped_reason
+                gave_up = gave_up or not others.going  # nothing left to run, or no stage 2
                 say_lines(stop_workers(others, gave_up, spec.study.trial_timeout or 600))
             live.update(progress)
         console.print()  # ends the progress line (piped output has no cursor to move)

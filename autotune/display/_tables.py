@@ -256,9 +256,11 @@ def print_confirmation(console: Console, study: optuna.Study, spec: Spec) -> Non
                 if verdict.maximize
                 else "time to the target"
             )
+            winner_runs = len(winner.round_values or winner.values)
+            base_runs = len(verdict.baseline.round_values or verdict.baseline.values)
             console.print(
-                f"{verdict.speedup:.2f}x the untuned baseline's {what} (confirmed, "
-                f"{len(winner.values)} and {len(verdict.baseline.values)} runs)."
+                f"{verdict.speedup:.2f}x the untuned baseline's {what} (confirmed: medians of "
+                f"{winner_runs} and {base_runs} runs side by side)."
             )
         elif winner.baseline:
             console.print("The untuned baseline is the answer: tuning found nothing better.")
