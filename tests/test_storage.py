@@ -273,3 +273,11 @@ def test_a_missing_postgresql_driver_names_the_extra(tmp_path: Path):
     done = run_cli("studies", "--storage", url, cwd=tmp_path, env={"PYTHONPATH": path})
     _one_error_line(done, 1, "pip install 'autotune[postgres]'")
     assert "S3cret" not in done.stderr
+
+
+def test_a_sqlite_study_writes_in_wal_mode_without_a_sync_per_commit(tmp_path: Path):
+    storage = open_storage(f"sqlite:///{tmp_path / 'wal.db'}")
+    optuna.create_study(study_name="wal", storage=storage)
+    with storage.engine.connect() as connection:  # a connection made after open_storage
+        assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert connection.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL

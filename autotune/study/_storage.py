@@ -266,7 +266,19 @@ def open_storage(
                 connection.exec_driver_sql("PRAGMA journal_mode=WAL")
         except sqlalchemy.exc.SQLAlchemyError as err:
             raise StudyError(_open_error(shown, err)) from None
+        # In WAL mode, synchronous=NORMAL cannot corrupt the database; a power cut may lose
+        # its last commits, and the heartbeat recovers their trial. A trial writes some sixty
+        # attributes, each its own commit: 1.4 ms each with a sync, 0.6 ms without, and the
+        # commits of several workers on one study take turns.
+        sqlalchemy.event.listen(storage.engine, "connect", _synchronous_normal)
+        storage.engine.dispose()  # the pooled connections were made before: made again
     return storage
+
+
+def _synchronous_normal(connection: Any, _record: Any) -> None:
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
 
 
 def _open_error(shown: str, err: BaseException) -> str:
