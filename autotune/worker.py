@@ -268,6 +268,13 @@ class WorkerExecutor:
             self._process.join(timeout=5)
         self._kill()
 
+    def start(self) -> None:
+        """Start the worker process now (it imports torch and loads the workload) rather than
+        at the first trial; nothing when one is running. WorkerError when it cannot start."""
+        if self._process is None or not self._process.is_alive():
+            self._kill()
+            self._start()
+
     # -- one trial ----------------------------------------------------------------------------
 
     def run(self, config: TrialConfig, report: Reporter) -> TrialResult:

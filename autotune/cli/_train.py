@@ -222,6 +222,8 @@ def run(
                 )
             if as_worker is not None:
                 try:
+                    if isinstance(executor, WorkerExecutor):
+                        executor.start()  # its start-up, too, overlaps stage 1
                     left = scaleout.wait_to_go()  # until worker 0 has measured stage 1
                 except KeyboardInterrupt:
                     console.print("Stopped by worker 1 before any trial.", markup=False)
