@@ -63,13 +63,13 @@ def test_the_cores_are_divided_into_equal_shares(monkeypatch: pytest.MonkeyPatch
 @two_cores
 @pytest.mark.slow
 def test_two_workers_train_at_once_on_their_own_cores_and_keep_the_count(tmp_path: Path):
-    write_space(tmp_path, SLOW_SPACE.format(n_trials=10, delay=0.004), name="space.yaml")
+    write_space(tmp_path, SLOW_SPACE.format(n_trials=8, delay=0.002), name="space.yaml")
     done = run_cli("run", "space.yaml", "--workers", "2", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "workers worker 1 of 2: 1 core 0; worker 2 of 2: 1 core 1" in done.stdout
     study = load_study("shared", f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}")
     counted = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
-    assert len(counted) == 10 and not study.get_trials(states=(TrialState.RUNNING,))
+    assert len(counted) == 8 and not study.get_trials(states=(TrialState.RUNNING,))
     records = {t.number: TrialRecord.of(t) for t in counted}
     assert {r.worker for r in records.values()} == {"1/2", "2/2"}
     assert all(r.intra_op_threads == 1 for r in records.values())  # a core each: no more
@@ -139,7 +139,7 @@ def test_three_processes_share_a_postgresql_study_and_recover_a_killed_one(
 ):
     """Many machines on one PostgreSQL study, played by three processes: the count holds under
     the advisory lock, a process killed mid-trial is recovered, and the readers work there."""
-    text = SLOW_SPACE.format(n_trials=8, delay=0.004).replace("name: shared", "name: pg-shared")
+    text = SLOW_SPACE.format(n_trials=8, delay=0.002).replace("name: shared", "name: pg-shared")
     text = text.replace("  seed: 0\n", "  seed: 0\n  heartbeat_interval: 1\n")
     write_space(tmp_path, text, name="space.yaml")
     url = postgres.url
