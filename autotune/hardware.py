@@ -81,7 +81,8 @@ def device_name(device: str) -> str:
     """A person-readable name of a device: the GPU model, or the CPU model and core count."""
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
-    return f"{_cpu_name()} ({_cpu_count()} cores)"
+    cores = _cpu_count()
+    return f"{_cpu_name()} ({cores} core{'' if cores == 1 else 's'})"
 
 
 def detect(device: str = "auto") -> Hardware:
