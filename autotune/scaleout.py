@@ -103,12 +103,17 @@ def _available_cores() -> tuple[int, ...]:
         return tuple(range(os.cpu_count() or 1))
 
 
+def _listed(text: str) -> list[str]:
+    """The items of a comma-separated list, blanks left out."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
 def _gpus(spec: str) -> list[str]:
     """The GPUs ``spec`` names: ``all`` (every visible one) or a comma-separated list."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if spec == "all":
         if visible is not None:
-            found = [g.strip() for g in visible.split(",") if g.strip()]
+            found = _listed(visible)
         else:
             import torch  # only asked for when GPUs are
 
@@ -116,7 +121,7 @@ def _gpus(spec: str) -> list[str]:
         if not found:
             raise ScaleOutError("--gpus all: this machine has no CUDA GPU autotune can see")
         return found
-    wanted = [g.strip() for g in spec.split(",") if g.strip()]
+    wanted = _listed(spec)
     if not wanted:
         raise ScaleOutError(f"--gpus {spec!r}: give 'all' or GPU indices such as 0,2,3")
     if len(set(wanted)) != len(wanted):
@@ -124,7 +129,7 @@ def _gpus(spec: str) -> list[str]:
     if visible is None:
         return wanted
     # indices count among the GPUs this process may see (a scheduler's CUDA_VISIBLE_DEVICES)
-    allowed = [g.strip() for g in visible.split(",") if g.strip()]
+    allowed = _listed(visible)
     outside = [g for g in wanted if not g.isdigit() or int(g) >= len(allowed)]
     if outside:
         raise ScaleOutError(
@@ -136,7 +141,7 @@ def _gpus(spec: str) -> list[str]:
 
 def plan_shares(workers: int | None, gpus: str | None) -> list[WorkerShare]:
     """One share per worker: ``workers`` CPU workers, or one per GPU of ``gpus``; the cores this
-    process may use divided among them in contiguous blocks. ScaleOutError when they cannot
+    process may use divided among them in equal, contiguous blocks. ScaleOutError when they cannot
     be (more workers than cores, --workers and --gpus that disagree)."""
     devices = _gpus(gpus) if gpus is not None else []
     if devices and workers is not None and workers != len(devices):
