@@ -1,16 +1,14 @@
 """What autotune says about a study where people look first: the summary of its answer, the
-note optuna-dashboard shows, and the artifacts (exported scripts, reports) attached to it."""
+note optuna-dashboard shows (the files attached to the study: artifacts.py)."""
 
 from __future__ import annotations
 
 import datetime
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune._version import __version__
@@ -33,13 +31,11 @@ from autotune.study import (
 __all__ = [
     "PHASE_LABELS",
     "Summary",
-    "artifact_dir",
     "measured",
     "measurements",
     "number",
     "study_note",
     "summarize",
-    "upload",
     "write_note",
 ]
 
@@ -321,22 +317,3 @@ def write_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> None:
     if speed in optuna.get_all_study_names(study._storage):
         speed_study = optuna.load_study(study_name=speed, storage=study._storage)
         optuna_dashboard.save_note(speed_study, speed_note(study.study_name))
-
-
-def artifact_dir(storage_url: str) -> Path:
-    """Where a study's artifacts live: ``artifacts/`` next to a SQLite database, else
-    ``studies/artifacts`` in the working directory."""
-    if storage_url.startswith("sqlite:///") and storage_url != "sqlite:///:memory:":
-        return Path(storage_url.removeprefix("sqlite:///")).parent / "artifacts"
-    return Path("studies") / "artifacts"
-
-
-def upload(study: optuna.Study, path: Path, storage_url: str) -> str:
-    """Attach a file (an exported script, a report) to the study as an Optuna artifact."""
-    directory = artifact_dir(storage_url)
-    directory.mkdir(parents=True, exist_ok=True)
-    return upload_artifact(
-        artifact_store=FileSystemArtifactStore(str(directory)),
-        file_path=str(path),
-        study_or_trial=study,
-    )

@@ -9,7 +9,7 @@
 # The password stays out of this file and of `ps`: put it in ~/.pgpass (chmod 600), one line
 #     db.example.org:5432:autotune:autotune:YOUR_PASSWORD
 # and libpq (through psycopg) reads it. Watch the study from any machine with
-#     autotune dashboard --storage "$AUTOTUNE_STORAGE"
+#     autotune dashboard --storage "$AUTOTUNE_STORAGE" --artifacts ~/autotune-artifacts
 #
 #SBATCH --job-name=autotune
 #SBATCH --array=0-3                  # four nodes join the study; add more while it runs
@@ -24,6 +24,8 @@ set -euo pipefail
 
 space_file="${1:?usage: sbatch examples/slurm_array.sh SPACE_FILE}"
 export AUTOTUNE_STORAGE="postgresql+psycopg://autotune@db.example.org:5432/autotune"
+# exported scripts and reports of the study, attached for the dashboard: a folder every node sees
+export AUTOTUNE_ARTIFACTS="$HOME/autotune-artifacts"
 source ~/autotune-venv/bin/activate
 
 # Every task runs the same command: the first creates the study, the others join it; trials are

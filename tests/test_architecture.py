@@ -29,7 +29,7 @@ LAYERS: list[set[str]] = [
     {"executor"},  # how the study runs a trial
     {"worker", "study"},  # trials in a supervised process; the study and its records
     {"display", "export"},  # what people see; the answer as a script, file or object
-    {"notes", "report"},  # the dashboard note and artifacts; the HTML report
+    {"notes", "artifacts", "report"},  # the dashboard note; files attached; the HTML report
     {"cli", "__init__", "__main__"},  # the command line and the Python API's entrance
 ]
 

@@ -224,6 +224,37 @@ def test_autotune_storage_is_every_commands_default_storage(seen, tmp_path: Path
     assert "AUTOTUNE_STORAGE" in run_cli("best", "--help", cwd=tmp_path).stdout
 
 
+def test_a_bad_artifact_store_is_one_line_and_writes_nothing(seen, tmp_path: Path):
+    """--artifacts (or AUTOTUNE_ARTIFACTS) is checked before the file is written."""
+    _, url = seen
+    for env, args in (
+        ({}, ("--artifacts", "ftp://host/x")),
+        ({"AUTOTUNE_ARTIFACTS": "s3://A"}, ()),
+    ):
+        done = run_cli(
+            "export",
+            "--study",
+            "seen",
+            "--storage",
+            url,
+            "-o",
+            "t.py",
+            *args,
+            cwd=tmp_path,
+            env=env,
+        )
+        assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith("error: --artifacts ") and "Traceback" not in done.stderr
+        assert not (tmp_path / "t.py").exists()
+    folder = tmp_path / "kept"
+    env = {"AUTOTUNE_ARTIFACTS": str(folder)}
+    done = run_cli(
+        "report", "--study", "seen", "--storage", url, "-o", "r.html", cwd=tmp_path, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert [p.name for p in folder.iterdir()] and (tmp_path / "r.html").is_file()
+
+
 # Runs one command in a fresh interpreter, as the console script does, then names the heavy
 # packages it loaded on stderr's last line.
 _PROBE = """

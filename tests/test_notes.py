@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
+import re
 from pathlib import Path
 
 import optuna
 import optuna_dashboard
+import pytest
 from optuna.artifacts import FileSystemArtifactStore, download_artifact, get_all_artifact_meta
 
-from autotune import notes
+from autotune import artifacts, notes
+from autotune.errors import UserError
 from autotune.study import StudyRecord
 
 
@@ -25,9 +29,11 @@ def test_note_and_artifacts_are_readable_back(seen, tmp_path: Path):
     assert "stage 1 of study `seen`" in optuna_dashboard.get_note(speed)
     script = tmp_path / "train.py"
     script.write_text("print('hello')\n")
-    artifact_id = notes.upload(study, script, url)
-    store = FileSystemArtifactStore(str(notes.artifact_dir(url)))
-    assert notes.artifact_dir(url) == Path(url.removeprefix("sqlite:///")).parent / "artifacts"
+    location = artifacts.locate(url, None)
+    assert location is not None
+    assert location.folder == Path(url.removeprefix("sqlite:///")).parent / "artifacts"
+    artifact_id = artifacts.upload(study, script, location)
+    store = FileSystemArtifactStore(str(location.folder))
     metas = get_all_artifact_meta(study)
     assert any(m.artifact_id == artifact_id and m.filename == "train.py" for m in metas)
     copy = tmp_path / "copy.py"
@@ -76,3 +82,36 @@ def test_a_space_file_with_backticks_stays_inside_its_code_block():
     study.set_user_attr("space_file_path", "space.yaml")
     note = notes.study_note(study)
     assert f"### The space file (space.yaml)\n\n````yaml\n{space.rstrip()}\n````" in note
+
+
+def test_artifacts_go_only_where_they_are_named(tmp_path: Path):
+    """A SQLite study keeps its files beside the database; a shared storage only where the user
+    says (a folder, or an S3 bucket); a location that cannot be is one line."""
+    sqlite = artifacts.locate(f"sqlite:///{tmp_path}/a.db", None)
+    assert sqlite is not None and sqlite.folder == tmp_path / "artifacts"
+    assert artifacts.locate("postgresql+psycopg://u@db/autotune", None) is None
+    named = artifacts.locate("postgresql+psycopg://u@db/autotune", str(tmp_path / "shared"))
+    assert named is not None and named.folder == tmp_path / "shared"
+    assert artifacts.open_store(named, create=False) is None  # reading makes nothing
+    assert not (tmp_path / "shared").exists()
+    bucket = artifacts.locate("sqlite:///x.db", "s3://team-studies")
+    assert (
+        bucket is not None
+        and bucket.bucket == "team-studies"
+        and str(bucket) == "s3://team-studies"
+    )
+    for bad, said in (
+        ("ftp://host/dir", "unknown scheme 'ftp://'"),
+        ("s3://team-studies/autotune", "no key prefix; give s3://team-studies"),
+        ("s3://No_Such", "'No_Such' is not an S3 bucket name"),
+        ("  ", "empty"),
+    ):
+        with pytest.raises(UserError, match=re.escape(said)):
+            artifacts.locate("sqlite:///x.db", bad)
+    if importlib.util.find_spec("boto3") is None:
+        with pytest.raises(UserError, match=re.escape("needs boto3 (pip install boto3)")):
+            artifacts.open_store(bucket, create=True)
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with pytest.raises(UserError, match="cannot make the folder"):
+        artifacts.open_store(artifacts.ArtifactLocation(folder=blocked / "sub"), create=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from optuna.artifacts import get_all_artifact_meta
 from optuna.trial import TrialState
 
 from autotune.scaleout import WORKER_CORES_ENV, ScaleOutError, plan_shares, unused_cores
@@ -170,3 +171,10 @@ def test_three_processes_share_a_postgresql_study_and_recover_a_killed_one(
     for command in (("best",), ("export", "-o", "train.py"), ("report", "-o", "r.html")):
         done = run_cli(*command, *where, cwd=tmp_path)
         assert done.returncode == 0, (command, done.stderr)
+        assert "not attached to the study" in done.stdout or command == ("best",)
+    assert not (tmp_path / "studies").exists()  # a shared study's files: never into the cwd
+    shared = tmp_path / "shared-artifacts"
+    done = run_cli("report", "-o", "r2.html", "--artifacts", str(shared), *where, cwd=tmp_path)
+    assert done.returncode == 0 and "attached" not in done.stdout, done.stdout + done.stderr
+    (attached,) = get_all_artifact_meta(study)
+    assert attached.filename == "r2.html" and (shared / attached.artifact_id).is_file()

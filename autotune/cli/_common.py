@@ -46,6 +46,18 @@ def storage_option() -> Any:
     return typer.Option(envvar=STORAGE_ENV, help="Optuna storage URL.")
 
 
+def artifacts_option() -> Any:
+    """``--artifacts DIR|s3://bucket``, by default $AUTOTUNE_ARTIFACTS (see autotune.artifacts)."""
+    return typer.Option(
+        "--artifacts",
+        envvar="AUTOTUNE_ARTIFACTS",
+        metavar="DIR|s3://BUCKET",
+        help="Where exported scripts and reports are attached for optuna-dashboard: a folder, "
+        "or s3://bucket (needs boto3). Default: artifacts/ beside a SQLite database; other "
+        "storages attach only where this names.",
+    )
+
+
 app = typer.Typer(
     cls=Group,
     add_completion=False,

@@ -6,7 +6,7 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -16,6 +16,7 @@ from autotune.cli._common import (
     EXIT_FAILED,
     Command,
     app,
+    artifacts_option,
     console,
     errors,
     fail,
@@ -25,6 +26,9 @@ from autotune.cli._common import (
     storage_option,
 )
 from autotune.errors import UserError
+
+if TYPE_CHECKING:
+    from autotune.artifacts import ArtifactLocation
 from autotune.files import write_new_file
 from autotune.spec import DEFAULT_STORAGE
 
@@ -33,6 +37,7 @@ from autotune.spec import DEFAULT_STORAGE
 def best(
     study_name: Annotated[str, typer.Option("--study", help="Study name.")],
     storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
+    artifacts: Annotated[str | None, artifacts_option()] = None,
     trial: Annotated[
         int | None, typer.Option(help="Show this trial instead of the best feasible one.")
     ] = None,
@@ -109,6 +114,7 @@ def export_command(
         ),
     ] = "script",
     storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
+    artifacts: Annotated[str | None, artifacts_option()] = None,
     trial: Annotated[
         int | None, typer.Option(help="Export this trial instead of the best feasible one.")
     ] = None,
@@ -127,12 +133,14 @@ def export_command(
     formats = ("script", "yaml", "json", "lightning", "hf")
     if fmt not in formats:
         raise fail(f"--format must be one of {', '.join(formats)}, not '{fmt}'")
+    from autotune import artifacts as stores
     from autotune import display, export
     from autotune import study as studies
 
     quiet_libraries(verbose=False)
     notices = console if output is not None else errors  # stdout may be the script itself
     try:
+        location = stores.locate(storage, artifacts)  # a bad --artifacts: first
         found = studies.load_study(study_name, storage)
         chosen = export.select_trial(found, trial)
         result = export.best_config(found, chosen)
@@ -166,7 +174,7 @@ def export_command(
         raise fail(str(err), EXIT_FAILED) from None
     except OSError as err:  # the folder could not be made
         raise fail(f"cannot write {output}: {err.strerror}", EXIT_FAILED) from None
-    _attach(found, output, storage)
+    _attach(found, output, storage, location)
     what = {
         "script": "training script",
         "yaml": "YAML",
@@ -190,22 +198,35 @@ def export_command(
             console.print(f"It imports and runs your code: {', '.join(imported)}.", markup=False)
 
 
-def _attach(study: Any, output: Path, storage: str) -> None:
+def _attach(study: Any, output: Path, storage: str, location: ArtifactLocation | None) -> None:
     """Refresh the study's note and upload ``output`` as its artifact, for optuna-dashboard,
     through a storage opened for writing (the study was read read-only). The file is written
-    already: a failure here (a read-only database, a full disk) is a warning of one line."""
+    already: a failure here (a read-only database, a full disk) is a warning of one line, and
+    a shared storage with no artifact store named attaches nothing and says so."""
+    from autotune import artifacts as stores
     from autotune import notes
     from autotune import study as studies
 
     try:
         writable = studies.load_study(study.study_name, storage, "write")
         notes.write_note(writable, storage)  # first: a read-only storage stops before the upload
-        notes.upload(writable, output, storage)
+        if location is not None:
+            stores.upload(writable, output, location)
     except Exception as err:  # a read-only or full storage, an unwritable artifact folder
-        why = studies.storage_problem(err) or f"{type(err).__name__}: {err}".splitlines()[0]
+        why = str(err) if isinstance(err, UserError) else studies.storage_problem(err)
+        why = why or f"{type(err).__name__}: {err}".splitlines()[0]
         console.print(
             f"[yellow]Warning:[/] {escape(str(output))} is written, but it could not be attached "
             f"to the study for optuna-dashboard: {escape(why)}",
+            soft_wrap=True,
+        )
+        return
+    if location is None:
+        console.print(
+            f"{output} is not attached to the study for optuna-dashboard: a study on a shared "
+            f"storage keeps its files where --artifacts (or ${stores.ARTIFACTS_ENV}) names, "
+            f"a folder every machine sees or s3://bucket.",
+            markup=False,
             soft_wrap=True,
         )
 
@@ -217,19 +238,22 @@ def report_command(
         "report.html"
     ),
     storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
+    artifacts: Annotated[str | None, artifacts_option()] = None,
     force: Annotated[bool, flag("--force", help="Replace an existing file.")] = False,
 ) -> None:
     """Write a self-contained HTML report of a study (opens offline)."""
+    from autotune import artifacts as stores
     from autotune import report
     from autotune import study as studies
 
     quiet_libraries(verbose=False)
     try:
+        location = stores.locate(storage, artifacts)  # a bad --artifacts: first
         found = studies.load_study(study_name, storage)
         write_new_file(output, report.render_html(found, storage), force=force)
     except UserError as err:
         raise fail(str(err), EXIT_FAILED) from None
-    _attach(found, output, storage)
+    _attach(found, output, storage, location)
     console.print(
         f"Wrote {output}: the report of {study_name}. Open it in a browser.", markup=False
     )
@@ -238,6 +262,7 @@ def report_command(
 @app.command(cls=Command)
 def dashboard(
     storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
+    artifacts: Annotated[str | None, artifacts_option()] = None,
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8080,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     verbose: Annotated[bool, flag("--verbose", "-v", help="Log every HTTP request.")] = False,
@@ -245,19 +270,29 @@ def dashboard(
     """Open the studies in optuna-dashboard, with autotune's notes and artifacts."""
     import bottle
     import optuna_dashboard
-    from optuna.artifacts import FileSystemArtifactStore
 
-    from autotune import notes
+    from autotune import artifacts as stores
 
     quiet_libraries(verbose)
     # read-only (notes are edited with `optuna-dashboard URL` itself); no artifact folder made
     backend = open_for_reading(storage, follow_writers=True)
-    artifacts = notes.artifact_dir(storage)
-    store = FileSystemArtifactStore(str(artifacts)) if artifacts.is_dir() else None
+    try:
+        location = stores.locate(storage, artifacts)
+        store = stores.open_store(location, create=False) if location is not None else None
+    except UserError as err:
+        raise fail(str(err), EXIT_FAILED) from None
+    if artifacts and store is None:
+        raise fail(f"--artifacts {location}: no such folder", EXIT_FAILED)
     console.print(
         f"optuna-dashboard on [bold]{escape(f'http://{host}:{port}/')}[/] (Ctrl-C to stop; "
         f"read-only)"
     )
+    if location is None:
+        console.print(
+            f"No artifacts shown: name where this storage's studies keep them with --artifacts "
+            f"(or ${stores.ARTIFACTS_ENV}).",
+            markup=False,
+        )
     try:
         # optuna_dashboard.run_server, but quiet: no line per HTTP request unless --verbose
         app = optuna_dashboard.wsgi(backend, artifact_store=store)
