@@ -36,8 +36,6 @@ LAYERS: list[set[str]] = [
 # Modules allowed past MAX_LINES, and why.
 MAX_LINES = 400
 LONG_MODULES = {
-    "spec.py": "the space file's schema: one pydantic model per section and the knob registry "
-    "they are checked against, with the YAML line index that puts file:line on every error",
     "worker.py": "the two ends of one pipe protocol, the supervisor (timeouts, kills, scratch "
     "folders) and the worker process's loop, read together; the messages they exchange are "
     "defined beside them",

@@ -1,0 +1,358 @@
+"""The sections of a space file besides the knobs: ``study`` (``StudySpec``, with its
+``confirm`` and ``speed`` settings), ``workload`` (``WorkloadSpec``) and ``objective``
+(``ObjectiveSpec``), with the names they accept (``LOSSES``, ``SCORES``, ...)."""
+
+from __future__ import annotations
+
+import keyword
+import re
+from typing import Any, Literal
+
+from pydantic import Field, JsonValue, field_validator, model_validator
+
+from autotune.spec._knobs import KNOBS, Scalar, _close, _Frozen
+
+DEFAULT_STORAGE = "sqlite:///studies/autotune.db"
+
+
+class ConfirmSpec(_Frozen):
+    """The confirmation round at the end of a study: its leading configurations and the untuned
+    baseline trained again side by side, interleaved, so that the answer is not a single noisy
+    measurement (``confirm: false`` turns it off)."""
+
+    enabled: bool = True
+    top: int = Field(default=3, ge=1)  # the feasible trials with the best values
+    repeats: int = Field(default=2, ge=1)  # more runs of each (the trial itself is one more)
+
+
+class SpeedSpec(_Frozen):
+    """Stage 1 of the two-stage search: how each execution configuration is timed."""
+
+    repeats: int = Field(default=2, ge=1)  # measurements of each of a cell's leaders
+    bursts: int = Field(default=3, ge=1)  # timed bursts per measurement
+    burst_seconds: float = Field(default=0.25, gt=0)  # each burst's target length
+
+
+STRATEGIES = ("two_stage", "joint")
+# knobs that only say how batches are loaded: they never change what is learned
+_LOADER_KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+
+
+class StudySpec(_Frozen):
+    """How the search runs: where trials are stored, how many, which sampler and pruner."""
+
+    name: str | None = Field(default=None, min_length=1)  # default: the space file's stem
+    storage: str = DEFAULT_STORAGE
+    n_trials: int = Field(default=20, ge=1)  # the study's total, not "this many more"
+    timeout: float | None = Field(default=None, gt=0)  # seconds for one `autotune run`
+    sampler: Literal["tpe", "random"] = "tpe"
+    n_startup_trials: int = Field(default=10, ge=0)  # random trials before TPE models the space
+    pruner: Literal["hyperband", "median", "successive_halving", "none"] = "hyperband"
+    seed: int = 0  # trial k trains with seed + k
+    isolation: Literal["worker", "none"] = "worker"  # trials in a supervised worker process
+    trial_timeout: float | None = Field(default=None, gt=0)  # seconds; the worker is killed after
+    heartbeat_interval: int = Field(default=10, ge=1)  # seconds; a trial silent 3x this is stale
+    # trial 0 trains the untuned configuration (PyTorch's defaults where the space allows), so
+    # every study says how much faster its answer is; a mapping pins some of its knobs
+    baseline: bool | dict[str, Scalar] = True
+    confirm: ConfirmSpec = Field(default_factory=ConfirmSpec)
+    # two_stage: execution knobs timed first (stage 1), trials only for what changes learning;
+    # joint: every knob in one study of training trials
+    strategy: Literal["two_stage", "joint"] = "two_stage"
+    learning_knobs: tuple[str, ...] = ()  # execution knobs that change learning here: stage 2
+    speed: SpeedSpec = Field(default_factory=SpeedSpec)
+
+    @field_validator("learning_knobs")
+    @classmethod
+    def _learning_knobs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if name not in KNOBS:
+                raise ValueError(f"unknown knob '{name}'{_close(name, list(KNOBS))}")
+            if name in _LOADER_KNOBS:
+                raise ValueError(
+                    f"{name} only says how batches are loaded, never what is learned; "
+                    f"declare data_pipeline to search the pipeline in stage 2"
+                )
+        return value
+
+    @field_validator("confirm", mode="before")
+    @classmethod
+    def _confirm_switch(cls, value: Any) -> Any:
+        return {"enabled": value} if isinstance(value, bool) else value
+
+    @field_validator("baseline")
+    @classmethod
+    def _baseline_knobs(cls, value: bool | dict[str, Scalar]) -> bool | dict[str, Scalar]:
+        if isinstance(value, dict):
+            for name in value:
+                if name not in KNOBS:
+                    raise ValueError(
+                        f"unknown knob '{name}' in the baseline{_close(name, list(KNOBS))}"
+                    )
+        return value
+
+
+LOSSES = ("cross_entropy", "model")  # built-in losses; or the user's package.module:function
+# built-in model families, written family:member (torchvision:resnet18); autotune.workloads
+# registers one function for each
+MODEL_FAMILY_NAMES = ("torchvision",)
+_DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+_DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+_ENTRY = re.compile(rf"{_DOTTED}(?::{_DOTTED})?", re.ASCII)  # fullmatch: no trailing newline
+
+
+class WorkloadSpec(_Frozen):
+    """What is trained: a model and data set by name or ``package.module:function``."""
+
+    model: str = Field(min_length=1)
+    # plain data only (a YAML date is not): written into exported scripts as literals
+    model_args: dict[str, JsonValue] = Field(default_factory=dict)
+    data: str = Field(min_length=1)
+    data_args: dict[str, JsonValue] = Field(default_factory=dict)
+    epochs: float = Field(default=2.0, gt=0)  # training epochs per trial
+    eval_every: float = Field(default=1.0, gt=0)  # epochs between validation evaluations
+    val_batch_size: int = Field(default=1024, ge=1)
+    device: str = "auto"  # auto, cpu, cuda or cuda:N
+    dataloader_timeout: float = Field(default=0.0, ge=0)  # seconds per batch from a worker; 0: off
+    # Where a sample holds the model's inputs and the target (keys of a dict sample, indices of
+    # a tuple); None: a pair's 0 and 1, a dict's "labels" (or "label") and its other keys.
+    inputs: str | int | list[str | int] | None = None
+    target: str | int | None = None
+    loss: str = "cross_entropy"  # cross_entropy | model | package.module:function
+    # the user's package.module:function(batch) -> (model_args, model_kwargs, target), in
+    # place of inputs and target: for batches a key or an index cannot describe
+    batch_fn: str | None = None
+
+    @field_validator("model", "data")
+    @classmethod
+    def _entry(cls, value: str) -> str:
+        # a name reaches exported scripts as an import line: only dotted identifiers can
+        if not _ENTRY.fullmatch(value):
+            raise ValueError(f"'{value}' is neither a built-in name nor 'package.module:function'")
+        return value
+
+    @field_validator("model_args", "data_args")
+    @classmethod
+    def _keyword_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # passed as keyword arguments, in the study and in exported scripts
+        for key in value:
+            if not (isinstance(key, str) and key.isidentifier() and not keyword.iskeyword(key)):
+                raise ValueError(f"{key!r} is not a Python argument name")
+        return value
+
+    @field_validator("inputs", "target")
+    @classmethod
+    def _places(cls, value: Any) -> Any:
+        # a key becomes a keyword argument (in the study and in exported scripts)
+        for place in value if isinstance(value, list) else [value]:
+            if isinstance(place, int) and place < 0:
+                raise ValueError(f"{place} is not an index of a sample: use 0, 1, ...")
+            if isinstance(place, str) and not (
+                place.isidentifier() and not keyword.iskeyword(place)
+            ):
+                raise ValueError(f"{place!r} is not a key a model can take as an argument")
+        if isinstance(value, list) and len(set(map(repr, value))) != len(value):
+            raise ValueError("lists a place twice")
+        return value
+
+    @field_validator("batch_fn")
+    @classmethod
+    def _batch_fn(cls, value: str | None) -> str | None:
+        if value is not None and not (":" in value and _ENTRY.fullmatch(value)):
+            raise ValueError(f"'{value}' is not 'package.module:function'")
+        return value
+
+    @model_validator(mode="after")
+    def _one_way_to_split(self) -> WorkloadSpec:
+        if self.batch_fn is not None and (self.inputs is not None or self.target is not None):
+            raise ValueError(
+                "batch_fn: it says where the inputs and the target are; leave workload.inputs "
+                "and workload.target out"
+            )
+        return self
+
+    @field_validator("loss")
+    @classmethod
+    def _loss(cls, value: str) -> str:
+        if value not in LOSSES and not (":" in value and _ENTRY.fullmatch(value)):
+            raise ValueError(
+                f"'{value}' is not a loss: use {', '.join(LOSSES)} or 'package.module:function'"
+            )
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if not _DEVICE.fullmatch(value):
+            raise ValueError(f"'{value}' is not a device: use auto, cpu, cuda or cuda:N")
+        return value
+
+    @model_validator(mode="after")
+    def _eval_within_trial(self) -> WorkloadSpec:
+        if self.eval_every > self.epochs:
+            raise ValueError(
+                f"eval_every: {self.eval_every:g} epochs is longer than the trial "
+                f"(epochs = {self.epochs:g}): no evaluation would run"
+            )
+        return self
+
+    def user_entry_points(self) -> list[str]:
+        """The ``package.module:function`` entries that are the user's code (not autotune's
+        built-ins): what building the workload, or running an exported script, imports."""
+        family, _, member = self.model.partition(":")
+        model_is_builtin = family in MODEL_FAMILY_NAMES and bool(member)
+        entries = [self.model] if ":" in self.model and not model_is_builtin else []
+        entries += [self.data] if ":" in self.data else []
+        entries += [self.loss] if ":" in self.loss else []
+        return entries + ([self.batch_fn] if self.batch_fn else [])
+
+
+# built-in scores: whether higher is better, and the short name per-second values are shown in
+SCORES: dict[str, tuple[bool, str]] = {
+    "accuracy": (True, "acc"),  # share of target elements predicted right, 0..1
+    "top5": (True, "top5"),  # share with the right class among the five highest logits
+    "val_loss": (False, "loss"),  # mean validation cross-entropy per target element, nats
+    "perplexity": (False, "ppl"),  # exp(val_loss)
+}
+_ACCURACY_SCORES = ("accuracy", "top5")  # scores in 0..1 that min_/target_accuracy may bound
+_PER_SECOND = ("accuracy_per_second", "score_per_second")  # older name first: the same metric
+_TIME_TO = ("time_to_accuracy", "time_to_score")
+
+
+class ObjectiveSpec(_Frozen):
+    """What the study optimizes and which trials count as acceptable answers.
+
+    ``score`` is what a trained model is judged by on the validation split: a built-in (see
+    ``SCORES``) or the user's ``package.module:function(model, val_loader, device) -> float``.
+    ``score_per_second`` (its older name ``accuracy_per_second``) maximizes score / charged
+    seconds, for a score where higher is better; ``time_to_score`` (``time_to_accuracy``)
+    minimizes the seconds to reach ``target_score`` in the score's direction.
+    ``min_accuracy`` and ``target_accuracy`` are the older names of ``min_score`` and
+    ``target_score`` for the scores in 0..1 (accuracy, top5).
+    """
+
+    metric: Literal[
+        "accuracy_per_second", "score_per_second", "time_to_accuracy", "time_to_score"
+    ] = "accuracy_per_second"
+    score: str = "accuracy"  # a built-in of SCORES, or package.module:function
+    higher_is_better: bool | None = None  # None: the built-in's; True for a user's function
+    min_score: float | None = None
+    target_score: float | None = None
+    min_accuracy: float | None = Field(default=None, ge=0, le=1)
+    target_accuracy: float | None = Field(default=None, gt=0, le=1)
+    full_run_epochs: float | None = Field(default=None, gt=0)
+
+    @field_validator("score")
+    @classmethod
+    def _score(cls, value: str) -> str:
+        if value not in SCORES and not (":" in value and _ENTRY.fullmatch(value)):
+            raise ValueError(
+                f"'{value}' is not a score: use {', '.join(SCORES)} or 'package.module:function'"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _metric_settings(self) -> ObjectiveSpec:
+        for old, new in (("min_accuracy", "min_score"), ("target_accuracy", "target_score")):
+            if getattr(self, old) is not None:
+                if getattr(self, new) is not None:
+                    raise ValueError(f"{old}: give {new} or {old} (its older name), not both")
+                if self.score not in _ACCURACY_SCORES:
+                    raise ValueError(
+                        f"{old}: bounds an accuracy; for score {self.score} use {new}"
+                    )
+        builtin = SCORES.get(self.score)
+        if builtin is not None and self.higher_is_better not in (None, builtin[0]):
+            raise ValueError(
+                f"higher_is_better: score {self.score} is "
+                f"{'higher' if builtin[0] else 'lower'}-is-better; leave the setting out"
+            )
+        if not self.per_second:
+            if self.target is None:
+                needs = "target_accuracy" if self.metric == _TIME_TO[0] else "target_score"
+                raise ValueError(f"{needs}: metric {self.metric} needs a target")
+            if self.bar is not None:
+                raise ValueError(
+                    f"{self.bar_name}: does not apply to {self.metric} ({self.target_name} is "
+                    f"the bar every answer must reach)"
+                )
+            if self.full_run_epochs is not None:
+                raise ValueError(
+                    f"full_run_epochs: applies only to {_PER_SECOND[self.metric == _TIME_TO[1]]} "
+                    f"(a run to the target "
+                    f"pays its one-time costs once, as the trial does)"
+                )
+            return self
+        if self.target is not None:
+            metric = _TIME_TO[0] if self.target_name == "target_accuracy" else _TIME_TO[1]
+            raise ValueError(f"{self.target_name}: applies only to metric {metric}")
+        if not self.score_higher_is_better:
+            raise ValueError(
+                f"metric: {self.metric} needs a score where higher is better, and "
+                f"{self.score} is lower-is-better: use metric time_to_score with a target_score"
+            )
+        return self
+
+    @property
+    def per_second(self) -> bool:
+        """Score per second (maximized), rather than time to a target score (minimized)."""
+        return self.metric in _PER_SECOND
+
+    @property
+    def direction(self) -> Literal["maximize", "minimize"]:
+        return "maximize" if self.per_second else "minimize"
+
+    @property
+    def score_higher_is_better(self) -> bool:
+        """Whether a higher score is a better model."""
+        builtin = SCORES.get(self.score)
+        if builtin is not None:
+            return builtin[0]
+        return True if self.higher_is_better is None else self.higher_is_better
+
+    @property
+    def score_name(self) -> str:
+        """The score's name in tables and messages: the built-in's, or the function's."""
+        return self.score.rpartition(":")[2]
+
+    @property
+    def score_short(self) -> str:
+        """The score's name in a unit: ``acc`` in ``acc/s``."""
+        builtin = SCORES.get(self.score)
+        return builtin[1] if builtin is not None else self.score_name
+
+    @property
+    def metric_name(self) -> str:
+        """The metric named after the score: ``accuracy_per_second``, ``macro_f1_per_second``,
+        ``time_to_val_loss``; what the study records and the dashboard shows."""
+        if self.per_second:
+            return f"{self.score_name}_per_second"
+        return f"time_to_{self.score_name}"
+
+    @property
+    def bar(self) -> float | None:
+        """The least score a per-second answer must reach (``min_score``), or None."""
+        return self.min_score if self.min_score is not None else self.min_accuracy
+
+    @property
+    def bar_name(self) -> str:
+        """The space file's name of ``bar``."""
+        return "min_accuracy" if self.min_accuracy is not None else "min_score"
+
+    @property
+    def target(self) -> float | None:
+        """The score a time-to-target trial must reach (``target_score``), or None."""
+        return self.target_score if self.target_score is not None else self.target_accuracy
+
+    @property
+    def target_name(self) -> str:
+        """The space file's name of ``target``."""
+        return "target_accuracy" if self.target_accuracy is not None else "target_score"
+
+    def reaches(self, score: float, bound: float) -> bool:
+        """Whether ``score`` is at ``bound`` or better, in the score's direction."""
+        return score >= bound if self.score_higher_is_better else score <= bound
+
+    def better(self, score: float, other: float) -> bool:
+        """Whether ``score`` is strictly better than ``other``, in the score's direction."""
+        return score > other if self.score_higher_is_better else score < other

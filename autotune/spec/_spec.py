@@ -1,0 +1,384 @@
+"""The whole space file (``Spec``) and its loading: YAML -> ``Spec``, with every problem
+reported against the file and line it came from (``parse_spec``, ``load_spec``). They stay
+together: ``Spec.with_overrides`` words its errors as loading does, and the line index walks
+``Spec`` to find the valid keys at a path."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
+
+from autotune.spec._knobs import IntRange, SpaceSpec, SpecError, _close, _Frozen
+from autotune.spec._sections import ObjectiveSpec, StudySpec, WorkloadSpec
+
+# A space file is a page of settings. These bounds keep a hostile or broken one (a YAML "billion
+# laughs" of nested aliases, a multi-gigabyte file) from taking the machine's memory and time.
+MAX_SPACE_FILE_BYTES = 1_000_000
+MAX_SPACE_VALUES = 20_000  # keys, values and items once every alias is expanded
+
+# workload fields added after studies were labelled: left out of the label at their default
+_ADDED_LATER: dict[str, dict[str, Any]] = {
+    "workload": {"inputs": None, "target": None, "loss": "cross_entropy", "batch_fn": None},
+    "objective": {
+        "score": "accuracy",
+        "higher_is_better": None,
+        "min_score": None,
+        "target_score": None,
+    },
+}
+
+
+class Spec(_Frozen):
+    """A whole space file, validated."""
+
+    study: StudySpec = Field(default_factory=StudySpec)
+    workload: WorkloadSpec
+    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
+    space: SpaceSpec = Field(default_factory=SpaceSpec)
+
+    _path: Path | None = PrivateAttr(default=None)
+    _text: str = PrivateAttr(default="")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _joint_for_size_ranges(cls, data: Any) -> Any:
+        """A file that names no strategy and gives batch_size or accumulation_steps as a range
+        is a joint search: two stages time listed micro-batches only (older files keep
+        working, in every command)."""
+        if not isinstance(data, dict):
+            return data
+        study, space = data.get("study") or {}, data.get("space") or {}
+        if not isinstance(study, dict) or "strategy" in study or not isinstance(space, dict):
+            return data
+        for name in ("batch_size", "accumulation_steps"):
+            knob = space.get(name)
+            if isinstance(knob, dict) and knob.get("low") != knob.get("high", knob.get("low")):
+                return {**data, "study": {**study, "strategy": "joint"}}
+        return data
+
+    @model_validator(mode="after")
+    def _two_stage_sizes(self) -> Spec:
+        if self.study.strategy != "two_stage":
+            return self
+        for name in ("batch_size", "accumulation_steps"):
+            knob = getattr(self.space, name)
+            if isinstance(knob, IntRange) and not knob.is_fixed:
+                raise ValueError(
+                    f"space.{name}: study.strategy two_stage times each micro-batch split, so "
+                    f"it needs a list of values (e.g. [32, 64, 128]), not a range; or leave "
+                    f"the strategy out (a range makes the search joint)"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _full_run_covers_trial(self) -> Spec:
+        full = self.objective.full_run_epochs
+        if full is not None and full < self.workload.epochs:
+            raise ValueError(
+                f"objective.full_run_epochs: {full:g} is shorter than a trial "
+                f"(workload.epochs = {self.workload.epochs:g})"
+            )
+        return self
+
+    @property
+    def path(self) -> Path | None:
+        """The file this spec was read from, if any."""
+        return self._path
+
+    @property
+    def text(self) -> str:
+        """The space file's text as read."""
+        return self._text
+
+    def user_entry_points(self) -> list[str]:
+        """The ``package.module:function`` entries that are the user's code: the workload's
+        (``WorkloadSpec.user_entry_points``), then the score's."""
+        score = [self.objective.score] if ":" in self.objective.score else []
+        return self.workload.user_entry_points() + score
+
+    @property
+    def study_name(self) -> str:
+        """The study name: ``study.name``, else the space file's stem."""
+        if self.study.name:
+            return self.study.name
+        return self._path.stem if self._path else "autotune"
+
+    def search_payload(self, device: str | None = None) -> dict[str, Any]:
+        """Everything that defines the search (workload, objective, space), as JSON values.
+
+        ``study`` settings (trial count, timeout, storage, sampler) may change between runs of
+        one study; anything here may not, because Optuna cannot mix two searches. The device
+        counts by its kind only (cpu, cuda) unless ``device`` replaces it: another GPU index,
+        or ``auto`` resolved to the same kind, continues the study.
+        """
+        payload = self.model_dump(mode="json", include={"workload", "objective", "space"})
+        payload["workload"]["device"] = device or payload["workload"]["device"].split(":")[0]
+        for section, added in _ADDED_LATER.items():  # studies labelled before they existed
+            for key, default in added.items():
+                if payload[section].get(key, default) == default:
+                    payload[section].pop(key, None)
+        return payload
+
+    def search_definition(self) -> str:
+        """``search_payload()`` as indented JSON, for the diff of a refused resume."""
+        return json.dumps(self.search_payload(), sort_keys=True, indent=1)
+
+    def search_fingerprint(self) -> str:
+        """A short hash of ``search_payload()``: equal hashes, the same search."""
+        canonical = json.dumps(self.search_payload(), sort_keys=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def with_overrides(self, **sections: dict[str, Any]) -> Spec:
+        """A copy with some fields replaced, e.g. ``with_overrides(study={"n_trials": 5})``.
+
+        ``None`` values are ignored. Changed sections are validated again, so an override is
+        held to the same rules as the file.
+        """
+        updated: dict[str, Any] = {}
+        try:
+            for section, values in sections.items():
+                current: BaseModel = getattr(self, section)
+                changes = {k: v for k, v in values.items() if v is not None}
+                # what the file set, and the overrides: the rest stays a default, so that
+                # "was this set?" (model_fields_set) keeps its answer
+                merged = {**current.model_dump(exclude_unset=True), **changes}
+                updated[section] = type(current).model_validate(merged)
+            spec = Spec.model_validate({**dict(self), **updated})
+        except ValidationError as err:
+            problems = []
+            for error in err.errors():
+                loc, message = _locate(error)
+                where = ".".join(str(part) for part in (section, *loc) if part != "")
+                problems.append(_describe(error, (where,), message))
+            raise SpecError(problems) from None
+        spec._path, spec._text = self._path, self._text
+        return spec
+
+
+# --------------------------------------------------------------------------------------------
+# Loading: YAML -> Spec, with every problem reported against the file and line it came from
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Lines:
+    """Line numbers of YAML keys and values by key path, plus duplicate-key problems."""
+
+    by_path: dict[tuple[Any, ...], int] = field(default_factory=dict)
+    duplicates: list[tuple[tuple[Any, ...], int, int]] = field(default_factory=list)
+
+    def find(self, loc: tuple[Any, ...]) -> int | None:
+        while loc:
+            if loc in self.by_path:
+                return self.by_path[loc]
+            loc = loc[:-1]
+        return self.by_path.get((), None)
+
+
+def _expanded_values(node: yaml.Node, limit: int) -> int:
+    """How many nodes ``node`` stands for once aliases are expanded, counting only up to ``limit``.
+
+    Shared (aliased) nodes are sized once and their size reused, so the work is linear in the
+    file however far its aliases would expand; a node that contains itself counts as unbounded.
+    """
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(current: yaml.Node) -> int:
+        key = id(current)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:  # an alias to an ancestor: infinitely deep once expanded
+            return limit + 1
+        open_nodes.add(key)
+        total = 1
+        if isinstance(current, yaml.MappingNode):
+            children = [child for pair in current.value for child in pair]
+        elif isinstance(current, yaml.SequenceNode):
+            children = list(current.value)
+        else:
+            children = []
+        for child in children:
+            total += size(child)
+            if total > limit:
+                break
+        open_nodes.discard(key)
+        sizes[key] = min(total, limit + 1)
+        return sizes[key]
+
+    return size(node)
+
+
+def _index_lines(node: yaml.Node | None, path: tuple[Any, ...], lines: _Lines) -> None:
+    if node is None:
+        return
+    lines.by_path.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                lines.duplicates.append(((*path, key), seen[key], line))
+            seen[key] = line
+            lines.by_path[(*path, key)] = line
+            _index_lines(value_node, (*path, key), lines)
+            lines.by_path[(*path, key)] = line
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _index_lines(item, (*path, index), lines)
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model found at key path ``loc`` inside ``Spec``, or None."""
+    model: type[BaseModel] = Spec
+    for part in loc:
+        annotation = model.model_fields[part].annotation if part in model.model_fields else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def _keys_at(loc: tuple[Any, ...]) -> list[str]:
+    """The valid keys at ``loc``: a section's fields, or the knob names in ``space``."""
+    model = _model_at(loc)
+    return [] if model is None else list(model.model_fields)
+
+
+_KEYED_MESSAGE = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*): (.+)$", re.DOTALL)
+
+
+def _locate(error: Mapping[str, Any]) -> tuple[tuple[Any, ...], str]:
+    """The key path and message of one pydantic error.
+
+    Checks that span several fields (model validators) name their key at the start of the
+    message (``"eval_every: ..."``); that key is moved into the path so the line is found.
+    """
+    loc = tuple(error["loc"])
+    if error["type"] == "invalid-json-value":  # (workload, model_args, key, tag, key, tag, ...)
+        loc = loc[:3] + loc[4::2]
+    message = str(error.get("msg", "")).removeprefix("Value error, ")
+    keyed = _KEYED_MESSAGE.match(message)
+    if error["type"] == "value_error" and keyed and _model_at(loc) is not None:
+        path = tuple(keyed.group(1).split("."))
+        if path[0] in _keys_at(loc):
+            return (*loc, *path), keyed.group(2)
+    return loc, message
+
+
+def _describe(error: Mapping[str, Any], loc: tuple[Any, ...], message: str) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        key, parent = str(loc[-1]), loc[:-1]
+        where = _dotted(parent) if parent else "the space file"
+        return f"unknown key '{key}' in {where}{_close(key, _keys_at(parent))}"
+    if kind == "missing":
+        return f"missing required key '{_dotted(loc)}'"
+    if kind == "value_error":
+        return f"{_dotted(loc)}: {message}" if loc else message
+    if kind == "invalid-json-value":  # a YAML date or timestamp, say
+        found = error["input"]
+        return (
+            f"{_dotted(loc)}: {found} is a {type(found).__name__}, not plain data (a string, "
+            f"number, true/false, null, list or mapping); quote it to pass a string"
+        )
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return f"{_dotted(loc)}: must be a mapping of keys to values, got {error['input']!r}"
+    message = message.replace("Input should be", "must be").replace("String should", "must")
+    return f"{_dotted(loc)}: {message}, got {error['input']!r}"
+
+
+def _too_large(name: str) -> str:
+    return (
+        f"{name}: too large for a space file (more than {MAX_SPACE_FILE_BYTES:,} bytes); "
+        f"is this the right file?"
+    )
+
+
+def parse_spec(text: str, path: Path | str = "<space>") -> Spec:
+    """Parse and validate the text of a space file; raise SpecError listing every problem."""
+    name = str(path)
+    if len(text) > MAX_SPACE_FILE_BYTES:
+        raise SpecError([_too_large(name)])
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is not None and _expanded_values(node, MAX_SPACE_VALUES) > MAX_SPACE_VALUES:
+            raise SpecError(
+                [
+                    f"{name}: its aliases expand to more than {MAX_SPACE_VALUES:,} values (or to "
+                    f"themselves); a space file needs a few dozen, so it was not read further"
+                ]
+            )
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
+        problem = getattr(err, "problem", None) or str(err)
+        raise SpecError([f"{where}: invalid YAML: {problem}"]) from None
+    if not isinstance(raw, dict):
+        raise SpecError(
+            [
+                f"{name}: a space file is a mapping with the sections study, workload, "
+                f"objective and space; this one is "
+                f"{'empty' if raw is None else type(raw).__name__}"
+            ]
+        )
+    lines = _Lines()
+    _index_lines(node, (), lines)
+    found: list[tuple[int, str]] = [
+        (
+            second,
+            f"duplicate key '{loc[-1]}' in {_dotted(loc[:-1]) or 'the space file'}"
+            f" (first at line {first})",
+        )
+        for loc, first, second in lines.duplicates
+    ]
+    try:
+        spec = Spec.model_validate(raw)
+    except ValidationError as err:
+        for error in err.errors():
+            loc, message = _locate(error)
+            found.append((lines.find(loc) or 0, _describe(error, loc, message)))
+    else:
+        if not found:
+            spec._path = Path(path) if not name.startswith("<") else None
+            spec._text = text
+            return spec
+    found.sort(key=lambda problem: problem[0])
+    raise SpecError(
+        [f"{name}:{line}: {text}" if line else f"{name}: {text}" for line, text in found]
+    )
+
+
+def load_spec(path: Path | str) -> Spec:
+    """Read and validate a space file; raise SpecError (one line per problem) when it is bad."""
+    file = Path(path)
+    try:
+        with file.open("rb") as stream:  # bounded: a device or pipe may never end
+            data = stream.read(MAX_SPACE_FILE_BYTES + 1)
+        if len(data) > MAX_SPACE_FILE_BYTES:
+            raise SpecError([_too_large(str(file))])
+        text = data.decode("utf-8")
+    except FileNotFoundError:
+        raise SpecError([f"{file}: no such file"]) from None
+    except IsADirectoryError:
+        raise SpecError([f"{file}: is a directory, not a space file"]) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpecError([f"{file}: cannot read: {err}"]) from None
+    return parse_spec(text, file)
