@@ -25,7 +25,7 @@ import sqlalchemy
 from optuna.trial import TrialState
 
 from autotune.faults import KINDS, FaultKind, TrialFault, classify
-from autotune.study import open_storage, recover_stale_trials
+from autotune.study import TrialRecord, open_storage, recover_stale_trials
 from autotune.testing import CPU, assert_trials_recorded, live_group_members, start_cli
 
 CPU_WITH_FP16 = dataclasses.replace(CPU, fp16=True)  # fp16 autocast + GradScaler run on CPUs
@@ -438,6 +438,34 @@ def test_a_stale_trials_retry_keeps_its_parameters_and_baseline_mark_but_no_meas
     assert retry.user_attrs == {"baseline": True}
     assert retry.system_attrs["failed_trial"] == stale.number
     assert not any(key.startswith("completed_rung") for key in retry.system_attrs)
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # this test beats itself
+def test_a_trial_whose_beat_comes_back_during_recovery_keeps_no_interrupted_label(
+    tmp_path: Path,
+):
+    """The recovery reads the stale trials, labels them, then Optuna fails those still stale:
+    a trial whose owner beats in between is not failed, and must not keep the label."""
+    storage = open_storage(f"sqlite:///{tmp_path / 'race.db'}", heartbeat_interval=1)
+    study = optuna.create_study(study_name="race", storage=storage)
+    trial = study.ask()
+    storage.record_heartbeat(trial._trial_id)
+    time.sleep(5)  # stale by the clock: silent for over three intervals
+    read_stale = storage._get_stale_trial_ids
+
+    def owner_beats_right_after(study_id: int) -> list[int]:
+        found = read_stale(study_id)
+        storage.record_heartbeat(trial._trial_id)  # the slow owner's beat lands now
+        storage._get_stale_trial_ids = read_stale  # once: Optuna's own query is the real one
+        return found
+
+    storage._get_stale_trial_ids = owner_beats_right_after
+    assert recover_stale_trials(study) == 0  # none failed
+    (running,) = study.get_trials(states=(TrialState.RUNNING,))
+    assert running.number == trial.number
+    assert TrialRecord.of(running).fail_kind is None  # it trains on, unlabelled
+    study.tell(trial, 1.0)
+    assert TrialRecord.of(study.trials[0]).fail_kind is None
 
 
 @pytest.mark.slow

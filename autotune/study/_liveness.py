@@ -15,6 +15,7 @@ from typing import Any
 import optuna
 import sqlalchemy
 from optuna.exceptions import ExperimentalWarning
+from optuna.trial import TrialState
 
 from autotune.faults import FaultKind
 from autotune.study._records import TrialRecord
@@ -171,4 +172,14 @@ def recover_stale_trials(study: optuna.Study) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ExperimentalWarning)
             optuna.storages.fail_stale_trials(study)
-    return len(stale)
+    failed = 0
+    # a trial whose beat came back between the two queries (a slow process, not a dead one)
+    # was not failed: it trains on, so the label written above is taken back
+    for trial_id in stale:
+        if storage.get_trial(trial_id).state != TrialState.RUNNING:
+            failed += 1
+            continue
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+            storage.set_trial_user_attr(trial_id, "fail_kind", None)
+            storage.set_trial_user_attr(trial_id, "fail_msg", None)
+    return failed
