@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from autotune import ranks
 from autotune.config import TrialConfig
 from autotune.execution import (
     compile_seconds,
@@ -80,7 +81,9 @@ class _Batches:
 
 def _measure(config: TrialConfig, workload: Workload, plan: BurstPlan) -> dict[str, Any]:
     seed_everything(config.seed)
-    loader = make_train_loader(workload.train_set, config, config.seed, workload.collate_fn)
+    loader = make_train_loader(
+        workload.train_set, config, config.seed, workload.collate_fn, ranks.rank()
+    )
     per_epoch = len(loader)
     if per_epoch == 0:
         size = len(workload.train_set)  # type: ignore[arg-type]  # map-style: sized
@@ -116,6 +119,7 @@ def _measure(config: TrialConfig, workload: Workload, plan: BurstPlan) -> dict[s
     per_batch = (time.perf_counter() - started) / CALIBRATION_MICRO_BATCHES
     length = round(plan.burst_seconds / max(per_batch, 1e-6))
     length = max(plan.min_micro_batches, min(plan.max_micro_batches, length, per_epoch))
+    length = ranks.leaders(length, device)  # every process of a distributed run: rank 0's
 
     # -- the bursts: each a new pass, its start timed apart from its steady steps
     steps: list[float] = []
@@ -166,4 +170,5 @@ def _measure(config: TrialConfig, workload: Workload, plan: BurstPlan) -> dict[s
         "peak_memory_bytes": peak_memory_bytes(device),
         "device_name": device_name(config.device),
         "torch_version": torch.__version__,
+        "world_size": config.world_size,
     }

@@ -62,11 +62,23 @@ class TrialConfig:
     # settings added later keep a default, so that older exports still load
     dataloader_timeout: float = 0.0  # seconds to wait for a batch from a worker; 0: forever
     data_pipeline: str = "dataloader"  # dataloader (per-sample, workers) | device (batched)
+    # a distributed trial: world_size processes (DDP ranks, a GPU each, or a share of the cores),
+    # each training batch_size samples per micro-batch; DDP's settings below mean nothing at 1
+    world_size: int = 1
+    ddp_bucket_cap_mb: int = 25  # MiB of gradients all-reduced together (DDP's default)
+    gradient_as_bucket_view: bool = False  # gradients are views into the buckets: no copy
+    static_graph: bool = False  # the same parameters are used in every step
 
     @property
     def effective_batch_size(self) -> int:
-        """Samples per optimizer step: batch_size x accumulation_steps."""
-        return self.batch_size * self.accumulation_steps
+        """Samples per optimizer step, over every process: batch_size x accumulation_steps x
+        world_size (the global batch the learning rate is scaled for)."""
+        return self.batch_size * self.accumulation_steps * self.world_size
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the trial trains as several processes under torch.distributed."""
+        return self.world_size > 1
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able mapping of every field."""

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from autotune import bursts, runner
+from autotune import bursts, distributed, runner
 from autotune.config import TrialConfig
+from autotune.distributed import WorkloadSource
 from autotune.errors import UserError
 from autotune.faults import release_memory
 from autotune.results import Reporter, TrialResult
@@ -44,11 +45,24 @@ class InProcessExecutor:
     Nothing is supervised: a crash ends the study and a hang is not timed out.
     """
 
-    def __init__(self, workload: Workload, warmth: Warmth | None = None) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        warmth: Warmth | None = None,
+        source: WorkloadSource | None = None,
+    ) -> None:
         self.workload = workload
         self.warmth = warmth or Warmth()
+        self.source = source  # how a distributed trial's processes build the workload
+
+    def _source(self) -> WorkloadSource:
+        if self.source is None:
+            raise UserError("a distributed trial needs the workload's spec to start its ranks")
+        return self.source
 
     def run(self, config: TrialConfig, report: Reporter) -> TrialResult:
+        if config.distributed:  # its own processes, each warmed before its clock
+            return distributed.train(config, self._source(), report)
         try:
             self.warmth.before(config, self.workload)  # before the trial's clock starts
             return runner.train(config, self.workload, report)
@@ -56,6 +70,8 @@ class InProcessExecutor:
             release_memory()  # the next trial's peak memory is its own
 
     def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
+        if config.distributed:
+            return distributed.measure(config, self._source(), plan)
         try:
             self.warmth.before(config, self.workload)  # before the first burst's clock
             return bursts.measure(config, self.workload, plan)

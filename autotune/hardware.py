@@ -35,6 +35,7 @@ class Hardware:
     torch_version: str
     memory_bytes: int | None = None  # the GPU's memory; None on the CPU
     cpu_share: bool = False  # cpu_count is this worker's share of the machine (--workers, --gpus)
+    gpu_count: int = 0  # CUDA GPUs this process sees (its CUDA_VISIBLE_DEVICES)
 
     @property
     def is_cuda(self) -> bool:
@@ -127,4 +128,5 @@ def detect(device: str = "auto") -> Hardware:
         compile_problem=_compile_problem("cuda"),
         torch_version=torch.__version__,
         memory_bytes=torch.cuda.get_device_properties(index).total_memory,
+        gpu_count=torch.cuda.device_count(),
     )

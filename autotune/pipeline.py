@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from autotune.config import TrialConfig
 
@@ -34,6 +34,7 @@ Collate = Callable[[list[Any]], Any]  # samples -> one batch, as DataLoader's co
 __all__ = [
     "CROP_PADDING",
     "DeviceBatches",
+    "EpochSampler",
     "ImageTensorDataset",
     "crop_and_flip",
     "make_train_loader",
@@ -105,6 +106,8 @@ class DeviceBatches:
         device: torch.device,
         generator: torch.Generator | None = None,
         shuffle: bool = True,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         self.mean: torch.Tensor | None
         self.std: torch.Tensor | None
@@ -122,10 +125,13 @@ class DeviceBatches:
                 f"TensorDataset), not {type(dataset).__name__}"
             )
         self.batch_size, self.device, self.shuffle = batch_size, device, shuffle
+        # one process of a distributed trial: every rank draws the same order (the same seed)
+        # and takes its own equal slice of it, as DistributedSampler does
+        self.rank, self.world_size = rank, world_size
         self.generator = generator or torch.Generator(device=device)
 
     def __len__(self) -> int:
-        count = self.inputs.shape[0]
+        count = self.inputs.shape[0] // self.world_size
         return count // self.batch_size if self.shuffle else math.ceil(count / self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -136,6 +142,8 @@ class DeviceBatches:
         count = self.inputs.shape[0]
         if self.shuffle:
             order = torch.randperm(count, device=self.device, generator=self.generator)
+            share = count // self.world_size
+            order = order[self.rank * share : (self.rank + 1) * share]
             stop = len(self) * self.batch_size
         else:
             order, stop = torch.arange(count, device=self.device), count
@@ -171,24 +179,46 @@ def _seed_worker(worker_id: int) -> None:
     np.random.seed(seed)
 
 
+class EpochSampler(DistributedSampler):
+    """A DistributedSampler that moves on to the next epoch's order at every pass (a training
+    loop iterates its loader once per epoch); every rank shuffles with the same seed."""
+
+    def __iter__(self) -> Iterator[Any]:
+        order = super().__iter__()  # drawn now, from seed + epoch
+        self.set_epoch(self.epoch + 1)
+        return order
+
+
 def make_train_loader(
-    dataset: Dataset, config: TrialConfig, seed: int, collate_fn: Collate | None = None
+    dataset: Dataset,
+    config: TrialConfig,
+    seed: int,
+    collate_fn: Collate | None = None,
+    rank: int = 0,
 ) -> DataLoader | DeviceBatches:
     """Shuffled training batches, the last partial one dropped (static shapes).
 
     The ``dataloader`` pipeline is a DataLoader with the trial's knobs (and the data function's
     ``collate_fn``, if it gave one); the ``device`` pipeline keeps the data set on the device and
-    makes each batch there (DeviceBatches).
+    makes each batch there (DeviceBatches). Process ``rank`` of a distributed trial
+    (``config.world_size`` > 1) draws its own 1/world_size of every epoch.
     """
+    world = config.world_size
     if config.data_pipeline == "device":
         device = torch.device(config.device)
         generator = torch.Generator(device=device).manual_seed(seed)
-        return DeviceBatches(dataset, config.batch_size, device, generator, shuffle=True)
+        return DeviceBatches(dataset, config.batch_size, device, generator, True, rank, world)
     workers = config.num_workers > 0  # the worker knobs mean nothing without workers
+    sampler = (
+        EpochSampler(dataset, num_replicas=world, rank=rank, seed=seed, drop_last=True)
+        if world > 1
+        else None
+    )
     return DataLoader(
         dataset,
         batch_size=config.batch_size,
-        shuffle=True,
+        shuffle=sampler is None,
+        sampler=sampler,
         drop_last=True,  # static shapes: no recompilation, CUDA graphs stay valid
         num_workers=config.num_workers,
         pin_memory=config.pin_memory,

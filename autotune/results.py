@@ -66,6 +66,9 @@ class TrialResult:
     # the share of its cores' time other processes took while it trained (see interference);
     # None where it cannot be read
     other_cpu_share: float | None = None
+    # processes that trained it together (DDP ranks); its rates are theirs together, its
+    # memory peak and FLOPs per sample those of rank 0
+    world_size: int = 1
 
 
 @dataclass(frozen=True)

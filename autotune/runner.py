@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from autotune import ranks
 from autotune.config import TrialConfig
 from autotune.evaluation import evaluate
 from autotune.execution import (
@@ -115,7 +116,10 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
     seed_everything(config.seed)
 
     # -- data
-    train_loader = make_train_loader(workload.train_set, config, config.seed, workload.collate_fn)
+    # (one process of a distributed trial draws its own share of every epoch)
+    train_loader = make_train_loader(
+        workload.train_set, config, config.seed, workload.collate_fn, ranks.rank()
+    )
     val_loader = make_val_loader(workload.val_set, config, workload.collate_fn)
     train_size = len(workload.train_set)  # type: ignore[arg-type]  # map-style: sized
     plan = make_plan(config, len(train_loader), train_size)
@@ -197,7 +201,7 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
             sampler.paused = True
             breakdown = breakdown or probe.result(final=steps == plan.optimizer_steps)
             epoch = trainer.micro_batches / plan.micro_batches_per_epoch
-            train_loss = _segment_loss(loss_sum, losses_summed, epoch, config)
+            train_loss = _segment_loss(loss_sum, losses_summed, epoch, config)  # every rank's
             _check_training_health(
                 trainer,
                 train_loss,
@@ -212,13 +216,17 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
             loss_sum.zero_()
             # a tensor under fp16 (finite losses are counted on the device), else an int
             losses_summed = losses_summed.zero_() if fp16 else 0  # type: ignore[union-attr]
+            # rank 0 of a distributed trial evaluates (the whole validation split, on its
+            # replica: the same score as one process) and reports; the others wait for its
+            # verdict, so that every rank stops at the same step
             eval_started = time.perf_counter()
-            score, val_loss = evaluate(trainer, val_loader, workload)
+            leader = ranks.is_leader()
+            score, val_loss = evaluate(trainer, val_loader, workload) if leader else (0.0, 0.0)
             evaluation = Evaluation(
                 index=len(evaluations) + 1,
                 epoch=epoch,
                 optimizer_steps=steps,
-                samples_seen=trainer.micro_batches * config.batch_size,
+                samples_seen=trainer.micro_batches * config.batch_size * config.world_size,
                 score=score,
                 val_loss=val_loss,
                 train_loss=train_loss,
@@ -228,7 +236,8 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
                 final=steps == plan.optimizer_steps,
             )
             evaluations.append(evaluation)
-            if report(evaluation) or evaluation.final:
+            stop = (report(evaluation) if leader else False) or evaluation.final
+            if ranks.agree(stop, device):
                 break
             next_eval = next(pending_evals)
             sampler.paused = False
@@ -272,17 +281,20 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
         gpu=sampler.summary(),
         device_name=device_name(config.device),
         torch_version=torch.__version__,
+        world_size=config.world_size,
     )
 
 
 def _segment_loss(
     loss_sum: torch.Tensor, losses_summed: torch.Tensor | int, epoch: float, config: TrialConfig
 ) -> float:
-    """Mean training loss since the last evaluation (reads the device once)."""
+    """Mean training loss since the last evaluation, over every process of a distributed
+    trial (reads the device once)."""
     if isinstance(losses_summed, torch.Tensor):  # fp16: only finite losses were summed
-        total, count = torch.stack([loss_sum, losses_summed.float()]).tolist()
+        counted = losses_summed.float()
     else:
-        total, count = loss_sum.item(), losses_summed
+        counted = torch.full((), float(losses_summed), device=loss_sum.device)
+    total, count = ranks.sum_over_ranks(torch.stack([loss_sum, counted])).tolist()
     if count == 0 or not math.isfinite(total):
         shown = "inf or nan at every step" if count == 0 else f"{total / count}"
         raise TrialFault(

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ __all__ = [
     "WorkerShare",
     "Workers",
     "apply_share",
+    "one_gpu_model",
     "plan_shares",
     "stop_with_parent",
     "unused_cores",
@@ -65,12 +67,15 @@ class WorkerShare:
     index: int  # 0 is the command the user started
     count: int
     cores: tuple[int, ...]  # CPU cores it is pinned to
-    gpu: str | None  # the GPU it sees as cuda:0 (an index or UUID), None on the CPU
+    # the GPU it sees as cuda:0 (an index or UUID), or the comma-separated GPUs it sees as
+    # cuda:0, cuda:1, ... (a trial of several processes, one per GPU); None on the CPU
+    gpu: str | None
 
     def describe(self) -> str:
-        """``worker 2 of 4: cores 4-5, GPU 2``."""
+        """``worker 2 of 4: cores 4-5, GPU 2`` (``GPUs 2,3`` for a trial of two)."""
         cores = _ranges(self.cores)
-        gpu = f", GPU {self.gpu}" if self.gpu is not None else ""
+        several = self.gpu is not None and "," in self.gpu
+        gpu = f", GPU{'s' if several else ''} {self.gpu}" if self.gpu is not None else ""
         size = _plural(len(self.cores), "core")
         return f"worker {self.index + 1} of {self.count}: {size} {cores}{gpu}"
 
@@ -139,16 +144,78 @@ def _gpus(spec: str) -> list[str]:
     return [allowed[int(g)] for g in wanted]
 
 
-def plan_shares(workers: int | None, gpus: str | None) -> list[WorkerShare]:
-    """One share per worker: ``workers`` CPU workers, or one per GPU of ``gpus``; the cores this
-    process may use divided among them in equal, contiguous blocks. ScaleOutError when they cannot
-    be (more workers than cores, --workers and --gpus that disagree)."""
+def _gpu_groups(devices: list[str], per_trial: int, spec: str) -> list[str]:
+    """``devices`` in groups of ``per_trial`` (a worker's GPUs, comma-separated); GPUs left
+    over idle, as cores are. ScaleOutError when there are fewer than one group."""
+    count = len(devices) // per_trial
+    if count == 0:
+        raise ScaleOutError(
+            f"--gpus {spec}: {_plural(len(devices), 'GPU')}, and workload.gpus_per_trial asks "
+            f"for {per_trial} per trial"
+        )
+    return [",".join(devices[k * per_trial : (k + 1) * per_trial]) for k in range(count)]
+
+
+def one_gpu_model(devices: list[str], names: list[str]) -> None:
+    """Refuse GPUs of different models (``names``, one per device): a study compares trials
+    timed on one model, and stage 1's measurements hold for the model they were taken on."""
+    models = sorted(set(names))
+    if len(models) <= 1:
+        return
+    found = "; ".join(
+        f"{model}: GPU {','.join(d for d, n in zip(devices, names, strict=True) if n == model)}"
+        for model in models
+    )
+    raise ScaleOutError(
+        f"--gpus: these GPUs are of {len(models)} models ({found}); a study compares trials "
+        f"timed on one model, so run one study per model, naming its GPUs with --gpus"
+    )
+
+
+def _gpu_names(devices: list[str]) -> list[str]:
+    """The model name of each of ``devices``, asked of torch in a short process of its own (in
+    this one, CUDA would start with every GPU visible, before the worker's share is applied)."""
+    query = (
+        "import torch\n"
+        "for index in range(torch.cuda.device_count()):\n"
+        "    print(torch.cuda.get_device_name(index))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", query],
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(devices)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    names = done.stdout.splitlines()
+    if done.returncode != 0 or len(names) != len(devices):
+        why = (done.stderr.strip().splitlines() or ["no answer"])[-1]
+        raise ScaleOutError(f"--gpus: cannot read the GPUs' models: {why}")
+    return names
+
+
+def plan_shares(
+    workers: int | None,
+    gpus: str | None,
+    gpus_per_trial: int = 1,
+    gpu_names: Callable[[list[str]], list[str]] = _gpu_names,
+) -> list[WorkerShare]:
+    """One share per worker: ``workers`` CPU workers, or one per ``gpus_per_trial`` GPUs of
+    ``gpus``; the cores this process may use divided among them in equal, contiguous blocks.
+    ScaleOutError when they cannot be (more workers than cores, --workers and --gpus that
+    disagree, fewer GPUs than a trial needs, GPUs of different models). ``gpu_names`` reads
+    the GPUs' models (a machine without GPUs can describe one it has not)."""
     devices = _gpus(gpus) if gpus is not None else []
-    if devices and workers is not None and workers != len(devices):
+    if len(devices) > 1:
+        one_gpu_model(devices, gpu_names(devices))
+    groups = _gpu_groups(devices, gpus_per_trial, str(gpus)) if devices else []
+    if groups and workers is not None and workers != len(groups):
         raise ScaleOutError(
             f"--workers {workers} and --gpus {gpus} disagree: a GPU study runs one worker per "
-            f"GPU ({len(devices)}); leave --workers out"
+            f"{'GPU' if gpus_per_trial == 1 else f'{gpus_per_trial} GPUs'} ({len(groups)}); "
+            f"leave --workers out"
         )
+    devices = groups
     count = len(devices) or workers or 1
     cores = _available_cores()
     if count > len(cores):

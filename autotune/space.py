@@ -22,7 +22,7 @@ from torch.utils.data import TensorDataset
 from autotune.config import TrialConfig, scaled_lr
 from autotune.hardware import Hardware
 from autotune.pipeline import ImageTensorDataset
-from autotune.spec import Choice, FloatRange, IntRange, Knob, Spec, SpecError
+from autotune.spec import DDP_KNOBS, Choice, FloatRange, IntRange, Knob, Spec, SpecError
 from autotune.speed import SPEED_KNOBS, SPLIT_KNOBS, SpeedTable
 from autotune.workloads import Workload
 
@@ -85,9 +85,10 @@ def _in_memory_bytes(dataset: Any) -> int | None:
 
 
 def _unsupported(
-    hardware: Hardware, workload: Workload | None
+    hardware: Hardware, workload: Workload | None, processes: int = 1
 ) -> dict[str, Callable[[Any], str | None]]:
-    """For each knob with device-dependent values: value -> why it cannot run here, or None."""
+    """For each knob with device-dependent values: value -> why it cannot run here, or None.
+    ``processes``: those of one trial (workload.gpus_per_trial), each with its DataLoader."""
     where = hardware.device_name
 
     def precision(value: Any) -> str | None:
@@ -144,10 +145,13 @@ def _unsupported(
         return None if value <= size else f"larger than the training set ({size} samples)"
 
     def num_workers(value: Any) -> str | None:
-        if not hardware.cpu_share or value <= hardware.cpu_count:
+        if (not hardware.cpu_share and processes == 1) or value * processes <= hardware.cpu_count:
             return None
         cores = f"{hardware.cpu_count} core{'' if hardware.cpu_count == 1 else 's'}"
-        return f"more DataLoader processes than the {cores} of this worker's share"
+        whose = "this worker's share" if hardware.cpu_share else "this machine"
+        if processes > 1:
+            return f"{processes} processes' DataLoaders would outnumber the {cores} of {whose}"
+        return f"more DataLoader processes than the {cores} of {whose}"
 
     def channels_last(value: Any) -> str | None:
         if not value or workload is None or len(workload.input_shape) == 3:
@@ -167,6 +171,29 @@ def _unsupported(
     }
 
 
+def _room_for_processes(hardware: Hardware, processes: int) -> list[str]:
+    """Why this machine cannot train a trial as ``processes`` processes (a GPU each, from the
+    study's device on; on a CPU at least a core each), or nothing."""
+    if processes == 1:
+        return []
+    if hardware.is_cuda:
+        first = int(hardware.device.split(":")[1])
+        visible = hardware.gpu_count - first
+        if processes <= visible:
+            return []
+        return [
+            f"workload.gpus_per_trial: {processes} processes need a GPU each from "
+            f"{hardware.device} on; this process sees {visible}"
+        ]
+    if processes <= hardware.cpu_count:
+        return []
+    whose = "this worker's share of the machine" if hardware.cpu_share else "this machine"
+    return [
+        f"workload.gpus_per_trial: on a CPU, {processes} processes need a core each; {whose} "
+        f"has {hardware.cpu_count}"
+    ]
+
+
 def restrict(spec: Spec, hardware: Hardware, workload: Workload | None = None) -> Restriction:
     """Remove the knob values ``hardware`` (and ``workload``) cannot run: no trial wasted on them.
 
@@ -176,7 +203,9 @@ def restrict(spec: Spec, hardware: Hardware, workload: Workload | None = None) -
     updates: dict[str, Choice] = {}
     dropped: list[Dropped] = []
     problems: list[str] = []
-    for name, why_not in _unsupported(hardware, workload).items():
+    processes = spec.workload.gpus_per_trial
+    problems.extend(_room_for_processes(hardware, processes))
+    for name, why_not in _unsupported(hardware, workload, processes).items():
         knob = getattr(spec.space, name)
         if not isinstance(knob, Choice):
             continue  # a batch_size range: trials past the data set end as invalid_config
@@ -248,12 +277,16 @@ def _execution_from_table(
         batch_size, accumulation_steps = pick("batch_size"), pick("accumulation_steps")
         effective = batch_size * accumulation_steps
     else:
-        sizes = effective_batch_sizes(spec)
-        effective = (
+        # the global batch of a distributed trial is each process's times the processes:
+        # that is what the learning rate follows, and what is sampled
+        world = spec.workload.gpus_per_trial
+        sizes = [size * world for size in effective_batch_sizes(spec)]
+        sampled = (
             trial.suggest_categorical("effective_batch_size", sizes)
             if len(sizes) > 1
             else sizes[0]
         )
+        effective = sampled // world  # per process: what stage 1 timed
     precision = pick("precision")
     extras = tuple((name, pick(name)) for name in SPEED_KNOBS if name in declared)
     if split_sampled:
@@ -303,11 +336,15 @@ def sample(
             "compile": pick("compile"),
             "channels_last": pick("channels_last"),
             "cudnn_benchmark": pick("cudnn_benchmark"),
+            **{name: pick(name) for name in DDP_KNOBS},  # one value each without DDP (spec)
         }
     weight_decay = pick("weight_decay")
     schedule, warmup_fraction = pick("schedule"), pick("warmup_fraction")
+    world_size = spec.workload.gpus_per_trial  # the global batch is every process's
     return TrialConfig(
-        lr=scaled_lr(base_lr, batch_size * accumulation_steps, base_batch_size, lr_scaling),
+        lr=scaled_lr(
+            base_lr, batch_size * accumulation_steps * world_size, base_batch_size, lr_scaling
+        ),
         base_lr=base_lr,
         lr_scaling=lr_scaling,
         base_batch_size=base_batch_size,
@@ -334,4 +371,6 @@ def sample(
         seed=spec.study.seed + trial.number,
         dataloader_timeout=spec.workload.dataloader_timeout,
         data_pipeline=execution["data_pipeline"],
+        world_size=world_size,
+        **{name: execution[name] for name in DDP_KNOBS},
     )

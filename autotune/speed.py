@@ -17,6 +17,7 @@ from typing import Any
 
 __all__ = [
     "COMPUTE_KNOBS",
+    "DDP_SETTINGS",
     "LOADER_KNOBS",
     "PIPELINE_KNOBS",
     "SPEED_KNOBS",
@@ -31,8 +32,9 @@ __all__ = [
 # how batches reach the model: the pipeline and the DataLoader's own knobs
 LOADER_KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 PIPELINE_KNOBS = ("data_pipeline", *LOADER_KNOBS)
-# how the step computes
-COMPUTE_KNOBS = ("compile", "channels_last", "cudnn_benchmark")
+# how the step computes (the last three: DistributedDataParallel's, in a distributed trial)
+DDP_SETTINGS = ("ddp_bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
+COMPUTE_KNOBS = ("compile", "channels_last", "cudnn_benchmark", *DDP_SETTINGS)
 SPEED_KNOBS = (*PIPELINE_KNOBS, *COMPUTE_KNOBS)
 # the split of an effective batch: speed only, at a fixed effective batch, unless declared
 SPLIT_KNOBS = ("batch_size", "accumulation_steps")
@@ -78,6 +80,7 @@ class SpeedMeasurement:
     torch_version: str
     intra_op_threads: int = 0
     other_cpu_share: float | None = None  # others' share of its cores while it ran
+    world_size: int = 1  # processes of a distributed run, each this batch_size per micro-batch
 
     def seconds_per_micro_batch(self, accumulation_steps: int = 1) -> float:
         """Steady seconds per micro-batch with one optimizer step per ``accumulation_steps``."""
@@ -91,7 +94,7 @@ class SpeedMeasurement:
 
     def samples_per_second(self, accumulation_steps: int = 1) -> float:
         """Steady training samples per second, epoch starts included."""
-        samples = self.micro_batches_per_epoch * self.batch_size
+        samples = self.micro_batches_per_epoch * self.batch_size * self.world_size
         return samples / self.epoch_seconds(accumulation_steps)
 
     @property

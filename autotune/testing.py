@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset, get_worker_info
 
+from autotune import ranks
 from autotune.config import TrialConfig
 from autotune.faults import KINDS
 from autotune.hardware import Hardware, detect
@@ -174,8 +175,10 @@ class _Faults(nn.Module):
         step_delay_seconds: float,
         diverge_after_steps: int | None = None,
         cuda_error_at_batch: int | None = None,
+        fault_rank: int | None = None,
     ) -> None:
         super().__init__()
+        self.fault_rank = fault_rank
         self.nan_after_steps = nan_after_steps
         self.oom_at_batch = oom_at_batch
         self.overflow_at_steps = overflow_at_steps
@@ -187,7 +190,7 @@ class _Faults(nn.Module):
         self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training:
+        if not self.training or self.fault_rank not in (None, ranks.rank()):
             return x
         self.calls += 1
         if self.step_delay_seconds:
@@ -237,6 +240,7 @@ def tiny_mlp(
     broken_compiler: bool = False,
     diverge_after_steps: int | None = None,
     cuda_error_at_batch: int | None = None,
+    fault_rank: int | None = None,
 ) -> nn.Module:
     """Flatten, one hidden ReLU layer, a linear classifier; plus optional injected faults.
 
@@ -248,6 +252,7 @@ def tiny_mlp(
     ``cuda_error_at_batch`` (the RuntimeError a broken CUDA context raises, for batches this
     large),
     and ``broken_compiler`` (torch.compile's C++ compiler is missing in this process).
+    ``fault_rank``: the faults happen in that process of a distributed trial only.
     """
     if broken_compiler:
         _break_the_compiler()
@@ -276,6 +281,7 @@ def tiny_mlp(
                 step_delay_seconds,
                 diverge_after_steps,
                 cuda_error_at_batch,
+                fault_rank,
             )
         )
     return nn.Sequential(*layers)

@@ -16,8 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from autotune.config import TrialConfig
+from autotune.ranks import world_size
 from autotune.workloads.batches import ModelInputs, call_model, to_device
 from autotune.workloads.scoring import LossFn, cross_entropy_loss
 
@@ -25,6 +27,7 @@ __all__ = [
     "Trainer",
     "autocast",
     "backend_flags",
+    "distributed_model",
     "make_optimizer",
     "make_scheduler",
     "seed_everything",
@@ -135,6 +138,28 @@ def backend_flags(config: TrialConfig) -> Iterator[None]:
 Batch = torch.Tensor | ModelInputs  # what the model is called with
 
 
+def distributed_model(
+    model: nn.Module, config: TrialConfig, device: torch.device
+) -> DistributedDataParallel:
+    """``model`` (on ``device``) as one replica of a distributed trial, with the trial's DDP
+    settings; this process must have joined the trial's process group."""
+    if world_size() != config.world_size:
+        raise RuntimeError(
+            f"the configuration trains as {config.world_size} processes (DDP), and this "
+            f"process is in a group of {world_size()}: start them with torchrun "
+            f"--nproc-per-node {config.world_size} and call "
+            f"torch.distributed.init_process_group() first, or train as one process with "
+            f"config.replace(world_size=1)"
+        )
+    return DistributedDataParallel(
+        model,
+        device_ids=[device] if device.type == "cuda" else None,
+        bucket_cap_mb=config.ddp_bucket_cap_mb,
+        gradient_as_bucket_view=config.gradient_as_bucket_view,
+        static_graph=config.static_graph,
+    )
+
+
 class Trainer:
     """One model trained under one configuration.
 
@@ -157,13 +182,17 @@ class Trainer:
         if config.channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.model = model  # the module itself: for evaluation and checkpoints
-        self.step_model: nn.Module = model  # what training calls: compiled when asked
+        # what training calls: DistributedDataParallel around the model in a distributed
+        # trial (one process of several), compiled when asked (DDP inside: Dynamo splits the
+        # graph at its gradient buckets)
+        self.ddp = distributed_model(model, config, self.device) if config.distributed else None
+        self.step_model: nn.Module = self.ddp or model
         if config.compile != "none":
             # a compile that fails must fail, not fall back to eager and be labelled compiled
             torch._dynamo.config.suppress_errors = False
             mode = None if config.compile == "default" else config.compile
             # torch.compile is typed as returning a callable; for a module it is a module
-            self.step_model = torch.compile(model, mode=mode)  # type: ignore[assignment]
+            self.step_model = torch.compile(self.step_model, mode=mode)  # type: ignore[assignment]
         self.optimizer = make_optimizer(model, config)
         self.scheduler = make_scheduler(self.optimizer, config, total_steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
@@ -201,11 +230,20 @@ class Trainer:
         return loss
 
     def forward_backward(self, inputs: Batch, targets: Any) -> torch.Tensor:
-        """Forward under autocast and backward of the loss / accumulation_steps (detached loss)."""
-        with self.autocast():
-            loss = self.loss_fn(call_model(self.step_model, inputs), targets)
+        """Forward under autocast and backward of the loss / accumulation_steps (detached loss).
+
+        In a distributed trial the gradients are averaged over the processes only at the last
+        micro-batch of an accumulation group (DDP's ``no_sync`` before it): one all-reduce per
+        optimizer step, as the sum of the group's gradients is all the step needs. Under
+        ``static_graph`` DDP cannot skip one (its reducer fails an internal assert in torch
+        2.11 to 2.14): every micro-batch all-reduces, the same gradients at more traffic."""
         accumulation = self.config.accumulation_steps
-        self.scaler.scale(loss / accumulation if accumulation > 1 else loss).backward()
+        syncs = (self.micro_batches + 1) % accumulation == 0 or self.config.static_graph
+        deferred = self.ddp.no_sync() if self.ddp is not None and not syncs else None
+        with deferred or contextlib.nullcontext():
+            with self.autocast():
+                loss = self.loss_fn(call_model(self.step_model, inputs), targets)
+            self.scaler.scale(loss / accumulation if accumulation > 1 else loss).backward()
         self.micro_batches += 1
         return loss.detach()
 

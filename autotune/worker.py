@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from autotune import bursts, runner
+from autotune import bursts, distributed, runner
 from autotune.config import TrialConfig
 from autotune.executor import WorkerError
 from autotune.faults import (
@@ -439,10 +439,17 @@ def _worker_main(
             return verdict.stop
 
         try:
-            warmth.before(config, workload)  # what this process pays once: not on a clock
-            if isinstance(message, MeasureSpeed):
+            if config.distributed:  # its own processes, each warmed before its clock
+                source = distributed.WorkloadSource(workload_spec, base_dir, score)
+                if isinstance(message, MeasureSpeed):
+                    measured = distributed.measure(config, source, message.plan)
+                else:
+                    result = distributed.train(config, source, report)
+            elif isinstance(message, MeasureSpeed):
+                warmth.before(config, workload)  # what this process pays once: not on a clock
                 measured = bursts.measure(config, workload, message.plan)
             else:
+                warmth.before(config, workload)
                 result = runner.train(config, workload, report)
         except Exception as error:
             kind, text = classify(error)

@@ -17,7 +17,16 @@ PACKAGE = Path(autotune.__file__).parent
 # lowest first
 LAYERS: list[set[str]] = [
     {"_version", "errors", "config", "results", "speed"},  # plain data and names, no torch
-    {"spec", "faults", "hardware", "timing", "interference", "files", "scaleout"},  # what the
+    {
+        "spec",
+        "faults",
+        "hardware",
+        "timing",
+        "interference",
+        "files",
+        "scaleout",
+        "ranks",
+    },  # what the
     # user asked; the machine, what else runs on it, and its shares among workers
     {"telemetry", "pipeline"},  # measuring the device; batches reaching it
     {"workloads", "trainer", "execution"},  # models and data; a model under a configuration;
@@ -25,7 +34,8 @@ LAYERS: list[set[str]] = [
     {"evaluation"},  # a trained model judged on the validation split
     {"testing", "space", "runner", "bursts", "objective", "warmup"},  # sampling; a measured
     # trial; timed bursts of one configuration; its score; what a process pays once
-    {"baseline"},  # the untuned configuration, drawn through space
+    {"baseline", "distributed"},  # the untuned configuration, drawn through space; one trial
+    # trained by several processes (DDP)
     {"executor"},  # how the study runs a trial
     {"worker", "study"},  # trials in a supervised process; the study and its records
     {"display", "export"},  # what people see; the answer as a script, file or object

@@ -225,6 +225,9 @@ KNOB_CODE = {
     "val_batch_size": (17, "VAL_BATCH_SIZE = 17"),
     "seed": (12345, "SEED = 12345  "),
     "data_pipeline": ("device", "DeviceBatches("),
+    "ddp_bucket_cap_mb": (50, "DDP_BUCKET_CAP_MB = 50"),
+    "gradient_as_bucket_view": (True, "GRADIENT_AS_BUCKET_VIEW = True"),
+    "static_graph": (True, "STATIC_GRAPH = True"),
 }
 
 
@@ -244,6 +247,9 @@ def test_every_knob_is_rendered_as_its_code(tiny_study):
             config = config.replace(device="cuda:0")
         elif knob == "base_batch_size":
             config = config.replace(lr_scaling="linear")
+        elif knob in ("ddp_bucket_cap_mb", "gradient_as_bucket_view", "static_graph"):
+            # a trial of two processes, accumulating (DDP's no_sync) and compiled over DDP
+            config = config.replace(world_size=2, accumulation_steps=2, compile="default")
         before = render_script(study, _with(best, config))
         changed = render_script(study, _with(best, config.replace(**{knob: value})))
         assert code not in before, f"{knob}: {code!r} is there before the change"

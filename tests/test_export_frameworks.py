@@ -368,3 +368,17 @@ def test_hf_training_arguments_build_from_the_file(best, tmp_path: Path, variant
         assert group["momentum"] == expected.momentum and group["nesterov"] is True
     else:
         assert isinstance(optimizer, torch.optim.AdamW)
+
+
+def test_a_trial_of_several_processes_exports_its_devices_and_ddp_settings(best):
+    """A trial of two processes on cuda:1 and cuda:2: Lightning gets those devices under the
+    ddp strategy (its comment holds the DDP settings), Hugging Face the bucket size."""
+    distributed = changed(best, device="cuda:1", world_size=2, ddp_bucket_cap_mb=50)
+    trainer = call_keywords(render(distributed, "lightning"), "make_trainer")
+    assert trainer["devices"] == [1, 2] and trainer["strategy"] == "ddp"
+    assert "DDPStrategy(bucket_cap_mb=50" in render(distributed, "lightning")
+    hf = render(distributed, "hf")
+    assert call_keywords(hf, "training_arguments")["ddp_bucket_cap_mb"] == 50
+    assert "torchrun --nproc-per-node 2" in hf
+    assert call_keywords(render(best, "lightning"), "make_trainer")["devices"] == 1
+    assert "ddp_bucket_cap_mb" not in call_keywords(render(best, "hf"), "training_arguments")

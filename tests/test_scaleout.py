@@ -49,7 +49,7 @@ def test_the_cores_are_divided_into_equal_shares(monkeypatch: pytest.MonkeyPatch
     assert [share.cores for share in shares] == [(0, 1), (2, 3)]
     assert unused_cores(shares) == (4,)  # equal shares: trials of either worker compare
     assert shares[1].describe() == "worker 2 of 2: 2 cores 2-3"
-    gpus = plan_shares(None, "1,3")
+    gpus = plan_shares(None, "1,3", gpu_names=_h100s)
     assert [(share.gpu, share.cores) for share in gpus] == [("1", (0, 1)), ("3", (2, 3))]
     assert gpus[0].describe() == "worker 1 of 2: 2 cores 0-1, GPU 1"
     for workers, devices, problem in [
@@ -58,7 +58,34 @@ def test_the_cores_are_divided_into_equal_shares(monkeypatch: pytest.MonkeyPatch
         (None, "2,2", "--gpus 2,2: names a GPU twice"),
     ]:
         with pytest.raises(ScaleOutError, match=re.escape(problem)):
-            plan_shares(workers, devices)
+            plan_shares(workers, devices, gpu_names=_h100s)
+
+
+def _h100s(devices: list[str]) -> list[str]:
+    return ["NVIDIA H100 80GB HBM3"] * len(devices)
+
+
+def test_trials_of_several_gpus_get_a_group_each_of_one_model(monkeypatch: pytest.MonkeyPatch):
+    """--gpus with workload.gpus_per_trial: 2 gives each worker two GPUs (seen as cuda:0 and
+    cuda:1), leaves an odd one idle, and refuses GPUs of two models in one study."""
+    monkeypatch.setenv(WORKER_CORES_ENV, "0,1,2,3,4,5,6,7")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    shares = plan_shares(None, "0,1,2,3,4", gpus_per_trial=2, gpu_names=_h100s)
+    assert [(s.gpu, s.cores) for s in shares] == [("0,1", (0, 1, 2, 3)), ("2,3", (4, 5, 6, 7))]
+    assert shares[1].describe() == "worker 2 of 2: 4 cores 4-7, GPUs 2,3"
+    with pytest.raises(ScaleOutError, match=re.escape("--gpus 0: 1 GPU, and workload.gpus")):
+        plan_shares(None, "0", gpus_per_trial=2, gpu_names=_h100s)
+
+    def mixed(devices: list[str]) -> list[str]:
+        return ["NVIDIA A100-SXM4-80GB" if d == "2" else "NVIDIA H100 80GB HBM3" for d in devices]
+
+    with pytest.raises(ScaleOutError) as raised:
+        plan_shares(None, "0,1,2", gpu_names=mixed)
+    assert str(raised.value) == (
+        "--gpus: these GPUs are of 2 models (NVIDIA A100-SXM4-80GB: GPU 2; NVIDIA H100 80GB "
+        "HBM3: GPU 0,1); a study compares trials timed on one model, so run one study per "
+        "model, naming its GPUs with --gpus"
+    )
 
 
 @two_cores

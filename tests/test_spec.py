@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.spec import (
+    DDP_KNOBS,
     KNOBS,
     Choice,
     FloatRange,
@@ -332,6 +333,9 @@ OTHER_VALUE = {
     "warmup_fraction": 0.25,
     "channels_last": True,
     "cudnn_benchmark": True,
+    "ddp_bucket_cap_mb": 50,
+    "gradient_as_bucket_view": True,
+    "static_graph": True,
 }
 NEEDS = {
     "prefetch_factor": {"num_workers": 2},
@@ -361,12 +365,10 @@ def test_every_knob_reaches_the_configuration_and_the_script(name: str):
     fixed = NEEDS.get(name, {})
     # searched knobs as a list of two values, settings (one value only) as that value
     space = {name: [info.default, value] if info.searchable else value, **fixed}
-    text = yaml.safe_dump(
-        {
-            "workload": {"model": "mlp", "data": "digits", "device": "cpu"},
-            "space": space,
-        }
-    )
+    workload = {"model": "mlp", "data": "digits", "device": "cpu"}
+    if name in DDP_KNOBS:  # DDP's settings need a trial of several processes
+        workload["gpus_per_trial"] = 2
+    text = yaml.safe_dump({"workload": workload, "space": space})
     spec = parse_spec(text)
     params = {name: value} if info.searchable else {}
     config = sample(optuna.trial.FixedTrial(params, number=0), spec, CPU)
@@ -379,3 +381,19 @@ def test_the_script_knows_no_knob_the_registry_does_not():
 
     assert set(SCRIPT_KNOBS) == set(KNOBS)
     assert set(OTHER_VALUE) == set(KNOBS)
+
+
+def test_ddp_settings_need_a_trial_of_several_processes():
+    text = "workload: {model: mlp, data: digits}\nspace:\n  static_graph: [false, true]\n"
+    with pytest.raises(SpecError) as raised:
+        parse_spec(text, "ddp.yaml")
+    assert raised.value.problems == [
+        "ddp.yaml:3: space.static_graph: a DistributedDataParallel setting; it applies only to "
+        "trials of several processes (workload.gpus_per_trial: 2 or more)"
+    ]
+    spec = parse_spec(text.replace("digits}", "digits, gpus_per_trial: 2}"))
+    assert spec.workload.gpus_per_trial == 2 and spec.space.searched() == ["static_graph"]
+    # a file written before DDP existed keeps its search fingerprint (its studies resume)
+    payload = parse_spec(MINIMAL).search_payload()
+    assert "gpus_per_trial" not in payload["workload"]
+    assert not set(DDP_KNOBS) & set(payload["space"])

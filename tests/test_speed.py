@@ -545,3 +545,10 @@ def test_ctrl_c_in_stage_one_keeps_its_measurements_for_the_next_run(tmp_path: P
     assert again.returncode == 0, again.stderr
     shown = " ".join(again.stdout.split())
     assert re.search(r"stage 1: 1 settings timed( \(\d leaders again\))?, 1 reused", shown)
+
+
+def test_the_speed_stage_times_the_ddp_settings_the_space_file_offers():
+    from autotune.spec import DDP_KNOBS
+    from autotune.speed import COMPUTE_KNOBS, DDP_SETTINGS
+
+    assert DDP_SETTINGS == DDP_KNOBS and set(DDP_SETTINGS) <= set(COMPUTE_KNOBS)

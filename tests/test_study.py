@@ -169,10 +169,12 @@ def test_a_study_labelled_by_an_earlier_autotune_resumes(tmp_path: Path, prepare
     spec = tiny_spec(n_trials=2)
     payload = spec.model_dump(mode="json", include={"workload", "objective", "space"})
     payload["workload"]["device"] = "auto"
-    for added_since in ("inputs", "target", "loss", "batch_fn"):
+    for added_since in ("inputs", "target", "loss", "batch_fn", "gpus_per_trial"):
         del payload["workload"][added_since]
     for added_since in ("score", "higher_is_better", "min_score", "target_score"):
         del payload["objective"][added_since]
+    for added_since in ("ddp_bucket_cap_mb", "gradient_as_bucket_view", "static_graph"):
+        del payload["space"][added_since]
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     storage = f"sqlite:///{tmp_path / 's.db'}"
     old = optuna.create_study(study_name="tiny", storage=storage, direction="maximize")

@@ -87,6 +87,7 @@ def confirm(
     """
     from autotune import display, export
     from autotune import study as studies
+    from autotune.distributed import WorkloadSource
     from autotune.executor import InProcessExecutor, WorkerError
     from autotune.hardware import detect
     from autotune.worker import WorkerExecutor
@@ -109,7 +110,10 @@ def confirm(
                 spec.workload, base_dir, spec.study.trial_timeout, score=spec.objective.score
             )
             if isolation == "worker"
-            else InProcessExecutor(load_workload(spec.workload, base_dir, spec.objective.score))
+            else InProcessExecutor(
+                load_workload(spec.workload, base_dir, spec.objective.score),
+                source=WorkloadSource(spec.workload, base_dir, spec.objective.score),
+            )
         )
     except UserError as err:
         raise fail(str(err).splitlines(), EXIT_FAILED) from None

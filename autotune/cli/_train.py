@@ -113,20 +113,8 @@ def run(
     """Run (or resume) the study a space file describes and print the best configuration."""
     from autotune import scaleout
 
-    try:
-        shares = scaleout.plan_shares(workers, gpus) if workers or gpus else None
-        if as_worker is not None and (shares is None or not 0 < as_worker < len(shares)):
-            raise scaleout.ScaleOutError("--as-worker is for the workers autotune starts itself")
-    except UserError as err:
-        raise fail(str(err)) from None
-    share = shares[as_worker or 0] if shares is not None else None
-    if share is not None:
-        scaleout.apply_share(share)  # before torch sees a GPU or sizes its thread pools
     if as_worker is not None:  # the storage worker 0 runs on, from its environment
         storage = os.environ.pop(scaleout.WORKER_STORAGE_ENV, None) or storage
-        os.environ.pop(scaleout.WORKER_CORES_ENV, None)  # not for what this worker starts
-        if not scaleout.stop_with_parent():
-            raise fail("worker 1 of this study is gone: this worker does not start", EXIT_FAILED)
     try:
         spec = load_spec(space_file)
         storage = storage or environment_storage(spec)
@@ -144,10 +132,26 @@ def run(
     except UserError as err:
         raise fail(str(err).splitlines()) from None
 
+    try:  # the workers' shares of the machine (the space file says how many GPUs a trial)
+        per_trial = spec.workload.gpus_per_trial
+        shares = scaleout.plan_shares(workers, gpus, per_trial) if workers or gpus else None
+        if as_worker is not None and (shares is None or not 0 < as_worker < len(shares)):
+            raise scaleout.ScaleOutError("--as-worker is for the workers autotune starts itself")
+    except UserError as err:
+        raise fail(str(err)) from None
+    share = shares[as_worker or 0] if shares is not None else None
+    if share is not None:
+        scaleout.apply_share(share)  # before torch sees a GPU or sizes its thread pools
+    if as_worker is not None:
+        os.environ.pop(scaleout.WORKER_CORES_ENV, None)  # not for what this worker starts
+        if not scaleout.stop_with_parent():
+            raise fail("worker 1 of this study is gone: this worker does not start", EXIT_FAILED)
+
     from rich.live import Live
 
     from autotune import display
     from autotune import study as studies
+    from autotune.distributed import WorkloadSource
     from autotune.executor import InProcessExecutor, WorkerError
     from autotune.hardware import detect
     from autotune.space import restrict
@@ -200,7 +204,9 @@ def run(
             score=spec.objective.score,
         )
         if spec.study.isolation == "worker"
-        else InProcessExecutor(workload)
+        else InProcessExecutor(
+            workload, source=WorkloadSource(spec.workload, space_file.parent, spec.objective.score)
+        )
     )
     progress = display.live_progress(console)
     previous_handler = signal.signal(signal.SIGTERM, raise_terminated)

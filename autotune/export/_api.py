@@ -146,11 +146,13 @@ class BestConfig:
     def make_loader(
         self, dataset: Dataset, seed: int | None = None, collate_fn: Collate | None = None
     ) -> DataLoader | DeviceBatches:
-        """A shuffled training DataLoader with the tuned batch size and loader knobs."""
+        """A shuffled training DataLoader with the tuned batch size and loader knobs (in a
+        process group, of this process's share of every epoch)."""
+        from autotune import ranks
         from autotune.pipeline import make_train_loader
 
         seed = self.config.seed if seed is None else seed
-        return make_train_loader(dataset, self.config, seed, collate_fn)
+        return make_train_loader(dataset, self.config, seed, collate_fn, ranks.rank())
 
     def make_val_loader(
         self, dataset: Dataset, collate_fn: Collate | None = None
@@ -166,7 +168,10 @@ class BestConfig:
         """A Trainer applying precision, compile, channels_last, optimizer, schedule and
         accumulation to ``model``; ``total_steps`` optimizer steps set the schedule's length.
 
-        On CUDA this also sets the process-wide TF32 and cudnn.benchmark flags as tuned.
+        On CUDA this also sets the process-wide TF32 and cudnn.benchmark flags as tuned. A
+        configuration of several processes (``config.world_size``) wraps the model in
+        DistributedDataParallel (``trainer.ddp``) with the tuned DDP settings: call it in each
+        process of a group of that size (torchrun, then init_process_group).
         """
         from autotune.trainer import Trainer, _set_backend_flags
 

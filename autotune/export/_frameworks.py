@@ -221,8 +221,19 @@ def _lightning(best: BestConfig) -> dict[str, Any]:
             _searched(best, "cudnn_benchmark", "cudnn.benchmark"),
         ),
         Argument("accelerator", literal(accelerator), "where the study trained"),
-        Argument("devices", literal(devices)),
     ]
+    if config.distributed:  # the trial's processes: one per device, under DDP
+        first, processes = devices[0] if isinstance(devices, list) else 0, config.world_size
+        gpus = list(range(first, first + processes))
+        shown = literal(gpus if accelerator == "gpu" else processes)
+        trainer.append(Argument("devices", shown, f"the trial's {processes} DDP processes"))
+        settings = ("ddp_bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
+        values = ", ".join(
+            f"{name.removeprefix('ddp_')}={getattr(config, name)}" for name in settings
+        )
+        trainer.append(Argument("strategy", literal("ddp"), f"its DDPStrategy({values})"))
+    else:
+        trainer.append(Argument("devices", literal(devices)))
     loader = [
         Argument(
             "batch_size",
@@ -330,6 +341,15 @@ def _hf(best: BestConfig) -> dict[str, Any]:
     arguments.append(Argument("seed", literal(config.seed), "the trial's seed"))
     if config.device == "cpu":
         arguments.append(Argument("use_cpu", "True", "where the study trained"))
+    if config.distributed:
+        arguments.append(
+            Argument(
+                "ddp_bucket_cap_mb",
+                literal(config.ddp_bucket_cap_mb),
+                f"the trial trained as {config.world_size} processes: launch with torchrun "
+                f"--nproc-per-node {config.world_size}",
+            )
+        )
     outside = []
     if config.channels_last:
         outside.append(

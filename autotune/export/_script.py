@@ -50,6 +50,9 @@ SCRIPT_KNOBS: dict[str, str] = {
     "warmup_fraction": "WARMUP_FRACTION",
     "channels_last": "execution summary; memory_format=torch.channels_last",
     "cudnn_benchmark": "CUDNN_BENCHMARK",
+    "ddp_bucket_cap_mb": "DDP_BUCKET_CAP_MB (a trial of several processes)",
+    "gradient_as_bucket_view": "GRADIENT_AS_BUCKET_VIEW (a trial of several processes)",
+    "static_graph": "STATIC_GRAPH (a trial of several processes)",
 }
 
 
@@ -117,6 +120,23 @@ def _knob_notes(best: BestConfig) -> list[tuple[str, Any, str]]:
         rows.append(("PREFETCH_FACTOR", config.prefetch_factor, note("prefetch_factor")))
         rows.append(("PERSISTENT_WORKERS", config.persistent_workers, note("persistent_workers")))
     rows.append(("CUDNN_BENCHMARK", config.cudnn_benchmark, note("cudnn_benchmark", "on CUDA")))
+    if config.distributed:
+        rows.append(
+            (
+                "PROCESSES",
+                config.world_size,
+                f"the trial's DDP processes: torchrun --nproc-per-node {config.world_size}",
+            )
+        )
+        rows.append(("DDP_BUCKET_CAP_MB", config.ddp_bucket_cap_mb, note("ddp_bucket_cap_mb")))
+        rows.append(
+            (
+                "GRADIENT_AS_BUCKET_VIEW",
+                config.gradient_as_bucket_view,
+                note("gradient_as_bucket_view"),
+            )
+        )
+        rows.append(("STATIC_GRAPH", config.static_graph, note("static_graph")))
     rows.append(("VAL_BATCH_SIZE", config.val_batch_size, ""))
     rows.append(("SEED", config.seed, "the trial's: weights and data order; --seed overrides"))
     sps = best.metrics.get("samples_per_second")
@@ -303,6 +323,17 @@ def render_script(
     }
     if config.data_pipeline == "dataloader":
         imports.add(Import("torch.utils.data", "DataLoader"))
+    if config.distributed:  # torchrun's processes
+        imports |= {
+            Import("os"),
+            Import("sys"),
+            Import("torch.distributed", alias="dist"),
+            Import("torch.nn.parallel", "DistributedDataParallel"),
+        }
+        if config.data_pipeline == "dataloader":
+            imports.add(Import("torch.utils.data", "DistributedSampler"))
+        if config.accumulation_steps > 1:
+            imports.add(Import("contextlib"))
     if structured:
         imports.add(Import("torch.utils._pytree", "tree_map_only"))
     if config.schedule == "cosine" or goal.score == "perplexity":
@@ -332,7 +363,9 @@ def render_script(
             ),
             fp16=config.precision == "fp16",
             compile_mode=compile_mode,
-            train_model="train_model" if compile_mode else "model",
+            train_model="train_model" if compile_mode or config.distributed else "model",
+            distributed=config.distributed,
+            processes=config.world_size,
             channels_last=config.channels_last,
             accumulation=config.accumulation_steps,
             workers=config.num_workers > 0,

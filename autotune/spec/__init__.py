@@ -23,6 +23,7 @@ The package is split in three modules, everything other modules use re-exported 
 """
 
 from autotune.spec._knobs import (
+    DDP_KNOBS,
     KNOBS,
     Choice,
     FloatRange,
@@ -58,6 +59,7 @@ from autotune.spec._sections import (  # noqa: F401
 from autotune.spec._spec import MAX_SPACE_FILE_BYTES, MAX_SPACE_VALUES  # noqa: F401
 
 __all__ = [
+    "DDP_KNOBS",
     "KNOBS",
     "Choice",
     "ConfirmSpec",

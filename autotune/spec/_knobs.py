@@ -137,7 +137,28 @@ KNOBS: dict[str, KnobInfo] = {
     ),
     "channels_last": KnobInfo("bool", False, "NHWC memory format for 4-D inputs and the model"),
     "cudnn_benchmark": KnobInfo("bool", False, "let cuDNN time its algorithms per input shape"),
+    # DistributedDataParallel's own settings: a trial of workload.gpus_per_trial > 1 processes
+    "ddp_bucket_cap_mb": KnobInfo(
+        "int",
+        25,
+        "MiB of gradients DDP all-reduces together (fewer, larger messages vs. overlap)",
+        ge=1,
+        only_when="gpus_per_trial > 1",
+    ),
+    "gradient_as_bucket_view": KnobInfo(
+        "bool",
+        False,
+        "DDP gradients as views into its buckets (no copy, less memory)",
+        only_when="gpus_per_trial > 1",
+    ),
+    "static_graph": KnobInfo(
+        "bool",
+        False,
+        "tell DDP every step uses the same parameters (it skips per-step bookkeeping)",
+        only_when="gpus_per_trial > 1",
+    ),
 }
+DDP_KNOBS = ("ddp_bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
 
 
 class Choice(_Frozen):
@@ -355,6 +376,9 @@ class SpaceSpec(_Frozen):
     warmup_fraction: Knob = _default("warmup_fraction")
     channels_last: Knob = _default("channels_last")
     cudnn_benchmark: Knob = _default("cudnn_benchmark")
+    ddp_bucket_cap_mb: Knob = _default("ddp_bucket_cap_mb")
+    gradient_as_bucket_view: Knob = _default("gradient_as_bucket_view")
+    static_graph: Knob = _default("static_graph")
 
     @field_validator("*", mode="before")
     @classmethod

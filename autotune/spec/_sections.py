@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field, JsonValue, field_validator, model_validator
 
-from autotune.spec._knobs import KNOBS, Scalar, _close, _Frozen
+from autotune.spec._knobs import DDP_KNOBS, KNOBS, Scalar, _close, _Frozen
 
 DEFAULT_STORAGE = "sqlite:///studies/autotune.db"
 
@@ -114,6 +114,9 @@ class WorkloadSpec(_Frozen):
     val_batch_size: int = Field(default=1024, ge=1)
     device: str = "auto"  # auto, cpu, cuda or cuda:N
     dataloader_timeout: float = Field(default=0.0, ge=0)  # seconds per batch from a worker; 0: off
+    # processes that train one trial together under DistributedDataParallel: a GPU each, or on
+    # a CPU an equal share of the cores each (gloo); 1: no DDP
+    gpus_per_trial: int = Field(default=1, ge=1, le=64)
     # Where a sample holds the model's inputs and the target (keys of a dict sample, indices of
     # a tuple); None: a pair's 0 and 1, a dict's "labels" (or "label") and its other keys.
     inputs: str | int | list[str | int] | None = None
@@ -356,3 +359,23 @@ class ObjectiveSpec(_Frozen):
     def better(self, score: float, other: float) -> bool:
         """Whether ``score`` is strictly better than ``other``, in the score's direction."""
         return score > other if self.score_higher_is_better else score < other
+
+
+# fields added after studies were labelled: left out of their search label (Spec.search_payload)
+# at their default, so that those studies resume
+_ADDED_LATER: dict[str, dict[str, Any]] = {
+    "workload": {
+        "inputs": None,
+        "target": None,
+        "loss": "cross_entropy",
+        "batch_fn": None,
+        "gpus_per_trial": 1,
+    },
+    "space": {name: {"values": [KNOBS[name].default]} for name in DDP_KNOBS},
+    "objective": {
+        "score": "accuracy",
+        "higher_is_better": None,
+        "min_score": None,
+        "target_score": None,
+    },
+}

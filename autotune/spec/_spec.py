@@ -16,24 +16,22 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
 
-from autotune.spec._knobs import IntRange, SpaceSpec, SpecError, _close, _Frozen
-from autotune.spec._sections import ObjectiveSpec, StudySpec, WorkloadSpec
+from autotune.spec._knobs import (
+    DDP_KNOBS,
+    KNOBS,
+    Choice,
+    IntRange,
+    SpaceSpec,
+    SpecError,
+    _close,
+    _Frozen,
+)
+from autotune.spec._sections import _ADDED_LATER, ObjectiveSpec, StudySpec, WorkloadSpec
 
 # A space file is a page of settings. These bounds keep a hostile or broken one (a YAML "billion
 # laughs" of nested aliases, a multi-gigabyte file) from taking the machine's memory and time.
 MAX_SPACE_FILE_BYTES = 1_000_000
 MAX_SPACE_VALUES = 20_000  # keys, values and items once every alias is expanded
-
-# workload fields added after studies were labelled: left out of the label at their default
-_ADDED_LATER: dict[str, dict[str, Any]] = {
-    "workload": {"inputs": None, "target": None, "loss": "cross_entropy", "batch_fn": None},
-    "objective": {
-        "score": "accuracy",
-        "higher_is_better": None,
-        "min_score": None,
-        "target_score": None,
-    },
-}
 
 
 class Spec(_Frozen):
@@ -75,6 +73,19 @@ class Spec(_Frozen):
                     f"space.{name}: study.strategy two_stage times each micro-batch split, so "
                     f"it needs a list of values (e.g. [32, 64, 128]), not a range; or leave "
                     f"the strategy out (a range makes the search joint)"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _ddp_knobs_need_ddp(self) -> Spec:
+        if self.workload.gpus_per_trial > 1:
+            return self
+        for name in DDP_KNOBS:
+            knob = getattr(self.space, name)
+            if knob != Choice(values=(KNOBS[name].default,)):
+                raise ValueError(
+                    f"space.{name}: a DistributedDataParallel setting; it applies only to trials "
+                    f"of several processes (workload.gpus_per_trial: 2 or more)"
                 )
         return self
 

@@ -66,6 +66,7 @@ class TrialRecord:
     device_name: str | None = _metric()
     torch_version: str | None = _metric()
     intra_op_threads: int | None = _metric()
+    processes: int | None = _metric()  # DDP processes that trained it together; None: one
     other_cpu_share: float | None = _metric()  # others' share of its cores (interference)
     interference: bool = False  # measured while others took more than INTERFERENCE_SHARE
     warmup_seconds: float | None = None
@@ -163,8 +164,8 @@ class TrialRecord:
             peak = telemetry.peak_flops(result.device_name, precision)
             flops = {
                 "flops_per_sample": result.flops_per_sample,
-                "achieved_flops": achieved,  # FLOP/s, steady state
-                "mfu": achieved / peak if peak is not None else None,
+                "achieved_flops": achieved,  # FLOP/s, steady state, every process together
+                "mfu": achieved / (peak * result.world_size) if peak is not None else None,
             }
         return cls(
             score=result.score,
@@ -188,6 +189,7 @@ class TrialRecord:
             gpu_utilization=result.gpu.get("gpu_utilization"),
             gpu_memory_used_bytes=result.gpu.get("gpu_memory_used_bytes"),
             intra_op_threads=result.intra_op_threads or None,
+            processes=result.world_size if result.world_size > 1 else None,
             other_cpu_share=result.other_cpu_share,
             interference=interfered(result.other_cpu_share),
             **breakdown,

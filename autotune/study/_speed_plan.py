@@ -26,7 +26,7 @@ from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.spec import Choice, FloatRange, IntRange, Knob, Spec, SpecError
-from autotune.speed import COMPUTE_KNOBS, SPEED_KNOBS, Extras
+from autotune.speed import COMPUTE_KNOBS, DDP_SETTINGS, SPEED_KNOBS, Extras
 
 __all__ = [
     "FULL_PRODUCT_LIMIT",
@@ -51,6 +51,12 @@ class Cell:
     batch_size: int
     precision: str
     extras: Extras = ()
+    world_size: int = 1  # processes of a distributed trial, each batch_size per micro-batch
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the cell is timed as several processes (DDP's settings then apply)."""
+        return self.world_size > 1
 
     def label(self) -> str:
         extra = "".join(f", {name} {_show(value)}" for name, value in self.extras)
@@ -132,7 +138,7 @@ class SpeedPlan:
         """Every cell; within a group, micro-batch sizes ascending (memory walls grow)."""
         for precision, extras in self.groups():
             for batch_size in self.batch_sizes:
-                yield Cell(batch_size, precision, extras)
+                yield Cell(batch_size, precision, extras, self.base.world_size)
 
     # -- settings -------------------------------------------------------------------------------
 
@@ -233,6 +239,11 @@ def config_key(context: str, config: TrialConfig) -> str:
     fields = ("batch_size", "precision", "optimizer", "device", *SPEED_KNOBS)
     values = {name: getattr(config, name) for name in fields}
     values["momentum"] = config.momentum is not None  # a momentum buffer costs a step
+    if config.distributed:  # several processes; one process keeps the keys it always had
+        values["world_size"] = config.world_size
+    else:
+        for name in DDP_SETTINGS:
+            del values[name]
     return _digest({"method": METHOD_VERSION, "context": context, "config": values})
 
 

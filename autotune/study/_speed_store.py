@@ -27,7 +27,7 @@ from optuna.trial import TrialState
 
 from autotune.interference import trial_threads
 from autotune.spec import COMPILE_MODES, DATA_PIPELINES, PRECISIONS, Spec
-from autotune.speed import SpeedMeasurement
+from autotune.speed import DDP_SETTINGS, SpeedMeasurement
 from autotune.study._speed_plan import Cell, Settings
 
 if TYPE_CHECKING:
@@ -166,6 +166,9 @@ def _distributions(config_values: dict[str, Any]) -> dict[str, BaseDistribution]
         "compile": CategoricalDistribution(COMPILE_MODES),
         "channels_last": _FLAGS,
         "cudnn_benchmark": _FLAGS,
+        "ddp_bucket_cap_mb": IntDistribution(1, big),
+        "gradient_as_bucket_view": _FLAGS,
+        "static_graph": _FLAGS,
     }
     return {name: known[name] for name in config_values}
 
@@ -178,6 +181,9 @@ def speed_params(cell: Cell, settings: Settings) -> dict[str, Any]:
         values[name] = value
     if values.get("num_workers", 0) == 0:
         values.pop("persistent_workers", None)
+    if not cell.distributed:  # DDP's settings mean nothing to one process
+        for name in DDP_SETTINGS:
+            values.pop(name, None)
     return values
 
 

@@ -1,0 +1,56 @@
+"""Which process of a distributed trial this is, and what its processes agree on.
+
+A distributed trial (``TrialConfig.world_size`` > 1) trains as that many processes joined in a
+``torch.distributed`` process group (``autotune.distributed`` starts them). Rank 0 measures,
+evaluates and reports; every rank must still stop at the same step and raise the same faults,
+so the few decisions a trial makes are agreed here, through torch.distributed's own
+collectives, and only at evaluations, never in the hot loop. Outside a process group every
+function is the one-process answer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["agree", "is_leader", "leaders", "rank", "sum_over_ranks", "world_size"]
+
+
+def _joined() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    """This process's rank in the trial's process group (0 outside one)."""
+    return dist.get_rank() if _joined() else 0
+
+
+def world_size() -> int:
+    """Processes in the trial's process group (1 outside one)."""
+    return dist.get_world_size() if _joined() else 1
+
+
+def is_leader() -> bool:
+    """Whether this process measures, evaluates and reports for the trial (rank 0)."""
+    return rank() == 0
+
+
+def leaders(value: int, device: torch.device) -> int:
+    """Rank 0's ``value``, on every rank (a broadcast; the others' arguments are ignored)."""
+    if not _joined():
+        return value
+    held = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.broadcast(held, src=0)
+    return int(held.item())
+
+
+def agree(decision: bool, device: torch.device) -> bool:
+    """Rank 0's ``decision``, on every rank."""
+    return bool(leaders(int(decision), device))
+
+
+def sum_over_ranks(values: torch.Tensor) -> torch.Tensor:
+    """``values`` summed over every rank, in place and returned (itself outside a group)."""
+    if _joined():
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    return values

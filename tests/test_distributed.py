@@ -1,0 +1,242 @@
+"""Distributed (DDP) trials on a CPU: gloo, two processes, real torch.distributed throughout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as torch_mp
+from optuna.trial import TrialState
+
+from autotune import distributed
+from autotune.faults import FaultKind, TrialFault
+from autotune.spec import WorkloadSpec
+from autotune.study import TrialRecord
+from autotune.testing import make_config, run_cli, run_script, tiny_mlp, write_space
+from autotune.trainer import Trainer
+
+pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="torch built without gloo")
+
+FEATURES, CLASSES = 6, 3
+
+
+def _batches(count: int, size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(7)
+    return [
+        (
+            torch.randn(size, FEATURES, generator=generator),
+            torch.randint(0, CLASSES, (size,), generator=generator),
+        )
+        for _ in range(count)
+    ]
+
+
+def _one_step(
+    world: int, rank: int, accumulation: int, global_batch: int, static_graph: bool = False
+) -> dict[str, torch.Tensor]:
+    """The weights after one optimizer step of ``accumulation`` micro-batches, this process
+    training its 1/world of every micro-batch of the global batch."""
+    torch.manual_seed(0)
+    model = tiny_mlp(CLASSES, (FEATURES,), hidden=8)
+    config = make_config(
+        optimizer="sgd",
+        momentum=0.0,
+        lr=0.5,
+        batch_size=global_batch // world,
+        accumulation_steps=accumulation,
+        world_size=world,
+        ddp_bucket_cap_mb=1,
+        static_graph=static_graph,
+    )
+    trainer = Trainer(model, config, total_steps=1)
+    share = global_batch // world
+    for inputs, targets in _batches(accumulation, global_batch):
+        mine = slice(rank * share, (rank + 1) * share)
+        trainer.train_step(inputs[mine], targets[mine])
+    assert trainer.steps == 1
+    return {name: value.detach().clone() for name, value in model.state_dict().items()}
+
+
+# (accumulation steps, static_graph): DDP's no_sync between micro-batches, and without it
+CASES = ((1, False), (2, False), (2, True))
+
+
+def _rank_steps(rank: int, store: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        for accumulation, static in CASES:
+            weights = _one_step(2, rank, accumulation, 8, static)
+            torch.save(weights, f"{out}.{accumulation}.{static}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_processes_step_as_one_process_on_the_global_batch(tmp_path: Path):
+    """DDP averages the gradients of each process's half of the batch: the weights after a step
+    are those of one process on the whole batch (and, with accumulation, no_sync before the
+    last micro-batch changes nothing but the number of all-reduces)."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    out = str(tmp_path / "weights")
+    torch_mp.spawn(_rank_steps, args=(str(tmp_path / "store"), out), nprocs=2)
+    initial = _initial()
+    for accumulation, static in CASES:
+        alone = _one_step(1, 0, accumulation, global_batch=8)
+        first, second = (torch.load(f"{out}.{accumulation}.{static}.{rank}") for rank in (0, 1))
+        for name, value in alone.items():
+            assert torch.allclose(first[name], second[name]), name  # the replicas agree
+            assert torch.allclose(first[name], value, atol=1e-6), (accumulation, name)
+        assert any(not torch.equal(value, initial[name]) for name, value in alone.items())
+
+
+def _initial() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    return tiny_mlp(CLASSES, (FEATURES,), hidden=8).state_dict()
+
+
+SPEC = WorkloadSpec(
+    model="autotune.testing:tiny_mlp",
+    data="autotune.testing:blobs",
+    epochs=2,
+    eval_every=1,
+    device="cpu",
+)
+
+
+def test_a_distributed_trial_trains_as_its_processes_and_stops_together():
+    """Rank 0 reports each evaluation here; its verdict stops every rank at the same step.
+    Rates and samples are the processes' together; the global batch is theirs together."""
+    seen = []
+
+    def report(evaluation):
+        seen.append(evaluation)
+        return False
+
+    source = distributed.WorkloadSource(SPEC, None, "accuracy")
+    config = make_config(world_size=2, batch_size=16, epochs=2.0)
+    result = distributed.train(config, source, report)
+    assert [e.index for e in seen] == [1, 2] and seen[-1].final
+    assert result.world_size == 2 and result.effective_batch_size == 32
+    assert result.samples_seen == seen[-1].samples_seen
+    assert result.samples_seen == 2 * result.optimizer_steps * 16
+    assert result.score > 0.5 and result.samples_per_second > 0
+
+    stopped = []
+
+    def stop_at_first(evaluation):
+        stopped.append(evaluation)
+        return True
+
+    result = distributed.train(config.replace(epochs=3.0), source, stop_at_first)
+    assert len(stopped) == 1 and len(result.evaluations) == 1  # both ranks stopped there
+
+
+@pytest.mark.parametrize(
+    "fault, kind, said",
+    [
+        ({"oom_at_batch": 1}, FaultKind.OOM, "rank 1 of 2: "),
+        ({"crash_at_step": 3}, FaultKind.WORKER_CRASHED, "rank 1 of 2 died (signal 11 (SIGSEGV))"),
+    ],
+)
+def test_a_failing_rank_is_one_fault_and_leaves_no_process(fault, kind, said):
+    """One rank fails (an exception it reports, or a crash that reports nothing): the trial
+    fails once, with that rank's fault, and every rank process is gone when it returns."""
+    spec = SPEC.model_copy(update={"model_args": {**fault, "fault_rank": 1}})
+    source = distributed.WorkloadSource(spec, None, "accuracy")
+    started = time.monotonic()
+    with pytest.raises(TrialFault) as raised:
+        distributed.train(make_config(world_size=2), source, lambda evaluation: False)
+    assert raised.value.kind == kind and raised.value.message.startswith(said), raised.value
+    assert time.monotonic() - started < 60  # the other rank did not wait out a timeout
+    assert _children() == []
+
+
+def _children() -> list[str]:
+    """This process's children (a rank, a DataLoader worker of one), but multiprocessing's
+    resource tracker, which lives as long as this process."""
+    found = []
+    for pid in Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split():
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue  # gone meanwhile
+        if "resource_tracker" not in command:
+            found.append(f"{pid}: {command}")
+    return found
+
+
+DDP_SPACE = """\
+study:
+  name: ddp
+  n_trials: 2
+  seed: 0
+  confirm: false
+  pruner: none
+workload:
+  model: autotune.testing:tiny_mlp
+  data: autotune.testing:blobs
+  epochs: 2
+  eval_every: 1
+  device: cpu
+  gpus_per_trial: 2
+space:
+  lr: {low: 1.0e-3, high: 1.0e-1, log: true}
+  lr_scaling: linear
+  base_batch_size: 64
+  batch_size: [16]
+  accumulation_steps: [2]
+  static_graph: [false, true]
+"""
+
+
+@pytest.mark.slow
+def test_a_study_of_distributed_trials_exports_a_script_torchrun_runs(tmp_path: Path):
+    """`autotune run` with workload.gpus_per_trial: 2 on a CPU: stage 1 times the DDP setting
+    as two processes, the trials train as two, the records say so; the exported script trains
+    the same way under torchrun (and alone, saying it is not the trial's batch)."""
+    write_space(tmp_path, DDP_SPACE, name="ddp.yaml")
+    done = run_cli("run", "ddp.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    study = optuna.load_study(
+        study_name="ddp", storage=f"sqlite:///{tmp_path}/studies/autotune.db"
+    )
+    trials = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(trials) == 2
+    for trial in trials:
+        record = TrialRecord.of(trial)
+        assert record.config is not None and record.config.world_size == 2
+        assert record.processes == 2 and record.effective_batch_size == 16 * 2 * 2
+        # the learning rate follows the global batch: 64 samples a step, base 64
+        assert record.config.lr == pytest.approx(record.config.base_lr)
+    speed = optuna.load_study(
+        study_name="ddp.speed", storage=f"sqlite:///{tmp_path}/studies/autotune.db"
+    )
+    assert {t.params.get("static_graph") for t in speed.get_trials()} == {False, True}
+
+    exported = run_cli("export", "--study", "ddp", "-o", "train.py", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    ran = subprocess.run(
+        [*torchrun, "train.py", "--epochs", "2"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.count("epoch 2/2") == 1  # rank 0 speaks, once
+    assert "note: the trial trained as 2" not in ran.stdout
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and json.loads(lines[-1])["val_accuracy"] > 0.5
+    assert (tmp_path / "run" / "model.pt").is_file()
+    alone = run_script(tmp_path / "train.py", "--epochs", "1", "--run-dir", "alone")
+    assert alone.returncode == 0, alone.stderr
+    assert "note: the trial trained as 2 processes, this run has 1" in alone.stdout
