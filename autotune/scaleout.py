@@ -113,16 +113,14 @@ def _listed(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
-def _gpus(spec: str) -> list[str]:
+def _gpus(spec: str, gpu_names: Callable[[list[str] | None], list[str]]) -> list[str]:
     """The GPUs ``spec`` names: ``all`` (every visible one) or a comma-separated list."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if spec == "all":
         if visible is not None:
             found = _listed(visible)
-        else:
-            import torch  # only asked for when GPUs are
-
-            found = [str(i) for i in range(torch.cuda.device_count())]
+        else:  # counted in another process: CUDA does not start here before the share is set
+            found = [str(i) for i in range(len(gpu_names(None)))]
         if not found:
             raise ScaleOutError("--gpus all: this machine has no CUDA GPU autotune can see")
         return found
@@ -172,23 +170,25 @@ def one_gpu_model(devices: list[str], names: list[str]) -> None:
     )
 
 
-def _gpu_names(devices: list[str]) -> list[str]:
-    """The model name of each of ``devices``, asked of torch in a short process of its own (in
-    this one, CUDA would start with every GPU visible, before the worker's share is applied)."""
+def _gpu_names(devices: list[str] | None) -> list[str]:
+    """The model name of each of ``devices`` (None: of every GPU visible), asked of torch in a
+    short process of its own: in this one, CUDA would start with every GPU visible, and a
+    worker's share (its CUDA_VISIBLE_DEVICES) would no longer apply to it."""
     query = (
         "import torch\n"
         "for index in range(torch.cuda.device_count()):\n"
         "    print(torch.cuda.get_device_name(index))\n"
     )
+    shown = {} if devices is None else {"CUDA_VISIBLE_DEVICES": ",".join(devices)}
     done = subprocess.run(
         [sys.executable, "-c", query],
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(devices)},
+        env={**os.environ, **shown},
         capture_output=True,
         text=True,
         timeout=120,
     )
     names = done.stdout.splitlines()
-    if done.returncode != 0 or len(names) != len(devices):
+    if done.returncode != 0 or (devices is not None and len(names) != len(devices)):
         why = (done.stderr.strip().splitlines() or ["no answer"])[-1]
         raise ScaleOutError(f"--gpus: cannot read the GPUs' models: {why}")
     return names
@@ -198,14 +198,14 @@ def plan_shares(
     workers: int | None,
     gpus: str | None,
     gpus_per_trial: int = 1,
-    gpu_names: Callable[[list[str]], list[str]] = _gpu_names,
+    gpu_names: Callable[[list[str] | None], list[str]] = _gpu_names,
 ) -> list[WorkerShare]:
     """One share per worker: ``workers`` CPU workers, or one per ``gpus_per_trial`` GPUs of
     ``gpus``; the cores this process may use divided among them in equal, contiguous blocks.
     ScaleOutError when they cannot be (more workers than cores, --workers and --gpus that
     disagree, fewer GPUs than a trial needs, GPUs of different models). ``gpu_names`` reads
     the GPUs' models (a machine without GPUs can describe one it has not)."""
-    devices = _gpus(gpus) if gpus is not None else []
+    devices = _gpus(gpus, gpu_names) if gpus is not None else []
     if len(devices) > 1:
         one_gpu_model(devices, gpu_names(devices))
     groups = _gpu_groups(devices, gpus_per_trial, str(gpus)) if devices else []

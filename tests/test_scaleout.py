@@ -11,6 +11,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import torch
 from optuna.artifacts import get_all_artifact_meta
 from optuna.trial import TrialState
 
@@ -61,8 +62,8 @@ def test_the_cores_are_divided_into_equal_shares(monkeypatch: pytest.MonkeyPatch
             plan_shares(workers, devices, gpu_names=_h100s)
 
 
-def _h100s(devices: list[str]) -> list[str]:
-    return ["NVIDIA H100 80GB HBM3"] * len(devices)
+def _h100s(devices: list[str] | None) -> list[str]:
+    return ["NVIDIA H100 80GB HBM3"] * (len(devices) if devices is not None else 8)
 
 
 def test_trials_of_several_gpus_get_a_group_each_of_one_model(monkeypatch: pytest.MonkeyPatch):
@@ -75,8 +76,14 @@ def test_trials_of_several_gpus_get_a_group_each_of_one_model(monkeypatch: pytes
     assert shares[1].describe() == "worker 2 of 2: 4 cores 4-7, GPUs 2,3"
     with pytest.raises(ScaleOutError, match=re.escape("--gpus 0: 1 GPU, and workload.gpus")):
         plan_shares(None, "0", gpus_per_trial=2, gpu_names=_h100s)
+    every = plan_shares(None, "all", gpus_per_trial=2, gpu_names=_h100s)  # 8 seen: 4 workers
+    assert [s.gpu for s in every] == ["0,1", "2,3", "4,5", "6,7"]
+    if not torch.cuda.is_available():  # this machine, asked for real (in another process)
+        with pytest.raises(ScaleOutError, match="this machine has no CUDA GPU autotune can see"):
+            plan_shares(None, "all")
 
-    def mixed(devices: list[str]) -> list[str]:
+    def mixed(devices: list[str] | None) -> list[str]:
+        assert devices is not None
         return ["NVIDIA A100-SXM4-80GB" if d == "2" else "NVIDIA H100 80GB HBM3" for d in devices]
 
     with pytest.raises(ScaleOutError) as raised:
