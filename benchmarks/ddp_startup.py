@@ -1,0 +1,70 @@
+"""What a distributed (DDP) trial pays to start its processes, beside a one-process trial.
+
+A trial of ``workload.gpus_per_trial`` N starts N fresh rank processes (spawn, imports, the
+workload loaded from its spec, the process group joined, a warm-up and a first collective)
+before any clock starts: that time is not in the trial's measurement, but it is in the study's
+wall clock. This benchmark trains the same configuration of the bundled digits CNN, on this
+machine's CPU, as one process (in this process, warmed) and as two processes (gloo, a core
+each), alternating (A B, then B A, ...), and prints per arm the median wall seconds of a trial,
+the median train_seconds inside it, and the difference: the start-up a distributed trial adds.
+
+    python benchmarks/ddp_startup.py --rounds 4
+
+No goal: the figure is what the README's "Multi-GPU trials" paragraph quotes, and what a pool
+of persistent rank processes would save.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from autotune import distributed, workloads
+from autotune.executor import InProcessExecutor
+from autotune.results import Evaluation
+from autotune.spec import WorkloadSpec
+from autotune.testing import make_config
+
+SPEC = WorkloadSpec(model="digits_cnn", data="digits", epochs=1, eval_every=1, device="cpu")
+
+
+def never_stop(evaluation: Evaluation) -> bool:
+    return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=4, help="trials per arm")
+    args = parser.parse_args()
+    config = make_config(batch_size=32, epochs=1.0, eval_every=1.0)
+    one = InProcessExecutor(workloads.load(SPEC, None, "accuracy"))
+    one.run(config, never_stop)  # this process's first work, paid before the rounds
+    source = distributed.WorkloadSource(SPEC, None, "accuracy")
+    arms = {
+        "1 process": lambda: one.run(config, never_stop),
+        "2 processes": lambda: distributed.train(config.replace(world_size=2), source, never_stop),
+    }
+    wall: dict[str, list[float]] = {name: [] for name in arms}
+    train: dict[str, list[float]] = {name: [] for name in arms}
+    for round_index in range(args.rounds):
+        order = list(arms) if round_index % 2 == 0 else list(reversed(arms))
+        for name in order:
+            started = time.perf_counter()
+            result = arms[name]()
+            wall[name].append(time.perf_counter() - started)
+            train[name].append(result.train_seconds)
+    print(
+        f"{'arm':<12} {'wall s':>8} {'train s':>8} {'outside s':>10}   (medians of {args.rounds})"
+    )
+    for name in arms:
+        median_wall, median_train = statistics.median(wall[name]), statistics.median(train[name])
+        print(
+            f"{name:<12} {median_wall:8.2f} {median_train:8.2f} {median_wall - median_train:10.2f}"
+        )
+    extra = statistics.median(wall["2 processes"]) - statistics.median(wall["1 process"])
+    print(f"a 2-process trial's wall clock is {extra:.2f} s longer (median difference)")
+
+
+if __name__ == "__main__":
+    main()
