@@ -46,6 +46,12 @@ def test_the_plan_puts_each_item_and_the_whole_storage_url_on_a_line(seen, width
     starts = [line.split(" ")[0] for line in lines if not line.startswith(" ")]
     for item in ("study", "storage", "device", "workload", "searching"):
         assert item in starts, lines
+    assert "processes" not in starts  # one process per trial: nothing to say
+    distributed = spec.with_overrides(workload={"gpus_per_trial": 2})
+    console = _console(width)
+    display.print_plan(console, distributed, CPU, study, [])
+    said = " ".join(_text(console).split())
+    assert "processes 2 per trial under DDP, a share of the cores each (gloo)" in said
 
 
 @pytest.mark.parametrize("width", [80, 100])

@@ -56,6 +56,15 @@ def print_plan(
         "workload",
         f"{workload.model} on {workload.data}, {workload.epochs:g} epochs per trial",
     )
+    if workload.gpus_per_trial > 1:
+        processes = workload.gpus_per_trial
+        each = "a GPU each (NCCL)" if hardware.is_cuda else "a share of the cores each (gloo)"
+        print_item(
+            console,
+            "processes",
+            f"{processes} per trial under DDP, {each}; batch_size is per process, the "
+            f"effective batch is every process's",
+        )
     searched = spec.space.searched()
     if spec.study.strategy == "two_stage":
         from autotune.speed import SPEED_KNOBS, SPLIT_KNOBS
