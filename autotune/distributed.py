@@ -1,21 +1,24 @@
 """Distributed trials: one trial trained by several processes under torch.distributed (DDP).
 
 A configuration with ``world_size`` N > 1 (``workload.gpus_per_trial``) is trained by N rank
-processes, started here with torch's own ``torch.multiprocessing.start_processes`` (spawn) and
-joined in a process group (NCCL on GPUs, gloo on a CPU) through a file store in this process's
-temporary directory, so that no port is chosen and none can be taken. Rank r trains on
-``cuda:r`` of the GPUs this process sees, or, on a CPU, on its own equal share of this process's
-cores. Each rank loads the workload from its spec (nothing large is sent to it), pays what a
-fresh process pays once (``warmup``, a first collective) before any clock starts, and trains
-through the same ``runner.train`` (or ``bursts.measure``) as one process does: the model in
-DistributedDataParallel, its own share of every epoch. Rank 0 measures, evaluates and reports:
-its evaluations come here and are answered by the caller's ``report``; its answer is broadcast
-to the other ranks so that all stop together.
+processes, a ``RankPool``: started with torch's own ``torch.multiprocessing.start_processes``
+(spawn) and joined in a process group (NCCL on GPUs, gloo on a CPU) through a file store in this
+process's temporary directory, so that no port is chosen and none can be taken. Rank r trains
+on ``cuda:r`` of the GPUs this process sees, or, on a CPU, on its own equal share of this
+process's cores. Each rank loads the workload from its spec once (nothing large is sent to it)
+and keeps it, with its process group and what it warmed, for every trial after: a trial sends
+each rank its configuration, and each pays what it has not paid yet (``warmup``) and meets the
+others in a collective before any clock starts. They train through the same ``runner.train``
+(or ``bursts.measure``) as one process does: the model in DistributedDataParallel, each its own
+share of every epoch. Rank 0 measures, evaluates and reports: its evaluations come here and are
+answered by the caller's ``report``; its answer is broadcast to the other ranks so that all stop
+together.
 
 Supervision: the ranks die with this process (PR_SET_PDEATHSIG) and share its process group, so
 a worker killed on a timeout takes them along. A rank that fails sends its classified fault
-here before it exits; torch's process context then stops the others, and the trial fails once,
-with that fault, naming the rank. A rank that dies outright (a signal) is a worker crash.
+here before it exits; the pool is stopped (its collectives can no longer be trusted) and the
+trial fails once, with that fault, naming the rank; the next trial starts a new pool. A rank
+that dies outright (a signal) is a worker crash.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -47,10 +51,10 @@ from autotune.spec import WorkloadSpec
 from autotune.speed import BurstPlan, SpeedMeasurement
 from autotune.warmup import Warmth
 
-__all__ = ["WorkloadSource", "measure", "rank_cores", "rank_devices", "train"]
+__all__ = ["RankPool", "WorkloadSource", "measure", "rank_cores", "rank_devices", "train"]
 
 POLL_SECONDS = 0.05  # how often the launcher looks at its ranks between messages
-STOP_GRACE_SECONDS = 10.0  # SIGTERM, then this long, then SIGKILL, for the other ranks
+STOP_GRACE_SECONDS = 10.0  # how long closing ranks may take to exit before they are killed
 GROUP_TIMEOUT = datetime.timedelta(minutes=10)  # a collective that waits longer has failed
 PR_SET_PDEATHSIG = 1  # Linux prctl: signal this process when its parent dies
 
@@ -70,8 +74,8 @@ class _Evaluated:  # rank 0 -> launcher: an evaluation to answer (with a bool: s
 
 
 @dataclass(frozen=True)
-class _Done:  # rank 0 -> launcher: what the trial (or measurement) came to
-    value: TrialResult | SpeedMeasurement
+class _Done:  # a rank -> launcher: done with the trial (rank 0: what it came to)
+    value: TrialResult | SpeedMeasurement | None
 
 
 @dataclass(frozen=True)
@@ -100,79 +104,152 @@ def rank_cores(cores: list[int], world: int) -> list[list[int]]:
     return [cores[r * share : (r + 1) * share] for r in range(world)]
 
 
+class RankPool:
+    """The rank processes of distributed trials, kept from one trial to the next.
+
+    Started at the first trial (or when the processes or device change), stopped after a
+    trial that failed and by ``close``. ``train`` and ``measure`` raise TrialFault when a rank
+    fails; an exception from ``report`` (Ctrl-C, say) stops the pool and goes on up.
+    """
+
+    def __init__(self, source: WorkloadSource) -> None:
+        self.source = source
+        self._key: tuple[int, str] | None = None  # (world_size, device) of the ranks running
+        self._context: Any = None
+        self._pipes: list[Connection] = []
+        self._faults: Any = None
+        self._rendezvous: str | None = None
+        self.started = 0  # pools started so far (each pays the ranks' start-up)
+
+    def train(self, config: TrialConfig, report: Reporter) -> TrialResult:
+        """Train ``config`` (world_size > 1) on the ranks; rank 0's result."""
+        value = self._run(config, None, report)
+        assert isinstance(value, TrialResult)
+        return value
+
+    def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
+        """Time bursts of ``config`` (world_size > 1) on the ranks; rank 0's measurement."""
+        value = self._run(config, plan, _no_evaluations)
+        assert isinstance(value, SpeedMeasurement)
+        return value
+
+    def close(self) -> None:
+        """Stop the ranks: asked to, then killed if they do not exit in STOP_GRACE_SECONDS."""
+        if self._context is None:
+            return
+        for pipe in self._pipes:
+            with contextlib.suppress(OSError):
+                pipe.send(None)
+        processes = self._context.processes
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        self._stop()
+
+    def _stop(self) -> None:
+        for process in self._context.processes:
+            if process.is_alive():
+                process.kill()
+            process.join()
+        for pipe in self._pipes:
+            pipe.close()
+        if self._rendezvous is not None:
+            shutil.rmtree(self._rendezvous, ignore_errors=True)
+        self._context, self._pipes, self._key, self._rendezvous = None, [], None, None
+
+    def _start(self, world: int, device: str) -> None:
+        spawn = torch_mp.get_context("spawn")
+        pairs = [spawn.Pipe() for _ in range(world)]
+        self._faults = spawn.SimpleQueue()
+        self._rendezvous = tempfile.mkdtemp(prefix="autotune-ddp-")
+        try:
+            cores = sorted(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux: no pinning
+            cores = []
+        shares = rank_cores(cores, world) if cores else [[]] * world
+        self._context = torch_mp.start_processes(
+            _rank_main,
+            args=(
+                world,
+                device,
+                self.source,
+                [ends[1] for ends in pairs],
+                self._faults,
+                self._rendezvous,
+                shares,
+            ),
+            nprocs=world,
+            join=False,
+            start_method="spawn",
+        )
+        for ends in pairs:
+            ends[1].close()
+        self._pipes = [ends[0] for ends in pairs]
+        self._key = (world, device)
+        self.started += 1
+
+    def _run(
+        self, config: TrialConfig, plan: BurstPlan | None, report: Reporter
+    ) -> TrialResult | SpeedMeasurement:
+        key = (config.world_size, config.device)
+        if self._key != key:
+            self.close()
+            self._start(*key)
+        processes = self._context.processes
+        value: TrialResult | SpeedMeasurement | None = None
+        try:
+            for pipe in self._pipes:
+                pipe.send((config, plan))
+            busy = set(range(len(self._pipes)))  # ranks not done with this trial
+            closed: set[int] = set()  # ranks whose pipe closed: they exited
+            while busy:
+                listening = [self._pipes[r] for r in busy - closed]
+                ready = wait([*listening, *(p.sentinel for p in processes)], POLL_SECONDS)
+                answered = [r for r in busy - closed if self._pipes[r] in ready]
+                for rank in answered:
+                    try:
+                        message = self._pipes[rank].recv()
+                    except EOFError:  # the rank exited: its exit code says how
+                        closed.add(rank)
+                        continue
+                    if isinstance(message, _Evaluated):
+                        self._pipes[rank].send(report(message.evaluation))
+                    elif isinstance(message, _Done):
+                        busy.discard(rank)
+                        value = message.value if rank == 0 else value
+                if answered:
+                    continue  # read every message before looking at exits
+                codes = [p.exitcode for p in processes]
+                if any(code is not None for code in codes):  # the first exit, as it is
+                    raise _fault_of(codes, self._faults, config.world_size)
+        except BaseException:
+            self._stop()  # its collectives are in an unknown state: the next trial starts anew
+            raise
+        assert value is not None
+        # the machine the trial ran on, not rank 0's share of it ("(1 core)" of two)
+        return dataclasses.replace(value, device_name=device_name(config.device))
+
+
 def train(config: TrialConfig, source: WorkloadSource, report: Reporter) -> TrialResult:
-    """Train ``config`` (world_size > 1) as its processes; rank 0's result. TrialFault when
-    any rank fails."""
-    value = _launch(config, source, report, None)
-    assert isinstance(value, TrialResult)
-    return value
+    """Train ``config`` (world_size > 1) on ranks started for it alone; rank 0's result."""
+    pool = RankPool(source)
+    try:
+        return pool.train(config, report)
+    finally:
+        pool.close()
 
 
 def measure(config: TrialConfig, source: WorkloadSource, plan: BurstPlan) -> SpeedMeasurement:
-    """Time bursts of ``config`` (world_size > 1) as its processes; rank 0's measurement."""
-    value = _launch(config, source, _no_evaluations, plan)
-    assert isinstance(value, SpeedMeasurement)
-    return value
+    """Time bursts of ``config`` (world_size > 1) on ranks started for it alone."""
+    pool = RankPool(source)
+    try:
+        return pool.measure(config, plan)
+    finally:
+        pool.close()
 
 
 def _no_evaluations(evaluation: Evaluation) -> bool:
     raise TypeError("a speed measurement does not evaluate")
-
-
-def _launch(
-    config: TrialConfig, source: WorkloadSource, report: Reporter, plan: BurstPlan | None
-) -> TrialResult | SpeedMeasurement:
-    world = config.world_size
-    spawn = torch_mp.get_context("spawn")
-    leader, leader_end = spawn.Pipe()
-    faults = spawn.SimpleQueue()
-    rendezvous = tempfile.mkdtemp(prefix="autotune-ddp-")
-    try:
-        cores = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux: no pinning
-        cores = []
-    shares = rank_cores(cores, world) if cores else [[]] * world
-    context = torch_mp.start_processes(
-        _rank_main,
-        args=(world, config, source, plan, leader_end, faults, rendezvous, shares),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
-    leader_end.close()
-    processes = context.processes
-    value: TrialResult | SpeedMeasurement | None = None
-    listening = [leader]  # until rank 0 closes its end
-    try:
-        while True:
-            # rank 0's messages, and the ranks' exits, whichever comes first
-            ready = wait([*listening, *(p.sentinel for p in processes)], timeout=POLL_SECONDS)
-            if leader in ready:
-                try:
-                    message = leader.recv()
-                except EOFError:  # rank 0 exited: its exit code says how
-                    message, listening = None, []
-                if isinstance(message, _Evaluated):
-                    leader.send(report(message.evaluation))
-                elif isinstance(message, _Done):
-                    value = message.value
-                continue  # read every message before looking at exits
-            codes = [p.exitcode for p in processes]
-            if any(code not in (None, 0) for code in codes):  # the first failure, as it is
-                raise _fault_of(codes, faults, world)
-            if all(code == 0 for code in codes):
-                break
-        if value is None:
-            raise TrialFault(FaultKind.WORKER_CRASHED, "rank 0 exited without a result")
-        # the machine the trial ran on, not rank 0's share of it ("(1 core)" of two)
-        return dataclasses.replace(value, device_name=device_name(config.device))
-    finally:  # done, failed, or interrupted (Ctrl-C, a report that raised): no rank left
-        for process in processes:
-            if process.is_alive():
-                process.kill()
-            process.join()
-        leader.close()
-        shutil.rmtree(rendezvous, ignore_errors=True)
 
 
 def _fault_of(codes: list[int | None], faults: Any, world: int) -> TrialFault:
@@ -196,7 +273,7 @@ def _fault_of(codes: list[int | None], faults: Any, world: int) -> TrialFault:
     elif sent:
         first = sent[0]
     else:
-        rank = next(r for r, code in enumerate(codes) if code not in (None, 0))
+        rank = next(r for r, code in enumerate(codes) if code is not None)
         return TrialFault(
             FaultKind.WORKER_CRASHED,
             f"rank {rank} of {world} exited ({describe_exit(codes[rank])}) without saying why",
@@ -222,10 +299,9 @@ def _lost_peer(error: BaseException) -> bool:
 def _rank_main(
     rank: int,
     world: int,
-    config: TrialConfig,
+    device: str,
     source: WorkloadSource,
-    plan: BurstPlan | None,
-    leader_end: Connection,
+    pipes: list[Connection],
     faults: Any,
     rendezvous: str,
     shares: list[list[int]],
@@ -235,36 +311,47 @@ def _rank_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the study decides what to stop
     if shares[rank]:
         os.sched_setaffinity(0, shares[rank])  # the trial's threads follow (trial_threads)
-    device = rank_devices(config.device, world)[rank]
-    config = config.replace(device=device)
+    pipe = pipes[rank]
+    for other in pipes:  # the other ranks' ends, inherited: not this rank's to hold open
+        if other is not pipe:
+            other.close()
+    rank_device = rank_devices(device, world)[rank]
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this machine
     try:
         from autotune import workloads
 
         dist.init_process_group(
-            "nccl" if device.startswith("cuda") else "gloo",
+            "nccl" if rank_device.startswith("cuda") else "gloo",
             init_method=f"file://{rendezvous}/store",
             rank=rank,
             world_size=world,
             timeout=GROUP_TIMEOUT,
-            device_id=torch.device(device) if device.startswith("cuda") else None,
+            device_id=torch.device(rank_device) if rank_device.startswith("cuda") else None,
         )
         workload = workloads.load(source.spec, source.base_dir, source.score)
-        # what a fresh process pays once, before any clock: torch's first steps (as one
-        # process), the compiler, and the first collective (NCCL builds its communicator)
-        Warmth().before(config.replace(world_size=1), workload)
-        dist.all_reduce(torch.zeros(1, device=device))
+        warmth = Warmth()
 
         def report(evaluation: Evaluation) -> bool:
-            leader_end.send(_Evaluated(evaluation))
-            return bool(leader_end.recv())
+            pipe.send(_Evaluated(evaluation))
+            return bool(pipe.recv())
 
-        if plan is not None:
-            value: TrialResult | SpeedMeasurement = bursts.measure(config, workload, plan)
-        else:
-            value = runner.train(config, workload, report if rank == 0 else _not_leader)
-        if rank == 0:
-            leader_end.send(_Done(value))
+        while True:
+            job = pipe.recv()
+            if job is None:  # the pool is closing
+                return
+            config, plan = job
+            config = config.replace(device=rank_device)
+            # what this process has not paid yet, before any clock: torch's first steps (as
+            # one process), the compiler; then every rank meets in a collective (the first
+            # builds NCCL's communicator), so that no clock starts while a peer is still away
+            warmth.before(config.replace(world_size=1), workload)
+            dist.all_reduce(torch.zeros(1, device=rank_device))
+            if plan is not None:
+                value: TrialResult | SpeedMeasurement = bursts.measure(config, workload, plan)
+            else:
+                value = runner.train(config, workload, report if rank == 0 else _not_leader)
+            pipe.send(_Done(value if rank == 0 else None))
+            release_memory()  # the next trial's peak memory is its own
     except Exception as error:
         kind, message = classify(error)
         details = getattr(error, "details", "") or traceback.format_exc()[-4000:]

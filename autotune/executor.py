@@ -53,16 +53,17 @@ class InProcessExecutor:
     ) -> None:
         self.workload = workload
         self.warmth = warmth or Warmth()
-        self.source = source  # how a distributed trial's processes build the workload
+        # the processes of distributed trials (built from the workload's spec), kept between
+        self.ranks = distributed.RankPool(source) if source is not None else None
 
-    def _source(self) -> WorkloadSource:
-        if self.source is None:
+    def _ranks(self) -> distributed.RankPool:
+        if self.ranks is None:
             raise UserError("a distributed trial needs the workload's spec to start its ranks")
-        return self.source
+        return self.ranks
 
     def run(self, config: TrialConfig, report: Reporter) -> TrialResult:
         if config.distributed:  # its own processes, each warmed before its clock
-            return distributed.train(config, self._source(), report)
+            return self._ranks().train(config, report)
         try:
             self.warmth.before(config, self.workload)  # before the trial's clock starts
             return runner.train(config, self.workload, report)
@@ -71,7 +72,7 @@ class InProcessExecutor:
 
     def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
         if config.distributed:
-            return distributed.measure(config, self._source(), plan)
+            return self._ranks().measure(config, plan)
         try:
             self.warmth.before(config, self.workload)  # before the first burst's clock
             return bursts.measure(config, self.workload, plan)
@@ -80,3 +81,5 @@ class InProcessExecutor:
 
     def close(self) -> None:
         self.warmth.close()
+        if self.ranks is not None:
+            self.ranks.close()

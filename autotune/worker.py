@@ -30,6 +30,7 @@ import warnings
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autotune import bursts, distributed, runner
 from autotune.config import TrialConfig
@@ -47,6 +48,9 @@ from autotune.results import Evaluation, Reporter, TrialResult
 from autotune.spec import WorkloadSpec
 from autotune.speed import BurstPlan, SpeedMeasurement
 from autotune.warmup import Warmth
+
+if TYPE_CHECKING:
+    from autotune.workloads import Workload
 
 __all__ = ["WorkerExecutor"]
 
@@ -423,7 +427,18 @@ def _worker_main(
         return
     connection.send(Ready())
     warmth = Warmth()
+    # the processes of distributed trials, kept from one to the next (started at the first)
+    ranks = distributed.RankPool(distributed.WorkloadSource(workload_spec, base_dir, score))
+    try:
+        _serve(connection, workload, warmth, ranks)
+    finally:
+        ranks.close()
 
+
+def _serve(
+    connection: Connection, workload: Workload, warmth: Warmth, ranks: distributed.RankPool
+) -> None:
+    """The worker's loop: one request (a trial, a speed measurement) after another."""
     while True:
         try:
             message: ToWorker = connection.recv()
@@ -440,11 +455,10 @@ def _worker_main(
 
         try:
             if config.distributed:  # its own processes, each warmed before its clock
-                source = distributed.WorkloadSource(workload_spec, base_dir, score)
                 if isinstance(message, MeasureSpeed):
-                    measured = distributed.measure(config, source, message.plan)
+                    measured = ranks.measure(config, message.plan)
                 else:
-                    result = distributed.train(config, source, report)
+                    result = ranks.train(config, report)
             elif isinstance(message, MeasureSpeed):
                 warmth.before(config, workload)  # what this process pays once: not on a clock
                 measured = bursts.measure(config, workload, message.plan)

@@ -172,6 +172,27 @@ def _children() -> list[str]:
     return found
 
 
+def test_the_ranks_are_kept_between_trials_and_started_anew_after_a_fault():
+    """A pool's ranks train trial after trial (one start-up, paid once); a trial whose rank
+    fails stops them, the next trial starts new ones, and closing leaves no process."""
+    pool = distributed.RankPool(distributed.WorkloadSource(SPEC, None, "accuracy"))
+    try:
+        config = make_config(world_size=2, batch_size=16)
+        first = pool.train(config, lambda evaluation: False)
+        started = time.monotonic()
+        second = pool.train(config.replace(seed=1), lambda evaluation: False)
+        assert pool.started == 1 and time.monotonic() - started < 3  # no new processes
+        assert first.world_size == second.world_size == 2 and second.score > 0.5
+        with pytest.raises(TrialFault, match=r"rank [01] of 2: batch_size 100000 is larger"):
+            pool.train(config.replace(batch_size=100_000), lambda evaluation: False)
+        assert pool.started == 1
+        assert pool.train(config, lambda evaluation: False).score > 0.5
+        assert pool.started == 2  # the failed trial's ranks were stopped, new ones started
+    finally:
+        pool.close()
+    assert _children() == []
+
+
 DDP_SPACE = """\
 study:
   name: ddp
