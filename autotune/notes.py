@@ -14,7 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune._version import __version__
 from autotune.display import fmt_metric
 from autotune.results import PHASES
-from autotune.spec import DEFAULT_STORAGE, KNOBS
+from autotune.spec import DEFAULT_STORAGE, knobs_for
 from autotune.study import (
     StudyRecord,
     TrialRecord,
@@ -260,7 +260,7 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
             lines.append(f"Bottlenecks of the completed trials: {counted}.")
         lines += ["", "| knob | value |", "|---|---|"]
         config = trial_config(best).to_dict()
-        for name in KNOBS:
+        for name in knobs_for(config.get("world_size", 1)):
             origin = trial_knob_origin(best, name)
             mark = f" ({origin})" if origin else ""
             lines.append(f"| {name} | {number(config[name])}{mark} |")

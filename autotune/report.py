@@ -20,7 +20,7 @@ from autotune.errors import UserError
 from autotune.export import best_config
 from autotune.notes import PHASE_LABELS, Summary, measured, measurements, number, summarize
 from autotune.results import PHASES
-from autotune.spec import DEFAULT_STORAGE, KNOBS
+from autotune.spec import DEFAULT_STORAGE, KNOBS, knobs_for
 from autotune.study import (
     SpeedRecord,
     StudyRecord,
@@ -351,7 +351,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     if best is not None:
         config = trial_config(best).to_dict()
         baseline = trial_config(summary.baseline).to_dict() if summary.baseline else {}
-        for name in KNOBS:
+        for name in knobs_for(config.get("world_size", 1)):
             config_rows.append(
                 (
                     name,

@@ -243,3 +243,28 @@ def test_the_baselines_knobs_are_untuned_not_searched(seen):
     rows = {line.split()[0]: line for line in _text(console).splitlines() if line.strip()}
     assert "untuned" in rows["precision"] and "searched" not in _text(console)
     assert export.best_config(study, baseline).origin("precision") == "untuned"
+
+
+def test_the_configuration_shows_ddp_settings_only_for_a_trial_of_several_processes(seen):
+    study, _ = seen
+    one = studies.baseline_trial(study)
+    assert one is not None
+    console = _console(100)
+    console.print(display.config_table(one))
+    names = {line.split()[0] for line in _text(console).splitlines() if line.strip()}
+    assert "static_graph" not in names and "world_size" not in names and "precision" in names
+    config = studies.TrialRecord.of(one).config
+    assert config is not None
+    two = optuna.trial.create_trial(
+        value=1.0,
+        user_attrs=studies.TrialRecord(
+            config=config.replace(world_size=2, static_graph=True)
+        ).to_attrs(),
+    )
+    console = _console(100)
+    console.print(display.config_table(two))
+    rows = {
+        line.split()[0]: line.split()[1] for line in _text(console).splitlines() if line.strip()
+    }
+    assert rows["world_size"] == "2" and rows["static_graph"] == "true"
+    assert rows["ddp_bucket_cap_mb"] == "25"

@@ -24,7 +24,7 @@ from autotune.display._text import (
     study_options,
 )
 from autotune.interference import INTERFERENCE_SHARE
-from autotune.spec import KNOBS, Choice, Spec
+from autotune.spec import Choice, Spec, knobs_for
 
 if TYPE_CHECKING:  # torch: the plan is printed by `autotune run` only
     from autotune.hardware import Hardware
@@ -163,7 +163,9 @@ def config_table(trial: FrozenTrial) -> Table:
     table.add_column(style="bold")
     table.add_column()
     table.add_column(style="dim")
-    for name in [*KNOBS, "device", "epochs", "seed"]:
+    world = config.get("world_size", 1)
+    processes = ["world_size"] if world > 1 else []  # with DDP's settings, for several
+    for name in [*knobs_for(world), *processes, "device", "epochs", "seed"]:
         note = studies.trial_knob_origin(trial, name)
         if name == "lr" and config["lr_scaling"] != "none":
             note = f"{note}; {fmt(config['base_lr'])} per {config['base_batch_size']} examples"

@@ -161,6 +161,12 @@ KNOBS: dict[str, KnobInfo] = {
 DDP_KNOBS = ("ddp_bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
 
 
+def knobs_for(world_size: int) -> list[str]:
+    """The knobs that mean something to a trial of ``world_size`` processes, in ``KNOBS`` order
+    (DDP's settings only to several): what a configuration is shown with."""
+    return [name for name in KNOBS if world_size > 1 or name not in DDP_KNOBS]
+
+
 class Choice(_Frozen):
     """A categorical knob; a single value means the knob is fixed and not searched."""
 
