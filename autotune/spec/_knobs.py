@@ -63,6 +63,8 @@ class KnobInfo:
     only_when: str = ""  # the condition under which it is sampled, for the reference
 
 
+_DDP = "gpus_per_trial > 1"  # when DDP's settings are sampled
+
 KNOBS: dict[str, KnobInfo] = {
     "lr": KnobInfo(
         "float", 1e-3, "learning rate per base_batch_size examples (see lr_scaling)", gt=0
@@ -139,23 +141,13 @@ KNOBS: dict[str, KnobInfo] = {
     "cudnn_benchmark": KnobInfo("bool", False, "let cuDNN time its algorithms per input shape"),
     # DistributedDataParallel's own settings: a trial of workload.gpus_per_trial > 1 processes
     "ddp_bucket_cap_mb": KnobInfo(
-        "int",
-        25,
-        "MiB of gradients DDP all-reduces together (fewer, larger messages vs. overlap)",
-        ge=1,
-        only_when="gpus_per_trial > 1",
+        "int", 25, "MiB of gradients DDP all-reduces at once", ge=1, only_when=_DDP
     ),
     "gradient_as_bucket_view": KnobInfo(
-        "bool",
-        False,
-        "DDP gradients as views into its buckets (no copy, less memory)",
-        only_when="gpus_per_trial > 1",
+        "bool", False, "DDP gradients as views into its buckets (no copy)", only_when=_DDP
     ),
     "static_graph": KnobInfo(
-        "bool",
-        False,
-        "tell DDP every step uses the same parameters (it skips per-step bookkeeping)",
-        only_when="gpus_per_trial > 1",
+        "bool", False, "tell DDP every step uses the same parameters", only_when=_DDP
     ),
 }
 DDP_KNOBS = ("ddp_bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
