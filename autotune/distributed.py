@@ -192,8 +192,12 @@ class RankPool:
         self, config: TrialConfig, plan: BurstPlan | None, report: Reporter
     ) -> TrialResult | SpeedMeasurement:
         key = (config.world_size, config.device)
-        if self._key != key:
-            self.close()
+        alive = self._context is not None and all(
+            p.exitcode is None for p in self._context.processes
+        )
+        if self._key != key or not alive:  # other processes or devices, or a rank died idle
+            if self._context is not None:
+                self._stop()
             self._start(*key)
         processes = self._context.processes
         value: TrialResult | SpeedMeasurement | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -188,6 +189,10 @@ def test_the_ranks_are_kept_between_trials_and_started_anew_after_a_fault():
         assert pool.started == 1
         assert pool.train(config, lambda evaluation: False).score > 0.5
         assert pool.started == 2  # the failed trial's ranks were stopped, new ones started
+        os.kill(pool._context.processes[1].pid, signal.SIGKILL)  # a rank dies between trials
+        pool._context.processes[1].join()
+        assert pool.train(config, lambda evaluation: False).score > 0.5
+        assert pool.started == 3  # not a BrokenPipeError charged to the configuration
     finally:
         pool.close()
     assert _children() == []
@@ -261,3 +266,18 @@ def test_a_study_of_distributed_trials_exports_a_script_torchrun_runs(tmp_path: 
     alone = run_script(tmp_path / "train.py", "--epochs", "1", "--run-dir", "alone")
     assert alone.returncode == 0, alone.stderr
     assert "note: the trial trained as 2 processes, this run has 1" in alone.stdout
+
+
+def test_the_python_api_refuses_a_distributed_configuration_outside_its_group():
+    """Out of a process group of its size, a distributed configuration's loader would train on
+    1/N of every epoch and its trainer could not wrap DDP: both say so."""
+    from autotune.export import BestConfig
+    from autotune.testing import blobs
+
+    best = BestConfig(study="s", trial=0, metric="m", value=1.0, config=make_config(world_size=2))
+    with pytest.raises(ValueError, match="trains as 2 processes and this process is in a group"):
+        best.make_loader(blobs().train)
+    with pytest.raises(RuntimeError, match="start them with torchrun --nproc-per-node 2"):
+        best.make_trainer(tiny_mlp(CLASSES, (FEATURES,)), total_steps=1)
+    single = BestConfig(study="s", trial=0, metric="m", value=1.0, config=make_config())
+    assert len(single.make_loader(blobs().train)) > 0

@@ -151,6 +151,13 @@ class BestConfig:
         from autotune import ranks
         from autotune.pipeline import make_train_loader
 
+        if ranks.world_size() != self.config.world_size:  # 1/N of each epoch, unannounced
+            raise ValueError(
+                f"the configuration trains as {self.config.world_size} processes and this "
+                f"process is in a group of {ranks.world_size()}: call it in each process "
+                f"torchrun started (after init_process_group), or use "
+                f"config.replace(world_size=1)"
+            )
         seed = self.config.seed if seed is None else seed
         return make_train_loader(dataset, self.config, seed, collate_fn, ranks.rank())
 
