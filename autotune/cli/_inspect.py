@@ -37,7 +37,6 @@ from autotune.spec import DEFAULT_STORAGE
 def best(
     study_name: Annotated[str, typer.Option("--study", help="Study name.")],
     storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
-    artifacts: Annotated[str | None, artifacts_option()] = None,
     trial: Annotated[
         int | None, typer.Option(help="Show this trial instead of the best feasible one.")
     ] = None,
