@@ -27,6 +27,7 @@ import contextlib
 import ctypes
 import dataclasses
 import datetime
+import gc
 import os
 import shutil
 import signal
@@ -363,6 +364,10 @@ def _rank_main(
         release_memory()
         raise SystemExit(1) from None
     finally:
+        # DDP's reducers hold the group; a group freed at the interpreter's exit, with gloo's
+        # threads still joinable, aborts the process ("terminate called without an active
+        # exception"): free them now, then the group
+        gc.collect()
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
 

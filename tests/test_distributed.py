@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -77,6 +78,7 @@ def _rank_steps(rank: int, store: str, out: str) -> None:
             weights = _one_step(2, rank, accumulation, 8, static)
             torch.save(weights, f"{out}.{accumulation}.{static}.{rank}")
     finally:
+        gc.collect()  # DDP's reducers hold the group: free them while the interpreter lives
         dist.destroy_process_group()
 
 

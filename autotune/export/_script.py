@@ -325,6 +325,7 @@ def render_script(
         imports.add(Import("torch.utils.data", "DataLoader"))
     if config.distributed:  # torchrun's processes
         imports |= {
+            Import("gc"),
             Import("os"),
             Import("sys"),
             Import("torch.distributed", alias="dist"),
