@@ -10,10 +10,20 @@ function is the one-process answer.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 
-__all__ = ["agree", "is_leader", "leaders", "rank", "sum_over_ranks", "world_size"]
+__all__ = [
+    "agree",
+    "is_leader",
+    "leaders",
+    "local_device",
+    "rank",
+    "sum_over_ranks",
+    "world_size",
+]
 
 
 def _joined() -> bool:
@@ -28,6 +38,17 @@ def rank() -> int:
 def world_size() -> int:
     """Processes in the trial's process group (1 outside one)."""
     return dist.get_world_size() if _joined() else 1
+
+
+def local_device(device: str) -> str:
+    """This process's own GPU when ``device`` is CUDA and the process is in a group:
+    ``cuda:LOCAL_RANK`` (torchrun's), else ``cuda:`` the rank modulo the GPUs it sees;
+    ``device`` itself outside a group or on the CPU."""
+    if not device.startswith("cuda") or not _joined():
+        return device
+    local = os.environ.get("LOCAL_RANK")
+    index = int(local) if local is not None else rank() % max(torch.cuda.device_count(), 1)
+    return f"cuda:{index}"
 
 
 def is_leader() -> bool:

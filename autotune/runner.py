@@ -59,10 +59,15 @@ PROBE_MICRO_BATCHES = 32  # the window of steady-state micro-batches whose phase
 def make_plan(config: TrialConfig, micro_batches_per_epoch: int, train_size: int) -> Plan:
     """Lay out optimizer steps, evaluation points and the warm-up window of a trial."""
     if micro_batches_per_epoch == 0:
+        world = config.world_size
         raise TrialFault(
             "invalid_config",
             f"batch_size {config.batch_size} is larger than the training set "
-            f"({train_size} samples)",
+            f"({train_size} samples)"
+            if world == 1
+            else f"batch_size {config.batch_size} (per process) is larger than each of the "
+            f"{world} processes' share of the training set ({train_size // world} of "
+            f"{train_size} samples)",
         )
     accumulation = config.accumulation_steps
     micro_batches = math.floor(config.epochs * micro_batches_per_epoch + 1e-9)

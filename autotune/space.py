@@ -142,7 +142,15 @@ def _unsupported(
         if workload is None:
             return None
         size = len(workload.train_set)  # type: ignore[arg-type]  # map-style: sized
-        return None if value <= size else f"larger than the training set ({size} samples)"
+        share = size // processes  # each process draws its own share of every epoch
+        if value <= share:
+            return None
+        if processes == 1:
+            return f"larger than the training set ({size} samples)"
+        return (
+            f"larger than each of the {processes} processes' share of the training set "
+            f"({share} of {size} samples; batch_size is per process)"
+        )
 
     def num_workers(value: Any) -> str | None:
         if (not hardware.cpu_share and processes == 1) or value * processes <= hardware.cpu_count:

@@ -187,7 +187,9 @@ def test_the_ranks_are_kept_between_trials_and_started_anew_after_a_fault():
         assert pool.started == 1  # no new processes: the same ranks trained it
         assert [process.pid for process in pool._context.processes] == ranks
         assert first.world_size == second.world_size == 2 and second.score > 0.5
-        with pytest.raises(TrialFault, match=r"rank [01] of 2: batch_size 100000 is larger"):
+        with pytest.raises(
+            TrialFault, match=r"rank [01] of 2: batch_size 100000 \(per process\) is larger"
+        ):
             pool.train(config.replace(batch_size=100_000), lambda evaluation: False)
         assert pool.started == 1
         assert pool.train(config, lambda evaluation: False).score > 0.5
@@ -284,3 +286,22 @@ def test_the_python_api_refuses_a_distributed_configuration_outside_its_group():
         best.make_trainer(tiny_mlp(CLASSES, (FEATURES,)), total_steps=1)
     single = BestConfig(study="s", trial=0, metric="m", value=1.0, config=make_config())
     assert len(single.make_loader(blobs().train)) > 0
+
+
+def test_each_process_of_a_group_gets_its_own_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Under torchrun every process is given the trial's device (``cuda:0``); in a group, the
+    API and the loaders put process LOCAL_RANK on ``cuda:LOCAL_RANK`` instead (the CPU stays
+    the CPU, and outside a group nothing changes)."""
+    from autotune import ranks
+
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert ranks.local_device("cuda:0") == "cuda:0"  # not in a group yet
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        assert ranks.local_device("cuda:0") == "cuda:3"
+        assert ranks.local_device("cuda") == "cuda:3"
+        assert ranks.local_device("cpu") == "cpu"
+    finally:
+        dist.destroy_process_group()

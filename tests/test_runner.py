@@ -153,6 +153,21 @@ def test_batch_larger_than_the_data_is_an_invalid_config():
     assert "larger than the training set (256 samples)" in caught.value.message
 
 
+def test_a_batch_larger_than_a_process_share_says_per_process():
+    """Rank 1 of 2 draws half of every epoch: 200 per process is more than its 128."""
+    from autotune.pipeline import make_train_loader
+
+    config = make_config(batch_size=200, world_size=2)
+    loader = make_train_loader(blobs_workload().train_set, config, 0, None, 1)
+    with pytest.raises(TrialFault) as caught:
+        make_plan(config, len(loader), 256)
+    assert caught.value.kind == "invalid_config"
+    assert caught.value.message == (
+        "batch_size 200 (per process) is larger than each of the 2 processes' share of the "
+        "training set (128 of 256 samples)"
+    )
+
+
 def test_plan_lays_out_steps_evaluations_and_warmup():
     plan = make_plan(make_config(epochs=2, eval_every=0.5, accumulation_steps=2), 20, 640)
     assert plan.optimizer_steps == 20

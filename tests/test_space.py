@@ -118,6 +118,19 @@ def test_batch_sizes_larger_than_the_training_set_are_dropped():
     assert dropped.values == (4096,) and "larger than the training set (1437" in dropped.reason
     with pytest.raises(SpecError, match=r"space\.batch_size: no value can run"):
         restrict(spec_with("  batch_size: 4096\n"), TEST_CPU, workload)
+    # a trial of two processes: batch_size is per process, each drawing half of every epoch
+    pair = parse_spec(
+        HEADER.replace("epochs: 3", "epochs: 3, gpus_per_trial: 2")
+        + "space:\n  batch_size: [64, 512, 1024]\n",
+        "space.yaml",
+    )
+    halves = restrict(pair, TEST_CPU, workload)
+    assert halves.spec.space.batch_size == Choice(values=(64, 512))
+    (dropped,) = halves.dropped
+    assert dropped.values == (1024,) and dropped.reason == (
+        "larger than each of the 2 processes' share of the training set (718 of 1437 samples; "
+        "batch_size is per process)"
+    )
 
 
 def test_cpu_drops_gpu_only_values_and_says_why():

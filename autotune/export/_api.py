@@ -159,7 +159,7 @@ class BestConfig:
                 f"config.replace(world_size=1)"
             )
         seed = self.config.seed if seed is None else seed
-        return make_train_loader(dataset, self.config, seed, collate_fn, ranks.rank())
+        return make_train_loader(dataset, self._here(), seed, collate_fn, ranks.rank())
 
     def make_val_loader(
         self, dataset: Dataset, collate_fn: Collate | None = None
@@ -167,7 +167,20 @@ class BestConfig:
         """An in-order validation DataLoader."""
         from autotune.pipeline import make_val_loader
 
-        return make_val_loader(dataset, self.config, collate_fn)
+        return make_val_loader(dataset, self._here(), collate_fn)
+
+    def _here(self) -> TrialConfig:
+        """The configuration on this process's device: in a process group on CUDA, its own GPU
+        (``cuda:LOCAL_RANK``, made the current device), not the trial's ``cuda:0`` for all."""
+        import torch
+
+        from autotune import ranks
+
+        device = ranks.local_device(self.config.device)
+        if device == self.config.device:
+            return self.config
+        torch.cuda.set_device(device)
+        return self.config.replace(device=device)
 
     def make_trainer(
         self, model: nn.Module, total_steps: int, loss_fn: LossFn | None = None
@@ -178,13 +191,15 @@ class BestConfig:
         On CUDA this also sets the process-wide TF32 and cudnn.benchmark flags as tuned. A
         configuration of several processes (``config.world_size``) wraps the model in
         DistributedDataParallel (``trainer.ddp``) with the tuned DDP settings: call it in each
-        process of a group of that size (torchrun, then init_process_group).
+        process of a group of that size (torchrun, then init_process_group); on CUDA each
+        process trains on its own GPU, ``cuda:LOCAL_RANK``, as do its loaders.
         """
         from autotune.trainer import Trainer, _set_backend_flags
 
-        if self.config.device.startswith("cuda"):
-            _set_backend_flags(self.config)
-        return Trainer(model, self.config, total_steps, loss_fn)
+        config = self._here()
+        if config.device.startswith("cuda"):
+            _set_backend_flags(config)
+        return Trainer(model, config, total_steps, loss_fn)
 
 
 def _renamed_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
