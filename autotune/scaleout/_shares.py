@@ -1,59 +1,22 @@
-"""One study on several workers of one machine: a share of the cores (and a GPU) each.
+"""What each worker of a study on one machine may use: its share of the cores, and its GPU(s).
 
-``autotune run --workers N`` (CPU) or ``--gpus all|0,2,3`` splits the cores this process may use
-into N equal, contiguous shares, one per worker (equal: trials of different workers are compared
-with each other; cores left over stay idle), and gives worker k the k-th GPU listed. Every
-worker is an ``autotune run`` process of its own on the same study (Optuna's way of running a
-study in parallel, and the one many machines use too): worker 0 is the command the user started,
-which runs stage 1, shows the study, waits for the others and confirms; workers 1..N-1 are
-started by it once stage 1 is measured. A worker is pinned to its cores (``sched_setaffinity``:
-its DataLoader processes inherit them, so trials never oversubscribe the host) and sees its GPU
-as ``cuda:0`` (``CUDA_VISIBLE_DEVICES``). Each writes its own log; worker 0 shows every worker's
-trials as the study records them.
+The cores this process may use are divided into equal, contiguous blocks, one per worker; GPUs
+are named by ``--gpus`` (indices among those this process sees) and grouped by
+``workload.gpus_per_trial``. ``apply_share`` pins a process to its share.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
-import signal
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from autotune.errors import UserError
 
-__all__ = [
-    "WORKER_CORES_ENV",
-    "WORKER_GO_ENV",
-    "WORKER_PARENT_ENV",
-    "WORKER_STORAGE_ENV",
-    "ScaleOutError",
-    "WorkerShare",
-    "Workers",
-    "apply_share",
-    "one_gpu_model",
-    "plan_shares",
-    "stop_with_parent",
-    "unused_cores",
-    "wait_to_go",
-]
-
-WORKER_ENV = "AUTOTUNE_WORKER"  # "k/N" in a worker started by worker 0 (for its log's header)
-# the storage URL a worker joins, passed in its environment: a password stays out of `ps`
-WORKER_STORAGE_ENV = "AUTOTUNE_WORKER_STORAGE"
 # the cores the shares were made of: a worker starts pinned to worker 0's share and widens
 WORKER_CORES_ENV = "AUTOTUNE_WORKER_CORES"
-# worker 0's pid: a worker started after it died does not run
-WORKER_PARENT_ENV = "AUTOTUNE_WORKER_PARENT"
-# a file worker 0 makes once stage 1 is measured: the others, started earlier so that their
-# start-up (imports, data, the check) overlaps stage 1 on their own cores, wait for it
-WORKER_GO_ENV = "AUTOTUNE_WORKER_GO"
 
 
 class ScaleOutError(UserError):
@@ -241,19 +204,6 @@ def unused_cores(shares: list[WorkerShare]) -> tuple[int, ...]:
     return tuple(core for core in _available_cores() if core not in used)
 
 
-def wait_to_go() -> float | None:
-    """In a worker started by worker 0: wait until worker 0 has measured stage 1 (a SIGINT, as
-    when worker 0 stops or dies, ends the wait with KeyboardInterrupt); the seconds worker 0
-    has left of the study's timeout, or None."""
-    go = os.environ.pop(WORKER_GO_ENV, None)
-    if go is None:
-        return None
-    while not os.path.exists(go):
-        time.sleep(0.1)
-    text = Path(go).read_text()
-    return float(text) if text else None
-
-
 def apply_share(share: WorkerShare) -> None:
     """Pin this process to ``share``: its cores (which the processes it starts inherit) and its
     GPU, seen as cuda:0. Call before torch initialises CUDA."""
@@ -261,140 +211,3 @@ def apply_share(share: WorkerShare) -> None:
         os.sched_setaffinity(0, share.cores)
     if share.gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = share.gpu
-
-
-PR_SET_PDEATHSIG = 1  # prctl(2)
-
-
-def stop_with_parent() -> bool:
-    """Ask Linux to send this worker SIGINT when worker 0 dies (even by SIGKILL): it records
-    its running trial as interrupted and stops, as at a Ctrl-C. False when worker 0 is gone
-    already (it died before this worker could ask): the worker should not run at all."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGINT)
-    parent = os.environ.pop(WORKER_PARENT_ENV, None)
-    return parent is None or os.getppid() == int(parent)
-
-
-@dataclass
-class _Started:
-    share: WorkerShare
-    process: subprocess.Popen[bytes]
-    log: Path
-
-
-class Workers:
-    """The workers 1..N-1 that worker 0 starts: ``autotune run`` processes, each with its share
-    and a log file of its own."""
-
-    def __init__(self, log_dir: Path, cores: tuple[int, ...]) -> None:
-        self.log_dir = log_dir
-        self.cores = cores  # those the shares were made of
-        self.started: list[_Started] = []
-        self.reported: set[int] = set()  # workers whose exit was said
-        self.interrupted = False  # SIGINT was passed on to them (once: a second cuts short)
-        self.going = False  # told to start training (stage 1 is measured)
-        self.go_file = log_dir / "stage-1-measured"
-        self._lock = threading.Lock()  # exited() is asked from worker 0's display thread too
-
-    def start(
-        self, shares: list[WorkerShare], arguments: list[str], environment: dict[str, str]
-    ) -> None:
-        """Start a worker per share: ``autotune run ARGUMENTS --as-worker K`` with
-        ``environment`` added to theirs (not to this process's). If one cannot be started, the
-        ones already started are stopped before the error is raised. They wait for ``go``."""
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.go_file.unlink(missing_ok=True)  # an earlier run's
-        try:
-            for share in shares:
-                self._start_one(share, arguments, environment)
-        except BaseException:
-            self.interrupt()
-            self.wait(60)
-            raise
-
-    def _start_one(
-        self, share: WorkerShare, arguments: list[str], environment: dict[str, str]
-    ) -> None:
-        log = self.log_dir / f"worker-{share.index + 1}.log"
-        command = [
-            sys.executable,
-            "-m",
-            "autotune",
-            "run",
-            *arguments,
-            "--as-worker",
-            str(share.index),
-        ]
-        full = {
-            **os.environ,
-            **environment,
-            WORKER_ENV: f"{share.index + 1}/{share.count}",
-            WORKER_CORES_ENV: ",".join(str(core) for core in self.cores),
-            WORKER_PARENT_ENV: str(os.getpid()),
-            WORKER_GO_ENV: str(self.go_file),
-        }
-        with open(log, "wb") as output:
-            process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                env=full,
-                # a session of its own: a Ctrl-C at the terminal reaches worker 0 alone,
-                # which passes it on once (two would cut a worker's recording short)
-                start_new_session=True,
-            )
-        self.started.append(_Started(share, process, log))
-
-    def go(self, timeout: float | None) -> None:
-        """Let the workers train: stage 1 is measured (they reuse its measurements); they stop
-        starting trials after ``timeout`` seconds, as worker 0 does (None: no timeout)."""
-        written = self.go_file.with_name(self.go_file.name + ".new")
-        written.write_text("" if timeout is None else f"{max(timeout, 0.001):.3f}")
-        written.replace(self.go_file)  # whole when it appears
-        self.going = True
-
-    def exited(self) -> list[tuple[WorkerShare, int, Path]]:
-        """Workers that ended since last asked: (share, exit code, log)."""
-        ended = []
-        with self._lock:
-            for started in self.started:
-                code = started.process.poll()
-                if code is not None and started.share.index not in self.reported:
-                    self.reported.add(started.share.index)
-                    ended.append((started.share, code, started.log))
-        return ended
-
-    def running(self) -> int:
-        """Workers still running."""
-        return sum(1 for started in self.started if started.process.poll() is None)
-
-    def interrupt(self) -> None:
-        """Stop every worker still running as Ctrl-C stops one (SIGINT: its running trial is
-        recorded as interrupted); once, however often asked."""
-        if self.interrupted:
-            return
-        self.interrupted = True
-        for started in self.started:
-            if started.process.poll() is None:
-                started.process.send_signal(signal.SIGINT)
-
-    def wait(self, timeout: float) -> None:
-        """Wait, ``timeout`` seconds in all, for every worker to end; then interrupt those still
-        running, and kill them a minute later."""
-        deadline = time.monotonic() + timeout
-        for started in self.started:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                started.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        if all(started.process.poll() is not None for started in self.started):
-            return
-        self.interrupt()
-        deadline = time.monotonic() + 60
-        for started in self.started:
-            try:
-                started.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                started.process.kill()
-                started.process.wait()

@@ -1,0 +1,49 @@
+"""One study on several workers of one machine: a share of the cores (and a GPU) each.
+
+``autotune run --workers N`` (CPU) or ``--gpus all|0,2,3`` splits the cores this process may use
+into N equal, contiguous shares, one per worker (equal: trials of different workers are compared
+with each other; cores left over stay idle), and gives worker k the k-th GPU listed. Every
+worker is an ``autotune run`` process of its own on the same study (Optuna's way of running a
+study in parallel, and the one many machines use too): worker 0 is the command the user started,
+which runs stage 1, shows the study, waits for the others and confirms; workers 1..N-1 are
+started by it once stage 1 is measured. A worker is pinned to its cores (``sched_setaffinity``:
+its DataLoader processes inherit them, so trials never oversubscribe the host) and sees its GPU
+as ``cuda:0`` (``CUDA_VISIBLE_DEVICES``). Each writes its own log; worker 0 shows every worker's
+trials as the study records them.
+"""
+
+from autotune.scaleout._shares import (
+    WORKER_CORES_ENV,
+    ScaleOutError,
+    WorkerShare,
+    apply_share,
+    one_gpu_model,
+    plan_shares,
+    unused_cores,
+)
+from autotune.scaleout._workers import (
+    WORKER_ENV,
+    WORKER_GO_ENV,
+    WORKER_PARENT_ENV,
+    WORKER_STORAGE_ENV,
+    Workers,
+    stop_with_parent,
+    wait_to_go,
+)
+
+__all__ = [
+    "WORKER_CORES_ENV",
+    "WORKER_ENV",
+    "WORKER_GO_ENV",
+    "WORKER_PARENT_ENV",
+    "WORKER_STORAGE_ENV",
+    "ScaleOutError",
+    "WorkerShare",
+    "Workers",
+    "apply_share",
+    "one_gpu_model",
+    "plan_shares",
+    "stop_with_parent",
+    "unused_cores",
+    "wait_to_go",
+]
