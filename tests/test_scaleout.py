@@ -15,7 +15,16 @@ import torch
 from optuna.artifacts import get_all_artifact_meta
 from optuna.trial import TrialState
 
-from autotune.scaleout import WORKER_CORES_ENV, ScaleOutError, plan_shares, unused_cores
+from autotune.scaleout import (
+    VISIBLE_BEFORE_ENV,
+    WORKER_CORES_ENV,
+    ScaleOutError,
+    apply_share,
+    gpus_argument,
+    plan_shares,
+    unshared_environment,
+    unused_cores,
+)
 from autotune.study import TrialRecord, load_study
 from autotune.testing import run_cli, start_cli, write_space
 
@@ -93,6 +102,38 @@ def test_trials_of_several_gpus_get_a_group_each_of_one_model(monkeypatch: pytes
         "HBM3: GPU 0,1); a study compares trials timed on one model, so run one study per "
         "model, naming its GPUs with --gpus"
     )
+
+
+@pytest.mark.parametrize("given", [None, "4,5,6,7"])
+def test_the_workers_worker_0_starts_find_their_own_gpus(
+    monkeypatch: pytest.MonkeyPatch, given: str | None
+):
+    """Worker 0 sees its share as cuda:0 (its CUDA_VISIBLE_DEVICES replaced); the workers it
+    starts get the GPUs worker 0 was given back and a --gpus that names them as worker 0 was
+    asked to, so each plans the same shares and takes its own (a scheduler's list or none)."""
+    monkeypatch.setenv(WORKER_CORES_ENV, "0,1,2,3")
+    monkeypatch.delenv(VISIBLE_BEFORE_ENV, raising=False)
+    if given is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", given)
+    shares = plan_shares(None, "1,3", gpu_names=_h100s)
+    physical = ["5", "7"] if given else ["1", "3"]
+    assert [share.gpu for share in shares] == physical
+    cores = os.sched_getaffinity(0)
+    try:
+        apply_share(shares[0])
+    finally:
+        os.sched_setaffinity(0, cores)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == physical[0]  # worker 0: its GPU as cuda:0
+    argument = gpus_argument(shares)
+    assert argument == "1,3"
+    started = unshared_environment(dict(os.environ))
+    assert VISIBLE_BEFORE_ENV not in started
+    assert started.get("CUDA_VISIBLE_DEVICES") == given
+    monkeypatch.setattr(os, "environ", started)  # a worker's environment, as Workers gives it
+    again = plan_shares(None, argument, gpu_names=_h100s)
+    assert [(share.gpu, share.cores) for share in again] == [(s.gpu, s.cores) for s in shares]
 
 
 @two_cores

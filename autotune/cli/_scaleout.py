@@ -9,7 +9,13 @@ from typing import Any
 from rich.text import Text
 
 from autotune.cli._common import console
-from autotune.scaleout import WORKER_STORAGE_ENV, Workers, WorkerShare, unused_cores
+from autotune.scaleout import (
+    WORKER_STORAGE_ENV,
+    Workers,
+    WorkerShare,
+    gpus_argument,
+    unused_cores,
+)
 from autotune.study import sqlite_path
 
 __all__ = [
@@ -68,7 +74,7 @@ def start_workers(
     if timeout is not None:
         arguments += ["--timeout", f"{max(timeout, 0.001):.3f}"]
     if shares[0].gpu is not None:
-        arguments += ["--gpus", ",".join(str(share.gpu) for share in shares)]
+        arguments += ["--gpus", gpus_argument(shares)]
     else:
         arguments += ["--workers", str(len(shares))]
     workers = Workers(log_dir, tuple(sorted({c for share in shares for c in share.cores})))

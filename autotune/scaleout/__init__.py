@@ -13,12 +13,15 @@ trials as the study records them.
 """
 
 from autotune.scaleout._shares import (
+    VISIBLE_BEFORE_ENV,
     WORKER_CORES_ENV,
     ScaleOutError,
     WorkerShare,
     apply_share,
+    gpus_argument,
     one_gpu_model,
     plan_shares,
+    unshared_environment,
     unused_cores,
 )
 from autotune.scaleout._workers import (
@@ -32,6 +35,7 @@ from autotune.scaleout._workers import (
 )
 
 __all__ = [
+    "VISIBLE_BEFORE_ENV",
     "WORKER_CORES_ENV",
     "WORKER_ENV",
     "WORKER_GO_ENV",
@@ -41,9 +45,11 @@ __all__ = [
     "WorkerShare",
     "Workers",
     "apply_share",
+    "gpus_argument",
     "one_gpu_model",
     "plan_shares",
     "stop_with_parent",
+    "unshared_environment",
     "unused_cores",
     "wait_to_go",
 ]

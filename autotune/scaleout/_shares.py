@@ -17,6 +17,9 @@ from autotune.errors import UserError
 
 # the cores the shares were made of: a worker starts pinned to worker 0's share and widens
 WORKER_CORES_ENV = "AUTOTUNE_WORKER_CORES"
+# CUDA_VISIBLE_DEVICES as worker 0 was given it ("" when unset), kept when its share replaces
+# it: the workers it starts see those GPUs again and plan their shares from them
+VISIBLE_BEFORE_ENV = "AUTOTUNE_VISIBLE_BEFORE_SHARE"
 
 
 class ScaleOutError(UserError):
@@ -210,4 +213,29 @@ def apply_share(share: WorkerShare) -> None:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, share.cores)
     if share.gpu is not None:
+        os.environ.setdefault(VISIBLE_BEFORE_ENV, os.environ.get("CUDA_VISIBLE_DEVICES", ""))
         os.environ["CUDA_VISIBLE_DEVICES"] = share.gpu
+
+
+def unshared_environment(environment: dict[str, str]) -> dict[str, str]:
+    """``environment`` (worker 0's) with CUDA_VISIBLE_DEVICES as worker 0 was given it, before
+    its share replaced it: what a worker it starts needs to find its own share."""
+    environment = dict(environment)
+    before = environment.pop(VISIBLE_BEFORE_ENV, None)
+    if before is not None:
+        if before:
+            environment["CUDA_VISIBLE_DEVICES"] = before
+        else:
+            environment.pop("CUDA_VISIBLE_DEVICES", None)
+    return environment
+
+
+def gpus_argument(shares: list[WorkerShare]) -> str:
+    """The shares' GPUs as ``--gpus`` names them to a worker that sees what worker 0 was given:
+    their indices among CUDA_VISIBLE_DEVICES when it was set, else as they are."""
+    devices = [device for share in shares if share.gpu for device in _listed(share.gpu)]
+    before = os.environ.get(VISIBLE_BEFORE_ENV, os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    if not before:
+        return ",".join(devices)
+    allowed = _listed(before)
+    return ",".join(str(allowed.index(device)) for device in devices)

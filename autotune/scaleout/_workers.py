@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.scaleout._shares import WORKER_CORES_ENV, WorkerShare
+from autotune.scaleout._shares import WORKER_CORES_ENV, WorkerShare, unshared_environment
 
 WORKER_ENV = "AUTOTUNE_WORKER"  # "k/N" in a worker started by worker 0 (for its log's header)
 # the storage URL a worker joins, passed in its environment: a password stays out of `ps`
@@ -104,7 +104,7 @@ class Workers:
             str(share.index),
         ]
         full = {
-            **os.environ,
+            **unshared_environment(dict(os.environ)),  # the GPUs worker 0 had, not its share
             **environment,
             WORKER_ENV: f"{share.index + 1}/{share.count}",
             WORKER_CORES_ENV: ",".join(str(core) for core in self.cores),
