@@ -253,6 +253,7 @@ def test_a_study_of_distributed_trials_exports_a_script_torchrun_runs(tmp_path: 
 
     exported = run_cli("export", "--study", "ddp", "-o", "train.py", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
+    assert "Run it: torchrun --nproc-per-node 2 train.py" in " ".join(exported.stdout.split())
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     ran = subprocess.run(
         [*torchrun, "train.py", "--epochs", "2"],

@@ -96,6 +96,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "seed": 4242,
     },
     "fp16-onecycle": {"precision": "fp16", "schedule": "onecycle", "compile": "default"},
+    "ddp-gpus": {  # a trial of two processes on cuda:2 and cuda:3, under DDP
+        "world_size": 2,
+        "device": "cuda:2",
+        "ddp_bucket_cap_mb": 50,
+        "gradient_as_bucket_view": True,
+        "static_graph": True,
+    },
     "tf32-warmup-device": {
         "precision": "tf32",
         "warmup_fraction": 0.5,
@@ -371,14 +378,27 @@ def test_hf_training_arguments_build_from_the_file(best, tmp_path: Path, variant
 
 
 def test_a_trial_of_several_processes_exports_its_devices_and_ddp_settings(best):
-    """A trial of two processes on cuda:1 and cuda:2: Lightning gets those devices under the
-    ddp strategy (its comment holds the DDP settings), Hugging Face the bucket size."""
-    distributed = changed(best, device="cuda:1", world_size=2, ddp_bucket_cap_mb=50)
-    trainer = call_keywords(render(distributed, "lightning"), "make_trainer")
-    assert trainer["devices"] == [1, 2] and trainer["strategy"] == "ddp"
-    assert "DDPStrategy(bucket_cap_mb=50" in render(distributed, "lightning")
+    """A trial of two processes on cuda:2 and cuda:3: Lightning gets those devices and a
+    DDPStrategy holding the tuned DDP settings (it passes them on to DistributedDataParallel);
+    Hugging Face the bucket size and the launch line."""
+    distributed = changed(best, **VARIANTS["ddp-gpus"])
+    text = render(distributed, "lightning")
+    make = next(
+        n
+        for n in ast.parse(text).body
+        if isinstance(n, ast.FunctionDef) and n.name == "make_trainer"
+    )
+    returned = next(n for n in ast.walk(make) if isinstance(n, ast.Return))
+    assert isinstance(returned.value, ast.Call)
+    keywords = {k.arg: k.value for k in returned.value.keywords if k.arg}
+    assert ast.literal_eval(keywords["devices"]) == [2, 3]
+    assert ast.unparse(keywords["strategy"]) == (
+        "DDPStrategy(bucket_cap_mb=50, gradient_as_bucket_view=True, static_graph=True)"
+    )
+    assert "from lightning.pytorch.strategies import DDPStrategy" in text
     hf = render(distributed, "hf")
     assert call_keywords(hf, "training_arguments")["ddp_bucket_cap_mb"] == 50
     assert "torchrun --nproc-per-node 2" in hf
-    assert call_keywords(render(best, "lightning"), "make_trainer")["devices"] == 1
+    plain = render(best, "lightning")  # one process: no strategy
+    assert call_keywords(plain, "make_trainer")["devices"] == 1 and "DDPStrategy" not in plain
     assert "ddp_bucket_cap_mb" not in call_keywords(render(best, "hf"), "training_arguments")

@@ -187,7 +187,9 @@ def export_command(
         markup=False,
     )
     if fmt == "script":
-        display.print_command(console, "Run it:", "python", str(output))
+        processes = result.config.world_size  # a DDP trial's script runs as its processes
+        launch = ("torchrun", "--nproc-per-node", str(processes)) if processes > 1 else ("python",)
+        display.print_command(console, "Run it:", *launch, str(output))
         console.print(
             f"  {result.epochs} epoch{'s' if result.epochs != 1 else ''} into run/; "
             f"--epochs N, --resume, --run-dir DIR, --lr, --seed, --device",

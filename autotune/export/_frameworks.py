@@ -46,19 +46,30 @@ _NUMBERS = (
 _FLAGS = ("nesterov", "pin_memory", "persistent_workers", "channels_last", "cudnn_benchmark")
 
 
+LINE_LENGTH = 99  # what the generated files are linted to (ruff's E501, this project's width)
+ARGUMENT_INDENT = 8  # the templates' indentation of a call's keywords
+
+
 @dataclass(frozen=True)
 class Argument:
     """One keyword of a generated call: ``name=value,  # comment``."""
 
     name: str  # a Python argument name, autotune's own
-    value: str  # Python source of the value: a literal
+    value: str  # Python source of the value: a literal (or a call of literals)
     comment: str = ""  # autotune's words and numbers only
 
     @property
     def line(self) -> str:
-        """The call's line for it (indented by the template)."""
+        """The call's line(s) for it, the template indenting them by ARGUMENT_INDENT: the
+        comment after the code, or above it when both would not fit in the line."""
         code = f"{self.name}={self.value},"
-        return f"{code}  # {comment_text(self.comment)}" if self.comment else code
+        if not self.comment:
+            return code
+        comment = f"# {comment_text(self.comment)}"
+        first = code.splitlines()[0]
+        if "\n" in code or ARGUMENT_INDENT + len(f"{first}  {comment}") > LINE_LENGTH:
+            return f"{comment}\n{code}"
+        return f"{code}  {comment}"
 
 
 def comment_text(text: str) -> str:
@@ -228,10 +239,17 @@ def _lightning(best: BestConfig) -> dict[str, Any]:
         shown = literal(gpus if accelerator == "gpu" else processes)
         trainer.append(Argument("devices", shown, f"the trial's {processes} DDP processes"))
         settings = ("ddp_bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
-        values = ", ".join(
-            f"{name.removeprefix('ddp_')}={getattr(config, name)}" for name in settings
+        values = "".join(  # DDPStrategy passes them on to DistributedDataParallel
+            f"    {name.removeprefix('ddp_')}={literal(getattr(config, name))},\n"
+            for name in settings
         )
-        trainer.append(Argument("strategy", literal("ddp"), f"its DDPStrategy({values})"))
+        trainer.append(
+            Argument(
+                "strategy",
+                f"DDPStrategy(\n{values})",
+                _searched(best, "ddp_bucket_cap_mb", "the trial's DDP settings"),
+            )
+        )
     else:
         trainer.append(Argument("devices", literal(devices)))
     loader = [
@@ -256,6 +274,8 @@ def _lightning(best: BestConfig) -> dict[str, Any]:
     }
     if config.schedule == "cosine":
         imports.add(Import("math"))
+    if config.distributed:
+        imports.add(Import("lightning.pytorch.strategies", "DDPStrategy"))
     compile_mode = None if config.compile in ("none", "default") else literal(config.compile)
     return {
         "imports": imports,
@@ -346,8 +366,8 @@ def _hf(best: BestConfig) -> dict[str, Any]:
             Argument(
                 "ddp_bucket_cap_mb",
                 literal(config.ddp_bucket_cap_mb),
-                f"the trial trained as {config.world_size} processes: launch with torchrun "
-                f"--nproc-per-node {config.world_size}",
+                f"the trial's {config.world_size} processes: torchrun --nproc-per-node "
+                f"{config.world_size} YOUR_SCRIPT",
             )
         )
     outside = []
