@@ -9,10 +9,16 @@ A knob the framework has no setting for gets a comment saying so and what to do 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from autotune.export._api import BestConfig, ExportError
+from autotune.export._arguments import (
+    Argument,
+    comment_text,
+    loader_arguments,
+    lr_comment,
+    searched,
+)
 from autotune.export._bundle import Import, import_block, literal
 from autotune.export._script import _environment, _provenance
 from autotune.spec import (
@@ -44,55 +50,6 @@ _NUMBERS = (
     "dataloader_timeout",
 )  # fmt: skip
 _FLAGS = ("nesterov", "pin_memory", "persistent_workers", "channels_last", "cudnn_benchmark")
-
-
-LINE_LENGTH = 99  # what the generated files are linted to (ruff's E501, this project's width)
-ARGUMENT_INDENT = 8  # the templates' indentation of a call's keywords
-
-
-@dataclass(frozen=True)
-class Argument:
-    """One keyword of a generated call: ``name=value,  # comment``."""
-
-    name: str  # a Python argument name, autotune's own
-    value: str  # Python source of the value: a literal (or a call of literals)
-    comment: str = ""  # autotune's words and numbers only
-
-    @property
-    def line(self) -> str:
-        """The call's line(s) for it, the template indenting them by ARGUMENT_INDENT: the
-        comment after the code, or above it when both would not fit in the line."""
-        code = f"{self.name}={self.value},"
-        if not self.comment:
-            return code
-        comment = f"# {comment_text(self.comment)}"
-        first = code.splitlines()[0]
-        if "\n" in code or ARGUMENT_INDENT + len(f"{first}  {comment}") > LINE_LENGTH:
-            return f"{comment}\n{code}"
-        return f"{code}  {comment}"
-
-
-def comment_text(text: str) -> str:
-    """``text`` safe in a ``#`` comment: printable ASCII on one line (others escaped), even
-    if a value that reached it was not what autotune wrote."""
-    return literal(str(text))[1:-1]
-
-
-def _searched(best: BestConfig, knob: str, text: str = "") -> str:
-    origin = best.origin(knob)
-    return "; ".join(([origin] if origin else []) + ([text] if text else []))
-
-
-def _lr_comment(best: BestConfig) -> str:
-    config = best.config
-    if config.lr_scaling == "none":
-        return _searched(best, "lr", "per optimizer step")
-    return _searched(
-        best,
-        "lr",
-        f"{config.base_lr:.6g} per {config.base_batch_size} examples, scaled {config.lr_scaling} "
-        f"to {config.effective_batch_size}",
-    )
 
 
 def _not_applicable(best: BestConfig, framework: str) -> list[str]:
@@ -152,33 +109,6 @@ def _lightning_device(device: str) -> tuple[str, Any]:
     raise AssertionError(device)  # _check refused it
 
 
-def _loader_arguments(best: BestConfig, prefix: str = "") -> list[Argument]:
-    """The DataLoader's tuned settings (keywords of DataLoader, or TrainingArguments'
-    ``dataloader_*`` fields with ``prefix``)."""
-    config = best.config
-    workers = config.num_workers if config.data_pipeline == "dataloader" else 0
-    rows = [
-        Argument(f"{prefix}num_workers", literal(workers), _searched(best, "num_workers")),
-        Argument(f"{prefix}pin_memory", literal(config.pin_memory), _searched(best, "pin_memory")),
-    ]
-    if workers > 0:
-        rows.append(
-            Argument(
-                f"{prefix}prefetch_factor",
-                literal(config.prefetch_factor or 2),
-                _searched(best, "prefetch_factor", "batches each worker loads ahead"),
-            )
-        )
-        rows.append(
-            Argument(
-                f"{prefix}persistent_workers",
-                literal(config.persistent_workers),
-                _searched(best, "persistent_workers"),
-            )
-        )
-    return rows
-
-
 def _schedule(best: BestConfig) -> dict[str, Any]:
     config = best.config
     return {
@@ -186,8 +116,8 @@ def _schedule(best: BestConfig) -> dict[str, Any]:
         "warmup": literal(config.warmup_fraction),
         "onecycle_rise": literal(config.warmup_fraction or 0.3),
         "has_warmup": config.warmup_fraction > 0,
-        "schedule_comment": _searched(best, "schedule"),
-        "warmup_comment": _searched(best, "warmup_fraction", "of the optimizer steps"),
+        "schedule_comment": searched(best, "schedule"),
+        "warmup_comment": searched(best, "warmup_fraction", "of the optimizer steps"),
     }
 
 
@@ -195,14 +125,14 @@ def _optimizer(best: BestConfig) -> list[Argument]:
     """Keywords of the optimizer's constructor after the parameters."""
     config = best.config
     rows = [
-        Argument("lr", literal(config.lr), _lr_comment(best)),
-        Argument("weight_decay", literal(config.weight_decay), _searched(best, "weight_decay")),
+        Argument("lr", literal(config.lr), lr_comment(best)),
+        Argument("weight_decay", literal(config.weight_decay), searched(best, "weight_decay")),
     ]
     if config.optimizer == "sgd":
         rows.insert(
-            1, Argument("momentum", literal(config.momentum or 0.0), _searched(best, "momentum"))
+            1, Argument("momentum", literal(config.momentum or 0.0), searched(best, "momentum"))
         )
-        rows.insert(2, Argument("nesterov", literal(config.nesterov), _searched(best, "nesterov")))
+        rows.insert(2, Argument("nesterov", literal(config.nesterov), searched(best, "nesterov")))
     return rows
 
 
@@ -214,12 +144,12 @@ def _lightning(best: BestConfig) -> dict[str, Any]:
         Argument(
             "precision",
             literal(LIGHTNING_PRECISION[precision]),
-            _searched(best, "precision", f"autotune's {precision}"),
+            searched(best, "precision", f"autotune's {precision}"),
         ),
         Argument(
             "accumulate_grad_batches",
             literal(config.accumulation_steps),
-            _searched(
+            searched(
                 best,
                 "accumulation_steps",
                 f"micro-batches per step (effective batch {config.effective_batch_size})",
@@ -229,7 +159,7 @@ def _lightning(best: BestConfig) -> dict[str, Any]:
         Argument(
             "benchmark",
             literal(config.cudnn_benchmark),
-            _searched(best, "cudnn_benchmark", "cudnn.benchmark"),
+            searched(best, "cudnn_benchmark", "cudnn.benchmark"),
         ),
         Argument("accelerator", literal(accelerator), "where the study trained"),
     ]
@@ -247,7 +177,7 @@ def _lightning(best: BestConfig) -> dict[str, Any]:
             Argument(
                 "strategy",
                 f"DDPStrategy(\n{values})",
-                _searched(best, "ddp_bucket_cap_mb", "the trial's DDP settings"),
+                searched(best, "ddp_bucket_cap_mb", "the trial's DDP settings"),
             )
         )
     else:
@@ -256,10 +186,10 @@ def _lightning(best: BestConfig) -> dict[str, Any]:
         Argument(
             "batch_size",
             literal(config.batch_size),
-            _searched(best, "batch_size", "per micro-batch"),
+            searched(best, "batch_size", "per micro-batch"),
         ),
         Argument("shuffle", "True"),
-        *_loader_arguments(best),
+        *loader_arguments(best),
     ]
     if config.dataloader_timeout > 0:
         loader.append(
@@ -287,9 +217,9 @@ def _lightning(best: BestConfig) -> dict[str, Any]:
         "seed": literal(config.seed),
         "compile": config.compile != "none",
         "compile_mode": compile_mode,
-        "compile_comment": _searched(best, "compile"),
+        "compile_comment": searched(best, "compile"),
         "channels_last": config.channels_last,
-        "channels_last_comment": _searched(best, "channels_last"),
+        "channels_last_comment": searched(best, "channels_last"),
         "notes": _not_applicable(best, "Lightning"),
         **_schedule(best),
     }
@@ -315,48 +245,46 @@ def _hf(best: BestConfig) -> dict[str, Any]:
     precision = config.precision
     scheduler, notes = _hf_schedule(best)
     warmup = config.warmup_fraction or (0.3 if config.schedule == "onecycle" else 0.0)
-    precision_comment = _searched(best, "precision", f"autotune's {precision}")
+    precision_comment = searched(best, "precision", f"autotune's {precision}")
     arguments = [
         Argument(
             "per_device_train_batch_size",
             literal(config.batch_size),
-            _searched(best, "batch_size", "per micro-batch"),
+            searched(best, "batch_size", "per micro-batch"),
         ),
         Argument(
             "gradient_accumulation_steps",
             literal(config.accumulation_steps),
-            _searched(
-                best, "accumulation_steps", f"effective batch {config.effective_batch_size}"
-            ),
+            searched(best, "accumulation_steps", f"effective batch {config.effective_batch_size}"),
         ),
         Argument("num_train_epochs", literal(best.epochs), "the full run"),
-        Argument("learning_rate", literal(config.lr), _lr_comment(best)),
+        Argument("learning_rate", literal(config.lr), lr_comment(best)),
         Argument(
             "optim",
             literal("sgd" if config.optimizer == "sgd" else "adamw_torch"),
-            _searched(best, "optimizer"),
+            searched(best, "optimizer"),
         ),
     ]
     if config.optimizer == "sgd":
         options = f"momentum={config.momentum or 0.0!r},nesterov={config.nesterov}"
-        arguments.append(Argument("optim_args", literal(options), _searched(best, "momentum")))
+        arguments.append(Argument("optim_args", literal(options), searched(best, "momentum")))
     arguments += [
-        Argument("weight_decay", literal(config.weight_decay), _searched(best, "weight_decay")),
-        Argument("lr_scheduler_type", literal(scheduler), _searched(best, "schedule")),
+        Argument("weight_decay", literal(config.weight_decay), searched(best, "weight_decay")),
+        Argument("lr_scheduler_type", literal(scheduler), searched(best, "schedule")),
         Argument(
             "warmup_steps",
             literal(warmup),
-            _searched(best, "warmup_fraction", "below 1: a fraction of the steps"),
+            searched(best, "warmup_fraction", "below 1: a fraction of the steps"),
         ),
         Argument("max_grad_norm", "0.0", "the study did not clip gradients (default 1.0)"),
         Argument("bf16", literal(precision == "bf16"), precision_comment),
         Argument("fp16", literal(precision == "fp16")),
         Argument("tf32", literal(precision == "tf32"), "TF32 matmuls and convolutions (CUDA)"),
-        Argument("torch_compile", literal(config.compile != "none"), _searched(best, "compile")),
+        Argument("torch_compile", literal(config.compile != "none"), searched(best, "compile")),
     ]
     if config.compile not in ("none", "default"):
         arguments.append(Argument("torch_compile_mode", literal(config.compile)))
-    arguments += _loader_arguments(best, "dataloader_")
+    arguments += loader_arguments(best, "dataloader_")
     arguments.append(Argument("per_device_eval_batch_size", literal(config.val_batch_size)))
     arguments.append(Argument("seed", literal(config.seed), "the trial's seed"))
     if config.device == "cpu":
