@@ -60,7 +60,16 @@ def _parse(where: str) -> ArtifactLocation:
         )
     if not _BUCKET.fullmatch(bucket):
         raise UserError(f"--artifacts {where}: '{bucket}' is not an S3 bucket name")
-    return ArtifactLocation(bucket=bucket)
+    location = ArtifactLocation(bucket=bucket)
+    _need_boto3(location)  # said before anything is written, not after
+    return location
+
+
+def _need_boto3(location: ArtifactLocation) -> None:
+    if importlib.util.find_spec("boto3") is None:  # Boto3ArtifactStore makes its client
+        raise UserError(
+            f"--artifacts {location}: an S3 artifact store needs boto3 (pip install boto3)"
+        )
 
 
 def locate(storage_url: str, artifacts: str | None) -> ArtifactLocation | None:
@@ -81,10 +90,7 @@ def open_store(location: ArtifactLocation, create: bool) -> ArtifactStore | None
     from optuna.artifacts import Boto3ArtifactStore, FileSystemArtifactStore
 
     if location.bucket is not None:
-        if importlib.util.find_spec("boto3") is None:  # Boto3ArtifactStore makes its client
-            raise UserError(
-                f"--artifacts {location}: an S3 artifact store needs boto3 (pip install boto3)"
-            )
+        _need_boto3(location)
         return Boto3ArtifactStore(location.bucket)
     assert location.folder is not None
     if create:

@@ -94,12 +94,13 @@ def test_artifacts_go_only_where_they_are_named(tmp_path: Path):
     assert named is not None and named.folder == tmp_path / "shared"
     assert artifacts.open_store(named, create=False) is None  # reading makes nothing
     assert not (tmp_path / "shared").exists()
-    bucket = artifacts.locate("sqlite:///x.db", "s3://team-studies")
-    assert (
-        bucket is not None
-        and bucket.bucket == "team-studies"
-        and str(bucket) == "s3://team-studies"
-    )
+    if importlib.util.find_spec("boto3") is None:  # said when the location is read: first
+        with pytest.raises(UserError, match=re.escape("needs boto3 (pip install boto3)")):
+            artifacts.locate("sqlite:///x.db", "s3://team-studies")
+    else:
+        bucket = artifacts.locate("sqlite:///x.db", "s3://team-studies")
+        assert bucket is not None and bucket.bucket == "team-studies"
+        assert str(bucket) == "s3://team-studies"
     for bad, said in (
         ("ftp://host/dir", "unknown scheme 'ftp://'"),
         ("s3://team-studies/autotune", "no key prefix; give s3://team-studies"),
@@ -110,7 +111,7 @@ def test_artifacts_go_only_where_they_are_named(tmp_path: Path):
             artifacts.locate("sqlite:///x.db", bad)
     if importlib.util.find_spec("boto3") is None:
         with pytest.raises(UserError, match=re.escape("needs boto3 (pip install boto3)")):
-            artifacts.open_store(bucket, create=True)
+            artifacts.open_store(artifacts.ArtifactLocation(bucket="team-studies"), create=True)
     blocked = tmp_path / "file"
     blocked.write_text("")
     with pytest.raises(UserError, match="cannot make the folder"):

@@ -104,6 +104,16 @@ def test_trials_of_several_gpus_get_a_group_each_of_one_model(monkeypatch: pytes
     )
 
 
+def test_gpus_that_do_not_answer_are_one_line(monkeypatch: pytest.MonkeyPatch):
+    """The GPUs' models are read in a child process; one that does not answer in time (a hung
+    driver; here, a limit no interpreter starts within) is a ScaleOutError, not a traceback."""
+    from autotune.scaleout import _shares
+
+    monkeypatch.setattr(_shares, "GPU_QUERY_SECONDS", 0.001)
+    with pytest.raises(ScaleOutError, match="cannot read the GPUs' models: torch did not answer"):
+        plan_shares(None, "0,1")
+
+
 @pytest.mark.parametrize("given", [None, "4,5,6,7"])
 def test_the_workers_worker_0_starts_find_their_own_gpus(
     monkeypatch: pytest.MonkeyPatch, given: str | None

@@ -136,6 +136,9 @@ def one_gpu_model(devices: list[str], names: list[str]) -> None:
     )
 
 
+GPU_QUERY_SECONDS = 120.0  # for a child process to start torch and name the GPUs
+
+
 def _gpu_names(devices: list[str] | None) -> list[str]:
     """The model name of each of ``devices`` (None: of every GPU visible), asked of torch in a
     short process of its own: in this one, CUDA would start with every GPU visible, and a
@@ -146,13 +149,19 @@ def _gpu_names(devices: list[str] | None) -> list[str]:
         "    print(torch.cuda.get_device_name(index))\n"
     )
     shown = {} if devices is None else {"CUDA_VISIBLE_DEVICES": ",".join(devices)}
-    done = subprocess.run(
-        [sys.executable, "-c", query],
-        env={**os.environ, **shown},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", query],
+            env={**os.environ, **shown},
+            capture_output=True,
+            text=True,
+            timeout=GPU_QUERY_SECONDS,
+        )
+    except subprocess.TimeoutExpired:  # a wedged driver: one line, not a traceback
+        raise ScaleOutError(
+            f"--gpus: cannot read the GPUs' models: torch did not answer in "
+            f"{GPU_QUERY_SECONDS:.0f} s (is the driver or a GPU hung? try nvidia-smi)"
+        ) from None
     names = done.stdout.splitlines()
     if done.returncode != 0 or (devices is not None and len(names) != len(devices)):
         why = (done.stderr.strip().splitlines() or ["no answer"])[-1]
