@@ -36,6 +36,7 @@ class Hardware:
     memory_bytes: int | None = None  # the GPU's memory; None on the CPU
     cpu_share: bool = False  # cpu_count is this worker's share of the machine (--workers, --gpus)
     gpu_count: int = 0  # CUDA GPUs this process sees (its CUDA_VISIBLE_DEVICES)
+    gpu_names: tuple[str, ...] = ()  # the model of each of them, by index
 
     @property
     def is_cuda(self) -> bool:
@@ -129,4 +130,5 @@ def detect(device: str = "auto") -> Hardware:
         torch_version=torch.__version__,
         memory_bytes=torch.cuda.get_device_properties(index).total_memory,
         gpu_count=torch.cuda.device_count(),
+        gpu_names=tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())),
     )

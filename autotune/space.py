@@ -187,12 +187,19 @@ def _room_for_processes(hardware: Hardware, processes: int) -> list[str]:
     if hardware.is_cuda:
         first = int(hardware.device.split(":")[1])
         visible = hardware.gpu_count - first
-        if processes <= visible:
-            return []
-        return [
-            f"workload.gpus_per_trial: {processes} processes need a GPU each from "
-            f"{hardware.device} on; this process sees {visible}"
-        ]
+        if processes > visible:
+            return [
+                f"workload.gpus_per_trial: {processes} processes need a GPU each from "
+                f"{hardware.device} on; this process sees {visible}"
+            ]
+        models = sorted(set(hardware.gpu_names[first : first + processes]))
+        if len(models) > 1:  # the step waits for the slowest: a trial would time a mixture
+            return [
+                f"workload.gpus_per_trial: the {processes} GPUs from {hardware.device} on are of "
+                f"{len(models)} models ({', '.join(models)}); give a trial GPUs of one model "
+                f"(CUDA_VISIBLE_DEVICES, or --gpus)"
+            ]
+        return []
     if processes <= hardware.cpu_count:
         return []
     whose = "this worker's share of the machine" if hardware.cpu_share else "this machine"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 
 import optuna
@@ -131,6 +132,29 @@ def test_batch_sizes_larger_than_the_training_set_are_dropped():
         "larger than each of the 2 processes' share of the training set (718 of 1437 samples; "
         "batch_size is per process)"
     )
+
+
+def test_a_trial_of_several_gpus_needs_them_visible_and_of_one_model():
+    """gpus_per_trial: 2 trains on cuda:0 and cuda:1: both must be there, and of one model (a
+    DDP step waits for the slowest GPU, so a mixed pair times neither)."""
+    pair = parse_spec(
+        HEADER.replace("epochs: 3", "epochs: 3, gpus_per_trial: 2")
+        + "space:\n  batch_size: [64]\n",
+        "space.yaml",
+    )
+    h100, a100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+    two = dataclasses.replace(AMPERE, gpu_count=2, gpu_names=(h100, h100))
+    assert restrict(pair, two).spec.workload.device == "cuda:0"
+    for hardware, said in (
+        (dataclasses.replace(two, gpu_count=1, gpu_names=(h100,)), "this process sees 1"),
+        (
+            dataclasses.replace(two, gpu_names=(h100, a100)),
+            f"the 2 GPUs from cuda:0 on are of 2 models ({a100}, {h100}); give a trial GPUs "
+            f"of one model",
+        ),
+    ):
+        with pytest.raises(SpecError, match=re.escape(said)):
+            restrict(pair, hardware)
 
 
 def test_cpu_drops_gpu_only_values_and_says_why():
