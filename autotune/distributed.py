@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 
-from autotune import bursts, runner
+from autotune import bursts, interference, runner
 from autotune.config import TrialConfig
 from autotune.faults import FaultKind, TrialFault, classify, describe_exit, release_memory
 from autotune.hardware import device_name
@@ -316,6 +316,8 @@ def _rank_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the study decides what to stop
     if shares[rank]:
         os.sched_setaffinity(0, shares[rank])  # the trial's threads follow (trial_threads)
+        if len({core for share in shares for core in share}) < sum(map(len, shares)):
+            interference.count_tree_as_own(os.getppid())  # peers on these cores: the trial
     pipe = pipes[rank]
     for other in pipes:  # the other ranks' ends, inherited: not this rank's to hold open
         if other is not pipe:

@@ -21,7 +21,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["INTERFERENCE_SHARE", "CpuMeter", "CpuShare", "interfered", "trial_threads"]
+__all__ = [
+    "INTERFERENCE_SHARE",
+    "CpuMeter",
+    "CpuShare",
+    "count_tree_as_own",
+    "interfered",
+    "trial_threads",
+]
 
 # Others' share of the trial's cores above which its measurement is flagged. A quiet machine's
 # daemons take about 1%; one busy process on a 2-core machine takes 50%.
@@ -114,6 +121,17 @@ def _tree_ticks(root: int) -> int | None:
     return total
 
 
+_trial_root: int | None = None  # the process whose tree is the trial (None: this process)
+
+
+def count_tree_as_own(pid: int) -> None:
+    """From now on, charge the CPU time of process ``pid`` and its descendants to the trial:
+    for the ranks of a distributed trial that run on the same cores (fewer cores than ranks),
+    each of which would otherwise count its peers as interference."""
+    global _trial_root
+    _trial_root = pid
+
+
 class CpuMeter:
     """Measures, over a ``with`` block, the CPU time this process tree and everything else
     spent on the cores this process may use; ``share`` is None where /proc is not there."""
@@ -123,7 +141,7 @@ class CpuMeter:
             self._cores = set(os.sched_getaffinity(0))
         except AttributeError:
             self._cores = set()
-        self._pid = os.getpid()
+        self._pid = _trial_root if _trial_root is not None else os.getpid()
         self.share: CpuShare | None = None
 
     def _read(self) -> tuple[float, int | None, int | None]:

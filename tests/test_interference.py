@@ -72,6 +72,44 @@ def test_the_meter_charges_a_process_outside_the_tree_to_others(tmp_path: Path):
     )
 
 
+# a rank of a distributed trial: meters its cores from "ready" until "done" exists, its own tree
+# or (argv[2] == "tree") its launcher's (every rank); prints the others' CPU seconds
+RANK = """\
+import os, sys, time
+from pathlib import Path
+from autotune.interference import CpuMeter, count_tree_as_own
+folder = Path(sys.argv[1])
+if sys.argv[2] == "tree":
+    count_tree_as_own(os.getppid())
+with CpuMeter() as meter:
+    (folder / "ready").touch()
+    while not (folder / "done").exists():
+        time.sleep(0.02)
+print(meter.share.other_cpu_seconds)
+"""
+
+
+@pytest.mark.parametrize("count", ["own", "tree"])
+def test_ranks_on_the_same_cores_count_each_other_as_the_trial(tmp_path: Path, count: str):
+    """With fewer cores than ranks every rank runs on all of them: a rank that meters its own
+    tree sees its busy peer as interference; one that meters the launcher's tree does not."""
+    rank = subprocess.Popen(
+        [sys.executable, "-c", RANK, str(tmp_path), count], stdout=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "ready").exists():
+        assert time.monotonic() < deadline and rank.poll() is None, "the rank never metered"
+        time.sleep(0.02)
+    peer = BURNER + f"open({str(tmp_path / 'done')!r}, 'w').close()\n"
+    subprocess.run([sys.executable, "-c", peer], check=True)  # a sibling of the rank
+    out, _ = rank.communicate(timeout=60)
+    others = float(out)
+    if count == "own":
+        assert others >= BURN * 0.8
+    else:
+        assert others < BURN * 0.5  # the peer is the trial's
+
+
 class ThreadsSeen(nn.Module):
     """A linear classifier that records torch's intra-op threads at every forward."""
 
