@@ -468,6 +468,34 @@ def test_a_trial_whose_beat_comes_back_during_recovery_keeps_no_interrupted_labe
     assert TrialRecord.of(study.trials[0]).fail_kind is None
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # this test beats itself
+def test_a_trial_finished_during_recovery_is_neither_counted_nor_labelled(tmp_path: Path):
+    """The owner finishes its trial after the recovery labelled it and before Optuna fails the
+    stale ones: the trial is COMPLETE, not failed, and its label (which a finished trial's
+    attributes can no longer lose) is not read as how it ended."""
+    storage = open_storage(f"sqlite:///{tmp_path / 'race.db'}", heartbeat_interval=1)
+    study = optuna.create_study(study_name="race", storage=storage)
+    trial = study.ask()
+    storage.record_heartbeat(trial._trial_id)
+    time.sleep(5)  # stale by the clock
+    read_stale = storage._get_stale_trial_ids
+    calls: list[int] = []
+
+    def owner_finishes_before_optunas_query(study_id: int) -> list[int]:
+        calls.append(study_id)
+        if len(calls) == 2:  # Optuna's own query, after the label was written
+            assert study.trials[0].user_attrs["fail_kind"] == "interrupted"
+            study.tell(trial, 1.0)
+        return read_stale(study_id)
+
+    storage._get_stale_trial_ids = owner_finishes_before_optunas_query
+    assert recover_stale_trials(study) == 0  # none failed
+    (done,) = study.trials
+    assert done.state == TrialState.COMPLETE and len(calls) == 2
+    record = TrialRecord.of(done)
+    assert record.fail_kind is None and record.fail_msg is None
+
+
 @pytest.mark.slow
 def test_four_processes_share_one_sqlite_study_while_a_reader_polls(tmp_path: Path):
     lr_range = {"lr": "{low: 0.01, high: 0.1, log: true}"}

@@ -176,9 +176,11 @@ def recover_stale_trials(study: optuna.Study) -> int:
     # a trial whose beat came back between the two queries (a slow process, not a dead one)
     # was not failed: it trains on, so the label written above is taken back
     for trial_id in stale:
-        if storage.get_trial(trial_id).state != TrialState.RUNNING:
+        state = storage.get_trial(trial_id).state
+        if state == TrialState.FAIL:
             failed += 1
-            continue
+        if state != TrialState.RUNNING:  # failed, or finished by its owner in between (its
+            continue  # label cannot be taken back; TrialRecord.of ignores it on COMPLETE)
         with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
             storage.set_trial_user_attr(trial_id, "fail_kind", None)
             storage.set_trial_user_attr(trial_id, "fail_msg", None)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import TrialConfig
 from autotune.faults import FaultKind
@@ -127,8 +127,13 @@ class TrialRecord:
 
     @classmethod
     def of(cls, trial: FrozenTrial) -> TrialRecord:
-        """The record of a stored trial."""
-        return cls.from_attrs(trial.user_attrs)
+        """The record of a stored trial. A COMPLETE trial has no fail_kind: a label it carries
+        is a stale-trial recovery's that lost the race with its owner's finish (a finished
+        trial's attributes cannot be taken back), not how it ended."""
+        record = cls.from_attrs(trial.user_attrs)
+        if trial.state == TrialState.COMPLETE and record.fail_kind is not None:
+            return dataclasses.replace(record, fail_kind=None, fail_msg=None, fail_traceback=None)
+        return record
 
     def store(self, trial: optuna.Trial) -> None:
         """Write this record's attributes on a running trial."""
