@@ -215,7 +215,7 @@ def test_fault_kinds_are_an_enum_stored_as_strings():
 
 def test_slow_data_hits_the_dataloader_timeout(tmp_path: Path, run):
     text = space(
-        data_args="{train_delay_seconds: 0.5}", knobs={"num_workers": "1"}, n_trials=1
+        data_args="{train_delay_seconds: 0.05}", knobs={"num_workers": "1"}, n_trials=1
     ).replace("epochs: 2", "epochs: 2\n  dataloader_timeout: 0.2")
     study, _, _ = run(text, tmp_path)
     assert kinds(study) == ["dataloader_timeout"]

@@ -523,7 +523,7 @@ def test_ctrl_c_in_stage_one_keeps_its_measurements_for_the_next_run(tmp_path: P
     slow = two_stage(
         n_trials=1,
         batch_sizes="[16]",
-        model_args="{step_delay_seconds: 0.2}",  # about 4 s a measurement
+        model_args="{step_delay_seconds: 0.1}",  # about 2 s a measurement
         precisions="fp32",
         workers="[0]",
         study_extra="  confirm: false\n  isolation: none",
