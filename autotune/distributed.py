@@ -327,6 +327,8 @@ def _rank_main(
     try:
         from autotune import workloads
 
+        if rank_device.startswith("cuda"):  # the current device: what torch uses unasked
+            torch.cuda.set_device(rank_device)  # (pinned memory, streams, CUDA graphs, NCCL)
         dist.init_process_group(
             "nccl" if rank_device.startswith("cuda") else "gloo",
             init_method=f"file://{rendezvous}/store",
