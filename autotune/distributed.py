@@ -33,7 +33,6 @@ import shutil
 import signal
 import tempfile
 import time
-import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -45,7 +44,14 @@ import torch.multiprocessing as torch_mp
 
 from autotune import bursts, interference, runner
 from autotune.config import TrialConfig
-from autotune.faults import FaultKind, TrialFault, classify, describe_exit, release_memory
+from autotune.faults import (
+    FaultKind,
+    TrialFault,
+    as_fault,
+    describe_exit,
+    needs_fresh_process,
+    release_memory,
+)
 from autotune.hardware import device_name
 from autotune.results import Evaluation, Reporter, TrialResult
 from autotune.spec import WorkloadSpec
@@ -362,10 +368,11 @@ def _rank_main(
             pipe.send(_Done(value if rank == 0 else None))
             release_memory()  # the next trial's peak memory is its own
     except Exception as error:
-        kind, message = classify(error)
-        details = getattr(error, "details", "") or traceback.format_exc()[-4000:]
-        faults.put(_Fault(rank, str(kind), message, details, _lost_peer(error)))
-        release_memory()
+        fault = as_fault(error)
+        faults.put(_Fault(rank, str(fault.kind), fault.message, fault.details, _lost_peer(error)))
+        # told first: after a CUDA fault the context is broken and releasing memory raises
+        if not needs_fresh_process(error):
+            release_memory()
         raise SystemExit(1) from None
     finally:
         # DDP's reducers hold the group; a group freed at the interpreter's exit, with gloo's

@@ -12,7 +12,6 @@ import contextlib
 import resource
 import shutil
 import tempfile
-import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from typing import Generic, TypeVar
 import torch
 
 from autotune.config import TrialConfig
-from autotune.faults import TrialFault, classify
+from autotune.faults import as_fault
 from autotune.interference import CpuMeter, trial_threads
 from autotune.trainer import backend_flags
 
@@ -153,11 +152,7 @@ def guarded(config: TrialConfig, body: Callable[[], Result]) -> Guarded[Result]:
             share = meter.share.other_share if meter.share is not None else None
             return Guarded(value, threads, share)
         except Exception as error:
-            if isinstance(error, TrialFault):
-                fault = error
-            else:
-                kind, message = classify(error)
-                fault = TrialFault(kind, message, traceback.format_exc()[-4000:])
+            fault = as_fault(error)
             fault.__traceback__ = None
     # Raised here, outside the except block, the fault carries no traceback of the run's
     # frames. Those hold the DataLoader iterator: alive, its workers would stay watched by

@@ -9,19 +9,20 @@ worker process.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 from autotune import bursts, distributed, runner
 from autotune.config import TrialConfig
 from autotune.distributed import WorkloadSource
 from autotune.errors import UserError
-from autotune.faults import release_memory
+from autotune.faults import TrialFault, as_fault, needs_fresh_process, release_memory
 from autotune.results import Reporter, TrialResult
 from autotune.speed import BurstPlan, SpeedMeasurement
 from autotune.warmup import Warmth
 from autotune.workloads import Workload
 
-__all__ = ["InProcessExecutor", "TrialExecutor", "WorkerError"]
+__all__ = ["InProcessExecutor", "TrialExecutor", "WorkerError", "attempt"]
 
 
 class WorkerError(UserError):
@@ -37,6 +38,26 @@ class TrialExecutor(Protocol):
     def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement: ...
 
     def close(self) -> None: ...
+
+
+Outcome = TypeVar("Outcome")
+
+
+def attempt(call: Callable[[], Outcome]) -> Outcome | TrialFault:
+    """Run one executor call (a trial, a measurement, a confirmation run): what it returned, or
+    the fault that stopped it, classified where it happened, with the memory it left behind
+    released. The study's trials, stage 1 and the confirmation round all call an executor
+    through here. An interruption (Ctrl-C, SIGTERM) and a worker that cannot start are not a
+    configuration's faults: they propagate."""
+    try:
+        return call()
+    except (KeyboardInterrupt, WorkerError):
+        raise
+    except Exception as error:
+        fault = as_fault(error)
+    if not needs_fresh_process(fault):  # a broken CUDA context raises again when touched
+        release_memory()
+    return fault
 
 
 class InProcessExecutor:

@@ -20,6 +20,7 @@ __all__ = [
     "KINDS",
     "FaultKind",
     "TrialFault",
+    "as_fault",
     "classify",
     "describe_exit",
     "needs_fresh_process",
@@ -144,6 +145,16 @@ def classify(error: BaseException) -> tuple[FaultKind, str]:
     if "DataLoader timed out" in text:
         return FaultKind.DATALOADER_TIMEOUT, _first_line(text)
     return FaultKind.ERROR, f"{type(error).__name__}: {_first_line(text)}"
+
+
+def as_fault(error: BaseException) -> TrialFault:
+    """``error`` as the TrialFault it stands for, classified once, where it happened: a
+    TrialFault as it is; anything else with its kind, its one-line message and, in ``details``,
+    the traceback being handled (call it inside the ``except`` block)."""
+    if isinstance(error, TrialFault):
+        return error
+    kind, message = classify(error)
+    return TrialFault(kind, message, traceback.format_exc()[-4000:])
 
 
 def needs_fresh_process(error: BaseException) -> bool:

@@ -19,6 +19,7 @@ from autotune.study import (
     StudyRecord,
     TrialRecord,
     Verdict,
+    adapter,
     answer_trial,
     baseline_trial,
     display_url,
@@ -314,6 +315,7 @@ def write_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> None:
 
     optuna_dashboard.save_note(study, study_note(study, storage_url))
     speed = speed_study_name(study.study_name)
-    if speed in optuna.get_all_study_names(study._storage):
-        speed_study = optuna.load_study(study_name=speed, storage=study._storage)
+    storage = adapter.storage_of(study)
+    if speed in optuna.get_all_study_names(storage):
+        speed_study = optuna.load_study(study_name=speed, storage=storage)
         optuna_dashboard.save_note(speed_study, speed_note(study.study_name))

@@ -25,6 +25,7 @@ from autotune.study import (
     SpeedRecord,
     StudyRecord,
     TrialRecord,
+    adapter,
     display_url,
     speed_study_name,
     trial_config,
@@ -282,7 +283,7 @@ class SpeedRow:
 def speed_rows(study: optuna.Study) -> list[SpeedRow]:
     """Stage 1's fastest settings per cell, from the study's ``NAME.speed`` ([] without)."""
     name = speed_study_name(study.study_name)
-    storage = study._storage
+    storage = adapter.storage_of(study)
     if name not in optuna.get_all_study_names(storage):
         return []
     by_cell: dict[str, dict[str, list[float]]] = {}

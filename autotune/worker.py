@@ -25,7 +25,6 @@ import shutil
 import signal
 import tempfile
 import time
-import traceback
 import warnings
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -38,7 +37,7 @@ from autotune.executor import WorkerError
 from autotune.faults import (
     FaultKind,
     TrialFault,
-    classify,
+    as_fault,
     describe_exit,
     needs_fresh_process,
     release_memory,
@@ -466,14 +465,12 @@ def _serve(
                 warmth.before(config, workload)
                 result = runner.train(config, workload, report)
         except Exception as error:
-            kind, text = classify(error)
-            details = getattr(error, "details", "") or traceback.format_exc()[-4000:]
-            fresh = needs_fresh_process(error)
+            fault, fresh = as_fault(error), needs_fresh_process(error)
             del error
+            connection.send(Faulted(fault.kind, fault.message, fault.details, fresh))
+            if fresh:  # a broken CUDA context: not touched again (releasing its memory raises
+                return  # the sticky error); the next trial gets a new process
             release_memory()
-            connection.send(Faulted(kind, text, details, fresh))
-            if fresh:
-                return  # a broken CUDA context: the next trial gets a new process
             continue
         connection.send(
             Measured(measured) if isinstance(message, MeasureSpeed) else Finished(result)

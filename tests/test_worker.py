@@ -3,16 +3,26 @@ that cannot start says why and leaves nothing behind."""
 
 from __future__ import annotations
 
+import dataclasses
+import multiprocessing
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from autotune import distributed, worker
 from autotune.executor import WorkerError
 from autotune.spec import WorkloadSpec
-from autotune.testing import assert_trials_recorded, live_group_members, make_config
+from autotune.testing import (
+    assert_trials_recorded,
+    blobs_workload,
+    live_group_members,
+    make_config,
+)
+from autotune.warmup import Warmth
 from autotune.worker import WorkerExecutor, remove_orphaned_scratch
 
 SPACE = """\
@@ -67,3 +77,37 @@ def test_only_the_scratch_of_study_processes_that_are_gone_is_removed(tmp_path: 
         (folder / "inductor").mkdir(parents=True)
     assert remove_orphaned_scratch(str(tmp_path)) == [orphan]
     assert not orphan.exists() and live.exists() and unrelated.exists()
+
+
+class _IllegalAccess(torch.nn.Module):
+    """A model whose forward fails as an asynchronous CUDA kernel fault surfaces."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def test_a_broken_cuda_context_is_reported_before_anything_touches_it(monkeypatch):
+    """After an illegal memory access every CUDA call raises the sticky error, freeing memory
+    included: the worker tells the study the fault first, as an error with CUDA's message, and
+    then exits without touching the device (not a crash that blames the configuration)."""
+    plain = blobs_workload()
+    workload = dataclasses.replace(plain, model_fn=_IllegalAccess)
+
+    def sticky() -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (sticky)")
+
+    monkeypatch.setattr(worker, "release_memory", sticky)
+    study_end, worker_end = multiprocessing.Pipe()
+    study_end.send(worker.RunTrial(make_config()))
+    ranks = distributed.RankPool(
+        distributed.WorkloadSource(WorkloadSpec(model="m", data="d"), None, "accuracy")
+    )
+    worker._serve(worker_end, workload, Warmth(), ranks)
+    faulted = study_end.recv()
+    assert isinstance(faulted, worker.Faulted)
+    assert (faulted.kind, faulted.needs_fresh_process) == ("error", True)
+    assert "illegal memory access" in faulted.message

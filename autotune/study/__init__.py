@@ -11,8 +11,10 @@ One subpackage, one concern per private module, everything public re-exported he
   lock under which a process counts and starts trials;
 - ``_sampling``: the per-trial seeded sampler and the pruners;
 - ``_open``: creating, resuming (with the guard that refuses to mix two searches) and loading;
-- ``_trial``: one trial's life (sampled, trained, scored, told), memory walls, and the
-  observer the display implements;
+- ``adapter``: the one place that reaches past Optuna's public API (storage, ids, stale
+  trials), held by a contract test;
+- ``_trial``: one trial's life (sampled, trained, scored, told) and the observer the display
+  implements; ``_walls``: the memory walls trials and stage 1 share;
 - ``_run``: the run loop over the stages and the trials, under the study's lock;
 - ``_speed_plan``, ``_speed_store``, ``_speed``: stage 1 of a two-stage study, what it
   measures, the speed study that records and caches it, and the stage that runs it;
@@ -63,7 +65,8 @@ if TYPE_CHECKING:
         sqlite_path,
         storage_problem,
     )
-    from autotune.study._trial import MemoryWalls, StudyObserver, Terminated, TrialRunner
+    from autotune.study._trial import StudyObserver, Terminated, TrialRunner
+    from autotune.study._walls import MemoryWalls
 
 # Imported on first use: a reader of finished studies (autotune best, studies, export) never
 # loads _run and _confirm, which import the trainer and torch.
@@ -94,7 +97,7 @@ _MODULES = {
     "knob_origin": "_queries",
     "trial_knob_origin": "_queries",
     "trial_config": "_queries",
-    "MemoryWalls": "_trial",
+    "MemoryWalls": "_walls",
     "RunOutcome": "_run",
     "StudyObserver": "_trial",
     "Terminated": "_trial",

@@ -325,16 +325,11 @@ def _measure(
     def report(evaluation: Evaluation) -> bool:  # the whole budget, or to the target
         return objective.target_reached(evaluation, goal)
 
-    from autotune.executor import WorkerError  # torch: only a confirmation round needs it
+    from autotune.executor import attempt  # torch: only a confirmation round needs it
 
     started = time.monotonic()
-    try:
-        result = executor.run(config.replace(seed=seed), report)
-    except (KeyboardInterrupt, WorkerError):
-        raise
-    except Exception as error:
-        kind, message = faults.classify(error)
-        faults.release_memory()
+    result = attempt(lambda: executor.run(config.replace(seed=seed), report))
+    if isinstance(result, faults.TrialFault):
         return ConfirmRun(
             trial=trial.number,
             repeat=repeat,
@@ -344,7 +339,7 @@ def _measure(
             samples_per_second=None,
             feasible=False,
             wall_seconds=time.monotonic() - started,
-            fault=f"{kind}: {message}",
+            fault=f"{result.kind}: {result.message}",
         )
     scored = objective.score(result, goal)
     return ConfirmRun(

@@ -18,19 +18,11 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.trial import TrialState
 
 from autotune.faults import FaultKind
+from autotune.study import adapter
 from autotune.study._records import TrialRecord
 from autotune.study._storage import sqlite_path
 
 __all__ = ["heartbeat", "recover_stale_trials", "study_lock"]
-
-
-def _heartbeat_interval(storage: optuna.storages.BaseStorage) -> int | None:
-    """The storage's heartbeat interval in seconds; None when it keeps no heartbeat.
-
-    Studies hold their RDB storage wrapped in a cache; both speak Optuna's heartbeat interface.
-    """
-    interval = getattr(storage, "get_heartbeat_interval", None)
-    return interval() if interval is not None else None
 
 
 @contextlib.contextmanager
@@ -40,11 +32,11 @@ def heartbeat(study: optuna.Study, trial_id: int) -> Iterator[None]:
     A study process that dies (SIGKILL, power loss) stops beating; the next ``autotune run``
     finds the trial stale, records it as interrupted and queues its parameters once more.
     """
-    interval = _heartbeat_interval(study._storage)
+    interval = adapter.heartbeat_interval(adapter.storage_of(study))
     if interval is None:
         yield
         return
-    storage = _beat_storage(study._storage, interval)
+    storage = _beat_storage(adapter.storage_of(study), interval)
     stop = threading.Event()
 
     def beat() -> None:
@@ -72,9 +64,9 @@ def study_lock(study: optuna.Study) -> Iterator[None]:
     by processes that count at the same moment). SQLite: an exclusive lock on a file beside the
     database (its processes share a machine); PostgreSQL: an advisory lock on a connection of
     its own; other storages: none."""
-    backend: Any = getattr(study._storage, "_backend", study._storage)
-    url = getattr(backend, "url", None)
-    path = sqlite_path(url) if isinstance(url, str) else None
+    backend = adapter.rdb_storage(adapter.storage_of(study))
+    url = backend.url if backend is not None else None
+    path = sqlite_path(url) if url is not None else None
     if path is not None:
         import fcntl
 
@@ -90,7 +82,7 @@ def study_lock(study: optuna.Study) -> Iterator[None]:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
         return
-    if isinstance(url, str) and url.startswith("postgresql"):
+    if backend is not None and url is not None and url.startswith("postgresql"):
         key = {"key": f"autotune:{study.study_name}"}
         with backend.engine.connect() as connection:
             connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(hashtext(:key))"), key)
@@ -118,9 +110,8 @@ def _beat_storage(storage: optuna.storages.BaseStorage, interval: int) -> Any:
     database refused every beat due in three intervals. Falls back to ``storage`` where none
     can be made.
     """
-    backend = getattr(storage, "_backend", storage)  # the study's cache wraps the RDB storage
-    url = getattr(backend, "url", None)
-    if not isinstance(backend, optuna.storages.RDBStorage) or not isinstance(url, str):
+    url = adapter.storage_url(storage)
+    if url is None:
         return storage
     if url not in _BEAT_STORAGES:
         if url.startswith("sqlite"):
@@ -153,12 +144,9 @@ def recover_stale_trials(study: optuna.Study) -> int:
 
     Their parameters are queued once more (RetryHeartbeatStaleTrialCallback in the storage).
     """
-    storage = study._storage
-    if _heartbeat_interval(storage) is None:
+    stale = adapter.stale_trial_ids(study)  # the trials fail_stale_trials is about to fail
+    if not stale:
         return 0
-    # the heartbeat interface's own query (underscored in Optuna, but the one
-    # fail_stale_trials uses): these are the trials it is about to fail
-    stale = storage._get_stale_trial_ids(study._study_id)  # type: ignore[attr-defined]  # as above
     for trial_id in stale:
         with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
             record = TrialRecord(
@@ -167,21 +155,20 @@ def recover_stale_trials(study: optuna.Study) -> int:
                 "its parameters were queued again",
             )
             for key, value in record.to_attrs().items():
-                storage.set_trial_user_attr(trial_id, key, value)
-    if stale:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ExperimentalWarning)
-            optuna.storages.fail_stale_trials(study)
+                adapter.set_trial_user_attr(study, trial_id, key, value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
     failed = 0
     # a trial whose beat came back between the two queries (a slow process, not a dead one)
     # was not failed: it trains on, so the label written above is taken back
     for trial_id in stale:
-        state = storage.get_trial(trial_id).state
+        state = adapter.get_trial(study, trial_id).state
         if state == TrialState.FAIL:
             failed += 1
         if state != TrialState.RUNNING:  # failed, or finished by its owner in between (its
             continue  # label cannot be taken back; TrialRecord.of ignores it on COMPLETE)
         with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-            storage.set_trial_user_attr(trial_id, "fail_kind", None)
-            storage.set_trial_user_attr(trial_id, "fail_msg", None)
+            adapter.set_trial_user_attr(study, trial_id, "fail_kind", None)
+            adapter.set_trial_user_attr(study, trial_id, "fail_msg", None)
     return failed

@@ -24,7 +24,8 @@ from autotune.study._liveness import recover_stale_trials, study_lock
 from autotune.study._open import queue_baseline
 from autotune.study._queries import COUNTED_STATES
 from autotune.study._records import TrialRecord
-from autotune.study._trial import MemoryWalls, StudyObserver, Terminated, TrialRunner
+from autotune.study._trial import StudyObserver, Terminated, TrialRunner
+from autotune.study._walls import MemoryWalls
 
 if TYPE_CHECKING:
     from autotune.workloads import Workload

@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from autotune import objective
-from autotune.executor import TrialExecutor, WorkerError
-from autotune.faults import FaultKind, TrialFault, classify, release_memory
+from autotune.executor import TrialExecutor, attempt
+from autotune.faults import FaultKind, TrialFault
 from autotune.interference import interfered
 from autotune.spec import Spec
 from autotune.speed import COMPUTE_KNOBS, BurstPlan, SpeedChoice, SpeedMeasurement, SpeedTable
+from autotune.study import adapter
 from autotune.study._speed_plan import Cell, Settings, SpeedPlan, config_key, context_key, describe
 from autotune.study._speed_store import (
     Pool,
@@ -37,6 +38,7 @@ from autotune.study._speed_store import (
     open_speed_study,
     speed_trial,
 )
+from autotune.study._walls import MemoryWalls
 
 if TYPE_CHECKING:
     from autotune.hardware import Hardware
@@ -65,7 +67,7 @@ class _Stage:
         pools: dict[str, Pool],
         on_event: Callable[[SpeedEvent], None],
     ) -> None:
-        self.speed_study = open_speed_study(study._storage, study.study_name)
+        self.speed_study = open_speed_study(adapter.storage_of(study), study.study_name)
         self.spec = spec
         self.plan = plan
         self.executor = executor
@@ -75,8 +77,7 @@ class _Stage:
         self.burst_plan = BurstPlan(
             bursts=spec.study.speed.bursts, burst_seconds=spec.study.speed.burst_seconds
         )
-        # (precision, extras, settings) -> (smallest batch that ran out of memory, message)
-        self.walls: dict[tuple[Any, ...], tuple[int, str]] = {}
+        self.walls = MemoryWalls()  # larger micro-batches than one out of memory: not timed
         self.tried: dict[Cell, list[Settings]] = {}  # every setting of a cell, in order
         # (micro-batch, declared knobs) -> pipelines far behind at a precision measured before
         self.slow_pipelines: dict[tuple[Any, ...], dict[Settings, str]] = {}
@@ -87,18 +88,16 @@ class _Stage:
     def pool(self, cell: Cell, settings: Settings) -> Pool:
         return self.pools.setdefault(self.key(cell, settings), Pool())
 
-    def _wall_key(self, cell: Cell, settings: Settings) -> tuple[Any, ...]:
-        return cell.precision, cell.extras, settings
-
     def measure(self, cell: Cell, settings: Settings, count: int) -> None:
         """Measure ``settings`` in ``cell`` until it has ``count`` measurements (or a fault)."""
         if settings not in self.tried.setdefault(cell, []):
             self.tried[cell].append(settings)
         pool = self.pool(cell, settings)
         words = describe(settings)
-        wall = self.walls.get(self._wall_key(cell, settings))
-        if pool.fault is None and not pool.results and wall and cell.batch_size >= wall[0]:
-            pool.fault = (FaultKind.OOM.value, f"not run: batch {wall[0]} ran out of memory")
+        config = self.plan.config(cell, settings)
+        blocked = self.walls.blocks(config)
+        if pool.fault is None and not pool.results and blocked is not None:
+            pool.fault = (FaultKind.OOM.value, blocked)
             self.on_event(
                 SpeedEvent(cell.label(), words, None, None, False, pool.fault[1], 1, False)
             )
@@ -119,7 +118,6 @@ class _Stage:
                     )
                 )
             return
-        config = self.plan.config(cell, settings)
         round_number = len(pool.results) + 1
         record = SpeedRecord(
             cache_key=self.key(cell, settings),
@@ -128,19 +126,11 @@ class _Stage:
             settings=words,
             round=round_number,
         )
-        try:
-            result = self.executor.measure(config, self.burst_plan)
-        except (KeyboardInterrupt, WorkerError):
-            raise
-        except Exception as error:
-            kind, message = classify(error)
-            if isinstance(error, TrialFault):
-                kind, message = error.kind, str(error)
-            release_memory()
+        result = attempt(lambda: self.executor.measure(config, self.burst_plan))
+        if isinstance(result, TrialFault):
+            kind, message = result.kind, result.message
             if kind == FaultKind.OOM:
-                wall_key = self._wall_key(cell, settings)
-                if wall_key not in self.walls or cell.batch_size < self.walls[wall_key][0]:
-                    self.walls[wall_key] = (cell.batch_size, message)
+                self.walls.add(config, "stage 1")
             failed = dataclasses.replace(record, fail_kind=kind.value, fail_msg=message)
             self._store(speed_trial(cell, settings, failed, None))
             if kind not in _TRANSIENT:
@@ -171,9 +161,7 @@ class _Stage:
 
     def _store(self, trial: optuna.trial.FrozenTrial) -> int:
         """Add a finished measurement to the speed study; its trial number."""
-        storage = self.speed_study._storage
-        trial_id = storage.create_new_trial(self.speed_study._study_id, template_trial=trial)
-        return storage.get_trial_number_from_id(trial_id)
+        return adapter.add_finished_trial(self.speed_study, trial)
 
     def speed(self, cell: Cell, settings: Settings) -> float | None:
         """Samples/s of the first round: the stage's decisions rest on it alone, so that a
@@ -322,7 +310,7 @@ def _stage(
 
     plan = SpeedPlan(spec, untuned_config(spec, hardware))
     context = context_key(context_facts(spec, hardware, workload))
-    pools = load_cache(study._storage, context, since)
+    pools = load_cache(adapter.storage_of(study), context, since)
     return _Stage(study, spec, plan, executor, context, pools, on_event)
 
 

@@ -12,29 +12,30 @@ from __future__ import annotations
 
 import contextlib
 import time
-import traceback
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import faults, objective, space
+from autotune import objective, space
 from autotune.config import TrialConfig
-from autotune.executor import TrialExecutor, WorkerError
-from autotune.faults import FaultKind
+from autotune.executor import TrialExecutor, WorkerError, attempt
+from autotune.faults import FaultKind, TrialFault
 from autotune.hardware import Hardware
 from autotune.results import Evaluation, TrialResult
 from autotune.spec import Spec
 from autotune.speed import SPEED_KNOBS, SpeedTable
+from autotune.study import adapter
 from autotune.study._liveness import heartbeat
 from autotune.study._records import TrialRecord
+from autotune.study._walls import MemoryWalls
 
 if TYPE_CHECKING:
     from autotune.study._speed_store import SpeedEvent
 
-__all__ = ["MemoryWalls", "StudyObserver", "TakenOver", "Terminated", "TrialRunner"]
+__all__ = ["StudyObserver", "TakenOver", "Terminated", "TrialRunner"]
 
 # a trial further off the speed stage's prediction than this, or than the spread stage 1
 # measured where that is wider (a noisy CPU), is flagged
@@ -78,51 +79,6 @@ class StudyObserver:
     def taken_over(self, number: int, kept_on: str | None) -> None:
         """Another process failed trial ``number`` as stale while this one trained it; what
         this one measured is kept on ``kept_on`` (a trial or the study), if anything."""
-
-
-@dataclass
-class MemoryWalls:
-    """Micro-batch sizes that ran out of memory, by (precision, compile, channels_last,
-    data_pipeline): the device pipeline holds the whole training set in device memory too.
-
-    A configuration at or above a wall is not trained again: it is recorded as ``oom``
-    straight away, so the study does not pay for the same out-of-memory twice.
-    """
-
-    walls: dict[tuple[str, str, bool, str], tuple[int, int]] = field(default_factory=dict)
-
-    @staticmethod
-    def _key(config: TrialConfig) -> tuple[str, str, bool, str]:
-        return config.precision, config.compile, config.channels_last, config.data_pipeline
-
-    def add(self, config: TrialConfig, trial_number: int) -> None:
-        key = self._key(config)
-        if key not in self.walls or config.batch_size < self.walls[key][0]:
-            self.walls[key] = (config.batch_size, trial_number)
-
-    def blocks(self, config: TrialConfig) -> str | None:
-        """Why ``config`` would run out of memory, or None."""
-        wall = self.walls.get(self._key(config))
-        if wall is None or config.batch_size < wall[0]:
-            return None
-        return (
-            f"not run: batch {config.batch_size} >= {wall[0]}, which ran out of memory in trial "
-            f"{wall[1]} at {config.precision}, compile {config.compile}, "
-            f"{config.data_pipeline} pipeline"
-        )
-
-    @classmethod
-    def from_study(cls, study: optuna.Study) -> MemoryWalls:
-        walls = cls()
-        for trial in study.get_trials(deepcopy=False):
-            record = TrialRecord.of(trial)
-            if (
-                record.fail_kind == FaultKind.OOM
-                and not record.oom_skipped
-                and record.config is not None
-            ):
-                walls.add(record.config, trial.number)
-        return walls
 
 
 def _fault(
@@ -203,22 +159,15 @@ class TrialRunner:
             return False
 
         started = time.monotonic()
-        try:
-            result = self.executor.run(config, report)
-        except (KeyboardInterrupt, WorkerError):
-            raise
-        except Exception as error:
+        result = attempt(lambda: self.executor.run(config, report))
+        if isinstance(result, TrialFault):
             if taken_over:
-                raise TakenOver() from None
+                raise TakenOver()
             TrialRecord(wall_seconds=time.monotonic() - started).store(trial)
-            kind, message = faults.classify(error)
-            faults.release_memory()
-            if kind == FaultKind.OOM:
-                self.walls.add(config, trial.number)
-            details = None
-            if kind == FaultKind.ERROR:
-                details = (getattr(error, "details", "") or traceback.format_exc())[-4000:]
-            return _fault(trial, kind, message, details), None
+            if result.kind == FaultKind.OOM:
+                self.walls.add(config, f"trial {trial.number}")
+            details = (result.details or None) if result.kind == FaultKind.ERROR else None
+            return _fault(trial, result.kind, result.message, details), None
         if taken_over:
             raise TakenOver(result)
         TrialRecord(wall_seconds=time.monotonic() - started).store(trial)
@@ -258,7 +207,7 @@ class TrialRunner:
     def run(self, study: optuna.Study, trial: optuna.Trial) -> FrozenTrial:
         """Train an asked ``trial`` with a heartbeat, tell how it ended."""
         self.taken_over = False
-        with heartbeat(study, trial._trial_id):
+        with heartbeat(study, adapter.trial_id(trial)):
             try:
                 state, value = self.train(trial)
             except TakenOver as over:
@@ -293,7 +242,7 @@ class TrialRunner:
         except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
             # "Cannot tell a FAIL trial", or failed between Optuna's read and its write:
             # another process failed it as stale a moment ago
-            if not study._storage.get_trial(trial._trial_id).state.is_finished():
+            if not adapter.get_trial(study, adapter.trial_id(trial)).state.is_finished():
                 raise
             return self._taken_over(study, trial, None)
 
@@ -304,7 +253,6 @@ class TrialRunner:
         (and queued again): keep what this process measured where a reader finds it (on the
         retry as ``earlier_attempt``, else on the study), say so, and go on."""
         self.taken_over = True
-        storage = study._storage
         retried = next(
             (
                 t
@@ -325,10 +273,12 @@ class TrialRunner:
             try:
                 if retried is None:
                     raise optuna.exceptions.UpdateFinishedTrialError("no retry to keep it on")
-                storage.set_trial_user_attr(retried._trial_id, "earlier_attempt", attempt)
+                adapter.set_trial_user_attr(
+                    study, adapter.trial_id(retried), "earlier_attempt", attempt
+                )
                 kept_on = f"trial {retried.number}"
             except optuna.exceptions.UpdateFinishedTrialError:  # the retry ended already
                 study.set_user_attr(f"earlier_attempt_of_trial_{trial.number}", attempt)
                 kept_on = "the study"
         self.observer.taken_over(trial.number, kept_on)
-        return storage.get_trial(trial._trial_id)
+        return adapter.get_trial(study, adapter.trial_id(trial))
