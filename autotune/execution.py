@@ -8,7 +8,9 @@ A trial (``autotune.runner``) and a speed measurement (``autotune.bursts``) run 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import json
 import resource
 import shutil
 import tempfile
@@ -25,12 +27,16 @@ from autotune.interference import CpuMeter, trial_threads
 from autotune.trainer import backend_flags
 
 __all__ = [
+    "GRAPH_FIELDS",
+    "CompiledGraph",
     "Guarded",
     "compile_seconds",
     "compile_state",
     "compiled_graphs",
+    "graph_key",
     "guarded",
     "intra_op_threads",
+    "kept_graph",
     "on_device",
     "peak_memory_bytes",
     "reset_peak_memory",
@@ -53,26 +59,118 @@ def compile_seconds() -> float:
     )
 
 
-@contextlib.contextmanager
-def compile_state(config: TrialConfig) -> Iterator[None]:
-    """For a compiled trial, a cold compiler: Dynamo reset and Inductor's on-disk caches (FX
-    graphs, AOTAutograd, autotuning, kernels) in a fresh directory, removed afterwards (also
-    when the trial fails or is interrupted), so the compile time a trial pays does not depend
-    on which trials or studies ran before it; and the compiled graphs (CUDA-graph memory pools
-    included) dropped when it ends."""
-    if config.compile == "none":
-        yield
-        return
+# what the compiled graph of a training step depends on: the shapes, dtypes and layout its
+# inputs have, its mode, and the processes DDP splits it for; not the pipeline that feeds it,
+# cuDNN's algorithm choice, the learning rate or the seed
+GRAPH_FIELDS = (
+    "batch_size",
+    "precision",
+    "compile",
+    "channels_last",
+    "device",
+    "optimizer",
+    "world_size",
+    "ddp_bucket_cap_mb",
+    "gradient_as_bucket_view",
+    "static_graph",
+)
+
+
+def graph_key(config: TrialConfig) -> str:
+    """Which compiled graph ``config`` trains with: configurations with the same key compile
+    the same graph (they differ in the data pipeline, cudnn_benchmark or what is learned)."""
+    return json.dumps({name: getattr(config, name) for name in GRAPH_FIELDS}, sort_keys=True)
+
+
+@dataclass
+class CompiledGraph:
+    """The compiled graph of one run: whether the run failed (then it is not kept)."""
+
+    failed: bool = False
+
+
+class _Kept:
+    """Stage 1's compiled graphs in this process: each graph's Inductor caches in a directory
+    of its own, and the graph whose Dynamo state is live (kept from the run before)."""
+
+    directories: dict[str, str] = {}  # noqa: RUF012  # one per process, by graph key
+    live: str | None = None
+    stage: str = ""  # the stage they were compiled for
+
+    @classmethod
+    def drop(cls, key: str | None = None) -> None:
+        """Forget ``key``'s graph (every graph when None): its Dynamo state and its caches."""
+        if key is None or cls.live == key:
+            torch.compiler.reset()
+            cls.live = None
+        for name in [key] if key is not None else list(cls.directories):
+            directory = cls.directories.pop(name, None)
+            if directory is not None:
+                shutil.rmtree(directory, ignore_errors=True)
+
+
+atexit.register(_Kept.drop)
+
+
+def _fresh_cache() -> Callable[..., contextlib.AbstractContextManager]:
     from torch._inductor import utils as inductor_utils
 
     # fresh_cache since torch 2.8; fresh_inductor_cache, its old name, is kept as an alias
     fresh_cache = getattr(inductor_utils, "fresh_cache", None)
-    fresh_cache = fresh_cache or inductor_utils.fresh_inductor_cache
+    return fresh_cache or inductor_utils.fresh_inductor_cache
+
+
+def kept_graph(config: TrialConfig, stage: str) -> bool:
+    """Whether ``config``'s compiled graph was compiled earlier in this process for ``stage``
+    and kept (``compile_state(config, keep=stage)``): a run of it compiles nothing new."""
+    return (
+        config.compile != "none"
+        and _Kept.stage == stage
+        and graph_key(config) in _Kept.directories
+    )
+
+
+@contextlib.contextmanager
+def compile_state(config: TrialConfig, keep: str = "") -> Iterator[CompiledGraph]:
+    """For a compiled trial, a cold compiler: Dynamo reset and Inductor's on-disk caches (FX
+    graphs, AOTAutograd, autotuning, kernels) in a fresh directory, removed afterwards (also
+    when the trial fails or is interrupted), so the compile time a trial pays does not depend
+    on which trials or studies ran before it; and the compiled graphs (CUDA-graph memory pools
+    included) dropped when it ends.
+
+    ``keep`` (stage 1, its id): each distinct graph is compiled cold once in this process and
+    kept for that stage,
+    its Dynamo state live until another graph runs and its caches until a run without
+    ``keep``; a later run of the same graph (another pipeline, cudnn_benchmark, a rematch)
+    reuses it (``kept_graph`` says so beforehand), so that its one-time cost is charged from
+    the cold compile. A run that fails drops its graph."""
+    graph = CompiledGraph()
+    if keep != _Kept.stage:  # another stage, or a trial: nothing kept helps it or holds memory
+        _Kept.drop()
+        _Kept.stage = keep
+    if config.compile == "none":
+        yield graph
+        return
+    if keep:
+        key = graph_key(config)
+        if _Kept.live != key:
+            torch.compiler.reset()  # one live graph: a reset bounds what stays in memory
+            _Kept.live = None
+        directory = _Kept.directories.setdefault(key, tempfile.mkdtemp(prefix="autotune-graph-"))
+        try:
+            with _fresh_cache()(dir=directory, delete=False):
+                yield graph
+        finally:
+            if graph.failed:
+                _Kept.drop(key)
+            else:
+                _Kept.live = key
+        return
     scratch = tempfile.mkdtemp(prefix="autotune-compile-")
     torch.compiler.reset()
     try:
-        with fresh_cache(dir=scratch, delete=False):  # removed below, whatever happens
-            yield
+        with _fresh_cache()(dir=scratch, delete=False):  # removed below, whatever happens
+            yield graph
     finally:
         torch.compiler.reset()
         shutil.rmtree(scratch, ignore_errors=True)
@@ -129,17 +227,19 @@ class Guarded(Generic[Result]):
     other_cpu_share: float | None  # others' share of its cores meanwhile; None: unreadable
 
 
-def guarded(config: TrialConfig, body: Callable[[], Result]) -> Guarded[Result]:
+def guarded(
+    config: TrialConfig, body: Callable[[], Result], keep_compiled: str = ""
+) -> Guarded[Result]:
     """Run ``body`` (training under ``config``) on its device, with its backend flags, a cold
-    compiler and explicit intra-op threads, metering other processes' load; every failure is
-    raised as a TrialFault (kind, one-line message, and the traceback as ``details`` for
-    unexpected errors)."""
+    compiler (or, with ``keep_compiled``, stage 1's kept graph: ``compile_state``) and explicit
+    intra-op threads, metering other processes' load; every failure is raised as a TrialFault
+    (kind, one-line message, and the traceback as ``details`` for unexpected errors)."""
     device = torch.device(config.device)
     threads = trial_threads()
     with (
         on_device(device),
         backend_flags(config),
-        compile_state(config),
+        compile_state(config, keep_compiled) as graph,
         intra_op_threads(threads),
         warnings.catch_warnings(),
     ):
@@ -151,7 +251,10 @@ def guarded(config: TrialConfig, body: Callable[[], Result]) -> Guarded[Result]:
                 value = body()
             share = meter.share.other_share if meter.share is not None else None
             return Guarded(value, threads, share)
-        except Exception as error:
+        except BaseException as error:
+            graph.failed = True  # a graph that failed (or was interrupted) is not kept
+            if not isinstance(error, Exception):
+                raise
             fault = as_fault(error)
             fault.__traceback__ = None
     # Raised here, outside the except block, the fault carries no traceback of the run's

@@ -51,6 +51,10 @@ class BurstPlan:
     burst_seconds: float = 0.25  # each burst's target length (its micro-batches follow)
     min_micro_batches: int = 4  # per burst, however slow a step is
     max_micro_batches: int = 400  # per burst, however fast
+    # stage 1's id: each distinct compiled graph compiled once in the process for the stage
+    # and reused by the settings that share it (``execution.compile_state``), the stage
+    # charging the cold compile; "": a cold compile for every measurement
+    keep_compiled: str = ""
 
 
 def _median(values: tuple[float, ...]) -> float:
@@ -81,6 +85,9 @@ class SpeedMeasurement:
     intra_op_threads: int = 0
     other_cpu_share: float | None = None  # others' share of its cores while it ran
     world_size: int = 1  # processes of a distributed run, each this batch_size per micro-batch
+    # its compiled graph was compiled earlier in the same process and reused: its one-time
+    # and compile seconds are those of that graph's cold compile (charged by the stage)
+    compile_warm: bool = False
 
     def seconds_per_micro_batch(self, accumulation_steps: int = 1) -> float:
         """Steady seconds per micro-batch with one optimizer step per ``accumulation_steps``."""

@@ -552,3 +552,74 @@ def test_the_speed_stage_times_the_ddp_settings_the_space_file_offers():
     from autotune.speed import COMPUTE_KNOBS, DDP_SETTINGS
 
     assert DDP_SETTINGS == DDP_KNOBS and set(DDP_SETTINGS) <= set(COMPUTE_KNOBS)
+
+
+# -- each distinct graph compiled once ----------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_stage_one_keeps_a_compiled_graph_for_the_settings_that_share_it():
+    """Settings that differ only in how batches are fed run the graph their first setting
+    compiled (no new graph, no compile), until a trial (or another stage) compiles cold."""
+    from autotune.execution import compiled_graphs
+
+    workload = blobs_workload()
+    plan = BurstPlan(warmup_micro_batches=2, bursts=2, burst_seconds=0.02, keep_compiled="s1")
+    compiled = make_config(batch_size=32, compile="default")
+    before = compiled_graphs()
+    cold = bursts.measure(compiled, workload, plan)
+    after_cold = compiled_graphs()
+    warm = bursts.measure(compiled.replace(data_pipeline="device"), workload, plan)
+    assert after_cold > before and compiled_graphs() == after_cold  # nothing compiled again
+    assert (cold.compile_warm, warm.compile_warm) == (False, True)
+    assert (cold.compile_seconds or 0) > 10 * (warm.compile_seconds or 0)
+    # another micro-batch is another graph: compiled cold
+    other = bursts.measure(compiled.replace(batch_size=16), workload, plan)
+    assert not other.compile_warm and compiled_graphs() > after_cold
+    # a trial's measurement (no stage) compiles cold, whatever the stage kept
+    again = compiled_graphs()
+    trial_like = bursts.measure(compiled, workload, QUICK)
+    assert not trial_like.compile_warm and compiled_graphs() > again
+
+
+@pytest.mark.slow
+def test_stage_one_compiles_each_distinct_graph_once_and_charges_its_cold_compile(
+    tmp_path: Path, prepare_study
+):
+    from autotune.execution import compiled_graphs, graph_key
+    from autotune.study import run_speed_stage
+
+    space = two_stage(n_trials=1, batch_sizes="[32]", precisions="fp32", workers="[0]")
+    space = space.replace("num_workers: [0]\n", "num_workers: [0]\n  compile: [none, default]\n")
+    new_graphs: list[int] = []  # torch's own count, in each compiled measurement
+
+    class GraphCounting(CountingExecutor):
+        def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
+            before = compiled_graphs()
+            try:
+                return super().measure(config, plan)
+            finally:
+                if config.compile != "none":
+                    new_graphs.append(compiled_graphs() - before)
+
+    executor = GraphCounting(_workload(tmp_path, space))
+    study, url, _, _ = prepare_study(space, tmp_path, run=False)
+    spec = parse_spec(space, tmp_path / "space.yaml")
+    table = run_speed_stage(study, restrict(spec, CPU).spec, CPU, executor)
+    compiled = [c for c in executor.measured if c.compile == "default"]
+    assert len(compiled) >= 2  # the device and the dataloader pipeline, compiled
+    assert len({graph_key(c) for c in compiled}) == 1
+    assert new_graphs[0] >= 1 and new_graphs[1:] == [0] * (len(compiled) - 1)
+    speed = optuna.load_study(study_name=speed_study_name("two"), storage=url)
+    results = [
+        r.result()
+        for r in (SpeedRecord.of(t) for t in speed.trials)
+        if r is not None and r.result() is not None
+    ]
+    timed = [m for m in results if m is not None and m.compile_seconds is not None]
+    cold = [m for m in timed if not m.compile_warm]
+    assert len(cold) == 1 and len(timed) == len(compiled)
+    for warm in timed:  # every setting of the graph is charged the compile a trial pays
+        assert warm.compile_seconds == pytest.approx(cold[0].compile_seconds)
+        assert warm.one_time_seconds >= 0.9 * (cold[0].compile_seconds or 0)
+    assert len(list(table)) == 2  # accumulation 1 and 2

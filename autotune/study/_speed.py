@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import optuna
 
 from autotune import objective
+from autotune.config import TrialConfig
+from autotune.execution import graph_key
 from autotune.executor import TrialExecutor, attempt
 from autotune.faults import FaultKind, TrialFault
 from autotune.interference import interfered
@@ -75,8 +78,13 @@ class _Stage:
         self.pools = pools
         self.on_event = on_event
         self.burst_plan = BurstPlan(
-            bursts=spec.study.speed.bursts, burst_seconds=spec.study.speed.burst_seconds
+            bursts=spec.study.speed.bursts,
+            burst_seconds=spec.study.speed.burst_seconds,
+            # each distinct graph compiled once in this stage (execution.compile_state)
+            keep_compiled=uuid.uuid4().hex,
         )
+        # graph_key -> the cold compile's seconds, charged to every setting that reuses it
+        self.cold_compiles: dict[str, float] = {}
         self.walls = MemoryWalls()  # larger micro-batches than one out of memory: not timed
         self.tried: dict[Cell, list[Settings]] = {}  # every setting of a cell, in order
         # (micro-batch, declared knobs) -> pipelines far behind at a precision measured before
@@ -137,6 +145,7 @@ class _Stage:
                 pool.fault = (kind.value, message)
             self.on_event(SpeedEvent(cell.label(), words, None, None, False, message, 1))
             return
+        result = self._charge_cold_compile(config, result)
         flagged = interfered(result.other_cpu_share)
         by_accumulation = {str(a): result.samples_per_second(a) for a in self.plan.accumulations}
         done = dataclasses.replace(
@@ -157,6 +166,27 @@ class _Stage:
                 "measured under interference" if flagged else None,
                 round_number,
             )
+        )
+
+    def _charge_cold_compile(
+        self, config: TrialConfig, result: SpeedMeasurement
+    ) -> SpeedMeasurement:
+        """A measurement charged with its graph's cold compile: a setting that reused a graph
+        compiled earlier in the stage paid almost nothing for it, where a trial pays it all."""
+        if config.compile == "none":
+            return result
+        key = graph_key(config)
+        if not result.compile_warm:
+            self.cold_compiles[key] = result.compile_seconds or 0.0
+            return result
+        cold = self.cold_compiles.get(key)
+        if cold is None:  # its worker compiled it before this stage saw it: not known here
+            return result
+        warm = result.compile_seconds or 0.0
+        return dataclasses.replace(
+            result,
+            one_time_seconds=result.one_time_seconds + max(0.0, cold - warm),
+            compile_seconds=cold,
         )
 
     def _store(self, trial: optuna.trial.FrozenTrial) -> int:
