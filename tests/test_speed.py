@@ -623,3 +623,38 @@ def test_stage_one_compiles_each_distinct_graph_once_and_charges_its_cold_compil
         assert warm.compile_seconds == pytest.approx(cold[0].compile_seconds)
         assert warm.one_time_seconds >= 0.9 * (cold[0].compile_seconds or 0)
     assert len(list(table)) == 2  # accumulation 1 and 2
+
+
+def test_a_compile_mode_is_worth_measuring_only_where_it_can_pay_back():
+    from autotune.study._speed import unpaid_compile
+
+    # 30 epochs of 10 s at 1.5x save 100 s: a 60 s compile pays back, a 120 s one cannot
+    assert unpaid_compile("default", 60.0, 10.0, 1.5, 30) is None
+    why = unpaid_compile("max-autotune", 120.0, 10.0, 1.5, 30)
+    assert why is not None and "max-autotune" in why and "100 s saved over 30 epochs" in why
+    # slower than eager: nothing to pay back with
+    assert unpaid_compile("default", 0.5, 10.0, 0.9, 1000) is not None
+
+
+@pytest.mark.slow
+def test_a_compile_that_cannot_pay_back_is_not_tried_in_the_cells_after_the_first(
+    tmp_path: Path, prepare_study
+):
+    from autotune.study import run_speed_stage
+
+    # a tiny model: an epoch takes milliseconds, a compile seconds, over 30 epochs
+    space = two_stage(n_trials=1, batch_sizes="[16, 32]", precisions="fp32", workers="[0]")
+    space = space.replace("num_workers: [0]\n", "num_workers: [0]\n  compile: [none, default]\n")
+    executor = CountingExecutor(_workload(tmp_path, space))
+    study, _, _, _ = prepare_study(space, tmp_path, run=False)
+    spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
+    events: list = []
+    table = run_speed_stage(study, spec, CPU, executor, on_event=events.append)
+    measured = {(c.batch_size, c.compile) for c in executor.measured}
+    assert measured == {(16, "none"), (16, "default"), (32, "none")}
+    skipped = [
+        e for e in events if e.cell.startswith("batch 32") and "compile default" in e.settings
+    ]
+    assert skipped and all("cannot pay back" in (e.fault or "") for e in skipped)
+    assert all(not e.measured for e in skipped)
+    assert all(dict(c.settings)["compile"] == "none" for c in table if c.batch_size == 32)

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from autotune.hardware import Hardware
     from autotune.workloads import Workload
 
-__all__ = ["run_speed_stage"]
+__all__ = ["run_speed_stage", "unpaid_compile"]
 
 CONTENDER_MARGIN = 0.10  # settings within this of a cell's fastest are measured again
 MAX_CONTENDERS = 4  # ... at most this many per cell
@@ -89,6 +89,10 @@ class _Stage:
         self.tried: dict[Cell, list[Settings]] = {}  # every setting of a cell, in order
         # (micro-batch, declared knobs) -> pipelines far behind at a precision measured before
         self.slow_pipelines: dict[tuple[Any, ...], dict[Settings, str]] = {}
+        # compile modes not tried in later cells (they cannot pay back, or fail), and why
+        self.dropped_modes: dict[str, str] = {}
+        self.slowest_eager_epoch = 0.0  # seconds: the most an epoch of any cell took eager
+        self.best_speedup: dict[str, float] = {}  # compile mode -> best eager/compiled seen
 
     def key(self, cell: Cell, settings: Settings) -> str:
         return config_key(self.context, self.plan.config(cell, settings))
@@ -217,6 +221,57 @@ class _Stage:
         self.on_event(SpeedEvent(cell.label(), words, None, None, False, why, 1, False))
         return True
 
+    def skip_dropped_mode(self, cell: Cell, settings: Settings) -> bool:
+        """Whether ``settings`` compiles with a mode dropped in an earlier cell (reported, not
+        measured; a measurement already stored is still used)."""
+        why = self.dropped_modes.get(dict(settings).get("compile", "none"))
+        if why is None or self.pool(cell, settings).results:
+            return False
+        self.on_event(
+            SpeedEvent(cell.label(), describe(settings), None, None, False, why, 1, False)
+        )
+        return True
+
+    def skip(self, cell: Cell, settings: Settings) -> bool:
+        """Whether ``settings`` is left out of ``cell`` (said in an event)."""
+        return self.skip_dropped_mode(cell, settings) or self.skip_slow(cell, settings)
+
+    def note_compile_payback(self, cell: Cell) -> None:
+        """Drop, from the cells still to come, each compile mode whose cold compile cannot pay
+        back over the full run (objective.full_run_epochs, as the objective charges it) even at
+        the best speed-up over eager seen so far and at the slowest epoch seen, and each mode
+        that failed to compile in every setting of ``cell``."""
+        by_mode: dict[str, list[SpeedMeasurement]] = {}
+        failed: set[str] = set()
+        for settings in self.tried.get(cell, []):
+            mode = dict(settings).get("compile", "none")
+            pool = self.pool(cell, settings)
+            combined = pool.combined()
+            if combined is not None:
+                by_mode.setdefault(mode, []).append(combined)
+            elif pool.fault is not None and pool.fault[0] == FaultKind.COMPILE_ERROR.value:
+                failed.add(mode)
+        for mode in sorted(failed):
+            if mode not in by_mode and mode not in self.dropped_modes:
+                self.dropped_modes[mode] = f"not tried: compile {mode} failed at {cell.label()}"
+        if "none" not in by_mode:
+            return
+        eager = min(m.epoch_seconds() for m in by_mode["none"])
+        self.slowest_eager_epoch = max(self.slowest_eager_epoch, eager)
+        spec = self.spec
+        full = spec.objective.full_run_epochs if spec.objective.per_second else None
+        horizon = full or spec.workload.epochs  # epochs over which a compile is paid back
+        for mode, measured in by_mode.items():
+            if mode == "none" or mode in self.dropped_modes:
+                continue
+            compiled = min(m.epoch_seconds() for m in measured)
+            speedup = max(self.best_speedup.get(mode, 0.0), eager / compiled)
+            self.best_speedup[mode] = speedup
+            cost = max(m.compile_seconds or 0.0 for m in measured)
+            why = unpaid_compile(mode, cost, self.slowest_eager_epoch, speedup, horizon)
+            if why is not None:
+                self.dropped_modes[mode] = why
+
     def note_slow_pipelines(self, cell: Cell) -> None:
         """Remember the pipelines of ``cell`` below SLOW_PIPELINE_SHARE of its fastest."""
         timed = [(self.speed(cell, s), s) for s in self.tried.get(cell, [])]
@@ -236,11 +291,12 @@ class _Stage:
         plan = self.plan
         if plan.exhaustive(cell):
             for settings in plan.all_settings(cell):
-                if not self.skip_slow(cell, settings):
+                if not self.skip(cell, settings):
                     self.measure(cell, settings, 1)
         else:
             reference = plan.reference_pipeline(cell)
             first = [plan.settings(reference, c) for c in plan.compute_settings(cell)]
+            first = [s for s in first if not self.skip_dropped_mode(cell, s)]
             for settings in first:
                 self.measure(cell, settings, 1)
             best = self.fastest(cell, first)
@@ -248,9 +304,10 @@ class _Stage:
                 compute = {k: v for k, v in best if k in COMPUTE_KNOBS}
                 for pipeline in plan.pipeline_settings(cell):
                     settings = plan.settings(pipeline, compute)
-                    if not self.skip_slow(cell, settings):
+                    if not self.skip(cell, settings):
                         self.measure(cell, settings, 1)
         self.note_slow_pipelines(cell)
+        self.note_compile_payback(cell)
         # the leaders again, in alternating order: A B C, then C B A, ...
         tried = self.tried.get(cell, [])
         timed = [(self.speed(cell, s), s) for s in tried]
@@ -325,6 +382,22 @@ class _Stage:
                     )
                 )
         return SpeedTable(choices=tuple(choices), unrunnable=tuple(unrunnable))
+
+
+def unpaid_compile(
+    mode: str, compile_seconds: float, eager_epoch_seconds: float, speedup: float, epochs: float
+) -> str | None:
+    """Why compile ``mode`` cannot pay back its cold compile (``compile_seconds``) over
+    ``epochs`` epochs of ``eager_epoch_seconds`` each at ``speedup`` over eager, or None when
+    it can: the objective charges a compile in full over the full run, so a mode is worth
+    measuring only where the seconds it saves there exceed it."""
+    saving = epochs * eager_epoch_seconds * max(0.0, 1.0 - 1.0 / speedup)
+    if compile_seconds <= saving:
+        return None
+    return (
+        f"not tried: compile {mode} cannot pay back its {compile_seconds:.3g} s compile "
+        f"(at most {saving:.3g} s saved over {epochs:g} epochs at {speedup:.2f}x eager)"
+    )
 
 
 def _stage(
