@@ -314,8 +314,11 @@ def test_stage_one_times_every_setting_and_stage_two_trains_with_its_choice(
 
 
 def test_the_cache_is_reused_and_missed_on_another_model_or_with_remeasure(
-    tmp_path: Path, prepare_study
+    tmp_path: Path, prepare_study, monkeypatch
 ):
+    # a measurement taken under interference is measured again by a later run (see below):
+    # here, on a machine that may be busy, every measurement counts as quiet
+    monkeypatch.setattr("autotune.study._speed.interfered", lambda share: False)
     space = two_stage(n_trials=1, precisions="fp32", workers="[0]")
     first = CountingExecutor(_workload(tmp_path, space))
     prepare_study(space, tmp_path, executor=first)
@@ -376,7 +379,11 @@ def test_a_memory_wall_stops_larger_micro_batches_and_their_trials(tmp_path: Pat
             assert TrialRecord.of(trial).fail_kind == FaultKind.OOM
 
 
-def test_an_interrupted_stage_one_resumes_where_it_stopped(tmp_path: Path, prepare_study):
+def test_an_interrupted_stage_one_resumes_where_it_stopped(
+    tmp_path: Path, prepare_study, monkeypatch
+):
+    # a resumed run times again what was measured under interference: here nothing is
+    monkeypatch.setattr("autotune.study._speed.interfered", lambda share: False)
     space = two_stage(n_trials=2, workers="[0]")
     stopped = CountingExecutor(_workload(tmp_path, space), interrupt_at=5)
     study, _, outcome, _ = prepare_study(space, tmp_path, executor=stopped)
@@ -499,9 +506,15 @@ def test_the_command_runs_two_stages_and_says_which_knobs_came_from_where(tmp_pa
     assert best.returncode == 0, best.stderr
     lines = {line.split()[0]: line for line in best.stdout.splitlines() if line.strip()}
     assert "timed in stage 1" in lines["data_pipeline"] and "searched" in lines["lr"]
+    speed = optuna.load_study(
+        study_name="two.speed", storage=f"sqlite:///{tmp_path}/studies/autotune.db"
+    )
+    # what was measured under interference (a busy machine) is timed again; the rest reused
+    busy = sum(1 for t in speed.trials if (r := SpeedRecord.of(t)) is not None and r.interference)
     again = run_cli("run", str(space), "--n-trials", "4", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    assert "0 settings timed, 4 reused" in again.stdout
+    timed_again = rf"{busy} settings timed( \(\d leaders again\))?, {4 - busy} reused"
+    assert re.search(timed_again, again.stdout), again.stdout
     wrong = run_cli("best", "--study", "two.speed", cwd=tmp_path)
     assert wrong.returncode == 1
     assert "holds the speed stage's measurements of study 'two'" in wrong.stdout + wrong.stderr
@@ -552,6 +565,24 @@ def test_the_speed_stage_times_the_ddp_settings_the_space_file_offers():
     from autotune.speed import COMPUTE_KNOBS, DDP_SETTINGS
 
     assert DDP_SETTINGS == DDP_KNOBS and set(DDP_SETTINGS) <= set(COMPUTE_KNOBS)
+
+
+def test_a_measurement_taken_under_interference_is_not_reused_by_a_later_run(
+    tmp_path: Path, prepare_study, monkeypatch
+):
+    space = two_stage(n_trials=1, batch_sizes="[16]", precisions="fp32", workers="[0]")
+    monkeypatch.setattr("autotune.study._speed.interfered", lambda share: True)  # a busy machine
+    busy = CountingExecutor(_workload(tmp_path, space))
+    prepare_study(space, tmp_path, executor=busy)
+    assert busy.measured
+    monkeypatch.setattr("autotune.study._speed.interfered", lambda share: False)  # a quiet one
+    more = space.replace("n_trials: 1", "n_trials: 2")
+    quiet = CountingExecutor(_workload(tmp_path, more))
+    prepare_study(more, tmp_path, executor=quiet)
+    assert {c.data_pipeline for c in quiet.measured} == {c.data_pipeline for c in busy.measured}
+    later = CountingExecutor(_workload(tmp_path, more.replace("n_trials: 2", "n_trials: 3")))
+    prepare_study(more.replace("n_trials: 2", "n_trials: 3"), tmp_path, executor=later)
+    assert later.measured == []  # the quiet measurements are the truth now
 
 
 # -- each distinct graph compiled once ----------------------------------------------------------
@@ -626,7 +657,7 @@ def test_stage_one_compiles_each_distinct_graph_once_and_charges_its_cold_compil
 
 
 def test_a_compile_mode_is_worth_measuring_only_where_it_can_pay_back():
-    from autotune.study._speed import unpaid_compile
+    from autotune.study._speed_rules import unpaid_compile
 
     # 30 epochs of 10 s at 1.5x save 100 s: a 60 s compile pays back, a 120 s one cannot
     assert unpaid_compile("default", 60.0, 10.0, 1.5, 30) is None
@@ -658,3 +689,90 @@ def test_a_compile_that_cannot_pay_back_is_not_tried_in_the_cells_after_the_firs
     assert skipped and all("cannot pay back" in (e.fault or "") for e in skipped)
     assert all(not e.measured for e in skipped)
     assert all(dict(c.settings)["compile"] == "none" for c in table if c.batch_size == 32)
+
+
+# -- stage 1's budget -----------------------------------------------------------------------------
+
+
+def test_the_plan_says_what_stage_one_will_time_and_its_budget():
+    from autotune.display._tables import stage_one_plan
+
+    spec = restrict(parse_spec(two_stage(workers="[0, 1]"), Path("space.yaml")), CPU).spec
+    said = stage_one_plan(spec, CPU)
+    # 2 micro-batches x 2 precisions, 3 pipelines each, a rematch of 2 leaders each
+    assert said.startswith("20 measurements in 4 cells; about ")
+    assert "at most 15 min (study.speed.max_seconds" in said
+    compiled = two_stage(workers="[0]").replace(
+        "num_workers: [0]\n", "num_workers: [0]\n  compile: [none, default]\n"
+    )
+    spec = restrict(
+        parse_spec(
+            compiled.replace("  pruner: none\n", "  pruner: none\n  timeout: 600\n"),
+            Path("space.yaml"),
+        ),
+        CPU,
+    ).spec
+    said = stage_one_plan(spec, CPU)
+    # a graph per micro-batch and precision; the first cell's alone if compile cannot pay back
+    assert "1 to 4 cold compiles (one per distinct graph" in said
+    assert "at most 5 min (half of study.timeout 600 s, which counts stage 1" in said
+
+
+def test_past_its_budget_stage_one_times_one_eager_setting_a_cell(tmp_path: Path, prepare_study):
+    from autotune.study import run_speed_stage
+
+    space = two_stage(n_trials=1, batch_sizes="[16, 32]", precisions="fp32", workers="[0, 1]")
+    space = space.replace(
+        "num_workers: [0, 1]\n", "num_workers: [0, 1]\n  compile: [none, default]\n"
+    )
+    space = space.replace("speed: {bursts: 2,", "speed: {max_seconds: 0.001, bursts: 2,")
+    executor = CountingExecutor(_workload(tmp_path, space))
+    study, _, _, _ = prepare_study(space, tmp_path, run=False)
+    spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
+    events: list = []
+    table = run_speed_stage(study, spec, CPU, executor, on_event=events.append)
+    # the first cell began within the budget: its eager settings, never a compile past it
+    assert {c.compile for c in executor.measured} == {"none"}
+    assert [c.batch_size for c in executor.measured].count(32) == 1
+    assert {(c.batch_size, c.accumulation_steps) for c in table} == {
+        (b, a) for b in (16, 32) for a in (1, 2)
+    }
+    spent = [e for e in events if "budget of 0.001 s is spent" in (e.fault or "")]
+    assert {e.cell for e in spent} == {"batch 16, fp32", "batch 32, fp32"}
+
+
+@pytest.mark.slow
+def test_a_run_whose_timeout_ends_before_its_first_trial_fails_saying_so(tmp_path: Path):
+    space = tmp_path / "two.yaml"
+    space.write_text(
+        two_stage(n_trials=3, precisions="fp32", workers="[0]", study_extra="  timeout: 0.2")
+    )
+    ran = run_cli("run", str(space), cwd=tmp_path)
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    said = " ".join(ran.stderr.split())  # one line, however the terminal wraps it
+    assert said.count("error:") == 1 and said.startswith("error: the timeout of 0.2 s")
+    assert "before the first trial" in said and "study.speed.max_seconds" in said
+    assert "Traceback" not in ran.stderr
+
+
+@pytest.mark.slow
+def test_two_runs_started_together_time_each_setting_once_and_finish_the_study(tmp_path: Path):
+    """Two independent ``autotune run`` commands on one study (the README's many processes,
+    the SLURM and Kubernetes examples) share stage 1: the machine's lock lets one time at a
+    time, and each takes what the other measured meanwhile instead of timing it again."""
+    space = tmp_path / "two.yaml"
+    space.write_text(
+        two_stage(n_trials=4, precisions="fp32", study_extra="  confirm: false\n  baseline: false")
+    )
+    runs = [start_cli("run", str(space), cwd=tmp_path) for _ in range(2)]
+    outputs = [run.communicate(timeout=300) for run in runs]
+    for run, (out, err) in zip(runs, outputs, strict=True):
+        assert run.returncode == 0, out + err
+    url = f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
+    speed = optuna.load_study(study_name=speed_study_name("two"), storage=url)
+    taken = [(r.cache_key, r.round) for r in map(SpeedRecord.of, speed.trials) if r is not None]
+    assert taken and len(taken) == len(set(taken))  # no setting timed twice in one round
+    reused = [re.search(r"(\d+) reused from", out) for out, _ in outputs]
+    assert any(m is not None and int(m.group(1)) > 0 for m in reused)  # each took the other's
+    study = optuna.load_study(study_name="two", storage=url)
+    assert counted_trials(study) == 4

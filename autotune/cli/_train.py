@@ -319,6 +319,18 @@ def run(
             f"stage 1 could not train any configuration of the space: {outcome.stage_failed}",
             EXIT_FAILED,
         )
+    if outcome.timed_out and outcome.trials_run == 0:
+        took = (
+            f" (stage 1 took {outcome.stage_seconds:.0f} s of it)"
+            if outcome.stage_seconds is not None
+            else ""
+        )
+        raise fail(
+            f"the timeout of {spec.study.timeout:g} s (study.timeout, or --timeout) ran out "
+            f"before the first trial{took}: give the run more time, or bound stage 1 with "
+            f"study.speed.max_seconds",
+            EXIT_FAILED,
+        )
     if outcome.repeated_error:
         raise fail(
             [

@@ -88,22 +88,23 @@ class LiveObserver(studies.StudyObserver):
         )
         self._render()
 
-    def speed_finished(self, table: SpeedTable) -> None:
+    def speed_finished(self, table: SpeedTable, seconds: float) -> None:
         from autotune.display._tables import print_speed_table
 
         console = self.live.console
         print_speed_table(console, table)
         name = studies.speed_study_name(self.study.study_name)
         skipped = (
-            f", {self.speed_skipped} not tried (memory walls, pipelines far behind)"
+            f", {self.speed_skipped} not tried (memory walls, pipelines far behind, compile "
+            f"modes that cannot pay back, the budget)"
             if self.speed_skipped
             else ""
         )
         again = f" ({self.speed_again} leaders again)" if self.speed_again else ""
         console.print(
             f"stage 1: {self.speed_timed} settings timed{again}, {self.speed_reused} reused from "
-            f"earlier runs{skipped}; all in study {name}. Stage 2 trains with the fastest "
-            f"of each.",
+            f"earlier runs{skipped}, in {seconds:.0f} s; all in study {name}. Stage 2 trains "
+            f"with the fastest of each.",
             markup=False,
         )
         self.status = Text("")

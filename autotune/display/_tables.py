@@ -78,6 +78,7 @@ def print_plan(
         if split:
             timed.append(f"the split of each effective batch into {' x '.join(split)}")
         print_item(console, "timing", f"{', '.join(timed) or 'nothing'} (stage 1: speed)")
+        print_item(console, "stage 1", stage_one_plan(spec, hardware))
         print_item(console, "searching", f"{', '.join(learned) or 'nothing'} (stage 2: learning)")
     else:
         print_item(console, "searching", ", ".join(searched) if searched else "nothing")
@@ -95,6 +96,36 @@ def print_plan(
         console.print(
             f"[yellow]note:[/] num_workers goes up to {most} on {hardware.cpu_count} CPU cores"
         )
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
+def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
+    """What stage 1 will time and about how long it takes, said before it starts: its
+    measurements, cold compiles, an estimate from guessed compile times, and its budget."""
+    from autotune.baseline import untuned_config
+    from autotune.study._speed_plan import SpeedPlan
+
+    speed = spec.study.speed
+    plan = SpeedPlan(spec, untuned_config(spec, hardware))
+    estimate = plan.estimate(speed.burst_seconds, speed.bursts, speed.repeats)
+    words = [f"{estimate.measurements} measurements in {estimate.cells} cells"]
+    if estimate.graphs:
+        words.append(
+            f"{estimate.graphs_first_cells} to {estimate.graphs} cold compiles (one per "
+            f"distinct graph; a mode that cannot pay back is dropped after its first cell)"
+        )
+    low, high = _seconds(estimate.low_seconds), _seconds(estimate.high_seconds)
+    words.append(f"about {low}" if low == high else f"about {low} to {high}")
+    budget = speed.budget_seconds(spec.study.timeout)
+    if spec.study.timeout and budget < speed.max_seconds:
+        bound = f"half of study.timeout {spec.study.timeout:g} s, which counts stage 1"
+    else:
+        bound = "study.speed.max_seconds"
+    words.append(f"at most {_seconds(budget)} ({bound}; past it, one eager setting a cell)")
+    return "; ".join(words)
 
 
 def print_speed_table(console: Console, table: SpeedTable) -> None:

@@ -31,6 +31,14 @@ class SpeedSpec(_Frozen):
     repeats: int = Field(default=2, ge=1)  # measurements of each of a cell's leaders
     bursts: int = Field(default=3, ge=1)  # timed bursts per measurement
     burst_seconds: float = Field(default=0.25, gt=0)  # each burst's target length
+    # seconds stage 1 may take (half of study.timeout at most, when one is set); past it, each
+    # cell still to time gets one eager setting, and the plan says so
+    max_seconds: float = Field(default=900.0, gt=0)
+
+    def budget_seconds(self, timeout: float | None) -> float:
+        """Seconds stage 1 may take in a run with ``timeout`` (study.timeout, which counts
+        stage 1): ``max_seconds``, and at most half the timeout, so that trials get the rest."""
+        return min(self.max_seconds, timeout / 2) if timeout else self.max_seconds
 
 
 STRATEGIES = ("two_stage", "joint")

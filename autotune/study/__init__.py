@@ -16,8 +16,10 @@ One subpackage, one concern per private module, everything public re-exported he
 - ``_trial``: one trial's life (sampled, trained, scored, told) and the observer the display
   implements; ``_walls``: the memory walls trials and stage 1 share;
 - ``_run``: the run loop over the stages and the trials, under the study's lock;
-- ``_speed_plan``, ``_speed_store``, ``_speed``: stage 1 of a two-stage study, what it
-  measures, the speed study that records and caches it, and the stage that runs it;
+- ``_speed_plan``, ``_speed_store``, ``_speed_rules``, ``_speed_table``, ``_speed``: stage 1
+  of a two-stage study: what it measures (and estimates before it starts), the speed study
+  that records and caches it, what it leaves out and why, its answer, and the stage that runs
+  it;
 - ``_confirm``: the confirmation round that re-measures the leaders and the baseline side by
   side, and the study's answer (``answer_trial``).
 """

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import tempfile
 import threading
 import time
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -22,7 +24,11 @@ from autotune.study import adapter
 from autotune.study._records import TrialRecord
 from autotune.study._storage import sqlite_path
 
-__all__ = ["heartbeat", "recover_stale_trials", "study_lock"]
+__all__ = ["heartbeat", "machine_lock", "recover_stale_trials", "study_lock"]
+
+# where processes of this machine meet: /tmp is one per machine even where a scheduler gives
+# each job a TMPDIR of its own
+_MACHINE_LOCK_DIR = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())
 
 
 @contextlib.contextmanager
@@ -67,20 +73,9 @@ def study_lock(study: optuna.Study) -> Iterator[None]:
     backend = adapter.rdb_storage(adapter.storage_of(study))
     url = backend.url if backend is not None else None
     path = sqlite_path(url) if url is not None else None
-    if path is not None:
-        import fcntl
-
-        try:
-            handle = open(path.with_name(path.name + ".lock"), "a")  # noqa: SIM115
-        except OSError:  # a full or read-only disk: the study's own write says so next
+    if path is not None:  # a full or read-only disk: none; the study's own write says so next
+        with _file_lock(path.with_name(path.name + ".lock")):
             yield
-            return
-        with handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
         return
     if backend is not None and url is not None and url.startswith("postgresql"):
         key = {"key": f"autotune:{study.study_name}"}
@@ -94,6 +89,36 @@ def study_lock(study: optuna.Study) -> Iterator[None]:
                 )
         return
     yield
+
+
+@contextlib.contextmanager
+def machine_lock(name: str) -> Iterator[None]:
+    """Hold this machine's lock ``name`` against every other process on it, of any study and
+    any storage: stage 1 times a setting under ``machine_lock("stage1")``, so that two studies
+    (or two runs of one) never time at the same moment and disturb each other's clocks. An
+    exclusive ``flock`` on ``/tmp/autotune-NAME.lock``; none where that file cannot be opened
+    (another user's, a read-only /tmp)."""
+    with _file_lock(_MACHINE_LOCK_DIR / f"autotune-{name}.lock"):
+        yield
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (made if missing) while held; none where the file
+    cannot be opened."""
+    import fcntl
+
+    try:
+        handle = open(path, "a")  # noqa: SIM115
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 _BEAT_STORAGES: dict[str, optuna.storages.RDBStorage] = {}

@@ -49,6 +49,8 @@ class RunOutcome:
     speed_table: SpeedTable | None = None  # two-stage studies: stage 1's answer
     stage_failed: str | None = None  # stage 1 could run no setting at all: why
     taken_over: int = 0  # trials another process failed as stale while this one trained them
+    timed_out: bool = False  # study.timeout ended the run
+    stage_seconds: float | None = None  # what stage 1 took in this run (two-stage studies)
 
 
 def _past(deadline: float | None) -> bool:
@@ -107,15 +109,17 @@ def run_study(
     if spec.study.strategy == "two_stage":
         from autotune.study._speed import run_speed_stage
 
+        stage_started = time.monotonic()
         try:
             table = run_speed_stage(
                 study, spec, hardware, executor, workload, remeasure, observer.speed_measured
             )
+            outcome.stage_seconds = time.monotonic() - stage_started
         except KeyboardInterrupt as stop:
             outcome.interrupted = True
             outcome.terminated = isinstance(stop, Terminated)
             return outcome
-        observer.speed_finished(table)
+        observer.speed_finished(table, outcome.stage_seconds or 0.0)
         outcome.speed_table = trial_runner.speed = table
         failure = table.failure()
         if failure is not None:  # no trial could train: say why, run none
@@ -155,6 +159,7 @@ def run_study(
                 break
             if asked is None and _past(deadline):
                 outcome.stopped_reason = f"the timeout of {spec.study.timeout:g} s was reached"
+                outcome.timed_out = True
                 break
             if asked is None:
                 observer.waiting(running)

@@ -29,11 +29,13 @@ from autotune.spec import Choice, FloatRange, IntRange, Knob, Spec, SpecError
 from autotune.speed import COMPUTE_KNOBS, DDP_SETTINGS, SPEED_KNOBS, Extras
 
 __all__ = [
+    "COMPILE_SECONDS_GUESS",
     "FULL_PRODUCT_LIMIT",
     "METHOD_VERSION",
     "Cell",
     "Settings",
     "SpeedPlan",
+    "StageEstimate",
     "config_key",
 ]
 
@@ -42,6 +44,30 @@ MAX_RANGE_VALUES = 64  # an integer range of an execution knob is enumerated up 
 METHOD_VERSION = 1  # of the measurement: a change makes earlier measurements a cache miss
 
 Settings = tuple[tuple[str, Any], ...]  # execution knob values by name, in SPEED_KNOBS order
+
+# seconds of one cold compile by mode, before stage 1 has measured one: a ResNet-18's training
+# step on a recent GPU (the CUDA-graph and autotuning modes take longer; a small model on a CPU
+# takes less). Only the plan's estimate uses them; stage 1 charges what it measures.
+COMPILE_SECONDS_GUESS = {
+    "default": 40.0,
+    "reduce-overhead": 50.0,
+    "max-autotune-no-cudagraphs": 240.0,
+    "max-autotune": 300.0,
+}
+MEASUREMENT_OVERHEAD_SECONDS = 0.5  # a measurement's model, loader, warm-up and calibration
+REMATCHED_LEADERS = 2  # leaders measured again per cell and round, as the estimate counts
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    """What stage 1 will time, said before it starts: counts, and seconds from guesses."""
+
+    cells: int
+    measurements: int  # first-round settings and rematches, over every cell
+    graphs: int  # distinct compiled graphs: cold compiles when every compile mode pays back
+    graphs_first_cells: int  # cold compiles when the first cell drops every compile mode
+    low_seconds: float  # every compile mode dropped after the first cell that times it
+    high_seconds: float  # none dropped
 
 
 @dataclass(frozen=True)
@@ -206,6 +232,50 @@ class SpeedPlan:
             for compute in self.compute_settings(cell)
             for pipeline in self.pipeline_settings(cell)
         ]
+
+    def first_round(self, cell: Cell) -> list[Settings]:
+        """The settings ``cell``'s first round times (before any is left out)."""
+        if self.exhaustive(cell):
+            return self.all_settings(cell)
+        reference = self.reference_pipeline(cell)
+        computes = self.compute_settings(cell)
+        compute = [self.settings(reference, c) for c in computes]
+        # the pipelines with the fastest compute setting: one of the above, for counting
+        return compute + [self.settings(p, computes[0]) for p in self.pipeline_settings(cell)]
+
+    def estimate(self, burst_seconds: float, bursts: int, repeats: int) -> StageEstimate:
+        """How much the stage will time, and about how long that takes (from
+        ``COMPILE_SECONDS_GUESS`` and ``MEASUREMENT_OVERHEAD_SECONDS``)."""
+        cells = list(self.cells())
+        measurements = 0
+        graphs: set[tuple[Any, ...]] = set()
+        first_cells: dict[str, tuple[Any, ...]] = {}  # compile mode -> its first graph's cell
+        first_graphs: set[tuple[Any, ...]] = set()
+        for cell in cells:
+            settings = self.first_round(cell)
+            measurements += len(settings) + (repeats - 1) * min(REMATCHED_LEADERS, len(settings))
+            for values in map(dict, settings):
+                mode = values.get("compile", "none")
+                if mode == "none":
+                    continue
+                graph = (cell, mode, values.get("channels_last"), *dict(cell.extras).items())
+                graphs.add(graph)
+                if first_cells.setdefault(mode, graph[:1]) == graph[:1]:
+                    first_graphs.add(graph)
+        per_measurement = MEASUREMENT_OVERHEAD_SECONDS + bursts * burst_seconds
+
+        def compiles(found: set[tuple[Any, ...]]) -> float:
+            return sum(COMPILE_SECONDS_GUESS.get(graph[1], 60.0) for graph in found)
+
+        timing = measurements * per_measurement
+        return StageEstimate(
+            cells=len(cells),
+            measurements=measurements,
+            graphs=len(graphs),
+            graphs_first_cells=len(first_graphs),
+            low_seconds=timing + compiles(first_graphs),
+            high_seconds=timing + compiles(graphs),
+        )
 
     def config(self, cell: Cell, settings: Settings) -> TrialConfig:
         """The configuration that times ``settings`` in ``cell``."""

@@ -250,10 +250,19 @@ class Pool:
 
 
 def load_cache(
-    storage: optuna.storages.BaseStorage, context: str, since: datetime.datetime | None
+    storage: optuna.storages.BaseStorage,
+    context: str,
+    since: datetime.datetime | None,
+    key: str | None = None,
+    interfered_since: datetime.datetime | None = None,
 ) -> dict[str, Pool]:
     """Every measurement in the storage's speed studies taken in ``context`` (after
-    ``since``, when given), by cache key."""
+    ``since``, when given; of cache key ``key`` only, when given), by cache key.
+
+    A measurement taken under interference is left out unless it was taken after
+    ``interfered_since`` (the stage that reads it began): what an earlier run measured on a
+    busy machine is not the truth a later one reuses; it is measured again.
+    """
     pools: dict[str, Pool] = {}
     for name in optuna.get_all_study_names(storage):
         if not name.endswith(SPEED_SUFFIX):
@@ -262,6 +271,13 @@ def load_cache(
         for trial in study.get_trials(deepcopy=False):
             record = SpeedRecord.of(trial)
             if record is None or record.context != context:
+                continue
+            if key is not None and record.cache_key != key:
+                continue
+            taken = trial.datetime_start
+            if record.interference and (
+                interfered_since is None or taken is None or taken < interfered_since
+            ):
                 continue
             if since is not None and (trial.datetime_start or since) < since:
                 continue

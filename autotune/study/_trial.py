@@ -61,8 +61,9 @@ class StudyObserver:
     def speed_measured(self, event: SpeedEvent) -> None:
         """Stage 1 (two-stage studies) measured, reused or skipped one setting."""
 
-    def speed_finished(self, table: SpeedTable) -> None:
-        """Stage 1 is done: ``table`` holds the fastest settings; stage 2 starts."""
+    def speed_finished(self, table: SpeedTable, seconds: float) -> None:
+        """Stage 1 is done, in ``seconds``: ``table`` holds the fastest settings; stage 2
+        starts."""
 
     def trial_started(self, number: int, config: TrialConfig) -> None:
         """A trial is about to train with ``config``."""

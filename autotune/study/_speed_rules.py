@@ -1,0 +1,155 @@
+"""What stage 1 leaves out, and why: the rules that keep it within what its answer is worth.
+
+Three rules, each said in stage 1's table where it leaves a setting out:
+
+- a *pipeline* far behind (under ``SLOW_PIPELINE_SHARE`` of its cell's fastest) at one
+  precision is not tried at the micro-batch's other precisions: what a pipeline costs a batch
+  (loading, workers' start and hand-over) does not depend on the precision;
+- a *compile mode* whose cold compile cannot pay back over the full run (``unpaid_compile``),
+  or that failed to compile in every setting of a cell, is not tried in the cells after it;
+- past the stage's *budget* (``study.speed.max_seconds``, half of ``study.timeout`` at most)
+  nothing is compiled, and each cell still to time gets one eager setting.
+
+Nothing here touches Optuna or torch; the stage (``_speed``) asks and reports.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.faults import FaultKind
+from autotune.spec import Spec
+from autotune.speed import COMPUTE_KNOBS, SpeedMeasurement
+from autotune.study._speed_plan import Cell, Settings
+
+__all__ = ["SLOW_PIPELINE_SHARE", "CellResult", "LeftOut", "unpaid_compile"]
+
+# a pipeline below this share of its cell's fastest is not tried at the micro-batch's other
+# precisions: what a pipeline costs a batch (loading, workers' start and hand-over) does not
+# depend on the precision, so one this far behind is held back by its own overhead
+SLOW_PIPELINE_SHARE = 0.5
+
+
+def unpaid_compile(
+    mode: str, compile_seconds: float, eager_epoch_seconds: float, speedup: float, epochs: float
+) -> str | None:
+    """Why compile ``mode`` cannot pay back its cold compile (``compile_seconds``) over
+    ``epochs`` epochs of ``eager_epoch_seconds`` each at ``speedup`` over eager, or None when
+    it can: the objective charges a compile in full over the full run, so a mode is worth
+    measuring only where the seconds it saves there exceed it."""
+    saving = epochs * eager_epoch_seconds * max(0.0, 1.0 - 1.0 / speedup)
+    if compile_seconds <= saving:
+        return None
+    return (
+        f"not tried: compile {mode} cannot pay back its {compile_seconds:.3g} s compile "
+        f"(at most {saving:.3g} s saved over {epochs:g} epochs at {speedup:.2f}x eager)"
+    )
+
+
+@dataclass(frozen=True)
+class CellResult:
+    """One setting of a finished cell, as the rules read it."""
+
+    settings: Settings
+    first_round: float | None  # samples/s of its first measurement (None: none)
+    measurement: SpeedMeasurement | None  # its measurements combined (None: it failed)
+    fault_kind: str | None  # why it has none
+
+
+def _pipeline(settings: Settings) -> Settings:
+    return tuple((k, v) for k, v in settings if k not in COMPUTE_KNOBS)
+
+
+def _mode(settings: Settings) -> str:
+    return str(dict(settings).get("compile", "none"))
+
+
+class LeftOut:
+    """The rules' state over one stage: what the cells timed so far rule out of the rest."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.budget = spec.study.speed.budget_seconds(spec.study.timeout)
+        self.deadline = time.monotonic() + self.budget
+        # (micro-batch, declared knobs) -> pipelines far behind at a precision timed before
+        self.slow_pipelines: dict[tuple[Any, ...], dict[Settings, str]] = {}
+        self.dropped_modes: dict[str, str] = {}  # compile modes not tried any more, and why
+        self.slowest_eager_epoch = 0.0  # seconds: the most an epoch of any cell took eager
+        self.best_speedup: dict[str, float] = {}  # compile mode -> best eager/compiled seen
+
+    def over_budget(self) -> bool:
+        """Whether the stage's budget is spent."""
+        return time.monotonic() >= self.deadline
+
+    def budget_spent(self) -> str:
+        return (
+            f"not tried: stage 1's budget of {self.budget:g} s is spent (study.speed.max_seconds)"
+        )
+
+    def why(self, cell: Cell, settings: Settings, compute_pass: bool = False) -> str | None:
+        """Why ``settings`` is not tried in ``cell``, or None. The compute pass times its
+        settings with a reference pipeline, which the pipeline rule does not judge."""
+        mode = _mode(settings)
+        if mode != "none" and self.over_budget():
+            return self.budget_spent()
+        if mode in self.dropped_modes:
+            return self.dropped_modes[mode]
+        if compute_pass:
+            return None
+        slow = self.slow_pipelines.get((cell.batch_size, cell.extras), {})
+        return slow.get(_pipeline(settings))
+
+    def learn(self, cell: Cell, results: list[CellResult]) -> None:
+        """Take in a finished cell: its slow pipelines, and the compile modes it rules out."""
+        self._learn_pipelines(cell, results)
+        self._learn_compile_modes(cell, results)
+
+    def _learn_pipelines(self, cell: Cell, results: list[CellResult]) -> None:
+        top = max((r.first_round for r in results if r.first_round is not None), default=None)
+        if top is None:
+            return
+        slow = self.slow_pipelines.setdefault((cell.batch_size, cell.extras), {})
+        for result in results:
+            speed = result.first_round
+            if speed is not None and speed < SLOW_PIPELINE_SHARE * top:
+                slow.setdefault(
+                    _pipeline(result.settings),
+                    f"not tried: under {SLOW_PIPELINE_SHARE:.0%} of the fastest at "
+                    f"{cell.precision} ({speed / top:.0%})",
+                )
+
+    def _learn_compile_modes(self, cell: Cell, results: list[CellResult]) -> None:
+        """Each compile mode whose cold compile cannot pay back over the full run
+        (objective.full_run_epochs, as the objective charges it; the trial's epochs where it
+        charges it all) even at the best speed-up over eager seen so far and at the slowest
+        eager epoch seen, and each mode that failed to compile in every setting of ``cell``."""
+        by_mode: dict[str, list[SpeedMeasurement]] = {}
+        failed: set[str] = set()
+        for result in results:
+            if result.measurement is not None:
+                by_mode.setdefault(_mode(result.settings), []).append(result.measurement)
+            elif result.fault_kind == FaultKind.COMPILE_ERROR.value:
+                failed.add(_mode(result.settings))
+        for mode in sorted(failed - set(by_mode)):
+            self.dropped_modes.setdefault(
+                mode, f"not tried: compile {mode} failed at {cell.label()}"
+            )
+        if "none" not in by_mode:
+            return
+        eager = min(m.epoch_seconds() for m in by_mode["none"])
+        self.slowest_eager_epoch = max(self.slowest_eager_epoch, eager)
+        objective = self.spec.objective
+        full = objective.full_run_epochs if objective.per_second else None
+        horizon = full or self.spec.workload.epochs  # epochs over which a compile pays back
+        for mode, measured in by_mode.items():
+            if mode == "none" or mode in self.dropped_modes:
+                continue
+            compiled = min(m.epoch_seconds() for m in measured)
+            speedup = max(self.best_speedup.get(mode, 0.0), eager / compiled)
+            self.best_speedup[mode] = speedup
+            cost = max(m.compile_seconds or 0.0 for m in measured)
+            why = unpaid_compile(mode, cost, self.slowest_eager_epoch, speedup, horizon)
+            if why is not None:
+                self.dropped_modes[mode] = why
