@@ -73,6 +73,7 @@ def stage_one(spec: Spec, hardware: Hardware, directory: Path) -> dict[str, floa
         "compile_seconds": sum(
             m.compile_seconds or 0.0 for _, m in compiled if not m.compile_warm
         ),
+        "left_out_for_budget": sum(1 for e in events if "budget" in (e.fault or "")),
         "worst_spread": max(spreads, default=0.0),
         "median_spread": statistics.median(spreads) if spreads else 0.0,
     }
