@@ -7,12 +7,12 @@ costs make it look slower than it is, and the first trial is usually the untuned
 every "N times faster than untuned" would be inflated by them (23% on the quickstart).
 
 ``Warmth.before(config, workload)`` pays them on throwaway copies of the trial's own model and
-data, eager, at the trial's precision, batch size and data pipeline: a few training steps and an
-evaluation batch. The first trial that compiles also gets the compiler's own machinery warmed
-(Dynamo, AOTAutograd and Inductor imported, the C++ toolchain found and loaded) by compiling a
-small unrelated function in a throwaway cache; the trial's own graphs stay cold, so every
-compiled trial still pays its whole compile. A trial trains and measures the same whether a
-warm-up ran before it or not: it seeds everything itself.
+data, eager, at the trial's precision, batch size and data pipeline, with its loss and batch
+layout: a few training steps and an evaluation batch. The first trial that compiles also gets
+the compiler's own machinery warmed (Dynamo, AOTAutograd and Inductor imported, the C++
+toolchain found and loaded) by compiling a small unrelated function in a throwaway cache; the
+trial's own graphs stay cold, so every compiled trial still pays its whole compile. A trial
+trains and measures the same whether a warm-up ran before it or not: it seeds everything itself.
 """
 
 from __future__ import annotations
@@ -54,7 +54,10 @@ def warm_process(config: TrialConfig, workload: Workload) -> bool:
         loader = make_train_loader(workload.train_set, eager, eager.seed, workload.collate_fn)
         if len(loader) == 0:  # a batch larger than the data set: invalid_config in the trial
             return False
-        trainer = Trainer(workload.build_model(), eager, total_steps=WARMUP_MICRO_BATCHES)
+        # the trial's own loss (a regression's, classes last...): cross-entropy fails on those
+        trainer = Trainer(
+            workload.build_model(), eager, WARMUP_MICRO_BATCHES, loss_fn=workload.loss_fn
+        )
         batches = iter(loader)
         split = workload.layout.split
         for _ in range(min(WARMUP_MICRO_BATCHES, len(loader))):

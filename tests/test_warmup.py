@@ -3,13 +3,19 @@ a trial measures or learns."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+import torch
+from torch.utils.data import TensorDataset
 
 from autotune import timing
 from autotune.executor import InProcessExecutor
 from autotune.runner import train
 from autotune.testing import blobs_workload, make_config, never_stop
 from autotune.warmup import Warmth, warm_process
+from autotune.workloads import Workload
+from autotune.workloads.scoring import cross_entropy_classes_last
 
 
 @pytest.fixture
@@ -73,3 +79,61 @@ def test_a_warm_process_keeps_its_objects_out_of_collections_until_it_closes():
     finally:
         executor.close()
     assert gc.get_freeze_count() == 0  # ... and are collected at exit again (SQLite's WAL)
+
+
+class _TokenModel(torch.nn.Module):
+    """A causal-LM-like model: token ids [batch, length] -> logits [batch, length, vocab]."""
+
+    def __init__(self, vocab: int = 11) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, 8)
+        self.head = torch.nn.Linear(8, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(tokens))
+
+
+def _workload(inputs, targets, model, loss) -> Workload:
+    data = TensorDataset(inputs, targets)
+    shape = tuple(inputs.shape[1:])
+    return Workload("own", data, data, None, shape, model, loss_fn=loss)
+
+
+@pytest.mark.parametrize("kind", ["regression", "classes_last"])
+def test_the_warm_up_trains_the_studys_own_loss_and_layout(kind: str):
+    """A regression with float targets [n] and its own loss, and logits with the classes last
+    ([batch, length, vocab]): cross-entropy on class-first logits fails on both."""
+    if kind == "regression":
+        inputs = torch.randn(64, 4)
+        workload = _workload(
+            inputs, inputs.sum(dim=1), lambda: _Squeeze(torch.nn.Linear(4, 1)), _mse
+        )
+    else:
+        tokens = torch.randint(0, 11, (64, 6))
+        workload = _workload(
+            tokens, tokens.roll(-1, dims=1), _TokenModel, cross_entropy_classes_last
+        )
+    losses: list[torch.Tensor] = []
+    recorded = workload.loss_fn
+
+    def spy(output, target):
+        loss = recorded(output, target)
+        losses.append(loss.detach())
+        return loss
+
+    workload = dataclasses.replace(workload, loss_fn=spy)
+    assert warm_process(make_config(batch_size=16), workload)
+    assert losses and all(torch.isfinite(loss) for loss in losses)
+
+
+class _Squeeze(torch.nn.Module):
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x).squeeze(-1)
+
+
+def _mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(output, target)
