@@ -179,7 +179,9 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
             probe.mark("data_wait")
             inputs, targets = trainer.to_device(*workload.layout.split(batch))
             if tokens is not None and isinstance(inputs, ModelInputs):
-                tokens = tokens + (count_tokens(inputs) or 0)
+                counted = count_tokens(inputs)  # a device tensor: added, never read here
+                if counted is not None:  # (``counted or 0`` would wait for the device)
+                    tokens = tokens + counted
             probe.mark("host_to_device")
             loss = trainer.forward_backward(inputs, targets)
             probe.mark("forward_backward")

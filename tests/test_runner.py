@@ -177,3 +177,48 @@ def test_plan_lays_out_steps_evaluations_and_warmup():
     assert fractional.optimizer_steps == 15 and fractional.eval_steps == (10, 15)
     with pytest.raises(TrialFault, match="needs 4 micro-batches per step"):
         make_plan(make_config(epochs=1, accumulation_steps=4), 3, 96)
+
+
+class _DeviceCount:
+    """A token count as a device tensor behaves for the loop: adding is free, but reading it
+    (``bool``, as ``count or 0`` does) would wait for the device, so here it fails."""
+
+    def __init__(self, count: torch.Tensor | int) -> None:
+        self.count = count
+
+    def __bool__(self) -> bool:
+        raise AssertionError("the token count was read back inside the training loop")
+
+    def __radd__(self, other: object) -> _DeviceCount:
+        total = other.count if isinstance(other, _DeviceCount) else other
+        return _DeviceCount(total + self.count)  # type: ignore[operator]
+
+    __add__ = __radd__
+
+    def __float__(self) -> float:
+        return float(self.count)
+
+
+class _MeanEmbedding(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(20, 8)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(ids).mean(dim=1))
+
+
+def test_counting_tokens_reads_nothing_back_in_the_loop(monkeypatch: pytest.MonkeyPatch):
+    from torch.utils.data import TensorDataset
+
+    from autotune import runner
+
+    ids = torch.randint(0, 20, (128, 6))
+    data = TensorDataset(ids, (ids[:, 0] > 9).long())
+    workload = Workload("tokens", data, data, 2, (6,), _MeanEmbedding)
+    assert workload.counts_tokens
+    counted = runner.count_tokens
+    monkeypatch.setattr(runner, "count_tokens", lambda inputs: _DeviceCount(counted(inputs)))
+    result = train(make_config(batch_size=16, epochs=1.0), workload, never_stop)
+    assert result.tokens_per_second == pytest.approx(6 * result.samples_per_second)
