@@ -124,14 +124,59 @@ def _is_broken_worker_pipe(error: BaseException) -> bool:
     return any("torch/utils/data/" in frame.filename.replace("\\", "/") for frame in frames)
 
 
+# what CUDA libraries raise when they cannot allocate their workspace: out of memory, by name
+_ALLOCATION_FAILED = ("CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
+# failures that out of memory causes among others: counted as such only when the device is
+# nearly full (a cuDNN plan that found no workspace; a CUDA-graph capture an allocation broke)
+_UNDER_PRESSURE = (
+    "CUDNN_STATUS_INTERNAL_ERROR",
+    "CUDNN_STATUS_EXECUTION_FAILED",
+    "CUDNN_STATUS_NOT_SUPPORTED",
+    "CUDNN_STATUS_BAD_PARAM",
+    "capture invalidated",
+    "operation not permitted when stream is capturing",
+)
+NEARLY_FULL = 0.9  # share of the device's memory in use above which it is nearly full
+
+
+def _memory_pressure() -> bool:
+    """Whether the current CUDA device has less than ``1 - NEARLY_FULL`` of its memory free
+    (False without CUDA, or when it cannot be asked)."""
+    import torch
+
+    try:
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return False
+        free, total = torch.cuda.mem_get_info()
+    except Exception:  # a broken context: not a question it can answer
+        return False
+    return total > 0 and free < (1 - NEARLY_FULL) * total
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """Whether ``error``, or an error it was raised from, says the device ran out of memory."""
+    import torch
+
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = str(current)
+        if isinstance(current, torch.OutOfMemoryError | MemoryError) or "out of memory" in text:
+            return True
+        if any(name in text for name in _ALLOCATION_FAILED):
+            return True
+        current = current.__cause__ or current.__context__
+    text = str(error)
+    return any(name in text for name in _UNDER_PRESSURE) and _memory_pressure()
+
+
 def classify(error: BaseException) -> tuple[FaultKind, str]:
     """(fail kind, one-line message) for an exception raised while training a trial."""
     if isinstance(error, TrialFault):
         return error.kind, error.message
-    import torch  # here, not at the top: reading fault kinds needs no torch
-
     text = str(error)
-    if isinstance(error, torch.OutOfMemoryError | MemoryError) or "out of memory" in text:
+    if _out_of_memory(error):
         return FaultKind.OOM, _first_line(text) or type(error).__name__
     if _is_compile_error(error):
         return FaultKind.COMPILE_ERROR, f"{type(error).__name__}: {_first_line(text)}"

@@ -204,6 +204,34 @@ def test_a_broken_pipe_inside_the_dataloader_is_a_dead_worker():
     assert kind == FaultKind.ERROR
 
 
+def test_what_cuda_libraries_raise_when_memory_runs_out_is_out_of_memory(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    import torch
+
+    from autotune import faults
+
+    for text in (
+        "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+        "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+    ):
+        assert classify(RuntimeError(text))[0] == FaultKind.OOM
+    # an allocation that failed during a CUDA-graph capture surfaces as the capture's failure
+    try:
+        try:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        except torch.OutOfMemoryError as oom:
+            raise RuntimeError("CUDA graph capture invalidated by an allocation") from oom
+    except RuntimeError as capture:
+        assert classify(capture)[0] == FaultKind.OOM
+    # failures memory pressure causes among others: out of memory only on a nearly full device
+    internal = RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR")
+    monkeypatch.setattr(faults, "_memory_pressure", lambda: True)
+    assert classify(internal)[0] == FaultKind.OOM
+    monkeypatch.setattr(faults, "_memory_pressure", lambda: False)
+    assert classify(internal)[0] == FaultKind.ERROR
+
+
 def test_fault_kinds_are_an_enum_stored_as_strings():
     assert FaultKind("trial_timeout") is FaultKind.TRIAL_TIMEOUT
     assert {kind.value for kind in FaultKind} == set(KINDS)
