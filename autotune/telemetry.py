@@ -66,8 +66,11 @@ def flops_per_sample(
     ``samples`` samples and it is back-propagated.
 
     The model runs in eval mode (batch norm statistics are left alone) and its gradients are
-    cleared afterwards, so the trial trains exactly as it would without the count.
+    cleared afterwards, so the trial trains exactly as it would without the count: those that
+    existed before (a trainer under CUDA graphs allocates them up front) zeroed in place, the
+    others None again.
     """
+    allocated = {id(p) for p in model.parameters() if p.grad is not None}
     was_training = model.training
     model.eval()
     try:
@@ -76,7 +79,13 @@ def flops_per_sample(
     except Exception:  # a model the counter cannot follow: no FLOPs rather than no trial
         return None
     finally:
-        model.zero_grad(set_to_none=True)
+        for parameter in model.parameters():
+            if parameter.grad is None:
+                continue
+            if id(parameter) in allocated:
+                parameter.grad.zero_()
+            else:
+                parameter.grad = None
         model.train(was_training)
     return counter.get_total_flops() / samples
 

@@ -24,6 +24,7 @@ from autotune.workloads.batches import ModelInputs, call_model, to_device
 from autotune.workloads.scoring import LossFn, cross_entropy_loss
 
 __all__ = [
+    "CUDA_GRAPH_MODES",
     "Trainer",
     "autocast",
     "backend_flags",
@@ -32,6 +33,9 @@ __all__ = [
     "make_scheduler",
     "seed_everything",
 ]
+
+# the torch.compile modes that record CUDA graphs (on a CUDA device)
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 def seed_everything(seed: int) -> None:
@@ -194,6 +198,15 @@ class Trainer:
             # torch.compile is typed as returning a callable; for a module it is a module
             self.step_model = torch.compile(self.step_model, mode=mode)  # type: ignore[assignment]
         self.optimizer = make_optimizer(model, config)
+        # Under CUDA graphs a gradient that autograd takes as .grad without copying lives in the
+        # graph's memory pool, and the next replay (the next micro-batch of an accumulation)
+        # overwrites it. Gradients that exist before the first backward, zeroed in place, are
+        # accumulated into instead: outside the pool.
+        self.grads_in_place = config.compile in CUDA_GRAPH_MODES
+        if self.grads_in_place:
+            for parameter in model.parameters():
+                if parameter.requires_grad and parameter.grad is None:
+                    parameter.grad = torch.zeros_like(parameter)
         self.scheduler = make_scheduler(self.optimizer, config, total_steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
         self.loss_fn: LossFn = loss_fn or cross_entropy_loss
@@ -258,7 +271,7 @@ class Trainer:
         else:
             self.skipped_steps += 1
             self.skipped_in_a_row += 1
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=not self.grads_in_place)
         if self.scheduler is not None:
             self.scheduler.step()
         self.steps += 1

@@ -402,6 +402,17 @@ def _with(best: BestConfig, config) -> BestConfig:
     return BestConfig.from_dict({**best.to_dict(), "config": config.to_dict()})
 
 
+def test_a_cuda_graph_mode_accumulates_into_gradients_outside_the_graphs_pool(tiny_study):
+    study, _ = tiny_study
+    best = best_config(study, select_trial(study))
+    for mode, in_place in (("reduce-overhead", True), ("max-autotune", True), ("default", False)):
+        config = best.config.replace(compile=mode, accumulation_steps=2)
+        text = render_script(study, _with(best, config))
+        compile(text, f"train.py (compile {mode})", "exec")
+        assert ("parameter.grad = torch.zeros_like(parameter)" in text) is in_place, mode
+        assert f"optimizer.zero_grad(set_to_none={not in_place})" in text, mode
+
+
 def test_yaml_and_json_round_trip_to_the_same_config(tiny_study, tmp_path: Path):
     study, _ = tiny_study
     trial = select_trial(study)

@@ -83,6 +83,20 @@ def test_compile_modes_compile_on_cuda(mode: str):
     assert 0.0 <= result.score <= 1.0
 
 
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_cuda_graph_modes_train_with_gradient_accumulation(mode: str):
+    """A gradient autograd took as .grad from a CUDA graph's pool would be overwritten by the
+    next micro-batch's replay ("accessing tensor output of CUDAGraphs that has been
+    overwritten"): the trainer accumulates into gradients allocated outside the pool."""
+    from torch._dynamo.utils import counters
+
+    config = cuda_config(compile=mode, precision="bf16", accumulation_steps=2)
+    result = train(config, load(SHAPES), never_stop)
+    assert result.compiled_graphs >= 1 and 0.0 <= result.score <= 1.0
+    assert math.isfinite(result.samples_per_second) and result.samples_per_second > 0
+    assert not counters["inductor"].get("cudagraph_skips"), dict(counters["inductor"])
+
+
 def test_device_batches_live_on_the_gpu():
     workload = load(SHAPES)
     generator = torch.Generator(device="cuda:0").manual_seed(0)

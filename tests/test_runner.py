@@ -222,3 +222,28 @@ def test_counting_tokens_reads_nothing_back_in_the_loop(monkeypatch: pytest.Monk
     monkeypatch.setattr(runner, "count_tokens", lambda inputs: _DeviceCount(counted(inputs)))
     result = train(make_config(batch_size=16, epochs=1.0), workload, never_stop)
     assert result.tokens_per_second == pytest.approx(6 * result.samples_per_second)
+
+
+def test_under_cuda_graphs_gradients_live_outside_the_graphs_pool():
+    """The trainer of a CUDA-graph compile mode allocates every gradient before the first
+    backward and zeroes them in place (the same tensors, accumulated into), and counting FLOPs
+    keeps them; other modes free them at every step, as before."""
+    from autotune.telemetry import flops_per_sample
+    from autotune.trainer import Trainer
+
+    workload = blobs_workload()
+    graphs = Trainer(workload.build_model(), make_config(compile="reduce-overhead"), 10)
+    grads = [p.grad for p in graphs.model.parameters()]
+    assert all(g is not None and not g.any() for g in grads)
+    inputs = torch.randn(8, *workload.input_shape)
+    flops_per_sample(
+        graphs.model,
+        lambda: nn.functional.cross_entropy(graphs.model(inputs), torch.zeros(8).long()),
+        8,
+    )
+    graphs.optimizer_step()
+    kept = [p.grad for p in graphs.model.parameters()]
+    assert all(now is before for now, before in zip(kept, grads, strict=True))  # zeroed in place
+    assert all(not p.grad.any() for p in graphs.model.parameters())
+    eager = Trainer(workload.build_model(), make_config(), 10)
+    assert all(p.grad is None for p in eager.model.parameters())
