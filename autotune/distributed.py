@@ -62,6 +62,9 @@ __all__ = ["RankPool", "WorkloadSource", "measure", "rank_cores", "rank_devices"
 
 POLL_SECONDS = 0.05  # how often the launcher looks at its ranks between messages
 STOP_GRACE_SECONDS = 10.0  # how long closing ranks may take to exit before they are killed
+# after a rank reports its fault, how long the others may take to report theirs (the first
+# report may be a peer's view of it) before the trial fails and every rank is killed
+FAULT_GRACE_SECONDS = 2.0
 GROUP_TIMEOUT = datetime.timedelta(minutes=10)  # a collective that waits longer has failed
 PR_SET_PDEATHSIG = 1  # Linux prctl: signal this process when its parent dies
 
@@ -213,6 +216,9 @@ class RankPool:
                 pipe.send((config, plan))
             busy = set(range(len(self._pipes)))  # ranks not done with this trial
             closed: set[int] = set()  # ranks whose pipe closed: they exited
+            reported: list[_Fault] = []  # faults the ranks sent through their pipes
+            failed: set[int] = set()  # ranks that reported one
+            failed_at: float | None = None
             while busy:
                 listening = [self._pipes[r] for r in busy - closed]
                 ready = wait([*listening, *(p.sentinel for p in processes)], POLL_SECONDS)
@@ -228,11 +234,19 @@ class RankPool:
                     elif isinstance(message, _Done):
                         busy.discard(rank)
                         value = message.value if rank == 0 else value
+                    elif isinstance(message, _Fault):  # told at once: a rank that failed
+                        reported.append(message)  # may hang in its teardown (NCCL's), and
+                        failed.add(rank)  # its peers in a collective until a timeout
+                        failed_at = failed_at or time.monotonic()
                 if answered:
                     continue  # read every message before looking at exits
                 codes = [p.exitcode for p in processes]
-                if any(code is not None for code in codes):  # the first exit, as it is
-                    raise _fault_of(codes, self._faults, config.world_size)
+                waited = failed_at is not None and (
+                    not busy - closed - failed
+                    or time.monotonic() - failed_at > FAULT_GRACE_SECONDS
+                )
+                if waited or any(code is not None for code in codes):  # the first failure
+                    raise _fault_of(codes, self._faults, config.world_size, reported)
         except BaseException:
             self._stop()  # its collectives are in an unknown state: the next trial starts anew
             raise
@@ -263,15 +277,20 @@ def _no_evaluations(evaluation: Evaluation) -> bool:
     raise TypeError("a speed measurement does not evaluate")
 
 
-def _fault_of(codes: list[int | None], faults: Any, world: int) -> TrialFault:
+def _fault_of(
+    codes: list[int | None], faults: Any, world: int, reported: list[_Fault] | None = None
+) -> TrialFault:
     """The one fault a distributed trial ends with, from the ranks' exit codes at the first
-    failure and the faults they sent. A rank's own fault comes first; then a rank that died
-    by a signal (a crash: it sent nothing); then a rank that only lost its peers (a collective
-    whose other end went away), which is what the others see of any failure."""
-    sent: list[_Fault] = []
+    failure and the faults they sent (through their pipes, ``reported``, and the queue). A
+    rank's own fault comes first; then a rank that died by a signal (a crash: it sent
+    nothing); then a rank that only lost its peers (a collective whose other end went away),
+    which is what the others see of any failure."""
+    sent: list[_Fault] = list(reported or [])
     with contextlib.suppress(EOFError, OSError):
         while not faults.empty():
-            sent.append(faults.get())
+            fault = faults.get()
+            if fault not in sent:
+                sent.append(fault)
     own = [fault for fault in sent if not fault.lost_peer]
     crashed = [(r, code) for r, code in enumerate(codes) if code is not None and code < 0]
     if own:
@@ -369,7 +388,12 @@ def _rank_main(
             release_memory()  # the next trial's peak memory is its own
     except Exception as error:
         fault = as_fault(error)
-        faults.put(_Fault(rank, str(fault.kind), fault.message, fault.details, _lost_peer(error)))
+        said = _Fault(rank, str(fault.kind), fault.message, fault.details, _lost_peer(error))
+        # the launcher first, through the pipe it listens to: what follows (freeing memory,
+        # NCCL's teardown) may hang, and the peers with it; the queue keeps it for the count
+        with contextlib.suppress(OSError, ValueError):
+            pipe.send(said)
+        faults.put(said)
         # told first: after a CUDA fault the context is broken and releasing memory raises
         if not needs_fresh_process(error):
             release_memory()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import gc
 import math
 import os
 import signal
@@ -176,9 +177,11 @@ class _Faults(nn.Module):
         diverge_after_steps: int | None = None,
         cuda_error_at_batch: int | None = None,
         fault_rank: int | None = None,
+        hang_after_fault: bool = False,
     ) -> None:
         super().__init__()
         self.fault_rank = fault_rank
+        self.hang_after_fault = hang_after_fault
         self.nan_after_steps = nan_after_steps
         self.oom_at_batch = oom_at_batch
         self.overflow_at_steps = overflow_at_steps
@@ -196,6 +199,8 @@ class _Faults(nn.Module):
         if self.step_delay_seconds:
             time.sleep(self.step_delay_seconds)
         if self.oom_at_batch is not None and x.shape[0] >= self.oom_at_batch:
+            if self.hang_after_fault:
+                _hang_in_teardown()
             raise torch.OutOfMemoryError(
                 f"CUDA out of memory. Tried to allocate {x.shape[0] * 4} MiB (injected at batch "
                 f"{x.shape[0]} >= {self.oom_at_batch})"
@@ -216,6 +221,24 @@ class _Faults(nn.Module):
         if self.calls in self.overflow_at_steps:
             return _BlowUpGradient.apply(x)
         return x
+
+
+class _HangsWhenCollected:
+    """Cyclic garbage whose finalizer never returns."""
+
+    def __init__(self) -> None:
+        self.cycle = self
+
+    def __del__(self) -> None:
+        while True:
+            time.sleep(3600)
+
+
+def _hang_in_teardown() -> None:
+    """Make this process hang in the cleanup after its fault (the next ``gc.collect()``, which
+    a failing rank runs before leaving its process group), as NCCL's teardown can hang."""
+    gc.disable()  # collected where the cleanup collects, not by chance earlier
+    _HangsWhenCollected()
 
 
 def _break_the_compiler() -> None:
@@ -241,6 +264,7 @@ def tiny_mlp(
     diverge_after_steps: int | None = None,
     cuda_error_at_batch: int | None = None,
     fault_rank: int | None = None,
+    hang_after_fault: bool = False,
 ) -> nn.Module:
     """Flatten, one hidden ReLU layer, a linear classifier; plus optional injected faults.
 
@@ -252,7 +276,8 @@ def tiny_mlp(
     ``cuda_error_at_batch`` (the RuntimeError a broken CUDA context raises, for batches this
     large),
     and ``broken_compiler`` (torch.compile's C++ compiler is missing in this process).
-    ``fault_rank``: the faults happen in that process of a distributed trial only.
+    ``fault_rank``: the faults happen in that process of a distributed trial only;
+    ``hang_after_fault``: after its out of memory, the process hangs in its cleanup.
     """
     if broken_compiler:
         _break_the_compiler()
@@ -282,6 +307,7 @@ def tiny_mlp(
                 diverge_after_steps,
                 cuda_error_at_batch,
                 fault_rank,
+                hang_after_fault,
             )
         )
     return nn.Sequential(*layers)

@@ -146,6 +146,9 @@ def test_a_distributed_trial_trains_as_its_processes_and_stops_together():
     [
         ({"oom_at_batch": 1}, FaultKind.OOM, "rank 1 of 2: "),
         ({"crash_at_step": 3}, FaultKind.WORKER_CRASHED, "rank 1 of 2 died (signal 11 (SIGSEGV))"),
+        # it reports, then hangs in its cleanup (as NCCL's teardown can), its peer in a
+        # collective: the trial fails on the report, not after the group's 10-minute timeout
+        ({"oom_at_batch": 1, "hang_after_fault": True}, FaultKind.OOM, "rank 1 of 2: "),
     ],
 )
 def test_a_failing_rank_is_one_fault_and_leaves_no_process(fault, kind, said):
