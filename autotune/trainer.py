@@ -32,6 +32,7 @@ __all__ = [
     "make_optimizer",
     "make_scheduler",
     "seed_everything",
+    "set_backend_flags",
 ]
 
 # the torch.compile modes that record CUDA graphs (on a CUDA device)
@@ -107,16 +108,36 @@ def autocast(config: TrialConfig, device: torch.device) -> contextlib.AbstractCo
     return contextlib.nullcontext()
 
 
-def _set_backend_flags(config: TrialConfig) -> tuple[str, bool, bool]:
+def _matmul_precision() -> tuple[str, str]:
+    """How fp32 matmuls are set now, to be put back: ("legacy", highest|high|medium) through
+    ``torch.set_float32_matmul_precision``, or ("backend", ieee|tf32) where code before the
+    trial (the user's, Lightning) used the per-backend ``fp32_precision`` API, after which
+    ``torch.get_float32_matmul_precision()`` raises."""
+    try:
+        return "legacy", torch.get_float32_matmul_precision()
+    except RuntimeError:
+        return "backend", torch.backends.cuda.matmul.fp32_precision
+
+
+def _restore_matmul_precision(previous: tuple[str, str]) -> None:
+    api, value = previous
+    if api == "legacy":
+        torch.set_float32_matmul_precision(value)
+    else:
+        torch.backends.cuda.matmul.fp32_precision = value
+
+
+def set_backend_flags(config: TrialConfig) -> tuple[tuple[str, str], bool, bool]:
     """Set TF32 and cudnn.benchmark as ``config`` says; return the previous values.
 
     TF32 goes through ``torch.set_float32_matmul_precision`` and ``cudnn.allow_tf32``, the
     settings every torch from 2.11 to 2.14 reads consistently: the per-backend
     ``fp32_precision`` attributes make ``torch.get_float32_matmul_precision()`` raise, and
-    Inductor calls it while compiling, so they would break compiled TF32 trials.
+    Inductor calls it while compiling, so they would break compiled TF32 trials. What was set
+    before, through either API, is put back afterwards.
     """
     cudnn = torch.backends.cudnn
-    previous = (torch.get_float32_matmul_precision(), cudnn.allow_tf32, cudnn.benchmark)
+    previous = (_matmul_precision(), cudnn.allow_tf32, cudnn.benchmark)
     tf32 = config.precision == "tf32"
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
     cudnn.allow_tf32 = tf32  # torch's default is True: fp32 convolutions must turn it off
@@ -130,11 +151,11 @@ def backend_flags(config: TrialConfig) -> Iterator[None]:
     if not config.device.startswith("cuda"):
         yield
         return
-    matmul_precision, conv_tf32, benchmark = _set_backend_flags(config)
+    matmul_precision, conv_tf32, benchmark = set_backend_flags(config)
     try:
         yield
     finally:
-        torch.set_float32_matmul_precision(matmul_precision)
+        _restore_matmul_precision(matmul_precision)
         torch.backends.cudnn.allow_tf32 = conv_tf32
         torch.backends.cudnn.benchmark = benchmark
 

@@ -47,6 +47,23 @@ def test_cuda_flags_are_set_for_the_trial_and_restored():
     assert cuda_flags() == before
 
 
+def test_flags_set_through_the_per_backend_tf32_api_are_worked_with_and_put_back():
+    """Code before the trial (the user's, Lightning) set TF32 through the per-backend
+    ``fp32_precision`` API, after which torch.get_float32_matmul_precision() raises: the trial
+    still sets its own flags, and the user's are there again after it."""
+    matmul = torch.backends.cuda.matmul
+    try:
+        matmul.fp32_precision = "tf32"
+        with pytest.raises(RuntimeError):
+            torch.get_float32_matmul_precision()  # what the trial's flags used to read
+        with backend_flags(make_config(precision="fp32", device="cuda")):
+            assert torch.get_float32_matmul_precision() == "highest"
+        assert matmul.fp32_precision == "tf32"
+    finally:
+        torch.set_float32_matmul_precision("highest")  # PyTorch's default, for the next test
+    assert torch.get_float32_matmul_precision() == "highest"
+
+
 def test_tf32_flags_leave_compile_working():
     """Inductor reads the matmul precision while compiling: the TF32 setting must not break it."""
     model = nn.Linear(8, 4)

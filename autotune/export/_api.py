@@ -194,11 +194,11 @@ class BestConfig:
         process of a group of that size (torchrun, then init_process_group); on CUDA each
         process trains on its own GPU, ``cuda:LOCAL_RANK``, as do its loaders.
         """
-        from autotune.trainer import Trainer, _set_backend_flags
+        from autotune.trainer import Trainer, set_backend_flags
 
         config = self._here()
         if config.device.startswith("cuda"):
-            _set_backend_flags(config)
+            set_backend_flags(config)
         return Trainer(model, config, total_steps, loss_fn)
 
 
