@@ -6,7 +6,9 @@ import importlib.util
 import os
 import platform
 import shutil
+import sysconfig
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -65,11 +67,32 @@ def _cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+def _python_headers() -> bool:
+    """Whether this Python's headers (Python.h) are installed."""
+    include = sysconfig.get_paths().get("include")
+    return include is not None and (Path(include) / "Python.h").is_file()
+
+
 def _compile_problem(device_type: str) -> str | None:
-    """Why Inductor (torch.compile's default backend) cannot build kernels here, or None."""
+    """Why Inductor (torch.compile's default backend) cannot build kernels here, or None.
+
+    On CUDA Inductor writes Triton kernels, and Triton builds a small C launcher for each with
+    the C compiler and this Python's headers: without them every compiled trial would fail."""
     if device_type == "cuda":
         if importlib.util.find_spec("triton") is None:
             return "torch.compile on CUDA needs Triton, which is not installed"
+        named = os.environ.get("CC")
+        compilers = [named] if named else ["cc", "gcc", "clang"]
+        if not any(shutil.which(c) for c in compilers):
+            return (
+                "torch.compile on CUDA needs a C compiler (gcc or clang, or $CC) on PATH: "
+                "Triton builds its kernel launchers with it"
+            )
+        if not _python_headers():
+            return (
+                "torch.compile on CUDA needs this Python's headers (Python.h; the python3-dev "
+                "package on Debian and Ubuntu): Triton builds its kernel launchers with them"
+            )
         return None
     compiler = os.environ.get("CXX") or next(
         (c for c in ("g++", "c++", "clang++") if shutil.which(c)), None
