@@ -64,7 +64,16 @@ def call_keywords(source: str, function: str) -> dict[str, Any]:
     found = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
     returned = next(n for n in ast.walk(found) if isinstance(n, ast.Return))
     assert isinstance(returned.value, ast.Call)
-    return {k.arg: ast.literal_eval(k.value) for k in returned.value.keywords if k.arg}
+    call = returned.value
+    if not any(k.arg for k in call.keywords):  # Trainer(**{**tuned, **overrides})
+        tuned = next(
+            n.value
+            for n in ast.walk(found)
+            if isinstance(n, ast.AnnAssign) and ast.unparse(n.target) == "tuned"
+        )
+        assert isinstance(tuned, ast.Call)
+        call = tuned
+    return {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
 
 
 def function_source(source: str, name: str) -> str:
@@ -244,6 +253,33 @@ def test_hf_maps_every_knob(best):
         assert (written["bf16"], written["fp16"], written["tf32"]) == flags
 
 
+@pytest.mark.parametrize(
+    ("fmt", "function", "framework", "override"),
+    [
+        ("lightning", "make_trainer", "L", {"max_epochs": 1, "logger": False}),
+        ("hf", "training_arguments", "TrainingArguments", {"num_train_epochs": 1}),
+    ],
+)
+def test_an_override_wins_over_a_tuned_argument(best, fmt, function, framework, override):
+    """The first thing a user changes is the number of epochs: it must not raise 'got
+    multiple values for keyword argument'. The framework (not installed here) is stood in for
+    by a callable that returns what it was called with."""
+    text = render(changed(best, **VARIANTS["bf16-sgd-cosine-workers"]), fmt)
+    tuned = call_keywords(text, function)
+    assert set(override) & set(tuned) or fmt == "lightning"
+    namespace: dict[str, Any] = {"Any": Any}
+
+    def called(**keywords: Any) -> dict[str, Any]:
+        return keywords
+
+    namespace[framework] = (
+        type("Lightning", (), {"Trainer": staticmethod(called)}) if framework == "L" else called
+    )
+    exec(function_source(text, function), namespace)  # the function alone, as rendered
+    built = namespace[function](**override)
+    assert built == {**tuned, **override}
+
+
 def test_knobs_without_a_setting_get_a_comment(best):
     device = changed(best, data_pipeline="device", lr_scaling="linear", base_batch_size=64)
     for fmt in ("lightning", "hf"):
@@ -388,9 +424,13 @@ def test_a_trial_of_several_processes_exports_its_devices_and_ddp_settings(best)
         for n in ast.parse(text).body
         if isinstance(n, ast.FunctionDef) and n.name == "make_trainer"
     )
-    returned = next(n for n in ast.walk(make) if isinstance(n, ast.Return))
-    assert isinstance(returned.value, ast.Call)
-    keywords = {k.arg: k.value for k in returned.value.keywords if k.arg}
+    tuned = next(  # tuned = dict(...): what Trainer(**{**tuned, **overrides}) gets
+        n.value
+        for n in ast.walk(make)
+        if isinstance(n, ast.AnnAssign) and ast.unparse(n.target) == "tuned"
+    )
+    assert isinstance(tuned, ast.Call)
+    keywords = {k.arg: k.value for k in tuned.keywords if k.arg}
     assert ast.literal_eval(keywords["devices"]) == [2, 3]
     assert ast.unparse(keywords["strategy"]) == (
         "DDPStrategy(bucket_cap_mb=50, gradient_as_bucket_view=True, static_graph=True)"
