@@ -71,12 +71,11 @@ class _Stage:
         pools: dict[str, Pool],
         on_event: Callable[[SpeedEvent], None],
         since: datetime.datetime | None,
-        started: datetime.datetime,
     ) -> None:
         self.storage = adapter.storage_of(study)
         self.speed_study = open_speed_study(self.storage, study.study_name)
         self.since = since  # measurements before this are not reused (--remeasure)
-        self.started = started  # this stage's own measurements (and its peers') come after
+        self.study_name = study.study_name
         self.spec = spec
         self.plan = plan
         self.executor = executor
@@ -152,7 +151,7 @@ class _Stage:
         """Read ``settings``' measurements in ``cell`` from the storage again: another process
         may have taken some since the stage started."""
         key = self.key(cell, settings)
-        found = load_cache(self.storage, self.context, self.since, key, self.started)
+        found = load_cache(self.storage, self.context, self.since, key, self.study_name)
         if key in found and len(found[key].results) > len(self.pool(cell, settings).results):
             self.pools[key] = found[key]
 
@@ -330,9 +329,8 @@ def _stage(
 
     plan = SpeedPlan(spec, untuned_config(spec, hardware))
     context = context_key(context_facts(spec, hardware, workload))
-    started = datetime.datetime.now()
-    pools = load_cache(adapter.storage_of(study), context, since)
-    return _Stage(study, spec, plan, executor, context, pools, on_event, since, started)
+    pools = load_cache(adapter.storage_of(study), context, since, study_name=study.study_name)
+    return _Stage(study, spec, plan, executor, context, pools, on_event, since)
 
 
 def run_speed_stage(

@@ -254,16 +254,17 @@ def load_cache(
     context: str,
     since: datetime.datetime | None,
     key: str | None = None,
-    interfered_since: datetime.datetime | None = None,
+    study_name: str | None = None,
 ) -> dict[str, Pool]:
     """Every measurement in the storage's speed studies taken in ``context`` (after
     ``since``, when given; of cache key ``key`` only, when given), by cache key.
 
-    A measurement taken under interference is left out unless it was taken after
-    ``interfered_since`` (the stage that reads it began): what an earlier run measured on a
-    busy machine is not the truth a later one reuses; it is measured again.
+    A measurement taken under interference is left out unless it is study ``study_name``'s
+    own (its runs, resumed or side by side, and its --workers share one stage 1): what one
+    study measured on a busy machine is not the truth another study reuses; it times it again.
     """
     pools: dict[str, Pool] = {}
+    own = speed_study_name(study_name) if study_name is not None else None
     for name in optuna.get_all_study_names(storage):
         if not name.endswith(SPEED_SUFFIX):
             continue
@@ -274,10 +275,7 @@ def load_cache(
                 continue
             if key is not None and record.cache_key != key:
                 continue
-            taken = trial.datetime_start
-            if record.interference and (
-                interfered_since is None or taken is None or taken < interfered_since
-            ):
+            if record.interference and name != own:
                 continue
             if since is not None and (trial.datetime_start or since) < since:
                 continue
