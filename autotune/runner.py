@@ -4,10 +4,11 @@
 ``config.epochs`` epochs, evaluates on the validation split every ``config.eval_every`` epochs and
 hands each evaluation to ``report``, whose answer says whether to stop. It knows nothing of Optuna.
 
-Measurement rules (DESIGN.md): the device is synchronized only where a clock is read (warm-up end
-and evaluations), the loss is read back only at evaluations, and evaluation time is not training
-time. The first optimizer steps are the warm-up window: whatever they take beyond the steady-state
-step time is one-time overhead (compilation, cuDNN autotuning, DataLoader worker start-up).
+Measurement rules (README, "The objective, honestly measured"): the device is synchronized
+only where a clock is read (warm-up end and evaluations), the loss is read back only at
+evaluations, and evaluation time is not training time. The first optimizer steps are the warm-up
+window: whatever they take beyond the steady-state step time is one-time overhead (compilation,
+cuDNN autotuning, DataLoader worker start-up).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The package's shape: imports flow one way (DESIGN.md), and modules stay small enough to read.
+"""The package's shape: imports flow one way (ARCHITECTURE.md), and modules stay small enough
+to read.
 
 Every module (a subpackage counts as one) sits in a layer; a module imports only from its own
 layer or the layers below, at the top of the file or inside a function alike. A new module must
