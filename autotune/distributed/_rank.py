@@ -1,0 +1,175 @@
+"""A rank process of a distributed trial, and what it and its launcher say to each other.
+
+``_rank_main`` is the body of each rank: it joins the trial's process group, loads the workload
+once, and trains (or times) every trial its launcher (``_pool.RankPool``) sends it, through the
+same ``runner.train`` and ``bursts.measure`` as one process; a fault is classified here and told
+to the launcher through its pipe first, before anything that may hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import gc
+import os
+import signal
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from autotune import bursts, interference, runner
+from autotune.faults import as_fault, needs_fresh_process, release_memory
+from autotune.results import Evaluation, TrialResult
+from autotune.spec import WorkloadSpec
+from autotune.speed import SpeedMeasurement
+from autotune.warmup import Warmth
+
+__all__ = ["GROUP_TIMEOUT", "WorkloadSource", "rank_cores", "rank_devices"]
+
+GROUP_TIMEOUT = datetime.timedelta(minutes=10)  # a collective that waits longer has failed
+PR_SET_PDEATHSIG = 1  # Linux prctl: signal this process when its parent dies
+
+
+@dataclass(frozen=True)
+class WorkloadSource:
+    """How a rank process builds the workload: its spec, the space file's folder, the score."""
+
+    spec: WorkloadSpec
+    base_dir: Path | None
+    score: str
+
+
+@dataclass(frozen=True)
+class _Evaluated:  # rank 0 -> launcher: an evaluation to answer (with a bool: stop or not)
+    evaluation: Evaluation
+
+
+@dataclass(frozen=True)
+class _Done:  # a rank -> launcher: done with the trial (rank 0: what it came to)
+    value: TrialResult | SpeedMeasurement | None
+
+
+@dataclass(frozen=True)
+class _Fault:  # any rank -> launcher: why it stopped
+    rank: int
+    kind: str
+    message: str
+    details: str
+    lost_peer: bool  # a collective failed because another rank went away
+
+
+def rank_devices(device: str, world: int) -> list[str]:
+    """The device of each rank: ``cuda:i+r`` from the trial's ``cuda:i``; ``cpu`` for all."""
+    if not device.startswith("cuda"):
+        return ["cpu"] * world
+    first = torch.device(device).index or 0
+    return [f"cuda:{first + r}" for r in range(world)]
+
+
+def rank_cores(cores: list[int], world: int) -> list[list[int]]:
+    """This process's cores in ``world`` equal shares (the remainder idle, as between
+    workers); every rank gets them all when there are fewer cores than ranks."""
+    share = len(cores) // world
+    if share == 0:
+        return [list(cores)] * world
+    return [cores[r * share : (r + 1) * share] for r in range(world)]
+
+
+def _lost_peer(error: BaseException) -> bool:
+    """Whether ``error`` is a collective failing because another rank went away (gloo closes
+    its connections; NCCL reports the remote error), rather than this rank's own fault."""
+    text = str(error)
+    return isinstance(error, dist.DistNetworkError) or any(
+        sign in text
+        for sign in ("Connection closed by peer", "Connection reset by peer", "remote process")
+    )
+
+
+def _rank_main(
+    rank: int,
+    world: int,
+    device: str,
+    source: WorkloadSource,
+    pipes: list[Connection],
+    faults: Any,
+    rendezvous: str,
+    shares: list[list[int]],
+) -> None:
+    with contextlib.suppress(OSError, AttributeError):  # die with the launcher, even by SIGKILL
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the study decides what to stop
+    if shares[rank]:
+        os.sched_setaffinity(0, shares[rank])  # the trial's threads follow (trial_threads)
+        if len({core for share in shares for core in share}) < sum(map(len, shares)):
+            interference.count_tree_as_own(os.getppid())  # peers on these cores: the trial
+    pipe = pipes[rank]
+    for other in pipes:  # the other ranks' ends, inherited: not this rank's to hold open
+        if other is not pipe:
+            other.close()
+    rank_device = rank_devices(device, world)[rank]
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this machine
+    try:
+        from autotune import workloads
+
+        if rank_device.startswith("cuda"):  # the current device: what torch uses unasked
+            torch.cuda.set_device(rank_device)  # (pinned memory, streams, CUDA graphs, NCCL)
+        dist.init_process_group(
+            "nccl" if rank_device.startswith("cuda") else "gloo",
+            init_method=f"file://{rendezvous}/store",
+            rank=rank,
+            world_size=world,
+            timeout=GROUP_TIMEOUT,
+            device_id=torch.device(rank_device) if rank_device.startswith("cuda") else None,
+        )
+        workload = workloads.load(source.spec, source.base_dir, source.score)
+        warmth = Warmth()
+
+        def report(evaluation: Evaluation) -> bool:
+            pipe.send(_Evaluated(evaluation))
+            return bool(pipe.recv())
+
+        while True:
+            job = pipe.recv()
+            if job is None:  # the pool is closing
+                return
+            config, plan = job
+            config = config.replace(device=rank_device)
+            # what this process has not paid yet, before any clock: torch's first steps (as
+            # one process), the compiler; then every rank meets in a collective (the first
+            # builds NCCL's communicator), so that no clock starts while a peer is still away
+            warmth.before(config.replace(world_size=1), workload)
+            dist.all_reduce(torch.zeros(1, device=rank_device))
+            if plan is not None:
+                value: TrialResult | SpeedMeasurement = bursts.measure(config, workload, plan)
+            else:
+                value = runner.train(config, workload, report if rank == 0 else _not_leader)
+            pipe.send(_Done(value if rank == 0 else None))
+            release_memory()  # the next trial's peak memory is its own
+    except Exception as error:
+        fault = as_fault(error)
+        said = _Fault(rank, str(fault.kind), fault.message, fault.details, _lost_peer(error))
+        # the launcher first, through the pipe it listens to: what follows (freeing memory,
+        # NCCL's teardown) may hang, and the peers with it; the queue keeps it for the count
+        with contextlib.suppress(OSError, ValueError):
+            pipe.send(said)
+        faults.put(said)
+        # told first: after a CUDA fault the context is broken and releasing memory raises
+        if not needs_fresh_process(error):
+            release_memory()
+        raise SystemExit(1) from None
+    finally:
+        # DDP's reducers hold the group; a group freed at the interpreter's exit, with gloo's
+        # threads still joinable, aborts the process ("terminate called without an active
+        # exception"): free them now, then the group
+        gc.collect()
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def _not_leader(evaluation: Evaluation) -> bool:
+    raise AssertionError("only rank 0 reports")
