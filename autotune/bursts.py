@@ -51,7 +51,7 @@ def measure(
     (out of memory, a failed compile, a batch larger than the data set)."""
     plan = plan or BurstPlan()
     config = config.replace(accumulation_steps=1)  # the optimizer's share is timed apart
-    warm = bool(plan.keep_compiled) and kept_graph(config, plan.keep_compiled)
+    warm = kept_graph(config, plan.keep_compiled)  # compiled earlier in this stage
     run = guarded(config, lambda: _measure(config, workload, plan, warm), plan.keep_compiled)
     return SpeedMeasurement(
         **{

@@ -33,6 +33,7 @@ __all__ = [
     "compile_seconds",
     "compile_state",
     "compiled_graphs",
+    "fresh_inductor_cache",
     "graph_key",
     "guarded",
     "intra_op_threads",
@@ -100,7 +101,7 @@ class _Kept:
     @classmethod
     def drop(cls, key: str | None = None) -> None:
         """Forget ``key``'s graph (every graph when None): its Dynamo state and its caches."""
-        if key is None or cls.live == key:
+        if cls.live is not None and key in (None, cls.live):
             torch.compiler.reset()
             cls.live = None
         for name in [key] if key is not None else list(cls.directories):
@@ -112,7 +113,9 @@ class _Kept:
 atexit.register(_Kept.drop)
 
 
-def _fresh_cache() -> Callable[..., contextlib.AbstractContextManager]:
+def fresh_inductor_cache() -> Callable[..., contextlib.AbstractContextManager]:
+    """Inductor's context manager that points its on-disk caches at a directory of one's own
+    (``fresh_cache(dir=..., delete=...)``), under its name in this torch."""
     from torch._inductor import utils as inductor_utils
 
     # fresh_cache since torch 2.8; fresh_inductor_cache, its old name, is kept as an alias
@@ -124,7 +127,8 @@ def kept_graph(config: TrialConfig, stage: str) -> bool:
     """Whether ``config``'s compiled graph was compiled earlier in this process for ``stage``
     and kept (``compile_state(config, keep=stage)``): a run of it compiles nothing new."""
     return (
-        config.compile != "none"
+        bool(stage)
+        and config.compile != "none"
         and _Kept.stage == stage
         and graph_key(config) in _Kept.directories
     )
@@ -139,11 +143,10 @@ def compile_state(config: TrialConfig, keep: str = "") -> Iterator[CompiledGraph
     included) dropped when it ends.
 
     ``keep`` (stage 1, its id): each distinct graph is compiled cold once in this process and
-    kept for that stage,
-    its Dynamo state live until another graph runs and its caches until a run without
-    ``keep``; a later run of the same graph (another pipeline, cudnn_benchmark, a rematch)
-    reuses it (``kept_graph`` says so beforehand), so that its one-time cost is charged from
-    the cold compile. A run that fails drops its graph."""
+    kept for that stage, its Dynamo state live until another graph runs and its caches until
+    a run without ``keep``; a later run of the same graph (another pipeline, cudnn_benchmark,
+    a rematch) reuses it (``kept_graph`` says so beforehand), so that its one-time cost is
+    charged from the cold compile. A run that fails drops its graph."""
     graph = CompiledGraph()
     if keep != _Kept.stage:  # another stage, or a trial: nothing kept helps it or holds memory
         _Kept.drop()
@@ -156,9 +159,10 @@ def compile_state(config: TrialConfig, keep: str = "") -> Iterator[CompiledGraph
         if _Kept.live != key:
             torch.compiler.reset()  # one live graph: a reset bounds what stays in memory
             _Kept.live = None
-        directory = _Kept.directories.setdefault(key, tempfile.mkdtemp(prefix="autotune-graph-"))
+        if key not in _Kept.directories:
+            _Kept.directories[key] = tempfile.mkdtemp(prefix="autotune-graph-")
         try:
-            with _fresh_cache()(dir=directory, delete=False):
+            with fresh_inductor_cache()(dir=_Kept.directories[key], delete=False):
                 yield graph
         finally:
             if graph.failed:
@@ -169,7 +173,7 @@ def compile_state(config: TrialConfig, keep: str = "") -> Iterator[CompiledGraph
     scratch = tempfile.mkdtemp(prefix="autotune-compile-")
     torch.compiler.reset()
     try:
-        with _fresh_cache()(dir=scratch, delete=False):  # removed below, whatever happens
+        with fresh_inductor_cache()(dir=scratch, delete=False):  # removed below, whatever happens
             yield graph
     finally:
         torch.compiler.reset()

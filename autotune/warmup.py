@@ -26,6 +26,7 @@ from collections.abc import Callable
 import torch
 
 from autotune.config import TrialConfig
+from autotune.execution import fresh_inductor_cache
 from autotune.faults import release_memory
 from autotune.pipeline import make_train_loader, make_val_loader
 from autotune.timing import synchronize
@@ -89,10 +90,7 @@ def warm_compiler(device: torch.device) -> None:
     """Compile and run (forward and backward, with a loss) a tiny network unrelated to any
     trial, in a throwaway Inductor cache, then forget it: the compiler is loaded, no trial graph
     is cached."""
-    from torch._inductor import utils as inductor_utils
-
-    fresh_cache = getattr(inductor_utils, "fresh_cache", None)  # torch >= 2.8
-    fresh_cache = fresh_cache or inductor_utils.fresh_inductor_cache
+    fresh_cache = fresh_inductor_cache()
     scratch = tempfile.mkdtemp(prefix="autotune-warm-compiler-")
     torch.compiler.reset()
     try:

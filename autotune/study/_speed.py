@@ -253,8 +253,10 @@ class _Stage:
         times one eager setting (the last cell's fastest, or its first) once."""
         measured = [s for s in self.plan.first_round(cell) if self.pool(cell, s).results]
         if not measured:
-            fallback = self.last_winner or self.plan.first_round(cell)[0]
-            measured = [tuple((k, "none" if k == "compile" else v) for k, v in fallback)]
+            fallback = dict(self.last_winner or self.plan.first_round(cell)[0])
+            if "compile" not in dict(cell.extras):  # (a declared compile value is the cell's)
+                fallback["compile"] = "none"
+            measured = [self.plan.settings(fallback, {})]
         for settings in measured:
             self.measure(cell, settings, 1)
         spent = self.left_out.budget_spent()
