@@ -46,6 +46,7 @@ from autotune.interference import CpuMeter
 from autotune.results import Evaluation, Reporter, TrialResult
 from autotune.spec import WorkloadSpec
 from autotune.speed import BurstPlan, SpeedMeasurement
+from autotune.trainer import cudnn_plans_differ
 from autotune.warmup import Warmth
 
 if TYPE_CHECKING:
@@ -189,6 +190,7 @@ class WorkerExecutor:
         self.started_pids: list[int] = []  # every worker started, in order
         self._scratch: str | None = None  # the current worker's temporary directory
         self.scratch_dirs: list[str] = []  # every worker's, in order (removed with it)
+        self._ran: TrialConfig | None = None  # what the current worker ran last
 
     # -- the worker's life ------------------------------------------------------------------
 
@@ -249,6 +251,7 @@ class WorkerExecutor:
         """Kill the worker and everything it started (its process group), then reap it and
         remove its temporary directory."""
         process, self._process = self._process, None
+        self._ran = None
         if self._connection is not None:
             self._connection.close()
             self._connection = None
@@ -293,10 +296,13 @@ class WorkerExecutor:
         return outcome
 
     def _supervise(self, request: Request, report: Reporter) -> TrialResult | SpeedMeasurement:
+        if self._ran is not None and cudnn_plans_differ(self._ran, request.config):
+            self._kill()  # a fresh process: a cuDNN plan cache of its own
         if self._process is None or not self._process.is_alive():
             self._kill()
             self._start()
         assert self._process is not None and self._connection is not None
+        self._ran = request.config
         started = time.monotonic()
         with CpuMeter() as meter:  # whether a timeout is the machine's or the trial's
             outcome = self._exchange(request, report, started, meter)

@@ -23,7 +23,14 @@ from autotune.executor import InProcessExecutor, TrialExecutor
 from autotune.hardware import Hardware
 from autotune.space import restrict
 from autotune.spec import Spec, parse_spec
-from autotune.study import RunOutcome, open_storage, open_study, run_study, with_study_strategy
+from autotune.study import (
+    RunOutcome,
+    StudyObserver,
+    open_storage,
+    open_study,
+    run_study,
+    with_study_strategy,
+)
 from autotune.testing import CPU, write_space
 from autotune.worker import WorkerExecutor
 from autotune.workloads import load
@@ -69,6 +76,7 @@ def _prepare_study(
     storage: str | None = None,
     executor: TrialExecutor | None = None,
     remeasure: bool = False,
+    observer: StudyObserver | None = None,
 ) -> PreparedStudy:
     """The study that a space file's text (written to ``directory``/space.yaml) or a parsed Spec
     describes, restricted to ``hardware``, in ``storage`` (by default a SQLite file under
@@ -101,7 +109,13 @@ def _prepare_study(
         executor = InProcessExecutor(workload)
     try:
         outcome = run_study(
-            study, spec, hardware, executor, workload=workload, remeasure=remeasure
+            study,
+            spec,
+            hardware,
+            executor,
+            observer=observer,
+            workload=workload,
+            remeasure=remeasure,
         )
     finally:
         if not given:

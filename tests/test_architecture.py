@@ -26,9 +26,11 @@ LAYERS: list[set[str]] = [
         "interference",
         "files",
         "scaleout",
+        "turns",
         "ranks",
     },  # what the
-    # user asked; the machine, what else runs on it, and its shares among workers
+    # user asked; the machine, what else runs on it, its shares among workers, and the turns
+    # its processes take on it
     {"telemetry", "pipeline"},  # measuring the device; batches reaching it
     {"workloads", "trainer", "execution"},  # models and data; a model under a configuration;
     # the context a training run executes in

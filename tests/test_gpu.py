@@ -150,3 +150,19 @@ def test_a_study_runs_in_a_worker_on_cuda_and_exports(tmp_path: Path):
         )
         assert script.returncode == 0, script.stderr
     assert "epoch 2/2" in script.stdout
+
+
+def test_cudnn_benchmark_on_and_off_never_share_a_worker_process(tmp_path: Path):
+    """cuDNN's plan cache outlives a run and its key leaves out the benchmark flag: a worker
+    that ran cudnn_benchmark off is replaced before it runs it on, and back."""
+    from autotune.speed import BurstPlan
+    from autotune.worker import WorkerExecutor
+
+    executor = WorkerExecutor(SHAPES, tmp_path)
+    plan = BurstPlan(bursts=1, burst_seconds=0.1)
+    try:
+        for benchmark in (False, False, True, True, False):
+            executor.measure(cuda_config(cudnn_benchmark=benchmark), plan)
+    finally:
+        executor.close()
+    assert len(executor.started_pids) == 3  # a process per run of one value

@@ -3,6 +3,8 @@ learning trials that train with stage 1's choices."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import re
 import signal
 import subprocess
@@ -196,6 +198,23 @@ def test_many_settings_are_searched_in_two_passes_with_a_feeding_pipeline():
     reference = no_device.reference_pipeline(cell)
     assert reference["num_workers"] == 2 and reference["persistent_workers"] is True
     assert reference["pin_memory"] is True
+
+
+def test_a_cell_times_cudnn_benchmark_off_before_on_so_a_worker_switches_once():
+    # cuDNN's plans outlive a run: each switch of the flag costs the worker a fresh process
+    # (trainer.cudnn_plans_differ), so the order must not alternate as a plain product does
+    space = two_stage().replace(
+        "num_workers: [0, 1]",
+        "num_workers: [0, 1]\n  compile: [none, default]\n  channels_last: [false, true]\n"
+        "  cudnn_benchmark: [true, false]",
+    )
+    plan = _plan(space, AMPERE)
+    cell = Cell(16, "fp32")
+    flags = [setting["cudnn_benchmark"] for setting in plan.compute_settings(cell)]
+    assert flags == sorted(flags) and flags.count(False) == flags.count(True) == 4
+    firsts = [dict(s)["cudnn_benchmark"] for s in plan.first_round(cell)]
+    switches = sum(1 for a, b in itertools.pairwise(firsts) if a != b)
+    assert switches <= 2  # the compute pass switches once, the pipeline pass once at most
 
 
 def test_a_range_of_an_execution_knob_is_enumerated_and_a_wide_one_refused():
@@ -399,8 +418,9 @@ def test_an_interrupted_stage_one_resumes_where_it_stopped(tmp_path: Path, prepa
         record = SpeedRecord.of(trial)
         assert record is not None
         rounds.setdefault(record.cache_key, []).append(record.round)
-    # 2 micro-batches x 2 pipelines at fp32, and at bf16 those not far behind at fp32
-    assert 6 <= len(rounds) <= 8
+    # 2 micro-batches x 2 pipelines at fp32; at bf16 those not far behind at fp32, or one
+    # setting at batch 32 where bf16 itself is far behind
+    assert 5 <= len(rounds) <= 8
     assert all(sorted(r) == list(range(1, len(r) + 1)) for r in rounds.values()), rounds
     assert len(stopped.measured) + len(resumed.measured) == len(speed.trials)
 
@@ -663,6 +683,68 @@ def test_a_compile_mode_is_worth_measuring_only_where_it_can_pay_back():
     assert unpaid_compile("default", 0.5, 10.0, 0.9, 1000) is not None
 
 
+def test_a_precision_far_behind_at_its_first_cell_times_one_setting_in_the_others():
+    from autotune.study._speed_rules import CellResult, LeftOut
+
+    spec = restrict(parse_spec(two_stage(), Path("space.yaml")), CPU).spec
+    rules = LeftOut(spec)
+    device = (("data_pipeline", "device"),)
+    loader = (("data_pipeline", "dataloader"),)
+
+    def cell(rules: LeftOut, batch: int, precision: str, *speeds: float) -> None:
+        pairs = zip((device, loader), speeds, strict=True)
+        rules.learn(Cell(batch, precision), [CellResult(s, v, None, None) for s, v in pairs])
+
+    cell(rules, 16, "fp32", 3000.0, 2500.0)
+    cell(rules, 32, "fp32", 4000.0, 3900.0)
+    assert rules.far_behind(Cell(32, "fp32")) is None  # timed first: nothing to be behind
+    cell(rules, 16, "bf16", 500.0, 900.0)  # 30% of fp32's fastest at batch 16
+    behind = rules.far_behind(Cell(32, "bf16"))
+    assert behind is not None
+    why, settings = behind
+    assert settings == loader  # its first cell's fastest
+    assert why.startswith("not tried: bf16 runs at 30% of fp32 at batch 16")
+    # half as fast is behind, not far behind: every cell of it is timed in full
+    close = LeftOut(spec)
+    cell(close, 16, "fp32", 3000.0, 2500.0)
+    cell(close, 16, "bf16", 1500.0, 1400.0)
+    assert close.far_behind(Cell(32, "bf16")) is None
+
+
+def test_stage_one_times_a_precision_far_behind_with_one_setting_after_its_first_cell(
+    tmp_path: Path, prepare_study
+):
+    from autotune.study import run_speed_stage
+
+    class SlowBf16(CountingExecutor):  # this machine, as if bf16 had no units of its own
+        def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
+            result = super().measure(config, plan)
+            if config.precision != "bf16":
+                return result
+            slower = tuple(5 * s for s in result.step_seconds)
+            return dataclasses.replace(result, step_seconds=slower)
+
+    space = two_stage(n_trials=1, batch_sizes="[16, 32, 64]", workers="[0, 1]")
+    executor = SlowBf16(_workload(tmp_path, space))
+    study, _, _, _ = prepare_study(space, tmp_path, run=False)
+    spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
+    events: list = []
+    table = run_speed_stage(study, spec, CPU, executor, on_event=events.append)
+    bf16 = [c for c in executor.measured if c.precision == "bf16"]
+    first = [c for c in bf16 if c.batch_size == 16]
+    assert len(first) >= 2  # its first cell in full
+    later = [c for c in bf16 if c.batch_size > 16]
+    assert sorted(c.batch_size for c in later) == [32, 64]  # one setting each
+    assert len({(c.data_pipeline, c.num_workers) for c in later}) == 1
+    fp32 = [c for c in executor.measured if c.precision == "fp32"]
+    assert {c.batch_size for c in fp32} == {16, 32, 64}
+    assert all(len([c for c in fp32 if c.batch_size == b]) >= 2 for b in (16, 32, 64))
+    said = [e for e in events if "bf16 runs at" in (e.fault or "")]
+    assert {e.cell for e in said} == {"batch 32, bf16", "batch 64, bf16"}
+    # its trials still get a measured speed at every micro-batch
+    assert {c.batch_size for c in table if c.precision == "bf16"} == {16, 32, 64}
+
+
 @pytest.mark.slow
 def test_a_compile_that_cannot_pay_back_is_not_tried_in_the_cells_after_the_first(
     tmp_path: Path, prepare_study
@@ -755,10 +837,11 @@ def test_a_run_whose_timeout_ends_before_its_first_trial_fails_saying_so(tmp_pat
 def test_two_runs_started_together_time_each_setting_once_and_finish_the_study(tmp_path: Path):
     """Two independent ``autotune run`` commands on one study (the README's many processes,
     the SLURM and Kubernetes examples) share stage 1: the machine's lock lets one time at a
-    time, and each takes what the other measured meanwhile instead of timing it again."""
+    time, and each takes what the other measured meanwhile instead of timing it again. Their
+    trials take turns on the cores, and one of them runs the confirmation round."""
     space = tmp_path / "two.yaml"
     space.write_text(
-        two_stage(n_trials=4, precisions="fp32", study_extra="  confirm: false\n  baseline: false")
+        two_stage(n_trials=4, precisions="fp32", study_extra="  confirm: {top: 2, repeats: 1}")
     )
     runs = [start_cli("run", str(space), cwd=tmp_path) for _ in range(2)]
     outputs = [run.communicate(timeout=300) for run in runs]
@@ -778,3 +861,10 @@ def test_two_runs_started_together_time_each_setting_once_and_finish_the_study(t
     assert timed == len(taken)
     study = optuna.load_study(study_name="two", storage=url)
     assert counted_trials(study) == 4
+    # one confirmation round, run by one of them; the other waited for it and read its answer
+    confirming = [out for out, _ in outputs if "Confirming the" in out]
+    assert len(confirming) == 1
+    answers = {
+        line for out, _ in outputs for line in out.splitlines() if line.startswith("Answer")
+    }
+    assert len(answers) == 1

@@ -71,3 +71,14 @@ def test_tf32_flags_leave_compile_working():
         compiled = torch.compile(model)
         out = compiled(torch.randn(2, 8))
     assert out.shape == (2, 4)
+
+
+def test_cudnn_benchmark_on_and_off_need_processes_of_their_own_on_cuda():
+    from autotune.trainer import cudnn_plans_differ
+
+    off = make_config(device="cuda:0", cudnn_benchmark=False)
+    on = off.replace(cudnn_benchmark=True)
+    assert cudnn_plans_differ(off, on) and cudnn_plans_differ(on, off)
+    assert not cudnn_plans_differ(off, off.replace(batch_size=off.batch_size * 2))
+    cpu = make_config(device="cpu", cudnn_benchmark=False)  # no cuDNN: nothing to share
+    assert not cudnn_plans_differ(cpu, cpu.replace(cudnn_benchmark=True))

@@ -45,23 +45,35 @@ def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) 
     from autotune import display
     from autotune import study as studies
 
-    plan = studies.confirmation_plan(study, top, repeats, spec.objective.score_higher_is_better)
-    if plan is None:
-        return False
-    todo = plan.runs_left()  # runs measured again count once: never "-8 runs"
-    if todo:
+    def other_confirms() -> None:
         console.print(
-            f"Confirming the {len(plan.candidates) - (plan.baseline is not None)} best "
-            f"configurations and the untuned baseline: {todo} runs, interleaved."
+            "Waiting for another process of this study, which runs its confirmation round.",
+            style="dim",
         )
-    studies.confirm_study(
-        study,
-        spec.objective,
-        executor,
-        top,
-        repeats,
-        on_run=display.confirmation_progress(console, spec),
-    )
+
+    # one process at a time: a run started beside this one on the same study (the README's
+    # many processes) confirms once, and this one then reads its answer
+    with studies.study_lock(study, "confirm", other_confirms):
+        plan = studies.confirmation_plan(
+            study, top, repeats, spec.objective.score_higher_is_better
+        )
+        if plan is None:
+            return False
+        todo = plan.runs_left()  # runs measured again count once: never "-8 runs"
+        if todo:
+            console.print(
+                f"Confirming the {len(plan.candidates) - (plan.baseline is not None)} best "
+                f"configurations and the untuned baseline: {todo} runs, interleaved."
+            )
+        studies.confirm_study(
+            study,
+            spec.objective,
+            executor,
+            top,
+            repeats,
+            on_run=display.confirmation_progress(console, spec),
+            on_wait=lambda line: console.print(f"  {line}", style="dim", markup=False),
+        )
     return True
 
 

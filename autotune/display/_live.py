@@ -38,6 +38,7 @@ class LiveObserver(studies.StudyObserver):
             visible=counted < spec.study.n_trials,  # no full bar for a run with nothing to do
         )
         self.status = Text("")
+        self.current: int | None = None  # the trial this process trains
         self.speed_timed = 0  # stage 1: settings timed, reused, not tried
         self.speed_reused = 0
         self.speed_skipped = 0
@@ -96,15 +97,15 @@ class LiveObserver(studies.StudyObserver):
         name = studies.speed_study_name(self.study.study_name)
         skipped = (
             f", {self.speed_skipped} not tried (memory walls, pipelines far behind, compile "
-            f"modes that cannot pay back, the budget)"
+            f"modes that cannot pay back, precisions far behind, the budget)"
             if self.speed_skipped
             else ""
         )
         again = f" ({self.speed_again} leaders again)" if self.speed_again else ""
         console.print(
-            f"stage 1: {self.speed_timed} settings timed{again}, {self.speed_reused} reused from "
-            f"earlier runs{skipped}, in {seconds:.0f} s; all in study {name}. Stage 2 trains "
-            f"with the fastest of each.",
+            f"stage 1: {self.speed_timed} settings timed{again}, {self.speed_reused} reused "
+            f"(timed by earlier runs or other processes){skipped}, in {seconds:.0f} s; all in "
+            f"study {name}. Stage 2 trains with the fastest of each.",
             markup=False,
         )
         self.status = Text("")
@@ -132,6 +133,11 @@ class LiveObserver(studies.StudyObserver):
             f"(or left by a stopped run: stale after 3 heartbeats without news)",
             style="dim",
         )
+        self._render()
+
+    def turn_waiting(self, line: str) -> None:
+        doing = f"trial {self.current}" if self.current is not None else "stage 1"
+        self.status = Text(f"  {doing}: {line}", style="dim", overflow="ellipsis", no_wrap=True)
         self._render()
 
     def taken_over(self, number: int, kept_on: str | None) -> None:

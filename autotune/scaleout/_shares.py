@@ -39,7 +39,7 @@ class WorkerShare:
 
     def describe(self) -> str:
         """``worker 2 of 4: cores 4-5, GPU 2`` (``GPUs 2,3`` for a trial of two)."""
-        cores = _ranges(self.cores)
+        cores = core_ranges(self.cores)
         several = self.gpu is not None and "," in self.gpu
         gpu = f", GPU{'s' if several else ''} {self.gpu}" if self.gpu is not None else ""
         size = _plural(len(self.cores), "core")
@@ -50,7 +50,7 @@ def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def _ranges(cores: tuple[int, ...]) -> str:
+def core_ranges(cores: tuple[int, ...]) -> str:
     """``0-3,8`` for cores 0, 1, 2, 3 and 8."""
     parts: list[str] = []
     start = previous = cores[0]
@@ -196,7 +196,7 @@ def plan_shares(
     if count > len(cores):
         raise ScaleOutError(
             f"{count} workers need a core each at least; this process may use "
-            f"{_plural(len(cores), 'core')} ({_ranges(cores)})"
+            f"{_plural(len(cores), 'core')} ({core_ranges(cores)})"
         )
     per = len(cores) // count  # equal shares: trials of different workers compare
     return [

@@ -52,6 +52,7 @@ from autotune.results import Evaluation
 from autotune.spec import ObjectiveSpec
 from autotune.study._queries import baseline_trial, best_trial, feasible_trials, trial_config
 from autotune.study._records import ConfirmationRecord, ConfirmRun, StudyRecord, TrialRecord
+from autotune.turns import turn
 
 if TYPE_CHECKING:
     from autotune.executor import TrialExecutor
@@ -279,12 +280,14 @@ def confirm_study(
     repeats: int,
     on_run: Callable[[ConfirmRun, int, int], None] | None = None,
     remeasures: int = REMEASURES,
+    on_wait: Callable[[str], None] | None = None,
 ) -> ConfirmationRecord | None:
     """Run (or resume) the confirmation round of ``study``; its record, stored in the study
     after every run. ``on_run(run, done, total)`` hears each finished run (a run measured
     again under interference is heard again at the same place). A run measured under
-    interference is run again, at most ``remeasures`` times. None when there is nothing to
-    confirm. An interruption (Ctrl-C, SIGTERM) propagates; what ran is kept."""
+    interference is run again, at most ``remeasures`` times. ``on_wait`` hears that a run waits
+    for its turn on the machine (``turns``). None when there is nothing to confirm. An
+    interruption (Ctrl-C, SIGTERM) propagates; what ran is kept."""
     record = confirmation_plan(study, top, repeats, goal.score_higher_is_better)
     if record is None:
         return None
@@ -292,7 +295,7 @@ def confirm_study(
     order = _order(record.candidates, repeats)
     for position, (number, repeat) in enumerate(order, start=1):
         while _needs_run(record, number, repeat, remeasures):
-            run = _measure(trials[number], repeat, goal, executor)
+            run = _measure(trials[number], repeat, goal, executor, on_wait)
             record = record.with_run(run)
             _store(study, record)
             if on_run is not None:
@@ -316,7 +319,11 @@ def _store(study: optuna.Study, record: ConfirmationRecord) -> None:
 
 
 def _measure(
-    trial: FrozenTrial, repeat: int, goal: ObjectiveSpec, executor: TrialExecutor
+    trial: FrozenTrial,
+    repeat: int,
+    goal: ObjectiveSpec,
+    executor: TrialExecutor,
+    on_wait: Callable[[str], None] | None = None,
 ) -> ConfirmRun:
     """Train ``trial``'s configuration once more, with a new seed and its own budget."""
     config = trial_config(trial)
@@ -327,8 +334,9 @@ def _measure(
 
     from autotune.executor import attempt  # torch: only a confirmation round needs it
 
-    started = time.monotonic()
-    result = attempt(lambda: executor.run(config.replace(seed=seed), report))
+    with turn(config.device, config.world_size, on_wait):  # off the clock, as a trial
+        started = time.monotonic()
+        result = attempt(lambda: executor.run(config.replace(seed=seed), report))
     if isinstance(result, faults.TrialFault):
         return ConfirmRun(
             trial=trial.number,

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import optuna
@@ -23,12 +21,9 @@ from autotune.faults import FaultKind
 from autotune.study import adapter
 from autotune.study._records import TrialRecord
 from autotune.study._storage import sqlite_path
+from autotune.turns import MACHINE_DIR, file_lock
 
 __all__ = ["heartbeat", "machine_lock", "recover_stale_trials", "study_lock"]
-
-# where processes of this machine meet: /tmp is one per machine even where a scheduler gives
-# each job a TMPDIR of its own
-_MACHINE_LOCK_DIR = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())
 
 
 @contextlib.contextmanager
@@ -64,23 +59,35 @@ def heartbeat(study: optuna.Study, trial_id: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def study_lock(study: optuna.Study) -> Iterator[None]:
+def study_lock(
+    study: optuna.Study, purpose: str = "", on_wait: Callable[[], None] | None = None
+) -> Iterator[None]:
     """Hold the study's lock against every other process on its storage: while held, no other
     ``autotune run`` counts the study's trials or starts one (so ``n_trials`` is never exceeded
-    by processes that count at the same moment). SQLite: an exclusive lock on a file beside the
-    database (its processes share a machine); PostgreSQL: an advisory lock on a connection of
-    its own; other storages: none."""
+    by processes that count at the same moment). With a ``purpose`` (``"confirm"``), a lock of
+    its own: one process at a time runs the study's confirmation round. SQLite: an exclusive
+    lock on a file beside the database (its processes share a machine); PostgreSQL: an advisory
+    lock on a connection of its own; other storages: none. ``on_wait`` is called once when
+    another process holds it."""
     backend = adapter.rdb_storage(adapter.storage_of(study))
     url = backend.url if backend is not None else None
     path = sqlite_path(url) if url is not None else None
+    suffix = f".{purpose}" if purpose else ""
     if path is not None:  # a full or read-only disk: none; the study's own write says so next
-        with _file_lock(path.with_name(path.name + ".lock")):
+        waiting = (lambda pid: on_wait()) if on_wait is not None else None
+        with file_lock(path.with_name(f"{path.name}{suffix}.lock"), waiting):
             yield
         return
     if backend is not None and url is not None and url.startswith("postgresql"):
-        key = {"key": f"autotune:{study.study_name}"}
+        key = {"key": f"autotune{':' + purpose if purpose else ''}:{study.study_name}"}
         with backend.engine.connect() as connection:
-            connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(hashtext(:key))"), key)
+            taken = connection.execute(
+                sqlalchemy.text("SELECT pg_try_advisory_lock(hashtext(:key))"), key
+            ).scalar()
+            if not taken:
+                if on_wait is not None:
+                    on_wait()
+                connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(hashtext(:key))"), key)
             try:
                 yield
             finally:
@@ -92,33 +99,15 @@ def study_lock(study: optuna.Study) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def machine_lock(name: str) -> Iterator[None]:
+def machine_lock(name: str, on_wait: Callable[[int | None], None] | None = None) -> Iterator[None]:
     """Hold this machine's lock ``name`` against every other process on it, of any study and
     any storage: stage 1 times a setting under ``machine_lock("stage1")``, so that two studies
     (or two runs of one) never time at the same moment and disturb each other's clocks. An
     exclusive ``flock`` on ``/tmp/autotune-NAME.lock``; none where that file cannot be opened
-    (another user's, a read-only /tmp)."""
-    with _file_lock(_MACHINE_LOCK_DIR / f"autotune-{name}.lock"):
+    (another user's, a read-only /tmp). ``on_wait`` hears the holder's process id, if it must
+    wait."""
+    with file_lock(MACHINE_DIR / f"autotune-{name}.lock", on_wait):
         yield
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path`` (made if missing) while held; none where the file
-    cannot be opened."""
-    import fcntl
-
-    try:
-        handle = open(path, "a")  # noqa: SIM115
-    except OSError:
-        yield
-        return
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 _BEAT_STORAGES: dict[str, optuna.storages.RDBStorage] = {}

@@ -80,6 +80,9 @@ class TrialRecord:
     flops_per_sample: float | None = None
     gpu_memory_used_bytes: float | None = None  # NVML
     wall_seconds: float | None = None  # the whole trial as the study process saw it
+    # seconds it waited, before its clock started, for another process of this machine
+    # training on the same cores or GPU (turns); None: it did not wait
+    turn_wait_seconds: float | None = None
     # a retry of a trial failed as stale while its process still trained it: what that
     # process measured before it noticed (trial, score, epochs, train_seconds, samples/s)
     earlier_attempt: dict[str, Any] | None = None

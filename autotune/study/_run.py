@@ -112,7 +112,14 @@ def run_study(
         stage_started = time.monotonic()
         try:
             table = run_speed_stage(
-                study, spec, hardware, executor, workload, remeasure, observer.speed_measured
+                study,
+                spec,
+                hardware,
+                executor,
+                workload,
+                remeasure,
+                observer.speed_measured,
+                observer.turn_waiting,
             )
             outcome.stage_seconds = time.monotonic() - stage_started
         except KeyboardInterrupt as stop:

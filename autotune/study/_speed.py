@@ -6,10 +6,11 @@ executor (``bursts.measure`` in the worker), then measures the cell's leaders ag
 opposite order (A B C, then C B A) so that the choice between close settings rests on more
 than one measurement taken at one moment. Out of memory marks a wall: larger micro-batches at
 those settings are not tried. What the cells timed so far rule out of the others (slow
-pipelines, compile modes that cannot pay back, a spent budget) is ``_speed_rules``'s. Each
-distinct compiled graph is compiled once (``execution.compile_state``) and every setting that
-reuses it is charged its cold compile. Measurements are stored in, and reused from, the speed study
-(``_speed_store``); ``--remeasure`` ignores earlier ones.
+pipelines, compile modes that cannot pay back, precisions far behind, a spent budget) is
+``_speed_rules``'s. Each distinct compiled graph is compiled once
+(``execution.compile_state``) and every setting that reuses it is charged its cold compile.
+Measurements are stored in, and reused from, the speed study (``_speed_store``); ``--remeasure``
+ignores earlier ones.
 
 The stage's answer is a ``SpeedTable``: for each micro-batch split (batch x accumulation) and
 precision, the settings with which a trial finishes soonest, charged as the objective charges.
@@ -47,6 +48,7 @@ from autotune.study._speed_store import (
 )
 from autotune.study._speed_table import speed_table
 from autotune.study._walls import MemoryWalls
+from autotune.turns import turn
 
 if TYPE_CHECKING:
     from autotune.hardware import Hardware
@@ -71,6 +73,7 @@ class _Stage:
         pools: dict[str, Pool],
         on_event: Callable[[SpeedEvent], None],
         since: datetime.datetime | None,
+        on_wait: Callable[[str], None] | None = None,
     ) -> None:
         self.storage = adapter.storage_of(study)
         self.speed_study = open_speed_study(self.storage, study.study_name)
@@ -82,6 +85,7 @@ class _Stage:
         self.context = context
         self.pools = pools
         self.on_event = on_event
+        self.on_wait = on_wait  # hears that a measurement waits for another process
         self.left_out = LeftOut(spec)  # what the cells timed so far rule out, and its budget
         self.last_winner: Settings | None = None  # the fastest settings of the last cell
         self.burst_plan = BurstPlan(
@@ -119,10 +123,17 @@ class _Stage:
             return
         # one process of this machine times at a time; what another measured meanwhile (a run
         # of the same study started beside this one) is taken as it is, not timed again
-        with machine_lock("stage1"):
+        with machine_lock("stage1", self._stage_one_waiting):
             self._refresh(cell, settings)
             if not self._done(cell, settings, count):
-                self._take(cell, settings, config)
+                # and on its turn: no other process trains on these cores or GPU meanwhile
+                with turn(config.device, config.world_size, self.on_wait):
+                    self._take(cell, settings, config)
+
+    def _stage_one_waiting(self, pid: int | None) -> None:
+        if self.on_wait is not None:
+            who = f"autotune process {pid}" if pid is not None else "another autotune process"
+            self.on_wait(f"waiting for its turn: {who} is timing its stage 1 on this machine")
 
     def _done(self, cell: Cell, settings: Settings, count: int) -> bool:
         """Whether ``settings`` has ``count`` measurements in ``cell`` already (or a fault);
@@ -251,17 +262,24 @@ class _Stage:
     def run_cell_over_budget(self, cell: Cell) -> None:
         """The budget is spent: ``cell`` keeps what it has measured before (the cache), else
         times one eager setting (the last cell's fastest, or its first) once."""
+        fallback = dict(self.last_winner or self.plan.first_round(cell)[0])
+        if "compile" not in dict(cell.extras):  # (a declared compile value is the cell's)
+            fallback["compile"] = "none"
+        self._run_cell_reduced(cell, fallback, self.left_out.budget_spent())
+
+    def run_cell_far_behind(self, cell: Cell, why: str, settings: Settings) -> None:
+        """``cell``'s precision is far behind another: it keeps what it has measured before
+        (the cache), else times ``settings`` (its first cell's fastest) once."""
+        self._run_cell_reduced(cell, dict(settings), why)
+
+    def _run_cell_reduced(self, cell: Cell, fallback: dict[str, object], why: str) -> None:
         measured = [s for s in self.plan.first_round(cell) if self.pool(cell, s).results]
         if not measured:
-            fallback = dict(self.last_winner or self.plan.first_round(cell)[0])
-            if "compile" not in dict(cell.extras):  # (a declared compile value is the cell's)
-                fallback["compile"] = "none"
             measured = [self.plan.settings(fallback, {})]
         for settings in measured:
             self.measure(cell, settings, 1)
-        spent = self.left_out.budget_spent()
         self.on_event(
-            SpeedEvent(cell.label(), "the other settings", None, None, False, spent, 1, False)
+            SpeedEvent(cell.label(), "the other settings", None, None, False, why, 1, False)
         )
 
     def _results(self, cell: Cell) -> list[CellResult]:
@@ -326,13 +344,14 @@ def _stage(
     workload: Workload | None,
     since: datetime.datetime | None,
     on_event: Callable[[SpeedEvent], None],
+    on_wait: Callable[[str], None] | None = None,
 ) -> _Stage:
     from autotune.baseline import untuned_config
 
     plan = SpeedPlan(spec, untuned_config(spec, hardware))
     context = context_key(context_facts(spec, hardware, workload))
     pools = load_cache(adapter.storage_of(study), context, since, study_name=study.study_name)
-    return _Stage(study, spec, plan, executor, context, pools, on_event, since)
+    return _Stage(study, spec, plan, executor, context, pools, on_event, since, on_wait)
 
 
 def run_speed_stage(
@@ -343,14 +362,22 @@ def run_speed_stage(
     workload: Workload | None = None,
     remeasure: bool = False,
     on_event: Callable[[SpeedEvent], None] | None = None,
+    on_wait: Callable[[str], None] | None = None,
 ) -> SpeedTable:
     """Time every cell's execution settings (reusing matching measurements unless
-    ``remeasure``) and return the fastest of each micro-batch split and precision."""
+    ``remeasure``) and return the fastest of each micro-batch split and precision.
+    ``on_event`` hears each setting; ``on_wait``, that a measurement waits for another process
+    of this machine (``turns``)."""
     since = datetime.datetime.now() if remeasure else None
-    stage = _stage(study, spec, hardware, executor, workload, since, on_event or (lambda e: None))
+    stage = _stage(
+        study, spec, hardware, executor, workload, since, on_event or (lambda e: None), on_wait
+    )
     for cell in stage.plan.cells():
+        far_behind = stage.left_out.far_behind(cell)
         if stage.left_out.over_budget():
             stage.run_cell_over_budget(cell)
+        elif far_behind is not None:
+            stage.run_cell_far_behind(cell, *far_behind)
         else:
             stage.run_cell(cell)
     return stage.table()

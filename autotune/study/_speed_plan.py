@@ -197,9 +197,12 @@ class SpeedPlan:
         """Every compute setting (compile, channels_last, cudnn_benchmark) of ``cell``."""
         fixed = self._fixed(cell)
         axes = [[fixed[name]] if name in fixed else self.values[name] for name in COMPUTE_KNOBS]
-        return [
+        found = [
             dict(zip(COMPUTE_KNOBS, values, strict=True)) for values in itertools.product(*axes)
         ]
+        # cudnn_benchmark off, then on: a worker switches value only in a fresh process (its
+        # cuDNN plans are its own: trainer.cudnn_plans_differ), so once a cell, not every other
+        return sorted(found, key=lambda setting: bool(setting["cudnn_benchmark"]))
 
     def exhaustive(self, cell: Cell) -> bool:
         """Whether ``cell``'s settings are few enough to measure every one."""

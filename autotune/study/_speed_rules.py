@@ -1,12 +1,16 @@
 """What stage 1 leaves out, and why: the rules that keep it within what its answer is worth.
 
-Three rules, each said in stage 1's table where it leaves a setting out:
+Four rules, each said in stage 1's table where it leaves a setting out:
 
 - a *pipeline* far behind (under ``SLOW_PIPELINE_SHARE`` of its cell's fastest) at one
   precision is not tried at the micro-batch's other precisions: what a pipeline costs a batch
   (loading, workers' start and hand-over) does not depend on the precision;
 - a *compile mode* whose cold compile cannot pay back over the full run (``unpaid_compile``),
   or that failed to compile in every setting of a cell, is not tried in the cells after it;
+- a *precision far behind* (its first cell under ``DOMINATED_SHARE`` of another precision's
+  speed at the same micro-batch: bf16 on a CPU without bf16 units) times one setting in each
+  of its other cells, its first cell's fastest: no pipeline or compile choice closes such a
+  gap, and its trials still get a measured speed;
 - past the stage's *budget* (``study.speed.max_seconds``, half of ``study.timeout`` at most)
   nothing is compiled, and each cell still to time gets one eager setting.
 
@@ -24,12 +28,16 @@ from autotune.spec import Spec
 from autotune.speed import COMPUTE_KNOBS, SpeedMeasurement
 from autotune.study._speed_plan import Cell, Settings
 
-__all__ = ["SLOW_PIPELINE_SHARE", "CellResult", "LeftOut", "unpaid_compile"]
+__all__ = ["DOMINATED_SHARE", "SLOW_PIPELINE_SHARE", "CellResult", "LeftOut", "unpaid_compile"]
 
 # a pipeline below this share of its cell's fastest is not tried at the micro-batch's other
 # precisions: what a pipeline costs a batch (loading, workers' start and hand-over) does not
 # depend on the precision, so one this far behind is held back by its own overhead
 SLOW_PIPELINE_SHARE = 0.5
+
+# a precision whose first cell runs under this share of another precision's fastest at the
+# same micro-batch times only its first cell's fastest settings in its other cells
+DOMINATED_SHARE = 1 / 3
 
 
 def unpaid_compile(
@@ -78,6 +86,10 @@ class LeftOut:
         self.dropped_modes: dict[str, str] = {}  # compile modes not tried any more, and why
         self.slowest_eager_epoch = 0.0  # seconds: the most an epoch of any cell took eager
         self.best_speedup: dict[str, float] = {}  # compile mode -> best eager/compiled seen
+        # (micro-batch, declared knobs) -> precision -> its cell's fastest first round
+        self.fastest: dict[tuple[Any, ...], dict[str, float]] = {}
+        # (precision, declared knobs) -> why it is far behind, and its first cell's fastest
+        self.dominated: dict[tuple[Any, ...], tuple[str, Settings]] = {}
 
     def over_budget(self) -> bool:
         """Whether the stage's budget is spent."""
@@ -101,10 +113,37 @@ class LeftOut:
         slow = self.slow_pipelines.get((cell.batch_size, cell.extras), {})
         return slow.get(_pipeline(settings))
 
+    def far_behind(self, cell: Cell) -> tuple[str, Settings] | None:
+        """Why ``cell``'s precision is far behind another, with the settings its cells time
+        (its first cell's fastest); None when it is not."""
+        return self.dominated.get((cell.precision, cell.extras))
+
     def learn(self, cell: Cell, results: list[CellResult]) -> None:
-        """Take in a finished cell: its slow pipelines, and the compile modes it rules out."""
+        """Take in a finished cell: its slow pipelines, the compile modes it rules out, and
+        whether its precision is far behind."""
         self._learn_pipelines(cell, results)
         self._learn_compile_modes(cell, results)
+        self._learn_precision(cell, results)
+
+    def _learn_precision(self, cell: Cell, results: list[CellResult]) -> None:
+        timed = [(r.first_round, r.settings) for r in results if r.first_round is not None]
+        if not timed:
+            return
+        top, settings = max(timed, key=lambda pair: pair[0])
+        seen = [p for (_, extras), by in self.fastest.items() if extras == cell.extras for p in by]
+        first_of_its_precision = cell.precision not in seen
+        at_size = self.fastest.setdefault((cell.batch_size, cell.extras), {})
+        at_size[cell.precision] = top
+        others = {p: speed for p, speed in at_size.items() if p != cell.precision}
+        if not first_of_its_precision or not others:
+            return
+        other, best = max(others.items(), key=lambda pair: pair[1])
+        if top < DOMINATED_SHARE * best:
+            why = (
+                f"not tried: {cell.precision} runs at {top / best:.0%} of {other} at batch "
+                f"{cell.batch_size}; its cells time its fastest settings there only"
+            )
+            self.dominated[(cell.precision, cell.extras)] = (why, settings)
 
     def _learn_pipelines(self, cell: Cell, results: list[CellResult]) -> None:
         top = max((r.first_round for r in results if r.first_round is not None), default=None)

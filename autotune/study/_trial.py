@@ -31,6 +31,7 @@ from autotune.study import adapter
 from autotune.study._liveness import heartbeat
 from autotune.study._records import TrialRecord
 from autotune.study._walls import MemoryWalls
+from autotune.turns import turn
 
 if TYPE_CHECKING:
     from autotune.study._speed_store import SpeedEvent
@@ -55,6 +56,10 @@ class TakenOver(Exception):
         self.result = result
 
 
+# a wait for the machine's turn shorter than this (seconds) is not recorded
+TURN_WAIT_SAID = 0.05
+
+
 class StudyObserver:
     """Hooks for showing a study's progress; the default does nothing."""
 
@@ -76,6 +81,10 @@ class StudyObserver:
 
     def waiting(self, running: int) -> None:
         """The study's last trials are running elsewhere (or are stale); this run waits."""
+
+    def turn_waiting(self, line: str) -> None:
+        """This process waits for its turn on the machine (``turns``): ``line`` says for whom;
+        the trial's or measurement's clock has not started."""
 
     def taken_over(self, number: int, kept_on: str | None) -> None:
         """Another process failed trial ``number`` as stale while this one trained it; what
@@ -159,8 +168,13 @@ class TrialRunner:
                 return True
             return False
 
-        started = time.monotonic()
-        result = attempt(lambda: self.executor.run(config, report))
+        # another process of this machine training on the same cores or GPU: wait, off the clock
+        asked_turn = time.monotonic()
+        with turn(config.device, config.world_size, self.observer.turn_waiting):
+            started = time.monotonic()
+            if started - asked_turn > TURN_WAIT_SAID:
+                TrialRecord(turn_wait_seconds=started - asked_turn).store(trial)
+            result = attempt(lambda: self.executor.run(config, report))
         if isinstance(result, TrialFault):
             if taken_over:
                 raise TakenOver()

@@ -1,0 +1,157 @@
+"""Processes of one machine take turns on the cores or GPU a trial trains with."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune import turns
+
+
+def test_a_cpu_trial_takes_the_cores_this_process_may_use():
+    cores = sorted(os.sched_getaffinity(0))
+    assert turns.resources("cpu") == tuple(f"core-{c}" for c in cores)
+    assert turns.resources("cpu", world_size=4) == turns.resources("cpu")  # ranks share them
+
+
+def test_a_gpu_trial_takes_its_gpus_named_as_the_machine_knows_them(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,7")
+    assert turns.resources("cuda:0") == ("gpu-3",)
+    assert turns.resources("cuda:1", world_size=2) == ("gpu-5", "gpu-7")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1a2b/3, MIG-9")
+    assert turns.resources("cuda") == ("gpu-GPU-1a2b_3",)  # a UUID, safe as a file name
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert turns.resources("cuda:2") == ("gpu-2",)
+
+
+# a process of its own holds the turn until its stdin closes; it says when it holds it and
+# when it let go
+HOLDER = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    from autotune import turns
+    turns.MACHINE_DIR = Path(sys.argv[1])
+    if len(sys.argv) > 2:
+        os.sched_setaffinity(0, {int(sys.argv[2])})
+    with turns.turn("cpu"):
+        print("held", flush=True)
+        sys.stdin.read()
+        print(f"released {time.monotonic()}", flush=True)
+    """
+)
+
+
+def _holder(directory: Path, *core: str) -> subprocess.Popen[str]:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(directory), *core],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_process_waits_for_the_one_training_on_its_cores_and_says_for_whom(
+    tmp_path: Path, monkeypatch
+):
+    monkeypatch.setattr(turns, "MACHINE_DIR", tmp_path)
+    holder = _holder(tmp_path)
+    said: list[str] = []
+
+    def waiting(line: str) -> None:
+        said.append(line)
+        assert holder.stdin is not None
+        holder.stdin.close()  # the holder lets go only once this one waits
+
+    with turns.turn("cpu", on_wait=waiting):
+        got_it = time.monotonic()
+    assert holder.stdout is not None
+    out = holder.stdout.read()
+    holder.wait(timeout=30)
+    released = float(out.split()[-1])
+    assert released <= got_it  # this one trained only after the holder let go
+    assert len(said) == 1 and f"autotune process {holder.pid} trains on core" in said[0]
+    with turns.turn("cpu", on_wait=said.append):  # nobody holds it now: no wait
+        pass
+    assert len(said) == 1
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_processes_on_different_cores_do_not_wait_for_each_other(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(turns, "MACHINE_DIR", tmp_path)
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    holder = _holder(tmp_path, str(first))  # a --workers worker pinned to one core
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {second})
+    try:
+        said: list[str] = []
+        with turns.turn("cpu", on_wait=said.append):
+            assert not said
+    finally:
+        os.sched_setaffinity(0, before)
+        holder.communicate(timeout=30)
+
+
+RELEASE_AFTER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from autotune import turns
+    turns.MACHINE_DIR = Path(sys.argv[1])
+    with turns.turn("cpu"):
+        print("held", flush=True)
+        time.sleep(float(sys.argv[2]))
+    """
+)
+
+
+def test_a_trial_waits_off_its_clock_while_another_process_trains_on_its_cores(
+    tmp_path: Path, monkeypatch, prepare_study
+):
+    from autotune.study import StudyObserver, TrialRecord
+
+    monkeypatch.setattr(turns, "MACHINE_DIR", tmp_path)
+    said: list[str] = []
+
+    class Heard(StudyObserver):
+        def turn_waiting(self, line: str) -> None:
+            said.append(line)
+
+    space = textwrap.dedent(
+        """\
+        study: {name: turns, n_trials: 2, strategy: joint, pruner: none, baseline: false,
+               confirm: false}
+        workload: {model: "autotune.testing:tiny_mlp", data: "autotune.testing:blobs", epochs: 1}
+        space:
+          lr: {low: 0.01, high: 0.1, log: true}
+          batch_size: [32]
+        """
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", RELEASE_AFTER, str(tmp_path), "3"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    study = prepare_study(space, tmp_path / "study", observer=Heard()).study
+    holder.wait(timeout=30)
+    first, second = sorted(study.trials, key=lambda t: t.number)
+    waited = TrialRecord.of(first).turn_wait_seconds
+    assert waited is not None and waited > 1.0  # the holder had 3 s left when it began
+    assert len(said) == 1
+    assert said[0].startswith(
+        f"waiting for its turn: autotune process {holder.pid} trains on core"
+    )
+    # its clock started when its turn came: the wait is in neither its seconds nor its speed
+    wall = TrialRecord.of(first).wall_seconds
+    assert wall is not None and first.duration is not None
+    assert wall < first.duration.total_seconds() - waited + 0.5
+    assert TrialRecord.of(second).turn_wait_seconds is None  # nobody held it any more
