@@ -1,6 +1,7 @@
 """The untuned configuration: what a study's baseline trains and the speed stage starts from.
 
-PyTorch's own defaults where they exist (fp32, eager, no DataLoader workers, no accumulation),
+PyTorch's own defaults where they exist (fp32, which is PyTorch's TF32 flags as a script that
+sets none gets them, eager, no DataLoader workers, no accumulation),
 the space file's pins (``study.baseline: {batch_size: 128}``), else the first listed value or
 the middle of a range. It is drawn through ``space.sample`` with a stand-in for an Optuna
 trial, so that conditional knobs stay right.

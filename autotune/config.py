@@ -49,7 +49,7 @@ class TrialConfig:
     prefetch_factor: int | None  # only with num_workers > 0
     persistent_workers: bool
     # execution
-    precision: str  # fp32 | tf32 | bf16 | fp16
+    precision: str  # fp32 (PyTorch's defaults) | fp32-strict | tf32 | bf16 | fp16
     compile: str  # none | default | reduce-overhead | max-autotune | ...
     channels_last: bool
     cudnn_benchmark: bool

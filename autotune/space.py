@@ -96,6 +96,8 @@ def _unsupported(
             return "float16 training is for CUDA GPUs (on a CPU it is only emulated)"
         if value == "tf32" and not hardware.tf32:
             return f"TF32 needs an NVIDIA Ampere or newer GPU, not {where}"
+        if value == "fp32-strict" and not hardware.tf32:
+            return f"it is fp32 on {where}, which has no TF32 to turn off"
         if value == "bf16" and not hardware.bf16:
             return f"{where} has no bfloat16 support"
         return None

@@ -25,7 +25,9 @@ __all__ = [
 ]
 
 # Dense peak FLOP/s by GPU and precision, from the vendors' data sheets (no sparsity).
-# fp32 is plain FP32 (TF32 off); tf32 the tensor-core TF32 rate; bf16/fp16 tensor-core rates.
+# fp32 is plain FP32 (TF32 off: autotune's fp32-strict); tf32 the tensor-core TF32 rate;
+# bf16/fp16 tensor-core rates. autotune's fp32, PyTorch's defaults, runs convolutions at the
+# TF32 rate and matmuls at the FP32 one: its MFU is against the TF32 peak (``peak_flops``).
 # A GPU that is not listed gets no MFU: a guessed peak would be a made-up number.
 PEAK_FLOPS: dict[str, dict[str, float]] = {
     "H200": {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989.5e12, "fp16": 989.5e12},
@@ -53,9 +55,16 @@ def _peak_key(device_name: str) -> str | None:
 
 
 def peak_flops(device_name: str, precision: str) -> float | None:
-    """The device's dense peak FLOP/s at ``precision``, or None when it is not known."""
+    """The device's dense peak FLOP/s at ``precision``, or None when it is not known. fp32,
+    PyTorch's defaults, may run its convolutions at the TF32 rate: its peak is that rate where
+    the device has one (an MFU that cannot pass 100%); fp32-strict's is plain FP32."""
     key = _peak_key(device_name)
-    return PEAK_FLOPS[key].get(precision) if key else None
+    if key is None:
+        return None
+    peaks = PEAK_FLOPS[key]
+    if precision == "fp32":
+        return peaks.get("tf32", peaks.get("fp32"))
+    return peaks.get("fp32" if precision == "fp32-strict" else precision)
 
 
 def flops_per_sample(

@@ -130,6 +130,10 @@ def _restore_matmul_precision(previous: tuple[str, str]) -> None:
 def set_backend_flags(config: TrialConfig) -> tuple[tuple[str, str], bool, bool]:
     """Set TF32 and cudnn.benchmark as ``config`` says; return the previous values.
 
+    ``fp32`` is what a script that sets no flag gets, PyTorch's defaults: full-precision
+    float32 matmuls, cuDNN convolutions allowed on TF32 tensor cores. ``fp32-strict`` turns
+    TF32 off for convolutions too; ``tf32`` turns it on for matmuls as well.
+
     TF32 goes through ``torch.set_float32_matmul_precision`` and ``cudnn.allow_tf32``, the
     settings every torch from 2.11 to 2.14 reads consistently: the per-backend
     ``fp32_precision`` attributes make ``torch.get_float32_matmul_precision()`` raise, and
@@ -140,7 +144,7 @@ def set_backend_flags(config: TrialConfig) -> tuple[tuple[str, str], bool, bool]
     previous = (_matmul_precision(), cudnn.allow_tf32, cudnn.benchmark)
     tf32 = config.precision == "tf32"
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
-    cudnn.allow_tf32 = tf32  # torch's default is True: fp32 convolutions must turn it off
+    cudnn.allow_tf32 = config.precision != "fp32-strict"  # True is torch's default
     cudnn.benchmark = config.cudnn_benchmark
     return previous
 

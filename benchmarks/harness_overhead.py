@@ -72,7 +72,7 @@ def autotune_step_seconds(config: TrialConfig, workload: Workload) -> float:
 
 def minimal_step_seconds(config: TrialConfig, workload: Workload) -> float:
     """Steady-state seconds per step of the shortest correct loop one would write by hand,
-    under the same TF32 and cuDNN settings as the trial (fp32: no TF32 convolutions)."""
+    under the same TF32 and cuDNN settings as the trial (fp32: PyTorch's defaults)."""
     with backend_flags(config):
         return _minimal_loop(config, workload)
 

@@ -1,10 +1,11 @@
 """The untuned configuration against the one a study finds, measured side by side.
 
 Runs the study a space file describes (``autotune run``), then trains its untuned baseline
-(trial 0: fp32 with TF32 off, eager, DataLoader without workers, unless the space pins
-otherwise) and its best feasible configuration alternately, ``--repeats`` times each, in one
-process, and prints samples/s, accuracy and accuracy per second with their ratios (medians), the
-compile seconds of every compile mode the space offers, and the machine. Meant for a CUDA GPU:
+(trial 0: fp32 as PyTorch's defaults have it, TF32 convolutions included, eager, DataLoader
+without workers, unless the space pins otherwise) and its best feasible configuration
+alternately, ``--repeats`` times each, in one process, and prints samples/s, accuracy and
+accuracy per second with their ratios (medians), the compile seconds of every compile mode the
+space offers, and the machine. Meant for a CUDA GPU:
 
     python benchmarks/naive_vs_tuned.py search_spaces/cifar10_resnet18.yaml --timeout 300
 

@@ -139,7 +139,13 @@ def test_files_parse_lint_clean_and_import_no_autotune(best, tmp_path: Path, fmt
 
 @pytest.mark.parametrize(
     ("precision", "expected"),
-    [("fp32", "32-true"), ("tf32", "32-true"), ("bf16", "bf16-mixed"), ("fp16", "16-mixed")],
+    [
+        ("fp32", "32-true"),
+        ("fp32-strict", "32-true"),
+        ("tf32", "32-true"),
+        ("bf16", "bf16-mixed"),
+        ("fp16", "16-mixed"),
+    ],
 )
 def test_lightning_precision_strings(best, precision, expected):
     text = render(changed(best, precision=precision), "lightning")
@@ -147,7 +153,8 @@ def test_lightning_precision_strings(best, precision, expected):
     set_up = function_source(text, "set_up")
     tf32 = "torch.set_float32_matmul_precision('high')" in set_up
     assert tf32 == (precision == "tf32")
-    assert ("torch.backends.cudnn.allow_tf32 = True" in set_up) == (precision == "tf32")
+    # TF32 convolutions are PyTorch's default, which fp32 keeps and only fp32-strict leaves
+    assert ("torch.backends.cudnn.allow_tf32 = True" in set_up) == (precision != "fp32-strict")
 
 
 def test_lightning_maps_every_knob(best):
@@ -210,7 +217,7 @@ def test_hf_maps_every_knob(best):
         "max_grad_norm": 0.0,
         "bf16": True,
         "fp16": False,
-        "tf32": False,
+        "tf32": None,
         "torch_compile": True,
         "torch_compile_mode": "max-autotune",
         "dataloader_num_workers": 3,
@@ -246,7 +253,14 @@ def test_hf_maps_every_knob(best):
     assert call_keywords(onecycle, "training_arguments")["lr_scheduler_type"] == "cosine"
     assert call_keywords(onecycle, "training_arguments")["warmup_steps"] == 0.3
     assert "TrainingArguments has no one-cycle schedule" in onecycle
-    for precision, flags in {"fp16": (False, True, False), "tf32": (False, False, True)}.items():
+    # tf32=None leaves TrainingArguments to PyTorch's defaults, which the study's fp32 is
+    expected = {
+        "fp16": (False, True, None),
+        "tf32": (False, False, True),
+        "fp32": (False, False, None),
+        "fp32-strict": (False, False, False),
+    }
+    for precision, flags in expected.items():
         written = call_keywords(
             render(changed(best, precision=precision), "hf"), "training_arguments"
         )

@@ -46,7 +46,9 @@ space:
 """
 TOTAL_STEPS = 37  # optimizer steps the schedules span
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+PRECISIONS = ("fp32", "fp32-strict", "tf32", "bf16", "fp16")
+# fp32-strict differs from fp32 only in its CUDA flags: its loop and schedule are fp32's
+TRAINING_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 OPTIMIZERS = {
     "sgd": {"optimizer": "sgd", "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4},
     "adamw": {"optimizer": "adamw", "momentum": None, "nesterov": False, "weight_decay": 0.05},
@@ -133,7 +135,7 @@ def assert_same_rates(script: list[float], trainer: list[float]) -> None:
         )
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", TRAINING_PRECISIONS)
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 @pytest.mark.parametrize(("schedule", "warmup_fraction"), SCHEDULES)
 def test_the_script_schedules_the_learning_rate_as_the_trainer_does(
@@ -196,7 +198,9 @@ def test_on_cuda_the_script_sets_the_trainers_tf32_and_cudnn_flags(
             theirs = cuda_flags()
         # (matmul precision, cuda.matmul.allow_tf32, cudnn.allow_tf32, cudnn.benchmark)
         assert ours == theirs, f"starting from {start}"
-    assert theirs[1:3] == (precision == "tf32",) * 2 and theirs[3] is cudnn_benchmark
+    # TF32 matmuls only for tf32; TF32 convolutions, PyTorch's default, unless fp32-strict
+    assert theirs[1:3] == (precision == "tf32", precision != "fp32-strict")
+    assert theirs[3] is cudnn_benchmark
 
 
 class Recorder(nn.Module):
@@ -257,7 +261,7 @@ LOOPS = {
 
 @pytest.mark.usefixtures("restore_flags")
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")  # fp16 skipped steps
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", TRAINING_PRECISIONS)
 def test_the_scripts_training_loop_matches_the_trainer(
     export: Export, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, precision: str
 ):

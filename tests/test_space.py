@@ -159,7 +159,7 @@ def test_a_trial_of_several_gpus_needs_them_visible_and_of_one_model():
 
 def test_cpu_drops_gpu_only_values_and_says_why():
     spec = spec_with(
-        "  precision: [fp32, tf32, bf16, fp16]\n"
+        "  precision: [fp32, fp32-strict, tf32, bf16, fp16]\n"
         "  compile: [none, default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs]\n"
         "  pin_memory: [false, true]\n"
         "  cudnn_benchmark: [false, true]\n"
@@ -173,6 +173,7 @@ def test_cpu_drops_gpu_only_values_and_says_why():
     dropped = {(d.knob, d.values) for d in restriction.dropped}
     assert dropped == {
         ("precision", ("fp16",)),
+        ("precision", ("fp32-strict",)),
         ("precision", ("tf32",)),
         ("compile", ("reduce-overhead", "max-autotune")),
         ("pin_memory", (True,)),

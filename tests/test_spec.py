@@ -126,8 +126,14 @@ def test_unknown_top_level_section():
         ("batch_size: [32, 0]", "item 2: 0 is too small: must be >= 1"),
         ("batch_size: [32, 32]", "32 listed more than once"),
         ("batch_size: 12.5", "12.5 is not an integer"),
-        ("precision: [fp32, fp8]", "item 2: 'fp8' is not one of fp32, tf32, bf16, fp16"),
-        ("precision: [fp23]", "'fp23' is not one of fp32, tf32, bf16, fp16; did you mean 'fp32'?"),
+        (
+            "precision: [fp32, fp8]",
+            "item 2: 'fp8' is not one of fp32, fp32-strict, tf32, bf16, fp16",
+        ),
+        (
+            "precision: [fp23]",
+            "'fp23' is not one of fp32, fp32-strict, tf32, bf16, fp16; did you mean 'fp32'?",
+        ),
         ("compile: false", "false is not one of none, default"),
         ("compile: max_autotune", "did you mean 'max-autotune'?"),
         ("pin_memory: maybe", "'maybe' is not true or false"),

@@ -868,3 +868,31 @@ def test_two_runs_started_together_time_each_setting_once_and_finish_the_study(t
         line for out, _ in outputs for line in out.splitlines() if line.startswith("Answer")
     }
     assert len(answers) == 1
+
+
+def test_a_speed_study_written_before_a_precision_was_added_takes_new_measurements(
+    tmp_path: Path,
+):
+    """Optuna never lets a categorical distribution change within a study: a speed cache
+    written when precision had four values must still take fp32 and fp32-strict cells."""
+    from optuna.distributions import CategoricalDistribution
+
+    from autotune.study._speed_store import known_distributions, open_speed_study, speed_trial
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'old.db'}")
+    study = open_speed_study(storage, "old")
+    legacy = CategoricalDistribution(("fp32", "tf32", "bf16", "fp16"))
+    study.add_trial(
+        optuna.trial.create_trial(
+            value=100.0, params={"precision": "bf16"}, distributions={"precision": legacy}
+        )
+    )
+    known = known_distributions(study)
+    settings = (("data_pipeline", "device"),)
+    record = SpeedRecord(cache_key="k", context="c", cell="c", settings="s", round=1)
+    for precision in ("fp32", "fp32-strict"):
+        study.add_trial(speed_trial(Cell(16, precision), settings, record, 50.0, known))
+    fp32, strict = study.trials[1:]
+    assert fp32.params["precision"] == "fp32" and fp32.distributions["precision"] == legacy
+    assert "precision" not in strict.params  # the old axis cannot hold it: its record does
+    assert strict.params["batch_size"] == 16 and SpeedRecord.of(strict) is not None

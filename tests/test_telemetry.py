@@ -88,7 +88,11 @@ def test_flops_are_counted_without_touching_the_training():
 def test_peak_flops_only_for_gpus_we_know():
     assert peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989.5e12
     assert peak_flops("NVIDIA H100 PCIe", "tf32") == 378e12
-    assert peak_flops("NVIDIA H200", "fp32") == 67e12
+    assert peak_flops("NVIDIA H200", "fp32-strict") == 67e12  # plain FP32, no TF32
+    # fp32 is PyTorch's defaults: its convolutions may run at the TF32 rate, so an MFU against
+    # plain FP32 could pass 100%; against TF32 it cannot
+    assert peak_flops("NVIDIA H200", "fp32") == 494.5e12
+    assert peak_flops("Tesla V100-SXM2-16GB", "fp32") == 15.7e12  # no TF32 there
     assert peak_flops("NVIDIA A100-SXM4-40GB", "fp16") == 312e12
     assert peak_flops("Tesla V100-SXM2-16GB", "bf16") is None
     assert peak_flops("NVIDIA GeForce RTX 4090", "bf16") is None

@@ -41,6 +41,8 @@ def test_cuda_flags_are_set_for_the_trial_and_restored():
         assert cuda_flags() == ("high", True, True, True)
     assert cuda_flags() == before
     with backend_flags(make_config(precision="fp32", device="cuda")):
+        assert cuda_flags() == ("highest", False, True, False)  # PyTorch's defaults
+    with backend_flags(make_config(precision="fp32-strict", device="cuda")):
         assert cuda_flags() == ("highest", False, False, False)
     with pytest.raises(RuntimeError), backend_flags(make_config(precision="tf32", device="cuda")):
         raise RuntimeError("trial failed")
@@ -82,3 +84,21 @@ def test_cudnn_benchmark_on_and_off_need_processes_of_their_own_on_cuda():
     assert not cudnn_plans_differ(off, off.replace(batch_size=off.batch_size * 2))
     cpu = make_config(device="cpu", cudnn_benchmark=False)  # no cuDNN: nothing to share
     assert not cudnn_plans_differ(cpu, cpu.replace(cudnn_benchmark=True))
+
+
+def test_the_untuned_baseline_trains_with_the_flags_of_a_script_that_sets_none():
+    """The baseline is what a script that sets no flag gets: TF32 convolutions included on a
+    GPU, or every speed-up over it is inflated. Compared with a fresh interpreter's."""
+    import subprocess
+    import sys
+
+    from autotune.baseline import UNTUNED
+
+    fresh = subprocess.run(
+        [sys.executable, "-c", "from autotune.testing import cuda_flags; print(*cuda_flags())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    with backend_flags(make_config(device="cuda", **UNTUNED)):
+        assert [str(flag) for flag in cuda_flags()] == fresh

@@ -38,10 +38,18 @@ FRAMEWORK_FORMATS = ("lightning", "hf")
 # Lightning 2.x precision strings (lightning.fabric.connector._PRECISION_INPUT_STR)
 LIGHTNING_PRECISION = {
     "fp32": "32-true",
+    "fp32-strict": "32-true",
     "tf32": "32-true",
     "bf16": "bf16-mixed",
     "fp16": "16-mixed",
 }
+# TrainingArguments(tf32=...): True turns TF32 on for matmuls and convolutions, False off for
+# both, None leaves PyTorch's defaults (TF32 convolutions only), which the study's fp32 is
+HF_TF32 = {
+    "tf32": ("True", "TF32 matmuls and convolutions (CUDA)"),
+    "fp32-strict": ("False", "no TF32 for matmuls or convolutions (CUDA)"),
+}
+HF_TF32_DEFAULTS = ("None", "PyTorch's defaults: TF32 convolutions only (CUDA)")
 _CUDA_INDEX = re.compile(r"^cuda:(\d+)$", re.ASCII)
 # the TrialConfig fields these files write, by kind (_check)
 _NUMBERS = (
@@ -213,7 +221,7 @@ def _lightning(best: BestConfig) -> dict[str, Any]:
         "loader": loader,
         "optimizer": "SGD" if config.optimizer == "sgd" else "AdamW",
         "optimizer_arguments": _optimizer(best),
-        "tf32": precision == "tf32",
+        "precision": precision,
         "seed": literal(config.seed),
         "compile": config.compile != "none",
         "compile_mode": compile_mode,
@@ -279,7 +287,7 @@ def _hf(best: BestConfig) -> dict[str, Any]:
         Argument("max_grad_norm", "0.0", "the study did not clip gradients (default 1.0)"),
         Argument("bf16", literal(precision == "bf16"), precision_comment),
         Argument("fp16", literal(precision == "fp16")),
-        Argument("tf32", literal(precision == "tf32"), "TF32 matmuls and convolutions (CUDA)"),
+        Argument("tf32", *HF_TF32.get(precision, HF_TF32_DEFAULTS)),
         Argument("torch_compile", literal(config.compile != "none"), searched(best, "compile")),
     ]
     if config.compile not in ("none", "default"):

@@ -34,7 +34,7 @@ class _Frozen(BaseModel):
 # Knobs: what each searchable setting is, its default and its legal values
 # --------------------------------------------------------------------------------------------
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+PRECISIONS = ("fp32", "fp32-strict", "tf32", "bf16", "fp16")
 COMPILE_MODES = (
     "none",
     "default",
@@ -112,7 +112,8 @@ KNOBS: dict[str, KnobInfo] = {
     "precision": KnobInfo(
         "choice",
         "fp32",
-        "fp32, tf32 (TF32 matmul/cuDNN), bf16 (autocast) or fp16 (autocast + GradScaler)",
+        "fp32 (PyTorch's defaults: TF32 cuDNN convolutions on Ampere+), fp32-strict (no "
+        "TF32), tf32 (TF32 matmul/cuDNN), bf16 (autocast) or fp16 (autocast + GradScaler)",
         choices=PRECISIONS,
     ),
     "compile": KnobInfo(

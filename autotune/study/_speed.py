@@ -42,6 +42,7 @@ from autotune.study._speed_store import (
     SpeedEvent,
     SpeedRecord,
     context_facts,
+    known_distributions,
     load_cache,
     open_speed_study,
     speed_trial,
@@ -77,6 +78,7 @@ class _Stage:
     ) -> None:
         self.storage = adapter.storage_of(study)
         self.speed_study = open_speed_study(self.storage, study.study_name)
+        self.known = known_distributions(self.speed_study)  # its parameters' axes
         self.since = since  # measurements before this are not reused (--remeasure)
         self.study_name = study.study_name
         self.spec = spec
@@ -184,7 +186,7 @@ class _Stage:
             if kind == FaultKind.OOM:
                 self.walls.add(config, "stage 1")
             failed = dataclasses.replace(record, fail_kind=kind.value, fail_msg=message)
-            self._store(speed_trial(cell, settings, failed, None))
+            self._store(speed_trial(cell, settings, failed, None, self.known))
             if kind not in _TRANSIENT:
                 pool.fault = (kind.value, message)
             self.on_event(SpeedEvent(cell.label(), words, None, None, False, message, 1))
@@ -198,7 +200,8 @@ class _Stage:
             interference=flagged,
             samples_per_second_by_accumulation=by_accumulation,
         )
-        number = self._store(speed_trial(cell, settings, done, result.samples_per_second()))
+        speed = result.samples_per_second()
+        number = self._store(speed_trial(cell, settings, done, speed, self.known))
         pool.results.append((number, result, flagged, round_number))
         self.on_event(
             SpeedEvent(

@@ -39,6 +39,7 @@ __all__ = [
     "SpeedEvent",
     "SpeedRecord",
     "context_facts",
+    "known_distributions",
     "load_cache",
     "open_speed_study",
     "speed_params",
@@ -187,16 +188,52 @@ def speed_params(cell: Cell, settings: Settings) -> dict[str, Any]:
     return values
 
 
+def known_distributions(study: optuna.Study) -> dict[str, BaseDistribution]:
+    """The distribution of each parameter the speed study's trials already hold."""
+    known: dict[str, BaseDistribution] = {}
+    for trial in study.get_trials(deepcopy=False):
+        for name, distribution in trial.distributions.items():
+            known.setdefault(name, distribution)
+    return known
+
+
+def _fitted(
+    params: dict[str, Any], known: dict[str, BaseDistribution]
+) -> tuple[dict[str, Any], dict[str, BaseDistribution]]:
+    """``params`` and their distributions on the axes the speed study already has: a study
+    written before a knob gained a value (precision's fp32-strict) keeps its categorical
+    distribution, which Optuna never lets change; a value it cannot hold is left off the
+    parameters (the trial's record and cache key still say it). ``known`` learns new ones."""
+    fitted: dict[str, Any] = {}
+    distributions: dict[str, BaseDistribution] = {}
+    for name, distribution in _distributions(params).items():
+        old = known.get(name)
+        if isinstance(old, CategoricalDistribution) and isinstance(
+            distribution, CategoricalDistribution
+        ):
+            if params[name] not in old.choices:
+                continue
+            distribution = old
+        known.setdefault(name, distribution)
+        fitted[name], distributions[name] = params[name], distribution
+    return fitted, distributions
+
+
 def speed_trial(
-    cell: Cell, settings: Settings, record: SpeedRecord, value: float | None
+    cell: Cell,
+    settings: Settings,
+    record: SpeedRecord,
+    value: float | None,
+    known: dict[str, BaseDistribution] | None = None,
 ) -> optuna.trial.FrozenTrial:
-    """A finished speed trial: COMPLETE with ``value`` (samples/s), or FAIL without one."""
-    params = speed_params(cell, settings)
+    """A finished speed trial: COMPLETE with ``value`` (samples/s), or FAIL without one; its
+    parameters on the axes ``known`` (``known_distributions``) says the study has."""
+    params, distributions = _fitted(speed_params(cell, settings), {} if known is None else known)
     return optuna.trial.create_trial(
         state=TrialState.COMPLETE if value is not None else TrialState.FAIL,
         value=value,
         params=params,
-        distributions=_distributions(params),
+        distributions=distributions,
         user_attrs=record.to_attrs(),
     )
 
