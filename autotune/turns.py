@@ -9,7 +9,9 @@ the machine's turn on their resources while they run: on the CPU the cores this 
 use, on a GPU the GPU(s) it trains on. Processes whose resources do not overlap (the workers of
 ``--workers`` and ``--gpus``, pinned to their own shares) never wait for each other.
 
-A turn is an exclusive ``flock`` per resource on ``/tmp/autotune-turn-NAME.lock``, taken in
+A turn is an exclusive ``flock`` per resource on ``/tmp/autotune-turn-NAME.lock`` (the folder
+is ``$AUTOTUNE_MACHINE_DIR`` where that is set: containers of one host that share a folder
+other than /tmp), taken in
 sorted order, so two processes that want overlapping resources cannot each hold part of them.
 The holder's process id is written into each file it holds, so a process that waits can say
 for whom. A file that cannot be opened (another user's, a read-only /tmp) is not waited for.
@@ -26,11 +28,23 @@ from pathlib import Path
 
 from autotune.scaleout import core_ranges
 
-__all__ = ["MACHINE_DIR", "file_lock", "resources", "turn"]
+__all__ = ["MACHINE_DIR", "MACHINE_DIR_ENV", "file_lock", "resources", "turn"]
 
-# where processes of this machine meet: /tmp is one per machine even where a scheduler gives
-# each job a TMPDIR of its own
-MACHINE_DIR = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())
+MACHINE_DIR_ENV = "AUTOTUNE_MACHINE_DIR"
+
+
+def _machine_dir() -> Path:
+    """Where processes of this machine meet: $AUTOTUNE_MACHINE_DIR, else /tmp, which is one
+    per machine even where a scheduler gives each job a TMPDIR of its own."""
+    given = os.environ.get(MACHINE_DIR_ENV)
+    if given:
+        with contextlib.suppress(OSError):  # unusable: its locks are skipped, as a read-only /tmp
+            Path(given).mkdir(parents=True, exist_ok=True)
+        return Path(given)
+    return Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())
+
+
+MACHINE_DIR = _machine_dir()
 
 
 def resources(device: str, world_size: int = 1) -> tuple[str, ...]:

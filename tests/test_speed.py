@@ -836,8 +836,8 @@ def test_a_run_whose_timeout_ends_before_its_first_trial_fails_saying_so(tmp_pat
 @pytest.mark.slow
 def test_two_runs_started_together_time_each_setting_once_and_finish_the_study(tmp_path: Path):
     """Two independent ``autotune run`` commands on one study (the README's many processes,
-    the SLURM and Kubernetes examples) share stage 1: the machine's lock lets one time at a
-    time, and each takes what the other measured meanwhile instead of timing it again. Their
+    the SLURM and Kubernetes examples) share stage 1: the study's claims let one of them time
+    each setting, and each takes what the other measured instead of timing it again. Their
     trials take turns on the cores, and one of them runs the confirmation round."""
     space = tmp_path / "two.yaml"
     space.write_text(
@@ -896,3 +896,57 @@ def test_a_speed_study_written_before_a_precision_was_added_takes_new_measuremen
     assert fp32.params["precision"] == "fp32" and fp32.distributions["precision"] == legacy
     assert "precision" not in strict.params  # the old axis cannot hold it: its record does
     assert strict.params["batch_size"] == 16 and SpeedRecord.of(strict) is not None
+
+
+def test_a_claimed_setting_is_timed_by_its_holder_and_a_lost_holder_is_taken_over(
+    tmp_path: Path,
+):
+    from autotune.study._claims import CLAIM_STALE_SECONDS, CLAIMS_ATTR, Claims
+    from autotune.study._speed_store import open_speed_study
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'claims.db'}")
+    here, there = Claims(open_speed_study(storage, "c")), Claims(open_speed_study(storage, "c"))
+    there.me = "other-host:4242"  # another machine's process on the same study
+    with here.hold("k", 1) as other:
+        assert other is None  # held by this process
+        with there.hold("k", 1) as held_by:
+            assert held_by == here.me  # the other waits
+        with there.hold("k", 2) as held_by:
+            assert held_by is None  # another round is another claim
+    assert here.study.user_attrs[CLAIMS_ATTR] == {}  # dropped when done
+    # a claim whose process stopped renewing it (killed, its machine lost) is taken over
+    lost = {"k round 1": {"by": "gone-host:1", "beat": time.time() - CLAIM_STALE_SECONDS - 1}}
+    here.study.set_user_attr(CLAIMS_ATTR, lost)
+    with here.hold("k", 1) as other:
+        assert other is None
+
+
+@pytest.mark.slow
+def test_processes_on_two_machines_share_one_postgresql_stage_one(tmp_path: Path, postgres):
+    """Two processes that share no machine (each its own machine folder, so no turns between
+    them) on one PostgreSQL study: the claims in the speed study still time each setting
+    once."""
+    text = two_stage(
+        n_trials=2, precisions="fp32", study_extra="  confirm: false\n  baseline: false"
+    ).replace("name: two", "name: pg-claims")
+    (tmp_path / "space.yaml").write_text(text)
+    runs = [
+        start_cli(
+            "run",
+            "space.yaml",
+            "--storage",
+            postgres.url,
+            cwd=tmp_path,
+            env={"AUTOTUNE_MACHINE_DIR": str(tmp_path / f"machine-{index}")},
+        )
+        for index in range(2)
+    ]
+    outputs = [run.communicate(timeout=300) for run in runs]
+    for run, (out, err) in zip(runs, outputs, strict=True):
+        assert run.returncode == 0, out + err
+    speed = optuna.load_study(study_name=speed_study_name("pg-claims"), storage=postgres.url)
+    taken = [(r.cache_key, r.round) for r in map(SpeedRecord.of, speed.trials) if r is not None]
+    assert taken and len(taken) == len(set(taken))  # no setting timed twice in one round
+    assert speed.user_attrs["stage1_claims"] == {}  # every claim given back
+    study = optuna.load_study(study_name="pg-claims", storage=postgres.url)
+    assert counted_trials(study) == 2

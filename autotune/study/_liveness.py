@@ -21,9 +21,9 @@ from autotune.faults import FaultKind
 from autotune.study import adapter
 from autotune.study._records import TrialRecord
 from autotune.study._storage import sqlite_path
-from autotune.turns import MACHINE_DIR, file_lock
+from autotune.turns import file_lock
 
-__all__ = ["heartbeat", "machine_lock", "recover_stale_trials", "study_lock"]
+__all__ = ["heartbeat", "recover_stale_trials", "study_lock"]
 
 
 @contextlib.contextmanager
@@ -96,18 +96,6 @@ def study_lock(
                 )
         return
     yield
-
-
-@contextlib.contextmanager
-def machine_lock(name: str, on_wait: Callable[[int | None], None] | None = None) -> Iterator[None]:
-    """Hold this machine's lock ``name`` against every other process on it, of any study and
-    any storage: stage 1 times a setting under ``machine_lock("stage1")``, so that two studies
-    (or two runs of one) never time at the same moment and disturb each other's clocks. An
-    exclusive ``flock`` on ``/tmp/autotune-NAME.lock``; none where that file cannot be opened
-    (another user's, a read-only /tmp). ``on_wait`` hears the holder's process id, if it must
-    wait."""
-    with file_lock(MACHINE_DIR / f"autotune-{name}.lock", on_wait):
-        yield
 
 
 _BEAT_STORAGES: dict[str, optuna.storages.RDBStorage] = {}

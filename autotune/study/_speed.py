@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -34,7 +35,7 @@ from autotune.interference import interfered
 from autotune.spec import Spec
 from autotune.speed import COMPUTE_KNOBS, BurstPlan, SpeedMeasurement, SpeedTable
 from autotune.study import adapter
-from autotune.study._liveness import machine_lock
+from autotune.study._claims import Claims
 from autotune.study._speed_plan import Cell, Settings, SpeedPlan, config_key, context_key, describe
 from autotune.study._speed_rules import CellResult, LeftOut
 from autotune.study._speed_store import (
@@ -61,6 +62,7 @@ CONTENDER_MARGIN = 0.10  # settings within this of a cell's fastest are measured
 MAX_CONTENDERS = 4  # ... at most this many per cell
 # faults that say nothing about the configuration: not cached, measured again next time
 _TRANSIENT = (FaultKind.TIMEOUT_UNDER_LOAD, FaultKind.INTERRUPTED)
+CLAIM_POLL_SECONDS = 0.5  # how often a process waiting for another's measurement looks
 
 
 class _Stage:
@@ -88,6 +90,7 @@ class _Stage:
         self.pools = pools
         self.on_event = on_event
         self.on_wait = on_wait  # hears that a measurement waits for another process
+        self.claims = Claims(self.speed_study)  # who times which setting, across machines
         self.left_out = LeftOut(spec)  # what the cells timed so far rule out, and its budget
         self.last_winner: Settings | None = None  # the fastest settings of the last cell
         self.burst_plan = BurstPlan(
@@ -123,19 +126,26 @@ class _Stage:
             return
         if self._done(cell, settings, count):
             return
-        # one process of this machine times at a time; what another measured meanwhile (a run
-        # of the same study started beside this one) is taken as it is, not timed again
-        with machine_lock("stage1", self._stage_one_waiting):
+        # each (setting, round) is timed once by whichever process of the study claims it
+        # first, on this machine or another; the others wait and take its measurement as it is
+        said = False
+        while True:
             self._refresh(cell, settings)
-            if not self._done(cell, settings, count):
-                # and on its turn: no other process trains on these cores or GPU meanwhile
-                with turn(config.device, config.world_size, self.on_wait):
-                    self._take(cell, settings, config)
-
-    def _stage_one_waiting(self, pid: int | None) -> None:
-        if self.on_wait is not None:
-            who = f"autotune process {pid}" if pid is not None else "another autotune process"
-            self.on_wait(f"waiting for its turn: {who} is timing its stage 1 on this machine")
+            if self._done(cell, settings, count):
+                return
+            key, round_number = self.key(cell, settings), len(pool.results) + 1
+            with self.claims.hold(key, round_number) as other:
+                if other is None:
+                    self._refresh(cell, settings)  # finished by another since the first look?
+                    if not self._done(cell, settings, count):
+                        # on its turn: no other process trains on these cores or GPU meanwhile
+                        with turn(config.device, config.world_size, self.on_wait):
+                            self._take(cell, settings, config)
+                    return
+            if not said and self.on_wait is not None:
+                self.on_wait(f"waiting for autotune process {other}, which times {words}")
+                said = True
+            time.sleep(CLAIM_POLL_SECONDS)
 
     def _done(self, cell: Cell, settings: Settings, count: int) -> bool:
         """Whether ``settings`` has ``count`` measurements in ``cell`` already (or a fault);
