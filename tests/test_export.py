@@ -44,6 +44,7 @@ from autotune.testing import (
     run_script,
     tiny_mlp,
 )
+from autotune.trainer import Trainer
 
 DIGITS_SPACE = """\
 study: {name: digits, n_trials: 1, pruner: none}
@@ -689,3 +690,195 @@ def test_rebuilding_says_what_it_imports_first_and_stdout_is_only_the_script(
         lines[-1]
         == "It imports and runs your code: folder_model:small_model, folder_data:small_data."
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The Python API uses the study's workload: its loss, collate_fn and batch layout
+# ---------------------------------------------------------------------------------------------
+
+REGRESSION_MODULE = """\
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from autotune.workloads import DataSplits
+
+LONGEST = 6
+
+
+class Sums(Dataset):
+    \"\"\"Dict samples of different lengths; the target is half their sum (a regression).\"\"\"
+
+    def __init__(self, n, seed):
+        generator = torch.Generator().manual_seed(seed)
+        lengths = torch.randint(1, LONGEST + 1, (n,), generator=generator)
+        self.values = [torch.randn(int(k), generator=generator) for k in lengths]
+
+    def __len__(self):
+        return len(self.values)
+
+    def __getitem__(self, i):
+        return {"values": self.values[i], "y": 0.5 * self.values[i].sum()}
+
+
+def pad(samples):  # DataLoader's default cannot stack samples of different lengths
+    values = torch.zeros(len(samples), LONGEST)
+    for row, sample in enumerate(samples):
+        values[row, : len(sample["values"])] = sample["values"]
+    return {"values": values, "y": torch.stack([sample["y"] for sample in samples])}
+
+
+def sums(n_train=256, n_val=128):
+    return DataSplits(Sums(n_train, 0), Sums(n_val, 1), collate_fn=pad)
+
+
+class Regressor(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(LONGEST, 1)
+
+    def forward(self, values):
+        return self.head(values).squeeze(-1)
+
+
+def regressor():
+    return Regressor()
+
+
+def mse(output, target):
+    return nn.functional.mse_loss(output.float(), target)
+
+
+@torch.no_grad()
+def r2(model, loader, device):
+    predicted, targets = [], []
+    for batch in loader:
+        predicted.append(model(values=batch["values"].to(device)).float().cpu())
+        targets.append(batch["y"])
+    p, t = torch.cat(predicted), torch.cat(targets)
+    return float(1 - ((p - t) ** 2).sum() / ((t - t.mean()) ** 2).sum())
+"""
+
+REGRESSION_SPACE = """\
+study: {name: sums, n_trials: 1, pruner: none, baseline: false, confirm: false, strategy: joint}
+workload:
+  model: api_regression:regressor
+  data: api_regression:sums
+  inputs: values
+  target: y
+  loss: api_regression:mse
+  epochs: 1
+objective: {score: api_regression:r2}
+space:
+  lr: 0.05
+  batch_size: 16
+  optimizer: adamw
+"""
+
+
+@pytest.fixture(scope="module")
+def regression_study(tmp_path_factory, prepare_study) -> tuple[optuna.Study, str]:
+    """A study of a regression on dict samples of different lengths: the user's own loss, score
+    and collate_fn, the target under a key."""
+    folder = tmp_path_factory.mktemp("regression")
+    (folder / "api_regression.py").write_text(REGRESSION_MODULE)
+    study, url, _, _ = prepare_study(REGRESSION_SPACE, folder)
+    return study, url
+
+
+def _r2_after_training(best: BestConfig, epochs: int = 6, **given: object) -> float:
+    """The R² on the validation split of a model trained in a loop of the user's own, with
+    the API's defaults (or what ``given`` passes to make_loader and make_trainer)."""
+    user = sys.modules["api_regression"]
+    splits = user.sums()
+    collate = given.get("collate_fn")
+    loader = best.make_loader(splits.train, **({"collate_fn": collate} if collate else {}))
+    torch.manual_seed(0)
+    trainer = best.make_trainer(
+        user.regressor(),
+        total_steps=epochs * len(loader),
+        **({"loss_fn": given["loss_fn"]} if "loss_fn" in given else {}),
+    )
+    for _ in range(epochs):
+        for batch in loader:
+            trainer.train_step(batch)  # as the DataLoader gives it: a dict
+    val = best.make_val_loader(splits.val)
+    return user.r2(trainer.model.eval(), val, trainer.device)
+
+
+def test_the_api_trains_with_the_studys_loss_collate_fn_and_batch_layout(regression_study):
+    _, url = regression_study
+    best = autotune.load_best("sums", storage=url)
+    user = sys.modules["api_regression"]
+    assert best.study_collate_fn is user.pad  # the data function's, found by calling it
+    assert best.make_loader(user.sums().train).collate_fn is user.pad
+    trainer = best.make_trainer(user.regressor(), total_steps=10)
+    assert isinstance(trainer, Trainer) and trainer.loss_fn is user.mse  # not cross-entropy
+    assert _r2_after_training(best) > 0.95  # cross-entropy of these outputs does not get there
+
+    # the same configuration read back from a YAML export knows the same workload
+    yaml_best = BestConfig.from_dict(yaml.safe_load(render(best, "yaml")))
+    assert yaml_best.batch_layout == {
+        "inputs": ["values"],
+        "target": "y",
+        "target_to_model": False,
+    }
+    assert yaml_best.make_trainer(user.regressor(), total_steps=10).loss_fn is user.mse
+
+
+def test_what_the_user_passes_wins_over_the_studys_workload(regression_study):
+    _, url = regression_study
+    best = autotune.load_best("sums", storage=url)
+    user = sys.modules["api_regression"]
+    calls = []
+
+    def own_loss(output, target):
+        calls.append(len(target))
+        return user.mse(output, target)
+
+    def own_pad(samples):
+        calls.append("pad")
+        return user.pad(samples)
+
+    assert _r2_after_training(best, epochs=1, loss_fn=own_loss, collate_fn=own_pad) > -10
+    assert calls.count("pad") > 0 and any(isinstance(call, int) for call in calls)
+    # the trainer's own form: inputs and target split and on the device already
+    trainer = best.make_trainer(user.regressor(), total_steps=2, loss_fn=own_loss)
+    batch = user.pad([user.sums().train[i] for i in range(4)])
+    inputs, _ = trainer.split(batch)
+    loss = trainer.train_step(inputs, batch["y"])
+    assert loss.shape == () and calls[-1] == 4
+
+
+def test_a_configuration_without_a_recorded_layout_finds_it_from_the_first_batch(
+    regression_study,
+):
+    _, url = regression_study
+    best = autotune.load_best("sums", storage=url)
+    older = BestConfig.from_dict({**best.to_dict(), "batch_layout": None})  # as older exports
+    assert _r2_after_training(older, epochs=6) > 0.95
+    user = sys.modules["api_regression"]
+    trainer = older.make_trainer(user.regressor(), total_steps=2)
+    with pytest.raises(ValueError, match=r"the batch does not fit the study's workload") as caught:
+        trainer.train_step({"values": torch.zeros(2, 6)})  # no target "y"
+    assert "\n" not in str(caught.value)
+
+
+def test_a_studys_workload_that_cannot_be_used_is_one_line_and_passing_it_mends_it(
+    regression_study,
+):
+    _, url = regression_study
+    best = autotune.load_best("sums", storage=url)
+    user = sys.modules["api_regression"]
+    workload = {**best.workload, "loss": "nowhere_module:mse", "data": "nowhere_module:sums"}
+    moved = BestConfig.from_dict({**best.to_dict(), "workload": workload})
+    with pytest.raises(ExportError, match=r"no module named 'nowhere_module'") as caught:
+        moved.make_trainer(user.regressor(), total_steps=2)
+    assert "\n" not in str(caught.value)
+    assert str(caught.value).startswith("the study's loss 'nowhere_module:mse'")
+    assert str(caught.value).endswith("pass make_trainer(..., loss_fn=...)")
+    assert moved.make_trainer(user.regressor(), 2, loss_fn=user.mse).loss_fn is user.mse
+    with pytest.raises(ExportError, match=r"pass make_loader\(\.\.\., collate_fn=") as caught:
+        moved.make_loader(user.sums().train)
+    assert "\n" not in str(caught.value)
+    assert moved.make_loader(user.sums().train, collate_fn=user.pad).collate_fn is user.pad

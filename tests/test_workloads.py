@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import pickle
 import re
+import sys
 import textwrap
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from torch import nn
 from autotune.runner import train
 from autotune.spec import WorkloadSpec
 from autotune.testing import make_config, never_stop
-from autotune.workloads import WorkloadError, load
+from autotune.workloads import DataSplits, WorkloadError, load
 from autotune.workloads.vision import SHAPES, shapes
 
 
@@ -135,26 +136,162 @@ def test_data_functions_must_return_two_splits(tmp_path: Path):
             load(spec, base_dir=tmp_path)
 
 
-def test_model_needing_num_classes_the_data_cannot_tell(tmp_path: Path):
-    (tmp_path / "untold.py").write_text(
-        "import torch\n"
-        "def data():\n"
-        "    d = [(torch.zeros(2), i % 2) for i in range(4)]  # a list of pairs: no classes\n"
-        "    return d, d\n"
-        "def floats():\n"
-        "    d = [(torch.zeros(2), torch.tensor(0.5)) for i in range(4)]\n"
-        "    return d, d\n"
+# ---------------------------------------------------------------------------------------------
+# num_classes: said by the data set, read off its labels, or the model function's default
+# ---------------------------------------------------------------------------------------------
+
+CLASSES_MODULE = """
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from autotune.workloads._classes import LABEL_READ_LIMIT
+
+READS = []  # indices read, by every data set here
+
+
+class Records(Dataset):
+    \"\"\"Samples built on demand (nothing says how many classes): dicts, or tuples.\"\"\"
+
+    def __init__(self, n, classes, style="dict", offset=0):
+        self.n, self.classes_seen, self.style, self.offset = n, classes, style, offset
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        READS.append(i)
+        x = torch.full((4,), float(i % 7))
+        y = (i + self.offset) % self.classes_seen
+        if self.style == "dict":
+            return {"x": x, "y": y}
+        if self.style == "triple":
+            return x, torch.zeros(2), torch.tensor(y)
+        return x, y
+
+
+def dicts(classes=3, val_classes=None):
+    return Records(60, classes), Records(20, val_classes or classes, offset=1)
+
+
+def triples():
+    return Records(60, 5, "triple"), Records(20, 5, "triple")
+
+
+def pairs():
+    return [(torch.zeros(4), i % 2) for i in range(8)], [(torch.zeros(4), 1)] * 4
+
+
+def too_many():  # more samples than the bounded pass reads
+    return Records(LABEL_READ_LIMIT + 1, 3), Records(20, 3)
+
+
+def floats():
+    return [(torch.zeros(4), torch.tensor(0.5))] * 4, [(torch.zeros(4), torch.tensor(0.5))] * 4
+
+
+class Net(nn.Module):
+    def __init__(self, num_classes):
+        super().__init__()
+        self.head = nn.Linear(4, num_classes)
+
+    def forward(self, x):
+        return self.head(x)
+
+
+def tiny_transformer(num_classes=2):  # its own default: nothing needed from autotune
+    return Net(num_classes)
+
+
+def needs_classes(num_classes):
+    return Net(num_classes)
+"""
+
+
+@pytest.fixture
+def classes_dir(user_module) -> Path:
+    return user_module("classes_data", CLASSES_MODULE)
+
+
+def _classes_spec(model: str, data: str, **workload: object) -> WorkloadSpec:
+    return WorkloadSpec(
+        model=f"classes_data:{model}",
+        data=f"classes_data:{data}",
+        **workload,  # type: ignore[arg-type]
     )
-    with pytest.raises(WorkloadError, match=r"set workload\.model_args\.num_classes"):
-        load(WorkloadSpec(model="mlp", data="untold:data"), base_dir=tmp_path)
-    workload = load(
-        WorkloadSpec(model="mlp", data="untold:data", model_args={"num_classes": 2}),
-        base_dir=tmp_path,
-    )
-    assert workload.build_model()(torch.zeros(1, 2)).shape == (1, 2)
+
+
+@pytest.mark.parametrize(
+    ("data", "workload", "expected"),
+    [
+        ("dicts", {"target": "y"}, 3),  # dicts, the target under workload.target
+        ("triples", {"target": 2, "inputs": 0}, 5),  # a longer tuple's target by index
+        ("pairs", {}, 2),  # a plain list of (input, int) pairs
+    ],
+)
+def test_num_classes_is_read_from_the_labels_of_any_map_style_data_set(
+    classes_dir: Path, data: str, workload: dict, expected: int
+):
+    loaded = load(_classes_spec("needs_classes", data, **workload), base_dir=classes_dir)
+    assert loaded.num_classes == expected
+    assert loaded.model_kwargs["num_classes"] == expected
+    assert loaded.build_model().head.out_features == expected
+
+
+def test_the_labels_read_are_of_both_splits_and_beat_the_models_default(classes_dir: Path):
+    """The issue's model: ``tiny_transformer(num_classes=2)`` on dict samples of 4 classes,
+    one of them only in the validation split; what the labels say wins over the default."""
+    data_args = {"classes": 3, "val_classes": 4}
+    spec = _classes_spec("tiny_transformer", "dicts", target="y", data_args=data_args)
+    loaded = load(spec, base_dir=classes_dir)
+    assert loaded.num_classes == 4 and loaded.build_model().head.out_features == 4
+
+
+def _samples_read() -> int:
+    """Samples the test's data sets have read so far (of the copy load() imported)."""
+    return len(sys.modules["classes_data"].READS)
+
+
+def test_the_models_own_default_stands_when_the_data_set_cannot_tell(classes_dir: Path):
+    loaded = load(_classes_spec("tiny_transformer", "too_many", target="y"), base_dir=classes_dir)
+    assert loaded.num_classes is None and "num_classes" not in loaded.model_kwargs
+    assert loaded.build_model().head.out_features == 2  # its default
+    # the bounded pass reads none of a split over the bound: only the few samples the check
+    # before the study runs through the model
+    assert _samples_read() < 10, _samples_read()
+
+    # without a default the user is asked, in one line
+    with pytest.raises(WorkloadError, match=r"set workload\.model_args\.num_classes") as caught:
+        load(_classes_spec("needs_classes", "too_many", target="y"), base_dir=classes_dir)
+    assert "\n" not in str(caught.value)
+    given = _classes_spec("needs_classes", "too_many", target="y", model_args={"num_classes": 3})
+    assert load(given, base_dir=classes_dir).build_model().head.out_features == 3
+
+
+def test_a_num_classes_the_space_file_gives_is_not_read_off_the_labels(classes_dir: Path):
+    # labels 0 to 2, and the user says 5 (two classes are absent from this data): 5 is taken,
+    # and the labels are not read for it
+    spec = _classes_spec("needs_classes", "dicts", target="y", model_args={"num_classes": 5})
+    loaded = load(spec, base_dir=classes_dir)
+    assert loaded.num_classes == 5 and loaded.build_model().head.out_features == 5
+    assert _samples_read() < 10, _samples_read()
+
+
+def test_reading_the_labels_leaves_the_random_state_and_skips_float_targets(classes_dir: Path):
+    from autotune.workloads._classes import count_classes
+    from autotune.workloads.batches import BatchLayout
+
+    load(_classes_spec("needs_classes", "pairs"), base_dir=classes_dir)  # imports it
+    classes_data = sys.modules["classes_data"]
+    train_set, val_set = classes_data.dicts()
+    state = torch.random.get_rng_state()
+    splits = DataSplits(train_set, val_set)
+    assert count_classes(splits, BatchLayout(None, "y"), "dicts") == 3
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert count_classes(DataSplits(*classes_data.floats()), BatchLayout(), "floats") is None
     # float labels are named as what they are, not as a missing class count
     with pytest.raises(WorkloadError, match=r"labels are float32; .* need integer class indices"):
-        load(WorkloadSpec(model="mlp", data="untold:floats"), base_dir=tmp_path)
+        load(_classes_spec("needs_classes", "floats"), base_dir=classes_dir)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,15 +2,17 @@
 
 ``load_best`` reads the best feasible trial of a study (or one named trial) into a ``BestConfig``;
 ``load_config`` reads one back from an exported YAML/JSON file. ``BestConfig.make_loader`` and
-``make_trainer`` apply its knobs to the user's own data and model.
+``make_trainer`` apply its knobs to the user's own data and model, with the study's workload:
+its collate function, its loss and where its batches hold the inputs and the target.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import optuna
 import yaml
@@ -36,6 +38,11 @@ if TYPE_CHECKING:  # torch: only the building blocks need it, not reading a stud
 
     from autotune.pipeline import Collate, DeviceBatches
     from autotune.trainer import LossFn, Trainer
+    from autotune.workloads import WholeBatches
+
+    class WorkloadTrainer(WholeBatches, Trainer):
+        """A Trainer whose ``train_step`` also takes a batch whole (``_workload_trainer``)."""
+
 
 __all__ = [
     "BestConfig",
@@ -74,6 +81,9 @@ class BestConfig:
     speed_knobs: tuple[str, ...] = ()  # two-stage: the knobs the speed stage chose
     baseline: bool = False  # the untuned baseline: its knobs were pinned, not searched
     score_name: str = "accuracy"  # what metrics["score"] is: objective.score's name
+    batch_layout: dict[str, Any] | None = None  # the study's BatchLayout.to_record(), if any
+    classes_last: bool = False  # the study's model gives its logits' classes last
+    workload_dir: str | None = None  # where its module:function entries were found
 
     def origin(self, knob: str) -> str:
         """ "searched", "timed in stage 1", "untuned" or "" (fixed): see study.knob_origin."""
@@ -119,6 +129,9 @@ class BestConfig:
             "speed_knobs": list(self.speed_knobs),
             "baseline": self.baseline,
             "score_name": self.score_name,
+            "batch_layout": self.batch_layout,
+            "classes_last": self.classes_last,
+            "workload_dir": self.workload_dir,
         }
 
     @classmethod
@@ -141,13 +154,29 @@ class BestConfig:
             speed_knobs=tuple(data.get("speed_knobs") or ()),
             baseline=bool(data.get("baseline", False)),
             score_name=str(data.get("score_name") or "accuracy"),
+            batch_layout=data.get("batch_layout"),
+            classes_last=bool(data.get("classes_last", False)),
+            workload_dir=data.get("workload_dir"),
         )
+
+    @functools.cached_property
+    def study_collate_fn(self) -> Collate | None:
+        """The collate function the study's data function gave (``DataSplits.collate_fn``), or
+        None (DataLoader's default): your data function is called once, the first time this is
+        read, with the study's ``data_args``, to learn it."""
+        from autotune.workloads import WorkloadError, data_collate, study_workload
+
+        try:
+            return data_collate(*study_workload(self.workload, self.workload_dir))
+        except WorkloadError as err:
+            raise ExportError(str(err)) from None
 
     def make_loader(
         self, dataset: Dataset, seed: int | None = None, collate_fn: Collate | None = None
     ) -> DataLoader | DeviceBatches:
         """A shuffled training DataLoader with the tuned batch size and loader knobs (in a
-        process group, of this process's share of every epoch)."""
+        process group, of this process's share of every epoch); its ``collate_fn`` is the
+        study's (``study_collate_fn``) unless you pass one."""
         from autotune import ranks
         from autotune.pipeline import make_train_loader
 
@@ -159,15 +188,18 @@ class BestConfig:
                 f"config.replace(world_size=1)"
             )
         seed = self.config.seed if seed is None else seed
-        return make_train_loader(dataset, self._here(), seed, collate_fn, ranks.rank())
+        collate = collate_fn if collate_fn is not None else self.study_collate_fn
+        return make_train_loader(dataset, self._here(), seed, collate, ranks.rank())
 
     def make_val_loader(
         self, dataset: Dataset, collate_fn: Collate | None = None
     ) -> DataLoader | DeviceBatches:
-        """An in-order validation DataLoader."""
+        """An in-order validation DataLoader; its ``collate_fn`` is the study's unless you pass
+        one."""
         from autotune.pipeline import make_val_loader
 
-        return make_val_loader(dataset, self._here(), collate_fn)
+        collate = collate_fn if collate_fn is not None else self.study_collate_fn
+        return make_val_loader(dataset, self._here(), collate)
 
     def _here(self) -> TrialConfig:
         """The configuration on this process's device: in a process group on CUDA, its own GPU
@@ -184,9 +216,12 @@ class BestConfig:
 
     def make_trainer(
         self, model: nn.Module, total_steps: int, loss_fn: LossFn | None = None
-    ) -> Trainer:
+    ) -> WorkloadTrainer:
         """A Trainer applying precision, compile, channels_last, optimizer, schedule and
         accumulation to ``model``; ``total_steps`` optimizer steps set the schedule's length.
+
+        It trains with the study's loss unless ``loss_fn`` is given (yours is imported), and
+        ``trainer.train_step(batch)`` takes a batch as your DataLoader gives it.
 
         On CUDA this also sets the process-wide TF32 and cudnn.benchmark flags as tuned. A
         configuration of several processes (``config.world_size``) wraps the model in
@@ -194,12 +229,32 @@ class BestConfig:
         process of a group of that size (torchrun, then init_process_group); on CUDA each
         process trains on its own GPU, ``cuda:LOCAL_RANK``, as do its loaders.
         """
-        from autotune.trainer import Trainer, set_backend_flags
+        from autotune.trainer import set_backend_flags
+        from autotune.workloads import WorkloadError, recorded_layout, study_loss, study_workload
 
+        try:
+            spec, folder = study_workload(self.workload, self.workload_dir)
+            loss_fn = loss_fn or study_loss(spec, folder, self.classes_last)
+            layout = recorded_layout(self.batch_layout, folder)
+        except WorkloadError as err:
+            raise ExportError(str(err)) from None
         config = self._here()
         if config.device.startswith("cuda"):
             set_backend_flags(config)
-        return Trainer(model, config, total_steps, loss_fn)
+        trainer = _workload_trainer()(model, config, total_steps, loss_fn)
+        trainer.layout, trainer.workload = layout, spec
+        return trainer
+
+
+@functools.cache
+def _workload_trainer() -> type[WorkloadTrainer]:
+    """The class ``make_trainer`` returns, made when first asked for: here, not in the workloads
+    (the trainer imports them), and not at import (reading an answer does not import torch)."""
+    from autotune.trainer import Trainer
+    from autotune.workloads import WholeBatches
+
+    made = type("WorkloadTrainer", (WholeBatches, Trainer), {"__module__": __name__})
+    return cast("type[WorkloadTrainer]", made)
 
 
 def _renamed_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -264,6 +319,10 @@ def best_config(study: optuna.Study, trial: FrozenTrial) -> BestConfig:
     # the (first) objective's value; a multi-objective trial has no single .value
     value = trial.values[0] if trial.values else float("nan")
     record = TrialRecord.of(trial)
+    study_record = StudyRecord.of(study)
+    workload_dir = study_record.space_file_dir
+    if workload_dir is None and study_record.space_file_path:  # older studies: the path only
+        workload_dir = str(Path(study_record.space_file_path).resolve().parent)
     assert record.config is not None, "select_trial() gives trials with a configuration"
     return BestConfig(
         study=study.study_name,
@@ -280,6 +339,9 @@ def best_config(study: optuna.Study, trial: FrozenTrial) -> BestConfig:
         score_name=StudyRecord.of(study).score_name or "accuracy",
         full_run_epochs=spec.objective.full_run_epochs if spec else None,
         workload=spec.workload.model_dump(mode="json") if spec else {},
+        batch_layout=study_record.batch_layout,
+        classes_last=bool(study_record.classes_last),
+        workload_dir=workload_dir,
     )
 
 

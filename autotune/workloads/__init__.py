@@ -7,11 +7,14 @@ Built-in models: ``digits_cnn``, ``mlp``, and any torchvision classification mod
 A user's data function is called with ``data_args`` and returns ``(train_dataset, val_dataset)``
 or a ``DataSplits``; a user's model function is called with ``model_args`` (plus ``num_classes``
 and ``input_shape`` when it declares those parameters) and returns an ``nn.Module``.
+
+``_reuse`` gives a study's workload back to the Python API: its loss, collate function and batch
+layout, and ``WholeBatches``, what a Trainer needs to take a batch as the DataLoader gives it.
 """
 
 from autotune.workloads import digits, models, vision
 from autotune.workloads._check import user_frame
-from autotune.workloads._load import load, model_kwargs
+from autotune.workloads._load import load, loss_function, model_kwargs
 from autotune.workloads._registry import (
     DATASETS,
     MODEL_FAMILIES,
@@ -24,6 +27,13 @@ from autotune.workloads._registry import (
     resolve_data,
     resolve_model,
     user_entry_points,
+)
+from autotune.workloads._reuse import (
+    WholeBatches,
+    data_collate,
+    recorded_layout,
+    study_loss,
+    study_workload,
 )
 
 register_dataset("digits")(digits.digits)
@@ -39,14 +49,20 @@ __all__ = [
     "MODELS",
     "MODEL_FAMILIES",
     "DataSplits",
+    "WholeBatches",
     "Workload",
     "WorkloadError",
+    "data_collate",
     "load",
+    "loss_function",
     "model_kwargs",
+    "recorded_layout",
     "register_dataset",
     "register_model",
     "resolve_data",
     "resolve_model",
+    "study_loss",
+    "study_workload",
     "user_entry_points",
     "user_frame",
 ]

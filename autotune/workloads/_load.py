@@ -8,14 +8,13 @@ workload entry and, for an exception in the user's code, where it was raised.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sized
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_map_only
-from torch.utils.data import Dataset, TensorDataset
 
 from autotune.spec import SCORES, WorkloadSpec
 from autotune.workloads._check import (
@@ -28,6 +27,7 @@ from autotune.workloads._check import (
     split_batch,
     user_frame,
 )
+from autotune.workloads._classes import count_classes
 from autotune.workloads._registry import (
     DataSplits,
     ModelFn,
@@ -46,21 +46,12 @@ from autotune.workloads.scoring import (
     model_loss,
 )
 
-__all__ = ["load", "model_kwargs"]
+__all__ = ["call_entry", "load", "loss_function", "model_kwargs"]
 
 
-def _infer_num_classes(train: Dataset) -> int | None:
-    classes = getattr(train, "classes", None)
-    if isinstance(classes, Sized) and len(classes) > 0:
-        return len(classes)
-    if isinstance(train, TensorDataset) and len(train.tensors) >= 2:
-        labels = train.tensors[1]
-        if not labels.is_floating_point() and labels.numel() > 0:
-            return int(labels.max()) + 1
-    return None
-
-
-def _call(fn: Callable[..., Any], kwargs: dict[str, Any], what: str, entry: str) -> Any:
+def call_entry(fn: Callable[..., Any], kwargs: dict[str, Any], what: str, entry: str) -> Any:
+    """``fn(**kwargs)``, the workload's ``what`` named ``entry``; WorkloadError, one line naming
+    it (and where in the user's code it raised), when it cannot be called or raises."""
     try:
         inspect.signature(fn).bind(**kwargs)
     except TypeError as err:
@@ -92,19 +83,24 @@ def model_kwargs(
     fn: ModelFn, args: dict[str, Any], num_classes: int | None, input_shape: tuple[int, ...]
 ) -> dict[str, Any]:
     """The keyword arguments a model function gets: ``args`` (the space file's model_args), plus
-    ``num_classes`` and ``input_shape`` where the function declares them."""
+    ``num_classes`` and ``input_shape`` where the function declares them; ``num_classes`` is
+    left to the function's default when ``num_classes`` is None (the data set does not say)."""
     try:
         parameters = inspect.signature(fn).parameters
     except ValueError:
         return dict(args)
     kwargs = dict(args)
-    if "num_classes" in parameters and "num_classes" not in kwargs:
-        if num_classes is None:
+    declared = parameters.get("num_classes")
+    if declared is not None and "num_classes" not in kwargs:
+        if num_classes is not None:
+            kwargs["num_classes"] = num_classes
+        elif declared.default is inspect.Parameter.empty:
             raise WorkloadError(
                 "the model needs num_classes and the data set does not say how many classes "
-                "it has: set workload.model_args.num_classes"
+                "it has: set workload.model_args.num_classes (or give the model function's "
+                "num_classes a default)"
             )
-        kwargs["num_classes"] = num_classes
+        # else the data set does not say, and the function's own default stands
     if "input_shape" in parameters and "input_shape" not in kwargs:
         kwargs["input_shape"] = input_shape
     return kwargs
@@ -121,7 +117,7 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accurac
     data_fn = resolve_data(spec, base_dir)
     model_fn = resolve_model(spec, base_dir)
 
-    splits = _call(data_fn, dict(spec.data_args), "data set", spec.data)
+    splits = call_entry(data_fn, dict(spec.data_args), "data set", spec.data)
     if isinstance(splits, tuple | list) and len(splits) == 2:
         splits = DataSplits(train=splits[0], val=splits[1])
     if not isinstance(splits, DataSplits):
@@ -151,21 +147,22 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accurac
         except LayoutError as error:
             raise WorkloadError(f"data set '{spec.data}': {error}") from None
         inputs, label = layout.split(sample)
-    loss_fn = _loss_function(spec, base_dir)
+    loss_fn = loss_function(spec.loss, base_dir)
     score_fn = None if score in SCORES else resolve_entry_point(score, "score", base_dir)
     classifies = score_fn is None or loss_fn is cross_entropy_loss
     if classifies:  # before num_classes is looked for: say what is wrong
         check_labels(label, spec.data, label_readers(spec.loss, score))
     only = inputs.args[0] if len(inputs.args) == 1 and not inputs.kwargs else None
     input_shape = tuple(only.shape) if isinstance(only, torch.Tensor) else ()
-    num_classes = splits.num_classes or _infer_num_classes(splits.train)
+    given = spec.model_args.get("num_classes")
+    num_classes = count_classes(splits, layout, spec.data, given)
 
     kwargs = model_kwargs(model_fn, dict(spec.model_args), num_classes, input_shape)
 
     def build() -> nn.Module:
         return model_fn(**kwargs)
 
-    model = _call(model_fn, kwargs, "model", spec.model)
+    model = call_entry(model_fn, kwargs, "model", spec.model)
     if not isinstance(model, nn.Module):
         raise WorkloadError(
             f"model '{spec.model}' returned {type(model).__name__}, not a torch.nn.Module"
@@ -193,10 +190,12 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accurac
     )
 
 
-def _loss_function(spec: WorkloadSpec, base_dir: Path | None) -> LossFn:
-    """The loss a spec names: a built-in one, or the user's function (imported)."""
-    if spec.loss == "cross_entropy":
-        return cross_entropy_loss
-    if spec.loss == "model":
+def loss_function(name: str, base_dir: Path | None = None, classes_last: bool = False) -> LossFn:
+    """The loss ``workload.loss`` names: cross-entropy (of logits with the classes last when
+    ``classes_last``), the model's own, or the user's ``package.module:function`` (imported from
+    the working directory, then ``base_dir``)."""
+    if name == "cross_entropy":
+        return cross_entropy_classes_last if classes_last else cross_entropy_loss
+    if name == "model":
         return model_loss
-    return resolve_entry_point(spec.loss, "loss", base_dir)
+    return resolve_entry_point(name, "loss", base_dir)
