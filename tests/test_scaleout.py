@@ -25,7 +25,7 @@ from autotune.scaleout import (
     unshared_environment,
     unused_cores,
 )
-from autotune.study import TrialRecord, load_study
+from autotune.study import SpeedRecord, TrialRecord, load_study
 from autotune.testing import run_cli, start_cli, write_space
 
 CORES = len(os.sched_getaffinity(0))
@@ -170,9 +170,18 @@ def test_two_workers_train_at_once_on_their_own_cores_and_keep_the_count(tmp_pat
     assert "w2 trial" in done.stdout
     log = (tmp_path / "studies" / "shared.workers" / "worker-2.log").read_text()
     assert "worker 2 of 2: 1 core 1 of study shared" in log
-    # it started up during stage 1 and waited for it: stage 1's measurements are reused, never
-    # taken twice (nor on a core another worker was timing on)
-    assert "stage 1: 0 settings timed" in log
+    # both took part in stage 1, each timing what it claimed first on its own core: between
+    # them each setting was timed once (what one timed, the other reused)
+    speed = load_study("shared.speed", f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}")
+    taken = [(r.cache_key, r.round) for r in map(SpeedRecord.of, speed.trials) if r is not None]
+    assert taken and len(taken) == len(set(taken))
+    timed = 0
+    for said in (done.stdout, log):
+        pattern = r"(\d+) settings timed( \((\d+) leaders again\))?"
+        found = re.search(pattern, " ".join(said.split()))
+        assert found is not None, said
+        timed += int(found.group(1)) + int(found.group(3) or 0)
+    assert timed == len(taken)
 
 
 def _own_processes(marker: str) -> list[int]:

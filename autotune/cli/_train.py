@@ -97,7 +97,7 @@ def run(
         typer.Option(
             min=1,
             help="Run N workers on this machine's CPU, each on an equal share of its cores, "
-            "all on this study; they start once stage 1 is measured.",
+            "all on this study; they split stage 1's settings, then train.",
         ),
     ] = None,
     gpus: Annotated[
@@ -226,17 +226,18 @@ def run(
                 others = start_workers(
                     shares, space_file, spec, study.study_name, log_dir, spec.study.timeout
                 )
-            if as_worker is not None:
-                try:
-                    if isinstance(executor, WorkerExecutor):
-                        executor.start()  # its start-up, too, overlaps stage 1
-                    left = scaleout.wait_to_go()  # until worker 0 has measured stage 1
+
+            if as_worker is not None and isinstance(executor, WorkerExecutor):
+                try:  # its start-up (imports, the data) before its first measurement
+                    executor.start()
                 except KeyboardInterrupt:
                     console.print("Stopped by worker 1 before any trial.", markup=False)
                     raise typer.Exit(EXIT_INTERRUPTED) from None
-                spec = spec.with_overrides(study={"timeout": left})
 
-            def start_others() -> None:  # worker 0, once stage 1 is measured
+            def start_others() -> None:  # once stage 1 is measured
+                if as_worker is not None:  # the trials start together, when worker 0 says
+                    scaleout.wait_to_go()  # (it measured its share of stage 1 as this did)
+                    return
                 if others is not None:
                     timeout = spec.study.timeout
                     left = timeout - (time.monotonic() - started) if timeout else None

@@ -5,11 +5,12 @@ into N equal, contiguous shares, one per worker (equal: trials of different work
 with each other; cores left over stay idle), and gives worker k the k-th GPU listed. Every
 worker is an ``autotune run`` process of its own on the same study (Optuna's way of running a
 study in parallel, and the one many machines use too): worker 0 is the command the user started,
-which runs stage 1, shows the study, waits for the others and confirms; workers 1..N-1 are
-started by it once stage 1 is measured. A worker is pinned to its cores (``sched_setaffinity``:
-its DataLoader processes inherit them, so trials never oversubscribe the host) and sees its GPU
-as ``cuda:0`` (``CUDA_VISIBLE_DEVICES``). Each writes its own log; worker 0 shows every worker's
-trials as the study records them.
+which starts workers 1..N-1 at once, shows the study, waits for the others and confirms. Every
+worker takes part in stage 1 (each times the settings it claims first, on its own share), and
+the others start their trials when worker 0 says stage 1 is measured. A worker is pinned to its
+cores (``sched_setaffinity``: its DataLoader processes inherit them, so trials never
+oversubscribe the host) and sees its GPU as ``cuda:0`` (``CUDA_VISIBLE_DEVICES``). Each writes
+its own log; worker 0 shows every worker's trials as the study records them.
 """
 
 from autotune.scaleout._shares import (

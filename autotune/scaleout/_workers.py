@@ -1,5 +1,5 @@
-"""The workers 1..N-1 that worker 0 starts, and what a started worker does first: wait for
-stage 1, and stop with worker 0."""
+"""The workers 1..N-1 that worker 0 starts, and what a started worker waits for: worker 0's word
+that stage 1 is measured, before its trials; and it stops with worker 0."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ WORKER_ENV = "AUTOTUNE_WORKER"  # "k/N" in a worker started by worker 0 (for its
 WORKER_STORAGE_ENV = "AUTOTUNE_WORKER_STORAGE"
 # worker 0's pid: a worker started after it died does not run
 WORKER_PARENT_ENV = "AUTOTUNE_WORKER_PARENT"
-# a file worker 0 makes once stage 1 is measured: the others, started earlier so that their
-# start-up (imports, data, the check) overlaps stage 1 on their own cores, wait for it
+# a file worker 0 makes once stage 1 is measured: the others, which time their share of it
+# on their own cores, wait for it before their first trial
 WORKER_GO_ENV = "AUTOTUNE_WORKER_GO"
 
 

@@ -97,8 +97,8 @@ def run_study(
     WorkerError (a worker that cannot start) propagates after the trial is recorded. A baseline
     that an earlier run lost is queued again first (``requeue_lost_baseline``).
     ``on_trials_start`` is called once stage 1 is measured, before the first trial (worker 0
-    of ``--workers`` starts the other workers there); ``worker`` ("2/4") is recorded on each
-    trial this process trains.
+    of ``--workers`` lets the other workers train there; they wait for it there); ``worker``
+    ("2/4") is recorded on each trial this process trains.
     """
     observer = observer or StudyObserver()
     outcome = RunOutcome(study_name=study.study_name)

@@ -111,7 +111,43 @@ class _Stage:
         return self.pools.setdefault(self.key(cell, settings), Pool())
 
     def measure(self, cell: Cell, settings: Settings, count: int) -> None:
-        """Measure ``settings`` in ``cell`` until it has ``count`` measurements (or a fault)."""
+        """Measure ``settings`` in ``cell`` until it has ``count`` measurements (or a fault),
+        waiting for another process that holds its claim."""
+        said = False
+        while (other := self._claim_and_measure(cell, settings, count)) is not None:
+            if not said and self.on_wait is not None:
+                self.on_wait(
+                    f"waiting for autotune process {other}, which times {describe(settings)}"
+                )
+                said = True
+            time.sleep(CLAIM_POLL_SECONDS)
+
+    def measure_all(
+        self,
+        cell: Cell,
+        candidates: list[Settings],
+        compute_pass: bool = False,
+        count: int = 1,
+    ) -> list[Settings]:
+        """Measure each of ``candidates`` until it has ``count`` measurements, those another
+        process holds last: the processes of one study (``--workers``, ``--gpus``, runs on many
+        machines) split a cell's settings between them, each timing what it claims first. A
+        first round leaves out what the rules rule out (``skip``, asked as each one's turn
+        comes); the settings left in, in order."""
+        kept, held = [], []
+        for settings in candidates:
+            if count == 1 and self.skip(cell, settings, compute_pass):
+                continue
+            kept.append(settings)
+            if self._claim_and_measure(cell, settings, count) is not None:
+                held.append(settings)
+        for settings in held:
+            self.measure(cell, settings, count)
+        return kept
+
+    def _claim_and_measure(self, cell: Cell, settings: Settings, count: int) -> str | None:
+        """Measure ``settings`` once if it needs it and this process can claim it; None when
+        it has what it needs, else who holds its claim (``host:pid``)."""
         if settings not in self.tried.setdefault(cell, []):
             self.tried[cell].append(settings)
         pool = self.pool(cell, settings)
@@ -123,29 +159,24 @@ class _Stage:
             self.on_event(
                 SpeedEvent(cell.label(), words, None, None, False, pool.fault[1], 1, False)
             )
-            return
+            return None
         if self._done(cell, settings, count):
-            return
+            return None
         # each (setting, round) is timed once by whichever process of the study claims it
-        # first, on this machine or another; the others wait and take its measurement as it is
-        said = False
-        while True:
-            self._refresh(cell, settings)
-            if self._done(cell, settings, count):
-                return
-            key, round_number = self.key(cell, settings), len(pool.results) + 1
-            with self.claims.hold(key, round_number) as other:
-                if other is None:
-                    self._refresh(cell, settings)  # finished by another since the first look?
-                    if not self._done(cell, settings, count):
-                        # on its turn: no other process trains on these cores or GPU meanwhile
-                        with turn(config.device, config.world_size, self.on_wait):
-                            self._take(cell, settings, config)
-                    return
-            if not said and self.on_wait is not None:
-                self.on_wait(f"waiting for autotune process {other}, which times {words}")
-                said = True
-            time.sleep(CLAIM_POLL_SECONDS)
+        # first, on this machine or another; the others take its measurement as it is
+        self._refresh(cell, settings)
+        if self._done(cell, settings, count):
+            return None
+        key, round_number = self.key(cell, settings), len(pool.results) + 1
+        with self.claims.hold(key, round_number) as other:
+            if other is not None:
+                return other
+            self._refresh(cell, settings)  # finished by another since the first look?
+            if not self._done(cell, settings, count):
+                # on its turn: no other process trains on these cores or GPU meanwhile
+                with turn(config.device, config.world_size, self.on_wait):
+                    self._take(cell, settings, config)
+        return None
 
     def _done(self, cell: Cell, settings: Settings, count: int) -> bool:
         """Whether ``settings`` has ``count`` measurements in ``cell`` already (or a fault);
@@ -308,22 +339,16 @@ class _Stage:
     def run_cell(self, cell: Cell) -> None:
         plan = self.plan
         if plan.exhaustive(cell):
-            for settings in plan.all_settings(cell):
-                if not self.skip(cell, settings):
-                    self.measure(cell, settings, 1)
+            self.measure_all(cell, plan.all_settings(cell))
         else:
             reference = plan.reference_pipeline(cell)
-            first = [plan.settings(reference, c) for c in plan.compute_settings(cell)]
-            first = [s for s in first if not self.skip(cell, s, compute_pass=True)]
-            for settings in first:
-                self.measure(cell, settings, 1)
+            computes = [plan.settings(reference, c) for c in plan.compute_settings(cell)]
+            first = self.measure_all(cell, computes, compute_pass=True)
             best = self.fastest(cell, first)
             if best is not None:
                 compute = {k: v for k, v in best if k in COMPUTE_KNOBS}
-                for pipeline in plan.pipeline_settings(cell):
-                    settings = plan.settings(pipeline, compute)
-                    if not self.skip(cell, settings):
-                        self.measure(cell, settings, 1)
+                pipelines = [plan.settings(p, compute) for p in plan.pipeline_settings(cell)]
+                self.measure_all(cell, pipelines)
         self.left_out.learn(cell, self._results(cell))
         self.last_winner = self.fastest(cell, self.tried.get(cell, []))
         # the leaders again, in alternating order: A B C, then C B A, ...
@@ -341,8 +366,7 @@ class _Stage:
             return  # a clear winner needs no rematch; a spent budget pays for none
         for repeat in range(2, self.spec.study.speed.repeats + 1):
             order = leaders if repeat % 2 == 1 else list(reversed(leaders))
-            for settings in order:
-                self.measure(cell, settings, repeat)
+            self.measure_all(cell, order, count=repeat)
 
     def table(self) -> SpeedTable:
         """The fastest settings of every micro-batch split, precision and declared value."""
