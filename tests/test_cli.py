@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from autotune._version import __version__
 from autotune.study import StudyRecord, answer_trial
-from autotune.testing import import_blocker, run_cli, write_space
+from autotune.testing import TINY_SPACE, import_blocker, run_cli, write_space
 
 pytestmark = pytest.mark.slow
 
@@ -355,3 +355,20 @@ def test_best_says_what_its_seconds_are_and_the_speedup_over_the_baseline(seen, 
         f"baseline (trial {summary.baseline.number})"
     ) in said
     assert f"autotune export --study seen --storage {url} -o train.py" in lines  # whole
+
+
+def test_a_run_whose_trials_all_failed_exits_1_saying_why(tmp_path: Path):
+    """One rule for the exit status: a run after which no trial of the study trained to its
+    end fails, whatever its trials' messages, with a line naming the commonest (here a NaN
+    loss in every trial, each with its own learning rate in the message)."""
+    text = TINY_SPACE.format(n_trials=2, pruner="none").replace(
+        "model: autotune.testing:tiny_mlp",
+        "model: autotune.testing:tiny_mlp\n  model_args: {nan_after_steps: 2}",
+    )
+    space = write_space(tmp_path, text)
+    done = run_cli("run", str(space), "--isolation", "none", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    said = " ".join(done.stderr.split())
+    assert said.startswith("error: no trial of the study trained to its end; ")
+    assert "of its trials: training loss is nan" in said
+    assert "Traceback" not in done.stdout + done.stderr

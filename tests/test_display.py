@@ -268,3 +268,63 @@ def test_the_configuration_shows_ddp_settings_only_for_a_trial_of_several_proces
     }
     assert rows["world_size"] == "2" and rows["static_graph"] == "true"
     assert rows["ddp_bucket_cap_mb"] == "25"
+
+
+def test_a_round_too_noisy_to_rank_says_so_and_how_to_confirm_again(tmp_path: Path, seen):
+    from autotune.study import ConfirmationRecord, ConfirmRun, StudyRecord
+
+    study, url = seen
+    copy_url = f"sqlite:///{tmp_path / 'copy.db'}"
+    optuna.copy_study(
+        from_study_name="seen", from_storage=url, to_storage=copy_url, to_study_name="loud"
+    )
+    copy = optuna.load_study(study_name="loud", storage=copy_url)
+    leaders = [t.number for t in studies.feasible_trials(copy)[:2]]
+    runs = tuple(
+        ConfirmRun(
+            trial=number,
+            repeat=r,
+            seed=r,
+            value=v,
+            score=0.9,
+            samples_per_second=1.0,
+            feasible=True,
+            wall_seconds=1.0,
+        )
+        for number, values in zip(leaders, ((0.9, 0.2, 2.0), (1.6, 0.5, 4.0)), strict=True)
+        for r, v in enumerate(values)
+    )
+    StudyRecord(
+        confirmation=ConfirmationRecord(
+            top=2,
+            repeats=2,
+            maximize=True,
+            candidates=tuple(leaders),
+            baseline=None,
+            runs=runs,
+            complete=True,
+        )
+    ).store(copy)
+    console = _console(200)
+    display.print_confirmation(console, copy, _spec(study))
+    said = " ".join(_text(console).split())
+    assert f"Answer: trial {leaders[1]}," in said  # the best median, 1.6 against 0.9
+    assert "The machine was too noisy to rank the leaders" in said
+    assert "autotune confirm --study loud" in said and "tied" not in said
+
+
+def test_a_confirmation_run_short_of_its_target_says_so_not_a_time(seen):
+    from autotune.spec import ObjectiveSpec
+    from autotune.study import ConfirmRun
+
+    study, _ = seen
+    objective = ObjectiveSpec.model_validate({"metric": "time_to_score", "target_score": 0.99})
+    spec = _spec(study).model_copy(update={"objective": objective})
+    console = _console(160)
+    show = display.confirmation_progress(console, spec)
+    common = {"seed": 1, "samples_per_second": 900.0, "wall_seconds": 1.0}
+    show(ConfirmRun(trial=3, repeat=1, value=0.6974, score=0.93, feasible=False, **common), 1, 2)
+    show(ConfirmRun(trial=4, repeat=1, value=0.41, score=0.99, feasible=True, **common), 2, 2)
+    short, reached = _text(console).splitlines()
+    assert "target not reached in 0.697 s" in short and "s to target" not in short
+    assert "0.41 s to target" in reached

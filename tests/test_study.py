@@ -20,6 +20,7 @@ from autotune.space import restrict
 from autotune.spec import parse_spec
 from autotune.study import (
     METRIC_FIELDS,
+    NOISY_SPREAD,
     ConfirmationRecord,
     ConfirmRun,
     StudyError,
@@ -132,6 +133,9 @@ def test_an_edited_space_is_refused_with_a_diff(tmp_path: Path, prepare_study):
     # the original study is untouched
     original = optuna.load_study(study_name="tiny", storage=url)
     assert len(original.trials) == 1
+    # --new-study on an unchanged space: a new study as asked, never a silent resume
+    again = prepare_study(tiny_spec(n_trials=1), tmp_path, run=False, new_study=True).study
+    assert again.study_name == "tiny-3"
 
 
 def test_a_machine_that_filters_the_space_differently_is_refused(tmp_path: Path, prepare_study):
@@ -443,6 +447,19 @@ def test_among_tied_leaders_the_better_score_wins():
     assert lowest.winner.trial == 1 and lowest.tie_break == "score"
     stored = ConfirmationRecord.from_attrs(losses.to_attrs())
     assert stored == losses and Verdict.of(stored).winner.trial == 1
+
+
+def test_a_round_too_noisy_to_rank_names_the_best_median_not_the_better_score():
+    # measured on a disturbed machine (spread ±100%): trial 5's median was 1.8x trial 11's,
+    # yet everything was "tied" and the tie went to trial 11 for its better accuracy
+    record = _round(
+        {11: [0.092, 0.02, 0.2], 5: [0.166, 0.05, 0.4], 0: [0.05, 0.01, 0.1]},
+        score={11: 0.916, 5: 0.900, 0: 0.9},
+        baseline=0,
+    )
+    verdict = Verdict.of(record)
+    assert verdict.spread is not None and verdict.spread > NOISY_SPREAD
+    assert verdict.winner.trial == 5 and verdict.tie_break == "noisy" and verdict.tied == ()
 
 
 def test_infeasible_runs_do_not_count_and_a_mostly_infeasible_leader_cannot_win():

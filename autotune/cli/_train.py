@@ -341,6 +341,33 @@ def run(
             ],
             EXIT_FAILED,
         )
+    # one rule for a run whose trials all failed, whatever their messages: it fails too
+    untrained = none_trained(study)
+    if untrained is not None:
+        raise fail(untrained, EXIT_FAILED)
+
+
+def none_trained(study: Any) -> str | None:
+    """One line when no trial of the study trained to its end (every one failed or was
+    stopped), with its trials' commonest reason; None when one did."""
+    from collections import Counter
+
+    from optuna.trial import TrialState
+
+    from autotune import study as studies
+
+    if study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        return None
+    reasons: Counter[str] = Counter()
+    for trial in study.get_trials(deepcopy=False):
+        record = studies.TrialRecord.of(trial)
+        if record.fail_msg:
+            reasons[record.fail_msg] += 1
+    said = "no trial of the study trained to its end"
+    if not reasons:
+        return said
+    reason, count = reasons.most_common(1)[0]
+    return f"{said}; {count} of its trials: {reason}"
 
 
 def _worker_exit(outcome: Any) -> None:

@@ -256,6 +256,9 @@ def confirmation_progress(console: Console, spec: Spec) -> Callable[[ConfirmRun,
         line = Text(f"confirm {done:>3}/{total}  trial {run.trial:>3} run {run.repeat}  ")
         if run.value is None:
             line.append(f"{run.fault}", style="red")
+        elif not run.feasible and not spec.objective.per_second:  # its value is time spent
+            line.append(f"target not reached in {run.value:.3g} s", style="yellow")
+            line.append(f"  best {score_text(spec.objective, run.score)}")
         else:
             line.append(
                 f"{fmt(run.value)} {unit}", style="bold green" if run.feasible else "yellow"

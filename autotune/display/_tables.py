@@ -15,6 +15,7 @@ from rich.text import Text
 
 from autotune import study as studies
 from autotune.display._text import (
+    command,
     fmt,
     metric_unit,
     params,
@@ -280,6 +281,14 @@ def print_confirmation(console: Console, study: optuna.Study, spec: Spec) -> Non
             f"[bold]Answer: trial {winner.trial}[/], {fmt(winner.median)} {unit} "
             f"(median of {len(winner.values)} runs; run-to-run spread {spread})"
         )
+        if verdict.tie_break == "noisy":
+            where = study_options(study.study_name, spec.study.storage)
+            console.print(
+                f"[yellow]The machine was too noisy to rank the leaders[/] (run-to-run spread "
+                f"{spread}, over ±{studies.NOISY_SPREAD:.0%}): trial {winner.trial} is named for "
+                f"the best median. Confirm again on a quiet machine: "
+                f"{command('autotune', 'confirm', *where)}"
+            )
         if verdict.tied:
             numbers = [str(winner.trial), *(str(c.trial) for c in verdict.tied)]
             together = f"{', '.join(numbers[:-1])} and {numbers[-1]}"

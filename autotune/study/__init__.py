@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from autotune.study._confirm import (
+        NOISY_SPREAD,
         Confirmed,
         Verdict,
         answer_trial,
@@ -75,6 +76,7 @@ if TYPE_CHECKING:
 _MODULES = {
     "Confirmed": "_confirm",
     "Verdict": "_confirm",
+    "NOISY_SPREAD": "_confirm",
     "answer_trial": "_confirm",
     "confirm_study": "_confirm",
     "confirmation_plan": "_confirm",
@@ -134,6 +136,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "COUNTED_STATES",
     "METRIC_FIELDS",
+    "NOISY_SPREAD",
     "Access",
     "ConfirmRun",
     "ConfirmationRecord",

@@ -25,6 +25,10 @@ The rule (``Verdict.of``):
   lower validation loss) wins, then the better median value: the study names them and says
   which rule picked. (Overlapping ranges are no test: with three runs one slow outlier makes a
   configuration 35% behind "tied".)
+- a round whose spread is wider than ``NOISY_SPREAD`` cannot rank its leaders at all (with
+  ±100% every leader is "tied", and the score would hand the answer to a slower one): its
+  answer is the best median, and the study says the machine was too noisy and how to confirm
+  again (``tie_break`` "noisy");
 - the speed-up over the untuned baseline is the ratio of the two medians of the round's own
   runs, measured side by side: the original trials are left out of it, because the leaders
   were chosen for a high original value (a winner's curse: ten seeds on the quickstart
@@ -118,6 +122,10 @@ class Confirmed:
         return (self.high - self.low) / 2 / abs(self.median)
 
 
+# a round whose run-to-run spread is wider than this (relative) cannot rank its leaders
+NOISY_SPREAD = 0.25
+
+
 @dataclass(frozen=True)
 class Verdict:
     """What a confirmation round concludes (see the module's docstring for the rule)."""
@@ -125,7 +133,9 @@ class Verdict:
     ranked: tuple[Confirmed, ...]  # eligible configurations, the answer first
     winner: Confirmed | None
     tied: tuple[Confirmed, ...]  # the others tied with the winner within the noise
-    tie_break: str  # which rule picked the winner among the tied: "score" or "value"
+    # which rule picked the winner among the tied: "score" or "value"; "noisy" when the round
+    # was too noisy to rank the leaders and the best median was named
+    tie_break: str
     baseline: Confirmed | None
     spread: float | None  # the typical relative spread (0.06 for ±6%)
     complete: bool
@@ -185,6 +195,17 @@ class Verdict:
         if not eligible:
             return cls((), None, (), "value", baseline, spread, record.complete, record.maximize)
         best = eligible[0]
+        if spread is not None and spread > NOISY_SPREAD:
+            return cls(
+                tuple(eligible),
+                best,
+                (),
+                "noisy",
+                baseline,
+                spread,
+                record.complete,
+                record.maximize,
+            )
 
         def within_noise(other: Confirmed) -> bool:
             behind = sign * (best.median - other.median) / abs(best.median or 1.0)

@@ -178,14 +178,15 @@ def open_study(
 ) -> optuna.Study:
     """Create the study of ``spec`` (already restricted to ``hardware``), or resume it.
 
-    A study whose search differs is refused (StudyError with a diff) unless ``new_study``,
-    which starts a fresh study under the next free name (``name-2``, ``name-3``, ...).
+    A study whose search differs is refused (StudyError with a diff). ``new_study`` starts a
+    fresh study under the next free name (``name-2``, ``name-3``, ...), whether or not the
+    search changed: what the user asked for is a new study, never a silent resume.
     """
     name = spec.study_name
     if name in optuna.get_all_study_names(storage):
         study = optuna.load_study(study_name=name, storage=storage)
         problem = _resume_problem(study, spec)
-        if problem is None:
+        if problem is None and not new_study:
             return _with_sampler(study, spec, storage)
         if not new_study:
             raise StudyError(
