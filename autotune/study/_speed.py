@@ -10,7 +10,8 @@ pipelines, compile modes that cannot pay back, precisions far behind, a spent bu
 ``_speed_rules``'s. Each distinct compiled graph is compiled once
 (``execution.compile_state``) and every setting that reuses it is charged its cold compile.
 Measurements are stored in, and reused from, the speed study (``_speed_store``); ``--remeasure``
-ignores earlier ones.
+ignores earlier ones. How one measurement is taken (claimed, timed on this machine's turn,
+charged, stored) is ``_speed_take``'s.
 
 The stage's answer is a ``SpeedTable``: for each micro-batch split (batch x accumulation) and
 precision, the settings with which a trial finishes soonest, charged as the objective charges.
@@ -18,39 +19,21 @@ precision, the settings with which a trial finishes soonest, charged as the obje
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import time
-import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import optuna
 
-from autotune.config import TrialConfig
-from autotune.execution import graph_key
-from autotune.executor import TrialExecutor, attempt
-from autotune.faults import FaultKind, TrialFault
-from autotune.interference import interfered
+from autotune.executor import TrialExecutor
 from autotune.spec import Spec
-from autotune.speed import COMPUTE_KNOBS, BurstPlan, SpeedMeasurement, SpeedTable
+from autotune.speed import COMPUTE_KNOBS, SpeedTable
 from autotune.study import adapter
-from autotune.study._claims import Claims
-from autotune.study._speed_plan import Cell, Settings, SpeedPlan, config_key, context_key, describe
+from autotune.study._speed_plan import Cell, Settings, SpeedPlan, context_key, describe
 from autotune.study._speed_rules import CellResult, LeftOut
-from autotune.study._speed_store import (
-    Pool,
-    SpeedEvent,
-    SpeedRecord,
-    context_facts,
-    known_distributions,
-    load_cache,
-    open_speed_study,
-    speed_trial,
-)
+from autotune.study._speed_store import Pool, SpeedEvent, context_facts, load_cache
 from autotune.study._speed_table import speed_table
-from autotune.study._walls import MemoryWalls
-from autotune.turns import turn
+from autotune.study._speed_take import SettingTimer
 
 if TYPE_CHECKING:
     from autotune.hardware import Hardware
@@ -60,12 +43,11 @@ __all__ = ["run_speed_stage"]
 
 CONTENDER_MARGIN = 0.10  # settings within this of a cell's fastest are measured again
 MAX_CONTENDERS = 4  # ... at most this many per cell
-# faults that say nothing about the configuration: not cached, measured again next time
-_TRANSIENT = (FaultKind.TIMEOUT_UNDER_LOAD, FaultKind.INTERRUPTED)
-CLAIM_POLL_SECONDS = 0.5  # how often a process waiting for another's measurement looks
 
 
-class _Stage:
+class _Stage(SettingTimer):
+    """Stage 1 over the cells of its plan: what to measure, and what the cells rule out."""
+
     def __init__(
         self,
         study: optuna.Study,
@@ -78,49 +60,9 @@ class _Stage:
         since: datetime.datetime | None,
         on_wait: Callable[[str], None] | None = None,
     ) -> None:
-        self.storage = adapter.storage_of(study)
-        self.speed_study = open_speed_study(self.storage, study.study_name)
-        self.known = known_distributions(self.speed_study)  # its parameters' axes
-        self.since = since  # measurements before this are not reused (--remeasure)
-        self.study_name = study.study_name
-        self.spec = spec
-        self.plan = plan
-        self.executor = executor
-        self.context = context
-        self.pools = pools
-        self.on_event = on_event
-        self.on_wait = on_wait  # hears that a measurement waits for another process
-        self.claims = Claims(self.speed_study)  # who times which setting, across machines
+        super().__init__(study, spec, plan, executor, context, pools, on_event, since, on_wait)
         self.left_out = LeftOut(spec)  # what the cells timed so far rule out, and its budget
         self.last_winner: Settings | None = None  # the fastest settings of the last cell
-        self.burst_plan = BurstPlan(
-            bursts=spec.study.speed.bursts,
-            burst_seconds=spec.study.speed.burst_seconds,
-            # each distinct graph compiled once in this stage (execution.compile_state)
-            keep_compiled=uuid.uuid4().hex,
-        )
-        # graph_key -> the cold compile's seconds, charged to every setting that reuses it
-        self.cold_compiles: dict[str, float] = {}
-        self.walls = MemoryWalls()  # larger micro-batches than one out of memory: not timed
-        self.tried: dict[Cell, list[Settings]] = {}  # every setting of a cell, in order
-
-    def key(self, cell: Cell, settings: Settings) -> str:
-        return config_key(self.context, self.plan.config(cell, settings))
-
-    def pool(self, cell: Cell, settings: Settings) -> Pool:
-        return self.pools.setdefault(self.key(cell, settings), Pool())
-
-    def measure(self, cell: Cell, settings: Settings, count: int) -> None:
-        """Measure ``settings`` in ``cell`` until it has ``count`` measurements (or a fault),
-        waiting for another process that holds its claim."""
-        said = False
-        while (other := self._claim_and_measure(cell, settings, count)) is not None:
-            if not said and self.on_wait is not None:
-                self.on_wait(
-                    f"waiting for autotune process {other}, which times {describe(settings)}"
-                )
-                said = True
-            time.sleep(CLAIM_POLL_SECONDS)
 
     def measure_all(
         self,
@@ -144,142 +86,6 @@ class _Stage:
         for settings in held:
             self.measure(cell, settings, count)
         return kept
-
-    def _claim_and_measure(self, cell: Cell, settings: Settings, count: int) -> str | None:
-        """Measure ``settings`` once if it needs it and this process can claim it; None when
-        it has what it needs, else who holds its claim (``host:pid``)."""
-        if settings not in self.tried.setdefault(cell, []):
-            self.tried[cell].append(settings)
-        pool = self.pool(cell, settings)
-        words = describe(settings)
-        config = self.plan.config(cell, settings)
-        blocked = self.walls.blocks(config)
-        if pool.fault is None and not pool.results and blocked is not None:
-            pool.fault = (FaultKind.OOM.value, blocked)
-            self.on_event(
-                SpeedEvent(cell.label(), words, None, None, False, pool.fault[1], 1, False)
-            )
-            return None
-        if self._done(cell, settings, count):
-            return None
-        # each (setting, round) is timed once by whichever process of the study claims it
-        # first, on this machine or another; the others take its measurement as it is
-        self._refresh(cell, settings)
-        if self._done(cell, settings, count):
-            return None
-        key, round_number = self.key(cell, settings), len(pool.results) + 1
-        with self.claims.hold(key, round_number) as other:
-            if other is not None:
-                return other
-            self._refresh(cell, settings)  # finished by another since the first look?
-            if not self._done(cell, settings, count):
-                # on its turn: no other process trains on these cores or GPU meanwhile
-                with turn(config.device, config.world_size, self.on_wait):
-                    self._take(cell, settings, config)
-        return None
-
-    def _done(self, cell: Cell, settings: Settings, count: int) -> bool:
-        """Whether ``settings`` has ``count`` measurements in ``cell`` already (or a fault);
-        reported, at its first round, as reused."""
-        pool = self.pool(cell, settings)
-        words = describe(settings)
-        if pool.fault is not None or len(pool.results) >= count:
-            if count == 1:  # reported once, not at every round
-                fault = pool.fault[1] if pool.fault else None
-                best = pool.combined()
-                self.on_event(
-                    SpeedEvent(
-                        cell.label(),
-                        words,
-                        best.samples_per_second() if best else None,
-                        best.spread if best else None,
-                        True,
-                        fault,
-                        1,
-                    )
-                )
-            return True
-        return False
-
-    def _refresh(self, cell: Cell, settings: Settings) -> None:
-        """Read ``settings``' measurements in ``cell`` from the storage again: another process
-        may have taken some since the stage started."""
-        key = self.key(cell, settings)
-        found = load_cache(self.storage, self.context, self.since, key, self.study_name)
-        if key in found and len(found[key].results) > len(self.pool(cell, settings).results):
-            self.pools[key] = found[key]
-
-    def _take(self, cell: Cell, settings: Settings, config: TrialConfig) -> None:
-        """Time ``settings`` in ``cell`` once more, store it, and say so."""
-        pool = self.pool(cell, settings)
-        words = describe(settings)
-        round_number = len(pool.results) + 1
-        record = SpeedRecord(
-            cache_key=self.key(cell, settings),
-            context=self.context,
-            cell=cell.label(),
-            settings=words,
-            round=round_number,
-        )
-        result = attempt(lambda: self.executor.measure(config, self.burst_plan))
-        if isinstance(result, TrialFault):
-            kind, message = result.kind, result.message
-            if kind == FaultKind.OOM:
-                self.walls.add(config, "stage 1")
-            failed = dataclasses.replace(record, fail_kind=kind.value, fail_msg=message)
-            self._store(speed_trial(cell, settings, failed, None, self.known))
-            if kind not in _TRANSIENT:
-                pool.fault = (kind.value, message)
-            self.on_event(SpeedEvent(cell.label(), words, None, None, False, message, 1))
-            return
-        result = self._charge_cold_compile(config, result)
-        flagged = interfered(result.other_cpu_share)
-        by_accumulation = {str(a): result.samples_per_second(a) for a in self.plan.accumulations}
-        done = dataclasses.replace(
-            record,
-            measurement=dataclasses.asdict(result),
-            interference=flagged,
-            samples_per_second_by_accumulation=by_accumulation,
-        )
-        speed = result.samples_per_second()
-        number = self._store(speed_trial(cell, settings, done, speed, self.known))
-        pool.results.append((number, result, flagged, round_number))
-        self.on_event(
-            SpeedEvent(
-                cell.label(),
-                words,
-                result.samples_per_second(),
-                result.spread,
-                False,
-                "measured under interference" if flagged else None,
-                round_number,
-            )
-        )
-
-    def _charge_cold_compile(
-        self, config: TrialConfig, result: SpeedMeasurement
-    ) -> SpeedMeasurement:
-        """A measurement charged with its graph's cold compile: a setting that reused a graph
-        compiled earlier in the stage paid almost nothing for it, where a trial pays it all."""
-        if config.compile == "none":
-            return result
-        key = graph_key(config)
-        if not result.compile_warm:
-            self.cold_compiles[key] = result.compile_seconds or 0.0
-            return result
-        cold = self.cold_compiles.get(key)
-        if cold is None:  # its worker compiled it before this stage saw it: not known here
-            return result
-        warm = result.compile_seconds or 0.0
-        return dataclasses.replace(
-            result,
-            one_time_seconds=result.one_time_seconds + max(0.0, cold - warm),
-            compile_seconds=cold,
-        )
-
-    def _store(self, trial: optuna.trial.FrozenTrial) -> int:
-        """Add a finished measurement to the speed study; its trial number."""
-        return adapter.add_finished_trial(self.speed_study, trial)
 
     def speed(self, cell: Cell, settings: Settings) -> float | None:
         """Samples/s of the first round: the stage's decisions rest on it alone, so that a

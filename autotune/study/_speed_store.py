@@ -69,6 +69,7 @@ class SpeedRecord:
     samples_per_second_by_accumulation: dict[str, float] | None = None  # predicted
     fail_kind: str | None = None
     fail_msg: str | None = None
+    fail_traceback: str | None = None  # fail_kind error: where it happened
 
     def to_attrs(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
