@@ -11,7 +11,10 @@ the user stopping the study.
 from __future__ import annotations
 
 import gc
+import os
+import re
 import signal
+import sysconfig
 import traceback
 from enum import StrEnum
 
@@ -195,11 +198,38 @@ def classify(error: BaseException) -> tuple[FaultKind, str]:
 def as_fault(error: BaseException) -> TrialFault:
     """``error`` as the TrialFault it stands for, classified once, where it happened: a
     TrialFault as it is; anything else with its kind, its one-line message and, in ``details``,
-    the traceback being handled (call it inside the ``except`` block)."""
+    the traceback being handled (call it inside the ``except`` block). An unexpected error's
+    message ends with where the user's own code raised it (``user_frame``)."""
     if isinstance(error, TrialFault):
         return error
     kind, message = classify(error)
-    return TrialFault(kind, message, traceback.format_exc()[-4000:])
+    details = traceback.format_exc()[-4000:]
+    where = user_frame(details) if kind == FaultKind.ERROR else None
+    return TrialFault(kind, f"{message} (at {where})" if where else message, details)
+
+
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<name>\S+)', re.M)
+_NOT_USERS = (
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,  # autotune itself
+    sysconfig.get_paths()["stdlib"] + os.sep,
+    sysconfig.get_paths()["purelib"] + os.sep,  # torch, torchvision, the user's dependencies
+    sysconfig.get_paths()["platlib"] + os.sep,
+)
+
+
+def user_frame(details: str) -> str | None:
+    """Where in the user's own code a traceback's error was raised: ``my_model.py:42 in
+    forward`` (relative to the working directory when under it), the deepest frame outside
+    autotune, Python and installed packages; None when there is none (autotune's own error, or
+    a library's called from autotune)."""
+    found = None
+    for frame in _FRAME.finditer(details):
+        path = os.path.abspath(frame["path"])
+        if path.startswith(_NOT_USERS) or frame["path"].startswith("<"):
+            continue
+        shown = os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
+        found = f"{shown}:{frame['line']} in {frame['name']}"
+    return found
 
 
 def needs_fresh_process(error: BaseException) -> bool:

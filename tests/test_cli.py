@@ -372,3 +372,49 @@ def test_a_run_whose_trials_all_failed_exits_1_saying_why(tmp_path: Path):
     assert said.startswith("error: no trial of the study trained to its end; ")
     assert "of its trials: training loss is nan" in said
     assert "Traceback" not in done.stdout + done.stderr
+
+
+BAD_MODEL = """\
+import torch
+from torch import nn
+
+
+class Bad(nn.Module):
+    def __init__(self, num_classes):
+        super().__init__()
+        self.layer = nn.Linear(3, num_classes)
+
+    def forward(self, x):  # fine on the check's two samples, not on a trial's batches
+        if x.shape[0] > 2:
+            raise ValueError("shapes do not match")
+        return self.layer(x[:, :3])
+
+
+def bad(num_classes):
+    return Bad(num_classes)
+"""
+
+
+def test_a_bug_that_fails_stage_one_names_the_users_file_and_keeps_its_traceback(
+    tmp_path: Path,
+):
+    (tmp_path / "bad_model.py").write_text(BAD_MODEL)
+    text = TINY_SPACE.format(n_trials=2, pruner="none").replace(
+        "autotune.testing:tiny_mlp", "bad_model:bad"
+    )
+    space = write_space(tmp_path, text)
+    done = run_cli("run", str(space), cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    said = " ".join(done.stderr.split())
+    assert "every trial failed with the same error: ValueError: shapes do not match" in said
+    assert "(at bad_model.py:12 in forward)" in said  # the user's own line, in the one line
+    assert "fail_traceback attribute of the failed trials of study tiny.speed" in said
+    assert "the study has none." in done.stdout
+    speed = optuna.load_study(
+        study_name="tiny.speed", storage=f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
+    )
+    kept = [t.user_attrs.get("fail_traceback") for t in speed.trials]
+    assert kept and all(text and 'bad_model.py", line 12' in text for text in kept)
+    verbose = run_cli("run", str(space), "--verbose", cwd=tmp_path)
+    assert verbose.returncode == 1
+    assert 'bad_model.py", line 12, in forward' in verbose.stdout  # the traceback, shown

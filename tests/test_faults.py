@@ -679,3 +679,29 @@ def test_a_heartbeat_gives_up_behind_a_long_write_and_the_next_one_lands(tmp_pat
         writer.close()
     beats.record_heartbeat(trial._trial_id)  # the next beat lands
     assert beats._get_stale_trial_ids(study._study_id) == []
+
+
+def test_an_unexpected_error_names_where_the_users_own_code_raised_it(tmp_path: Path):
+    from autotune.faults import as_fault, user_frame
+
+    source = "def check(x):\n    raise ValueError('bad shape')\n"
+    mine = tmp_path / "my_model.py"
+    mine.write_text(source)
+    try:
+        exec(compile(source + "check(1)\n", str(mine), "exec"), {})
+    except ValueError as error:
+        fault = as_fault(error)
+    assert fault.kind == FaultKind.ERROR
+    assert fault.message == f"ValueError: bad shape (at {mine}:2 in check)"
+    # autotune's own frames, Python's and installed packages' are nobody's code to fix there
+    import json
+
+    import torch
+
+    import autotune
+
+    frames = "".join(
+        f'  File "{path}", line 7, in f\n    x()\n'
+        for path in (autotune.__file__, json.__file__, torch.__file__, "<string>")
+    )
+    assert user_frame(f"Traceback (most recent call last):\n{frames}ValueError: x") is None

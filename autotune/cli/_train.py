@@ -333,11 +333,22 @@ def run(
             EXIT_FAILED,
         )
     if outcome.repeated_error:
+        speed = studies.speed_study_name(study.study_name)
+        kept = (
+            f"the failed trials of study {speed}"
+            if outcome.repeated_in == "stage 1"
+            else "each failed trial"
+        )
+        if verbose:
+            shown = last_traceback(study, outcome.repeated_in)
+            if shown:
+                console.print(shown, markup=False, highlight=False, soft_wrap=True)
         raise fail(
             [
                 f"every trial failed with the same error: {outcome.repeated_error}",
-                "this is a bug in the model or data code, not a bad configuration; the "
-                "traceback is in each trial's fail_traceback attribute (or run with --verbose)",
+                f"this is a bug in the model or data code, not a bad configuration; the "
+                f"traceback is in the fail_traceback attribute of {kept}"
+                + ("" if verbose else " (or run with --verbose)"),
             ],
             EXIT_FAILED,
         )
@@ -345,6 +356,26 @@ def run(
     untrained = none_trained(study)
     if untrained is not None:
         raise fail(untrained, EXIT_FAILED)
+
+
+def last_traceback(study: Any, where: str) -> str | None:
+    """The traceback of the last failed trial of the study (``where`` "trials") or of its
+    stage 1 (``where`` "stage 1"), as stored; None when none was stored."""
+    import optuna
+
+    from autotune import study as studies
+    from autotune.study import adapter
+
+    if where == "stage 1":
+        name = studies.speed_study_name(study.study_name)
+        speed = optuna.load_study(study_name=name, storage=adapter.storage_of(study))
+        records = [studies.SpeedRecord.of(t) for t in speed.get_trials(deepcopy=False)]
+        kept = [r.fail_traceback for r in records if r is not None and r.fail_traceback]
+    else:
+        trials = study.get_trials(deepcopy=False)
+        kept = [t.user_attrs.get("fail_traceback") for t in trials]
+        kept = [text for text in kept if text]
+    return str(kept[-1]) if kept else None
 
 
 def none_trained(study: Any) -> str | None:

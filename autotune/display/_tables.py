@@ -215,7 +215,7 @@ def print_summary(
 ) -> None:
     """Trial counts, the best trials, the confirmation round (when asked), the answer."""
     counts = ", ".join(f"{n} {state.lower()}" for state, n in outcome.states.items())
-    console.print(f"{outcome.trials_run} trials this run; the study has {counts}.")
+    console.print(f"{outcome.trials_run} trials this run; the study has {counts or 'none'}.")
     table = _best_table(study, spec)
     if table is None:
         goal = spec.objective

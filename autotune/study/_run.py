@@ -45,6 +45,9 @@ class RunOutcome:
     interrupted: bool = False
     terminated: bool = False  # interrupted by SIGTERM rather than Ctrl-C
     repeated_error: str | None = None
+    # where the repeated error's traceback is kept: "trials" (each trial's fail_traceback) or
+    # "stage 1" (the failed trials of the NAME.speed study)
+    repeated_in: str = "trials"
     states: dict[str, int] = field(default_factory=dict)
     speed_table: SpeedTable | None = None  # two-stage studies: stage 1's answer
     stage_failed: str | None = None  # stage 1 could run no setting at all: why
@@ -133,6 +136,7 @@ def run_study(
             kind, why = failure
             if kind == FaultKind.ERROR:  # the same bug everywhere, as trials would show it
                 outcome.repeated_error = why
+                outcome.repeated_in = "stage 1"
             else:
                 outcome.stage_failed = why
             return outcome
