@@ -197,6 +197,7 @@ def _lightning(best: BestConfig) -> dict[str, Any]:
             searched(best, "batch_size", "per micro-batch"),
         ),
         Argument("shuffle", "True"),
+        Argument("drop_last", "True", "as the trials: the last partial batch is left out"),
         *loader_arguments(best),
     ]
     if config.dataloader_timeout > 0:
@@ -253,6 +254,13 @@ def _hf(best: BestConfig) -> dict[str, Any]:
     precision = config.precision
     scheduler, notes = _hf_schedule(best)
     warmup = config.warmup_fraction or (0.3 if config.schedule == "onecycle" else 0.0)
+    if warmup > 0:
+        notes = [  # one comment line each
+            *notes,
+            "warm-up: the Trainer's starts from a learning rate of 0 at its first step, the",
+            "study's from learning_rate / warmup steps: one optimizer step further along, the",
+            "two meet at the end of the warm-up. TrainingArguments has no setting for it.",
+        ]
     precision_comment = searched(best, "precision", f"autotune's {precision}")
     arguments = [
         Argument(
@@ -292,6 +300,8 @@ def _hf(best: BestConfig) -> dict[str, Any]:
     ]
     if config.compile not in ("none", "default"):
         arguments.append(Argument("torch_compile_mode", literal(config.compile)))
+    dropped = "as the trials: the last partial batch is left out"
+    arguments.append(Argument("dataloader_drop_last", "True", dropped))
     arguments += loader_arguments(best, "dataloader_")
     arguments.append(Argument("per_device_eval_batch_size", literal(config.val_batch_size)))
     arguments.append(Argument("seed", literal(config.seed), "the trial's seed"))
