@@ -52,6 +52,11 @@ def val_mse(model, val_loader, device):  # lower is better
     return total / count
 
 
+@torch.no_grad()
+def neg_mse(model, val_loader, device):  # higher is better, and below 0
+    return -val_mse(model, val_loader, device)
+
+
 def raises(model, val_loader, device):
     return {"f1": 1.0}["no_such_column"]
 
@@ -283,3 +288,24 @@ def test_the_commands_name_the_score(score_dir):
     assert re.search(r"validation val_mse: \d", best.stdout), best.stdout
     # the score function is the user's code too: said with the rest
     assert "scores:regression, scores:mse, scores:val_mse" in best.stdout
+
+
+@pytest.mark.slow
+def test_a_score_below_0_under_a_per_second_metric_is_said_before_the_study(score_dir):
+    """A negated MSE under score_per_second makes every trial infeasible: the check before the
+    study says so in one line, with the fix."""
+    space = REGRESSION_SPACE.replace("n_trials: 3", "n_trials: 1").replace(
+        """  metric: time_to_score
+  score: scores:val_mse
+  higher_is_better: false
+  target_score: 2.0
+""",
+        "  score: scores:neg_mse\n",
+    )
+    (score_dir / "space.yaml").write_text(space)
+    done = run_cli("run", "space.yaml", cwd=score_dir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = " ".join(done.stdout.split())
+    assert "warning: score neg_mse is -" in said
+    assert "neg_mse_per_second needs a score of 0 or more" in said
+    assert "use objective.metric time_to_score with a target_score" in said

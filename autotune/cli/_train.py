@@ -192,6 +192,16 @@ def run(
             display.print_item(console, "workers", describe_shares(shares))
         for line in workload.warnings:  # what the check of the workload found doubtful
             console.print(f"[yellow]warning:[/] {escape(line)}")
+        untrained = workload.untrained_score
+        if spec.objective.per_second and untrained is not None and untrained < 0:
+            goal = spec.objective
+            console.print(
+                f"[yellow]warning:[/] score {escape(goal.score_name)} is {untrained:.4g} on the "
+                f"untrained model: {goal.metric_name} needs a score of 0 or more (a trial that "
+                f"ends below 0 is infeasible); use objective.metric time_to_score with a "
+                f"target_score, or a score that is 0 or more",
+                soft_wrap=True,
+            )
     else:
         assert share is not None
         console.print(f"{share.describe()} of study {study.study_name}", markup=False)
@@ -353,9 +363,9 @@ def run(
             EXIT_FAILED,
         )
     # one rule for a run whose trials all failed, whatever their messages: it fails too
-    untrained = none_trained(study)
-    if untrained is not None:
-        raise fail(untrained, EXIT_FAILED)
+    never_trained = none_trained(study)
+    if never_trained is not None:
+        raise fail(never_trained, EXIT_FAILED)
 
 
 def last_traceback(study: Any, where: str) -> str | None:

@@ -253,6 +253,7 @@ class Checked(NamedTuple):
 
     warnings: tuple[str, ...]  # doubtful, one line each
     classes_last: bool  # its logits hold the classes in the last dimension, not in dimension 1
+    untrained_score: float | None = None  # the user's score of the fresh model (None: built-in)
 
 
 class Entries(NamedTuple):
@@ -336,9 +337,10 @@ def check(
                     f"steps of {1 / max(total, 1):.3g}, too coarse to tell close configurations "
                     f"apart"
                 )
+    untrained = None
     if score_fn is not None:
-        _user_score(score_fn, model, splits.val, splits.collate_fn, names.score)
-    return Checked(tuple(warnings), bool(classes_last))
+        untrained = _user_score(score_fn, model, splits.val, splits.collate_fn, names.score)
+    return Checked(tuple(warnings), bool(classes_last), untrained)
 
 
 def _nothing_scored(targets: torch.Tensor) -> bool:

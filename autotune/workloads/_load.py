@@ -187,6 +187,7 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accurac
         score=score,
         score_fn=score_fn,
         classes_last=checked.classes_last,
+        untrained_score=checked.untrained_score,
     )
 
 

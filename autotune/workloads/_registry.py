@@ -72,6 +72,8 @@ class Workload:
     score: str = "accuracy"  # objective.score: a built-in's name, or the user's entry
     score_fn: ScoreFn | None = None  # the user's score function; None: the built-in ``score``
     classes_last: bool = False  # its logits hold the classes last ([batch, *d, classes])
+    # the user's score of the fresh model on the first validation samples (None: a built-in)
+    untrained_score: float | None = None
 
     @property
     def classifies(self) -> bool:
