@@ -8,7 +8,7 @@ whole process group (DataLoader workers included), records the trial and starts 
 GPU memory is released between such trials by construction.
 
 The pipe carries the frozen message types below (pickled), and nothing else:
-    study -> worker   RunTrial, then a Verdict after each Evaluated; or MeasureSpeed;
+    study -> worker   RunTrial, then a StopOrGoOn after each Evaluated; or MeasureSpeed;
                       Exit when idle
     worker -> study   Ready or StartFailed once; per trial Evaluated..., then Finished or
                       Faulted; per speed measurement Measured or Faulted
@@ -75,7 +75,7 @@ class MeasureSpeed:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class StopOrGoOn:
     """study -> worker: the answer to an evaluation (the pruner's, or a reached target)."""
 
     stop: bool
@@ -100,14 +100,14 @@ class StartFailed:
 
 @dataclass(frozen=True)
 class Evaluated:
-    """worker -> study: an evaluation of the running trial; a Verdict must answer it."""
+    """worker -> study: an evaluation of the running trial; a StopOrGoOn must answer it."""
 
     evaluation: Evaluation
 
 
 @dataclass(frozen=True)
 class Finished:
-    """worker -> study: the running trial trained to its end (or was stopped by a Verdict)."""
+    """worker -> study: the running trial trained to its end (or was stopped by a StopOrGoOn)."""
 
     result: TrialResult
 
@@ -129,7 +129,7 @@ class Faulted:
     needs_fresh_process: bool  # a broken CUDA context: this worker exits after sending it
 
 
-ToWorker = RunTrial | MeasureSpeed | Verdict | Exit
+ToWorker = RunTrial | MeasureSpeed | StopOrGoOn | Exit
 FromWorker = Ready | StartFailed | Evaluated | Finished | Measured | Faulted
 Request = RunTrial | MeasureSpeed
 
@@ -324,7 +324,7 @@ class WorkerExecutor:
                     continue
                 message: FromWorker = connection.recv()
                 if isinstance(message, Evaluated):
-                    connection.send(Verdict(stop=report(message.evaluation)))
+                    connection.send(StopOrGoOn(stop=report(message.evaluation)))
                 elif isinstance(message, Finished):
                     return message.result
                 elif isinstance(message, Measured):
@@ -455,7 +455,7 @@ def _serve(
 
         def report(evaluation: Evaluation) -> bool:
             connection.send(Evaluated(evaluation))
-            verdict: Verdict = connection.recv()
+            verdict: StopOrGoOn = connection.recv()
             return verdict.stop
 
         try:
