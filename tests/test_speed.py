@@ -723,6 +723,32 @@ def test_a_precision_far_behind_at_its_first_cell_times_one_setting_in_the_other
     assert close.far_behind(Cell(32, "bf16")) is None
 
 
+def test_channels_last_no_faster_under_a_compile_mode_is_not_tried_in_later_cells():
+    from autotune.study._speed_rules import CellResult, LeftOut
+
+    spec = restrict(parse_spec(two_stage(), Path("space.yaml")), CPU).spec
+    rules = LeftOut(spec)
+
+    def setting(mode: str, layout: bool) -> tuple[tuple[str, object], ...]:
+        return (("compile", mode), ("channels_last", layout))
+
+    speeds = {
+        ("none", False): 1000.0,
+        ("none", True): 900.0,  # eager: the rule does not judge it
+        ("default", False): 2000.0,
+        ("default", True): 1960.0,  # Inductor picks its layouts: no faster with the flag
+        ("max-autotune", False): 2100.0,
+        ("max-autotune", True): 2300.0,  # faster: kept
+    }
+    results = [CellResult(setting(*k), v, None, None) for k, v in speeds.items()]
+    rules.learn(Cell(16, "fp32"), results)
+    why = rules.why(Cell(32, "fp32"), setting("default", True), compute_pass=True)
+    assert why is not None and "channels_last under compile default" in why and "-2%" in why
+    assert rules.why(Cell(32, "fp32"), setting("default", False), compute_pass=True) is None
+    assert rules.why(Cell(32, "fp32"), setting("max-autotune", True), compute_pass=True) is None
+    assert rules.why(Cell(32, "fp32"), setting("none", True), compute_pass=True) is None
+
+
 def test_stage_one_times_a_precision_far_behind_with_one_setting_after_its_first_cell(
     tmp_path: Path, prepare_study
 ):

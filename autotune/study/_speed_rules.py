@@ -1,12 +1,15 @@
 """What stage 1 leaves out, and why: the rules that keep it within what its answer is worth.
 
-Four rules, each said in stage 1's table where it leaves a setting out:
+Five rules, each said in stage 1's table where it leaves a setting out:
 
 - a *pipeline* far behind (under ``SLOW_PIPELINE_SHARE`` of its cell's fastest) at one
   precision is not tried at the micro-batch's other precisions: what a pipeline costs a batch
   (loading, workers' start and hand-over) does not depend on the precision;
 - a *compile mode* whose cold compile cannot pay back over the full run (``unpaid_compile``),
   or that failed to compile in every setting of a cell, is not tried in the cells after it;
+- *channels_last under a compile mode* that was no faster than without it in the first cell
+  that timed both (Inductor chooses its own layouts, so the flag rarely matters there) is not
+  tried under that mode in the cells after it;
 - a *precision far behind* (its first cell under ``DOMINATED_SHARE`` of another precision's
   speed at the same micro-batch: bf16 on a CPU without bf16 units) times one setting in each
   of its other cells, its first cell's fastest: no pipeline or compile choice closes such a
@@ -84,6 +87,8 @@ class LeftOut:
         # (micro-batch, declared knobs) -> pipelines far behind at a precision timed before
         self.slow_pipelines: dict[tuple[Any, ...], dict[Settings, str]] = {}
         self.dropped_modes: dict[str, str] = {}  # compile modes not tried any more, and why
+        # compile modes under which channels_last is not tried any more, and why
+        self.dropped_layouts: dict[str, str] = {}
         self.slowest_eager_epoch = 0.0  # seconds: the most an epoch of any cell took eager
         self.best_speedup: dict[str, float] = {}  # compile mode -> best eager/compiled seen
         # (micro-batch, declared knobs) -> precision -> its cell's fastest first round
@@ -108,6 +113,8 @@ class LeftOut:
             return self.budget_spent()
         if mode in self.dropped_modes:
             return self.dropped_modes[mode]
+        if dict(settings).get("channels_last") and mode in self.dropped_layouts:
+            return self.dropped_layouts[mode]
         if compute_pass:
             return None
         slow = self.slow_pipelines.get((cell.batch_size, cell.extras), {})
@@ -123,7 +130,27 @@ class LeftOut:
         whether its precision is far behind."""
         self._learn_pipelines(cell, results)
         self._learn_compile_modes(cell, results)
+        self._learn_layouts(cell, results)
         self._learn_precision(cell, results)
+
+    def _learn_layouts(self, cell: Cell, results: list[CellResult]) -> None:
+        """Each compile mode under which channels_last was timed both ways in ``cell`` and was
+        not faster with it (first rounds, each way's fastest)."""
+        fastest: dict[tuple[str, bool], float] = {}
+        for result in results:
+            mode = _mode(result.settings)
+            if mode == "none" or result.first_round is None:
+                continue
+            key = (mode, bool(dict(result.settings).get("channels_last")))
+            fastest[key] = max(fastest.get(key, 0.0), result.first_round)
+        for (mode, layout), speed in fastest.items():
+            plain = fastest.get((mode, False))
+            if not layout or plain is None or mode in self.dropped_layouts or speed > plain:
+                continue
+            self.dropped_layouts[mode] = (
+                f"not tried: channels_last under compile {mode} was no faster than without it "
+                f"at {cell.label()} ({speed / plain - 1:+.0%})"
+            )
 
     def _learn_precision(self, cell: Cell, results: list[CellResult]) -> None:
         timed = [(r.first_round, r.settings) for r in results if r.first_round is not None]
