@@ -955,10 +955,12 @@ def test_a_claimed_setting_is_timed_by_its_holder_and_a_lost_holder_is_taken_ove
             assert held_by is None  # another round is another claim
     assert here.study.user_attrs[CLAIMS_ATTR] == {}  # dropped when done
     # a claim whose process stopped renewing it (killed, its machine lost) is taken over
-    lost = {"k round 1": {"by": "gone-host:1", "beat": time.time() - CLAIM_STALE_SECONDS - 1}}
-    here.study.set_user_attr(CLAIMS_ATTR, lost)
+    gone = {"by": "gone-host:1", "beat": time.time() - CLAIM_STALE_SECONDS - 1}
+    here.study.set_user_attr(CLAIMS_ATTR, {"k round 1": gone, "j round 3": gone})
     with here.hold("k", 1) as other:
         assert other is None
+        assert set(here.study.user_attrs[CLAIMS_ATTR]) == {"k round 1"}  # the lost ones go
+    assert here.study.user_attrs[CLAIMS_ATTR] == {}
 
 
 @pytest.mark.slow

@@ -62,6 +62,12 @@ class Claims:
                 del claims[name]
             else:
                 return None
+            # stale claims of lost processes go with any write: the attribute stays small
+            claims = {
+                other: claim
+                for other, claim in claims.items()
+                if other == name or now - float(claim.get("beat", 0)) < CLAIM_STALE_SECONDS
+            }
             self.study.set_user_attr(CLAIMS_ATTR, claims)
         return None
 
