@@ -5,6 +5,7 @@ beating, and the study's lock under which a process counts the trials and starts
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import threading
 import time
@@ -72,7 +73,9 @@ def study_lock(
     backend = adapter.rdb_storage(adapter.storage_of(study))
     url = backend.url if backend is not None else None
     path = sqlite_path(url) if url is not None else None
-    suffix = f".{purpose}" if purpose else ""
+    # a purpose's lock is the study's own (two studies in one database confirm side by side)
+    suffix = f".{purpose}-{hashlib.sha1(study.study_name.encode()).hexdigest()[:12]}"
+    suffix = suffix if purpose else ""
     if path is not None:  # a full or read-only disk: none; the study's own write says so next
         waiting = (lambda pid: on_wait()) if on_wait is not None else None
         with file_lock(path.with_name(f"{path.name}{suffix}.lock"), waiting):
