@@ -192,8 +192,37 @@ def test_studies_fits_80_columns_with_whole_headers(seen, tmp_path: Path):
     assert entry["complete"] == int(row.split()[1]) and entry["failed"] == int(row.split()[3])
 
 
+def _round(values: dict[int, tuple[float, ...]]):
+    """A complete confirmation round of two leaders, no baseline: trial -> its run values."""
+    from autotune.study import ConfirmationRecord, ConfirmRun
+
+    runs = tuple(
+        ConfirmRun(
+            trial=number,
+            repeat=r,
+            seed=r,
+            value=v,
+            score=0.9,
+            samples_per_second=1.0,
+            feasible=True,
+            wall_seconds=1.0,
+        )
+        for number, series in values.items()
+        for r, v in enumerate(series)
+    )
+    return ConfirmationRecord(
+        top=2,
+        repeats=2,
+        maximize=True,
+        candidates=tuple(values),
+        baseline=None,
+        runs=runs,
+        complete=True,
+    )
+
+
 def test_the_running_best_carries_the_noise_a_confirmation_measured(tmp_path: Path, seen):
-    from autotune.study import ConfirmationRecord, ConfirmRun, StudyRecord
+    from autotune.study import StudyRecord
 
     study, url = seen
     optuna.copy_study(
@@ -213,24 +242,7 @@ def test_the_running_best_carries_the_noise_a_confirmation_measured(tmp_path: Pa
         return observer._best_text()
 
     assert "±" not in best_line()  # no round yet: the spread is unknown
-    runs = tuple(
-        ConfirmRun(
-            trial=number,
-            repeat=r,
-            seed=r,
-            value=v,
-            score=0.9,
-            samples_per_second=1.0,
-            feasible=True,
-            wall_seconds=1.0,
-        )
-        for number, values in ((1, (2.0, 2.2, 2.4)), (2, (1.8, 2.0, 1.9)))
-        for r, v in enumerate(values)
-    )
-    round_ = ConfirmationRecord(
-        top=2, repeats=2, maximize=True, candidates=(1, 2), baseline=None, runs=runs, complete=True
-    )
-    StudyRecord(confirmation=round_).store(copy)
+    StudyRecord(confirmation=_round({1: (2.0, 2.2, 2.4), 2: (1.8, 2.0, 1.9)})).store(copy)
     assert "acc/s ±" in best_line()
 
 
@@ -271,7 +283,7 @@ def test_the_configuration_shows_ddp_settings_only_for_a_trial_of_several_proces
 
 
 def test_a_round_too_noisy_to_rank_says_so_and_how_to_confirm_again(tmp_path: Path, seen):
-    from autotune.study import ConfirmationRecord, ConfirmRun, StudyRecord
+    from autotune.study import StudyRecord
 
     study, url = seen
     copy_url = f"sqlite:///{tmp_path / 'copy.db'}"
@@ -280,31 +292,8 @@ def test_a_round_too_noisy_to_rank_says_so_and_how_to_confirm_again(tmp_path: Pa
     )
     copy = optuna.load_study(study_name="loud", storage=copy_url)
     leaders = [t.number for t in studies.feasible_trials(copy)[:2]]
-    runs = tuple(
-        ConfirmRun(
-            trial=number,
-            repeat=r,
-            seed=r,
-            value=v,
-            score=0.9,
-            samples_per_second=1.0,
-            feasible=True,
-            wall_seconds=1.0,
-        )
-        for number, values in zip(leaders, ((0.9, 0.2, 2.0), (1.6, 0.5, 4.0)), strict=True)
-        for r, v in enumerate(values)
-    )
-    StudyRecord(
-        confirmation=ConfirmationRecord(
-            top=2,
-            repeats=2,
-            maximize=True,
-            candidates=tuple(leaders),
-            baseline=None,
-            runs=runs,
-            complete=True,
-        )
-    ).store(copy)
+    values = dict(zip(leaders, ((0.9, 0.2, 2.0), (1.6, 0.5, 4.0)), strict=True))
+    StudyRecord(confirmation=_round(values)).store(copy)
     console = _console(200)
     display.print_confirmation(console, copy, _spec(study))
     said = " ".join(_text(console).split())
