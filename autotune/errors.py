@@ -8,8 +8,19 @@ escapes is a bug, and keeps its traceback.
 
 from __future__ import annotations
 
-__all__ = ["UserError"]
+__all__ = ["ReportFailed", "UserError"]
 
 
 class UserError(Exception):
     """A problem the user can fix (a file, an argument, the machine): shown as one line."""
+
+
+class ReportFailed(Exception):
+    """The study process could not take a trial's evaluation (its database failed, or stopped
+    answering for longer than it waits): the study's own fault, never the configuration's, so
+    every stage raises it on rather than recording a fault of the trial. ``error`` is what
+    failed."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(f"recording an evaluation failed: {error}")
+        self.error = error

@@ -22,6 +22,7 @@ from typing import Generic, TypeVar
 import torch
 
 from autotune.config import TrialConfig
+from autotune.errors import ReportFailed
 from autotune.faults import as_fault
 from autotune.interference import CpuMeter, trial_threads
 from autotune.trainer import backend_flags
@@ -257,8 +258,8 @@ def guarded(
             return Guarded(value, threads, share)
         except BaseException as error:
             graph.failed = True  # a graph that failed (or was interrupted) is not kept
-            if not isinstance(error, Exception):
-                raise
+            if not isinstance(error, Exception) or isinstance(error, ReportFailed):
+                raise  # an interruption, or the study's own fault: not the configuration's
             fault = as_fault(error)
             fault.__traceback__ = None
     # Raised here, outside the except block, the fault carries no traceback of the run's

@@ -15,7 +15,7 @@ from typing import Protocol, TypeVar
 from autotune import bursts, distributed, runner
 from autotune.config import TrialConfig
 from autotune.distributed import WorkloadSource
-from autotune.errors import UserError
+from autotune.errors import ReportFailed, UserError
 from autotune.faults import TrialFault, as_fault, needs_fresh_process, release_memory
 from autotune.results import Reporter, TrialResult
 from autotune.speed import BurstPlan, SpeedMeasurement
@@ -47,11 +47,11 @@ def attempt(call: Callable[[], Outcome]) -> Outcome | TrialFault:
     """Run one executor call (a trial, a measurement, a confirmation run): what it returned, or
     the fault that stopped it, classified where it happened, with the memory it left behind
     released. The study's trials, stage 1 and the confirmation round all call an executor
-    through here. An interruption (Ctrl-C, SIGTERM) and a worker that cannot start are not a
-    configuration's faults: they propagate."""
+    through here. An interruption (Ctrl-C, SIGTERM), a worker that cannot start and a study
+    that cannot record an evaluation are not a configuration's faults: they propagate."""
     try:
         return call()
-    except (KeyboardInterrupt, WorkerError):
+    except (KeyboardInterrupt, WorkerError, ReportFailed):
         raise
     except Exception as error:
         fault = as_fault(error)

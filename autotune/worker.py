@@ -324,7 +324,11 @@ class WorkerExecutor:
                     continue
                 message: FromWorker = connection.recv()
                 if isinstance(message, Evaluated):
-                    connection.send(StopOrGoOn(stop=report(message.evaluation)))
+                    asked = time.monotonic()
+                    stop = report(message.evaluation)
+                    # the worker waited for the answer (a database that restarts): not its time
+                    started += time.monotonic() - asked
+                    connection.send(StopOrGoOn(stop=stop))
                 elif isinstance(message, Finished):
                     return message.result
                 elif isinstance(message, Measured):

@@ -4,6 +4,7 @@ test files import from there, never from here or from each other."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -177,6 +178,7 @@ class Postgres(NamedTuple):
     url: str  # postgresql+psycopg://autotune:PLANTED_PASSWORD@127.0.0.1:PORT/postgres
     password: str
     port: int
+    server: PostgresServer
 
 
 def _free_port() -> int:
@@ -185,34 +187,67 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[Postgres]:
-    """A real PostgreSQL 15 server on 127.0.0.1 (a free port) for this session, whose superuser
-    ``autotune`` has the password ``PLANTED_PASSWORD`` (md5 authentication); stopped and
-    removed afterwards. The server refuses to run as root: as root it runs as ``postgres``."""
+class PostgresServer:
+    """A real PostgreSQL 15 server in a temporary folder, on 127.0.0.1 and a free port, whose
+    superuser ``autotune`` has the password ``PLANTED_PASSWORD`` (md5 authentication). It
+    refuses to run as root: as root it runs as ``postgres``. ``stop`` and ``start`` restart it
+    (``stop("immediate")`` is a crash: connections cut, no checkpoint)."""
+
+    def __init__(self) -> None:
+        self.as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        self.root = Path(tempfile.mkdtemp(prefix="autotune-postgres-"))  # not pytest's 0700
+        (self.root / "password").write_text(PLANTED_PASSWORD + "\n")
+        if self.as_postgres:
+            for path in (self.root, self.root / "password"):
+                shutil.chown(path, "postgres", "postgres")
+        self.data, self.port = self.root / "data", _free_port()
+        self._pg(str(POSTGRES_BIN / "initdb"), "-D", str(self.data), "--auth=md5",
+                 "--username=autotune", f"--pwfile={self.root / 'password'}")  # fmt: skip
+        self.url = (
+            f"postgresql+psycopg://autotune:{PLANTED_PASSWORD}@127.0.0.1:{self.port}/postgres"
+        )
+
+    def _pg(self, *args: str) -> None:
+        subprocess.run([*self.as_postgres, *args], check=True, capture_output=True, timeout=120)
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
+        self._pg(str(POSTGRES_BIN / "pg_ctl"), "-D", str(self.data), "-l",
+                 str(self.root / "log"), "-o", options, "-w", "start")  # fmt: skip
+
+    def stop(self, mode: str = "fast") -> None:
+        self._pg(str(POSTGRES_BIN / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def running(self) -> bool:
+        return (self.data / "postmaster.pid").exists()
+
+    def remove(self) -> None:
+        if self.running():
+            self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _postgres_server() -> Iterator[Postgres]:
     if not (POSTGRES_BIN / "initdb").exists():
         pytest.skip(f"PostgreSQL 15 is not installed ({POSTGRES_BIN} has no initdb)")
-    as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    root = Path(tempfile.mkdtemp(prefix="autotune-postgres-"))  # not under pytest's 0700 tmp
-    (root / "password").write_text(PLANTED_PASSWORD + "\n")
-    if as_postgres:
-        for path in (root, root / "password"):
-            shutil.chown(path, "postgres", "postgres")
-    data, port = root / "data", _free_port()
-
-    def pg(*args: str) -> None:
-        subprocess.run([*as_postgres, *args], check=True, capture_output=True, timeout=120)
-
+    server = PostgresServer()
     try:
-        pg(str(POSTGRES_BIN / "initdb"), "-D", str(data), "--auth=md5", "--username=autotune",
-           f"--pwfile={root / 'password'}")  # fmt: skip
-        options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1"
-        pg(str(POSTGRES_BIN / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-o", options,
-           "-w", "start")  # fmt: skip
-        try:
-            url = f"postgresql+psycopg://autotune:{PLANTED_PASSWORD}@127.0.0.1:{port}/postgres"
-            yield Postgres(url, PLANTED_PASSWORD, port)
-        finally:
-            pg(str(POSTGRES_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop")
+        server.start()
+        yield Postgres(server.url, PLANTED_PASSWORD, server.port, server)
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        server.remove()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    """A real PostgreSQL 15 server for this session (``PostgresServer``)."""
+    with _postgres_server() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_to_restart() -> Iterator[Postgres]:
+    """A real PostgreSQL 15 server of the test's own, which it may stop and start again."""
+    with _postgres_server() as server:
+        yield server

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 
 from autotune.cli._common import (
@@ -26,7 +28,7 @@ from autotune.cli._common import (
 from autotune.errors import UserError
 from autotune.spec import DEFAULT_STORAGE
 
-__all__ = ["confirm", "confirm_round", "storage_failure"]
+__all__ = ["confirm", "confirm_round", "storage_failure", "storage_lines"]
 
 
 def storage_failure(err: Exception, storage: str, code: int = EXIT_USAGE) -> typer.Exit:
@@ -34,10 +36,32 @@ def storage_failure(err: Exception, storage: str, code: int = EXIT_USAGE) -> typ
     ``code``; anything else is a bug and is raised again with its traceback."""
     from autotune import study as studies
 
+    if isinstance(err, UserError):  # its own line (the database did not answer for long)
+        return fail(str(err), code)
     problem = studies.storage_problem(err)
     if problem is None:
         raise err
     return fail(f"cannot write the study to {studies.display_url(storage)}: {problem}", code)
+
+
+def storage_lines(
+    out: Console,
+) -> tuple[Callable[[str, float], None], Callable[[float], None]]:
+    """What a training command prints when its study's database stops answering and when it
+    answers again (a study's ``Patience.on_wait`` and ``on_back``), outside the live display."""
+
+    def waiting(problem: str, seconds: float) -> None:
+        out.print(
+            f"The study's database does not answer ({problem}); waiting up to {seconds:g} s "
+            f"for it (study.storage_outage).",
+            style="yellow",
+            markup=False,
+        )
+
+    def back(seconds: float) -> None:
+        out.print(f"The study's database answers again after {seconds:.0f} s.", markup=False)
+
+    return waiting, back
 
 
 def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) -> bool:
@@ -102,6 +126,7 @@ def confirm(
     from autotune.distributed import WorkloadSource
     from autotune.executor import InProcessExecutor, WorkerError
     from autotune.hardware import detect
+    from autotune.study import adapter
     from autotune.worker import WorkerExecutor
     from autotune.workloads import load as load_workload
 
@@ -113,6 +138,9 @@ def confirm(
             raise studies.StudyError(
                 f"study '{study_name}' holds no readable space file: it cannot train again"
             )
+        patience = adapter.patience_of(adapter.storage_of(found))
+        patience.seconds = spec.study.storage_outage  # as long as the study's own runs wait
+        patience.on_wait, patience.on_back = storage_lines(console)
         record = studies.StudyRecord.of(found)
         base_dir = Path(record.space_file_dir) if record.space_file_dir else None
         hardware = detect(spec.workload.device)

@@ -16,7 +16,7 @@ from autotune.scaleout import (
     gpus_argument,
     unused_cores,
 )
-from autotune.study import sqlite_path
+from autotune.study import sqlite_path, unhurried
 
 __all__ = [
     "OthersShown",
@@ -115,9 +115,11 @@ class OthersShown:
 
     def _show(self) -> None:
         try:
-            self.observer.show_finished(self.study.get_trials(deepcopy=False))
+            with unhurried():  # a database that restarts: the next poll shows them
+                trials = self.study.get_trials(deepcopy=False)
         except Exception:  # a busy database: the next poll shows them
             return
+        self.observer.show_finished(trials)
         if self.workers.interrupted:  # their exit statuses are worker 0's to say
             return
         for share, code, log in self.workers.exited():

@@ -26,7 +26,7 @@ from autotune.cli._common import (
     quiet_libraries,
     raise_terminated,
 )
-from autotune.cli._confirm import confirm, confirm_round, storage_failure
+from autotune.cli._confirm import confirm, confirm_round, storage_failure, storage_lines
 from autotune.cli._ending import finish, worker_exit
 from autotune.cli._scaleout import (
     OthersShown,
@@ -174,9 +174,14 @@ def run(
     except UserError as err:
         raise fail(str(err).splitlines()) from None
     try:
-        storage_backend = studies.open_storage(
-            spec.study.storage, "create", heartbeat_interval=spec.study.heartbeat_interval
+        storage_backend = studies.patient_storage(
+            spec.study.storage,
+            "create",
+            heartbeat_interval=spec.study.heartbeat_interval,
+            outage_seconds=spec.study.storage_outage,
         )
+        patience = storage_backend.patience
+        patience.on_wait, patience.on_back = storage_lines(console)
         study = studies.open_study(spec, storage_backend, hardware, workload, new_study)
         spec = studies.with_study_strategy(study, spec)  # an older study resumes as it was
     except UserError as err:
@@ -229,6 +234,9 @@ def run(
             contextlib.ExitStack() as showing,
         ):
             observer = display.LiveObserver(study, spec, live, progress)
+            patience.on_wait, patience.on_back = observer.storage_waiting, observer.storage_back
+            showing.callback(setattr, patience, "on_wait", storage_lines(console)[0])
+            showing.callback(setattr, patience, "on_back", storage_lines(console)[1])
 
             if shares is not None and len(shares) > 1 and as_worker is None:
                 # started now: their start-up overlaps stage 1, on their own cores

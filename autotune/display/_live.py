@@ -140,6 +140,18 @@ class LiveObserver(studies.StudyObserver):
         self.status = Text(f"  {doing}: {line}", style="dim", overflow="ellipsis", no_wrap=True)
         self._render()
 
+    def storage_waiting(self, problem: str, seconds: float) -> None:
+        self.say(
+            Text(
+                f"the study's database does not answer ({problem}); waiting up to {seconds:g} s "
+                f"for it (study.storage_outage) while the running trial trains on",
+                style="yellow",
+            )
+        )
+
+    def storage_back(self, seconds: float) -> None:
+        self.say(Text(f"the study's database answers again after {seconds:.0f} s", style="dim"))
+
     def taken_over(self, number: int, kept_on: str | None) -> None:
         kept = f"; what it measured is kept on {kept_on} (earlier_attempt)" if kept_on else ""
         self.say(

@@ -60,6 +60,9 @@ class StudySpec(_Frozen):
     isolation: Literal["worker", "none"] = "worker"  # trials in a supervised worker process
     trial_timeout: float | None = Field(default=None, gt=0)  # seconds; the worker is killed after
     heartbeat_interval: int = Field(default=10, ge=1)  # seconds; a trial silent 3x this is stale
+    # seconds the study waits for its database when it stops answering (a restart, a failover,
+    # SQLite's lock held long); the running trial trains on meanwhile. 0: it does not wait
+    storage_outage: float = Field(default=180, ge=0)
     # trial 0 trains the untuned configuration (PyTorch's defaults where the space allows), so
     # every study says how much faster its answer is; a mapping pins some of its knobs
     baseline: bool | dict[str, Scalar] = True

@@ -7,6 +7,8 @@ One subpackage, one concern per private module, everything public re-exported he
 - ``_queries``: what every other module asks of a study's trials (``feasible_trials``,
   ``best_trial``, ``trial_config``), read through those records;
 - ``_storage``: Optuna RDB storages (SQLite in WAL mode, PostgreSQL), opened as asked;
+- ``_outage``: the patience with which a study process's storage calls wait for a database that
+  stops answering for a while (a restart, a failover);
 - ``_liveness``: the heartbeat of running trials, the recovery of stale ones, and the study's
   lock under which a process counts and starts trials;
 - ``_sampling``: the per-trial seeded sampler and the pruners;
@@ -36,7 +38,8 @@ if TYPE_CHECKING:
         confirmation_plan,
     )
     from autotune.study._liveness import heartbeat, recover_stale_trials, study_lock
-    from autotune.study._open import load_study, open_study, with_study_strategy
+    from autotune.study._open import load_study, open_study, patient_storage, with_study_strategy
+    from autotune.study._outage import Patience, StorageOutage, unhurried
     from autotune.study._queries import (
         COUNTED_STATES,
         baseline_trial,
@@ -83,6 +86,10 @@ _MODULES = {
     "load_study": "_open",
     "open_study": "_open",
     "with_study_strategy": "_open",
+    "patient_storage": "_open",
+    "Patience": "_outage",
+    "StorageOutage": "_outage",
+    "unhurried": "_outage",
     "run_speed_stage": "_speed",
     "SpeedEvent": "_speed_store",
     "SpeedRecord": "_speed_store",
@@ -142,9 +149,11 @@ __all__ = [
     "ConfirmationRecord",
     "Confirmed",
     "MemoryWalls",
+    "Patience",
     "RunOutcome",
     "SpeedEvent",
     "SpeedRecord",
+    "StorageOutage",
     "StudyError",
     "StudyObserver",
     "StudyRecord",
@@ -170,6 +179,7 @@ __all__ = [
     "open_storage",
     "open_study",
     "password_note",
+    "patient_storage",
     "recover_stale_trials",
     "run_speed_stage",
     "run_study",
@@ -179,5 +189,6 @@ __all__ = [
     "study_lock",
     "trial_config",
     "trial_knob_origin",
+    "unhurried",
     "with_study_strategy",
 ]

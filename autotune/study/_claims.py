@@ -23,6 +23,7 @@ from typing import Any
 import optuna
 
 from autotune.study._liveness import study_lock
+from autotune.study._outage import unhurried
 
 __all__ = ["CLAIM_STALE_SECONDS", "Claims"]
 
@@ -85,7 +86,9 @@ class Claims:
 
         def renew() -> None:
             while not done.wait(CLAIM_BEAT_SECONDS):
-                with contextlib.suppress(Exception):  # a missed renewal: the next one is due
+                # a missed renewal (the database restarts): the next one is due; one that
+                # never comes lets the claim go stale, and another process takes it over
+                with contextlib.suppress(Exception), unhurried():
                     self._update(name, mine=True)
 
         thread = threading.Thread(target=renew, name="autotune-claim", daemon=True)
@@ -95,5 +98,5 @@ class Claims:
         finally:
             done.set()
             thread.join()
-            with contextlib.suppress(Exception):  # unrenewed, it goes stale by itself
+            with contextlib.suppress(Exception), unhurried():  # else it goes stale by itself
                 self._update(name, mine=False)

@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 
 from autotune.faults import FaultKind
 from autotune.study import adapter
+from autotune.study._outage import is_outage, note_trouble, troubled_within
 from autotune.study._records import TrialRecord
 from autotune.study._storage import sqlite_path
 from autotune.turns import file_lock
@@ -39,13 +40,17 @@ def heartbeat(study: optuna.Study, trial_id: int) -> Iterator[None]:
         yield
         return
     storage = _beat_storage(adapter.storage_of(study), interval)
+    url = adapter.storage_url(adapter.storage_of(study))
     stop = threading.Event()
 
     def beat() -> None:
         started = time.monotonic()
         for count in itertools.count(1):
-            with contextlib.suppress(Exception):  # a missed beat is not worth a crash
+            try:
                 storage.record_heartbeat(trial_id)
+            except Exception as error:  # a missed beat is not worth a crash
+                if is_outage(error):  # every process's beats are refused: none stale yet
+                    note_trouble(url)
             # on a fixed clock: a beat that waited does not push the next one later
             if stop.wait(max(0.0, started + count * interval - time.monotonic())):
                 return
@@ -83,20 +88,40 @@ def study_lock(
         return
     if backend is not None and url is not None and url.startswith("postgresql"):
         key = {"key": f"autotune{':' + purpose if purpose else ''}:{study.study_name}"}
-        with backend.engine.connect() as connection:
-            taken = connection.execute(
-                sqlalchemy.text("SELECT pg_try_advisory_lock(hashtext(:key))"), key
-            ).scalar()
-            if not taken:
-                if on_wait is not None:
-                    on_wait()
-                connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(hashtext(:key))"), key)
+        patience = adapter.patience_of(adapter.storage_of(study))
+        waited: list[bool] = []
+
+        def lock() -> sqlalchemy.Connection:
+            connection = backend.engine.connect()
             try:
-                yield
-            finally:
+                taken = connection.execute(
+                    sqlalchemy.text("SELECT pg_try_advisory_lock(hashtext(:key))"), key
+                ).scalar()
+                if not taken:
+                    if on_wait is not None and not waited:
+                        waited.append(True)
+                        on_wait()
+                    connection.execute(
+                        sqlalchemy.text("SELECT pg_advisory_lock(hashtext(:key))"), key
+                    )
+            except BaseException:
+                connection.close()
+                raise
+            return connection
+
+        connection = patience.call(lock)  # a database that restarts: wait for it, as a study
+        try:
+            yield
+        finally:
+            try:
                 connection.execute(
                     sqlalchemy.text("SELECT pg_advisory_unlock(hashtext(:key))"), key
                 )
+            except sqlalchemy.exc.SQLAlchemyError as error:
+                if not is_outage(error):  # its connection was lost: the lock went with it
+                    raise
+            finally:
+                connection.close()
         return
     yield
 
@@ -148,7 +173,13 @@ def recover_stale_trials(study: optuna.Study) -> int:
     """Fail trials whose study process stopped beating, as ``interrupted``; return how many.
 
     Their parameters are queued once more (RetryHeartbeatStaleTrialCallback in the storage).
+    None is judged stale for a grace period (three heartbeat intervals) after this process saw
+    the database refuse a call: every live process's beats were refused too, and are due again.
     """
+    storage = adapter.storage_of(study)
+    interval = adapter.heartbeat_interval(storage)
+    if interval is None or troubled_within(adapter.storage_url(storage), 3 * interval):
+        return 0
     stale = adapter.stale_trial_ids(study)  # the trials fail_stale_trials is about to fail
     if not stale:
         return 0

@@ -20,6 +20,8 @@ from optuna.exceptions import ExperimentalWarning
 
 from autotune._version import __version__
 from autotune.spec import Spec
+from autotune.study import adapter
+from autotune.study._outage import DEFAULT_OUTAGE_SECONDS, Patience
 from autotune.study._records import StudyRecord, TrialRecord
 from autotune.study._sampling import make_pruner, make_sampler
 from autotune.study._storage import Access, StudyError, display_url, open_storage
@@ -261,10 +263,26 @@ def _with_sampler(
     )
 
 
+def patient_storage(
+    url: str,
+    access: Access = "create",
+    heartbeat_interval: int | None = None,
+    outage_seconds: float = DEFAULT_OUTAGE_SECONDS,
+) -> adapter.PatientStorage:
+    """The storage a study process writes through (``open_storage``), whose every call waits
+    up to ``outage_seconds`` for a database that stopped answering (``_outage``)."""
+    backend = open_storage(url, access, heartbeat_interval=heartbeat_interval)
+    return adapter.PatientStorage(backend, Patience(outage_seconds, url=backend.url))
+
+
 def load_study(name: str, storage_url: str, access: Access = "read") -> optuna.Study:
-    """An existing study, read-only unless ``access`` is "write"; StudyError naming the studies
-    there when it is absent."""
-    storage = open_storage(storage_url, access)
+    """An existing study, read-only unless ``access`` is "write" (then its writes wait for a
+    database that restarts); StudyError naming the studies there when it is absent."""
+    storage = (
+        open_storage(storage_url, access)
+        if access == "read"
+        else patient_storage(storage_url, access)
+    )
     names = optuna.get_all_study_names(storage)
     if name not in names:
         known = ", ".join(sorted(names)) or "none"

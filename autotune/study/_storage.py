@@ -10,6 +10,7 @@ import re
 import sqlite3
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
@@ -31,6 +32,7 @@ __all__ = [
     "password_note",
     "sqlite_path",
     "storage_problem",
+    "wrapped",
 ]
 
 SQLITE_BUSY_TIMEOUT_SECONDS = 60
@@ -112,13 +114,16 @@ _PROBLEMS: list[tuple[tuple[str, ...], str]] = [
     (("unable to open database file",), "the database file cannot be opened (permissions?)"),
     (("password authentication failed",), "the password or user name is wrong"),
     (("connection refused", "could not connect", "connection failed"), "no server answers"),
+    (
+        ("server closed the connection", "terminating connection", "the database system is"),
+        "its server restarts",
+    ),
+    (("database is locked",), "another process holds its lock"),
 ]
 
 
-def storage_problem(exc: BaseException) -> str | None:
-    """What went wrong with the storage, in a few words ("the disk is full", "it is read-only",
-    "the database file is damaged ..."), read from ``exc`` and everything it wraps (causes,
-    contexts, SQLAlchemy's ``.orig``); None when it is not a storage fault."""
+def wrapped(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and everything it wraps (causes, contexts, SQLAlchemy's ``.orig``), each once."""
     seen: set[int] = set()
     pending: list[BaseException | None] = [exc]
     while pending:
@@ -126,6 +131,17 @@ def storage_problem(exc: BaseException) -> str | None:
         if current is None or id(current) in seen:
             continue
         seen.add(id(current))
+        yield current
+        orig = getattr(current, "orig", None)
+        pending += [current.__cause__, current.__context__]
+        pending.append(orig if isinstance(orig, BaseException) else None)
+
+
+def storage_problem(exc: BaseException) -> str | None:
+    """What went wrong with the storage, in a few words ("the disk is full", "it is read-only",
+    "the database file is damaged ..."), read from ``exc`` and everything it wraps (causes,
+    contexts, SQLAlchemy's ``.orig``); None when it is not a storage fault."""
+    for current in wrapped(exc):
         if isinstance(current, OSError) and current.errno == errno.ENOSPC:
             return "the disk is full"
         if isinstance(current, OSError) and current.errno == errno.EROFS:
@@ -136,9 +152,6 @@ def storage_problem(exc: BaseException) -> str | None:
         for needles, problem in _PROBLEMS:
             if any(needle in text for needle in needles):
                 return problem
-        orig = getattr(current, "orig", None)
-        pending += [current.__cause__, current.__context__]
-        pending.append(orig if isinstance(orig, BaseException) else None)
     return None
 
 

@@ -21,6 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune import objective, space
 from autotune.config import TrialConfig
+from autotune.errors import ReportFailed
 from autotune.executor import TrialExecutor, WorkerError, attempt
 from autotune.faults import FaultKind, TrialFault
 from autotune.hardware import Hardware
@@ -29,6 +30,7 @@ from autotune.spec import Spec
 from autotune.speed import SPEED_KNOBS, SpeedTable
 from autotune.study import adapter
 from autotune.study._liveness import heartbeat
+from autotune.study._outage import StorageOutage
 from autotune.study._records import TrialRecord
 from autotune.study._walls import MemoryWalls
 from autotune.turns import turn
@@ -89,6 +91,13 @@ class StudyObserver:
     def taken_over(self, number: int, kept_on: str | None) -> None:
         """Another process failed trial ``number`` as stale while this one trained it; what
         this one measured is kept on ``kept_on`` (a trial or the study), if anything."""
+
+    def storage_waiting(self, problem: str, seconds: float) -> None:
+        """The study's database stopped answering (``problem``, in a few words); this process
+        waits up to ``seconds`` for it while the running trial trains on."""
+
+    def storage_back(self, seconds: float) -> None:
+        """The study's database answers again, after ``seconds`` without; the study goes on."""
 
 
 def _fault(
@@ -157,16 +166,18 @@ class TrialRunner:
             value = objective.intermediate_value(evaluation, goal)
             try:
                 trial.report(value, evaluation.index)
+                self.observer.evaluated(trial.number, evaluation, value)
+                if objective.target_reached(evaluation, goal):
+                    return True
+                if not evaluation.final and trial.should_prune():
+                    pruned_at.append(evaluation)
+                    return True
+                return False
             except optuna.exceptions.UpdateFinishedTrialError:
                 taken_over.append(True)  # failed as stale elsewhere: stop training it
                 return True
-            self.observer.evaluated(trial.number, evaluation, value)
-            if objective.target_reached(evaluation, goal):
-                return True
-            if not evaluation.final and trial.should_prune():
-                pruned_at.append(evaluation)
-                return True
-            return False
+            except Exception as error:  # the database: the study's fault, not the trial's
+                raise ReportFailed(error) from error
 
         # another process of this machine training on the same cores or GPU: wait, off the clock
         asked_turn = time.monotonic()
@@ -174,7 +185,10 @@ class TrialRunner:
             started = time.monotonic()
             if started - asked_turn > TURN_WAIT_SAID:
                 TrialRecord(turn_wait_seconds=started - asked_turn).store(trial)
-            result = attempt(lambda: self.executor.run(config, report))
+            try:
+                result = attempt(lambda: self.executor.run(config, report))
+            except ReportFailed as failed:
+                raise failed.error from None  # as if raised here, where the study writes
         if isinstance(result, TrialFault):
             if taken_over:
                 raise TakenOver()
@@ -235,6 +249,17 @@ class TrialRunner:
                     TrialRecord(
                         fail_kind=FaultKind.INTERRUPTED,
                         fail_msg=f"the study was stopped by {how}",
+                    ).store(trial)
+                    self.observer.trial_finished(study.tell(trial, state=TrialState.FAIL))
+                raise
+            except StorageOutage:
+                # the database did not answer for longer than the study waits: recorded now if
+                # it answers (nothing waits any more), else by the next run's stale recovery
+                with contextlib.suppress(Exception):
+                    TrialRecord(
+                        fail_kind=FaultKind.INTERRUPTED,
+                        fail_msg="the study's database did not answer for longer than "
+                        "study.storage_outage",
                     ).store(trial)
                     self.observer.trial_finished(study.tell(trial, state=TrialState.FAIL))
                 raise

@@ -2,26 +2,33 @@
 
 A study process needs a few things Optuna does not offer publicly: the storage a study writes
 through (to beat for a trial, to lock the study, to write on a trial another process owns), the
-ids a storage knows trials by, the trials whose heartbeat stopped, and a finished trial added
-with its number returned. Each is one small function here, written against Optuna 5 and held
-by ``tests/test_adapter.py`` (a contract test): an Optuna release that moves one of them fails
-that test, not a study.
+ids a storage knows trials by, the trials whose heartbeat stopped, a finished trial added with
+its number returned, and a storage whose every call rides out a database that stops answering
+for a while (``PatientStorage``, which implements Optuna's storage and heartbeat interfaces).
+Each is small and written against Optuna 5, held by ``tests/test_adapter.py`` (a contract
+test): an Optuna release that moves one of them fails that test, not a study.
 
 Nothing else in autotune touches an underscored name of Optuna.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage, RDBStorage
-from optuna.trial import FrozenTrial
+from optuna.storages._heartbeat import BaseHeartbeat
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.study._outage import Patience
 
 __all__ = [
+    "PatientStorage",
     "add_finished_trial",
     "get_trial",
     "heartbeat_interval",
+    "patience_of",
     "rdb_storage",
     "set_trial_user_attr",
     "stale_trial_ids",
@@ -42,10 +49,20 @@ def trial_id(trial: optuna.Trial | FrozenTrial) -> int:
 
 
 def rdb_storage(storage: BaseStorage) -> RDBStorage | None:
-    """The SQL storage under ``storage`` (a study wraps it in a cache), or None for another
-    kind (in memory, a journal)."""
+    """The SQL storage under ``storage`` (a study wraps it in a cache, and a study process in
+    a ``PatientStorage``), or None for another kind (in memory, a journal)."""
+    if isinstance(storage, PatientStorage):
+        storage = storage.inner
     backend = getattr(storage, "_backend", storage)
     return backend if isinstance(backend, RDBStorage) else None
+
+
+def patience_of(storage: BaseStorage) -> Patience:
+    """How long calls to ``storage`` wait for a database that stopped answering: a
+    ``PatientStorage``'s patience, else one that waits not at all."""
+    if isinstance(storage, PatientStorage):
+        return storage.patience
+    return Patience(seconds=0, url=storage_url(storage))
 
 
 def storage_url(storage: BaseStorage) -> str | None:
@@ -88,3 +105,81 @@ def add_finished_trial(study: optuna.Study, trial: FrozenTrial) -> int:
     storage = storage_of(study)
     new_id = storage.create_new_trial(study._study_id, template_trial=trial)
     return storage.get_trial_number_from_id(new_id)
+
+
+def _patient(name: str) -> Callable[..., Any]:
+    """The method ``name`` of a PatientStorage: the inner storage's, tried with patience."""
+
+    def call(self: PatientStorage, *args: Any, **kwargs: Any) -> Any:
+        return self.patience.call(getattr(self.inner, name), *args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+class PatientStorage(BaseStorage, BaseHeartbeat):
+    """An RDB storage (behind Optuna's cache, as a study keeps it) whose every call waits
+    for a database that stopped answering, as ``patience`` says (``_outage``).
+
+    Optuna takes any ``BaseStorage`` for a study (``optuna.create_study(storage=...)``); this
+    one implements the storage interface and the heartbeat interface by handing each call to
+    the storage Optuna would have made of the RDB storage itself."""
+
+    def __init__(self, backend: RDBStorage, patience: Patience) -> None:
+        self.inner = optuna.storages.get_storage(backend)  # the cache a study puts around it
+        self.patience = patience
+
+    create_new_study = _patient("create_new_study")
+    delete_study = _patient("delete_study")
+    set_study_user_attr = _patient("set_study_user_attr")
+    set_study_system_attr = _patient("set_study_system_attr")
+    get_study_id_from_name = _patient("get_study_id_from_name")
+    get_study_name_from_id = _patient("get_study_name_from_id")
+    get_study_directions = _patient("get_study_directions")
+    get_study_user_attrs = _patient("get_study_user_attrs")
+    get_study_system_attrs = _patient("get_study_system_attrs")
+    get_all_studies = _patient("get_all_studies")
+    create_new_trial = _patient("create_new_trial")
+    set_trial_param = _patient("set_trial_param")
+    get_trial_id_from_study_id_trial_number = _patient("get_trial_id_from_study_id_trial_number")
+    get_trial_number_from_id = _patient("get_trial_number_from_id")
+    get_trial_param = _patient("get_trial_param")
+    set_trial_intermediate_value = _patient("set_trial_intermediate_value")
+    set_trial_user_attr = _patient("set_trial_user_attr")
+    set_trial_system_attr = _patient("set_trial_system_attr")
+    get_trial = _patient("get_trial")
+    get_all_trials = _patient("get_all_trials")
+    get_n_trials = _patient("get_n_trials")
+    get_best_trial = _patient("get_best_trial")
+    get_trial_params = _patient("get_trial_params")
+    get_trial_user_attrs = _patient("get_trial_user_attrs")
+    get_trial_system_attrs = _patient("get_trial_system_attrs")
+    record_heartbeat = _patient("record_heartbeat")
+    _get_stale_trial_ids = _patient("_get_stale_trial_ids")
+
+    def set_trial_state_values(self, trial_id: int, state: TrialState, values: Any = None) -> bool:
+        """Set the trial's state (and values). A change retried after its commit reached the
+        server but its answer was lost finds the trial finished as asked: done, not refused."""
+        tries = 0
+
+        def once() -> bool:
+            nonlocal tries
+            tries += 1
+            try:
+                return bool(self.inner.set_trial_state_values(trial_id, state, values))
+            except optuna.exceptions.UpdateFinishedTrialError:
+                if tries > 1 and self.inner.get_trial(trial_id).state == state:
+                    return True
+                raise
+
+        return self.patience.call(once)
+
+    def remove_session(self) -> None:
+        self.inner.remove_session()
+
+    def get_heartbeat_interval(self) -> int | None:
+        return heartbeat_interval(self.inner)
+
+    def get_heartbeat_stale_trial_callback(self) -> Callable[..., None] | None:
+        callback = getattr(self.inner, "get_heartbeat_stale_trial_callback", None)
+        return callback() if callback is not None else None

@@ -1,0 +1,221 @@
+"""A study rides out its database's restart: storage calls wait for a database that stops
+answering (a real SQLite lock held past the busy timeout, a real PostgreSQL server stopped with
+``pg_ctl stop -m immediate`` and started again), up to ``study.storage_outage`` seconds, and
+past it the run ends in one line, its trial recovered by the next run."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.results import Evaluation
+from autotune.spec import WorkloadSpec
+from autotune.study import Patience, StorageOutage, TrialRecord, adapter, unhurried
+from autotune.study._outage import troubled_within
+from autotune.testing import make_config, run_cli, start_cli, write_space
+from autotune.worker import WorkerExecutor
+
+
+def _locked_study(tmp_path: Path, patience: Patience) -> tuple[optuna.Study, Path]:
+    """A study on a SQLite file whose busy timeout is a tenth of a second, through a
+    PatientStorage with ``patience``."""
+    path = tmp_path / "outage.db"
+    backend = optuna.storages.RDBStorage(
+        f"sqlite:///{path}", engine_kwargs={"connect_args": {"timeout": 0.1}}
+    )
+    patience.url = backend.url
+    study = optuna.create_study(
+        study_name="outage", storage=adapter.PatientStorage(backend, patience)
+    )
+    return study, path
+
+
+def _hold_lock(path: Path, seconds: float) -> threading.Thread:
+    """Another process's exclusive lock on the database at ``path`` for ``seconds``."""
+    locker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    locker.execute("BEGIN EXCLUSIVE")
+
+    def release() -> None:
+        time.sleep(seconds)
+        locker.rollback()
+        locker.close()
+
+    thread = threading.Thread(target=release)
+    thread.start()
+    return thread
+
+
+def test_a_storage_call_waits_for_a_locked_database_and_goes_on(tmp_path: Path):
+    said: list[tuple[str, object]] = []
+    patience = Patience(
+        30,
+        on_wait=lambda problem, seconds: said.append(("wait", problem)),
+        on_back=lambda seconds: said.append(("back", seconds)),
+    )
+    study, path = _locked_study(tmp_path, patience)
+    trial = study.ask()
+    released = _hold_lock(path, 1.5)
+    trial.set_user_attr("kept", 1)  # waits for the lock, then writes once
+    released.join()
+    assert study.trials[0].user_attrs == {"kept": 1}
+    assert [what for what, _ in said] == ["wait", "back"]  # said once each, however many tries
+    assert said[0][1] == "another process holds its lock"
+    assert 1.0 < float(said[1][1]) < 20  # type: ignore[arg-type]
+    assert troubled_within(patience.url, 60)  # no trial is judged stale for a while now
+    # a fault that trying again cannot mend is raised at once, without waiting
+    study.tell(trial, 1.0)
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        trial.set_user_attr("late", 2)
+    assert len(said) == 2
+    # a best-effort write (a claim's renewal) does not wait at all
+    released = _hold_lock(path, 1.0)
+    started = time.monotonic()
+    with pytest.raises(optuna.exceptions.StorageInternalError), unhurried():
+        study.set_user_attr("renewal", 1)
+    assert time.monotonic() - started < 0.9 and len(said) == 2
+    released.join()
+
+
+def test_past_its_bound_a_storage_call_gives_up_in_one_line_and_waits_no_more(tmp_path: Path):
+    waits: list[str] = []
+    patience = Patience(0.5, on_wait=lambda problem, seconds: waits.append(problem))
+    study, path = _locked_study(tmp_path, patience)
+    released = _hold_lock(path, 3.0)
+    with pytest.raises(StorageOutage) as refused:
+        study.set_user_attr("first", 1)
+    assert str(refused.value).startswith(
+        "the study's database did not answer for 0.5 s (another process holds its lock); "
+        "study.storage_outage says how long a study waits for it."
+    )
+    assert patience.gave_up and waits == ["another process holds its lock"]
+    started = time.monotonic()
+    with pytest.raises(StorageOutage):  # the process is ending: nothing waits again
+        study.set_user_attr("second", 1)
+    assert time.monotonic() - started < 0.5
+    released.join()
+    study.set_user_attr("third", 1)  # a database that answers is written to as ever
+    assert study.user_attrs == {"third": 1}
+
+
+def test_the_time_a_trial_waits_for_the_study_to_record_an_evaluation_is_not_its_timeout():
+    """The worker trains on while the study process waits for its database: the time it
+    waits for the answer to an evaluation is not held against the trial's timeout."""
+    workload = WorkloadSpec(
+        model="autotune.testing:tiny_mlp",
+        data="autotune.testing:blobs",
+        data_args={"train_delay_seconds": 0.004},  # half an epoch: longer than a poll
+    )
+    executor = WorkerExecutor(workload, None, trial_timeout=4.0)
+    answered: list[int] = []
+
+    def slow_report(evaluation: Evaluation) -> bool:
+        if not answered:
+            time.sleep(5.0)  # a database that restarts, past the trial's timeout
+        answered.append(evaluation.index)
+        return False
+
+    try:
+        result = executor.run(make_config(epochs=1.0, eval_every=0.5), slow_report)
+    finally:
+        executor.close()
+    assert len(answered) == 2 and result.evaluations[-1].final
+
+
+SPACE = """\
+study:
+  name: {name}
+  n_trials: {n_trials}
+  n_startup_trials: 2
+  pruner: none
+  seed: 0
+  heartbeat_interval: 1
+  storage_outage: {outage}
+  confirm: false
+  strategy: joint  # no stage 1: trials from the start
+workload:
+  model: autotune.testing:tiny_mlp
+  data: autotune.testing:blobs
+  data_args: {{train_delay_seconds: 0.01}}
+  epochs: 1
+  eval_every: 0.25
+  device: cpu
+space:
+  lr: {{low: 1.0e-3, high: 1.0e-1, log: true}}
+  batch_size: [32]
+"""
+
+
+def _wait_for_running(url: str, name: str, count: int, evaluated: bool = False) -> None:
+    """Until ``count`` trials of study ``name`` run with their parameters sampled (and, if
+    ``evaluated``, an evaluation recorded)."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        try:
+            study = optuna.load_study(study_name=name, storage=url)
+        except KeyError:
+            continue
+        trials = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        started = [t for t in trials if t.params and (t.intermediate_values or not evaluated)]
+        if len(started) >= count:
+            return
+    raise AssertionError(f"{count} trials of {name} never ran together")
+
+
+def _assert_nothing_lost(url: str, name: str, n_trials: int) -> list[optuna.trial.FrozenTrial]:
+    """The fault matrix's invariants; the study's failed trials."""
+    study = optuna.load_study(study_name=name, storage=url)
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    counted = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
+    assert len(counted) == n_trials  # not exceeded, nothing counted twice
+    for trial in study.trials:
+        if trial.state != TrialState.COMPLETE:
+            record = TrialRecord.of(trial)
+            assert record.fail_kind and record.fail_msg, trial
+    baselines = [t for t in study.trials if TrialRecord.of(t).baseline]
+    assert sum(1 for t in baselines if t.state == TrialState.COMPLETE) == 1
+    return study.get_trials(states=(TrialState.FAIL,))
+
+
+@pytest.mark.slow
+def test_two_processes_ride_out_a_postgresql_restart_and_one_past_its_bound_ends_cleanly(
+    postgres_to_restart, tmp_path: Path
+):
+    server, url = postgres_to_restart.server, postgres_to_restart.url
+    write_space(tmp_path, SPACE.format(name="riding", n_trials=4, outage=180), name="a.yaml")
+    processes = [start_cli("run", "a.yaml", "--storage", url, cwd=tmp_path) for _ in range(2)]
+    _wait_for_running(url, "riding", 2)
+    server.stop("immediate")  # a crash: every connection cut mid-whatever
+    time.sleep(5)  # longer than the grace period: beats refused meanwhile judge nobody stale
+    server.start()
+    for process in processes:
+        stdout, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stdout + stderr
+        # each was training a trial: it said it waited, and that the database came back
+        assert "the study's database does not answer (" in stdout, stdout
+        assert "the study's database answers again after" in stdout, stdout
+    assert _assert_nothing_lost(url, "riding", 4) == []  # no trial interrupted, none lost
+
+    # past study.storage_outage: one line, exit 2; the next run records the trial and goes on
+    write_space(tmp_path, SPACE.format(name="giving-up", n_trials=1, outage=2), name="b.yaml")
+    process = start_cli("run", "b.yaml", "--storage", url, cwd=tmp_path)
+    _wait_for_running(url, "giving-up", 1, evaluated=True)
+    server.stop("immediate")
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 2, stdout + stderr
+    assert "the study's database does not answer (" in stdout
+    assert stderr.strip().startswith(
+        "error: the study's database did not answer for 2 s (no server answers)"
+    ), stderr
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1
+    server.start()
+    done = run_cli("run", "b.yaml", "--storage", url, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (interrupted,) = _assert_nothing_lost(url, "giving-up", 1)
+    assert TrialRecord.of(interrupted).fail_kind == "interrupted"
