@@ -1,6 +1,13 @@
 """autotune: find the PyTorch training configuration with the most accuracy per second.
 
-The Python API, for using a study's answer in your own training code::
+The Python API: run a study from a notebook or a scheduler, as ``autotune run`` does::
+
+    import autotune
+    report = autotune.run("space.yaml")                   # RunReport; prints nothing
+    print(report.ending.status, report.outcome.trials_run)
+    best = report.best()                                   # the study's answer, a BestConfig
+
+and use a study's answer in your own training code::
 
     import autotune
     best = autotune.load_best("quickstart")               # the best feasible configuration
@@ -17,16 +24,26 @@ from autotune._version import __version__
 
 if TYPE_CHECKING:
     from autotune.export import BestConfig, ExportError, load_best, load_config
+    from autotune.session import RunReport, run
 
-__all__ = ["BestConfig", "ExportError", "__version__", "load_best", "load_config"]
+__all__ = [
+    "BestConfig",
+    "ExportError",
+    "RunReport",
+    "__version__",
+    "load_best",
+    "load_config",
+    "run",
+]
 
-_API = {"BestConfig", "ExportError", "load_best", "load_config"}
+_API = {"BestConfig": "export", "ExportError": "export", "load_best": "export"}
+_API |= {"load_config": "export", "RunReport": "session", "run": "session"}
 
 
 def __getattr__(name: str) -> Any:
     # The API pulls in torch and Optuna; importing it lazily keeps `import autotune` light.
     if name in _API:
-        from autotune import export
+        import importlib
 
-        return getattr(export, name)
+        return getattr(importlib.import_module(f"autotune.{_API[name]}"), name)
     raise AttributeError(f"module 'autotune' has no attribute {name!r}")

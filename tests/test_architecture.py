@@ -43,6 +43,7 @@ LAYERS: list[set[str]] = [
     {"worker", "study"},  # trials in a supervised process; the study and its records
     {"display", "export"},  # what people see; the answer as a script, file or object
     {"notes", "artifacts", "report"},  # the dashboard note; files attached; the HTML report
+    {"session"},  # the run as a library call: its steps, its ending, autotune.run
     {"cli", "__init__", "__main__"},  # the command line and the Python API's entrance
 ]
 

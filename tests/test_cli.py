@@ -315,18 +315,19 @@ def test_commands_that_read_a_study_do_not_import_torch(seen, tmp_path: Path):
 
 
 def test_run_takes_autotune_storage_unless_the_space_file_names_one(tmp_path: Path, monkeypatch):
-    from autotune.cli._train import environment_storage
-    from autotune.spec import parse_spec
+    from autotune.session import load_run_spec
+    from autotune.spec import DEFAULT_STORAGE, parse_spec
 
     monkeypatch.setenv("AUTOTUNE_STORAGE", "sqlite:////elsewhere/a.db")
     plain = parse_spec("workload: {model: digits_cnn, data: digits}\n")
-    assert environment_storage(plain) == "sqlite:////elsewhere/a.db"
+    assert load_run_spec(plain).study.storage == "sqlite:////elsewhere/a.db"
     named = parse_spec(
         "study: {storage: 'sqlite:///mine.db'}\nworkload: {model: digits_cnn, data: digits}\n"
     )
-    assert environment_storage(named) is None
+    assert load_run_spec(named).study.storage == "sqlite:///mine.db"
+    assert load_run_spec(named, storage="sqlite:///given.db").study.storage == "sqlite:///given.db"
     monkeypatch.delenv("AUTOTUNE_STORAGE")
-    assert environment_storage(plain) is None
+    assert load_run_spec(plain).study.storage == DEFAULT_STORAGE
 
 
 def test_best_says_what_its_seconds_are_and_the_speedup_over_the_baseline(seen, tmp_path: Path):

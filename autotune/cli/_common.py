@@ -12,6 +12,7 @@ from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
 from autotune.errors import UserError
+from autotune.session import STORAGE_ENV  # the default of every command's --storage
 
 
 class _PlainHelp:
@@ -36,9 +37,6 @@ class Command(_PlainHelp, TyperCommand):
 def flag(*names: str, help: str) -> Any:
     """A boolean option that takes no value, shown in --help as ``--name`` with no type."""
     return typer.Option(*names, metavar="", help=help)
-
-
-STORAGE_ENV = "AUTOTUNE_STORAGE"  # the default of every command's --storage
 
 
 def storage_option() -> Any:

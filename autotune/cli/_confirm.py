@@ -66,8 +66,7 @@ def storage_lines(
 
 def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) -> bool:
     """Run (or resume) the confirmation round, a line per run; whether one exists now."""
-    from autotune import display
-    from autotune import study as studies
+    from autotune import display, session
 
     def other_confirms() -> None:
         console.print(
@@ -75,30 +74,23 @@ def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) 
             style="dim",
         )
 
-    # one process at a time: a run started beside this one on the same study (the README's
-    # many processes) confirms once, and this one then reads its answer
-    with studies.study_lock(study, "confirm", other_confirms):
-        plan = studies.confirmation_plan(
-            study, top, repeats, spec.objective.score_higher_is_better
+    def starting(leaders: int, runs: int) -> None:
+        console.print(
+            f"Confirming the {leaders} best configurations and the untuned baseline: "
+            f"{runs} runs, interleaved."
         )
-        if plan is None:
-            return False
-        todo = plan.runs_left()  # runs measured again count once: never "-8 runs"
-        if todo:
-            console.print(
-                f"Confirming the {len(plan.candidates) - (plan.baseline is not None)} best "
-                f"configurations and the untuned baseline: {todo} runs, interleaved."
-            )
-        studies.confirm_study(
-            study,
-            spec.objective,
-            executor,
-            top,
-            repeats,
-            on_run=display.confirmation_progress(console, spec),
-            on_wait=lambda line: console.print(f"  {line}", style="dim", markup=False),
-        )
-    return True
+
+    return session.confirm_answer(
+        study,
+        spec,
+        executor,
+        top,
+        repeats,
+        on_start=starting,
+        on_run=display.confirmation_progress(console, spec),
+        on_wait=lambda line: console.print(f"  {line}", style="dim", markup=False),
+        on_other=other_confirms,
+    )
 
 
 def confirm(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import signal
 import time
@@ -14,6 +13,7 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
+from autotune import session
 from autotune.cli._common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -37,7 +37,7 @@ from autotune.cli._scaleout import (
     worker_log_dir,
 )
 from autotune.errors import UserError
-from autotune.spec import DEFAULT_STORAGE, Spec, load_spec
+from autotune.spec import DEFAULT_STORAGE
 
 if TYPE_CHECKING:
     from autotune.scaleout import Workers
@@ -116,18 +116,15 @@ def run(
     if as_worker is not None:  # the storage worker 0 runs on, from its environment
         storage = os.environ.pop(scaleout.WORKER_STORAGE_ENV, None) or storage
     try:
-        spec = load_spec(space_file)
-        storage = storage or environment_storage(spec)
-        spec = spec.with_overrides(
-            study={
-                "n_trials": n_trials,
-                "timeout": timeout,
-                "storage": storage,
-                "name": study_name,
-                "seed": seed,
-                "isolation": isolation,
-            },
-            workload={"device": device},
+        spec = session.load_run_spec(
+            space_file,
+            n_trials=n_trials,
+            timeout=timeout,
+            storage=storage,
+            study_name=study_name,
+            device=device,
+            seed=seed,
+            isolation=isolation,
         )
     except UserError as err:
         raise fail(str(err).splitlines()) from None
@@ -151,48 +148,35 @@ def run(
 
     from autotune import display
     from autotune import study as studies
-    from autotune.distributed import WorkloadSource
-    from autotune.executor import InProcessExecutor, WorkerError
+    from autotune.executor import WorkerError
     from autotune.hardware import detect
-    from autotune.space import restrict
     from autotune.worker import WorkerExecutor
-    from autotune.workloads import load as load_workload
 
     quiet_libraries(verbose)
     try:
-        hardware = detect(spec.workload.device)
-        if workers is not None and gpus is None and hardware.is_cuda:
+        machine = detect(spec.workload.device) if workers is not None and gpus is None else None
+        if machine is not None and machine.is_cuda:
             raise scaleout.ScaleOutError(
                 f"--workers runs workers on the CPU, and this study trains on "
-                f"{hardware.device}: use --gpus (a worker per GPU), or --device cpu"
+                f"{machine.device}: use --gpus (a worker per GPU), or --device cpu"
             )
-        if share is not None and share.count > 1:  # its cores are a share of the machine's
-            hardware = dataclasses.replace(hardware, cpu_share=True)
-        workload = load_workload(spec.workload, space_file.parent, spec.objective.score)
-        restriction = restrict(spec, hardware, workload)
-        spec = restriction.spec
-    except UserError as err:
-        raise fail(str(err).splitlines()) from None
-    try:
-        storage_backend = studies.patient_storage(
-            spec.study.storage,
-            "create",
-            heartbeat_interval=spec.study.heartbeat_interval,
-            outage_seconds=spec.study.storage_outage,
+        cpu_share = share is not None and share.count > 1
+        prepared = session.prepare(
+            spec, space_file.parent, new_study=new_study, cpu_share=cpu_share
         )
-        patience = storage_backend.patience
-        patience.on_wait, patience.on_back = storage_lines(console)
-        study = studies.open_study(spec, storage_backend, hardware, workload, new_study)
-        spec = studies.with_study_strategy(study, spec)  # an older study resumes as it was
     except UserError as err:
         raise fail(str(err).splitlines()) from None
-    except Exception as err:
-        raise storage_failure(err, spec.study.storage) from None
+    spec, study, hardware, workload = (
+        prepared.spec,
+        prepared.study,
+        prepared.hardware,
+        prepared.workload,
+    )
+    patience = prepared.patience
+    patience.on_wait, patience.on_back = storage_lines(console)
 
     if as_worker is None:  # worker 0 (or the only one) shows the study; the others log
-        display.print_plan(
-            console, spec, hardware, study, [d.describe() for d in restriction.dropped]
-        )
+        display.print_plan(console, spec, hardware, study, list(prepared.dropped))
         if shares is not None and len(shares) > 1:
             display.print_item(console, "workers", describe_shares(shares))
         for line in workload.warnings:  # what the check of the workload found doubtful
@@ -210,19 +194,7 @@ def run(
     else:
         assert share is not None
         console.print(f"{share.describe()} of study {study.study_name}", markup=False)
-    executor = (
-        WorkerExecutor(
-            spec.workload,
-            space_file.parent,
-            spec.study.trial_timeout,
-            verbose,
-            score=spec.objective.score,
-        )
-        if spec.study.isolation == "worker"
-        else InProcessExecutor(
-            workload, source=WorkloadSource(spec.workload, space_file.parent, spec.objective.score)
-        )
-    )
+    executor = session.executor_for(prepared, space_file.parent, verbose)
     progress = display.live_progress(console)
     previous_handler = signal.signal(signal.SIGTERM, raise_terminated)
     confirmed = False
@@ -307,14 +279,6 @@ def run(
     if as_worker is not None:  # worker 0 confirms and sums up
         worker_exit(outcome)
     finish(study, spec, outcome, confirmed, new_study=new_study, verbose=verbose)
-
-
-def environment_storage(spec: Spec) -> str | None:
-    """$AUTOTUNE_STORAGE, unless the space file names its storage (an explicit study.storage
-    comes before an environment's default)."""
-    if "storage" in spec.study.model_fields_set:
-        return None
-    return os.environ.get(STORAGE_ENV) or None
 
 
 app.command(cls=Command)(confirm)  # after run: --help lists the commands in this order

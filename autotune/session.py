@@ -1,0 +1,365 @@
+"""The run as a library call: ``autotune.run(space)`` runs (or resumes) the study a space file
+describes, its stages and then its confirmation round, and returns a ``RunReport`` that says how
+it ended, in the words ``autotune run`` prints.
+
+A notebook or a scheduler calls ``run``; ``autotune run`` calls the same steps (``load_run_spec``,
+``prepare``, ``executor_for``, ``confirm_answer``, ``ending``) with its live display, its workers
+and its exit statuses around them. Nothing here prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from autotune.errors import UserError
+from autotune.spec import Spec, load_spec
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.executor import TrialExecutor
+    from autotune.export import BestConfig
+    from autotune.hardware import Hardware
+    from autotune.study import Patience, RunOutcome, StudyObserver
+    from autotune.workloads import Workload
+
+__all__ = [
+    "STORAGE_ENV",
+    "Ending",
+    "Prepared",
+    "RunReport",
+    "confirm_answer",
+    "ending",
+    "executor_for",
+    "load_run_spec",
+    "prepare",
+    "run",
+]
+
+STORAGE_ENV = "AUTOTUNE_STORAGE"  # the storage of a space file that names none
+
+
+def load_run_spec(
+    space: Path | str | Spec,
+    *,
+    n_trials: int | None = None,
+    timeout: float | None = None,
+    storage: str | None = None,
+    study_name: str | None = None,
+    device: str | None = None,
+    seed: int | None = None,
+    isolation: str | None = None,
+) -> Spec:
+    """The space file's Spec (or ``space`` itself) with the run's overrides: the arguments
+    given (None: as the file says), and ``$AUTOTUNE_STORAGE`` where the file names no storage.
+    SpecError (a UserError) for a file that is missing or wrong."""
+    spec = space if isinstance(space, Spec) else load_spec(Path(space))
+    if storage is None and "storage" not in spec.study.model_fields_set:
+        storage = os.environ.get(STORAGE_ENV) or None
+    return spec.with_overrides(
+        study={
+            "n_trials": n_trials,
+            "timeout": timeout,
+            "storage": storage,
+            "name": study_name,
+            "seed": seed,
+            "isolation": isolation,
+        },
+        workload={"device": device},
+    )
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a run trains on: the spec as this machine runs it (values it cannot run dropped,
+    an older study's strategy kept), the machine, the workload, the study, and the patience
+    with which its storage waits for a database that stops answering."""
+
+    spec: Spec
+    hardware: Hardware
+    workload: Workload
+    dropped: tuple[str, ...]  # the values dropped for this machine, described
+    study: optuna.Study
+    patience: Patience
+
+
+def prepare(
+    spec: Spec, base_dir: Path, *, new_study: bool = False, cpu_share: bool = False
+) -> Prepared:
+    """Detect the machine, load and check the workload (its functions resolved from
+    ``base_dir``, the space file's folder), drop what this machine cannot run, and open (or
+    create, or resume) the study. ``cpu_share``: this process runs on a share of the machine's
+    cores (a worker of ``--workers``). UserError in one line for anything the user can fix,
+    a storage that cannot be written included."""
+    from autotune import study as studies
+    from autotune.hardware import detect
+    from autotune.space import restrict
+    from autotune.workloads import load as load_workload
+
+    hardware = detect(spec.workload.device)
+    if cpu_share:  # its cores are a share of the machine's
+        hardware = dataclasses.replace(hardware, cpu_share=True)
+    workload = load_workload(spec.workload, base_dir, spec.objective.score)
+    restriction = restrict(spec, hardware, workload)
+    spec = restriction.spec
+    try:
+        storage = studies.patient_storage(
+            spec.study.storage,
+            "create",
+            heartbeat_interval=spec.study.heartbeat_interval,
+            outage_seconds=spec.study.storage_outage,
+        )
+        study = studies.open_study(spec, storage, hardware, workload, new_study)
+        spec = studies.with_study_strategy(study, spec)  # an older study resumes as it was
+    except UserError:
+        raise
+    except Exception as err:  # a full disk, a read-only or damaged database, no server
+        problem = studies.storage_problem(err)
+        if problem is None:
+            raise
+        shown = studies.display_url(spec.study.storage)
+        raise studies.StudyError(f"cannot write the study to {shown}: {problem}") from err
+    dropped = tuple(d.describe() for d in restriction.dropped)
+    return Prepared(spec, hardware, workload, dropped, study, storage.patience)
+
+
+def executor_for(prepared: Prepared, base_dir: Path, verbose: bool = False) -> TrialExecutor:
+    """What trains the study's trials: a supervised worker process (``study.isolation:
+    worker``, which loads the workload itself) or this process (``none``)."""
+    from autotune.distributed import WorkloadSource
+    from autotune.executor import InProcessExecutor
+    from autotune.worker import WorkerExecutor
+
+    spec = prepared.spec
+    if spec.study.isolation == "worker":
+        return WorkerExecutor(
+            spec.workload, base_dir, spec.study.trial_timeout, verbose, score=spec.objective.score
+        )
+    source = WorkloadSource(spec.workload, base_dir, spec.objective.score)
+    return InProcessExecutor(prepared.workload, source=source)
+
+
+def confirm_answer(
+    study: optuna.Study,
+    spec: Spec,
+    executor: TrialExecutor,
+    top: int,
+    repeats: int,
+    *,
+    on_start: Callable[[int, int], None] | None = None,
+    on_run: Callable[..., None] | None = None,
+    on_wait: Callable[[str], None] | None = None,
+    on_other: Callable[[], None] | None = None,
+) -> bool:
+    """Run (or resume) the study's confirmation round of its ``top`` leaders and its untuned
+    baseline, ``repeats`` runs each, interleaved; whether a round exists now (False: no
+    feasible trial to confirm). One process at a time runs a study's round: another that
+    finishes beside it waits (``on_other`` is called) and then finds the round done.
+    ``on_start(leaders, runs)`` when runs are left to do; ``on_run`` and ``on_wait`` as
+    ``confirm_study`` calls them."""
+    from autotune import study as studies
+
+    with studies.study_lock(study, "confirm", on_other):
+        plan = studies.confirmation_plan(
+            study, top, repeats, spec.objective.score_higher_is_better
+        )
+        if plan is None:
+            return False
+        todo = plan.runs_left()  # runs measured again count once: never "-8 runs"
+        if todo and on_start is not None:
+            on_start(len(plan.candidates) - (plan.baseline is not None), todo)
+        studies.confirm_study(
+            study, spec.objective, executor, top, repeats, on_run=on_run, on_wait=on_wait
+        )
+    return True
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a run ended, in the terms of ``autotune run``'s exit status: "ok" (a trial of the
+    study trained to its end: 0), "interrupted" (Ctrl-C: 130), "terminated" (SIGTERM: 143) or
+    "failed" (1, ``lines`` saying why in a line or two)."""
+
+    status: Literal["ok", "interrupted", "terminated", "failed"]
+    lines: tuple[str, ...] = ()
+    # the same error ended every trial: where its traceback is kept ("trials": each failed
+    # trial's fail_traceback; "stage 1": the failed trials of the NAME.speed study)
+    traceback_in: str | None = None
+
+
+def ending(study: optuna.Study, spec: Spec, outcome: RunOutcome) -> Ending:
+    """The one rule for how a run ended (said in the README): interrupted or terminated;
+    failed when stage 1 could train nothing, the timeout came before the first trial, the
+    same error ended every trial, or no trial of the study trained to its end; else ok."""
+    from autotune import study as studies
+
+    if outcome.interrupted:
+        return Ending("terminated" if outcome.terminated else "interrupted")
+    if outcome.stage_failed:
+        return Ending(
+            "failed",
+            (f"stage 1 could not train any configuration of the space: {outcome.stage_failed}",),
+        )
+    if outcome.timed_out and outcome.trials_run == 0:
+        took = (
+            f" (stage 1 took {outcome.stage_seconds:.0f} s of it)"
+            if outcome.stage_seconds is not None
+            else ""
+        )
+        return Ending(
+            "failed",
+            (
+                f"the timeout of {spec.study.timeout:g} s (study.timeout, or --timeout) ran "
+                f"out before the first trial{took}: give the run more time, or bound stage 1 "
+                f"with study.speed.max_seconds",
+            ),
+        )
+    if outcome.repeated_error:
+        speed = studies.speed_study_name(study.study_name)
+        kept = (
+            f"the failed trials of study {speed}"
+            if outcome.repeated_in == "stage 1"
+            else "each failed trial"
+        )
+        return Ending(
+            "failed",
+            (
+                f"every trial failed with the same error: {outcome.repeated_error}",
+                f"this is a bug in the model or data code, not a bad configuration; the "
+                f"traceback is in the fail_traceback attribute of {kept}",
+            ),
+            traceback_in=outcome.repeated_in,
+        )
+    never_trained = none_trained(study)
+    if never_trained is not None:
+        return Ending("failed", (never_trained,))
+    return Ending("ok")
+
+
+def none_trained(study: optuna.Study) -> str | None:
+    """One line when no trial of the study trained to its end (every one failed or was
+    stopped), with its trials' commonest reason; None when one did."""
+    from collections import Counter
+
+    from optuna.trial import TrialState
+
+    from autotune import study as studies
+
+    if study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        return None
+    reasons: Counter[str] = Counter()
+    for trial in study.get_trials(deepcopy=False):
+        record = studies.TrialRecord.of(trial)
+        if record.fail_msg:
+            reasons[record.fail_msg] += 1
+    said = "no trial of the study trained to its end"
+    if not reasons:
+        return said
+    reason, count = reasons.most_common(1)[0]
+    return f"{said}; {count} of its trials: {reason}"
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What ``run`` did: the study (its name and masked storage URL), this run's outcome
+    (trials run, why it stopped early), whether the confirmation round exists, and how the
+    run ended (``ending.status`` "ok", or why not)."""
+
+    study_name: str
+    storage: str  # as it may be shown: a password masked
+    outcome: RunOutcome
+    confirmed: bool
+    ending: Ending
+    storage_url: str = dataclasses.field(repr=False, default="")  # with its password
+
+    @property
+    def ok(self) -> bool:
+        """Whether a trial of the study trained to its end and the run was not stopped."""
+        return self.ending.status == "ok"
+
+    def best(self) -> BestConfig:
+        """The study's answer (``autotune.load_best``): the confirmed best configuration, or
+        the best feasible trial when none was confirmed."""
+        from autotune.export import load_best
+
+        return load_best(self.study_name, storage=self.storage_url)
+
+
+def run(
+    space: Path | str | Spec,
+    *,
+    n_trials: int | None = None,
+    timeout: float | None = None,
+    storage: str | None = None,
+    study_name: str | None = None,
+    device: str | None = None,
+    seed: int | None = None,
+    isolation: str | None = None,
+    new_study: bool = False,
+    remeasure: bool = False,
+    confirm: bool = True,
+    base_dir: Path | str | None = None,
+    observer: StudyObserver | None = None,
+) -> RunReport:
+    """Run (or resume) the study ``space`` describes (a space file's path, or a Spec) as
+    ``autotune run`` does, without printing: its stages, its trials until the study holds its
+    total, then (``confirm`` and the space file's ``study.confirm``) the confirmation round.
+
+    The keyword arguments are ``autotune run``'s options (None: as the space file says).
+    ``base_dir`` is where the workload's ``package.module:function`` names resolve (default:
+    the space file's folder, or the working directory for a Spec); ``observer`` (a
+    ``autotune.study.StudyObserver``) is told of each measurement and trial. Returns a
+    RunReport; raises a UserError (one line) for a space file, workload or storage the user
+    must fix, and KeyboardInterrupt is recorded (``ending.status`` "interrupted"), not raised.
+    The workers of ``--workers`` and ``--gpus`` are the command's: one call runs one process.
+    """
+    from autotune import notes
+    from autotune import study as studies
+
+    spec = load_run_spec(
+        space,
+        n_trials=n_trials,
+        timeout=timeout,
+        storage=storage,
+        study_name=study_name,
+        device=device,
+        seed=seed,
+        isolation=isolation,
+    )
+    if base_dir is None:
+        base_dir = Path(space).parent if not isinstance(space, Spec) else Path.cwd()
+    base_dir = Path(base_dir)
+    prepared = prepare(spec, base_dir, new_study=new_study)
+    spec, study = prepared.spec, prepared.study
+    executor = executor_for(prepared, base_dir)
+    confirmed = False
+    try:
+        outcome = studies.run_study(
+            study, spec, prepared.hardware, executor, observer, prepared.workload, remeasure
+        )
+        finished = studies.counted_trials(study) >= spec.study.n_trials
+        stopped = outcome.interrupted or outcome.repeated_error or outcome.stage_failed
+        plan = spec.study.confirm
+        if confirm and plan.enabled and finished and not stopped:
+            try:
+                confirmed = confirm_answer(study, spec, executor, plan.top, plan.repeats)
+            except KeyboardInterrupt as stop:
+                outcome.interrupted = True
+                outcome.terminated = isinstance(stop, studies.Terminated)
+    finally:
+        executor.close()
+    if outcome.trials_run:
+        notes.write_note(study, spec.study.storage)  # what optuna-dashboard shows first
+    return RunReport(
+        study.study_name,
+        studies.display_url(spec.study.storage),
+        outcome,
+        confirmed,
+        ending(study, spec, outcome),
+        spec.study.storage,
+    )

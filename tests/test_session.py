@@ -1,0 +1,92 @@
+"""The run as a library call (``autotune.run``): a study run from Python as ``autotune run`` runs
+it, without printing, its ending said in the command's terms, and its errors one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+import autotune
+from autotune.errors import UserError
+from autotune.session import load_run_spec
+from autotune.study import StudyObserver, TrialRecord
+from autotune.testing import write_space
+
+SPACE = """\
+study:
+  name: library
+  n_trials: 3
+  n_startup_trials: 2
+  pruner: none
+  seed: 0
+  isolation: none
+  strategy: joint
+  confirm: {{top: 1, repeats: 1}}
+workload:
+  model: autotune.testing:tiny_mlp
+  data: autotune.testing:blobs
+  epochs: 1
+  device: cpu
+space:
+  lr: {{low: 1.0e-3, high: 1.0e-1, log: true}}
+  batch_size: [32]
+  precision: [{precision}]
+"""
+
+
+class Heard(StudyObserver):
+    def __init__(self) -> None:
+        self.finished: list[int] = []
+
+    def trial_finished(self, trial: optuna.trial.FrozenTrial) -> None:
+        self.finished.append(trial.number)
+
+
+def test_a_study_runs_from_python_and_its_report_holds_the_answer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    space = write_space(tmp_path, SPACE.format(precision="fp32"), name="library.yaml")
+    storage = f"sqlite:///{tmp_path / 'lib.db'}"
+    heard = Heard()
+    report = autotune.run(space, storage=storage, observer=heard)
+    assert (report.ok, report.ending.status, report.ending.lines) == (True, "ok", ())
+    assert report.study_name == "library" and report.storage == storage
+    assert report.outcome.trials_run == 3 and sorted(heard.finished) == [0, 1, 2]
+    assert report.confirmed  # the space file's confirmation round ran
+    best = report.best()
+    assert best.study == "library" and best.config.precision == "fp32" and best.confirmation
+    study = optuna.load_study(study_name="library", storage=storage)
+    assert study.user_attrs.get("confirmation")  # the same record the command leaves
+    assert capsys.readouterr().out == ""  # a library call prints nothing
+    again = autotune.run(space, storage=storage, n_trials=4, confirm=False)
+    assert again.outcome.trials_run == 1 and not again.confirmed  # resumed: one more trial
+
+
+def test_user_errors_are_one_line_and_the_environment_names_the_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    with pytest.raises(UserError, match=r"no-such\.yaml"):
+        autotune.run(tmp_path / "no-such.yaml")
+    space = write_space(tmp_path, SPACE.format(precision="fp32"), name="env.yaml")
+    monkeypatch.setenv("AUTOTUNE_STORAGE", f"sqlite:///{tmp_path / 'env.db'}")
+    assert load_run_spec(space).study.storage == f"sqlite:///{tmp_path / 'env.db'}"
+    named = load_run_spec(space, storage="sqlite:///other.db", n_trials=9)
+    assert (named.study.storage, named.study.n_trials) == ("sqlite:///other.db", 9)
+    nobody = "postgresql+psycopg://user:secret@127.0.0.1:1/none"  # no server answers there
+    with pytest.raises(UserError, match=r"cannot open storage .*\*\*\*.*no server answers"):
+        autotune.run(space, storage=nobody)
+
+
+def test_trials_that_all_fail_end_the_run_failed_with_the_commands_line(tmp_path: Path):
+    space = write_space(tmp_path, SPACE.format(precision="fp32"), name="nan.yaml")
+    text = space.read_text().replace("lr: {low: 1.0e-3, high: 1.0e-1, log: true}", "lr: [1.0e+30]")
+    text = text.replace("  seed: 0\n", "  seed: 0\n  baseline: false\n")
+    space.write_text(text)
+    report = autotune.run(space, storage=f"sqlite:///{tmp_path / 'n.db'}")
+    assert report.ending.status == "failed" and not report.ok
+    assert report.ending.lines[0].startswith("no trial of the study trained to its end")
+    study = optuna.load_study(study_name="library", storage=f"sqlite:///{tmp_path / 'n.db'}")
+    assert all(TrialRecord.of(t).fail_kind for t in study.get_trials(states=(TrialState.FAIL,)))
