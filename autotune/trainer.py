@@ -8,7 +8,6 @@ accumulation. Trials use it (``runner``), and so can users, through ``autotune.l
 from __future__ import annotations
 
 import contextlib
-import math
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +17,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from autotune import semantics
 from autotune.config import TrialConfig
 from autotune.ranks import world_size
 from autotune.workloads.batches import ModelInputs, call_model, to_device
@@ -47,56 +47,26 @@ def seed_everything(seed: int) -> None:
 
 
 def make_optimizer(model: nn.Module, config: TrialConfig) -> torch.optim.Optimizer:
-    """SGD (momentum, Nesterov, L2 weight decay) or AdamW (decoupled weight decay)."""
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(
-            model.parameters(),
-            lr=config.lr,
-            momentum=config.momentum or 0.0,
-            nesterov=config.nesterov,
-            weight_decay=config.weight_decay,
-        )
-    if config.optimizer == "adamw":
-        return torch.optim.AdamW(
-            model.parameters(), lr=config.lr, weight_decay=config.weight_decay
-        )
-    raise ValueError(f"unknown optimizer {config.optimizer!r}")
+    """The configuration's optimizer over ``model``'s parameters (``semantics.make_optimizer``:
+    SGD with momentum, Nesterov and L2 weight decay, or AdamW)."""
+    return semantics.make_optimizer(
+        model,
+        config.optimizer,
+        config.lr,
+        config.weight_decay,
+        config.momentum or 0.0,
+        config.nesterov,
+    )
 
 
 def make_scheduler(
     optimizer: torch.optim.Optimizer, config: TrialConfig, total_steps: int
 ) -> torch.optim.lr_scheduler.LRScheduler | None:
-    """The learning-rate schedule over ``total_steps`` optimizer steps (None: constant lr).
-
-    constant and cosine start with ``warmup_fraction`` of the steps rising linearly to ``lr``;
-    cosine then decays to zero. onecycle is PyTorch's OneCycleLR with ``warmup_fraction`` (0.3 if
-    zero) as its rising phase; momentum is not cycled, so the sampled momentum holds.
-    """
-    warmup = round(config.warmup_fraction * total_steps)
-    if config.schedule == "onecycle" and total_steps >= 2:
-        return torch.optim.lr_scheduler.OneCycleLR(
-            optimizer,
-            max_lr=config.lr,
-            total_steps=total_steps,
-            pct_start=config.warmup_fraction or 0.3,
-            cycle_momentum=False,
-        )
-    if config.schedule == "cosine":
-
-        def factor(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            progress = (step - warmup) / max(1, total_steps - warmup)
-            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-    elif warmup > 0:
-
-        def factor(step: int) -> float:
-            return min(1.0, (step + 1) / warmup)
-
-    else:
-        return None
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    """The configuration's learning-rate schedule over ``total_steps`` optimizer steps
+    (``semantics.make_scheduler``; None: a constant rate)."""
+    return semantics.make_scheduler(
+        optimizer, config.schedule, config.warmup_fraction, total_steps
+    )
 
 
 def autocast(config: TrialConfig, device: torch.device) -> contextlib.AbstractContextManager:
@@ -128,24 +98,12 @@ def _restore_matmul_precision(previous: tuple[str, str]) -> None:
 
 
 def set_backend_flags(config: TrialConfig) -> tuple[tuple[str, str], bool, bool]:
-    """Set TF32 and cudnn.benchmark as ``config`` says; return the previous values.
-
-    ``fp32`` is what a script that sets no flag gets, PyTorch's defaults: full-precision
-    float32 matmuls, cuDNN convolutions allowed on TF32 tensor cores. ``fp32-strict`` turns
-    TF32 off for convolutions too; ``tf32`` turns it on for matmuls as well.
-
-    TF32 goes through ``torch.set_float32_matmul_precision`` and ``cudnn.allow_tf32``, the
-    settings every torch from 2.11 to 2.14 reads consistently: the per-backend
-    ``fp32_precision`` attributes make ``torch.get_float32_matmul_precision()`` raise, and
-    Inductor calls it while compiling, so they would break compiled TF32 trials. What was set
-    before, through either API, is put back afterwards.
-    """
+    """Set TF32 and cudnn.benchmark as ``config`` says (``semantics.set_cuda_flags``: ``fp32``
+    is PyTorch's defaults, ``fp32-strict`` no TF32 at all, ``tf32`` TF32 matmuls too); return
+    the previous values, set through either of torch's APIs, to be put back afterwards."""
     cudnn = torch.backends.cudnn
     previous = (_matmul_precision(), cudnn.allow_tf32, cudnn.benchmark)
-    tf32 = config.precision == "tf32"
-    torch.set_float32_matmul_precision("high" if tf32 else "highest")
-    cudnn.allow_tf32 = config.precision != "fp32-strict"  # True is torch's default
-    cudnn.benchmark = config.cudnn_benchmark
+    semantics.set_cuda_flags(config.precision, config.cudnn_benchmark)
     return previous
 
 

@@ -17,7 +17,8 @@ PACKAGE = Path(autotune.__file__).parent
 
 # lowest first
 LAYERS: list[set[str]] = [
-    {"_version", "errors", "config", "results", "speed"},  # plain data and names, no torch
+    {"_version", "errors", "config", "results", "speed", "semantics"},  # plain data and
+    # names; what training means in plain torch (imports nothing of autotune)
     {
         "spec",
         "faults",

@@ -1,16 +1,18 @@
 """The exported script trains with the trainer's semantics, not a look-alike of them.
 
-``templates/train.py.j2`` re-implements what ``autotune.trainer`` does: the learning-rate
-schedules and their warm-up, the optimizers, the TF32 and cuDNN flags, autocast and GradScaler.
-Each test renders the real template through the real export code from a real (tiny) study, loads
-the script as a module (its ``main()`` runs only under ``__main__``) and compares what the script
-does with what the trainer does, step by step.
+The optimizer, the learning-rate schedule and the CUDA flags are ``autotune.semantics``'
+functions in both: the script carries them pasted, and calls them with its constants. Its own
+training loop re-states autocast, GradScaler and accumulation. Each test renders the real
+template through the real export code from a real (tiny) study, loads the script as a module
+(its ``main()`` runs only under ``__main__``) and compares what the script does with what the
+trainer does, step by step.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import inspect
 import math
 import sys
 from collections.abc import Callable, Iterator
@@ -22,6 +24,7 @@ import pytest
 import torch
 from torch import nn
 
+from autotune import semantics
 from autotune.config import TrialConfig
 from autotune.export import best_config, render_script, select_trial
 from autotune.study import load_study
@@ -135,35 +138,49 @@ def assert_same_rates(script: list[float], trainer: list[float]) -> None:
         )
 
 
-@pytest.mark.parametrize("precision", TRAINING_PRECISIONS)
+def script_optimizer(script: ModuleType, model: nn.Module) -> torch.optim.Optimizer:
+    """The script's optimizer over ``model``, made as its main() makes it: its constants."""
+    extra = (script.MOMENTUM, script.NESTEROV) if script.OPTIMIZER == "sgd" else ()
+    return script.make_optimizer(
+        model, script.OPTIMIZER, script.LEARNING_RATE, script.WEIGHT_DECAY, *extra
+    )
+
+
+def script_scheduler(script: ModuleType, optimizer: torch.optim.Optimizer) -> object | None:
+    """The script's schedule over TOTAL_STEPS, made as its main() makes it (None: it has none)."""
+    if not hasattr(script, "make_scheduler"):
+        return None
+    return script.make_scheduler(optimizer, script.SCHEDULE, script.WARMUP_FRACTION, TOTAL_STEPS)
+
+
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 @pytest.mark.parametrize(("schedule", "warmup_fraction"), SCHEDULES)
-def test_the_script_schedules_the_learning_rate_as_the_trainer_does(
-    export: Export, schedule: str, warmup_fraction: float, optimizer: str, precision: str
+def test_the_script_schedules_the_learning_rate_with_the_trainers_own_functions(
+    export: Export, schedule: str, warmup_fraction: float, optimizer: str
 ):
     script, config = export(
-        schedule=schedule,
-        warmup_fraction=warmup_fraction,
-        precision=precision,
-        **OPTIMIZERS[optimizer],
+        schedule=schedule, warmup_fraction=warmup_fraction, **OPTIMIZERS[optimizer]
     )
+    # the very functions the trials call, pasted: one source
+    for name in ("make_optimizer", "make_scheduler", "lr_factor", "set_cuda_flags"):
+        if hasattr(script, name):
+            assert inspect.getsource(getattr(script, name)) == inspect.getsource(
+                getattr(semantics, name)
+            ), name
     model = script.make_model()
-    ours = script.make_optimizer(model)
+    ours = script_optimizer(script, model)
     theirs = make_optimizer(model, config)
     assert type(ours) is type(theirs)
     assert settings(ours) == settings(theirs)  # before any schedule touches them
 
     trainer_scheduler = make_scheduler(theirs, config, TOTAL_STEPS)
-    if trainer_scheduler is None:  # a constant learning rate: the script has no schedule
-        assert not hasattr(script, "make_scheduler")
-        script_scheduler = None
-    else:
-        script_scheduler = script.make_scheduler(ours, TOTAL_STEPS)
-        assert type(script_scheduler) is type(trainer_scheduler)
+    script_schedule = script_scheduler(script, ours)
+    # a constant learning rate: the script has no schedule (and pastes none)
+    assert type(script_schedule) is type(trainer_scheduler)
     assert settings(ours) == settings(theirs)  # OneCycleLR rewrites lr and adds its own keys
 
     expected = learning_rates(theirs, trainer_scheduler, TOTAL_STEPS)
-    assert_same_rates(learning_rates(ours, script_scheduler, TOTAL_STEPS), expected)
+    assert_same_rates(learning_rates(ours, script_schedule, TOTAL_STEPS), expected)
     # the comparison means something: a schedule changes the rate, a constant one does not
     assert (len(set(expected)) > 1) == (trainer_scheduler is not None)
     assert trainer_scheduler is not None or set(expected) == {config.lr}
@@ -182,8 +199,8 @@ def test_on_cuda_the_script_sets_the_trainers_tf32_and_cudnn_flags(
     script, config = export(precision=precision, cudnn_benchmark=cudnn_benchmark, device="cuda:0")
     set_cuda_flags = script.set_cuda_flags
 
-    def set_then_stop() -> None:  # setting the flags needs no GPU; training on one would
-        set_cuda_flags()
+    def set_then_stop(*args: object) -> None:  # setting them needs no GPU; training would
+        set_cuda_flags(*args)
         raise _Stop
 
     monkeypatch.setattr(script, "set_cuda_flags", set_then_stop)
@@ -276,8 +293,8 @@ def test_the_scripts_training_loop_matches_the_trainer(
     recorder = Recorder(script.make_model())
     make_script_optimizer = script.make_optimizer
 
-    def watched_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
-        recorder.optimizer = make_script_optimizer(model, lr)
+    def watched_optimizer(*args: object) -> torch.optim.Optimizer:
+        recorder.optimizer = make_script_optimizer(*args)
         return recorder.optimizer
 
     RecordingScaler.made.clear()
@@ -337,8 +354,8 @@ def test_the_script_trains_with_the_tuned_values_to_the_last_digit(export: Expor
         **OPTIMIZERS["adamw"],
     )
     model = script.make_model()
-    ours, theirs = script.make_optimizer(model), make_optimizer(model, config)
+    ours, theirs = script_optimizer(script, model), make_optimizer(model, config)
     assert_same_rates(
-        learning_rates(ours, script.make_scheduler(ours, TOTAL_STEPS), TOTAL_STEPS),
+        learning_rates(ours, script_scheduler(script, ours), TOTAL_STEPS),
         learning_rates(theirs, make_scheduler(theirs, config, TOTAL_STEPS), TOTAL_STEPS),
     )

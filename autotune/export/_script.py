@@ -18,6 +18,7 @@ from autotune._version import __version__
 from autotune.export._api import BestConfig, ExportError, study_spec
 from autotune.export._bundle import (
     Import,
+    bundle,
     import_block,
     literal,
 )
@@ -40,13 +41,13 @@ SCRIPT_KNOBS: dict[str, str] = {
     "pin_memory": "PIN_MEMORY",
     "prefetch_factor": "PREFETCH_FACTOR",
     "persistent_workers": "PERSISTENT_WORKERS",
-    "precision": "execution summary; TF32 flags, autocast and GradScaler",
+    "precision": "PRECISION (its TF32 flags); autocast and GradScaler",
     "compile": "execution summary; torch.compile(mode=...)",
-    "optimizer": "execution summary; the optimizer's constructor",
+    "optimizer": "OPTIMIZER",
     "weight_decay": "WEIGHT_DECAY",
     "momentum": "MOMENTUM",
     "nesterov": "NESTEROV",
-    "schedule": "execution summary; the scheduler",
+    "schedule": "SCHEDULE",
     "warmup_fraction": "WARMUP_FRACTION",
     "channels_last": "execution summary; memory_format=torch.channels_last",
     "cudnn_benchmark": "CUDNN_BENCHMARK",
@@ -91,10 +92,13 @@ def _knob_notes(best: BestConfig) -> list[tuple[str, Any, str]]:
                 ),
             )
         )
+    rows.append(("PRECISION", config.precision, note("precision", "TF32 flags on CUDA")))
+    rows.append(("OPTIMIZER", config.optimizer, note("optimizer")))
     rows.append(("WEIGHT_DECAY", config.weight_decay, note("weight_decay")))
     if config.optimizer == "sgd":
         rows.append(("MOMENTUM", config.momentum or 0.0, note("momentum")))
         rows.append(("NESTEROV", config.nesterov, note("nesterov")))
+    rows.append(("SCHEDULE", config.schedule, note("schedule")))
     if config.schedule == "onecycle":
         rows.append(
             (
@@ -289,6 +293,7 @@ def render_script(
     """A standalone training script (imports no autotune) for ``best``'s configuration, to be
     written in ``script_dir`` (see ``render``)."""
     # the workload's layout and the bundled code import torch: YAML and JSON need neither
+    from autotune import semantics
     from autotune.export._workload import recorded_layout, split_return, workload_code
 
     spec = study_spec(study)
@@ -337,8 +342,14 @@ def render_script(
             imports.add(Import("contextlib"))
     if structured:
         imports.add(Import("torch.utils._pytree", "tree_map_only"))
-    if config.schedule == "cosine" or goal.score == "perplexity":
+    if goal.score == "perplexity":
         imports.add(Import("math"))
+    # what training means, the trials' own functions: autotune.semantics, pasted
+    training = [semantics.make_optimizer, semantics.set_cuda_flags]
+    if config.schedule != "constant" or config.warmup_fraction > 0:
+        training.append(semantics.make_scheduler)
+    training_sources, training_imports = bundle(training)
+    imports |= training_imports
     provenance = _provenance(best, spec.workload)
     compile_mode = None if config.compile == "none" else config.compile
     text = (
@@ -354,6 +365,7 @@ def render_script(
             import_block=import_block(imports),
             constants=_knob_notes(best),
             **workload_fields,
+            training_sources=training_sources,
             schedule=config.schedule,
             warmup=config.warmup_fraction > 0,
             has_scheduler=config.schedule != "constant" or config.warmup_fraction > 0,
