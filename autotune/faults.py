@@ -21,11 +21,14 @@ from enum import StrEnum
 __all__ = [
     "CONFIGURATION_FAULTS",
     "KINDS",
+    "LEAK_BYTES",
     "FaultKind",
+    "MemoryWatch",
     "TrialFault",
     "as_fault",
     "classify",
     "describe_exit",
+    "device_memory_in_use",
     "needs_fresh_process",
     "release_memory",
 ]
@@ -252,6 +255,44 @@ def describe_exit(exitcode: int | None) -> str:
         except ValueError:
             return f"signal {-exitcode}"
     return f"exit status {exitcode}"
+
+
+# device memory a trial may leave allocated beyond the worker's first trial before the worker
+# is replaced: compile caches and cuBLAS workspaces stay a little; a leak grows trial by trial
+LEAK_BYTES = 256 * 2**20
+
+
+def device_memory_in_use(device: str) -> int | None:
+    """Bytes of device memory tensors hold on ``device`` now (CUDA's caching allocator,
+    released blocks excluded); None on a device without such a count (the CPU)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    return int(torch.cuda.memory_allocated(torch.device(device)))
+
+
+class MemoryWatch:
+    """Whether a long-lived worker gets its device memory back after each trial or
+    measurement. The first one sets the baseline (what warm caches and workspaces hold once);
+    after each later one, more than ``LEAK_BYTES`` beyond it is a leak (a compile cache, a
+    CUDA-graph pool or a tensor kept alive), which the worker must not carry into the next
+    trial: it would cut that trial's memory and set a false memory wall."""
+
+    def __init__(self) -> None:
+        self.baseline: int | None = None
+
+    def left_after(self, device: str) -> int | None:
+        """Called after ``release_memory()``: the bytes held beyond the baseline when they
+        exceed LEAK_BYTES (the worker should be replaced), else None."""
+        in_use = device_memory_in_use(device)
+        if in_use is None:
+            return None
+        if self.baseline is None:
+            self.baseline = in_use
+            return None
+        left = in_use - self.baseline
+        return left if left > LEAK_BYTES else None
 
 
 def release_memory() -> None:

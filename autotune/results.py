@@ -69,6 +69,10 @@ class TrialResult:
     # processes that trained it together (DDP ranks); its rates are theirs together, its
     # memory peak and FLOPs per sample those of rank 0
     world_size: int = 1
+    # device memory (bytes) still allocated in its worker after it ended and its memory was
+    # released, beyond what the worker held after its first trial: a leak, which the worker
+    # does not carry into the next trial (it exits; a fresh one trains next). None: none
+    memory_left_bytes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -328,6 +328,25 @@ def tiny_cnn(num_classes: int, input_shape: tuple[int, ...], width: int = 16) ->
     )
 
 
+_LEAKED: list[torch.Tensor] = []  # leaky_cnn's device memory, alive for the process's life
+
+
+def leaky_cnn(num_classes: int, input_shape: tuple[int, ...], leak_mib: int = 512) -> nn.Module:
+    """tiny_cnn whose first training forward keeps ``leak_mib`` MiB of the device's memory
+    alive for good, as a cache held by a global does: a leak across trials, for the worker's
+    check that its device memory comes back after each."""
+    model = tiny_cnn(num_classes, input_shape)
+    leaked: list[bool] = []
+
+    def leak(module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        if module.training and not leaked:
+            leaked.append(True)
+            _LEAKED.append(torch.empty(leak_mib * 2**20, dtype=torch.uint8, device=args[0].device))
+
+    model.register_forward_pre_hook(leak)
+    return model
+
+
 class _Broken(nn.Module):
     def __init__(self, message: str, features: int, classes: int) -> None:
         super().__init__()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -36,6 +37,7 @@ from autotune.config import TrialConfig
 from autotune.executor import WorkerError
 from autotune.faults import (
     FaultKind,
+    MemoryWatch,
     TrialFault,
     as_fault,
     describe_exit,
@@ -107,7 +109,8 @@ class Evaluated:
 
 @dataclass(frozen=True)
 class Finished:
-    """worker -> study: the running trial trained to its end (or was stopped by a StopOrGoOn)."""
+    """worker -> study: the running trial trained to its end (or was stopped by a StopOrGoOn);
+    with ``result.memory_left_bytes`` set, the worker exits after sending it (a leak)."""
 
     result: TrialResult
 
@@ -117,6 +120,7 @@ class Measured:
     """worker -> study: the speed measurement asked for."""
 
     measurement: SpeedMeasurement
+    needs_fresh_process: bool = False  # its device memory did not come back: this one exits
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,9 @@ class Faulted:
     kind: FaultKind
     message: str
     details: str  # the traceback, for unexpected errors
-    needs_fresh_process: bool  # a broken CUDA context: this worker exits after sending it
+    # a broken CUDA context, or device memory that did not come back: this worker exits
+    # after sending it
+    needs_fresh_process: bool
 
 
 ToWorker = RunTrial | MeasureSpeed | StopOrGoOn | Exit
@@ -330,8 +336,12 @@ class WorkerExecutor:
                     started += time.monotonic() - asked
                     connection.send(StopOrGoOn(stop=stop))
                 elif isinstance(message, Finished):
+                    if message.result.memory_left_bytes is not None:
+                        self._kill()  # it leaked device memory and exits: the next is fresh
                     return message.result
                 elif isinstance(message, Measured):
+                    if message.needs_fresh_process:
+                        self._kill()
                     return message.measurement
                 elif isinstance(message, Faulted):
                     if message.needs_fresh_process:  # its CUDA context is broken: it exits;
@@ -448,6 +458,7 @@ def _serve(
     connection: Connection, workload: Workload, warmth: Warmth, ranks: distributed.RankPool
 ) -> None:
     """The worker's loop: one request (a trial, a speed measurement) after another."""
+    watch = MemoryWatch()  # device memory back after each request, or a fresh process
     while True:
         try:
             message: ToWorker = connection.recv()
@@ -477,12 +488,20 @@ def _serve(
         except Exception as error:
             fault, fresh = as_fault(error), needs_fresh_process(error)
             del error
+            if not fresh:  # a broken CUDA context is not touched again (releasing its memory
+                release_memory()  # raises the sticky error); the next trial gets a new process
+                fresh = watch.left_after(config.device) is not None
             connection.send(Faulted(fault.kind, fault.message, fault.details, fresh))
-            if fresh:  # a broken CUDA context: not touched again (releasing its memory raises
-                return  # the sticky error); the next trial gets a new process
-            release_memory()
+            if fresh:
+                return
             continue
-        connection.send(
-            Measured(measured) if isinstance(message, MeasureSpeed) else Finished(result)
-        )
-        release_memory()  # the next trial starts from an empty CUDA cache, its peak its own
+        # the next trial starts from an empty CUDA cache, its peak its own; memory that does
+        # not come back is a leak, and the next trial gets a fresh process instead
+        release_memory()
+        left = watch.left_after(config.device)
+        if isinstance(message, MeasureSpeed):
+            connection.send(Measured(measured, needs_fresh_process=left is not None))
+        else:
+            connection.send(Finished(dataclasses.replace(result, memory_left_bytes=left)))
+        if left is not None:
+            return

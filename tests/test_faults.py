@@ -25,8 +25,14 @@ import sqlalchemy
 from optuna.trial import TrialState
 
 from autotune.faults import KINDS, FaultKind, TrialFault, classify
-from autotune.study import TrialRecord, open_storage, recover_stale_trials
-from autotune.testing import CPU, assert_trials_recorded, live_group_members, start_cli
+from autotune.study import MemoryWalls, TrialRecord, open_storage, recover_stale_trials
+from autotune.testing import (
+    CPU,
+    assert_trials_recorded,
+    live_group_members,
+    make_config,
+    start_cli,
+)
 
 CPU_WITH_FP16 = dataclasses.replace(CPU, fp16=True)  # fp16 autocast + GradScaler run on CPUs
 
@@ -119,6 +125,57 @@ def test_out_of_memory_is_pruned_and_the_memory_wall_is_not_retried(tmp_path: Pa
             assert "out of memory" in trial.user_attrs["fail_msg"]
             walls[precision] = min(walls.get(precision, 10**9), config["batch_size"])
     assert walls and saw_skip
+
+
+def test_a_memory_wall_of_an_earlier_run_is_tried_once_more_and_kept_only_if_it_holds():
+    """A wall read back from the study's trials may be false (another process held the
+    device's memory, a worker leaked): the first configuration at it trains again; the wall
+    blocks again only once that one runs out of memory too."""
+    study = optuna.create_study()
+    for batch_size in (64, 32):  # the smallest that ran out of memory is the wall
+        record = TrialRecord(fail_kind=FaultKind.OOM, config=make_config(batch_size=batch_size))
+        study.add_trial(
+            optuna.trial.create_trial(state=TrialState.PRUNED, user_attrs=record.to_attrs())
+        )
+    skipped = TrialRecord(
+        fail_kind=FaultKind.OOM, oom_skipped=True, config=make_config(batch_size=16)
+    )  # skipped at a wall: not a wall itself
+    study.add_trial(
+        optuna.trial.create_trial(state=TrialState.PRUNED, user_attrs=skipped.to_attrs())
+    )
+    at_wall, below = make_config(batch_size=48), make_config(batch_size=16)
+    other = make_config(batch_size=64, precision="bf16")  # another wall key: never blocked
+
+    held = MemoryWalls.from_study(study)
+    assert held.blocks(below) is None and held.blocks(other) is None
+    assert held.blocks(at_wall) is None  # the retry
+    held.add(at_wall, "trial 7")  # it ran out of memory again: the wall holds from now on
+    assert "ran out of memory in trial 7" in (held.blocks(make_config(batch_size=64)) or "")
+
+    false = MemoryWalls.from_study(study)
+    assert false.blocks(make_config(batch_size=128)) is None  # the retry trains and fits
+    assert false.blocks(make_config(batch_size=256)) is None  # no wall left to block
+
+
+def test_device_memory_that_does_not_come_back_after_a_trial_is_a_leak(monkeypatch):
+    """The worker's check after each request (the counts are CUDA's allocator's, played here;
+    tests/test_gpu.py leaks real device memory): the first sets the baseline, a little more
+    is caches, more than LEAK_BYTES is a leak. The CPU has no such count: never a leak."""
+    from autotune import faults
+
+    mib = 2**20
+    counts = iter([300 * mib, 310 * mib, 300 * mib + faults.LEAK_BYTES + mib])
+    monkeypatch.setattr(faults, "device_memory_in_use", lambda device: next(counts))
+    watch = faults.MemoryWatch()
+    assert watch.left_after("cuda:0") is None  # what warm caches and workspaces hold
+    assert watch.left_after("cuda:0") is None  # 10 MiB more: not a leak
+    assert watch.left_after("cuda:0") == faults.LEAK_BYTES + mib
+    monkeypatch.undo()
+    cpu = faults.MemoryWatch()
+    assert cpu.left_after("cpu") is None and cpu.left_after("cpu") is None
+    assert TrialRecord.from_attrs(TrialRecord(memory_left_bytes=5 * mib).to_attrs()) == (
+        TrialRecord(memory_left_bytes=5 * mib)
+    )
 
 
 def test_nan_loss_from_step_k_is_pruned(tmp_path: Path, run):

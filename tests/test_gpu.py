@@ -166,3 +166,27 @@ def test_cudnn_benchmark_on_and_off_never_share_a_worker_process(tmp_path: Path)
     finally:
         executor.close()
     assert len(executor.started_pids) == 3  # a process per run of one value
+
+
+def test_a_worker_whose_device_memory_does_not_come_back_is_replaced(tmp_path: Path):
+    """Memory a trial leaves allocated (beyond what the worker held after its first trial)
+    is said on the trial and not carried into the next: that one trains in a fresh worker."""
+    from autotune.worker import WorkerExecutor
+
+    leaky = WorkloadSpec(
+        model="autotune.testing:leaky_cnn",
+        model_args={"leak_mib": 512},
+        data="shapes",
+        data_args={"n_train": 4096, "n_val": 1024},
+    )
+    executor = WorkerExecutor(leaky, tmp_path)
+    try:
+        results = [executor.run(cuda_config(), never_stop) for _ in range(3)]
+    finally:
+        executor.close()
+    left = [result.memory_left_bytes for result in results]
+    # the first trial's leak is the first worker's baseline; the second's is a leak; the
+    # third trains in a fresh worker, whose baseline it sets
+    assert left[0] is None and left[2] is None, left
+    assert left[1] is not None and left[1] >= 512 * 2**20, left
+    assert len(executor.started_pids) == 2

@@ -219,6 +219,9 @@ class LiveObserver(studies.StudyObserver):
                 flags.append("infeasible  ", style="yellow")
             if record.interference:
                 flags.append(f"interference {record.other_cpu_share or 0:.0%}  ", style="yellow")
+            if record.memory_left_bytes:  # a leak: the next trial got a fresh worker
+                left = si(record.memory_left_bytes)
+                flags.append(f"{left}B of device memory not freed  ", style="yellow")
             if record.speed_mismatch and record.predicted_samples_per_second:
                 off = (record.samples_per_second or 0) / record.predicted_samples_per_second - 1
                 flags.append(f"{off:+.0%} off stage 1  ", style="yellow")

@@ -80,6 +80,8 @@ class TrialRecord:
     flops_per_sample: float | None = None
     gpu_memory_used_bytes: float | None = None  # NVML
     wall_seconds: float | None = None  # the whole trial as the study process saw it
+    # device memory its worker did not get back after it (a leak): the worker was replaced
+    memory_left_bytes: int | None = None
     # seconds it waited, before its clock started, for another process of this machine
     # training on the same cores or GPU (turns); None: it did not wait
     turn_wait_seconds: float | None = None
@@ -200,6 +202,7 @@ class TrialRecord:
             processes=result.world_size if result.world_size > 1 else None,
             other_cpu_share=result.other_cpu_share,
             interference=interfered(result.other_cpu_share),
+            memory_left_bytes=result.memory_left_bytes,
             **breakdown,
             **flops,
         )

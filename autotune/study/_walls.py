@@ -25,10 +25,14 @@ class MemoryWalls:
     memory, and where it did ("trial 12", "stage 1").
 
     A configuration at or above a wall is not trained again: it is recorded as ``oom``
-    straight away.
+    straight away. A wall an earlier run found (``from_study``) is tried once more in this
+    one: another process's memory on the device, a leak in a worker or a fragmented cache may
+    have built it, and a wall that does not hold is not kept (a false wall would cut the
+    space for good). It stands again when the retry runs out of memory too.
     """
 
     walls: dict[_WallKey, tuple[int, str]] = field(default_factory=dict)
+    inherited: set[_WallKey] = field(default_factory=set)  # from earlier runs, not retried yet
 
     @staticmethod
     def _key(config: TrialConfig) -> _WallKey:
@@ -48,9 +52,15 @@ class MemoryWalls:
             self.walls[key] = (config.batch_size, where)
 
     def blocks(self, config: TrialConfig) -> str | None:
-        """Why ``config`` would run out of memory, or None."""
-        wall = self.walls.get(self._key(config))
+        """Why ``config`` would run out of memory, or None (also for the first configuration
+        at a wall of an earlier run: it is tried once more, and the wall waits for it)."""
+        key = self._key(config)
+        wall = self.walls.get(key)
         if wall is None or config.batch_size < wall[0]:
+            return None
+        if key in self.inherited:
+            self.inherited.discard(key)
+            del self.walls[key]  # back if the retry runs out of memory again (add)
             return None
         return (
             f"not run: batch {config.batch_size} >= {wall[0]}, which ran out of memory in "
@@ -60,7 +70,8 @@ class MemoryWalls:
 
     @classmethod
     def from_study(cls, study: optuna.Study) -> MemoryWalls:
-        """The walls the study's trials ran into (trials skipped at a wall are not walls)."""
+        """The walls the study's trials ran into (trials skipped at a wall are not walls),
+        each to be tried once more before it blocks."""
         walls = cls()
         for trial in study.get_trials(deepcopy=False):
             record = TrialRecord.of(trial)
@@ -70,4 +81,5 @@ class MemoryWalls:
                 and record.config is not None
             ):
                 walls.add(record.config, f"trial {trial.number}")
+        walls.inherited = set(walls.walls)
         return walls
