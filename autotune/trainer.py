@@ -1,4 +1,5 @@
-"""Training building blocks that apply a TrialConfig: loaders, optimizer, schedule, precision.
+"""A model under a TrialConfig: the configuration's optimizer, schedule and backend flags (what
+they mean is ``semantics``'), autocast, GradScaler, compilation and DDP.
 
 ``Trainer`` owns one model under one configuration: device placement and channels_last,
 torch.compile, the optimizer and its schedule, autocast with a GradScaler for fp16, and gradient

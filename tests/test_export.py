@@ -24,6 +24,7 @@ from autotune.export import (
     SCRIPT_KNOBS,
     BestConfig,
     ExportError,
+    TrialConfirmation,
     best_config,
     load_config,
     render,
@@ -426,6 +427,19 @@ def test_yaml_and_json_round_trip_to_the_same_config(tiny_study, tmp_path: Path)
         assert loaded == best
     assert yaml.safe_load((tmp_path / "best.yaml").read_text())["trial"] == trial.number
     assert json.loads((tmp_path / "best.json").read_text())["config"]["seed"] == trial.number
+    # a confirmed answer's verdict is typed, and round-trips through the plain data
+    verdict = TrialConfirmation(
+        median=2.5, runs=3, spread=0.1, answer=True, speedup=1.5, tied_with=(4,)
+    )
+    confirmed = dataclasses.replace(best, confirmation=verdict)
+    assert BestConfig.from_dict(json.loads(json.dumps(confirmed.to_dict()))) == confirmed
+    assert confirmed.confirmation_text() == (
+        "confirmed: median 2.5 over 3 runs (spread ±10%), 1.50x the untuned baseline; tied "
+        "within noise with trial 4"
+    )
+    unconfirmed = dataclasses.replace(best, confirmation=None)
+    assert unconfirmed.to_dict()["confirmation"] == {}  # as exports have always written it
+    assert BestConfig.from_dict(unconfirmed.to_dict()).confirmation is None
 
 
 def test_reading_a_crafted_study_runs_none_of_the_code_it_names(prepare_study, tmp_path: Path):

@@ -62,7 +62,7 @@ def best(
         f"[bold green]{display.fmt(result.value)}[/] {unit}"
     )
     console.print(f"  {result.confirmation_text()}", markup=False)
-    if not (result.confirmation or {}).get("speedup"):  # the confirmed speed-up is said above
+    if result.confirmation is None or not result.confirmation.speedup:  # said above if so
         _against_baseline(found, chosen)
     for key, value in result.metrics.items():
         note = display.METRIC_NOTES.get(key)

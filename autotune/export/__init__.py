@@ -18,6 +18,7 @@ script and YAML/JSON rendering, ``_frameworks`` the Lightning and Hugging Face s
 from autotune.export._api import (
     BestConfig,
     ExportError,
+    TrialConfirmation,
     best_config,
     load_best,
     load_config,
@@ -32,6 +33,7 @@ __all__ = [
     "SCRIPT_KNOBS",
     "BestConfig",
     "ExportError",
+    "TrialConfirmation",
     "best_config",
     "load_best",
     "load_config",

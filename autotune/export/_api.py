@@ -8,6 +8,7 @@ its collate function, its loss and where its batches hold the inputs and the tar
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ if TYPE_CHECKING:  # torch: only the building blocks need it, not reading a stud
 __all__ = [
     "BestConfig",
     "ExportError",
+    "TrialConfirmation",
     "best_config",
     "load_best",
     "load_config",
@@ -62,6 +64,37 @@ class ExportError(UserError):
 
 
 @dataclass(frozen=True)
+class TrialConfirmation:
+    """The confirmation round's verdict on one trial: its median metric over its runs, how
+    far the round's runs spread, whether it is the study's answer, and (for the answer) its
+    speed-up over the untuned baseline and the trials it is tied with within the noise."""
+
+    median: float
+    runs: int
+    spread: float | None = None  # the round's relative spread (0.1: ±10%)
+    median_score: float | None = None
+    median_samples_per_second: float | None = None
+    answer: bool = False  # the round's winner: the study's answer
+    speedup: float | None = None  # the answer's metric over the untuned baseline's
+    tied_with: tuple[int, ...] = ()  # trials within the noise of the answer
+    under_interference: bool = False  # every run measured while others used the CPU
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (an export's "confirmation")."""
+        return {**dataclasses.asdict(self), "tied_with": list(self.tied_with)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> TrialConfirmation | None:
+        """Inverse of ``to_dict``; None for an empty or missing one (not confirmed)."""
+        if not data:
+            return None
+        known = {f.name for f in dataclasses.fields(cls)}
+        fields = {key: value for key, value in data.items() if key in known}
+        fields["tied_with"] = tuple(fields.get("tied_with") or ())
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
 class BestConfig:
     """A study's chosen trial: its full configuration, where it came from, what it measured."""
 
@@ -74,9 +107,8 @@ class BestConfig:
     metrics: dict[str, Any] = field(default_factory=dict)  # score, samples_per_second, ...
     full_run_epochs: float | None = None  # objective.full_run_epochs, if the space file set it
     workload: dict[str, Any] = field(default_factory=dict)  # the space file's workload section
-    # the confirmation round's verdict on this trial ({} when the study has none yet):
-    # median, runs, spread, speedup (over the untuned baseline), tied_with, under_interference
-    confirmation: dict[str, Any] = field(default_factory=dict)
+    # the confirmation round's verdict on this trial (None when the study has none yet)
+    confirmation: TrialConfirmation | None = None
     feasible: bool = True  # the trial met every requirement (min_score): an answer
     speed_knobs: tuple[str, ...] = ()  # two-stage: the knobs the speed stage chose
     baseline: bool = False  # the untuned baseline: its knobs were pinned, not searched
@@ -92,17 +124,17 @@ class BestConfig:
     def confirmation_text(self) -> str:
         """One line on how sure the study is of this answer."""
         found = self.confirmation
-        if not found:
+        if found is None:
             return "not confirmed: one measurement (run `autotune confirm`)"
-        text = f"confirmed: median {found['median']:.4g} over {found['runs']} runs"
-        if found.get("spread") is not None:
-            text += f" (spread ±{found['spread']:.0%})"
-        if found.get("speedup") is not None:
-            text += f", {found['speedup']:.2f}x the untuned baseline"
-        if found.get("tied_with"):
-            tied = ", ".join(str(n) for n in found["tied_with"])
+        text = f"confirmed: median {found.median:.4g} over {found.runs} runs"
+        if found.spread is not None:
+            text += f" (spread ±{found.spread:.0%})"
+        if found.speedup is not None:
+            text += f", {found.speedup:.2f}x the untuned baseline"
+        if found.tied_with:
+            tied = ", ".join(str(n) for n in found.tied_with)
             text += f"; tied within noise with trial {tied}"
-        if found.get("under_interference"):
+        if found.under_interference:
             text += "; measured while other processes used the CPU (confirm it again)"
         return text
 
@@ -124,7 +156,7 @@ class BestConfig:
             "metrics": dict(self.metrics),
             "full_run_epochs": self.full_run_epochs,
             "workload": dict(self.workload),
-            "confirmation": dict(self.confirmation),
+            "confirmation": self.confirmation.to_dict() if self.confirmation else {},
             "feasible": self.feasible,
             "speed_knobs": list(self.speed_knobs),
             "baseline": self.baseline,
@@ -149,7 +181,7 @@ class BestConfig:
             metrics=_renamed_metrics(dict(data.get("metrics") or {})),
             full_run_epochs=data.get("full_run_epochs"),
             workload=dict(data.get("workload") or {}),
-            confirmation=dict(data.get("confirmation") or {}),
+            confirmation=TrialConfirmation.from_dict(data.get("confirmation")),
             feasible=bool(data.get("feasible", True)),
             speed_knobs=tuple(data.get("speed_knobs") or ()),
             baseline=bool(data.get("baseline", False)),
@@ -345,27 +377,27 @@ def best_config(study: optuna.Study, trial: FrozenTrial) -> BestConfig:
     )
 
 
-def _confirmation_of(study: optuna.Study, number: int) -> dict[str, Any]:
-    """The confirmation round's verdict on trial ``number``, as plain data ({} if none)."""
+def _confirmation_of(study: optuna.Study, number: int) -> TrialConfirmation | None:
+    """The confirmation round's verdict on trial ``number`` (None if none)."""
     record = StudyRecord.of(study).confirmation
     if record is None or not record.complete or number not in record.candidates:
-        return {}
+        return None
     verdict = Verdict.of(record)
     mine = next((c for c in verdict.ranked if c.trial == number), None)
     if mine is None or not mine.values:
-        return {}
+        return None
     is_winner = verdict.winner is not None and verdict.winner.trial == number
-    return {
-        "median": mine.median,
-        "runs": len(mine.values),
-        "spread": verdict.spread,
-        "median_score": mine.median_score,
-        "median_samples_per_second": mine.median_samples_per_second,
-        "answer": is_winner,
-        "speedup": verdict.speedup if is_winner else None,
-        "tied_with": [c.trial for c in verdict.tied] if is_winner else [],
-        "under_interference": mine.interfered,  # every run measured while others used the CPU
-    }
+    return TrialConfirmation(
+        median=mine.median,
+        runs=len(mine.values),
+        spread=verdict.spread,
+        median_score=mine.median_score,
+        median_samples_per_second=mine.median_samples_per_second,
+        answer=is_winner,
+        speedup=verdict.speedup if is_winner else None,
+        tied_with=tuple(c.trial for c in verdict.tied) if is_winner else (),
+        under_interference=mine.interfered,
+    )
 
 
 def load_best(study: str, storage: str = DEFAULT_STORAGE, trial: int | None = None) -> BestConfig:

@@ -106,7 +106,7 @@ class _Stage(SettingTimer):
         if why is None:
             return False
         words = describe(settings)
-        self.on_event(SpeedEvent(cell.label(), words, None, None, False, why, 1, False))
+        self.on_event(SpeedEvent.left_out(cell.label(), words, why))
         return True
 
     def run_cell_over_budget(self, cell: Cell) -> None:
@@ -128,9 +128,7 @@ class _Stage(SettingTimer):
             measured = [self.plan.settings(fallback, {})]
         for settings in measured:
             self.measure(cell, settings, 1)
-        self.on_event(
-            SpeedEvent(cell.label(), "the other settings", None, None, False, why, 1, False)
-        )
+        self.on_event(SpeedEvent.left_out(cell.label(), "the other settings", why))
 
     def _results(self, cell: Cell) -> list[CellResult]:
         results = []

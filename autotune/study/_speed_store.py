@@ -91,18 +91,24 @@ class SpeedRecord:
         return SpeedMeasurement(**fields)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SpeedEvent:
-    """One step of stage 1, for the display: a measurement taken, reused or skipped."""
+    """One step of stage 1, for the display: a measurement taken, reused or skipped (its
+    fields named where it is made)."""
 
     cell: str
     settings: str
-    samples_per_second: float | None  # None: it failed or was skipped
-    spread: float | None
-    cached: bool  # reused from an earlier measurement with the same key
-    fault: str | None  # why it has no speed
-    round: int
+    samples_per_second: float | None = None  # None: it failed or was skipped
+    spread: float | None = None
+    cached: bool = False  # reused from an earlier measurement with the same key
+    fault: str | None = None  # why it has no speed
+    round: int = 1
     measured: bool = True  # False: not tried (a memory wall, a pipeline far behind)
+
+    @classmethod
+    def left_out(cls, cell: str, settings: str, why: str) -> SpeedEvent:
+        """``settings`` of ``cell`` not tried, and why (a memory wall, the budget, ...)."""
+        return cls(cell=cell, settings=settings, fault=why, measured=False)
 
 
 def _source_digest(entry: str) -> str | None:

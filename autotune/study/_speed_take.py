@@ -113,9 +113,7 @@ class SettingTimer:
         blocked = self.walls.blocks(config)
         if pool.fault is None and not pool.results and blocked is not None:
             pool.fault = (FaultKind.OOM.value, blocked)
-            self.on_event(
-                SpeedEvent(cell.label(), words, None, None, False, pool.fault[1], 1, False)
-            )
+            self.on_event(SpeedEvent.left_out(cell.label(), words, pool.fault[1]))
             return None
         if self._done(cell, settings, count):
             return None
@@ -146,13 +144,12 @@ class SettingTimer:
                 best = pool.combined()
                 self.on_event(
                     SpeedEvent(
-                        cell.label(),
-                        words,
-                        best.samples_per_second() if best else None,
-                        best.spread if best else None,
-                        True,
-                        fault,
-                        1,
+                        cell=cell.label(),
+                        settings=words,
+                        samples_per_second=best.samples_per_second() if best else None,
+                        spread=best.spread if best else None,
+                        cached=True,
+                        fault=fault,
                     )
                 )
             return True
@@ -190,7 +187,7 @@ class SettingTimer:
             self._store(speed_trial(cell, settings, failed, None, self.known))
             if kind not in _TRANSIENT:
                 pool.fault = (kind.value, message)
-            self.on_event(SpeedEvent(cell.label(), words, None, None, False, message, 1))
+            self.on_event(SpeedEvent(cell=cell.label(), settings=words, fault=message))
             return
         result = self._charge_cold_compile(config, result)
         flagged = interfered(result.other_cpu_share)
@@ -206,13 +203,12 @@ class SettingTimer:
         pool.results.append((number, result, flagged, round_number))
         self.on_event(
             SpeedEvent(
-                cell.label(),
-                words,
-                result.samples_per_second(),
-                result.spread,
-                False,
-                "measured under interference" if flagged else None,
-                round_number,
+                cell=cell.label(),
+                settings=words,
+                samples_per_second=result.samples_per_second(),
+                spread=result.spread,
+                fault="measured under interference" if flagged else None,
+                round=round_number,
             )
         )
 
