@@ -10,7 +10,8 @@ loader = best.make_loader(train_set)
 steps_per_epoch = len(loader) // best.config.accumulation_steps  # optimizer steps
 trainer = best.make_trainer(model, total_steps=epochs * steps_per_epoch)
 
-``_api`` holds the Python API (``BestConfig``, ``load_best``, ``load_config``), ``_script`` the
+``_api`` holds the Python API (``BestConfig``, ``load_best``, ``load_config``), ``_confirmation``
+the confirmation round's typed verdict on a trial (``TrialConfirmation``), ``_script`` the
 script and YAML/JSON rendering, ``_frameworks`` the Lightning and Hugging Face settings files,
 ``_bundle`` the source bundler the script is built with.
 """
@@ -18,13 +19,13 @@ script and YAML/JSON rendering, ``_frameworks`` the Lightning and Hugging Face s
 from autotune.export._api import (
     BestConfig,
     ExportError,
-    TrialConfirmation,
     best_config,
     load_best,
     load_config,
     select_trial,
     study_spec,
 )
+from autotune.export._confirmation import TrialConfirmation
 from autotune.export._formats import FORMATS, render
 from autotune.export._script import SCRIPT_KNOBS, render_script
 

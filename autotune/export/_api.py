@@ -8,7 +8,6 @@ its collate function, its loss and where its batches hold the inputs and the tar
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 from dataclasses import dataclass, field
@@ -21,12 +20,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import TrialConfig
 from autotune.errors import UserError
+from autotune.export._confirmation import TrialConfirmation, confirmation_of
 from autotune.spec import DEFAULT_STORAGE, Spec, SpecError, parse_spec
 from autotune.study import (
     StudyError,
     StudyRecord,
     TrialRecord,
-    Verdict,
     answer_trial,
     is_feasible,
     knob_origin,
@@ -48,7 +47,6 @@ if TYPE_CHECKING:  # torch: only the building blocks need it, not reading a stud
 __all__ = [
     "BestConfig",
     "ExportError",
-    "TrialConfirmation",
     "best_config",
     "load_best",
     "load_config",
@@ -61,37 +59,6 @@ EXPORT_FORMAT_VERSION = 2  # 2: metrics hold "score" (named by score_name), not 
 
 class ExportError(UserError):
     """A configuration that cannot be exported as asked (a user error): one line."""
-
-
-@dataclass(frozen=True)
-class TrialConfirmation:
-    """The confirmation round's verdict on one trial: its median metric over its runs, how
-    far the round's runs spread, whether it is the study's answer, and (for the answer) its
-    speed-up over the untuned baseline and the trials it is tied with within the noise."""
-
-    median: float
-    runs: int
-    spread: float | None = None  # the round's relative spread (0.1: ±10%)
-    median_score: float | None = None
-    median_samples_per_second: float | None = None
-    answer: bool = False  # the round's winner: the study's answer
-    speedup: float | None = None  # the answer's metric over the untuned baseline's
-    tied_with: tuple[int, ...] = ()  # trials within the noise of the answer
-    under_interference: bool = False  # every run measured while others used the CPU
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data (an export's "confirmation")."""
-        return {**dataclasses.asdict(self), "tied_with": list(self.tied_with)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> TrialConfirmation | None:
-        """Inverse of ``to_dict``; None for an empty or missing one (not confirmed)."""
-        if not data:
-            return None
-        known = {f.name for f in dataclasses.fields(cls)}
-        fields = {key: value for key, value in data.items() if key in known}
-        fields["tied_with"] = tuple(fields.get("tied_with") or ())
-        return cls(**fields)
 
 
 @dataclass(frozen=True)
@@ -364,7 +331,7 @@ def best_config(study: optuna.Study, trial: FrozenTrial) -> BestConfig:
         config=record.config,
         params=dict(trial.params),
         metrics=record.metrics(),
-        confirmation=_confirmation_of(study, trial.number),
+        confirmation=confirmation_of(study, trial.number),
         feasible=is_feasible(trial),
         speed_knobs=tuple(record.speed_knobs or ()),
         baseline=record.baseline,
@@ -374,29 +341,6 @@ def best_config(study: optuna.Study, trial: FrozenTrial) -> BestConfig:
         batch_layout=study_record.batch_layout,
         classes_last=bool(study_record.classes_last),
         workload_dir=workload_dir,
-    )
-
-
-def _confirmation_of(study: optuna.Study, number: int) -> TrialConfirmation | None:
-    """The confirmation round's verdict on trial ``number`` (None if none)."""
-    record = StudyRecord.of(study).confirmation
-    if record is None or not record.complete or number not in record.candidates:
-        return None
-    verdict = Verdict.of(record)
-    mine = next((c for c in verdict.ranked if c.trial == number), None)
-    if mine is None or not mine.values:
-        return None
-    is_winner = verdict.winner is not None and verdict.winner.trial == number
-    return TrialConfirmation(
-        median=mine.median,
-        runs=len(mine.values),
-        spread=verdict.spread,
-        median_score=mine.median_score,
-        median_samples_per_second=mine.median_samples_per_second,
-        answer=is_winner,
-        speedup=verdict.speedup if is_winner else None,
-        tied_with=tuple(c.trial for c in verdict.tied) if is_winner else (),
-        under_interference=mine.interfered,
     )
 
 
