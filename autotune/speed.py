@@ -55,6 +55,10 @@ class BurstPlan:
     # and reused by the settings that share it (``execution.compile_state``), the stage
     # charging the cold compile; "": a cold compile for every measurement
     keep_compiled: str = ""
+    # seconds the whole measurement (compile included) may take before its worker is killed
+    # and it fails as trial_timeout; None: the study's trial_timeout alone. Enforced by the
+    # supervised worker (``WorkerExecutor``), not in the study process (``--isolation none``)
+    time_limit_seconds: float | None = None
 
 
 def _median(values: tuple[float, ...]) -> float:

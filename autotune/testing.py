@@ -250,6 +250,23 @@ def _break_the_compiler() -> None:
     inductor.fx_graph_cache = False
 
 
+def _hang_the_compiler() -> None:
+    """Make every torch.compile in this process compile forever: Inductor runs a pass over
+    each graph it compiles that never returns (its caches bypassed: the pass has no uuid)."""
+    import torch._inductor.config as inductor
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class _Forever(CustomGraphPass):
+        def __call__(self, graph: torch.fx.graph.Graph) -> None:
+            while True:
+                time.sleep(3600)
+
+        def uuid(self) -> None:
+            return None
+
+    inductor.post_grad_custom_post_pass = _Forever()
+
+
 def tiny_mlp(
     num_classes: int,
     input_shape: tuple[int, ...],
@@ -261,6 +278,7 @@ def tiny_mlp(
     crash_at_step: int | None = None,
     step_delay_seconds: float = 0.0,
     broken_compiler: bool = False,
+    endless_compile: bool = False,
     diverge_after_steps: int | None = None,
     cuda_error_at_batch: int | None = None,
     fault_rank: int | None = None,
@@ -275,12 +293,15 @@ def tiny_mlp(
     ``diverge_after_steps`` (confident constant logits: a finite loss far above its lowest),
     ``cuda_error_at_batch`` (the RuntimeError a broken CUDA context raises, for batches this
     large),
-    and ``broken_compiler`` (torch.compile's C++ compiler is missing in this process).
+    ``broken_compiler`` (torch.compile's C++ compiler is missing in this process) and
+    ``endless_compile`` (a torch.compile in this process never finishes).
     ``fault_rank``: the faults happen in that process of a distributed trial only;
     ``hang_after_fault``: after its out of memory, the process hangs in its cleanup.
     """
     if broken_compiler:
         _break_the_compiler()
+    if endless_compile:
+        _hang_the_compiler()
     layers: list[nn.Module] = [
         nn.Flatten(),
         nn.Linear(math.prod(input_shape), hidden),

@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import dataclasses
 import logging
+import math
 import multiprocessing
 import os
 import shutil
@@ -310,23 +311,32 @@ class WorkerExecutor:
         assert self._process is not None and self._connection is not None
         self._ran = request.config
         started = time.monotonic()
+        limit = self.trial_timeout
+        if isinstance(request, MeasureSpeed) and request.plan.time_limit_seconds is not None:
+            limit = min(limit or math.inf, request.plan.time_limit_seconds)
         with CpuMeter() as meter:  # whether a timeout is the machine's or the trial's
-            outcome = self._exchange(request, report, started, meter)
+            outcome = self._exchange(request, report, started, meter, limit)
         if isinstance(outcome, TrialFault):
             raise outcome  # the worker survived it and waits for the next request
         return outcome
 
     def _exchange(
-        self, request: Request, report: Reporter, started: float, meter: CpuMeter
+        self,
+        request: Request,
+        report: Reporter,
+        started: float,
+        meter: CpuMeter,
+        limit: float | None,
     ) -> TrialResult | SpeedMeasurement | TrialFault:
-        """Send the request, answer its evaluations, and return how it ended."""
+        """Send the request, answer its evaluations, and return how it ended; past ``limit``
+        seconds (the time it waited for its evaluations' answers not counted) it is killed."""
         assert self._connection is not None
         connection = self._connection
         try:
             connection.send(request)
             while True:
                 if not connection.poll(POLL_SECONDS):
-                    self._check_alive_and_on_time(started, meter)
+                    self._check_alive_and_on_time(started, meter, limit)
                     continue
                 message: FromWorker = connection.recv()
                 if isinstance(message, Evaluated):
@@ -366,7 +376,9 @@ class WorkerExecutor:
             self._kill()
             raise
 
-    def _check_alive_and_on_time(self, started: float, meter: CpuMeter) -> None:
+    def _check_alive_and_on_time(
+        self, started: float, meter: CpuMeter, limit: float | None
+    ) -> None:
         assert self._process is not None
         if not self._process.is_alive():
             exitcode = self._process.exitcode
@@ -375,11 +387,11 @@ class WorkerExecutor:
                 "worker_crashed",
                 f"the worker process died during the trial ({describe_exit(exitcode)})",
             )
-        if self.trial_timeout is not None and time.monotonic() - started > self.trial_timeout:
+        if limit is not None and time.monotonic() - started > limit:
             share = meter.so_far()  # before the kill: the trial's own processes still count
             self._kill()
             killed = (
-                f"no result after {self.trial_timeout:g} s; the worker and its DataLoader "
+                f"no result after {round(limit, 1):g} s; the worker and its DataLoader "
                 f"workers were killed"
             )
             if share is not None and share.interfered:

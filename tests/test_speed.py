@@ -809,6 +809,69 @@ def test_a_compile_that_cannot_pay_back_is_not_tried_in_the_cells_after_the_firs
     assert all(dict(c.settings)["compile"] == "none" for c in table if c.batch_size == 32)
 
 
+def test_a_compile_may_take_what_it_could_save_over_the_full_run_or_the_budget_left():
+    from autotune.study._speed_rules import MEASUREMENT_SLACK_SECONDS, LeftOut
+
+    space = two_stage().replace(
+        "objective: {min_accuracy: 0.3}", "objective: {min_accuracy: 0.3, full_run_epochs: 30}"
+    )
+    left_out = LeftOut(restrict(parse_spec(space, Path("space.yaml")), CPU).spec)
+    assert left_out.compile_limit("none", 1.0) is None  # eager is bounded by trial_timeout
+    unknown = left_out.compile_limit("default", None)  # no eager epoch timed yet: the budget
+    assert unknown is not None and unknown.budget and 890 < unknown.seconds <= 900
+    limit = left_out.compile_limit("max-autotune", 2.0)
+    assert limit is not None and not limit.budget
+    assert limit.seconds == pytest.approx(30 * 2.0 + MEASUREMENT_SLACK_SECONDS)
+    assert "compile max-autotune was still compiling after 90 s: it cannot pay back" in limit.why
+    assert "(an eager run of 30 epochs trains 60 s)" in limit.why
+    slow = left_out.compile_limit("default", 100.0)  # it could pay back longer than the budget
+    assert slow is not None and slow.budget and "budget of 900 s ran out" in slow.why
+
+
+@pytest.mark.slow
+def test_a_compile_still_running_when_it_can_no_longer_pay_back_is_stopped_and_dropped(
+    tmp_path: Path, prepare_study, monkeypatch: pytest.MonkeyPatch
+):
+    from autotune.study import _speed_rules, run_speed_stage
+    from autotune.worker import WorkerExecutor
+
+    # an eager epoch takes milliseconds: the compile may take the slack alone
+    monkeypatch.setattr(_speed_rules, "MEASUREMENT_SLACK_SECONDS", 3.0)
+    space = two_stage(
+        n_trials=1,
+        batch_sizes="[16, 32]",
+        precisions="fp32",
+        workers="[0]",
+        model_args="{endless_compile: true}",
+    )
+    space = space.replace("num_workers: [0]\n", "num_workers: [0]\n  compile: [none, default]\n")
+    study, _, _, _ = prepare_study(space, tmp_path, run=False)
+    spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
+    executor = WorkerExecutor(spec.workload, tmp_path)
+    events: list = []
+    try:
+        table = run_speed_stage(study, spec, CPU, executor, on_event=events.append)
+    finally:
+        executor.close()
+    stopped = [e for e in events if e.measured and e.samples_per_second is None]
+    assert [(e.cell, e.settings) for e in stopped] == [
+        ("batch 16, fp32", "no workers, compile default")
+    ]
+    assert "compile default was still compiling after 3 s: it cannot pay back" in stopped[0].fault
+    assert len(executor.started_pids) == 2  # its worker was killed, and another started
+    # the mode is not tried again: not with the other pipeline, not in the next cell
+    skipped = [e for e in events if "compile default" in e.settings and not e.measured]
+    assert {e.cell for e in skipped} == {"batch 16, fp32", "batch 32, fp32"}
+    assert all("still compiling after 3 s" in (e.fault or "") for e in skipped)
+    assert all(dict(c.settings)["compile"] == "none" for c in table)
+    # recorded as the configuration's timeout: a later stage does not compile it again
+    speed = optuna.load_study(study_name=speed_study_name("two"), storage=study._storage)
+    failed = [SpeedRecord.of(t) for t in speed.trials if t.state == TrialState.FAIL]
+    assert [(r.fail_kind, r.settings) for r in failed if r] == [
+        (FaultKind.TRIAL_TIMEOUT.value, "no workers, compile default")
+    ]
+
+
 # -- stage 1's budget -----------------------------------------------------------------------------
 
 

@@ -25,12 +25,13 @@ from typing import TYPE_CHECKING
 
 import optuna
 
+from autotune.config import TrialConfig
 from autotune.executor import TrialExecutor
 from autotune.spec import Spec
 from autotune.speed import COMPUTE_KNOBS, SpeedTable
 from autotune.study import adapter
 from autotune.study._speed_plan import Cell, Settings, SpeedPlan, context_key, describe
-from autotune.study._speed_rules import CellResult, LeftOut
+from autotune.study._speed_rules import CellResult, LeftOut, TimeLimit
 from autotune.study._speed_store import Pool, SpeedEvent, context_facts, load_cache
 from autotune.study._speed_table import speed_table
 from autotune.study._speed_take import SettingTimer
@@ -86,6 +87,22 @@ class _Stage(SettingTimer):
         for settings in held:
             self.measure(cell, settings, count)
         return kept
+
+    def time_limit(self, cell: Cell, config: TrialConfig) -> TimeLimit | None:
+        return self.left_out.compile_limit(config.compile, self._eager_epoch(cell))
+
+    def stopped(self, cell: Cell, config: TrialConfig, limit: TimeLimit) -> None:
+        self.left_out.stopped(config.compile, limit, cell)
+
+    def _eager_epoch(self, cell: Cell) -> float | None:
+        """Seconds of an epoch at ``cell``'s fastest eager setting timed so far (None: none)."""
+        epochs = [
+            measurement.epoch_seconds()
+            for settings in self.tried.get(cell, [])
+            if dict(settings).get("compile", "none") == "none"
+            for _, measurement, _, _ in self.pool(cell, settings).results
+        ]
+        return min(epochs, default=None)
 
     def speed(self, cell: Cell, settings: Settings) -> float | None:
         """Samples/s of the first round: the stage's decisions rest on it alone, so that a

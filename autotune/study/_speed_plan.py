@@ -211,8 +211,16 @@ class SpeedPlan:
             dict(zip(COMPUTE_KNOBS, values, strict=True)) for values in itertools.product(*axes)
         ]
         # cudnn_benchmark off, then on: a worker switches value only in a fresh process (its
-        # cuDNN plans are its own: trainer.cudnn_plans_differ), so once a cell, not every other
-        return sorted(found, key=lambda setting: bool(setting["cudnn_benchmark"]))
+        # cuDNN plans are its own: trainer.cudnn_plans_differ), so once a cell, not every other;
+        # eager first (its speed bounds what a compile may cost), then the compile modes from
+        # the quickest to compile, so that a budget that runs out has timed the cheap ones
+        return sorted(
+            found,
+            key=lambda setting: (
+                bool(setting["cudnn_benchmark"]),
+                COMPILE_SECONDS_GUESS.get(setting["compile"], 0.0),
+            ),
+        )
 
     def exhaustive(self, cell: Cell) -> bool:
         """Whether ``cell``'s settings are few enough to measure every one."""

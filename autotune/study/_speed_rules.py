@@ -7,6 +7,9 @@ Five rules, each said in stage 1's table where it leaves a setting out:
   (loading, workers' start and hand-over) does not depend on the precision;
 - a *compile mode* whose cold compile cannot pay back over the full run (``unpaid_compile``),
   or that failed to compile in every setting of a cell, is not tried in the cells after it;
+  one still compiling when it can no longer pay back, however fast it would then run (the
+  seconds an eager full run trains), or when the budget runs out, is stopped there
+  (``compile_limit``) and not tried again in the stage;
 - *channels_last under a compile mode* that was no faster than without it in the first cell
   that timed both (Inductor chooses its own layouts, so the flag rarely matters there) is not
   tried under that mode in the cells after it;
@@ -31,7 +34,15 @@ from autotune.spec import Spec
 from autotune.speed import COMPUTE_KNOBS, SpeedMeasurement
 from autotune.study._speed_plan import Cell, Settings
 
-__all__ = ["DOMINATED_SHARE", "SLOW_PIPELINE_SHARE", "CellResult", "LeftOut", "unpaid_compile"]
+__all__ = [
+    "DOMINATED_SHARE",
+    "MEASUREMENT_SLACK_SECONDS",
+    "SLOW_PIPELINE_SHARE",
+    "CellResult",
+    "LeftOut",
+    "TimeLimit",
+    "unpaid_compile",
+]
 
 # a pipeline below this share of its cell's fastest is not tried at the micro-batch's other
 # precisions: what a pipeline costs a batch (loading, workers' start and hand-over) does not
@@ -41,6 +52,20 @@ SLOW_PIPELINE_SHARE = 0.5
 # a precision whose first cell runs under this share of another precision's fastest at the
 # same micro-batch times only its first cell's fastest settings in its other cells
 DOMINATED_SHARE = 1 / 3
+
+
+# what a compiled measurement takes beside its compile (the worker's warm-up steps, its bursts,
+# a cuDNN or Triton autotuning pass at each new shape) before its compile can be judged unpaid
+MEASUREMENT_SLACK_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class TimeLimit:
+    """How long one compiled measurement may take, and what to say when it is stopped there."""
+
+    seconds: float
+    why: str  # "compile max-autotune was still compiling after 161 s: ..."
+    budget: bool  # the budget's end, not the payback (a later stage may try it again)
 
 
 def unpaid_compile(
@@ -67,6 +92,10 @@ class CellResult:
     first_round: float | None  # samples/s of its first measurement (None: none)
     measurement: SpeedMeasurement | None  # its measurements combined (None: it failed)
     fault_kind: str | None  # why it has none
+
+
+# faults of a compiled setting that rule its compile mode out of the cells after it
+_COMPILE_FAULTS = (FaultKind.COMPILE_ERROR.value, FaultKind.TRIAL_TIMEOUT.value)
 
 
 def _pipeline(settings: Settings) -> Settings:
@@ -104,6 +133,48 @@ class LeftOut:
         return (
             f"not tried: stage 1's budget of {self.budget:g} s is spent (study.speed.max_seconds)"
         )
+
+    def compile_limit(self, mode: str, eager_epoch_seconds: float | None) -> TimeLimit | None:
+        """How long a measurement of compile ``mode`` may take (None for eager): the budget
+        left, and, once an eager epoch is timed (``eager_epoch_seconds``: the cell's, else
+        the slowest seen), what a compile could save over the full run at an infinite
+        speed-up (every eager second of it) plus ``MEASUREMENT_SLACK_SECONDS``. A compile
+        still running then cannot pay back, however fast its graph."""
+        if mode == "none":
+            return None
+        left = max(1.0, self.deadline - time.monotonic())
+        budget = TimeLimit(
+            left,
+            f"stage 1's budget of {self.budget:g} s ran out while compile {mode} compiled "
+            f"(study.speed.max_seconds)",
+            budget=True,
+        )
+        epoch = max(eager_epoch_seconds or 0.0, self.slowest_eager_epoch)
+        if epoch <= 0.0:
+            return budget
+        horizon = self._horizon()
+        saving = horizon * epoch
+        payback = saving + MEASUREMENT_SLACK_SECONDS
+        if payback >= left:
+            return budget
+        return TimeLimit(
+            payback,
+            f"compile {mode} was still compiling after {payback:.0f} s: it cannot pay back "
+            f"(an eager run of {horizon:g} epochs trains {saving:.0f} s)",
+            budget=False,
+        )
+
+    def stopped(self, mode: str, limit: TimeLimit, cell: Cell) -> None:
+        """A measurement of compile ``mode`` in ``cell`` was stopped at ``limit``: the mode
+        is not tried again in this stage (past the budget nothing compiles anyway)."""
+        self.dropped_modes.setdefault(mode, f"not tried: {limit.why} at {cell.label()}")
+
+    def _horizon(self) -> float:
+        """Epochs over which a compile pays back: the full run's (objective.full_run_epochs)
+        where the objective charges it over that, else the trial's."""
+        objective = self.spec.objective
+        full = objective.full_run_epochs if objective.per_second else None
+        return full or self.spec.workload.epochs
 
     def why(self, cell: Cell, settings: Settings, compute_pass: bool = False) -> str | None:
         """Why ``settings`` is not tried in ``cell``, or None. The compute pass times its
@@ -196,8 +267,8 @@ class LeftOut:
         for result in results:
             if result.measurement is not None:
                 by_mode.setdefault(_mode(result.settings), []).append(result.measurement)
-            elif result.fault_kind == FaultKind.COMPILE_ERROR.value:
-                failed.add(_mode(result.settings))
+            elif result.fault_kind in _COMPILE_FAULTS and _mode(result.settings) != "none":
+                failed.add(_mode(result.settings))  # (a timeout: stopped at compile_limit)
         for mode in sorted(failed - set(by_mode)):
             self.dropped_modes.setdefault(
                 mode, f"not tried: compile {mode} failed at {cell.label()}"
@@ -206,9 +277,7 @@ class LeftOut:
             return
         eager = min(m.epoch_seconds() for m in by_mode["none"])
         self.slowest_eager_epoch = max(self.slowest_eager_epoch, eager)
-        objective = self.spec.objective
-        full = objective.full_run_epochs if objective.per_second else None
-        horizon = full or self.spec.workload.epochs  # epochs over which a compile pays back
+        horizon = self._horizon()
         for mode, measured in by_mode.items():
             if mode == "none" or mode in self.dropped_modes:
                 continue

@@ -25,6 +25,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, IntD
 from optuna.exceptions import ExperimentalWarning
 from optuna.trial import TrialState
 
+from autotune.faults import FaultKind
 from autotune.interference import trial_threads
 from autotune.spec import COMPILE_MODES, DATA_PIPELINES, PRECISIONS, Spec
 from autotune.speed import DDP_SETTINGS, SpeedMeasurement
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SPEED_SUFFIX",
+    "TRANSIENT_FAULTS",
     "SpeedEvent",
     "SpeedRecord",
     "context_facts",
@@ -48,6 +50,10 @@ __all__ = [
 ]
 
 SPEED_SUFFIX = ".speed"
+# faults that say nothing about the configuration (a busy machine, an interruption, stage 1's
+# budget running out): not reused from the cache, the setting is measured again
+TRANSIENT_FAULTS = (FaultKind.TIMEOUT_UNDER_LOAD.value, FaultKind.INTERRUPTED.value)
+_UNCACHED = (None, *TRANSIENT_FAULTS)
 
 
 def speed_study_name(study_name: str) -> str:
@@ -327,6 +333,7 @@ def load_cache(
             result = record.result()
             if trial.state == TrialState.COMPLETE and result is not None:
                 pool.results.append((trial.number, result, record.interference, record.round))
-            elif trial.state == TrialState.FAIL and record.fail_kind is not None:
+            elif trial.state == TrialState.FAIL and record.fail_kind not in _UNCACHED:
+                # (a fault that says nothing of the setting is measured again)
                 pool.fault = (record.fail_kind, record.fail_msg or record.fail_kind)
     return pools

@@ -25,7 +25,9 @@ from autotune.speed import BurstPlan, SpeedMeasurement
 from autotune.study import adapter
 from autotune.study._claims import Claims
 from autotune.study._speed_plan import Cell, Settings, SpeedPlan, config_key, describe
+from autotune.study._speed_rules import TimeLimit
 from autotune.study._speed_store import (
+    TRANSIENT_FAULTS,
     Pool,
     SpeedEvent,
     SpeedRecord,
@@ -39,8 +41,7 @@ from autotune.turns import turn
 
 __all__ = ["SettingTimer"]
 
-# faults that say nothing about the configuration: not cached, measured again next time
-_TRANSIENT = (FaultKind.TIMEOUT_UNDER_LOAD, FaultKind.INTERRUPTED)
+_TIMEOUTS = (FaultKind.TRIAL_TIMEOUT, FaultKind.TIMEOUT_UNDER_LOAD)
 CLAIM_POLL_SECONDS = 0.5  # how often a process waiting for another's measurement looks
 
 
@@ -133,6 +134,15 @@ class SettingTimer:
                     self._take(cell, settings, config)
         return None
 
+    def time_limit(self, cell: Cell, config: TrialConfig) -> TimeLimit | None:
+        """How long a measurement of ``config`` in ``cell`` may take before it is stopped
+        (the stage's rules say); None: the study's trial_timeout alone."""
+        return None
+
+    def stopped(self, cell: Cell, config: TrialConfig, limit: TimeLimit) -> None:
+        """A measurement of ``config`` in ``cell`` was stopped at ``limit`` (the stage learns
+        from it)."""
+
     def _done(self, cell: Cell, settings: Settings, count: int) -> bool:
         """Whether ``settings`` has ``count`` measurements in ``cell`` already (or a fault);
         reported, at its first round, as reused."""
@@ -175,9 +185,18 @@ class SettingTimer:
             settings=words,
             round=round_number,
         )
-        result = attempt(lambda: self.executor.measure(config, self.burst_plan))
+        limit = self.time_limit(cell, config)
+        plan = dataclasses.replace(
+            self.burst_plan, time_limit_seconds=limit.seconds if limit is not None else None
+        )
+        result = attempt(lambda: self.executor.measure(config, plan))
         if isinstance(result, TrialFault):
             kind, message = result.kind, result.message
+            if limit is not None and kind in _TIMEOUTS:  # stopped at the stage's limit
+                self.stopped(cell, config, limit)
+                message = f"{limit.why} ({message})"
+                if limit.budget:  # says nothing of the setting: a later stage times it
+                    kind = FaultKind.INTERRUPTED
             if kind == FaultKind.OOM:
                 self.walls.add(config, "stage 1")
             details = (result.details or None) if kind == FaultKind.ERROR else None
@@ -185,7 +204,7 @@ class SettingTimer:
                 record, fail_kind=kind.value, fail_msg=message, fail_traceback=details
             )
             self._store(speed_trial(cell, settings, failed, None, self.known))
-            if kind not in _TRANSIENT:
+            if kind.value not in TRANSIENT_FAULTS:  # measured again next time
                 pool.fault = (kind.value, message)
             self.on_event(SpeedEvent(cell=cell.label(), settings=words, fault=message))
             return
