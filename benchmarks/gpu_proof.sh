@@ -5,10 +5,10 @@
 # runs one command for at most 10 minutes, so the proof comes in parts, each well inside that:
 #
 #   bash benchmarks/gpu_proof.sh versions   # GPU, driver, CUDA, cuDNN, torch; nvidia-smi     (~10 s)
-#   bash benchmarks/gpu_proof.sh tests      # tests/test_gpu.py                                 (~3 min)
+#   bash benchmarks/gpu_proof.sh tests      # tests/test_gpu.py, 4 processes                    (~4 min)
 #   bash benchmarks/gpu_proof.sh harness    # harness_overhead.py --device cuda --batch-size 512 (~2 min)
 #   bash benchmarks/gpu_proof.sh stage1     # the plan's estimate, then stage 1 of the ResNet-18 (~5 min)
-#   bash benchmarks/gpu_proof.sh study      # naive_vs_tuned.py on cifar10_resnet18.yaml        (~9 min)
+#   bash benchmarks/gpu_proof.sh study      # naive_vs_tuned.py on cifar10_resnet18.yaml        (~6 min)
 #   bash benchmarks/gpu_proof.sh all        # every part, one after the other (a machine without the limit)
 #
 # Each part installs the wheels in .whl/ (run ../shared/gpu/prepare.sh once, here, and carry .whl)
@@ -59,7 +59,8 @@ else:
 EOF
 }
 
-tests() { run test_gpu 540 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu.py; }
+# four processes (pytest-xdist, in the GPU image): every test's outcome in about 4 minutes
+tests() { run test_gpu 540 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_gpu.py; }
 
 harness() {
   run harness 540 python3 benchmarks/harness_overhead.py --device cuda --batch-size 512 --repeats 5
@@ -74,7 +75,7 @@ stage1() {
 
 study() {
   run study 580 python3 benchmarks/naive_vs_tuned.py search_spaces/cifar10_resnet18.yaml \
-    --timeout 300 --repeats 2 --compile-modes default --storage "sqlite:///$OUT/study.db"
+    --timeout 270 --repeats 2 --compile-modes '' --storage "sqlite:///$OUT/study.db"
 }
 
 status=0

@@ -45,22 +45,20 @@ METHOD_VERSION = 1  # of the measurement: a change makes earlier measurements a 
 
 Settings = tuple[tuple[str, Any], ...]  # execution knob values by name, in SPEED_KNOBS order
 
-# seconds of one cold compile by mode, before stage 1 has measured one: the upper end of what
-# published figures give for a ResNet-18's training step on an A100/H100 (a small model on a
-# CPU takes less). Only the plan's estimate uses them; stage 1 charges what it measures. No
-# source measures this exact case; each value is derived, as said, and rounded up:
-# - default: ResNet-50 training compiles in about 56 s cold on PyTorch's A100 dashboard
-#   (pytorch/benchmark#1547, "about twice" 27.9 s, with --cold-start-latency); ResNet-18 has
-#   about 0.4x its conv+BN layers: about 20-25 s, 40 s with the optimizer step and a slower CPU;
-# - reduce-overhead: CUDA graphs add seconds, not minutes (pytorch/pytorch#96191: densenet121
-#   training 125.6 s with them, 126.2 s without);
-# - max-autotune-no-cudagraphs: ResNet-18 *inference* compiles in 24 s cold (pytorch/serve#2925);
-#   a training step has a forward and a backward graph (x2-3), and coordinate-descent tuning,
-#   on by default since pytorch/pytorch#136867, took 66 s of a 155 s compile in #172819: 60-150 s;
+# seconds of one cold compile by mode, before stage 1 has measured one. Only the plan's estimate
+# uses them; stage 1 charges what it measures. Measured on the first GPU (BENCHMARKS.md, an H200
+# with 16 cores, torch 2.11, 2026-11-26) for the ResNet-18 training step of
+# cifar10_resnet18.yaml, rounded up:
+# - default: 11.5 s cold (9.8 s with channels_last);
+# - reduce-overhead: 10.6 s (9.8 s): CUDA graphs add seconds, not minutes;
+# - max-autotune-no-cudagraphs: still compiling after 65 s when stage 1 stopped it; published
+#   figures put it at 60-150 s (ResNet-18 inference compiles in 24 s, pytorch/serve#2925; a
+#   training step has a forward and a backward graph; coordinate-descent tuning took 66 s of a
+#   155 s compile in pytorch/pytorch#172819): 150 s kept until one is measured to the end;
 # - max-autotune: as the mode without CUDA graphs, plus their few seconds.
 COMPILE_SECONDS_GUESS = {
-    "default": 40.0,
-    "reduce-overhead": 45.0,
+    "default": 15.0,
+    "reduce-overhead": 15.0,
     "max-autotune-no-cudagraphs": 150.0,
     "max-autotune": 155.0,
 }
