@@ -51,9 +51,6 @@ LAYERS: list[set[str]] = [
 # Modules allowed past MAX_LINES, and why.
 MAX_LINES = 400
 LONG_MODULES = {
-    "worker.py": "the two ends of one pipe protocol, the supervisor (timeouts, kills, scratch "
-    "folders) and the worker process's loop, read together; the messages they exchange are "
-    "defined beside them",
     "testing.py": "what a test imports, in one module as optuna.testing is: tiny workloads and "
     "their fault hooks, described machines, a plain configuration, a tiny space file and the "
     "real command; autotune's own tests and a user's import the same helpers",

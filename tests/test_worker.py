@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune import distributed, worker
+from autotune import distributed
 from autotune.executor import WorkerError
 from autotune.spec import WorkloadSpec
 from autotune.testing import (
@@ -23,7 +23,7 @@ from autotune.testing import (
     make_config,
 )
 from autotune.warmup import Warmth
-from autotune.worker import WorkerExecutor, remove_orphaned_scratch
+from autotune.worker import WorkerExecutor, _process, _protocol, remove_orphaned_scratch
 
 SPACE = """\
 study: {name: isolation, n_trials: 3, pruner: none, sampler: random}
@@ -100,14 +100,14 @@ def test_a_broken_cuda_context_is_reported_before_anything_touches_it(monkeypatc
     def sticky() -> None:
         raise RuntimeError("CUDA error: an illegal memory access was encountered (sticky)")
 
-    monkeypatch.setattr(worker, "release_memory", sticky)
+    monkeypatch.setattr(_process, "release_memory", sticky)
     study_end, worker_end = multiprocessing.Pipe()
-    study_end.send(worker.RunTrial(make_config()))
+    study_end.send(_protocol.RunTrial(make_config()))
     ranks = distributed.RankPool(
         distributed.WorkloadSource(WorkloadSpec(model="m", data="d"), None, "accuracy")
     )
-    worker._serve(worker_end, workload, Warmth(), ranks)
+    _process._serve(worker_end, workload, Warmth(), ranks)
     faulted = study_end.recv()
-    assert isinstance(faulted, worker.Faulted)
+    assert isinstance(faulted, _protocol.Faulted)
     assert (faulted.kind, faulted.needs_fresh_process) == ("error", True)
     assert "illegal memory access" in faulted.message

@@ -1,25 +1,11 @@
-"""Trials in a supervised worker process.
-
-A long-lived worker process loads the workload once and trains trial after trial, so a short
-trial does not pay a torch import each time. It streams every evaluation to the study process,
-which answers whether to stop (the pruner runs there, next to the storage). When the worker
-crashes, hangs past the trial timeout, or its CUDA context breaks, the study process kills its
-whole process group (DataLoader workers included), records the trial and starts a fresh worker;
-GPU memory is released between such trials by construction.
-
-The pipe carries the frozen message types below (pickled), and nothing else:
-    study -> worker   RunTrial, then a StopOrGoOn after each Evaluated; or MeasureSpeed;
-                      Exit when idle
-    worker -> study   Ready or StartFailed once; per trial Evaluated..., then Finished or
-                      Faulted; per speed measurement Measured or Faulted
-"""
+"""The study process's end of a worker: ``WorkerExecutor`` starts the worker process, sends it
+requests, answers its evaluations, and kills it (its whole process group) when it crashes, hangs
+past its time limit or must be replaced; each worker's temporary files live in a scratch folder
+removed with it."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import dataclasses
-import logging
 import math
 import multiprocessing
 import os
@@ -27,122 +13,36 @@ import shutil
 import signal
 import tempfile
 import time
-import warnings
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from autotune import bursts, distributed, runner
 from autotune.config import TrialConfig
 from autotune.executor import WorkerError
-from autotune.faults import (
-    FaultKind,
-    MemoryWatch,
-    TrialFault,
-    as_fault,
-    describe_exit,
-    needs_fresh_process,
-    release_memory,
-)
+from autotune.faults import FaultKind, TrialFault, describe_exit
 from autotune.interference import CpuMeter
 from autotune.results import Evaluation, Reporter, TrialResult
 from autotune.spec import WorkloadSpec
 from autotune.speed import BurstPlan, SpeedMeasurement
 from autotune.trainer import cudnn_plans_differ
-from autotune.warmup import Warmth
+from autotune.worker._process import parent_start_method, worker_main
+from autotune.worker._protocol import (
+    Evaluated,
+    Exit,
+    Faulted,
+    Finished,
+    FromWorker,
+    Measured,
+    MeasureSpeed,
+    Request,
+    RunTrial,
+    StartFailed,
+    StopOrGoOn,
+)
 
-if TYPE_CHECKING:
-    from autotune.workloads import Workload
-
-__all__ = ["WorkerExecutor"]
-
-# ---------------------------------------------------------------------------------------------
-# The messages
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunTrial:
-    """study -> worker: train this configuration."""
-
-    config: TrialConfig
-
-
-@dataclass(frozen=True)
-class MeasureSpeed:
-    """study -> worker: time bursts of this configuration's training steps (speed stage)."""
-
-    config: TrialConfig
-    plan: BurstPlan
-
-
-@dataclass(frozen=True)
-class StopOrGoOn:
-    """study -> worker: the answer to an evaluation (the pruner's, or a reached target)."""
-
-    stop: bool
-
-
-@dataclass(frozen=True)
-class Exit:
-    """study -> worker: no more trials; exit."""
-
-
-@dataclass(frozen=True)
-class Ready:
-    """worker -> study: the workload is loaded; send trials."""
-
-
-@dataclass(frozen=True)
-class StartFailed:
-    """worker -> study: the worker cannot run trials (the workload did not load)."""
-
-    message: str
-
-
-@dataclass(frozen=True)
-class Evaluated:
-    """worker -> study: an evaluation of the running trial; a StopOrGoOn must answer it."""
-
-    evaluation: Evaluation
-
-
-@dataclass(frozen=True)
-class Finished:
-    """worker -> study: the running trial trained to its end (or was stopped by a StopOrGoOn);
-    with ``result.memory_left_bytes`` set, the worker exits after sending it (a leak)."""
-
-    result: TrialResult
-
-
-@dataclass(frozen=True)
-class Measured:
-    """worker -> study: the speed measurement asked for."""
-
-    measurement: SpeedMeasurement
-    needs_fresh_process: bool = False  # its device memory did not come back: this one exits
-
-
-@dataclass(frozen=True)
-class Faulted:
-    """worker -> study: the running trial could not finish."""
-
-    kind: FaultKind
-    message: str
-    details: str  # the traceback, for unexpected errors
-    # a broken CUDA context, or device memory that did not come back: this worker exits
-    # after sending it
-    needs_fresh_process: bool
-
-
-ToWorker = RunTrial | MeasureSpeed | StopOrGoOn | Exit
-FromWorker = Ready | StartFailed | Evaluated | Finished | Measured | Faulted
-Request = RunTrial | MeasureSpeed
+__all__ = ["SCRATCH_PREFIX", "WorkerExecutor", "remove_orphaned_scratch"]
 
 POLL_SECONDS = 0.2  # how often the supervisor checks the worker between messages
 START_TIMEOUT_SECONDS = 600.0  # importing torch and loading the data; generous for big data
-PR_SET_PDEATHSIG = 1  # Linux prctl: signal this process when its parent dies
 EXIT_REPORT_SECONDS = 5.0  # how long a worker whose pipe closed may take to exit
 
 
@@ -204,7 +104,7 @@ class WorkerExecutor:
     def _start(self) -> None:
         parent, child = self._context.Pipe()
         process = self._context.Process(
-            target=_worker_main,
+            target=worker_main,
             # DataLoader workers must start in the worker as they would in this process
             args=(
                 child,
@@ -212,7 +112,7 @@ class WorkerExecutor:
                 self.score,
                 self.base_dir,
                 self.verbose,
-                _start_method(),
+                parent_start_method(),
                 self._new_scratch(),
             ),
             name="autotune-worker",
@@ -406,114 +306,3 @@ class WorkerExecutor:
 
 def _no_evaluations(evaluation: Evaluation) -> bool:
     raise TypeError("a speed measurement does not evaluate")
-
-
-# ---------------------------------------------------------------------------------------------
-# The worker process
-# ---------------------------------------------------------------------------------------------
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when the study process dies (even by SIGKILL)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _start_method() -> str:
-    """How this process starts child processes (fork on Linux up to Python 3.13)."""
-    return (
-        multiprocessing.get_start_method(allow_none=True)
-        or multiprocessing.get_context().get_start_method()
-    )
-
-
-def _worker_main(
-    connection: Connection,
-    workload_spec: WorkloadSpec,
-    score: str,
-    base_dir: Path | None,
-    verbose: bool,
-    start_method: str,
-    scratch: str,
-) -> None:
-    os.setsid()  # a process group of our own: killing it takes the DataLoader workers along
-    # temporary files in a directory the study process removes when this worker ends
-    os.environ["TMPDIR"] = tempfile.tempdir = scratch
-    # A spawned process inherits "spawn" as its way to start children; DataLoader workers
-    # started that way would import torch at every epoch. Start them as the study would.
-    multiprocessing.set_start_method(start_method, force=True)
-    _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the study process decides what to stop
-    if not verbose:
-        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-        warnings.filterwarnings("ignore", message="This DataLoader will create")
-
-    from autotune import workloads
-
-    try:
-        workload = workloads.load(workload_spec, base_dir, score)
-    except Exception as error:  # reported to the study process, which says it in one line
-        connection.send(StartFailed(f"the worker could not load the workload: {error}"))
-        return
-    connection.send(Ready())
-    warmth = Warmth()
-    # the processes of distributed trials, kept from one to the next (started at the first)
-    ranks = distributed.RankPool(distributed.WorkloadSource(workload_spec, base_dir, score))
-    try:
-        _serve(connection, workload, warmth, ranks)
-    finally:
-        ranks.close()
-
-
-def _serve(
-    connection: Connection, workload: Workload, warmth: Warmth, ranks: distributed.RankPool
-) -> None:
-    """The worker's loop: one request (a trial, a speed measurement) after another."""
-    watch = MemoryWatch()  # device memory back after each request, or a fresh process
-    while True:
-        try:
-            message: ToWorker = connection.recv()
-        except (EOFError, OSError):
-            return  # the study process is gone
-        if not isinstance(message, RunTrial | MeasureSpeed):  # Exit
-            return
-        config = message.config
-
-        def report(evaluation: Evaluation) -> bool:
-            connection.send(Evaluated(evaluation))
-            verdict: StopOrGoOn = connection.recv()
-            return verdict.stop
-
-        try:
-            if config.distributed:  # its own processes, each warmed before its clock
-                if isinstance(message, MeasureSpeed):
-                    measured = ranks.measure(config, message.plan)
-                else:
-                    result = ranks.train(config, report)
-            elif isinstance(message, MeasureSpeed):
-                warmth.before(config, workload)  # what this process pays once: not on a clock
-                measured = bursts.measure(config, workload, message.plan)
-            else:
-                warmth.before(config, workload)
-                result = runner.train(config, workload, report)
-        except Exception as error:
-            fault, fresh = as_fault(error), needs_fresh_process(error)
-            del error
-            if not fresh:  # a broken CUDA context is not touched again (releasing its memory
-                release_memory()  # raises the sticky error); the next trial gets a new process
-                fresh = watch.left_after(config.device) is not None
-            connection.send(Faulted(fault.kind, fault.message, fault.details, fresh))
-            if fresh:
-                return
-            continue
-        # the next trial starts from an empty CUDA cache, its peak its own; memory that does
-        # not come back is a leak, and the next trial gets a fresh process instead
-        release_memory()
-        left = watch.left_after(config.device)
-        if isinstance(message, MeasureSpeed):
-            connection.send(Measured(measured, needs_fresh_process=left is not None))
-        else:
-            connection.send(Finished(dataclasses.replace(result, memory_left_bytes=left)))
-        if left is not None:
-            return

@@ -1,0 +1,148 @@
+"""The worker process: loads the workload once, then serves one request after another (a
+trial, a speed measurement), each answered through the pipe (``_protocol``)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import logging
+import multiprocessing
+import os
+import signal
+import tempfile
+import warnings
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from autotune import bursts, distributed, runner
+from autotune.faults import MemoryWatch, as_fault, needs_fresh_process, release_memory
+from autotune.results import Evaluation
+from autotune.spec import WorkloadSpec
+from autotune.warmup import Warmth
+from autotune.worker._protocol import (
+    Evaluated,
+    Faulted,
+    Finished,
+    Measured,
+    MeasureSpeed,
+    Ready,
+    RunTrial,
+    StartFailed,
+    StopOrGoOn,
+    ToWorker,
+)
+
+if TYPE_CHECKING:
+    from autotune.workloads import Workload
+
+__all__ = ["parent_start_method", "worker_main"]
+
+PR_SET_PDEATHSIG = 1  # Linux prctl: signal this process when its parent dies
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the study process dies (even by SIGKILL)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def parent_start_method() -> str:
+    """How this process starts child processes (fork on Linux up to Python 3.13)."""
+    return (
+        multiprocessing.get_start_method(allow_none=True)
+        or multiprocessing.get_context().get_start_method()
+    )
+
+
+def worker_main(
+    connection: Connection,
+    workload_spec: WorkloadSpec,
+    score: str,
+    base_dir: Path | None,
+    verbose: bool,
+    start_method: str,
+    scratch: str,
+) -> None:
+    os.setsid()  # a process group of our own: killing it takes the DataLoader workers along
+    # temporary files in a directory the study process removes when this worker ends
+    os.environ["TMPDIR"] = tempfile.tempdir = scratch
+    # A spawned process inherits "spawn" as its way to start children; DataLoader workers
+    # started that way would import torch at every epoch. Start them as the study would.
+    multiprocessing.set_start_method(start_method, force=True)
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the study process decides what to stop
+    if not verbose:
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+
+    from autotune import workloads
+
+    try:
+        workload = workloads.load(workload_spec, base_dir, score)
+    except Exception as error:  # reported to the study process, which says it in one line
+        connection.send(StartFailed(f"the worker could not load the workload: {error}"))
+        return
+    connection.send(Ready())
+    warmth = Warmth()
+    # the processes of distributed trials, kept from one to the next (started at the first)
+    ranks = distributed.RankPool(distributed.WorkloadSource(workload_spec, base_dir, score))
+    try:
+        _serve(connection, workload, warmth, ranks)
+    finally:
+        ranks.close()
+
+
+def _serve(
+    connection: Connection, workload: Workload, warmth: Warmth, ranks: distributed.RankPool
+) -> None:
+    """The worker's loop: one request (a trial, a speed measurement) after another."""
+    watch = MemoryWatch()  # device memory back after each request, or a fresh process
+    while True:
+        try:
+            message: ToWorker = connection.recv()
+        except (EOFError, OSError):
+            return  # the study process is gone
+        if not isinstance(message, RunTrial | MeasureSpeed):  # Exit
+            return
+        config = message.config
+
+        def report(evaluation: Evaluation) -> bool:
+            connection.send(Evaluated(evaluation))
+            verdict: StopOrGoOn = connection.recv()
+            return verdict.stop
+
+        try:
+            if config.distributed:  # its own processes, each warmed before its clock
+                if isinstance(message, MeasureSpeed):
+                    measured = ranks.measure(config, message.plan)
+                else:
+                    result = ranks.train(config, report)
+            elif isinstance(message, MeasureSpeed):
+                warmth.before(config, workload)  # what this process pays once: not on a clock
+                measured = bursts.measure(config, workload, message.plan)
+            else:
+                warmth.before(config, workload)
+                result = runner.train(config, workload, report)
+        except Exception as error:
+            fault, fresh = as_fault(error), needs_fresh_process(error)
+            del error
+            if not fresh:  # a broken CUDA context is not touched again (releasing its memory
+                release_memory()  # raises the sticky error); the next trial gets a new process
+                fresh = watch.left_after(config.device) is not None
+            connection.send(Faulted(fault.kind, fault.message, fault.details, fresh))
+            if fresh:
+                return
+            continue
+        # the next trial starts from an empty CUDA cache, its peak its own; memory that does
+        # not come back is a leak, and the next trial gets a fresh process instead
+        release_memory()
+        left = watch.left_after(config.device)
+        if isinstance(message, MeasureSpeed):
+            connection.send(Measured(measured, needs_fresh_process=left is not None))
+        else:
+            connection.send(Finished(dataclasses.replace(result, memory_left_bytes=left)))
+        if left is not None:
+            return

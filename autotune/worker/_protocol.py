@@ -1,0 +1,112 @@
+"""The pipe between the study process and its worker: the frozen message types (pickled), and
+nothing else crosses it.
+
+    study -> worker   RunTrial, then a StopOrGoOn after each Evaluated; or MeasureSpeed;
+                      Exit when idle
+    worker -> study   Ready or StartFailed once; per trial Evaluated..., then Finished or
+                      Faulted; per speed measurement Measured or Faulted
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.config import TrialConfig
+from autotune.faults import FaultKind
+from autotune.results import Evaluation, TrialResult
+from autotune.speed import BurstPlan, SpeedMeasurement
+
+__all__ = [
+    "Evaluated",
+    "Exit",
+    "Faulted",
+    "Finished",
+    "FromWorker",
+    "MeasureSpeed",
+    "Measured",
+    "Ready",
+    "Request",
+    "RunTrial",
+    "StartFailed",
+    "StopOrGoOn",
+    "ToWorker",
+]
+
+
+@dataclass(frozen=True)
+class RunTrial:
+    """study -> worker: train this configuration."""
+
+    config: TrialConfig
+
+
+@dataclass(frozen=True)
+class MeasureSpeed:
+    """study -> worker: time bursts of this configuration's training steps (speed stage)."""
+
+    config: TrialConfig
+    plan: BurstPlan
+
+
+@dataclass(frozen=True)
+class StopOrGoOn:
+    """study -> worker: the answer to an evaluation (the pruner's, or a reached target)."""
+
+    stop: bool
+
+
+@dataclass(frozen=True)
+class Exit:
+    """study -> worker: no more trials; exit."""
+
+
+@dataclass(frozen=True)
+class Ready:
+    """worker -> study: the workload is loaded; send trials."""
+
+
+@dataclass(frozen=True)
+class StartFailed:
+    """worker -> study: the worker cannot run trials (the workload did not load)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """worker -> study: an evaluation of the running trial; a StopOrGoOn must answer it."""
+
+    evaluation: Evaluation
+
+
+@dataclass(frozen=True)
+class Finished:
+    """worker -> study: the running trial trained to its end (or was stopped by a StopOrGoOn);
+    with ``result.memory_left_bytes`` set, the worker exits after sending it (a leak)."""
+
+    result: TrialResult
+
+
+@dataclass(frozen=True)
+class Measured:
+    """worker -> study: the speed measurement asked for."""
+
+    measurement: SpeedMeasurement
+    needs_fresh_process: bool = False  # its device memory did not come back: this one exits
+
+
+@dataclass(frozen=True)
+class Faulted:
+    """worker -> study: the running trial could not finish."""
+
+    kind: FaultKind
+    message: str
+    details: str  # the traceback, for unexpected errors
+    # a broken CUDA context, or device memory that did not come back: this worker exits
+    # after sending it
+    needs_fresh_process: bool
+
+
+ToWorker = RunTrial | MeasureSpeed | StopOrGoOn | Exit
+FromWorker = Ready | StartFailed | Evaluated | Finished | Measured | Faulted
+Request = RunTrial | MeasureSpeed
