@@ -23,17 +23,28 @@ def make_optimizer(
     weight_decay: float,
     momentum: float = 0.0,
     nesterov: bool = False,
+    fused: bool = False,
 ) -> torch.optim.Optimizer:
     """``model``'s optimizer: SGD with momentum (Nesterov if set) and L2 weight decay for
     ``optimizer`` "sgd"; AdamW (decoupled weight decay; ``momentum`` and ``nesterov`` unused)
-    for "adamw"."""
+    for "adamw". ``fused``: PyTorch's fused implementation (one kernel for every parameter),
+    which under fp16 takes GradScaler's overflow check on the device: its steps then never
+    wait for the GPU (the unfused step reads the check back, a synchronization each step)."""
     parameters = model.parameters()
+    implementation = True if fused else None  # None: PyTorch's default, foreach on a GPU
     if optimizer == "sgd":
         return torch.optim.SGD(
-            parameters, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay
+            parameters,
+            lr=lr,
+            momentum=momentum,
+            nesterov=nesterov,
+            weight_decay=weight_decay,
+            fused=implementation,
         )
     if optimizer == "adamw":
-        return torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
+        return torch.optim.AdamW(
+            parameters, lr=lr, weight_decay=weight_decay, fused=implementation
+        )
     raise ValueError(f"unknown optimizer {optimizer!r}")
 
 

@@ -49,7 +49,8 @@ def seed_everything(seed: int) -> None:
 
 def make_optimizer(model: nn.Module, config: TrialConfig) -> torch.optim.Optimizer:
     """The configuration's optimizer over ``model``'s parameters (``semantics.make_optimizer``:
-    SGD with momentum, Nesterov and L2 weight decay, or AdamW)."""
+    SGD with momentum, Nesterov and L2 weight decay, or AdamW), fused under fp16 so that
+    GradScaler's overflow check stays on the device."""
     return semantics.make_optimizer(
         model,
         config.optimizer,
@@ -57,6 +58,7 @@ def make_optimizer(model: nn.Module, config: TrialConfig) -> torch.optim.Optimiz
         config.weight_decay,
         config.momentum or 0.0,
         config.nesterov,
+        fused=config.precision == "fp16",
     )
 
 
@@ -206,14 +208,38 @@ class Trainer:
         self.loss_fn: LossFn = loss_fn or cross_entropy_loss
         self.micro_batches = 0
         self.steps = 0  # optimizer steps attempted (the schedule follows these)
-        # fp16: GradScaler skips the optimizer step when gradients overflow; count those.
-        self.skipped_steps = 0
-        self.skipped_in_a_row = 0
-        self._stepped = False
+        # fp16: GradScaler skips the optimizer step when gradients overflow; count those, on
+        # the device (read at evaluations, where it is synchronized anyway). A fused optimizer
+        # is handed the overflow flag and skips on the device; another one is not called.
+        self._skipped = torch.zeros((), device=self.device)
+        self._skipped_in_a_row = torch.zeros((), device=self.device)
+        self._yes = torch.ones((), device=self.device)  # the count of one step, skipped or not
+        self._no = torch.zeros((), device=self.device)
+        self._stepped = self._counted = False
         self.optimizer.register_step_post_hook(self._note_step)
 
-    def _note_step(self, *_: object) -> None:
+    def _note_step(self, optimizer: torch.optim.Optimizer, *_: object) -> None:
         self._stepped = True
+        # the flag GradScaler hands a fused optimizer for this step (1.0: it overflowed)
+        found_inf = getattr(optimizer, "found_inf", None)
+        if found_inf is not None:
+            self._count_step(found_inf.to(self.device, non_blocking=True))
+            self._counted = True
+
+    def _count_step(self, skipped: torch.Tensor) -> None:
+        """Count one optimizer step, ``skipped`` (0.0 or 1.0, on the device) when it was."""
+        self._skipped.add_(skipped)
+        self._skipped_in_a_row.mul_(skipped).add_(skipped)  # +1 when skipped, else back to 0
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps GradScaler skipped so far (reads the device)."""
+        return int(self._skipped.item())
+
+    @property
+    def skipped_in_a_row(self) -> int:
+        """The skipped steps since the last applied one (reads the device)."""
+        return int(self._skipped_in_a_row.item())
 
     def to_device(self, inputs: Batch, targets: Any) -> tuple[Batch, Any]:
         """Move a batch to the device (asynchronously from pinned memory), image inputs NHWC if
@@ -257,14 +283,13 @@ class Trainer:
     def optimizer_step(self) -> None:
         """Apply the accumulated gradients (GradScaler step under fp16), zero them, advance
         the schedule."""
-        self._stepped = False
-        self.scaler.step(self.optimizer)  # under fp16 this already reads found-inf back
+        self._stepped = self._counted = False
+        # under fp16 a fused optimizer gets the overflow check on the device (counted by
+        # _note_step); an unfused one is called only when the check, read back, found none
+        self.scaler.step(self.optimizer)
         self.scaler.update()
-        if self._stepped:
-            self.skipped_in_a_row = 0
-        else:
-            self.skipped_steps += 1
-            self.skipped_in_a_row += 1
+        if self.scaler.is_enabled() and not self._counted:
+            self._count_step(self._no if self._stepped else self._yes)
         self.optimizer.zero_grad(set_to_none=not self.grads_in_place)
         if self.scheduler is not None:
             self.scheduler.step()

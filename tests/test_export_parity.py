@@ -293,8 +293,8 @@ def test_the_scripts_training_loop_matches_the_trainer(
     recorder = Recorder(script.make_model())
     make_script_optimizer = script.make_optimizer
 
-    def watched_optimizer(*args: object) -> torch.optim.Optimizer:
-        recorder.optimizer = make_script_optimizer(*args)
+    def watched_optimizer(*args: object, **kwargs: object) -> torch.optim.Optimizer:
+        recorder.optimizer = make_script_optimizer(*args, **kwargs)
         return recorder.optimizer
 
     RecordingScaler.made.clear()
@@ -335,6 +335,10 @@ def test_the_scripts_training_loop_matches_the_trainer(
     if scalers:
         assert len(scalers) == 1
         assert (scalers[0].scaled, scalers[0].stepped) == (steps * accumulation, steps)
+    # the same implementation of the optimizer: fused under fp16 (the overflow check stays on
+    # the device), PyTorch's default otherwise
+    fused = recorder.optimizer.defaults.get("fused")
+    assert bool(fused) == bool(trainer.optimizer.defaults.get("fused")) == (precision == "fp16")
     # the learning rate of every micro-batch is its optimizer step's, as the trainer schedules it
     model = script.make_model()
     optimizer = make_optimizer(model, config)

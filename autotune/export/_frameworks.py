@@ -141,6 +141,10 @@ def _optimizer(best: BestConfig) -> list[Argument]:
             1, Argument("momentum", literal(config.momentum or 0.0), searched(best, "momentum"))
         )
         rows.insert(2, Argument("nesterov", literal(config.nesterov), searched(best, "nesterov")))
+    if config.precision == "fp16":
+        rows.append(
+            Argument("fused", "True", "GradScaler's overflow check stays on the GPU: no sync")
+        )
     return rows
 
 
