@@ -190,3 +190,70 @@ def test_a_worker_whose_device_memory_does_not_come_back_is_replaced(tmp_path: P
     assert left[0] is None and left[2] is None, left
     assert left[1] is not None and left[1] >= 512 * 2**20, left
     assert len(executor.started_pids) == 2
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "fp16"])
+def test_the_steady_state_training_step_never_waits_for_the_gpu(precision: str):
+    """A training step that synchronizes ties the GPU to the host: torch's sync debug mode
+    raises at any synchronizing call (an .item(), a read-back, a blocking copy) in the steady
+    steps of every precision, fp16's GradScaler included (its optimizer is fused)."""
+    from autotune.trainer import Trainer
+
+    workload = load(SHAPES)
+    config = cuda_config(precision=precision, data_pipeline="device", channels_last=True)
+    trainer = Trainer(workload.build_model(), config, total_steps=100, loss_fn=workload.loss_fn)
+    generator = torch.Generator(device="cuda:0").manual_seed(0)
+    batches = iter(DeviceBatches(workload.train_set, 128, torch.device("cuda:0"), generator))
+    for _ in range(3):  # warm-up: the data set's copy, cuDNN's first choices, the allocator
+        trainer.train_step(*trainer.to_device(*next(batches)))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        losses = [trainer.train_step(*trainer.to_device(*next(batches))) for _ in range(10)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(math.isfinite(float(loss)) for loss in losses)
+    assert trainer.steps == 13 and trainer.skipped_steps <= 13
+
+
+def test_a_real_out_of_memory_is_oom_and_the_next_trial_gets_its_memory_back(tmp_path: Path):
+    """A batch the GPU cannot hold fails as oom (a memory wall, not an error), and the worker's
+    next trial, at a batch that fits, trains in the same process with its memory back."""
+    from autotune.worker import WorkerExecutor
+
+    # 4,096 channels at 32x32: 64 GiB an activation at batch 4096 (several are kept for the
+    # backward: past an H200's 140 GiB), about 1 GiB at batch 64
+    wide = WorkloadSpec(
+        model="autotune.testing:tiny_cnn",
+        model_args={"width": 4096},
+        data="shapes",
+        data_args={"n_train": 4096, "n_val": 256},
+    )
+    executor = WorkerExecutor(wide, tmp_path)
+    try:
+        with pytest.raises(Exception) as raised:
+            executor.run(cuda_config(batch_size=4096, precision="fp32"), never_stop)
+        result = executor.run(cuda_config(batch_size=64, precision="bf16"), never_stop)
+    finally:
+        executor.close()
+    assert getattr(raised.value, "kind", None) == "oom", raised.value
+    assert result.memory_left_bytes is None and 0.0 <= result.score <= 1.0
+    assert len(executor.started_pids) == 1
+
+
+def test_a_dozen_trials_in_one_worker_give_their_device_memory_back(tmp_path: Path):
+    from autotune.worker import WorkerExecutor
+
+    executor = WorkerExecutor(SHAPES, tmp_path)
+    configs = [
+        cuda_config(precision=precision, compile=compile_mode, batch_size=batch_size)
+        for precision in ("fp32", "bf16")
+        for compile_mode in ("none", "default")
+        for batch_size in (64, 256, 1024)
+    ]
+    try:
+        results = [executor.run(config, never_stop) for config in configs]
+    finally:
+        executor.close()
+    assert [r.memory_left_bytes for r in results] == [None] * len(configs)
+    assert len(executor.started_pids) == 1  # no trial left memory that cost its worker
