@@ -32,6 +32,7 @@ __all__ = [
     "STORAGE_ENV",
     "Ending",
     "Prepared",
+    "RunOptions",
     "RunReport",
     "confirm_answer",
     "ending",
@@ -44,33 +45,39 @@ __all__ = [
 STORAGE_ENV = "AUTOTUNE_STORAGE"  # the storage of a space file that names none
 
 
-def load_run_spec(
-    space: Path | str | Spec,
-    *,
-    n_trials: int | None = None,
-    timeout: float | None = None,
-    storage: str | None = None,
-    study_name: str | None = None,
-    device: str | None = None,
-    seed: int | None = None,
-    isolation: str | None = None,
-) -> Spec:
-    """The space file's Spec (or ``space`` itself) with the run's overrides: the arguments
-    given (None: as the file says), and ``$AUTOTUNE_STORAGE`` where the file names no storage.
-    SpecError (a UserError) for a file that is missing or wrong."""
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """What one run changes of its space file: ``autotune run``'s options (None: as the file
+    says)."""
+
+    n_trials: int | None = None
+    timeout: float | None = None  # seconds
+    storage: str | None = None  # an Optuna storage URL
+    study_name: str | None = None
+    device: str | None = None  # auto, cpu, cuda or cuda:N
+    seed: int | None = None
+    isolation: str | None = None  # worker or none
+
+
+def load_run_spec(space: Path | str | Spec, options: RunOptions | None = None) -> Spec:
+    """The space file's Spec (or ``space`` itself) with the run's ``options``, and
+    ``$AUTOTUNE_STORAGE`` where neither they nor the file name a storage. SpecError (a
+    UserError) for a file that is missing or wrong."""
+    options = options or RunOptions()
     spec = space if isinstance(space, Spec) else load_spec(Path(space))
+    storage = options.storage
     if storage is None and "storage" not in spec.study.model_fields_set:
         storage = os.environ.get(STORAGE_ENV) or None
     return spec.with_overrides(
         study={
-            "n_trials": n_trials,
-            "timeout": timeout,
+            "n_trials": options.n_trials,
+            "timeout": options.timeout,
             "storage": storage,
-            "name": study_name,
-            "seed": seed,
-            "isolation": isolation,
+            "name": options.study_name,
+            "seed": options.seed,
+            "isolation": options.isolation,
         },
-        workload={"device": device},
+        workload={"device": options.device},
     )
 
 
@@ -321,8 +328,7 @@ def run(
     from autotune import notes
     from autotune import study as studies
 
-    spec = load_run_spec(
-        space,
+    options = RunOptions(
         n_trials=n_trials,
         timeout=timeout,
         storage=storage,
@@ -331,6 +337,7 @@ def run(
         seed=seed,
         isolation=isolation,
     )
+    spec = load_run_spec(space, options)
     if base_dir is None:
         base_dir = Path(space).parent if not isinstance(space, Spec) else Path.cwd()
     base_dir = Path(base_dir)

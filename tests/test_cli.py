@@ -315,7 +315,7 @@ def test_commands_that_read_a_study_do_not_import_torch(seen, tmp_path: Path):
 
 
 def test_run_takes_autotune_storage_unless_the_space_file_names_one(tmp_path: Path, monkeypatch):
-    from autotune.session import load_run_spec
+    from autotune.session import RunOptions, load_run_spec
     from autotune.spec import DEFAULT_STORAGE, parse_spec
 
     monkeypatch.setenv("AUTOTUNE_STORAGE", "sqlite:////elsewhere/a.db")
@@ -325,7 +325,8 @@ def test_run_takes_autotune_storage_unless_the_space_file_names_one(tmp_path: Pa
         "study: {storage: 'sqlite:///mine.db'}\nworkload: {model: digits_cnn, data: digits}\n"
     )
     assert load_run_spec(named).study.storage == "sqlite:///mine.db"
-    assert load_run_spec(named, storage="sqlite:///given.db").study.storage == "sqlite:///given.db"
+    given = load_run_spec(named, RunOptions(storage="sqlite:///given.db"))
+    assert given.study.storage == "sqlite:///given.db"
     monkeypatch.delenv("AUTOTUNE_STORAGE")
     assert load_run_spec(plain).study.storage == DEFAULT_STORAGE
 

@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 
 import autotune
 from autotune.errors import UserError
-from autotune.session import load_run_spec
+from autotune.session import RunOptions, load_run_spec
 from autotune.study import StudyObserver, TrialRecord
 from autotune.testing import write_space
 
@@ -73,7 +73,7 @@ def test_user_errors_are_one_line_and_the_environment_names_the_storage(
     space = write_space(tmp_path, SPACE.format(precision="fp32"), name="env.yaml")
     monkeypatch.setenv("AUTOTUNE_STORAGE", f"sqlite:///{tmp_path / 'env.db'}")
     assert load_run_spec(space).study.storage == f"sqlite:///{tmp_path / 'env.db'}"
-    named = load_run_spec(space, storage="sqlite:///other.db", n_trials=9)
+    named = load_run_spec(space, RunOptions(storage="sqlite:///other.db", n_trials=9))
     assert (named.study.storage, named.study.n_trials) == ("sqlite:///other.db", 9)
     nobody = "postgresql+psycopg://user:secret@127.0.0.1:1/none"  # no server answers there
     with pytest.raises(UserError, match=r"cannot open storage .*\*\*\*.*no server answers"):

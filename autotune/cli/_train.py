@@ -116,8 +116,7 @@ def run(
     if as_worker is not None:  # the storage worker 0 runs on, from its environment
         storage = os.environ.pop(scaleout.WORKER_STORAGE_ENV, None) or storage
     try:
-        spec = session.load_run_spec(
-            space_file,
+        options = session.RunOptions(
             n_trials=n_trials,
             timeout=timeout,
             storage=storage,
@@ -126,6 +125,7 @@ def run(
             seed=seed,
             isolation=isolation,
         )
+        spec = session.load_run_spec(space_file, options)
     except UserError as err:
         raise fail(str(err).splitlines()) from None
 
