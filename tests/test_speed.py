@@ -864,12 +864,15 @@ def test_a_compile_still_running_when_it_can_no_longer_pay_back_is_stopped_and_d
     assert {e.cell for e in skipped} == {"batch 16, fp32", "batch 32, fp32"}
     assert all("still compiling after 3 s" in (e.fault or "") for e in skipped)
     assert all(dict(c.settings)["compile"] == "none" for c in table)
-    # recorded as the configuration's timeout: a later stage does not compile it again
+    # recorded as the configuration's timeout (a later stage does not compile it again), or,
+    # where other processes took the cores meanwhile, as one the machine's load may explain
     speed = optuna.load_study(study_name=speed_study_name("two"), storage=study._storage)
     failed = [SpeedRecord.of(t) for t in speed.trials if t.state == TrialState.FAIL]
-    assert [(r.fail_kind, r.settings) for r in failed if r] == [
-        (FaultKind.TRIAL_TIMEOUT.value, "no workers, compile default")
-    ]
+    assert [r.settings for r in failed if r] == ["no workers, compile default"]
+    assert failed[0] is not None and failed[0].fail_kind in (
+        FaultKind.TRIAL_TIMEOUT.value,
+        FaultKind.TIMEOUT_UNDER_LOAD.value,
+    )
 
 
 # -- stage 1's budget -----------------------------------------------------------------------------
