@@ -138,7 +138,7 @@ def provenance(source: str) -> dict[str, object]:
 
 def lint(path: Path) -> subprocess.CompletedProcess[str]:
     """``ruff check`` of ``path`` with this project's configuration (pyproject.toml)."""
-    config = Path(__file__).parents[1] / "pyproject.toml"
+    config = Path(__file__).parents[2] / "pyproject.toml"  # the repository's
     return subprocess.run(
         [sys.executable, "-m", "ruff", "check", "--no-cache", "--config", str(config), str(path)],
         capture_output=True,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import math
+import multiprocessing
 import os
 import signal
 import time
@@ -243,13 +244,16 @@ def tiny_mlp(
     ``cuda_error_at_batch`` (the RuntimeError a broken CUDA context raises, for batches this
     large),
     ``broken_compiler`` (torch.compile's C++ compiler is missing in this process) and
-    ``endless_compile`` (a torch.compile in this process never finishes).
+    ``endless_compile`` (a torch.compile in a worker process never finishes; the process
+    that starts workers, which builds the model to check the workload, compiles as ever).
     ``fault_rank``: the faults happen in that process of a distributed trial only;
     ``hang_after_fault``: after its out of memory, the process hangs in its cleanup.
     """
     if broken_compiler:
         _break_the_compiler()
-    if endless_compile:
+    # (the hook is process-wide: set in a test's own process it would hang every later
+    # compile of the test run)
+    if endless_compile and multiprocessing.parent_process() is not None:
         _hang_the_compiler()
     layers: list[nn.Module] = [
         nn.Flatten(),
