@@ -209,27 +209,20 @@ class Trainer:
         self.micro_batches = 0
         self.steps = 0  # optimizer steps attempted (the schedule follows these)
         # fp16: GradScaler skips the optimizer step when gradients overflow; count those, on
-        # the device (read at evaluations, where it is synchronized anyway). A fused optimizer
-        # is handed the overflow flag and skips on the device; another one is not called.
+        # the device (read at evaluations, where it is synchronized anyway). Under fp16 the
+        # optimizer is fused: GradScaler hands it the overflow flag and it skips on the device.
+        assert not self.scaler.is_enabled() or self.optimizer.defaults.get("fused")
         self._skipped = torch.zeros((), device=self.device)
         self._skipped_in_a_row = torch.zeros((), device=self.device)
-        self._yes = torch.ones((), device=self.device)  # the count of one step, skipped or not
-        self._no = torch.zeros((), device=self.device)
-        self._stepped = self._counted = False
-        self.optimizer.register_step_post_hook(self._note_step)
+        self.optimizer.register_step_post_hook(self._count_step)
 
-    def _note_step(self, optimizer: torch.optim.Optimizer, *_: object) -> None:
-        self._stepped = True
-        # the flag GradScaler hands a fused optimizer for this step (1.0: it overflowed)
-        found_inf = getattr(optimizer, "found_inf", None)
-        if found_inf is not None:
-            self._count_step(found_inf.to(self.device, non_blocking=True))
-            self._counted = True
-
-    def _count_step(self, skipped: torch.Tensor) -> None:
-        """Count one optimizer step, ``skipped`` (0.0 or 1.0, on the device) when it was."""
-        self._skipped.add_(skipped)
-        self._skipped_in_a_row.mul_(skipped).add_(skipped)  # +1 when skipped, else back to 0
+    def _count_step(self, optimizer: torch.optim.Optimizer, *_: object) -> None:
+        """After each optimizer step: under fp16, count it skipped when its gradients
+        overflowed (the flag GradScaler hands the fused optimizer, 1.0 or 0.0, on the device)."""
+        skipped = getattr(optimizer, "found_inf", None)
+        if skipped is not None:
+            self._skipped.add_(skipped)
+            self._skipped_in_a_row.mul_(skipped).add_(skipped)  # +1 if skipped, else back to 0
 
     @property
     def skipped_steps(self) -> int:
@@ -283,13 +276,8 @@ class Trainer:
     def optimizer_step(self) -> None:
         """Apply the accumulated gradients (GradScaler step under fp16), zero them, advance
         the schedule."""
-        self._stepped = self._counted = False
-        # under fp16 a fused optimizer gets the overflow check on the device (counted by
-        # _note_step); an unfused one is called only when the check, read back, found none
-        self.scaler.step(self.optimizer)
+        self.scaler.step(self.optimizer)  # under fp16 the overflow check stays on the device
         self.scaler.update()
-        if self.scaler.is_enabled() and not self._counted:
-            self._count_step(self._no if self._stepped else self._yes)
         self.optimizer.zero_grad(set_to_none=not self.grads_in_place)
         if self.scheduler is not None:
             self.scheduler.step()

@@ -9,11 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    pass  # imported where it is used: a worker loading tiny_mlp need not import it
-
+from typing import Any
 
 # -- space files and the command --------------------------------------------------------------
 

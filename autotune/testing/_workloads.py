@@ -10,7 +10,7 @@ import multiprocessing
 import os
 import signal
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,9 +18,6 @@ from torch.utils.data import Dataset, TensorDataset, get_worker_info
 
 from autotune import ranks
 from autotune.workloads import DataSplits, Workload
-
-if TYPE_CHECKING:
-    pass  # imported where it is used: a worker loading tiny_mlp need not import it
 
 
 def blobs(
