@@ -33,6 +33,7 @@ PEAK_FLOPS: dict[str, dict[str, float]] = {
     "H200": {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989.5e12, "fp16": 989.5e12},
     "H100 SXM": {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989.5e12, "fp16": 989.5e12},
     "H100 PCIe": {"fp32": 51.2e12, "tf32": 378e12, "bf16": 756e12, "fp16": 756e12},
+    "H100 NVL": {"fp32": 60e12, "tf32": 417.5e12, "bf16": 835.5e12, "fp16": 835.5e12},
     "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
     "L4": {"fp32": 30.3e12, "tf32": 60e12, "bf16": 121e12, "fp16": 121e12},
     "V100": {"fp32": 15.7e12, "fp16": 125e12},
@@ -41,10 +42,16 @@ PEAK_FLOPS: dict[str, dict[str, float]] = {
 
 def _peak_key(device_name: str) -> str | None:
     name = device_name.upper()
+    if " MIG " in f" {name} ":
+        # a MIG slice ("NVIDIA H100 80GB HBM3 MIG 1g.10gb") has a share of the GPU's SMs: an
+        # MFU against the whole GPU's peak would be wrong by that share, so there is none
+        return None
     if "H200" in name:
         return "H200"
     if "H100" in name:
-        # "NVIDIA H100 80GB HBM3" is the SXM part; the PCIe card says so in its name
+        # "NVIDIA H100 80GB HBM3" is the SXM part; the PCIe and NVL cards say so in their names
+        if "NVL" in name:
+            return "H100 NVL"
         return "H100 PCIe" if "PCIE" in name else "H100 SXM"
     for key in ("A100", "V100"):
         if key in name:

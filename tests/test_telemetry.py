@@ -88,6 +88,10 @@ def test_flops_are_counted_without_touching_the_training():
 def test_peak_flops_only_for_gpus_we_know():
     assert peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989.5e12
     assert peak_flops("NVIDIA H100 PCIe", "tf32") == 378e12
+    assert peak_flops("NVIDIA H100 NVL", "bf16") == 835.5e12  # not the SXM part's 989.5
+    # a MIG slice has a share of the SMs: no MFU against the whole GPU's peak
+    assert peak_flops("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "bf16") is None
+    assert peak_flops("NVIDIA A100-SXM4-40GB MIG 3g.20gb", "fp16") is None
     assert peak_flops("NVIDIA H200", "fp32-strict") == 67e12  # plain FP32, no TF32
     # fp32 is PyTorch's defaults: its convolutions may run at the TF32 rate, so an MFU against
     # plain FP32 could pass 100%; against TF32 it cannot
