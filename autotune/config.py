@@ -4,10 +4,32 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["TrialConfig", "scaled_lr"]
+__all__ = [
+    "CompileMode",
+    "DataPipeline",
+    "LrScaling",
+    "OptimizerName",
+    "Precision",
+    "Schedule",
+    "TrialConfig",
+    "scaled_lr",
+]
+
+# the values of the knobs that name a choice (the space file's legal values: spec)
+# fp32: PyTorch's defaults (TF32 convolutions on a GPU); fp32-strict: no TF32 at all; tf32:
+# TF32 matmuls too; bf16 and fp16: autocast (fp16 with GradScaler)
+Precision = Literal["fp32", "fp32-strict", "tf32", "bf16", "fp16"]
+CompileMode = Literal[
+    "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
+]
+OptimizerName = Literal["sgd", "adamw"]
+Schedule = Literal["constant", "cosine", "onecycle"]
+LrScaling = Literal["none", "linear", "sqrt"]  # how the learning rate follows the batch
+DataPipeline = Literal["dataloader", "device"]  # per-sample DataLoader, or batched on the device
 
 
 def scaled_lr(base_lr: float, effective_batch_size: int, base_batch_size: int, rule: str) -> float:
@@ -33,15 +55,15 @@ class TrialConfig:
     # optimization
     lr: float  # applied learning rate, after lr_scaling
     base_lr: float  # learning rate per base_batch_size examples, as sampled
-    lr_scaling: str  # none | linear | sqrt
+    lr_scaling: LrScaling
     base_batch_size: int
     batch_size: int  # samples per micro-batch
     accumulation_steps: int  # micro-batches per optimizer step
-    optimizer: str  # sgd | adamw
+    optimizer: OptimizerName
     weight_decay: float
     momentum: float | None  # SGD only
     nesterov: bool  # SGD only
-    schedule: str  # constant | cosine | onecycle
+    schedule: Schedule
     warmup_fraction: float  # fraction of optimizer steps spent warming up
     # data loading
     num_workers: int
@@ -49,8 +71,8 @@ class TrialConfig:
     prefetch_factor: int | None  # only with num_workers > 0
     persistent_workers: bool
     # execution
-    precision: str  # fp32 (PyTorch's defaults) | fp32-strict | tf32 | bf16 | fp16
-    compile: str  # none | default | reduce-overhead | max-autotune | ...
+    precision: Precision
+    compile: CompileMode
     channels_last: bool
     cudnn_benchmark: bool
     # the run
@@ -61,7 +83,7 @@ class TrialConfig:
     seed: int
     # settings added later keep a default, so that older exports still load
     dataloader_timeout: float = 0.0  # seconds to wait for a batch from a worker; 0: forever
-    data_pipeline: str = "dataloader"  # dataloader (per-sample, workers) | device (batched)
+    data_pipeline: DataPipeline = "dataloader"
     # a distributed trial: world_size processes (DDP ranks, a GPU each, or a share of the cores),
     # each training batch_size samples per micro-batch; DDP's settings below mean nothing at 1
     world_size: int = 1
@@ -99,8 +121,27 @@ class TrialConfig:
             if missing:
                 parts.append(f"missing keys {', '.join(missing)}")
             raise ValueError(f"not a trial configuration: {'; '.join(parts)}")
+        for name, allowed in _CHOICES.items():
+            if name in data and data[name] not in allowed:
+                raise ValueError(
+                    f"not a trial configuration: {name} {data[name]!r} is none of "
+                    f"{', '.join(allowed)}"
+                )
         return cls(**data)
 
     def replace(self, **changes: Any) -> TrialConfig:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
+
+
+def _choices() -> dict[str, tuple[str, ...]]:
+    """The legal values of each field typed as a Literal, by field name."""
+    hints = typing.get_type_hints(TrialConfig)
+    return {
+        name: typing.get_args(hint)
+        for name, hint in hints.items()
+        if typing.get_origin(hint) is Literal
+    }
+
+
+_CHOICES = _choices()

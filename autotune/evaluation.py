@@ -1,29 +1,25 @@
 """A trained model judged on the validation split, as the study's score asks: a built-in score
-(accuracy, top-5 accuracy, validation loss, perplexity; see ``workloads.scoring``) summed on the
-device with one synchronization at the end, or the user's score function called on the eager
-model in eval mode. Evaluation time is not training time: the runner stops its clock first."""
+(accuracy, top-5 accuracy, validation loss, perplexity) summed on the device with one
+synchronization at the end (``semantics.validation_sums``, which the exported script carries),
+or the user's score function called on the eager model in eval mode. Evaluation time is not
+training time: the runner stops its clock first."""
 
 from __future__ import annotations
 
 import math
 import traceback
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
+from autotune import semantics
 from autotune.faults import FaultKind, TrialFault, classify
 from autotune.pipeline import DeviceBatches
 from autotune.trainer import Trainer
 from autotune.workloads import Workload, user_frame
 from autotune.workloads.batches import call_model
-from autotune.workloads.scoring import (
-    IGNORE_INDEX,
-    TOP_K,
-    builtin_score,
-    classification_sums,
-    logits_of,
-    score_value,
-)
+from autotune.workloads.scoring import IGNORE_INDEX, TOP_K, builtin_score, score_value
 
 __all__ = ["evaluate"]
 
@@ -47,16 +43,19 @@ def evaluate(
 def _builtin_score(
     trainer: Trainer, loader: DataLoader | DeviceBatches, workload: Workload
 ) -> tuple[float, float]:
-    top_k = TOP_K if workload.score == "top5" else 1
-    sums = torch.zeros(3, dtype=torch.float64, device=trainer.device)
-    for batch in loader:
+    def forward(model: torch.nn.Module, batch: Any, device: torch.device) -> tuple[Any, Any]:
         inputs, targets = trainer.to_device(*workload.layout.split(batch))
-        with trainer.autocast():
-            logits = logits_of(call_model(trainer.model, inputs))
-            if workload.classes_last:  # [batch, *d, classes]: classes to dimension 1
-                logits = logits.movedim(-1, 1)
-        sums += torch.stack(classification_sums(logits, targets, top_k)).double()
-    right, loss_sum, scored = sums.tolist()
+        return call_model(model, inputs), targets
+
+    right, loss_sum, scored = semantics.validation_sums(
+        trainer.model,
+        loader,
+        forward,
+        trainer.config.precision,
+        trainer.device,
+        TOP_K if workload.score == "top5" else 1,
+        workload.classes_last,
+    )
     if scored == 0:
         raise TrialFault(
             FaultKind.ERROR,

@@ -1,19 +1,45 @@
 """What training under a configuration means, in plain torch: the optimizer, the learning-rate
-schedule, and the CUDA backend flags of a precision.
+schedule, the CUDA backend flags and the autocast of a precision, how micro-batches become
+optimizer steps (GradScaler, accumulation, DDP's gradient averaging), and how a model is scored
+on the validation split.
 
-One source for the trials and the exported script: ``trainer`` builds on these functions, and
-``export`` pastes them into every training script (``export/_bundle``), where they are called
-with the script's constants. So this module imports nothing of autotune, takes plain values,
-and reads top to bottom as a script's own code would.
+One source for the trials and the exported script: ``trainer`` and ``evaluation`` build on these
+functions, and ``export`` pastes them into every training script (``export/_bundle``), where
+they are called with the script's constants. So this module imports nothing of autotune, takes
+plain values, and reads top to bottom as a script's own code would.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
+from torch import nn
 
-__all__ = ["lr_factor", "make_optimizer", "make_scheduler", "set_cuda_flags"]
+__all__ = [
+    "CUDA_GRAPH_MODES",
+    "IGNORE_INDEX",
+    "TOP_K",
+    "TrainingSteps",
+    "autocast",
+    "builtin_score",
+    "classification_sums",
+    "keep_grads_outside_graphs",
+    "logits_of",
+    "lr_factor",
+    "make_optimizer",
+    "make_scheduler",
+    "set_cuda_flags",
+    "validation_sums",
+]
+
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # compile modes that record CUDA graphs
+IGNORE_INDEX = -100  # a target element of this value is padding: neither trained on nor scored
+TOP_K = 5  # score top5: right when the target is among this many highest logits
+MAX_LOG_PERPLEXITY = 700.0  # exp() of more overflows a float
 
 
 def make_optimizer(
@@ -98,3 +124,174 @@ def set_cuda_flags(precision: str, cudnn_benchmark: bool) -> None:
     torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
     torch.backends.cudnn.allow_tf32 = precision != "fp32-strict"
     torch.backends.cudnn.benchmark = cudnn_benchmark
+
+
+def autocast(precision: str, device_type: str) -> contextlib.AbstractContextManager[Any]:
+    """The forward passes' precision, in training and evaluation alike: autocast to bfloat16
+    under "bf16", to float16 under "fp16"; none under the fp32 precisions (fp32, fp32-strict,
+    tf32), whose float32 math the CUDA flags set."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    return torch.autocast(device_type, dtype=dtype) if dtype else contextlib.nullcontext()
+
+
+def keep_grads_outside_graphs(model: nn.Module) -> None:
+    """Allocate every trainable parameter's gradient now, zeroed. Under CUDA graphs (the
+    compile modes "reduce-overhead" and "max-autotune" on a GPU) a gradient autograd takes as
+    ``.grad`` without copying lives in the graph's memory pool, and the next replay (the next
+    micro-batch of an accumulation) overwrites it; a gradient that exists before the first
+    backward is accumulated into instead, outside the pool, and is then zeroed in place
+    (``TrainingSteps(grads_in_place=True)``)."""
+    for parameter in model.parameters():
+        if parameter.requires_grad and parameter.grad is None:
+            parameter.grad = torch.zeros_like(parameter)
+
+
+class TrainingSteps:
+    """Micro-batches into optimizer steps, as every trial and every exported script trains.
+
+    ``train(loss_of, *args)`` trains one micro-batch: ``loss_of(*args)`` (the forward pass and
+    the loss) under the precision's autocast, then the backward of the loss divided by
+    ``accumulation_steps`` (scaled by GradScaler under fp16). Under DDP (``ddp``) the gradients
+    are averaged over the processes at the last micro-batch of a step only, ``no_sync`` before
+    it: the sum of the step's gradients is all the step needs. Under ``static_graph`` every
+    micro-batch averages them (DDP's reducer cannot skip one in torch 2.11 to 2.14): the same
+    gradients at more traffic. After a step's last micro-batch comes the optimizer step
+    (GradScaler's under fp16: skipped when the gradients overflowed), the gradients are zeroed
+    (in place with ``grads_in_place``, see ``keep_grads_outside_graphs``) and the schedule
+    advances, for ``total_steps`` steps; then it has ended and the rate stays.
+
+    Nothing here reads the device: ``train`` returns the micro-batch's loss, detached, where it
+    was computed.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        precision: str,
+        device_type: str,
+        accumulation_steps: int = 1,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+        total_steps: int = 0,
+        ddp: nn.parallel.DistributedDataParallel | None = None,
+        grads_in_place: bool = False,
+    ) -> None:
+        self.optimizer = optimizer
+        self.precision = precision
+        self.device_type = device_type
+        self.accumulation_steps = accumulation_steps
+        self.scheduler = scheduler
+        self.total_steps = total_steps
+        self.ddp = ddp
+        self.grads_in_place = grads_in_place
+        self.scaler = torch.amp.GradScaler(device_type, enabled=precision == "fp16")
+        self.micro_batches = 0  # trained so far
+        self.steps = 0  # optimizer steps so far (under fp16, skipped ones included)
+
+    def train(self, loss_of: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
+        """One micro-batch, and the optimizer step when it is its step's last; its loss."""
+        loss = self.forward_backward(loss_of, *args)
+        if self.micro_batches % self.accumulation_steps == 0:
+            self.step()
+        return loss
+
+    def forward_backward(self, loss_of: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
+        """One micro-batch's forward pass, loss and backward, without the optimizer step."""
+        accumulation = self.accumulation_steps
+        ddp = self.ddp
+        last = (self.micro_batches + 1) % accumulation == 0
+        deferred = ddp is not None and not last and not ddp.static_graph
+        with ddp.no_sync() if deferred else contextlib.nullcontext():  # type: ignore[union-attr]
+            with autocast(self.precision, self.device_type):
+                loss = loss_of(*args)
+            self.scaler.scale(loss / accumulation if accumulation > 1 else loss).backward()
+        self.micro_batches += 1
+        return loss.detach()
+
+    def step(self) -> None:
+        """Apply the accumulated gradients, zero them, advance the schedule."""
+        self.scaler.step(self.optimizer)  # fp16 + fused: the overflow check stays on the device
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=not self.grads_in_place)
+        if self.scheduler is not None and self.scheduler.last_epoch < self.total_steps:
+            self.scheduler.step()
+        self.steps += 1
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    """The logits in a model's output: the output itself, its ``logits`` entry (a dict), or its
+    ``.logits`` (a Hugging Face ``ModelOutput``); TypeError saying what the output is otherwise."""
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = (
+        output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
+    )
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(
+            f"the model returned {type(output).__name__} without a tensor of logits (a "
+            f"tensor, or a 'logits' entry or attribute)"
+        )
+    return logits
+
+
+def classification_sums(
+    logits: torch.Tensor, targets: torch.Tensor, top_k: int = 1
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(right predictions, summed cross-entropy in nats, scored target elements) of one batch,
+    as device tensors: adding them up over batches reads nothing back from the device. A
+    prediction is right when the target is among the ``top_k`` highest logits; the classes are
+    in dimension 1 of ``logits``."""
+    scored = targets != IGNORE_INDEX
+    if top_k == 1:
+        hits = logits.argmax(dim=1) == targets
+    else:
+        best = logits.topk(min(top_k, logits.shape[1]), dim=1).indices
+        hits = (best == targets.unsqueeze(1)).any(dim=1)
+    right = (hits & scored).sum()
+    loss = nn.functional.cross_entropy(
+        logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    return right, loss, scored.sum()
+
+
+@torch.no_grad()
+def validation_sums(
+    model: nn.Module,
+    batches: Iterable[Any],
+    forward: Callable[[nn.Module, Any, torch.device], tuple[Any, torch.Tensor]],
+    precision: str,
+    device: torch.device,
+    top_k: int = 1,
+    classes_last: bool = False,
+) -> tuple[float, float, float]:
+    """(right predictions, summed cross-entropy in nats, scored target elements) of ``model``
+    over ``batches``, in eval mode and without gradients: ``forward(model, batch, device)``
+    gives the model's output and the batch's target on the device, under the precision's
+    autocast as in training. The logits are the output or its "logits"; ``classes_last``: their
+    classes are in the last dimension (``[batch, *d, classes]``). Summed on the device and read
+    back once, at the end."""
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=device)
+    try:
+        for batch in batches:
+            with autocast(precision, device.type):
+                output, targets = forward(model, batch, device)
+            logits = logits_of(output)
+            if classes_last:
+                logits = logits.movedim(-1, 1)
+            sums += torch.stack(classification_sums(logits, targets, top_k)).double()
+    finally:
+        model.train()
+    right, loss_sum, scored = sums.tolist()
+    return right, loss_sum, scored
+
+
+def builtin_score(name: str, right: float, loss_sum: float, scored: float) -> float:
+    """A built-in score from the sums of ``classification_sums`` over the validation split:
+    accuracy or top5 (right / scored), val_loss (nats per target element), perplexity."""
+    if name in ("accuracy", "top5"):
+        return right / scored
+    if name == "val_loss":
+        return loss_sum / scored
+    if name == "perplexity":
+        return math.exp(min(loss_sum / scored, MAX_LOG_PERPLEXITY))
+    raise ValueError(f"no built-in score {name!r}")

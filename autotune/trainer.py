@@ -1,9 +1,11 @@
-"""A model under a TrialConfig: the configuration's optimizer, schedule and backend flags (what
-they mean is ``semantics``'), autocast, GradScaler, compilation and DDP.
+"""A model under a TrialConfig: placed, compiled, wrapped in DDP, and trained as ``semantics``
+says (the optimizer, its schedule, the backend flags, autocast, GradScaler, accumulation).
 
 ``Trainer`` owns one model under one configuration: device placement and channels_last,
-torch.compile, the optimizer and its schedule, autocast with a GradScaler for fp16, and gradient
-accumulation. Trials use it (``runner``), and so can users, through ``autotune.load_best``.
+torch.compile, DistributedDataParallel, the configuration's optimizer and schedule, and its
+micro-batches into optimizer steps (``semantics.TrainingSteps``, which the exported script
+carries too), with fp16's skipped steps counted on the device. Trials use it (``runner``), and
+so can users, through ``autotune.load_best``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from autotune import semantics
 from autotune.config import TrialConfig
 from autotune.ranks import world_size
+from autotune.semantics import CUDA_GRAPH_MODES
 from autotune.workloads.batches import ModelInputs, call_model, to_device
 from autotune.workloads.scoring import LossFn, cross_entropy_loss
 
@@ -35,9 +38,6 @@ __all__ = [
     "seed_everything",
     "set_backend_flags",
 ]
-
-# the torch.compile modes that record CUDA graphs (on a CUDA device)
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 def seed_everything(seed: int) -> None:
@@ -74,11 +74,7 @@ def make_scheduler(
 
 def autocast(config: TrialConfig, device: torch.device) -> contextlib.AbstractContextManager:
     """Autocast for bf16/fp16 (the fp32 and tf32 precisions run without it)."""
-    if config.precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    if config.precision == "fp16":
-        return torch.autocast(device.type, dtype=torch.float16)
-    return contextlib.nullcontext()
+    return semantics.autocast(config.precision, device.type)
 
 
 def _matmul_precision() -> tuple[str, str]:
@@ -165,8 +161,8 @@ class Trainer:
 
     ``train_step(inputs, targets)`` runs one micro-batch (forward under autocast, backward of
     the loss divided by ``accumulation_steps``) and, every ``accumulation_steps`` micro-batches,
-    one optimizer step (GradScaler step for fp16, zero_grad, schedule). It never synchronizes
-    the device: the returned loss stays on the device.
+    one optimizer step (GradScaler step for fp16, zero_grad, schedule): ``semantics``'
+    ``TrainingSteps``. It never synchronizes the device: the returned loss stays on the device.
     """
 
     def __init__(
@@ -194,20 +190,21 @@ class Trainer:
             # torch.compile is typed as returning a callable; for a module it is a module
             self.step_model = torch.compile(self.step_model, mode=mode)  # type: ignore[assignment]
         self.optimizer = make_optimizer(model, config)
-        # Under CUDA graphs a gradient that autograd takes as .grad without copying lives in the
-        # graph's memory pool, and the next replay (the next micro-batch of an accumulation)
-        # overwrites it. Gradients that exist before the first backward, zeroed in place, are
-        # accumulated into instead: outside the pool.
-        self.grads_in_place = config.compile in CUDA_GRAPH_MODES
-        if self.grads_in_place:
-            for parameter in model.parameters():
-                if parameter.requires_grad and parameter.grad is None:
-                    parameter.grad = torch.zeros_like(parameter)
-        self.scheduler = make_scheduler(self.optimizer, config, total_steps)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
+        if config.compile in CUDA_GRAPH_MODES:
+            semantics.keep_grads_outside_graphs(model)
+        # micro-batches into optimizer steps: autocast, GradScaler, accumulation, no_sync
+        self.training_steps = semantics.TrainingSteps(
+            self.optimizer,
+            config.precision,
+            self.device.type,
+            config.accumulation_steps,
+            make_scheduler(self.optimizer, config, total_steps),
+            total_steps,
+            self.ddp,
+            grads_in_place=config.compile in CUDA_GRAPH_MODES,
+        )
+        self.scaler = self.training_steps.scaler
         self.loss_fn: LossFn = loss_fn or cross_entropy_loss
-        self.micro_batches = 0
-        self.steps = 0  # optimizer steps attempted (the schedule follows these)
         # fp16: GradScaler skips the optimizer step when gradients overflow; count those, on
         # the device (read at evaluations, where it is synchronized anyway). Under fp16 the
         # optimizer is fused: GradScaler hands it the overflow flag and it skips on the device.
@@ -245,43 +242,36 @@ class Trainer:
         """The precision context for forward passes (training and evaluation)."""
         return autocast(self.config, self.device)
 
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches trained so far."""
+        return self.training_steps.micro_batches
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps so far (the schedule follows these; skipped ones included)."""
+        return self.training_steps.steps
+
     def train_step(self, inputs: Batch, targets: Any) -> torch.Tensor:
         """One micro-batch; an optimizer step when it completes an accumulation group.
 
         Returns the (detached, on-device) loss of this micro-batch.
         """
-        loss = self.forward_backward(inputs, targets)
-        if self.micro_batches % self.config.accumulation_steps == 0:
-            self.optimizer_step()
-        return loss
+        return self.training_steps.train(self._loss, inputs, targets)
 
     def forward_backward(self, inputs: Batch, targets: Any) -> torch.Tensor:
-        """Forward under autocast and backward of the loss / accumulation_steps (detached loss).
+        """Forward under autocast and backward of the loss / accumulation_steps (detached loss),
+        DDP's gradient averaging at an accumulation group's last micro-batch only
+        (``semantics.TrainingSteps``)."""
+        return self.training_steps.forward_backward(self._loss, inputs, targets)
 
-        In a distributed trial the gradients are averaged over the processes only at the last
-        micro-batch of an accumulation group (DDP's ``no_sync`` before it): one all-reduce per
-        optimizer step, as the sum of the group's gradients is all the step needs. Under
-        ``static_graph`` DDP cannot skip one (its reducer fails an internal assert in torch
-        2.11 to 2.14): every micro-batch all-reduces, the same gradients at more traffic."""
-        accumulation = self.config.accumulation_steps
-        syncs = (self.micro_batches + 1) % accumulation == 0 or self.config.static_graph
-        deferred = self.ddp.no_sync() if self.ddp is not None and not syncs else None
-        with deferred or contextlib.nullcontext():
-            with self.autocast():
-                loss = self.loss_fn(call_model(self.step_model, inputs), targets)
-            self.scaler.scale(loss / accumulation if accumulation > 1 else loss).backward()
-        self.micro_batches += 1
-        return loss.detach()
+    def _loss(self, inputs: Batch, targets: Any) -> torch.Tensor:
+        return self.loss_fn(call_model(self.step_model, inputs), targets)
 
     def optimizer_step(self) -> None:
         """Apply the accumulated gradients (GradScaler step under fp16), zero them, advance
         the schedule."""
-        self.scaler.step(self.optimizer)  # under fp16 the overflow check stays on the device
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=not self.grads_in_place)
-        if self.scheduler is not None:
-            self.scheduler.step()
-        self.steps += 1
+        self.training_steps.step()
 
     @property
     def loss_scale(self) -> float | None:

@@ -149,6 +149,25 @@ def test_modules_stay_readable():
     assert too_long == {}, f"over {MAX_LINES} lines without a reason in LONG_MODULES"
 
 
+def test_no_module_imports_another_modules_private_names():
+    """A name with a leading underscore belongs to its module: one that another module needs
+    is that module's interface and named so (a private module, ``study/_trial``, is imported
+    whole or by its public names)."""
+    private = []
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith(
+                "autotune"
+            ):
+                continue
+            for alias in node.names:
+                module_file = PACKAGE.parent / f"{node.module}.{alias.name}".replace(".", "/")
+                is_module = module_file.with_suffix(".py").exists() or module_file.is_dir()
+                if alias.name.startswith("_") and alias.name[1] != "_" and not is_module:
+                    private.append(f"{path.relative_to(PACKAGE)}: {node.module}.{alias.name}")
+    assert private == []
+
+
 def test_the_checks_see_real_imports():
     """The import reader finds what a module really imports (the oracle of the tests above)."""
     found = _imports(PACKAGE / "study" / "_trial.py")

@@ -95,7 +95,8 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
 
     assert "autotune" not in imported_modules(text)
     assert imported_modules(text) <= {
-        "argparse", "json", "math", "statistics", "time", "pathlib", "torch", "sklearn",
+        "argparse", "collections", "contextlib", "itertools", "json", "math", "statistics",
+        "time", "pathlib", "typing", "torch", "sklearn",
     }  # fmt: skip
     assert provenance(text)["study"] == "digits" and "EPOCHS = 4" in text
     assert provenance(text)["trial"] == best.trial
@@ -213,7 +214,7 @@ KNOB_CODE = {
     "pin_memory": (True, "PIN_MEMORY = True"),
     "prefetch_factor": (5, "PREFETCH_FACTOR = 5"),
     "persistent_workers": (True, "PERSISTENT_WORKERS = True"),
-    "precision": ("bf16", "torch.autocast(device.type, dtype=torch.bfloat16)"),
+    "precision": ("bf16", 'PRECISION = "bf16"'),
     "compile": ("max-autotune", 'torch.compile(model, mode="max-autotune")'),
     "optimizer": ("sgd", 'OPTIMIZER = "sgd"'),
     "weight_decay": (0.125, "WEIGHT_DECAY = 0.125"),
@@ -221,7 +222,7 @@ KNOB_CODE = {
     "nesterov": (True, "NESTEROV = True"),
     "schedule": ("onecycle", 'SCHEDULE = "onecycle"'),
     "warmup_fraction": (0.25, "WARMUP_FRACTION = 0.25  "),
-    "channels_last": (True, "memory_format=torch.channels_last"),
+    "channels_last": (True, "make_model().to(device, memory_format=torch.channels_last)"),
     "cudnn_benchmark": (True, "CUDNN_BENCHMARK = True"),
     "device": ("cuda:0", 'DEVICE = "cuda:0"'),
     "val_batch_size": (17, "VAL_BATCH_SIZE = 17"),
@@ -411,8 +412,10 @@ def test_a_cuda_graph_mode_accumulates_into_gradients_outside_the_graphs_pool(ti
         config = best.config.replace(compile=mode, accumulation_steps=2)
         text = render_script(study, _with(best, config))
         compile(text, f"train.py (compile {mode})", "exec")
-        assert ("parameter.grad = torch.zeros_like(parameter)" in text) is in_place, mode
-        assert f"optimizer.zero_grad(set_to_none={not in_place})" in text, mode
+        assert ("\n    keep_grads_outside_graphs(model)" in text) is in_place, mode
+        assert ("grads_in_place=True," in text) is in_place, mode
+        # the trials' own rule, pasted: zeroed in place with grads_in_place
+        assert "self.optimizer.zero_grad(set_to_none=not self.grads_in_place)" in text
 
 
 def test_yaml_and_json_round_trip_to_the_same_config(tiny_study, tmp_path: Path):
@@ -567,6 +570,12 @@ def test_no_feasible_trial_and_multi_objective_studies(tmp_path: Path):
     (tmp_path / "other.yaml").write_text("a: 1\n")
     with pytest.raises(ExportError, match="not an autotune configuration"):
         load_config(tmp_path / "other.yaml")
+    # a value no knob has (an edited file): named, not trained on
+    edited = yaml.safe_load(render(picked, "yaml"))
+    edited["config"]["precision"] = "fp8"
+    (tmp_path / "edited.yaml").write_text(yaml.safe_dump(edited))
+    with pytest.raises(ExportError, match="precision 'fp8' is none of fp32, fp32-strict, tf32"):
+        load_config(tmp_path / "edited.yaml")
 
 
 VISION_SPACE = """\

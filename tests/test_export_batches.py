@@ -97,7 +97,7 @@ def test_a_script_of_another_batch_structure_and_loss_trains_outside_the_reposit
         shutil.copy(SEARCH_SPACES / "text_workload.py", study_dir)
         text = _exported(prepare_study, study_dir, TEXT_SPACE)
         assert 'return (), dict(batch), batch["labels"]' in text  # labels go to the model
-        assert "output.loss" in text
+        assert "return model_loss\n" in text  # the model computes it: the trials' model_loss
     elif workload == "batch_fn":  # the user's function splits the batch, in the script too
         (study_dir / "triple_workload.py").write_text(TRIPLE_MODULE)
         space = TRIPLE_SPACE.replace("target: 2", "batch_fn: triple_workload:by_name")

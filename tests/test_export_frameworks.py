@@ -241,6 +241,9 @@ def test_hf_maps_every_knob(best):
 
     plain = call_keywords(render(best, "hf"), "training_arguments")
     assert plain["optim"] == "adamw_torch" and "optim_args" not in plain
+    # fp16: AdamW fused, as the trials trained it (GradScaler's check stays on the GPU)
+    fp16 = call_keywords(render(changed(best, precision="fp16"), "hf"), "training_arguments")
+    assert fp16["optim"] == "adamw_torch_fused" and fp16["fp16"] is True
     assert plain["lr_scheduler_type"] == "constant" and plain["use_cpu"] is True
     assert "dataloader_prefetch_factor" not in plain and "torch_compile_mode" not in plain
 
@@ -430,6 +433,7 @@ def test_hf_training_arguments_build_from_the_file(best, tmp_path: Path, variant
         assert group["momentum"] == expected.momentum and group["nesterov"] is True
     else:
         assert isinstance(optimizer, torch.optim.AdamW)
+        assert bool(optimizer.defaults.get("fused")) == (expected.precision == "fp16")
 
 
 def test_a_trial_of_several_processes_exports_its_devices_and_ddp_settings(best):

@@ -16,12 +16,12 @@ import torch.multiprocessing as torch_mp
 
 from autotune.config import TrialConfig
 from autotune.distributed._rank import (
+    RankDone,
+    RankEvaluated,
+    RankFault,
     WorkloadSource,
-    _Done,
-    _Evaluated,
-    _Fault,
-    _rank_main,
     rank_cores,
+    rank_main,
 )
 from autotune.faults import FaultKind, TrialFault, describe_exit
 from autotune.hardware import device_name
@@ -101,7 +101,7 @@ class RankPool:
             cores = []
         shares = rank_cores(cores, world) if cores else [[]] * world
         self._context = torch_mp.start_processes(
-            _rank_main,
+            rank_main,
             args=(
                 world,
                 device,
@@ -139,7 +139,7 @@ class RankPool:
                 pipe.send((config, plan))
             busy = set(range(len(self._pipes)))  # ranks not done with this trial
             closed: set[int] = set()  # ranks whose pipe closed: they exited
-            reported: list[_Fault] = []  # faults the ranks sent through their pipes
+            reported: list[RankFault] = []  # faults the ranks sent through their pipes
             failed: set[int] = set()  # ranks that reported one
             failed_at: float | None = None
             while busy:
@@ -152,12 +152,12 @@ class RankPool:
                     except EOFError:  # the rank exited: its exit code says how
                         closed.add(rank)
                         continue
-                    if isinstance(message, _Evaluated):
+                    if isinstance(message, RankEvaluated):
                         self._pipes[rank].send(report(message.evaluation))
-                    elif isinstance(message, _Done):
+                    elif isinstance(message, RankDone):
                         busy.discard(rank)
                         value = message.value if rank == 0 else value
-                    elif isinstance(message, _Fault):  # told at once: a rank that failed
+                    elif isinstance(message, RankFault):  # told at once: a rank that failed
                         reported.append(message)  # may hang in its teardown (NCCL's), and
                         failed.add(rank)  # its peers in a collective until a timeout
                         failed_at = failed_at or time.monotonic()
@@ -201,14 +201,14 @@ def _no_evaluations(evaluation: Evaluation) -> bool:
 
 
 def _fault_of(
-    codes: list[int | None], faults: Any, world: int, reported: list[_Fault] | None = None
+    codes: list[int | None], faults: Any, world: int, reported: list[RankFault] | None = None
 ) -> TrialFault:
     """The one fault a distributed trial ends with, from the ranks' exit codes at the first
     failure and the faults they sent (through their pipes, ``reported``, and the queue). A
     rank's own fault comes first; then a rank that died by a signal (a crash: it sent
     nothing); then a rank that only lost its peers (a collective whose other end went away),
     which is what the others see of any failure."""
-    sent: list[_Fault] = list(reported or [])
+    sent: list[RankFault] = list(reported or [])
     with contextlib.suppress(EOFError, OSError):
         while not faults.empty():
             fault = faults.get()

@@ -1,6 +1,6 @@
 """A rank process of a distributed trial, and what it and its launcher say to each other.
 
-``_rank_main`` is the body of each rank: it joins the trial's process group, loads the workload
+``rank_main`` is the body of each rank: it joins the trial's process group, loads the workload
 once, and trains (or times) every trial its launcher (``_pool.RankPool``) sends it, through the
 same ``runner.train`` and ``bursts.measure`` as one process; a fault is classified here and told
 to the launcher through its pipe first, before anything that may hang.
@@ -45,17 +45,17 @@ class WorkloadSource:
 
 
 @dataclass(frozen=True)
-class _Evaluated:  # rank 0 -> launcher: an evaluation to answer (with a bool: stop or not)
+class RankEvaluated:  # rank 0 -> launcher: an evaluation to answer (with a bool: stop or not)
     evaluation: Evaluation
 
 
 @dataclass(frozen=True)
-class _Done:  # a rank -> launcher: done with the trial (rank 0: what it came to)
+class RankDone:  # a rank -> launcher: done with the trial (rank 0: what it came to)
     value: TrialResult | SpeedMeasurement | None
 
 
 @dataclass(frozen=True)
-class _Fault:  # any rank -> launcher: why it stopped
+class RankFault:  # any rank -> launcher: why it stopped
     rank: int
     kind: str
     message: str
@@ -90,7 +90,7 @@ def _lost_peer(error: BaseException) -> bool:
     )
 
 
-def _rank_main(
+def rank_main(
     rank: int,
     world: int,
     device: str,
@@ -130,7 +130,7 @@ def _rank_main(
         warmth = Warmth()
 
         def report(evaluation: Evaluation) -> bool:
-            pipe.send(_Evaluated(evaluation))
+            pipe.send(RankEvaluated(evaluation))
             return bool(pipe.recv())
 
         while True:
@@ -148,11 +148,11 @@ def _rank_main(
                 value: TrialResult | SpeedMeasurement = bursts.measure(config, workload, plan)
             else:
                 value = runner.train(config, workload, report if rank == 0 else _not_leader)
-            pipe.send(_Done(value if rank == 0 else None))
+            pipe.send(RankDone(value if rank == 0 else None))
             release_memory()  # the next trial's peak memory is its own
     except Exception as error:
         fault = as_fault(error)
-        said = _Fault(rank, str(fault.kind), fault.message, fault.details, _lost_peer(error))
+        said = RankFault(rank, str(fault.kind), fault.message, fault.details, _lost_peer(error))
         # the launcher first, through the pipe it listens to: what follows (freeing memory,
         # NCCL's teardown) may hang, and the peers with it; the queue keeps it for the count
         with contextlib.suppress(OSError, ValueError):

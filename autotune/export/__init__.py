@@ -12,7 +12,8 @@ trainer = best.make_trainer(model, total_steps=epochs * steps_per_epoch)
 
 ``_api`` holds the Python API (``BestConfig``, ``load_best``, ``load_config``), ``_confirmation``
 the confirmation round's typed verdict on a trial (``TrialConfirmation``), ``_script`` the
-script and YAML/JSON rendering, ``_frameworks`` the Lightning and Hugging Face settings files,
+script and YAML/JSON rendering, ``_header`` the script's constants and provenance,
+``_frameworks`` the Lightning and Hugging Face settings files,
 ``_bundle`` the source bundler the script is built with.
 """
 
@@ -27,7 +28,8 @@ from autotune.export._api import (
 )
 from autotune.export._confirmation import TrialConfirmation
 from autotune.export._formats import FORMATS, render
-from autotune.export._script import SCRIPT_KNOBS, render_script
+from autotune.export._header import SCRIPT_KNOBS
+from autotune.export._script import render_script
 
 __all__ = [
     "FORMATS",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from autotune.config import TrialConfig
 from autotune.export._api import BestConfig, ExportError
 from autotune.export._arguments import (
     Argument,
@@ -20,7 +21,8 @@ from autotune.export._arguments import (
     searched,
 )
 from autotune.export._bundle import Import, import_block, literal
-from autotune.export._script import _environment, _provenance
+from autotune.export._header import provenance_rows
+from autotune.export._script import template_environment
 from autotune.spec import (
     COMPILE_MODES,
     DATA_PIPELINES,
@@ -253,6 +255,15 @@ def _hf_schedule(best: BestConfig) -> tuple[str, list[str]]:
     return ("constant_with_warmup" if config.warmup_fraction > 0 else "constant"), []
 
 
+def _hf_optimizer(config: TrialConfig) -> str:
+    """TrainingArguments' ``optim`` for the configuration's optimizer: AdamW fused under fp16,
+    as the trials trained it (GradScaler's overflow check then stays on the GPU). The Trainer
+    has no fused SGD: an fp16 SGD trains unfused there, its step reading the check back."""
+    if config.optimizer == "sgd":
+        return "sgd"
+    return "adamw_torch_fused" if config.precision == "fp16" else "adamw_torch"
+
+
 def _hf(best: BestConfig) -> dict[str, Any]:
     config = best.config
     precision = config.precision
@@ -279,11 +290,7 @@ def _hf(best: BestConfig) -> dict[str, Any]:
         ),
         Argument("num_train_epochs", literal(best.epochs), "the full run"),
         Argument("learning_rate", literal(config.lr), lr_comment(best)),
-        Argument(
-            "optim",
-            literal("sgd" if config.optimizer == "sgd" else "adamw_torch"),
-            searched(best, "optimizer"),
-        ),
+        Argument("optim", literal(_hf_optimizer(config)), searched(best, "optimizer")),
     ]
     if config.optimizer == "sgd":
         options = f"momentum={config.momentum or 0.0!r},nesterov={config.nesterov}"
@@ -354,10 +361,10 @@ def render_framework(best: BestConfig, fmt: str) -> str:
     _check(best)
     fields = _lightning(best) if fmt == "lightning" else _hf(best)
     imports = fields.pop("imports")
-    environment = _environment()
+    environment = template_environment()
     environment.filters["comment"] = comment_text
     return environment.get_template(f"{fmt}.py.j2").render(
-        provenance=_provenance(best, workload),
+        provenance=provenance_rows(best, workload),
         import_block=import_block(imports),
         **fields,
     )

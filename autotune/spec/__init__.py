@@ -49,7 +49,6 @@ from autotune.spec._knobs import (  # noqa: F401
     Scalar,
 )
 from autotune.spec._sections import (  # noqa: F401
-    _ENTRY,
     DEFAULT_STORAGE,
     LOSSES,
     MODEL_FAMILY_NAMES,

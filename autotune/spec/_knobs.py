@@ -1,7 +1,7 @@
 """The knobs of a space file: the registry (``KNOBS``) of every searchable setting, its
 default and legal values; the shapes a knob takes (``Choice``, ``IntRange``, ``FloatRange``) and
 how its YAML value is read into one; the ``space`` section (``SpaceSpec``); and the base the
-package's models share (``_Frozen``, ``SpecError``, ``Scalar``)."""
+package's models share (``Frozen``, ``SpecError``, ``Scalar``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,18 @@ import difflib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from autotune.config import (
+    CompileMode,
+    DataPipeline,
+    LrScaling,
+    OptimizerName,
+    Precision,
+    Schedule,
+)
 from autotune.errors import UserError
 
 Scalar = bool | int | float | str
@@ -26,7 +34,7 @@ class SpecError(UserError):
         super().__init__("\n".join(problems))
 
 
-class _Frozen(BaseModel):
+class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -34,18 +42,13 @@ class _Frozen(BaseModel):
 # Knobs: what each searchable setting is, its default and its legal values
 # --------------------------------------------------------------------------------------------
 
-PRECISIONS = ("fp32", "fp32-strict", "tf32", "bf16", "fp16")
-COMPILE_MODES = (
-    "none",
-    "default",
-    "reduce-overhead",
-    "max-autotune",
-    "max-autotune-no-cudagraphs",
-)
-OPTIMIZERS = ("sgd", "adamw")
-SCHEDULES = ("constant", "cosine", "onecycle")
-LR_SCALINGS = ("none", "linear", "sqrt")
-DATA_PIPELINES = ("dataloader", "device")
+# the legal values of the knobs that name a choice: TrialConfig's Literal types
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+COMPILE_MODES: tuple[CompileMode, ...] = get_args(CompileMode)
+OPTIMIZERS: tuple[OptimizerName, ...] = get_args(OptimizerName)
+SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
+LR_SCALINGS: tuple[LrScaling, ...] = get_args(LrScaling)
+DATA_PIPELINES: tuple[DataPipeline, ...] = get_args(DataPipeline)
 
 
 @dataclass(frozen=True)
@@ -160,7 +163,7 @@ def knobs_for(world_size: int) -> list[str]:
     return [name for name in KNOBS if world_size > 1 or name not in DDP_KNOBS]
 
 
-class Choice(_Frozen):
+class Choice(Frozen):
     """A categorical knob; a single value means the knob is fixed and not searched."""
 
     values: tuple[Scalar, ...]
@@ -170,7 +173,7 @@ class Choice(_Frozen):
         return len(self.values) == 1
 
 
-class IntRange(_Frozen):
+class IntRange(Frozen):
     """Integers from low to high inclusive, uniformly or log-uniformly."""
 
     low: int
@@ -183,7 +186,7 @@ class IntRange(_Frozen):
         return self.low == self.high
 
 
-class FloatRange(_Frozen):
+class FloatRange(Frozen):
     """Reals from low to high, uniformly, log-uniformly, or on a grid of ``step``."""
 
     low: float
@@ -231,7 +234,7 @@ _ALIASES = {
 }
 
 
-def _close(word: str, options: list[str] | tuple[str, ...]) -> str:
+def did_you_mean(word: str, options: list[str] | tuple[str, ...]) -> str:
     """ "; did you mean 'x'?" for the valid option closest to a misspelt ``word``, else ""."""
     candidates = {option: option for option in options}
     candidates.update({a: k for a, k in _ALIASES.items() if k in candidates})
@@ -249,7 +252,7 @@ def _check_scalar(name: str, info: KnobInfo, value: Any) -> Scalar:
         if value is False and "none" in info.choices:
             raise ValueError(f"false is not one of {', '.join(info.choices)} (use none)")
         if not isinstance(value, str) or value not in info.choices:
-            hint = _close(str(value), info.choices)
+            hint = did_you_mean(str(value), info.choices)
             raise ValueError(f"{value!r} is not one of {', '.join(info.choices)}{hint}")
         return value
     number: int | float
@@ -291,7 +294,7 @@ def _parse_range(name: str, info: KnobInfo, raw: dict[str, Any]) -> IntRange | F
     for key in raw:
         if key not in _RANGE_KEYS:
             raise ValueError(
-                f"unknown key '{key}' in a range{_close(str(key), _RANGE_KEYS)} "
+                f"unknown key '{key}' in a range{did_you_mean(str(key), _RANGE_KEYS)} "
                 f"(a range has low, high, log, step)"
             )
     missing = [k for k in ("low", "high") if k not in raw]
@@ -352,7 +355,7 @@ def _default(name: str) -> Choice:
     return Choice(values=(KNOBS[name].default,))
 
 
-class SpaceSpec(_Frozen):
+class SpaceSpec(Frozen):
     """The knobs. Omitted knobs are fixed at their documented default (``KNOBS``)."""
 
     lr: Knob = _default("lr")

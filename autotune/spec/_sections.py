@@ -10,12 +10,12 @@ from typing import Any, Literal
 
 from pydantic import Field, JsonValue, field_validator, model_validator
 
-from autotune.spec._knobs import DDP_KNOBS, KNOBS, Scalar, _close, _Frozen
+from autotune.spec._knobs import DDP_KNOBS, KNOBS, Frozen, Scalar, did_you_mean
 
 DEFAULT_STORAGE = "sqlite:///studies/autotune.db"
 
 
-class ConfirmSpec(_Frozen):
+class ConfirmSpec(Frozen):
     """The confirmation round at the end of a study: its leading configurations and the untuned
     baseline trained again side by side, interleaved, so that the answer is not a single noisy
     measurement (``confirm: false`` turns it off)."""
@@ -25,7 +25,7 @@ class ConfirmSpec(_Frozen):
     repeats: int = Field(default=2, ge=1)  # more runs of each (the trial itself is one more)
 
 
-class SpeedSpec(_Frozen):
+class SpeedSpec(Frozen):
     """Stage 1 of the two-stage search: how each execution configuration is timed."""
 
     repeats: int = Field(default=2, ge=1)  # measurements of each of a cell's leaders
@@ -46,7 +46,7 @@ STRATEGIES = ("two_stage", "joint")
 _LOADER_KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 
 
-class StudySpec(_Frozen):
+class StudySpec(Frozen):
     """How the search runs: where trials are stored, how many, which sampler and pruner."""
 
     name: str | None = Field(default=None, min_length=1)  # default: the space file's stem
@@ -78,7 +78,7 @@ class StudySpec(_Frozen):
     def _learning_knobs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for name in value:
             if name not in KNOBS:
-                raise ValueError(f"unknown knob '{name}'{_close(name, list(KNOBS))}")
+                raise ValueError(f"unknown knob '{name}'{did_you_mean(name, list(KNOBS))}")
             if name in _LOADER_KNOBS:
                 raise ValueError(
                     f"{name} only says how batches are loaded, never what is learned; "
@@ -98,7 +98,7 @@ class StudySpec(_Frozen):
             for name in value:
                 if name not in KNOBS:
                     raise ValueError(
-                        f"unknown knob '{name}' in the baseline{_close(name, list(KNOBS))}"
+                        f"unknown knob '{name}' in the baseline{did_you_mean(name, list(KNOBS))}"
                     )
         return value
 
@@ -109,10 +109,10 @@ LOSSES = ("cross_entropy", "model")  # built-in losses; or the user's package.mo
 MODEL_FAMILY_NAMES = ("torchvision",)
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
-_ENTRY = re.compile(rf"{_DOTTED}(?::{_DOTTED})?", re.ASCII)  # fullmatch: no trailing newline
+ENTRY_POINT = re.compile(rf"{_DOTTED}(?::{_DOTTED})?", re.ASCII)  # fullmatch: no trailing newline
 
 
-class WorkloadSpec(_Frozen):
+class WorkloadSpec(Frozen):
     """What is trained: a model and data set by name or ``package.module:function``."""
 
     model: str = Field(min_length=1)
@@ -141,7 +141,7 @@ class WorkloadSpec(_Frozen):
     @classmethod
     def _entry(cls, value: str) -> str:
         # a name reaches exported scripts as an import line: only dotted identifiers can
-        if not _ENTRY.fullmatch(value):
+        if not ENTRY_POINT.fullmatch(value):
             raise ValueError(f"'{value}' is neither a built-in name nor 'package.module:function'")
         return value
 
@@ -172,7 +172,7 @@ class WorkloadSpec(_Frozen):
     @field_validator("batch_fn")
     @classmethod
     def _batch_fn(cls, value: str | None) -> str | None:
-        if value is not None and not (":" in value and _ENTRY.fullmatch(value)):
+        if value is not None and not (":" in value and ENTRY_POINT.fullmatch(value)):
             raise ValueError(f"'{value}' is not 'package.module:function'")
         return value
 
@@ -188,7 +188,7 @@ class WorkloadSpec(_Frozen):
     @field_validator("loss")
     @classmethod
     def _loss(cls, value: str) -> str:
-        if value not in LOSSES and not (":" in value and _ENTRY.fullmatch(value)):
+        if value not in LOSSES and not (":" in value and ENTRY_POINT.fullmatch(value)):
             raise ValueError(
                 f"'{value}' is not a loss: use {', '.join(LOSSES)} or 'package.module:function'"
             )
@@ -233,7 +233,7 @@ _PER_SECOND = ("accuracy_per_second", "score_per_second")  # older name first: t
 _TIME_TO = ("time_to_accuracy", "time_to_score")
 
 
-class ObjectiveSpec(_Frozen):
+class ObjectiveSpec(Frozen):
     """What the study optimizes and which trials count as acceptable answers.
 
     ``score`` is what a trained model is judged by on the validation split: a built-in (see
@@ -259,7 +259,7 @@ class ObjectiveSpec(_Frozen):
     @field_validator("score")
     @classmethod
     def _score(cls, value: str) -> str:
-        if value not in SCORES and not (":" in value and _ENTRY.fullmatch(value)):
+        if value not in SCORES and not (":" in value and ENTRY_POINT.fullmatch(value)):
             raise ValueError(
                 f"'{value}' is not a score: use {', '.join(SCORES)} or 'package.module:function'"
             )
@@ -374,7 +374,7 @@ class ObjectiveSpec(_Frozen):
 
 # fields added after studies were labelled: left out of their search label (Spec.search_payload)
 # at their default, so that those studies resume
-_ADDED_LATER: dict[str, dict[str, Any]] = {
+ADDED_LATER: dict[str, dict[str, Any]] = {
     "workload": {
         "inputs": None,
         "target": None,

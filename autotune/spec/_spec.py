@@ -20,13 +20,13 @@ from autotune.spec._knobs import (
     DDP_KNOBS,
     KNOBS,
     Choice,
+    Frozen,
     IntRange,
     SpaceSpec,
     SpecError,
-    _close,
-    _Frozen,
+    did_you_mean,
 )
-from autotune.spec._sections import _ADDED_LATER, ObjectiveSpec, StudySpec, WorkloadSpec
+from autotune.spec._sections import ADDED_LATER, ObjectiveSpec, StudySpec, WorkloadSpec
 
 # A space file is a page of settings. These bounds keep a hostile or broken one (a YAML "billion
 # laughs" of nested aliases, a multi-gigabyte file) from taking the machine's memory and time.
@@ -34,7 +34,7 @@ MAX_SPACE_FILE_BYTES = 1_000_000
 MAX_SPACE_VALUES = 20_000  # keys, values and items once every alias is expanded
 
 
-class Spec(_Frozen):
+class Spec(Frozen):
     """A whole space file, validated."""
 
     study: StudySpec = Field(default_factory=StudySpec)
@@ -132,7 +132,7 @@ class Spec(_Frozen):
         """
         payload = self.model_dump(mode="json", include={"workload", "objective", "space"})
         payload["workload"]["device"] = device or payload["workload"]["device"].split(":")[0]
-        for section, added in _ADDED_LATER.items():  # studies labelled before they existed
+        for section, added in ADDED_LATER.items():  # studies labelled before they existed
             for key, default in added.items():
                 if payload[section].get(key, default) == default:
                     payload[section].pop(key, None)
@@ -298,7 +298,7 @@ def _describe(error: Mapping[str, Any], loc: tuple[Any, ...], message: str) -> s
     if kind == "extra_forbidden":
         key, parent = str(loc[-1]), loc[:-1]
         where = _dotted(parent) if parent else "the space file"
-        return f"unknown key '{key}' in {where}{_close(key, _keys_at(parent))}"
+        return f"unknown key '{key}' in {where}{did_you_mean(key, _keys_at(parent))}"
     if kind == "missing":
         return f"missing required key '{_dotted(loc)}'"
     if kind == "value_error":

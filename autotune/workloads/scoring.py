@@ -9,6 +9,9 @@ are read as such when the check before the study finds them so. Accuracy is the 
 target elements predicted right: never divided by the batch size alone, so a score is in [0, 1]
 for any target shape. Targets equal to ``IGNORE_INDEX`` (the
 padding label of Hugging Face and ``cross_entropy``'s default) are neither trained on nor scored.
+
+The built-in scores' sums and the logits of an output are ``semantics``' (the exported script
+carries them); this module adds the training losses and the user's score.
 """
 
 from __future__ import annotations
@@ -19,6 +22,14 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from autotune.semantics import (
+    IGNORE_INDEX,
+    TOP_K,
+    builtin_score,
+    classification_sums,
+    logits_of,
+)
 
 __all__ = [
     "IGNORE_INDEX",
@@ -34,47 +45,9 @@ __all__ = [
     "score_value",
 ]
 
-IGNORE_INDEX = -100
-
-TOP_K = 5  # score top5: right when the target is among this many highest logits
-
 LossFn = Callable[[Any, Any], torch.Tensor]  # (model output, target) -> scalar loss
 # (model, validation batches, device) -> the score of the model on them
 ScoreFn = Callable[[nn.Module, Iterable[Any], torch.device], Any]
-
-
-def classification_sums(
-    logits: torch.Tensor, targets: torch.Tensor, top_k: int = 1
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(right predictions, summed cross-entropy in nats, scored target elements) of one batch,
-    as device tensors: adding them up over batches reads nothing back from the device. A
-    prediction is right when the target is among the ``top_k`` highest logits."""
-    scored = targets != IGNORE_INDEX
-    if top_k == 1:
-        hits = logits.argmax(dim=1) == targets
-    else:
-        best = logits.topk(min(top_k, logits.shape[1]), dim=1).indices
-        hits = (best == targets.unsqueeze(1)).any(dim=1)
-    right = (hits & scored).sum()
-    loss = nn.functional.cross_entropy(
-        logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum"
-    )
-    return right, loss, scored.sum()
-
-
-def builtin_score(name: str, right: float, loss_sum: float, scored: float) -> float:
-    """A built-in score from the sums of ``classification_sums`` over the validation split:
-    accuracy or top5 (right / scored), val_loss (nats per target element), perplexity."""
-    if name in ("accuracy", "top5"):
-        return right / scored
-    if name == "val_loss":
-        return loss_sum / scored
-    if name == "perplexity":
-        return math.exp(min(loss_sum / scored, MAX_LOG_PERPLEXITY))
-    raise ValueError(f"no built-in score {name!r}")
-
-
-MAX_LOG_PERPLEXITY = 700.0  # exp() of more overflows a float
 
 
 def score_value(value: Any, entry: str) -> float:
@@ -92,22 +65,6 @@ def score_value(value: Any, entry: str) -> float:
     if not math.isfinite(value):
         raise ValueError(f"score '{entry}' returned {value}; it must be a finite number")
     return float(value)
-
-
-def logits_of(output: Any) -> torch.Tensor:
-    """The logits in a model's output: the output itself, its ``logits`` entry (a dict), or its
-    ``.logits`` (a Hugging Face ``ModelOutput``); TypeError saying what the output is otherwise."""
-    if isinstance(output, torch.Tensor):
-        return output
-    logits = (
-        output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
-    )
-    if not isinstance(logits, torch.Tensor):
-        raise TypeError(
-            f"the model returned {type(output).__name__} without a tensor of logits (a "
-            f"tensor, or a 'logits' entry or attribute)"
-        )
-    return logits
 
 
 def cross_entropy_loss(output: Any, target: torch.Tensor) -> torch.Tensor:
