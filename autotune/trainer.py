@@ -203,6 +203,8 @@ class Trainer:
             self.ddp,
             grads_in_place=config.compile in CUDA_GRAPH_MODES,
         )
+        # the optimizer, its schedule and GradScaler: a user's to checkpoint (load_best)
+        self.scheduler = self.training_steps.scheduler
         self.scaler = self.training_steps.scaler
         self.loss_fn: LossFn = loss_fn or cross_entropy_loss
         # fp16: GradScaler skips the optimizer step when gradients overflow; count those, on

@@ -501,6 +501,17 @@ def test_api_building_blocks_train_a_model(tiny_study):
             losses.append(trainer.train_step(*trainer.to_device(inputs, targets)).item())
     assert trainer.steps == 3 * len(loader) // best.config.accumulation_steps
     assert sum(losses[-4:]) < sum(losses[:4])
+    # what the README says is the user's to checkpoint: the training's own objects
+    state = {
+        "model": trainer.model.state_dict(),
+        "optimizer": trainer.optimizer.state_dict(),
+        "scaler": trainer.scaler.state_dict(),
+    }
+    assert state["optimizer"]["state"] and trainer.optimizer is trainer.training_steps.optimizer
+    assert trainer.scheduler is trainer.training_steps.scheduler  # None: a constant rate
+    assert (trainer.scheduler is None) == (
+        best.config.schedule == "constant" and best.config.warmup_fraction == 0
+    )
 
 
 def test_export_errors_are_one_line(tiny_study, tmp_path: Path):
