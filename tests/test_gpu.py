@@ -16,7 +16,9 @@ import pytest
 import torch
 from optuna.trial import TrialState
 
+from autotune.config import TrialConfig
 from autotune.pipeline import DeviceBatches
+from autotune.results import TrialResult
 from autotune.runner import train
 from autotune.spec import WorkloadSpec
 from autotune.testing import cuda_flags, make_config, never_stop, run_cli, write_space
@@ -192,14 +194,18 @@ def test_a_worker_whose_device_memory_does_not_come_back_is_replaced(tmp_path: P
     assert len(executor.started_pids) == 2
 
 
-@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "fp16"])
-def test_the_steady_state_training_step_never_waits_for_the_gpu(precision: str):
-    """A training step that synchronizes ties the GPU to the host: torch's sync debug mode
-    raises at any synchronizing call (an .item(), a read-back, a blocking copy) in the steady
-    steps of every precision, fp16's GradScaler included (its optimizer is fused)."""
+RESNET18 = WorkloadSpec(
+    model="torchvision:resnet18",
+    model_args={"cifar_stem": True},
+    data="shapes",
+    data_args={"n_train": 2048, "n_val": 256},
+)
+
+
+def _steady_steps_never_wait(spec: WorkloadSpec, precision: str) -> None:
     from autotune.trainer import Trainer
 
-    workload = load(SHAPES)
+    workload = load(spec)
     config = cuda_config(precision=precision, data_pipeline="device", channels_last=True)
     trainer = Trainer(workload.build_model(), config, total_steps=100, loss_fn=workload.loss_fn)
     generator = torch.Generator(device="cuda:0").manual_seed(0)
@@ -216,11 +222,105 @@ def test_the_steady_state_training_step_never_waits_for_the_gpu(precision: str):
     assert trainer.steps == 13 and trainer.skipped_steps <= 13
 
 
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "fp16"])
+def test_the_steady_state_training_step_never_waits_for_the_gpu(precision: str):
+    """A training step that synchronizes ties the GPU to the host: torch's sync debug mode
+    raises at any synchronizing call (an .item(), a read-back, a blocking copy) in the steady
+    steps of every precision, fp16's GradScaler included (its optimizer is fused)."""
+    _steady_steps_never_wait(SHAPES, precision)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_a_resnet_with_batchnorm_steps_without_waiting_for_the_gpu(precision: str):
+    """The same for a ResNet-18: BatchNorm's running statistics and its step counter are
+    updated on the device, never read back."""
+    _steady_steps_never_wait(RESNET18, precision)
+
+
+def _a_fault_then_a_trial(
+    spec: WorkloadSpec, folder: Path, failing: TrialConfig, healthy: TrialConfig
+) -> tuple[BaseException, TrialResult, int]:
+    """Two trials in one supervised worker executor: (the first's fault, the second's
+    result, the worker processes it started)."""
+    from autotune.worker import WorkerExecutor
+
+    executor = WorkerExecutor(spec, folder)
+    try:
+        with pytest.raises(Exception) as raised:
+            executor.run(failing, never_stop)
+        result = executor.run(healthy, never_stop)
+    finally:
+        executor.close()
+    return raised.value, result, len(executor.started_pids)
+
+
+def test_a_device_side_assert_is_an_error_and_the_next_trial_trains_in_a_fresh_worker(
+    tmp_path: Path,
+):
+    """Labels past the logits fire the loss kernel's device-side assert, after which the
+    process's CUDA context is unusable: the trial is an error in CUDA's words (not a crash
+    that blames the configuration, not a memory wall), its worker is replaced, and the next
+    trial trains."""
+    faulty = WorkloadSpec(
+        model="autotune.testing:tiny_cnn",
+        model_args={"one_logit_at_batch": 64},
+        data="shapes",
+        data_args={"n_train": 4096, "n_val": 1024},
+    )
+    fault, result, workers = _a_fault_then_a_trial(
+        faulty, tmp_path, cuda_config(batch_size=64), cuda_config(batch_size=128)
+    )
+    assert getattr(fault, "kind", None) == "error", fault
+    assert "CUDA error" in str(fault) or "device-side assert" in str(fault)
+    assert 0.0 <= result.score <= 1.0
+    assert workers == 2  # the broken context's worker is gone
+
+
+STAGE1_SPACE = """\
+study: {name: stage1, n_trials: 1, pruner: none, confirm: false, trial_timeout: 300}
+workload:
+  model: autotune.testing:tiny_cnn
+  data: shapes
+  data_args: {n_train: 4096, n_val: 1024}
+  epochs: 2
+  device: cuda
+objective: {full_run_epochs: 100}
+space:
+  batch_size: [256]
+  precision: [bf16]
+  data_pipeline: [device]
+  compile: [none, default, reduce-overhead]
+  cudnn_benchmark: [false, true]
+"""
+
+
+def test_stage_one_times_compiled_and_cudnn_benchmarked_settings_on_the_gpu(tmp_path: Path):
+    """Stage 1 on a GPU: the compile modes (CUDA graphs among them) compiled and timed, each
+    charged its compile, and cudnn.benchmark on and off each in a process of its own; then a
+    trial trains with what it found."""
+    from autotune.study import SpeedRecord
+
+    space = write_space(tmp_path, STAGE1_SPACE, name="stage1.yaml")
+    done = run_cli("run", str(space), cwd=tmp_path, timeout=900)
+    assert done.returncode == 0, done.stderr
+    url = f"sqlite:///{tmp_path}/studies/autotune.db"
+    speed = optuna.load_study(study_name="stage1.speed", storage=url)
+    records = [r for r in map(SpeedRecord.of, speed.trials) if r is not None]
+    assert not [r.fail_msg for r in records if r.fail_kind], records
+    timed = [(r.settings, r.result()) for r in records if r.result() is not None]
+    modes = {"default", "reduce-overhead"}
+    compiled = [(words, m) for words, m in timed if any(f"compile {x}" in words for x in modes)]
+    assert {m for m in modes if any(f"compile {m}" in words for words, _ in compiled)} == modes
+    assert all((m.compile_seconds or 0) > 0 for _, m in compiled), compiled
+    assert any("cudnn.benchmark" in words for words, _ in timed), [w for w, _ in timed]
+    assert all(m.samples_per_second() > 0 for _, m in timed)
+    study = optuna.load_study(study_name="stage1", storage=url)
+    assert [t.state for t in study.trials if t.state == TrialState.COMPLETE]
+
+
 def test_a_real_out_of_memory_is_oom_and_the_next_trial_gets_its_memory_back(tmp_path: Path):
     """A batch the GPU cannot hold fails as oom (a memory wall, not an error), and the worker's
     next trial, at a batch that fits, trains in the same process with its memory back."""
-    from autotune.worker import WorkerExecutor
-
     # 4,096 channels at 32x32: 64 GiB an activation at batch 4096 (several are kept for the
     # backward: past an H200's 140 GiB), about 1 GiB at batch 64
     wide = WorkloadSpec(
@@ -229,16 +329,15 @@ def test_a_real_out_of_memory_is_oom_and_the_next_trial_gets_its_memory_back(tmp
         data="shapes",
         data_args={"n_train": 4096, "n_val": 256},
     )
-    executor = WorkerExecutor(wide, tmp_path)
-    try:
-        with pytest.raises(Exception) as raised:
-            executor.run(cuda_config(batch_size=4096, precision="fp32"), never_stop)
-        result = executor.run(cuda_config(batch_size=64, precision="bf16"), never_stop)
-    finally:
-        executor.close()
-    assert getattr(raised.value, "kind", None) == "oom", raised.value
+    fault, result, workers = _a_fault_then_a_trial(
+        wide,
+        tmp_path,
+        cuda_config(batch_size=4096, precision="fp32"),
+        cuda_config(batch_size=64, precision="bf16"),
+    )
+    assert getattr(fault, "kind", None) == "oom", fault
     assert result.memory_left_bytes is None and 0.0 <= result.score <= 1.0
-    assert len(executor.started_pids) == 1
+    assert workers == 1
 
 
 def test_a_dozen_trials_in_one_worker_give_their_device_memory_back(tmp_path: Path):

@@ -146,6 +146,27 @@ def test_nonfinite_loss_is_a_named_fault():
     assert "training loss is nan" in caught.value.message
 
 
+def test_labels_past_the_logits_are_the_trials_error_and_the_next_trial_trains():
+    """A loss that indexes past the logits is a kernel fault: on a GPU a device-side assert
+    that breaks the CUDA context (tests/test_gpu.py), here an IndexError. Either is the
+    configuration's error, said in torch's words, not a crash."""
+    from autotune.spec import WorkloadSpec
+    from autotune.workloads import load
+
+    workload = load(
+        WorkloadSpec(
+            model="autotune.testing:tiny_cnn",
+            model_args={"one_logit_at_batch": 16},
+            data="shapes",
+            data_args={"n_train": 64, "n_val": 32},
+        )
+    )
+    with pytest.raises(TrialFault) as caught:
+        train(make_config(batch_size=16), workload, never_stop)
+    assert caught.value.kind == "error" and "out of bounds" in caught.value.message
+    assert 0.0 <= train(make_config(batch_size=32), workload, never_stop).score <= 1.0
+
+
 def test_batch_larger_than_the_data_is_an_invalid_config():
     with pytest.raises(TrialFault) as caught:
         train(make_config(batch_size=512), blobs_workload(), never_stop)

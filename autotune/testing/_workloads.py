@@ -284,10 +284,20 @@ def tiny_mlp(
     return nn.Sequential(*layers)
 
 
-def tiny_cnn(num_classes: int, input_shape: tuple[int, ...], width: int = 16) -> nn.Module:
-    """Two 3x3 convolutions, global average pooling and a linear classifier: small images fast."""
+def tiny_cnn(
+    num_classes: int,
+    input_shape: tuple[int, ...],
+    width: int = 16,
+    one_logit_at_batch: int | None = None,
+) -> nn.Module:
+    """Two 3x3 convolutions, global average pooling and a linear classifier: small images fast.
+
+    ``one_logit_at_batch``: training batches of that size get one logit per sample instead of
+    ``num_classes``, so that every label past 0 indexes past the logits: a real kernel fault
+    in the loss (a device-side assert on a GPU, which leaves its CUDA context unusable; an
+    IndexError on a CPU)."""
     channels = input_shape[0]
-    return nn.Sequential(
+    model = nn.Sequential(
         nn.Conv2d(channels, width, 3, padding=1),
         nn.ReLU(),
         nn.MaxPool2d(2),
@@ -297,6 +307,15 @@ def tiny_cnn(num_classes: int, input_shape: tuple[int, ...], width: int = 16) ->
         nn.Flatten(),
         nn.Linear(2 * width, num_classes),
     )
+    if one_logit_at_batch is not None:
+
+        def narrow(module: nn.Module, args: object, logits: torch.Tensor) -> torch.Tensor:
+            if module.training and logits.shape[0] == one_logit_at_batch:
+                return logits[:, :1]
+            return logits
+
+        model.register_forward_hook(narrow)
+    return model
 
 
 _LEAKED: list[torch.Tensor] = []  # leaky_cnn's device memory, alive for the process's life
