@@ -723,6 +723,27 @@ def test_a_precision_far_behind_at_its_first_cell_times_one_setting_in_the_other
     assert close.far_behind(Cell(32, "bf16")) is None
 
 
+def test_a_compile_mode_stopped_or_failed_at_a_cell_is_not_tried_after_it_saying_which():
+    """A mode stopped at the compile limit was still compiling, not broken: the reason given
+    for leaving it out of the later cells says so; one whose compile failed says that."""
+    from autotune.study._speed_rules import CellResult, LeftOut
+
+    spec = restrict(parse_spec(two_stage(), Path("space.yaml")), CPU).spec
+    rules = LeftOut(spec)
+    eager = (("compile", "none"),)
+    results = [
+        CellResult(eager, 1000.0, None, None),
+        CellResult((("compile", "max-autotune"),), None, None, "trial_timeout"),
+        CellResult((("compile", "default"),), None, None, "compile_error"),
+    ]
+    rules.learn(Cell(16, "fp32"), results)
+    assert rules.dropped_modes["max-autotune"] == (
+        "not tried: compile max-autotune was still compiling at batch 16, fp32 when it could "
+        "no longer pay back over the full run"
+    )
+    assert rules.dropped_modes["default"] == "not tried: compile default failed at batch 16, fp32"
+
+
 def test_channels_last_no_faster_under_a_compile_mode_is_not_tried_in_later_cells():
     from autotune.study._speed_rules import CellResult, LeftOut
 

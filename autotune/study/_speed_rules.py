@@ -263,16 +263,21 @@ class LeftOut:
         charges it all) even at the best speed-up over eager seen so far and at the slowest
         eager epoch seen, and each mode that failed to compile in every setting of ``cell``."""
         by_mode: dict[str, list[SpeedMeasurement]] = {}
-        failed: set[str] = set()
+        failed: dict[str, str] = {}  # mode -> its fault kind
         for result in results:
             if result.measurement is not None:
                 by_mode.setdefault(_mode(result.settings), []).append(result.measurement)
             elif result.fault_kind in _COMPILE_FAULTS and _mode(result.settings) != "none":
-                failed.add(_mode(result.settings))  # (a timeout: stopped at compile_limit)
-        for mode in sorted(failed - set(by_mode)):
-            self.dropped_modes.setdefault(
-                mode, f"not tried: compile {mode} failed at {cell.label()}"
-            )
+                failed[_mode(result.settings)] = result.fault_kind
+        for mode in sorted(set(failed) - set(by_mode)):
+            if failed[mode] == FaultKind.TRIAL_TIMEOUT.value:  # stopped at compile_limit
+                reason = (
+                    f"not tried: compile {mode} was still compiling at {cell.label()} when it "
+                    f"could no longer pay back over the full run"
+                )
+            else:
+                reason = f"not tried: compile {mode} failed at {cell.label()}"
+            self.dropped_modes.setdefault(mode, reason)
         if "none" not in by_mode:
             return
         eager = min(m.epoch_seconds() for m in by_mode["none"])
