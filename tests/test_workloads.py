@@ -434,3 +434,34 @@ def test_the_spec_knows_the_built_in_model_families():
     spec = WorkloadSpec(model="torchvision:resnet18", data="proj.data:load", loss="proj:loss")
     assert spec.user_entry_points() == ["proj.data:load", "proj:loss"]
     assert WorkloadSpec(model="proj:net", data="digits").user_entry_points() == ["proj:net"]
+
+
+def test_a_built_in_is_imported_only_when_a_workload_names_it():
+    """scikit-learn and torchvision take seconds to import: a process that loads the user's own
+    workload (every worker of such a study) never imports them; naming a built-in does."""
+    import subprocess
+
+    program = textwrap.dedent(
+        """
+        import sys
+        import autotune.worker
+        from autotune.spec import WorkloadSpec
+        from autotune.workloads import load
+
+        def imported():
+            return [name for name in ("sklearn", "torchvision") if name in sys.modules]
+
+        load(WorkloadSpec(model="autotune.testing:tiny_mlp", data="autotune.testing:blobs"))
+        print(imported())
+        load(WorkloadSpec(model="digits_cnn", data="digits"))
+        print(imported())
+        load(WorkloadSpec(model="torchvision:resnet18", data="shapes",
+                          data_args={"n_train": 4, "n_val": 4}))
+        print(imported())
+        """
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=300
+    )
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.split("\n")[:3] == ["[]", "['sklearn']", "['sklearn', 'torchvision']"]

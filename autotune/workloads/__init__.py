@@ -12,7 +12,6 @@ and ``input_shape`` when it declares those parameters) and returns an ``nn.Modul
 layout, and ``WholeBatches``, what a Trainer needs to take a batch as the DataLoader gives it.
 """
 
-from autotune.workloads import digits, models, vision
 from autotune.workloads._check import user_frame
 from autotune.workloads._load import load, loss_function, model_kwargs
 from autotune.workloads._registry import (
@@ -36,13 +35,15 @@ from autotune.workloads._reuse import (
     study_workload,
 )
 
-register_dataset("digits")(digits.digits)
-register_dataset("shapes")(vision.shapes)
-register_dataset("cifar10")(vision.cifar10)
-register_dataset("imagefolder")(vision.imagefolder)
-register_model("digits_cnn")(digits.digits_cnn)
-register_model("mlp")(models.mlp)
-MODEL_FAMILIES["torchvision"] = vision.torchvision_model
+# the built-ins, imported when a workload names one (digits needs scikit-learn, the image
+# workloads torchvision: seconds of imports that a study of the user's own model never pays)
+DATASETS["digits"] = "autotune.workloads.digits:digits"
+DATASETS["shapes"] = "autotune.workloads.vision:shapes"
+DATASETS["cifar10"] = "autotune.workloads.vision:cifar10"
+DATASETS["imagefolder"] = "autotune.workloads.vision:imagefolder"
+MODELS["digits_cnn"] = "autotune.workloads.digits:digits_cnn"
+MODELS["mlp"] = "autotune.workloads.models:mlp"
+MODEL_FAMILIES["torchvision"] = "autotune.workloads.vision:torchvision_model"
 
 __all__ = [
     "DATASETS",

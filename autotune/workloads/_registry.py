@@ -30,10 +30,13 @@ from autotune.workloads.scoring import (
 ModelFn = Callable[..., nn.Module]
 DataFn = Callable[..., Any]
 
-MODELS: dict[str, ModelFn] = {}
-DATASETS: dict[str, DataFn] = {}
+# A registry maps a name to its function, or, for autotune's built-ins, to the function's
+# "module:name", imported the first time a workload names it: scikit-learn and torchvision take
+# seconds to import, and a process that trains a user's model (every worker) need not pay them.
+MODELS: dict[str, ModelFn | str] = {}
+DATASETS: dict[str, DataFn | str] = {}
 # "family:name" models: the family's function gets the name as its first argument
-MODEL_FAMILIES: dict[str, ModelFn] = {}
+MODEL_FAMILIES: dict[str, ModelFn | str] = {}
 
 
 class WorkloadError(UserError):
@@ -123,6 +126,14 @@ def register_dataset(name: str) -> Callable[[DataFn], DataFn]:
     return add
 
 
+def _loaded(entry: Callable[..., Any] | str) -> Callable[..., Any]:
+    """A registry's entry as its function: a built-in's "module:name" imported."""
+    if callable(entry):
+        return entry
+    module_name, _, name = entry.partition(":")
+    return getattr(importlib.import_module(module_name), name)
+
+
 def _import_entry_point(entry: str, what: str, search_dirs: list[Path]) -> Callable[..., Any]:
     module_name, _, attribute = entry.partition(":")
     if not module_name or not attribute:
@@ -154,11 +165,14 @@ def _import_entry_point(entry: str, what: str, search_dirs: list[Path]) -> Calla
     return fn
 
 
-def builtin_family(name: str, registry: dict[str, Callable[..., Any]]) -> tuple[Any, str] | None:
+Registry = dict[str, Callable[..., Any] | str]
+
+
+def builtin_family(name: str, registry: Registry) -> tuple[Any, str] | None:
     """(family function, member name) when ``name`` is a built-in ``family:member`` model."""
     family, _, member = name.partition(":")
     if registry is MODELS and family in MODEL_FAMILIES and member:
-        return MODEL_FAMILIES[family], member
+        return _loaded(MODEL_FAMILIES[family]), member
     return None
 
 
@@ -170,7 +184,7 @@ def user_entry_points(spec: WorkloadSpec) -> list[str]:
 
 
 def _resolve(
-    name: str, registry: dict[str, Callable[..., Any]], what: str, search_dirs: list[Path]
+    name: str, registry: Registry, what: str, search_dirs: list[Path]
 ) -> Callable[..., Any]:
     found = builtin_family(name, registry)
     if found is not None:
@@ -178,7 +192,7 @@ def _resolve(
     if ":" in name:
         return _import_entry_point(name, what, search_dirs)
     if name in registry:
-        return registry[name]
+        return _loaded(registry[name])
     close = difflib.get_close_matches(name, list(registry), n=1)
     hint = f"did you mean '{close[0]}'? " if close else ""
     families = [f"{family}:<name>" for family in MODEL_FAMILIES] if registry is MODELS else []
@@ -191,8 +205,10 @@ def _resolve(
 def is_builtin(fn: Callable[..., Any]) -> bool:
     """Whether ``fn`` is one of autotune's own model or data functions (not the user's code)."""
     target = fn.func if isinstance(fn, functools.partial) else fn
+    where = f"{getattr(target, '__module__', '')}:{getattr(target, '__qualname__', '')}"
     return any(
-        target is f for f in (*MODELS.values(), *DATASETS.values(), *MODEL_FAMILIES.values())
+        target is entry or where == entry
+        for entry in (*MODELS.values(), *DATASETS.values(), *MODEL_FAMILIES.values())
     )
 
 
