@@ -319,7 +319,9 @@ def test_the_same_bug_everywhere_stops_the_study(tmp_path: Path, run):
 @pytest.mark.slow
 def test_a_hanging_trial_is_killed_with_its_dataloader_workers(tmp_path: Path, run):
     text = space(
-        model_args="{hang_at_step: 3}",
+        # the trial's 4th step, with its DataLoader worker running (the warm-up's 3 steps,
+        # on a model of their own and without DataLoader workers, pass)
+        model_args="{hang_at_step: 4}",
         knobs={"num_workers": "1", "persistent_workers": "true"},
         n_trials=2,
     )
@@ -342,7 +344,7 @@ def test_a_hanging_trial_is_killed_with_its_dataloader_workers(tmp_path: Path, r
 def test_a_timeout_while_other_processes_take_the_cores_is_not_held_against_the_trial(
     tmp_path: Path, run
 ):
-    text = space(model_args="{hang_at_step: 3}", n_trials=1, timeout=1)  # one trial, then stop
+    text = space(model_args="{hang_at_step: 4}", n_trials=1, timeout=1)  # one trial, then stop
     # busy loops outside this process tree (a child of the study would count as its own)
     burn = f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"
     burners = [

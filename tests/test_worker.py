@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,28 @@ def test_worker_and_in_process_isolation_give_the_same_results(tmp_path: Path, p
     for a, b in zip(worker.study.trials, local.study.trials, strict=True):
         assert a.params == b.params
         assert a.user_attrs["score_curve"] == b.user_attrs["score_curve"]
+
+
+@pytest.mark.slow
+def test_a_fresh_workers_warm_up_is_timed_apart_from_the_trials_timeout():
+    """A fresh worker first pays its one-time costs (torch's lazy imports, the first kernels:
+    seconds, on a GPU its CUDA context), then trains: each against the trial's timeout on its
+    own, so a timeout that fits the trial does not kill the first trial of every worker."""
+    workload = WorkloadSpec(
+        model="autotune.testing:tiny_mlp",
+        data="autotune.testing:blobs",
+        model_args={"step_delay_seconds": 0.5},  # the warm-up's 3 steps and the trial's 8
+    )
+    executor = WorkerExecutor(workload, None, trial_timeout=6.0)
+    try:
+        executor.start()  # imports and the workload: before any clock
+        started = time.monotonic()
+        result = executor.run(make_config(epochs=1.0), lambda evaluation: False)
+        took = time.monotonic() - started
+    finally:
+        executor.close()
+    assert result.evaluations[-1].final and result.optimizer_steps == 8
+    assert took > 6.0  # the warm-up and the trial together: past the timeout of either
 
 
 @pytest.mark.slow

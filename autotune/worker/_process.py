@@ -32,6 +32,7 @@ from autotune.worker._protocol import (
     StartFailed,
     StopOrGoOn,
     ToWorker,
+    Warmed,
 )
 
 if TYPE_CHECKING:
@@ -120,12 +121,13 @@ def _serve(
                     measured = ranks.measure(config, message.plan)
                 else:
                     result = ranks.train(config, report)
-            elif isinstance(message, MeasureSpeed):
-                warmth.before(config, workload)  # what this process pays once: not on a clock
-                measured = bursts.measure(config, workload, message.plan)
-            else:
+            else:  # what this process pays once is on no clock, the trial's timeout included
                 warmth.before(config, workload)
-                result = runner.train(config, workload, report)
+                connection.send(Warmed())
+                if isinstance(message, MeasureSpeed):
+                    measured = bursts.measure(config, workload, message.plan)
+                else:
+                    result = runner.train(config, workload, report)
         except Exception as error:
             fault, fresh = as_fault(error), needs_fresh_process(error)
             del error

@@ -3,8 +3,8 @@ nothing else crosses it.
 
     study -> worker   RunTrial, then a StopOrGoOn after each Evaluated; or MeasureSpeed;
                       Exit when idle
-    worker -> study   Ready or StartFailed once; per trial Evaluated..., then Finished or
-                      Faulted; per speed measurement Measured or Faulted
+    worker -> study   Ready or StartFailed once; per trial Warmed, Evaluated..., then Finished
+                      or Faulted; per speed measurement Warmed, then Measured or Faulted
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ __all__ = [
     "StartFailed",
     "StopOrGoOn",
     "ToWorker",
+    "Warmed",
 ]
 
 
@@ -73,6 +74,13 @@ class StartFailed:
 
 
 @dataclass(frozen=True)
+class Warmed:
+    """worker -> study: the process has paid its one-time costs for the request (``Warmth``:
+    its first kernels, the compiler's machinery); the request's own work, and its clock, start
+    now."""
+
+
+@dataclass(frozen=True)
 class Evaluated:
     """worker -> study: an evaluation of the running trial; a StopOrGoOn must answer it."""
 
@@ -108,5 +116,5 @@ class Faulted:
 
 
 ToWorker = RunTrial | MeasureSpeed | StopOrGoOn | Exit
-FromWorker = Ready | StartFailed | Evaluated | Finished | Measured | Faulted
+FromWorker = Ready | StartFailed | Warmed | Evaluated | Finished | Measured | Faulted
 Request = RunTrial | MeasureSpeed

@@ -37,6 +37,7 @@ from autotune.worker._protocol import (
     RunTrial,
     StartFailed,
     StopOrGoOn,
+    Warmed,
 )
 
 __all__ = ["SCRATCH_PREFIX", "WorkerExecutor", "remove_orphaned_scratch"]
@@ -229,17 +230,22 @@ class WorkerExecutor:
         limit: float | None,
     ) -> TrialResult | SpeedMeasurement | TrialFault:
         """Send the request, answer its evaluations, and return how it ended; past ``limit``
-        seconds (the time it waited for its evaluations' answers not counted) it is killed."""
+        seconds it is killed. Neither the process's one-time warm-up (which has a ``limit`` of
+        its own) nor the time it waited for its evaluations' answers is counted."""
         assert self._connection is not None
         connection = self._connection
+        warming = True  # until Warmed: the warm-up is timed apart, against the same limit
         try:
             connection.send(request)
             while True:
                 if not connection.poll(POLL_SECONDS):
-                    self._check_alive_and_on_time(started, meter, limit)
+                    self._check_alive_and_on_time(started, meter, limit, warming)
                     continue
                 message: FromWorker = connection.recv()
-                if isinstance(message, Evaluated):
+                if isinstance(message, Warmed):
+                    warming = False
+                    started = time.monotonic()  # the process's one-time costs: not the trial's
+                elif isinstance(message, Evaluated):
                     asked = time.monotonic()
                     stop = report(message.evaluation)
                     # the worker waited for the answer (a database that restarts): not its time
@@ -277,7 +283,7 @@ class WorkerExecutor:
             raise
 
     def _check_alive_and_on_time(
-        self, started: float, meter: CpuMeter, limit: float | None
+        self, started: float, meter: CpuMeter, limit: float | None, warming: bool = False
     ) -> None:
         assert self._process is not None
         if not self._process.is_alive():
@@ -290,8 +296,9 @@ class WorkerExecutor:
         if limit is not None and time.monotonic() - started > limit:
             share = meter.so_far()  # before the kill: the trial's own processes still count
             self._kill()
+            phase = " (still warming up: the process's first steps)" if warming else ""
             killed = (
-                f"no result after {round(limit, 1):g} s; the worker and its DataLoader "
+                f"no result after {round(limit, 1):g} s{phase}; the worker and its DataLoader "
                 f"workers were killed"
             )
             if share is not None and share.interfered:
