@@ -8,11 +8,15 @@ escapes is a bug, and keeps its traceback.
 
 from __future__ import annotations
 
-__all__ = ["ReportFailed", "UserError"]
+__all__ = ["ReportFailed", "UserError", "WorkerError"]
 
 
 class UserError(Exception):
     """A problem the user can fix (a file, an argument, the machine): shown as one line."""
+
+
+class WorkerError(UserError):
+    """The worker could not start (e.g. the workload fails to load there)."""
 
 
 class ReportFailed(Exception):

@@ -15,18 +15,14 @@ from typing import Protocol, TypeVar
 from autotune import bursts, distributed, runner
 from autotune.config import TrialConfig
 from autotune.distributed import WorkloadSource
-from autotune.errors import ReportFailed, UserError
+from autotune.errors import ReportFailed, UserError, WorkerError
 from autotune.faults import TrialFault, as_fault, needs_fresh_process, release_memory
 from autotune.results import Reporter, TrialResult
 from autotune.speed import BurstPlan, SpeedMeasurement
 from autotune.warmup import Warmth
 from autotune.workloads import Workload
 
-__all__ = ["InProcessExecutor", "TrialExecutor", "WorkerError", "attempt"]
-
-
-class WorkerError(UserError):
-    """The worker could not start (e.g. the workload fails to load there)."""
+__all__ = ["InProcessExecutor", "TrialExecutor", "attempt"]
 
 
 class TrialExecutor(Protocol):

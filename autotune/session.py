@@ -2,9 +2,9 @@
 describes, its stages and then its confirmation round, and returns a ``RunReport`` that says how
 it ended, in the words ``autotune run`` prints.
 
-A notebook or a scheduler calls ``run``; ``autotune run`` calls the same steps (``load_run_spec``,
-``prepare``, ``executor_for``, ``confirm_answer``, ``ending``) with its live display, its workers
-and its exit statuses around them. Nothing here prints.
+A notebook or a scheduler calls ``run``; ``autotune run`` calls the same steps
+(``load_run_spec``, ``launch_worker``, ``prepare``, ``executor_for``, ``confirm_answer``,
+``ending``) with its display, its workers and its exit statuses around them. Nothing prints.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from autotune.export import BestConfig
     from autotune.hardware import Hardware
     from autotune.study import Patience, RunOutcome, StudyObserver
+    from autotune.worker import WorkerExecutor
     from autotune.workloads import Workload
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "confirm_answer",
     "ending",
     "executor_for",
+    "launch_worker",
     "load_run_spec",
     "prepare",
     "run",
@@ -135,18 +137,38 @@ def prepare(
     return Prepared(spec, hardware, workload, dropped, study, storage.patience)
 
 
-def executor_for(prepared: Prepared, base_dir: Path, verbose: bool = False) -> TrialExecutor:
+def launch_worker(spec: Spec, base_dir: Path, verbose: bool = False) -> WorkerExecutor | None:
+    """The study's worker process (``isolation: worker``; else None), started now: its imports
+    and workload overlap ``prepare`` here. Hand it to ``executor_for``, or close it."""
+    if spec.study.isolation != "worker":
+        return None
+    from autotune.worker import WorkerExecutor
+
+    worker = WorkerExecutor.of(spec, base_dir, verbose)
+    worker.launch()
+    return worker
+
+
+def executor_for(
+    prepared: Prepared,
+    base_dir: Path,
+    verbose: bool = False,
+    launched: WorkerExecutor | None = None,
+) -> TrialExecutor:
     """What trains the study's trials: a supervised worker process (``study.isolation:
-    worker``, which loads the workload itself) or this process (``none``)."""
+    worker``, which loads the workload itself; ``launched``, the one ``launch_worker`` started,
+    unless the prepared spec asks for another) or this process (``none``)."""
     from autotune.distributed import WorkloadSource
     from autotune.executor import InProcessExecutor
     from autotune.worker import WorkerExecutor
 
     spec = prepared.spec
     if spec.study.isolation == "worker":
-        return WorkerExecutor(
-            spec.workload, base_dir, spec.study.trial_timeout, verbose, score=spec.objective.score
-        )
+        wanted = WorkerExecutor.of(spec, base_dir, verbose)
+        if launched is not None and not launched.serves(wanted):
+            launched.close()  # restriction resolves the device, which loading does not read
+            launched = None
+        return launched or wanted
     source = WorkloadSource(spec.workload, base_dir, spec.objective.score)
     return InProcessExecutor(prepared.workload, source=source)
 
@@ -341,9 +363,15 @@ def run(
     if base_dir is None:
         base_dir = Path(space).parent if not isinstance(space, Spec) else Path.cwd()
     base_dir = Path(base_dir)
-    prepared = prepare(spec, base_dir, new_study=new_study)
+    launched = launch_worker(spec, base_dir)
+    try:
+        prepared = prepare(spec, base_dir, new_study=new_study)
+    except BaseException:
+        if launched is not None:
+            launched.close()
+        raise
     spec, study = prepared.spec, prepared.study
-    executor = executor_for(prepared, base_dir)
+    executor = executor_for(prepared, base_dir, launched=launched)
     confirmed = False
     try:
         outcome = studies.run_study(

@@ -91,13 +91,17 @@ def test_run_then_best_then_resume(tmp_path: Path):
 )
 def test_user_errors_are_one_line_exit_2_and_create_nothing(tmp_path: Path, text, expected):
     space = write_space(tmp_path, text=text, name="bad.yaml")
-    done = run_cli("run", str(space), cwd=tmp_path)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    done = run_cli("run", str(space), cwd=tmp_path, env={"TMPDIR": str(scratch)})
     assert done.returncode == 2
     assert "Traceback" not in done.stderr + done.stdout
     lines = done.stderr.strip().splitlines()
     # one line at any terminal width (a subprocess's console is 80 columns): never wrapped
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines
     assert not (tmp_path / "studies").exists()
+    # the worker started while the workload was checked here went, with its scratch folder
+    assert not list(scratch.glob("autotune-worker-*"))
 
 
 def test_missing_file_and_unknown_study(tmp_path: Path):

@@ -90,3 +90,31 @@ def test_trials_that_all_fail_end_the_run_failed_with_the_commands_line(tmp_path
     assert report.ending.lines[0].startswith("no trial of the study trained to its end")
     study = optuna.load_study(study_name="library", storage=f"sqlite:///{tmp_path / 'n.db'}")
     assert all(TrialRecord.of(t).fail_kind for t in study.get_trials(states=(TrialState.FAIL,)))
+
+
+def test_the_worker_starts_before_the_study_process_imports_torch(tmp_path: Path):
+    """The worker's imports and its copy of the workload overlap the study process's own: it is
+    launched before this process imports torch, and ``executor_for`` trains in it."""
+    import subprocess
+    import sys
+
+    space = write_space(tmp_path, n_trials=1)
+    program = f"""
+import sys
+from pathlib import Path
+from autotune import session
+
+spec = session.load_run_spec(Path({str(space)!r}))
+worker = session.launch_worker(spec, Path.cwd())
+print("torch" in sys.modules)
+prepared = session.prepare(spec, Path.cwd())
+executor = session.executor_for(prepared, Path.cwd(), launched=worker)
+worker.start()  # ready: it imported and loaded the workload meanwhile
+print(executor is worker, len(worker.started_pids))
+executor.close()
+"""
+    found = subprocess.run(
+        [sys.executable, "-c", program], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.splitlines() == ["False", "True 1"]

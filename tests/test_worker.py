@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from autotune import distributed
-from autotune.executor import WorkerError
+from autotune.errors import WorkerError
 from autotune.spec import WorkloadSpec
 from autotune.testing import (
     assert_trials_recorded,

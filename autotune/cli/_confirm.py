@@ -116,7 +116,8 @@ def confirm(
     from autotune import display, export
     from autotune import study as studies
     from autotune.distributed import WorkloadSource
-    from autotune.executor import InProcessExecutor, WorkerError
+    from autotune.errors import WorkerError
+    from autotune.executor import InProcessExecutor
     from autotune.hardware import detect
     from autotune.study import adapter
     from autotune.worker import WorkerExecutor

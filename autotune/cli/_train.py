@@ -144,11 +144,14 @@ def run(
         if not scaleout.stop_with_parent():
             raise fail("worker 1 of this study is gone: this worker does not start", EXIT_FAILED)
 
+    # the worker first: its imports and its copy of the workload overlap this process's own
+    launched = session.launch_worker(spec, space_file.parent, verbose)
+
     from rich.live import Live
 
     from autotune import display
     from autotune import study as studies
-    from autotune.executor import WorkerError
+    from autotune.errors import WorkerError
     from autotune.hardware import detect
     from autotune.worker import WorkerExecutor
 
@@ -164,8 +167,12 @@ def run(
         prepared = session.prepare(
             spec, space_file.parent, new_study=new_study, cpu_share=cpu_share
         )
-    except UserError as err:
-        raise fail(str(err).splitlines()) from None
+    except BaseException as err:
+        if launched is not None:
+            launched.close()
+        if isinstance(err, UserError):
+            raise fail(str(err).splitlines()) from None
+        raise
     spec, study, hardware, workload = (
         prepared.spec,
         prepared.study,
@@ -194,7 +201,7 @@ def run(
     else:
         assert share is not None
         console.print(f"{share.describe()} of study {study.study_name}", markup=False)
-    executor = session.executor_for(prepared, space_file.parent, verbose)
+    executor = session.executor_for(prepared, space_file.parent, verbose, launched)
     progress = display.live_progress(console)
     previous_handler = signal.signal(signal.SIGTERM, raise_terminated)
     confirmed = False

@@ -21,8 +21,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune import objective, space
 from autotune.config import TrialConfig
-from autotune.errors import ReportFailed
-from autotune.executor import TrialExecutor, WorkerError, attempt
+from autotune.errors import ReportFailed, WorkerError
+from autotune.executor import TrialExecutor, attempt
 from autotune.faults import FaultKind, TrialFault
 from autotune.hardware import Hardware
 from autotune.results import Evaluation, TrialResult

@@ -16,11 +16,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune import bursts, distributed, runner
 from autotune.faults import MemoryWatch, as_fault, needs_fresh_process, release_memory
 from autotune.results import Evaluation
 from autotune.spec import WorkloadSpec
-from autotune.warmup import Warmth
 from autotune.worker._protocol import (
     Evaluated,
     Faulted,
@@ -36,6 +34,8 @@ from autotune.worker._protocol import (
 )
 
 if TYPE_CHECKING:
+    from autotune import distributed
+    from autotune.warmup import Warmth
     from autotune.workloads import Workload
 
 __all__ = ["parent_start_method", "worker_main"]
@@ -79,7 +79,10 @@ def worker_main(
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
         warnings.filterwarnings("ignore", message="This DataLoader will create")
 
-    from autotune import workloads
+    # torch and the training code: imported here, in the worker, so that the study process
+    # starts it before importing them itself (``WorkerExecutor.launch``)
+    from autotune import distributed, workloads
+    from autotune.warmup import Warmth
 
     try:
         workload = workloads.load(workload_spec, base_dir, score)
@@ -100,6 +103,8 @@ def _serve(
     connection: Connection, workload: Workload, warmth: Warmth, ranks: distributed.RankPool
 ) -> None:
     """The worker's loop: one request (a trial, a speed measurement) after another."""
+    from autotune import bursts, runner
+
     watch = MemoryWatch()  # device memory back after each request, or a fresh process
     while True:
         try:

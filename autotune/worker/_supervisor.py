@@ -17,13 +17,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from autotune.config import TrialConfig
-from autotune.executor import WorkerError
+from autotune.errors import WorkerError
 from autotune.faults import FaultKind, TrialFault, describe_exit
 from autotune.interference import CpuMeter
 from autotune.results import Evaluation, Reporter, TrialResult
-from autotune.spec import WorkloadSpec
+from autotune.spec import Spec, WorkloadSpec
 from autotune.speed import BurstPlan, SpeedMeasurement
-from autotune.trainer import cudnn_plans_differ
 from autotune.worker._process import parent_start_method, worker_main
 from autotune.worker._protocol import (
     Evaluated,
@@ -99,10 +98,16 @@ class WorkerExecutor:
         self._scratch: str | None = None  # the current worker's temporary directory
         self.scratch_dirs: list[str] = []  # every worker's, in order (removed with it)
         self._ran: TrialConfig | None = None  # what the current worker ran last
+        self._starting = False  # launched, and not yet known to be ready
 
     # -- the worker's life ------------------------------------------------------------------
 
     def _start(self) -> None:
+        self._launch()
+        self._await_start()
+
+    def _launch(self) -> None:
+        """Start the worker process; it imports torch and loads the workload meanwhile."""
         parent, child = self._context.Pipe()
         process = self._context.Process(
             target=worker_main,
@@ -127,6 +132,12 @@ class WorkerExecutor:
         if process.pid is not None:
             self.started_pids.append(process.pid)
         self._process, self._connection = process, parent
+        self._starting = True
+
+    def _await_start(self) -> None:
+        """Wait for the launched worker to say it is ready; WorkerError when it cannot be."""
+        process, parent = self._process, self._connection
+        assert process is not None and parent is not None
         try:
             deadline = time.monotonic() + START_TIMEOUT_SECONDS
             while not parent.poll(POLL_SECONDS):
@@ -140,6 +151,7 @@ class WorkerExecutor:
             message: FromWorker = parent.recv()
             if isinstance(message, StartFailed):
                 raise WorkerError(message.message)
+            self._starting = False
         except BaseException:  # including Ctrl-C while torch imports in the worker
             self._kill()
             raise
@@ -160,6 +172,7 @@ class WorkerExecutor:
         remove its temporary directory."""
         process, self._process = self._process, None
         self._ran = None
+        self._starting = False
         if self._connection is not None:
             self._connection.close()
             self._connection = None
@@ -175,8 +188,8 @@ class WorkerExecutor:
             self._scratch = None
 
     def close(self) -> None:
-        """Ask an idle worker to exit; kill it if it does not."""
-        if self._process is not None and self._connection is not None:
+        """Ask an idle worker to exit; kill it if it does not (or is still starting)."""
+        if self._process is not None and self._connection is not None and not self._starting:
             with contextlib.suppress(OSError):
                 self._connection.send(Exit())
             self._process.join(timeout=5)
@@ -188,6 +201,35 @@ class WorkerExecutor:
         if self._process is None or not self._process.is_alive():
             self._kill()
             self._start()
+        elif self._starting:
+            self._await_start()
+
+    @classmethod
+    def of(cls, spec: Spec, base_dir: Path | None, verbose: bool = False) -> WorkerExecutor:
+        """The worker a study of ``spec`` trains in (its workload, score and trial timeout)."""
+        return cls(
+            spec.workload, base_dir, spec.study.trial_timeout, verbose, spec.objective.score
+        )
+
+    def serves(self, other: WorkerExecutor) -> bool:
+        """Whether this worker runs trials as ``other`` would: the same workload (its device
+        aside, which loading it does not read: each trial's configuration names its own),
+        score, folder, timeout and verbosity."""
+        return self.workload.model_copy(
+            update={"device": other.workload.device}
+        ) == other.workload and (self.score, self.base_dir, self.trial_timeout, self.verbose) == (
+            other.score,
+            other.base_dir,
+            other.trial_timeout,
+            other.verbose,
+        )
+
+    def launch(self) -> None:
+        """Start the worker process and return at once: its imports and its copy of the
+        workload overlap what this process does meanwhile (``prepare``: loading and checking
+        the same workload). The first request, or ``start``, waits for it to be ready."""
+        if self._process is None:
+            self._launch()
 
     # -- one trial ----------------------------------------------------------------------------
 
@@ -204,11 +246,15 @@ class WorkerExecutor:
         return outcome
 
     def _supervise(self, request: Request, report: Reporter) -> TrialResult | SpeedMeasurement:
+        from autotune.trainer import cudnn_plans_differ  # torch: not before the worker starts
+
         if self._ran is not None and cudnn_plans_differ(self._ran, request.config):
             self._kill()  # a fresh process: a cuDNN plan cache of its own
         if self._process is None or not self._process.is_alive():
             self._kill()
             self._start()
+        elif self._starting:  # launched ahead: ready by now, or soon
+            self._await_start()
         assert self._process is not None and self._connection is not None
         self._ran = request.config
         started = time.monotonic()
