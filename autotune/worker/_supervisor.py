@@ -215,14 +215,10 @@ class WorkerExecutor:
         """Whether this worker runs trials as ``other`` would: the same workload (its device
         aside, which loading it does not read: each trial's configuration names its own),
         score, folder, timeout and verbosity."""
-        return self.workload.model_copy(
-            update={"device": other.workload.device}
-        ) == other.workload and (self.score, self.base_dir, self.trial_timeout, self.verbose) == (
-            other.score,
-            other.base_dir,
-            other.trial_timeout,
-            other.verbose,
-        )
+        workload = self.workload.model_copy(update={"device": other.workload.device})
+        settings = (self.score, self.base_dir, self.trial_timeout, self.verbose)
+        wanted = (other.score, other.base_dir, other.trial_timeout, other.verbose)
+        return workload == other.workload and settings == wanted
 
     def launch(self) -> None:
         """Start the worker process and return at once: its imports and its copy of the
@@ -329,7 +325,7 @@ class WorkerExecutor:
             raise
 
     def _check_alive_and_on_time(
-        self, started: float, meter: CpuMeter, limit: float | None, warming: bool = False
+        self, started: float, meter: CpuMeter, limit: float | None, warming: bool
     ) -> None:
         assert self._process is not None
         if not self._process.is_alive():

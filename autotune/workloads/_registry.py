@@ -126,14 +126,6 @@ def register_dataset(name: str) -> Callable[[DataFn], DataFn]:
     return add
 
 
-def _loaded(entry: Callable[..., Any] | str) -> Callable[..., Any]:
-    """A registry's entry as its function: a built-in's "module:name" imported."""
-    if callable(entry):
-        return entry
-    module_name, _, name = entry.partition(":")
-    return getattr(importlib.import_module(module_name), name)
-
-
 def _import_entry_point(entry: str, what: str, search_dirs: list[Path]) -> Callable[..., Any]:
     module_name, _, attribute = entry.partition(":")
     if not module_name or not attribute:
@@ -166,6 +158,11 @@ def _import_entry_point(entry: str, what: str, search_dirs: list[Path]) -> Calla
 
 
 Registry = dict[str, Callable[..., Any] | str]
+
+
+def _loaded(entry: Callable[..., Any] | str) -> Callable[..., Any]:
+    """A registry's entry as its function: a built-in's "module:function" imported."""
+    return entry if callable(entry) else _import_entry_point(entry, "built-in", [])
 
 
 def builtin_family(name: str, registry: Registry) -> tuple[Any, str] | None:
