@@ -38,6 +38,7 @@ class FaultKind(StrEnum):
     """Why a trial did not complete; stored as the trial's ``fail_kind`` attribute (its value)."""
 
     PRUNED = "pruned"
+    CANNOT_WIN = "cannot_win"
     OOM = "oom"
     NONFINITE_LOSS = "nonfinite_loss"
     DIVERGED = "diverged"
@@ -65,6 +66,8 @@ class FaultKind(StrEnum):
 
 KINDS: dict[FaultKind, str] = {
     FaultKind.PRUNED: "stopped early by the pruner: it was behind other trials at the same point",
+    FaultKind.CANNOT_WIN: "stopped early: even a perfect score at the pace it trained could not "
+    "beat the best answer so far",
     FaultKind.OOM: "ran out of memory at this batch size, precision and compile mode",
     FaultKind.NONFINITE_LOSS: "the loss became NaN or infinite, or fp16 gradients overflowed",
     FaultKind.DIVERGED: "the training loss rose far above the lowest it had reached",

@@ -15,14 +15,35 @@ full run), overhead is charged in full.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from autotune.results import Evaluation, TrialResult
 from autotune.spec import ObjectiveSpec
 
-__all__ = ["Score", "charged_seconds", "intermediate_value", "score", "target_reached"]
+__all__ = [
+    "CANNOT_WIN_MARGIN",
+    "Score",
+    "best_reachable",
+    "cannot_win",
+    "charged_seconds",
+    "intermediate_value",
+    "score",
+    "target_reached",
+]
 
 MIN_SCORE_FOR_EXTRAPOLATION = 1e-3
+
+# the highest a built-in score can be: a per-second trial can end at best with this score
+SCORE_CEILINGS = {"accuracy": 1.0, "top5": 1.0}
+
+# a trial is stopped as one that cannot win when even its best possible end is this many times
+# worse than the best answer so far: more than one measurement's run-to-run noise (about +-15%
+# on a shared CPU) can make up
+CANNOT_WIN_MARGIN = 1.25
+
+# the epochs a trial has left are assumed up to this much faster than the ones it trained
+REMAINING_PACE_SLACK = 0.8
 
 
 def charged_seconds(
@@ -76,6 +97,43 @@ def intermediate_value(evaluation: Evaluation, objective: ObjectiveSpec) -> floa
     if objective.per_second:
         return max(evaluation.score, 0.0) / seconds
     return seconds * _distance_to_target(evaluation.score, objective)
+
+
+def best_reachable(
+    evaluation: Evaluation, objective: ObjectiveSpec, epochs: float
+) -> float | None:
+    """The best value a trial of ``epochs`` epochs can still end with, from where it stands at
+    ``evaluation``, in the study's direction; None when nothing bounds it.
+
+    score_per_second: the score's ceiling (1.0 for accuracy and top5; a user's score has none:
+    None) over the charged seconds the trial will have spent at its end, the epochs left taken
+    at the steady pace of those trained (``REMAINING_PACE_SLACK`` faster). time_to_score: the
+    charged seconds so far, which the trial cannot take back.
+    """
+    seconds = _charged(evaluation, objective)
+    if not objective.per_second:
+        return seconds
+    ceiling = SCORE_CEILINGS.get(objective.score)
+    if ceiling is None or evaluation.epoch <= 0:
+        return None
+    steady = max(evaluation.train_seconds - evaluation.overhead_seconds, 0.0)
+    left = steady / evaluation.epoch * max(epochs - evaluation.epoch, 0.0)
+    end = dataclasses.replace(
+        evaluation,
+        epoch=max(epochs, evaluation.epoch),
+        train_seconds=evaluation.train_seconds + left * REMAINING_PACE_SLACK,
+    )
+    return ceiling / max(_charged(end, objective), 1e-9)
+
+
+def cannot_win(reachable: float | None, best: float, objective: ObjectiveSpec) -> bool:
+    """Whether a trial whose ``best_reachable`` value is ``reachable`` cannot beat ``best``,
+    the best answer's value, by more than ``CANNOT_WIN_MARGIN``."""
+    if reachable is None:
+        return False
+    if objective.per_second:
+        return reachable * CANNOT_WIN_MARGIN < best
+    return reachable > best * CANNOT_WIN_MARGIN
 
 
 def target_reached(evaluation: Evaluation, objective: ObjectiveSpec) -> bool:

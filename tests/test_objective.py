@@ -7,7 +7,14 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from autotune.objective import charged_seconds, intermediate_value, score, target_reached
+from autotune.objective import (
+    best_reachable,
+    cannot_win,
+    charged_seconds,
+    intermediate_value,
+    score,
+    target_reached,
+)
 from autotune.spec import ObjectiveSpec
 from autotune.study import best_trial, feasible_trials
 from autotune.testing import make_evaluation as evaluation
@@ -90,3 +97,27 @@ def test_infeasible_trials_are_never_the_best():
     assert best_trial(study).value == 2.0
     assert [t.value for t in feasible_trials(study)] == [2.0, 1.0]
     assert study.best_trial.value == 2.0  # Optuna agrees
+
+
+def test_the_best_a_trial_can_still_reach_bounds_it_by_its_pace_and_a_perfect_score():
+    # 1 epoch of 4 in 3 s, 1 s of it compiling: 3 epochs left at 2 s each, up to 20% faster
+    at = evaluation(1, 1.0, 0.6, seconds=3.0, overhead=1.0)
+    per_second = ObjectiveSpec()
+    assert best_reachable(at, per_second, 4) == pytest.approx(1.0 / (3.0 + 3 * 2.0 * 0.8))
+    # a long full run charges only its share of the compile, at the end as at every step
+    amortized = ObjectiveSpec(full_run_epochs=40)
+    assert best_reachable(at, amortized, 4) == pytest.approx(1.0 / (2.0 + 4.8 + 1.0 * 4 / 40))
+    # a user's score has no known ceiling: nothing bounds it
+    assert best_reachable(at, ObjectiveSpec(score="my.scores:f1"), 4) is None
+    # time to a target: the seconds spent so far are spent
+    to_target = ObjectiveSpec(metric="time_to_accuracy", target_accuracy=0.9)
+    assert best_reachable(at, to_target, 4) == pytest.approx(3.0)
+
+
+def test_a_trial_cannot_win_only_when_even_its_best_is_well_behind_the_leader():
+    per_second, to_target = ObjectiveSpec(), ObjectiveSpec(metric="time_to_score", target_score=1)
+    assert cannot_win(0.1, 0.2, per_second)  # half the leader's: lost
+    assert not cannot_win(0.9, 1.0, per_second)  # within the noise of one measurement
+    assert not cannot_win(None, 1.0, per_second)  # unbounded
+    assert cannot_win(20.0, 10.0, to_target)  # already twice the leader's time to the target
+    assert not cannot_win(11.0, 10.0, to_target)

@@ -246,10 +246,55 @@ def test_pruned_trials_say_why_and_nothing_is_left_running(tmp_path: Path, prepa
     study = prepare_study(spec, tmp_path).study
     for trial in study.get_trials():
         assert trial.state in (TrialState.COMPLETE, TrialState.PRUNED)
-        if trial.state == TrialState.PRUNED:
-            assert trial.user_attrs["fail_kind"] == "pruned"
-            assert "by the median pruner" in trial.user_attrs["fail_msg"]
+        if trial.state == TrialState.PRUNED:  # by the pruner, or as one that cannot win
+            kind, message = trial.user_attrs["fail_kind"], trial.user_attrs["fail_msg"]
+            assert kind in ("pruned", "cannot_win")
+            assert ("by the median pruner" if kind == "pruned" else "even at accuracy 1") in message
             assert len(trial.intermediate_values) < 3  # never pruned after its last evaluation
+
+
+CANNOT_WIN_SPACE = """\
+study: {name: losing, n_trials: 3, pruner: median, strategy: joint, confirm: false}
+workload:
+  model: autotune.testing:tiny_mlp
+  model_args: {step_delay_seconds: 0.02}  # the steps, not the arithmetic, set each one's pace
+  data: autotune.testing:blobs
+  epochs: 3
+objective: {min_accuracy: 0.5}
+space:
+  lr: 0.05
+  batch_size: [32, 8]
+"""
+
+
+def test_a_trial_that_cannot_win_even_with_a_perfect_score_is_stopped(
+    tmp_path: Path, prepare_study
+):
+    # the baseline and trial 1 take 8 steps an epoch; trial 2 takes 32, four times as long: at
+    # its first evaluation, even accuracy 1 at its pace ends below half the leader's acc/s
+    study = prepare_study(CANNOT_WIN_SPACE, tmp_path, run=False).study
+    study.enqueue_trial({"batch_size": 32})
+    study.enqueue_trial({"batch_size": 8})
+    study = prepare_study(CANNOT_WIN_SPACE, tmp_path).study
+    baseline, fast, slow = study.get_trials()
+    assert TrialRecord.of(baseline).baseline and baseline.state == TrialState.COMPLETE
+    assert fast.state == TrialState.COMPLETE and best_trial(study) is not None
+    assert slow.state == TrialState.PRUNED and len(slow.intermediate_values) == 1
+    record = TrialRecord.of(slow)
+    assert record.fail_kind == FaultKind.CANNOT_WIN
+    leader = best_trial(study)
+    assert leader is not None and leader.number < 2
+    assert record.fail_msg is not None
+    assert record.fail_msg.startswith("stopped at evaluation 1 (epoch 1.00): even at accuracy 1")
+    assert f"and trial {leader.number} has {leader.value:.4g}" in record.fail_msg
+
+    # without a pruner every trial trains to its end, however far behind
+    unpruned = CANNOT_WIN_SPACE.replace("pruner: median", "pruner: none")
+    study = prepare_study(unpruned, tmp_path / "unpruned", run=False).study
+    study.enqueue_trial({"batch_size": 32})
+    study.enqueue_trial({"batch_size": 8})
+    study = prepare_study(unpruned, tmp_path / "unpruned").study
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE] * 3
 
 
 def test_a_bug_outside_training_leaves_no_trial_running(tmp_path: Path, prepare_study):

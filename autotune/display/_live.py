@@ -227,9 +227,10 @@ class LiveObserver(studies.StudyObserver):
                 flags.append(f"{off:+.0%} off stage 1  ", style="yellow")
         else:
             kind = record.fail_kind or trial.state.name.lower()
-            line.append(f"{kind:>15}  ", style="dim" if kind == "pruned" else "red")
-            if kind != "pruned":
-                line.append(f"{record.fail_msg or ''}  ", style="red")
+            if kind in ("pruned", "cannot_win"):  # stopped early, no fault: its knobs say more
+                line.append(f"{kind:>15}  ", style="dim")
+            else:
+                line.append(f"{kind:>15}  {record.fail_msg or ''}  ", style="red")
         knobs = Text("(untuned baseline) " if record.baseline else "", style="bold")
         knobs.append(params(trial), style="cyan")  # precision, data_pipeline, ... first
         console = self.live.console

@@ -31,6 +31,7 @@ from autotune.speed import SPEED_KNOBS, SpeedTable
 from autotune.study import adapter
 from autotune.study._liveness import heartbeat
 from autotune.study._outage import StorageOutage
+from autotune.study._queries import best_trial
 from autotune.study._records import TrialRecord
 from autotune.study._walls import MemoryWalls
 from autotune.turns import turn
@@ -161,6 +162,8 @@ class TrialRunner:
             return _fault(trial, FaultKind.OOM, blocked), None
         pruned_at: list[Evaluation] = []
         taken_over: list[bool] = []
+        leader = self._leader(trial)
+        lost_at: list[tuple[Evaluation, float]] = []
 
         def report(evaluation: Evaluation) -> bool:
             value = objective.intermediate_value(evaluation, goal)
@@ -169,7 +172,16 @@ class TrialRunner:
                 self.observer.evaluated(trial.number, evaluation, value)
                 if objective.target_reached(evaluation, goal):
                     return True
-                if not evaluation.final and trial.should_prune():
+                if evaluation.final:
+                    return False
+                if leader is not None:
+                    reachable = objective.best_reachable(evaluation, goal, config.epochs)
+                    if reachable is not None and objective.cannot_win(
+                        reachable, float(leader.value or 0.0), goal
+                    ):
+                        lost_at.append((evaluation, reachable))
+                        return True
+                if trial.should_prune():
                     pruned_at.append(evaluation)
                     return True
                 return False
@@ -206,6 +218,20 @@ class TrialRunner:
         predicted, tolerance = stored.predicted_samples_per_second, stored.speed_tolerance
         if predicted and abs(result.samples_per_second / predicted - 1) > (tolerance or 0):
             TrialRecord(speed_mismatch=True).store(trial)  # interference, or a stale cache
+        if lost_at:
+            at, reachable = lost_at[0]
+            assert leader is not None
+            message = f"stopped at evaluation {at.index} (epoch {at.epoch:.2f}): " + (
+                f"even at {goal.score_name} {objective.SCORE_CEILINGS[goal.score]:g} it would "
+                f"end at {reachable:.4g} {goal.score_short}/s, and trial {leader.number} has "
+                f"{float(leader.value or 0.0):.4g}"
+                if goal.per_second
+                else f"it has trained {reachable:.3g} s without reaching {goal.target_name} "
+                f"{goal.target:g}, and trial {leader.number} reached it in "
+                f"{float(leader.value or 0.0):.3g} s"
+            )
+            TrialRecord(fail_kind=FaultKind.CANNOT_WIN, fail_msg=message).store(trial)
+            return TrialState.PRUNED, None
         if pruned_at:
             at = pruned_at[0]
             message = (
@@ -224,6 +250,15 @@ class TrialRunner:
             infeasible_reason=score.reason or None,
         ).store(trial)
         return TrialState.COMPLETE, score.value
+
+    def _leader(self, trial: optuna.Trial) -> FrozenTrial | None:
+        """The best answer so far, which ``trial`` is stopped for when it cannot beat it
+        (``objective.cannot_win``); None where no trial is stopped so: a study without a pruner
+        (every trial trains to its end), and the untuned baseline (the confirmation's
+        reference)."""
+        if self.spec.study.pruner == "none" or TrialRecord.from_attrs(trial.user_attrs).baseline:
+            return None
+        return best_trial(trial.study)
 
     @staticmethod
     def ask(study: optuna.Study) -> optuna.Trial:
