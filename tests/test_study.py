@@ -11,7 +11,9 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
+from rich.console import Console
 
+from autotune import display
 from autotune.config import TrialConfig
 from autotune.executor import InProcessExecutor
 from autotune.faults import FaultKind
@@ -249,7 +251,8 @@ def test_pruned_trials_say_why_and_nothing_is_left_running(tmp_path: Path, prepa
         if trial.state == TrialState.PRUNED:  # by the pruner, or as one that cannot win
             kind, message = trial.user_attrs["fail_kind"], trial.user_attrs["fail_msg"]
             assert kind in ("pruned", "cannot_win")
-            assert ("by the median pruner" if kind == "pruned" else "even at accuracy 1") in message
+            said = "by the median pruner" if kind == "pruned" else "even at accuracy 1"
+            assert said in message
             assert len(trial.intermediate_values) < 3  # never pruned after its last evaluation
 
 
@@ -275,7 +278,7 @@ def test_a_trial_that_cannot_win_even_with_a_perfect_score_is_stopped(
     study = prepare_study(CANNOT_WIN_SPACE, tmp_path, run=False).study
     study.enqueue_trial({"batch_size": 32})
     study.enqueue_trial({"batch_size": 8})
-    study = prepare_study(CANNOT_WIN_SPACE, tmp_path).study
+    study, _, outcome, _ = prepare_study(CANNOT_WIN_SPACE, tmp_path)
     baseline, fast, slow = study.get_trials()
     assert TrialRecord.of(baseline).baseline and baseline.state == TrialState.COMPLETE
     assert fast.state == TrialState.COMPLETE and best_trial(study) is not None
@@ -287,6 +290,11 @@ def test_a_trial_that_cannot_win_even_with_a_perfect_score_is_stopped(
     assert record.fail_msg is not None
     assert record.fail_msg.startswith("stopped at evaluation 1 (epoch 1.00): even at accuracy 1")
     assert f"and trial {leader.number} has {leader.value:.4g}" in record.fail_msg
+    console = Console(record=True, width=100)
+    spec = restrict(parse_spec(CANNOT_WIN_SPACE, tmp_path / "space.yaml"), CPU).spec
+    display.print_summary(console, study, spec, outcome)
+    said = console.export_text()
+    assert "the study has 2 complete, 1 pruned (1 of them could not win)." in said, said
 
     # without a pruner every trial trains to its end, however far behind
     unpruned = CANNOT_WIN_SPACE.replace("pruner: median", "pruner: none")

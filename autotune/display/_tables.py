@@ -7,7 +7,7 @@ import math
 from typing import TYPE_CHECKING
 
 import optuna
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -214,7 +214,13 @@ def print_summary(
     confirmation: bool = False,
 ) -> None:
     """Trial counts, the best trials, the confirmation round (when asked), the answer."""
-    counts = ", ".join(f"{n} {state.lower()}" for state, n in outcome.states.items())
+    pruned = study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
+    lost = sum(studies.TrialRecord.of(t).fail_kind == "cannot_win" for t in pruned)
+    said = f" ({lost} of them could not win)" if lost else ""
+    counts = ", ".join(
+        f"{n} {state.lower()}{said if state == 'PRUNED' else ''}"
+        for state, n in outcome.states.items()
+    )
     console.print(f"{outcome.trials_run} trials this run; the study has {counts or 'none'}.")
     table = _best_table(study, spec)
     if table is None:
