@@ -34,6 +34,10 @@ point); "reached" once it is within 5% of the grid's best feasible value.
 
     python benchmarks/search_efficiency.py replay /tmp/grid.json --seeds 10
 
+A trial also stops where it cannot win (``objective.cannot_win``, against the best feasible
+value seen so far), as the study stops it under any pruner; two more rows replay two_stage and
+joint without that stop, to show what it saves.
+
 Printed: per strategy the seeds that reached it within the budget (default: the space's
 ``n_trials``), the median cost to reach it in seconds and as a fraction of the grid's cost (the
 wall seconds of every grid point), and the ratio joint / two_stage; then the pruning fidelity
@@ -72,6 +76,7 @@ from autotune.config import TrialConfig, scaled_lr
 from autotune.executor import InProcessExecutor
 from autotune.faults import TrialFault, classify
 from autotune.hardware import Hardware, detect
+from autotune.results import Evaluation
 from autotune.spec import Choice, FloatRange, Spec, load_spec
 from autotune.speed import SPEED_KNOBS, BurstPlan, SpeedChoice, SpeedMeasurement, SpeedTable
 from autotune.study._sampling import make_pruner, make_sampler
@@ -443,8 +448,9 @@ class Replay:
                     found.append(self.points[key])
         return found
 
-    def run(self, strategy: str, seed: int, budget: int) -> Run:
-        """Replay ``strategy`` with ``seed`` for ``budget`` trials."""
+    def run(self, strategy: str, seed: int, budget: int, cannot_win: bool = True) -> Run:
+        """Replay ``strategy`` with ``seed`` for ``budget`` trials; ``cannot_win``: stop a
+        trial that cannot win, as the study does with any pruner (``objective.cannot_win``)."""
         study_changes: dict[str, Any] = {"seed": seed}
         if strategy == "random":
             study_changes.update(sampler="random", pruner="none")
@@ -469,7 +475,8 @@ class Replay:
                 study.tell(trial, state=TrialState.PRUNED)
                 continue
             point = self.points[config_key(config)]
-            state, value, evaluations = self.trial(trial, point)
+            leader = incumbent if cannot_win and spec.study.pruner != "none" else None
+            state, value, evaluations = self.trial(trial, point, spec, leader)
             spent += point.cost_seconds(evaluations)
             if state == TrialState.PRUNED:
                 pruned += 1
@@ -489,19 +496,47 @@ class Replay:
             spent_seconds=spent,
         )
 
-    def trial(self, trial: optuna.Trial, point: Point) -> tuple[TrialState, float | None, int]:
+    def trial(
+        self, trial: optuna.Trial, point: Point, spec: Spec, leader: float | None
+    ) -> tuple[TrialState, float | None, int]:
         """Report ``point``'s recorded evaluations as the study's run loop would: the state
-        the trial ends in, its value, and the evaluations it ran."""
+        the trial ends in, its value, and the evaluations it ran. With a ``leader`` (the best
+        feasible value so far), a trial that cannot beat it stops as the study stops it."""
         if point.fault is not None:
             trial.set_constraint("fault", 1.0)
             return TrialState.PRUNED, None, 0
         for number, evaluation in enumerate(point.evaluations, 1):
             trial.report(evaluation["value"], evaluation["index"])
-            if not evaluation["final"] and trial.should_prune():
+            if evaluation["final"]:
+                continue
+            if leader is not None:
+                reachable = objective.best_reachable(
+                    recorded(evaluation), spec.objective, spec.workload.epochs
+                )
+                if objective.cannot_win(reachable, leader, spec.objective):
+                    return TrialState.PRUNED, None, number
+            if trial.should_prune():
                 return TrialState.PRUNED, None, number
         if point.constraint is not None:
             trial.set_constraint("min_accuracy", point.constraint)
         return TrialState.COMPLETE, point.value, len(point.evaluations)
+
+
+def recorded(evaluation: dict[str, Any]) -> Evaluation:
+    """A recorded evaluation as the study's objective reads one (what it does not read: 0)."""
+    return Evaluation(
+        index=evaluation["index"],
+        epoch=evaluation["epoch"],
+        optimizer_steps=0,
+        samples_seen=0,
+        score=evaluation["accuracy"],
+        val_loss=None,
+        train_loss=0.0,
+        train_seconds=evaluation["train_seconds"],
+        overhead_seconds=evaluation["overhead_seconds"],
+        eval_seconds=evaluation["eval_seconds"],
+        final=evaluation["final"],
+    )
 
 
 def fidelity(points: list[Point]) -> tuple[float, int]:
@@ -541,9 +576,12 @@ def replay(args: argparse.Namespace) -> None:
     )
     print(f"machine: {grid['machine']}; budget {budget} trials, {args.seeds} seeds\n")
     runs: dict[str, list[Run]] = {}
-    for strategy in STRATEGIES:
-        runs[strategy] = [
-            replay.run(strategy, seed, budget)
+    variants = [(strategy, strategy, True) for strategy in STRATEGIES] + [
+        (f"{strategy}, no cannot-win stop", strategy, False) for strategy in STRATEGIES[:2]
+    ]  # random search has no pruner, so no cannot-win stop either
+    for label, strategy, cannot_win in variants:
+        runs[label] = [
+            replay.run(strategy, seed, budget, cannot_win)
             for seed in range(args.first_seed, args.first_seed + args.seeds)
         ]
     print(
