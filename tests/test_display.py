@@ -319,3 +319,15 @@ def test_a_confirmation_run_short_of_its_target_says_so_not_a_time(seen):
     short, reached = _text(console).splitlines()
     assert "target not reached in 0.697 s" in short and "s to target" not in short
     assert "0.41 s to target" in reached
+
+
+@pytest.mark.parametrize(("scaling", "shown"), [("none", "-"), ("linear", "256")])
+def test_the_base_batch_size_is_shown_only_where_the_lr_is_scaled_from_it(scaling, shown):
+    from autotune.testing import make_config
+
+    config = make_config(lr_scaling=scaling, base_batch_size=256)
+    trial = optuna.trial.create_trial(value=1.0, user_attrs={"config": config.to_dict()})
+    console = _console(100)
+    console.print(display.config_table(trial))
+    rows = {line.split()[0]: line.split()[1] for line in _text(console).splitlines() if line}
+    assert rows["base_batch_size"] == shown and rows["lr_scaling"] == scaling

@@ -201,8 +201,11 @@ def config_table(trial: FrozenTrial) -> Table:
         note = studies.trial_knob_origin(trial, name)
         if name == "lr" and config["lr_scaling"] != "none":
             note = f"{note}; {fmt(config['base_lr'])} per {config['base_batch_size']} examples"
+        value = config[name]
+        if name == "base_batch_size" and config["lr_scaling"] == "none":
+            value = None  # the lr is not scaled: there is no batch it is per
         # Text: a stored value (a device name, say) is data, never markup
-        table.add_row(Text(name), Text(fmt(config[name])), Text(note.strip("; ")))
+        table.add_row(Text(name), Text(fmt(value)), Text(note.strip("; ")))
     return table
 
 
