@@ -23,8 +23,10 @@ pytestmark = pytest.mark.slow
 
 
 def test_run_then_best_then_resume(tmp_path: Path):
+    # the CUDA images autotune meets may lack plotly: only `autotune report` draws with it
+    without_plotly = {"PYTHONPATH": str(import_blocker(tmp_path, "plotly"))}
     space = write_space(tmp_path, n_trials=4, pruner="hyperband")
-    done = run_cli("run", str(space), cwd=tmp_path)
+    done = run_cli("run", str(space), cwd=tmp_path, env=without_plotly)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     assert "not searched: precision fp16" in done.stdout
@@ -53,7 +55,7 @@ def test_run_then_best_then_resume(tmp_path: Path):
     assert answer is not None and StudyRecord.of(study).confirmation is not None
     assert StudyRecord.of(study).confirmation.complete
     assert f"Answer: trial {answer.number}" in done.stdout
-    best = run_cli("best", "--study", "tiny", "--json", cwd=tmp_path)
+    best = run_cli("best", "--study", "tiny", "--json", cwd=tmp_path, env=without_plotly)
     assert best.returncode == 0, best.stderr
     payload = json.loads(best.stdout)
     assert payload["trial"] == answer.number
@@ -65,6 +67,12 @@ def test_run_then_best_then_resume(tmp_path: Path):
 
     listed = run_cli("studies", cwd=tmp_path)
     assert listed.returncode == 0 and "tiny" in listed.stdout
+    exported = run_cli("export", "--study", "tiny", "-o", "t.py", cwd=tmp_path, env=without_plotly)
+    assert exported.returncode == 0 and (tmp_path / "t.py").exists(), exported.stderr
+    report = run_cli("report", "--study", "tiny", cwd=tmp_path, env=without_plotly)
+    assert report.returncode == 1 and "Traceback" not in report.stderr
+    assert "autotune report needs plotly" in report.stdout + report.stderr
+    assert not (tmp_path / "report.html").exists()
 
     again = run_cli("run", str(space), "--n-trials", "6", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
@@ -117,8 +125,12 @@ def test_missing_file_and_unknown_study(tmp_path: Path):
     assert not (tmp_path / "studies").exists()
 
 
+ONE_STAGE = "  seed: 0\n  strategy: joint\n  confirm: false\n"  # these tests are not about them
+
+
 def test_edited_space_is_refused_until_new_study(tmp_path: Path):
     space = write_space(tmp_path, n_trials=1)
+    space.write_text(space.read_text().replace("  seed: 0\n", ONE_STAGE))
     assert run_cli("run", str(space), "--isolation", "none", cwd=tmp_path).returncode == 0
     space.write_text(space.read_text().replace("[16, 32]", "[16, 64]"))
     refused = run_cli("run", str(space), cwd=tmp_path)
@@ -130,28 +142,12 @@ def test_edited_space_is_refused_until_new_study(tmp_path: Path):
     assert unknown.returncode == 1 and "did you mean 'tiny'?" in unknown.stderr
 
 
-def test_run_best_and_export_need_no_plotly(tmp_path: Path):
-    """The CUDA images autotune meets may lack plotly: only ``autotune report`` draws with it."""
-    without_plotly = {"PYTHONPATH": str(import_blocker(tmp_path, "plotly"))}
-    space = write_space(tmp_path, n_trials=2)
-    done = run_cli("run", str(space), cwd=tmp_path, env=without_plotly)
-    assert done.returncode == 0, done.stderr
-    best = run_cli("best", "--study", "tiny", cwd=tmp_path, env=without_plotly)
-    assert best.returncode == 0, best.stderr
-    exported = run_cli("export", "--study", "tiny", "-o", "t.py", cwd=tmp_path, env=without_plotly)
-    assert exported.returncode == 0 and (tmp_path / "t.py").exists(), exported.stderr
-    report = run_cli("report", "--study", "tiny", cwd=tmp_path, env=without_plotly)
-    assert report.returncode == 1 and "Traceback" not in report.stderr
-    assert "autotune report needs plotly" in report.stdout + report.stderr
-    assert not (tmp_path / "report.html").exists()
-
-
 def test_a_study_name_with_markup_and_spaces_is_shown_as_it_is(tmp_path: Path):
     """rich reads ``[...]`` as markup: ``x[/y]`` crashed the display and ``run[fast]`` showed as
     ``run``. Names are the user's data: shown verbatim, and quoted in commands to copy."""
     name = "run[fast] x[/y]"
     space = write_space(tmp_path, n_trials=1)
-    space.write_text(space.read_text().replace("  seed: 0\n", "  seed: 0\n  confirm: false\n"))
+    space.write_text(space.read_text().replace("  seed: 0\n", ONE_STAGE))
     done = run_cli("run", str(space), "--study-name", name, "--isolation", "none", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert f"study {name} (" in done.stdout
