@@ -193,7 +193,7 @@ def confirm_answer(
     ``confirm_study`` calls them."""
     from autotune import study as studies
 
-    with studies.study_lock(study, "confirm", on_other):
+    with studies.study_lock(study, "confirm", on_other, held_long=True):
         plan = studies.confirmation_plan(
             study, top, repeats, spec.objective.score_higher_is_better
         )

@@ -72,6 +72,14 @@ def test_user_attributes_of_a_trial_held_elsewhere_and_after_it_finished(sqlite_
         adapter.set_trial_user_attr(sqlite_study, adapter.trial_id(trial), "note", 2)
 
 
+def test_system_attributes_are_read_and_written_straight_to_the_database(sqlite_study):
+    assert adapter.study_system_attr(sqlite_study, "autotune:lease") is None
+    adapter.set_study_system_attr(sqlite_study, "autotune:lease", {"owner": "a", "beat": 1})
+    again = optuna.load_study(study_name="contract", storage=sqlite_study._storage)
+    assert adapter.study_system_attr(again, "autotune:lease") == {"owner": "a", "beat": 1}
+    assert "autotune:lease" not in again.user_attrs  # bookkeeping, not the user's
+
+
 def test_a_finished_trial_is_added_with_its_number(sqlite_study):
     sqlite_study.tell(sqlite_study.ask(), 1.0)
     made = create_trial(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import sqlalchemy
 from optuna.trial import TrialState
 
 from autotune.results import Evaluation
@@ -219,3 +220,65 @@ def test_two_processes_ride_out_a_postgresql_restart_and_one_past_its_bound_ends
     assert done.returncode == 0, done.stdout + done.stderr
     (interrupted,) = _assert_nothing_lost(url, "giving-up", 1)
     assert TrialRecord.of(interrupted).fail_kind == "interrupted"
+
+
+def test_a_confirmation_lock_that_a_restart_took_away_still_keeps_others_out(postgres):
+    """A PostgreSQL advisory lock lives on its connection: a database restart ends it while
+    its holder works on. The lease beside it keeps a waiting process out until the holder is
+    done, and a holder that died without releasing it keeps nobody out for long."""
+    from autotune.study import open_storage, study_lock
+    from autotune.study._liveness import LEASE_GRACE, LEASE_INTERVAL
+
+    name = f"leased-{time.monotonic_ns()}"
+    optuna.create_study(study_name=name, storage=open_storage(postgres.url))
+
+    def process() -> optuna.Study:  # each with its own engine, as another process has
+        return optuna.load_study(study_name=name, storage=open_storage(postgres.url))
+
+    inside, leave, events = threading.Event(), threading.Event(), []
+
+    def holder() -> None:
+        with study_lock(process(), "confirm", held_long=True):
+            inside.set()
+            leave.wait(60)
+            events.append("holder done")
+
+    def waiter() -> None:
+        def waiting() -> None:
+            events.append("waiter waits")
+
+        with study_lock(process(), "confirm", waiting, held_long=True):
+            events.append("waiter in")
+
+    first = threading.Thread(target=holder)
+    first.start()
+    assert inside.wait(30)
+    # the holder's lock connection is cut, as a restart cuts it: its advisory lock is gone
+    engine = sqlalchemy.create_engine(postgres.url)
+    with engine.connect() as connection:
+        cut = connection.execute(
+            sqlalchemy.text(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks "
+                "WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()"
+            )
+        ).all()
+    assert cut == [(True,)]
+    second = threading.Thread(target=waiter)
+    second.start()
+    time.sleep((LEASE_GRACE + 2) * LEASE_INTERVAL)  # longer than the lease's grace
+    assert events == ["waiter waits"]  # kept out, though the advisory lock was free
+    leave.set()
+    first.join(30)
+    second.join(30)
+    assert events == ["waiter waits", "holder done", "waiter in"]
+
+    # a holder that died leaves its lease behind: taken over once its beat stood still
+    study = process()
+    adapter.set_study_system_attr(
+        study, f"autotune:lease:autotune:confirm:{name}", {"owner": "dead", "beat": 7}
+    )
+    started = time.monotonic()
+    with study_lock(study, "confirm", held_long=True):
+        waited = time.monotonic() - started
+    assert LEASE_GRACE * LEASE_INTERVAL <= waited < (LEASE_GRACE + 3) * LEASE_INTERVAL
+    engine.dispose()

@@ -9,6 +9,7 @@ import hashlib
 import itertools
 import threading
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -64,9 +65,76 @@ def heartbeat(study: optuna.Study, trial_id: int) -> Iterator[None]:
         thread.join()
 
 
+# a lock held for minutes (the confirmation round) on PostgreSQL beats a lease beside it this
+# often (seconds); a lease whose beat stood still for LEASE_GRACE intervals lost its holder
+LEASE_INTERVAL = 2.0
+LEASE_GRACE = 3
+
+
+class _Lease:
+    """Who holds a long-held advisory lock, in the study's own database: a PostgreSQL advisory
+    lock lives on its connection, so a database restart ends it while its holder works on, and
+    a process that waited for the lock would take it and work beside the holder. The holder
+    beats ``{"owner", "beat"}`` every ``LEASE_INTERVAL`` on a thread of its own and clears it
+    when done; a process that takes the advisory lock and finds another's lease whose beat
+    still moves gives the lock back and waits. A holder that died (its beat stands still for
+    ``LEASE_GRACE`` intervals) has its lease taken over."""
+
+    def __init__(self, study: optuna.Study, key: str) -> None:
+        self.study, self.key = study, f"autotune:lease:{key}"
+        self.owner = uuid.uuid4().hex
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _holder(self) -> tuple[str, int] | None:
+        held = adapter.study_system_attr(self.study, self.key)
+        return (str(held["owner"]), int(held["beat"])) if isinstance(held, dict) else None
+
+    def held_elsewhere(self) -> bool:
+        """Whether another live process holds the lease: its beat moves while this one
+        watches (up to ``LEASE_GRACE`` intervals)."""
+        holder = self._holder()
+        if holder is None or holder[0] == self.owner:
+            return False
+        deadline = time.monotonic() + LEASE_GRACE * LEASE_INTERVAL
+        while time.monotonic() < deadline:
+            time.sleep(LEASE_INTERVAL / 4)
+            now = self._holder()
+            if now != holder:  # beaten, released or taken: someone is alive
+                return now is not None and now[0] != self.owner
+        return False  # its holder died without releasing it
+
+    def take(self) -> None:
+        """Hold the lease, beating it until ``release``."""
+        adapter.set_study_system_attr(self.study, self.key, {"owner": self.owner, "beat": 0})
+
+        def beat() -> None:
+            for count in itertools.count(1):
+                if self._stop.wait(LEASE_INTERVAL):
+                    return
+                with contextlib.suppress(sqlalchemy.exc.SQLAlchemyError):  # a restart: next
+                    adapter.set_study_system_attr(
+                        self.study, self.key, {"owner": self.owner, "beat": count}
+                    )
+
+        self._thread = threading.Thread(target=beat, name="autotune-lease", daemon=True)
+        self._thread.start()
+
+    def release(self) -> None:
+        """Stop beating and clear the lease (left to go stale where the database is down)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        with contextlib.suppress(sqlalchemy.exc.SQLAlchemyError):
+            adapter.set_study_system_attr(self.study, self.key, None)
+
+
 @contextlib.contextmanager
 def study_lock(
-    study: optuna.Study, purpose: str = "", on_wait: Callable[[], None] | None = None
+    study: optuna.Study,
+    purpose: str = "",
+    on_wait: Callable[[], None] | None = None,
+    held_long: bool = False,
 ) -> Iterator[None]:
     """Hold the study's lock against every other process on its storage: while held, no other
     ``autotune run`` counts the study's trials or starts one (so ``n_trials`` is never exceeded
@@ -74,7 +142,8 @@ def study_lock(
     its own: one process at a time runs the study's confirmation round. SQLite: an exclusive
     lock on a file beside the database (its processes share a machine); PostgreSQL: an advisory
     lock on a connection of its own; other storages: none. ``on_wait`` is called once when
-    another process holds it."""
+    another process holds it. ``held_long`` (a lock held for minutes): on PostgreSQL, a lease
+    beside the lock keeps others out when a database restart ended the lock (``_Lease``)."""
     backend = adapter.rdb_storage(adapter.storage_of(study))
     url = backend.url if backend is not None else None
     path = sqlite_path(url) if url is not None else None
@@ -109,10 +178,7 @@ def study_lock(
                 raise
             return connection
 
-        connection = patience.call(lock)  # a database that restarts: wait for it, as a study
-        try:
-            yield
-        finally:
+        def unlock(connection: sqlalchemy.Connection) -> None:
             try:
                 connection.execute(
                     sqlalchemy.text("SELECT pg_advisory_unlock(hashtext(:key))"), key
@@ -122,6 +188,32 @@ def study_lock(
                     raise
             finally:
                 connection.close()
+
+        lease = _Lease(study, key["key"]) if held_long else None
+        while True:
+            connection = patience.call(lock)  # a database that restarts: wait for it
+            try:
+                if lease is None or not patience.call(lease.held_elsewhere):
+                    break
+            except BaseException:
+                unlock(connection)
+                raise
+            # its holder lost the lock with its connection and works on: wait for it
+            unlock(connection)
+            if on_wait is not None and not waited:
+                waited.append(True)
+                on_wait()
+            time.sleep(LEASE_INTERVAL)
+        try:
+            if lease is not None:
+                patience.call(lease.take)
+            yield
+        finally:
+            try:
+                if lease is not None:
+                    lease.release()
+            finally:
+                unlock(connection)
         return
     yield
 

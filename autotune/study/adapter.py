@@ -30,10 +30,12 @@ __all__ = [
     "heartbeat_interval",
     "patience_of",
     "rdb_storage",
+    "set_study_system_attr",
     "set_trial_user_attr",
     "stale_trial_ids",
     "storage_of",
     "storage_url",
+    "study_system_attr",
     "trial_id",
 ]
 
@@ -105,6 +107,23 @@ def add_finished_trial(study: optuna.Study, trial: FrozenTrial) -> int:
     storage = storage_of(study)
     new_id = storage.create_new_trial(study._study_id, template_trial=trial)
     return storage.get_trial_number_from_id(new_id)
+
+
+def study_system_attr(study: optuna.Study, key: str) -> Any:
+    """A system attribute of ``study`` as its SQL database holds it now (no cache, no wait
+    for a database that does not answer: its error is raised); None where it is not set."""
+    backend = rdb_storage(storage_of(study))
+    assert backend is not None, "an SQL storage's study"
+    return backend.get_study_system_attrs(study._study_id).get(key)
+
+
+def set_study_system_attr(study: optuna.Study, key: str, value: Any) -> None:
+    """Write a system attribute on ``study`` straight to its SQL database (no wait for one
+    that does not answer: its error is raised). System attributes are autotune's
+    bookkeeping: optuna-dashboard does not show them as the user's."""
+    backend = rdb_storage(storage_of(study))
+    assert backend is not None, "an SQL storage's study"
+    backend.set_study_system_attr(study._study_id, key, value)
 
 
 def _patient(name: str) -> Callable[..., Any]:
