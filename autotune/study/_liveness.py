@@ -93,15 +93,15 @@ class _Lease:
     def held_elsewhere(self) -> bool:
         """Whether another live process holds the lease: its beat moves while this one
         watches (up to ``LEASE_GRACE`` intervals)."""
-        holder = self._holder()
-        if holder is None or holder[0] == self.owner:
+        holder = self._holder()  # never this one's: it takes the lease after asking this
+        if holder is None:
             return False
         deadline = time.monotonic() + LEASE_GRACE * LEASE_INTERVAL
         while time.monotonic() < deadline:
             time.sleep(LEASE_INTERVAL / 4)
             now = self._holder()
-            if now != holder:  # beaten, released or taken: someone is alive
-                return now is not None and now[0] != self.owner
+            if now != holder:  # beaten or taken by another (alive), or released
+                return now is not None
         return False  # its holder died without releasing it
 
     def take(self) -> None:
