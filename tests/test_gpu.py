@@ -38,7 +38,8 @@ SHAPES = WorkloadSpec(
 
 
 def cuda_config(**changes):
-    return make_config(device="cuda:0", batch_size=128, epochs=1, **changes)
+    """A CUDA configuration: batch 128, 1 epoch, unless ``changes`` say otherwise."""
+    return make_config(**{"device": "cuda:0", "batch_size": 128, "epochs": 1, **changes})
 
 
 def nvml_available() -> bool:
