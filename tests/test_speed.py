@@ -946,6 +946,101 @@ def test_past_its_budget_stage_one_times_one_eager_setting_a_cell(tmp_path: Path
     assert {e.cell for e in spent} == {"batch 16, fp32", "batch 32, fp32"}
 
 
+class FakeClock:
+    """``time`` for stage 1's rules and measurements: ``monotonic`` moves only when told."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.sleep = time.sleep
+
+    def monotonic(self) -> float:
+        return self.seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    from autotune.study import _speed_rules, _speed_take
+
+    fake = FakeClock()
+    monkeypatch.setattr(_speed_rules, "time", fake)
+    monkeypatch.setattr(_speed_take, "time", fake)
+    return fake
+
+
+def test_the_budget_keeps_one_eager_setting_a_cell_for_the_cells_to_come(clock: FakeClock):
+    from autotune.study._speed_rules import LeftOut
+
+    space = two_stage(n_trials=1, workers="[0]").replace(
+        "speed: {bursts: 2,", "speed: {max_seconds: 100, bursts: 2,"
+    )
+    left_out = LeftOut(restrict(parse_spec(space, Path("space.yaml")), CPU).spec)
+    left_out.cells_after = 3
+    assert left_out.reserve() == 0.0 and left_out.budget_left() == 100.0  # nothing timed yet
+    left_out.took("none", 12.0, None)  # a first measurement, with its worker's start
+    left_out.took("none", 5.0, None)
+    assert left_out.reserve() == 15.0  # three cells at the quickest eager measurement
+    clock.seconds = 80.0
+    assert left_out.budget_left() == 5.0 and not left_out.over_budget()
+    left_out.cells_after = 4
+    assert left_out.over_budget()  # 80 s spent, and 4 x 5 s kept back
+
+
+def test_a_compile_is_not_started_when_less_of_the_budget_is_left_than_it_takes(
+    clock: FakeClock,
+):
+    from autotune.study._speed_plan import COMPILE_SECONDS_GUESS
+    from autotune.study._speed_rules import LeftOut
+
+    space = two_stage(n_trials=1, workers="[0]").replace(
+        "speed: {bursts: 2,", "speed: {max_seconds: 100, bursts: 2,"
+    )
+    left_out = LeftOut(restrict(parse_spec(space, Path("space.yaml")), CPU).spec)
+    cell = next(iter(SpeedPlan(left_out.spec, make_config()).cells()))
+    autotuned = (("compile", "max-autotune-no-cudagraphs"),)
+    # before any compile is measured: the guess
+    assert left_out.expected_compile("default") == COMPILE_SECONDS_GUESS["default"]
+    left_out.took("default", 14.0, 12.0)  # default compiled in 80% of its guess
+    scale = 12.0 / COMPILE_SECONDS_GUESS["default"]
+    guess = COMPILE_SECONDS_GUESS["max-autotune-no-cudagraphs"]
+    assert left_out.expected_compile("max-autotune-no-cudagraphs") == pytest.approx(guess * scale)
+    assert left_out.expected_compile("default") == 12.0  # measured: its own
+    clock.seconds = 100.0 - 20.0  # 20 s left: default fits, max-autotune does not
+    assert left_out.why(cell, (("compile", "default"),)) is None
+    said = left_out.why(cell, autotuned)
+    assert said is not None and "20 s of stage 1's budget of 100 s are left" in said
+    assert f"takes about {guess * scale:.0f} s" in said
+    # an eager setting is still timed in a cell with nothing timed, and left out of one with
+    clock.seconds = 100.0
+    assert left_out.why(cell, (("compile", "none"),)) is None
+    assert "is spent" in (left_out.why(cell, (("compile", "none"),), timed=True) or "")
+
+
+def test_a_cell_that_timed_a_setting_when_the_budget_ran_out_times_no_other(
+    tmp_path: Path, prepare_study, clock: FakeClock
+):
+    """Each measurement takes 60 s of a 100 s budget: the first cell stops at its first
+    setting (the second cell's share is kept back), and the second cell times one."""
+    from autotune.study import run_speed_stage
+
+    space = two_stage(n_trials=1, batch_sizes="[16, 32]", precisions="fp32", workers="[0, 1]")
+    space = space.replace("speed: {bursts: 2,", "speed: {max_seconds: 100, bursts: 2,")
+
+    class SlowExecutor(CountingExecutor):
+        def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
+            clock.seconds += 60.0
+            return super().measure(config, plan)
+
+    executor = SlowExecutor(_workload(tmp_path, space))
+    study, _, _, _ = prepare_study(space, tmp_path, run=False)
+    spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
+    events: list = []
+    table = run_speed_stage(study, spec, CPU, executor, on_event=events.append)
+    assert [c.batch_size for c in executor.measured] == [16, 32]
+    assert {c.batch_size for c in table} == {16, 32}
+    spent = [e for e in events if "budget of 100 s is spent" in (e.fault or "")]
+    assert {e.cell for e in spent} >= {"batch 16, fp32"}
+
+
 @pytest.mark.slow
 def test_a_run_whose_timeout_ends_before_its_first_trial_fails_saying_so(tmp_path: Path):
     space = tmp_path / "two.yaml"

@@ -134,3 +134,39 @@ def test_a_broken_cuda_context_is_reported_before_anything_touches_it(monkeypatc
     assert isinstance(faulted, _protocol.Faulted)
     assert (faulted.kind, faulted.needs_fresh_process) == ("error", True)
     assert "illegal memory access" in faulted.message
+
+
+def test_inductors_own_reports_are_kept_off_the_users_terminal(monkeypatch: pytest.MonkeyPatch):
+    """max-autotune writes a table of the kernels it benchmarked to stderr at every tuned
+    operation; a worker (not ``--verbose``) turns that off, whether Inductor's config is
+    imported after it (the environment: the worker's own process, its compile workers) or was
+    imported before (set where it lives), unless the user set Inductor's switches."""
+    import warnings
+
+    import torch._inductor.config as config
+
+    quiet_then_import = (
+        "from autotune.worker._process import _quiet_compiler; _quiet_compiler(); "
+        "import torch._inductor.config as c; "
+        "print(c.autotune_num_choices_displayed, c.max_autotune_report_choices_stats)"
+    )
+    names = _process._INDUCTOR_REPORTS
+    env = {k: v for k, v in os.environ.items() if k not in names}
+    done = subprocess.run(
+        [sys.executable, "-c", quiet_then_import], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "False"]
+    monkeypatch.setattr(config, "autotune_num_choices_displayed", 10)
+    monkeypatch.setattr(config, "max_autotune_report_choices_stats", True)
+    monkeypatch.setenv(names[0], "3")  # the user's choice: kept
+    with warnings.catch_warnings():
+        _process._quiet_compiler()
+    assert config.autotune_num_choices_displayed == 10
+    for name in names:  # restored to unset after the test
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    with warnings.catch_warnings():
+        _process._quiet_compiler()
+    assert config.autotune_num_choices_displayed == 0
+    assert config.max_autotune_report_choices_stats is False

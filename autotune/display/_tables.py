@@ -125,7 +125,9 @@ def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
         bound = f"half of study.timeout {spec.study.timeout:g} s, which counts stage 1"
     else:
         bound = "study.speed.max_seconds"
-    words.append(f"at most {_seconds(budget)} ({bound}; past it, one eager setting a cell)")
+    words.append(
+        f"at most {_seconds(budget)} ({bound}; as it runs short, one eager setting a cell)"
+    )
     return "; ".join(words)
 
 

@@ -31,8 +31,9 @@ class SpeedSpec(Frozen):
     repeats: int = Field(default=2, ge=1)  # measurements of each of a cell's leaders
     bursts: int = Field(default=3, ge=1)  # timed bursts per measurement
     burst_seconds: float = Field(default=0.25, gt=0)  # each burst's target length
-    # seconds stage 1 may take (half of study.timeout at most, when one is set); past it, each
-    # cell still to time gets one eager setting, and the plan says so
+    # seconds stage 1 may take (half of study.timeout at most, when one is set), one eager
+    # setting a cell still to come kept back; once only that is left, each cell still to time
+    # gets one eager setting, and the plan says so
     max_seconds: float = Field(default=900.0, gt=0)
 
     def budget_seconds(self, timeout: float | None) -> float:

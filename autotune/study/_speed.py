@@ -94,6 +94,9 @@ class _Stage(SettingTimer):
     def stopped(self, cell: Cell, config: TrialConfig, limit: TimeLimit) -> None:
         self.left_out.stopped(config.compile, limit, cell)
 
+    def took(self, config: TrialConfig, seconds: float, compile_seconds: float | None) -> None:
+        self.left_out.took(config.compile, seconds, compile_seconds)
+
     def _eager_epoch(self, cell: Cell) -> float | None:
         """Seconds of an epoch at ``cell``'s fastest eager setting timed so far (None: none)."""
         epochs = [
@@ -119,7 +122,8 @@ class _Stage(SettingTimer):
         A setting measured before (the cache) is never left out: it costs nothing."""
         if self.pool(cell, settings).results:
             return False
-        why = self.left_out.why(cell, settings, compute_pass)
+        timed = any(self.pool(cell, s).results for s in self.tried.get(cell, []))
+        why = self.left_out.why(cell, settings, compute_pass, timed)
         if why is None:
             return False
         words = describe(settings)
@@ -230,7 +234,9 @@ def run_speed_stage(
     stage = _stage(
         study, spec, hardware, executor, workload, since, on_event or (lambda e: None), on_wait
     )
-    for cell in stage.plan.cells():
+    cells = list(stage.plan.cells())
+    for index, cell in enumerate(cells):
+        stage.left_out.cells_after = len(cells) - index - 1  # the budget keeps their share
         far_behind = stage.left_out.far_behind(cell)
         if stage.left_out.over_budget():
             stage.run_cell_over_budget(cell)

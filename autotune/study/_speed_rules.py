@@ -17,8 +17,12 @@ Five rules, each said in stage 1's table where it leaves a setting out:
   speed at the same micro-batch: bf16 on a CPU without bf16 units) times one setting in each
   of its other cells, its first cell's fastest: no pipeline or compile choice closes such a
   gap, and its trials still get a measured speed;
-- past the stage's *budget* (``study.speed.max_seconds``, half of ``study.timeout`` at most)
-  nothing is compiled, and each cell still to time gets one eager setting.
+- the stage's *budget* (``study.speed.max_seconds``, half of ``study.timeout`` at most) keeps
+  back what one eager setting a cell costs for the cells still to come; once only that is left,
+  nothing is compiled, a cell that has timed a setting times no other, and each cell still to
+  time gets one eager setting. A compile mode is not started when less of the budget is left
+  than its cold compile takes (measured in this stage, else ``COMPILE_SECONDS_GUESS`` scaled
+  by how the compiles this stage measured compare with their guesses).
 
 Nothing here touches Optuna or torch; the stage (``_speed``) asks and reports.
 """
@@ -32,7 +36,7 @@ from typing import Any
 from autotune.faults import FaultKind
 from autotune.spec import Spec
 from autotune.speed import COMPUTE_KNOBS, SpeedMeasurement
-from autotune.study._speed_plan import Cell, Settings
+from autotune.study._speed_plan import COMPILE_SECONDS_GUESS, Cell, Settings
 
 __all__ = [
     "DOMINATED_SHARE",
@@ -124,14 +128,60 @@ class LeftOut:
         self.fastest: dict[tuple[Any, ...], dict[str, float]] = {}
         # (precision, declared knobs) -> why it is far behind, and its first cell's fastest
         self.dominated: dict[tuple[Any, ...], tuple[str, Settings]] = {}
+        self.cells_after = 0  # cells still to come after the one being timed
+        self.eager_seconds: float | None = None  # the quickest eager measurement, wall seconds
+        self.compiled_seconds: dict[str, float] = {}  # compile mode -> its longest cold compile
+
+    def took(self, mode: str, seconds: float, compile_seconds: float | None) -> None:
+        """A measurement of compile ``mode`` took ``seconds`` of wall time, ``compile_seconds``
+        of them compiling (None or 0: it ran eager, or reused a graph compiled before)."""
+        if mode == "none":
+            self.eager_seconds = min(self.eager_seconds or seconds, seconds)
+        elif compile_seconds:
+            self.compiled_seconds[mode] = max(
+                self.compiled_seconds.get(mode, 0.0), compile_seconds
+            )
+
+    def reserve(self) -> float:
+        """Seconds of the budget kept for the cells still to come: one eager setting each, at
+        the quickest eager measurement seen (0 until one is timed)."""
+        return self.cells_after * (self.eager_seconds or 0.0)
+
+    def budget_left(self) -> float:
+        """Seconds of the budget this cell may still spend (the reserve kept back)."""
+        return self.deadline - self.reserve() - time.monotonic()
 
     def over_budget(self) -> bool:
-        """Whether the stage's budget is spent."""
-        return time.monotonic() >= self.deadline
+        """Whether the stage's budget is spent, but for what the cells still to come need."""
+        return self.budget_left() <= 0.0
 
     def budget_spent(self) -> str:
         return (
             f"not tried: stage 1's budget of {self.budget:g} s is spent (study.speed.max_seconds)"
+        )
+
+    def expected_compile(self, mode: str) -> float:
+        """Seconds a cold compile of ``mode`` is expected to take: the longest this stage
+        measured, else its guess (``COMPILE_SECONDS_GUESS``) scaled by how the compiles this
+        stage measured compare with their own guesses (unscaled before any)."""
+        if mode in self.compiled_seconds:
+            return self.compiled_seconds[mode]
+        guess = COMPILE_SECONDS_GUESS.get(mode, 60.0)
+        ratios = [
+            seconds / COMPILE_SECONDS_GUESS[measured]
+            for measured, seconds in self.compiled_seconds.items()
+            if measured in COMPILE_SECONDS_GUESS
+        ]
+        return guess * max(ratios) if ratios else guess
+
+    def _too_short(self, mode: str) -> str | None:
+        """Why compile ``mode`` is not started with the budget left, or None."""
+        left, needs = self.budget_left(), self.expected_compile(mode)
+        if left >= needs:
+            return None
+        return (
+            f"not tried: {max(left, 0.0):.0f} s of stage 1's budget of {self.budget:g} s are "
+            f"left, and compile {mode} takes about {needs:.0f} s (study.speed.max_seconds)"
         )
 
     def compile_limit(self, mode: str, eager_epoch_seconds: float | None) -> TimeLimit | None:
@@ -142,7 +192,7 @@ class LeftOut:
         still running then cannot pay back, however fast its graph."""
         if mode == "none":
             return None
-        left = max(1.0, self.deadline - time.monotonic())
+        left = max(1.0, self.budget_left())
         budget = TimeLimit(
             left,
             f"stage 1's budget of {self.budget:g} s ran out while compile {mode} compiled "
@@ -176,12 +226,19 @@ class LeftOut:
         full = objective.full_run_epochs if objective.per_second else None
         return full or self.spec.workload.epochs
 
-    def why(self, cell: Cell, settings: Settings, compute_pass: bool = False) -> str | None:
+    def why(
+        self, cell: Cell, settings: Settings, compute_pass: bool = False, timed: bool = False
+    ) -> str | None:
         """Why ``settings`` is not tried in ``cell``, or None. The compute pass times its
-        settings with a reference pipeline, which the pipeline rule does not judge."""
+        settings with a reference pipeline, which the pipeline rule does not judge; ``timed``:
+        the cell has timed a setting already (past the budget it times no other)."""
         mode = _mode(settings)
-        if mode != "none" and self.over_budget():
+        if (mode != "none" or timed) and self.over_budget():
             return self.budget_spent()
+        if mode != "none" and mode not in self.dropped_modes:
+            short = self._too_short(mode)
+            if short is not None:
+                return short
         if mode in self.dropped_modes:
             return self.dropped_modes[mode]
         if dict(settings).get("channels_last") and mode in self.dropped_layouts:

@@ -143,6 +143,10 @@ class SettingTimer:
         """A measurement of ``config`` in ``cell`` was stopped at ``limit`` (the stage learns
         from it)."""
 
+    def took(self, config: TrialConfig, seconds: float, compile_seconds: float | None) -> None:
+        """A measurement of ``config`` took ``seconds`` of wall time, ``compile_seconds`` of
+        them compiling (the stage learns what its measurements cost)."""
+
     def _done(self, cell: Cell, settings: Settings, count: int) -> bool:
         """Whether ``settings`` has ``count`` measurements in ``cell`` already (or a fault);
         reported, at its first round, as reused."""
@@ -189,7 +193,10 @@ class SettingTimer:
         plan = dataclasses.replace(
             self.burst_plan, time_limit_seconds=limit.seconds if limit is not None else None
         )
+        began = time.monotonic()
         result = attempt(lambda: self.executor.measure(config, plan))
+        if not isinstance(result, TrialFault):
+            self.took(config, time.monotonic() - began, result.compile_seconds)
         if isinstance(result, TrialFault):
             kind, message = result.kind, result.message
             if limit is not None and kind in _TIMEOUTS:  # stopped at the stage's limit

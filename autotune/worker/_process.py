@@ -10,6 +10,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
 import tempfile
 import warnings
 from multiprocessing.connection import Connection
@@ -78,6 +79,7 @@ def worker_main(
     if not verbose:
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
         warnings.filterwarnings("ignore", message="This DataLoader will create")
+        _quiet_compiler()
 
     # torch and the training code: imported here, in the worker, so that the study process
     # starts it before importing them itself (``WorkerExecutor.launch``)
@@ -97,6 +99,32 @@ def worker_main(
         _serve(connection, workload, warmth, ranks)
     finally:
         ranks.close()
+
+
+# Inductor's switches for its autotuning reports (kernels shown per operation; statistics)
+_INDUCTOR_REPORTS = (
+    "TORCHINDUCTOR_AUTOTUNE_NUM_CHOICES_DISPLAYED",
+    "TORCHINDUCTOR_MAX_AUTOTUNE_REPORT_CHOICES_STATS",
+)
+
+
+def _quiet_compiler() -> None:
+    """Keep Inductor's own reports off the user's terminal: max-autotune writes a table of
+    every kernel it benchmarked, and its statistics, to stderr at each tuned operation, and it
+    warns that fp32 leaves TF32 off (as the configuration asked) and of its own deprecated
+    calls. What a trial measured is said by autotune; ``--verbose`` keeps all of it. Read by
+    Inductor's config at its import, which comes later in this process and in its compile
+    workers. A user who set either variable gets Inductor's reports as set."""
+    warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores for float32")
+    warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
+    if any(name in os.environ for name in _INDUCTOR_REPORTS):
+        return
+    for name in _INDUCTOR_REPORTS:
+        os.environ[name] = "0"
+    config = sys.modules.get("torch._inductor.config")  # imported already: set it there
+    if config is not None:
+        config.autotune_num_choices_displayed = 0  # type: ignore[attr-defined]
+        config.max_autotune_report_choices_stats = False  # type: ignore[attr-defined]
 
 
 def _serve(
