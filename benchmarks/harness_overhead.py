@@ -12,6 +12,7 @@ median step times is printed: 1.00 means no overhead. The goal is a ratio within
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 
@@ -113,11 +114,22 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--num-workers", type=int, default=0)
     parser.add_argument("--epochs", type=float, default=4.0)
+    parser.add_argument(
+        "--min-steps",
+        type=int,
+        default=300,
+        help="timed steps per run at least (more epochs where --epochs gives fewer)",
+    )
     parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
 
     hardware = detect(args.device)
     workload = load(WorkloadSpec(model=args.model, data=args.data))
+    # a window of a few steps measures the epoch boundaries and the clock, not the loop: on a
+    # GPU, digits at batch 512 makes 4 steps an epoch, and 4 epochs time 11 of them
+    steps_per_epoch = max(1, len(workload.train_set) // args.batch_size)  # type: ignore[arg-type]
+    wanted = (args.min_steps + MAX_WARMUP_STEPS) / steps_per_epoch
+    args.epochs = max(args.epochs, math.ceil(wanted))
     config = config_for(args, hardware.device)
     print(
         f"{workload.name}, batch {args.batch_size}, {args.num_workers} workers, fp32 eager, "

@@ -305,6 +305,22 @@ def test_every_tensor_of_a_nested_batch_reaches_the_device_and_images_go_nhwc():
     assert targets["y"].device.type == "meta" and targets["y"].dtype == torch.long
 
 
+def test_flat_batches_reach_the_device_as_nested_ones_do():
+    """A lone tensor and model inputs of tensors take a path of their own (no tree walked at
+    every step): the same devices, layout and types as the tree's."""
+    meta = torch.device("meta")
+    image, mask = torch.zeros(2, 3, 4, 4), torch.ones(2, 5, dtype=torch.long)
+    alone = to_device(image, meta, channels_last=True)
+    assert alone.device.type == "meta"
+    assert alone.is_contiguous(memory_format=torch.channels_last)
+    flat = to_device(ModelInputs((image,), {"attention_mask": mask}), meta, channels_last=True)
+    assert isinstance(flat, ModelInputs) and flat.args[0].device.type == "meta"
+    assert flat.args[0].is_contiguous(memory_format=torch.channels_last)
+    assert flat.kwargs["attention_mask"].device.type == "meta"
+    assert flat.kwargs["attention_mask"].dtype == torch.long
+    assert not to_device(image, meta).is_contiguous(memory_format=torch.channels_last)
+
+
 def test_a_batch_fn_replaces_inputs_and_target(user_dir: Path):
     with pytest.raises(ValueError, match="batch_fn: it says where the inputs and the target are"):
         WorkloadSpec(model="m", data="d", batch_fn="token_workloads:by_keyword", target=1)

@@ -217,6 +217,34 @@ def test_a_cell_times_cudnn_benchmark_off_before_on_so_a_worker_switches_once():
     assert switches <= 2  # the compute pass switches once, the pipeline pass once at most
 
 
+def test_a_cell_begins_with_the_cudnn_benchmark_flag_its_worker_process_ran_last(
+    tmp_path: Path, prepare_study
+):
+    """A cell that ends with cudnn.benchmark on leaves a worker process that ran it on: the
+    next cell times its settings with it on first, and switches (a fresh process) once."""
+    from autotune.study._speed import _stage
+
+    space = two_stage().replace(
+        "num_workers: [0, 1]", "num_workers: [0, 1]\n  cudnn_benchmark: [false, true]"
+    )
+    study, _, _, _ = prepare_study(space, tmp_path, run=False)
+    spec = restrict(parse_spec(space, tmp_path / "space.yaml"), AMPERE).spec
+    stage = _stage(study, spec, AMPERE, InProcessExecutor(blobs_workload()), None, None, print)
+    cell = Cell(16, "fp32")
+    planned = stage.plan.first_round(cell)
+    flags = [dict(s)["cudnn_benchmark"] for s in planned]
+    assert flags[0] is False and True in flags  # the plan's own order: off, then on
+    assert stage._same_process_first(cell, planned) == planned  # nothing ran yet
+    stage.last_measured = stage.plan.config(cell, planned[flags.index(True)])
+    ordered = stage._same_process_first(cell, planned)
+    assert sorted(ordered) == sorted(planned)
+    after = [dict(s)["cudnn_benchmark"] for s in ordered]
+    assert after == sorted(after, reverse=True)  # on first: one switch, not two
+    assert [s for s in ordered if not dict(s)["cudnn_benchmark"]] == [
+        s for s in planned if not dict(s)["cudnn_benchmark"]
+    ]
+
+
 def test_a_range_of_an_execution_knob_is_enumerated_and_a_wide_one_refused():
     plan = _plan(two_stage().replace("num_workers: [0, 1]", "num_workers: {low: 0, high: 2}"))
     assert plan.values["num_workers"] == (0, 1, 2)

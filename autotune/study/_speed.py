@@ -78,6 +78,8 @@ class _Stage(SettingTimer):
         first round leaves out what the rules rule out (``skip``, asked as each one's turn
         comes); the settings left in, in order."""
         kept, held = [], []
+        if count == 1:
+            candidates = self._same_process_first(cell, candidates)
         for settings in candidates:
             if count == 1 and self.skip(cell, settings, compute_pass):
                 continue
@@ -87,6 +89,21 @@ class _Stage(SettingTimer):
         for settings in held:
             self.measure(cell, settings, count)
         return kept
+
+    def _same_process_first(self, cell: Cell, candidates: list[Settings]) -> list[Settings]:
+        """``candidates`` with those the worker can time in its current process first (in
+        their order), then those that need a fresh one: on a GPU, cuDNN's plan cache makes
+        every switch of cudnn.benchmark a new worker process (``cudnn_plans_differ``; 10-13 s
+        on an H100), so a cell begins with the setting the last cell ended with and switches
+        once, not twice."""
+        from autotune.trainer import cudnn_plans_differ  # torch: imported by now
+
+        last = self.last_measured
+        if last is None:
+            return candidates
+        return sorted(
+            candidates, key=lambda s: cudnn_plans_differ(last, self.plan.config(cell, s))
+        )
 
     def time_limit(self, cell: Cell, config: TrialConfig) -> TimeLimit | None:
         return self.left_out.compile_limit(config.compile, self._eager_epoch(cell))

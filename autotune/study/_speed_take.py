@@ -74,6 +74,7 @@ class SettingTimer:
         self.on_event = on_event
         self.on_wait = on_wait  # hears that a measurement waits for another process
         self.claims = Claims(self.speed_study)  # who times which setting, across machines
+        self.last_measured: TrialConfig | None = None  # what the worker's process ran last
         self.burst_plan = BurstPlan(
             bursts=spec.study.speed.bursts,
             burst_seconds=spec.study.speed.burst_seconds,
@@ -194,6 +195,7 @@ class SettingTimer:
             self.burst_plan, time_limit_seconds=limit.seconds if limit is not None else None
         )
         began = time.monotonic()
+        self.last_measured = config
         result = attempt(lambda: self.executor.measure(config, plan))
         if not isinstance(result, TrialFault):
             self.took(config, time.monotonic() - began, result.compile_seconds)

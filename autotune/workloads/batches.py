@@ -59,7 +59,22 @@ def to_device(tree: Any, device: torch.device, channels_last: bool = False) -> A
             tensor = tensor.contiguous(memory_format=torch.channels_last)
         return tensor
 
+    # the common batches, tensors and model inputs of tensors: no tree walked at every step
+    if isinstance(tree, torch.Tensor):
+        return move(tree)
+    if isinstance(tree, ModelInputs) and _flat(tree):
+        return ModelInputs(
+            tuple(move(arg) for arg in tree.args),
+            {key: move(value) for key, value in tree.kwargs.items()},
+        )
     return tree_map_only(torch.Tensor, move, tree)
+
+
+def _flat(inputs: ModelInputs) -> bool:
+    """Whether every argument of ``inputs`` is a tensor (none a container of them)."""
+    return all(isinstance(arg, torch.Tensor) for arg in inputs.args) and all(
+        isinstance(value, torch.Tensor) for value in inputs.kwargs.values()
+    )
 
 
 def count_samples(target: Any) -> int:
