@@ -3,8 +3,10 @@ note optuna-dashboard shows (the files attached to the study: artifacts.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -311,11 +313,40 @@ def speed_note(study_name: str) -> str:
 def write_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> None:
     """Save ``study_note`` as the study's note in optuna-dashboard (and ``speed_note`` on its
     speed study, when it has one)."""
-    import optuna_dashboard  # with scikit-learn: `autotune best` reads the note's numbers only
-
-    optuna_dashboard.save_note(study, study_note(study, storage_url))
+    save_note = dashboard_save_note()
+    save_note(study, study_note(study, storage_url))
     speed = speed_study_name(study.study_name)
     storage = adapter.storage_of(study)
     if speed in optuna.get_all_study_names(storage):
         speed_study = optuna.load_study(study_name=speed, storage=storage)
-        optuna_dashboard.save_note(speed_study, speed_note(study.study_name))
+        save_note(speed_study, speed_note(study.study_name))
+
+
+def dashboard_save_note() -> Callable[[optuna.Study, str], None]:
+    """optuna-dashboard's own ``save_note``, taken from its ``_note`` module (which imports
+    optuna alone) without running the package's ``__init__``: that imports the dashboard's web
+    app and, through ``optuna.importance``, scikit-learn, 1.6 s at the end of every run. Where
+    the module is not where this version of optuna-dashboard keeps it, the package's export."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    loaded = sys.modules.get("optuna_dashboard")
+    if loaded is not None:
+        return loaded.save_note
+    package = importlib.util.find_spec("optuna_dashboard")
+    locations = package.submodule_search_locations if package is not None else None
+    if locations:
+        path = Path(next(iter(locations))) / "_note.py"
+        spec = importlib.util.spec_from_file_location("autotune._dashboard_note", path)
+        if path.is_file() and spec is not None and spec.loader is not None:
+            module = importlib.util.module_from_spec(spec)
+            save_note = None
+            with contextlib.suppress(ImportError):  # it needs more than optuna in this version
+                spec.loader.exec_module(module)
+                save_note = getattr(module, "save_note", None)
+            if callable(save_note):
+                return save_note
+    import optuna_dashboard
+
+    return optuna_dashboard.save_note

@@ -173,3 +173,24 @@ def test_the_checks_see_real_imports():
     found = _imports(PACKAGE / "study" / "_trial.py")
     assert {"autotune.executor", "autotune.study._records", "autotune.objective"} <= found
     assert "autotune.notes" in _imports(PACKAGE / "cli" / "_inspect.py")  # inside a function
+
+
+def test_a_lazy_packages_three_lists_of_names_agree():
+    """``autotune.study`` imports its names on first use: they are listed for the type checker
+    (``if TYPE_CHECKING``), for the lazy import (``_MODULES``: name -> module) and in
+    ``__all__``. The three must name the same things, each from the same module."""
+    import autotune.study as package
+
+    tree = ast.parse(Path(package.__file__).read_text())
+    typed: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for statement in node.body:
+                assert isinstance(statement, ast.ImportFrom) and statement.module is not None
+                module = statement.module.removeprefix("autotune.study.")
+                typed.update({alias.name: module for alias in statement.names})
+    assert typed, "no TYPE_CHECKING imports found"
+    assert typed == package._MODULES
+    assert sorted(package.__all__) == sorted(package._MODULES)
+    for name in package.__all__:  # each resolves, lazily, to what the type checker was told
+        assert getattr(package, name) is not None

@@ -116,3 +116,26 @@ def test_artifacts_go_only_where_they_are_named(tmp_path: Path):
     blocked.write_text("")
     with pytest.raises(UserError, match="cannot make the folder"):
         artifacts.open_store(artifacts.ArtifactLocation(folder=blocked / "sub"), create=True)
+
+
+def test_the_note_is_written_by_optuna_dashboards_own_code_without_its_web_app(tmp_path: Path):
+    """``autotune run`` ends by writing the note: optuna-dashboard's ``save_note``, loaded
+    from its module without the package's web app and scikit-learn (1.6 s of imports), and
+    read back by the dashboard's public ``get_note`` as written."""
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path}/note.db"
+    optuna.create_study(study_name="noted", storage=url)
+    code = (
+        "import sys, optuna\n"
+        "from autotune.notes import dashboard_save_note\n"
+        f"study = optuna.load_study(study_name='noted', storage='{url}')\n"
+        "dashboard_save_note()(study, '# A note\\n\\nwith **two** lines')\n"
+        "print(sorted(m for m in ('optuna_dashboard', 'sklearn') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"  # neither imported
+    study = optuna.load_study(study_name="noted", storage=url)
+    assert optuna_dashboard.get_note(study) == "# A note\n\nwith **two** lines"

@@ -282,3 +282,42 @@ def test_a_confirmation_lock_that_a_restart_took_away_still_keeps_others_out(pos
         waited = time.monotonic() - started
     assert LEASE_GRACE * LEASE_INTERVAL <= waited < (LEASE_GRACE + 3) * LEASE_INTERVAL
     engine.dispose()
+
+
+def test_a_lease_whose_beat_hangs_is_let_go_within_its_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A beat that hangs on a database that stopped answering (a partition: no refusal comes)
+    must not hold the confirmation round's end: release waits LEASE_GRACE intervals at most
+    and leaves the lease to go stale, as another process judges it anyway; a beat that
+    answers is waited for and the lease cleared."""
+    from autotune.study import _liveness
+
+    monkeypatch.setattr(_liveness, "LEASE_INTERVAL", 0.05)
+    url = f"sqlite:///{tmp_path}/lease.db"
+    study = optuna.create_study(study_name="leased", storage=url)
+    lease = _liveness._Lease(study, "confirm")
+    lease.take()
+    time.sleep(0.2)  # beats land
+    lease.release()
+    assert adapter.study_system_attr(study, lease.key) is None  # cleared
+
+    hang, writes = threading.Event(), []
+    real = adapter.set_study_system_attr
+
+    def hanging(study: optuna.Study, key: str, value: object) -> None:
+        if isinstance(value, dict) and value.get("beat"):  # a beat: the database is gone
+            hang.wait(30)
+        writes.append(value)
+        real(study, key, value)
+
+    monkeypatch.setattr(adapter, "set_study_system_attr", hanging)
+    stuck = _liveness._Lease(study, "confirm")
+    stuck.take()
+    time.sleep(0.2)  # its first beat hangs
+    started = time.monotonic()
+    stuck.release()
+    assert time.monotonic() - started < _liveness.LEASE_GRACE * 0.05 + 1.0
+    assert None not in writes  # not cleared through a database that does not answer
+    assert adapter.study_system_attr(study, stuck.key)["owner"] == stuck.owner
+    hang.set()

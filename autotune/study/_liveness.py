@@ -121,10 +121,15 @@ class _Lease:
         self._thread.start()
 
     def release(self) -> None:
-        """Stop beating and clear the lease (left to go stale where the database is down)."""
+        """Stop beating and clear the lease (left to go stale where the database is down). A
+        beat that hangs on a database that stopped answering (a partition, not a refusal) is
+        waited for ``LEASE_GRACE`` intervals at most: the lease is then left to go stale, as
+        another process would judge it anyway."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(LEASE_GRACE * LEASE_INTERVAL)
+            if self._thread.is_alive():  # its beat hangs: so would the clearing
+                return
         with contextlib.suppress(sqlalchemy.exc.SQLAlchemyError):
             adapter.set_study_system_attr(self.study, self.key, None)
 
