@@ -590,7 +590,7 @@ def test_no_feasible_trial_and_multi_objective_studies(tmp_path: Path):
 
 
 VISION_SPACE = """\
-study: {name: vision, n_trials: 1, pruner: none}
+study: {name: vision, n_trials: 1, pruner: none, strategy: joint, confirm: false}
 workload:
   model: torchvision:resnet18
   model_args: {cifar_stem: true}
