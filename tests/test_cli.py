@@ -16,7 +16,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune._version import __version__
-from autotune.study import StudyRecord, answer_trial
+from autotune.study import StudyError, StudyRecord, answer_trial, load_study
 from autotune.testing import TINY_SPACE, import_blocker, run_cli, write_space
 
 pytestmark = pytest.mark.slow
@@ -62,8 +62,9 @@ def test_run_then_best_then_resume(tmp_path: Path):
     assert payload["value"] == pytest.approx(answer.value)
     assert payload["config"] == answer.user_attrs["config"]
     assert payload["metrics"]["score"] >= 0.5
-    shown = run_cli("best", "--study", "tiny", cwd=tmp_path)
+    shown = run_cli("best", cwd=tmp_path)  # no --study: the storage's only study (and .speed)
     assert shown.returncode == 0 and "confirmed: median" in shown.stdout, shown.stdout
+    assert shown.stdout.startswith("tiny: trial ")
 
     listed = run_cli("studies", cwd=tmp_path)
     assert listed.returncode == 0 and "tiny" in listed.stdout
@@ -140,6 +141,11 @@ def test_edited_space_is_refused_until_new_study(tmp_path: Path):
     assert fresh.returncode == 0 and "study tiny-2" in fresh.stdout
     unknown = run_cli("best", "--study", "tiyn", cwd=tmp_path)
     assert unknown.returncode == 1 and "did you mean 'tiny'?" in unknown.stderr
+    url = f"sqlite:///{tmp_path}/studies/autotune.db"
+    with pytest.raises(
+        StudyError, match=r"holds 2 studies \(tiny, tiny-2\): name one with --study"
+    ):
+        load_study(None, url)
 
 
 def test_a_study_name_with_markup_and_spaces_is_shown_as_it_is(tmp_path: Path):

@@ -281,3 +281,21 @@ def test_a_sqlite_study_writes_in_wal_mode_without_a_sync_per_commit(tmp_path: P
     with storage.engine.connect() as connection:  # a connection made after open_storage
         assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert connection.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+
+
+def test_a_command_without_study_reads_the_storages_only_study(tmp_path: Path):
+    """`autotune best|export|report|confirm` without --study: the storage's only study, its
+    stage-1 speed study (NAME.speed) not counted; one line where there is none or several."""
+    from autotune.study import StudyError, load_study
+
+    url = f"sqlite:///{tmp_path}/studies.db"
+    optuna.create_study(study_name="empty", storage=url).set_user_attr("x", 1)
+    optuna.delete_study(study_name="empty", storage=url)
+    with pytest.raises(StudyError, match=r"no study in .*studies\.db: run one with"):
+        load_study(None, url)
+    optuna.create_study(study_name="mine", storage=url)
+    optuna.create_study(study_name="mine.speed", storage=url)
+    assert load_study(None, url).study_name == "mine"
+    optuna.create_study(study_name="other.speed", storage=url)  # no study "other": a study
+    with pytest.raises(StudyError, match=r"holds 2 studies \(mine, other\.speed\)"):
+        load_study(None, url)

@@ -44,6 +44,13 @@ def storage_option() -> Any:
     return typer.Option(envvar=STORAGE_ENV, help="Optuna storage URL.")
 
 
+def study_option() -> Any:
+    """``--study NAME``; left out, the storage's only study (its speed study aside)."""
+    return typer.Option(
+        "--study", metavar="NAME", help="Study name. Default: the storage's only study."
+    )
+
+
 def artifacts_option() -> Any:
     """``--artifacts DIR|s3://bucket``, by default $AUTOTUNE_ARTIFACTS (see autotune.artifacts)."""
     return typer.Option(

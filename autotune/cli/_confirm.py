@@ -24,6 +24,7 @@ from autotune.cli._common import (
     quiet_libraries,
     raise_terminated,
     storage_option,
+    study_option,
 )
 from autotune.errors import UserError
 from autotune.spec import DEFAULT_STORAGE
@@ -94,7 +95,7 @@ def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) 
 
 
 def confirm(
-    study_name: Annotated[str, typer.Option("--study", help="Study name.")],
+    study_name: Annotated[str | None, study_option()] = None,
     storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
     top: Annotated[
         int | None,
@@ -126,6 +127,7 @@ def confirm(
     quiet_libraries(verbose=False)
     try:
         found = studies.load_study(study_name, storage, "write")
+        study_name = found.study_name  # the storage's only study where none was named
         spec = export.study_spec(found)
         if spec is None:
             raise studies.StudyError(

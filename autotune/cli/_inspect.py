@@ -24,6 +24,7 @@ from autotune.cli._common import (
     open_for_reading,
     quiet_libraries,
     storage_option,
+    study_option,
 )
 from autotune.errors import UserError
 
@@ -35,7 +36,7 @@ from autotune.spec import DEFAULT_STORAGE
 
 @app.command(cls=Command)
 def best(
-    study_name: Annotated[str, typer.Option("--study", help="Study name.")],
+    study_name: Annotated[str | None, study_option()] = None,
     storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
     trial: Annotated[
         int | None, typer.Option(help="Show this trial instead of the best feasible one.")
@@ -52,6 +53,7 @@ def best(
         chosen = export.select_trial(found, trial)
     except UserError as err:
         raise fail(str(err), EXIT_FAILED) from None
+    study_name = found.study_name  # the storage's only study where none was named
     result = export.best_config(found, chosen)
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
@@ -99,7 +101,7 @@ def _against_baseline(study: Any, chosen: Any) -> None:
 
 @app.command("export", cls=Command)
 def export_command(
-    study_name: Annotated[str, typer.Option("--study", help="Study name.")],
+    study_name: Annotated[str | None, study_option()] = None,
     output: Annotated[
         Path | None,
         typer.Option("--output", "-o", help="File to write. Default: print to the terminal."),
@@ -141,6 +143,7 @@ def export_command(
     try:
         location = stores.locate(storage, artifacts)  # a bad --artifacts: first
         found = studies.load_study(study_name, storage)
+        study_name = found.study_name  # the storage's only study where none was named
         chosen = export.select_trial(found, trial)
         result = export.best_config(found, chosen)
         spec = export.study_spec(found)
@@ -234,7 +237,7 @@ def _attach(study: Any, output: Path, storage: str, location: ArtifactLocation |
 
 @app.command("report", cls=Command)
 def report_command(
-    study_name: Annotated[str, typer.Option("--study", help="Study name.")],
+    study_name: Annotated[str | None, study_option()] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path(
         "report.html"
     ),
@@ -251,6 +254,7 @@ def report_command(
     try:
         location = stores.locate(storage, artifacts)  # a bad --artifacts: first
         found = studies.load_study(study_name, storage)
+        study_name = found.study_name  # the storage's only study where none was named
         write_new_file(output, report.render_html(found, storage), force=force)
     except UserError as err:
         raise fail(str(err), EXIT_FAILED) from None

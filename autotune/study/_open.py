@@ -275,15 +275,19 @@ def patient_storage(
     return adapter.PatientStorage(backend, Patience(outage_seconds, url=backend.url))
 
 
-def load_study(name: str, storage_url: str, access: Access = "read") -> optuna.Study:
+def load_study(name: str | None, storage_url: str, access: Access = "read") -> optuna.Study:
     """An existing study, read-only unless ``access`` is "write" (then its writes wait for a
-    database that restarts); StudyError naming the studies there when it is absent."""
+    database that restarts); StudyError naming the studies there when it is absent. With no
+    ``name``, the storage's only study (its stage-1 speed study aside); StudyError naming them
+    where there are several, or saying there is none."""
     storage = (
         open_storage(storage_url, access)
         if access == "read"
         else patient_storage(storage_url, access)
     )
     names = optuna.get_all_study_names(storage)
+    if name is None:
+        name = only_study(names, storage_url)
     if name not in names:
         known = ", ".join(sorted(names)) or "none"
         hint = difflib.get_close_matches(name, names, n=1)
@@ -292,3 +296,19 @@ def load_study(name: str, storage_url: str, access: Access = "read") -> optuna.S
             f"no study '{name}' in {display_url(storage_url)}; {suggestion}studies there: {known}"
         )
     return optuna.load_study(study_name=name, storage=storage)
+
+
+def only_study(names: list[str], storage_url: str) -> str:
+    """The one study among ``names`` that is not another's speed study (``NAME.speed``);
+    StudyError where there is none or there are several."""
+    from autotune.study._speed_store import speed_study_name
+
+    studies = sorted(n for n in names if not any(speed_study_name(o) == n for o in names))
+    where = display_url(storage_url)
+    if not studies:
+        raise StudyError(f"no study in {where}: run one with `autotune run SPACE.yaml`")
+    if len(studies) > 1:
+        raise StudyError(
+            f"{where} holds {len(studies)} studies ({', '.join(studies)}): name one with --study"
+        )
+    return studies[0]
