@@ -156,6 +156,11 @@ def test_the_commands_to_copy_are_whole_lines(seen, width):
     shown = studies.display_url(url)
     assert shlex.join(["autotune", "dashboard", "--storage", shown]) in lines, lines
     assert shlex.join(["autotune", "best", "--study", "seen", "--storage", shown]) in lines
+    # not confirmed (the run stopped before its round): the command that confirms it
+    assert shlex.join(["autotune", "confirm", "--study", "seen", "--storage", shown]) in lines
+    console = _console(width)
+    display.print_summary(console, study, spec.with_overrides(study={"confirm": False}), outcome)
+    assert "autotune confirm" not in _text(console)  # no round asked for: none suggested
 
 
 def test_a_long_value_goes_on_a_line_of_its_own_and_is_never_broken():

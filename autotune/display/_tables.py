@@ -240,12 +240,15 @@ def print_summary(
     best = studies.answer_trial(study)
     assert best is not None
     stored = studies.StudyRecord.of(study).confirmation
-    how = "confirmed" if stored is not None and stored.complete else "not confirmed"
+    confirmed = stored is not None and stored.complete
+    how = "confirmed" if confirmed else "not confirmed"
     console.print(f"\n[bold]Best configuration[/] (trial {best.number}, {how}):")
     console.print(config_table(best))
     where = study_options(study.study_name, spec.study.storage)
     console.print()
     print_command(console, "Inspect the study:", "autotune", "dashboard", *where[2:])
+    if not confirmed and spec.study.confirm.enabled:  # the run stopped before its round
+        print_command(console, "Confirm it:       ", "autotune", "confirm", *where)
     print_command(console, "Print the winner: ", "autotune", "best", *where)
 
 
