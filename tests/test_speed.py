@@ -200,6 +200,20 @@ def test_many_settings_are_searched_in_two_passes_with_a_feeding_pipeline():
     assert reference["pin_memory"] is True
 
 
+def test_on_a_gpu_stage_one_times_the_half_precisions_first():
+    """A budget that runs short gives the groups it cannot reach one eager setting a cell: on
+    a GPU those are the slow precisions, fp32 and TF32; on a CPU the space's order holds."""
+    from autotune.spec import PRECISIONS
+    from autotune.study._speed_plan import GPU_PRECISION_ORDER
+
+    assert set(PRECISIONS) <= set(GPU_PRECISION_ORDER)  # every precision has a place
+    space = two_stage(precisions="[fp32, tf32, bf16, fp16]")
+    gpu = [c.precision for c in _plan(space, AMPERE).cells() if c.batch_size == 16]
+    assert gpu == ["fp16", "bf16", "tf32", "fp32"]
+    cpu = [c.precision for c in _plan(two_stage()).cells() if c.batch_size == 16]
+    assert cpu == ["fp32", "bf16"]  # as listed (a GPU would time bf16 first)
+
+
 def test_a_cell_times_cudnn_benchmark_off_before_on_so_a_worker_switches_once():
     # cuDNN's plans outlive a run: each switch of the flag costs the worker a fresh process
     # (trainer.cudnn_plans_differ), so the order must not alternate as a plain product does
