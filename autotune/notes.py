@@ -338,11 +338,12 @@ def dashboard_save_note() -> Callable[[optuna.Study, str], None]:
     locations = package.submodule_search_locations if package is not None else None
     if locations:
         path = Path(next(iter(locations))) / "_note.py"
-        spec = importlib.util.spec_from_file_location("autotune._dashboard_note", path)
+        # a top-level name: a relative import in it fails rather than reaching autotune's
+        spec = importlib.util.spec_from_file_location("_autotune_dashboard_note", path)
         if path.is_file() and spec is not None and spec.loader is not None:
             module = importlib.util.module_from_spec(spec)
             save_note = None
-            with contextlib.suppress(ImportError):  # it needs more than optuna in this version
+            with contextlib.suppress(Exception):  # it needs more than optuna in this version
                 spec.loader.exec_module(module)
                 save_note = getattr(module, "save_note", None)
             if callable(save_note):

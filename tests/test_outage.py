@@ -294,6 +294,7 @@ def test_a_lease_whose_beat_hangs_is_let_go_within_its_grace(
     from autotune.study import _liveness
 
     monkeypatch.setattr(_liveness, "LEASE_INTERVAL", 0.05)
+    monkeypatch.setattr(_liveness, "LEASE_GRACE", 40)  # 2 s: a slow commit is still waited for
     url = f"sqlite:///{tmp_path}/lease.db"
     study = optuna.create_study(study_name="leased", storage=url)
     lease = _liveness._Lease(study, "confirm")
@@ -320,4 +321,7 @@ def test_a_lease_whose_beat_hangs_is_let_go_within_its_grace(
     assert time.monotonic() - started < _liveness.LEASE_GRACE * 0.05 + 1.0
     assert None not in writes  # not cleared through a database that does not answer
     assert adapter.study_system_attr(study, stuck.key)["owner"] == stuck.owner
-    hang.set()
+    hang.set()  # the database answers the hung beat: its thread clears what it wrote
+    assert stuck._thread is not None
+    stuck._thread.join(5)
+    assert adapter.study_system_attr(study, stuck.key) is None

@@ -1055,6 +1055,35 @@ def test_a_compile_is_not_started_when_less_of_the_budget_is_left_than_it_takes(
     clock.seconds = 100.0
     assert left_out.why(cell, (("compile", "none"),)) is None
     assert "is spent" in (left_out.why(cell, (("compile", "none"),), timed=True) or "")
+    # a cell whose every setting compiles, nothing timed: one is timed, or it has no speed
+    assert left_out.why(cell, autotuned, fallback=False) is None
+    clock.seconds = 80.0
+    assert left_out.why(cell, autotuned, fallback=False) is None
+    # a graph this stage compiled already costs no cold compile: not refused for the budget
+    assert left_out.why(cell, autotuned, compiled=True) is None
+
+
+def test_a_cell_whose_every_setting_compiles_may_take_its_compile_past_the_budget(
+    tmp_path: Path, prepare_study, clock: FakeClock
+):
+    from autotune.study._speed import _stage
+    from autotune.study._speed_rules import MEASUREMENT_SLACK_SECONDS
+
+    space = two_stage(workers="[0]", precisions="fp32").replace(
+        "num_workers: [0]\n", "num_workers: [0]\n  compile: [default]\n"
+    )
+    space = space.replace("speed: {bursts: 2,", "speed: {max_seconds: 100, bursts: 2,")
+    study, _, _, _ = prepare_study(space, tmp_path, run=False)
+    spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
+    stage = _stage(study, spec, CPU, InProcessExecutor(blobs_workload()), None, None, print)
+    cell = next(iter(stage.plan.cells()))
+    assert not stage._can_fall_back(cell)  # no eager setting in the space, nothing timed
+    clock.seconds = 95.0  # 5 s of the budget left
+    config = stage.plan.config(cell, stage.plan.first_round(cell)[0])
+    limit = stage.time_limit(cell, config)
+    assert limit is not None and limit.budget
+    needs = stage.left_out.expected_compile("default") + MEASUREMENT_SLACK_SECONDS
+    assert limit.seconds == pytest.approx(needs)  # not the 5 s left: the cell needs a speed
 
 
 def test_a_cell_that_timed_a_setting_when_the_budget_ran_out_times_no_other(

@@ -116,6 +116,8 @@ class _Lease:
                     adapter.set_study_system_attr(
                         self.study, self.key, {"owner": self.owner, "beat": count}
                     )
+                    if self._stop.is_set():  # released while this beat hung: not held now
+                        adapter.set_study_system_attr(self.study, self.key, None)
 
         self._thread = threading.Thread(target=beat, name="autotune-lease", daemon=True)
         self._thread.start()

@@ -19,6 +19,7 @@ precision, the settings with which a trial finishes soonest, charged as the obje
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -26,12 +27,18 @@ from typing import TYPE_CHECKING
 import optuna
 
 from autotune.config import TrialConfig
+from autotune.execution import graph_key
 from autotune.executor import TrialExecutor
 from autotune.spec import Spec
 from autotune.speed import COMPUTE_KNOBS, SpeedTable
 from autotune.study import adapter
 from autotune.study._speed_plan import Cell, Settings, SpeedPlan, context_key, describe
-from autotune.study._speed_rules import CellResult, LeftOut, TimeLimit
+from autotune.study._speed_rules import (
+    MEASUREMENT_SLACK_SECONDS,
+    CellResult,
+    LeftOut,
+    TimeLimit,
+)
 from autotune.study._speed_store import Pool, SpeedEvent, context_facts, load_cache
 from autotune.study._speed_table import speed_table
 from autotune.study._speed_take import SettingTimer
@@ -105,8 +112,26 @@ class _Stage(SettingTimer):
             candidates, key=lambda s: cudnn_plans_differ(last, self.plan.config(cell, s))
         )
 
+    def _timed(self, cell: Cell) -> bool:
+        """Whether ``cell`` has a measurement (this run's, another process's or the cache's)."""
+        return any(self.pool(cell, s).results for s in self.tried.get(cell, []))
+
+    def _can_fall_back(self, cell: Cell) -> bool:
+        """Whether ``cell`` has a measurement or an eager setting to time: only then may the
+        budget leave its compiled settings out."""
+        return self._timed(cell) or any(
+            dict(s).get("compile", "none") == "none" for s in self.plan.first_round(cell)
+        )
+
     def time_limit(self, cell: Cell, config: TrialConfig) -> TimeLimit | None:
-        return self.left_out.compile_limit(config.compile, self._eager_epoch(cell))
+        limit = self.left_out.compile_limit(config.compile, self._eager_epoch(cell))
+        if limit is None or not limit.budget or self._can_fall_back(cell):
+            return limit
+        # every setting of the cell compiles (a declared compile mode, or none eager in the
+        # space) and none is timed: its one measurement may take its cold compile and then
+        # some past the budget, or the cell would have no speed at all
+        needs = self.left_out.expected_compile(config.compile) + MEASUREMENT_SLACK_SECONDS
+        return dataclasses.replace(limit, seconds=max(limit.seconds, needs))
 
     def stopped(self, cell: Cell, config: TrialConfig, limit: TimeLimit) -> None:
         self.left_out.stopped(config.compile, limit, cell)
@@ -139,8 +164,11 @@ class _Stage(SettingTimer):
         A setting measured before (the cache) is never left out: it costs nothing."""
         if self.pool(cell, settings).results:
             return False
-        timed = any(self.pool(cell, s).results for s in self.tried.get(cell, []))
-        why = self.left_out.why(cell, settings, compute_pass, timed)
+        timed = self._timed(cell)
+        compiled = graph_key(self.plan.config(cell, settings)) in self.cold_compiles
+        why = self.left_out.why(
+            cell, settings, compute_pass, timed, self._can_fall_back(cell), compiled
+        )
         if why is None:
             return False
         words = describe(settings)

@@ -175,9 +175,10 @@ class LeftOut:
         return guess * max(ratios) if ratios else guess
 
     def _too_short(self, mode: str) -> str | None:
-        """Why compile ``mode`` is not started with the budget left, or None."""
+        """Why compile ``mode`` is not started with the budget left, or None: its cold compile
+        and then the measurement itself (about an eager one's seconds) must fit."""
         left, needs = self.budget_left(), self.expected_compile(mode)
-        if left >= needs:
+        if left >= needs + (self.eager_seconds or 0.0):
             return None
         return (
             f"not tried: {max(left, 0.0):.0f} s of stage 1's budget of {self.budget:g} s are "
@@ -216,8 +217,10 @@ class LeftOut:
 
     def stopped(self, mode: str, limit: TimeLimit, cell: Cell) -> None:
         """A measurement of compile ``mode`` in ``cell`` was stopped at ``limit``: the mode
-        is not tried again in this stage (past the budget nothing compiles anyway)."""
+        is not tried again in this stage (past the budget nothing compiles anyway), and its
+        compile took longer than the limit (what the other modes' guesses are scaled by)."""
         self.dropped_modes.setdefault(mode, f"not tried: {limit.why} at {cell.label()}")
+        self.compiled_seconds[mode] = max(self.compiled_seconds.get(mode, 0.0), limit.seconds)
 
     def _horizon(self) -> float:
         """Epochs over which a compile pays back: the full run's (objective.full_run_epochs)
@@ -227,15 +230,25 @@ class LeftOut:
         return full or self.spec.workload.epochs
 
     def why(
-        self, cell: Cell, settings: Settings, compute_pass: bool = False, timed: bool = False
+        self,
+        cell: Cell,
+        settings: Settings,
+        compute_pass: bool = False,
+        timed: bool = False,
+        fallback: bool = True,
+        compiled: bool = False,
     ) -> str | None:
         """Why ``settings`` is not tried in ``cell``, or None. The compute pass times its
         settings with a reference pipeline, which the pipeline rule does not judge; ``timed``:
-        the cell has timed a setting already (past the budget it times no other)."""
+        the cell has timed a setting already (past the budget it times no other);
+        ``fallback``: the cell has timed a setting or has an eager one to time, so a compile
+        the budget left cannot hold may be left out (a cell whose every setting compiles
+        times one, bounded by ``compile_limit``); ``compiled``: its graph was compiled in this
+        stage already (no cold compile to wait for)."""
         mode = _mode(settings)
-        if (mode != "none" or timed) and self.over_budget():
+        if (mode != "none" or timed) and fallback and self.over_budget():
             return self.budget_spent()
-        if mode != "none" and mode not in self.dropped_modes:
+        if mode != "none" and mode not in self.dropped_modes and fallback and not compiled:
             short = self._too_short(mode)
             if short is not None:
                 return short
