@@ -259,6 +259,36 @@ def test_a_cell_begins_with_the_cudnn_benchmark_flag_its_worker_process_ran_last
     ]
 
 
+def test_stage_one_on_a_gpu_switches_cudnn_benchmark_once_a_cell(tmp_path: Path, prepare_study):
+    """The stage as a GPU runs it (configurations for cuda, measured here on the CPU): each
+    cell begins with the flag the last one ended with, so two cells switch twice, not three
+    times (each switch is a fresh worker process on a GPU)."""
+    from autotune.study import run_speed_stage
+
+    space = two_stage(n_trials=1, precisions="fp32", workers="[0]").replace(
+        "num_workers: [0]", "num_workers: [0]\n  cudnn_benchmark: [false, true]"
+    )
+    space = space.replace("speed: {bursts: 2,", "speed: {repeats: 1, bursts: 2,")  # no rematch
+
+    class OnTheCpu(CountingExecutor):  # what a GPU would be asked, timed on this CPU
+        def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
+            self.measured.append(config)
+            return InProcessExecutor.measure(self, dataclasses.replace(config, device="cpu"), plan)
+
+    executor = OnTheCpu(_workload(tmp_path, space))
+    study, _, _, _ = prepare_study(space, tmp_path, run=False)
+    spec = restrict(parse_spec(space, tmp_path / "space.yaml"), AMPERE).spec
+    run_speed_stage(study, spec, AMPERE, executor)
+    asked = executor.measured
+    assert all(c.device.startswith("cuda") for c in asked)
+    by_cell = [[c.cudnn_benchmark for c in asked if c.batch_size == b] for b in (16, 32)]
+    assert all(set(flags) == {False, True} for flags in by_cell), by_cell
+    assert by_cell[1][0] == by_cell[0][-1]  # the second cell begins where the first ended
+    flags = [c.cudnn_benchmark for c in asked]
+    # off, then on, in the first cell; on, then off, in the second: two switches, not three
+    assert sum(1 for a, b in itertools.pairwise(flags) if a != b) == 2, flags
+
+
 def test_a_range_of_an_execution_knob_is_enumerated_and_a_wide_one_refused():
     plan = _plan(two_stage().replace("num_workers: [0, 1]", "num_workers: {low: 0, high: 2}"))
     assert plan.values["num_workers"] == (0, 1, 2)
