@@ -303,7 +303,7 @@ def only_study(names: list[str], storage_url: str) -> str:
     StudyError where there is none or there are several."""
     from autotune.study._speed_store import speed_study_name
 
-    studies = sorted(n for n in names if not any(speed_study_name(o) == n for o in names))
+    studies = sorted(set(names) - {speed_study_name(name) for name in names})
     where = display_url(storage_url)
     if not studies:
         raise StudyError(f"no study in {where}: run one with `autotune run SPACE.yaml`")

@@ -197,8 +197,6 @@ class SettingTimer:
         began = time.monotonic()
         self.last_measured = config
         result = attempt(lambda: self.executor.measure(config, plan))
-        if not isinstance(result, TrialFault):
-            self.took(config, time.monotonic() - began, result.compile_seconds)
         if isinstance(result, TrialFault):
             kind, message = result.kind, result.message
             if limit is not None and kind in _TIMEOUTS:  # stopped at the stage's limit
@@ -217,6 +215,7 @@ class SettingTimer:
                 pool.fault = (kind.value, message)
             self.on_event(SpeedEvent(cell=cell.label(), settings=words, fault=message))
             return
+        self.took(config, time.monotonic() - began, result.compile_seconds)  # as measured
         result = self._charge_cold_compile(config, result)
         flagged = interfered(result.other_cpu_share)
         by_accumulation = {str(a): result.samples_per_second(a) for a in self.plan.accumulations}
