@@ -90,24 +90,23 @@ def _busy_ticks(cores: set[int]) -> int | None:
     return busy
 
 
+_SCANS = 3  # reads of /proc before one in which a process vanished mid-read is accepted
+
+
 def _tree_ticks(root: int) -> int | None:
     """CPU ticks of process ``root`` and its descendants, children already reaped included
-    (their time is in the parent's cutime and cstime)."""
-    parents: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    try:
-        entries = list(_PROC.iterdir())
-    except OSError:
-        return None
-    for entry in entries:
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, ValueError, IndexError):  # gone, or unreadable
-            # the command name is in parentheses and may hold spaces: split after it
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-            pid = int(entry.name)
-            parents[pid] = int(fields[1])
-            ticks[pid] = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    (their time is in the parent's cutime and cstime).
+
+    A child reaped while /proc is read, after its parent's line and before its own, would be
+    counted nowhere (a rank that sees its peer's last write reads at just that moment): a scan
+    in which a listed process vanished is read again, up to ``_SCANS`` times."""
+    for _ in range(_SCANS):
+        scanned = _scan()
+        if scanned is None:
+            return None
+        parents, ticks, vanished = scanned
+        if not vanished:
+            break
     if root not in ticks:
         return None
     children: dict[int, list[int]] = {}
@@ -119,6 +118,30 @@ def _tree_ticks(root: int) -> int | None:
         total += ticks.get(pid, 0)
         stack.extend(children.get(pid, ()))
     return total
+
+
+def _scan() -> tuple[dict[int, int], dict[int, int], bool] | None:
+    """Every process's parent and CPU ticks (utime stime cutime cstime), and whether a listed
+    process vanished before its line was read; None without /proc."""
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    try:
+        entries = [entry for entry in _PROC.iterdir() if entry.name.isdigit()]
+    except OSError:
+        return None
+    vanished = False
+    for entry in entries:
+        try:
+            # the command name is in parentheses and may hold spaces: split after it
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:  # gone since the listing
+            vanished = True
+            continue
+        with contextlib.suppress(ValueError, IndexError):  # unreadable
+            pid = int(entry.name)
+            parents[pid] = int(fields[1])
+            ticks[pid] = sum(int(f) for f in fields[11:15])
+    return parents, ticks, vanished
 
 
 _trial_root: int | None = None  # the process whose tree is the trial (None: this process)
