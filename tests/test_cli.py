@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from autotune._version import __version__
 from autotune.study import StudyError, StudyRecord, answer_trial, load_study
-from autotune.testing import TINY_SPACE, import_blocker, run_cli, write_space
+from autotune.testing import TINY_SPACE, import_blocker, invoke_cli, run_cli, write_space
 
 pytestmark = pytest.mark.slow
 
@@ -114,9 +114,9 @@ def test_user_errors_are_one_line_exit_2_and_create_nothing(tmp_path: Path, text
 
 
 def test_missing_file_and_unknown_study(tmp_path: Path):
-    missing = run_cli("run", "nope.yaml", cwd=tmp_path)
+    missing = invoke_cli("run", "nope.yaml", cwd=tmp_path)
     assert missing.returncode == 2 and "nope.yaml: no such file" in missing.stderr
-    no_db = run_cli("best", "--study", "x", cwd=tmp_path, env={"COLUMNS": "80"})
+    no_db = invoke_cli("best", "--study", "x", cwd=tmp_path, columns=80)
     looked = tmp_path.resolve() / "studies" / "autotune.db"  # where, from wherever it runs
     assert no_db.returncode == 1 and "Traceback" not in no_db.stderr
     assert no_db.stderr.splitlines() == [
@@ -139,7 +139,7 @@ def test_edited_space_is_refused_until_new_study(tmp_path: Path):
     assert "the space file changed" in refused.stderr and "[16, 64]" in refused.stderr
     fresh = run_cli("run", str(space), "--new-study", "--isolation", "none", cwd=tmp_path)
     assert fresh.returncode == 0 and "study tiny-2" in fresh.stdout
-    unknown = run_cli("best", "--study", "tiyn", cwd=tmp_path)
+    unknown = invoke_cli("best", "--study", "tiyn", cwd=tmp_path)
     assert unknown.returncode == 1 and "did you mean 'tiny'?" in unknown.stderr
     url = f"sqlite:///{tmp_path}/studies/autotune.db"
     with pytest.raises(
@@ -159,12 +159,12 @@ def test_a_study_name_with_markup_and_spaces_is_shown_as_it_is(tmp_path: Path):
     assert f"study {name} (" in done.stdout
     assert f"Best trials of {name}" in done.stdout
     assert f"autotune best --study '{name}'" in done.stdout  # a command that works when pasted
-    best = run_cli("best", "--study", name, cwd=tmp_path)
+    best = invoke_cli("best", "--study", name, cwd=tmp_path)
     assert best.returncode == 0 and f"{name}: trial 0" in best.stdout, best.stderr
     assert f"autotune export --study '{name}' -o train.py" in best.stdout
-    listed = run_cli("studies", cwd=tmp_path)
+    listed = invoke_cli("studies", cwd=tmp_path)
     assert listed.returncode == 0 and name in listed.stdout, listed.stderr
-    exported = run_cli("export", "--study", name, "-o", "t.py", cwd=tmp_path)
+    exported = invoke_cli("export", "--study", name, "-o", "t.py", cwd=tmp_path)
     assert exported.returncode == 0 and f"of {name} (" in exported.stdout, exported.stderr
     for result in (done, best, listed, exported):
         assert "Traceback" not in result.stderr
@@ -196,11 +196,11 @@ def test_stored_names_and_values_are_shown_as_text(seen, tmp_path: Path):
             "UPDATE study_user_attributes SET value_json = ? WHERE key = 'metric'",
             (json.dumps("acc [/m] :fire:"),),
         )
-    best = run_cli("best", "--study", name, "--storage", copy, cwd=tmp_path)
+    best = invoke_cli("best", "--study", name, "--storage", copy, cwd=tmp_path)
     assert best.returncode == 0, best.stderr
     assert f"{name}: trial" in best.stdout and "acc [/m] :fire:" in best.stdout
     assert "cpu [/x] :fire:" in best.stdout and "\N{FIRE}" not in best.stdout
-    listed = run_cli("studies", "--storage", copy, cwd=tmp_path)
+    listed = invoke_cli("studies", "--storage", copy, cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     assert name in listed.stdout and "acc [/m] :fire:" in listed.stdout
     assert "\N{FIRE}" not in listed.stdout
@@ -209,11 +209,11 @@ def test_stored_names_and_values_are_shown_as_text(seen, tmp_path: Path):
 def test_help_shows_flags_as_flags_and_version(tmp_path: Path):
     """Typer showed ``--new-study <bool>``: ``--new-study true`` looked right and was refused."""
     for args in (("--help",), ("run", "--help"), ("export", "--help"), ("best", "--help")):
-        shown = run_cli(*args, cwd=tmp_path, env={"COLUMNS": "80"})
+        shown = invoke_cli(*args, cwd=tmp_path, columns=80)
         assert shown.returncode == 0, shown.stderr
         assert "<bool>" not in shown.stdout, shown.stdout
-    assert "--new-study " in run_cli("run", "--help", cwd=tmp_path).stdout
-    version = run_cli("--version", cwd=tmp_path)
+    assert "--new-study " in invoke_cli("run", "--help", cwd=tmp_path).stdout
+    version = invoke_cli("--version", cwd=tmp_path)
     assert version.returncode == 0, version.stderr
     assert version.stdout.strip() == f"autotune {__version__}"
 
@@ -223,12 +223,12 @@ def test_autotune_storage_is_every_commands_default_storage(seen, tmp_path: Path
     every command run from anywhere."""
     _, url = seen
     env = {"AUTOTUNE_STORAGE": url}
-    best = run_cli("best", "--study", "seen", "--json", cwd=tmp_path, env=env)
+    best = invoke_cli("best", "--study", "seen", "--json", cwd=tmp_path, env=env)
     assert best.returncode == 0, best.stderr
     assert json.loads(best.stdout)["trial"] is not None
-    listed = run_cli("studies", cwd=tmp_path, env=env)
+    listed = invoke_cli("studies", cwd=tmp_path, env=env)
     assert listed.returncode == 0 and "seen" in listed.stdout, listed.stderr
-    assert "AUTOTUNE_STORAGE" in run_cli("best", "--help", cwd=tmp_path).stdout
+    assert "AUTOTUNE_STORAGE" in invoke_cli("best", "--help", cwd=tmp_path).stdout
 
 
 def test_a_bad_artifact_store_is_one_line_and_writes_nothing(seen, tmp_path: Path):
@@ -241,7 +241,7 @@ def test_a_bad_artifact_store_is_one_line_and_writes_nothing(seen, tmp_path: Pat
     if importlib.util.find_spec("boto3") is None:  # a bucket, but nothing to reach it with
         cases.append(({}, ("--artifacts", "s3://team-studies")))
     for env, args in cases:
-        done = run_cli(
+        done = invoke_cli(
             "export",
             "--study",
             "seen",
@@ -258,7 +258,7 @@ def test_a_bad_artifact_store_is_one_line_and_writes_nothing(seen, tmp_path: Pat
         assert not (tmp_path / "t.py").exists()
     folder = tmp_path / "kept"
     env = {"AUTOTUNE_ARTIFACTS": str(folder)}
-    done = run_cli(
+    done = invoke_cli(
         "report", "--study", "seen", "--storage", url, "-o", "r.html", cwd=tmp_path, env=env
     )
     assert done.returncode == 0, done.stderr
@@ -276,7 +276,7 @@ except SystemExit as exit:
     code = exit.code
 else:
     code = 0
-heavy = sorted({"torch", "torchvision", "sklearn"} & set(sys.modules))
+heavy = sorted({"torch", "torchvision", "sklearn", "plotly"} & set(sys.modules))
 print(f"exit {code}; loaded {' '.join(heavy) or 'none'}", file=sys.stderr)
 """
 
@@ -296,7 +296,8 @@ def _probe(*args: str, cwd: Path) -> tuple[str, str]:
 
 def test_commands_that_read_a_study_do_not_import_torch(seen, tmp_path: Path):
     """best, studies, export to YAML/JSON, dashboard, --help and --version read a study or print
-    text: importing torch (seconds on a CPU machine) is for the commands that train."""
+    text: importing torch (seconds on a CPU machine) is for the commands that train, and plotly
+    (which the CUDA images autotune meets may lack) is for ``report``."""
     _, url = seen
     for args, shown in (
         (("--help",), "export"),
@@ -349,9 +350,9 @@ def test_best_says_what_its_seconds_are_and_the_speedup_over_the_baseline(seen, 
     value = dataclasses.replace(summary, best=trial).ratio("value", summary.baseline)
     speed = dataclasses.replace(summary, best=trial).ratio("samples_per_second", summary.baseline)
     assert value is not None and speed is not None
-    shown = run_cli(
+    shown = invoke_cli(
         "best", "--study", "seen", "--storage", url, "--trial", str(trial.number),
-        cwd=tmp_path, env={"COLUMNS": "80"},
+        cwd=tmp_path, columns=80,
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     lines = [line.strip() for line in shown.stdout.splitlines()]
