@@ -26,7 +26,7 @@ from autotune.study import (
     open_storage,
     storage_problem,
 )
-from autotune.testing import import_blocker, run_cli, write_space
+from autotune.testing import import_blocker, invoke_cli, run_cli, write_space
 
 # root ignores file modes; without these two capabilities it meets them as anyone does
 WITHOUT_ROOT_OVERRIDE = ("setpriv", "--bounding-set=-dac_override,-dac_read_search")
@@ -83,7 +83,7 @@ def test_readers_change_nothing(study_copy: Path):
     db = study_copy / "studies" / "autotune.db"
     before, files = _sha256(db), sorted(p.name for p in db.parent.iterdir())
     for command in (["best", "--study", "tiny"], ["studies"], ["export", "--study", "tiny"]):
-        done = run_cli(*command, cwd=study_copy)
+        done = invoke_cli(*command, cwd=study_copy)
         assert done.returncode == 0, done.stderr
     assert autotune.load_best("tiny", storage=f"sqlite:///{db}").trial >= 0
     assert _sha256(db) == before
@@ -112,8 +112,8 @@ def test_missing_empty_foreign_and_damaged_files_are_one_line(study_copy: Path):
     hashes = {name: _sha256(folder / name) for name in cases if (folder / name).exists()}
     files = sorted(p.name for p in folder.iterdir())
     for name, expected in cases.items():
-        done = run_cli("best", "--study", "tiny", "--storage", f"sqlite:///studies/{name}",
-                       cwd=study_copy)  # fmt: skip
+        done = invoke_cli("best", "--study", "tiny", "--storage", f"sqlite:///studies/{name}",
+                          cwd=study_copy)  # fmt: skip
         _one_error_line(done, 1, expected)
     assert {name: _sha256(folder / name) for name in hashes} == hashes
     assert sorted(p.name for p in folder.iterdir()) == files
@@ -238,15 +238,15 @@ def test_a_postgresql_study_never_shows_or_stores_its_password(postgres, tmp_pat
     assert "postgresql+psycopg://autotune:***@127.0.0.1" in done["run"].stdout
     assert "put yours in its place" in done["run"].stdout
     where = ("--study", "tiny", "--storage", url)
-    done["best"] = run_cli("best", *where, cwd=tmp_path)
-    done["studies"] = run_cli("studies", "--storage", url, cwd=tmp_path)
-    done["export"] = run_cli("export", *where, "-o", "train.py", cwd=tmp_path)
-    done["report"] = run_cli("report", *where, "-o", "report.html", cwd=tmp_path)
+    done["best"] = invoke_cli("best", *where, cwd=tmp_path)
+    done["studies"] = invoke_cli("studies", "--storage", url, cwd=tmp_path)
+    done["export"] = invoke_cli("export", *where, "-o", "train.py", cwd=tmp_path)
+    done["report"] = invoke_cli("report", *where, "-o", "report.html", cwd=tmp_path)
     for name, result in done.items():
         assert result.returncode == 0, (name, result.stderr)
         assert "Warning" not in result.stdout, (name, result.stdout)  # the note was written
     wrong = url.replace(postgres.password, "wrong-password")
-    refused = run_cli("best", "--study", "tiny", "--storage", wrong, cwd=tmp_path)
+    refused = invoke_cli("best", "--study", "tiny", "--storage", wrong, cwd=tmp_path)
     _one_error_line(refused, 1, "the password or user name is wrong")
     assert "wrong-password" not in refused.stderr
 
