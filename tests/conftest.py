@@ -5,6 +5,7 @@ test files import from there, never from here or from each other."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import shutil
 import socket
@@ -35,6 +36,36 @@ from autotune.study import (
 from autotune.testing import CPU, write_space
 from autotune.worker import WorkerExecutor
 from autotune.workloads import load
+
+
+# what a test needs, read off the test itself so that no test can forget its marker
+_PROCESS_CALLS = ("run_cli(", "start_cli(", "run_script(", "subprocess.", "torchrun")
+
+
+def _starts_processes(item: pytest.Item) -> bool:
+    """Whether a test (or a fixture of its own module) starts processes: the command, an
+    exported script, a worker, a server."""
+    sources = [getattr(item, "function", None)]
+    sources += [getattr(item.module, name, None) for name in item.fixturenames]
+    for source in filter(None, sources):
+        try:
+            text = inspect.getsource(getattr(source, "__wrapped__", source))
+        except (OSError, TypeError):
+            continue
+        if any(call in text for call in _PROCESS_CALLS):
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Markers by what a test needs: ``postgres`` (a real server), ``e2e`` (real processes of
+    the command, a script or a server), beside ``slow``, ``browser`` and ``gpu`` that test
+    files set; ``python -m pytest -m "not slow and not e2e"`` is the fast lane."""
+    for item in items:
+        if {"postgres", "postgres_to_restart"} & set(item.fixturenames):
+            item.add_marker(pytest.mark.postgres)
+        if _starts_processes(item):
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture

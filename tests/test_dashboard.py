@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 
 def _find_browser() -> tuple[str, str] | None:

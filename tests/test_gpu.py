@@ -27,6 +27,7 @@ from autotune.workloads import load
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
