@@ -37,7 +37,6 @@ from autotune.testing import CPU, write_space
 from autotune.worker import WorkerExecutor
 from autotune.workloads import load
 
-
 # what a test needs, read off the test itself so that no test can forget its marker
 _PROCESS_CALLS = ("run_cli(", "start_cli(", "run_script(", "subprocess.", "torchrun")
 
@@ -66,6 +65,43 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.postgres)
         if _starts_processes(item):
             item.add_marker(pytest.mark.e2e)
+
+
+def _invoke_cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, columns: int = 160
+) -> subprocess.CompletedProcess[str]:
+    """Run ``autotune ARGS`` in this process (Typer's CliRunner) in ``cwd``, with ``env`` added
+    to the environment and consoles ``columns`` wide, as ``run_cli`` runs it in a subprocess:
+    for commands that only read a study, where a new interpreter would cost a second and test
+    nothing more. Its exit code is the returned ``returncode``."""
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+    from autotune.cli._common import console, errors
+
+    widths = console.width, errors.width
+    here = Path.cwd()
+    os.chdir(cwd)
+    console.width = errors.width = columns
+    try:
+        result = CliRunner().invoke(
+            app, list(args), env={"PYTHONWARNINGS": "ignore", **(env or {})}
+        )
+    finally:
+        console.width, errors.width = widths
+        os.chdir(here)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception  # a bug: its traceback, as the command would print it
+    return subprocess.CompletedProcess(
+        ["autotune", *args], result.exit_code, result.stdout, result.stderr
+    )
+
+
+@pytest.fixture(scope="session")
+def invoke_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``invoke_cli(*args, cwd, env=None, columns=160)``: ``autotune ARGS`` in this process, as
+    ``run_cli`` runs it in a subprocess (``_invoke_cli``)."""
+    return _invoke_cli
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from autotune._version import __version__
 from autotune.study import StudyError, StudyRecord, answer_trial, load_study
-from autotune.testing import TINY_SPACE, import_blocker, invoke_cli, run_cli, write_space
+from autotune.testing import TINY_SPACE, import_blocker, run_cli, write_space
 
 pytestmark = pytest.mark.slow
 
@@ -113,7 +113,7 @@ def test_user_errors_are_one_line_exit_2_and_create_nothing(tmp_path: Path, text
     assert not list(scratch.glob("autotune-worker-*"))
 
 
-def test_missing_file_and_unknown_study(tmp_path: Path):
+def test_missing_file_and_unknown_study(invoke_cli, tmp_path: Path):
     missing = invoke_cli("run", "nope.yaml", cwd=tmp_path)
     assert missing.returncode == 2 and "nope.yaml: no such file" in missing.stderr
     no_db = invoke_cli("best", "--study", "x", cwd=tmp_path, columns=80)
@@ -129,7 +129,7 @@ def test_missing_file_and_unknown_study(tmp_path: Path):
 ONE_STAGE = "  seed: 0\n  strategy: joint\n  confirm: false\n"  # these tests are not about them
 
 
-def test_edited_space_is_refused_until_new_study(tmp_path: Path):
+def test_edited_space_is_refused_until_new_study(invoke_cli, tmp_path: Path):
     space = write_space(tmp_path, n_trials=1)
     space.write_text(space.read_text().replace("  seed: 0\n", ONE_STAGE))
     assert run_cli("run", str(space), "--isolation", "none", cwd=tmp_path).returncode == 0
@@ -148,7 +148,7 @@ def test_edited_space_is_refused_until_new_study(tmp_path: Path):
         load_study(None, url)
 
 
-def test_a_study_name_with_markup_and_spaces_is_shown_as_it_is(tmp_path: Path):
+def test_a_study_name_with_markup_and_spaces_is_shown_as_it_is(invoke_cli, tmp_path: Path):
     """rich reads ``[...]`` as markup: ``x[/y]`` crashed the display and ``run[fast]`` showed as
     ``run``. Names are the user's data: shown verbatim, and quoted in commands to copy."""
     name = "run[fast] x[/y]"
@@ -170,7 +170,7 @@ def test_a_study_name_with_markup_and_spaces_is_shown_as_it_is(tmp_path: Path):
         assert "Traceback" not in result.stderr
 
 
-def test_stored_names_and_values_are_shown_as_text(seen, tmp_path: Path):
+def test_stored_names_and_values_are_shown_as_text(invoke_cli, seen, tmp_path: Path):
     """A study database is data: markup ("[/x]") and emoji codes (":fire:") in a study name, a
     stored configuration value or the metric are shown as they are (a device "cpu [/x]" written
     into the database made ``autotune best`` crash with a MarkupError)."""
@@ -206,7 +206,7 @@ def test_stored_names_and_values_are_shown_as_text(seen, tmp_path: Path):
     assert "\N{FIRE}" not in listed.stdout
 
 
-def test_help_shows_flags_as_flags_and_version(tmp_path: Path):
+def test_help_shows_flags_as_flags_and_version(invoke_cli, tmp_path: Path):
     """Typer showed ``--new-study <bool>``: ``--new-study true`` looked right and was refused."""
     for args in (("--help",), ("run", "--help"), ("export", "--help"), ("best", "--help")):
         shown = invoke_cli(*args, cwd=tmp_path, columns=80)
@@ -218,7 +218,7 @@ def test_help_shows_flags_as_flags_and_version(tmp_path: Path):
     assert version.stdout.strip() == f"autotune {__version__}"
 
 
-def test_autotune_storage_is_every_commands_default_storage(seen, tmp_path: Path):
+def test_autotune_storage_is_every_commands_default_storage(invoke_cli, seen, tmp_path: Path):
     """The default storage is relative to the current folder; AUTOTUNE_STORAGE names one for
     every command run from anywhere."""
     _, url = seen
@@ -231,7 +231,7 @@ def test_autotune_storage_is_every_commands_default_storage(seen, tmp_path: Path
     assert "AUTOTUNE_STORAGE" in invoke_cli("best", "--help", cwd=tmp_path).stdout
 
 
-def test_a_bad_artifact_store_is_one_line_and_writes_nothing(seen, tmp_path: Path):
+def test_a_bad_artifact_store_is_one_line_and_writes_nothing(invoke_cli, seen, tmp_path: Path):
     """--artifacts (or AUTOTUNE_ARTIFACTS) is checked before the file is written."""
     _, url = seen
     cases: list[tuple[dict[str, str], tuple[str, ...]]] = [
@@ -338,7 +338,9 @@ def test_run_takes_autotune_storage_unless_the_space_file_names_one(tmp_path: Pa
     assert load_run_spec(plain).study.storage == DEFAULT_STORAGE
 
 
-def test_best_says_what_its_seconds_are_and_the_speedup_over_the_baseline(seen, tmp_path: Path):
+def test_best_says_what_its_seconds_are_and_the_speedup_over_the_baseline(
+    invoke_cli, seen, tmp_path: Path
+):
     import dataclasses
 
     from autotune import notes

@@ -26,7 +26,7 @@ from autotune.study import (
     open_storage,
     storage_problem,
 )
-from autotune.testing import import_blocker, invoke_cli, run_cli, write_space
+from autotune.testing import import_blocker, run_cli, write_space
 
 # root ignores file modes; without these two capabilities it meets them as anyone does
 WITHOUT_ROOT_OVERRIDE = ("setpriv", "--bounding-set=-dac_override,-dac_read_search")
@@ -79,7 +79,7 @@ def test_display_url_masks_the_password():
 
 
 @pytest.mark.slow
-def test_readers_change_nothing(study_copy: Path):
+def test_readers_change_nothing(invoke_cli, study_copy: Path):
     db = study_copy / "studies" / "autotune.db"
     before, files = _sha256(db), sorted(p.name for p in db.parent.iterdir())
     for command in (["best", "--study", "tiny"], ["studies"], ["export", "--study", "tiny"]):
@@ -91,7 +91,7 @@ def test_readers_change_nothing(study_copy: Path):
 
 
 @pytest.mark.slow
-def test_missing_empty_foreign_and_damaged_files_are_one_line(study_copy: Path):
+def test_missing_empty_foreign_and_damaged_files_are_one_line(invoke_cli, study_copy: Path):
     folder = study_copy / "studies"
     (folder / "empty.db").write_bytes(b"")
     with sqlite3.connect(folder / "foreign.db") as connection:
@@ -230,7 +230,9 @@ def test_a_half_made_study_is_named_as_such(tmp_path: Path, prepare_study, monke
 
 
 @pytest.mark.slow
-def test_a_postgresql_study_never_shows_or_stores_its_password(postgres, tmp_path: Path):
+def test_a_postgresql_study_never_shows_or_stores_its_password(
+    invoke_cli, postgres, tmp_path: Path
+):
     space = _space(tmp_path)
     url = postgres.url
     done = {"run": run_cli("run", str(space), "--storage", url, cwd=tmp_path)}

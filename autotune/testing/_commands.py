@@ -71,36 +71,6 @@ def run_cli(
     )
 
 
-def invoke_cli(
-    *args: str, cwd: Path, env: dict[str, str] | None = None, columns: int = 160
-) -> subprocess.CompletedProcess[str]:
-    """Run ``autotune ARGS`` in this process (Typer's CliRunner) in ``cwd``, with ``env`` added
-    to the environment and consoles ``columns`` wide, as ``run_cli`` runs it in a subprocess:
-    for commands that only read a study, where a new interpreter would cost a second and test
-    nothing more. Its exit code is the returned ``returncode``."""
-    from typer.testing import CliRunner
-
-    from autotune.cli import app
-    from autotune.cli._common import console, errors
-
-    widths = console.width, errors.width
-    here = Path.cwd()
-    os.chdir(cwd)
-    console.width = errors.width = columns
-    try:
-        result = CliRunner().invoke(
-            app, list(args), env={"PYTHONWARNINGS": "ignore", **(env or {})}
-        )
-    finally:
-        console.width, errors.width = widths
-        os.chdir(here)
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception  # a bug: its traceback, as the command would print it
-    return subprocess.CompletedProcess(
-        ["autotune", *args], result.exit_code, result.stdout, result.stderr
-    )
-
-
 def run_script(
     script: Path, *args: str, block_autotune: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
