@@ -8,6 +8,7 @@ import os
 import shutil
 import sqlite3
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -301,3 +302,29 @@ def test_a_command_without_study_reads_the_storages_only_study(tmp_path: Path):
     optuna.create_study(study_name="other.speed", storage=url)  # no study "other": a study
     with pytest.raises(StudyError, match=r"holds 2 studies \(mine, other\.speed\)"):
         load_study(None, url)
+
+
+def test_reading_a_study_this_process_holds_open_keeps_its_locks(tmp_path: Path):
+    """Reading a study's file header with a plain descriptor and closing it dropped every POSIX
+    lock this process held on the database (SQLite's connections included): the next writer in
+    another process, believing itself the last, checkpointed and removed the journal under this
+    process's connections ("database disk image is malformed", seen with `best` and `export`
+    called in-process between two runs)."""
+    url = f"sqlite:///{tmp_path / 'held.db'}"
+    held = optuna.create_study(study_name="held", storage=open_storage(url))
+    held.set_user_attr("before", 1)  # this process now holds the database, in WAL mode
+    open_storage(url, "read")  # a reader in the same process (autotune best, load_best)
+    open_storage(url, "write")  # a writer that checks the file first (export's artifacts)
+    # another process writes and closes its connections, as `autotune run` does when it ends
+    writer = (
+        "import optuna, sys\n"
+        "storage = optuna.storages.RDBStorage(sys.argv[1])\n"
+        "optuna.load_study(study_name='held', storage=storage).set_user_attr('after', 2)\n"
+        "storage.engine.dispose()\n"
+    )
+    subprocess.run([sys.executable, "-c", writer, url], check=True)
+    # it was not the last: this process still holds the database, so the journal stays
+    assert (tmp_path / "held.db-wal").exists() and (tmp_path / "held.db-shm").exists()
+    again = optuna.load_study(study_name="held", storage=url)
+    assert again.user_attrs == {"before": 1, "after": 2}
+    assert held.user_attrs == {"before": 1, "after": 2}

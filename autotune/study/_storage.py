@@ -200,11 +200,16 @@ def _read_only_query(path: Path, follow_writers: bool) -> str:
     """The URI query that opens ``path`` read-only. A WAL database with no ``-wal`` file beside
     it (no writer now) is opened immutable, since plain ``mode=ro`` would create the ``-wal``
     and ``-shm`` files; ``follow_writers`` (a long-lived reader such as the dashboard) keeps
-    plain ``mode=ro`` so that it sees a study that runs later."""
+    plain ``mode=ro`` so that it sees a study that runs later.
+
+    The header is read only where no ``-wal`` file is there: while one is, a connection of this
+    process may hold the file, and closing any other descriptor of it drops every POSIX lock the
+    process holds on it (SQLite's "how to corrupt", 2.2): another process then checkpoints and
+    removes the journal under this one's connections ("database disk image is malformed")."""
+    if follow_writers or path.with_name(path.name + "-wal").exists():
+        return "mode=ro"
     in_wal = _sqlite_header(path)[18:20] == b"\x02\x02"
-    wal_file = path.with_name(path.name + "-wal")
-    immutable = in_wal and not wal_file.exists() and not follow_writers
-    return "mode=ro&immutable=1" if immutable else "mode=ro"
+    return "mode=ro&immutable=1" if in_wal else "mode=ro"
 
 
 def open_storage(
