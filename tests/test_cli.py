@@ -22,7 +22,7 @@ from autotune.testing import TINY_SPACE, import_blocker, run_cli, write_space
 pytestmark = pytest.mark.slow
 
 
-def test_run_then_best_then_resume(tmp_path: Path):
+def test_run_then_best_then_resume(invoke_cli, tmp_path: Path):
     # the CUDA images autotune meets may lack plotly: only `autotune report` draws with it
     without_plotly = {"PYTHONPATH": str(import_blocker(tmp_path, "plotly"))}
     space = write_space(tmp_path, n_trials=4, pruner="hyperband")
@@ -55,18 +55,19 @@ def test_run_then_best_then_resume(tmp_path: Path):
     assert answer is not None and StudyRecord.of(study).confirmation is not None
     assert StudyRecord.of(study).confirmation.complete
     assert f"Answer: trial {answer.number}" in done.stdout
-    best = run_cli("best", "--study", "tiny", "--json", cwd=tmp_path, env=without_plotly)
+    # reads in this process (the probe test below checks they need no plotly)
+    best = invoke_cli("best", "--study", "tiny", "--json", cwd=tmp_path)
     assert best.returncode == 0, best.stderr
     payload = json.loads(best.stdout)
     assert payload["trial"] == answer.number
     assert payload["value"] == pytest.approx(answer.value)
     assert payload["config"] == answer.user_attrs["config"]
     assert payload["metrics"]["score"] >= 0.5
-    shown = run_cli("best", cwd=tmp_path)  # no --study: the storage's only study (and .speed)
+    shown = invoke_cli("best", cwd=tmp_path)  # no --study: the storage's only study (and .speed)
     assert shown.returncode == 0 and "confirmed: median" in shown.stdout, shown.stdout
     assert shown.stdout.startswith("tiny: trial ")
 
-    listed = run_cli("studies", cwd=tmp_path)
+    listed = invoke_cli("studies", cwd=tmp_path)
     assert listed.returncode == 0 and "tiny" in listed.stdout
     exported = run_cli("export", "--study", "tiny", "-o", "t.py", cwd=tmp_path, env=without_plotly)
     assert exported.returncode == 0 and (tmp_path / "t.py").exists(), exported.stderr
