@@ -157,6 +157,11 @@ def test_bad_knob_values(knob_yaml, expected):
         ("workload: {model: m}\n", "s.yaml:1: missing required key 'workload.data'"),
         (MINIMAL + "study: {n_trials: 0}\n", "study.n_trials: must be greater than or equal to 1"),
         (MINIMAL + "study: {pruner: asha}\n", "study.pruner: must be 'hyperband', 'median'"),
+        (MINIMAL + "study: {seed: -1}\n", "study.seed: must be greater than or equal to 0"),
+        (
+            MINIMAL + "study: {seed: 99999999999999999999}\n",
+            "study.seed: must be less than or equal to 4294967295",
+        ),
         ("workload: {model: m, data: d, device: gpu}\n", "workload.device: 'gpu' is not a device"),
         (
             "workload: {model: m, data: d, epochs: 1, eval_every: 2}\n",
@@ -288,6 +293,8 @@ def test_overrides_are_validated_and_keep_the_source():
     ]
     with pytest.raises(SpecError, match=r"study\.isolation: must be 'worker' or 'none'"):
         spec.with_overrides(study={"isolation": "thread"})
+    with pytest.raises(SpecError, match=r"^study\.seed: must be less than or equal to 4294967295"):
+        spec.with_overrides(study={"seed": 2**32})  # --seed 4294967296
 
 
 def test_fingerprint_covers_the_search_but_not_the_run_settings():

@@ -57,7 +57,8 @@ class StudySpec(Frozen):
     sampler: Literal["tpe", "random"] = "tpe"
     n_startup_trials: int = Field(default=10, ge=0)  # random trials before TPE models the space
     pruner: Literal["hyperband", "median", "successive_halving", "none"] = "hyperband"
-    seed: int = 0  # trial k trains with seed + k
+    # trial k trains with seed + k; Optuna's sampler takes 0..2**32 - 1 (NumPy's seeds)
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
     isolation: Literal["worker", "none"] = "worker"  # trials in a supervised worker process
     trial_timeout: float | None = Field(default=None, gt=0)  # seconds; the worker is killed after
     heartbeat_interval: int = Field(default=10, ge=1)  # seconds; a trial silent 3x this is stale
