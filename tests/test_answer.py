@@ -1,18 +1,22 @@
 """The study's answer (study/_answer.py): computed once from the trials and the recorded
-confirmation round."""
+confirmation round, and rendered alike by the terminal, the note, the report and ``best``."""
 
 from __future__ import annotations
 
 import dataclasses
+import io
 
 import optuna
 import pytest
+from rich.console import Console
 
+from autotune import display, export, notes, report
 from autotune.study import (
     Answer,
     ConfirmationRecord,
     ConfirmRun,
     Reference,
+    RunOutcome,
     TrialRecord,
     answer_of,
     answer_trial,
@@ -175,3 +179,97 @@ def test_a_round_where_no_configuration_was_mostly_feasible_names_no_winner():
     runs = tuple(dataclasses.replace(run, feasible=run.repeat == 0) for run in record.runs)
     answer = _answer(study, dataclasses.replace(record, runs=runs))
     assert answer.round_state == "no_winner" and not answer.confirmed and answer.number == 1
+
+
+def _copy(seen) -> optuna.Study:
+    """The real study of the session, in memory: what is recorded on it stays here."""
+    study, _ = seen
+    copy = optuna.create_study(study_name="seen", direction=study.direction)
+    for trial in study.get_trials():
+        copy.add_trial(trial)
+    for key, value in study.user_attrs.items():
+        copy.set_user_attr(key, value)
+    return copy
+
+
+def _renderings(study: optuna.Study) -> dict[str, str]:
+    """What the terminal, the note, the report and ``best`` say of the study's answer."""
+    spec = export.study_spec(study)
+    assert spec is not None
+    console = Console(file=io.StringIO(), width=200, emoji=False)
+    outcome = RunOutcome(study_name="seen", states={"COMPLETE": 5})
+    display.print_summary(console, study, spec, outcome, confirmation=True)
+    best = export.best_config(study, export.select_trial(study))
+    page = report.render_html(study, "sqlite:///x.db")
+    assert isinstance(console.file, io.StringIO)
+    return {
+        "terminal": " ".join(console.file.getvalue().split()),
+        "note": notes.study_note(study),
+        "report": " ".join(page.split()),
+        "best": f"trial {best.trial}: {best.confirmation_text()}",
+    }
+
+
+def _leaders_round(study: optuna.Study) -> tuple[int, ConfirmationRecord]:
+    """A clean round of the study's three leaders and its baseline, won by a leader that is
+    neither the best single trial nor the baseline: that leader and the round."""
+    summary = notes.summarize(study)
+    assert summary.baseline is not None
+    base = summary.baseline.number
+    leaders = [t.number for t in summary.feasible[:3]]
+    winner = next(n for n in leaders[1:] if n != base)
+    series = {n: [1.0, 0.98, 1.02] for n in leaders}  # each within ±2% or ±2.4%
+    series[base] = [2.0, 1.96, 2.04]
+    series[winner] = [4.1, 4.0, 4.2]
+    return winner, _round(series, baseline=base, top=3)
+
+
+def test_every_rendering_names_the_same_answer_and_ratio(seen):
+    study = _copy(seen)
+    winner, record = _leaders_round(study)
+    answer = _answer(study, record)
+    assert answer.confirmed and answer.number == winner
+    assert answer.speedup == pytest.approx(4.1 / 2.0)  # the round's own runs' medians
+    said = _renderings(study)
+    confirmed = "confirmed: median 4.1 over 3 runs (spread ±2%), 2.05x the untuned baseline"
+    assert f"Best configuration (trial {winner}, confirmed)" in said["terminal"]
+    assert f"Answer: trial {winner}, 4.1 acc/s" in said["terminal"]
+    assert "2.05x the untuned baseline's accuracy per second" in said["terminal"]
+    assert f"**Best: trial {winner}**" in said["note"]
+    assert "**Confirmed**: median 4.1 over 3 runs" in said["note"]
+    assert "**2.05x** the untuned baseline" in said["note"]
+    assert f"Best: <strong>trial {winner}</strong>" in said["report"]
+    assert f"The answer is {confirmed}." in said["report"]
+    assert said["best"] == f"trial {winner}: {confirmed}"
+    # ``best --trial`` of the other leader: its medians in the round, no ratio, no ties
+    other = next(c for c in answer.configurations if c.trial not in (winner, record.baseline))
+    contender = export.TrialConfirmation.of(answer, other.trial)
+    assert contender is not None and not contender.answer and contender.median == 1.0
+    assert contender.speedup is None and contender.tied_with == () and contender.runs == 3
+
+
+def test_a_round_about_leaders_since_changed_is_confirmed_nowhere(seen):
+    """A round whose leaders trials since have changed backs no answer. Once, the summary
+    still said "confirmed", ``best`` gave the round's medians for the best single trial, and
+    the note stopped on an assertion where that trial was a leader of the round but not its
+    winner."""
+    study = _copy(seen)
+    winner, record = _leaders_round(study)
+    _answer(study, record)
+    assert f"Best configuration (trial {winner}, confirmed)" in _renderings(study)["terminal"]
+    # a trial since comes between the first two leaders: the best single value is the answer
+    first, second = notes.summarize(study).feasible[:2]
+    copied = {key: value for key, value in second.user_attrs.items() if key != "baseline"}
+    between = (first.value + second.value) / 2
+    study.add_trial(optuna.trial.create_trial(value=between, user_attrs=copied))
+    stale = answer_of(study)
+    assert stale is not None and stale.round_state == "stale" and stale.number == first.number
+    said = _renderings(study)
+    assert f"Best configuration (trial {first.number}, not confirmed)" in said["terminal"]
+    assert "Not confirmed: trials since have changed the leaders" in said["terminal"]
+    assert "Answer: trial" not in said["terminal"]
+    assert "_Not confirmed" in said["note"] and "**Confirmed**" not in said["note"]
+    assert "The answer is not confirmed" in said["report"]
+    assert said["best"] == f"trial {first.number}: " + (
+        "not confirmed: one measurement (run `autotune confirm`)"
+    )
