@@ -273,3 +273,21 @@ def test_a_round_about_leaders_since_changed_is_confirmed_nowhere(seen):
     assert said["best"] == f"trial {first.number}: " + (
         "not confirmed: one measurement (run `autotune confirm`)"
     )
+
+
+def test_an_answer_measured_only_under_interference_is_said_so_everywhere(seen):
+    """The note said nothing where the terminal, the report and best warned."""
+    study = _copy(seen)
+    winner, record = _leaders_round(study)
+    flagged = tuple(
+        dataclasses.replace(run, other_cpu_share=0.9) if run.trial == winner else run
+        for run in record.runs
+    )
+    answer = _answer(study, dataclasses.replace(record, runs=flagged))
+    assert answer.confirmed and answer.number == winner and answer.interfered
+    said = _renderings(study)
+    assert "3 measurement(s) were taken while other processes" in said["terminal"]
+    assert "every run of the answer was measured while other processes" in said["terminal"]
+    assert "Measured while other processes used the CPU: confirm it again" in said["note"]
+    warned = "measured while other processes used the CPU (confirm it again)"
+    assert warned in said["report"] and said["best"].endswith(warned)
