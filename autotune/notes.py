@@ -18,11 +18,11 @@ from autotune.display import fmt_metric
 from autotune.results import PHASES
 from autotune.spec import DEFAULT_STORAGE, knobs_for
 from autotune.study import (
+    Answer,
     StudyRecord,
     TrialRecord,
-    Verdict,
     adapter,
-    answer_trial,
+    answer_of,
     baseline_trial,
     display_url,
     feasible_trials,
@@ -63,7 +63,12 @@ class Summary:
     bottlenecks: dict[str, int]  # bottleneck -> COMPLETE trials limited by it
     score_name: str = "accuracy"  # the validation score's: accuracy, val_loss, macro_f1, ...
     higher_score_better: bool = True
-    spread: float | None = None  # the confirmation round's run-to-run spread (0.06: ±6%)
+    answer: Answer | None = None  # best is its trial
+
+    @property
+    def spread(self) -> float | None:
+        """The confirmation round's run-to-run spread (0.06: ±6%); None before one."""
+        return self.answer.spread if self.answer is not None else None
 
     def ratio(self, key: str, other: FrozenTrial | None) -> float | None:
         """best's ``key`` attribute (or value for "value") over ``other``'s."""
@@ -127,13 +132,14 @@ def summarize(study: optuna.Study) -> Summary:
     for trial in trials:
         states[trial.state.name] = states.get(trial.state.name, 0) + 1
     record = StudyRecord.of(study)
+    answer = answer_of(study)
     return Summary(
         study=study.study_name,
         metric=record.metric or "value",
         score_name=record.score_name or "accuracy",
         higher_score_better=record.score_higher_is_better is not False,
-        spread=Verdict.of(record.confirmation).spread if record.confirmation else None,
-        best=answer_trial(study),
+        answer=answer,
+        best=answer.trial if answer is not None else None,
         baseline=baseline_trial(study),
         feasible=feasible,
         states=states,
@@ -174,27 +180,29 @@ def _breakdown_text(trial: FrozenTrial) -> str:
     return ", ".join(parts)
 
 
-def _confirmation_line(study: optuna.Study, trial_number: int) -> str:
+def _confirmation_line(answer: Answer | None, study_name: str) -> str:
     """How sure the study is of its answer, for the note."""
-    record = StudyRecord.of(study).confirmation
-    if record is None or not record.complete or trial_number not in record.candidates:
+    if answer is None or not answer.confirmed:
         return (
             "_Not confirmed: the answer rests on one measurement per configuration; "
-            f"`autotune confirm --study {study.study_name}` re-measures the leaders._"
+            f"`autotune confirm --study {study_name}` re-measures the leaders._"
         )
-    verdict = Verdict.of(record)
-    winner = verdict.winner
-    assert winner is not None and winner.trial == trial_number
-    spread = f"±{verdict.spread:.0%}" if verdict.spread is not None else "unknown"
+    spread = f"±{answer.spread:.0%}" if answer.spread is not None else "unknown"
+    beside = "".join(f" and {reference.name}" for reference in answer.references)
     text = (
-        f"**Confirmed**: median {number(winner.median)} over {len(winner.values)} runs, "
-        f"interleaved with the other leaders and the untuned baseline (spread {spread})"
+        f"**Confirmed**: median {number(answer.median)} over {answer.runs} runs, "
+        f"interleaved with the other leaders{beside} (spread {spread})"
     )
-    if verdict.speedup is not None:
-        text += f"; **{verdict.speedup:.2f}x** the untuned baseline, measured side by side"
-    if verdict.tied:
-        tied = ", ".join(str(c.trial) for c in verdict.tied)
+    for reference in answer.references:
+        if reference.ratio is not None:
+            text += f"; **{reference.ratio:.2f}x** {reference.name}, measured side by side"
+    if answer.tied:
+        tied = ", ".join(str(n) for n in answer.tied)
         text += f". Tied within measurement noise with trial {tied}"
+    if answer.interfered:
+        text += (
+            ". Measured while other processes used the CPU: confirm it again on a quiet machine"
+        )
     return text + "."
 
 
@@ -255,7 +263,7 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
             for label, other, speed, value in summary.comparisons()
         ]
         lines += comparisons + ([""] if comparisons else [])
-        lines += [_confirmation_line(study, best.number), ""]
+        lines += [_confirmation_line(summary.answer, summary.study), ""]
         if record.bottleneck:
             lines.append(f"Its bottleneck: **{record.bottleneck}** ({_breakdown_text(best)}).")
         if summary.bottlenecks:

@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune._version import __version__
 from autotune.errors import UserError
-from autotune.export import best_config
+from autotune.export import TrialConfirmation, confirmation_text
 from autotune.notes import PHASE_LABELS, Summary, measured, measurements, number, summarize
 from autotune.results import PHASES
 from autotune.spec import DEFAULT_STORAGE, KNOBS, knobs_for
@@ -377,7 +377,9 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         summary=summary,
         best=best,
         best_record=TrialRecord.of(best) if best is not None else None,
-        confirmation=best_config(study, best).confirmation_text() if best is not None else "",
+        confirmation=confirmation_text(TrialConfirmation.of(summary.answer, best.number))
+        if best is not None
+        else "",
         config_rows=config_rows,
         comparisons=comparisons,
         measurements=measurements(best) if best is not None else [],

@@ -302,7 +302,7 @@ def test_a_round_too_noisy_to_rank_says_so_and_how_to_confirm_again(tmp_path: Pa
     values = dict(zip(leaders, ((0.9, 0.2, 2.0), (1.6, 0.5, 4.0)), strict=True))
     StudyRecord(confirmation=_round(values)).store(copy)
     console = _console(200)
-    display.print_confirmation(console, copy, _spec(study))
+    display.print_confirmation(console, studies.answer_of(copy), _spec(study), "loud")
     said = " ".join(_text(console).split())
     assert f"Answer: trial {leaders[1]}," in said  # the best median, 1.6 against 0.9
     assert "The machine was too noisy to rank the leaders" in said

@@ -181,7 +181,7 @@ def confirm(
         executor.close()
     if not confirmed:
         raise fail(f"study '{study_name}' has no feasible trial to confirm", EXIT_FAILED)
-    display.print_confirmation(console, found, spec)
+    display.print_confirmation(console, studies.answer_of(found), spec, study_name)
     from autotune import notes
 
     with contextlib.suppress(Exception):  # the note is a convenience; the answer is stored

@@ -335,7 +335,8 @@ def list_studies(
         study = optuna.load_study(study_name=summary.study_name, storage=backend)
         trials = study.get_trials(deepcopy=False)
         count = {state: sum(1 for t in trials if t.state == state) for state in TrialState}
-        top = studies.answer_trial(study)
+        answer = studies.answer_of(study)
+        top = answer.trial if answer is not None else None
         rows.append(
             {
                 "study": summary.study_name,

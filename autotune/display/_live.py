@@ -57,10 +57,8 @@ class LiveObserver(studies.StudyObserver):
     def noise(self) -> str:
         """ " ±6%": the run-to-run spread a confirmation round of this study measured, once
         one has (a resumed study's earlier round); "" before. A value is read with it."""
-        record = studies.StudyRecord.of(self.study).confirmation
-        if record is None:
-            return ""
-        spread = studies.Verdict.of(record).spread
+        answer = studies.answer_of(self.study)
+        spread = answer.spread if answer is not None else None
         return f" ±{spread:.0%}" if spread else ""
 
     def _render(self) -> None:

@@ -235,117 +235,120 @@ def print_summary(
         console.print(f"[yellow]No trial has completed feasibly yet{reason}.[/]")
         return
     console.print(table)
+    answer = studies.answer_of(study)
+    assert answer is not None  # a feasible trial is in the table
     if confirmation:
-        print_confirmation(console, study, spec)
-    best = studies.answer_trial(study)
-    assert best is not None
-    stored = studies.StudyRecord.of(study).confirmation
-    confirmed = stored is not None and stored.complete
-    how = "confirmed" if confirmed else "not confirmed"
-    console.print(f"\n[bold]Best configuration[/] (trial {best.number}, {how}):")
-    console.print(config_table(best))
+        print_confirmation(console, answer, spec, study.study_name)
+    how = "confirmed" if answer.confirmed else "not confirmed"
+    console.print(f"\n[bold]Best configuration[/] (trial {answer.number}, {how}):")
+    console.print(config_table(answer.trial))
     where = study_options(study.study_name, spec.study.storage)
     console.print()
     print_command(console, "Inspect the study:", "autotune", "dashboard", *where[2:])
-    if not confirmed and spec.study.confirm.enabled:  # the run stopped before its round
+    # the run stopped before its round, or trials since have changed the leaders
+    if answer.round_state in ("none", "unfinished", "stale") and spec.study.confirm.enabled:
         print_command(console, "Confirm it:       ", "autotune", "confirm", *where)
     print_command(console, "Print the winner: ", "autotune", "best", *where)
 
 
-def print_confirmation(console: Console, study: optuna.Study, spec: Spec) -> None:
-    """The confirmation round: each configuration's median and range, the answer, ties, the
-    confirmed speed-up over the baseline, and what the round cost."""
-    record = studies.StudyRecord.of(study).confirmation
-    if record is None:
+def print_confirmation(
+    console: Console, answer: studies.Answer | None, spec: Spec, study_name: str
+) -> None:
+    """The confirmation round behind the study's answer (``studies.answer_of``): each
+    configuration's median and range, the answer, ties, its ratio over each reference the round
+    measured beside it, and what the round cost."""
+    if answer is None or answer.round_state == "none":
         console.print("[yellow]Not confirmed:[/] no feasible trial to confirm.")
         return
-    verdict = studies.Verdict.of(record)
     unit = metric_unit(spec.objective.metric_name)
-    confirmed = {c.trial: c for c in (*verdict.ranked, verdict.baseline) if c is not None}
     table = Table(
-        title=f"Confirmation ({record.repeats} more runs each, interleaved)", title_justify="left"
+        title=f"Confirmation ({answer.repeats} more runs each, interleaved)", title_justify="left"
     )
     table.add_column("trial", justify="right")
     table.add_column(f"median {unit}", justify="right", style="bold green")
     table.add_column("range", justify="right")
     table.add_column(f"median {spec.objective.score_name}", justify="right")
     table.add_column("runs", justify="right")
-    for number in record.candidates:
-        found = confirmed.get(number)
-        runs = [run for run in record.runs if run.trial == number]
-        label = f"{number}" + (" (baseline)" if number == record.baseline else "")
-        if found is None or not found.values:
-            table.add_row(label, "-", "-", "-", f"{len(runs)}, none feasible")
+    for found in answer.configurations:
+        label = f"{found.trial}" + (" (baseline)" if found.baseline else "")
+        if not found.values or not (found.eligible or found.baseline):
+            table.add_row(label, "-", "-", "-", f"{found.all_runs}, none feasible")
             continue
+        counted = len(found.values)
         table.add_row(
             label,
             fmt(found.median),
             f"{fmt(found.low)}-{fmt(found.high)}",
             fmt(found.median_score),
-            str(len(found.values))
-            + ("" if len(found.values) == len(runs) else f" of {len(runs)}"),
+            str(counted) + ("" if counted == found.all_runs else f" of {found.all_runs}"),
         )
     console.print(table)
-    spread = f"±{verdict.spread:.0%}" if verdict.spread is not None else "unknown"
-    if verdict.winner is None:
+    spread = f"±{answer.spread:.0%}" if answer.spread is not None else "unknown"
+    again = command("autotune", "confirm", *study_options(study_name, spec.study.storage))
+    if answer.round_state == "no_winner":
         console.print("[yellow]No configuration was feasible in most of its runs.[/]")
+    elif not answer.confirmed:
+        stale = answer.round_state == "stale"
+        why = "trials since have changed the leaders" if stale else "the round is unfinished"
+        console.print(f"[yellow]Not confirmed:[/] {why}; confirm again: {again}")
     else:
-        winner = verdict.winner
+        _print_confirmed(console, answer, spec, spread, again)
+    if answer.flagged:
         console.print(
-            f"[bold]Answer: trial {winner.trial}[/], {fmt(winner.median)} {unit} "
-            f"(median of {len(winner.values)} runs; run-to-run spread {spread})"
-        )
-        if verdict.tie_break == "noisy":
-            where = study_options(study.study_name, spec.study.storage)
-            console.print(
-                f"[yellow]The machine was too noisy to rank the leaders[/] (run-to-run spread "
-                f"{spread}, over ±{studies.NOISY_SPREAD:.0%}): trial {winner.trial} is named for "
-                f"the best median. Confirm again on a quiet machine: "
-                f"{command('autotune', 'confirm', *where)}"
-            )
-        if verdict.tied:
-            numbers = [str(winner.trial), *(str(c.trial) for c in verdict.tied)]
-            together = f"{', '.join(numbers[:-1])} and {numbers[-1]}"
-            rule = (
-                f"better {spec.objective.score_name}"
-                if verdict.tie_break == "score"
-                else "better median"
-            )
-            console.print(
-                f"Trials {together} are tied within measurement noise ({spread}); "
-                f"trial {winner.trial} is named for its {rule}."
-            )
-        if verdict.speedup is not None and verdict.baseline is not None:
-            what = (
-                f"{spec.objective.score_name} per second"
-                if verdict.maximize
-                else "time to the target"
-            )
-            winner_runs = len(winner.round_values or winner.values)
-            base_runs = len(verdict.baseline.round_values or verdict.baseline.values)
-            console.print(
-                f"{verdict.speedup:.2f}x the untuned baseline's {what} (confirmed: medians of "
-                f"{winner_runs} and {base_runs} runs side by side)."
-            )
-        elif winner.baseline:
-            console.print("The untuned baseline is the answer: tuning found nothing better.")
-    flagged = sum(1 for run in record.runs if run.interfered)
-    if flagged:
-        console.print(
-            f"{flagged} measurement(s) were taken while other processes took more than "
+            f"{answer.flagged} measurement(s) were taken while other processes took more than "
             f"{INTERFERENCE_SHARE:.0%} of the cores: each was measured again, and the flagged "
             "ones count only where a configuration has no clean one.",
             style="yellow",
         )
-    if verdict.winner is not None and verdict.winner.interfered:
+    if answer.interfered:
         console.print(
             "[yellow]warning:[/] every run of the answer was measured while other processes "
             "used the CPU; run `autotune confirm` again on a quiet machine."
         )
-    cost = sum(run.wall_seconds for run in record.runs if run.repeat > 0)
-    searched = sum(
-        studies.TrialRecord.of(t).wall_seconds or 0.0 for t in study.get_trials(deepcopy=False)
+    share = answer.search_share
+    share_text = f", {share:.0%} of the search" if share is not None else ""
+    console.print(
+        f"confirmation: {answer.round_runs} runs, {answer.cost_seconds:.0f} s{share_text}.",
+        style="dim",
     )
-    share = f", {cost / searched:.0%} of the search" if searched else ""
-    extra = sum(1 for run in record.runs if run.repeat > 0)
-    console.print(f"confirmation: {extra} runs, {cost:.0f} s{share}.", style="dim")
+
+
+def _print_confirmed(
+    console: Console, answer: studies.Answer, spec: Spec, spread: str, again: str
+) -> None:
+    """The lines of a confirmed answer: its median, noise, ties and ratios."""
+    console.print(
+        f"[bold]Answer: trial {answer.number}[/], {fmt(answer.median)} "
+        f"{metric_unit(spec.objective.metric_name)} "
+        f"(median of {answer.runs} runs; run-to-run spread {spread})"
+    )
+    if answer.noisy:
+        console.print(
+            f"[yellow]The machine was too noisy to rank the leaders[/] (run-to-run spread "
+            f"{spread}, over ±{studies.NOISY_SPREAD:.0%}): trial {answer.number} is named for "
+            f"the best median. Confirm again on a quiet machine: {again}"
+        )
+    if answer.tied:
+        numbers = [str(answer.number), *(str(n) for n in answer.tied)]
+        together = f"{', '.join(numbers[:-1])} and {numbers[-1]}"
+        score = spec.objective.score_name
+        rule = f"better {score}" if answer.tie_rule == "score" else "better median"
+        console.print(
+            f"Trials {together} are tied within measurement noise ({spread}); "
+            f"trial {answer.number} is named for its {rule}."
+        )
+    what = (
+        f"{spec.objective.score_name} per second"
+        if spec.objective.per_second
+        else "time to the target"
+    )
+    for reference in answer.references:
+        if reference.ratio is not None:
+            console.print(
+                f"{reference.ratio:.2f}x {reference.name}'s {what} (confirmed: medians of "
+                f"{answer.runs_side_by_side} and {reference.runs} runs side by side)."
+            )
+        elif reference.number == answer.number:
+            console.print(
+                f"{reference.name.capitalize()} is the answer: tuning found nothing better."
+            )

@@ -11,7 +11,7 @@ steps_per_epoch = len(loader) // best.config.accumulation_steps  # optimizer ste
 trainer = best.make_trainer(model, total_steps=epochs * steps_per_epoch)
 
 ``_api`` holds the Python API (``BestConfig``, ``load_best``, ``load_config``), ``_confirmation``
-the confirmation round's typed verdict on a trial (``TrialConfirmation``), ``_script`` the
+the study's answer as the exports carry it for a trial (``TrialConfirmation``), ``_script`` the
 script and YAML/JSON rendering, ``_header`` the script's constants and provenance,
 ``_frameworks`` the Lightning and Hugging Face settings files,
 ``_bundle`` the source bundler the script is built with.
@@ -26,7 +26,7 @@ from autotune.export._api import (
     select_trial,
     study_spec,
 )
-from autotune.export._confirmation import TrialConfirmation
+from autotune.export._confirmation import TrialConfirmation, confirmation_text
 from autotune.export._formats import FORMATS, render
 from autotune.export._header import SCRIPT_KNOBS
 from autotune.export._script import render_script
@@ -38,6 +38,7 @@ __all__ = [
     "ExportError",
     "TrialConfirmation",
     "best_config",
+    "confirmation_text",
     "load_best",
     "load_config",
     "render",

@@ -20,13 +20,13 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import TrialConfig
 from autotune.errors import UserError
-from autotune.export._confirmation import TrialConfirmation, confirmation_of
+from autotune.export._confirmation import TrialConfirmation, confirmation_text
 from autotune.spec import DEFAULT_STORAGE, Spec, SpecError, parse_spec
 from autotune.study import (
     StudyError,
     StudyRecord,
     TrialRecord,
-    answer_trial,
+    answer_of,
     is_feasible,
     knob_origin,
     load_study,
@@ -90,20 +90,7 @@ class BestConfig:
 
     def confirmation_text(self) -> str:
         """One line on how sure the study is of this answer."""
-        found = self.confirmation
-        if found is None:
-            return "not confirmed: one measurement (run `autotune confirm`)"
-        text = f"confirmed: median {found.median:.4g} over {found.runs} runs"
-        if found.spread is not None:
-            text += f" (spread ±{found.spread:.0%})"
-        if found.speedup is not None:
-            text += f", {found.speedup:.2f}x the untuned baseline"
-        if found.tied_with:
-            tied = ", ".join(str(n) for n in found.tied_with)
-            text += f"; tied within noise with trial {tied}"
-        if found.under_interference:
-            text += "; measured while other processes used the CPU (confirm it again)"
-        return text
+        return confirmation_text(self.confirmation)
 
     @property
     def epochs(self) -> int:
@@ -282,10 +269,10 @@ def select_trial(study: optuna.Study, number: int | None = None) -> FrozenTrial:
                 f"study '{study.study_name}' has several objectives and no single best trial: "
                 f"pick one with --trial N"
             )
-        found = answer_trial(study)
-        if found is None:
+        answer = answer_of(study)
+        if answer is None:
             raise ExportError(f"study '{study.study_name}' has no COMPLETE feasible trial yet")
-        trial = found
+        trial = answer.trial
     if TrialRecord.of(trial).config is None:
         name = study.study_name
         if name.endswith(".speed"):
@@ -331,7 +318,7 @@ def best_config(study: optuna.Study, trial: FrozenTrial) -> BestConfig:
         config=record.config,
         params=dict(trial.params),
         metrics=record.metrics(),
-        confirmation=confirmation_of(study, trial.number),
+        confirmation=TrialConfirmation.of(answer_of(study), trial.number),
         feasible=is_feasible(trial),
         speed_knobs=tuple(record.speed_knobs or ()),
         baseline=record.baseline,

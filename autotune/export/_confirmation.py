@@ -7,11 +7,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import optuna
+from autotune.study import Answer
 
-from autotune.study import StudyRecord, Verdict
-
-__all__ = ["TrialConfirmation", "confirmation_of"]
+__all__ = ["TrialConfirmation", "confirmation_text"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +33,29 @@ class TrialConfirmation:
         return {**dataclasses.asdict(self), "tied_with": list(self.tied_with)}
 
     @classmethod
+    def of(cls, answer: Answer | None, number: int) -> TrialConfirmation | None:
+        """Trial ``number`` in the round that confirms the study's ``answer``: its medians,
+        and for the answer its ratio over the untuned baseline and its ties; None where the
+        round does not confirm the answer or did not rank the trial."""
+        if answer is None or not answer.confirmed:
+            return None
+        found = next((c for c in answer.configurations if c.trial == number), None)
+        if found is None or not found.eligible or not found.values:
+            return None
+        mine = number == answer.number
+        return cls(
+            median=found.median,
+            runs=len(found.values),
+            spread=answer.spread,
+            median_score=found.median_score,
+            median_samples_per_second=found.median_samples_per_second,
+            answer=mine,
+            speedup=answer.speedup if mine else None,
+            tied_with=answer.tied if mine else (),
+            under_interference=found.interfered,
+        )
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> TrialConfirmation | None:
         """Inverse of ``to_dict``; None for an empty or missing one (not confirmed)."""
         if not data:
@@ -45,24 +66,18 @@ class TrialConfirmation:
         return cls(**fields)
 
 
-def confirmation_of(study: optuna.Study, number: int) -> TrialConfirmation | None:
-    """The confirmation round's verdict on trial ``number`` (None if none)."""
-    record = StudyRecord.of(study).confirmation
-    if record is None or not record.complete or number not in record.candidates:
-        return None
-    verdict = Verdict.of(record)
-    mine = next((c for c in verdict.ranked if c.trial == number), None)
-    if mine is None or not mine.values:
-        return None
-    is_winner = verdict.winner is not None and verdict.winner.trial == number
-    return TrialConfirmation(
-        median=mine.median,
-        runs=len(mine.values),
-        spread=verdict.spread,
-        median_score=mine.median_score,
-        median_samples_per_second=mine.median_samples_per_second,
-        answer=is_winner,
-        speedup=verdict.speedup if is_winner else None,
-        tied_with=tuple(c.trial for c in verdict.tied) if is_winner else (),
-        under_interference=mine.interfered,
-    )
+def confirmation_text(found: TrialConfirmation | None) -> str:
+    """One line on how sure the study is of a trial: its ``TrialConfirmation``, or None."""
+    if found is None:
+        return "not confirmed: one measurement (run `autotune confirm`)"
+    text = f"confirmed: median {found.median:.4g} over {found.runs} runs"
+    if found.spread is not None:
+        text += f" (spread ±{found.spread:.0%})"
+    if found.speedup is not None:
+        text += f", {found.speedup:.2f}x the untuned baseline"
+    if found.tied_with:
+        tied = ", ".join(str(n) for n in found.tied_with)
+        text += f"; tied within noise with trial {tied}"
+    if found.under_interference:
+        text += "; measured while other processes used the CPU (confirm it again)"
+    return text

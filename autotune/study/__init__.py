@@ -23,20 +23,23 @@ One subpackage, one concern per private module, everything public re-exported he
   that records and caches it, what it leaves out and why, its answer, and the stage that runs
   it;
 - ``_confirm``: the confirmation round that re-measures the leaders and the baseline side by
-  side, and the study's answer (``answer_trial``).
+  side; ``_answer``: what the round concludes and the study's one answer (``answer_of``),
+  which every rendering shows.
 """
 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from autotune.study._confirm import (
+    from autotune.study._answer import (
         NOISY_SPREAD,
+        Answer,
         Confirmed,
+        Reference,
         Verdict,
+        answer_of,
         answer_trial,
-        confirm_study,
-        confirmation_plan,
     )
+    from autotune.study._confirm import confirm_study, confirmation_plan
     from autotune.study._liveness import heartbeat, recover_stale_trials, study_lock
     from autotune.study._open import load_study, open_study, patient_storage, with_study_strategy
     from autotune.study._outage import Patience, StorageOutage, unhurried
@@ -77,10 +80,13 @@ if TYPE_CHECKING:
 # Imported on first use: a reader of finished studies (autotune best, studies, export) never
 # loads _run and _confirm, which import the trainer and torch.
 _MODULES = {
-    "Confirmed": "_confirm",
-    "Verdict": "_confirm",
-    "NOISY_SPREAD": "_confirm",
-    "answer_trial": "_confirm",
+    "Confirmed": "_answer",
+    "Verdict": "_answer",
+    "NOISY_SPREAD": "_answer",
+    "answer_trial": "_answer",
+    "Answer": "_answer",
+    "Reference": "_answer",
+    "answer_of": "_answer",
     "confirm_study": "_confirm",
     "confirmation_plan": "_confirm",
     "load_study": "_open",
@@ -145,11 +151,13 @@ __all__ = [
     "METRIC_FIELDS",
     "NOISY_SPREAD",
     "Access",
+    "Answer",
     "ConfirmRun",
     "ConfirmationRecord",
     "Confirmed",
     "MemoryWalls",
     "Patience",
+    "Reference",
     "RunOutcome",
     "SpeedEvent",
     "SpeedRecord",
@@ -162,6 +170,7 @@ __all__ = [
     "TrialRunner",
     "TrialSeededSampler",
     "Verdict",
+    "answer_of",
     "answer_trial",
     "baseline_trial",
     "best_trial",

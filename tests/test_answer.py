@@ -1,0 +1,293 @@
+"""The study's answer (study/_answer.py): computed once from the trials and the recorded
+confirmation round, and rendered alike by the terminal, the note, the report and ``best``."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+import optuna
+import pytest
+from rich.console import Console
+
+from autotune import display, export, notes, report
+from autotune.study import (
+    Answer,
+    ConfirmationRecord,
+    ConfirmRun,
+    Reference,
+    RunOutcome,
+    TrialRecord,
+    answer_of,
+    answer_trial,
+)
+
+TRIAL_SECONDS = 10.0  # each trial's wall-clock seconds, as the study process saw it
+RUN_SECONDS = 2.0  # each confirmation run's
+
+
+def _study(values: list[float], baseline: int | None = None, maximize: bool = True):
+    """An in-memory study of COMPLETE feasible trials 0, 1, ... with these values."""
+    study = optuna.create_study(direction="maximize" if maximize else "minimize")
+    for number, value in enumerate(values):
+        record = TrialRecord(baseline=number == baseline, wall_seconds=TRIAL_SECONDS)
+        study.add_trial(optuna.trial.create_trial(value=value, user_attrs=record.to_attrs()))
+    return study
+
+
+def _round(
+    series: dict[int, list[float]],
+    scores: dict[int, float] | None = None,
+    other: dict[int, float] | None = None,
+    **fields: object,
+) -> ConfirmationRecord:
+    """A recorded round: trial -> its values (repeat 0, its trial, first); ``other``: the
+    others' share of the cores in each of a trial's runs."""
+    runs = tuple(
+        ConfirmRun(
+            trial=number,
+            repeat=repeat,
+            seed=repeat,
+            value=value,
+            score=(scores or {}).get(number, 0.9),
+            samples_per_second=100.0 * value,
+            feasible=True,
+            wall_seconds=RUN_SECONDS,
+            other_cpu_share=(other or {}).get(number),
+        )
+        for number, values in series.items()
+        for repeat, value in enumerate(values)
+    )
+    defaults = {"top": 2, "repeats": 2, "maximize": True, "baseline": None, "complete": True}
+    return ConfirmationRecord(candidates=tuple(series), runs=runs, **{**defaults, **fields})
+
+
+def _answer(study: optuna.Study, record: ConfirmationRecord) -> Answer:
+    study.set_user_attr("confirmation", record.to_attrs())
+    found = answer_of(study)
+    assert found is not None
+    return found
+
+
+def test_a_clear_winner_carries_its_medians_the_rounds_facts_and_its_ratio_over_the_baseline():
+    # trial 1 had the best single value; trial 2 is confirmed faster, beyond the noise
+    study = _study([1.0, 3.0, 2.6], baseline=0)
+    record = _round({1: [3.0, 2.0, 2.1], 2: [2.6, 2.7, 2.65], 0: [1.0, 1.1, 1.05]}, baseline=0)
+    answer = _answer(study, record)
+    assert answer.confirmed and answer.round_state == "confirmed"
+    assert answer.number == 2 and answer.trial.value == 2.6
+    assert answer_trial(study) == answer.trial
+    assert answer.median == 2.65 and answer.runs == 3 and answer.runs_side_by_side == 2
+    assert answer.median_score == 0.9 and answer.median_samples_per_second == pytest.approx(265)
+    assert answer.tied == () and answer.tie_rule == "value" and not answer.noisy
+    # the typical half-range: 0.238 (trial 1), 0.019 (trial 2), 0.048 (the baseline)
+    assert answer.spread == pytest.approx(0.05 / 1.05)
+    # the ratio of the round's own runs, the originals left out: 2.675 against 1.075
+    assert answer.references == (
+        Reference(
+            "the untuned baseline", 0, pytest.approx(1.075), 2, pytest.approx(2.675 / 1.075)
+        ),
+    )
+    assert answer.speedup == answer.references[0].ratio
+    assert [c.trial for c in answer.configurations] == [1, 2, 0] and answer.repeats == 2
+    assert not answer.interfered and answer.flagged == 0
+    assert answer.round_runs == 6 and answer.cost_seconds == 6 * RUN_SECONDS
+    assert answer.search_share == pytest.approx(6 * RUN_SECONDS / (3 * TRIAL_SECONDS))
+
+
+def test_tied_leaders_are_named_with_the_rule_that_picked_among_them():
+    study = _study([2.0, 2.05])
+    record = _round({0: [2.0, 2.2, 2.1], 1: [2.05, 2.15, 2.12]}, scores={0: 0.9, 1: 0.95})
+    answer = _answer(study, record)
+    assert answer.number == 1 and answer.tied == (0,) and answer.tie_rule == "score"
+    assert answer.references == () and answer.speedup is None  # no baseline in this round
+    # the better median, where the scores are alike
+    alike = _answer(study, _round({0: [2.0, 2.2, 2.1], 1: [2.05, 2.15, 2.12]}))
+    assert alike.number == 1 and alike.tied == (0,) and alike.tie_rule == "value"
+
+
+def test_a_round_too_noisy_to_rank_names_the_best_median_and_says_so():
+    study = _study([0.05, 0.092, 0.166], baseline=0)
+    record = _round(
+        {2: [0.166, 0.05, 0.4], 1: [0.092, 0.02, 0.2], 0: [0.05, 0.01, 0.1]},
+        scores={1: 0.916, 2: 0.9},
+        baseline=0,
+    )
+    answer = _answer(study, record)
+    assert answer.noisy and answer.tie_rule == "noisy" and answer.tied == ()
+    assert answer.number == 2 and answer.spread is not None and answer.spread > 0.25
+
+
+def test_the_baseline_can_be_the_answer_and_is_then_its_own_reference():
+    study = _study([2.0, 1.9], baseline=0)
+    answer = _answer(study, _round({1: [1.9, 1.0, 1.05], 0: [2.0, 2.1, 2.2]}, baseline=0, top=1))
+    assert answer.confirmed and answer.number == 0
+    (baseline,) = answer.references
+    assert baseline.number == 0 and baseline.ratio == 1.0
+
+
+def test_an_answer_measured_only_under_interference_says_so():
+    study = _study([1.0, 3.0], baseline=0)
+    record = _round({1: [3.0, 3.1, 2.9], 0: [1.0, 1.1, 1.05]}, other={1: 0.9}, baseline=0)
+    answer = _answer(study, record)
+    assert answer.number == 1 and answer.interfered and answer.flagged == 3
+    assert answer.runs == 3  # every run flagged: they count, and the answer says so
+    # measured again on a quiet machine: the clean run is the answer's one measurement
+    again = dataclasses.replace(record.runs[2], value=3.05, other_cpu_share=0.0)
+    clean = _answer(study, record.with_run(again))
+    assert not clean.interfered and clean.flagged == 3 and clean.runs == 1
+    assert clean.median == 3.05
+
+
+def test_for_a_time_to_a_target_the_ratio_is_the_references_time_over_the_answers():
+    study = _study([20.0, 10.0], baseline=0, maximize=False)
+    record = _round({1: [10.0, 11.0, 12.0], 0: [20.0, 22.0, 24.0]}, baseline=0, maximize=False)
+    answer = _answer(study, record)
+    assert answer.number == 1 and answer.median == 11.0
+    assert answer.speedup == pytest.approx(23.0 / 11.5)  # medians of the round's own runs
+
+
+def test_a_round_that_does_not_back_the_best_trial_leaves_it_unconfirmed():
+    study = _study([1.0, 3.0, 2.6], baseline=0)
+    assert answer_of(optuna.create_study()) is None  # no feasible trial: no answer
+    several = optuna.create_study(directions=["maximize", "minimize"])
+    several.add_trial(optuna.trial.create_trial(values=[2.0, 0.5]))
+    assert answer_of(several) is None  # several objectives: no one best
+    plain = answer_of(study)
+    assert plain is not None and plain.round_state == "none" and plain.number == 1
+    assert plain.spread is None and plain.configurations == ()
+    record = _round({1: [3.0, 2.0, 2.1], 2: [2.6, 2.7, 2.65], 0: [1.0, 1.1, 1.05]}, baseline=0)
+    unfinished = _answer(study, dataclasses.replace(record, complete=False))
+    assert unfinished.round_state == "unfinished" and unfinished.number == 1
+    assert unfinished.median is None and unfinished.spread == pytest.approx(0.05 / 1.05)
+    # a trial since beats both leaders: the round is about leaders that are no longer
+    study.add_trial(
+        optuna.trial.create_trial(
+            value=5.0, user_attrs=TrialRecord(wall_seconds=TRIAL_SECONDS).to_attrs()
+        )
+    )
+    stale = _answer(study, record)
+    assert stale.round_state == "stale" and not stale.confirmed and stale.number == 3
+    assert stale.median is None and stale.references == () and stale.speedup is None
+    assert stale.spread == pytest.approx(0.05 / 1.05)  # the machine's noise still is
+    assert answer_trial(study) == stale.trial
+
+
+def test_a_round_where_no_configuration_was_mostly_feasible_names_no_winner():
+    study = _study([1.0, 3.0], baseline=0)
+    record = _round({1: [3.0, 2.0, 2.1], 0: [1.0, 1.1, 1.05]}, baseline=0)
+    runs = tuple(dataclasses.replace(run, feasible=run.repeat == 0) for run in record.runs)
+    answer = _answer(study, dataclasses.replace(record, runs=runs))
+    assert answer.round_state == "no_winner" and not answer.confirmed and answer.number == 1
+
+
+def _copy(seen) -> optuna.Study:
+    """The real study of the session, in memory: what is recorded on it stays here."""
+    study, _ = seen
+    copy = optuna.create_study(study_name="seen", direction=study.direction)
+    for trial in study.get_trials():
+        copy.add_trial(trial)
+    for key, value in study.user_attrs.items():
+        copy.set_user_attr(key, value)
+    return copy
+
+
+def _renderings(study: optuna.Study) -> dict[str, str]:
+    """What the terminal, the note, the report and ``best`` say of the study's answer."""
+    spec = export.study_spec(study)
+    assert spec is not None
+    console = Console(file=io.StringIO(), width=200, emoji=False)
+    outcome = RunOutcome(study_name="seen", states={"COMPLETE": 5})
+    display.print_summary(console, study, spec, outcome, confirmation=True)
+    best = export.best_config(study, export.select_trial(study))
+    page = report.render_html(study, "sqlite:///x.db")
+    assert isinstance(console.file, io.StringIO)
+    return {
+        "terminal": " ".join(console.file.getvalue().split()),
+        "note": notes.study_note(study),
+        "report": " ".join(page.split()),
+        "best": f"trial {best.trial}: {best.confirmation_text()}",
+    }
+
+
+def _leaders_round(study: optuna.Study) -> tuple[int, ConfirmationRecord]:
+    """A clean round of the study's three leaders and its baseline, won by a leader that is
+    neither the best single trial nor the baseline: that leader and the round."""
+    summary = notes.summarize(study)
+    assert summary.baseline is not None
+    base = summary.baseline.number
+    leaders = [t.number for t in summary.feasible[:3]]
+    winner = next(n for n in leaders[1:] if n != base)
+    series = {n: [1.0, 0.98, 1.02] for n in leaders}  # each within ±2% or ±2.4%
+    series[base] = [2.0, 1.96, 2.04]
+    series[winner] = [4.1, 4.0, 4.2]
+    return winner, _round(series, baseline=base, top=3)
+
+
+def test_every_rendering_names_the_same_answer_and_ratio(seen):
+    study = _copy(seen)
+    winner, record = _leaders_round(study)
+    answer = _answer(study, record)
+    assert answer.confirmed and answer.number == winner
+    assert answer.speedup == pytest.approx(4.1 / 2.0)  # the round's own runs' medians
+    said = _renderings(study)
+    confirmed = "confirmed: median 4.1 over 3 runs (spread ±2%), 2.05x the untuned baseline"
+    assert f"Best configuration (trial {winner}, confirmed)" in said["terminal"]
+    assert f"Answer: trial {winner}, 4.1 acc/s" in said["terminal"]
+    assert "2.05x the untuned baseline's accuracy per second" in said["terminal"]
+    assert f"**Best: trial {winner}**" in said["note"]
+    assert "**Confirmed**: median 4.1 over 3 runs" in said["note"]
+    assert "**2.05x** the untuned baseline" in said["note"]
+    assert f"Best: <strong>trial {winner}</strong>" in said["report"]
+    assert f"The answer is {confirmed}." in said["report"]
+    assert said["best"] == f"trial {winner}: {confirmed}"
+    # ``best --trial`` of the other leader: its medians in the round, no ratio, no ties
+    other = next(c for c in answer.configurations if c.trial not in (winner, record.baseline))
+    contender = export.TrialConfirmation.of(answer, other.trial)
+    assert contender is not None and not contender.answer and contender.median == 1.0
+    assert contender.speedup is None and contender.tied_with == () and contender.runs == 3
+
+
+def test_a_round_about_leaders_since_changed_is_confirmed_nowhere(seen):
+    """A round whose leaders trials since have changed backs no answer. Once, the summary
+    still said "confirmed", ``best`` gave the round's medians for the best single trial, and
+    the note stopped on an assertion where that trial was a leader of the round but not its
+    winner."""
+    study = _copy(seen)
+    winner, record = _leaders_round(study)
+    _answer(study, record)
+    assert f"Best configuration (trial {winner}, confirmed)" in _renderings(study)["terminal"]
+    # a trial since comes between the first two leaders: the best single value is the answer
+    first, second = notes.summarize(study).feasible[:2]
+    copied = {key: value for key, value in second.user_attrs.items() if key != "baseline"}
+    between = (first.value + second.value) / 2
+    study.add_trial(optuna.trial.create_trial(value=between, user_attrs=copied))
+    stale = answer_of(study)
+    assert stale is not None and stale.round_state == "stale" and stale.number == first.number
+    said = _renderings(study)
+    assert f"Best configuration (trial {first.number}, not confirmed)" in said["terminal"]
+    assert "Not confirmed: trials since have changed the leaders" in said["terminal"]
+    assert "Answer: trial" not in said["terminal"]
+    assert "_Not confirmed" in said["note"] and "**Confirmed**" not in said["note"]
+    assert "The answer is not confirmed" in said["report"]
+    assert said["best"] == f"trial {first.number}: " + (
+        "not confirmed: one measurement (run `autotune confirm`)"
+    )
+
+
+def test_an_answer_measured_only_under_interference_is_said_so_everywhere(seen):
+    """The note said nothing where the terminal, the report and best warned."""
+    study = _copy(seen)
+    winner, record = _leaders_round(study)
+    flagged = tuple(
+        dataclasses.replace(run, other_cpu_share=0.9) if run.trial == winner else run
+        for run in record.runs
+    )
+    answer = _answer(study, dataclasses.replace(record, runs=flagged))
+    assert answer.confirmed and answer.number == winner and answer.interfered
+    said = _renderings(study)
+    assert "3 measurement(s) were taken while other processes" in said["terminal"]
+    assert "every run of the answer was measured while other processes" in said["terminal"]
+    assert "Measured while other processes used the CPU: confirm it again" in said["note"]
+    warned = "measured while other processes used the CPU (confirm it again)"
+    assert warned in said["report"] and said["best"].endswith(warned)
