@@ -89,7 +89,7 @@ def test_past_its_bound_a_storage_call_gives_up_in_one_line_and_waits_no_more(tm
     waits: list[str] = []
     patience = Patience(0.5, on_wait=lambda problem, seconds: waits.append(problem))
     study, path = _locked_study(tmp_path, patience)
-    released = _hold_lock(path, 3.0)
+    released = _hold_lock(path, 1.5)  # past the 0.5 s bound, and the second call after it
     with pytest.raises(StorageOutage) as refused:
         study.set_user_attr("first", 1)
     assert str(refused.value).startswith(
@@ -112,14 +112,14 @@ def test_the_time_a_trial_waits_for_the_study_to_record_an_evaluation_is_not_its
     workload = WorkloadSpec(
         model="autotune.testing:tiny_mlp",
         data="autotune.testing:blobs",
-        data_args={"train_delay_seconds": 0.004},  # half an epoch: longer than a poll
+        data_args={"train_delay_seconds": 0.003},  # half an epoch: longer than a poll
     )
-    executor = WorkerExecutor(workload, None, trial_timeout=4.0)
+    executor = WorkerExecutor(workload, None, trial_timeout=2.5)
     answered: list[int] = []
 
     def slow_report(evaluation: Evaluation) -> bool:
         if not answered:
-            time.sleep(5.0)  # a database that restarts, past the trial's timeout
+            time.sleep(3.0)  # a database that restarts, past the trial's timeout
         answered.append(evaluation.index)
         return False
 
