@@ -8,6 +8,7 @@ import re
 import signal
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import optuna
 import pytest
@@ -27,6 +28,9 @@ from autotune.scaleout import (
 )
 from autotune.study import SpeedRecord, TrialRecord, load_study
 from autotune.testing import run_cli, start_cli, write_space
+
+if TYPE_CHECKING:
+    from typer.testing import Result
 
 CORES = len(os.sched_getaffinity(0))
 two_cores = pytest.mark.skipif(CORES < 2, reason=f"needs 2 cores for 2 workers; has {CORES}")
@@ -228,17 +232,41 @@ def test_a_ctrl_c_stops_every_worker_and_records_their_trials(tmp_path: Path):
     assert _own_processes(str(tmp_path)) == []  # nothing left behind
 
 
+def _read(*args: str) -> Result:
+    """``autotune ARGS`` run in this process, as a command that only reads a study is: its
+    exit code and what it printed (``stdout`` and ``stderr``)."""
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    return CliRunner().invoke(app, list(args), catch_exceptions=False)
+
+
 @pytest.mark.slow
 def test_three_processes_share_a_postgresql_study_and_recover_a_killed_one(
-    postgres, tmp_path: Path
+    postgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    """Many machines on one PostgreSQL study, played by three processes: the count holds under
-    the advisory lock, a process killed mid-trial is recovered, and the readers work there."""
-    text = SLOW_SPACE.format(n_trials=8, delay=0.002).replace("name: shared", "name: pg-shared")
-    text = text.replace("  seed: 0\n", "  seed: 0\n  heartbeat_interval: 1\n")
+    """Many machines on one PostgreSQL study, played by three processes (each with a machine
+    folder of its own: no turns to take): the count holds under the advisory lock, a process
+    killed mid-trial is recovered, and the readers work there."""
+    text = SLOW_SPACE.format(n_trials=4, delay=0.002).replace("name: shared", "name: pg-shared")
+    text = text.replace(
+        "  seed: 0\n",
+        "  seed: 0\n  heartbeat_interval: 1\n  strategy: joint\n  isolation: none\n",
+    )
     write_space(tmp_path, text, name="space.yaml")
     url = postgres.url
-    processes = [start_cli("run", "space.yaml", "--storage", url, cwd=tmp_path) for _ in range(3)]
+    processes = [
+        start_cli(
+            "run",
+            "space.yaml",
+            "--storage",
+            url,
+            cwd=tmp_path,
+            env={"AUTOTUNE_MACHINE_DIR": str(tmp_path / f"machine-{index}")},
+        )
+        for index in range(3)
+    ]
     deadline = time.monotonic() + 240
     running = 0
     while running < 3 and time.monotonic() < deadline:  # each process trains one: kill one
@@ -259,19 +287,21 @@ def test_three_processes_share_a_postgresql_study_and_recover_a_killed_one(
         assert process.returncode == 0, stdout + stderr
     study = optuna.load_study(study_name="pg-shared", storage=url)
     counted = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
-    assert len(counted) == 8 and not study.get_trials(states=(TrialState.RUNNING,))
+    assert len(counted) == 4 and not study.get_trials(states=(TrialState.RUNNING,))
     (killed,) = study.get_trials(states=(TrialState.FAIL,))
     assert TrialRecord.of(killed).fail_kind == "interrupted"
     retried = [t for t in counted if t.system_attrs.get("failed_trial") == killed.number]
     assert len(retried) == 1 and retried[0].params == killed.params
+    monkeypatch.chdir(tmp_path)
     where = ("--study", "pg-shared", "--storage", url)
     for command in (("best",), ("export", "-o", "train.py"), ("report", "-o", "r.html")):
-        done = run_cli(*command, *where, cwd=tmp_path)
-        assert done.returncode == 0, (command, done.stderr)
-        assert "not attached to the study" in done.stdout or command == ("best",)
+        done = _read(*command, *where)
+        assert done.exit_code == 0, (command, done.stderr)
+        said = " ".join(done.stdout.split())
+        assert "not attached to the study" in said or command == ("best",)
     assert not (tmp_path / "studies").exists()  # a shared study's files: never into the cwd
     shared = tmp_path / "shared-artifacts"
-    done = run_cli("report", "-o", "r2.html", "--artifacts", str(shared), *where, cwd=tmp_path)
-    assert done.returncode == 0 and "attached" not in done.stdout, done.stdout + done.stderr
+    done = _read("report", "-o", "r2.html", "--artifacts", str(shared), *where)
+    assert done.exit_code == 0 and "attached" not in done.stdout, done.stdout + done.stderr
     (attached,) = get_all_artifact_meta(study)
     assert attached.filename == "r2.html" and (shared / attached.artifact_id).is_file()
