@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -500,6 +501,17 @@ def test_a_killed_study_process_leaves_no_trial_running_after_a_resume(tmp_path:
     assert not any(orphan.exists() for orphan in orphans)
 
 
+def beat_long_ago(database: Path, seconds: int = 10) -> None:
+    """Move every trial's last heartbeat in the SQLite file ``database`` ``seconds`` into the
+    past, on the storage's own clock: as if its process had been silent that long (longer
+    than three heartbeat intervals of a second), without waiting for it."""
+    with sqlite3.connect(database) as connection:
+        connection.execute(
+            "UPDATE trial_heartbeats SET heartbeat = datetime(heartbeat, ?)",
+            (f"-{seconds} seconds",),
+        )
+
+
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # this test beats itself
 def test_a_stale_trials_retry_keeps_its_parameters_and_baseline_mark_but_no_measurements(
     tmp_path: Path,
@@ -517,7 +529,7 @@ def test_a_stale_trials_retry_keeps_its_parameters_and_baseline_mark_but_no_meas
     storage.record_heartbeat(trial._trial_id)
     stale = study.trials[0]
     assert any(key.startswith("completed_rung") for key in stale.system_attrs)
-    time.sleep(5)  # silent for over three heartbeat intervals (the storage counts whole seconds)
+    beat_long_ago(tmp_path / "retry.db")  # silent for over three heartbeat intervals
 
     assert recover_stale_trials(study) == 1
     (retry,) = study.get_trials(states=(TrialState.WAITING,))
@@ -537,7 +549,7 @@ def test_a_trial_whose_beat_comes_back_during_recovery_keeps_no_interrupted_labe
     study = optuna.create_study(study_name="race", storage=storage)
     trial = study.ask()
     storage.record_heartbeat(trial._trial_id)
-    time.sleep(5)  # stale by the clock: silent for over three intervals
+    beat_long_ago(tmp_path / "race.db")  # stale by the clock: silent for over three intervals
     read_stale = storage._get_stale_trial_ids
 
     def owner_beats_right_after(study_id: int) -> list[int]:
@@ -564,7 +576,7 @@ def test_a_trial_finished_during_recovery_is_neither_counted_nor_labelled(tmp_pa
     study = optuna.create_study(study_name="race", storage=storage)
     trial = study.ask()
     storage.record_heartbeat(trial._trial_id)
-    time.sleep(5)  # stale by the clock
+    beat_long_ago(tmp_path / "race.db")  # stale by the clock
     read_stale = storage._get_stale_trial_ids
     calls: list[int] = []
 
@@ -715,8 +727,6 @@ def test_the_owner_of_a_trial_failed_as_stale_elsewhere_stops_it_and_goes_on(
 def test_a_heartbeat_gives_up_behind_a_long_write_and_the_next_one_lands(tmp_path: Path):
     """Beats go through a storage of their own whose writes give up after one interval: one
     held up by another process's write must not land late (after the grace period)."""
-    import sqlite3
-
     from autotune.study._liveness import _beat_storage
 
     path = tmp_path / "beats.db"
@@ -726,8 +736,8 @@ def test_a_heartbeat_gives_up_behind_a_long_write_and_the_next_one_lands(tmp_pat
     beats = _beat_storage(study._storage, 1)
     assert beats is not storage and beats.url == storage.url
     writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    writer.execute("BEGIN IMMEDIATE")  # another process's write transaction, held 4 s
-    release = threading.Timer(4.0, writer.execute, args=("COMMIT",))
+    writer.execute("BEGIN IMMEDIATE")  # another process's write, held past half an interval
+    release = threading.Timer(2.0, writer.execute, args=("COMMIT",))
     release.start()
     try:
         with pytest.raises(optuna.exceptions.StorageInternalError) as caught:
