@@ -97,6 +97,8 @@ def worker_main(
     ranks = distributed.RankPool(distributed.WorkloadSource(workload_spec, base_dir, score))
     try:
         _serve(connection, workload, warmth, ranks)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the study process left mid-request (it gave up on its database, or was killed)
     finally:
         ranks.close()
 
