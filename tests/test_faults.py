@@ -422,8 +422,9 @@ def trial_states(tmp_path: Path) -> list[TrialState]:
         return []
 
 
-# trials of about a second (the second trial is the last: a run is stopped while it runs)
-SLOW_SPACE = space(model_args="{step_delay_seconds: 0.05}", n_trials=2, heartbeat_interval=1)
+def slow_space(n_trials: int) -> str:
+    """A study of ``n_trials`` trials of about a second each, beating every second."""
+    return space(model_args="{step_delay_seconds: 0.05}", n_trials=n_trials, heartbeat_interval=1)
 
 
 def baselines(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
@@ -443,9 +444,10 @@ def assert_one_baseline_counted(study: optuna.Study) -> None:
 def test_interrupting_records_the_running_trial_and_a_rerun_resumes(
     tmp_path: Path, sig, code, stopped
 ):
-    (tmp_path / "space.yaml").write_text(SLOW_SPACE)
+    (tmp_path / "space.yaml").write_text(slow_space(n_trials=stopped + 1))
     process = start_cli("run", "space.yaml", cwd=tmp_path)
-    # stop it while trial ``stopped`` runs: the second, or the untuned baseline (the first)
+    # stop it while trial ``stopped`` runs, the study's last: the second, or the untuned
+    # baseline (the first)
     wait_for(
         lambda: (
             trial_states(tmp_path)[: stopped + 1]
@@ -470,14 +472,14 @@ def test_interrupting_records_the_running_trial_and_a_rerun_resumes(
     study = load_study(tmp_path)
     assert_trials_recorded(study)
     counted = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    assert len(counted) == 2
+    assert len(counted) == stopped + 1
     assert_one_baseline_counted(study)  # an interrupted baseline is queued again
     assert baselines(study)[-1].params == before[0].params
 
 
 @pytest.mark.slow
 def test_a_killed_study_process_leaves_no_trial_running_after_a_resume(tmp_path: Path):
-    (tmp_path / "space.yaml").write_text(SLOW_SPACE)
+    (tmp_path / "space.yaml").write_text(slow_space(n_trials=1))  # the baseline, killed
     process = start_cli("run", "space.yaml", cwd=tmp_path)
     wait_for(lambda: trial_states(tmp_path)[:1] == [TrialState.RUNNING])
     killed = load_study(tmp_path).trials[0]  # the untuned baseline
