@@ -215,26 +215,30 @@ def test_a_broken_cuda_context_gets_a_fresh_worker_and_blames_no_other_trial(tmp
 
 
 def test_transient_fp16_overflow_does_not_prune_but_a_lasting_one_does(tmp_path: Path, run):
-    clean = space(knobs={"precision": "fp16"})
+    clean = space(knobs={"precision": "fp16"}, n_trials=2)
     control, _, _ = run(clean, tmp_path / "control", hardware=CPU_WITH_FP16)
-    transient = space(model_args="{overflow_at_steps: [3]}", knobs={"precision": "fp16"})
+    transient = space(
+        model_args="{overflow_at_steps: [3]}", knobs={"precision": "fp16"}, n_trials=2
+    )
     study, _, _ = run(transient, tmp_path / "transient", hardware=CPU_WITH_FP16)
     for trial, plain in zip(study.get_trials(), control.get_trials(), strict=True):
         assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("fail_msg")
         # GradScaler skipped the overflowing step (and whatever its first steps skip anyway)
         assert trial.user_attrs["skipped_steps"] == plain.user_attrs["skipped_steps"] + 1
     lasting = space(
-        model_args=f"{{overflow_at_steps: {list(range(1, 200))}}}", knobs={"precision": "fp16"}
+        model_args=f"{{overflow_at_steps: {list(range(1, 200))}}}",
+        knobs={"precision": "fp16"},
+        n_trials=2,
     )
     study, _, _ = run(lasting, tmp_path / "lasting", hardware=CPU_WITH_FP16)
-    assert kinds(study) == ["nonfinite_loss"] * 3
+    assert kinds(study) == ["nonfinite_loss"] * 2
     assert "in a row" in study.trials[0].user_attrs["fail_msg"]
 
 
 def test_dataloader_worker_killed(tmp_path: Path, run):
-    text = space(data_args="{kill_worker_at_item: 40}", knobs={"num_workers": "1"})
+    text = space(data_args="{kill_worker_at_item: 40}", knobs={"num_workers": "1"}, n_trials=1)
     study, _, _ = run(text, tmp_path)
-    assert kinds(study) == ["dataloader_worker_died"] * 3
+    assert kinds(study) == ["dataloader_worker_died"]
     message = study.trials[0].user_attrs["fail_msg"]
     assert "DataLoader worker" in message and ("killed" in message or "unexpectedly" in message)
 
@@ -354,8 +358,8 @@ def test_a_timeout_while_other_processes_take_the_cores_is_not_held_against_the_
         int(subprocess.run(["sh", "-c", burn], capture_output=True, check=True).stdout)
         for _ in range(len(os.sched_getaffinity(0)))
     ]
-    try:
-        study, _, _ = run(text, tmp_path, isolation="worker", timeout=4)
+    try:  # killed after 2 s, warming up or hanging: either way while the burners run
+        study, _, _ = run(text, tmp_path, isolation="worker", timeout=2)
     finally:
         for pid in burners:
             os.kill(pid, signal.SIGKILL)
