@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import json
 import math
@@ -11,6 +12,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,8 +20,10 @@ import optuna
 import pytest
 import torch
 import yaml
+from typer.testing import CliRunner
 
 import autotune
+from autotune.cli import app
 from autotune.export import (
     SCRIPT_KNOBS,
     BestConfig,
@@ -41,11 +45,29 @@ from autotune.testing import (
     lint,
     make_config,
     provenance,
-    run_cli,
     run_script,
     tiny_mlp,
 )
 from autotune.trainer import Trainer
+
+
+def autotune_here(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``autotune ARGS`` in ``cwd``, run in this process by Typer's CliRunner: what run_cli
+    gives (exit status, stdout, stderr; a bug's traceback in stderr, as the command prints it)
+    without starting Python and torch again. For the commands that only read a study."""
+    verbosity = optuna.logging.get_verbosity()  # the command quiets Optuna: for itself only
+    try:
+        with contextlib.chdir(cwd):
+            ran = CliRunner().invoke(app, list(args), env={"COLUMNS": "160", **(env or {})})
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    stderr = ran.stderr
+    if ran.exception is not None and not isinstance(ran.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(ran.exception))
+    return subprocess.CompletedProcess(["autotune", *args], ran.exit_code, ran.stdout, stderr)
+
 
 DIGITS_SPACE = """\
 study: {name: digits, n_trials: 1, pruner: none}
@@ -375,7 +397,9 @@ def test_a_study_whose_recorded_arguments_or_names_were_edited_is_refused(
     study.set_user_attr(
         "model_kwargs", {**recorded, f"x=__import__('os').system('touch {marker}'),y": 1}
     )
-    refused = run_cli("export", "--study", "tiny", "--storage", url, "-o", "t.py", cwd=tmp_path)
+    refused = autotune_here(
+        "export", "--study", "tiny", "--storage", url, "-o", "t.py", cwd=tmp_path
+    )
     assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1
     assert "records model arguments that no space file could hold" in refused.stderr
     assert "is not a Python argument name); was its database edited?" in refused.stderr
@@ -445,10 +469,10 @@ def test_yaml_and_json_round_trip_to_the_same_config(tiny_study, tmp_path: Path)
     assert BestConfig.from_dict(unconfirmed.to_dict()).confirmation is None
 
 
-def test_reading_a_crafted_study_runs_none_of_the_code_it_names(prepare_study, tmp_path: Path):
+def test_reading_a_crafted_study_runs_none_of_the_code_it_names(tiny_copy, tmp_path: Path):
     """A study database someone else wrote could name any function: export places it by name
     and says so; it imports and calls nothing unless --rebuild-workload asks it to."""
-    study, url, _, _ = prepare_study(TINY_SPACE, tmp_path)
+    study, url = tiny_copy
     marker = tmp_path / "pwned"
     space = study.user_attrs["space_file"].replace(
         "data: autotune.testing:blobs\n  data_args: {image: true}",
@@ -458,18 +482,22 @@ def test_reading_a_crafted_study_runs_none_of_the_code_it_names(prepare_study, t
     for missing in ("num_classes", "input_shape"):  # once, export called the data to learn them
         study.set_user_attr(missing, None)
 
-    exported = run_cli("export", "--study", "tiny", "--storage", url, "-o", "t.py", cwd=tmp_path)
+    exported = autotune_here(
+        "export", "--study", "tiny", "--storage", url, "-o", "t.py", cwd=tmp_path
+    )
     assert exported.returncode == 0, exported.stderr
     assert "It imports and runs your code: autotune.testing:tiny_mlp, os:system." in (
         exported.stdout
     )
     assert "from os import system" in (tmp_path / "t.py").read_text()
-    best = run_cli("best", "--study", "tiny", "--storage", url, cwd=tmp_path)
+    best = autotune_here("best", "--study", "tiny", "--storage", url, cwd=tmp_path)
     assert "its workload is your code: autotune.testing:tiny_mlp, os:system" in best.stdout
     assert not marker.exists()
 
     study.set_user_attr("model_kwargs", None)  # as older studies: only rebuilding could tell
-    refused = run_cli("export", "--study", "tiny", "--storage", url, "-o", "u.py", cwd=tmp_path)
+    refused = autotune_here(
+        "export", "--study", "tiny", "--storage", url, "-o", "u.py", cwd=tmp_path
+    )
     assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1
     assert "add --rebuild-workload if you trust this study" in refused.stderr
     assert "os:system" in refused.stderr and not (tmp_path / "u.py").exists()
@@ -479,7 +507,7 @@ def test_reading_a_crafted_study_runs_none_of_the_code_it_names(prepare_study, t
 def test_load_best_matches_autotune_best_json(tiny_study, tmp_path: Path):
     _, url = tiny_study
     best = autotune.load_best("tiny", storage=url)
-    shown = run_cli("best", "--study", "tiny", "--storage", url, "--json", cwd=tmp_path)
+    shown = autotune_here("best", "--study", "tiny", "--storage", url, "--json", cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
     payload = json.loads(shown.stdout)
     assert payload["config"] == best.config.to_dict()
@@ -518,7 +546,7 @@ def test_export_errors_are_one_line(tiny_study, tmp_path: Path):
     _, url = tiny_study
     existing = tmp_path / "train.py"
     existing.write_text("my own work\n")
-    refused = run_cli(
+    refused = autotune_here(
         "export", "--study", "tiny", "--storage", url, "-o", str(existing), cwd=tmp_path
     )
     assert refused.returncode == 1 and "exists; pass --force" in refused.stderr
@@ -526,7 +554,7 @@ def test_export_errors_are_one_line(tiny_study, tmp_path: Path):
     assert existing.read_text() == "my own work\n"  # nothing a user made is lost
 
     # every error is one line with a non-zero status (the CLI turns ExportError into that)
-    unknown = run_cli("export", "--study", "nope", "--storage", url, cwd=tmp_path)
+    unknown = autotune_here("export", "--study", "nope", "--storage", url, cwd=tmp_path)
     assert unknown.returncode == 1 and "Traceback" not in unknown.stderr
     assert unknown.stderr.strip().startswith("error: no study 'nope'")
     assert len(unknown.stderr.strip().splitlines()) == 1, unknown.stderr
@@ -534,10 +562,10 @@ def test_export_errors_are_one_line(tiny_study, tmp_path: Path):
     with pytest.raises(ExportError, match="has no trial 99"):
         select_trial(study, 99)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]  # no half-written files
-    bad_format = run_cli("export", "--study", "tiny", "--format", "toml", cwd=tmp_path)
+    bad_format = autotune_here("export", "--study", "tiny", "--format", "toml", cwd=tmp_path)
     assert bad_format.returncode == 2 and "--format must be one of" in bad_format.stderr
 
-    forced = run_cli(
+    forced = autotune_here(
         "export", "--study", "tiny", "--storage", url, "-o", str(existing), "--force", cwd=tmp_path
     )
     assert forced.returncode == 0 and "def main():" in existing.read_text()
@@ -553,7 +581,7 @@ def test_an_infeasible_trial_exports_with_a_warning_into_a_new_folder(tiny_copy,
         )
     target = tmp_path / "runs" / "b" / "train.py"  # a folder that does not exist yet
     args = ("--study", "tiny", "--storage", url, "--trial", str(chosen.number), "-o", str(target))
-    done = run_cli("export", *args, cwd=tmp_path)
+    done = autotune_here("export", *args, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert f"warning: trial {chosen.number} is infeasible" in done.stdout
     text = target.read_text()
@@ -702,14 +730,16 @@ def test_modules_in_two_folders_put_both_on_the_scripts_sys_path(two_folder_stud
 
 
 def test_rebuilding_says_what_it_imports_first_and_stdout_is_only_the_script(
-    two_folder_study, tmp_path: Path
+    two_folder_study, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     _, root, url = two_folder_study
-    pythonpath = os.pathsep.join([str(root / "data"), os.environ.get("PYTHONPATH", "")])
-    done = run_cli(
-        "export", "--study", "folders", "--storage", url, "--rebuild-workload",
-        cwd=tmp_path, env={"PYTHONPATH": pythonpath},
-    )  # fmt: skip
+    # the data's folder on sys.path (as PYTHONPATH puts it), and neither module imported yet
+    monkeypatch.syspath_prepend(str(root / "data"))
+    for module in ("folder_model", "folder_data"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    done = autotune_here(
+        "export", "--study", "folders", "--storage", url, "--rebuild-workload", cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     # exactly the script: every notice, and what the user's code printed, went to stderr
     ast.parse(done.stdout)
