@@ -70,8 +70,8 @@ def autotune_here(
 
 
 DIGITS_SPACE = """\
-study: {name: digits, n_trials: 1, pruner: none}
-workload: {model: digits_cnn, data: digits, epochs: 2}
+study: {name: digits, n_trials: 1, pruner: none, strategy: joint, confirm: false}
+workload: {model: digits_cnn, data: digits, epochs: 1}
 objective: {full_run_epochs: 4}
 space:
   lr: 0.003
@@ -261,6 +261,7 @@ def test_every_knob_is_rendered_as_its_code(tiny_study):
     best = best_config(study, select_trial(study))
     # the searched knobs, and the run settings a script carries too
     assert set(KNOB_CODE) == {*SCRIPT_KNOBS, "device", "val_batch_size", "seed"}
+    rendered: dict[object, str] = {}  # most knobs change the same configuration: render it once
     for knob, (value, code) in KNOB_CODE.items():
         # the knobs a knob depends on, set so that it matters
         config = best.config.replace(data_pipeline="dataloader")
@@ -275,7 +276,9 @@ def test_every_knob_is_rendered_as_its_code(tiny_study):
         elif knob in ("ddp_bucket_cap_mb", "gradient_as_bucket_view", "static_graph"):
             # a trial of two processes, accumulating (DDP's no_sync) and compiled over DDP
             config = config.replace(world_size=2, accumulation_steps=2, compile="default")
-        before = render_script(study, _with(best, config))
+        if config not in rendered:
+            rendered[config] = render_script(study, _with(best, config))
+        before = rendered[config]
         changed = render_script(study, _with(best, config.replace(**{knob: value})))
         assert code not in before, f"{knob}: {code!r} is there before the change"
         assert code in changed, f"{knob}={value!r} is not rendered as {code!r}"
@@ -623,10 +626,10 @@ workload:
   model: torchvision:resnet18
   model_args: {cifar_stem: true}
   data: shapes
-  data_args: {n_train: 64, n_val: 32}
+  data_args: {n_train: 16, n_val: 8}
   epochs: 1
 space:
-  batch_size: 32
+  batch_size: 8
   data_pipeline: device
   channels_last: true
 """
@@ -654,7 +657,7 @@ def test_a_torchvision_model_on_shapes_exports_with_the_device_pipeline(
 
 
 TWO_FOLDERS_SPACE = """\
-study: {name: folders, n_trials: 1, pruner: none, confirm: false}
+study: {name: folders, n_trials: 1, pruner: none, strategy: joint, confirm: false}
 workload: {model: "folder_model:small_model", data: "folder_data:small_data", epochs: 1}
 space: {batch_size: 16}
 """
