@@ -5,10 +5,12 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import io
 import json
 import math
 import os
 import re
+import runpy
 import sqlite3
 import subprocess
 import sys
@@ -69,6 +71,41 @@ def autotune_here(
     return subprocess.CompletedProcess(["autotune", *args], ran.exit_code, ran.stdout, stderr)
 
 
+def script_here(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python SCRIPT ARGS`` in the script's folder, run in this process: the file run as
+    ``__main__`` (runpy) with its folder first on sys.path, as Python puts it; the exit status
+    is what SystemExit carries (1 and the traceback for an exception). For the branches of a
+    script; that a script trains without autotune is checked in a process of its own
+    (run_script with block_autotune)."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    status: object = 0
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv, sys.path[:0] = [script.name, *args], [str(script.parent)]
+    try:
+        with (
+            contextlib.chdir(script.parent),
+            torch.random.fork_rng(devices=[]),  # the script seeds torch: for itself only
+            contextlib.redirect_stdout(stdout),
+            contextlib.redirect_stderr(stderr),
+        ):
+            try:
+                runpy.run_path(str(script), run_name="__main__")
+            except SystemExit as ended:
+                status = ended.code
+            except Exception:
+                traceback.print_exc()
+                status = 1
+            if not (status is None or isinstance(status, int)):
+                print(status, file=sys.stderr)  # sys.exit("message"), as Python reports it
+                status = 1
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    code = status or 0
+    return subprocess.CompletedProcess(
+        [script.name, *args], code, stdout.getvalue(), stderr.getvalue()
+    )
+
+
 DIGITS_SPACE = """\
 study: {name: digits, n_trials: 1, pruner: none, strategy: joint, confirm: false}
 workload: {model: digits_cnn, data: digits, epochs: 1}
@@ -109,6 +146,11 @@ def tiny_study(tmp_path_factory, prepare_study) -> tuple[optuna.Study, str]:
 def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
     digits_study, tmp_path: Path
 ):
+    """The first run is a real process in which autotune cannot be imported; the runs after
+    it (refusals, the resumed run, other arguments) run the same file in this process: what
+    they check is the script's own logic, which imports nothing the first run did not (no
+    autotune anywhere in the file; torch.load, weights only, would refuse an autotune class
+    in a checkpoint)."""
     study, _ = digits_study
     best = best_config(study, select_trial(study))
     script = tmp_path / "train.py"
@@ -148,12 +190,12 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
     assert [entry["epoch"] for entry in logged] == [1] and 0 < logged[0]["val_accuracy"] <= 1
 
     # a second run in the same folder is refused: nothing of the first is overwritten
-    again = run_script(script, "--epochs", "1", block_autotune=blocker)
+    again = script_here(script, "--epochs", "1")
     assert again.returncode == 2 and "run holds a run already: --resume" in again.stderr
     assert torch.load(run / "checkpoint.pt")["epoch"] == 1
 
     # continued, with more epochs: the schedule keeps the length the run started with
-    resumed = run_script(script, "--epochs", "2", "--resume", block_autotune=blocker)
+    resumed = script_here(script, "--epochs", "2", "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from run/checkpoint.pt after 1 epoch" in resumed.stdout
     assert "the learning-rate schedule ends after epoch 1" in resumed.stdout
@@ -164,11 +206,11 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
     logged = (run / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["epoch"] for line in logged] == [1, 2]  # appended
 
-    missing = run_script(script, "--resume", "--run-dir", "nope")
+    missing = script_here(script, "--resume", "--run-dir", "nope")
     assert missing.returncode == 2 and "there is no checkpoint at nope/checkpoint.pt" in (
         missing.stderr
     )
-    other = run_script(script, "--epochs", "1", "--run-dir", "b", "--seed", "3", "--lr", "0.01")
+    other = script_here(script, "--epochs", "1", "--run-dir", "b", "--seed", "3", "--lr", "0.01")
     assert other.returncode == 0, other.stderr
     assert torch.load(tmp_path / "b" / "checkpoint.pt")["plan"] == {
         "lr": 0.01,
@@ -213,14 +255,14 @@ def test_every_branch_of_the_script_runs(tiny_study, tmp_path: Path, variant):
     script = tmp_path / "train.py"
     write_new_file(script, render_script(study, changed))
     assert lint(script).returncode == 0, lint(script).stdout
-    done = run_script(script, "--epochs", "1")
+    done = script_here(script, "--epochs", "1")
     assert done.returncode == 0, done.stderr
     assert "epoch 1/1" in done.stdout
     if VARIANTS[variant].get("precision") == "fp16":
         assert "scaler" in torch.load(tmp_path / "run" / "checkpoint.pt")
     # a longer run continued from the checkpoint: every schedule keeps its length and ends
     # (OneCycleLR would raise if stepped past it)
-    longer = run_script(script, "--epochs", "2", "--resume")
+    longer = script_here(script, "--epochs", "2", "--resume")
     assert longer.returncode == 0, longer.stderr
     assert "epoch 2/2" in longer.stdout
 
@@ -315,8 +357,9 @@ def test_hostile_strings_reach_the_script_only_as_data(tiny_study, tmp_path: Pat
     assert lint(script).returncode == 0, lint(script).stdout
     found = provenance(text)
     assert found["study"] == name and name in str(found["measured_on"])
-    help_run = run_script(script, "--help")
+    help_run = script_here(script, "--help")  # runs the module: nothing in it is code
     assert help_run.returncode == 0, help_run.stderr
+    assert help_run.stdout.startswith("usage: train.py [-h]"), help_run.stdout
     assert not (tmp_path / "pwned").exists()
     for fmt in ("yaml", "json"):
         path = tmp_path / f"best.{fmt}"
