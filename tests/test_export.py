@@ -146,11 +146,11 @@ def tiny_study(tmp_path_factory, prepare_study) -> tuple[optuna.Study, str]:
 def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
     digits_study, tmp_path: Path
 ):
-    """The first run is a real process in which autotune cannot be imported; the runs after
-    it (refusals, the resumed run, other arguments) run the same file in this process: what
-    they check is the script's own logic, which imports nothing the first run did not (no
-    autotune anywhere in the file; torch.load, weights only, would refuse an autotune class
-    in a checkpoint)."""
+    """The first run is a real process in which autotune cannot be imported, and a refusal's
+    exit status is a real process's too; the other runs (a refusal, the resumed run, other
+    arguments) run the same file in this process: what they check is the script's own logic,
+    which imports nothing the first run did not (no autotune anywhere in the file;
+    torch.load, weights only, would refuse an autotune class in a checkpoint)."""
     study, _ = digits_study
     best = best_config(study, select_trial(study))
     script = tmp_path / "train.py"
@@ -206,7 +206,7 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
     logged = (run / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["epoch"] for line in logged] == [1, 2]  # appended
 
-    missing = script_here(script, "--resume", "--run-dir", "nope")
+    missing = run_script(script, "--resume", "--run-dir", "nope")  # as a user runs it
     assert missing.returncode == 2 and "there is no checkpoint at nope/checkpoint.pt" in (
         missing.stderr
     )
