@@ -3,13 +3,13 @@ learning trials that train with stage 1's choices."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -21,6 +21,7 @@ from autotune.baseline import untuned_config
 from autotune.config import TrialConfig
 from autotune.executor import InProcessExecutor
 from autotune.faults import FaultKind, TrialFault
+from autotune.results import Reporter, TrialResult
 from autotune.space import restrict
 from autotune.spec import SpecError, parse_spec
 from autotune.speed import BurstPlan, SpeedChoice, SpeedMeasurement, SpeedTable
@@ -98,6 +99,57 @@ class CountingExecutor(InProcessExecutor):
             raise KeyboardInterrupt
         self.measured.append(config)
         return super().measure(config, plan)
+
+
+class SyntheticExecutor:
+    """Stage 1's executor without training, for the tests of what the stage does with its
+    measurements (its rules, its budget, its order): each measurement is made up, a step of
+    ``step_seconds(config)`` (a millisecond unless told) and a cold compile of
+    ``compile_seconds``, each taking ``seconds_each`` of the fake ``clock``'s time. What it was
+    asked is kept in ``measured``, as CountingExecutor keeps it. Trials train for real in this
+    process on ``workload`` where one is given (stage 2 after a made-up stage 1)."""
+
+    def __init__(
+        self,
+        step_seconds: Callable[[TrialConfig], float] = lambda config: 0.001,
+        compile_seconds: float = 5.0,
+        clock: FakeClock | None = None,
+        seconds_each: float = 0.0,
+        workload: Workload | None = None,
+    ) -> None:
+        self.step_seconds = step_seconds
+        self.compile_seconds = compile_seconds
+        self.clock, self.seconds_each = clock, seconds_each
+        self.trials = InProcessExecutor(workload) if workload is not None else None
+        self.measured: list[TrialConfig] = []
+
+    def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
+        self.measured.append(config)
+        if self.clock is not None:
+            self.clock.seconds += self.seconds_each
+        step = self.step_seconds(config)
+        compiled = config.compile != "none"
+        return SpeedMeasurement(
+            batch_size=config.batch_size,
+            micro_batches_per_epoch=256 // config.batch_size,  # blobs' training split
+            step_seconds=(step,) * plan.bursts,
+            optimizer_seconds=(step / 4,) * plan.bursts,
+            epoch_start_seconds=(step,) * plan.bursts,
+            one_time_seconds=self.compile_seconds if compiled else 0.0,
+            compile_seconds=self.compile_seconds if compiled else None,
+            peak_memory_bytes=0,
+            device_name="synthetic",
+            torch_version="synthetic",
+            intra_op_threads=1,
+        )
+
+    def run(self, config: TrialConfig, report: Reporter) -> TrialResult:
+        assert self.trials is not None, "given no workload, it trains no trial"
+        return self.trials.run(config, report)
+
+    def close(self) -> None:
+        if self.trials is not None:
+            self.trials.close()
 
 
 def _workload(directory: Path, space: str) -> Workload:
@@ -260,7 +312,7 @@ def test_a_cell_begins_with_the_cudnn_benchmark_flag_its_worker_process_ran_last
 
 
 def test_stage_one_on_a_gpu_switches_cudnn_benchmark_once_a_cell(tmp_path: Path, prepare_study):
-    """The stage as a GPU runs it (configurations for cuda, measured here on the CPU): each
+    """The stage as a GPU runs it (configurations for cuda, measured synthetically): each
     cell begins with the flag the last one ended with, so two cells switch twice, not three
     times (each switch is a fresh worker process on a GPU)."""
     from autotune.study import run_speed_stage
@@ -269,13 +321,7 @@ def test_stage_one_on_a_gpu_switches_cudnn_benchmark_once_a_cell(tmp_path: Path,
         "num_workers: [0]", "num_workers: [0]\n  cudnn_benchmark: [false, true]"
     )
     space = space.replace("speed: {bursts: 2,", "speed: {repeats: 1, bursts: 2,")  # no rematch
-
-    class OnTheCpu(CountingExecutor):  # what a GPU would be asked, timed on this CPU
-        def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
-            self.measured.append(config)
-            return InProcessExecutor.measure(self, dataclasses.replace(config, device="cpu"), plan)
-
-    executor = OnTheCpu(_workload(tmp_path, space))
+    executor = SyntheticExecutor()  # what a GPU would be asked
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), AMPERE).spec
     run_speed_stage(study, spec, AMPERE, executor)
@@ -413,24 +459,26 @@ def test_stage_one_times_every_setting_and_stage_two_trains_with_its_choice(
 
 
 def test_the_cache_is_reused_and_missed_on_another_model_or_with_remeasure(
-    tmp_path: Path, prepare_study, monkeypatch
+    tmp_path: Path, prepare_study
 ):
-    # a measurement taken under interference is measured again by a later run (see below):
-    # here, on a machine that may be busy, every measurement counts as quiet
-    monkeypatch.setattr("autotune.study._speed_take.interfered", lambda share: False)
+    # stage 1's measurements made up (and quiet: one taken under interference is measured
+    # again by a later run, see below); stage 2's trials trained
+    def executor(space: str) -> SyntheticExecutor:
+        return SyntheticExecutor(workload=_workload(tmp_path, space))
+
     space = two_stage(n_trials=1, precisions="fp32", workers="[0]")
-    first = CountingExecutor(_workload(tmp_path, space))
+    first = executor(space)
     prepare_study(space, tmp_path, executor=first)
     assert first.measured
 
     more = space.replace("n_trials: 1", "n_trials: 2")
-    again = CountingExecutor(_workload(tmp_path, more))
+    again = executor(more)
     _, _, outcome, _ = prepare_study(more, tmp_path, executor=again)
     assert again.measured == [] and outcome.trials_run == 1  # every measurement reused
 
     # another study on the same machine and model, under another name: reused too
     other = more.replace("name: two", "name: other")
-    reused = CountingExecutor(_workload(tmp_path, other))
+    reused = executor(other)
     prepare_study(other, tmp_path, executor=reused)
     assert reused.measured == []
 
@@ -438,13 +486,13 @@ def test_the_cache_is_reused_and_missed_on_another_model_or_with_remeasure(
     wider = other.replace("name: other", "name: wider").replace(
         "model_args: {}", "model_args: {hidden: 64}"
     )
-    missed = CountingExecutor(_workload(tmp_path, wider))
+    missed = executor(wider)
     prepare_study(wider, tmp_path, executor=missed)
     settings = {(c.batch_size, c.data_pipeline) for c in first.measured}
     assert len(settings) == 4  # 2 micro-batches x (device, dataloader)
     assert {(c.batch_size, c.data_pipeline) for c in missed.measured} == settings
 
-    remeasured = CountingExecutor(_workload(tmp_path, more))
+    remeasured = executor(more)
     prepare_study(
         more.replace("n_trials: 2", "n_trials: 3"), tmp_path, executor=remeasured, remeasure=True
     )
@@ -512,7 +560,8 @@ def test_declared_learning_knobs_are_sampled_in_stage_two(tmp_path: Path, prepar
         precisions="fp32",
         workers="[0]",
     )
-    study, _, outcome, _ = prepare_study(space, tmp_path)
+    executor = SyntheticExecutor(workload=_workload(tmp_path, space))  # stage 1 made up
+    study, _, outcome, _ = prepare_study(space, tmp_path, executor=executor)
     table = outcome.speed_table
     assert table is not None
     for trial in study.trials[1:]:
@@ -662,26 +711,32 @@ def test_a_measurement_taken_under_interference_is_its_studys_only(
 ):
     """What one study measured on a busy machine serves that study (its resumed runs, its
     workers) but is not the truth another study reuses: that one times it again."""
+    from autotune.study import run_speed_stage
+
+    def stage_one(space: str) -> SyntheticExecutor:
+        """Stage 1 of the study ``space`` names, in tmp_path's storage; what it measured."""
+        study, _, _, _ = prepare_study(space, tmp_path, run=False)
+        spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
+        executor = SyntheticExecutor()
+        run_speed_stage(study, spec, CPU, executor, _workload(tmp_path, space))
+        return executor
+
     space = two_stage(n_trials=1, batch_sizes="[16]", precisions="fp32", workers="[0]")
     monkeypatch.setattr(
         "autotune.study._speed_take.interfered", lambda share: True
     )  # a busy machine
-    busy = CountingExecutor(_workload(tmp_path, space))
-    prepare_study(space, tmp_path, executor=busy)
+    busy = stage_one(space)
     assert busy.measured
-    resumed = CountingExecutor(_workload(tmp_path, space))
-    prepare_study(space.replace("n_trials: 1", "n_trials: 2"), tmp_path, executor=resumed)
+    resumed = stage_one(space.replace("n_trials: 1", "n_trials: 2"))
     assert resumed.measured == []  # the same study: its own measurements serve
 
     monkeypatch.setattr(
         "autotune.study._speed_take.interfered", lambda share: False
     )  # a quiet one
     other = space.replace("name: two", "name: other")
-    quiet = CountingExecutor(_workload(tmp_path, other))
-    prepare_study(other, tmp_path, executor=quiet)
+    quiet = stage_one(other)
     assert {c.data_pipeline for c in quiet.measured} == {c.data_pipeline for c in busy.measured}
-    third = CountingExecutor(_workload(tmp_path, other))
-    prepare_study(other.replace("name: other", "name: third"), tmp_path, executor=third)
+    third = stage_one(other.replace("name: other", "name: third"))
     assert third.measured == []  # quiet measurements are every study's
 
 
@@ -847,16 +902,12 @@ def test_stage_one_times_a_precision_far_behind_with_one_setting_after_its_first
 ):
     from autotune.study import run_speed_stage
 
-    class SlowBf16(CountingExecutor):  # this machine, as if bf16 had no units of its own
-        def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
-            result = super().measure(config, plan)
-            if config.precision != "bf16":
-                return result
-            slower = tuple(5 * s for s in result.step_seconds)
-            return dataclasses.replace(result, step_seconds=slower)
+    def slow_bf16(config: TrialConfig) -> float:  # as if bf16 had no units of its own
+        pipeline = {"device": 1.0, "dataloader": 1.2 + 0.1 * config.num_workers}
+        return 0.001 * pipeline[config.data_pipeline] * (5 if config.precision == "bf16" else 1)
 
     space = two_stage(n_trials=1, batch_sizes="[16, 32, 64]", workers="[0, 1]")
-    executor = SlowBf16(_workload(tmp_path, space))
+    executor = SyntheticExecutor(slow_bf16)
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
     events: list = []
@@ -876,18 +927,28 @@ def test_stage_one_times_a_precision_far_behind_with_one_setting_after_its_first
     assert {e.cell for e in said} == {"batch 32, bf16", "batch 64, bf16"}
     # its trials still get a measured speed at every micro-batch
     assert {c.batch_size for c in table if c.precision == "bf16"} == {16, 32, 64}
+    # run again (a resumed study): the cells far behind keep the setting they timed, no other
+    again = SyntheticExecutor(slow_bf16)
+    resumed: list = []
+    assert run_speed_stage(study, spec, CPU, again, on_event=resumed.append) == table
+    assert again.measured == []
+    said = [e for e in resumed if "bf16 runs at" in (e.fault or "")]
+    assert {e.cell for e in said} == {"batch 32, bf16", "batch 64, bf16"}
 
 
-@pytest.mark.slow
 def test_a_compile_that_cannot_pay_back_is_not_tried_in_the_cells_after_the_first(
     tmp_path: Path, prepare_study
 ):
     from autotune.study import run_speed_stage
 
-    # a tiny model: an epoch takes milliseconds, a compile seconds, over 30 epochs
+    # a tiny model: an epoch takes milliseconds, a compile seconds, over the trial's one epoch
     space = two_stage(n_trials=1, batch_sizes="[16, 32]", precisions="fp32", workers="[0]")
     space = space.replace("num_workers: [0]\n", "num_workers: [0]\n  compile: [none, default]\n")
-    executor = CountingExecutor(_workload(tmp_path, space))
+
+    def twice_as_fast_compiled(config: TrialConfig) -> float:
+        return 0.0005 if config.compile != "none" else 0.001
+
+    executor = SyntheticExecutor(twice_as_fast_compiled, compile_seconds=5.0)
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
     events: list = []
@@ -995,7 +1056,9 @@ def test_the_plan_says_what_stage_one_will_time_and_its_budget():
     assert "at most 5 min (half of study.timeout 600 s, which counts stage 1" in said
 
 
-def test_past_its_budget_stage_one_times_one_eager_setting_a_cell(tmp_path: Path, prepare_study):
+def test_past_its_budget_stage_one_times_one_eager_setting_a_cell(
+    tmp_path: Path, prepare_study, clock: FakeClock
+):
     from autotune.study import run_speed_stage
 
     space = two_stage(n_trials=1, batch_sizes="[16, 32]", precisions="fp32", workers="[0, 1]")
@@ -1003,7 +1066,7 @@ def test_past_its_budget_stage_one_times_one_eager_setting_a_cell(tmp_path: Path
         "num_workers: [0, 1]\n", "num_workers: [0, 1]\n  compile: [none, default]\n"
     )
     space = space.replace("speed: {bursts: 2,", "speed: {max_seconds: 0.001, bursts: 2,")
-    executor = CountingExecutor(_workload(tmp_path, space))
+    executor = SyntheticExecutor(clock=clock, seconds_each=1.0)  # each one past the budget
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
     events: list = []
@@ -1126,12 +1189,7 @@ def test_a_cell_that_timed_a_setting_when_the_budget_ran_out_times_no_other(
     space = two_stage(n_trials=1, batch_sizes="[16, 32]", precisions="fp32", workers="[0, 1]")
     space = space.replace("speed: {bursts: 2,", "speed: {max_seconds: 100, bursts: 2,")
 
-    class SlowExecutor(CountingExecutor):
-        def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
-            clock.seconds += 60.0
-            return super().measure(config, plan)
-
-    executor = SlowExecutor(_workload(tmp_path, space))
+    executor = SyntheticExecutor(clock=clock, seconds_each=60.0)
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
     events: list = []
