@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import optuna
 import pytest
@@ -26,6 +27,7 @@ from autotune.space import restrict
 from autotune.spec import SpecError, parse_spec
 from autotune.speed import BurstPlan, SpeedChoice, SpeedMeasurement, SpeedTable
 from autotune.study import (
+    RunOutcome,
     SpeedRecord,
     StudyError,
     StudyRecord,
@@ -391,29 +393,44 @@ def test_the_table_gives_the_split_a_trial_finishes_soonest_with():
 # -- the stage ------------------------------------------------------------------------------------
 
 
-def test_stage_one_times_every_setting_and_stage_two_trains_with_its_choice(
-    tmp_path: Path, prepare_study
-):
+class TwoStageRun(NamedTuple):
+    study: optuna.Study
+    url: str  # its storage
+    outcome: RunOutcome
+    measured: list[TrialConfig]  # what stage 1 timed, in order
+
+
+@pytest.fixture(scope="module")
+def two_stage_run(tmp_path_factory: pytest.TempPathFactory, prepare_study) -> TwoStageRun:
+    """The study ``two_stage()`` describes, run once in this process with stage 1 measured for
+    real, for the tests that only read it (a test that adds to a study makes its own)."""
+    directory = tmp_path_factory.mktemp("two-stage")
     space = two_stage()
-    executor = CountingExecutor(_workload(tmp_path, space))
-    study, url, outcome, _ = prepare_study(space, tmp_path, executor=executor)
+    executor = CountingExecutor(_workload(directory, space))
+    study, url, outcome, _ = prepare_study(space, directory, executor=executor)
+    assert outcome is not None
+    return TwoStageRun(study, url, outcome, executor.measured)
+
+
+def test_stage_one_times_every_setting_and_stage_two_trains_with_its_choice(
+    two_stage_run: TwoStageRun,
+):
+    study, url, outcome, measured = two_stage_run
     table = outcome.speed_table
     assert table is not None and outcome.trials_run == 3
     # fp32 first: every setting of each micro-batch (device; dataloader with 0 or 1 worker)
-    first_round = {
-        (c.batch_size, c.precision, c.data_pipeline, c.num_workers) for c in executor.measured
-    }
+    first_round = {(c.batch_size, c.precision, c.data_pipeline, c.num_workers) for c in measured}
     assert {k for k in first_round if k[1] == "fp32"} == {
         (batch, "fp32", pipeline, workers)
         for batch in (16, 32)
         for pipeline, workers in (("device", 0), ("dataloader", 0), ("dataloader", 1))
     }
-    assert all(c.accumulation_steps == 1 for c in executor.measured)
+    assert all(c.accumulation_steps == 1 for c in measured)
     assert len(list(table)) == 8  # 2 micro-batches x 2 accumulations x 2 precisions
 
     speed = optuna.load_study(study_name=speed_study_name("two"), storage=url)
     records = [SpeedRecord.of(t) for t in speed.trials]
-    assert len(records) == len(executor.measured)
+    assert len(records) == len(measured)
     # at bf16, a pipeline is left out only when it was under half the fastest at fp32
     first = {
         (
@@ -592,9 +609,7 @@ def test_a_study_keeps_its_strategy(tmp_path: Path, prepare_study):
         prepare_study(explicit, tmp_path, run=False)
 
 
-def test_the_speed_study_opens_with_optunas_own_command(tmp_path: Path, prepare_study):
-    space = two_stage(n_trials=1, precisions="fp32", workers="[0]")
-    _, url, _, _ = prepare_study(space, tmp_path)
+def test_the_speed_study_opens_with_optunas_own_command(two_stage_run: TwoStageRun):
     shown = subprocess.run(
         [
             str(Path(sys.executable).parent / "optuna"),
@@ -602,7 +617,7 @@ def test_the_speed_study_opens_with_optunas_own_command(tmp_path: Path, prepare_
             "--study-name",
             "two.speed",
             "--storage",
-            url,
+            two_stage_run.url,
             "-f",
             "json",
         ],
