@@ -92,16 +92,13 @@ def two_stage(
 
 
 class CountingExecutor(InProcessExecutor):
-    """The in-process executor, counting what it measures and stopping at a given one."""
+    """The in-process executor, counting what it measures."""
 
-    def __init__(self, workload: Workload, interrupt_at: int | None = None) -> None:
+    def __init__(self, workload: Workload) -> None:
         super().__init__(workload)
         self.measured: list[TrialConfig] = []
-        self.interrupt_at = interrupt_at
 
     def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
-        if self.interrupt_at is not None and len(self.measured) + 1 == self.interrupt_at:
-            raise KeyboardInterrupt
         self.measured.append(config)
         return super().measure(config, plan)
 
@@ -111,8 +108,9 @@ class SyntheticExecutor:
     measurements (its rules, its budget, its order): each measurement is made up, a step of
     ``step_seconds(config)`` (a millisecond unless told) and a cold compile of
     ``compile_seconds``, each taking ``seconds_each`` of the fake ``clock``'s time. What it was
-    asked is kept in ``measured``, as CountingExecutor keeps it. Trials train for real in this
-    process on ``workload`` where one is given (stage 2 after a made-up stage 1)."""
+    asked is kept in ``measured``, as CountingExecutor keeps it, and the ``interrupt_at``-th
+    is a Ctrl-C. Trials train for real in this process on ``workload`` where one is given
+    (stage 2 after a made-up stage 1)."""
 
     def __init__(
         self,
@@ -121,14 +119,18 @@ class SyntheticExecutor:
         clock: FakeClock | None = None,
         seconds_each: float = 0.0,
         workload: Workload | None = None,
+        interrupt_at: int | None = None,
     ) -> None:
         self.step_seconds = step_seconds
         self.compile_seconds = compile_seconds
         self.clock, self.seconds_each = clock, seconds_each
         self.trials = InProcessExecutor(workload) if workload is not None else None
+        self.interrupt_at = interrupt_at
         self.measured: list[TrialConfig] = []
 
     def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
+        if self.interrupt_at is not None and len(self.measured) + 1 == self.interrupt_at:
+            raise KeyboardInterrupt
         self.measured.append(config)
         if self.clock is not None:
             self.clock.seconds += self.seconds_each
@@ -560,13 +562,14 @@ def test_a_memory_wall_stops_larger_micro_batches_and_their_trials(tmp_path: Pat
 
 def test_an_interrupted_stage_one_resumes_where_it_stopped(tmp_path: Path, prepare_study):
     space = two_stage(n_trials=2, workers="[0]")
-    stopped = CountingExecutor(_workload(tmp_path, space), interrupt_at=5)
+    # stage 1 made up (what is looked at is where it resumes), stage 2 trained
+    stopped = SyntheticExecutor(workload=_workload(tmp_path, space), interrupt_at=5)
     study, _, outcome, _ = prepare_study(space, tmp_path, executor=stopped)
     assert outcome.interrupted and len(stopped.measured) == 4
     started = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
     assert study.get_trials(states=started) == []  # stage 2 never started
 
-    resumed = CountingExecutor(_workload(tmp_path, space))
+    resumed = SyntheticExecutor(workload=_workload(tmp_path, space))
     study, url, outcome, _ = prepare_study(space, tmp_path, executor=resumed)
     assert outcome.trials_run == 2
     # every setting measured, and none twice for the same round: the resumed run went on
