@@ -3,13 +3,11 @@ function, in either direction, from the space file to the trials, the answer and
 
 from __future__ import annotations
 
-import contextlib
 import re
 from pathlib import Path
 
 import pytest
 from optuna.trial import TrialState
-from typer.testing import Result
 
 from autotune import objective
 from autotune.export import best_config, render, select_trial
@@ -17,7 +15,7 @@ from autotune.files import write_new_file
 from autotune.results import TrialResult
 from autotune.spec import ObjectiveSpec, SpecError, WorkloadSpec, parse_spec
 from autotune.study import StudyRecord, TrialRecord
-from autotune.testing import import_blocker, make_evaluation, make_result, run_script
+from autotune.testing import import_blocker, make_evaluation, make_result, run_cli, run_script
 from autotune.workloads import WorkloadError, load
 
 SCORE_MODULE = """\
@@ -81,7 +79,6 @@ study:
   n_startup_trials: 3
   seed: 0
   confirm: false
-  isolation: none  # in the command's process: its worker is not what is looked at here
 workload:
   model: scores:regressor
   data: scores:regression
@@ -97,18 +94,6 @@ space:
   lr: {low: 3.0e-2, high: 1.0e-1, log: true}
   batch_size: [16]
 """
-
-
-def command(*args: str, cwd: Path) -> Result:
-    """``autotune ARGS`` in ``cwd``, in this process (Typer's CliRunner, as wide as run_cli's
-    console): for a command whose output and exit status are what a test looks at, not its
-    process (a signal, a crash, what it imports). A bug raises here, as it would there."""
-    from typer.testing import CliRunner
-
-    from autotune.cli import app
-
-    with contextlib.chdir(cwd):
-        return CliRunner().invoke(app, list(args), env={"COLUMNS": "160"}, catch_exceptions=False)
 
 
 @pytest.fixture
@@ -294,12 +279,12 @@ def test_a_score_that_fails_in_every_trial_stops_the_study_naming_it(score_dir, 
 @pytest.mark.slow
 def test_the_commands_name_the_score(score_dir):
     (score_dir / "space.yaml").write_text(REGRESSION_SPACE)
-    done = command("run", "space.yaml", cwd=score_dir)
-    assert done.exit_code == 0, done.stderr
+    done = run_cli("run", "space.yaml", cwd=score_dir)
+    assert done.returncode == 0, done.stderr
     assert "val_mse" in done.stdout and "s to target" in done.stdout
     assert " acc " not in done.stdout and "accuracy" not in done.stdout
-    best = command("best", "--study", "regression", cwd=score_dir)
-    assert best.exit_code == 0, best.stderr
+    best = run_cli("best", "--study", "regression", cwd=score_dir)
+    assert best.returncode == 0, best.stderr
     assert re.search(r"validation val_mse: \d", best.stdout), best.stdout
     # the score function is the user's code too: said with the rest
     assert "scores:regression, scores:mse, scores:val_mse" in best.stdout
@@ -318,8 +303,8 @@ def test_a_score_below_0_under_a_per_second_metric_is_said_before_the_study(scor
         "  score: scores:neg_mse\n",
     )
     (score_dir / "space.yaml").write_text(space)
-    done = command("run", "space.yaml", cwd=score_dir)
-    assert done.exit_code == 0, done.stdout + done.stderr
+    done = run_cli("run", "space.yaml", cwd=score_dir)
+    assert done.returncode == 0, done.stdout + done.stderr
     said = " ".join(done.stdout.split())
     assert "warning: score neg_mse is -" in said
     assert "neg_mse_per_second needs a score of 0 or more" in said
