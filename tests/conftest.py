@@ -8,6 +8,7 @@ import contextlib
 import inspect
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -36,6 +37,16 @@ from autotune.study import (
 from autotune.testing import CPU, write_space
 from autotune.worker import WorkerExecutor
 from autotune.workloads import load
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C reaches the commands the tests start as a terminal's foreground command gets it.
+    A suite started in the background (``cmd &``, nohup, some CI runners) ignores SIGINT; its
+    children inherit that, Python then installs no KeyboardInterrupt handler, and a test of
+    Ctrl-C sees the run finish instead. A handled signal is reset to the default in a child."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 # what a test needs, read off the test itself so that no test can forget its marker
 _PROCESS_CALLS = ("run_cli(", "start_cli(", "run_script(", "subprocess.", "torchrun")
