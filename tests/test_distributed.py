@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
 import json
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -17,12 +20,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 from optuna.trial import TrialState
+from typer.testing import CliRunner
 
+import autotune
 from autotune import distributed
+from autotune.cli import app
 from autotune.faults import FaultKind, TrialFault
 from autotune.spec import WorkloadSpec
 from autotune.study import TrialRecord
-from autotune.testing import make_config, run_cli, run_script, tiny_mlp, write_space
+from autotune.testing import make_config, tiny_mlp, write_space
 from autotune.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="torch built without gloo")
@@ -115,21 +121,13 @@ SPEC = WorkloadSpec(
 
 def test_a_distributed_trial_trains_as_its_processes_and_stops_together():
     """Rank 0 reports each evaluation here; its verdict stops every rank at the same step.
-    Rates and samples are the processes' together; the global batch is theirs together."""
+    Rates and samples are the processes' together; the global batch is theirs together. (One
+    pool of ranks for the trials: a start-up costs seconds, a trial milliseconds.)"""
     seen = []
 
     def report(evaluation):
         seen.append(evaluation)
         return False
-
-    source = distributed.WorkloadSource(SPEC, None, "accuracy")
-    config = make_config(world_size=2, batch_size=16, epochs=2.0)
-    result = distributed.train(config, source, report)
-    assert [e.index for e in seen] == [1, 2] and seen[-1].final
-    assert result.world_size == 2 and result.effective_batch_size == 32
-    assert result.samples_seen == seen[-1].samples_seen
-    assert result.samples_seen == 2 * result.optimizer_steps * 16
-    assert result.score > 0.5 and result.samples_per_second > 0
 
     stopped = []
 
@@ -137,8 +135,24 @@ def test_a_distributed_trial_trains_as_its_processes_and_stops_together():
         stopped.append(evaluation)
         return True
 
-    result = distributed.train(config.replace(epochs=3.0), source, stop_at_first)
-    assert len(stopped) == 1 and len(result.evaluations) == 1  # both ranks stopped there
+    pool = distributed.RankPool(distributed.WorkloadSource(SPEC, None, "accuracy"))
+    try:
+        config = make_config(world_size=2, batch_size=16, epochs=2.0)
+        result = pool.train(config, report)
+        assert [e.index for e in seen] == [1, 2] and seen[-1].final
+        assert result.world_size == 2 and result.effective_batch_size == 32
+        assert result.samples_seen == seen[-1].samples_seen
+        assert result.samples_seen == 2 * result.optimizer_steps * 16
+        assert result.score > 0.5 and result.samples_per_second > 0
+
+        result = pool.train(config.replace(epochs=3.0), stop_at_first)
+        assert len(stopped) == 1 and len(result.evaluations) == 1  # both ranks stopped there
+        # ... at the same step: the next trial on the same ranks trains in step again
+        assert pool.train(config, lambda evaluation: False).score > 0.5
+        assert pool.started == 1
+    finally:
+        pool.close()
+    assert _children() == []
 
 
 @pytest.mark.parametrize(
@@ -206,6 +220,8 @@ def test_the_ranks_are_kept_between_trials_and_started_anew_after_a_fault():
     assert _children() == []
 
 
+# the trials in the study's own process (the worker is not the subject), stage 1 one short
+# measurement of each DDP setting
 DDP_SPACE = """\
 study:
   name: ddp
@@ -213,6 +229,8 @@ study:
   seed: 0
   confirm: false
   pruner: none
+  isolation: none
+  speed: {repeats: 1, bursts: 1, burst_seconds: 0.05}
 workload:
   model: autotune.testing:tiny_mlp
   data: autotune.testing:blobs
@@ -231,13 +249,17 @@ space:
 
 
 @pytest.mark.slow
-def test_a_study_of_distributed_trials_exports_a_script_torchrun_runs(tmp_path: Path):
-    """`autotune run` with workload.gpus_per_trial: 2 on a CPU: stage 1 times the DDP setting
-    as two processes, the trials train as two, the records say so; the exported script trains
-    the same way under torchrun (and alone, saying it is not the trial's batch)."""
-    write_space(tmp_path, DDP_SPACE, name="ddp.yaml")
-    done = run_cli("run", "ddp.yaml", cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
+def test_a_study_of_distributed_trials_exports_a_script_torchrun_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """`autotune run` with workload.gpus_per_trial: 2 on a CPU (its session, in this process):
+    stage 1 times the DDP setting as two processes, the trials train as two, the records say
+    so; the exported script trains the same way under torchrun (and alone, saying it is not
+    the trial's batch)."""
+    space = write_space(tmp_path, DDP_SPACE, name="ddp.yaml")
+    with contextlib.chdir(tmp_path):  # the study in studies/ here, where the command puts it
+        report = autotune.run(space)
+    assert report.ok, report.ending
     study = optuna.load_study(
         study_name="ddp", storage=f"sqlite:///{tmp_path}/studies/autotune.db"
     )
@@ -254,8 +276,11 @@ def test_a_study_of_distributed_trials_exports_a_script_torchrun_runs(tmp_path: 
     )
     assert {t.params.get("static_graph") for t in speed.get_trials()} == {False, True}
 
-    exported = run_cli("export", "--study", "ddp", "-o", "train.py", cwd=tmp_path)
-    assert exported.returncode == 0, exported.stderr
+    verbosity = optuna.logging.get_verbosity()  # the command quiets Optuna: for itself only
+    with contextlib.chdir(tmp_path):  # read-only: in this process (Typer's CliRunner)
+        exported = CliRunner().invoke(app, ["export", "--study", "ddp", "-o", "train.py"])
+    optuna.logging.set_verbosity(verbosity)
+    assert exported.exit_code == 0 and exported.exception is None, exported.stderr
     assert "Run it: torchrun --nproc-per-node 2 train.py" in " ".join(exported.stdout.split())
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     ran = subprocess.run(
@@ -272,9 +297,19 @@ def test_a_study_of_distributed_trials_exports_a_script_torchrun_runs(tmp_path: 
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2 and json.loads(lines[-1])["val_accuracy"] > 0.5
     assert (tmp_path / "run" / "model.pt").is_file()
-    alone = run_script(tmp_path / "train.py", "--epochs", "1", "--run-dir", "alone")
-    assert alone.returncode == 0, alone.stderr
-    assert "note: the trial trained as 2 processes, this run has 1" in alone.stdout
+    # alone, as `python train.py` runs it (in this process: what it checks is the script's own
+    # count of its processes; torchrun above started real ones); an error fails the test
+    monkeypatch.setattr(sys, "argv", ["train.py", "--epochs", "1", "--run-dir", "alone"])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    alone = io.StringIO()
+    with (
+        contextlib.chdir(tmp_path),
+        contextlib.redirect_stdout(alone),
+        torch.random.fork_rng(devices=[]),  # the script seeds torch: for itself only
+    ):
+        runpy.run_path("train.py", run_name="__main__")
+    assert "note: the trial trained as 2 processes, this run has 1" in alone.getvalue()
+    assert (tmp_path / "alone" / "model.pt").is_file()
 
 
 def test_the_python_api_refuses_a_distributed_configuration_outside_its_group():

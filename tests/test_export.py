@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
+import io
 import json
 import math
 import os
 import re
+import runpy
 import sqlite3
 import subprocess
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,8 +22,10 @@ import optuna
 import pytest
 import torch
 import yaml
+from typer.testing import CliRunner
 
 import autotune
+from autotune.cli import app
 from autotune.export import (
     SCRIPT_KNOBS,
     BestConfig,
@@ -41,15 +47,68 @@ from autotune.testing import (
     lint,
     make_config,
     provenance,
-    run_cli,
     run_script,
     tiny_mlp,
 )
 from autotune.trainer import Trainer
 
+
+def autotune_here(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``autotune ARGS`` in ``cwd``, run in this process by Typer's CliRunner: what run_cli
+    gives (exit status, stdout, stderr; a bug's traceback in stderr, as the command prints it)
+    without starting Python and torch again. For the commands that only read a study."""
+    verbosity = optuna.logging.get_verbosity()  # the command quiets Optuna: for itself only
+    try:
+        with contextlib.chdir(cwd):
+            ran = CliRunner().invoke(app, list(args), env={"COLUMNS": "160", **(env or {})})
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    stderr = ran.stderr
+    if ran.exception is not None and not isinstance(ran.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(ran.exception))
+    return subprocess.CompletedProcess(["autotune", *args], ran.exit_code, ran.stdout, stderr)
+
+
+def script_here(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python SCRIPT ARGS`` in the script's folder, run in this process: the file run as
+    ``__main__`` (runpy) with its folder first on sys.path, as Python puts it; the exit status
+    is what SystemExit carries (1 and the traceback for an exception). For the branches of a
+    script; that a script trains without autotune is checked in a process of its own
+    (run_script with block_autotune)."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    status: object = 0
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv, sys.path[:0] = [script.name, *args], [str(script.parent)]
+    try:
+        with (
+            contextlib.chdir(script.parent),
+            torch.random.fork_rng(devices=[]),  # the script seeds torch: for itself only
+            contextlib.redirect_stdout(stdout),
+            contextlib.redirect_stderr(stderr),
+        ):
+            try:
+                runpy.run_path(str(script), run_name="__main__")
+            except SystemExit as ended:
+                status = ended.code
+            except Exception:
+                traceback.print_exc()
+                status = 1
+            if not (status is None or isinstance(status, int)):
+                print(status, file=sys.stderr)  # sys.exit("message"), as Python reports it
+                status = 1
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    code = status or 0
+    return subprocess.CompletedProcess(
+        [script.name, *args], code, stdout.getvalue(), stderr.getvalue()
+    )
+
+
 DIGITS_SPACE = """\
-study: {name: digits, n_trials: 1, pruner: none}
-workload: {model: digits_cnn, data: digits, epochs: 2}
+study: {name: digits, n_trials: 1, pruner: none, strategy: joint, confirm: false}
+workload: {model: digits_cnn, data: digits, epochs: 1}
 objective: {full_run_epochs: 4}
 space:
   lr: 0.003
@@ -87,6 +146,11 @@ def tiny_study(tmp_path_factory, prepare_study) -> tuple[optuna.Study, str]:
 def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
     digits_study, tmp_path: Path
 ):
+    """The first run is a real process in which autotune cannot be imported, and a refusal's
+    exit status is a real process's too; the other runs (a refusal, the resumed run, other
+    arguments) run the same file in this process: what they check is the script's own logic,
+    which imports nothing the first run did not (no autotune anywhere in the file;
+    torch.load, weights only, would refuse an autotune class in a checkpoint)."""
     study, _ = digits_study
     best = best_config(study, select_trial(study))
     script = tmp_path / "train.py"
@@ -126,12 +190,12 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
     assert [entry["epoch"] for entry in logged] == [1] and 0 < logged[0]["val_accuracy"] <= 1
 
     # a second run in the same folder is refused: nothing of the first is overwritten
-    again = run_script(script, "--epochs", "1", block_autotune=blocker)
+    again = script_here(script, "--epochs", "1")
     assert again.returncode == 2 and "run holds a run already: --resume" in again.stderr
     assert torch.load(run / "checkpoint.pt")["epoch"] == 1
 
     # continued, with more epochs: the schedule keeps the length the run started with
-    resumed = run_script(script, "--epochs", "2", "--resume", block_autotune=blocker)
+    resumed = script_here(script, "--epochs", "2", "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from run/checkpoint.pt after 1 epoch" in resumed.stdout
     assert "the learning-rate schedule ends after epoch 1" in resumed.stdout
@@ -142,11 +206,11 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
     logged = (run / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["epoch"] for line in logged] == [1, 2]  # appended
 
-    missing = run_script(script, "--resume", "--run-dir", "nope")
+    missing = run_script(script, "--resume", "--run-dir", "nope")  # as a user runs it
     assert missing.returncode == 2 and "there is no checkpoint at nope/checkpoint.pt" in (
         missing.stderr
     )
-    other = run_script(script, "--epochs", "1", "--run-dir", "b", "--seed", "3", "--lr", "0.01")
+    other = script_here(script, "--epochs", "1", "--run-dir", "b", "--seed", "3", "--lr", "0.01")
     assert other.returncode == 0, other.stderr
     assert torch.load(tmp_path / "b" / "checkpoint.pt")["plan"] == {
         "lr": 0.01,
@@ -191,14 +255,14 @@ def test_every_branch_of_the_script_runs(tiny_study, tmp_path: Path, variant):
     script = tmp_path / "train.py"
     write_new_file(script, render_script(study, changed))
     assert lint(script).returncode == 0, lint(script).stdout
-    done = run_script(script, "--epochs", "1")
+    done = script_here(script, "--epochs", "1")
     assert done.returncode == 0, done.stderr
     assert "epoch 1/1" in done.stdout
     if VARIANTS[variant].get("precision") == "fp16":
         assert "scaler" in torch.load(tmp_path / "run" / "checkpoint.pt")
     # a longer run continued from the checkpoint: every schedule keeps its length and ends
     # (OneCycleLR would raise if stepped past it)
-    longer = run_script(script, "--epochs", "2", "--resume")
+    longer = script_here(script, "--epochs", "2", "--resume")
     assert longer.returncode == 0, longer.stderr
     assert "epoch 2/2" in longer.stdout
 
@@ -239,6 +303,7 @@ def test_every_knob_is_rendered_as_its_code(tiny_study):
     best = best_config(study, select_trial(study))
     # the searched knobs, and the run settings a script carries too
     assert set(KNOB_CODE) == {*SCRIPT_KNOBS, "device", "val_batch_size", "seed"}
+    rendered: dict[object, str] = {}  # most knobs change the same configuration: render it once
     for knob, (value, code) in KNOB_CODE.items():
         # the knobs a knob depends on, set so that it matters
         config = best.config.replace(data_pipeline="dataloader")
@@ -253,7 +318,9 @@ def test_every_knob_is_rendered_as_its_code(tiny_study):
         elif knob in ("ddp_bucket_cap_mb", "gradient_as_bucket_view", "static_graph"):
             # a trial of two processes, accumulating (DDP's no_sync) and compiled over DDP
             config = config.replace(world_size=2, accumulation_steps=2, compile="default")
-        before = render_script(study, _with(best, config))
+        if config not in rendered:
+            rendered[config] = render_script(study, _with(best, config))
+        before = rendered[config]
         changed = render_script(study, _with(best, config.replace(**{knob: value})))
         assert code not in before, f"{knob}: {code!r} is there before the change"
         assert code in changed, f"{knob}={value!r} is not rendered as {code!r}"
@@ -290,8 +357,9 @@ def test_hostile_strings_reach_the_script_only_as_data(tiny_study, tmp_path: Pat
     assert lint(script).returncode == 0, lint(script).stdout
     found = provenance(text)
     assert found["study"] == name and name in str(found["measured_on"])
-    help_run = run_script(script, "--help")
+    help_run = script_here(script, "--help")  # runs the module: nothing in it is code
     assert help_run.returncode == 0, help_run.stderr
+    assert help_run.stdout.startswith("usage: train.py [-h]"), help_run.stdout
     assert not (tmp_path / "pwned").exists()
     for fmt in ("yaml", "json"):
         path = tmp_path / f"best.{fmt}"
@@ -375,7 +443,9 @@ def test_a_study_whose_recorded_arguments_or_names_were_edited_is_refused(
     study.set_user_attr(
         "model_kwargs", {**recorded, f"x=__import__('os').system('touch {marker}'),y": 1}
     )
-    refused = run_cli("export", "--study", "tiny", "--storage", url, "-o", "t.py", cwd=tmp_path)
+    refused = autotune_here(
+        "export", "--study", "tiny", "--storage", url, "-o", "t.py", cwd=tmp_path
+    )
     assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1
     assert "records model arguments that no space file could hold" in refused.stderr
     assert "is not a Python argument name); was its database edited?" in refused.stderr
@@ -445,10 +515,10 @@ def test_yaml_and_json_round_trip_to_the_same_config(tiny_study, tmp_path: Path)
     assert BestConfig.from_dict(unconfirmed.to_dict()).confirmation is None
 
 
-def test_reading_a_crafted_study_runs_none_of_the_code_it_names(prepare_study, tmp_path: Path):
+def test_reading_a_crafted_study_runs_none_of_the_code_it_names(tiny_copy, tmp_path: Path):
     """A study database someone else wrote could name any function: export places it by name
     and says so; it imports and calls nothing unless --rebuild-workload asks it to."""
-    study, url, _, _ = prepare_study(TINY_SPACE, tmp_path)
+    study, url = tiny_copy
     marker = tmp_path / "pwned"
     space = study.user_attrs["space_file"].replace(
         "data: autotune.testing:blobs\n  data_args: {image: true}",
@@ -458,18 +528,22 @@ def test_reading_a_crafted_study_runs_none_of_the_code_it_names(prepare_study, t
     for missing in ("num_classes", "input_shape"):  # once, export called the data to learn them
         study.set_user_attr(missing, None)
 
-    exported = run_cli("export", "--study", "tiny", "--storage", url, "-o", "t.py", cwd=tmp_path)
+    exported = autotune_here(
+        "export", "--study", "tiny", "--storage", url, "-o", "t.py", cwd=tmp_path
+    )
     assert exported.returncode == 0, exported.stderr
     assert "It imports and runs your code: autotune.testing:tiny_mlp, os:system." in (
         exported.stdout
     )
     assert "from os import system" in (tmp_path / "t.py").read_text()
-    best = run_cli("best", "--study", "tiny", "--storage", url, cwd=tmp_path)
+    best = autotune_here("best", "--study", "tiny", "--storage", url, cwd=tmp_path)
     assert "its workload is your code: autotune.testing:tiny_mlp, os:system" in best.stdout
     assert not marker.exists()
 
     study.set_user_attr("model_kwargs", None)  # as older studies: only rebuilding could tell
-    refused = run_cli("export", "--study", "tiny", "--storage", url, "-o", "u.py", cwd=tmp_path)
+    refused = autotune_here(
+        "export", "--study", "tiny", "--storage", url, "-o", "u.py", cwd=tmp_path
+    )
     assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1
     assert "add --rebuild-workload if you trust this study" in refused.stderr
     assert "os:system" in refused.stderr and not (tmp_path / "u.py").exists()
@@ -479,7 +553,7 @@ def test_reading_a_crafted_study_runs_none_of_the_code_it_names(prepare_study, t
 def test_load_best_matches_autotune_best_json(tiny_study, tmp_path: Path):
     _, url = tiny_study
     best = autotune.load_best("tiny", storage=url)
-    shown = run_cli("best", "--study", "tiny", "--storage", url, "--json", cwd=tmp_path)
+    shown = autotune_here("best", "--study", "tiny", "--storage", url, "--json", cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
     payload = json.loads(shown.stdout)
     assert payload["config"] == best.config.to_dict()
@@ -518,7 +592,7 @@ def test_export_errors_are_one_line(tiny_study, tmp_path: Path):
     _, url = tiny_study
     existing = tmp_path / "train.py"
     existing.write_text("my own work\n")
-    refused = run_cli(
+    refused = autotune_here(
         "export", "--study", "tiny", "--storage", url, "-o", str(existing), cwd=tmp_path
     )
     assert refused.returncode == 1 and "exists; pass --force" in refused.stderr
@@ -526,7 +600,7 @@ def test_export_errors_are_one_line(tiny_study, tmp_path: Path):
     assert existing.read_text() == "my own work\n"  # nothing a user made is lost
 
     # every error is one line with a non-zero status (the CLI turns ExportError into that)
-    unknown = run_cli("export", "--study", "nope", "--storage", url, cwd=tmp_path)
+    unknown = autotune_here("export", "--study", "nope", "--storage", url, cwd=tmp_path)
     assert unknown.returncode == 1 and "Traceback" not in unknown.stderr
     assert unknown.stderr.strip().startswith("error: no study 'nope'")
     assert len(unknown.stderr.strip().splitlines()) == 1, unknown.stderr
@@ -534,10 +608,10 @@ def test_export_errors_are_one_line(tiny_study, tmp_path: Path):
     with pytest.raises(ExportError, match="has no trial 99"):
         select_trial(study, 99)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]  # no half-written files
-    bad_format = run_cli("export", "--study", "tiny", "--format", "toml", cwd=tmp_path)
+    bad_format = autotune_here("export", "--study", "tiny", "--format", "toml", cwd=tmp_path)
     assert bad_format.returncode == 2 and "--format must be one of" in bad_format.stderr
 
-    forced = run_cli(
+    forced = autotune_here(
         "export", "--study", "tiny", "--storage", url, "-o", str(existing), "--force", cwd=tmp_path
     )
     assert forced.returncode == 0 and "def main():" in existing.read_text()
@@ -553,7 +627,7 @@ def test_an_infeasible_trial_exports_with_a_warning_into_a_new_folder(tiny_copy,
         )
     target = tmp_path / "runs" / "b" / "train.py"  # a folder that does not exist yet
     args = ("--study", "tiny", "--storage", url, "--trial", str(chosen.number), "-o", str(target))
-    done = run_cli("export", *args, cwd=tmp_path)
+    done = autotune_here("export", *args, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert f"warning: trial {chosen.number} is infeasible" in done.stdout
     text = target.read_text()
@@ -595,10 +669,10 @@ workload:
   model: torchvision:resnet18
   model_args: {cifar_stem: true}
   data: shapes
-  data_args: {n_train: 64, n_val: 32}
+  data_args: {n_train: 16, n_val: 8}
   epochs: 1
 space:
-  batch_size: 32
+  batch_size: 8
   data_pipeline: device
   channels_last: true
 """
@@ -626,7 +700,7 @@ def test_a_torchvision_model_on_shapes_exports_with_the_device_pipeline(
 
 
 TWO_FOLDERS_SPACE = """\
-study: {name: folders, n_trials: 1, pruner: none, confirm: false}
+study: {name: folders, n_trials: 1, pruner: none, strategy: joint, confirm: false}
 workload: {model: "folder_model:small_model", data: "folder_data:small_data", epochs: 1}
 space: {batch_size: 16}
 """
@@ -702,14 +776,16 @@ def test_modules_in_two_folders_put_both_on_the_scripts_sys_path(two_folder_stud
 
 
 def test_rebuilding_says_what_it_imports_first_and_stdout_is_only_the_script(
-    two_folder_study, tmp_path: Path
+    two_folder_study, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     _, root, url = two_folder_study
-    pythonpath = os.pathsep.join([str(root / "data"), os.environ.get("PYTHONPATH", "")])
-    done = run_cli(
-        "export", "--study", "folders", "--storage", url, "--rebuild-workload",
-        cwd=tmp_path, env={"PYTHONPATH": pythonpath},
-    )  # fmt: skip
+    # the data's folder on sys.path (as PYTHONPATH puts it), and neither module imported yet
+    monkeypatch.syspath_prepend(str(root / "data"))
+    for module in ("folder_model", "folder_data"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    done = autotune_here(
+        "export", "--study", "folders", "--storage", url, "--rebuild-workload", cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     # exactly the script: every notice, and what the user's code printed, went to stderr
     ast.parse(done.stdout)

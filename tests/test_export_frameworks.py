@@ -5,6 +5,7 @@ is installed) the real Trainer and TrainingArguments are built from them."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -12,12 +13,14 @@ from typing import Any
 import optuna
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from autotune.cli import app
 from autotune.export import BestConfig, ExportError, best_config, render, select_trial
-from autotune.testing import blobs, imported_modules, lint, provenance, run_cli, tiny_mlp
+from autotune.testing import blobs, imported_modules, lint, provenance, tiny_mlp
 
 SPACE = """\
-study: {name: frameworks, n_trials: 1, pruner: none}
+study: {name: frameworks, n_trials: 1, pruner: none, strategy: joint, confirm: false}
 workload:
   model: autotune.testing:tiny_mlp
   data: autotune.testing:blobs
@@ -345,12 +348,16 @@ def test_a_crafted_value_is_refused_in_one_line(best, change):
 
 
 def test_the_cli_writes_both_formats(prepared, tmp_path: Path):
+    """``autotune export --format lightning|hf``, run in this process (Typer's CliRunner)."""
     _, url = prepared
+    verbosity = optuna.logging.get_verbosity()  # the command quiets Optuna: for itself only
     for fmt in ("lightning", "hf"):
         out = tmp_path / f"{fmt}.py"
-        done = run_cli("export", "--study", "frameworks", "--storage", url, "--format", fmt,
-                       "-o", str(out), cwd=tmp_path)  # fmt: skip
-        assert done.returncode == 0, done.stderr
+        with contextlib.chdir(tmp_path):
+            done = CliRunner().invoke(app, ["export", "--study", "frameworks", "--storage", url,
+                                            "--format", fmt, "-o", str(out)])  # fmt: skip
+        optuna.logging.set_verbosity(verbosity)
+        assert done.exit_code == 0 and done.exception is None, done.stderr
         assert out.read_text().startswith('"""') and "Wrote" in done.stdout
 
 

@@ -25,15 +25,13 @@ import pytest
 import torch
 from torch import nn
 
+import autotune
 from autotune import semantics
 from autotune.config import TrialConfig
 from autotune.export import best_config, render_script, select_trial
 from autotune.study import load_study
-from autotune.testing import cuda_flags, learning_rates, run_cli, write_space
+from autotune.testing import cuda_flags, learning_rates, write_space
 from autotune.trainer import Trainer, backend_flags, make_optimizer, make_scheduler
-
-# the study runs in a subprocess (`autotune run`): most of this module's time is its imports
-pytestmark = pytest.mark.slow
 
 # 148 training samples in micro-batches of 4: one epoch is 37 optimizer steps
 SPACE = """\
@@ -72,12 +70,13 @@ Export = Callable[..., tuple[ModuleType, TrialConfig]]
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    """A real one-trial study of the tiny workload, made by `autotune run` as a user would."""
+    """A real one-trial study of the tiny workload, its stages and confirmation round run as
+    `autotune run` runs them, in this process (``autotune.run``, the same session)."""
     directory = tmp_path_factory.mktemp("parity")
-    write_space(directory, SPACE, name="space.yaml")
+    space = write_space(directory, SPACE, name="space.yaml")
     url = f"sqlite:///{directory / 'studies.db'}"
-    done = run_cli("run", "space.yaml", "--storage", url, cwd=directory)
-    assert done.returncode == 0, done.stdout + done.stderr
+    report = autotune.run(space, storage=url)
+    assert report.ok and report.confirmed, report.ending
     return load_study("parity", url)
 
 

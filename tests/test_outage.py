@@ -200,9 +200,9 @@ def test_two_processes_ride_out_a_postgresql_restart_and_one_past_its_bound_ends
     write_space(tmp_path, SPACE.format(name="riding", n_trials=2, outage=180), name="a.yaml")
     write_space(tmp_path, SPACE.format(name="giving-up", n_trials=1, outage=2), name="b.yaml")
 
-    def start(space: str, machine: str, *options: str) -> subprocess.Popen[str]:
+    def start(space: str, machine: str) -> subprocess.Popen[str]:
         env = {"AUTOTUNE_MACHINE_DIR": str(tmp_path / machine)}
-        return start_cli("run", space, "--storage", url, *options, cwd=tmp_path, env=env)
+        return start_cli("run", space, "--storage", url, cwd=tmp_path, env=env)
 
     riders = [start("a.yaml", f"machine-{index}") for index in range(2)]
     quitter = start("b.yaml", "machine-2")
@@ -226,7 +226,7 @@ def test_two_processes_ride_out_a_postgresql_restart_and_one_past_its_bound_ends
     time.sleep(max(0.0, stopped + 5 - time.monotonic()))
     server.start()
     # the next run of the one that gave up records its trial and goes on
-    rerun = start("b.yaml", "machine-2", "--isolation", "none")
+    rerun = start("b.yaml", "machine-2")
     for process in riders:
         stdout, stderr = process.communicate(timeout=300)
         assert process.returncode == 0, stdout + stderr

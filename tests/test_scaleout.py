@@ -256,10 +256,7 @@ def test_three_processes_share_a_postgresql_study_and_recover_a_killed_one(
     folder of its own: no turns to take): the count holds under the advisory lock, a process
     killed mid-trial is recovered, and the readers work there."""
     text = SLOW_SPACE.format(n_trials=4, delay=0.002).replace("name: shared", "name: pg-shared")
-    text = text.replace(
-        "  seed: 0\n",
-        "  seed: 0\n  heartbeat_interval: 1\n  strategy: joint\n  isolation: none\n",
-    )
+    text = text.replace("  seed: 0\n", "  seed: 0\n  heartbeat_interval: 1\n  strategy: joint\n")
     write_space(tmp_path, text, name="space.yaml")
     url = postgres.url
     processes = [

@@ -3,28 +3,34 @@ learning trials that train with stage 1's choices."""
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import itertools
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import optuna
 import pytest
 from optuna.trial import TrialState
+from typer.testing import Result
 
 from autotune import bursts
 from autotune.baseline import untuned_config
 from autotune.config import TrialConfig
 from autotune.executor import InProcessExecutor
 from autotune.faults import FaultKind, TrialFault
+from autotune.results import Reporter, TrialResult
 from autotune.space import restrict
 from autotune.spec import SpecError, parse_spec
 from autotune.speed import BurstPlan, SpeedChoice, SpeedMeasurement, SpeedTable
 from autotune.study import (
+    RunOutcome,
     SpeedRecord,
     StudyError,
     StudyRecord,
@@ -34,7 +40,7 @@ from autotune.study import (
     trial_config,
 )
 from autotune.study._speed_plan import FULL_PRODUCT_LIMIT, Cell, SpeedPlan
-from autotune.testing import AMPERE, CPU, blobs_workload, make_config, run_cli, start_cli
+from autotune.testing import AMPERE, CPU, blobs_workload, make_config, start_cli
 from autotune.workloads import Workload
 
 QUICK = BurstPlan(warmup_micro_batches=2, bursts=2, burst_seconds=0.02)
@@ -86,18 +92,83 @@ def two_stage(
 
 
 class CountingExecutor(InProcessExecutor):
-    """The in-process executor, counting what it measures and stopping at a given one."""
+    """The in-process executor, counting what it measures."""
 
-    def __init__(self, workload: Workload, interrupt_at: int | None = None) -> None:
+    def __init__(self, workload: Workload) -> None:
         super().__init__(workload)
         self.measured: list[TrialConfig] = []
+
+    def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
+        self.measured.append(config)
+        return super().measure(config, plan)
+
+
+class SyntheticExecutor:
+    """Stage 1's executor without training, for the tests of what the stage does with its
+    measurements (its rules, its budget, its order): each measurement is made up, a step of
+    ``step_seconds(config)`` (a millisecond unless told) and a cold compile of
+    ``compile_seconds``, each taking ``seconds_each`` of the fake ``clock``'s time. What it was
+    asked is kept in ``measured``, as CountingExecutor keeps it, and the ``interrupt_at``-th
+    is a Ctrl-C. Trials train for real in this process on ``workload`` where one is given
+    (stage 2 after a made-up stage 1)."""
+
+    def __init__(
+        self,
+        step_seconds: Callable[[TrialConfig], float] = lambda config: 0.001,
+        compile_seconds: float = 5.0,
+        clock: FakeClock | None = None,
+        seconds_each: float = 0.0,
+        workload: Workload | None = None,
+        interrupt_at: int | None = None,
+    ) -> None:
+        self.step_seconds = step_seconds
+        self.compile_seconds = compile_seconds
+        self.clock, self.seconds_each = clock, seconds_each
+        self.trials = InProcessExecutor(workload) if workload is not None else None
         self.interrupt_at = interrupt_at
+        self.measured: list[TrialConfig] = []
 
     def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
         if self.interrupt_at is not None and len(self.measured) + 1 == self.interrupt_at:
             raise KeyboardInterrupt
         self.measured.append(config)
-        return super().measure(config, plan)
+        if self.clock is not None:
+            self.clock.seconds += self.seconds_each
+        step = self.step_seconds(config)
+        compiled = config.compile != "none"
+        return SpeedMeasurement(
+            batch_size=config.batch_size,
+            micro_batches_per_epoch=256 // config.batch_size,  # blobs' training split
+            step_seconds=(step,) * plan.bursts,
+            optimizer_seconds=(step / 4,) * plan.bursts,
+            epoch_start_seconds=(step,) * plan.bursts,
+            one_time_seconds=self.compile_seconds if compiled else 0.0,
+            compile_seconds=self.compile_seconds if compiled else None,
+            peak_memory_bytes=0,
+            device_name="synthetic",
+            torch_version="synthetic",
+            intra_op_threads=1,
+        )
+
+    def run(self, config: TrialConfig, report: Reporter) -> TrialResult:
+        assert self.trials is not None, "given no workload, it trains no trial"
+        return self.trials.run(config, report)
+
+    def close(self) -> None:
+        if self.trials is not None:
+            self.trials.close()
+
+
+def command(*args: str, cwd: Path) -> Result:
+    """``autotune ARGS`` in ``cwd``, in this process (Typer's CliRunner, as wide as run_cli's
+    console): for a command whose output and exit status are what a test looks at, not its
+    process (a signal, a crash, what it imports). A bug raises here, as it would there."""
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    with contextlib.chdir(cwd):
+        return CliRunner().invoke(app, list(args), env={"COLUMNS": "160"}, catch_exceptions=False)
 
 
 def _workload(directory: Path, space: str) -> Workload:
@@ -260,7 +331,7 @@ def test_a_cell_begins_with_the_cudnn_benchmark_flag_its_worker_process_ran_last
 
 
 def test_stage_one_on_a_gpu_switches_cudnn_benchmark_once_a_cell(tmp_path: Path, prepare_study):
-    """The stage as a GPU runs it (configurations for cuda, measured here on the CPU): each
+    """The stage as a GPU runs it (configurations for cuda, measured synthetically): each
     cell begins with the flag the last one ended with, so two cells switch twice, not three
     times (each switch is a fresh worker process on a GPU)."""
     from autotune.study import run_speed_stage
@@ -269,13 +340,7 @@ def test_stage_one_on_a_gpu_switches_cudnn_benchmark_once_a_cell(tmp_path: Path,
         "num_workers: [0]", "num_workers: [0]\n  cudnn_benchmark: [false, true]"
     )
     space = space.replace("speed: {bursts: 2,", "speed: {repeats: 1, bursts: 2,")  # no rematch
-
-    class OnTheCpu(CountingExecutor):  # what a GPU would be asked, timed on this CPU
-        def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
-            self.measured.append(config)
-            return InProcessExecutor.measure(self, dataclasses.replace(config, device="cpu"), plan)
-
-    executor = OnTheCpu(_workload(tmp_path, space))
+    executor = SyntheticExecutor()  # what a GPU would be asked
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), AMPERE).spec
     run_speed_stage(study, spec, AMPERE, executor)
@@ -345,29 +410,44 @@ def test_the_table_gives_the_split_a_trial_finishes_soonest_with():
 # -- the stage ------------------------------------------------------------------------------------
 
 
-def test_stage_one_times_every_setting_and_stage_two_trains_with_its_choice(
-    tmp_path: Path, prepare_study
-):
+class TwoStageRun(NamedTuple):
+    study: optuna.Study
+    url: str  # its storage
+    outcome: RunOutcome
+    measured: list[TrialConfig]  # what stage 1 timed, in order
+
+
+@pytest.fixture(scope="module")
+def two_stage_run(tmp_path_factory: pytest.TempPathFactory, prepare_study) -> TwoStageRun:
+    """The study ``two_stage()`` describes, run once in this process with stage 1 measured for
+    real, for the tests that only read it (a test that adds to a study makes its own)."""
+    directory = tmp_path_factory.mktemp("two-stage")
     space = two_stage()
-    executor = CountingExecutor(_workload(tmp_path, space))
-    study, url, outcome, _ = prepare_study(space, tmp_path, executor=executor)
+    executor = CountingExecutor(_workload(directory, space))
+    study, url, outcome, _ = prepare_study(space, directory, executor=executor)
+    assert outcome is not None
+    return TwoStageRun(study, url, outcome, executor.measured)
+
+
+def test_stage_one_times_every_setting_and_stage_two_trains_with_its_choice(
+    two_stage_run: TwoStageRun,
+):
+    study, url, outcome, measured = two_stage_run
     table = outcome.speed_table
     assert table is not None and outcome.trials_run == 3
     # fp32 first: every setting of each micro-batch (device; dataloader with 0 or 1 worker)
-    first_round = {
-        (c.batch_size, c.precision, c.data_pipeline, c.num_workers) for c in executor.measured
-    }
+    first_round = {(c.batch_size, c.precision, c.data_pipeline, c.num_workers) for c in measured}
     assert {k for k in first_round if k[1] == "fp32"} == {
         (batch, "fp32", pipeline, workers)
         for batch in (16, 32)
         for pipeline, workers in (("device", 0), ("dataloader", 0), ("dataloader", 1))
     }
-    assert all(c.accumulation_steps == 1 for c in executor.measured)
+    assert all(c.accumulation_steps == 1 for c in measured)
     assert len(list(table)) == 8  # 2 micro-batches x 2 accumulations x 2 precisions
 
     speed = optuna.load_study(study_name=speed_study_name("two"), storage=url)
     records = [SpeedRecord.of(t) for t in speed.trials]
-    assert len(records) == len(executor.measured)
+    assert len(records) == len(measured)
     # at bf16, a pipeline is left out only when it was under half the fastest at fp32
     first = {
         (
@@ -413,24 +493,26 @@ def test_stage_one_times_every_setting_and_stage_two_trains_with_its_choice(
 
 
 def test_the_cache_is_reused_and_missed_on_another_model_or_with_remeasure(
-    tmp_path: Path, prepare_study, monkeypatch
+    tmp_path: Path, prepare_study
 ):
-    # a measurement taken under interference is measured again by a later run (see below):
-    # here, on a machine that may be busy, every measurement counts as quiet
-    monkeypatch.setattr("autotune.study._speed_take.interfered", lambda share: False)
+    # stage 1's measurements made up (and quiet: one taken under interference is measured
+    # again by a later run, see below); stage 2's trials trained
+    def executor(space: str) -> SyntheticExecutor:
+        return SyntheticExecutor(workload=_workload(tmp_path, space))
+
     space = two_stage(n_trials=1, precisions="fp32", workers="[0]")
-    first = CountingExecutor(_workload(tmp_path, space))
+    first = executor(space)
     prepare_study(space, tmp_path, executor=first)
     assert first.measured
 
     more = space.replace("n_trials: 1", "n_trials: 2")
-    again = CountingExecutor(_workload(tmp_path, more))
+    again = executor(more)
     _, _, outcome, _ = prepare_study(more, tmp_path, executor=again)
     assert again.measured == [] and outcome.trials_run == 1  # every measurement reused
 
     # another study on the same machine and model, under another name: reused too
     other = more.replace("name: two", "name: other")
-    reused = CountingExecutor(_workload(tmp_path, other))
+    reused = executor(other)
     prepare_study(other, tmp_path, executor=reused)
     assert reused.measured == []
 
@@ -438,13 +520,13 @@ def test_the_cache_is_reused_and_missed_on_another_model_or_with_remeasure(
     wider = other.replace("name: other", "name: wider").replace(
         "model_args: {}", "model_args: {hidden: 64}"
     )
-    missed = CountingExecutor(_workload(tmp_path, wider))
+    missed = executor(wider)
     prepare_study(wider, tmp_path, executor=missed)
     settings = {(c.batch_size, c.data_pipeline) for c in first.measured}
     assert len(settings) == 4  # 2 micro-batches x (device, dataloader)
     assert {(c.batch_size, c.data_pipeline) for c in missed.measured} == settings
 
-    remeasured = CountingExecutor(_workload(tmp_path, more))
+    remeasured = executor(more)
     prepare_study(
         more.replace("n_trials: 2", "n_trials: 3"), tmp_path, executor=remeasured, remeasure=True
     )
@@ -480,13 +562,14 @@ def test_a_memory_wall_stops_larger_micro_batches_and_their_trials(tmp_path: Pat
 
 def test_an_interrupted_stage_one_resumes_where_it_stopped(tmp_path: Path, prepare_study):
     space = two_stage(n_trials=2, workers="[0]")
-    stopped = CountingExecutor(_workload(tmp_path, space), interrupt_at=5)
+    # stage 1 made up (what is looked at is where it resumes), stage 2 trained
+    stopped = SyntheticExecutor(workload=_workload(tmp_path, space), interrupt_at=5)
     study, _, outcome, _ = prepare_study(space, tmp_path, executor=stopped)
     assert outcome.interrupted and len(stopped.measured) == 4
     started = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
     assert study.get_trials(states=started) == []  # stage 2 never started
 
-    resumed = CountingExecutor(_workload(tmp_path, space))
+    resumed = SyntheticExecutor(workload=_workload(tmp_path, space))
     study, url, outcome, _ = prepare_study(space, tmp_path, executor=resumed)
     assert outcome.trials_run == 2
     # every setting measured, and none twice for the same round: the resumed run went on
@@ -512,7 +595,8 @@ def test_declared_learning_knobs_are_sampled_in_stage_two(tmp_path: Path, prepar
         precisions="fp32",
         workers="[0]",
     )
-    study, _, outcome, _ = prepare_study(space, tmp_path)
+    executor = SyntheticExecutor(workload=_workload(tmp_path, space))  # stage 1 made up
+    study, _, outcome, _ = prepare_study(space, tmp_path, executor=executor)
     table = outcome.speed_table
     assert table is not None
     for trial in study.trials[1:]:
@@ -543,9 +627,7 @@ def test_a_study_keeps_its_strategy(tmp_path: Path, prepare_study):
         prepare_study(explicit, tmp_path, run=False)
 
 
-def test_the_speed_study_opens_with_optunas_own_command(tmp_path: Path, prepare_study):
-    space = two_stage(n_trials=1, precisions="fp32", workers="[0]")
-    _, url, _, _ = prepare_study(space, tmp_path)
+def test_the_speed_study_opens_with_optunas_own_command(two_stage_run: TwoStageRun):
     shown = subprocess.run(
         [
             str(Path(sys.executable).parent / "optuna"),
@@ -553,7 +635,7 @@ def test_the_speed_study_opens_with_optunas_own_command(tmp_path: Path, prepare_
             "--study-name",
             "two.speed",
             "--storage",
-            url,
+            two_stage_run.url,
             "-f",
             "json",
         ],
@@ -589,34 +671,41 @@ def test_the_command_runs_two_stages_and_says_which_knobs_came_from_where(tmp_pa
             n_trials=3,
             precisions="fp32",
             workers="[0]",
-            study_extra="  confirm: false\n  baseline: false",  # the answer: a stage 2 trial
+            # the answer: a stage 2 trial; the worker process is not what is looked at here
+            study_extra="  confirm: false\n  baseline: false\n  isolation: none",
         )
     )
-    first = run_cli("run", str(space), cwd=tmp_path)
-    assert first.returncode == 0, first.stdout + first.stderr
+    first = command("run", str(space), cwd=tmp_path)
+    assert first.exit_code == 0, first.stdout + first.stderr
     out = first.stdout
     assert "timing" in out and "(stage 1: speed)" in out and "(stage 2: learning)" in out
     assert "Stage 1: the fastest settings per micro-batch" in out
     assert re.search(r"stage 1: 4 settings timed( \(\d leaders again\))?, 0 reused", out)
-    best = run_cli("best", "--study", "two", cwd=tmp_path)
-    assert best.returncode == 0, best.stderr
+    best = command("best", "--study", "two", cwd=tmp_path)
+    assert best.exit_code == 0, best.stderr
     lines = {line.split()[0]: line for line in best.stdout.splitlines() if line.strip()}
     assert "timed in stage 1" in lines["data_pipeline"] and "searched" in lines["lr"]
-    again = run_cli("run", str(space), "--n-trials", "4", cwd=tmp_path)
-    assert again.returncode == 0, again.stderr
+    again = command("run", str(space), "--n-trials", "4", cwd=tmp_path)
+    assert again.exit_code == 0, again.stderr
     assert "0 settings timed, 4 reused" in again.stdout
-    wrong = run_cli("best", "--study", "two.speed", cwd=tmp_path)
-    assert wrong.returncode == 1
+    wrong = command("best", "--study", "two.speed", cwd=tmp_path)
+    assert wrong.exit_code == 1
     assert "holds the speed stage's measurements of study 'two'" in wrong.stdout + wrong.stderr
 
 
 def _speed_trials(directory: Path) -> int:
-    """Measurements stored so far in ``two.speed`` (0 while it does not exist yet)."""
+    """Measurements stored so far in ``two.speed`` (0 while it does not exist yet), counted
+    in Optuna's tables through a read-only sqlite3 connection: cheap enough to ask often, and
+    never a writer beside the run's own."""
     db = directory / "studies" / "autotune.db"
     try:
-        storage = f"sqlite:///{db}?mode=ro"
-        return len(optuna.load_study(study_name="two.speed", storage=storage).trials)
-    except Exception:  # not created yet, or being written: ask again
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as connection:
+            (count,) = connection.execute(
+                "SELECT COUNT(*) FROM trials JOIN studies USING (study_id) WHERE study_name = ?",
+                ("two.speed",),
+            ).fetchone()
+        return int(count)
+    except sqlite3.Error:  # not created yet, or being written: ask again
         return 0
 
 
@@ -627,6 +716,7 @@ def test_ctrl_c_in_stage_one_keeps_its_measurements_for_the_next_run(tmp_path: P
         n_trials=1,
         batch_sizes="[16]",
         model_args="{step_delay_seconds: 0.1}",  # about 2 s a measurement
+        data_args="{n_train: 128}",  # the trial after it: 8 steps
         precisions="fp32",
         workers="[0]",
         study_extra="  confirm: false\n  isolation: none",
@@ -636,7 +726,7 @@ def test_ctrl_c_in_stage_one_keeps_its_measurements_for_the_next_run(tmp_path: P
     deadline = time.monotonic() + 120
     while _speed_trials(tmp_path) < 1:  # the first setting is measured, the second runs
         assert time.monotonic() < deadline and process.poll() is None, process.poll()
-        time.sleep(0.2)
+        time.sleep(0.05)
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
@@ -644,8 +734,8 @@ def test_ctrl_c_in_stage_one_keeps_its_measurements_for_the_next_run(tmp_path: P
     assert "Stage 1's finished measurements are saved and will be reused" in stdout
     assert _speed_trials(tmp_path) == 1  # the interrupted one is not recorded
 
-    again = run_cli("run", str(space), cwd=tmp_path)
-    assert again.returncode == 0, again.stderr
+    again = command("run", str(space), cwd=tmp_path)  # no signal now: in this process
+    assert again.exit_code == 0, again.stderr
     shown = " ".join(again.stdout.split())
     assert re.search(r"stage 1: 1 settings timed( \(\d leaders again\))?, 1 reused", shown)
 
@@ -662,26 +752,32 @@ def test_a_measurement_taken_under_interference_is_its_studys_only(
 ):
     """What one study measured on a busy machine serves that study (its resumed runs, its
     workers) but is not the truth another study reuses: that one times it again."""
+    from autotune.study import run_speed_stage
+
+    def stage_one(space: str) -> SyntheticExecutor:
+        """Stage 1 of the study ``space`` names, in tmp_path's storage; what it measured."""
+        study, _, _, _ = prepare_study(space, tmp_path, run=False)
+        spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
+        executor = SyntheticExecutor()
+        run_speed_stage(study, spec, CPU, executor, _workload(tmp_path, space))
+        return executor
+
     space = two_stage(n_trials=1, batch_sizes="[16]", precisions="fp32", workers="[0]")
     monkeypatch.setattr(
         "autotune.study._speed_take.interfered", lambda share: True
     )  # a busy machine
-    busy = CountingExecutor(_workload(tmp_path, space))
-    prepare_study(space, tmp_path, executor=busy)
+    busy = stage_one(space)
     assert busy.measured
-    resumed = CountingExecutor(_workload(tmp_path, space))
-    prepare_study(space.replace("n_trials: 1", "n_trials: 2"), tmp_path, executor=resumed)
+    resumed = stage_one(space.replace("n_trials: 1", "n_trials: 2"))
     assert resumed.measured == []  # the same study: its own measurements serve
 
     monkeypatch.setattr(
         "autotune.study._speed_take.interfered", lambda share: False
     )  # a quiet one
     other = space.replace("name: two", "name: other")
-    quiet = CountingExecutor(_workload(tmp_path, other))
-    prepare_study(other, tmp_path, executor=quiet)
+    quiet = stage_one(other)
     assert {c.data_pipeline for c in quiet.measured} == {c.data_pipeline for c in busy.measured}
-    third = CountingExecutor(_workload(tmp_path, other))
-    prepare_study(other.replace("name: other", "name: third"), tmp_path, executor=third)
+    third = stage_one(other.replace("name: other", "name: third"))
     assert third.measured == []  # quiet measurements are every study's
 
 
@@ -847,16 +943,12 @@ def test_stage_one_times_a_precision_far_behind_with_one_setting_after_its_first
 ):
     from autotune.study import run_speed_stage
 
-    class SlowBf16(CountingExecutor):  # this machine, as if bf16 had no units of its own
-        def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
-            result = super().measure(config, plan)
-            if config.precision != "bf16":
-                return result
-            slower = tuple(5 * s for s in result.step_seconds)
-            return dataclasses.replace(result, step_seconds=slower)
+    def slow_bf16(config: TrialConfig) -> float:  # as if bf16 had no units of its own
+        pipeline = {"device": 1.0, "dataloader": 1.2 + 0.1 * config.num_workers}
+        return 0.001 * pipeline[config.data_pipeline] * (5 if config.precision == "bf16" else 1)
 
     space = two_stage(n_trials=1, batch_sizes="[16, 32, 64]", workers="[0, 1]")
-    executor = SlowBf16(_workload(tmp_path, space))
+    executor = SyntheticExecutor(slow_bf16)
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
     events: list = []
@@ -876,18 +968,28 @@ def test_stage_one_times_a_precision_far_behind_with_one_setting_after_its_first
     assert {e.cell for e in said} == {"batch 32, bf16", "batch 64, bf16"}
     # its trials still get a measured speed at every micro-batch
     assert {c.batch_size for c in table if c.precision == "bf16"} == {16, 32, 64}
+    # run again (a resumed study): the cells far behind keep the setting they timed, no other
+    again = SyntheticExecutor(slow_bf16)
+    resumed: list = []
+    assert run_speed_stage(study, spec, CPU, again, on_event=resumed.append) == table
+    assert again.measured == []
+    said = [e for e in resumed if "bf16 runs at" in (e.fault or "")]
+    assert {e.cell for e in said} == {"batch 32, bf16", "batch 64, bf16"}
 
 
-@pytest.mark.slow
 def test_a_compile_that_cannot_pay_back_is_not_tried_in_the_cells_after_the_first(
     tmp_path: Path, prepare_study
 ):
     from autotune.study import run_speed_stage
 
-    # a tiny model: an epoch takes milliseconds, a compile seconds, over 30 epochs
+    # a tiny model: an epoch takes milliseconds, a compile seconds, over the trial's one epoch
     space = two_stage(n_trials=1, batch_sizes="[16, 32]", precisions="fp32", workers="[0]")
     space = space.replace("num_workers: [0]\n", "num_workers: [0]\n  compile: [none, default]\n")
-    executor = CountingExecutor(_workload(tmp_path, space))
+
+    def twice_as_fast_compiled(config: TrialConfig) -> float:
+        return 0.0005 if config.compile != "none" else 0.001
+
+    executor = SyntheticExecutor(twice_as_fast_compiled, compile_seconds=5.0)
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
     events: list = []
@@ -929,7 +1031,7 @@ def test_a_compile_still_running_when_it_can_no_longer_pay_back_is_stopped_and_d
     from autotune.worker import WorkerExecutor
 
     # an eager epoch takes milliseconds: the compile may take the slack alone
-    monkeypatch.setattr(_speed_rules, "MEASUREMENT_SLACK_SECONDS", 3.0)
+    monkeypatch.setattr(_speed_rules, "MEASUREMENT_SLACK_SECONDS", 1.0)
     space = two_stage(
         n_trials=1,
         batch_sizes="[16, 32]",
@@ -950,12 +1052,12 @@ def test_a_compile_still_running_when_it_can_no_longer_pay_back_is_stopped_and_d
     assert [(e.cell, e.settings) for e in stopped] == [
         ("batch 16, fp32", "no workers, compile default")
     ]
-    assert "compile default was still compiling after 3 s: it cannot pay back" in stopped[0].fault
+    assert "compile default was still compiling after 1 s: it cannot pay back" in stopped[0].fault
     assert len(executor.started_pids) == 2  # its worker was killed, and another started
     # the mode is not tried again: not with the other pipeline, not in the next cell
     skipped = [e for e in events if "compile default" in e.settings and not e.measured]
     assert {e.cell for e in skipped} == {"batch 16, fp32", "batch 32, fp32"}
-    assert all("still compiling after 3 s" in (e.fault or "") for e in skipped)
+    assert all("still compiling after 1 s" in (e.fault or "") for e in skipped)
     assert all(dict(c.settings)["compile"] == "none" for c in table)
     # recorded as the configuration's timeout (a later stage does not compile it again), or,
     # where other processes took the cores meanwhile, as one the machine's load may explain
@@ -995,7 +1097,9 @@ def test_the_plan_says_what_stage_one_will_time_and_its_budget():
     assert "at most 5 min (half of study.timeout 600 s, which counts stage 1" in said
 
 
-def test_past_its_budget_stage_one_times_one_eager_setting_a_cell(tmp_path: Path, prepare_study):
+def test_past_its_budget_stage_one_times_one_eager_setting_a_cell(
+    tmp_path: Path, prepare_study, clock: FakeClock
+):
     from autotune.study import run_speed_stage
 
     space = two_stage(n_trials=1, batch_sizes="[16, 32]", precisions="fp32", workers="[0, 1]")
@@ -1003,7 +1107,7 @@ def test_past_its_budget_stage_one_times_one_eager_setting_a_cell(tmp_path: Path
         "num_workers: [0, 1]\n", "num_workers: [0, 1]\n  compile: [none, default]\n"
     )
     space = space.replace("speed: {bursts: 2,", "speed: {max_seconds: 0.001, bursts: 2,")
-    executor = CountingExecutor(_workload(tmp_path, space))
+    executor = SyntheticExecutor(clock=clock, seconds_each=1.0)  # each one past the budget
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
     events: list = []
@@ -1126,12 +1230,7 @@ def test_a_cell_that_timed_a_setting_when_the_budget_ran_out_times_no_other(
     space = two_stage(n_trials=1, batch_sizes="[16, 32]", precisions="fp32", workers="[0, 1]")
     space = space.replace("speed: {bursts: 2,", "speed: {max_seconds: 100, bursts: 2,")
 
-    class SlowExecutor(CountingExecutor):
-        def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
-            clock.seconds += 60.0
-            return super().measure(config, plan)
-
-    executor = SlowExecutor(_workload(tmp_path, space))
+    executor = SyntheticExecutor(clock=clock, seconds_each=60.0)
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
     events: list = []
@@ -1142,16 +1241,21 @@ def test_a_cell_that_timed_a_setting_when_the_budget_ran_out_times_no_other(
     assert {e.cell for e in spent} >= {"batch 16, fp32"}
 
 
-@pytest.mark.slow
 def test_a_run_whose_timeout_ends_before_its_first_trial_fails_saying_so(tmp_path: Path):
     space = tmp_path / "two.yaml"
     space.write_text(
-        two_stage(n_trials=3, precisions="fp32", workers="[0]", study_extra="  timeout: 0.2")
+        two_stage(
+            n_trials=3,
+            precisions="fp32",
+            workers="[0]",
+            # stage 1 times one setting a cell, and then the 1 ms are long gone
+            study_extra="  timeout: 0.001\n  isolation: none",
+        )
     )
-    ran = run_cli("run", str(space), cwd=tmp_path)
-    assert ran.returncode == 1, ran.stdout + ran.stderr
+    ran = command("run", str(space), cwd=tmp_path)  # a traceback would raise here
+    assert ran.exit_code == 1, ran.stdout + ran.stderr
     said = " ".join(ran.stderr.split())  # one line, however the terminal wraps it
-    assert said.count("error:") == 1 and said.startswith("error: the timeout of 0.2 s")
+    assert said.count("error:") == 1 and said.startswith("error: the timeout of 0.001 s")
     assert "before the first trial" in said and "study.speed.max_seconds" in said
     assert "Traceback" not in ran.stderr
 
@@ -1164,7 +1268,14 @@ def test_two_runs_started_together_time_each_setting_once_and_finish_the_study(t
     trials take turns on the cores, and one of them runs the confirmation round."""
     space = tmp_path / "two.yaml"
     space.write_text(
-        two_stage(n_trials=4, precisions="fp32", study_extra="  confirm: {top: 2, repeats: 1}")
+        two_stage(
+            n_trials=4,
+            batch_sizes="[16]",
+            precisions="fp32",
+            workers="[0]",
+            # in the command's process: the worker process is not what is looked at here
+            study_extra="  confirm: {top: 2, repeats: 2}\n  isolation: none",
+        )
     )
     runs = [start_cli("run", str(space), cwd=tmp_path) for _ in range(2)]
     outputs = [run.communicate(timeout=300) for run in runs]
@@ -1252,7 +1363,11 @@ def test_processes_on_two_machines_share_one_postgresql_stage_one(tmp_path: Path
     them) on one PostgreSQL study: the claims in the speed study still time each setting
     once."""
     text = two_stage(
-        n_trials=2, precisions="fp32", study_extra="  confirm: false\n  baseline: false"
+        n_trials=2,
+        batch_sizes="[16]",
+        precisions="fp32",
+        workers="[0]",
+        study_extra="  confirm: false\n  baseline: false\n  isolation: none",
     ).replace("name: two", "name: pg-claims")
     (tmp_path / "space.yaml").write_text(text)
     runs = [

@@ -267,7 +267,13 @@ def test_pruned_trials_say_why_and_nothing_is_left_running(tmp_path: Path, prepa
 
 
 CANNOT_WIN_SPACE = """\
-study: {name: losing, n_trials: 3, pruner: median, strategy: joint, confirm: false}
+study:
+  name: losing
+  n_trials: 3
+  pruner: median
+  strategy: joint
+  confirm: false
+  baseline: {batch_size: 16}  # half trial 1's pace: it leads clearly, however busy the machine
 workload:
   model: autotune.testing:tiny_mlp
   model_args: {step_delay_seconds: 0.02}  # the steps, not the arithmetic, set each one's pace
@@ -276,14 +282,14 @@ workload:
 objective: {min_accuracy: 0.5}
 space:
   lr: 0.05
-  batch_size: [32, 8]
+  batch_size: [32, 8, 16]
 """
 
 
 def test_a_trial_that_cannot_win_even_with_a_perfect_score_is_stopped(
     tmp_path: Path, prepare_study
 ):
-    # the baseline and trial 1 take 8 steps an epoch; trial 2 takes 32, four times as long: at
+    # trial 1 takes 8 steps an epoch (the baseline 16); trial 2 takes 32, four times as long: at
     # its first evaluation, even accuracy 1 at its pace ends below half the leader's acc/s
     study = prepare_study(CANNOT_WIN_SPACE, tmp_path, run=False).study
     study.enqueue_trial({"batch_size": 32})

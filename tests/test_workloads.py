@@ -395,7 +395,7 @@ def test_any_torchvision_model_by_name_with_a_cifar_stem():
         model="torchvision:resnet18",
         model_args={"cifar_stem": True},
         data="shapes",
-        data_args={"n_train": 64, "n_val": 32},
+        data_args={"n_train": 16, "n_val": 8},  # a ResNet on the CPU: as few images as will do
     )
     workload = load(spec)
     model = workload.build_model()
@@ -404,7 +404,7 @@ def test_any_torchvision_model_by_name_with_a_cifar_stem():
     assert model.fc.out_features == 10  # num_classes from the data
     plain = load(spec.model_copy(update={"model_args": {}})).build_model()
     assert plain.conv1.kernel_size == (7, 7)
-    result = train(make_config(batch_size=32, epochs=1), workload, never_stop)
+    result = train(make_config(batch_size=8, epochs=1), workload, never_stop)
     assert result.optimizer_steps == 2
 
 
