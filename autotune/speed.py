@@ -212,6 +212,14 @@ class SpeedTable:
         reasons = "; ".join(why for _, why in found)
         return kind, f"no micro-batch split of {where} ran in stage 1: {reasons}"
 
+    def runs_out_of_memory(self, batch_size: int, precision: str) -> bool:
+        """Whether stage 1 ran out of memory at ``precision`` with a micro-batch of
+        ``batch_size`` or smaller (a memory wall at or below it)."""
+        return any(
+            kind == "oom" and b <= batch_size and p == precision
+            for (b, _, p, _), kind, _ in self.unrunnable
+        )
+
     def failure(self) -> tuple[str, str] | None:
         """When nothing at all could run: the most frequent (fault kind, reason in words);
         else None."""

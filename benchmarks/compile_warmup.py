@@ -25,7 +25,7 @@ from pathlib import Path
 
 import optuna
 
-from autotune.baseline import baseline_params
+from autotune.references import baseline_params
 from autotune.config import TrialConfig
 from autotune.hardware import detect
 from autotune.space import restrict, sample

@@ -71,7 +71,7 @@ from _stats import spearman  # benchmarks/_stats.py, beside this script
 from optuna.trial import TrialState
 
 from autotune import objective, space
-from autotune.baseline import untuned_config
+from autotune.references import untuned_config
 from autotune.config import TrialConfig, scaled_lr
 from autotune.executor import InProcessExecutor
 from autotune.faults import TrialFault, classify

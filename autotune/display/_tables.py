@@ -106,7 +106,7 @@ def _seconds(seconds: float) -> str:
 def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
     """What stage 1 will time and about how long it takes, said before it starts: its
     measurements, cold compiles, an estimate from guessed compile times, and its budget."""
-    from autotune.baseline import untuned_config
+    from autotune.references import untuned_config
     from autotune.study._speed_plan import SpeedPlan
 
     speed = spec.study.speed
@@ -270,8 +270,8 @@ def print_confirmation(
     table.add_column(f"median {spec.objective.score_name}", justify="right")
     table.add_column("runs", justify="right")
     for found in answer.configurations:
-        label = f"{found.trial}" + (" (baseline)" if found.baseline else "")
-        if not found.values or not (found.eligible or found.baseline):
+        label = found.label
+        if not found.values or not (found.eligible or found.baseline or found.checklist):
             table.add_row(label, "-", "-", "-", f"{found.all_runs}, none feasible")
             continue
         counted = len(found.values)
@@ -342,13 +342,16 @@ def _print_confirmed(
         if spec.objective.per_second
         else "time to the target"
     )
-    for reference in answer.references:
-        if reference.ratio is not None:
-            console.print(
-                f"{reference.ratio:.2f}x {reference.name}'s {what} (confirmed: medians of "
-                f"{answer.runs_side_by_side} and {reference.runs} runs side by side)."
-            )
-        elif reference.number == answer.number:
-            console.print(
-                f"{reference.name.capitalize()} is the answer: tuning found nothing better."
-            )
+    if answer.reference is not None:
+        console.print(
+            f"[bold]{answer.reference.capitalize()} is the answer[/]: the search found nothing "
+            "better."
+        )
+    measured = [r for r in answer.references if r.ratio is not None]
+    if measured:
+        ratios = ", ".join(f"{r.ratio:.2f}x {r.name}" for r in measured)
+        runs = [str(n) for n in (answer.runs_side_by_side, *(r.runs for r in measured))]
+        console.print(
+            f"{what.capitalize()}: {ratios} (confirmed: medians of {', '.join(runs[:-1])} and "
+            f"{runs[-1]} runs side by side)."
+        )
