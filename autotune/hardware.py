@@ -39,6 +39,8 @@ class Hardware:
     cpu_share: bool = False  # cpu_count is this worker's share of the machine (--workers, --gpus)
     gpu_count: int = 0  # CUDA GPUs this process sees (its CUDA_VISIBLE_DEVICES)
     gpu_names: tuple[str, ...] = ()  # the model of each of them, by index
+    bf16_native: bool = False  # bfloat16 in hardware (a GPU from Ampere on, a CPU with
+    # AVX512-BF16, AMX or Arm's BF16): where the tuning checklist turns it on
 
     @property
     def is_cuda(self) -> bool:
@@ -58,6 +60,22 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "CPU"
+
+
+def _cpu_native_bf16() -> bool:
+    """Whether this CPU computes in bfloat16 in hardware (x86 AVX512-BF16 or AMX, Arm BF16),
+    from the kernel's CPU flags; False where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            flags = {
+                flag
+                for line in cpuinfo
+                if line.startswith(("flags", "Features"))
+                for flag in line.split(":", 1)[1].split()
+            }
+    except OSError:
+        return False
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def _cpu_count() -> int:
@@ -127,6 +145,7 @@ def detect(device: str = "auto") -> Hardware:
             cuda_graphs=False,
             compile_problem=_compile_problem("cpu"),
             torch_version=torch.__version__,
+            bf16_native=_cpu_native_bf16(),
         )
     if not torch.cuda.is_available():
         raise DeviceError(
@@ -140,12 +159,13 @@ def detect(device: str = "auto") -> Hardware:
             f"device(s) are visible"
         )
     capability = torch.cuda.get_device_capability(index)
+    bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
     return Hardware(
         device=f"cuda:{index}",
         device_name=torch.cuda.get_device_name(index),
         cpu_count=cores,
         cuda_capability=capability,
-        bf16=torch.cuda.is_bf16_supported(including_emulation=False),
+        bf16=bf16,
         fp16=True,
         tf32=capability >= (8, 0),
         cuda_graphs=True,
@@ -154,4 +174,5 @@ def detect(device: str = "auto") -> Hardware:
         memory_bytes=torch.cuda.get_device_properties(index).total_memory,
         gpu_count=torch.cuda.device_count(),
         gpu_names=tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())),
+        bf16_native=bf16,
     )

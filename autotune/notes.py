@@ -26,6 +26,7 @@ from autotune.study import (
     baseline_trial,
     display_url,
     feasible_trials,
+    reference_trial,
     speed_study_name,
     trial_config,
     trial_knob_origin,
@@ -64,6 +65,7 @@ class Summary:
     score_name: str = "accuracy"  # the validation score's: accuracy, val_loss, macro_f1, ...
     higher_score_better: bool = True
     answer: Answer | None = None  # best is its trial
+    checklist: FrozenTrial | None = None  # the tuning checklist's trial, if it completed
 
     @property
     def spread(self) -> float | None:
@@ -94,12 +96,13 @@ class Summary:
 
     def comparisons(self) -> list[tuple[str, FrozenTrial, float, float | None]]:
         """(who, trial, best's samples/s over its, best's value over its) against the untuned
-        baseline and the median and slowest feasible trials, where they are not the best; a
-        trial that is two of these is listed once, under the first."""
+        baseline, the tuning checklist and the median and slowest feasible trials, where they
+        are not the best; a trial that is two of these is listed once, under the first."""
         found = []
         shown = {self.best.number} if self.best is not None else set()
         for label, other in (
             ("the untuned baseline", self.baseline),
+            ("the tuning checklist", self.checklist),
             ("the median feasible trial", self.median),
             ("the slowest feasible trial", self.slowest),
         ):
@@ -141,6 +144,7 @@ def summarize(study: optuna.Study) -> Summary:
         answer=answer,
         best=answer.trial if answer is not None else None,
         baseline=baseline_trial(study),
+        checklist=reference_trial(study, "checklist"),
         feasible=feasible,
         states=states,
         bottlenecks=dict(sorted(bottlenecks.items(), key=lambda kv: -kv[1])),
@@ -196,6 +200,8 @@ def _confirmation_line(answer: Answer | None, study_name: str) -> str:
     for reference in answer.references:
         if reference.ratio is not None:
             text += f"; **{reference.ratio:.2f}x** {reference.name}, measured side by side"
+    if answer.reference is not None:
+        text += f". It is {answer.reference}: the search found nothing better"
     if answer.tied:
         tied = ", ".join(str(n) for n in answer.tied)
         text += f". Tied within measurement noise with trial {tied}"

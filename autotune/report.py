@@ -130,9 +130,8 @@ def _breakdown_bars(summary: Summary) -> go.Figure | None:
         trials.append(baseline)
     if not trials:
         return None
-    labels = [
-        f"trial {t.number}" + (" (baseline)" if TrialRecord.of(t).baseline else "") for t in trials
-    ]
+    kinds = [(t.number, TrialRecord.of(t).reference) for t in trials]  # baseline, checklist
+    labels = [f"trial {number}" + (f" ({kind})" if kind else "") for number, kind in kinds]
     figure = go.Figure()
     for phase in PHASES:
         figure.add_trace(

@@ -180,17 +180,17 @@ def confirm_answer(
     top: int,
     repeats: int,
     *,
-    on_start: Callable[[int, int], None] | None = None,
+    on_start: Callable[[int, tuple[str, ...], int], None] | None = None,
     on_run: Callable[..., None] | None = None,
     on_wait: Callable[[str], None] | None = None,
     on_other: Callable[[], None] | None = None,
 ) -> bool:
-    """Run (or resume) the study's confirmation round of its ``top`` leaders and its untuned
-    baseline, ``repeats`` runs each, interleaved; whether a round exists now (False: no
-    feasible trial to confirm). One process at a time runs a study's round: another that
-    finishes beside it waits (``on_other`` is called) and then finds the round done.
-    ``on_start(leaders, runs)`` when runs are left to do; ``on_run`` and ``on_wait`` as
-    ``confirm_study`` calls them."""
+    """Run (or resume) the confirmation round of the study's ``top`` leaders and references,
+    ``repeats`` runs each, interleaved; whether a round exists now (False: no feasible trial to
+    confirm). One process at a time runs a study's round: another that finishes beside it waits
+    (``on_other`` is called) and then finds the round done. ``on_start(leaders, references,
+    runs)`` when runs are left to do; ``on_run`` and ``on_wait`` as ``confirm_study`` calls
+    them."""
     from autotune import study as studies
 
     with studies.study_lock(study, "confirm", on_other, held_long=True):
@@ -201,7 +201,7 @@ def confirm_answer(
             return False
         todo = plan.runs_left()  # runs measured again count once: never "-8 runs"
         if todo and on_start is not None:
-            on_start(len(plan.candidates) - (plan.baseline is not None), todo)
+            on_start(len(plan.candidates) - len(plan.references), plan.references, todo)
         studies.confirm_study(
             study, spec.objective, executor, top, repeats, on_run=on_run, on_wait=on_wait
         )

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import optuna
 
-from autotune.baseline import baseline_params
 from autotune.config import TrialConfig
 from autotune.hardware import detect
+from autotune.references import baseline_params
 from autotune.space import restrict, sample
 from autotune.spec import WorkloadSpec, load_spec
 from autotune.telemetry import fingerprint

@@ -8,7 +8,7 @@
 #   bash benchmarks/gpu_proof.sh tests      # tests/test_gpu.py, 4 processes                    (~4 min)
 #   bash benchmarks/gpu_proof.sh harness    # harness_overhead.py --device cuda --batch-size 512 (~2 min)
 #   bash benchmarks/gpu_proof.sh stage1     # the plan's estimate, then stage 1 of the ResNet-18 (~5 min)
-#   bash benchmarks/gpu_proof.sh study      # naive_vs_tuned.py on cifar10_resnet18.yaml        (~6 min)
+#   bash benchmarks/gpu_proof.sh study      # versus_checklist.py on cifar10_resnet18.yaml      (~6 min)
 #   bash benchmarks/gpu_proof.sh all        # every part, one after the other (a machine without the limit)
 #   bash benchmarks/gpu_proof.sh quick      # versions, tests, harness (3 repeats), and stage 1 of a
 #                                           # 180 s study (a 90 s budget): one 10-minute command  (~8 min)
@@ -86,7 +86,7 @@ quick() {
 }
 
 study() {
-  run study 580 python3 benchmarks/naive_vs_tuned.py search_spaces/cifar10_resnet18.yaml \
+  run study 580 python3 benchmarks/versus_checklist.py search_spaces/cifar10_resnet18.yaml \
     --timeout 270 --repeats 2 --compile-modes '' --storage "sqlite:///$OUT/study.db"
 }
 

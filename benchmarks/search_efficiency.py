@@ -71,11 +71,11 @@ from _stats import spearman  # benchmarks/_stats.py, beside this script
 from optuna.trial import TrialState
 
 from autotune import objective, space
-from autotune.baseline import untuned_config
 from autotune.config import TrialConfig, scaled_lr
 from autotune.executor import InProcessExecutor
 from autotune.faults import TrialFault, classify
 from autotune.hardware import Hardware, detect
+from autotune.references import untuned_config
 from autotune.results import Evaluation
 from autotune.spec import Choice, FloatRange, Spec, load_spec
 from autotune.speed import SPEED_KNOBS, BurstPlan, SpeedChoice, SpeedMeasurement, SpeedTable

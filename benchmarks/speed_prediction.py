@@ -20,8 +20,8 @@ import statistics
 from pathlib import Path
 
 from autotune import bursts, runner
-from autotune.baseline import untuned_config
 from autotune.hardware import detect
+from autotune.references import untuned_config
 from autotune.space import restrict
 from autotune.spec import load_spec
 from autotune.speed import BurstPlan

@@ -81,7 +81,7 @@ def stage_one(spec: Spec, hardware: Hardware, directory: Path) -> dict[str, floa
 
 def _config_of(trial: optuna.trial.FrozenTrial, spec: Spec, hardware: Hardware) -> TrialConfig:
     """The configuration a speed trial timed: its parameters over the untuned baseline."""
-    from autotune.baseline import untuned_config
+    from autotune.references import untuned_config
 
     base = untuned_config(spec, hardware)
     fields = {f.name for f in dataclasses.fields(base)}

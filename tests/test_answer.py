@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import re
 
 import optuna
 import pytest
@@ -12,6 +13,8 @@ from rich.console import Console
 
 from autotune import display, export, notes, report
 from autotune.study import (
+    CHECKLIST,
+    UNTUNED,
     Answer,
     ConfirmationRecord,
     ConfirmRun,
@@ -26,11 +29,18 @@ TRIAL_SECONDS = 10.0  # each trial's wall-clock seconds, as the study process sa
 RUN_SECONDS = 2.0  # each confirmation run's
 
 
-def _study(values: list[float], baseline: int | None = None, maximize: bool = True):
+def _study(
+    values: list[float],
+    baseline: int | None = None,
+    maximize: bool = True,
+    checklist: int | None = None,
+):
     """An in-memory study of COMPLETE feasible trials 0, 1, ... with these values."""
     study = optuna.create_study(direction="maximize" if maximize else "minimize")
     for number, value in enumerate(values):
-        record = TrialRecord(baseline=number == baseline, wall_seconds=TRIAL_SECONDS)
+        record = TrialRecord(
+            baseline=number == baseline, checklist=number == checklist, wall_seconds=TRIAL_SECONDS
+        )
         study.add_trial(optuna.trial.create_trial(value=value, user_attrs=record.to_attrs()))
     return study
 
@@ -118,12 +128,36 @@ def test_a_round_too_noisy_to_rank_names_the_best_median_and_says_so():
     assert answer.number == 2 and answer.spread is not None and answer.spread > 0.25
 
 
-def test_the_baseline_can_be_the_answer_and_is_then_its_own_reference():
+def test_the_baseline_can_be_the_answer_and_is_then_named_so():
     study = _study([2.0, 1.9], baseline=0)
     answer = _answer(study, _round({1: [1.9, 1.0, 1.05], 0: [2.0, 2.1, 2.2]}, baseline=0, top=1))
     assert answer.confirmed and answer.number == 0
-    (baseline,) = answer.references
-    assert baseline.number == 0 and baseline.ratio == 1.0
+    assert answer.reference == UNTUNED and answer.references == () and answer.speedup is None
+
+
+def test_the_answer_is_measured_against_both_references_and_the_checklist_can_win():
+    study = _study([1.0, 2.0, 3.0], baseline=0, checklist=1)
+    series = {2: [3.0, 3.1, 2.9], 0: [1.0, 1.0, 1.1], 1: [2.0, 2.1, 1.9]}
+    answer = _answer(study, _round(series, baseline=0, checklist=1, top=1))
+    assert answer.number == 2 and answer.reference is None
+    assert [(r.name, r.number, r.runs) for r in answer.references] == [
+        (UNTUNED, 0, 2),
+        (CHECKLIST, 1, 2),
+    ]
+    assert answer.speedup == pytest.approx(3.0 / 1.05)
+    assert answer.ratio_over(CHECKLIST) == pytest.approx(3.0 / 2.0)
+    said = export.TrialConfirmation.of(answer, 2)
+    assert said is not None and said.over_checklist == pytest.approx(1.5)
+    assert "2.86x the untuned baseline, 1.50x the tuning checklist" in (
+        export.confirmation_text(said)
+    )
+    # the search's leader falls back in the round: the checklist is the answer, and says so
+    series[2] = [3.0, 1.5, 1.6]
+    won = _answer(study, _round(series, baseline=0, checklist=1, top=1))
+    assert won.number == 1 and won.reference == CHECKLIST
+    assert [r.name for r in won.references] == [UNTUNED]  # never a ratio over itself
+    text = export.confirmation_text(export.TrialConfirmation.of(won, 1))
+    assert text.endswith("; it is the tuning checklist: the search found nothing better")
 
 
 def test_an_answer_measured_only_under_interference_says_so():
@@ -211,17 +245,18 @@ def _renderings(study: optuna.Study) -> dict[str, str]:
 
 
 def _leaders_round(study: optuna.Study) -> tuple[int, ConfirmationRecord]:
-    """A clean round of the study's three leaders and its baseline, won by a leader that is
-    neither the best single trial nor the baseline: that leader and the round."""
+    """A clean round of the study's three leaders and its references, won by a leader that is
+    neither the best single trial nor a reference: that leader and the round."""
     summary = notes.summarize(study)
-    assert summary.baseline is not None
-    base = summary.baseline.number
+    assert summary.baseline is not None and summary.checklist is not None
+    base, checklist = summary.baseline.number, summary.checklist.number
     leaders = [t.number for t in summary.feasible[:3]]
-    winner = next(n for n in leaders[1:] if n != base)
+    winner = next(n for n in leaders[1:] if n not in (base, checklist))
     series = {n: [1.0, 0.98, 1.02] for n in leaders}  # each within ±2% or ±2.4%
     series[base] = [2.0, 1.96, 2.04]
+    series[checklist] = [3.0, 2.94, 3.06]
     series[winner] = [4.1, 4.0, 4.2]
-    return winner, _round(series, baseline=base, top=3)
+    return winner, _round(series, baseline=base, checklist=checklist, top=3)
 
 
 def test_every_rendering_names_the_same_answer_and_ratio(seen):
@@ -231,15 +266,23 @@ def test_every_rendering_names_the_same_answer_and_ratio(seen):
     assert answer.confirmed and answer.number == winner
     assert answer.speedup == pytest.approx(4.1 / 2.0)  # the round's own runs' medians
     said = _renderings(study)
-    confirmed = "confirmed: median 4.1 over 3 runs (spread ±2%), 2.05x the untuned baseline"
+    confirmed = (
+        "confirmed: median 4.1 over 3 runs (spread ±2%), 2.05x the untuned baseline, 1.37x the "
+        "tuning checklist"
+    )
     assert f"Best configuration (trial {winner}, confirmed)" in said["terminal"]
     assert f"Answer: trial {winner}, 4.1 acc/s" in said["terminal"]
-    assert "2.05x the untuned baseline's accuracy per second" in said["terminal"]
+    assert (
+        "Accuracy per second: 2.05x the untuned baseline, 1.37x the tuning checklist "
+        "(confirmed: medians of 2, 2 and 2 runs side by side)"
+    ) in said["terminal"]
     assert f"**Best: trial {winner}**" in said["note"]
     assert "**Confirmed**: median 4.1 over 3 runs" in said["note"]
     assert "**2.05x** the untuned baseline" in said["note"]
+    assert "**1.37x** the tuning checklist" in said["note"]
     assert f"Best: <strong>trial {winner}</strong>" in said["report"]
     assert f"The answer is {confirmed}." in said["report"]
+    assert re.search(r'<td>tuning checklist</td><td class="num">\d+</td>', said["report"])
     assert said["best"] == f"trial {winner}: {confirmed}"
     # ``best --trial`` of the other leader: its medians in the round, no ratio, no ties
     other = next(c for c in answer.configurations if c.trial not in (winner, record.baseline))

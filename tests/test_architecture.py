@@ -38,7 +38,7 @@ LAYERS: list[set[str]] = [
     {"evaluation"},  # a trained model judged on the validation split
     {"testing", "space", "runner", "bursts", "objective", "warmup"},  # sampling; a measured
     # trial; timed bursts of one configuration; its score; what a process pays once
-    {"baseline", "distributed"},  # the untuned configuration, drawn through space; one trial
+    {"references", "distributed"},  # the untuned baseline and the checklist, drawn through space
     # trained by several processes (DDP)
     {"executor"},  # how the study runs a trial
     {"worker", "study"},  # trials in a supervised process; the study and its records

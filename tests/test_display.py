@@ -15,7 +15,8 @@ from rich.live import Live
 
 from autotune import display, export
 from autotune import study as studies
-from autotune.spec import Spec
+from autotune.spec import Choice, Spec
+from autotune.speed import SpeedChoice, SpeedTable
 from autotune.testing import CPU
 
 
@@ -336,3 +337,60 @@ def test_the_base_batch_size_is_shown_only_where_the_lr_is_scaled_from_it(scalin
     console.print(display.config_table(trial))
     rows = {line.split()[0]: line.split()[1] for line in _text(console).splitlines() if line}
     assert rows["base_batch_size"] == shown and rows["lr_scaling"] == scaling
+
+
+def _speed(batch: int, samples_per_second: float, precision: str) -> SpeedChoice:
+    """Stage 1's fastest setting of one unaccumulated micro-batch."""
+    return SpeedChoice(
+        batch_size=batch,
+        accumulation_steps=1,
+        precision=precision,
+        extras=(),
+        settings=(("data_pipeline", "device"),),
+        samples_per_second=samples_per_second,
+        charged_seconds=1.0,
+        one_time_seconds=0.0,
+        spread=0.05,
+        measurements=1,
+        speed_trials=(0,),
+        runner_up=None,
+    )
+
+
+def _offering(spec: Spec, *batch_sizes: int) -> Spec:
+    """``spec`` with these values of space.batch_size."""
+    space = spec.space.model_copy(update={"batch_size": Choice(values=batch_sizes)})
+    return spec.model_copy(update={"space": space})
+
+
+def test_an_answer_at_the_largest_batch_still_speeding_up_names_the_next_batch(seen):
+    study, _ = seen
+    answer = studies.answer_of(study)
+    assert answer is not None
+    config = studies.trial_config(answer.trial)
+    batch, precision = config.batch_size, config.precision
+    spec = _offering(_spec(study), batch // 2, batch)
+
+    def said(speed_at_batch: float) -> str:
+        table = SpeedTable(
+            choices=(
+                _speed(batch // 2, 1000.0, precision),
+                _speed(batch, speed_at_batch, precision),
+            )
+        )
+        outcome = studies.RunOutcome(study.study_name, states={"COMPLETE": 5}, speed_table=table)
+        console = _console(200)
+        display.print_summary(console, study, spec, outcome)
+        return " ".join(_text(console).split())
+
+    assert (
+        f"The answer trains micro-batches of {batch}, the largest space.batch_size offers, and "
+        f"stage 1 ran {batch} 30% faster than {batch // 2}: add {2 * batch} to "
+        "space.batch_size to try larger ones."
+    ) in said(1300.0)
+    assert "the largest space.batch_size offers" not in said(1050.0)  # flat: the space is enough
+    wider = _offering(_spec(study), batch // 2, batch, 2 * batch)
+    outcome = studies.RunOutcome(study.study_name, speed_table=SpeedTable())
+    console = _console(200)
+    display.print_summary(console, study, wider, outcome)
+    assert "the largest space.batch_size offers" not in _text(console)  # not at the edge

@@ -21,10 +21,10 @@ from optuna.trial import TrialState
 from typer.testing import Result
 
 from autotune import bursts
-from autotune.baseline import untuned_config
 from autotune.config import TrialConfig
 from autotune.executor import InProcessExecutor
 from autotune.faults import FaultKind, TrialFault
+from autotune.references import untuned_config
 from autotune.results import Reporter, TrialResult
 from autotune.space import restrict
 from autotune.spec import SpecError, parse_spec
@@ -478,9 +478,10 @@ def test_stage_one_times_every_setting_and_stage_two_trains_with_its_choice(
 
     for trial in study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED)):
         config, record = trial_config(trial), TrialRecord.of(trial)
-        if record.baseline:  # the untuned baseline keeps PyTorch's defaults
-            assert config.data_pipeline == "dataloader" and config.num_workers == 0
+        if record.reference is not None:  # the references keep knobs of their own
             assert record.speed_knobs is None
+            if record.baseline:  # PyTorch's defaults
+                assert config.data_pipeline == "dataloader" and config.num_workers == 0
             continue
         assert "num_workers" not in trial.params and "batch_size" not in trial.params
         effective = trial.params["effective_batch_size"]
@@ -553,7 +554,12 @@ def test_a_memory_wall_stops_larger_micro_batches_and_their_trials(tmp_path: Pat
     speed = optuna.load_study(study_name=speed_study_name("two"), storage=url)
     failed = [t for t in speed.trials if t.state == TrialState.FAIL]
     assert failed and all(t.user_attrs["fail_kind"] == "oom" for t in failed)
+    (checklist,) = [t for t in study.trials if TrialRecord.of(t).checklist]
+    assert trial_config(checklist).batch_size == 16  # the largest that fits, not 64
+    assert checklist.state == TrialState.COMPLETE
     for trial in study.trials:
+        if trial.number == checklist.number:
+            continue
         effective = trial.params["effective_batch_size"]
         if effective >= 64:  # no split of it fits under the wall
             assert trial.state == TrialState.PRUNED

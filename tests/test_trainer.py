@@ -92,7 +92,7 @@ def test_the_untuned_baseline_trains_with_the_flags_of_a_script_that_sets_none()
     import subprocess
     import sys
 
-    from autotune.baseline import UNTUNED
+    from autotune.references import UNTUNED
 
     fresh = subprocess.run(
         [sys.executable, "-c", "from autotune.testing import cuda_flags; print(*cuda_flags())"],

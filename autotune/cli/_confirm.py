@@ -75,11 +75,9 @@ def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) 
             style="dim",
         )
 
-    def starting(leaders: int, runs: int) -> None:
-        console.print(
-            f"Confirming the {leaders} best configurations and the untuned baseline: "
-            f"{runs} runs, interleaved."
-        )
+    def starting(leaders: int, references: tuple[str, ...], runs: int) -> None:
+        beside = " and ".join((f"the {leaders} best configurations", *references))
+        console.print(f"Confirming {beside}: {runs} runs, interleaved.")
 
     return session.confirm_answer(
         study,

@@ -106,7 +106,7 @@ def _seconds(seconds: float) -> str:
 def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
     """What stage 1 will time and about how long it takes, said before it starts: its
     measurements, cold compiles, an estimate from guessed compile times, and its budget."""
-    from autotune.baseline import untuned_config
+    from autotune.references import untuned_config
     from autotune.study._speed_plan import SpeedPlan
 
     speed = spec.study.speed
@@ -242,6 +242,9 @@ def print_summary(
     how = "confirmed" if answer.confirmed else "not confirmed"
     console.print(f"\n[bold]Best configuration[/] (trial {answer.number}, {how}):")
     console.print(config_table(answer.trial))
+    edge = _edge_of_space(study, answer, spec, outcome.speed_table)
+    if edge is not None:
+        console.print(edge, style="yellow")
     where = study_options(study.study_name, spec.study.storage)
     console.print()
     print_command(console, "Inspect the study:", "autotune", "dashboard", *where[2:])
@@ -249,6 +252,35 @@ def print_summary(
     if answer.round_state in ("none", "unfinished", "stale") and spec.study.confirm.enabled:
         print_command(console, "Confirm it:       ", "autotune", "confirm", *where)
     print_command(console, "Print the winner: ", "autotune", "best", *where)
+
+
+EDGE_GAIN = 0.10  # stage 1 still this much faster at the largest batch: the space is too small
+
+
+def _edge_of_space(
+    study: optuna.Study, answer: studies.Answer, spec: Spec, table: SpeedTable | None
+) -> str | None:
+    """One line when the answer's micro-batch is the largest the space offers while stage 1
+    still ran it over ``EDGE_GAIN`` faster than the next smaller, with memory to spare (its
+    trial's peak under half the GPU's): the fastest batch may lie beyond the space."""
+    offered = spec.space.batch_size
+    if table is None or not isinstance(offered, Choice) or len(offered.values) < 2:
+        return None
+    config = studies.trial_config(answer.trial)
+    largest = int(max(offered.values))  # batch sizes: ints
+    found = table.gain_at(largest, config.precision)
+    if config.batch_size != largest or found is None or found[1] <= EDGE_GAIN:
+        return None
+    peak = studies.TrialRecord.of(answer.trial).peak_memory_bytes
+    memory = (studies.StudyRecord.of(study).hardware or {}).get("gpu_memory_bytes")
+    if memory and peak and 2 * peak > memory:
+        return None  # twice the batch would not fit
+    smaller, gain = found
+    return (
+        f"The answer trains micro-batches of {largest}, the largest space.batch_size offers, "
+        f"and stage 1 ran {largest} {gain:.0%} faster than {smaller}: add {2 * largest} to "
+        "space.batch_size to try larger ones."
+    )
 
 
 def print_confirmation(
@@ -270,8 +302,8 @@ def print_confirmation(
     table.add_column(f"median {spec.objective.score_name}", justify="right")
     table.add_column("runs", justify="right")
     for found in answer.configurations:
-        label = f"{found.trial}" + (" (baseline)" if found.baseline else "")
-        if not found.values or not (found.eligible or found.baseline):
+        label = found.label
+        if not found.values or not (found.eligible or found.baseline or found.checklist):
             table.add_row(label, "-", "-", "-", f"{found.all_runs}, none feasible")
             continue
         counted = len(found.values)
@@ -342,13 +374,16 @@ def _print_confirmed(
         if spec.objective.per_second
         else "time to the target"
     )
-    for reference in answer.references:
-        if reference.ratio is not None:
-            console.print(
-                f"{reference.ratio:.2f}x {reference.name}'s {what} (confirmed: medians of "
-                f"{answer.runs_side_by_side} and {reference.runs} runs side by side)."
-            )
-        elif reference.number == answer.number:
-            console.print(
-                f"{reference.name.capitalize()} is the answer: tuning found nothing better."
-            )
+    if answer.reference is not None:
+        console.print(
+            f"[bold]{answer.reference.capitalize()} is the answer[/]: the search found nothing "
+            "better."
+        )
+    measured = [r for r in answer.references if r.ratio is not None]
+    if measured:
+        ratios = ", ".join(f"{r.ratio:.2f}x {r.name}" for r in measured)
+        runs = [str(n) for n in (answer.runs_side_by_side, *(r.runs for r in measured))]
+        console.print(
+            f"{what.capitalize()}: {ratios} (confirmed: medians of {', '.join(runs[:-1])} and "
+            f"{runs[-1]} runs side by side)."
+        )

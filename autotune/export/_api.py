@@ -78,15 +78,16 @@ class BestConfig:
     confirmation: TrialConfirmation | None = None
     feasible: bool = True  # the trial met every requirement (min_score): an answer
     speed_knobs: tuple[str, ...] = ()  # two-stage: the knobs the speed stage chose
-    baseline: bool = False  # the untuned baseline: its knobs were pinned, not searched
+    reference: str | None = None  # "baseline", "checklist": its knobs were set, not searched
     score_name: str = "accuracy"  # what metrics["score"] is: objective.score's name
     batch_layout: dict[str, Any] | None = None  # the study's BatchLayout.to_record(), if any
     classes_last: bool = False  # the study's model gives its logits' classes last
     workload_dir: str | None = None  # where its module:function entries were found
 
     def origin(self, knob: str) -> str:
-        """ "searched", "timed in stage 1", "untuned" or "" (fixed): see study.knob_origin."""
-        return knob_origin(knob, self.params, self.speed_knobs, self.baseline)
+        """ "searched", "timed in stage 1", "untuned", "checklist" or "" (fixed): see
+        study.knob_origin."""
+        return knob_origin(knob, self.params, self.speed_knobs, self.reference)
 
     def confirmation_text(self) -> str:
         """One line on how sure the study is of this answer."""
@@ -113,7 +114,8 @@ class BestConfig:
             "confirmation": self.confirmation.to_dict() if self.confirmation else {},
             "feasible": self.feasible,
             "speed_knobs": list(self.speed_knobs),
-            "baseline": self.baseline,
+            "reference": self.reference,
+            "baseline": self.reference == "baseline",  # as exports before the checklist said
             "score_name": self.score_name,
             "batch_layout": self.batch_layout,
             "classes_last": self.classes_last,
@@ -138,7 +140,7 @@ class BestConfig:
             confirmation=TrialConfirmation.from_dict(data.get("confirmation")),
             feasible=bool(data.get("feasible", True)),
             speed_knobs=tuple(data.get("speed_knobs") or ()),
-            baseline=bool(data.get("baseline", False)),
+            reference=data.get("reference") or ("baseline" if data.get("baseline") else None),
             score_name=str(data.get("score_name") or "accuracy"),
             batch_layout=data.get("batch_layout"),
             classes_last=bool(data.get("classes_last", False)),
@@ -321,7 +323,7 @@ def best_config(study: optuna.Study, trial: FrozenTrial) -> BestConfig:
         confirmation=TrialConfirmation.of(answer_of(study), trial.number),
         feasible=is_feasible(trial),
         speed_knobs=tuple(record.speed_knobs or ()),
-        baseline=record.baseline,
+        reference=record.reference,
         score_name=StudyRecord.of(study).score_name or "accuracy",
         full_run_epochs=spec.objective.full_run_epochs if spec else None,
         workload=spec.workload.model_dump(mode="json") if spec else {},

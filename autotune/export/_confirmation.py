@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.study import Answer
+from autotune.study import CHECKLIST, Answer
 
 __all__ = ["TrialConfirmation", "confirmation_text"]
 
@@ -16,7 +16,8 @@ __all__ = ["TrialConfirmation", "confirmation_text"]
 class TrialConfirmation:
     """The confirmation round's verdict on one trial: its median metric over its runs, how
     far the round's runs spread, whether it is the study's answer, and (for the answer) its
-    speed-up over the untuned baseline and the trials it is tied with within the noise."""
+    ratios over the references (the untuned baseline, the tuning checklist) and the trials it
+    is tied with within the noise."""
 
     median: float
     runs: int
@@ -25,6 +26,8 @@ class TrialConfirmation:
     median_samples_per_second: float | None = None
     answer: bool = False  # the round's winner: the study's answer
     speedup: float | None = None  # the answer's metric over the untuned baseline's
+    over_checklist: float | None = None  # the answer's metric over the tuning checklist's
+    reference: str | None = None  # the answer is this reference ("the tuning checklist")
     tied_with: tuple[int, ...] = ()  # trials within the noise of the answer
     under_interference: bool = False  # every run measured while others used the CPU
 
@@ -35,7 +38,7 @@ class TrialConfirmation:
     @classmethod
     def of(cls, answer: Answer | None, number: int) -> TrialConfirmation | None:
         """Trial ``number`` in the round that confirms the study's ``answer``: its medians,
-        and for the answer its ratio over the untuned baseline and its ties; None where the
+        and for the answer its ratios over the references and its ties; None where the
         round does not confirm the answer or did not rank the trial."""
         if answer is None or not answer.confirmed:
             return None
@@ -51,6 +54,8 @@ class TrialConfirmation:
             median_samples_per_second=found.median_samples_per_second,
             answer=mine,
             speedup=answer.speedup if mine else None,
+            over_checklist=answer.ratio_over(CHECKLIST) if mine else None,
+            reference=answer.reference if mine else None,
             tied_with=answer.tied if mine else (),
             under_interference=found.interfered,
         )
@@ -75,6 +80,10 @@ def confirmation_text(found: TrialConfirmation | None) -> str:
         text += f" (spread ±{found.spread:.0%})"
     if found.speedup is not None:
         text += f", {found.speedup:.2f}x the untuned baseline"
+    if found.over_checklist is not None:
+        text += f", {found.over_checklist:.2f}x the tuning checklist"
+    if found.reference is not None:
+        text += f"; it is {found.reference}: the search found nothing better"
     if found.tied_with:
         tied = ", ".join(str(n) for n in found.tied_with)
         text += f"; tied within noise with trial {tied}"

@@ -51,11 +51,14 @@ if TYPE_CHECKING:
         feasible_trials,
         is_feasible,
         knob_origin,
+        reference_trial,
         trial_config,
         trial_knob_origin,
     )
     from autotune.study._records import (
+        CHECKLIST,
         METRIC_FIELDS,
+        UNTUNED,
         ConfirmationRecord,
         ConfirmRun,
         StudyRecord,
@@ -86,6 +89,8 @@ _MODULES = {
     "answer_trial": "_answer",
     "Answer": "_answer",
     "Reference": "_answer",
+    "CHECKLIST": "_records",
+    "UNTUNED": "_records",
     "answer_of": "_answer",
     "confirm_study": "_confirm",
     "confirmation_plan": "_confirm",
@@ -107,6 +112,7 @@ _MODULES = {
     "StudyRecord": "_records",
     "TrialRecord": "_records",
     "baseline_trial": "_queries",
+    "reference_trial": "_queries",
     "best_trial": "_queries",
     "counted_trials": "_queries",
     "feasible_trials": "_queries",
@@ -147,9 +153,11 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CHECKLIST",
     "COUNTED_STATES",
     "METRIC_FIELDS",
     "NOISY_SPREAD",
+    "UNTUNED",
     "Access",
     "Answer",
     "ConfirmRun",
@@ -190,6 +198,7 @@ __all__ = [
     "password_note",
     "patient_storage",
     "recover_stale_trials",
+    "reference_trial",
     "run_speed_stage",
     "run_study",
     "speed_study_name",

@@ -41,7 +41,13 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.study._queries import feasible_trials
-from autotune.study._records import ConfirmationRecord, StudyRecord, TrialRecord
+from autotune.study._records import (
+    CHECKLIST,
+    UNTUNED,
+    ConfirmationRecord,
+    StudyRecord,
+    TrialRecord,
+)
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,13 @@ class Confirmed:
     # chosen for their high original value, so the speed-up is read from these
     round_values: tuple[float, ...] = ()
     all_runs: int = 0  # every measurement of it, flagged and failed ones included
+    checklist: bool = False  # the tuning checklist (a reference, which can be the answer)
+
+    @property
+    def label(self) -> str:
+        """Its trial number, and which reference it is: "0 (baseline)", "1 (checklist)"."""
+        kind = "baseline" if self.baseline else "checklist" if self.checklist else None
+        return f"{self.trial}" + (f" ({kind})" if kind else "")
 
     @property
     def round_median(self) -> float:
@@ -118,6 +131,7 @@ class Verdict:
     spread: float | None  # the typical relative spread (0.06 for ±6%)
     maximize: bool
     configurations: tuple[Confirmed, ...]  # every one measured, in the round's order
+    checklist: Confirmed | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -152,6 +166,7 @@ class Verdict:
                 Confirmed(
                     trial=number,
                     baseline=number == record.baseline,
+                    checklist=number == record.checklist,
                     values=tuple(run.value for run in trained if run.value is not None),
                     scores=tuple(r.score for r in trained if r.score is not None),
                     samples_per_second=tuple(
@@ -175,7 +190,10 @@ class Verdict:
         spreads = [s for c in confirmed if (s := c.relative_spread) is not None]
         spread = statistics.median(spreads) if spreads else None
         baseline = next((c for c in confirmed if c.baseline), None)
-        verdict = cls((), None, (), "value", baseline, spread, record.maximize, tuple(confirmed))
+        checklist = next((c for c in confirmed if c.checklist), None)
+        verdict = cls(
+            (), None, (), "value", baseline, spread, record.maximize, tuple(confirmed), checklist
+        )
         if not eligible:
             return verdict
         best = eligible[0]
@@ -203,9 +221,6 @@ class Verdict:
             tied=tuple(c for c in tied_set if c is not winner),
             tie_break="score" if decided_by_score else "value",
         )
-
-
-UNTUNED = "the untuned baseline"  # the reference every round measures, when the study has it
 
 
 @dataclass(frozen=True)
@@ -241,7 +256,7 @@ class Answer:
     tied: tuple[int, ...] = ()  # the trials tied with it within the round's noise
     tie_rule: str = "value"  # how it was named among them: "score", "value", "noisy"
     interfered: bool = False  # every run of it was measured under interference
-    references: tuple[Reference, ...] = ()  # measured beside it: the untuned baseline
+    references: tuple[Reference, ...] = ()  # measured beside it: the baseline, the checklist
     repeats: int = 0  # the round's runs of each configuration, beyond its trial
     configurations: tuple[Confirmed, ...] = ()  # the round's, in its order
     spread: float | None = None  # the round's run-to-run spread (0.06: ±6%)
@@ -268,7 +283,20 @@ class Answer:
     @property
     def speedup(self) -> float | None:
         """Its ratio over the untuned baseline; None without one."""
-        return next((r.ratio for r in self.references if r.name == UNTUNED), None)
+        return self.ratio_over(UNTUNED)
+
+    def ratio_over(self, name: str) -> float | None:
+        """Its ratio over the reference ``name`` (UNTUNED, CHECKLIST); None without one."""
+        return next((r.ratio for r in self.references if r.name == name), None)
+
+    @property
+    def reference(self) -> str | None:
+        """The reference the answer itself is ("the tuning checklist" when the checklist won
+        the round), or None: an answer the study found."""
+        winner = next((c for c in self.configurations if c.trial == self.number), None)
+        if winner is None or not self.confirmed:
+            return None
+        return UNTUNED if winner.baseline else CHECKLIST if winner.checklist else None
 
 
 def answer_of(study: optuna.Study) -> Answer | None:
@@ -306,7 +334,7 @@ def answer_of(study: optuna.Study) -> Answer | None:
     winner = verdict.winner
     if not best.confirmed or winner is None:
         return best
-    references = ((UNTUNED, verdict.baseline),)  # the tuning checklist: one more entry
+    references = ((UNTUNED, verdict.baseline), (CHECKLIST, verdict.checklist))
     return dataclasses.replace(
         best,
         trial=next(t for t in trials if t.number == winner.trial),
@@ -327,7 +355,7 @@ def answer_of(study: optuna.Study) -> Answer | None:
                 verdict.ratio_over(measured),
             )
             for name, measured in references
-            if measured is not None
+            if measured is not None and measured is not winner
         ),
     )
 

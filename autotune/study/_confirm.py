@@ -1,7 +1,8 @@
-"""The confirmation round: a study's leading configurations and its untuned baseline trained
-again, side by side, so that its answer does not rest on one noisy measurement each.
+"""The confirmation round: a study's leading configurations and its references (the untuned
+baseline, the tuning checklist) trained again, side by side, so that its answer does not rest
+on one noisy measurement each and its ratios over the references are measured alike.
 
-After the search, the ``top`` feasible trials with the best values and the untuned baseline
+After the search, the ``top`` feasible trials with the best values and the references
 each train ``repeats`` more times with their trial's own budget, in interleaved order (A B C D,
 then D C B A, ...) so that whatever the machine does meanwhile falls on all of them alike, and
 each run with a new seed so that the score's own variance is part of the spread. The original
@@ -29,7 +30,7 @@ from optuna.trial import FrozenTrial
 from autotune import faults, objective
 from autotune.results import Evaluation
 from autotune.spec import ObjectiveSpec
-from autotune.study._queries import baseline_trial, feasible_trials, trial_config
+from autotune.study._queries import feasible_trials, reference_trial, trial_config
 from autotune.study._records import ConfirmationRecord, ConfirmRun, StudyRecord, TrialRecord
 from autotune.turns import turn
 
@@ -51,10 +52,12 @@ def confirmation_plan(
     leaders = feasible_trials(study)[:top]
     if not leaders:
         return None
-    baseline = baseline_trial(study)
+    baseline = reference_trial(study, "baseline")
+    checklist = reference_trial(study, "checklist")
     candidates = tuple(t.number for t in leaders)
-    if baseline is not None and baseline.number not in candidates:
-        candidates = (*candidates, baseline.number)
+    for reference in (baseline, checklist):
+        if reference is not None and reference.number not in candidates:
+            candidates = (*candidates, reference.number)
     stored = StudyRecord.of(study).confirmation
     if (
         stored is not None
@@ -72,6 +75,7 @@ def confirmation_plan(
         maximize=maximize,
         candidates=candidates,
         baseline=baseline.number if baseline is not None else None,
+        checklist=checklist.number if checklist is not None else None,
         runs=originals,
         higher_score_better=higher_score_better,
     )

@@ -22,11 +22,14 @@ from autotune._version import __version__
 from autotune.spec import Spec
 from autotune.study import adapter
 from autotune.study._outage import DEFAULT_OUTAGE_SECONDS, Patience
-from autotune.study._records import StudyRecord, TrialRecord
+from autotune.study._records import ReferenceKind, StudyRecord, TrialRecord
 from autotune.study._sampling import make_pruner, make_sampler
 from autotune.study._storage import Access, StudyError, display_url, open_storage
 
 if TYPE_CHECKING:  # torch: only creating a study needs it, not loading one
+    from collections.abc import Callable
+
+    from autotune.config import TrialConfig
     from autotune.hardware import Hardware
     from autotune.workloads import Workload
 
@@ -140,13 +143,31 @@ def _fingerprints_before_1122(spec: Spec) -> set[str]:
     return found
 
 
-def queue_baseline(study: optuna.Study, spec: Spec, hardware: Hardware) -> None:
-    """Queue the untuned baseline (``study.baseline``) to run next, marked as the baseline."""
-    from autotune import baseline
+def queue_reference(
+    study: optuna.Study,
+    spec: Spec,
+    hardware: Hardware,
+    reference: ReferenceKind,
+    fits: Callable[[TrialConfig], bool] | None = None,
+) -> bool:
+    """Queue ``reference`` to run next, marked as such: the untuned baseline
+    (``study.baseline``) or the tuning checklist (``study.checklist``, its batch the largest
+    that ``fits`` under the memory walls); False when the study has none (switched off, or a
+    checklist that would train the baseline again)."""
+    from autotune import references
 
-    study.enqueue_trial(
-        baseline.baseline_params(spec, hardware), user_attrs=TrialRecord(baseline=True).to_attrs()
-    )
+    if reference == "baseline":
+        wanted = spec.study.baseline is not False  # a mapping of pins ({} too) wants one
+        params = references.baseline_params(spec, hardware) if wanted else None
+    elif spec.study.checklist:
+        params = references.checklist_params(spec, hardware, fits)
+    else:
+        params = None
+    if params is None:
+        return False
+    record = TrialRecord(baseline=reference == "baseline", checklist=reference == "checklist")
+    study.enqueue_trial(params, user_attrs=record.to_attrs())
+    return True
 
 
 def _json_or_none(value: dict[str, Any]) -> dict[str, Any] | None:
@@ -248,8 +269,9 @@ def _label(study: optuna.Study, spec: Spec, hardware: Hardware, workload: Worklo
         strategy=spec.study.strategy,
         learning_knobs=list(spec.study.learning_knobs),
     ).store(study)
-    if spec.study.baseline is not False:
-        queue_baseline(study, spec, hardware)
+    # the checklist is queued when trials start (``requeue_lost_references``): after stage 1,
+    # whose memory walls its batch must stay under
+    queue_reference(study, spec, hardware, "baseline")
 
 
 def _with_sampler(

@@ -20,6 +20,7 @@ __all__ = [
     "feasible_trials",
     "is_feasible",
     "knob_origin",
+    "reference_trial",
     "trial_config",
     "trial_knob_origin",
 ]
@@ -52,16 +53,21 @@ def best_trial(study: optuna.Study) -> FrozenTrial | None:
     return trials[0] if trials else None
 
 
-def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
-    """The untuned baseline, if it completed."""
+def reference_trial(study: optuna.Study, kind: str) -> FrozenTrial | None:
+    """The trial of the reference ``kind`` ("baseline", "checklist"), if it completed."""
     return next(
         (
             t
             for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if TrialRecord.of(t).baseline
+            if TrialRecord.of(t).reference == kind
         ),
         None,
     )
+
+
+def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The untuned baseline, if it completed."""
+    return reference_trial(study, "baseline")
 
 
 def trial_config(trial: FrozenTrial) -> TrialConfig:
@@ -77,13 +83,15 @@ def counted_trials(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=COUNTED_STATES))
 
 
-def knob_origin(name: str, params: Any, speed_knobs: Any = (), baseline: bool = False) -> str:
+def knob_origin(
+    name: str, params: Any, speed_knobs: Any = (), reference: str | None = None
+) -> str:
     """How a trial's knob got its value, in a word or two: "searched" (sampled by the study),
     "timed in stage 1" (the speed stage's fastest for the trial's effective batch and
-    precision), "untuned" (the baseline's, which the study did not choose), or "" (fixed by
-    the space file)."""
+    precision), "untuned" (the baseline's), "checklist" (the tuning checklist's: neither the
+    study's choice), or "" (fixed by the space file)."""
     if name in params:
-        return "untuned" if baseline else "searched"
+        return {"baseline": "untuned", "checklist": "checklist"}.get(reference or "", "searched")
     if name in (speed_knobs or ()):
         return "timed in stage 1"
     return ""
@@ -92,4 +100,4 @@ def knob_origin(name: str, params: Any, speed_knobs: Any = (), baseline: bool = 
 def trial_knob_origin(trial: FrozenTrial, name: str) -> str:
     """``knob_origin`` of a stored trial."""
     record = TrialRecord.of(trial)
-    return knob_origin(name, trial.params, record.speed_knobs, record.baseline)
+    return knob_origin(name, trial.params, record.speed_knobs, record.reference)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -24,11 +24,20 @@ from autotune.results import TrialResult
 
 __all__ = [
     "METRIC_FIELDS",
+    "REFERENCES",
     "ConfirmRun",
     "ConfirmationRecord",
     "StudyRecord",
     "TrialRecord",
 ]
+
+
+# the configurations every study measures its answer against (autotune.references), in the
+# order they are queued: the untuned baseline, then the tuning checklist
+ReferenceKind = Literal["baseline", "checklist"]
+REFERENCES: tuple[ReferenceKind, ...] = ("baseline", "checklist")
+# as the answer's lines name them
+UNTUNED, CHECKLIST = "the untuned baseline", "the tuning checklist"
 
 
 def _metric() -> Any:
@@ -46,6 +55,7 @@ class TrialRecord:
     # -- when it starts
     config: TrialConfig | None = None  # the full configuration it trains with
     baseline: bool = False  # the untuned baseline (enqueued with the study)
+    checklist: bool = False  # the tuning checklist (enqueued after the baseline)
     worker: str | None = None  # "2/4": the worker of a --workers / --gpus run that trained it
     # -- what it measured (see autotune.results.TrialResult for the meanings)
     score: float | None = _metric()  # the validation score (objective.score) at its end
@@ -129,6 +139,11 @@ class TrialRecord:
         if known.get("fail_kind") is not None:
             known["fail_kind"] = FaultKind(known["fail_kind"])
         return cls(**known)
+
+    @property
+    def reference(self) -> ReferenceKind | None:
+        """Which reference this trial trains, if it is one."""
+        return "baseline" if self.baseline else "checklist" if self.checklist else None
 
     @classmethod
     def of(cls, trial: FrozenTrial) -> TrialRecord:
@@ -240,9 +255,9 @@ class ConfirmRun:
 class ConfirmationRecord:
     """The confirmation round of a study, as stored (the study's ``confirmation`` attribute).
 
-    ``candidates`` are the trial numbers confirmed, the leaders best first and the untuned
-    baseline last; ``runs`` every measurement so far, the originals included. A round that was
-    interrupted is resumed from here.
+    ``candidates`` are the trial numbers confirmed, the leaders best first and the references
+    (the untuned baseline, the tuning checklist) last; ``runs`` every measurement so far, the
+    originals included. A round that was interrupted is resumed from here.
     """
 
     top: int
@@ -251,6 +266,7 @@ class ConfirmationRecord:
     candidates: tuple[int, ...]
     baseline: int | None
     runs: tuple[ConfirmRun, ...] = ()
+    checklist: int | None = None  # its trial, where the study has one
     complete: bool = False
     higher_score_better: bool = True  # the score's direction, for the tie rule
 
@@ -270,6 +286,7 @@ class ConfirmationRecord:
             maximize=bool(data["maximize"]),
             candidates=tuple(int(n) for n in data["candidates"]),
             baseline=data.get("baseline"),
+            checklist=data.get("checklist"),
             runs=tuple(
                 ConfirmRun(**{_RENAMED.get(key, key): value for key, value in run.items()})
                 for run in data.get("runs", ())
@@ -277,6 +294,12 @@ class ConfirmationRecord:
             complete=bool(data.get("complete", False)),
             higher_score_better=bool(data.get("higher_score_better", True)),
         )
+
+    @property
+    def references(self) -> tuple[str, ...]:
+        """The references the round measures, by name (UNTUNED, CHECKLIST)."""
+        kinds = ((UNTUNED, self.baseline), (CHECKLIST, self.checklist))
+        return tuple(name for name, trial in kinds if trial is not None)
 
     def runs_left(self) -> int:
         """Runs of the round not measured yet; a run measured again (under interference)

@@ -21,13 +21,14 @@ from autotune.hardware import Hardware
 from autotune.spec import Spec
 from autotune.speed import SpeedTable
 from autotune.study._liveness import recover_stale_trials, study_lock
-from autotune.study._open import queue_baseline
+from autotune.study._open import queue_reference
 from autotune.study._queries import COUNTED_STATES
-from autotune.study._records import TrialRecord
+from autotune.study._records import REFERENCES, TrialRecord
 from autotune.study._trial import StudyObserver, Terminated, TrialRunner
 from autotune.study._walls import MemoryWalls
 
 if TYPE_CHECKING:
+    from autotune.config import TrialConfig
     from autotune.workloads import Workload
 
 __all__ = ["RunOutcome", "run_study"]
@@ -61,19 +62,28 @@ def _past(deadline: float | None) -> bool:
     return deadline is not None and time.monotonic() >= deadline
 
 
-def requeue_lost_baseline(study: optuna.Study, spec: Spec, hardware: Hardware) -> bool:
-    """Queue the untuned baseline again when the study wants one and none is counted, waiting or
-    running (it was interrupted, timed out under load, or crashed); True when it was queued.
+def requeue_lost_references(
+    study: optuna.Study,
+    spec: Spec,
+    hardware: Hardware,
+    fits: Callable[[TrialConfig], bool] | None = None,
+) -> bool:
+    """Queue a reference (the untuned baseline, the tuning checklist) when the study wants it
+    and none is counted, waiting or running (not queued yet, interrupted, timed out under
+    load, crashed, or ``n_trials`` had no room for it), as far as ``n_trials`` leaves room;
+    True when one was queued. ``fits``: whether a configuration is below the memory walls.
 
-    A study keeps exactly one baseline until one finishes: every speed-up is quoted against it.
+    A study keeps exactly one of each until it finishes: every ratio is quoted against them.
     """
-    if spec.study.baseline is False:
-        return False
     present = (*COUNTED_STATES, TrialState.WAITING, TrialState.RUNNING)
-    if any(TrialRecord.of(t).baseline for t in study.get_trials(deepcopy=False, states=present)):
-        return False
-    queue_baseline(study, spec, hardware)
-    return True
+    trials = study.get_trials(deepcopy=False, states=present)
+    kept = {TrialRecord.of(t).reference for t in trials}
+    room = spec.study.n_trials - len(trials)
+    queued = 0
+    for kind in (kind for kind in REFERENCES if kind not in kept):
+        if queued < room and queue_reference(study, spec, hardware, kind, fits):
+            queued += 1
+    return queued > 0
 
 
 def run_study(
@@ -98,7 +108,7 @@ def run_study(
     a row before any completes in this run (a bug in the workload, not a bad configuration). An
     interruption records the running trial as ``interrupted`` and sets ``outcome.interrupted``;
     WorkerError (a worker that cannot start) propagates after the trial is recorded. A baseline
-    that an earlier run lost is queued again first (``requeue_lost_baseline``).
+    that an earlier run lost is queued again first (``requeue_lost_references``).
     ``on_trials_start`` is called once stage 1 is measured, before the first trial (worker 0
     of ``--workers`` lets the other workers train there; they wait for it there); ``worker``
     ("2/4") is recorded on each trial this process trains.
@@ -147,7 +157,15 @@ def run_study(
     try:
         recover_stale_trials(study)  # a stale baseline is retried with its mark, not queued anew
         if len(study.get_trials(deepcopy=False, states=COUNTED_STATES)) < target:
-            requeue_lost_baseline(study, spec, hardware)  # not into a study that runs no more
+            speed = trial_runner.speed
+
+            def fits(config: TrialConfig) -> bool:  # below the walls of trials and stage 1
+                oom = speed is not None and speed.runs_out_of_memory(
+                    config.batch_size, config.precision
+                )
+                return walls.fits(config) and not oom
+
+            requeue_lost_references(study, spec, hardware, fits)  # not into a finished study
             if on_trials_start is not None:  # only when there is something left to run
                 on_trials_start()
         while True:

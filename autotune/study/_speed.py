@@ -253,7 +253,7 @@ def _stage(
     on_event: Callable[[SpeedEvent], None],
     on_wait: Callable[[str], None] | None = None,
 ) -> _Stage:
-    from autotune.baseline import untuned_config
+    from autotune.references import untuned_config
 
     plan = SpeedPlan(spec, untuned_config(spec, hardware))
     context = context_key(context_facts(spec, hardware, workload))

@@ -62,7 +62,10 @@ class _RetryOnce:
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         clean = copy.deepcopy(trial)
-        clean.user_attrs = TrialRecord(baseline=TrialRecord.of(trial).baseline).to_attrs()
+        record = TrialRecord.of(trial)
+        clean.user_attrs = TrialRecord(
+            baseline=record.baseline, checklist=record.checklist
+        ).to_attrs()
         kept = self.KEPT_SYSTEM_ATTRS
         clean.system_attrs = {k: v for k, v in trial.system_attrs.items() if k in kept}
         self._retry(study, clean)

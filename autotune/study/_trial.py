@@ -127,9 +127,9 @@ class TrialRunner:
 
     def _sample(self, trial: optuna.Trial) -> TrialConfig:
         """The trial's configuration; a two-stage trial's execution knobs from the speed
-        stage (the untuned baseline keeps its own)."""
-        baseline = TrialRecord.from_attrs(trial.user_attrs).baseline
-        if self.speed is None or baseline:
+        stage (a reference, the untuned baseline or the tuning checklist, keeps its own)."""
+        reference = TrialRecord.from_attrs(trial.user_attrs).reference
+        if self.speed is None or reference is not None:
             return space.sample(trial, self.spec, self.hardware)
         config = space.sample(trial, self.spec, self.hardware, self.speed)
         declared = self.spec.study.learning_knobs
@@ -254,9 +254,12 @@ class TrialRunner:
     def _leader(self, trial: optuna.Trial) -> FrozenTrial | None:
         """The best answer so far, which ``trial`` is stopped for when it cannot beat it
         (``objective.cannot_win``); None where no trial is stopped so: a study without a pruner
-        (every trial trains to its end), and the untuned baseline (the confirmation's
-        reference)."""
-        if self.spec.study.pruner == "none" or TrialRecord.from_attrs(trial.user_attrs).baseline:
+        (every trial trains to its end), and the references (the untuned baseline, the tuning
+        checklist: the confirmation measures the answer against them)."""
+        if (
+            self.spec.study.pruner == "none"
+            or TrialRecord.from_attrs(trial.user_attrs).reference is not None
+        ):
             return None
         return best_trial(trial.study)
 

@@ -51,6 +51,12 @@ class MemoryWalls:
         if key not in self.walls or config.batch_size < self.walls[key][0]:
             self.walls[key] = (config.batch_size, where)
 
+    def fits(self, config: TrialConfig) -> bool:
+        """Whether ``config`` is below every wall (those of earlier runs included): what the
+        tuning checklist's "largest batch that fits" asks. Unlike ``blocks``, it retries none."""
+        wall = self.walls.get(self._key(config))
+        return wall is None or config.batch_size < wall[0]
+
     def blocks(self, config: TrialConfig) -> str | None:
         """Why ``config`` would run out of memory, or None (also for the first configuration
         at a wall of an earlier run: it is tried once more, and the wall waits for it)."""

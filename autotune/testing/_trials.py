@@ -44,8 +44,11 @@ AMPERE = dataclasses.replace(
     fp16=True,
     tf32=True,
     cuda_graphs=True,
+    bf16_native=True,
 )
-VOLTA = dataclasses.replace(AMPERE, cuda_capability=(7, 0), bf16=False, tf32=False)
+VOLTA = dataclasses.replace(
+    AMPERE, cuda_capability=(7, 0), bf16=False, bf16_native=False, tf32=False
+)
 
 
 # -- trials -----------------------------------------------------------------------------------

@@ -1,0 +1,194 @@
+"""The two configurations every answer is measured against, built from the space file.
+
+- **The untuned baseline**: what a script that sets no flag gets. PyTorch's own defaults where
+  they exist (fp32, which is PyTorch's TF32 flags as a script that sets none gets them, eager,
+  no DataLoader workers, no accumulation), the space file's pins (``study.baseline:
+  {batch_size: 128}``), else the first listed value or the middle of a range.
+- **The tuning checklist**: what an engineer sets after five minutes with PyTorch's performance
+  tuning guide (``checklist_rules``, one rule a knob, each citing where it comes from). Its
+  learning knobs are the baseline's, the learning rate scaled to its batch by the space's
+  ``lr_scaling`` rule.
+
+Both are drawn through ``space.sample`` with a stand-in for an Optuna trial (``_Chosen``), so
+that conditional knobs stay right; a knob the space fixes is never suggested, so a value the
+user pinned stays pinned.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from autotune.config import TrialConfig
+from autotune.hardware import Hardware
+from autotune.space import sample
+from autotune.spec import KNOBS, Spec
+
+__all__ = [
+    "UNTUNED",
+    "baseline_params",
+    "checklist_params",
+    "checklist_rules",
+    "untuned_config",
+]
+
+
+# PyTorch's own defaults, where they exist: the configuration nobody tuned
+UNTUNED = {
+    "precision": "fp32",
+    "compile": "none",
+    "data_pipeline": "dataloader",
+    "num_workers": 0,
+    "pin_memory": False,
+    "prefetch_factor": 2,
+    "persistent_workers": False,
+    "accumulation_steps": 1,
+    "channels_last": False,
+    "cudnn_benchmark": False,
+    "weight_decay": 0.0,
+    "schedule": "constant",
+    "warmup_fraction": 0.0,
+}
+
+TUNING_GUIDE = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
+AMP_GUIDE = "https://pytorch.org/docs/stable/amp.html"
+CHANNELS_LAST = "https://pytorch.org/tutorials/intermediate/memory_format_tutorial.html"
+
+# a rule's value, or which of the values the space offers (``max``: the largest)
+Rule = Any | Callable[[Sequence[Any]], Any]
+
+
+def _at_most(limit: int) -> Callable[[Sequence[Any]], Any]:
+    """The largest offered value up to ``limit`` (the smallest when none is)."""
+    return lambda values: max((v for v in values if v <= limit), default=min(values))
+
+
+def checklist_rules(hardware: Hardware) -> dict[str, Rule]:
+    """The tuning checklist on ``hardware``: each knob's value, or which offered value. A rule
+    whose value the space does not offer (or cannot run here) leaves the baseline's."""
+    return {
+        # AMP_GUIDE: autocast to bfloat16 where the device computes in it natively, else
+        # float16 with a GradScaler on a GPU; a CPU without native bfloat16 stays in fp32
+        "precision": "bf16" if hardware.bf16_native else "fp16" if hardware.fp16 else "fp32",
+        # CHANNELS_LAST: 4-D image batches in NHWC (space.restrict drops it for other inputs)
+        "channels_last": True,
+        # TUNING_GUIDE, "increase the batch size" (with the learning rate scaled): the largest
+        # micro-batch the space offers, without accumulation
+        "batch_size": max,
+        "accumulation_steps": min,
+        # TUNING_GUIDE, "enable asynchronous data loading and augmentation": the data set on
+        # the device where it fits (the space offers "device" only then), else DataLoader
+        # workers up to the cores, page-locked (GPU only) and kept between epochs
+        "data_pipeline": "device",
+        "num_workers": _at_most(hardware.cpu_count),
+        "pin_memory": True,
+        "persistent_workers": True,
+        # TUNING_GUIDE, "enable cuDNN auto-tuner" (CUDA only: restrict drops it elsewhere)
+        "cudnn_benchmark": True,
+        # eager, as the guide's first steps are: torch.compile is the search's to weigh
+        "compile": "none",
+    }
+
+
+class _Chosen:
+    """A stand-in for an Optuna trial whose every suggestion is the reference's value of a knob:
+    its rule (``rules``) where the space offers that value, else the untuned value: PyTorch's
+    default (or the space file's pin) when the space holds it, else the first listed value or
+    the middle of the range. Run through ``sample`` so conditional knobs stay right."""
+
+    number = 0
+
+    def __init__(self, pins: dict[str, Any], rules: dict[str, Rule] | None = None) -> None:
+        self.pins = pins
+        self.rules = rules or {}
+        self.params: dict[str, Any] = {}
+
+    def _untuned(self, name: str) -> Any:
+        if name in self.pins:
+            return self.pins[name]
+        if name in UNTUNED:
+            return UNTUNED[name]
+        return KNOBS[name].default
+
+    def _ruled(self, name: str, offered: Sequence[Any]) -> Any:
+        """The rule's value among ``offered``, or None: no rule, or a value not offered."""
+        rule = self.rules.get(name)
+        if rule is None:
+            return None
+        wanted = rule(offered) if callable(rule) else rule
+        return wanted if wanted in offered else None
+
+    def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
+        wanted = self._ruled(name, choices)
+        if wanted is None:
+            wanted = self._untuned(name)
+        self.params[name] = wanted if wanted in choices else choices[0]
+        return self.params[name]
+
+    def _in_range(
+        self, name: str, offered: Sequence[Any], low: float, high: float, log: bool, middle: float
+    ) -> float:
+        ruled = self._ruled(name, offered)
+        wanted = ruled if ruled is not None else self._untuned(name)
+        if (
+            isinstance(wanted, int | float)
+            and not isinstance(wanted, bool)
+            and low <= wanted <= high
+        ):
+            return wanted
+        return math.sqrt(low * high) if log else middle
+
+    def suggest_int(self, name: str, low: int, high: int, step: int = 1, log: bool = False) -> int:
+        offered = range(low, high + 1, step)
+        value = round(self._in_range(name, offered, low, high, log, (low + high) / 2))
+        self.params[name] = min(high, low + (value - low) // step * step)
+        return self.params[name]
+
+    def suggest_float(
+        self, name: str, low: float, high: float, step: float | None = None, log: bool = False
+    ) -> float:
+        value = self._in_range(name, (low, high), low, high, log, (low + high) / 2)
+        if step:
+            value = low + round((value - low) / step) * step
+        self.params[name] = float(value)
+        return self.params[name]
+
+
+def _drawn(
+    spec: Spec, hardware: Hardware, rules: dict[str, Rule] | None
+) -> tuple[dict[str, Any], TrialConfig]:
+    """The searched knobs' values the rules choose (the untuned ones without), and the whole
+    configuration they make."""
+    pins = spec.study.baseline if isinstance(spec.study.baseline, dict) else {}
+    chosen = _Chosen(dict(pins), rules)
+    config = sample(chosen, spec, hardware)  # type: ignore[arg-type]  # it answers suggest_*
+    return chosen.params, config
+
+
+def baseline_params(spec: Spec, hardware: Hardware) -> dict[str, Any]:
+    """The searched knobs' values of the untuned configuration (see ``study.baseline``)."""
+    return _drawn(spec, hardware, None)[0]
+
+
+def untuned_config(spec: Spec, hardware: Hardware) -> TrialConfig:
+    """The untuned configuration (see ``study.baseline``) as a whole TrialConfig."""
+    return _drawn(spec, hardware, None)[1]
+
+
+def checklist_params(
+    spec: Spec, hardware: Hardware, fits: Callable[[TrialConfig], bool] | None = None
+) -> dict[str, Any] | None:
+    """The searched knobs' values of the tuning checklist on ``hardware``; None where they are
+    the untuned baseline's (the space leaves the checklist nothing to set). ``fits``: whether a
+    configuration is below the memory walls found so far; the checklist's batch is the largest
+    that fits (TUNING_GUIDE: the largest batch the memory allows)."""
+    rules = checklist_rules(hardware)
+    params, config = _drawn(spec, hardware, rules)
+    while fits is not None and "batch_size" in params and not fits(config):
+        rules = {**rules, "batch_size": _at_most(params["batch_size"] - 1)}
+        smaller, config = _drawn(spec, hardware, rules)
+        if smaller["batch_size"] >= params["batch_size"]:
+            break  # the smallest batch is over a wall too: trained, it says so
+        params = smaller
+    return None if params == baseline_params(spec, hardware) else params

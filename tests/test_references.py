@@ -1,0 +1,114 @@
+"""The two references every answer is measured against (autotune/references.py): the untuned
+baseline and the tuning checklist, whose rules follow the device, and which the study queues,
+confirms beside its leaders and names when one of them wins."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.references import baseline_params, checklist_params, untuned_config
+from autotune.space import restrict, sample
+from autotune.spec import parse_spec
+from autotune.testing import AMPERE, TEST_CPU, VOLTA
+
+HOPPER = dataclasses.replace(AMPERE, device_name="test H100", cuda_capability=(9, 0))
+CPU_WITH_BF16 = dataclasses.replace(TEST_CPU, bf16_native=True)  # AVX512-BF16, AMX
+
+IMAGES = """\
+study: {name: refs, baseline: {batch_size: 32}}
+workload: {model: autotune.testing:tiny_cnn, data: autotune.testing:tiny_images}
+space:
+  lr: {low: 0.001, high: 0.1, log: true}
+  lr_scaling: linear
+  base_batch_size: 32
+  batch_size: [32, 64, 128]
+  accumulation_steps: [1, 2]
+  precision: [fp32, tf32, bf16, fp16]
+  channels_last: [false, true]
+  data_pipeline: [dataloader, device]
+  num_workers: [0, 1, 2, 4]
+  pin_memory: [false, true]
+  persistent_workers: [false, true]
+  cudnn_benchmark: [false, true]
+  compile: [none, default]
+"""
+
+
+def _params(hardware, text: str = IMAGES) -> dict:
+    spec = restrict(parse_spec(text, Path("space.yaml")), hardware).spec
+    found = checklist_params(spec, hardware)
+    assert found is not None
+    return found
+
+
+def test_on_a_gpu_the_checklist_is_the_tuning_guides():
+    hopper = _params(HOPPER)
+    assert hopper["precision"] == "bf16"  # native from Ampere on
+    assert hopper["channels_last"] is True and hopper["cudnn_benchmark"] is True
+    assert hopper["batch_size"] == 128 and hopper["accumulation_steps"] == 1  # the largest
+    assert hopper["data_pipeline"] == "device"  # the data set on the GPU where it fits
+    assert hopper["compile"] == "none"  # eager: compiling is the search's to weigh
+    assert hopper["lr"] == 0.001  # the baseline's: PyTorch's optimizers' default
+    # a GPU before Ampere has no bfloat16: float16 with a GradScaler
+    assert _params(VOLTA)["precision"] == "fp16"
+
+
+def test_the_checklists_lr_follows_the_spaces_scaling_rule():
+    spec = restrict(parse_spec(IMAGES, Path("space.yaml")), HOPPER).spec
+    untuned = untuned_config(spec, HOPPER)
+    assert untuned.batch_size == 32 and untuned.lr == 0.001  # the pinned batch
+    params = checklist_params(spec, HOPPER)
+    assert params is not None and params["batch_size"] == 128
+    # the baseline's base learning rate, scaled linearly to its 4x larger batch
+    assert params["lr"] == baseline_params(spec, HOPPER)["lr"]
+    trained = sample(optuna.trial.FixedTrial(params), spec, HOPPER)
+    assert trained.batch_size == 128 and trained.lr == pytest.approx(4 * untuned.lr)
+
+
+def test_where_the_data_stays_in_a_dataloader_it_gets_workers_pinned_and_kept():
+    loader_only = IMAGES.replace(
+        "data_pipeline: [dataloader, device]", "data_pipeline: dataloader"
+    )
+    gpu = _params(HOPPER, loader_only)
+    assert gpu["num_workers"] == 2  # up to the machine's cores (2 here)
+    assert gpu["pin_memory"] is True and gpu["persistent_workers"] is True
+    cpu = _params(TEST_CPU, loader_only)
+    assert cpu["num_workers"] == 2 and "pin_memory" not in cpu  # nothing to pin for on a CPU
+
+
+def test_on_a_cpu_bf16_only_where_it_is_native():
+    assert _params(CPU_WITH_BF16)["precision"] == "bf16"
+    plain = _params(TEST_CPU)
+    assert plain["precision"] == "fp32"  # emulated bfloat16 is slower than fp32
+    assert plain["batch_size"] == 128 and plain["channels_last"] is True
+    assert "cudnn_benchmark" not in plain  # CUDA only: restrict left the knob one value
+
+
+def test_a_knob_the_user_pinned_stays_pinned():
+    pinned = IMAGES.replace("precision: [fp32, tf32, bf16, fp16]", "precision: fp32").replace(
+        "batch_size: [32, 64, 128]", "batch_size: 64"
+    )
+    params = _params(HOPPER, pinned)
+    assert "precision" not in params and "batch_size" not in params  # fixed: never suggested
+    spec = restrict(parse_spec(pinned, Path("space.yaml")), HOPPER).spec
+    assert untuned_config(spec, HOPPER).precision == "fp32"
+
+
+def test_a_space_that_leaves_the_checklist_nothing_to_set_has_none():
+    """A checklist that would train the baseline again is not queued: one reference."""
+    bare = """\
+study: {name: bare}
+workload: {model: autotune.testing:tiny_mlp, data: autotune.testing:blobs}
+space:
+  lr: {low: 0.001, high: 0.1, log: true}
+  batch_size: 32
+  precision: [fp32, bf16]
+  num_workers: 0
+"""
+    spec = restrict(parse_spec(bare, Path("space.yaml")), TEST_CPU).spec
+    assert checklist_params(spec, TEST_CPU) is None
+    assert checklist_params(spec, CPU_WITH_BF16) == {"lr": 0.001, "precision": "bf16"}
