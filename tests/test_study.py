@@ -598,10 +598,11 @@ def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(
     )
     assert final is not None and final.complete
     leaders = [t.number for t in feasible_trials(study)[:2]]
-    baseline = next(t.number for t in study.get_trials() if TrialRecord.of(t).baseline)
-    candidates = (*leaders, baseline) if baseline not in leaders else tuple(leaders)
-    assert final.candidates == candidates
-    # A B C, then C B A; each of the six runs once, over the interruption
+    kinds = [TrialRecord.of(t).reference for t in study.get_trials()]
+    references = [kinds.index(kind) for kind in ("baseline", "checklist") if kind in kinds]
+    candidates = (*leaders, *(n for n in references if n not in leaders))
+    assert final.candidates == candidates and final.baseline == references[0]
+    # A B C D, then D C B A; each run once, over the interruption
     order = [(number, 1) for number in candidates] + [(n, 2) for n in reversed(candidates)]
     assert [(trial, repeat) for trial, repeat, _ in seen] == order
     # every run with a new seed, reproducible from the trial's own
