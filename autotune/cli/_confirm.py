@@ -76,7 +76,8 @@ def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) 
         )
 
     def starting(leaders: int, references: tuple[str, ...], runs: int) -> None:
-        beside = " and ".join((f"the {leaders} best configurations", *references))
+        named = [f"the {leaders} best configurations", *references]
+        beside = ", ".join(named[:-1]) + f" and {named[-1]}" if len(named) > 1 else named[0]
         console.print(f"Confirming {beside}: {runs} runs, interleaved.")
 
     return session.confirm_answer(
