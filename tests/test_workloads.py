@@ -465,3 +465,22 @@ def test_a_built_in_is_imported_only_when_a_workload_names_it():
     )
     assert found.returncode == 0, found.stderr
     assert found.stdout.split("\n")[:3] == ["[]", "['sklearn']", "['sklearn', 'torchvision']"]
+
+
+def test_the_language_model_space_scores_next_tokens_with_the_classes_last():
+    """search_spaces/language_model.yaml (a GPU space): its model's logits are [batch,
+    sequence, vocabulary] for targets [batch, sequence], read classes-last; the sequence (64)
+    is not the vocabulary (256), so the axis is never ambiguous."""
+    from autotune.spec import load_spec
+
+    spaces = Path(__file__).parents[1] / "search_spaces"
+    spec = load_spec(spaces / "language_model.yaml")
+    small = spec.workload.model_copy(
+        update={
+            "data_args": {"n_train": 64, "n_val": 32},
+            "model_args": {"width": 32, "layers": 1, "heads": 2},
+        }
+    )
+    workload = load(small, spaces, spec.objective.score)
+    assert workload.classes_last and workload.num_classes == 256
+    assert tuple(workload.input_shape) == (64,)
