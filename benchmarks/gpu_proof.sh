@@ -9,6 +9,7 @@
 #   bash benchmarks/gpu_proof.sh harness    # harness_overhead.py --device cuda --batch-size 512 (~2 min)
 #   bash benchmarks/gpu_proof.sh stage1     # the plan's estimate, then stage 1 of the ResNet-18 (~5 min)
 #   bash benchmarks/gpu_proof.sh study      # versus_checklist.py on cifar10_resnet18.yaml      (~6 min)
+#   bash benchmarks/gpu_proof.sh lm         # versus_checklist.py on language_model.yaml        (~6 min)
 #   bash benchmarks/gpu_proof.sh all        # every part, one after the other (a machine without the limit)
 #   bash benchmarks/gpu_proof.sh quick      # versions, tests, harness (3 repeats), and stage 1 of a
 #                                           # 180 s study (a 90 s budget): one 10-minute command  (~8 min)
@@ -85,15 +86,21 @@ quick() {
   STAGE1_STUDY_SECONDS=180 stage1
 }
 
+# issue 38: the answer against the untuned baseline and the tuning checklist, side by side
 study() {
   run study 580 python3 benchmarks/versus_checklist.py search_spaces/cifar10_resnet18.yaml \
-    --timeout 270 --repeats 2 --compile-modes '' --storage "sqlite:///$OUT/study.db"
+    --timeout "${STUDY_SECONDS:-180}" --repeats 2
+}
+
+lm() {
+  run lm 580 python3 benchmarks/versus_checklist.py search_spaces/language_model.yaml \
+    --timeout "${STUDY_SECONDS:-180}" --repeats 2
 }
 
 status=0
 case "$part" in
-  versions | tests | harness | stage1 | study | quick) "$part" || status=$? ;;
-  all) for p in versions tests harness stage1 study; do "$p" || status=$?; done ;;
-  *) echo "usage: $0 versions|tests|harness|stage1|study|quick|all" >&2; exit 2 ;;
+  versions | tests | harness | stage1 | study | lm | quick) "$part" || status=$? ;;
+  all) for p in versions tests harness stage1 study lm; do "$p" || status=$?; done ;;
+  *) echo "usage: $0 versions|tests|harness|stage1|study|lm|quick|all" >&2; exit 2 ;;
 esac
 exit "$status"

@@ -116,7 +116,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=None, help="seconds for the study")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N")
-    parser.add_argument("--storage", default=None, help="default: a fresh SQLite file")
+    parser.add_argument(
+        "--storage", default=None, help="a study already run there (default: run one afresh)"
+    )
     parser.add_argument(
         "--compile-modes", default="", help="comma-separated modes to time on the answer"
     )
