@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 import statistics
+import time
 from pathlib import Path
 
 import optuna
@@ -35,8 +36,11 @@ from autotune.study import (
     confirm_study,
     counted_trials,
     feasible_trials,
+    open_storage,
+    open_study,
     run_study,
     trial_config,
+    with_study_strategy,
 )
 from autotune.testing import AMPERE, CPU, TINY_SPACE, make_config
 from autotune.workloads import load
@@ -644,3 +648,35 @@ def test_the_answer_is_the_confirmed_winner_over_a_higher_single_value(
     # an unfinished round does not decide
     study.set_user_attr("confirmation", dataclasses.replace(record, complete=False).to_attrs())
     assert answer_trial(study).number == first
+
+
+def test_a_process_that_joins_a_study_being_created_searches_as_its_creator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Issue 41: a process that opened a study another was still labelling waited for its
+    search fingerprint alone, which was written before its strategy, read no strategy and ran a
+    joint search in a two-stage study. The creator here writes each attribute slowly."""
+    import threading
+
+    spec = tiny_spec(text=TINY_SPACE.format(n_trials=4, pruner="none"))  # two-stage, implied
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    creator_thread: list[threading.Thread] = []
+    written = optuna.Study.set_user_attr
+
+    def slowly(study: optuna.Study, key: str, value: object) -> None:
+        if threading.current_thread() in creator_thread:
+            time.sleep(0.05)  # a busy machine, a remote database
+        written(study, key, value)
+
+    monkeypatch.setattr(optuna.Study, "set_user_attr", slowly)
+    creator = threading.Thread(target=open_study, args=(spec, open_storage(url), CPU))
+    creator_thread.append(creator)
+    creator.start()
+    deadline = time.monotonic() + 30
+    while "tiny" not in optuna.get_all_study_names(open_storage(url)):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    joined = open_study(spec, open_storage(url), CPU)  # while the creator labels it
+    strategy = with_study_strategy(joined, spec).study.strategy  # as `autotune run` goes on
+    creator.join()
+    assert strategy == "two_stage"

@@ -363,9 +363,16 @@ class StudyRecord:
         return cls.from_attrs(study.user_attrs)
 
     def store(self, study: optuna.Study) -> None:
-        """Write this record's attributes on a study."""
-        for key, value in self.to_attrs().items():
+        """Write this record's attributes on a study, ``search_fingerprint`` last: each is its
+        own transaction, and a process that joins a study being created waits for the
+        fingerprint (``_open._settled_record``), so it then finds every other one (the
+        strategy, the learning knobs) written; it once read no strategy and searched jointly."""
+        attrs = self.to_attrs()
+        fingerprint = attrs.pop("search_fingerprint", None)
+        for key, value in attrs.items():
             study.set_user_attr(key, value)
+        if fingerprint is not None:
+            study.set_user_attr("search_fingerprint", fingerprint)
 
 
 _STUDY_FIELDS = frozenset(f.name for f in dataclasses.fields(StudyRecord))
