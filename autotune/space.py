@@ -29,6 +29,7 @@ from autotune.workloads import Workload
 DEVICE_DATA_SHARE = (
     0.5  # the most of a GPU's memory a training set may take in the device pipeline
 )
+WORKERS_PER_CORE = 4  # DataLoader processes a core may be given (I/O-bound loading: several)
 
 __all__ = [
     "Dropped",
@@ -155,10 +156,12 @@ def _unsupported(
         )
 
     def num_workers(value: Any) -> str | None:
-        if (not hardware.cpu_share and processes == 1) or value * processes <= hardware.cpu_count:
-            return None
         cores = f"{hardware.cpu_count} core{'' if hardware.cpu_count == 1 else 's'}"
         whose = "this worker's share" if hardware.cpu_share else "this machine"
+        if value * processes > WORKERS_PER_CORE * hardware.cpu_count:  # a fork bomb, not a knob
+            return f"over {WORKERS_PER_CORE} DataLoader processes a core ({cores}, {whose})"
+        if (not hardware.cpu_share and processes == 1) or value * processes <= hardware.cpu_count:
+            return None
         if processes > 1:
             return f"{processes} processes' DataLoaders would outnumber the {cores} of {whose}"
         return f"more DataLoader processes than the {cores} of {whose}"

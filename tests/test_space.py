@@ -216,6 +216,19 @@ def test_missing_compiler_drops_every_compile_mode():
     assert restriction.dropped[0].reason == "no C++ compiler"
 
 
+def test_dataloader_workers_are_held_to_a_few_a_core():
+    """Issue 41: num_workers: [0, 100000] was accepted, and stage 1 had forked about 500
+    processes after 30 s. More workers than the cores is a real choice for loading that waits
+    on disks; more than 4 a core is not."""
+    restriction = restrict(spec_with("  num_workers: [0, 2, 8, 9, 100000]\n"), TEST_CPU)
+    assert restriction.spec.space.num_workers == Choice(values=(0, 2, 8))  # 2 cores: up to 8
+    (dropped,) = restriction.dropped
+    assert dropped.values == (9, 100000)
+    assert dropped.reason == "over 4 DataLoader processes a core (2 cores, this machine)"
+    with pytest.raises(SpecError, match=r"space\.num_workers: no value can run"):
+        restrict(spec_with("  num_workers: 100000\n"), TEST_CPU)
+
+
 def test_knob_left_without_values_is_an_error():
     spec = spec_with("  precision: fp16\n  cudnn_benchmark: true\n")
     with pytest.raises(SpecError) as caught:
