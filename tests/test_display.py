@@ -394,3 +394,23 @@ def test_an_answer_at_the_largest_batch_still_speeding_up_names_the_next_batch(s
     console = _console(200)
     display.print_summary(console, study, wider, outcome)
     assert "the largest space.batch_size offers" not in _text(console)  # not at the edge
+
+
+HOSTILE = "ok\x1b[2J\x1b]0;pwned\x07\nrm -rf ~\r\u202eexe.sh\x00"  # a name in a shared database
+
+
+def test_control_characters_in_a_study_name_are_shown_never_obeyed(invoke_cli, tmp_path: Path):
+    """Issue 41: anyone who can name a study in a shared PostgreSQL database could write
+    escape sequences to other users' terminals through `studies`, `best` and the commands
+    offered to copy."""
+    shown = display.visible(HOSTILE)
+    assert shown == "ok\\x1b[2J\\x1b]0;pwned\\x07\\nrm -rf ~\\r\\u202eexe.sh\\x00"
+    assert display.visible("résumé-run 2") == "résumé-run 2"  # printable text is kept
+    copy = display.command("autotune", "best", "--study", HOSTILE)
+    assert copy.isprintable() and "\\x1b" in copy
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    optuna.create_study(study_name=HOSTILE, storage=url)
+    listed = invoke_cli("studies", "--storage", url, cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert "ok\\x1b[2J" in listed.stdout
+    assert not any(char in listed.stdout for char in "\x1b\x07\r\u202e\x00")

@@ -80,6 +80,13 @@ def test_models_are_frozen():
         spec.study.n_trials = 3  # type: ignore[misc]
 
 
+@pytest.mark.parametrize("name", ["run\\e[31m", "a\\nb", "a\\rb", "evil\\u202eexe", "nul\\0"])
+def test_a_study_name_with_control_characters_is_refused(name: str):
+    """Issue 41: the name is printed on terminals (and offered in commands to copy)."""
+    problem = one_problem(f'study: {{name: "{name}"}}\n' + MINIMAL)
+    assert "a study name cannot hold control or format characters" in problem
+
+
 def test_typo_names_file_line_and_closest_key():
     text = MINIMAL + "space:\n  lerning_rate: 0.1\n"
     assert one_problem(text) == "s.yaml:3: unknown key 'lerning_rate' in space; did you mean 'lr'?"

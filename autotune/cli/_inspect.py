@@ -60,7 +60,8 @@ def best(
         return
     unit = display.metric_unit(result.metric)
     console.print(
-        f"[bold]{escape(study_name)}[/]: trial {result.trial}, {escape(result.metric)} "
+        f"[bold]{escape(display.visible(study_name))}[/]: trial {result.trial}, "
+        f"{escape(result.metric)} "
         f"[bold green]{display.fmt(result.value)}[/] {unit}"
     )
     console.print(f"  {result.confirmation_text()}", markup=False)
@@ -356,7 +357,7 @@ def list_studies(
     display.print_item(console, "Studies in", shown, copy=True)
     # no vertical rules and the unit beside the best value: the table fits 80 columns
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    longest = max((len(str(row["study"])) for row in rows), default=5)
+    longest = max((len(display.visible(str(row["study"]))) for row in rows), default=5)
     table.add_column("study", overflow="fold", min_width=min(32, longest))
     for column in _COUNTED:
         table.add_column(column, justify="right", no_wrap=True)
@@ -367,7 +368,7 @@ def list_studies(
         unit = display.metric_unit(metric) or metric
         value = row["best_value"]
         table.add_row(
-            Text(str(row["study"])),  # stored values are data, never markup
+            Text(display.visible(str(row["study"]))),  # stored values are data, never markup
             *(str(row[state]) for state in _COUNTED),
             Text(_best_value(value, metric, unit)),
             str(row["best_trial"]) if row["best_trial"] is not None else "-",

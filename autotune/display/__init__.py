@@ -15,6 +15,7 @@ from autotune.display._text import (
     print_item,
     si,
     study_options,
+    visible,
 )
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ __all__ = [
     "print_summary",
     "si",
     "study_options",
+    "visible",
 ]
 
 # _live observes the run loop (autotune.study._run, which imports the trainer and torch): it is

@@ -23,6 +23,7 @@ from autotune.display._text import (
     print_item,
     si,
     study_options,
+    visible,
 )
 from autotune.interference import INTERFERENCE_SHARE
 from autotune.spec import Choice, Spec, knobs_for
@@ -42,7 +43,7 @@ def print_plan(
     print_item(
         console,
         "study",
-        f"{study.study_name} ({spec.objective.metric_name}, "
+        f"{visible(study.study_name)} ({spec.objective.metric_name}, "
         f"{spec.study.n_trials} trials{resumed})",
     )
     print_item(console, "storage", studies.display_url(spec.study.storage), copy=True)
@@ -177,7 +178,7 @@ def _best_table(study: optuna.Study, spec: Spec, limit: int = 5) -> Table | None
     if not trials:
         return None
     unit = metric_unit(spec.objective.metric_name)
-    table = Table(title=Text(f"Best trials of {study.study_name}"), title_justify="left")
+    table = Table(title=Text(f"Best trials of {visible(study.study_name)}"), title_justify="left")
     table.add_column("trial", justify="right")
     table.add_column(unit, justify="right", style="bold green")
     table.add_column(spec.objective.score_name, justify="right")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import unicodedata
 from typing import Any
 
 from optuna.trial import FrozenTrial
@@ -83,10 +84,23 @@ def fmt_metric(key: str, value: Any) -> str:
     return fmt(value)
 
 
+def visible(text: str) -> str:
+    """``text`` with its control and format characters (escape sequences, newlines, carriage
+    returns, bidi overrides, NUL) written as escapes (``\\x1b``, ``\\u202e``): a study name
+    from a shared database may hold them, and the terminal must show them, not obey them."""
+    return "".join(
+        char.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(char).startswith(("C", "Zl", "Zp"))
+        else char
+        for char in text
+    )
+
+
 def command(*words: str) -> str:
     """A command line for the user to copy, as rich markup: each word quoted for the shell and
-    the whole escaped, so that a study name such as ``run[fast]`` or ``a b`` survives both."""
-    return escape(shlex.join(words))
+    the whole escaped, so that a study name such as ``run[fast]`` or ``a b`` survives both (and
+    one with control characters is shown, never obeyed: ``visible``)."""
+    return escape(shlex.join(visible(word) for word in words))
 
 
 def print_item(console: Console, label: str, value: str, *, copy: bool = False) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import keyword
 import re
+import unicodedata
 from typing import Any, Literal
 
 from pydantic import Field, JsonValue, field_validator, model_validator
@@ -77,6 +78,18 @@ class StudySpec(Frozen):
     strategy: Literal["two_stage", "joint"] = "two_stage"
     learning_knobs: tuple[str, ...] = ()  # execution knobs that change learning here: stage 2
     speed: SpeedSpec = Field(default_factory=SpeedSpec)
+
+    @field_validator("name")
+    @classmethod
+    def _printable_name(cls, value: str | None) -> str | None:
+        if value is not None and any(
+            unicodedata.category(char).startswith(("C", "Zl", "Zp")) for char in value
+        ):
+            raise ValueError(
+                "a study name cannot hold control or format characters (escape sequences, "
+                "newlines, tabs, bidi overrides, NUL): it is printed on terminals"
+            )
+        return value
 
     @field_validator("learning_knobs")
     @classmethod
