@@ -8,11 +8,28 @@ from pathlib import Path
 
 from autotune.errors import UserError
 
-__all__ = ["OutputFileError", "write_new_file"]
+__all__ = ["OutputFileError", "make_folder_for", "write_new_file"]
 
 
 class OutputFileError(UserError):
     """A file that cannot be written as asked (it exists, its directory does not): one line."""
+
+
+def make_folder_for(path: Path, parents: bool = False) -> list[Path]:
+    """Create the folder ``path`` goes in where it is missing (a study's ``studies/``), and with
+    ``parents`` the missing ones above it too (``-o runs/b/train.py``); the folders created,
+    outermost first, for the caller to say. Without ``parents``, OutputFileError when more than
+    the last folder is missing: a typo in a path must not make folders silently at the root.
+    OSError when a folder cannot be made (a full or read-only disk)."""
+    folder = path.parent if str(path.parent) else Path(".")
+    missing = [f for f in (folder, *folder.parents) if not f.is_dir()][::-1]
+    if len(missing) > 1 and not parents:
+        raise OutputFileError(
+            f"cannot write {path}: there is no directory {folder.parent} (autotune makes the "
+            "last folder of a path, not the ones above it)"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    return missing
 
 
 def write_new_file(path: Path, text: str, force: bool = False) -> None:

@@ -162,8 +162,8 @@ def _prepare_study(
     ``directory``, where ``autotune run`` puts it); run to its end unless ``run`` is False, in
     this process or, with ``isolation="worker"``, in a supervised worker (or by ``executor``,
     which is then left open)."""
+    directory.mkdir(parents=True, exist_ok=True)  # the study's folder, studies/, goes in it
     if isinstance(space, str):
-        directory.mkdir(parents=True, exist_ok=True)
         (directory / "space.yaml").write_text(space)
         space = parse_spec(space, directory / "space.yaml")
     spec = restrict(space, hardware).spec

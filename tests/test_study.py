@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import statistics
 import time
 from pathlib import Path
@@ -680,3 +681,25 @@ def test_a_process_that_joins_a_study_being_created_searches_as_its_creator(
     strategy = with_study_strategy(joined, spec).study.strategy  # as `autotune run` goes on
     creator.join()
     assert strategy == "two_stage"
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("sqlite://", "a SQLite study in memory is lost when the command ends"),
+        ("sqlite:///:memory:", "a SQLite study in memory is lost"),
+        ("http://x", "autotune keeps studies in sqlite:///PATH or postgresql://"),
+    ],
+)
+def test_a_storage_that_cannot_keep_a_study_is_refused_in_one_line(url: str, said: str):
+    """Issue 41: an in-memory study trained and vanished; http:// gave SQLAlchemy's error."""
+    with pytest.raises(StudyError, match=re.escape(said)):
+        open_storage(url)
+
+
+def test_a_study_database_is_made_in_a_new_folder_but_not_in_a_missing_tree(tmp_path: Path):
+    with pytest.raises(StudyError, match="there is no directory"):
+        open_storage(f"sqlite:///{tmp_path / 'typo' / 'dir' / 'x.db'}")
+    assert not (tmp_path / "typo").exists()
+    open_storage(f"sqlite:///{tmp_path / 'studies' / 'x.db'}")  # `studies/`, made for it
+    assert (tmp_path / "studies" / "x.db").is_file()

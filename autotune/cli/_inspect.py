@@ -30,7 +30,7 @@ from autotune.errors import UserError
 
 if TYPE_CHECKING:
     from autotune.artifacts import ArtifactLocation
-from autotune.files import write_new_file
+from autotune.files import make_folder_for, write_new_file
 from autotune.spec import DEFAULT_STORAGE
 
 
@@ -171,7 +171,9 @@ def export_command(
                     f"It imports and runs your code: {', '.join(imported)}.", markup=False
                 )
             return
-        output.parent.mkdir(parents=True, exist_ok=True)  # -o runs/b/train.py: made here
+        made = make_folder_for(output, parents=True)  # -o runs/b/train.py: made, and said
+        if made:
+            notices.print(f"Created {', '.join(map(str, made))}.", markup=False)
         write_new_file(output, text, force=force)
     except UserError as err:
         raise fail(str(err), EXIT_FAILED) from None

@@ -43,10 +43,15 @@ def _effective_space_text(spec: Spec) -> str:
 
 
 def _settled_record(study: optuna.Study) -> StudyRecord:
-    """The study's record, once a process that created it a moment ago has labelled it."""
+    """The study's record, once a process that created it a moment ago has labelled it: up to
+    its last attribute (``learning_knobs``), not just its fingerprint."""
     record = StudyRecord.of(study)
     deadline = time.monotonic() + PEER_CREATION_SECONDS
-    while record.search_fingerprint is None and _is_new(study) and time.monotonic() < deadline:
+    while (
+        (record.search_fingerprint is None or record.learning_knobs is None)
+        and _is_new(study)
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.2)  # another `autotune run` created it a moment ago and is labelling it
         record = StudyRecord.of(study)
     return record

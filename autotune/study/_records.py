@@ -336,7 +336,11 @@ class StudyRecord:
     hardware: dict[str, Any] | None = None  # telemetry.fingerprint of the machine
     confirmation: ConfirmationRecord | None = None  # the confirmation round, once it started
     strategy: str | None = None  # two_stage | joint (None: made before there was a choice)
-    learning_knobs: list[str] | None = None  # two_stage: execution knobs sampled in stage 2
+    # two_stage: execution knobs sampled in stage 2. The last field, so the last attribute a
+    # new study's labelling writes: a process joining a study being created waits for it
+    # (``_open._settled_record``); it once waited for the fingerprint alone, read no strategy
+    # and ran a joint search in a two-stage study
+    learning_knobs: list[str] | None = None
 
     def to_attrs(self) -> dict[str, Any]:
         """The user attributes to store: every field that is set."""
@@ -363,16 +367,9 @@ class StudyRecord:
         return cls.from_attrs(study.user_attrs)
 
     def store(self, study: optuna.Study) -> None:
-        """Write this record's attributes on a study, ``search_fingerprint`` last: each is its
-        own transaction, and a process that joins a study being created waits for the
-        fingerprint (``_open._settled_record``), so it then finds every other one (the
-        strategy, the learning knobs) written; it once read no strategy and searched jointly."""
-        attrs = self.to_attrs()
-        fingerprint = attrs.pop("search_fingerprint", None)
-        for key, value in attrs.items():
+        """Write this record's attributes on a study, one transaction each, in field order."""
+        for key, value in self.to_attrs().items():
             study.set_user_attr(key, value)
-        if fingerprint is not None:
-            study.set_user_attr("search_fingerprint", fingerprint)
 
 
 _STUDY_FIELDS = frozenset(f.name for f in dataclasses.fields(StudyRecord))

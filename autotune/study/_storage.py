@@ -22,6 +22,7 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial
 
 from autotune.errors import UserError
+from autotune.files import OutputFileError, make_folder_for
 from autotune.study._records import TrialRecord
 
 __all__ = [
@@ -104,6 +105,18 @@ def sqlite_path(url: str) -> Path | None:
     if not url.startswith(_SQLITE_PREFIX) or url == "sqlite:///:memory:":
         return None
     return Path(url.removeprefix(_SQLITE_PREFIX))
+
+
+def _url_problem(url: str) -> str | None:
+    """Why ``url`` cannot hold a study that outlives the command; None when it can."""
+    scheme = url.partition("://")[0].split("+")[0].lower() if "://" in url else ""
+    if scheme == "sqlite" and sqlite_path(url) is None:
+        return (
+            "a SQLite study in memory is lost when the command ends; give a file, sqlite:///PATH"
+        )
+    if scheme not in ("sqlite", "postgresql", "mysql"):
+        return "autotune keeps studies in sqlite:///PATH or postgresql://USER@HOST/DATABASE"
+    return None
 
 
 _PROBLEMS: list[tuple[tuple[str, ...], str]] = [
@@ -232,6 +245,8 @@ def open_storage(
     beat, and one silent for three intervals is stale: failed as interrupted and retried once.
     """
     shown = display_url(url)
+    if (problem := _url_problem(url)) is not None:
+        raise StudyError(f"storage {shown}: {problem}")
     path = sqlite_path(url)
     engine_kwargs: dict[str, Any] = {}
     target = url
@@ -241,7 +256,9 @@ def open_storage(
             raise StudyError(f"cannot write the study to {path}: {unwritable}")
         if access == "create":
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                make_folder_for(path)  # studies/; never the folders above it (a typo)
+            except OutputFileError as err:
+                raise StudyError(str(err)) from None
             except OSError as err:
                 raise StudyError(
                     f"cannot create {path.parent}: {storage_problem(err) or err}"
