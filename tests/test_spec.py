@@ -87,6 +87,29 @@ def test_a_study_name_with_control_characters_is_refused(name: str):
     assert "a study name cannot hold control or format characters" in problem
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (
+            "study: {n_trials: 100000000000000000000000}\n",
+            "study.n_trials: must be less than or equal to 1000000",
+        ),
+        (
+            "workload: {epochs: 1.0e+308}\n",
+            "workload.epochs: must be less than or equal to 100000",
+        ),
+    ],
+)
+def test_counts_past_any_real_study_are_refused(text: str, said: str):
+    """Issue 41: n_trials of 10**23 and epochs of 1e308 were accepted."""
+    spec_text = (
+        text + MINIMAL
+        if text.startswith("study")
+        else text.replace("{", "{model: digits_cnn, data: digits, ")
+    )
+    assert said in one_problem(spec_text)
+
+
 def test_typo_names_file_line_and_closest_key():
     text = MINIMAL + "space:\n  lerning_rate: 0.1\n"
     assert one_problem(text) == "s.yaml:3: unknown key 'lerning_rate' in space; did you mean 'lr'?"

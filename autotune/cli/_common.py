@@ -114,6 +114,13 @@ def fail(lines: str | list[str], code: int = EXIT_USAGE) -> typer.Exit:
     return typer.Exit(code)
 
 
+def in_range(flag: str, value: float | None, low: float, high: float | None = None) -> None:
+    """A numeric flag outside its range: one line and exit 2 (click's usage box is not)."""
+    if value is not None and (value < low or (high is not None and value > high)):
+        bound = f"from {low:g} to {high:g}" if high is not None else f"{low:g} or more"
+        raise fail(f"{flag} {value:g}: it must be {bound}")
+
+
 def open_for_reading(storage: str, follow_writers: bool = False) -> Any:  # an RDBStorage
     """The storage of existing studies, opened read-only; one line and exit 1 when there is
     none or it cannot be read."""

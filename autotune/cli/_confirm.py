@@ -21,6 +21,7 @@ from autotune.cli._common import (
     EXIT_USAGE,
     console,
     fail,
+    in_range,
     quiet_libraries,
     raise_terminated,
     storage_option,
@@ -98,21 +99,23 @@ def confirm(
     storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
     top: Annotated[
         int | None,
-        typer.Option(min=1, help="Confirm this many leaders. Default: study.confirm.top."),
+        typer.Option(help="Confirm this many leaders. Default: study.confirm.top."),
     ] = None,
     repeats: Annotated[
         int | None,
-        typer.Option(min=1, help="More runs of each. Default: study.confirm.repeats."),
+        typer.Option(help="More runs of each. Default: study.confirm.repeats."),
     ] = None,
     isolation: Annotated[
         str | None, typer.Option(help="worker or none. Default: study.isolation.")
     ] = None,
 ) -> None:
-    """Re-measure a study's leaders and its untuned baseline side by side, and name the answer.
+    """Re-measure a study's leaders and its references side by side, and name the answer.
 
     Runs (or resumes) the confirmation round; with other --top/--repeats, a new one. It trains,
     so it imports the workload's model and data functions named in the study's space file.
     """
+    in_range("--top", top, 1)
+    in_range("--repeats", repeats, 1)
     from autotune import display, export
     from autotune import study as studies
     from autotune.distributed import WorkloadSource

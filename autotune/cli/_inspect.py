@@ -21,6 +21,7 @@ from autotune.cli._common import (
     errors,
     fail,
     flag,
+    in_range,
     open_for_reading,
     quiet_libraries,
     storage_option,
@@ -271,11 +272,12 @@ def report_command(
 def dashboard(
     storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
     artifacts: Annotated[str | None, artifacts_option()] = None,
-    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8080,
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     verbose: Annotated[bool, flag("--verbose", "-v", help="Log every HTTP request.")] = False,
 ) -> None:
     """Open the studies in optuna-dashboard, with autotune's notes and artifacts."""
+    in_range("--port", port, 1, 65535)
     import bottle
     import optuna_dashboard
 

@@ -23,6 +23,7 @@ from autotune.cli._common import (
     console,
     fail,
     flag,
+    in_range,
     quiet_libraries,
     raise_terminated,
 )
@@ -51,13 +52,12 @@ def run(
     n_trials: Annotated[
         int | None,
         typer.Option(
-            min=1,
             help="Trials the study should hold in total (COMPLETE + PRUNED), counting those "
             "of earlier runs; not 'this many more'. Default: study.n_trials.",
         ),
     ] = None,
     timeout: Annotated[
-        float | None, typer.Option(min=0.001, help="Stop starting trials after this many seconds.")
+        float | None, typer.Option(help="Stop starting trials after this many seconds.")
     ] = None,
     storage: Annotated[
         str | None,
@@ -95,7 +95,6 @@ def run(
     workers: Annotated[
         int | None,
         typer.Option(
-            min=1,
             help="Run N workers on this machine's CPU, each on an equal share of its cores, "
             "all on this study; they split stage 1's settings, then train.",
         ),
@@ -113,6 +112,7 @@ def run(
     """Run (or resume) the study a space file describes and print the best configuration."""
     from autotune import scaleout
 
+    in_range("--workers", workers, 1)
     if as_worker is not None:  # the storage worker 0 runs on, from its environment
         storage = os.environ.pop(scaleout.WORKER_STORAGE_ENV, None) or storage
     try:

@@ -53,7 +53,8 @@ class StudySpec(Frozen):
 
     name: str | None = Field(default=None, min_length=1)  # default: the space file's stem
     storage: str = DEFAULT_STORAGE
-    n_trials: int = Field(default=20, ge=1)  # the study's total, not "this many more"
+    # the study's total, not "this many more"; a million is past any search (1e23 was taken)
+    n_trials: int = Field(default=20, ge=1, le=1_000_000)
     timeout: float | None = Field(default=None, gt=0)  # seconds for one `autotune run`
     sampler: Literal["tpe", "random"] = "tpe"
     n_startup_trials: int = Field(default=10, ge=0)  # random trials before TPE models the space
@@ -138,7 +139,7 @@ class WorkloadSpec(Frozen):
     model_args: dict[str, JsonValue] = Field(default_factory=dict)
     data: str = Field(min_length=1)
     data_args: dict[str, JsonValue] = Field(default_factory=dict)
-    epochs: float = Field(default=2.0, gt=0)  # training epochs per trial
+    epochs: float = Field(default=2.0, gt=0, le=100_000)  # training epochs per trial
     eval_every: float = Field(default=1.0, gt=0)  # epochs between validation evaluations
     val_batch_size: int = Field(default=1024, ge=1)
     device: str = "auto"  # auto, cpu, cuda or cuda:N
@@ -272,7 +273,7 @@ class ObjectiveSpec(Frozen):
     target_score: float | None = None
     min_accuracy: float | None = Field(default=None, ge=0, le=1)
     target_accuracy: float | None = Field(default=None, gt=0, le=1)
-    full_run_epochs: float | None = Field(default=None, gt=0)
+    full_run_epochs: float | None = Field(default=None, gt=0, le=100_000)
 
     @field_validator("score")
     @classmethod
