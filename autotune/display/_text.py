@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-import unicodedata
 from typing import Any
 
 from optuna.trial import FrozenTrial
@@ -13,7 +12,7 @@ from rich.padding import Padding
 from rich.text import Text
 
 from autotune import study as studies
-from autotune.spec import DEFAULT_STORAGE, SCORES, ObjectiveSpec
+from autotune.spec import DEFAULT_STORAGE, SCORES, ObjectiveSpec, is_unprintable
 
 METRIC_UNITS = {
     "samples_per_second": "samples/s",  # the speed stage's studies (NAME.speed)
@@ -89,9 +88,7 @@ def visible(text: str) -> str:
     returns, bidi overrides, NUL) written as escapes (``\\x1b``, ``\\u202e``): a study name
     from a shared database may hold them, and the terminal must show them, not obey them."""
     return "".join(
-        char.encode("unicode_escape").decode("ascii")
-        if unicodedata.category(char).startswith(("C", "Zl", "Zp"))
-        else char
+        char.encode("unicode_escape").decode("ascii") if is_unprintable(char) else char
         for char in text
     )
 

@@ -34,6 +34,7 @@ from autotune.spec._knobs import (
     SpecError,
     knobs_for,
 )
+from autotune.spec._names import is_unprintable
 from autotune.spec._sections import ConfirmSpec, ObjectiveSpec, StudySpec, WorkloadSpec
 from autotune.spec._spec import Spec, load_spec, parse_spec
 
@@ -73,6 +74,7 @@ __all__ = [
     "SpecError",
     "StudySpec",
     "WorkloadSpec",
+    "is_unprintable",
     "knobs_for",
     "load_spec",
     "parse_spec",

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import keyword
 import re
-import unicodedata
 from typing import Any, Literal
 
 from pydantic import Field, JsonValue, field_validator, model_validator
 
 from autotune.spec._knobs import DDP_KNOBS, KNOBS, Frozen, Scalar, did_you_mean
+from autotune.spec._names import PrintableName
 
 DEFAULT_STORAGE = "sqlite:///studies/autotune.db"
 
@@ -51,7 +51,7 @@ _LOADER_KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_wor
 class StudySpec(Frozen):
     """How the search runs: where trials are stored, how many, which sampler and pruner."""
 
-    name: str | None = Field(default=None, min_length=1)  # default: the space file's stem
+    name: PrintableName | None = Field(default=None, min_length=1)  # default: the file's stem
     storage: str = DEFAULT_STORAGE
     # the study's total, not "this many more"; a million is past any search (1e23 was taken)
     n_trials: int = Field(default=20, ge=1, le=1_000_000)
@@ -79,18 +79,6 @@ class StudySpec(Frozen):
     strategy: Literal["two_stage", "joint"] = "two_stage"
     learning_knobs: tuple[str, ...] = ()  # execution knobs that change learning here: stage 2
     speed: SpeedSpec = Field(default_factory=SpeedSpec)
-
-    @field_validator("name")
-    @classmethod
-    def _printable_name(cls, value: str | None) -> str | None:
-        if value is not None and any(
-            unicodedata.category(char).startswith(("C", "Zl", "Zp")) for char in value
-        ):
-            raise ValueError(
-                "a study name cannot hold control or format characters (escape sequences, "
-                "newlines, tabs, bidi overrides, NUL): it is printed on terminals"
-            )
-        return value
 
     @field_validator("learning_knobs")
     @classmethod
