@@ -32,6 +32,7 @@ from autotune.study import (
     StudyRecord,
     TrialRecord,
     Verdict,
+    adapter,
     answer_trial,
     best_trial,
     confirm_study,
@@ -703,3 +704,33 @@ def test_a_study_database_is_made_in_a_new_folder_but_not_in_a_missing_tree(tmp_
     assert not (tmp_path / "typo").exists()
     open_storage(f"sqlite:///{tmp_path / 'studies' / 'x.db'}")  # `studies/`, made for it
     assert (tmp_path / "studies" / "x.db").is_file()
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # this test beats itself
+def test_a_run_says_it_recovered_trials_a_stopped_process_left_running(
+    tmp_path: Path, prepare_study
+):
+    """Issue 41: the re-run after a SIGKILL recovered the trial as interrupted and queued it
+    again without a line saying so."""
+    import sqlite3
+
+    spec = tiny_spec(n_trials=2)
+    prepared = prepare_study(spec, tmp_path, run=False, heartbeat_interval=1)
+    study = prepared.study
+    orphan = study.ask()  # the baseline, left RUNNING by a process that died
+    adapter.storage_of(study).record_heartbeat(orphan._trial_id)
+    with sqlite3.connect(tmp_path / "studies" / "autotune.db") as connection:  # silent 10 s
+        connection.execute(
+            "UPDATE trial_heartbeats SET heartbeat = datetime(heartbeat, '-10 seconds')"
+        )
+
+    counts: list[int] = []
+
+    class Said(StudyObserver):
+        def recovered(self, count: int) -> None:
+            counts.append(count)
+
+    run_study(study, spec, CPU, InProcessExecutor(load(spec.workload)), Said())
+    assert counts == [1]
+    first = study.get_trials()[0]
+    assert first.state == TrialState.FAIL and first.user_attrs["fail_kind"] == "interrupted"

@@ -138,6 +138,15 @@ class LiveObserver(studies.StudyObserver):
         self.status = Text(f"  {doing}: {line}", style="dim", overflow="ellipsis", no_wrap=True)
         self._render()
 
+    def recovered(self, count: int) -> None:
+        self.say(
+            Text(
+                f"{count} trial(s) left running by a stopped autotune process (killed, or "
+                "lost) recorded as interrupted; their configurations are queued to train again",
+                style="yellow",
+            )
+        )
+
     def storage_waiting(self, problem: str, seconds: float) -> None:
         self.say(
             Text(

@@ -155,7 +155,9 @@ def run_study(
     failures = 0
     wait_seconds = min(1.0, float(spec.study.heartbeat_interval))
     try:
-        recover_stale_trials(study)  # a stale baseline is retried with its mark, not queued anew
+        # a stale baseline is retried with its mark, not queued anew
+        if recovered := recover_stale_trials(study):
+            observer.recovered(recovered)
         if len(study.get_trials(deepcopy=False, states=COUNTED_STATES)) < target:
             speed = trial_runner.speed
 
@@ -169,7 +171,8 @@ def run_study(
             if on_trials_start is not None:  # only when there is something left to run
                 on_trials_start()
         while True:
-            recover_stale_trials(study)
+            if recovered := recover_stale_trials(study):
+                observer.recovered(recovered)
             # counted and started under the study's lock: processes that count at the same
             # moment cannot each start the last trial
             with study_lock(study):

@@ -82,6 +82,10 @@ class StudyObserver:
     def trial_finished(self, trial: FrozenTrial) -> None:
         """A trial ended (any state); its attributes are final."""
 
+    def recovered(self, count: int) -> None:
+        """``count`` trials a stopped process left running were failed as interrupted and their
+        parameters queued again (``recover_stale_trials``)."""
+
     def waiting(self, running: int) -> None:
         """The study's last trials are running elsewhere (or are stale); this run waits."""
 
