@@ -266,25 +266,30 @@ def test_a_bad_artifact_store_is_one_line_and_writes_nothing(invoke_cli, seen, t
     assert [p.name for p in folder.iterdir()] and (tmp_path / "r.html").is_file()
 
 
-# Runs one command in a fresh interpreter, as the console script does, then names the heavy
-# packages it loaded on stderr's last line.
+# Runs commands one after another in one fresh interpreter, as the console script runs each;
+# after each it prints a separator on stdout and names the heavy packages loaded so far on
+# stderr: a command that loads one shows it on its own line, whatever ran before it.
 _PROBE = """
-import sys
+import json, sys
 from autotune.cli import app
-try:
-    app(sys.argv[1:], prog_name="autotune")
-except SystemExit as exit:
-    code = exit.code
-else:
-    code = 0
-heavy = sorted({"torch", "torchvision", "sklearn", "plotly"} & set(sys.modules))
-print(f"exit {code}; loaded {' '.join(heavy) or 'none'}", file=sys.stderr)
-"""
+for args in json.loads(sys.argv[1]):
+    try:
+        app(args, prog_name="autotune")
+    except SystemExit as exit:
+        code = exit.code
+    else:
+        code = 0
+    heavy = sorted({"torch", "torchvision", "sklearn", "plotly"} & set(sys.modules))
+    print(_SEPARATOR, flush=True)
+    print(f"exit {code}; loaded {' '.join(heavy) or 'none'}", file=sys.stderr, flush=True)
+""".replace("_SEPARATOR", repr("-- probe: next command --"))
 
 
-def _probe(*args: str, cwd: Path) -> tuple[str, str]:
+def _probe(*commands: tuple[str, ...], cwd: Path) -> list[tuple[str, str]]:
+    """Each of ``commands`` run in turn in one fresh interpreter: what it printed, and the
+    line that says its exit code and the heavy packages loaded once it had run."""
     done = subprocess.run(
-        [sys.executable, "-c", _PROBE, *args],
+        [sys.executable, "-c", _PROBE, json.dumps(commands)],
         cwd=cwd,
         env={**os.environ, "COLUMNS": "160", "PYTHONWARNINGS": "ignore"},
         capture_output=True,
@@ -292,15 +297,19 @@ def _probe(*args: str, cwd: Path) -> tuple[str, str]:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    return done.stdout, done.stderr.strip().splitlines()[-1]
+    outputs = done.stdout.split("-- probe: next command --\n")[: len(commands)]
+    lasts = [line for line in done.stderr.splitlines() if line.startswith("exit ")]
+    assert len(outputs) == len(lasts) == len(commands), done.stdout + done.stderr
+    return list(zip(outputs, lasts, strict=True))
 
 
 def test_commands_that_read_a_study_do_not_import_torch(seen, tmp_path: Path):
     """best, studies, export to YAML/JSON, dashboard, --help and --version read a study or print
     text: importing torch (seconds on a CPU machine) is for the commands that train, and plotly
-    (which the CUDA images autotune meets may lack) is for ``report``."""
+    (which the CUDA images autotune meets may lack) is for ``report``. They run one after
+    another in one interpreter (one start, not seven); each is checked once it has run."""
     _, url = seen
-    for args, shown in (
+    expected = (
         (("--help",), "export"),
         (("--version",), __version__),
         (("best", "--study", "seen", "--storage", url), "Export it:"),
@@ -308,8 +317,9 @@ def test_commands_that_read_a_study_do_not_import_torch(seen, tmp_path: Path):
         (("studies", "--storage", url), "seen"),
         (("export", "--study", "seen", "--storage", url, "--format", "yaml"), "config:"),
         (("export", "--study", "seen", "--storage", url, "--format", "json"), '"config"'),
-    ):
-        stdout, last = _probe(*args, cwd=tmp_path)
+    )
+    probed = _probe(*(args for args, _ in expected), cwd=tmp_path)
+    for (args, shown), (stdout, last) in zip(expected, probed, strict=True):
         assert shown in stdout, (args, stdout)
         assert last == "exit 0; loaded none", (args, last)
     # the dashboard: every import done, then the port it is given is taken
@@ -317,7 +327,7 @@ def test_commands_that_read_a_study_do_not_import_torch(seen, tmp_path: Path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
-        _, last = _probe("dashboard", "--storage", url, "--port", port, cwd=tmp_path)
+        ((_, last),) = _probe(("dashboard", "--storage", url, "--port", port), cwd=tmp_path)
     # optuna-dashboard imports scikit-learn (for its importances): torch it need not
     assert last.startswith("exit 1; loaded ") and "torch" not in last, last
 
