@@ -135,7 +135,7 @@ def test_edited_space_is_refused_until_new_study(invoke_cli, tmp_path: Path):
     space.write_text(space.read_text().replace("  seed: 0\n", ONE_STAGE))
     assert run_cli("run", str(space), "--isolation", "none", cwd=tmp_path).returncode == 0
     space.write_text(space.read_text().replace("[16, 32]", "[16, 64]"))
-    refused = run_cli("run", str(space), cwd=tmp_path)
+    refused = invoke_cli("run", str(space), cwd=tmp_path)  # refused before it trains
     assert refused.returncode == 2
     assert "the space file changed" in refused.stderr and "[16, 64]" in refused.stderr
     fresh = run_cli("run", str(space), "--new-study", "--isolation", "none", cwd=tmp_path)
