@@ -32,7 +32,7 @@ SMALL_ROUNDS = (
 )
 
 
-def test_run_then_best_then_resume(invoke_cli, tmp_path: Path):
+def test_run_then_best_then_resume(invoke_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     # the CUDA images autotune meets may lack plotly: only `autotune report` draws with it
     without_plotly = {"PYTHONPATH": str(import_blocker(tmp_path, "plotly"))}
     space = write_space(tmp_path, n_trials=4, pruner="hyperband")
@@ -82,12 +82,18 @@ def test_run_then_best_then_resume(invoke_cli, tmp_path: Path):
     assert listed.returncode == 0 and "tiny" in listed.stdout
     exported = run_cli("export", "--study", "tiny", "-o", "t.py", cwd=tmp_path, env=without_plotly)
     assert exported.returncode == 0 and (tmp_path / "t.py").exists(), exported.stderr
-    report = run_cli("report", "--study", "tiny", cwd=tmp_path, env=without_plotly)
+    # report imports plotly when it draws: in this process, as if plotly were not installed
+    hidden = [name for name in sys.modules if name == "plotly" or name.startswith("plotly.")]
+    for name in hidden or ["plotly"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    report = invoke_cli("report", "--study", "tiny", cwd=tmp_path)
+    monkeypatch.undo()
     assert report.returncode == 1 and "Traceback" not in report.stderr
     assert "autotune report needs plotly" in report.stdout + report.stderr
     assert not (tmp_path / "report.html").exists()
 
-    again = run_cli("run", str(space), "--n-trials", "6", cwd=tmp_path)
+    # resumed in this process's trials (no worker: what is resumed is the study)
+    again = run_cli("run", str(space), "--n-trials", "6", "--isolation", "none", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert "resuming with" in again.stdout
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{db}")
@@ -448,6 +454,7 @@ def test_a_bug_that_fails_stage_one_names_the_users_file_and_keeps_its_traceback
     )
     kept = [t.user_attrs.get("fail_traceback") for t in speed.trials]
     assert kept and all(text and 'bad_model.py", line 12' in text for text in kept)
-    verbose = run_cli("run", str(space), "--verbose", cwd=tmp_path)
+    # the traceback shown, from stage 1 run in this process (no worker) the second time
+    verbose = run_cli("run", str(space), "--verbose", "--isolation", "none", cwd=tmp_path)
     assert verbose.returncode == 1
     assert 'bad_model.py", line 12, in forward' in verbose.stdout  # the traceback, shown
