@@ -22,10 +22,21 @@ from autotune.testing import TINY_SPACE, import_blocker, run_cli, write_space
 pytestmark = pytest.mark.slow
 
 
-def test_run_then_best_then_resume(invoke_cli, tmp_path: Path):
+# both stages and the confirmation round, each as small as it goes: one leader confirmed with
+# the untuned baseline, one more run each; stage 1 times each setting once, in one burst. No
+# tuning checklist: it is not what this test looks at, and it can be the answer while its own
+# trial scored under min_accuracy (most of its runs in the round did not)
+SMALL_ROUNDS = (
+    "  seed: 0\n  checklist: false\n  confirm: {top: 1, repeats: 1}\n"
+    "  speed: {repeats: 1, bursts: 1}\n"
+)
+
+
+def test_run_then_best_then_resume(invoke_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     # the CUDA images autotune meets may lack plotly: only `autotune report` draws with it
     without_plotly = {"PYTHONPATH": str(import_blocker(tmp_path, "plotly"))}
     space = write_space(tmp_path, n_trials=4, pruner="hyperband")
+    space.write_text(space.read_text().replace("  seed: 0\n", SMALL_ROUNDS))
     done = run_cli("run", str(space), cwd=tmp_path, env=without_plotly)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stdout + done.stderr
@@ -71,12 +82,18 @@ def test_run_then_best_then_resume(invoke_cli, tmp_path: Path):
     assert listed.returncode == 0 and "tiny" in listed.stdout
     exported = run_cli("export", "--study", "tiny", "-o", "t.py", cwd=tmp_path, env=without_plotly)
     assert exported.returncode == 0 and (tmp_path / "t.py").exists(), exported.stderr
-    report = run_cli("report", "--study", "tiny", cwd=tmp_path, env=without_plotly)
+    # report imports plotly when it draws: in this process, as if plotly were not installed
+    hidden = [name for name in sys.modules if name == "plotly" or name.startswith("plotly.")]
+    for name in hidden or ["plotly"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    report = invoke_cli("report", "--study", "tiny", cwd=tmp_path)
+    monkeypatch.undo()
     assert report.returncode == 1 and "Traceback" not in report.stderr
     assert "autotune report needs plotly" in report.stdout + report.stderr
     assert not (tmp_path / "report.html").exists()
 
-    again = run_cli("run", str(space), "--n-trials", "6", cwd=tmp_path)
+    # resumed in this process's trials (no worker: what is resumed is the study)
+    again = run_cli("run", str(space), "--n-trials", "6", "--isolation", "none", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert "resuming with" in again.stdout
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{db}")
@@ -135,7 +152,7 @@ def test_edited_space_is_refused_until_new_study(invoke_cli, tmp_path: Path):
     space.write_text(space.read_text().replace("  seed: 0\n", ONE_STAGE))
     assert run_cli("run", str(space), "--isolation", "none", cwd=tmp_path).returncode == 0
     space.write_text(space.read_text().replace("[16, 32]", "[16, 64]"))
-    refused = run_cli("run", str(space), cwd=tmp_path)
+    refused = invoke_cli("run", str(space), cwd=tmp_path)  # refused before it trains
     assert refused.returncode == 2
     assert "the space file changed" in refused.stderr and "[16, 64]" in refused.stderr
     fresh = run_cli("run", str(space), "--new-study", "--isolation", "none", cwd=tmp_path)
@@ -266,25 +283,30 @@ def test_a_bad_artifact_store_is_one_line_and_writes_nothing(invoke_cli, seen, t
     assert [p.name for p in folder.iterdir()] and (tmp_path / "r.html").is_file()
 
 
-# Runs one command in a fresh interpreter, as the console script does, then names the heavy
-# packages it loaded on stderr's last line.
+# Runs commands one after another in one fresh interpreter, as the console script runs each;
+# after each it prints a separator on stdout and names the heavy packages loaded so far on
+# stderr: a command that loads one shows it on its own line, whatever ran before it.
 _PROBE = """
-import sys
+import json, sys
 from autotune.cli import app
-try:
-    app(sys.argv[1:], prog_name="autotune")
-except SystemExit as exit:
-    code = exit.code
-else:
-    code = 0
-heavy = sorted({"torch", "torchvision", "sklearn", "plotly"} & set(sys.modules))
-print(f"exit {code}; loaded {' '.join(heavy) or 'none'}", file=sys.stderr)
-"""
+for args in json.loads(sys.argv[1]):
+    try:
+        app(args, prog_name="autotune")
+    except SystemExit as exit:
+        code = exit.code
+    else:
+        code = 0
+    heavy = sorted({"torch", "torchvision", "sklearn", "plotly"} & set(sys.modules))
+    print(_SEPARATOR, flush=True)
+    print(f"exit {code}; loaded {' '.join(heavy) or 'none'}", file=sys.stderr, flush=True)
+""".replace("_SEPARATOR", repr("-- probe: next command --"))
 
 
-def _probe(*args: str, cwd: Path) -> tuple[str, str]:
+def _probe(*commands: tuple[str, ...], cwd: Path) -> list[tuple[str, str]]:
+    """Each of ``commands`` run in turn in one fresh interpreter: what it printed, and the
+    line that says its exit code and the heavy packages loaded once it had run."""
     done = subprocess.run(
-        [sys.executable, "-c", _PROBE, *args],
+        [sys.executable, "-c", _PROBE, json.dumps(commands)],
         cwd=cwd,
         env={**os.environ, "COLUMNS": "160", "PYTHONWARNINGS": "ignore"},
         capture_output=True,
@@ -292,15 +314,19 @@ def _probe(*args: str, cwd: Path) -> tuple[str, str]:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    return done.stdout, done.stderr.strip().splitlines()[-1]
+    outputs = done.stdout.split("-- probe: next command --\n")[: len(commands)]
+    lasts = [line for line in done.stderr.splitlines() if line.startswith("exit ")]
+    assert len(outputs) == len(lasts) == len(commands), done.stdout + done.stderr
+    return list(zip(outputs, lasts, strict=True))
 
 
 def test_commands_that_read_a_study_do_not_import_torch(seen, tmp_path: Path):
     """best, studies, export to YAML/JSON, dashboard, --help and --version read a study or print
     text: importing torch (seconds on a CPU machine) is for the commands that train, and plotly
-    (which the CUDA images autotune meets may lack) is for ``report``."""
+    (which the CUDA images autotune meets may lack) is for ``report``. They run one after
+    another in one interpreter (one start, not seven); each is checked once it has run."""
     _, url = seen
-    for args, shown in (
+    expected = (
         (("--help",), "export"),
         (("--version",), __version__),
         (("best", "--study", "seen", "--storage", url), "Export it:"),
@@ -308,8 +334,9 @@ def test_commands_that_read_a_study_do_not_import_torch(seen, tmp_path: Path):
         (("studies", "--storage", url), "seen"),
         (("export", "--study", "seen", "--storage", url, "--format", "yaml"), "config:"),
         (("export", "--study", "seen", "--storage", url, "--format", "json"), '"config"'),
-    ):
-        stdout, last = _probe(*args, cwd=tmp_path)
+    )
+    probed = _probe(*(args for args, _ in expected), cwd=tmp_path)
+    for (args, shown), (stdout, last) in zip(expected, probed, strict=True):
         assert shown in stdout, (args, stdout)
         assert last == "exit 0; loaded none", (args, last)
     # the dashboard: every import done, then the port it is given is taken
@@ -317,7 +344,7 @@ def test_commands_that_read_a_study_do_not_import_torch(seen, tmp_path: Path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
-        _, last = _probe("dashboard", "--storage", url, "--port", port, cwd=tmp_path)
+        ((_, last),) = _probe(("dashboard", "--storage", url, "--port", port), cwd=tmp_path)
     # optuna-dashboard imports scikit-learn (for its importances): torch it need not
     assert last.startswith("exit 1; loaded ") and "torch" not in last, last
 
@@ -427,6 +454,7 @@ def test_a_bug_that_fails_stage_one_names_the_users_file_and_keeps_its_traceback
     )
     kept = [t.user_attrs.get("fail_traceback") for t in speed.trials]
     assert kept and all(text and 'bad_model.py", line 12' in text for text in kept)
-    verbose = run_cli("run", str(space), "--verbose", cwd=tmp_path)
+    # the traceback shown, from stage 1 run in this process (no worker) the second time
+    verbose = run_cli("run", str(space), "--verbose", "--isolation", "none", cwd=tmp_path)
     assert verbose.returncode == 1
     assert 'bad_model.py", line 12, in forward' in verbose.stdout  # the traceback, shown

@@ -153,13 +153,13 @@ def test_the_workers_worker_0_starts_find_their_own_gpus(
 @two_cores
 @pytest.mark.slow
 def test_two_workers_train_at_once_on_their_own_cores_and_keep_the_count(tmp_path: Path):
-    write_space(tmp_path, SLOW_SPACE.format(n_trials=6, delay=0.002), name="space.yaml")
+    write_space(tmp_path, SLOW_SPACE.format(n_trials=4, delay=0.002), name="space.yaml")
     done = run_cli("run", "space.yaml", "--workers", "2", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "workers worker 1 of 2: 1 core 0; worker 2 of 2: 1 core 1" in done.stdout
     study = load_study("shared", f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}")
     counted = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
-    assert len(counted) == 6 and not study.get_trials(states=(TrialState.RUNNING,))
+    assert len(counted) == 4 and not study.get_trials(states=(TrialState.RUNNING,))
     records = {t.number: TrialRecord.of(t) for t in counted}
     assert {r.worker for r in records.values()} == {"1/2", "2/2"}
     assert all(r.intra_op_threads == 1 for r in records.values())  # a core each: no more

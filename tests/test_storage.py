@@ -34,10 +34,11 @@ WITHOUT_ROOT_OVERRIDE = ("setpriv", "--bounding-set=-dac_override,-dac_read_sear
 
 
 def _space(directory: Path, n_trials: int = 2) -> Path:
-    """The tiny space file, trained in this process (no worker) and not confirmed: quick."""
+    """The tiny space file, trained in this process (no worker), in one stage (no stage 1)
+    and not confirmed: quick."""
     space = write_space(directory, n_trials=n_trials)
-    text = space.read_text().replace("  seed: 0\n", "  seed: 0\n  confirm: false\n")
-    space.write_text(text.replace("  seed: 0\n", "  seed: 0\n  isolation: none\n"))
+    quick = "  seed: 0\n  confirm: false\n  isolation: none\n  strategy: joint\n"
+    space.write_text(space.read_text().replace("  seed: 0\n", quick))
     return space
 
 
@@ -196,7 +197,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.mark.slow
 def test_a_full_disk_is_one_line_and_the_study_resumes(small_disk: Path, tmp_path: Path):
-    space = _space(tmp_path, n_trials=6)
+    space = _space(tmp_path)  # the disk fills while the study is made: before any trial
     url = f"sqlite:///{small_disk / 'studies' / 'autotune.db'}"
     full = run_cli("run", str(space), "--storage", url, cwd=tmp_path)
     _one_error_line(full, 2, f"cannot write the study to {url}")
