@@ -160,6 +160,26 @@ def test_the_answer_is_measured_against_both_references_and_the_checklist_can_wi
     assert text.endswith("; it is the tuning checklist: the search found nothing better")
 
 
+def test_a_reference_whose_own_trial_was_infeasible_is_never_the_answer():
+    """A reference is measured whatever it scored; once, the checklist won a round on two
+    feasible runs while its own trial had scored 0.258 under min_accuracy 0.5, and `best`
+    showed that score as the answer's."""
+    study = _study([1.0, 2.0, 3.0], baseline=0, checklist=1)
+    record = _round(
+        {2: [3.0, 2.0, 2.1], 0: [1.0, 1.0, 1.1], 1: [2.0, 3.3, 3.2]},
+        baseline=0,
+        checklist=1,
+        top=1,
+    )
+    infeasible_trial = tuple(
+        dataclasses.replace(run, feasible=False) if (run.trial, run.repeat) == (1, 0) else run
+        for run in record.runs
+    )
+    answer = _answer(study, dataclasses.replace(record, runs=infeasible_trial))
+    assert answer.number == 2 and answer.reference is None
+    assert _answer(study, record).number == 1  # with its trial feasible, it wins
+
+
 def test_an_answer_measured_only_under_interference_says_so():
     study = _study([1.0, 3.0], baseline=0)
     record = _round({1: [3.0, 3.1, 2.9], 0: [1.0, 1.1, 1.05]}, other={1: 0.9}, baseline=0)

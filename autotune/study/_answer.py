@@ -67,6 +67,7 @@ class Confirmed:
     round_values: tuple[float, ...] = ()
     all_runs: int = 0  # every measurement of it, flagged and failed ones included
     checklist: bool = False  # the tuning checklist (a reference, which can be the answer)
+    trial_feasible: bool = True  # its own trial met every requirement (min_score)
 
     @property
     def label(self) -> str:
@@ -102,8 +103,10 @@ class Confirmed:
 
     @property
     def eligible(self) -> bool:
-        """Whether it can be the answer: most of its measurements were feasible."""
-        return self.feasible_runs * 2 > self.runs
+        """Whether it can be the answer: its own trial was feasible (a reference's need not
+        be: it is measured whatever it scored; the answer's trial is what ``best`` shows) and
+        most of its measurements were."""
+        return self.trial_feasible and self.feasible_runs * 2 > self.runs
 
     @property
     def relative_spread(self) -> float | None:
@@ -167,6 +170,7 @@ class Verdict:
                     trial=number,
                     baseline=number == record.baseline,
                     checklist=number == record.checklist,
+                    trial_feasible=all(run.feasible for run in measured if run.repeat == 0),
                     values=tuple(run.value for run in trained if run.value is not None),
                     scores=tuple(r.score for r in trained if r.score is not None),
                     samples_per_second=tuple(
