@@ -28,7 +28,6 @@ from autotune.spec import KNOBS, Spec
 __all__ = [
     "UNTUNED",
     "baseline_params",
-    "checklist_config",
     "checklist_params",
     "checklist_rules",
     "untuned_config",
@@ -175,14 +174,6 @@ def baseline_params(spec: Spec, hardware: Hardware) -> dict[str, Any]:
 def untuned_config(spec: Spec, hardware: Hardware) -> TrialConfig:
     """The untuned configuration (see ``study.baseline``) as a whole TrialConfig."""
     return _drawn(spec, hardware, None)[1]
-
-
-def checklist_config(spec: Spec, hardware: Hardware) -> TrialConfig | None:
-    """The tuning checklist on ``hardware`` as a whole TrialConfig (its batch the largest the
-    space offers); None where it is the untuned baseline."""
-    if checklist_params(spec, hardware) is None:
-        return None
-    return _drawn(spec, hardware, checklist_rules(hardware))[1]
 
 
 def checklist_params(

@@ -108,7 +108,7 @@ def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
     """What stage 1 will time and about how long it takes, said before it starts: its
     measurements, cold compiles, an estimate from guessed compile times, and its budget."""
     from autotune.references import untuned_config
-    from autotune.study._speed_plan import SpeedPlan, describe
+    from autotune.study._speed_plan import SpeedPlan
 
     speed = spec.study.speed
     plan = SpeedPlan(spec, untuned_config(spec, hardware))
@@ -129,12 +129,6 @@ def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
     words.append(
         f"at most {_seconds(budget)} ({bound}; as it runs short, one eager setting a cell)"
     )
-    from autotune.references import checklist_config
-
-    first = plan.timed_first(checklist_config(spec, hardware))
-    if first:
-        cells = " and ".join(f"{cell.precision} at batch {cell.batch_size}" for cell, _ in first)
-        words.append(f"first the tuning checklist's setting ({describe(first[0][1])}), {cells}")
     return "; ".join(words)
 
 

@@ -175,13 +175,6 @@ class _Stage(SettingTimer):
         self.on_event(SpeedEvent.left_out(cell.label(), words, why))
         return True
 
-    def run_first(self, firsts: list[tuple[Cell, Settings]]) -> None:
-        """Time ``firsts`` (``SpeedPlan.timed_first``) once each, before any cell; a cell that
-        holds one counts it when its turn comes."""
-        for cell, settings in firsts:
-            self.measure(cell, settings, 1)
-            self.timed_first.add((cell, settings))
-
     def run_cell_over_budget(self, cell: Cell) -> None:
         """The budget is spent: ``cell`` keeps what it has measured before (the cache), else
         times one eager setting (the last cell's fastest, or its first) once."""
@@ -286,9 +279,6 @@ def run_speed_stage(
     stage = _stage(
         study, spec, hardware, executor, workload, since, on_event or (lambda e: None), on_wait
     )
-    from autotune.references import checklist_config
-
-    stage.run_first(stage.plan.timed_first(checklist_config(spec, hardware)))
     cells = list(stage.plan.cells())
     for index, cell in enumerate(cells):
         stage.left_out.cells_after = len(cells) - index - 1  # the budget keeps their share

@@ -183,24 +183,6 @@ class SpeedPlan:
             for batch_size in self.batch_sizes:
                 yield Cell(batch_size, precision, extras, self.base.world_size)
 
-    def timed_first(self, checklist: TrialConfig | None) -> list[tuple[Cell, Settings]]:
-        """What stage 1 times before its cells, each once, so that no budget leaves them out:
-        the tuning checklist's setting (``references``) in its cell (the largest micro-batch
-        at its precision), and on a GPU the same at the other half precision; the checklist
-        predicts them the fastest (issue 38)."""
-        if checklist is None:
-            return []
-        settings = tuple((name, getattr(checklist, name)) for name in SPEED_KNOBS)
-        extras = tuple((name, getattr(checklist, name)) for name in self.declared)
-        halves = [p for p in ("bf16", "fp16") if self.base.device.startswith("cuda")]
-        cells = set(self.cells())
-        return [
-            (cell, settings)
-            for precision in dict.fromkeys((checklist.precision, *halves))
-            if (cell := Cell(checklist.batch_size, precision, extras, self.base.world_size))
-            in cells
-        ]
-
     # -- settings -------------------------------------------------------------------------------
 
     def _fixed(self, cell: Cell) -> dict[str, Any]:

@@ -72,7 +72,6 @@ class SettingTimer:
         self.context = context
         self.pools = pools
         self.on_event = on_event
-        self.timed_first: set[tuple[Cell, Settings]] = set()  # reported when they were timed
         self.on_wait = on_wait  # hears that a measurement waits for another process
         self.claims = Claims(self.speed_study)  # who times which setting, across machines
         self.last_measured: TrialConfig | None = None  # what the worker's process ran last
@@ -155,7 +154,7 @@ class SettingTimer:
         pool = self.pool(cell, settings)
         words = describe(settings)
         if pool.fault is not None or len(pool.results) >= count:
-            if count == 1 and (cell, settings) not in self.timed_first:  # reported once
+            if count == 1:  # reported once, not at every round
                 fault = pool.fault[1] if pool.fault else None
                 best = pool.combined()
                 self.on_event(
