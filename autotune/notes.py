@@ -18,6 +18,7 @@ from autotune.display import fmt_metric
 from autotune.results import PHASES
 from autotune.spec import DEFAULT_STORAGE, knobs_for
 from autotune.study import (
+    REFERENCE_NAMES,
     Answer,
     StudyRecord,
     TrialRecord,
@@ -101,8 +102,8 @@ class Summary:
         found = []
         shown = {self.best.number} if self.best is not None else set()
         for label, other in (
-            ("the untuned baseline", self.baseline),
-            ("the tuning checklist", self.checklist),
+            (REFERENCE_NAMES["baseline"], self.baseline),
+            (REFERENCE_NAMES["checklist"], self.checklist),
             ("the median feasible trial", self.median),
             ("the slowest feasible trial", self.slowest),
         ):

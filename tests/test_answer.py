@@ -13,8 +13,7 @@ from rich.console import Console
 
 from autotune import display, export, notes, report
 from autotune.study import (
-    CHECKLIST,
-    UNTUNED,
+    REFERENCE_NAMES,
     Answer,
     ConfirmationRecord,
     ConfirmRun,
@@ -132,7 +131,11 @@ def test_the_baseline_can_be_the_answer_and_is_then_named_so():
     study = _study([2.0, 1.9], baseline=0)
     answer = _answer(study, _round({1: [1.9, 1.0, 1.05], 0: [2.0, 2.1, 2.2]}, baseline=0, top=1))
     assert answer.confirmed and answer.number == 0
-    assert answer.reference == UNTUNED and answer.references == () and answer.speedup is None
+    assert (
+        answer.reference == REFERENCE_NAMES["baseline"]
+        and answer.references == ()
+        and answer.speedup is None
+    )
 
 
 def test_the_answer_is_measured_against_both_references_and_the_checklist_can_win():
@@ -141,11 +144,11 @@ def test_the_answer_is_measured_against_both_references_and_the_checklist_can_wi
     answer = _answer(study, _round(series, baseline=0, checklist=1, top=1))
     assert answer.number == 2 and answer.reference is None
     assert [(r.name, r.number, r.runs) for r in answer.references] == [
-        (UNTUNED, 0, 2),
-        (CHECKLIST, 1, 2),
+        (REFERENCE_NAMES["baseline"], 0, 2),
+        (REFERENCE_NAMES["checklist"], 1, 2),
     ]
     assert answer.speedup == pytest.approx(3.0 / 1.05)
-    assert answer.ratio_over(CHECKLIST) == pytest.approx(3.0 / 2.0)
+    assert answer.ratio_over(REFERENCE_NAMES["checklist"]) == pytest.approx(3.0 / 2.0)
     said = export.TrialConfirmation.of(answer, 2)
     assert said is not None and said.over_checklist == pytest.approx(1.5)
     assert "2.86x the untuned baseline, 1.50x the tuning checklist" in (
@@ -154,8 +157,10 @@ def test_the_answer_is_measured_against_both_references_and_the_checklist_can_wi
     # the search's leader falls back in the round: the checklist is the answer, and says so
     series[2] = [3.0, 1.5, 1.6]
     won = _answer(study, _round(series, baseline=0, checklist=1, top=1))
-    assert won.number == 1 and won.reference == CHECKLIST
-    assert [r.name for r in won.references] == [UNTUNED]  # never a ratio over itself
+    assert won.number == 1 and won.reference == REFERENCE_NAMES["checklist"]
+    assert [r.name for r in won.references] == [
+        REFERENCE_NAMES["baseline"]
+    ]  # never a ratio over itself
     text = export.confirmation_text(export.TrialConfirmation.of(won, 1))
     assert text.endswith("; it is the tuning checklist: the search found nothing better")
 

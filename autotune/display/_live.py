@@ -238,8 +238,8 @@ class LiveObserver(studies.StudyObserver):
                 line.append(f"{kind:>15}  ", style="dim")
             else:
                 line.append(f"{kind:>15}  {record.fail_msg or ''}  ", style="red")
-        marks = {"baseline": "(untuned baseline) ", "checklist": "(tuning checklist) "}
-        knobs = Text(marks.get(record.reference or "", ""), style="bold")
+        name = studies.REFERENCE_NAMES.get(record.reference) if record.reference else None
+        knobs = Text(f"({name.removeprefix('the ')}) " if name else "", style="bold")
         knobs.append(params(trial), style="cyan")  # precision, data_pipeline, ... first
         console = self.live.console
         if line.cell_len + flags.cell_len <= console.width:

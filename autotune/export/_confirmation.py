@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.study import CHECKLIST, Answer
+from autotune.study import REFERENCE_NAMES, Answer
 
 __all__ = ["TrialConfirmation", "confirmation_text"]
 
@@ -54,7 +54,7 @@ class TrialConfirmation:
             median_samples_per_second=found.median_samples_per_second,
             answer=mine,
             speedup=answer.speedup if mine else None,
-            over_checklist=answer.ratio_over(CHECKLIST) if mine else None,
+            over_checklist=answer.ratio_over(REFERENCE_NAMES["checklist"]) if mine else None,
             reference=answer.reference if mine else None,
             tied_with=answer.tied if mine else (),
             under_interference=found.interfered,
@@ -79,9 +79,9 @@ def confirmation_text(found: TrialConfirmation | None) -> str:
     if found.spread is not None:
         text += f" (spread ±{found.spread:.0%})"
     if found.speedup is not None:
-        text += f", {found.speedup:.2f}x the untuned baseline"
+        text += f", {found.speedup:.2f}x {REFERENCE_NAMES['baseline']}"
     if found.over_checklist is not None:
-        text += f", {found.over_checklist:.2f}x the tuning checklist"
+        text += f", {found.over_checklist:.2f}x {REFERENCE_NAMES['checklist']}"
     if found.reference is not None:
         text += f"; it is {found.reference}: the search found nothing better"
     if found.tied_with:

@@ -56,9 +56,8 @@ if TYPE_CHECKING:
         trial_knob_origin,
     )
     from autotune.study._records import (
-        CHECKLIST,
         METRIC_FIELDS,
-        UNTUNED,
+        REFERENCE_NAMES,
         ConfirmationRecord,
         ConfirmRun,
         StudyRecord,
@@ -89,8 +88,7 @@ _MODULES = {
     "answer_trial": "_answer",
     "Answer": "_answer",
     "Reference": "_answer",
-    "CHECKLIST": "_records",
-    "UNTUNED": "_records",
+    "REFERENCE_NAMES": "_records",
     "answer_of": "_answer",
     "confirm_study": "_confirm",
     "confirmation_plan": "_confirm",
@@ -153,11 +151,10 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "CHECKLIST",
     "COUNTED_STATES",
     "METRIC_FIELDS",
     "NOISY_SPREAD",
-    "UNTUNED",
+    "REFERENCE_NAMES",
     "Access",
     "Answer",
     "ConfirmRun",

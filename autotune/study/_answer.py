@@ -42,9 +42,9 @@ from optuna.trial import FrozenTrial
 
 from autotune.study._queries import feasible_trials
 from autotune.study._records import (
-    CHECKLIST,
-    UNTUNED,
+    REFERENCE_NAMES,
     ConfirmationRecord,
+    ReferenceKind,
     StudyRecord,
     TrialRecord,
 )
@@ -70,10 +70,14 @@ class Confirmed:
     trial_feasible: bool = True  # its own trial met every requirement (min_score)
 
     @property
+    def reference(self) -> ReferenceKind | None:
+        """Which reference it is, if it is one."""
+        return "baseline" if self.baseline else "checklist" if self.checklist else None
+
+    @property
     def label(self) -> str:
         """Its trial number, and which reference it is: "0 (baseline)", "1 (checklist)"."""
-        kind = "baseline" if self.baseline else "checklist" if self.checklist else None
-        return f"{self.trial}" + (f" ({kind})" if kind else "")
+        return f"{self.trial}" + (f" ({self.reference})" if self.reference else "")
 
     @property
     def round_median(self) -> float:
@@ -287,10 +291,10 @@ class Answer:
     @property
     def speedup(self) -> float | None:
         """Its ratio over the untuned baseline; None without one."""
-        return self.ratio_over(UNTUNED)
+        return self.ratio_over(REFERENCE_NAMES["baseline"])
 
     def ratio_over(self, name: str) -> float | None:
-        """Its ratio over the reference ``name`` (UNTUNED, CHECKLIST); None without one."""
+        """Its ratio over the reference ``name`` (``REFERENCE_NAMES``); None without one."""
         return next((r.ratio for r in self.references if r.name == name), None)
 
     @property
@@ -300,7 +304,7 @@ class Answer:
         winner = next((c for c in self.configurations if c.trial == self.number), None)
         if winner is None or not self.confirmed:
             return None
-        return UNTUNED if winner.baseline else CHECKLIST if winner.checklist else None
+        return REFERENCE_NAMES[winner.reference] if winner.reference else None
 
 
 def answer_of(study: optuna.Study) -> Answer | None:
@@ -338,7 +342,10 @@ def answer_of(study: optuna.Study) -> Answer | None:
     winner = verdict.winner
     if not best.confirmed or winner is None:
         return best
-    references = ((UNTUNED, verdict.baseline), (CHECKLIST, verdict.checklist))
+    references = (
+        (REFERENCE_NAMES["baseline"], verdict.baseline),
+        (REFERENCE_NAMES["checklist"], verdict.checklist),
+    )
     return dataclasses.replace(
         best,
         trial=next(t for t in trials if t.number == winner.trial),

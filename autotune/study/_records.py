@@ -36,8 +36,11 @@ __all__ = [
 # order they are queued: the untuned baseline, then the tuning checklist
 ReferenceKind = Literal["baseline", "checklist"]
 REFERENCES: tuple[ReferenceKind, ...] = ("baseline", "checklist")
-# as the answer's lines name them
-UNTUNED, CHECKLIST = "the untuned baseline", "the tuning checklist"
+# as the answer's lines name them (a trial's mark is the name without "the")
+REFERENCE_NAMES: dict[ReferenceKind, str] = {
+    "baseline": "the untuned baseline",
+    "checklist": "the tuning checklist",
+}
 
 
 def _metric() -> Any:
@@ -297,9 +300,9 @@ class ConfirmationRecord:
 
     @property
     def references(self) -> tuple[str, ...]:
-        """The references the round measures, by name (UNTUNED, CHECKLIST)."""
-        kinds = ((UNTUNED, self.baseline), (CHECKLIST, self.checklist))
-        return tuple(name for name, trial in kinds if trial is not None)
+        """The references the round measures, by name (``REFERENCE_NAMES``)."""
+        trials = {"baseline": self.baseline, "checklist": self.checklist}
+        return tuple(REFERENCE_NAMES[kind] for kind in REFERENCES if trials[kind] is not None)
 
     def runs_left(self) -> int:
         """Runs of the round not measured yet; a run measured again (under interference)
