@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -95,6 +96,15 @@ USER_MODULE = textwrap.dedent(
 
     def pixels(num_classes):
         return nn.Conv2d(3, num_classes, 3, padding=1)
+
+    def tokens(n=32, val=16, length=6):
+        # next-token prediction whose sequence length equals its vocabulary (6)
+        g = torch.Generator().manual_seed(0)
+        x = torch.randint(0, length, (n + val, length + 1), generator=g)
+        return TensorDataset(x[:n, :-1], x[:n, 1:]), TensorDataset(x[n:, :-1], x[n:, 1:])
+
+    def bigram(num_classes):
+        return nn.Embedding(num_classes, num_classes)  # logits [batch, sequence, vocabulary]
     """
 )
 
@@ -104,9 +114,14 @@ def user_dir(user_module) -> Path:
     return user_module("odd_workloads", USER_MODULE)
 
 
-def _load(folder: Path, model: str, data: str = "blobs", **data_args: object):
+def _load(
+    folder: Path, model: str, data: str = "blobs", class_dim: int | None = None, **data_args: Any
+):
     spec = WorkloadSpec(
-        model=f"odd_workloads:{model}", data=f"odd_workloads:{data}", data_args=data_args
+        model=f"odd_workloads:{model}",
+        data=f"odd_workloads:{data}",
+        data_args=data_args,
+        class_dim=class_dim,
     )
     return load(spec, base_dir=folder)
 
@@ -194,6 +209,19 @@ def test_a_segmentation_trial_scores_a_share_of_pixels(user_dir: Path, model: st
     # never above 1
     assert 0.6 < result.score <= 1.0
     assert all(0.0 <= e.score <= 1.0 for e in result.evaluations)
+
+
+def test_logits_that_fit_either_class_dimension_are_refused_until_the_space_names_it(
+    user_dir: Path,
+):
+    # [B, 6, 6] against [B, 6]: read as classes-first, it trains on the wrong axis silently
+    with pytest.raises(WorkloadError, match=r"dimension 1 or in the last; say which"):
+        _load(user_dir, "bigram", "tokens")
+    assert _load(user_dir, "bigram", "tokens", class_dim=-1).classes_last
+    assert not _load(user_dir, "bigram", "tokens", class_dim=1).classes_last
+    with pytest.raises(WorkloadError, match=r"cannot hold the classes in dimension 1 \(workload"):
+        _load(user_dir, "classes_last", "masks", class_dim=1)
+    assert not _load(user_dir, "linear", class_dim=-1).classes_last  # [B, classes]: one reading
 
 
 def test_channels_last_is_not_searched_for_inputs_that_are_not_images(user_dir: Path):

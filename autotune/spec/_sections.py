@@ -140,6 +140,9 @@ class WorkloadSpec(Frozen):
     inputs: str | int | list[str | int] | None = None
     target: str | int | None = None
     loss: str = "cross_entropy"  # cross_entropy | model | package.module:function
+    # where the model's logits hold the classes: 1 ([batch, classes, ...]) or -1 ([batch, ...,
+    # classes]); None: read from the shapes, refused where both fit (a [B, n, n] language model)
+    class_dim: Literal[1, -1] | None = None
     # the user's package.module:function(batch) -> (model_args, model_kwargs, target), in
     # place of inputs and target: for batches a key or an index cannot describe
     batch_fn: str | None = None

@@ -187,18 +187,32 @@ def batch_of(
         ) from None
 
 
-def _classes_last(output: torch.Tensor, targets: torch.Tensor, entry: str) -> bool:
+def _classes_last(output: torch.Tensor, targets: torch.Tensor, names: Entries) -> bool:
     """Whether ``output`` holds the classes in its last dimension (``[batch, *d, classes]``, a
-    Hugging Face token classifier's) rather than in dimension 1; WorkloadError when neither
-    fits ``targets``."""
-    if output.dim() >= 2 and output.shape[0] == targets.shape[0]:
-        if output.shape[2:] == targets.shape[1:]:
-            return False
-        if output.shape[:-1] == targets.shape:
-            return True
+    Hugging Face token classifier's) rather than in dimension 1, as ``workload.class_dim`` says
+    or else as the shapes say; WorkloadError when neither fits ``targets``, or both do."""
+    shapes = f"output {list(output.shape)} against targets {list(targets.shape)}"
+    fits_first = output.dim() >= 2 and output.shape[0] == targets.shape[0]
+    fits_first = fits_first and output.shape[2:] == targets.shape[1:]
+    fits = {1: fits_first, -1: output.dim() >= 2 and output.shape[:-1] == targets.shape}
+    if names.class_dim is not None:
+        if fits[names.class_dim]:
+            return names.class_dim == -1 and output.dim() > 2
+        raise WorkloadError(
+            f"model '{names.model}': {shapes} cannot hold the classes in dimension "
+            f"{names.class_dim} (workload.class_dim)"
+        )
+    if fits[1] and fits[-1] and output.dim() > 2:  # [B, n, n] against [B, n]: either reads
+        raise WorkloadError(
+            f"model '{names.model}': {shapes} could hold the classes in dimension 1 or in the "
+            f"last; say which with workload.class_dim: 1 or -1 (a language model's logits "
+            f"[batch, sequence, vocabulary] hold them in -1)"
+        )
+    if fits[1] or fits[-1]:
+        return not fits[1]
     expected = "[" + ", ".join(map(str, [targets.shape[0], "classes", *targets.shape[1:]])) + "]"
     raise WorkloadError(
-        f"model '{entry}': output {list(output.shape)} does not fit targets "
+        f"model '{names.model}': output {list(output.shape)} does not fit targets "
         f"{list(targets.shape)}: cross-entropy needs logits {expected}, the classes in "
         f"dimension 1 (or in the last)"
     )
@@ -226,7 +240,7 @@ def _logits(output: Any, targets: torch.Tensor, names: Entries) -> tuple[torch.T
             f"model '{entry}' returned {_describe(output)}; {reader} reads a tensor of logits "
             f"[batch, classes, ...]: return one, or an object with .logits"
         ) from None
-    last = _classes_last(logits, targets, entry)
+    last = _classes_last(logits, targets, names)
     return (logits.movedim(-1, 1) if last else logits), last
 
 
@@ -263,6 +277,7 @@ class Entries(NamedTuple):
     data: str
     loss: str
     score: str = "accuracy"
+    class_dim: int | None = None  # workload.class_dim: where the logits hold the classes
 
 
 def _user_score(
