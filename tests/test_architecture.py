@@ -48,10 +48,6 @@ LAYERS: list[set[str]] = [
     {"cli", "__init__", "__main__"},  # the command line and the Python API's entrance
 ]
 
-# Modules allowed past MAX_LINES, and why (none now: a module that outgrows it is split).
-MAX_LINES = 400
-LONG_MODULES: dict[str, str] = {}
-
 
 def _unit(module: str) -> str:
     """The layer unit of a dotted module name inside the package: a top-level module, or a
@@ -137,16 +133,6 @@ def test_no_import_cycles_between_units():
 
     for unit in sorted(edges):
         visit(unit)
-
-
-def test_modules_stay_readable():
-    too_long = {}
-    for path in _sources():
-        lines = len(path.read_text(encoding="utf-8").splitlines())
-        name = str(path.relative_to(PACKAGE))
-        if lines > MAX_LINES and name not in LONG_MODULES:
-            too_long[name] = lines
-    assert too_long == {}, f"over {MAX_LINES} lines without a reason in LONG_MODULES"
 
 
 def test_no_module_imports_another_modules_private_names():
