@@ -117,7 +117,7 @@ def train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRes
     )
 
 
-def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialResult:
+def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialResult:  # noqa: PLR0915
     # -- seeds: weights, data order and DataLoader workers all follow config.seed
     seed_everything(config.seed)
 

@@ -347,8 +347,7 @@ def run(
     must fix, and KeyboardInterrupt is recorded (``ending.status`` "interrupted"), not raised.
     The workers of ``--workers`` and ``--gpus`` are the command's: one call runs one process.
     """
-    from autotune import notes
-    from autotune import study as studies
+    import optuna
 
     options = RunOptions(
         n_trials=n_trials,
@@ -362,14 +361,33 @@ def run(
     spec = load_run_spec(space, options)
     if base_dir is None:
         base_dir = Path(space).parent if not isinstance(space, Spec) else Path.cwd()
-    base_dir = Path(base_dir)
-    launched = launch_worker(spec, base_dir)
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # its INFO lines: a library prints nothing
     try:
-        prepared = prepare(spec, base_dir, new_study=new_study)
-    except BaseException:
-        if launched is not None:
-            launched.close()
-        raise
+        launched = launch_worker(spec, Path(base_dir))
+        try:
+            prepared = prepare(spec, Path(base_dir), new_study=new_study)
+        except BaseException:
+            if launched is not None:
+                launched.close()
+            raise
+        return _run_prepared(prepared, Path(base_dir), launched, observer, remeasure, confirm)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+
+
+def _run_prepared(
+    prepared: Prepared,
+    base_dir: Path,
+    launched: WorkerExecutor | None,
+    observer: StudyObserver | None,
+    remeasure: bool,
+    confirm: bool,
+) -> RunReport:
+    """``run``'s stages, confirmation round and note, once the study is open."""
+    from autotune import notes
+    from autotune import study as studies
+
     spec, study = prepared.spec, prepared.study
     executor = executor_for(prepared, base_dir, launched=launched)
     confirmed = False

@@ -85,7 +85,7 @@ def _in_memory_bytes(dataset: Any) -> int | None:
     return None
 
 
-def _unsupported(
+def _unsupported(  # noqa: C901
     hardware: Hardware, workload: Workload | None, processes: int = 1
 ) -> dict[str, Callable[[Any], str | None]]:
     """For each knob with device-dependent values: value -> why it cannot run here, or None.

@@ -118,3 +118,48 @@ executor.close()
     )
     assert found.returncode == 0, found.stderr
     assert found.stdout.splitlines() == ["False", "True 1"]
+
+
+def test_the_api_example_runs_as_a_script_and_an_unguarded_one_is_told_the_fix(tmp_path: Path):
+    """A worker process re-imports the main script: a call at its top level would start the
+    study again inside the worker. It is refused in one line before any study exists; under
+    the ``__main__`` guard the same script runs."""
+    import subprocess
+    import sys
+
+    space = write_space(tmp_path, SPACE.format(precision="fp32"), name="api.yaml")
+    storage = f"sqlite:///{tmp_path / 'api.db'}"
+    call = (
+        f"report = autotune.run({str(space)!r}, storage={storage!r}, n_trials=1, "
+        f'isolation="worker", confirm=False)\n'
+        "print(report.ending.status, report.outcome.trials_run)\n"
+    )
+    scripts = {
+        "unguarded": call,
+        "guarded": 'if __name__ == "__main__":\n    ' + call.replace("\n", "\n    "),
+    }
+    ran = {}
+    for name, body in scripts.items():
+        (tmp_path / f"{name}.py").write_text("import autotune\n\n" + body)
+        ran[name] = subprocess.run(
+            [sys.executable, f"{name}.py"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if name == "unguarded":
+            assert not optuna.get_all_study_summaries(storage)  # refused before the study
+    refused = ran["unguarded"]
+    assert refused.returncode == 1 and "bootstrapping" not in refused.stderr
+    assert (
+        refused.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            "unguarded.py:3 runs autotune at the top level of the script: its worker process "
+            'imports the script again; put the call under if __name__ == "__main__":'
+        )
+    )
+    assert ran["guarded"].returncode == 0, ran["guarded"].stderr
+    assert ran["guarded"].stdout.split() == ["ok", "1"]
+    assert ran["guarded"].stderr == ""  # no Optuna INFO lines: a library call prints nothing

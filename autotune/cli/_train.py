@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 
 @app.command(cls=Command)
-def run(
+def run(  # noqa: C901, PLR0912, PLR0915
     space_file: Annotated[
         Path, typer.Argument(help="The space file (YAML) describing the study.")
     ],

@@ -200,7 +200,7 @@ class LiveObserver(studies.StudyObserver):
             self.shown.add(trial.number)
             self._trial_line(trial)
 
-    def _trial_line(self, trial: FrozenTrial, own: bool = True) -> None:
+    def _trial_line(self, trial: FrozenTrial, own: bool = True) -> None:  # noqa: PLR0912
         record = studies.TrialRecord.of(trial)
         line = Text(f"trial {trial.number:>3} ")
         if record.worker:  # a --workers / --gpus run: which worker trained it

@@ -242,7 +242,7 @@ def did_you_mean(word: str, options: list[str] | tuple[str, ...]) -> str:
     return f"; did you mean '{candidates[match[0]]}'?" if match else ""
 
 
-def _check_scalar(name: str, info: KnobInfo, value: Any) -> Scalar:
+def _check_scalar(name: str, info: KnobInfo, value: Any) -> Scalar:  # noqa: C901, PLR0912
     """Return ``value`` converted to the knob's type, or raise ValueError saying why not."""
     if info.kind == "bool":
         if not isinstance(value, bool):

@@ -137,7 +137,7 @@ class _Lease:
 
 
 @contextlib.contextmanager
-def study_lock(
+def study_lock(  # noqa: C901, PLR0915
     study: optuna.Study,
     purpose: str = "",
     on_wait: Callable[[], None] | None = None,

@@ -86,7 +86,7 @@ def requeue_lost_references(
     return queued > 0
 
 
-def run_study(
+def run_study(  # noqa: C901, PLR0912, PLR0915
     study: optuna.Study,
     spec: Spec,
     hardware: Hardware,

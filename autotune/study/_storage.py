@@ -228,7 +228,7 @@ def _read_only_query(path: Path, follow_writers: bool) -> str:
     return "mode=ro&immutable=1" if in_wal else "mode=ro"
 
 
-def open_storage(
+def open_storage(  # noqa: C901, PLR0912
     url: str,
     access: Access = "create",
     heartbeat_interval: int | None = None,

@@ -151,7 +151,7 @@ class TrialRunner:
         ).store(trial)
         return config
 
-    def train(self, trial: optuna.Trial) -> tuple[TrialState, float | None]:
+    def train(self, trial: optuna.Trial) -> tuple[TrialState, float | None]:  # noqa: C901, PLR0915
         """Sample, train and score ``trial``; its end state and value (None unless COMPLETE)."""
         spec, goal = self.spec, self.spec.objective
         try:

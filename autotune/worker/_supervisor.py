@@ -5,16 +5,19 @@ removed with it."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import math
 import multiprocessing
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
+from types import FrameType
 
 from autotune.config import TrialConfig
 from autotune.errors import WorkerError
@@ -75,6 +78,34 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def refuse_unguarded_main() -> None:
+    """WorkerError when the main script (run as a file) starts a worker from its top level,
+    outside ``if __name__ == "__main__":``: the spawned worker re-imports that script, which would
+    start the study again inside it and fail, blaming the workload."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    frame: FrameType | None = sys._getframe()
+    while frame is not None and not (
+        frame.f_globals is vars(main) and frame.f_code.co_name == "<module>"
+    ):
+        frame = frame.f_back
+    if frame is None or path is None:
+        return  # an interactive session, a notebook, python -c, or a call not from the script
+    try:
+        statements = ast.parse(Path(path).read_text()).body
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return
+    for node in statements:
+        if node.lineno <= frame.f_lineno <= (node.end_lineno or node.lineno):
+            guard = isinstance(node, ast.If) and ast.unparse(node.test).replace("'", '"')
+            if guard not in ('__name__ == "__main__"', '"__main__" == __name__'):
+                raise WorkerError(
+                    f"{path}:{frame.f_lineno} runs autotune at the top level of the script: "
+                    f"its worker process imports the script again; put the call under "
+                    f'if __name__ == "__main__":'
+                )
+
+
 class WorkerExecutor:
     """Trials in a supervised, long-lived worker process (the default isolation)."""
 
@@ -108,6 +139,7 @@ class WorkerExecutor:
 
     def _launch(self) -> None:
         """Start the worker process; it imports torch and loads the workload meanwhile."""
+        refuse_unguarded_main()
         parent, child = self._context.Pipe()
         process = self._context.Process(
             target=worker_main,
