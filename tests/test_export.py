@@ -39,7 +39,7 @@ from autotune.export import (
 )
 from autotune.export._bundle import call, literal
 from autotune.files import write_new_file
-from autotune.study import trial_config
+from autotune.study import TrialRecord, trial_config
 from autotune.testing import (
     blobs,
     import_blocker,
@@ -751,23 +751,30 @@ def two_folder_study(tmp_path_factory, prepare_study) -> Iterator[tuple[optuna.S
 def test_modules_in_two_folders_put_both_on_the_scripts_sys_path(two_folder_study, tmp_path):
     study, root, _ = two_folder_study
     best = best_config(study, select_trial(study))
+
+    def looked_for(text: str) -> dict[str, tuple[str, str]]:
+        """The script's WORKLOAD_MODULES: module -> (folder relative to it, the study's)."""
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "WORKLOAD_MODULES":
+                return ast.literal_eval(node.value)
+        raise AssertionError(text)
+
+    # each module once, in the order placed (data, model), with the folder the study found it in
+    found = {"folder_data": str(root / "data"), "folder_model": str(root / "models")}
     text = render_script(study, best)
-    listed = "".join(f"    {literal(str(root / name))},\n" for name in ("data", "models"))
-    folders = f"sys.path[:0] = [\n{listed}]\n"  # each once, in the order placed: data, model
-    assert folders in text and text.count("sys.path") == 1, text
-    assert folders in render_script(study, best, rebuild_workload=True)  # the same, imported
-    # written where it will be, the script finds the folders from there: the study machine's
-    # absolute paths mean nothing on another machine
+    assert looked_for(text) == {module: ("", folder) for module, folder in found.items()}
+    assert looked_for(render_script(study, best, rebuild_workload=True)) == looked_for(text)
+    # written where it will be, the script also looks where the folders are from there (the
+    # same place relative to it on another machine)
     script = tmp_path / "elsewhere" / "train.py"
     script.parent.mkdir()
     text = render_script(study, best, script_dir=script.parent)
-    for name in ("data", "models"):
-        relative = os.path.relpath(root / name, script.parent)
-        assert f"str(Path(__file__).resolve().parent / {literal(relative)})," in text, text
-    assert str(root) not in text
-    # beside the model's module, only the data's folder is added: Python searches its own
-    beside = render_script(study, best, script_dir=root / "models")
-    assert 'sys.path.insert(0, str(Path(__file__).resolve().parent / "../data"))' in beside
+    assert looked_for(text) == {
+        module: (os.path.relpath(folder, script.parent), folder)
+        for module, folder in found.items()
+    }
+    beside = looked_for(render_script(study, best, script_dir=root / "models"))
+    assert beside["folder_model"][0] == "." and beside["folder_data"][0] == "../data"
     write_new_file(script, text)
     assert lint(script).returncode == 0, lint(script).stdout
     done = run_script(script, "--epochs", "1", block_autotune=import_blocker(tmp_path, "autotune"))
@@ -894,6 +901,46 @@ def regression_study(tmp_path_factory, prepare_study) -> tuple[optuna.Study, str
     (folder / "api_regression.py").write_text(REGRESSION_MODULE)
     study, url, _, _ = prepare_study(REGRESSION_SPACE, folder)
     return study, url
+
+
+@pytest.mark.slow
+def test_the_exported_script_travels_and_reproduces_its_trials_curve_to_the_bit(
+    tmp_path_factory, prepare_study
+):
+    """Copied to another folder and run isolated (``python -I``: neither its folder nor
+    PYTHONPATH on sys.path), the script finds the workload's module where the study found it
+    and says so, and its validation scores equal the trial's at every epoch; where the module
+    is nowhere, one line names it and where the study found it."""
+    folder = tmp_path_factory.mktemp("curve")
+    (folder / "api_regression.py").write_text(REGRESSION_MODULE)
+    space = REGRESSION_SPACE.replace("name: sums", "name: curve").replace("epochs: 1", "epochs: 3")
+    study, _, _, _ = prepare_study(space, folder)
+    trial = select_trial(study)
+    script = tmp_path_factory.mktemp("elsewhere") / "train.py"
+    text = render(best_config(study, trial), "script", study, script_name="train.py")
+    write_new_file(script, text)
+    ran = subprocess.run(
+        [sys.executable, "-I", script.name], cwd=script.parent, capture_output=True, text=True
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stderr == f"note: workload module api_regression from {folder}\n"
+    logged = (script.parent / "run" / "metrics.jsonl").read_text().splitlines()
+    curve = [[float(entry["epoch"]), entry["val_r2"]] for entry in map(json.loads, logged)]
+    assert curve == TrialRecord.of(trial).score_curve  # every epoch, every digit
+
+    script.write_text(text.replace(literal(str(folder)), literal(str(folder / "gone"))))
+    lost = subprocess.run(
+        [sys.executable, "-I", script.name, "--run-dir", "b"],
+        cwd=script.parent,
+        capture_output=True,
+        text=True,
+    )
+    assert (lost.returncode, lost.stderr.strip()) == (
+        1,
+        f"error: the workload's module 'api_regression' is neither beside this script nor in "
+        f"{folder / 'gone'}, where the study found it: copy it here, or put its folder on "
+        f"PYTHONPATH",
+    )
 
 
 def _r2_after_training(best: BestConfig, epochs: int = 6, **given: object) -> float:

@@ -101,7 +101,6 @@ def render_script(
     )
     imports = {
         Import("argparse"),
-        Import("itertools"),
         Import("json"),
         Import("statistics"),
         Import("time"),

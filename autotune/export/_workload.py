@@ -49,28 +49,28 @@ class _WorkloadCode:
     """How the script gets its data and model: pasted built-ins or imported entry points."""
 
     builtins: list[Any] = field(default_factory=list)  # functions and classes to paste
-    folders: list[str] = field(default_factory=list)  # for sys.path, in the order placed
+    # the user's top-level modules and the folders the study found them in, in the order placed
+    modules: dict[str, str] = field(default_factory=dict)
     script_dir: Path | None = None  # where the script is written, when known
 
-    def sys_path_entries(self) -> list[str]:
-        """Python source of each folder the script puts on sys.path: relative to the script's
-        own folder when it is known (the study machine's absolute paths mean nothing on
-        another), the folder itself otherwise; the script's own folder is left out (Python
-        searches it first anyway). Every path is written as a literal."""
-        if self.script_dir is None:
-            return [literal(folder) for folder in self.folders]
-        here = self.script_dir.resolve()
+    def module_entries(self) -> list[tuple[str, str, str]]:
+        """Python literals (module, its folder relative to the script or "", the folder where
+        the study found it) of each module the script looks for: beside itself, then at the
+        study's place relative to the script (when the script's folder is known), then there."""
         entries = []
-        for folder in self.folders:
-            relative = os.path.relpath(Path(folder).resolve(), here)
-            if relative != os.curdir:
-                entries.append(f"str(Path(__file__).resolve().parent / {literal(relative)})")
+        for module, folder in self.modules.items():
+            relative = ""
+            if self.script_dir is not None:
+                relative = os.path.relpath(Path(folder).resolve(), self.script_dir.resolve())
+            entries.append((literal(module), literal(relative), literal(folder)))
         return entries
 
-    def add_folder(self, directory: str | None) -> None:
-        """Put ``directory`` (where the study found a module) on the script's sys.path, once."""
-        if directory and directory not in self.folders:
-            self.folders.append(directory)
+    def add_folder(self, entry: str, directory: str | None) -> None:
+        """Look for the module of ``entry`` where the study found it (``directory``; None: an
+        installed module, found by name)."""
+        module = entry.partition(":")[0].split(".")[0]
+        if directory and module not in self.modules:
+            self.modules[module] = directory
 
     def place(
         self, name: str, fn: Callable[..., Any], kwargs: dict[str, Any]
@@ -82,7 +82,7 @@ class _WorkloadCode:
             args = fn.args if isinstance(fn, functools.partial) else ()
             return None, call(builtin.__name__, kwargs, args)
         import_line, expression, directory = entry_point(name)
-        self.add_folder(directory)
+        self.add_folder(name, directory)
         return import_line, call(expression, kwargs)
 
 
@@ -202,7 +202,7 @@ def _place_function(
     if ":" not in entry:
         return None, None
     import_line, name, directory = static_entry_point(entry, base_dir)
-    code.add_folder(directory)
+    code.add_folder(entry, directory)
     return import_line, name
 
 
@@ -228,9 +228,9 @@ def _place_workload(
     if device_pipeline:
         code.builtins.append(DeviceBatches)
     sources, imports = bundle(code.builtins)
-    sys_path = code.sys_path_entries()
-    if sys_path:
-        imports.add(Import("sys"))
+    modules = code.module_entries()
+    if modules:
+        imports |= {Import("sys"), Import("importlib.util")}
     fields = {
         "data_import": data[0],
         "data_call": data[1],
@@ -238,7 +238,7 @@ def _place_workload(
         "model_call": model[1],
         **{f"{key}_import": placed[0] for key, placed in functions.items()},
         **{f"{key}_function": placed[1] for key, placed in functions.items()},
-        "sys_path": sys_path,
+        "workload_modules": modules,
         "workload_sources": sources,
     }
     return imports, fields
@@ -263,7 +263,7 @@ def _recorded_workload_code(
     ):
         if name in user_code:
             import_line, expression, directory = static_entry_point(name, base_dir)
-            code.add_folder(directory)
+            code.add_folder(name, directory)
             placed.append((import_line, call(expression, kwargs)))
             continue
         try:
