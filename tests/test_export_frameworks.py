@@ -224,7 +224,6 @@ def test_hf_maps_every_knob(best):
         "tf32": None,
         "torch_compile": True,
         "torch_compile_mode": "max-autotune",
-        "dataloader_drop_last": True,  # as the trials
         "dataloader_num_workers": 3,
         "dataloader_pin_memory": True,
         "dataloader_prefetch_factor": 5,
@@ -235,6 +234,9 @@ def test_hf_maps_every_knob(best):
     # knobs with no field: said in a comment, never dropped silently
     assert "# channels_last: model = model.to(memory_format=torch.channels_last)" in text
     assert "# cudnn_benchmark: torch.backends.cudnn.benchmark = True" in text
+    # evaluation sees every validation sample, as the study scored them: nothing drops its last
+    assert "dataloader_drop_last" not in call_keywords(text, "training_arguments")
+    assert "# drop_last: the trials skipped each epoch's last partial batch" in text
     assert "CUDA_VISIBLE_DEVICES=1" in text
     assert "# weight decay: the Trainer exempts biases and norm weights" in text
     assert "weight decay:" not in render(best, "hf")  # the study's weight decay is 0
@@ -441,6 +443,25 @@ def test_hf_training_arguments_build_from_the_file(best, tmp_path: Path, variant
     else:
         assert isinstance(optimizer, torch.optim.AdamW)
         assert bool(optimizer.defaults.get("fused")) == (expected.precision == "fp16")
+    # evaluation covers the whole validation split (smaller than one evaluation batch here),
+    # as the study scored it: nothing of it is dropped
+    evaluated = transformers.Trainer(model=_Scored(), args=args, eval_dataset=_points(600))
+    assert evaluated.evaluate()["eval_loss"] == pytest.approx(1.0)
+
+
+class _Scored(torch.nn.Module):
+    """A model as the Trainer takes one: returns its loss (here each sample's label: 1.0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": labels.float().mean() + 0 * self.weight, "logits": x}
+
+
+def _points(count: int) -> list[dict[str, torch.Tensor]]:
+    return [{"x": torch.zeros(4), "labels": torch.tensor(1)} for _ in range(count)]
 
 
 def test_a_trial_of_several_processes_exports_its_devices_and_ddp_settings(best):

@@ -311,8 +311,6 @@ def _hf(best: BestConfig) -> dict[str, Any]:
     ]
     if config.compile not in ("none", "default"):
         arguments.append(Argument("torch_compile_mode", literal(config.compile)))
-    dropped = "as the trials: the last partial batch is left out"
-    arguments.append(Argument("dataloader_drop_last", "True", dropped))
     arguments += loader_arguments(best, "dataloader_")
     arguments.append(Argument("per_device_eval_batch_size", literal(config.val_batch_size)))
     arguments.append(Argument("seed", literal(config.seed), "the trial's seed"))
@@ -340,6 +338,12 @@ def _hf(best: BestConfig) -> dict[str, Any]:
         )
     if config.dataloader_timeout > 0:
         outside.append(f"dataloader_timeout {config.dataloader_timeout:g} s: no such field")
+    # dataloader_drop_last would drop evaluation's last batch too: every one, where the
+    # validation split is smaller than per_device_eval_batch_size (the study scored them all)
+    outside.append(
+        "drop_last: the trials skipped each epoch's last partial batch "
+        "(here it would skip eval's too)"
+    )
     return {
         "imports": {Import("typing", "Any"), Import("transformers", "TrainingArguments")},
         "arguments": arguments,
