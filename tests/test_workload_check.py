@@ -38,6 +38,9 @@ USER_MODULE = textwrap.dedent(
         settings = {"path": "/data"}
         return settings["root"]  # the user's bug: line 16
 
+    def missing_file():
+        return open("/no/such/folder/train.csv")  # line 19
+
     class Unreadable(Dataset):
         def __len__(self):
             return 8
@@ -157,6 +160,13 @@ def _load(
             r"RuntimeError: mat1 and mat2 shapes cannot be multiplied.* \(at .*in forward\)",
         ),
         ("linear", "broken_data", {}, r"'odd_workloads:broken_data' raised KeyError: 'root'"),
+        (
+            "linear",
+            "missing_file",
+            {},
+            r"raised FileNotFoundError: .*/no/such/folder/train.csv' "
+            r"\(at .*odd_workloads.py:19 in missing_file\)",
+        ),
         ("linear", "unreadable", {}, r"reading training sample 0 raised IndexError: shard 3"),
     ],
 )

@@ -63,20 +63,14 @@ def call_entry(fn: Callable[..., Any], kwargs: dict[str, Any], what: str, entry:
         return fn(**kwargs)
     except WorkloadError:
         raise
-    except (FileNotFoundError, NotADirectoryError) as err:
-        raise WorkloadError(f"{what} '{entry}': {err}") from None
-    except ValueError as err:
-        if not is_builtin(fn):
-            raise WorkloadError(
-                f"{what} '{entry}' raised ValueError: {err}{user_frame(err)}"
-            ) from None
-        raise WorkloadError(f"{what} '{entry}': {err}") from None
     except Exception as err:
-        if is_builtin(fn):
-            raise  # autotune's own function failing: a bug, its traceback helps
-        raise WorkloadError(
-            f"{what} '{entry}' raised {type(err).__name__}: {err}{user_frame(err)}"
-        ) from None
+        if not is_builtin(fn):  # the user's code: the error as it is, and where it was raised
+            raise WorkloadError(
+                f"{what} '{entry}' raised {type(err).__name__}: {err}{user_frame(err)}"
+            ) from None
+        if isinstance(err, FileNotFoundError | NotADirectoryError | ValueError):
+            raise WorkloadError(f"{what} '{entry}': {err}") from None  # a data set not there
+        raise  # autotune's own function failing: a bug, its traceback helps
 
 
 def model_kwargs(
