@@ -264,33 +264,46 @@ def ending(study: optuna.Study, spec: Spec, outcome: RunOutcome) -> Ending:
             ),
             traceback_in=outcome.repeated_in,
         )
-    never_trained = none_trained(study)
+    never_trained = none_trained(study, spec.workload.loss)
     if never_trained is not None:
         return Ending("failed", (never_trained,))
     return Ending("ok")
 
 
-def none_trained(study: optuna.Study) -> str | None:
+def none_trained(study: optuna.Study, loss: str = "cross_entropy") -> str | None:
     """One line when no trial of the study trained to its end (every one failed or was
-    stopped), with its trials' commonest reason; None when one did."""
+    stopped): its trials' commonest kind of failure, how many of them it ended, and one of its
+    messages; for a loss that was not finite, what to look at (``loss``: workload.loss, named
+    when it is the user's). None when a trial trained to its end."""
     from collections import Counter
 
     from optuna.trial import TrialState
 
     from autotune import study as studies
+    from autotune.faults import FaultKind
 
     if study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         return None
-    reasons: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+    example: dict[str, str] = {}
     for trial in study.get_trials(deepcopy=False):
         record = studies.TrialRecord.of(trial)
-        if record.fail_msg:
-            reasons[record.fail_msg] += 1
+        if record.fail_msg:  # grouped by kind: messages that differ in the lr are one failure
+            kind = record.fail_kind or record.fail_msg
+            kinds[kind] += 1
+            example.setdefault(kind, record.fail_msg)
     said = "no trial of the study trained to its end"
-    if not reasons:
+    if not kinds:
         return said
-    reason, count = reasons.most_common(1)[0]
-    return f"{said}; {count} of its trials: {reason}"
+    kind, count = kinds.most_common(1)[0]
+    share = f"all {count}" if count == kinds.total() else f"{count} of {kinds.total()}"
+    line = f"{said}; {share} of its trials: {example[kind]}"
+    if kind == FaultKind.NONFINITE_LOSS:  # the user's loss is a suspect beside the lr
+        yours = (
+            "" if loss == "cross_entropy" else f"check that the loss ({loss}) stays finite, or "
+        )
+        return f"{line}; {yours}lower the lr range"
+    return line
 
 
 @dataclass(frozen=True)

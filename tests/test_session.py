@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 
 import autotune
 from autotune.errors import UserError
-from autotune.session import RunOptions, load_run_spec
+from autotune.session import RunOptions, ending, load_run_spec
 from autotune.study import StudyObserver, TrialRecord
 from autotune.testing import write_space
 
@@ -82,13 +82,23 @@ def test_user_errors_are_one_line_and_the_environment_names_the_storage(
 
 def test_trials_that_all_fail_end_the_run_failed_with_the_commands_line(tmp_path: Path):
     space = write_space(tmp_path, SPACE.format(precision="fp32"), name="nan.yaml")
-    text = space.read_text().replace("lr: {low: 1.0e-3, high: 1.0e-1, log: true}", "lr: [1.0e+30]")
+    huge = "lr: {low: 1.0e+29, high: 1.0e+30, log: true}"  # each trial's message differs in lr
+    text = space.read_text().replace("lr: {low: 1.0e-3, high: 1.0e-1, log: true}", huge)
     text = text.replace("  seed: 0\n", "  seed: 0\n  baseline: false\n")
     space.write_text(text)
     report = autotune.run(space, storage=f"sqlite:///{tmp_path / 'n.db'}")
     assert report.ending.status == "failed" and not report.ok
-    assert report.ending.lines[0].startswith("no trial of the study trained to its end")
+    said = report.ending.lines[0]  # the failures grouped by kind, not by message
+    assert said.startswith("no trial of the study trained to its end; all 3 of its trials: ")
+    assert "training loss is nan" in said and said.endswith("; lower the lr range")
+    # where the loss is the user's own, it is named as a suspect
     study = optuna.load_study(study_name="library", storage=f"sqlite:///{tmp_path / 'n.db'}")
+    theirs = load_run_spec(space).with_overrides(workload={"loss": "mine:loss"})
+    assert (
+        ending(study, theirs, report.outcome)
+        .lines[0]
+        .endswith("; check that the loss (mine:loss) stays finite, or lower the lr range")
+    )
     assert all(TrialRecord.of(t).fail_kind for t in study.get_trials(states=(TrialState.FAIL,)))
 
 
