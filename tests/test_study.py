@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 import statistics
 import time
@@ -38,6 +39,7 @@ from autotune.study import (
     confirm_study,
     counted_trials,
     feasible_trials,
+    make_sampler,
     open_storage,
     open_study,
     run_study,
@@ -734,3 +736,31 @@ def test_a_run_says_it_recovered_trials_a_stopped_process_left_running(
     assert counts == [1]
     first = study.get_trials()[0]
     assert first.state == TrialState.FAIL and first.user_attrs["fail_kind"] == "interrupted"
+
+
+def test_the_first_trials_spread_over_every_knobs_range():
+    """The TPE startup trials form a Latin hypercube: each knob's range (its log for lr) cut
+    into n_startup_trials parts, one trial in each, a choice drawn as often as another; the
+    same seed draws the same trials, another seed others. Independent draws put trial 1's lr
+    next to the baseline's in five studies."""
+    text = TINY_SPACE.format(n_trials=8, pruner="none")
+    spec = parse_spec(text.replace("n_startup_trials: 3", "n_startup_trials: 8"))
+
+    def draws(seed: int) -> list[tuple[float, int]]:
+        sampler = make_sampler(spec.with_overrides(study={"seed": seed}))
+        study = optuna.create_study(sampler=sampler, direction="maximize")
+        trials = []
+        for _ in range(8):
+            trial = study.ask()
+            lr = trial.suggest_float("lr", 1e-4, 3e-2, log=True)
+            batch = trial.suggest_categorical("batch_size", [16, 32, 64, 128])
+            study.tell(trial, 0.5)
+            trials.append((lr, batch))
+        return trials
+
+    trials = draws(0)
+    parts = sorted(int(8 * math.log(lr / 1e-4) / math.log(3e-2 / 1e-4)) for lr, _ in trials)
+    assert parts == list(range(8))  # one lr in each eighth of the log range
+    batches = [batch for _, batch in trials]
+    assert all(batches.count(size) == 2 for size in (16, 32, 64, 128)), batches
+    assert draws(0) == trials and draws(1) != trials

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import math
+import random
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
 from optuna.exceptions import ExperimentalWarning
 from optuna.trial import FrozenTrial, TrialState
 
@@ -26,8 +33,11 @@ class TrialSeededSampler(optuna.samplers.BaseSampler):
     every time), so a new instance per trial changes nothing else.
     """
 
-    def __init__(self, make: Callable[[int], optuna.samplers.BaseSampler], seed: int) -> None:
+    def __init__(
+        self, make: Callable[[int], optuna.samplers.BaseSampler], seed: int, startup: int = 0
+    ) -> None:
         self._make, self._seed = make, seed
+        self._startup = startup  # the first trials, spread over the space (see spread_value)
         self._number: int | None = None
         self._inner = make(seed)
 
@@ -55,6 +65,13 @@ class TrialSeededSampler(optuna.samplers.BaseSampler):
         param_name: str,
         param_distribution: BaseDistribution,
     ) -> Any:
+        finished = study.get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)
+        )
+        if len(finished) < self._startup:  # as TPE counts its startup trials
+            return spread_value(
+                self._seed, self._startup, trial.number, param_name, param_distribution
+            )
         return self._for(trial).sample_independent(study, trial, param_name, param_distribution)
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
@@ -71,6 +88,30 @@ class TrialSeededSampler(optuna.samplers.BaseSampler):
 
     def reseed_rng(self) -> None:
         self._inner.reseed_rng()
+
+
+def spread_value(
+    seed: int, strata: int, number: int, name: str, distribution: BaseDistribution
+) -> Any:
+    """Trial ``number``'s value of knob ``name`` in a Latin hypercube over ``strata`` trials:
+    the knob's range (its log where it is searched on one) cut into ``strata`` equal parts, and
+    consecutive trials in different parts (a permutation seeded by the study's seed and the
+    knob), each at a seeded place within its part. Independent draws put the first trials next
+    to each other, or next to the untuned baseline, by chance; these cover every knob's range."""
+    part = random.Random(f"{seed}:{name}").sample(range(strata), strata)[number % strata]
+    share = (part + random.Random(f"{seed}:{name}:{number}").random()) / strata  # in [0, 1)
+    if isinstance(distribution, CategoricalDistribution):
+        return distribution.choices[int(share * len(distribution.choices))]
+    assert isinstance(distribution, FloatDistribution | IntDistribution), distribution
+    low, high = distribution.low, distribution.high
+    if distribution.log:
+        value = math.exp(math.log(low) + share * (math.log(high) - math.log(low)))
+    else:
+        value = low + share * (high - low)
+    if distribution.step is not None:  # an int's step is 1
+        value = low + round((value - low) / distribution.step) * distribution.step
+    value = min(max(value, low), high)
+    return round(value) if isinstance(distribution, IntDistribution) else float(value)
 
 
 def make_sampler(spec: Spec) -> optuna.samplers.BaseSampler:
@@ -92,7 +133,7 @@ def make_sampler(spec: Spec) -> optuna.samplers.BaseSampler:
                 n_startup_trials=spec.study.n_startup_trials,  # counted over the whole study
             )
 
-    return TrialSeededSampler(tpe, spec.study.seed)
+    return TrialSeededSampler(tpe, spec.study.seed, startup=spec.study.n_startup_trials)
 
 
 def make_pruner(spec: Spec) -> optuna.pruners.BasePruner:
