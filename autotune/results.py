@@ -73,6 +73,10 @@ class TrialResult:
     # released, beyond what the worker held after its first trial: a leak, which the worker
     # does not carry into the next trial (it exits; a fresh one trains next). None: none
     memory_left_bytes: int | None = None
+    # lines the user's code printed while it trained, not shown (``--verbose`` shows them);
+    # the first of them
+    printed_lines: int = 0
+    first_printed: str | None = None
 
 
 @dataclass(frozen=True)

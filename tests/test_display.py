@@ -414,3 +414,26 @@ def test_control_characters_in_a_study_name_are_shown_never_obeyed(invoke_cli, t
     assert listed.returncode == 0, listed.stderr
     assert "ok\\x1b[2J" in listed.stdout
     assert not any(char in listed.stdout for char in "\x1b\x07\r\u202e\x00")
+
+
+def test_lines_the_users_code_printed_are_said_once_a_run(seen):
+    study, _ = seen
+    done = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE][:2]
+    console = _console(100)
+    progress = display.live_progress(console)
+    observer = display.LiveObserver(study, _spec(study), Live(progress, console=console), progress)
+    for number, trial in enumerate(done, start=100):
+        printed = {"printed_lines": 2900, "first_printed": "shape (16, 3)\x1b[31m"}
+        chatty = optuna.trial.create_trial(
+            state=trial.state,
+            value=trial.value,
+            params=trial.params,
+            distributions=trial.distributions,
+            user_attrs={**trial.user_attrs, **printed},
+        )
+        chatty.number = number
+        observer.trial_finished(chatty)
+    text = " ".join(_text(console).split())
+    assert "trial 101 " in text  # both trials shown, the note once
+    assert text.count("your code printed 2,900 lines in trial") == 1, text
+    assert "(the first: shape (16, 3)\\x1b[31m); trials' prints are not shown: --verbose" in text

@@ -170,3 +170,46 @@ def test_inductors_own_reports_are_kept_off_the_users_terminal(monkeypatch: pyte
         _process._quiet_compiler()
     assert config.autotune_num_choices_displayed == 0
     assert config.max_autotune_report_choices_stats is False
+
+
+CHATTY = """\
+import math
+
+from torch import nn
+
+
+class Chatty(nn.Module):
+    def __init__(self, num_classes, input_shape):
+        super().__init__()
+        self.head = nn.Linear(math.prod(input_shape), num_classes)
+
+    def forward(self, x):
+        print("shape", tuple(x.shape))  # a user's debugging print, once a batch
+        return self.head(x.flatten(1))
+
+
+def chatty(num_classes, input_shape):
+    return Chatty(num_classes, input_shape)
+"""
+
+
+@pytest.mark.slow
+def test_what_the_users_code_prints_in_a_worker_is_counted_not_shown(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+):
+    """A print in the user's forward would scroll the study's display away, once a batch: the
+    worker counts the lines and keeps the first; none reach the study's terminal."""
+    (tmp_path / "chatty_model.py").write_text(CHATTY)
+    workload = WorkloadSpec(model="chatty_model:chatty", data="autotune.testing:blobs")
+    executor = WorkerExecutor(workload, tmp_path)
+    try:
+        result = executor.run(make_config(epochs=1.0, batch_size=16), lambda evaluation: False)
+        again = executor.run(make_config(epochs=1.0, batch_size=16), lambda evaluation: False)
+    finally:
+        executor.close()
+    # every training and validation batch printed once: more lines than optimizer steps
+    assert result.printed_lines > result.optimizer_steps
+    assert result.first_printed is not None and result.first_printed.startswith("shape (")
+    # each trial counts its own (the first's warm-up printed too; the second has none)
+    assert again.optimizer_steps < again.printed_lines <= result.printed_lines
+    assert "shape (" not in capfd.readouterr().out

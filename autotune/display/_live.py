@@ -16,7 +16,7 @@ from rich.text import Text
 
 from autotune import study as studies
 from autotune.config import TrialConfig
-from autotune.display._text import fmt, metric_unit, params, score_text, si
+from autotune.display._text import fmt, metric_unit, params, score_text, si, visible
 from autotune.results import Evaluation
 from autotune.spec import Spec
 from autotune.speed import SpeedTable
@@ -46,6 +46,7 @@ class LiveObserver(studies.StudyObserver):
         self.shown: set[int] = set()  # trials whose line is printed (this and other workers')
         self.own: set[int] = set()  # trials this process trains (the others' are polled)
         self.lock = threading.Lock()  # worker 0 shows other workers' trials from a thread
+        self.said_printed = False  # the user's code printed in a trial: said once
 
     def _best_text(self) -> str:
         best = studies.best_trial(self.study)
@@ -199,6 +200,22 @@ class LiveObserver(studies.StudyObserver):
                 return
             self.shown.add(trial.number)
             self._trial_line(trial)
+            self._printed_once(trial)
+
+    def _printed_once(self, trial: FrozenTrial) -> None:
+        """Once a run: the user's code printed lines in a trial's worker, not shown."""
+        record = studies.TrialRecord.of(trial)
+        if record.printed_lines and not self.said_printed:
+            self.said_printed = True
+            self.live.console.print(
+                Text(
+                    f"        your code printed {record.printed_lines:,} "
+                    f"line{'s' if record.printed_lines != 1 else ''} in trial {trial.number} "
+                    f"(the first: {visible(record.first_printed or '')}); trials' prints are "
+                    f"not shown: --verbose shows them",
+                    style="dim",
+                )
+            )
 
     def _trial_line(self, trial: FrozenTrial, own: bool = True) -> None:  # noqa: PLR0912
         record = studies.TrialRecord.of(trial)

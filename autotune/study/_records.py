@@ -87,6 +87,8 @@ class TrialRecord:
     optimizer_steps: int | None = None
     compiled_graphs: int | None = None
     score_curve: list[list[float]] | None = None  # [epoch, score] at each evaluation
+    printed_lines: int | None = None  # the user's code printed them (not shown); the first:
+    first_printed: str | None = None
     loss_scale: float | None = None  # fp16 only
     skipped_steps: int | None = None  # fp16 only
     time_breakdown: dict[str, float] | None = None  # phase -> share of a steady-state step
@@ -221,6 +223,8 @@ class TrialRecord:
             other_cpu_share=result.other_cpu_share,
             interference=interfered(result.other_cpu_share),
             memory_left_bytes=result.memory_left_bytes,
+            printed_lines=result.printed_lines or None,
+            first_printed=result.first_printed,
             **breakdown,
             **flops,
         )

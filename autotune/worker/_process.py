@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import io
 import logging
 import multiprocessing
 import os
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from autotune.warmup import Warmth
     from autotune.workloads import Workload
 
-__all__ = ["parent_start_method", "worker_main"]
+__all__ = ["PrintTally", "parent_start_method", "worker_main"]
 
 PR_SET_PDEATHSIG = 1  # Linux prctl: signal this process when its parent dies
 
@@ -76,7 +77,9 @@ def worker_main(
     multiprocessing.set_start_method(start_method, force=True)
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the study process decides what to stop
-    if not verbose:
+    tally = PrintTally()
+    if not verbose:  # the user's prints would scroll the study's display away: counted instead
+        sys.stdout = tally
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
         warnings.filterwarnings("ignore", message="This DataLoader will create")
         _quiet_compiler()
@@ -96,7 +99,7 @@ def worker_main(
     # the processes of distributed trials, kept from one to the next (started at the first)
     ranks = distributed.RankPool(distributed.WorkloadSource(workload_spec, base_dir, score))
     try:
-        _serve(connection, workload, warmth, ranks)
+        _serve(connection, workload, warmth, ranks, tally)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the study process left mid-request (it gave up on its database, or was killed)
     finally:
@@ -129,8 +132,38 @@ def _quiet_compiler() -> None:
         config.max_autotune_report_choices_stats = False  # type: ignore[attr-defined]
 
 
+class PrintTally(io.TextIOBase):
+    """The worker's sys.stdout (without ``--verbose``): what the user's code prints is counted
+    in lines, the first of them kept, and nothing written to the study's terminal."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+        self.first: str | None = None
+        self._partial = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        *whole, self._partial = (self._partial + text).split("\n")
+        self.lines += len(whole)
+        if whole and self.first is None:
+            self.first = whole[0][:200]
+        return len(text)
+
+    def taken(self) -> tuple[int, str | None]:
+        """(lines, the first) since the previous call; counting starts again."""
+        taken = (self.lines + bool(self._partial), self.first or self._partial[:200] or None)
+        self.lines, self.first, self._partial = 0, None, ""
+        return taken
+
+
 def _serve(
-    connection: Connection, workload: Workload, warmth: Warmth, ranks: distributed.RankPool
+    connection: Connection,
+    workload: Workload,
+    warmth: Warmth,
+    ranks: distributed.RankPool,
+    tally: PrintTally,
 ) -> None:
     """The worker's loop: one request (a trial, a speed measurement) after another."""
     from autotune import bursts, runner
@@ -144,6 +177,7 @@ def _serve(
         if not isinstance(message, RunTrial | MeasureSpeed):  # Exit
             return
         config = message.config
+        tally.taken()  # what was printed before this request is not its
 
         def report(evaluation: Evaluation) -> bool:
             connection.send(Evaluated(evaluation))
@@ -180,6 +214,10 @@ def _serve(
         if isinstance(message, MeasureSpeed):
             connection.send(Measured(measured, needs_fresh_process=left is not None))
         else:
-            connection.send(Finished(dataclasses.replace(result, memory_left_bytes=left)))
+            lines, first = tally.taken()
+            result = dataclasses.replace(
+                result, memory_left_bytes=left, printed_lines=lines, first_printed=first
+            )
+            connection.send(Finished(result))
         if left is not None:
             return
