@@ -437,3 +437,33 @@ def test_lines_the_users_code_printed_are_said_once_a_run(seen):
     assert "trial 101 " in text  # both trials shown, the note once
     assert text.count("your code printed 2,900 lines in trial") == 1, text
     assert "(the first: shape (16, 3)\\x1b[31m); trials' prints are not shown: --verbose" in text
+
+
+def test_trials_that_all_end_at_one_score_are_warned_about(seen):
+    """Segmentation at 0.859375 in every trial, whatever its lr: every pixel predicted as the
+    commonest class. The summary says so; trials that differ do not get the warning."""
+    study, _ = seen
+    spec = _spec(study)
+    done = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) >= 3 and len({t.params["lr"] for t in done}) >= 2
+
+    def summary(score: float | None) -> str:
+        copy = optuna.create_study(direction="maximize")
+        for trial in done:
+            attrs = {**trial.user_attrs, **({"score": score} if score is not None else {})}
+            copy.add_trial(
+                optuna.trial.create_trial(
+                    value=trial.value,
+                    params=trial.params,
+                    distributions=trial.distributions,
+                    user_attrs=attrs,
+                    system_attrs=trial.system_attrs,
+                )
+            )
+        console = _console(100)
+        display.print_summary(console, copy, spec, studies.RunOutcome(copy.study_name))
+        return " ".join(_text(console).split())
+
+    assert "Every trial ended at exactly accuracy 0.859375, whatever its lr" in summary(0.859375)
+    assert "Every trial ended" not in summary(None)  # the seen study's own: every one right
+    assert "Every trial ended" not in summary(1.0)  # an easy data set learnt by every trial

@@ -212,6 +212,23 @@ def config_table(trial: FrozenTrial) -> Table:
     return table
 
 
+def _one_score_everywhere(study: optuna.Study, spec: Spec) -> str | None:
+    """A warning when three or more complete trials of different learning rates all ended at
+    exactly one score: the model predicts the same whatever it learns (segmentation at
+    0.859375, every pixel predicted background: the commonest class's share)."""
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    scores = {studies.TrialRecord.of(trial).score for trial in done}
+    rates = {trial.params.get("lr") for trial in done}
+    shares = spec.objective.score in ("accuracy", "top5")  # a share, 1 when all is right
+    if not shares or len(done) < 3 or len(rates) < 2 or len(scores) != 1 or scores & {1.0, None}:
+        return None
+    return (
+        f"Every trial ended at exactly {spec.objective.score_name} {scores.pop():.6g}, whatever "
+        f"its lr: the model gives the same predictions however it trains (one class for "
+        f"every sample, the commonest?); check its output and the labels"
+    )
+
+
 def print_summary(
     console: Console,
     study: optuna.Study,
@@ -228,6 +245,9 @@ def print_summary(
         for state, n in outcome.states.items()
     )
     console.print(f"{outcome.trials_run} trials this run; the study has {counts or 'none'}.")
+    stuck = _one_score_everywhere(study, spec)
+    if stuck is not None:
+        console.print(stuck, style="yellow")
     table = _best_table(study, spec)
     if table is None:
         goal = spec.objective
