@@ -391,6 +391,7 @@ ADDED_LATER: dict[str, dict[str, Any]] = {
         "loss": "cross_entropy",
         "batch_fn": None,
         "gpus_per_trial": 1,
+        "class_dim": None,
     },
     "space": {name: {"values": [KNOBS[name].default]} for name in DDP_KNOBS},
     "objective": {
