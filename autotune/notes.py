@@ -198,9 +198,8 @@ def _confirmation_line(answer: Answer | None, study_name: str) -> str:
         f"**Confirmed**: median {number(answer.median)} over {answer.runs} runs, "
         f"interleaved with the other leaders{beside} (spread {spread})"
     )
-    for reference in answer.references:
-        if reference.ratio is not None:
-            text += f"; **{reference.ratio:.2f}x** {reference.name}, measured side by side"
+    if answer.references:
+        text += f"; measured side by side: {'; '.join(r.said for r in answer.references)}"
     if answer.reference is not None:
         text += f". It is {answer.reference}: the search found nothing better"
     if answer.tied:

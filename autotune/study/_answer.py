@@ -2,11 +2,20 @@
 dashboard note, the HTML report, ``autotune best`` and the exports render: the confirmation
 round's winner (``_verdict.Verdict``), with its ratio over each reference measured beside it
 (the untuned baseline, the tuning checklist), or else the best feasible trial.
+
+The answer claims a ratio only where its interval excludes 1.0 and the round could rank its
+leaders; else it says "no measurable speed-up on this machine as it was" and why
+(``Reference.said``). Over a reference with the answer's own execution settings (the same
+``config_key``: only the learning differs, the lr say) it claims the learning difference
+alone: the ratio with the two samples/s taken out, which are the same settings' and differ
+only by noise (a "1.31x" between two trials at accuracy 1.0 that differed in lr only was that
+noise).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -15,18 +24,77 @@ from optuna.trial import FrozenTrial
 
 from autotune.study._queries import feasible_trials
 from autotune.study._records import REFERENCE_NAMES, StudyRecord, TrialRecord
+from autotune.study._speed_plan import config_key
 from autotune.study._verdict import Confirmed, Verdict
 
 
 @dataclass(frozen=True)
 class Reference:
-    """A configuration the round measured beside the answer, and the answer's ratio over it."""
+    """A configuration the round measured beside the answer, and the answer's ratio over it:
+    claimed where the round backs it, else ``why`` not (see the module's docstring)."""
 
     name: str  # as the answer's line names it: "the untuned baseline"
     number: int  # its trial
     median: float  # of its values in the round's own runs (all of them without such runs)
     runs: int  # the values behind that median
-    ratio: float | None  # the answer's over it (``Verdict.ratio_over``); None: not measurable
+    ratio: float | None  # the answer's over it, claimed; None: no measurable speed-up
+    interval: tuple[float, float] | None = None  # where the ratio may lie, from the spreads
+    why: str | None = None  # why no ratio is claimed, in a few words
+    learning_only: bool = False  # the answer's own execution settings: the ratio is learning's
+
+    @property
+    def said(self) -> str:
+        """The answer over it, as every rendering says it: "2.05x the untuned baseline (1.91x
+        to 2.20x)", or "over the untuned baseline, no measurable speed-up on ..." and why."""
+        if self.ratio is None or self.interval is None:
+            return f"over {self.name}, {NO_SPEEDUP} ({self.why})"
+        learning = ", from learning alone: the same execution settings" * self.learning_only
+        return f"{self.ratio:.2f}x {self.name} ({_between(*self.interval)}){learning}"
+
+
+NO_SPEEDUP = "no measurable speed-up on this machine as it was"
+
+
+def _between(low: float, high: float) -> str:
+    return f"at least {low:.2f}x" if math.isinf(high) else f"{low:.2f}x to {high:.2f}x"
+
+
+def _reference(verdict: Verdict, name: str, measured: Confirmed, same_settings: bool) -> Reference:
+    """The answer (``verdict.winner``) against the reference ``measured``: the ratio it
+    claims, or why it claims none; ``same_settings``: the two share their execution settings."""
+    ratio, interval = verdict.ratio_over(measured), verdict.interval(measured)
+    runs = len(measured.round_values or measured.values)
+    found = Reference(name, measured.trial, measured.round_median, runs, None, interval)
+    found = dataclasses.replace(found, learning_only=same_settings)
+    if not measured.values:
+        return dataclasses.replace(found, why="none of its runs in the round was feasible")
+    if ratio is None or verdict.winner is None:
+        return dataclasses.replace(found, why="the two were measured under different loads")
+    if verdict.tie_break == "noisy":
+        return dataclasses.replace(found, why=f"run-to-run spread ±{verdict.spread or 0:.0%}")
+    if same_settings and interval is not None:  # samples/s alike but for noise: take them out
+        ours, theirs = verdict.winner.median_samples_per_second, measured.median_samples_per_second
+        learning = theirs / ours if ours and theirs else math.nan
+        ratio, interval = ratio * learning, (interval[0] * learning, interval[1] * learning)
+    if interval is None or math.isnan(ratio):
+        return dataclasses.replace(found, why="no spread to bound the ratio")
+    found = dataclasses.replace(found, interval=interval)
+    if interval[0] <= 1.0 <= interval[1]:
+        allow = f"the runs' spreads allow {_between(*interval)}"
+        if same_settings:
+            allow = f"the same execution settings, whose learning differs {ratio:.2f}x; {allow}"
+        return dataclasses.replace(found, why=allow)
+    return dataclasses.replace(found, ratio=ratio)
+
+
+def _same_settings(one: FrozenTrial, other: FrozenTrial) -> bool:
+    """Whether two trials train with the same execution settings: stage 1 would time them as
+    one (``config_key``) and they split the batch alike; only their learning sets them apart."""
+    mine, theirs = TrialRecord.of(one).config, TrialRecord.of(other).config
+    if mine is None or theirs is None:
+        return False
+    alike = mine.accumulation_steps == theirs.accumulation_steps
+    return alike and config_key("", mine) == config_key("", theirs)
 
 
 # how far the confirmation round backs the answer: "confirmed" (complete, still about the
@@ -50,6 +118,7 @@ class Answer:
     runs_side_by_side: int = 0  # the round's own runs behind its ratios (no original)
     tied: tuple[int, ...] = ()  # the trials tied with it within the round's noise
     tie_rule: str = "value"  # how it was named among them: "score", "value", "noisy"
+    alike: bool = True  # the round compared like with like (``Verdict.alike``)
     interfered: bool = False  # every run of it was measured under interference
     references: tuple[Reference, ...] = ()  # measured beside it: the baseline, the checklist
     repeats: int = 0  # the round's runs of each configuration, beyond its trial
@@ -133,9 +202,10 @@ def answer_of(study: optuna.Study) -> Answer | None:
         (REFERENCE_NAMES["baseline"], verdict.baseline),
         (REFERENCE_NAMES["checklist"], verdict.checklist),
     )
+    numbered = {t.number: t for t in trials}
     return dataclasses.replace(
         best,
-        trial=next(t for t in trials if t.number == winner.trial),
+        trial=numbered[winner.trial],
         median=winner.median,
         median_score=winner.median_score,
         median_samples_per_second=winner.median_samples_per_second,
@@ -143,17 +213,14 @@ def answer_of(study: optuna.Study) -> Answer | None:
         runs_side_by_side=len(winner.round_values or winner.values),
         tied=tuple(c.trial for c in verdict.tied),
         tie_rule=verdict.tie_break,
+        alike=verdict.alike,
         interfered=winner.interfered,
         references=tuple(
-            Reference(
-                name,
-                measured.trial,
-                measured.round_median,
-                len(measured.round_values or measured.values),
-                verdict.ratio_over(measured),
+            _reference(
+                verdict, name, measured, _same_settings(numbered[winner.trial], numbered[number])
             )
             for name, measured in references
-            if measured is not None and measured is not winner
+            if measured is not None and (number := measured.trial) != winner.trial
         ),
     )
 

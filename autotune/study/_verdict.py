@@ -3,9 +3,10 @@ configuration's (``Confirmed``), the round's ranking, its winner and its ratio o
 reference measured beside it. The study's answer (``_answer.Answer``) is read from it.
 
 A measurement taken under interference (other processes took more than
-``interference.INTERFERENCE_SHARE`` of its cores) is left out wherever a configuration has clean
-ones; an original trial that was flagged is likewise left out. A configuration whose every
-measurement was flagged keeps them, and the verdict says so (``Confirmed.interfered``).
+``interference.INTERFERENCE_SHARE`` of its cores) is never compared with a clean one: the round
+ranks its configurations on their clean runs where every one that can be the answer has one,
+else on their flagged runs where every one has one (and says so: ``Confirmed.interfered``),
+else it cannot rank them like for like (``Verdict.alike``) and counts as too noisy to rank.
 
 The rule (``Verdict.of``):
 
@@ -24,16 +25,21 @@ The rule (``Verdict.of``):
   answer is the best median, and the study says the machine was too noisy and how to confirm
   again (``tie_break`` "noisy");
 - the answer's ratio over a reference (its speed-up over the untuned baseline) is the ratio of
-  the two medians of the round's own runs, measured side by side: the original trials are left
-  out of it, because the leaders were chosen for a high original value (a winner's curse: ten
-  seeds on the quickstart over-reported the speed-up by a median 9% when they counted).
+  the two medians of the round's own runs, measured side by side and alike (clean with clean,
+  flagged with flagged): the original trials are left out of it, because the leaders were
+  chosen for a high original value (a winner's curse: ten seeds on the quickstart
+  over-reported the speed-up by a median 9% when they counted);
+- the ratio carries an interval from both sides' spreads (``Verdict.interval``): the better
+  side's lowest run over the other's highest, and its highest over their lowest.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from dataclasses import dataclass
+from typing import Literal
 
 from autotune.study._records import ConfirmationRecord, ReferenceKind
 
@@ -108,6 +114,23 @@ class Confirmed:
         return (self.high - self.low) / 2 / abs(self.median)
 
 
+def _compared(record: ConfirmationRecord) -> Literal["clean", "flagged", "mixed"]:
+    """Which runs the round compares: the clean ones where every configuration that can be the
+    answer (its own trial feasible) has a feasible clean run, else the flagged ones where every
+    one has a flagged run, else none alike ("mixed")."""
+    rankable = []
+    for number in record.candidates:
+        runs = [run for run in record.runs if run.trial == number]
+        if all(run.feasible for run in runs if run.repeat == 0):
+            rankable.append([run for run in runs if run.value is not None and run.feasible])
+    rankable = [runs for runs in rankable if runs]
+    if all(any(not run.interfered for run in runs) for runs in rankable):
+        return "clean"
+    if all(any(run.interfered for run in runs) for runs in rankable):
+        return "flagged"
+    return "mixed"
+
+
 # a round whose run-to-run spread is wider than this (relative) cannot rank its leaders
 NOISY_SPREAD = 0.25
 
@@ -127,6 +150,9 @@ class Verdict:
     maximize: bool
     configurations: tuple[Confirmed, ...]  # every one measured, in the round's order
     checklist: Confirmed | None = None
+    # its configurations were compared alike (clean with clean, flagged with flagged); False:
+    # some only on a quiet machine, others only under interference, and it could not rank them
+    alike: bool = True
 
     @property
     def speedup(self) -> float | None:
@@ -137,23 +163,51 @@ class Verdict:
         """The answer's value over ``reference``'s, as "times better" (for a time to a target,
         the reference's time over the answer's), from the medians of the round's own runs: the
         leaders were picked for a high first measurement, which would inflate theirs (a
-        reference was not), so the original trials are left out of this ratio."""
+        reference was not), so the original trials are left out of this ratio. None where the
+        two were not measured alike (one on a quiet machine, the other under interference)."""
         if self.winner is None or reference is None or not reference.values:
+            return None
+        if not self.alike or reference.interfered != self.winner.interfered:
             return None
         if not reference.round_median or not self.winner.round_median:
             return None
         ratio = self.winner.round_median / reference.round_median
         return ratio if self.maximize else 1 / ratio
 
+    def interval(self, reference: Confirmed | None) -> tuple[float, float] | None:
+        """Where ``ratio_over(reference)`` may lie, from both sides' spreads: the better
+        side's lowest run over the other's highest, and its highest over the other's lowest
+        (a side of one run spreads as the round does); None without a ratio or a spread. The
+        high end is infinite where the other side's low reaches 0."""
+        if self.ratio_over(reference) is None or reference is None or self.winner is None:
+            return None
+        ours, theirs = (self.winner, reference) if self.maximize else (reference, self.winner)
+        top, bottom = self._range(ours), self._range(theirs)
+        if top is None or bottom is None:
+            return None
+        low = max(0.0, top[0] / bottom[1])
+        return low, top[1] / bottom[0] if bottom[0] > 0 else math.inf
+
+    def _range(self, side: Confirmed) -> tuple[float, float] | None:
+        """The lowest and highest of the round's own runs of ``side`` (the spread of the
+        round about its median, for one run; None where the round has no spread)."""
+        values = side.round_values or side.values
+        if len(values) > 1:
+            return min(values), max(values)
+        if self.spread is None:
+            return None
+        return side.round_median * (1 - self.spread), side.round_median * (1 + self.spread)
+
     @classmethod
     def of(cls, record: ConfirmationRecord) -> Verdict:
         """The verdict on the measurements in ``record``."""
+        compared = _compared(record)
         confirmed = []
         for number in record.candidates:
             measured = [run for run in record.runs if run.trial == number]
-            # measurements under interference count only where there are no clean ones
             clean = [run for run in measured if not run.interfered]
-            runs = clean or measured
+            flagged = [run for run in measured if run.interfered]
+            runs = flagged if compared == "flagged" and flagged else clean or measured
             # the values of feasible runs: a run below min_score (or short of the target)
             # is no measurement of an answer, and a failed one measured nothing
             trained = [run for run in runs if run.value is not None and run.feasible]
@@ -170,7 +224,7 @@ class Verdict:
                     ),
                     feasible_runs=sum(1 for run in runs if run.feasible),
                     runs=len(runs),
-                    interfered=not clean and bool(measured),
+                    interfered=bool(runs) and all(run.interfered for run in runs),
                     round_values=tuple(
                         run.value for run in trained if run.value is not None and run.repeat > 0
                     ),
@@ -188,12 +242,13 @@ class Verdict:
         baseline = next((c for c in confirmed if c.baseline), None)
         checklist = next((c for c in confirmed if c.checklist), None)
         verdict = cls(
-            (), None, (), "value", baseline, spread, record.maximize, tuple(confirmed), checklist
-        )
+            (), None, (), "value", baseline, spread, record.maximize, tuple(confirmed), checklist,
+            alike=compared != "mixed",
+        )  # fmt: skip
         if not eligible:
             return verdict
         best = eligible[0]
-        if spread is not None and spread > NOISY_SPREAD:
+        if not verdict.alike or (spread is not None and spread > NOISY_SPREAD):
             return dataclasses.replace(
                 verdict, ranked=tuple(eligible), winner=best, tie_break="noisy"
             )
