@@ -98,7 +98,9 @@ class Summary:
     def comparisons(self) -> list[tuple[str, FrozenTrial, float, float | None]]:
         """(who, trial, best's samples/s over its, best's value over its) against the untuned
         baseline, the tuning checklist and the median and slowest feasible trials, where they
-        are not the best; a trial that is two of these is listed once, under the first."""
+        are not the best; a trial that is two of these is listed once, under the first. The
+        value's ratio over a reference is the answer's to state (``Answer.references``, from
+        the confirmation round), never one measurement's: None here."""
         found = []
         shown = {self.best.number} if self.best is not None else set()
         for label, other in (
@@ -111,7 +113,8 @@ class Summary:
             if other is None or self.best is None or other.number in shown or not speed:
                 continue
             shown.add(other.number)
-            found.append((label, other, speed, self.ratio("value", other)))
+            reference = label in REFERENCE_NAMES.values()
+            found.append((label, other, speed, None if reference else self.ratio("value", other)))
         return found
 
 
