@@ -64,8 +64,9 @@ def _reference(verdict: Verdict, name: str, measured: Confirmed, same_settings: 
     claims, or why it claims none; ``same_settings``: the two share their execution settings."""
     ratio, interval = verdict.ratio_over(measured), verdict.interval(measured)
     runs = len(measured.round_values or measured.values)
-    found = Reference(name, measured.trial, measured.round_median, runs, None, interval)
-    found = dataclasses.replace(found, learning_only=same_settings)
+    found = Reference(
+        name, measured.trial, measured.round_median, runs, None, interval, None, same_settings
+    )
     if not measured.values:
         return dataclasses.replace(found, why="none of its runs in the round was feasible")
     if ratio is None or verdict.winner is None:
