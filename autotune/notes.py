@@ -98,7 +98,9 @@ class Summary:
     def comparisons(self) -> list[tuple[str, FrozenTrial, float, float | None]]:
         """(who, trial, best's samples/s over its, best's value over its) against the untuned
         baseline, the tuning checklist and the median and slowest feasible trials, where they
-        are not the best; a trial that is two of these is listed once, under the first."""
+        are not the best; a trial that is two of these is listed once, under the first. The
+        value's ratio over a reference is the answer's to state (``Answer.references``, from
+        the confirmation round), never one measurement's: None here."""
         found = []
         shown = {self.best.number} if self.best is not None else set()
         for label, other in (
@@ -111,7 +113,8 @@ class Summary:
             if other is None or self.best is None or other.number in shown or not speed:
                 continue
             shown.add(other.number)
-            found.append((label, other, speed, self.ratio("value", other)))
+            reference = label in REFERENCE_NAMES.values()
+            found.append((label, other, speed, None if reference else self.ratio("value", other)))
         return found
 
 
@@ -198,9 +201,8 @@ def _confirmation_line(answer: Answer | None, study_name: str) -> str:
         f"**Confirmed**: median {number(answer.median)} over {answer.runs} runs, "
         f"interleaved with the other leaders{beside} (spread {spread})"
     )
-    for reference in answer.references:
-        if reference.ratio is not None:
-            text += f"; **{reference.ratio:.2f}x** {reference.name}, measured side by side"
+    if answer.references:
+        text += f"; measured side by side: {'; '.join(r.said for r in answer.references)}"
     if answer.reference is not None:
         text += f". It is {answer.reference}: the search found nothing better"
     if answer.tied:

@@ -100,7 +100,10 @@ def intermediate_value(evaluation: Evaluation, objective: ObjectiveSpec) -> floa
 
 
 def best_reachable(
-    evaluation: Evaluation, objective: ObjectiveSpec, epochs: float
+    evaluation: Evaluation,
+    objective: ObjectiveSpec,
+    epochs: float,
+    paced_from: Evaluation | None = None,
 ) -> float | None:
     """The best value a trial of ``epochs`` epochs can still end with, from where it stands at
     ``evaluation``, in the study's direction; None when nothing bounds it.
@@ -109,21 +112,35 @@ def best_reachable(
     None) over the charged seconds the trial will have spent at its end, the epochs left taken
     at the steady pace of those trained (``REMAINING_PACE_SLACK`` faster). time_to_score: the
     charged seconds so far, which the trial cannot take back.
+
+    ``paced_from``: an earlier evaluation of the trial after which it trained on a quiet machine
+    (before it, others took its cores): its pace is the one since then, and its seconds so far
+    are counted at that pace, not at the pace interference imposed.
     """
+    if paced_from is not None and evaluation.epoch > paced_from.epoch:
+        since = _steady(evaluation) - _steady(paced_from)
+        pace = since / (evaluation.epoch - paced_from.epoch)
+        evaluation = dataclasses.replace(
+            evaluation, train_seconds=evaluation.overhead_seconds + pace * evaluation.epoch
+        )
     seconds = _charged(evaluation, objective)
     if not objective.per_second:
         return seconds
     ceiling = SCORE_CEILINGS.get(objective.score)
     if ceiling is None or evaluation.epoch <= 0:
         return None
-    steady = max(evaluation.train_seconds - evaluation.overhead_seconds, 0.0)
-    left = steady / evaluation.epoch * max(epochs - evaluation.epoch, 0.0)
+    left = _steady(evaluation) / evaluation.epoch * max(epochs - evaluation.epoch, 0.0)
     end = dataclasses.replace(
         evaluation,
         epoch=max(epochs, evaluation.epoch),
         train_seconds=evaluation.train_seconds + left * REMAINING_PACE_SLACK,
     )
     return ceiling / max(_charged(end, objective), 1e-9)
+
+
+def _steady(evaluation: Evaluation) -> float:
+    """The steady-state training seconds up to ``evaluation`` (its one-time costs left out)."""
+    return max(evaluation.train_seconds - evaluation.overhead_seconds, 0.0)
 
 
 def cannot_win(reachable: float | None, best: float, objective: ObjectiveSpec) -> bool:

@@ -12,6 +12,8 @@ import pytest
 from rich.console import Console
 
 from autotune import display, export, notes, report
+from autotune.config import TrialConfig
+from autotune.spec import parse_spec
 from autotune.study import (
     REFERENCE_NAMES,
     Answer,
@@ -23,6 +25,7 @@ from autotune.study import (
     answer_of,
     answer_trial,
 )
+from autotune.testing import make_config
 
 TRIAL_SECONDS = 10.0  # each trial's wall-clock seconds, as the study process saw it
 RUN_SECONDS = 2.0  # each confirmation run's
@@ -33,12 +36,17 @@ def _study(
     baseline: int | None = None,
     maximize: bool = True,
     checklist: int | None = None,
+    configs: dict[int, TrialConfig] | None = None,
 ):
-    """An in-memory study of COMPLETE feasible trials 0, 1, ... with these values."""
+    """An in-memory study of COMPLETE feasible trials 0, 1, ... with these values (and these
+    configurations, where given)."""
     study = optuna.create_study(direction="maximize" if maximize else "minimize")
     for number, value in enumerate(values):
         record = TrialRecord(
-            baseline=number == baseline, checklist=number == checklist, wall_seconds=TRIAL_SECONDS
+            config=(configs or {}).get(number),
+            baseline=number == baseline,
+            checklist=number == checklist,
+            wall_seconds=TRIAL_SECONDS,
         )
         study.add_trial(optuna.trial.create_trial(value=value, user_attrs=record.to_attrs()))
     return study
@@ -48,10 +56,12 @@ def _round(
     series: dict[int, list[float]],
     scores: dict[int, float] | None = None,
     other: dict[int, float] | None = None,
+    speed: dict[int, float] | None = None,
     **fields: object,
 ) -> ConfirmationRecord:
     """A recorded round: trial -> its values (repeat 0, its trial, first); ``other``: the
-    others' share of the cores in each of a trial's runs."""
+    others' share of the cores in each of a trial's runs; ``speed``: a trial's samples/s in
+    each run (100 times its value where not given)."""
     runs = tuple(
         ConfirmRun(
             trial=number,
@@ -59,7 +69,7 @@ def _round(
             seed=repeat,
             value=value,
             score=(scores or {}).get(number, 0.9),
-            samples_per_second=100.0 * value,
+            samples_per_second=(speed or {}).get(number, 100.0 * value),
             feasible=True,
             wall_seconds=RUN_SECONDS,
             other_cpu_share=(other or {}).get(number),
@@ -91,12 +101,19 @@ def test_a_clear_winner_carries_its_medians_the_rounds_facts_and_its_ratio_over_
     assert answer.tied == () and answer.tie_rule == "value" and not answer.noisy
     # the typical half-range: 0.238 (trial 1), 0.019 (trial 2), 0.048 (the baseline)
     assert answer.spread == pytest.approx(0.05 / 1.05)
-    # the ratio of the round's own runs, the originals left out: 2.675 against 1.075
+    # the ratio of the round's own runs, the originals left out: 2.675 against 1.075, between
+    # the answer's lowest over the baseline's highest and its highest over their lowest
     assert answer.references == (
         Reference(
-            "the untuned baseline", 0, pytest.approx(1.075), 2, pytest.approx(2.675 / 1.075)
+            "the untuned baseline",
+            0,
+            pytest.approx(1.075),
+            2,
+            pytest.approx(2.675 / 1.075),
+            (pytest.approx(2.65 / 1.1), pytest.approx(2.7 / 1.05)),
         ),
     )
+    assert answer.references[0].said == "2.49x the untuned baseline (2.41x to 2.57x)"
     assert answer.speedup == answer.references[0].ratio
     assert [c.trial for c in answer.configurations] == [1, 2, 0] and answer.repeats == 2
     assert not answer.interfered and answer.flagged == 0
@@ -151,7 +168,7 @@ def test_the_answer_is_measured_against_both_references_and_the_checklist_can_wi
     assert answer.ratio_over(REFERENCE_NAMES["checklist"]) == pytest.approx(3.0 / 2.0)
     said = export.TrialConfirmation.of(answer, 2)
     assert said is not None and said.over_checklist == pytest.approx(1.5)
-    assert "2.86x the untuned baseline, 1.50x the tuning checklist" in (
+    assert "; 2.86x the untuned baseline (2.64x to 3.10x); 1.50x the tuning checklist " in (
         export.confirmation_text(said)
     )
     # the search's leader falls back in the round: the checklist is the answer, and says so
@@ -196,6 +213,155 @@ def test_an_answer_measured_only_under_interference_says_so():
     clean = _answer(study, record.with_run(again))
     assert not clean.interfered and clean.flagged == 3 and clean.runs == 1
     assert clean.median == 3.05
+
+
+def _runs(trial: int, *measured: tuple[int, float, float | None]) -> list[ConfirmRun]:
+    """A configuration's runs as the round recorded them: (repeat, value, others' share of the
+    cores), a run measured again under interference once more for each try."""
+    return [
+        ConfirmRun(trial, repeat, repeat, value, 0.9, 1e4 * value, True, RUN_SECONDS, None, other)
+        for repeat, value, other in measured
+    ]
+
+
+def test_one_clean_run_is_never_compared_with_six_flagged_ones():
+    """Measured once: "28.60x the untuned baseline's accuracy per second (confirmed: medians of
+    1 and 6 runs side by side)" was the answer's one clean run against six baseline runs, every
+    one of them flagged for interference. Flagged runs are compared with flagged runs."""
+    study = _study([0.1, 0.85], baseline=0)
+    answer_runs = _runs(
+        1,
+        (0, 0.85, 0.4),
+        (1, 0.9, 0.45), (1, 0.8, 0.5), (1, 2.86, 0.02),  # measured again until quiet
+        (2, 0.7, 0.6), (2, 0.75, 0.55), (2, 0.8, 0.5),  # never quiet: kept, flagged
+    )  # fmt: skip
+    baseline_runs = _runs(
+        0,
+        (0, 0.1, 0.5),
+        (1, 0.098, 0.6), (1, 0.1, 0.55), (1, 0.104, 0.5),
+        (2, 0.096, 0.6), (2, 0.1, 0.55), (2, 0.112, 0.5),
+    )  # fmt: skip
+    record = _round({1: [], 0: []}, baseline=0, top=1)
+    record = dataclasses.replace(record, runs=(*answer_runs, *baseline_runs))
+    answer = _answer(study, record)
+    assert answer.number == 1 and answer.interfered  # its flagged runs are what it is ranked on
+    assert answer.median == 0.8 and answer.runs == 6 and answer.runs_side_by_side == 5
+    (baseline,) = answer.references
+    assert baseline.runs == 6 and baseline.ratio == pytest.approx(0.8 / 0.1)  # not 2.86 / 0.1
+    assert baseline.interval == (pytest.approx(0.7 / 0.112), pytest.approx(0.9 / 0.096))
+    assert baseline.said == "8.00x the untuned baseline (6.25x to 9.38x)"
+    # where the answer has no flagged run to set beside them, nothing is compared at all
+    clean_only = [run for run in answer_runs if not run.interfered]
+    quiet = _answer(study, dataclasses.replace(record, runs=(*clean_only, *baseline_runs)))
+    assert quiet.number == 1 and quiet.noisy and not quiet.alike
+    assert quiet.speedup is None and quiet.references[0].said == (
+        "over the untuned baseline, no measurable speed-up on this machine as it was (the two "
+        "were measured under different loads)"
+    )
+
+
+def test_a_round_that_kept_one_clean_run_of_seven_ranks_on_the_flagged_ones():
+    """Measured once: a round kept "1 of 7" runs of a configuration, its one clean run at
+    221.9k samples/s against 13k in its own trial, and named it the answer over leaders it had
+    measured only under interference."""
+    study = _study([1.0, 1.3, 1.5], baseline=0)
+    outlier = _runs(
+        1,
+        (0, 1.3, 0.5),
+        (1, 1.2, 0.6), (1, 1.4, 0.5), (1, 22.19, 0.0),  # 221.9k samples/s
+        (2, 1.1, 0.6), (2, 1.3, 0.5), (2, 1.25, 0.55),
+    )  # fmt: skip
+    leader = _runs(2, *((repeat, value, 0.5) for repeat, value in (
+        (0, 1.5), (1, 1.45), (1, 1.55), (1, 1.5), (2, 1.6), (2, 1.4), (2, 1.5),
+    )))  # fmt: skip
+    baseline = _runs(0, *((repeat, value, 0.5) for repeat, value in (
+        (0, 1.0), (1, 0.95), (1, 1.05), (1, 1.0), (2, 1.1), (2, 0.9), (2, 1.0),
+    )))  # fmt: skip
+    record = _round({2: [], 1: [], 0: []}, baseline=0)
+    answer = _answer(study, dataclasses.replace(record, runs=(*leader, *outlier, *baseline)))
+    assert answer.number == 2 and answer.interfered and answer.alike and not answer.noisy
+    kept = next(c for c in answer.configurations if c.trial == 1)
+    assert 22.19 not in kept.values and len(kept.values) == 6 and kept.all_runs == 7
+    assert answer.references[0].said == "1.50x the untuned baseline (1.27x to 1.78x)"
+    said = io.StringIO()
+    spec = parse_spec("workload: {model: digits_cnn, data: digits}\n")
+    display.print_confirmation(Console(file=said, width=200), answer, spec, study.study_name)
+    shown = " ".join(said.getvalue().split())
+    assert "│ 1 │" in shown and "6 of 7" in shown
+    assert "every run of the answer was measured while other processes used the CPU" in shown
+
+
+def test_a_ratio_whose_interval_includes_one_is_no_measurable_speedup():
+    """Measured once: "1.87x" the untuned baseline printed at a run-to-run spread of ±373%."""
+    study = _study([0.05, 0.12, 0.1], baseline=0)
+    series = {2: [0.1, 0.2, 1.592], 1: [0.12, 0.15, 1.2], 0: [0.05, 0.1, 0.858]}
+    answer = _answer(study, _round(series, baseline=0))
+    assert answer.number == 2 and answer.noisy and answer.spread == pytest.approx(3.73)
+    (baseline,) = answer.references
+    assert baseline.ratio is None and answer.speedup is None
+    assert baseline.said == (
+        "over the untuned baseline, no measurable speed-up on this machine as it was "
+        "(run-to-run spread ±373%)"
+    )
+    said = export.TrialConfirmation.of(answer, 2)
+    assert said is not None and said.speedup is None and said.said == (baseline.said,)
+    assert baseline.said in export.confirmation_text(said)
+    # a quiet round whose ratio is still within the two sides' spreads claims nothing either
+    close = {2: [1.1, 1.2, 0.95], 1: [1.0, 1.0, 1.02], 0: [1.0, 1.05, 0.95]}
+    near = _answer(study, _round(close, baseline=0)).references[0]
+    assert near.ratio is None and near.interval is not None
+    assert near.interval[0] < 1.0 < near.interval[1]
+    assert near.why == "the runs' spreads allow 0.90x to 1.26x"
+
+
+def test_the_baselines_own_execution_settings_claim_the_learning_difference_alone():
+    """Measured once: "1.31x" the untuned baseline for a configuration whose execution
+    settings were the baseline's (it differed in lr only), both at accuracy 1.0: the
+    difference in samples/s between two runs of the same settings is noise."""
+    configs = {0: make_config(lr=0.01), 1: make_config(lr=0.03)}
+    study = _study([0.0311, 0.0408], baseline=0, configs=configs)
+    series = {1: [0.0408, 0.0412, 0.0404], 0: [0.0311, 0.0312, 0.0310]}
+    round_ = _round(series, scores={0: 1.0, 1: 1.0}, baseline=0, top=1)
+    answer = _answer(study, round_)
+    (baseline,) = answer.references
+    assert baseline.learning_only and baseline.ratio is None and answer.speedup is None
+    assert baseline.said == (
+        "over the untuned baseline, no measurable speed-up on this machine as it was (the same "
+        "execution settings, whose learning differs 1.00x; the runs' spreads allow 0.99x to "
+        "1.01x)"
+    )
+    # the same settings learning faster (the baseline at half the accuracy): that is claimed
+    alike = _round(series, scores={0: 0.5, 1: 1.0}, speed={0: 1000.0, 1: 1000.0}, baseline=0)
+    learned = _answer(study, dataclasses.replace(alike, top=1)).references[0]
+    assert learned.ratio == pytest.approx(0.0408 / 0.0311)
+    assert learned.said.endswith(", from learning alone: the same execution settings")
+    # other execution settings: the same figures are a speed-up
+    configs[1] = make_config(lr=0.03, batch_size=64)
+    other = _answer(_study([0.0311, 0.0408], baseline=0, configs=configs), round_)
+    assert other.speedup == pytest.approx(0.0408 / 0.0311)
+    assert not other.references[0].learning_only
+
+
+def test_best_says_no_speedup_over_a_baseline_infeasible_in_the_round():
+    """Measured once: where the untuned baseline was below min_score, ``run`` printed no
+    speed-up and ``best`` said "4.71x ... one measurement each", from the trials' values
+    (0.3837 for the answer, whose round measured 2.004)."""
+    configs = {0: make_config(), 1: make_config(batch_size=64)}
+    study = _study([0.3837 / 4.71, 0.3837], baseline=0, configs=configs)
+    record = _round({1: [0.3837, 2.004, 1.98], 0: [0.3837 / 4.71, 0.4, 0.41]}, baseline=0, top=1)
+    below = tuple(dataclasses.replace(r, feasible=r.trial != 0) for r in record.runs)
+    answer = _answer(study, dataclasses.replace(record, runs=below))
+    assert answer.confirmed and answer.number == 1 and answer.speedup is None
+    best = export.best_config(study, answer.trial)
+    text = best.confirmation_text()
+    assert "4.71x" not in text and "x the untuned baseline" not in text
+    assert text.endswith(
+        "over the untuned baseline, no measurable speed-up on this machine as it was (none of "
+        "its runs in the round was feasible)"
+    )
+    plain = best.to_dict()["confirmation"]
+    assert plain["speedup"] is None and plain["speedup_interval"] is None
+    assert plain["said"] == [answer.references[0].said]
 
 
 def test_for_a_time_to_a_target_the_ratio_is_the_references_time_over_the_answers():
@@ -281,7 +447,9 @@ def _leaders_round(study: optuna.Study) -> tuple[int, ConfirmationRecord]:
     series[base] = [2.0, 1.96, 2.04]
     series[checklist] = [3.0, 2.94, 3.06]
     series[winner] = [4.1, 4.0, 4.2]
-    return winner, _round(series, baseline=base, checklist=checklist, top=3)
+    # one pace for all: the winner's settings may be the baseline's (its lr alone differs)
+    speed = dict.fromkeys(series, 1000.0)
+    return winner, _round(series, speed=speed, baseline=base, checklist=checklist, top=3)
 
 
 def test_every_rendering_names_the_same_answer_and_ratio(seen):
@@ -291,29 +459,29 @@ def test_every_rendering_names_the_same_answer_and_ratio(seen):
     assert answer.confirmed and answer.number == winner
     assert answer.speedup == pytest.approx(4.1 / 2.0)  # the round's own runs' medians
     said = _renderings(study)
-    confirmed = (
-        "confirmed: median 4.1 over 3 runs (spread ±2%), 2.05x the untuned baseline, 1.37x the "
-        "tuning checklist"
-    )
+    over = "; ".join(r.said for r in answer.references)
+    assert over.startswith("2.05x the untuned baseline (1.96x to 2.14x)")  # and if the winner
+    assert over.endswith("; 1.37x the tuning checklist (1.31x to 1.43x)")  # has its settings,
+    # ", from learning alone: the same execution settings" after the baseline's
+    confirmed = f"confirmed: median 4.1 over 3 runs (spread ±2%); {over}"
     assert f"Best configuration (trial {winner}, confirmed)" in said["terminal"]
     assert f"Answer: trial {winner}, 4.1 acc/s" in said["terminal"]
-    assert (
-        "Accuracy per second: 2.05x the untuned baseline, 1.37x the tuning checklist "
-        "(confirmed: medians of 2, 2 and 2 runs side by side)"
-    ) in said["terminal"]
+    assert (f"Accuracy per second, from medians of 2, 2 and 2 runs side by side: {over}.") in said[
+        "terminal"
+    ]
     assert f"**Best: trial {winner}**" in said["note"]
     assert "**Confirmed**: median 4.1 over 3 runs" in said["note"]
-    assert "**2.05x** the untuned baseline" in said["note"]
-    assert "**1.37x** the tuning checklist" in said["note"]
+    assert f"(spread ±2%); measured side by side: {over}." in said["note"]
     assert f"Best: <strong>trial {winner}</strong>" in said["report"]
     assert f"The answer is {confirmed}." in said["report"]
     assert re.search(r'<td>tuning checklist</td><td class="num">\d+</td>', said["report"])
     assert said["best"] == f"trial {winner}: {confirmed}"
-    # ``best --trial`` of the other leader: its medians in the round, no ratio, no ties
-    other = next(c for c in answer.configurations if c.trial not in (winner, record.baseline))
-    contender = export.TrialConfirmation.of(answer, other.trial)
-    assert contender is not None and not contender.answer and contender.median == 1.0
-    assert contender.speedup is None and contender.tied_with == () and contender.runs == 3
+    # ``best --trial`` of another configuration: its medians in the round, no ratio, no ties
+    other = next(c.trial for c in answer.configurations if c.trial != winner)
+    contender = export.TrialConfirmation.of(answer, other)
+    assert contender is not None and not contender.answer and contender.runs == 3
+    assert contender.median == sorted(r.value for r in record.runs if r.trial == other)[1]
+    assert contender.speedup is None and contender.tied_with == () and contender.said == ()
 
 
 def test_a_round_about_leaders_since_changed_is_confirmed_nowhere(seen):

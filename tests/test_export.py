@@ -501,14 +501,17 @@ def test_yaml_and_json_round_trip_to_the_same_config(tiny_study, tmp_path: Path)
     assert yaml.safe_load((tmp_path / "best.yaml").read_text())["trial"] == trial.number
     assert json.loads((tmp_path / "best.json").read_text())["config"]["seed"] == trial.number
     # a confirmed answer's verdict is typed, and round-trips through the plain data
+    said = ("1.50x the untuned baseline (at least 1.20x)",)  # its lowest run was 0
     verdict = TrialConfirmation(
-        median=2.5, runs=3, spread=0.1, answer=True, speedup=1.5, tied_with=(4,)
-    )
+        median=2.5, runs=3, spread=0.1, answer=True, speedup=1.5, tied_with=(4,), said=said,
+        speedup_interval=(1.2, math.inf),
+    )  # fmt: skip
     confirmed = dataclasses.replace(best, confirmation=verdict)
-    assert BestConfig.from_dict(json.loads(json.dumps(confirmed.to_dict()))) == confirmed
+    plain = json.dumps(confirmed.to_dict(), allow_nan=False)  # strict JSON: no Infinity
+    assert BestConfig.from_dict(json.loads(plain)) == confirmed
     assert confirmed.confirmation_text() == (
-        "confirmed: median 2.5 over 3 runs (spread ±10%), 1.50x the untuned baseline; tied "
-        "within noise with trial 4"
+        "confirmed: median 2.5 over 3 runs (spread ±10%); 1.50x the untuned baseline (at least "
+        "1.20x); tied within noise with trial 4"
     )
     unconfirmed = dataclasses.replace(best, confirmation=None)
     assert unconfirmed.to_dict()["confirmation"] == {}  # as exports have always written it

@@ -59,10 +59,11 @@ def test_comparisons_name_each_other_trial_once():
         states={"COMPLETE": 3},
         bottlenecks={},
     )
-    # the baseline is also the slowest feasible trial: it is listed once, as the baseline
+    # the baseline is also the slowest feasible trial: it is listed once, as the baseline; the
+    # value's ratio over a reference is the confirmation round's to state, not one trial's
     rows = [(label, t.number, speed, value) for label, t, speed, value in summary.comparisons()]
     assert rows == [
-        ("the untuned baseline", 0, 3.0, 3.0),
+        ("the untuned baseline", 0, 3.0, None),
         ("the median feasible trial", 2, 2.0, 2.0),
     ]
 

@@ -114,6 +114,19 @@ def test_the_best_a_trial_can_still_reach_bounds_it_by_its_pace_and_a_perfect_sc
     assert best_reachable(at, to_target, 4) == pytest.approx(3.0)
 
 
+def test_after_a_busy_window_the_best_reachable_is_read_at_the_quiet_pace_since():
+    # 1 s of compiling, then 5.5 s for epoch 1 while others took the cores, 0.5 s for epoch 2
+    busy = evaluation(1, 1.0, 0.6, seconds=6.5, overhead=1.0)
+    quiet = evaluation(2, 2.0, 0.7, seconds=7.0, overhead=1.0)
+    per_second = ObjectiveSpec()
+    # at 0.5 s an epoch throughout: 1 + 2 x 0.5 s so far, 2 epochs left 20% faster still
+    assert best_reachable(quiet, per_second, 4, busy) == pytest.approx(1 / (2.0 + 2 * 0.5 * 0.8))
+    assert best_reachable(quiet, per_second, 4) == pytest.approx(1 / (7.0 + 2 * 3.0 * 0.8))
+    to_target = ObjectiveSpec(metric="time_to_accuracy", target_accuracy=0.9)
+    assert best_reachable(quiet, to_target, 4, busy) == pytest.approx(2.0)
+    assert best_reachable(busy, per_second, 4, busy) == best_reachable(busy, per_second, 4)
+
+
 def test_a_trial_cannot_win_only_when_even_its_best_is_well_behind_the_leader():
     per_second, to_target = ObjectiveSpec(), ObjectiveSpec(metric="time_to_score", target_score=1)
     assert cannot_win(0.1, 0.2, per_second)  # half the leader's: lost

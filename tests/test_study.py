@@ -10,6 +10,7 @@ import re
 import statistics
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import optuna
 import pytest
@@ -20,6 +21,7 @@ from autotune import display
 from autotune.config import TrialConfig
 from autotune.executor import InProcessExecutor
 from autotune.faults import FaultKind
+from autotune.interference import CpuShare
 from autotune.results import Evaluation, TrialResult
 from autotune.space import restrict
 from autotune.spec import parse_spec
@@ -46,7 +48,7 @@ from autotune.study import (
     trial_config,
     with_study_strategy,
 )
-from autotune.testing import AMPERE, CPU, TINY_SPACE, make_config
+from autotune.testing import AMPERE, CPU, TINY_SPACE, make_config, make_evaluation, make_result
 from autotune.workloads import load
 
 RESULT_ATTRS = {
@@ -295,8 +297,9 @@ space:
 
 
 def test_a_trial_that_cannot_win_even_with_a_perfect_score_is_stopped(
-    tmp_path: Path, prepare_study
+    tmp_path: Path, prepare_study, monkeypatch
 ):
+    monkeypatch.setattr("autotune.study._trial.CpuMeter", Meter)  # a quiet machine
     # trial 1 takes 8 steps an epoch (the baseline 16); trial 2 takes 32, four times as long: at
     # its first evaluation, even accuracy 1 at its pace ends below half the leader's acc/s
     study = prepare_study(CANNOT_WIN_SPACE, tmp_path, run=False).study
@@ -327,6 +330,95 @@ def test_a_trial_that_cannot_win_even_with_a_perfect_score_is_stopped(
     study.enqueue_trial({"batch_size": 8})
     study = prepare_study(unpruned, tmp_path / "unpruned").study
     assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE] * 3
+
+
+class Paced:
+    """An executor whose trials train at a given pace, epoch by epoch (no training: the
+    measurements are made up): ``seconds_per_epoch[batch_size]`` lists each epoch's seconds."""
+
+    def __init__(self, seconds_per_epoch: dict[int, list[float]]) -> None:
+        self.seconds_per_epoch = seconds_per_epoch
+
+    def run(self, config: TrialConfig, report) -> TrialResult:
+        evaluations, seconds = [], 0.0
+        for index, epoch_seconds in enumerate(self.seconds_per_epoch[config.batch_size], 1):
+            seconds += epoch_seconds
+            at = make_evaluation(index, float(index), 0.9, seconds)
+            evaluations.append(dataclasses.replace(at, final=index == config.epochs))
+            if report(evaluations[-1]):
+                break
+        return dataclasses.replace(make_result(*evaluations), other_cpu_share=0.52)
+
+    def measure(self, config, plan):
+        raise AssertionError("no stage 1 here")
+
+    def close(self) -> None:
+        pass
+
+
+class Meter:
+    """``CpuMeter`` as the study reads it between a trial's evaluations: the others' share of
+    the cores in each window, in turn, from ``shares`` (none left: a quiet machine)."""
+
+    shares: ClassVar[list[float]] = []
+
+    def __enter__(self) -> Meter:
+        return self
+
+    def so_far(self) -> CpuShare:
+        other = Meter.shares.pop(0) if Meter.shares else 0.0
+        return CpuShare(
+            wall_seconds=1.0, cores=2, own_cpu_seconds=1.0, other_cpu_seconds=2 * other
+        )
+
+
+def test_cannot_win_is_never_decided_on_a_pace_measured_under_interference(
+    tmp_path: Path, prepare_study, monkeypatch
+):
+    """Measured once: a trial with 52% of its cores taken by others ran 180 samples/s against
+    43.7k predicted and was stopped as one that cannot win; a later trial of the same pipeline
+    completed at 11.5k. Here an epoch of 1,000 samples: the leader (the baseline) at 5k/s."""
+    monkeypatch.setattr("autotune.study._trial.CpuMeter", Meter)
+    monkeypatch.setattr(Meter, "shares", [0.52, 0.0, 0.52, 0.0])  # two trials' first windows
+    leader, busy, quiet = [0.2] * 3, 1000 / 180, 1000 / 11_500
+    space = CANNOT_WIN_SPACE.replace("n_trials: 3", "n_trials: 2")
+    study = prepare_study(space, tmp_path, run=False).study
+    study.enqueue_trial({"batch_size": 32})
+    paced = Paced({16: leader, 32: [busy, quiet, quiet]})
+    study = prepare_study(space, tmp_path, executor=paced).study
+    baseline, busy_start = study.get_trials()
+    assert TrialRecord.of(baseline).baseline and baseline.state == TrialState.COMPLETE
+    # busy in its first window only: judged at its second on its own pace since the first
+    assert busy_start.state == TrialState.COMPLETE, TrialRecord.of(busy_start).fail_msg
+    assert len(busy_start.intermediate_values) == 3
+    # slow on a quiet machine too: stopped at the first quiet window, and the message says so
+    study.enqueue_trial({"batch_size": 32})
+    paced.seconds_per_epoch[32] = [busy, busy, busy]
+    study = prepare_study(space.replace("n_trials: 2", "n_trials: 3"), tmp_path, executor=paced)
+    slow = study.study.get_trials()[-1]
+    assert slow.state == TrialState.PRUNED and len(slow.intermediate_values) == 2
+    record = TrialRecord.of(slow)
+    assert record.fail_kind == FaultKind.CANNOT_WIN and record.fail_msg is not None
+    assert record.fail_msg.startswith("stopped at evaluation 2 (epoch 2.00): even at accuracy 1")
+    assert record.fail_msg.endswith(
+        "(at its pace since evaluation 1; before it, other processes took its cores)"
+    )
+
+
+def test_a_trial_slowed_by_interference_is_never_said_to_be_off_stage_one():
+    """Measured once: "+4198%" and "+10,761%" off stage 1, from trials others' processes
+    slowed. The trial's interference flag says that; its distance from stage 1 says nothing."""
+    from autotune.study._trial import off_stage_one
+
+    predicted = TrialRecord(predicted_samples_per_second=43_700.0, speed_tolerance=0.1)
+    slowed = dataclasses.replace(
+        make_result(make_evaluation(1, 1.0, 0.9, 5.0)), samples_per_second=180.0
+    )
+    assert off_stage_one(slowed, predicted)  # on a quiet machine: a stale speed cache, say
+    assert not off_stage_one(dataclasses.replace(slowed, other_cpu_share=0.52), predicted)
+    within = dataclasses.replace(slowed, samples_per_second=41_000.0)
+    assert not off_stage_one(within, predicted)
+    assert not off_stage_one(slowed, TrialRecord())  # a trial stage 1 predicted nothing for
 
 
 def test_a_bug_outside_training_leaves_no_trial_running(tmp_path: Path, prepare_study):

@@ -65,9 +65,8 @@ def best(
         f"{escape(result.metric)} "
         f"[bold green]{display.fmt(result.value)}[/] {unit}"
     )
+    # what the run said of it: a speed-up only where the confirmation round backs one
     console.print(f"  {result.confirmation_text()}", markup=False)
-    if result.confirmation is None or not result.confirmation.speedup:  # said above if so
-        _against_baseline(found, chosen)
     for key, value in result.metrics.items():
         note = display.METRIC_NOTES.get(key)
         name = f"validation {result.score_name}" if key == "score" else key
@@ -83,22 +82,6 @@ def best(
     display.print_command(console, "Export it:", "autotune", "export", *where, "-o", "train.py")
     if studies.password_note(storage):
         console.print(studies.password_note(storage), markup=False)
-
-
-def _against_baseline(study: Any, chosen: Any) -> None:
-    """The trial against the untuned baseline, one measurement each: the note's ratios."""
-    import dataclasses
-
-    from rich.padding import Padding
-
-    from autotune import notes
-
-    summary = dataclasses.replace(notes.summarize(study), best=chosen)
-    for label, other, speed, value in summary.comparisons()[:1]:
-        if other is summary.baseline:
-            ratio = f"{value:.2f}x the {summary.metric} and " if value else ""
-            said = f"{ratio}{speed:.2f}x the samples/s of {label} (trial {other.number}), "
-            console.print(Padding(Text(said + "one measurement each"), (0, 0, 0, 2)))
 
 
 @app.command("export", cls=Command)

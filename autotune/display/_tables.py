@@ -349,8 +349,8 @@ def print_confirmation(
     if answer.flagged:
         console.print(
             f"{answer.flagged} measurement(s) were taken while other processes took more than "
-            f"{INTERFERENCE_SHARE:.0%} of the cores: each was measured again, and the flagged "
-            "ones count only where a configuration has no clean one.",
+            f"{INTERFERENCE_SHARE:.0%} of the cores: each was measured again, and the round "
+            "compares flagged runs only with flagged ones.",
             style="yellow",
         )
     if answer.interfered:
@@ -376,10 +376,15 @@ def _print_confirmed(
         f"(median of {answer.runs} runs; run-to-run spread {spread})"
     )
     if answer.noisy:
+        why = (
+            f"run-to-run spread {spread}, over ±{studies.NOISY_SPREAD:.0%}"
+            if answer.alike
+            else "some were measured only on a quiet machine, others only under interference"
+        )
         console.print(
-            f"[yellow]The machine was too noisy to rank the leaders[/] (run-to-run spread "
-            f"{spread}, over ±{studies.NOISY_SPREAD:.0%}): trial {answer.number} is named for "
-            f"the best median. Confirm again on a quiet machine: {again}"
+            f"[yellow]The machine was too noisy to rank the leaders[/] ({why}): trial "
+            f"{answer.number} is named for the best median. Confirm again on a quiet machine: "
+            f"{again}"
         )
     if answer.tied:
         numbers = [str(answer.number), *(str(n) for n in answer.tied)]
@@ -400,11 +405,10 @@ def _print_confirmed(
             f"[bold]{answer.reference.capitalize()} is the answer[/]: the search found nothing "
             "better."
         )
-    measured = [r for r in answer.references if r.ratio is not None]
-    if measured:
-        ratios = ", ".join(f"{r.ratio:.2f}x {r.name}" for r in measured)
-        runs = [str(n) for n in (answer.runs_side_by_side, *(r.runs for r in measured))]
+    if answer.references:
+        said = "; ".join(r.said for r in answer.references)
+        runs = [str(n) for n in (answer.runs_side_by_side, *(r.runs for r in answer.references))]
         console.print(
-            f"{what.capitalize()}: {ratios} (confirmed: medians of {', '.join(runs[:-1])} and "
-            f"{runs[-1]} runs side by side)."
+            f"{what.capitalize()}, from medians of {', '.join(runs[:-1])} and {runs[-1]} runs "
+            f"side by side: {escape(said)}."
         )

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,15 +26,23 @@ class TrialConfirmation:
     median_score: float | None = None
     median_samples_per_second: float | None = None
     answer: bool = False  # the round's winner: the study's answer
-    speedup: float | None = None  # the answer's metric over the untuned baseline's
-    over_checklist: float | None = None  # the answer's metric over the tuning checklist's
+    # the answer's metric over the untuned baseline's, and over the tuning checklist's, where
+    # the round backs them (None: no measurable speed-up; ``said`` says why)
+    speedup: float | None = None
+    over_checklist: float | None = None
+    speedup_interval: tuple[float, float] | None = None  # where the speed-up may lie
+    said: tuple[str, ...] = ()  # the answer over each reference, as the terminal says it
     reference: str | None = None  # the answer is this reference ("the tuning checklist")
     tied_with: tuple[int, ...] = ()  # trials within the noise of the answer
     under_interference: bool = False  # every run measured while others used the CPU
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (an export's "confirmation")."""
-        return {**dataclasses.asdict(self), "tied_with": list(self.tied_with)}
+        plain = {**dataclasses.asdict(self), "tied_with": list(self.tied_with)}
+        if self.speedup_interval is not None:  # JSON has no infinity: an unbounded end is null
+            low, high = self.speedup_interval
+            plain["speedup_interval"] = [low, high if math.isfinite(high) else None]
+        return {**plain, "said": list(self.said)}
 
     @classmethod
     def of(cls, answer: Answer | None, number: int) -> TrialConfirmation | None:
@@ -46,6 +55,9 @@ class TrialConfirmation:
         if found is None or not found.eligible or not found.values:
             return None
         mine = number == answer.number
+        baseline = next(
+            (r for r in answer.references if r.name == REFERENCE_NAMES["baseline"]), None
+        )
         return cls(
             median=found.median,
             runs=len(found.values),
@@ -55,6 +67,8 @@ class TrialConfirmation:
             answer=mine,
             speedup=answer.speedup if mine else None,
             over_checklist=answer.ratio_over(REFERENCE_NAMES["checklist"]) if mine else None,
+            speedup_interval=baseline.interval if mine and baseline is not None else None,
+            said=tuple(r.said for r in answer.references) if mine else (),
             reference=answer.reference if mine else None,
             tied_with=answer.tied if mine else (),
             under_interference=found.interfered,
@@ -68,6 +82,10 @@ class TrialConfirmation:
         known = {f.name for f in dataclasses.fields(cls)}
         fields = {key: value for key, value in data.items() if key in known}
         fields["tied_with"] = tuple(fields.get("tied_with") or ())
+        fields["said"] = tuple(fields.get("said") or ())
+        if fields.get("speedup_interval") is not None:
+            low, high = fields["speedup_interval"]
+            fields["speedup_interval"] = (low, math.inf if high is None else high)
         return cls(**fields)
 
 
@@ -78,10 +96,8 @@ def confirmation_text(found: TrialConfirmation | None) -> str:
     text = f"confirmed: median {found.median:.4g} over {found.runs} runs"
     if found.spread is not None:
         text += f" (spread ±{found.spread:.0%})"
-    if found.speedup is not None:
-        text += f", {found.speedup:.2f}x {REFERENCE_NAMES['baseline']}"
-    if found.over_checklist is not None:
-        text += f", {found.over_checklist:.2f}x {REFERENCE_NAMES['checklist']}"
+    if found.said:
+        text += f"; {'; '.join(found.said)}"
     if found.reference is not None:
         text += f"; it is {found.reference}: the search found nothing better"
     if found.tied_with:

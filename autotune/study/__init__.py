@@ -23,22 +23,14 @@ One subpackage, one concern per private module, everything public re-exported he
   that records and caches it, what it leaves out and why, its answer, and the stage that runs
   it;
 - ``_confirm``: the confirmation round that re-measures the leaders and the baseline side by
-  side; ``_answer``: what the round concludes and the study's one answer (``answer_of``),
-  which every rendering shows.
+  side; ``_verdict``: what the round concludes; ``_answer``: the study's one answer
+  (``answer_of``), which every rendering shows.
 """
 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from autotune.study._answer import (
-        NOISY_SPREAD,
-        Answer,
-        Confirmed,
-        Reference,
-        Verdict,
-        answer_of,
-        answer_trial,
-    )
+    from autotune.study._answer import Answer, Reference, answer_of, answer_trial
     from autotune.study._confirm import confirm_study, confirmation_plan
     from autotune.study._liveness import heartbeat, recover_stale_trials, study_lock
     from autotune.study._open import load_study, open_study, patient_storage, with_study_strategy
@@ -77,14 +69,15 @@ if TYPE_CHECKING:
         storage_problem,
     )
     from autotune.study._trial import StudyObserver, Terminated, TrialRunner
+    from autotune.study._verdict import NOISY_SPREAD, Confirmed, Verdict
     from autotune.study._walls import MemoryWalls
 
 # Imported on first use: a reader of finished studies (autotune best, studies, export) never
 # loads _run and _confirm, which import the trainer and torch.
 _MODULES = {
-    "Confirmed": "_answer",
-    "Verdict": "_answer",
-    "NOISY_SPREAD": "_answer",
+    "Confirmed": "_verdict",
+    "Verdict": "_verdict",
+    "NOISY_SPREAD": "_verdict",
     "answer_trial": "_answer",
     "Answer": "_answer",
     "Reference": "_answer",

@@ -1,39 +1,21 @@
-"""What a confirmation round concludes (``Verdict``), and the study's answer (``Answer``),
-computed once by ``answer_of``, which the terminal, the dashboard note, the HTML report,
-``autotune best`` and the exports render: the round's winner, with its ratio over each
-reference measured beside it (the untuned baseline), or else the best feasible trial.
+"""The study's answer (``Answer``), computed once by ``answer_of``, which the terminal, the
+dashboard note, the HTML report, ``autotune best`` and the exports render: the confirmation
+round's winner (``_verdict.Verdict``), with its ratio over each reference measured beside it
+(the untuned baseline, the tuning checklist), or else the best feasible trial.
 
-A measurement taken under interference (other processes took more than
-``interference.INTERFERENCE_SHARE`` of its cores) is left out wherever a configuration has clean
-ones; an original trial that was flagged is likewise left out. A configuration whose every
-measurement was flagged keeps them, and the verdict says so (``Confirmed.interfered``).
-
-The rule (``Verdict.of``):
-
-- a configuration's confirmed value is the median of its measurements; one whose runs are
-  mostly infeasible (below ``min_score``, or failed) cannot be the answer;
-- the spread shown (``±6%``) is the median, over the confirmed configurations, of half their
-  range relative to their median: the machine's run-to-run noise, measured in this round;
-- the answer is the best confirmed median; every other configuration whose median is behind
-  the best one's by no more than the spread (relatively) is **tied** with it within the
-  measurement noise, and among tied configurations the better median score (higher accuracy,
-  lower validation loss) wins, then the better median value: the study names them and says
-  which rule picked. (Overlapping ranges are no test: with three runs one slow outlier makes a
-  configuration 35% behind "tied".)
-- a round whose spread is wider than ``NOISY_SPREAD`` cannot rank its leaders at all (with
-  ±100% every leader is "tied", and the score would hand the answer to a slower one): its
-  answer is the best median, and the study says the machine was too noisy and how to confirm
-  again (``tie_break`` "noisy");
-- the answer's ratio over a reference (its speed-up over the untuned baseline) is the ratio of
-  the two medians of the round's own runs, measured side by side: the original trials are left
-  out of it, because the leaders were chosen for a high original value (a winner's curse: ten
-  seeds on the quickstart over-reported the speed-up by a median 9% when they counted).
+The answer claims a ratio only where its interval excludes 1.0 and the round could rank its
+leaders; else it says "no measurable speed-up on this machine as it was" and why
+(``Reference.said``). Over a reference with the answer's own execution settings (the same
+``config_key``: only the learning differs, the lr say) it claims the learning difference
+alone: the ratio with the two samples/s taken out, which are the same settings' and differ
+only by noise (a "1.31x" between two trials at accuracy 1.0 that differed in lr only was that
+noise).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import statistics
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -41,205 +23,79 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.study._queries import feasible_trials
-from autotune.study._records import (
-    REFERENCE_NAMES,
-    ConfirmationRecord,
-    ReferenceKind,
-    StudyRecord,
-    TrialRecord,
-)
-
-
-@dataclass(frozen=True)
-class Confirmed:
-    """One configuration's measurements in a confirmation round."""
-
-    trial: int
-    baseline: bool
-    values: tuple[float, ...]  # of the runs that trained, the original first
-    scores: tuple[float, ...]  # the validation scores of the same runs
-    samples_per_second: tuple[float, ...]
-    feasible_runs: int
-    runs: int  # measurements taken, failed ones included
-    interfered: bool = False  # every value was measured under interference
-    # the values of the round's own runs (the original trial left out): the leaders were
-    # chosen for their high original value, so the speed-up is read from these
-    round_values: tuple[float, ...] = ()
-    all_runs: int = 0  # every measurement of it, flagged and failed ones included
-    checklist: bool = False  # the tuning checklist (a reference, which can be the answer)
-    trial_feasible: bool = True  # its own trial met every requirement (min_score)
-
-    @property
-    def reference(self) -> ReferenceKind | None:
-        """Which reference it is, if it is one."""
-        return "baseline" if self.baseline else "checklist" if self.checklist else None
-
-    @property
-    def label(self) -> str:
-        """Its trial number, and which reference it is: "0 (baseline)", "1 (checklist)"."""
-        return f"{self.trial}" + (f" ({self.reference})" if self.reference else "")
-
-    @property
-    def round_median(self) -> float:
-        """The median of the round's own runs; of every value when the round has none."""
-        values = self.round_values or self.values
-        return statistics.median(values) if values else float("nan")
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.values) if self.values else float("nan")
-
-    @property
-    def median_score(self) -> float:
-        return statistics.median(self.scores) if self.scores else float("nan")
-
-    @property
-    def median_samples_per_second(self) -> float:
-        return statistics.median(self.samples_per_second) if self.samples_per_second else 0.0
-
-    @property
-    def low(self) -> float:
-        return min(self.values) if self.values else float("nan")
-
-    @property
-    def high(self) -> float:
-        return max(self.values) if self.values else float("nan")
-
-    @property
-    def eligible(self) -> bool:
-        """Whether it can be the answer: its own trial was feasible (a reference's need not
-        be: it is measured whatever it scored; the answer's trial is what ``best`` shows) and
-        most of its measurements were."""
-        return self.trial_feasible and self.feasible_runs * 2 > self.runs
-
-    @property
-    def relative_spread(self) -> float | None:
-        """Half its range relative to its median; None with fewer than two values."""
-        if len(self.values) < 2 or not self.median:
-            return None
-        return (self.high - self.low) / 2 / abs(self.median)
-
-
-# a round whose run-to-run spread is wider than this (relative) cannot rank its leaders
-NOISY_SPREAD = 0.25
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What a confirmation round concludes (see the module's docstring for the rule)."""
-
-    ranked: tuple[Confirmed, ...]  # eligible configurations, the answer first
-    winner: Confirmed | None
-    tied: tuple[Confirmed, ...]  # the others tied with the winner within the noise
-    # which rule picked the winner among the tied: "score" or "value"; "noisy" when the round
-    # was too noisy to rank the leaders and the best median was named
-    tie_break: str
-    baseline: Confirmed | None
-    spread: float | None  # the typical relative spread (0.06 for ±6%)
-    maximize: bool
-    configurations: tuple[Confirmed, ...]  # every one measured, in the round's order
-    checklist: Confirmed | None = None
-
-    @property
-    def speedup(self) -> float | None:
-        """The answer's ratio over the untuned baseline (``ratio_over``)."""
-        return self.ratio_over(self.baseline)
-
-    def ratio_over(self, reference: Confirmed | None) -> float | None:
-        """The answer's value over ``reference``'s, as "times better" (for a time to a target,
-        the reference's time over the answer's), from the medians of the round's own runs: the
-        leaders were picked for a high first measurement, which would inflate theirs (a
-        reference was not), so the original trials are left out of this ratio."""
-        if self.winner is None or reference is None or not reference.values:
-            return None
-        if not reference.round_median or not self.winner.round_median:
-            return None
-        ratio = self.winner.round_median / reference.round_median
-        return ratio if self.maximize else 1 / ratio
-
-    @classmethod
-    def of(cls, record: ConfirmationRecord) -> Verdict:
-        """The verdict on the measurements in ``record``."""
-        confirmed = []
-        for number in record.candidates:
-            measured = [run for run in record.runs if run.trial == number]
-            # measurements under interference count only where there are no clean ones
-            clean = [run for run in measured if not run.interfered]
-            runs = clean or measured
-            # the values of feasible runs: a run below min_score (or short of the target)
-            # is no measurement of an answer, and a failed one measured nothing
-            trained = [run for run in runs if run.value is not None and run.feasible]
-            confirmed.append(
-                Confirmed(
-                    trial=number,
-                    baseline=number == record.baseline,
-                    checklist=number == record.checklist,
-                    trial_feasible=all(run.feasible for run in measured if run.repeat == 0),
-                    values=tuple(run.value for run in trained if run.value is not None),
-                    scores=tuple(r.score for r in trained if r.score is not None),
-                    samples_per_second=tuple(
-                        r.samples_per_second for r in trained if r.samples_per_second
-                    ),
-                    feasible_runs=sum(1 for run in runs if run.feasible),
-                    runs=len(runs),
-                    interfered=not clean and bool(measured),
-                    round_values=tuple(
-                        run.value for run in trained if run.value is not None and run.repeat > 0
-                    ),
-                    all_runs=len(measured),
-                )
-            )
-        sign = 1.0 if record.maximize else -1.0
-        eligible = sorted(
-            (c for c in confirmed if c.eligible and c.values),
-            key=lambda c: sign * c.median,
-            reverse=True,
-        )
-        spreads = [s for c in confirmed if (s := c.relative_spread) is not None]
-        spread = statistics.median(spreads) if spreads else None
-        baseline = next((c for c in confirmed if c.baseline), None)
-        checklist = next((c for c in confirmed if c.checklist), None)
-        verdict = cls(
-            (), None, (), "value", baseline, spread, record.maximize, tuple(confirmed), checklist
-        )
-        if not eligible:
-            return verdict
-        best = eligible[0]
-        if spread is not None and spread > NOISY_SPREAD:
-            return dataclasses.replace(
-                verdict, ranked=tuple(eligible), winner=best, tie_break="noisy"
-            )
-
-        def within_noise(other: Confirmed) -> bool:
-            behind = sign * (best.median - other.median) / abs(best.median or 1.0)
-            return behind <= (spread or 0.0)
-
-        tied_set = [best, *(c for c in eligible[1:] if within_noise(c))]
-        # among the tied: the better median score first, then the better median value
-        score_sign = 1.0 if record.higher_score_better else -1.0
-        tied_set.sort(key=lambda c: (score_sign * c.median_score, sign * c.median), reverse=True)
-        winner = tied_set[0]
-        decided_by_score = len(tied_set) > 1 and (
-            score_sign * winner.median_score > score_sign * tied_set[1].median_score
-        )
-        return dataclasses.replace(
-            verdict,
-            ranked=(winner, *(c for c in eligible if c is not winner)),
-            winner=winner,
-            tied=tuple(c for c in tied_set if c is not winner),
-            tie_break="score" if decided_by_score else "value",
-        )
+from autotune.study._records import REFERENCE_NAMES, StudyRecord, TrialRecord
+from autotune.study._speed_plan import config_key
+from autotune.study._verdict import Confirmed, Verdict
 
 
 @dataclass(frozen=True)
 class Reference:
-    """A configuration the round measured beside the answer, and the answer's ratio over it."""
+    """A configuration the round measured beside the answer, and the answer's ratio over it:
+    claimed where the round backs it, else ``why`` not (see the module's docstring)."""
 
     name: str  # as the answer's line names it: "the untuned baseline"
     number: int  # its trial
     median: float  # of its values in the round's own runs (all of them without such runs)
     runs: int  # the values behind that median
-    ratio: float | None  # the answer's over it (``Verdict.ratio_over``); None: not measurable
+    ratio: float | None  # the answer's over it, claimed; None: no measurable speed-up
+    interval: tuple[float, float] | None = None  # where the ratio may lie, from the spreads
+    why: str | None = None  # why no ratio is claimed, in a few words
+    learning_only: bool = False  # the answer's own execution settings: the ratio is learning's
+
+    @property
+    def said(self) -> str:
+        """The answer over it, as every rendering says it: "2.05x the untuned baseline (1.91x
+        to 2.20x)", or "over the untuned baseline, no measurable speed-up on ..." and why."""
+        if self.ratio is None or self.interval is None:
+            return f"over {self.name}, {NO_SPEEDUP} ({self.why})"
+        learning = ", from learning alone: the same execution settings" * self.learning_only
+        return f"{self.ratio:.2f}x {self.name} ({_between(*self.interval)}){learning}"
+
+
+NO_SPEEDUP = "no measurable speed-up on this machine as it was"
+
+
+def _between(low: float, high: float) -> str:
+    return f"at least {low:.2f}x" if math.isinf(high) else f"{low:.2f}x to {high:.2f}x"
+
+
+def _reference(verdict: Verdict, name: str, measured: Confirmed, same_settings: bool) -> Reference:
+    """The answer (``verdict.winner``) against the reference ``measured``: the ratio it
+    claims, or why it claims none; ``same_settings``: the two share their execution settings."""
+    ratio, interval = verdict.ratio_over(measured), verdict.interval(measured)
+    runs = len(measured.round_values or measured.values)
+    found = Reference(
+        name, measured.trial, measured.round_median, runs, None, interval, None, same_settings
+    )
+    if not measured.values:
+        return dataclasses.replace(found, why="none of its runs in the round was feasible")
+    if ratio is None or verdict.winner is None:
+        return dataclasses.replace(found, why="the two were measured under different loads")
+    if verdict.tie_break == "noisy":
+        return dataclasses.replace(found, why=f"run-to-run spread ±{verdict.spread or 0:.0%}")
+    if same_settings and interval is not None:  # samples/s alike but for noise: take them out
+        ours, theirs = verdict.winner.median_samples_per_second, measured.median_samples_per_second
+        learning = theirs / ours if ours and theirs else math.nan
+        ratio, interval = ratio * learning, (interval[0] * learning, interval[1] * learning)
+    if interval is None or math.isnan(ratio):
+        return dataclasses.replace(found, why="no spread to bound the ratio")
+    found = dataclasses.replace(found, interval=interval)
+    if interval[0] <= 1.0 <= interval[1]:
+        allow = f"the runs' spreads allow {_between(*interval)}"
+        if same_settings:
+            allow = f"the same execution settings, whose learning differs {ratio:.2f}x; {allow}"
+        return dataclasses.replace(found, why=allow)
+    return dataclasses.replace(found, ratio=ratio)
+
+
+def _same_settings(one: FrozenTrial, other: FrozenTrial) -> bool:
+    """Whether two trials train with the same execution settings: stage 1 would time them as
+    one (``config_key``) and they split the batch alike; only their learning sets them apart."""
+    mine, theirs = TrialRecord.of(one).config, TrialRecord.of(other).config
+    if mine is None or theirs is None:
+        return False
+    alike = mine.accumulation_steps == theirs.accumulation_steps
+    return alike and config_key("", mine) == config_key("", theirs)
 
 
 # how far the confirmation round backs the answer: "confirmed" (complete, still about the
@@ -263,6 +119,7 @@ class Answer:
     runs_side_by_side: int = 0  # the round's own runs behind its ratios (no original)
     tied: tuple[int, ...] = ()  # the trials tied with it within the round's noise
     tie_rule: str = "value"  # how it was named among them: "score", "value", "noisy"
+    alike: bool = True  # the round compared like with like (``Verdict.alike``)
     interfered: bool = False  # every run of it was measured under interference
     references: tuple[Reference, ...] = ()  # measured beside it: the baseline, the checklist
     repeats: int = 0  # the round's runs of each configuration, beyond its trial
@@ -346,9 +203,10 @@ def answer_of(study: optuna.Study) -> Answer | None:
         (REFERENCE_NAMES["baseline"], verdict.baseline),
         (REFERENCE_NAMES["checklist"], verdict.checklist),
     )
+    numbered = {t.number: t for t in trials}
     return dataclasses.replace(
         best,
-        trial=next(t for t in trials if t.number == winner.trial),
+        trial=numbered[winner.trial],
         median=winner.median,
         median_score=winner.median_score,
         median_samples_per_second=winner.median_samples_per_second,
@@ -356,17 +214,14 @@ def answer_of(study: optuna.Study) -> Answer | None:
         runs_side_by_side=len(winner.round_values or winner.values),
         tied=tuple(c.trial for c in verdict.tied),
         tie_rule=verdict.tie_break,
+        alike=verdict.alike,
         interfered=winner.interfered,
         references=tuple(
-            Reference(
-                name,
-                measured.trial,
-                measured.round_median,
-                len(measured.round_values or measured.values),
-                verdict.ratio_over(measured),
+            _reference(
+                verdict, name, measured, _same_settings(numbered[winner.trial], numbered[number])
             )
             for name, measured in references
-            if measured is not None and measured is not winner
+            if measured is not None and (number := measured.trial) != winner.trial
         ),
     )
 

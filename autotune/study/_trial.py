@@ -25,6 +25,7 @@ from autotune.errors import ReportFailed, WorkerError
 from autotune.executor import TrialExecutor, attempt
 from autotune.faults import FaultKind, TrialFault
 from autotune.hardware import Hardware
+from autotune.interference import CpuMeter, interfered
 from autotune.results import Evaluation, TrialResult
 from autotune.spec import Spec
 from autotune.speed import SPEED_KNOBS, SpeedTable
@@ -105,6 +106,38 @@ class StudyObserver:
         """The study's database answers again, after ``seconds`` without; the study goes on."""
 
 
+class QuietPace:
+    """The pace the cannot-win rule may judge: others' share of the trial's cores is read
+    between evaluations (``CpuMeter``, in this process, whose tree holds the trial's worker);
+    a window over ``INTERFERENCE_SHARE`` is flagged, the pace after it is the one judged."""
+
+    def __init__(self) -> None:
+        self.meter = CpuMeter().__enter__()
+        self.paced_from: Evaluation | None = None  # the end of the last flagged window
+
+    def quiet(self, evaluation: Evaluation) -> bool:
+        """Whether the window that ended at ``evaluation`` was quiet; the next one starts."""
+        share, self.meter = self.meter.so_far(), CpuMeter().__enter__()
+        if share is not None and share.interfered:
+            self.paced_from = evaluation
+        return self.paced_from is not evaluation
+
+    @property
+    def said(self) -> str:
+        """How a cannot-win message says it judged a pace after a busy window ("": none)."""
+        since, busy = self.paced_from, "before it, other processes took its cores"
+        return f" (at its pace since evaluation {since.index}; {busy})" if since else ""
+
+
+def off_stage_one(result: TrialResult, record: TrialRecord) -> bool:
+    """Whether a trial trained further off stage 1's prediction (``record``'s) than its
+    tolerance; never one others' processes slowed (its pace was the machine's, not its own)."""
+    predicted, tolerance = record.predicted_samples_per_second, record.speed_tolerance
+    if not predicted or interfered(result.other_cpu_share):
+        return False
+    return abs(result.samples_per_second / predicted - 1) > (tolerance or 0.0)
+
+
 def _fault(
     trial: optuna.Trial, kind: FaultKind, message: str, traceback_text: str | None = None
 ) -> TrialState:
@@ -178,8 +211,10 @@ class TrialRunner:
                     return True
                 if evaluation.final:
                     return False
-                if leader is not None:
-                    reachable = objective.best_reachable(evaluation, goal, config.epochs)
+                if leader is not None and pace.quiet(evaluation):  # never on a busy window
+                    reachable = objective.best_reachable(
+                        evaluation, goal, config.epochs, pace.paced_from
+                    )
                     if reachable is not None and objective.cannot_win(
                         reachable, float(leader.value or 0.0), goal
                     ):
@@ -201,6 +236,7 @@ class TrialRunner:
             started = time.monotonic()
             if started - asked_turn > TURN_WAIT_SAID:
                 TrialRecord(turn_wait_seconds=started - asked_turn).store(trial)
+            pace = QuietPace()  # what ``report`` reads: windows from the trial's start
             try:
                 result = attempt(lambda: self.executor.run(config, report))
             except ReportFailed as failed:
@@ -218,10 +254,8 @@ class TrialRunner:
         TrialRecord(wall_seconds=time.monotonic() - started).store(trial)
 
         TrialRecord.from_result(result, config.precision).store(trial)
-        stored = TrialRecord.from_attrs(trial.user_attrs)
-        predicted, tolerance = stored.predicted_samples_per_second, stored.speed_tolerance
-        if predicted and abs(result.samples_per_second / predicted - 1) > (tolerance or 0):
-            TrialRecord(speed_mismatch=True).store(trial)  # interference, or a stale cache
+        if off_stage_one(result, TrialRecord.from_attrs(trial.user_attrs)):
+            TrialRecord(speed_mismatch=True).store(trial)
         if lost_at:
             at, reachable = lost_at[0]
             assert leader is not None
@@ -234,7 +268,7 @@ class TrialRunner:
                 f"{goal.target:g}, and trial {leader.number} reached it in "
                 f"{float(leader.value or 0.0):.3g} s"
             )
-            TrialRecord(fail_kind=FaultKind.CANNOT_WIN, fail_msg=message).store(trial)
+            TrialRecord(fail_kind=FaultKind.CANNOT_WIN, fail_msg=message + pace.said).store(trial)
             return TrialState.PRUNED, None
         if pruned_at:
             at = pruned_at[0]
