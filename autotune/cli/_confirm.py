@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 import typer
 from rich.console import Console
@@ -30,7 +30,14 @@ from autotune.cli._common import (
 from autotune.errors import UserError
 from autotune.spec import DEFAULT_STORAGE
 
-__all__ = ["confirm", "confirm_round", "storage_failure", "storage_lines"]
+__all__ = [
+    "confirm",
+    "confirm_round",
+    "open_to_train",
+    "storage_failure",
+    "storage_lines",
+    "training",
+]
 
 
 def storage_failure(err: Exception, storage: str, code: int = EXIT_USAGE) -> typer.Exit:
@@ -64,6 +71,60 @@ def storage_lines(
         out.print(f"The study's database answers again after {seconds:.0f} s.", markup=False)
 
     return waiting, back
+
+
+class Trainable(NamedTuple):
+    """A stored study made ready to train again: its spec and an executor for its trials."""
+
+    study: Any  # optuna.Study
+    spec: Any  # Spec
+    executor: Any  # TrialExecutor
+
+
+def open_to_train(study_name: str | None, storage: str, isolation: str | None) -> Trainable:
+    """The study (the storage's only one where none is named), its space file as stored, and
+    an executor as its runs had (``isolation``: worker or none, default study.isolation); a
+    warning where it was created on another device. Exit 1 in one line where it cannot train."""
+    from autotune import export
+    from autotune import study as studies
+    from autotune.distributed import WorkloadSource
+    from autotune.executor import InProcessExecutor
+    from autotune.hardware import detect
+    from autotune.study import adapter
+    from autotune.worker import WorkerExecutor
+    from autotune.workloads import load as load_workload
+
+    quiet_libraries(verbose=False)
+    try:
+        found = studies.load_study(study_name, storage, "write")
+        spec = export.study_spec(found)
+        if spec is None:
+            raise studies.StudyError(
+                f"study '{found.study_name}' holds no readable space file: it cannot train again"
+            )
+        patience = adapter.patience_of(adapter.storage_of(found))
+        patience.seconds = spec.study.storage_outage  # as long as the study's own runs wait
+        patience.on_wait, patience.on_back = storage_lines(console)
+        record = studies.StudyRecord.of(found)
+        base_dir = Path(record.space_file_dir) if record.space_file_dir else None
+        hardware = detect(spec.workload.device)
+        score = spec.objective.score
+        executor = (
+            WorkerExecutor(spec.workload, base_dir, spec.study.trial_timeout, score=score)
+            if (isolation or spec.study.isolation) == "worker"
+            else InProcessExecutor(
+                load_workload(spec.workload, base_dir, score),
+                source=WorkloadSource(spec.workload, base_dir, score),
+            )
+        )
+    except UserError as err:
+        raise fail(str(err).splitlines(), EXIT_FAILED) from None
+    if record.created_on and record.created_on != hardware.device_name:
+        console.print(
+            f"[yellow]warning:[/] this study was created on {escape(record.created_on)}; the "
+            f"runs on {escape(hardware.device_name)} will be compared with its trials"
+        )
+    return Trainable(found, spec, executor)
 
 
 def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) -> bool:
@@ -116,51 +177,11 @@ def confirm(
     """
     in_range("--top", top, 1)
     in_range("--repeats", repeats, 1)
-    from autotune import display, export
+    from autotune import display
     from autotune import study as studies
-    from autotune.distributed import WorkloadSource
-    from autotune.errors import WorkerError
-    from autotune.executor import InProcessExecutor
-    from autotune.hardware import detect
-    from autotune.study import adapter
-    from autotune.worker import WorkerExecutor
-    from autotune.workloads import load as load_workload
 
-    quiet_libraries(verbose=False)
-    try:
-        found = studies.load_study(study_name, storage, "write")
-        study_name = found.study_name  # the storage's only study where none was named
-        spec = export.study_spec(found)
-        if spec is None:
-            raise studies.StudyError(
-                f"study '{study_name}' holds no readable space file: it cannot train again"
-            )
-        patience = adapter.patience_of(adapter.storage_of(found))
-        patience.seconds = spec.study.storage_outage  # as long as the study's own runs wait
-        patience.on_wait, patience.on_back = storage_lines(console)
-        record = studies.StudyRecord.of(found)
-        base_dir = Path(record.space_file_dir) if record.space_file_dir else None
-        hardware = detect(spec.workload.device)
-        isolation = isolation or spec.study.isolation
-        executor = (
-            WorkerExecutor(
-                spec.workload, base_dir, spec.study.trial_timeout, score=spec.objective.score
-            )
-            if isolation == "worker"
-            else InProcessExecutor(
-                load_workload(spec.workload, base_dir, spec.objective.score),
-                source=WorkloadSource(spec.workload, base_dir, spec.objective.score),
-            )
-        )
-    except UserError as err:
-        raise fail(str(err).splitlines(), EXIT_FAILED) from None
-    if record.created_on and record.created_on != hardware.device_name:
-        console.print(
-            f"[yellow]warning:[/] this study was created on {escape(record.created_on)}; the "
-            f"runs on {escape(hardware.device_name)} will be compared with its trials"
-        )
-    previous_handler = signal.signal(signal.SIGTERM, raise_terminated)
-    try:
+    found, spec, executor = open_to_train(study_name, storage, isolation)
+    with training(executor, storage):
         confirmed = confirm_round(
             found,
             spec,
@@ -168,23 +189,38 @@ def confirm(
             top or spec.study.confirm.top,
             repeats or spec.study.confirm.repeats,
         )
+    if not confirmed:
+        raise fail(f"study '{found.study_name}' has no feasible trial to confirm", EXIT_FAILED)
+    display.print_confirmation(console, studies.answer_of(found), spec, found.study_name)
+    from autotune import notes
+
+    with contextlib.suppress(Exception):  # the note is a convenience; the answer is stored
+        notes.write_note(found, storage)
+
+
+@contextlib.contextmanager
+def training(executor: Any, storage: str) -> Iterator[None]:
+    """Around a command's training runs (``confirm``, ``verify``): SIGTERM as an interruption;
+    a worker that cannot start, or a storage fault, in one line (exit 1); an interruption keeps
+    what finished and exits 130 (143 for SIGTERM); the executor closed in the end."""
+    from autotune import study as studies
+    from autotune.errors import WorkerError
+
+    previous_handler = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
     except WorkerError as err:
         raise fail(str(err), EXIT_FAILED) from None
-    except Exception as err:  # the disk filled up, the database became read-only, ...
-        raise storage_failure(err, storage, EXIT_FAILED) from None
     except KeyboardInterrupt as stop:
         terminated = isinstance(stop, studies.Terminated)
         console.print(
             "[yellow]Interrupted.[/] The finished runs are saved; run the same command to resume."
         )
         raise typer.Exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
+    except typer.Exit:
+        raise
+    except Exception as err:  # the disk filled up, the database became read-only, ...
+        raise storage_failure(err, storage, EXIT_FAILED) from None
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
         executor.close()
-    if not confirmed:
-        raise fail(f"study '{study_name}' has no feasible trial to confirm", EXIT_FAILED)
-    display.print_confirmation(console, studies.answer_of(found), spec, study_name)
-    from autotune import notes
-
-    with contextlib.suppress(Exception):  # the note is a convenience; the answer is stored
-        notes.write_note(found, storage)

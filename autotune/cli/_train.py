@@ -1,4 +1,5 @@
-"""The commands that train: ``run`` (the study, then its confirmation round) and ``confirm``."""
+"""The commands that train: ``run`` (the study, then its confirmation round), ``confirm`` and
+``verify``."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from autotune.cli._scaleout import (
     stop_workers,
     worker_log_dir,
 )
+from autotune.cli._verify import verify
 from autotune.errors import UserError
 from autotune.spec import DEFAULT_STORAGE
 
@@ -289,3 +291,4 @@ def run(  # noqa: C901, PLR0912, PLR0915
 
 
 app.command(cls=Command)(confirm)  # after run: --help lists the commands in this order
+app.command(cls=Command)(verify)

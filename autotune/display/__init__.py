@@ -1,5 +1,6 @@
-"""What people see: the live study display (``_live``), the tables printed around it (``_tables``)
-and how values and commands are written (``_text``)."""
+"""What people see: the live study display (``_live``), the tables printed around it (``_tables``),
+``autotune verify``'s lines and table (``_verification``) and how values and commands are
+written (``_text``)."""
 
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from autotune.display._text import (
     study_options,
     visible,
 )
+from autotune.display._verification import print_verification, print_verify_plan, verify_progress
 
 if TYPE_CHECKING:
     from autotune.display._live import LiveObserver, confirmation_progress, live_progress
@@ -37,8 +39,11 @@ __all__ = [
     "print_item",
     "print_plan",
     "print_summary",
+    "print_verification",
+    "print_verify_plan",
     "si",
     "study_options",
+    "verify_progress",
     "visible",
 ]
 

@@ -24,7 +24,8 @@ One subpackage, one concern per private module, everything public re-exported he
   it;
 - ``_confirm``: the confirmation round that re-measures the leaders and the baseline side by
   side; ``_verdict``: what the round concludes; ``_answer``: the study's one answer
-  (``answer_of``), which every rendering shows.
+  (``answer_of``), which every rendering shows; ``_verify``: the answer and the references
+  trained for the full run (``autotune verify``).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
     )
     from autotune.study._trial import StudyObserver, Terminated, TrialRunner
     from autotune.study._verdict import NOISY_SPREAD, Confirmed, Verdict
+    from autotune.study._verify import Verification, VerifyRun, verify_candidates, verify_study
     from autotune.study._walls import MemoryWalls
 
 # Imported on first use: a reader of finished studies (autotune best, studies, export) never
@@ -130,6 +132,10 @@ _MODULES = {
     "study_lock": "_liveness",
     "sqlite_path": "_storage",
     "storage_problem": "_storage",
+    "Verification": "_verify",
+    "VerifyRun": "_verify",
+    "verify_candidates": "_verify",
+    "verify_study": "_verify",
 }
 
 
@@ -168,6 +174,8 @@ __all__ = [
     "TrialRunner",
     "TrialSeededSampler",
     "Verdict",
+    "Verification",
+    "VerifyRun",
     "answer_of",
     "answer_trial",
     "baseline_trial",
@@ -198,5 +206,7 @@ __all__ = [
     "trial_config",
     "trial_knob_origin",
     "unhurried",
+    "verify_candidates",
+    "verify_study",
     "with_study_strategy",
 ]

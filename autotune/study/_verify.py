@@ -1,0 +1,200 @@
+"""The answer at full length (``autotune verify``): the answer, the tuning checklist and the
+untuned baseline, each trained for the real run's epochs in the trials' own machinery, one after
+another (A B C, then C B A with more repeats), every evaluation recorded; who reaches the target
+first, and whether the short trials' ranking holds.
+
+Trials are short, and what they rank can change over a real run: a learning rate or a batch
+size chosen on 3 epochs favours fast early progress (short-horizon bias, Wu et al., ICLR 2018),
+and one-time costs are charged in proportion, never measured. The runs are stored with the study
+(its ``verify`` attribute) after each one, so an interrupted verify resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from autotune.executor import TrialExecutor, attempt
+from autotune.faults import TrialFault
+from autotune.results import Evaluation
+from autotune.study._answer import answer_of
+from autotune.study._queries import reference_trial, trial_config
+from autotune.study._records import REFERENCE_NAMES
+from autotune.turns import turn
+
+ATTRIBUTE = "verify"  # the study's user attribute that holds the runs
+
+
+@dataclass(frozen=True)
+class VerifyRun:
+    """One configuration trained for the full run: its curve, (training seconds, score) at each
+    evaluation (compile and warm-up included, evaluation excluded)."""
+
+    trial: int
+    role: str  # "answer", "checklist" or "baseline"
+    repeat: int
+    curve: tuple[tuple[float, float], ...]
+    samples_per_second: float | None = None
+    fault: str | None = None  # why it did not train to its end
+
+    @property
+    def seconds(self) -> float | None:
+        return self.curve[-1][0] if self.curve and self.fault is None else None
+
+    @property
+    def final_score(self) -> float | None:
+        return self.curve[-1][1] if self.curve and self.fault is None else None
+
+    def time_to(self, target: float, higher_is_better: bool) -> float | None:
+        """Training seconds until the score first reached ``target``, interpolated linearly
+        between the evaluations around it (the first evaluation's time when it did at once);
+        None when it never did."""
+        before: tuple[float, float] | None = None
+        for seconds, score in self.curve:
+            if (score >= target) if higher_is_better else (score <= target):
+                if before is None or before[1] == score:
+                    return seconds
+                share = (target - before[1]) / (score - before[1])
+                return before[0] + share * (seconds - before[0])
+            before = (seconds, score)
+        return None
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What ``verify`` stored: the epochs and target it trained to, and its runs."""
+
+    epochs: float
+    target: float | None
+    runs: tuple[VerifyRun, ...] = ()
+
+    def to_attrs(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def of(cls, study: optuna.Study) -> Verification | None:
+        stored = study.user_attrs.get(ATTRIBUTE)
+        if not isinstance(stored, dict):
+            return None
+        runs = tuple(
+            VerifyRun(**{**run, "curve": tuple(map(tuple, run["curve"]))})
+            for run in stored.get("runs", ())
+        )
+        return cls(stored["epochs"], stored.get("target"), runs)
+
+    def of_role(self, role: str) -> list[VerifyRun]:
+        return [run for run in self.runs if run.role == role]
+
+    def median(self, role: str, value: Callable[[VerifyRun], float | None]) -> float | None:
+        """The median of ``value`` over the role's runs that have one."""
+        values = [v for run in self.of_role(role) if (v := value(run)) is not None]
+        return statistics.median(values) if values else None
+
+    def time_to_target(self, role: str, higher_is_better: bool) -> float | None:
+        """The median over the role's runs of their seconds to the target (None: none)."""
+        target = self.target
+        if target is None:
+            return None
+        return self.median(role, lambda run: run.time_to(target, higher_is_better))
+
+    def losses(self, higher_is_better: bool) -> list[tuple[str, str]]:
+        """(reference, how) for each reference the answer does not beat at full length: a
+        better final score, or the target sooner (or at all)."""
+        found: list[tuple[str, str]] = []
+        sign = 1 if higher_is_better else -1
+        answer_score = self.median("answer", lambda run: run.final_score)
+        answer_time = self.time_to_target("answer", higher_is_better)
+        for role in REFERENCE_NAMES:
+            score = self.median(role, lambda run: run.final_score)
+            if score is None or answer_score is None:
+                continue
+            if sign * (score - answer_score) > 0:
+                found.append(
+                    (role, f"ends at {score:.4g} against the answer's {answer_score:.4g}")
+                )
+                continue
+            their_time = self.time_to_target(role, higher_is_better)
+            if their_time is not None and (answer_time is None or their_time < answer_time):
+                reached = "never" if answer_time is None else f"in {answer_time:.3g} s"
+                found.append(
+                    (role, f"reaches {self.target:g} in {their_time:.3g} s, the answer {reached}")
+                )
+        return found
+
+
+def verify_candidates(study: optuna.Study) -> list[tuple[str, optuna.trial.FrozenTrial]]:
+    """(role, trial) of the answer and the references it is verified against, answer first; a
+    reference that is the answer is not trained twice."""
+    answer = answer_of(study)
+    if answer is None:
+        return []
+    chosen = [("answer", answer.trial)]
+    for role in REFERENCE_NAMES:
+        trial = reference_trial(study, role)
+        if trial is not None and trial.number != answer.trial.number:
+            chosen.append((role, trial))
+    return chosen
+
+
+def verify_study(
+    study: optuna.Study,
+    executor: TrialExecutor,
+    epochs: float,
+    target: float | None,
+    repeats: int,
+    on_evaluation: Callable[[str, int, Evaluation], None] | None = None,
+    on_wait: Callable[[str], None] | None = None,
+) -> Verification:
+    """Train each configuration (``verify_candidates``) for ``epochs``, ``repeats`` times,
+    interleaved, storing the verification after every run; runs stored at the same epochs are
+    kept (a resume), another ``epochs`` starts over. An interruption propagates; what finished
+    is kept."""
+    stored = Verification.of(study)
+    verification = Verification(epochs, target)
+    if stored is not None and math.isclose(stored.epochs, epochs):
+        verification = dataclasses.replace(stored, target=target)
+    chosen = verify_candidates(study)
+    for repeat in range(1, repeats + 1):
+        for role, trial in chosen if repeat % 2 else list(reversed(chosen)):
+            if any(r.role == role and r.repeat == repeat for r in verification.runs):
+                continue
+            run = _train(trial, role, repeat, epochs, executor, on_evaluation, on_wait)
+            runs = (*verification.runs, run)
+            verification = dataclasses.replace(verification, runs=runs)
+            study.set_user_attr(ATTRIBUTE, verification.to_attrs())
+    return verification
+
+
+def _train(
+    trial: optuna.trial.FrozenTrial,
+    role: str,
+    repeat: int,
+    epochs: float,
+    executor: TrialExecutor,
+    on_evaluation: Callable[[str, int, Evaluation], None] | None,
+    on_wait: Callable[[str], None] | None,
+) -> VerifyRun:
+    """``trial``'s configuration trained once for ``epochs`` (its seed the trial's, moved on by
+    the repeat), evaluated as often as its trial was."""
+    config = trial_config(trial)
+    config = config.replace(epochs=epochs, seed=config.seed + repeat - 1)
+    curve: list[tuple[float, float]] = []
+
+    def report(evaluation: Evaluation) -> bool:
+        curve.append((evaluation.train_seconds, evaluation.score))
+        if on_evaluation is not None:
+            on_evaluation(role, trial.number, evaluation)
+        return False  # the whole run: that is what is verified
+
+    with turn(config.device, config.world_size, on_wait):
+        result = attempt(lambda: executor.run(config, report))
+    if isinstance(result, TrialFault):
+        fault = f"{result.kind}: {result.message}"
+        return VerifyRun(trial.number, role, repeat, tuple(curve), fault=fault)
+    return VerifyRun(trial.number, role, repeat, tuple(curve), result.samples_per_second)

@@ -1,0 +1,124 @@
+"""``autotune verify``: the answer and the references trained for the full run, the time each
+takes to the target, where the short trials' ranking does not hold, and a verify that resumes."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import optuna
+import pytest
+from rich.console import Console
+
+from autotune import display
+from autotune.executor import InProcessExecutor
+from autotune.spec import parse_spec
+from autotune.study import Verification, VerifyRun, verify_candidates, verify_study
+from autotune.workloads import load
+
+SPACE = """\
+study: {name: verified, n_trials: 4, seed: 0, strategy: joint, pruner: none,
+        confirm: {top: 1, repeats: 1}}
+workload: {model: autotune.testing:tiny_mlp, data: autotune.testing:blobs, epochs: 1,
+           device: cpu}
+objective: {min_accuracy: 0.9, full_run_epochs: 3}
+space:
+  lr: {low: 1.0e-3, high: 1.0e-1, log: true}
+  batch_size: [16, 32]
+"""
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory, prepare_study) -> tuple[Path, str]:
+    """A finished tiny study: its folder and storage URL (copied by each test that writes)."""
+    folder = tmp_path_factory.mktemp("verified")
+    prepared = prepare_study(SPACE, folder)
+    return folder, prepared.url
+
+
+@pytest.fixture
+def study(made, tmp_path: Path) -> optuna.Study:
+    _, url = made
+    copy = tmp_path / "copy.db"
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as source, sqlite3.connect(copy) as to:
+        source.backup(to)  # the write-ahead log's pages too
+    return optuna.load_study(study_name="verified", storage=f"sqlite:///{copy}")
+
+
+def test_the_time_to_a_target_is_interpolated_between_evaluations():
+    run = VerifyRun(3, "answer", 1, ((1.0, 0.5), (2.0, 0.8), (3.0, 0.95)))
+    assert run.time_to(0.9, higher_is_better=True) == pytest.approx(2 + 0.1 / 0.15)
+    assert run.time_to(0.4, higher_is_better=True) == 1.0  # at the first evaluation
+    assert run.time_to(0.99, higher_is_better=True) is None  # never
+    losses = VerifyRun(3, "answer", 1, ((1.0, 2.0), (3.0, 1.0)))
+    assert losses.time_to(1.5, higher_is_better=False) == pytest.approx(2.0)
+    failed = VerifyRun(3, "answer", 1, ((1.0, 0.5),), fault="oom: out of memory")
+    assert failed.final_score is None and failed.seconds is None
+
+
+def test_a_reference_that_wins_at_full_length_is_named_with_the_next_step():
+    """The short trials' winner ends lower than the baseline at full length (short-horizon
+    bias): said, with what to do; a reference it beats on both counts is not named."""
+    runs = (
+        VerifyRun(5, "answer", 1, ((1.0, 0.80), (2.0, 0.90), (3.0, 0.91))),
+        VerifyRun(0, "baseline", 1, ((2.0, 0.70), (4.0, 0.92), (6.0, 0.97))),
+        VerifyRun(1, "checklist", 1, ((2.0, 0.50), (4.0, 0.85), (6.0, 0.90))),
+    )
+    verified = Verification(30, 0.9, runs)
+    assert verified.losses(higher_is_better=True) == [
+        ("baseline", "ends at 0.97 against the answer's 0.91")
+    ]
+    spec = parse_spec(SPACE)
+    console = Console(record=True, width=100)
+    display.print_verification(console, verified, spec)
+    said = " ".join(console.export_text().split())
+    assert "The short trials' ranking does not hold: the untuned baseline ends at 0.97" in said
+    assert "Lengthen the trials (workload.epochs) toward the real run" in said
+    # the answer first to the target over both: the speed-up in time to it
+    faster = Verification(30, 0.9, (runs[0], runs[2]))
+    console = Console(record=True, width=100)
+    display.print_verification(console, faster, spec)
+    assert "The answer reaches 0.9 3.00x sooner than the tuning checklist" in console.export_text()
+
+
+def test_verify_trains_each_configuration_stores_every_run_and_resumes(study: optuna.Study):
+    spec = parse_spec(SPACE)
+    chosen = verify_candidates(study)
+    assert chosen[0][0] == "answer" and "baseline" in dict(chosen)
+    executor = InProcessExecutor(load(spec.workload))
+    heard: list[tuple[str, float]] = []
+
+    def stop_at_the_second(role: str, trial: int, evaluation) -> None:
+        heard.append((role, evaluation.epoch))
+        if role != "answer":
+            raise KeyboardInterrupt  # Ctrl-C during the second run
+
+    with pytest.raises(KeyboardInterrupt):
+        verify_study(study, executor, 3, 0.9, 1, on_evaluation=stop_at_the_second)
+    kept = Verification.of(study)
+    assert kept is not None and [run.role for run in kept.runs] == ["answer"]
+    assert [epoch for _, epoch in heard[:3]] == [1.0, 2.0, 3.0]  # every evaluation, 3 epochs
+    assert len(kept.runs[0].curve) == 3 and kept.runs[0].final_score is not None
+
+    heard.clear()
+    done = verify_study(
+        study, executor, 3, 0.9, 1, on_evaluation=lambda r, t, e: heard.append((r, e.epoch))
+    )
+    assert {role for role, _ in heard} == {role for role, _ in chosen} - {"answer"}  # resumed
+    assert sorted(run.role for run in done.runs) == sorted(role for role, _ in chosen)
+    assert Verification.of(study) == done  # stored
+    again = verify_study(study, executor, 2, 0.9, 1)  # another length: a new verification
+    assert again.epochs == 2 and all(len(run.curve) == 2 for run in again.runs)
+
+
+def test_the_command_prints_the_table_and_refuses_what_it_cannot_verify(
+    study: optuna.Study, invoke_cli, tmp_path: Path
+):
+    url = f"sqlite:///{tmp_path / 'copy.db'}"
+    done = invoke_cli("verify", "--storage", str(url), "--isolation", "none", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    said = " ".join(done.stdout.split())
+    assert "Verifying at 3 epochs: the answer (trial" in said and "At 3 epochs" in said
+    assert "the untuned baseline (trial 0)" in said and "s to 0.9" in said
+    bad = invoke_cli("verify", "--storage", str(url), "--repeats", "0", cwd=tmp_path)
+    assert bad.returncode == 2 and "--repeats 0: it must be from 1 to 1000" in bad.stderr
