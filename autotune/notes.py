@@ -22,6 +22,7 @@ from autotune.study import (
     Answer,
     StudyRecord,
     TrialRecord,
+    Verification,
     adapter,
     answer_of,
     baseline_trial,
@@ -41,6 +42,7 @@ __all__ = [
     "number",
     "study_note",
     "summarize",
+    "verify_block",
     "write_note",
 ]
 
@@ -245,6 +247,29 @@ def _space_file_block(study: optuna.Study) -> list[str]:
     return lines
 
 
+def verify_block(study: optuna.Study, summary: Summary) -> list[str]:
+    """Markdown of ``autotune verify``'s runs: a row per configuration at full length, and where
+    the short trials' ranking does not hold (nothing before a verify)."""
+    verified = Verification.of(study)
+    if verified is None or not verified.runs:
+        return []
+    higher = summary.higher_score_better
+    reach = [f"s to {verified.target:g}"] if verified.target is not None else []
+    head = ["configuration", f"final {summary.score_name}", "training s", *reach]
+    lines = [
+        f"**At full length** (`autotune verify`, {verified.epochs:g} epochs):",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for row in verified.rows(higher):
+        cells = [row.name, number(row.final_score), number(row.seconds)]
+        cells += ["never" if row.to_target is None else number(row.to_target)] if reach else []
+        lines.append("| " + " | ".join(cells) + " |")
+    losses = verified.losses(higher)
+    return [*lines, "", *(f"The short trials' ranking does not hold: {n} {h}." for n, h in losses)]
+
+
 def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     """The markdown note autotune keeps on a study in optuna-dashboard."""
     summary = summarize(study)
@@ -294,6 +319,7 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
                 + "); the *searched* ones were sampled by this study.",
                 "",
             ]
+    lines += verify_block(study, summary)
     lines += _space_file_block(study)
     lines += [
         f"Export it: `autotune export --study {summary.study}{storage} -o train.py` "

@@ -18,13 +18,22 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune._version import __version__
 from autotune.errors import UserError
 from autotune.export import TrialConfirmation, confirmation_text
-from autotune.notes import PHASE_LABELS, Summary, measured, measurements, number, summarize
+from autotune.notes import (
+    PHASE_LABELS,
+    Summary,
+    measured,
+    measurements,
+    number,
+    summarize,
+    verify_block,
+)
 from autotune.results import PHASES
 from autotune.spec import DEFAULT_STORAGE, KNOBS, knobs_for
 from autotune.study import (
     SpeedRecord,
     StudyRecord,
     TrialRecord,
+    Verification,
     adapter,
     display_url,
     speed_study_name,
@@ -113,6 +122,35 @@ def _scatter(study: optuna.Study, summary: Summary) -> go.Figure:
     figure.update_layout(
         title=f"{summary.score_name} against samples/s",
         xaxis_title="samples/s (steady state)",
+        yaxis_title=f"validation {summary.score_name}",
+    )
+    return figure
+
+
+def _verified_curves(study: optuna.Study, summary: Summary) -> go.Figure | None:
+    """``autotune verify``'s runs: the score against training seconds, a line a run, the
+    target marked; None before a verify."""
+    import plotly.graph_objects as go
+
+    verified = Verification.of(study)
+    if verified is None or not verified.runs:
+        return None
+    figure = go.Figure()
+    names = {row.role: row.name for row in verified.rows(summary.higher_score_better)}
+    for run in verified.runs:
+        figure.add_trace(
+            go.Scatter(
+                x=[0.0, *(seconds for seconds, _ in run.curve)],
+                y=[None, *(score for _, score in run.curve)],
+                mode="lines+markers",
+                name=names[run.role] + (f", run {run.repeat}" if run.repeat > 1 else ""),
+            )
+        )
+    if verified.target is not None:
+        figure.add_hline(y=verified.target, line_dash="dot", annotation_text="target")
+    figure.update_layout(
+        title=f"At full length: {verified.epochs:g} epochs (autotune verify)",
+        xaxis_title="training seconds (one-time costs included)",
         yaxis_title=f"validation {summary.score_name}",
     )
     return figure
@@ -365,6 +403,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         for label, other, speed, value in summary.comparisons()
     ]
     bars = _breakdown_bars(summary)
+    curves = _verified_curves(study, summary)
     param_names, rows = trial_rows(study)
     environment = jinja2.Environment(
         loader=jinja2.PackageLoader("autotune", "templates"),
@@ -392,6 +431,8 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         figures=_optuna_figures(study),
         scatter=_figure_html(_scatter(study, summary)),
         bars=_figure_html(bars) if bars is not None else None,
+        verified=_figure_html(curves) if curves is not None else None,
+        verify_lines=verify_block(study, summary),
         plotly_js=plotly.offline.get_plotlyjs(),
         generated=datetime.datetime.now().isoformat(timespec="seconds"),
         version=__version__,

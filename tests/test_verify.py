@@ -10,7 +10,7 @@ import optuna
 import pytest
 from rich.console import Console
 
-from autotune import display
+from autotune import display, notes, report
 from autotune.executor import InProcessExecutor
 from autotune.spec import parse_spec
 from autotune.study import Verification, VerifyRun, verify_candidates, verify_study
@@ -66,7 +66,7 @@ def test_a_reference_that_wins_at_full_length_is_named_with_the_next_step():
     )
     verified = Verification(30, 0.9, runs)
     assert verified.losses(higher_is_better=True) == [
-        ("baseline", "ends at 0.97 against the answer's 0.91")
+        ("the untuned baseline", "ends at 0.97 against the answer's 0.91")
     ]
     spec = parse_spec(SPACE)
     console = Console(record=True, width=100)
@@ -120,5 +120,12 @@ def test_the_command_prints_the_table_and_refuses_what_it_cannot_verify(
     said = " ".join(done.stdout.split())
     assert "Verifying at 3 epochs: the answer (trial" in said and "At 3 epochs" in said
     assert "the untuned baseline (trial 0)" in said and "s to 0.9" in said
+    # the runs show in the dashboard's note and the HTML report
+    stored = optuna.load_study(study_name="verified", storage=url)
+    note = notes.study_note(stored, url)
+    assert "**At full length** (`autotune verify`, 3 epochs):" in note
+    assert "| configuration | final accuracy | training s | s to 0.9 |" in note
+    assert "| the untuned baseline (trial 0) |" in note
+    assert "At full length: 3 epochs (autotune verify)" in report.render_html(stored, url)
     bad = invoke_cli("verify", "--storage", str(url), "--repeats", "0", cwd=tmp_path)
     assert bad.returncode == 2 and "--repeats 0: it must be from 1 to 1000" in bad.stderr

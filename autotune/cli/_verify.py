@@ -4,6 +4,7 @@ run, one after another, and who reaches the target first (``study._verify``). Re
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated
 
 import typer
@@ -52,11 +53,10 @@ def verify(
             f"real run is with --epochs",
             EXIT_FAILED,
         )
-    chosen = studies.verify_candidates(found)
-    if not chosen:
+    if not studies.verify_candidates(found):
         executor.close()
         raise fail(f"study '{found.study_name}' has no feasible trial to verify", EXIT_FAILED)
-    display.print_verify_plan(console, chosen, epochs, repeats)
+    display.print_verify_plan(console, studies.runs_left(found, epochs, repeats), epochs)
     with training(executor, storage):
         verified = studies.verify_study(
             found,
@@ -68,3 +68,7 @@ def verify(
             on_wait=lambda line: console.print(f"  {line}", style="dim", markup=False),
         )
     display.print_verification(console, verified, spec)
+    from autotune import notes
+
+    with contextlib.suppress(Exception):  # the note is a convenience; the runs are stored
+        notes.write_note(found, storage)

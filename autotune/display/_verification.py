@@ -16,12 +16,11 @@ from autotune.display._text import fmt
 from autotune.results import Evaluation
 from autotune.spec import Spec
 
-ROLE_NAMES: dict[str, str] = {"answer": "the answer"} | dict(studies.REFERENCE_NAMES)
 LINES_PER_RUN = 10  # evaluations shown while a run trains: about this many
 
 
 def _named(role: str, trial: int) -> str:
-    return f"{ROLE_NAMES[role]} (trial {trial})"
+    return studies.VerifiedRow(role, trial, None, None, None).name
 
 
 def _seconds(seconds: float | None) -> str:
@@ -29,20 +28,24 @@ def _seconds(seconds: float | None) -> str:
 
 
 def print_verify_plan(
-    console: Console, chosen: list[tuple[str, optuna.trial.FrozenTrial]], epochs: float, runs: int
+    console: Console, left: list[tuple[str, optuna.trial.FrozenTrial, int]], epochs: float
 ) -> None:
-    """What verify trains, and about how long it takes (from each trial's own pace)."""
+    """What verify still trains (``left``: role, trial, repeat), and about how long it takes
+    (from each trial's own pace); that nothing is left, where the runs are stored."""
+    if not left:
+        console.print(f"Verified at {epochs:g} epochs before: the runs stored with the study.")
+        return
     seconds = 0.0
-    for _, trial in chosen:
+    for _, trial, _ in left:
         record = studies.TrialRecord.of(trial)
         if record.train_seconds and record.epochs_trained:
-            seconds += record.train_seconds / record.epochs_trained * epochs * runs
-    names = [_named(role, trial.number) for role, trial in chosen]
+            seconds += record.train_seconds / record.epochs_trained * epochs
+    names = list(dict.fromkeys(_named(role, trial.number) for role, trial, _ in left))
     listed = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
     took = f"{seconds:.0f} s" if seconds < 90 else f"{math.ceil(seconds / 60)} min"
     console.print(
-        f"Verifying at {epochs:g} epochs: {listed}, {runs} run{'s' * (runs > 1)} each, one "
-        f"after another; about {took} of training (from their trials' pace).",
+        f"Verifying at {epochs:g} epochs: {listed}, {len(left)} run{'s' * (len(left) > 1)} "
+        f"one after another; about {took} of training (from their trials' pace).",
         markup=False,
     )
 
@@ -77,22 +80,16 @@ def print_verification(console: Console, verified: studies.Verification, spec: S
     table.add_column("training s", justify="right")
     if target is not None:
         table.add_column(f"s to {target:g}", justify="right")
-    for role in ROLE_NAMES:
-        runs = verified.of_role(role)
-        if not runs:
-            continue
-        final = verified.median(role, lambda run: run.final_score)
-        seconds = verified.median(role, lambda run: run.seconds)
-        row = [_named(role, runs[0].trial), fmt(final), _seconds(seconds)]
+    for row in verified.rows(higher):
+        cells = [row.name, fmt(row.final_score), _seconds(row.seconds)]
         if target is not None:
-            reached = verified.time_to_target(role, higher)
-            row.append("never" if reached is None else _seconds(reached))
-        table.add_row(*row)
+            cells.append("never" if row.to_target is None else _seconds(row.to_target))
+        table.add_row(*cells)
     console.print(table)
     losses = verified.losses(higher)
-    for role, how in losses:
+    for name, how in losses:
         console.print(
-            f"The short trials' ranking does not hold: {ROLE_NAMES[role]} {how}.",
+            f"The short trials' ranking does not hold: {name} {how}.",
             style="yellow",
             markup=False,
         )
@@ -105,9 +102,9 @@ def print_verification(console: Console, verified: studies.Verification, spec: S
         return
     answer_time = verified.time_to_target("answer", higher)
     sooner = [
-        f"{their / answer_time:.2f}x sooner than {ROLE_NAMES[role]}"
-        for role in studies.REFERENCE_NAMES
-        if answer_time and (their := verified.time_to_target(role, higher)) is not None
+        f"{row.to_target / answer_time:.2f}x sooner than {row.name.partition(' (')[0]}"
+        for row in verified.rows(higher)
+        if row.role != "answer" and answer_time and row.to_target is not None
     ]
     if sooner and target is not None:
         console.print(f"The answer reaches {target:g} " + " and ".join(sooner) + ".")

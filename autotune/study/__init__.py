@@ -71,7 +71,14 @@ if TYPE_CHECKING:
     )
     from autotune.study._trial import StudyObserver, Terminated, TrialRunner
     from autotune.study._verdict import NOISY_SPREAD, Confirmed, Verdict
-    from autotune.study._verify import Verification, VerifyRun, verify_candidates, verify_study
+    from autotune.study._verify import (
+        Verification,
+        VerifiedRow,
+        VerifyRun,
+        runs_left,
+        verify_candidates,
+        verify_study,
+    )
     from autotune.study._walls import MemoryWalls
 
 # Imported on first use: a reader of finished studies (autotune best, studies, export) never
@@ -133,8 +140,10 @@ _MODULES = {
     "sqlite_path": "_storage",
     "storage_problem": "_storage",
     "Verification": "_verify",
+    "VerifiedRow": "_verify",
     "VerifyRun": "_verify",
     "verify_candidates": "_verify",
+    "runs_left": "_verify",
     "verify_study": "_verify",
 }
 
@@ -175,6 +184,7 @@ __all__ = [
     "TrialSeededSampler",
     "Verdict",
     "Verification",
+    "VerifiedRow",
     "VerifyRun",
     "answer_of",
     "answer_trial",
@@ -199,6 +209,7 @@ __all__ = [
     "reference_trial",
     "run_speed_stage",
     "run_study",
+    "runs_left",
     "speed_study_name",
     "sqlite_path",
     "storage_problem",

@@ -16,7 +16,7 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import optuna
 
@@ -29,6 +29,7 @@ from autotune.study._records import REFERENCE_NAMES
 from autotune.turns import turn
 
 ATTRIBUTE = "verify"  # the study's user attribute that holds the runs
+ROLE_NAMES: dict[str, str] = {"answer": "the answer"} | dict(REFERENCE_NAMES)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,21 @@ class VerifyRun:
                 return before[0] + share * (seconds - before[0])
             before = (seconds, score)
         return None
+
+
+class VerifiedRow(NamedTuple):
+    """One configuration at full length: medians over its runs (None: no run had one)."""
+
+    role: str
+    trial: int
+    final_score: float | None
+    seconds: float | None  # training seconds of the whole run
+    to_target: float | None  # training seconds to the target; None: never (or no target)
+
+    @property
+    def name(self) -> str:
+        """ "the answer (trial 12)", "the untuned baseline (trial 0)"."""
+        return f"{ROLE_NAMES[self.role]} (trial {self.trial})"
 
 
 @dataclass(frozen=True)
@@ -103,9 +119,21 @@ class Verification:
             return None
         return self.median(role, lambda run: run.time_to(target, higher_is_better))
 
+    def rows(self, higher_is_better: bool) -> list[VerifiedRow]:
+        """A row per configuration verified (the answer first): its medians over its runs."""
+        rows = []
+        for role in ("answer", *REFERENCE_NAMES):
+            runs = self.of_role(role)
+            if runs:
+                final = self.median(role, lambda run: run.final_score)
+                seconds = self.median(role, lambda run: run.seconds)
+                reached = self.time_to_target(role, higher_is_better)
+                rows.append(VerifiedRow(role, runs[0].trial, final, seconds, reached))
+        return rows
+
     def losses(self, higher_is_better: bool) -> list[tuple[str, str]]:
-        """(reference, how) for each reference the answer does not beat at full length: a
-        better final score, or the target sooner (or at all)."""
+        """(reference's name, how) for each reference the answer does not beat at full length:
+        a better final score, or the target sooner (or at all)."""
         found: list[tuple[str, str]] = []
         sign = 1 if higher_is_better else -1
         answer_score = self.median("answer", lambda run: run.final_score)
@@ -115,16 +143,14 @@ class Verification:
             if score is None or answer_score is None:
                 continue
             if sign * (score - answer_score) > 0:
-                found.append(
-                    (role, f"ends at {score:.4g} against the answer's {answer_score:.4g}")
-                )
+                how = f"ends at {score:.4g} against the answer's {answer_score:.4g}"
+                found.append((ROLE_NAMES[role], how))
                 continue
             their_time = self.time_to_target(role, higher_is_better)
             if their_time is not None and (answer_time is None or their_time < answer_time):
                 reached = "never" if answer_time is None else f"in {answer_time:.3g} s"
-                found.append(
-                    (role, f"reaches {self.target:g} in {their_time:.3g} s, the answer {reached}")
-                )
+                how = f"reaches {self.target:g} in {their_time:.3g} s, the answer {reached}"
+                found.append((ROLE_NAMES[role], how))
         return found
 
 
@@ -142,6 +168,29 @@ def verify_candidates(study: optuna.Study) -> list[tuple[str, optuna.trial.Froze
     return chosen
 
 
+def _kept(study: optuna.Study, epochs: float) -> Verification:
+    """The stored verification where it trained for ``epochs``, else an empty one."""
+    stored = Verification.of(study)
+    if stored is not None and math.isclose(stored.epochs, epochs):
+        return stored
+    return Verification(epochs, None)
+
+
+def runs_left(
+    study: optuna.Study, epochs: float, repeats: int
+) -> list[tuple[str, optuna.trial.FrozenTrial, int]]:
+    """(role, trial, repeat) of the runs a verify for ``epochs`` still has to train, in the
+    order it trains them (A B C, then C B A, ...)."""
+    done = {(run.role, run.repeat) for run in _kept(study, epochs).runs}
+    chosen = verify_candidates(study)
+    return [
+        (role, trial, repeat)
+        for repeat in range(1, repeats + 1)
+        for role, trial in (chosen if repeat % 2 else chosen[::-1])
+        if (role, repeat) not in done
+    ]
+
+
 def verify_study(
     study: optuna.Study,
     executor: TrialExecutor,
@@ -155,19 +204,12 @@ def verify_study(
     interleaved, storing the verification after every run; runs stored at the same epochs are
     kept (a resume), another ``epochs`` starts over. An interruption propagates; what finished
     is kept."""
-    stored = Verification.of(study)
-    verification = Verification(epochs, target)
-    if stored is not None and math.isclose(stored.epochs, epochs):
-        verification = dataclasses.replace(stored, target=target)
-    chosen = verify_candidates(study)
-    for repeat in range(1, repeats + 1):
-        for role, trial in chosen if repeat % 2 else list(reversed(chosen)):
-            if any(r.role == role and r.repeat == repeat for r in verification.runs):
-                continue
-            run = _train(trial, role, repeat, epochs, executor, on_evaluation, on_wait)
-            runs = (*verification.runs, run)
-            verification = dataclasses.replace(verification, runs=runs)
-            study.set_user_attr(ATTRIBUTE, verification.to_attrs())
+    verification = dataclasses.replace(_kept(study, epochs), target=target)
+    for role, trial, repeat in runs_left(study, epochs, repeats):
+        run = _train(trial, role, repeat, epochs, executor, on_evaluation, on_wait)
+        verification = dataclasses.replace(verification, runs=(*verification.runs, run))
+        study.set_user_attr(ATTRIBUTE, verification.to_attrs())
+    study.set_user_attr(ATTRIBUTE, verification.to_attrs())  # the target, where it changed
     return verification
 
 
