@@ -17,13 +17,13 @@ from autotune.study import Verification, VerifyRun, verify_candidates, verify_st
 from autotune.workloads import load
 
 SPACE = """\
-study: {name: verified, n_trials: 4, seed: 0, strategy: joint, pruner: none,
+study: {name: verified, n_trials: 5, seed: 0, strategy: joint, pruner: none,
         confirm: {top: 1, repeats: 1}}
 workload: {model: autotune.testing:tiny_mlp, data: autotune.testing:blobs, epochs: 1,
            device: cpu}
 objective: {min_accuracy: 0.9, full_run_epochs: 3}
 space:
-  lr: {low: 1.0e-3, high: 1.0e-1, log: true}
+  lr: {low: 2.0e-2, high: 1.0e-1, log: true}
   batch_size: [16, 32]
 """
 
@@ -127,5 +127,13 @@ def test_the_command_prints_the_table_and_refuses_what_it_cannot_verify(
     assert "| configuration | final accuracy | training s | s to 0.9 |" in note
     assert "| the untuned baseline (trial 0) |" in note
     assert "At full length: 3 epochs (autotune verify)" in report.render_html(stored, url)
+    # the runner-up too, on request: one more run at the same length, the others kept
+    more = invoke_cli(
+        "verify", "--storage", url, "--isolation", "none", "--runner-up", cwd=tmp_path
+    )
+    assert more.returncode == 0, more.stderr
+    said = " ".join(more.stdout.split())
+    assert "Verifying at 3 epochs: the runner-up (trial" in said and ", 1 run one after" in said
+    assert "| the runner-up (trial" in notes.study_note(stored, url)
     bad = invoke_cli("verify", "--storage", str(url), "--repeats", "0", cwd=tmp_path)
     assert bad.returncode == 2 and "--repeats 0: it must be from 1 to 1000" in bad.stderr

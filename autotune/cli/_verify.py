@@ -28,6 +28,9 @@ def verify(
         typer.Option(help="The score to reach. Default: the study's min_score or target_score."),
     ] = None,
     repeats: Annotated[int, typer.Option(help="Runs of each configuration.")] = 1,
+    runner_up: Annotated[
+        bool, typer.Option("--runner-up", help="Also the best other feasible trial.")
+    ] = False,
     isolation: Annotated[
         str | None, typer.Option(help="worker or none. Default: study.isolation.")
     ] = None,
@@ -56,7 +59,8 @@ def verify(
     if not studies.verify_candidates(found):
         executor.close()
         raise fail(f"study '{found.study_name}' has no feasible trial to verify", EXIT_FAILED)
-    display.print_verify_plan(console, studies.runs_left(found, epochs, repeats), epochs)
+    left = studies.runs_left(found, epochs, repeats, runner_up)
+    display.print_verify_plan(console, left, epochs)
     with training(executor, storage):
         verified = studies.verify_study(
             found,
@@ -66,6 +70,7 @@ def verify(
             repeats,
             on_evaluation=display.verify_progress(console, spec, epochs),
             on_wait=lambda line: console.print(f"  {line}", style="dim", markup=False),
+            runner_up=runner_up,
         )
     display.print_verification(console, verified, spec)
     from autotune import notes

@@ -24,12 +24,13 @@ from autotune.executor import TrialExecutor, attempt
 from autotune.faults import TrialFault
 from autotune.results import Evaluation
 from autotune.study._answer import answer_of
-from autotune.study._queries import reference_trial, trial_config
+from autotune.study._queries import feasible_trials, reference_trial, trial_config
 from autotune.study._records import REFERENCE_NAMES
 from autotune.turns import turn
 
 ATTRIBUTE = "verify"  # the study's user attribute that holds the runs
-ROLE_NAMES: dict[str, str] = {"answer": "the answer"} | dict(REFERENCE_NAMES)
+ROLE_NAMES: dict[str, str] = {"answer": "the answer", "runner_up": "the runner-up"}
+ROLE_NAMES.update(REFERENCE_NAMES.items())
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ class Verification:
     def rows(self, higher_is_better: bool) -> list[VerifiedRow]:
         """A row per configuration verified (the answer first): its medians over its runs."""
         rows = []
-        for role in ("answer", *REFERENCE_NAMES):
+        for role in ROLE_NAMES:
             runs = self.of_role(role)
             if runs:
                 final = self.median(role, lambda run: run.final_score)
@@ -138,7 +139,7 @@ class Verification:
         sign = 1 if higher_is_better else -1
         answer_score = self.median("answer", lambda run: run.final_score)
         answer_time = self.time_to_target("answer", higher_is_better)
-        for role in REFERENCE_NAMES:
+        for role in list(ROLE_NAMES)[1:]:
             score = self.median(role, lambda run: run.final_score)
             if score is None or answer_score is None:
                 continue
@@ -154,15 +155,23 @@ class Verification:
         return found
 
 
-def verify_candidates(study: optuna.Study) -> list[tuple[str, optuna.trial.FrozenTrial]]:
-    """(role, trial) of the answer and the references it is verified against, answer first; a
-    reference that is the answer is not trained twice."""
+def verify_candidates(
+    study: optuna.Study, runner_up: bool = False
+) -> list[tuple[str, optuna.trial.FrozenTrial]]:
+    """(role, trial) of the answer and the references it is verified against (``runner_up``:
+    and the best other feasible trial), the answer first; a reference that is the answer is not
+    trained twice."""
     answer = answer_of(study)
     if answer is None:
         return []
     chosen = [("answer", answer.trial)]
-    for role in REFERENCE_NAMES:
-        trial = reference_trial(study, role)
+    references: list[tuple[str, optuna.trial.FrozenTrial | None]]
+    references = [(role, reference_trial(study, role)) for role in REFERENCE_NAMES]
+    if runner_up:
+        taken = {answer.trial.number} | {t.number for _, t in references if t is not None}
+        second = next((t for t in feasible_trials(study) if t.number not in taken), None)
+        references.insert(0, ("runner_up", second))
+    for role, trial in references:
         if trial is not None and trial.number != answer.trial.number:
             chosen.append((role, trial))
     return chosen
@@ -177,12 +186,12 @@ def _kept(study: optuna.Study, epochs: float) -> Verification:
 
 
 def runs_left(
-    study: optuna.Study, epochs: float, repeats: int
+    study: optuna.Study, epochs: float, repeats: int, runner_up: bool = False
 ) -> list[tuple[str, optuna.trial.FrozenTrial, int]]:
     """(role, trial, repeat) of the runs a verify for ``epochs`` still has to train, in the
     order it trains them (A B C, then C B A, ...)."""
     done = {(run.role, run.repeat) for run in _kept(study, epochs).runs}
-    chosen = verify_candidates(study)
+    chosen = verify_candidates(study, runner_up)
     return [
         (role, trial, repeat)
         for repeat in range(1, repeats + 1)
@@ -199,13 +208,14 @@ def verify_study(
     repeats: int,
     on_evaluation: Callable[[str, int, Evaluation], None] | None = None,
     on_wait: Callable[[str], None] | None = None,
+    runner_up: bool = False,
 ) -> Verification:
     """Train each configuration (``verify_candidates``) for ``epochs``, ``repeats`` times,
     interleaved, storing the verification after every run; runs stored at the same epochs are
     kept (a resume), another ``epochs`` starts over. An interruption propagates; what finished
     is kept."""
     verification = dataclasses.replace(_kept(study, epochs), target=target)
-    for role, trial, repeat in runs_left(study, epochs, repeats):
+    for role, trial, repeat in runs_left(study, epochs, repeats, runner_up):
         run = _train(trial, role, repeat, epochs, executor, on_evaluation, on_wait)
         verification = dataclasses.replace(verification, runs=(*verification.runs, run))
         study.set_user_attr(ATTRIBUTE, verification.to_attrs())
