@@ -98,6 +98,14 @@ def test_user_entry_points_next_to_the_space_file(tmp_path: Path):
         ("nowhere_pkg:model", "digits", {}, "no module named 'nowhere_pkg'"),
         ("autotune.testing:nothing", "digits", {}, "has no attribute 'nothing'"),
         (
+            "autotune.testing:tiny_mpl",
+            "digits",
+            {},
+            "autotune.testing has no attribute 'tiny_mpl'; did you mean 'tiny_mlp'?",
+        ),
+        # a module not found: each folder looked in once (the working directory is the same)
+        ("nowhere_pkg:model", "digits", {}, f"(looked in {Path.cwd().resolve()} and the"),
+        (
             "digits_cnn",
             "digits",
             {"val_fraction": 0.2, "colour": 1},
@@ -110,7 +118,7 @@ def test_user_entry_points_next_to_the_space_file(tmp_path: Path):
 )
 def test_resolution_errors_are_one_line(model, data, data_args, expected):
     with pytest.raises(WorkloadError) as caught:
-        load(WorkloadSpec(model=model, data=data, data_args=data_args))
+        load(WorkloadSpec(model=model, data=data, data_args=data_args), base_dir=Path.cwd())
     assert expected in str(caught.value)
     assert "\n" not in str(caught.value)
 

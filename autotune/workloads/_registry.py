@@ -150,7 +150,12 @@ def _import_entry_point(entry: str, what: str, search_dirs: list[Path]) -> Calla
     fn = module
     for part in attribute.split("."):
         if not hasattr(fn, part):
-            raise WorkloadError(f"{what} '{entry}': {module_name} has no attribute '{attribute}'")
+            names = [name for name in dir(fn) if not name.startswith("_")]
+            close = difflib.get_close_matches(part, names, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise WorkloadError(
+                f"{what} '{entry}': {module_name} has no attribute '{attribute}'{hint}"
+            )
         fn = getattr(fn, part)
     if not callable(fn):
         raise WorkloadError(f"{what} '{entry}': {attribute} is not callable")
@@ -210,7 +215,10 @@ def is_builtin(fn: Callable[..., Any]) -> bool:
 
 
 def _search_dirs(base_dir: Path | None) -> list[Path]:
-    return [Path.cwd()] + ([base_dir.resolve()] if base_dir else [])
+    """Where a user's module is looked for: the working directory, then ``base_dir`` (the
+    space file's folder) where that is another."""
+    here = Path.cwd().resolve()
+    return [here] + ([base_dir.resolve()] if base_dir and base_dir.resolve() != here else [])
 
 
 def resolve_model(spec: WorkloadSpec, base_dir: Path | None = None) -> ModelFn:
