@@ -522,7 +522,7 @@ def test_an_answer_measured_only_under_interference_is_said_so_everywhere(seen):
     answer = _answer(study, dataclasses.replace(record, runs=flagged))
     assert answer.confirmed and answer.number == winner and answer.interfered
     said = _renderings(study)
-    assert "3 measurement(s) were taken while other processes" in said["terminal"]
+    assert "3 measurements were taken while other processes" in said["terminal"]
     assert "every run of the answer was measured while other processes" in said["terminal"]
     assert "Measured while other processes used the CPU: confirm it again" in said["note"]
     warned = "measured while other processes used the CPU (confirm it again)"

@@ -686,7 +686,7 @@ def test_the_command_runs_two_stages_and_says_which_knobs_came_from_where(tmp_pa
     out = first.stdout
     assert "timing" in out and "(stage 1: speed)" in out and "(stage 2: learning)" in out
     assert "Stage 1: the fastest settings per micro-batch" in out
-    assert re.search(r"stage 1: 4 settings timed( \(\d leaders again\))?, 0 reused", out)
+    assert re.search(r"stage 1: 4 settings timed( \(\d leaders? again\))?, 0 reused", out)
     best = command("best", "--study", "two", cwd=tmp_path)
     assert best.exit_code == 0, best.stderr
     lines = {line.split()[0]: line for line in best.stdout.splitlines() if line.strip()}
@@ -743,7 +743,7 @@ def test_ctrl_c_in_stage_one_keeps_its_measurements_for_the_next_run(tmp_path: P
     again = command("run", str(space), cwd=tmp_path)  # no signal now: in this process
     assert again.exit_code == 0, again.stderr
     shown = " ".join(again.stdout.split())
-    assert re.search(r"stage 1: 1 settings timed( \(\d leaders again\))?, 1 reused", shown)
+    assert re.search(r"stage 1: 1 setting timed( \(\d leaders? again\))?, 1 reused", shown)
 
 
 def test_the_speed_stage_times_the_ddp_settings_the_space_file_offers():
@@ -1295,7 +1295,9 @@ def test_two_runs_started_together_time_each_setting_once_and_finish_the_study(t
     # (or, started late on a busy machine, found the study finished and timed nothing)
     timed = 0
     for out, _ in outputs:
-        said = re.search(r"(\d+) settings timed( \((\d+) leaders again\))?", " ".join(out.split()))
+        said = re.search(
+            r"(\d+) settings? timed( \((\d+) leaders? again\))?", " ".join(out.split())
+        )
         if said is not None:
             timed += int(said.group(1)) + int(said.group(3) or 0)
     assert timed == len(taken)

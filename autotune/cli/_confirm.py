@@ -138,7 +138,7 @@ def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) 
         )
 
     def starting(leaders: int, references: tuple[str, ...], runs: int) -> None:
-        named = [f"the {leaders} best configurations", *references]
+        named = ["the best configuration" if leaders == 1 else f"the {leaders} best", *references]
         beside = ", ".join(named[:-1]) + f" and {named[-1]}" if len(named) > 1 else named[0]
         console.print(f"Confirming {beside}: {runs} runs, interleaved.")
 

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from autotune import study as studies
 from autotune.config import TrialConfig
-from autotune.display._text import fmt, metric_unit, params, score_text, si, visible
+from autotune.display._text import fmt, metric_unit, params, plural, score_text, si, visible
 from autotune.results import Evaluation
 from autotune.spec import Spec
 from autotune.speed import SpeedTable
@@ -100,11 +100,11 @@ class LiveObserver(studies.StudyObserver):
             if self.speed_skipped
             else ""
         )
-        again = f" ({self.speed_again} leaders again)" if self.speed_again else ""
+        again = f" ({plural(self.speed_again, 'leader')} again)" if self.speed_again else ""
         console.print(
-            f"stage 1: {self.speed_timed} settings timed{again}, {self.speed_reused} reused "
-            f"(timed by earlier runs or other processes){skipped}, in {seconds:.0f} s; all in "
-            f"study {name}. Stage 2 trains with the fastest of each.",
+            f"stage 1: {plural(self.speed_timed, 'setting')} timed{again}, "
+            f"{self.speed_reused} reused (timed by earlier runs or other processes){skipped}, "
+            f"in {seconds:.0f} s; all in study {name}. Stage 2 trains with the fastest of each.",
             markup=False,
         )
         self.status = Text("")

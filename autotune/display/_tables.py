@@ -19,6 +19,7 @@ from autotune.display._text import (
     fmt,
     metric_unit,
     params,
+    plural,
     print_command,
     print_item,
     si,
@@ -348,9 +349,10 @@ def print_confirmation(
         _print_confirmed(console, answer, spec, spread, again)
     if answer.flagged:
         console.print(
-            f"{answer.flagged} measurement(s) were taken while other processes took more than "
-            f"{INTERFERENCE_SHARE:.0%} of the cores: each was measured again, and the round "
-            "compares flagged runs only with flagged ones.",
+            f"{plural(answer.flagged, 'measurement')} {'was' if answer.flagged == 1 else 'were'} "
+            f"taken while other processes took more than {INTERFERENCE_SHARE:.0%} of the cores: "
+            f"each was measured again, and the round compares flagged runs only with flagged "
+            f"ones.",
             style="yellow",
         )
     if answer.interfered:

@@ -142,3 +142,8 @@ def params(trial: FrozenTrial) -> str:
     first = [name for name in FIRST_KNOBS if name in trial.params]
     rest = [name for name in trial.params if name not in FIRST_KNOBS]
     return " ".join(f"{name}={fmt(trial.params[name])}" for name in [*first, *rest])
+
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """ "1 trial", "2 trials" (``nouns``: an irregular plural)."""
+    return f"{count} {noun if count == 1 else nouns or noun + 's'}"

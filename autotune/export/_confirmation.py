@@ -102,7 +102,7 @@ def confirmation_text(found: TrialConfirmation | None) -> str:
         text += f"; it is {found.reference}: the search found nothing better"
     if found.tied_with:
         tied = ", ".join(str(n) for n in found.tied_with)
-        text += f"; tied within noise with trial {tied}"
+        text += f"; tied within noise with trial{'s' * (len(found.tied_with) > 1)} {tied}"
     if found.under_interference:
         text += "; measured while other processes used the CPU (confirm it again)"
     return text
