@@ -71,6 +71,15 @@ class Summary:
     checklist: FrozenTrial | None = None  # the tuning checklist's trial, if it completed
 
     @property
+    def headline(self) -> tuple[float | None, str]:
+        """The best trial's value as a person reads it first, and what it is: the confirmation
+        round's median where the round confirmed it, else its trial's one measurement."""
+        answer = self.answer
+        if answer is not None and answer.median is not None and answer.runs:
+            return answer.median, f"median of {answer.runs} confirmed runs"
+        return (self.best.value if self.best is not None else None), "one trial"
+
+    @property
     def spread(self) -> float | None:
         """The confirmation round's run-to-run spread (0.06: ±6%); None before one."""
         return self.answer.spread if self.answer is not None else None
@@ -283,10 +292,10 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     else:
         record = TrialRecord.of(best)
         lines += [
-            f"**Best: trial {best.number}**, {summary.metric} **{number(best.value)}**"
+            f"**Best: trial {best.number}**, {summary.metric} **{number(summary.headline[0])}**"
             + (f" ±{summary.spread:.0%}" if summary.spread is not None else "")
-            + " "
-            f"(validation {summary.score_name} {number(record.score)}, "
+            + f" ({summary.headline[1]}; its trial: "
+            f"validation {summary.score_name} {number(record.score)}, "
             f"{number(record.samples_per_second)} samples/s, "
             f"{number(record.charged_seconds)} s of training).",
             "",

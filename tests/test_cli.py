@@ -15,6 +15,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune import display
+from autotune import study as studies
 from autotune._version import __version__
 from autotune.study import StudyError, StudyRecord, answer_trial, load_study
 from autotune.testing import TINY_SPACE, import_blocker, run_cli, write_space
@@ -77,6 +79,11 @@ def test_run_then_best_then_resume(invoke_cli, tmp_path: Path, monkeypatch: pyte
     shown = invoke_cli("best", cwd=tmp_path)  # no --study: the storage's only study (and .speed)
     assert shown.returncode == 0 and "confirmed: median" in shown.stdout, shown.stdout
     assert shown.stdout.startswith("tiny: trial ")
+    # its first figure is the round's median, said so, not the trial's one measurement
+    headline = shown.stdout.splitlines()[0]
+    confirmed = studies.answer_of(study)
+    assert confirmed is not None and confirmed.median is not None
+    assert display.fmt(confirmed.median) in headline and "confirmed run" in headline, headline
 
     listed = invoke_cli("studies", cwd=tmp_path)
     assert listed.returncode == 0 and "tiny" in listed.stdout

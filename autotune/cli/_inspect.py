@@ -63,7 +63,7 @@ def best(
     console.print(
         f"[bold]{escape(display.visible(study_name))}[/]: trial {result.trial}, "
         f"{escape(result.metric)} "
-        f"[bold green]{display.fmt(result.value)}[/] {unit}"
+        f"[bold green]{display.fmt(result.headline_value)}[/] {unit} ({result.headline_source})"
     )
     # what the run said of it: a speed-up only where the confirmation round backs one
     console.print(f"  {result.confirmation_text()}", markup=False)
@@ -172,8 +172,7 @@ def export_command(
         "hf": "Hugging Face TrainingArguments",
     }[fmt]
     console.print(
-        f"Wrote {output}: the {what} of trial {result.trial} of {study_name} "
-        f"({result.metric} {display.fmt(result.value)}).",
+        f"Wrote {output}: the {what} of trial {result.trial} of {study_name} ({result.headline}).",
         markup=False,
     )
     if fmt == "script":

@@ -59,6 +59,7 @@ _METRIC_FORMATS: dict[str, Any] = {
     "data_wait_fraction": lambda v: f"{v:.1%}",
     "gpu_memory_used_bytes": lambda v: f"{v / 2**30:.2f} GiB",
     "peak_memory_bytes": lambda v: f"{v / 2**20:,.0f} MiB",
+    "other_cpu_share": lambda v: f"{v:.1%} of its cores (other processes)",
 }
 
 

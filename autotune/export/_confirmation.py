@@ -93,7 +93,7 @@ def confirmation_text(found: TrialConfirmation | None) -> str:
     """One line on how sure the study is of a trial: its ``TrialConfirmation``, or None."""
     if found is None:
         return "not confirmed: one measurement (run `autotune confirm`)"
-    text = f"confirmed: median {found.median:.4g} over {found.runs} runs"
+    text = f"confirmed: median {found.median:.4g} over {found.runs} run{'s' * (found.runs != 1)}"
     if found.spread is not None:
         text += f" (spread ±{found.spread:.0%})"
     if found.said:

@@ -45,7 +45,7 @@ def render(
     if fmt == "yaml":
         header = (  # the name is the user's: a line break in it would end the comment
             f"# autotune configuration: study {literal(best.study)}, trial {best.trial}, "
-            f"{best.metric} {best.value:.6g}\n"
+            f"{best.headline}\n"
         )
         return header + yaml.safe_dump(best.to_dict(), sort_keys=False)
     if fmt in ("lightning", "hf"):

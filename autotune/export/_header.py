@@ -200,7 +200,7 @@ def provenance_rows(best: BestConfig, workload: WorkloadSpec) -> list[tuple[str,
     score = metrics.get("score")
     sps = metrics.get("samples_per_second")
     result = (
-        f"{best.metric} {best.value:.4g}"
+        best.headline
         + (f", validation {best.score_name} {score:.4g}" if score is not None else "")
         + (f", {sps:,.0f} samples/s steady state" if sps is not None else "")
     )
