@@ -416,6 +416,33 @@ def test_a_run_whose_trials_all_failed_exits_1_saying_why(tmp_path: Path):
     assert "Traceback" not in done.stdout + done.stderr
 
 
+WORKER_ONLY_FAILURE = """\
+import multiprocessing
+
+from autotune.testing import blobs
+
+
+def data(**kwargs):  # loads in the study process, not in its worker
+    if multiprocessing.current_process().name == "autotune-worker":
+        raise RuntimeError("the data set is not mounted on this node")
+    return blobs(**kwargs)
+"""
+
+
+def test_an_error_during_the_live_display_gets_a_line_of_its_own(tmp_path: Path):
+    """The worker cannot load the data (its node lacks the mount): one error line, after the
+    live display's last line has ended (piped, it has no cursor to end it)."""
+    (tmp_path / "mounted.py").write_text(WORKER_ONLY_FAILURE)
+    text = TINY_SPACE.format(n_trials=2, pruner="none")
+    text = text.replace("data: autotune.testing:blobs", "data: mounted:data")
+    space = write_space(tmp_path, text.replace("  seed: 0\n", "  seed: 0\n  strategy: joint\n"))
+    done = run_cli("run", str(space), cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "the data set is not mounted on this node" in done.stderr
+    assert done.stdout.endswith("\n"), done.stdout[-200:]
+    assert "Traceback" not in done.stdout + done.stderr
+
+
 BAD_MODEL = """\
 import torch
 from torch import nn

@@ -275,8 +275,10 @@ def run(  # noqa: C901, PLR0912, PLR0915
                 outcome.interrupted = True
                 outcome.terminated = isinstance(stop, studies.Terminated)
     except WorkerError as err:
+        console.print()  # ends the live display's last line: the error gets a line of its own
         raise fail(str(err), EXIT_FAILED) from None
     except Exception as err:  # the disk filled up, the database became read-only, ...
+        console.print()
         raise storage_failure(err, spec.study.storage) from None
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
