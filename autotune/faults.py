@@ -10,6 +10,7 @@ the user stopping the study.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import re
@@ -17,6 +18,7 @@ import signal
 import sysconfig
 import traceback
 from enum import StrEnum
+from pathlib import Path
 
 __all__ = [
     "CONFIGURATION_FAULTS",
@@ -49,6 +51,7 @@ class FaultKind(StrEnum):
     TRIAL_TIMEOUT = "trial_timeout"
     TIMEOUT_UNDER_LOAD = "timeout_under_load"
     WORKER_CRASHED = "worker_crashed"
+    KILLED = "killed"
     INTERRUPTED = "interrupted"
     ERROR = "error"
 
@@ -79,6 +82,8 @@ KINDS: dict[FaultKind, str] = {
     FaultKind.TIMEOUT_UNDER_LOAD: "the trial ran past study.trial_timeout while other processes "
     "took its cores: the machine was busy, which says nothing of the configuration",
     FaultKind.WORKER_CRASHED: "the process running the trial died (a crash or a signal)",
+    FaultKind.KILLED: "the process running the trial was killed by another process (an "
+    "operator, a scheduler): it says nothing of the configuration",
     FaultKind.INTERRUPTED: "the study was stopped (Ctrl-C, SIGTERM, or its process was lost)",
     FaultKind.ERROR: "an unexpected exception, most likely a bug in the model or data code",
 }
@@ -258,6 +263,45 @@ def describe_exit(exitcode: int | None) -> str:
         except ValueError:
             return f"signal {-exitcode}"
     return f"exit status {exitcode}"
+
+
+# signals another process sends to stop one (a crash raises SIGSEGV, SIGABRT, SIGBUS, ...)
+STOPPING_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed since boot (/proc/vmstat; None
+    where it cannot be read)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    return None
+
+
+def worker_died(exitcode: int | None, oom_kills_before: int | None) -> TrialFault:
+    """The fault of a worker that died during a trial, ``oom_kills()`` read as it started: a
+    stopping signal while the OOM killer killed nobody came from another process (KILLED: not
+    the configuration's doing, not taught to the sampler); the OOM killer's is OOM; any other
+    death is a crash of the trial's own (a segfault, an abort)."""
+    how = describe_exit(exitcode)
+    stopped = exitcode is not None and exitcode < 0 and -exitcode in STOPPING_SIGNALS
+    if not stopped:
+        return TrialFault(
+            FaultKind.WORKER_CRASHED, f"the worker process died during the trial ({how})"
+        )
+    after = oom_kills()
+    if after is not None and oom_kills_before is not None and after > oom_kills_before:
+        return TrialFault(
+            FaultKind.OOM,
+            f"the kernel's OOM killer killed the worker process during the trial ({how}): "
+            f"the machine's memory ran out",
+        )
+    return TrialFault(
+        FaultKind.KILLED,
+        f"the worker process was killed from outside during the trial ({how}): not the "
+        f"configuration's doing, so not counted and not learnt from",
+    )
 
 
 # device memory a trial may leave allocated beyond the worker's first trial before the worker

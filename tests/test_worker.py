@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import torch
 
 from autotune import distributed
 from autotune.errors import WorkerError
+from autotune.faults import describe_exit
 from autotune.spec import WorkloadSpec
 from autotune.testing import (
     assert_trials_recorded,
@@ -213,3 +216,35 @@ def test_what_the_users_code_prints_in_a_worker_is_counted_not_shown(
     # each trial counts its own (the first's warm-up printed too; the second has none)
     assert again.optimizer_steps < again.printed_lines <= result.printed_lines
     assert "shape (" not in capfd.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_worker_killed_from_outside_is_not_the_configurations_fault():
+    """An operator's or a scheduler's SIGKILL (the OOM killer killed nobody meanwhile) says
+    nothing of the configuration: KILLED, which the study records as failed, neither counted
+    nor taught to the sampler; a segfault is the trial's own crash."""
+    from autotune.faults import FaultKind, TrialFault
+
+    workload = WorkloadSpec(
+        model="autotune.testing:tiny_mlp",
+        data="autotune.testing:blobs",
+        model_args={"step_delay_seconds": 0.2},  # 8 steps: time to be killed mid-trial
+    )
+    executor = WorkerExecutor(workload, None)
+    kinds = []
+    try:
+        for sent in (signal.SIGKILL, signal.SIGSEGV):
+            executor.start()
+            pid = executor.started_pids[-1]
+            killer = threading.Timer(1.5, os.kill, (pid, sent))
+            killer.start()
+            with pytest.raises(TrialFault) as caught:
+                executor.run(make_config(epochs=1.0), lambda evaluation: False)
+            killer.join()
+            kinds.append(caught.value.kind)
+            said = str(caught.value)
+            assert f"({describe_exit(-sent)})" in said, said
+    finally:
+        executor.close()
+    assert kinds == [FaultKind.KILLED, FaultKind.WORKER_CRASHED]
+    assert not FaultKind.KILLED.is_configuration_fault

@@ -21,7 +21,7 @@ from types import FrameType
 
 from autotune.config import TrialConfig
 from autotune.errors import WorkerError
-from autotune.faults import FaultKind, TrialFault, describe_exit
+from autotune.faults import FaultKind, TrialFault, describe_exit, oom_kills, worker_died
 from autotune.interference import CpuMeter
 from autotune.results import Evaluation, Reporter, TrialResult
 from autotune.spec import Spec, WorkloadSpec
@@ -130,6 +130,7 @@ class WorkerExecutor:
         self.scratch_dirs: list[str] = []  # every worker's, in order (removed with it)
         self._ran: TrialConfig | None = None  # what the current worker ran last
         self._starting = False  # launched, and not yet known to be ready
+        self._oom_kills: int | None = None  # the kernel's count as the request started
 
     # -- the worker's life ------------------------------------------------------------------
 
@@ -308,6 +309,7 @@ class WorkerExecutor:
         its own) nor the time it waited for its evaluations' answers is counted."""
         assert self._connection is not None
         connection = self._connection
+        self._oom_kills = oom_kills()  # a death by SIGKILL: the OOM killer's, or another's
         warming = True  # until Warmed: the warm-up is timed apart, against the same limit
         try:
             connection.send(request)
@@ -346,10 +348,7 @@ class WorkerExecutor:
                 self._process.join(timeout=EXIT_REPORT_SECONDS)
                 exitcode = self._process.exitcode
             self._kill()
-            raise TrialFault(
-                "worker_crashed",
-                f"the worker process died during the trial ({describe_exit(exitcode)})",
-            ) from None
+            raise worker_died(exitcode, self._oom_kills) from None
         except BaseException:
             # a crash or timeout found above, an interruption (Ctrl-C, SIGTERM), or a failing
             # reporter: the worker may be mid-trial, so it goes, with its DataLoader workers
@@ -363,10 +362,7 @@ class WorkerExecutor:
         if not self._process.is_alive():
             exitcode = self._process.exitcode
             self._kill()
-            raise TrialFault(
-                "worker_crashed",
-                f"the worker process died during the trial ({describe_exit(exitcode)})",
-            )
+            raise worker_died(exitcode, self._oom_kills)
         if limit is not None and time.monotonic() - started > limit:
             share = meter.so_far()  # before the kill: the trial's own processes still count
             self._kill()
