@@ -190,7 +190,7 @@ def test_a_study_labelled_by_an_earlier_autotune_resumes(tmp_path: Path, prepare
     spec = tiny_spec(n_trials=2)
     payload = spec.model_dump(mode="json", include={"workload", "objective", "space"})
     payload["workload"]["device"] = "auto"
-    for added_since in ("inputs", "target", "loss", "batch_fn", "gpus_per_trial"):
+    for added_since in ("inputs", "target", "loss", "batch_fn", "gpus_per_trial", "class_dim"):
         del payload["workload"][added_since]
     for added_since in ("score", "higher_is_better", "min_score", "target_score"):
         del payload["objective"][added_since]

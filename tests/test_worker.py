@@ -132,7 +132,7 @@ def test_a_broken_cuda_context_is_reported_before_anything_touches_it(monkeypatc
     ranks = distributed.RankPool(
         distributed.WorkloadSource(WorkloadSpec(model="m", data="d"), None, "accuracy")
     )
-    _process._serve(worker_end, workload, Warmth(), ranks)
+    _process._serve(worker_end, workload, Warmth(), ranks, _process.PrintTally())
     faulted = study_end.recv()
     assert isinstance(faulted, _protocol.Faulted)
     assert (faulted.kind, faulted.needs_fresh_process) == ("error", True)
