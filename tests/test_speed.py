@@ -1141,10 +1141,10 @@ class FakeClock:
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    from autotune.study import _speed_rules, _speed_take
+    from autotune.study import _speed_budget, _speed_take
 
     fake = FakeClock()
-    monkeypatch.setattr(_speed_rules, "time", fake)
+    monkeypatch.setattr(_speed_budget, "time", fake)
     monkeypatch.setattr(_speed_take, "time", fake)
     return fake
 

@@ -32,13 +32,9 @@ from autotune.executor import TrialExecutor
 from autotune.spec import Spec
 from autotune.speed import COMPUTE_KNOBS, SpeedTable
 from autotune.study import adapter
+from autotune.study._speed_budget import TimeLimit
 from autotune.study._speed_plan import Cell, Settings, SpeedPlan, context_key, describe
-from autotune.study._speed_rules import (
-    MEASUREMENT_SLACK_SECONDS,
-    CellResult,
-    LeftOut,
-    TimeLimit,
-)
+from autotune.study._speed_rules import MEASUREMENT_SLACK_SECONDS, CellResult, LeftOut
 from autotune.study._speed_store import Pool, SpeedEvent, context_facts, load_cache
 from autotune.study._speed_table import speed_table
 from autotune.study._speed_take import SettingTimer

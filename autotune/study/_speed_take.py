@@ -24,8 +24,8 @@ from autotune.spec import Spec
 from autotune.speed import BurstPlan, SpeedMeasurement
 from autotune.study import adapter
 from autotune.study._claims import Claims
+from autotune.study._speed_budget import TimeLimit
 from autotune.study._speed_plan import Cell, Settings, SpeedPlan, config_key, describe
-from autotune.study._speed_rules import TimeLimit
 from autotune.study._speed_store import (
     TRANSIENT_FAULTS,
     Pool,
