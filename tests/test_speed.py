@@ -1396,3 +1396,65 @@ def test_processes_on_two_machines_share_one_postgresql_stage_one(tmp_path: Path
     assert speed.user_attrs["stage1_claims"] == {}  # every claim given back
     study = optuna.load_study(study_name="pg-claims", storage=postgres.url)
     assert counted_trials(study) == 2
+
+
+def _faster_on_the_device(config: TrialConfig) -> float:
+    """A step's seconds: the device pipeline twice as fast as a DataLoader (no rematch)."""
+    return 0.0005 if config.data_pipeline == "device" else 0.001
+
+
+class FailingAt(SyntheticExecutor):
+    """SyntheticExecutor whose measurements of (batch size, data pipeline) in ``faults`` fail
+    with the fault given."""
+
+    def __init__(self, faults: dict[tuple[int, str], TrialFault]) -> None:
+        super().__init__()
+        self.faults = faults
+
+    def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
+        fault = self.faults.get((config.batch_size, config.data_pipeline))
+        if fault is None:
+            return super().measure(config, plan)
+        self.measured.append(config)
+        raise fault
+
+
+@pytest.mark.parametrize(
+    "crash",
+    [
+        # the issue's: a worker that could not start, every later run reusing it
+        TrialFault(FaultKind.ERROR, "EOFError: the worker could not start"),
+        TrialFault(FaultKind.WORKER_CRASHED, "the worker process died (signal 9 (SIGKILL))"),
+        TrialFault(FaultKind.DATALOADER_WORKER_DIED, "a DataLoader worker exited unexpectedly"),
+    ],
+)
+def test_a_failure_is_not_a_fact_only_what_the_setting_caused_is_reused(
+    tmp_path: Path, prepare_study, crash: TrialFault
+):
+    """A crash is measured again by the next run of the study and by other studies; out of
+    memory is reused, saying how to measure it again."""
+    from autotune.study import run_speed_stage
+
+    def stage_one(executor: SyntheticExecutor, name: str, n_trials: int) -> list:
+        space = two_stage(n_trials=n_trials, precisions="fp32", workers="[0]")
+        space = space.replace("name: two", f"name: {name}")
+        study, _, _, _ = prepare_study(space, tmp_path, run=False)
+        spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
+        events: list = []
+        run_speed_stage(study, spec, CPU, executor, on_event=events.append)
+        return events
+
+    oom = TrialFault(FaultKind.OOM, "CUDA out of memory. Tried to allocate 2.00 GiB")
+    stage_one(FailingAt({(16, "device"): crash, (32, "device"): oom}), "two", 1)
+
+    again = SyntheticExecutor(_faster_on_the_device)  # (no leaders to measure again)
+    events = stage_one(again, "two", 2)  # the same study, resumed
+    assert [(c.batch_size, c.data_pipeline) for c in again.measured] == [(16, "device")]
+    reused = [e for e in events if e.cached and e.fault is not None]
+    assert [e.cell for e in reused] == ["batch 32, fp32"]
+    assert reused[0].fault.startswith("CUDA out of memory")
+    assert reused[0].fault.endswith("(measured by an earlier run: re-measure with --remeasure)")
+
+    other = SyntheticExecutor()
+    stage_one(other, "other", 1)  # another study on the storage: what was measured serves
+    assert other.measured == []
