@@ -121,7 +121,7 @@ class LeftOut(Budget):
         """Why compile ``mode`` is not started with the budget left, or None: its cold compile
         and then the measurement itself (about an eager one's seconds) must fit."""
         left, needs = self.budget_left(), self.expected_compile(mode)
-        if left >= needs + (self.eager_seconds or 0.0):
+        if left >= needs + (self.typical() or 0.0):
             return None
         return (
             f"not tried: {max(left, 0.0):.0f} s of stage 1's budget of {self.budget:g} s are "
@@ -161,7 +161,10 @@ class LeftOut(Budget):
     def stopped(self, mode: str, limit: TimeLimit, cell: Cell) -> None:
         """A measurement of compile ``mode`` in ``cell`` was stopped at ``limit``: the mode
         is not tried again in this stage (past the budget nothing compiles anyway), and its
-        compile took longer than the limit (what the other modes' guesses are scaled by)."""
+        compile took longer than the limit (what the other modes' guesses are scaled by). An
+        eager measurement stopped says nothing of eager: nothing is learned."""
+        if mode == "none":
+            return
         self.dropped_modes.setdefault(mode, f"not tried: {limit.why} at {cell.label()}")
         self.compiled_seconds[mode] = max(self.compiled_seconds.get(mode, 0.0), limit.seconds)
 

@@ -294,6 +294,10 @@ class Pool:
         quiet = [(n, m) for n, m, flagged, _ in self.results if not flagged]
         return quiet or [(n, m) for n, m, _, _ in self.results]
 
+    def flagged_only(self) -> bool:
+        """Whether it has measurements and every one was taken under interference."""
+        return bool(self.results) and all(flagged for _, _, flagged, _ in self.results)
+
     def first_round(self) -> float | None:
         """Samples/s of the first-round measurements (their median): what decides which
         settings are measured again, so that a resumed stage decides as the first run did."""
