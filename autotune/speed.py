@@ -131,6 +131,13 @@ class SpeedChoice:
     measurements: int
     speed_trials: tuple[int, ...]  # the speed study's trial numbers behind it
     runner_up: float | None = None  # the next-best settings' samples/s in this cell
+    interference: bool = False  # measured only while other processes took its cores
+
+    @property
+    def measured(self) -> bool:
+        """Whether stage 1 measured it; one it left out (its budget ran out) has the settings
+        of the nearest micro-batch measured, no measurement (0) and no speed (0 samples/s)."""
+        return self.measurements > 0
 
     @property
     def effective_batch_size(self) -> int:
@@ -218,7 +225,10 @@ class SpeedTable:
         speeds = {
             c.batch_size: c.samples_per_second
             for c in self.choices
-            if c.precision == precision and c.accumulation_steps == 1 and not c.extras
+            if c.precision == precision
+            and c.accumulation_steps == 1
+            and not c.extras
+            and c.measured
         }
         smaller = max((b for b in speeds if b < batch_size), default=None)
         if smaller is None or batch_size not in speeds or not speeds[smaller]:

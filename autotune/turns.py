@@ -14,23 +14,53 @@ is ``$AUTOTUNE_MACHINE_DIR`` where that is set: containers of one host that shar
 other than /tmp), taken in
 sorted order, so two processes that want overlapping resources cannot each hold part of them.
 The holder's process id is written into each file it holds, so a process that waits can say
-for whom. A file that cannot be opened (another user's, a read-only /tmp) is not waited for.
+for whom (its command line, read from /proc). A file that cannot be opened (another user's, a
+read-only /tmp) is not waited for.
+
+A wait is said when it begins and again as it grows (10 s, 20 s, 40 s ... so far), and it is
+given up after ``$AUTOTUNE_TURN_WAIT`` seconds (``autotune run --turn-wait``; default
+``TURN_WAIT_SECONDS``, half an hour): ``TurnNotTaken``, one line that says how to run anyway.
+Half an hour because a turn is held for one trial, one stage-1 measurement or one confirmation
+run of the other process, and two studies that take turns each wait one of the other's trials:
+a trial longer than that is rare in a study that searches, and a wait that long is a process
+that holds the machine for good (a stuck one, or one that trains for hours), which an unattended
+job should say rather than wait on. ``0`` takes no turn at all: the process trains beside the
+others (each measures the other as interference).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import tempfile
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
+from autotune.errors import UserError
 from autotune.scaleout import core_ranges
 
-__all__ = ["MACHINE_DIR", "MACHINE_DIR_ENV", "file_lock", "resources", "turn"]
+__all__ = [
+    "MACHINE_DIR",
+    "MACHINE_DIR_ENV",
+    "TURN_WAIT_ENV",
+    "TURN_WAIT_SECONDS",
+    "TurnNotTaken",
+    "file_lock",
+    "resources",
+    "turn",
+    "turn_wait_seconds",
+]
 
 MACHINE_DIR_ENV = "AUTOTUNE_MACHINE_DIR"
+TURN_WAIT_ENV = "AUTOTUNE_TURN_WAIT"
+TURN_WAIT_SECONDS = 1800.0  # how long a turn is waited for, unless $AUTOTUNE_TURN_WAIT says
+POLL_SECONDS = 0.05  # how often a held turn is tried again (the holder's gap between turns)
+FIRST_SAID_AGAIN = 10.0  # seconds: a wait is said again after this, then at each doubling
 
 
 def _machine_dir() -> Path:
@@ -68,11 +98,39 @@ def resources(device: str, world_size: int = 1) -> tuple[str, ...]:
     return tuple(f"core-{core}" for core in cores)
 
 
+class TurnNotTaken(UserError):
+    """Another autotune process held this machine's turn for longer than the wait allowed:
+    the user's bound (``by_user``; the run stops, saying how to run anyway) or the caller's
+    (``wait_at_most``: stage 1's budget ran out)."""
+
+    def __init__(self, message: str, by_user: bool) -> None:
+        super().__init__(message)
+        self.by_user = by_user
+
+
+def turn_wait_seconds() -> float:
+    """Seconds a turn is waited for before giving up: ``$AUTOTUNE_TURN_WAIT``, else
+    ``TURN_WAIT_SECONDS``; 0 takes no turn. UserError for a value that is not seconds."""
+    given = os.environ.get(TURN_WAIT_ENV, "").strip()
+    try:
+        seconds = float(given) if given else TURN_WAIT_SECONDS
+    except ValueError:
+        seconds = math.nan
+    if not seconds >= 0:  # (nan too)
+        raise UserError(f"{TURN_WAIT_ENV}={given!r}: give the seconds to wait, 0 or more")
+    return seconds
+
+
 @contextlib.contextmanager
-def file_lock(path: Path, on_wait: Callable[[int | None], None] | None = None) -> Iterator[None]:
+def file_lock(
+    path: Path,
+    on_wait: Callable[[int | None], None] | None = None,
+    wait: Callable[[IO[str]], None] | None = None,
+) -> Iterator[None]:
     """An exclusive ``flock`` on ``path`` (made if missing) while held, with this process's id
     written into it; none where the file cannot be opened. Where another process holds it,
-    ``on_wait`` is called with that process's id (None: unknown) before waiting."""
+    ``on_wait`` is called with that process's id (None: unknown) before waiting, or ``wait``,
+    where given, waits instead (it returns holding the lock, or raises)."""
     import fcntl
 
     try:
@@ -84,9 +142,12 @@ def file_lock(path: Path, on_wait: Callable[[int | None], None] | None = None) -
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            if on_wait is not None:
-                on_wait(_holder(handle))
-            fcntl.flock(handle, fcntl.LOCK_EX)
+            if wait is not None:
+                wait(handle)
+            else:
+                if on_wait is not None:
+                    on_wait(_holder(handle))
+                fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             with contextlib.suppress(OSError):
                 handle.truncate(0)
@@ -106,25 +167,92 @@ def _holder(handle: object) -> int | None:
         return None
 
 
+def _command(pid: int) -> str:
+    """`` (autotune run space.yaml)``: what process ``pid`` runs, from ``autotune`` on where it
+    is there, on one line and shortened; "" where /proc does not say."""
+    try:
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return ""
+    at = next((i for i, w in enumerate(words) if w.split("/")[-1] == "autotune"), None)
+    words = ["autotune", *words[at + 1 :]] if at is not None else [Path(words[0]).name, *words[1:]]
+    line = " ".join(" ".join(words).split())
+    return f" ({line if len(line) <= 60 else line[:57] + '...'})" if line else ""
+
+
+@dataclass
+class _Waiting:
+    """One turn's wait, over all its resources: tried again every ``POLL_SECONDS``, said
+    (who, on what, for how long so far) when it begins and at each doubling of the time, and
+    given up after ``bound`` seconds."""
+
+    names: tuple[str, ...]
+    on_wait: Callable[[str], None] | None
+    bound: float
+    by_user: bool  # the bound is the user's (else the caller's: stage 1's budget)
+    started: float | None = None
+    said_at: float = 0.0  # the wait is said again once it has lasted this long
+
+    def who(self, handle: IO[str]) -> str:
+        """``autotune process 12 trains on cores 0-1 (autotune run space.yaml)``"""
+        pid = _holder(handle)
+        who = "another autotune process" if pid is None else f"autotune process {pid}"
+        return f"{who} trains on {_describe(self.names)}{_command(pid) if pid else ''}"
+
+    def __call__(self, handle: IO[str]) -> None:
+        import fcntl
+
+        self.started = self.started or time.monotonic()
+        while True:
+            waited = time.monotonic() - self.started
+            if waited >= self.said_at and self.on_wait is not None:
+                self.on_wait(
+                    f"waiting for its turn ({_seconds(waited)} so far, gives up after "
+                    f"{_seconds(self.bound)}{': --turn-wait' if self.by_user else ''}): "
+                    f"{self.who(handle)}"
+                )
+                self.said_at = max(FIRST_SAID_AGAIN, 2 * waited)
+            if waited >= self.bound:
+                raise TurnNotTaken(
+                    f"gave up waiting for this machine's turn after {_seconds(waited)}: "
+                    f"{self.who(handle)}. To train beside it anyway (each slows the other, and "
+                    f"measurements are flagged for interference), run with --turn-wait 0 "
+                    f"({TURN_WAIT_ENV}=0); to wait longer, --turn-wait SECONDS",
+                    self.by_user,
+                )
+            time.sleep(min(POLL_SECONDS, max(0.0, self.bound - waited)))
+            with contextlib.suppress(BlockingIOError):
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
 @contextlib.contextmanager
 def turn(
-    device: str, world_size: int = 1, on_wait: Callable[[str], None] | None = None
+    device: str,
+    world_size: int = 1,
+    on_wait: Callable[[str], None] | None = None,
+    wait_at_most: float | None = None,
 ) -> Iterator[None]:
     """Hold this machine's turn on what a trial on ``device`` trains with (``resources``)
-    while the block runs. Where another process holds part of it, ``on_wait`` is called once,
-    with a line saying who and on what, before waiting."""
+    while the block runs. Where another process holds part of it, ``on_wait`` hears a line
+    saying who, on what and for how long so far, when the wait begins and as it grows; past
+    ``turn_wait_seconds()``, or the caller's ``wait_at_most`` seconds when that is less, the
+    wait is given up: TurnNotTaken. A bound of 0 seconds takes no turn."""
+    patience = turn_wait_seconds()
+    if patience == 0:  # the user runs beside the others
+        yield
+        return
     names = resources(device, world_size)
-    said: list[bool] = []
-
-    def waiting(pid: int | None) -> None:
-        if on_wait is not None and not said:
-            said.append(True)
-            who = f"autotune process {pid}" if pid is not None else "another autotune process"
-            on_wait(f"waiting for its turn: {who} trains on {_describe(names)}")
-
+    by_user = wait_at_most is None or patience <= wait_at_most
+    bound = patience if by_user else max(0.0, wait_at_most or 0.0)
+    waiting = _Waiting(names, on_wait, bound, by_user)
     with contextlib.ExitStack() as held:
         for name in names:
-            held.enter_context(file_lock(MACHINE_DIR / f"autotune-turn-{name}.lock", waiting))
+            held.enter_context(file_lock(MACHINE_DIR / f"autotune-turn-{name}.lock", wait=waiting))
         yield
 
 

@@ -467,3 +467,24 @@ def test_trials_that_all_end_at_one_score_are_warned_about(seen):
     assert "Every trial ended at exactly accuracy 0.859375, whatever its lr" in summary(0.859375)
     assert "Every trial ended" not in summary(None)  # the seen study's own: every one right
     assert "Every trial ended" not in summary(1.0)  # an easy data set learnt by every trial
+
+
+def test_stage_ones_table_marks_a_row_measured_only_on_a_busy_machine():
+    """Issue 39: "8.6k ±3619%" was shown beside clean rows with nothing to tell them apart."""
+    from dataclasses import replace
+
+    from autotune.display._tables import print_speed_table
+
+    busy = replace(_speed(64, 8600.0, "fp32"), spread=72.38, interference=True)
+    console = _console(120)
+    print_speed_table(console, SpeedTable(choices=(_speed(32, 5200.0, "fp32"), busy)))
+    rows = {line.split()[1]: line for line in _text(console).splitlines() if "fp32" in line}
+    assert "8.6k ±3619% busy" in rows["64"] and "busy" not in rows["32"]
+    assert "busy: measured only while other processes took its cores" in _text(console)
+    console = _console(120)
+    unmeasured = replace(_speed(128, 0.0, "fp32"), measurements=0, speed_trials=())
+    print_speed_table(console, SpeedTable(choices=(_speed(32, 5200.0, "fp32"), unmeasured)))
+    assert "busy" not in _text(console)  # no note under a table without such a row
+    rows = {line.split()[1]: line for line in _text(console).splitlines() if "fp32" in line}
+    assert "not measured" in rows["128"] and "as the nearest micro-batch measured" in rows["128"]
+    assert "not measured" not in rows["32"]

@@ -107,7 +107,9 @@ class SyntheticExecutor:
     """Stage 1's executor without training, for the tests of what the stage does with its
     measurements (its rules, its budget, its order): each measurement is made up, a step of
     ``step_seconds(config)`` (a millisecond unless told) and a cold compile of
-    ``compile_seconds``, each taking ``seconds_each`` of the fake ``clock``'s time. What it was
+    ``compile_seconds``, each taking ``seconds_each`` of the fake ``clock``'s time, or what
+    ``load(n)`` says of the n-th: (its seconds, others' share of its cores meanwhile). One
+    longer than its plan's time limit is stopped there, as the worker stops it. What it was
     asked is kept in ``measured``, as CountingExecutor keeps it, and the ``interrupt_at``-th
     is a Ctrl-C. Trials train for real in this process on ``workload`` where one is given
     (stage 2 after a made-up stage 1)."""
@@ -120,10 +122,12 @@ class SyntheticExecutor:
         seconds_each: float = 0.0,
         workload: Workload | None = None,
         interrupt_at: int | None = None,
+        load: Callable[[int], tuple[float, float | None]] | None = None,
     ) -> None:
         self.step_seconds = step_seconds
+        self.load = load or (lambda n: (seconds_each, None))
         self.compile_seconds = compile_seconds
-        self.clock, self.seconds_each = clock, seconds_each
+        self.clock = clock
         self.trials = InProcessExecutor(workload) if workload is not None else None
         self.interrupt_at = interrupt_at
         self.measured: list[TrialConfig] = []
@@ -132,8 +136,14 @@ class SyntheticExecutor:
         if self.interrupt_at is not None and len(self.measured) + 1 == self.interrupt_at:
             raise KeyboardInterrupt
         self.measured.append(config)
+        seconds, others = self.load(len(self.measured))
+        limit = plan.time_limit_seconds
         if self.clock is not None:
-            self.clock.seconds += self.seconds_each
+            self.clock.seconds += min(seconds, limit or seconds)
+        if limit is not None and seconds > limit:
+            busy = others is not None and others > 0.15
+            kind = FaultKind.TIMEOUT_UNDER_LOAD if busy else FaultKind.TRIAL_TIMEOUT
+            raise TrialFault(kind, f"no result after {limit:g} s")
         step = self.step_seconds(config)
         compiled = config.compile != "none"
         return SpeedMeasurement(
@@ -148,6 +158,7 @@ class SyntheticExecutor:
             device_name="synthetic",
             torch_version="synthetic",
             intra_op_threads=1,
+            other_cpu_share=others,
         )
 
     def run(self, config: TrialConfig, report: Reporter) -> TrialResult:
@@ -1103,7 +1114,7 @@ def test_the_plan_says_what_stage_one_will_time_and_its_budget():
     assert "at most 5 min (half of study.timeout 600 s, which counts stage 1" in said
 
 
-def test_past_its_budget_stage_one_times_one_eager_setting_a_cell(
+def test_past_its_budget_stage_one_starts_nothing_but_its_first_measurement(
     tmp_path: Path, prepare_study, clock: FakeClock
 ):
     from autotune.study import run_speed_stage
@@ -1118,14 +1129,21 @@ def test_past_its_budget_stage_one_times_one_eager_setting_a_cell(
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
     events: list = []
     table = run_speed_stage(study, spec, CPU, executor, on_event=events.append)
-    # the first cell began within the budget: its eager settings, never a compile past it
-    assert {c.compile for c in executor.measured} == {"none"}
-    assert [c.batch_size for c in executor.measured].count(32) == 1
-    assert {(c.batch_size, c.accumulation_steps) for c in table} == {
-        (b, a) for b in (16, 32) for a in (1, 2)
-    }
+    # the stage's first measurement (trials need a speed), eager; nothing after its budget
+    assert [(c.batch_size, c.compile) for c in executor.measured] == [(16, "none")]
     spent = [e for e in events if "budget of 0.001 s is spent" in (e.fault or "")]
     assert {e.cell for e in spent} == {"batch 16, fp32", "batch 32, fp32"}
+    ran_out = [e for e in events if "budget of 0.001 s ran out before it" in (e.fault or "")]
+    assert [e.cell for e in ran_out] == ["batch 32, fp32"]  # its one eager setting
+    # batch 32's trials train with batch 16's settings, and measure their own speed; an
+    # effective batch that batch 16 can make is trained so, as measured
+    measured = table.exact(16, 1, "fp32")
+    borrowed = table.exact(32, 1, "fp32")
+    assert measured is not None and measured.measured and not table.unrunnable
+    assert borrowed is not None and not borrowed.measured
+    assert borrowed.settings == measured.settings and borrowed.samples_per_second == 0.0
+    assert table.fastest(32, "fp32") == table.exact(16, 2, "fp32")
+    assert table.fastest(64, "fp32") == table.exact(32, 2, "fp32")
 
 
 class FakeClock:
@@ -1141,10 +1159,10 @@ class FakeClock:
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    from autotune.study import _speed_rules, _speed_take
+    from autotune.study import _speed_budget, _speed_take
 
     fake = FakeClock()
-    monkeypatch.setattr(_speed_rules, "time", fake)
+    monkeypatch.setattr(_speed_budget, "time", fake)
     monkeypatch.setattr(_speed_take, "time", fake)
     return fake
 
@@ -1156,15 +1174,22 @@ def test_the_budget_keeps_one_eager_setting_a_cell_for_the_cells_to_come(clock: 
         "speed: {bursts: 2,", "speed: {max_seconds: 100, bursts: 2,"
     )
     left_out = LeftOut(restrict(parse_spec(space, Path("space.yaml")), CPU).spec)
-    left_out.cells_after = 3
+    left_out.cells_after = 2
     assert left_out.reserve() == 0.0 and left_out.budget_left() == 100.0  # nothing timed yet
     left_out.took("none", 12.0, None)  # a first measurement, with its worker's start
     left_out.took("none", 5.0, None)
-    assert left_out.reserve() == 15.0  # three cells at the quickest eager measurement
+    left_out.took("none", 4.0, None)
+    # two cells and the measurement running at the budget's end, each a typical (median) one
+    assert left_out.typical() == 5.0 and left_out.reserve() == 15.0
     clock.seconds = 80.0
     assert left_out.budget_left() == 5.0 and not left_out.over_budget()
-    left_out.cells_after = 4
+    left_out.cells_after = 3
     assert left_out.over_budget()  # 80 s spent, and 4 x 5 s kept back
+    # the machine grows busy: a typical measurement is one of the last three, and so grows
+    # what is kept back
+    left_out.took("none", 14.0, None)
+    left_out.took("none", 16.0, None)
+    assert left_out.typical() == 14.0 and left_out.reserve() == 56.0
 
 
 def test_a_compile_is_not_started_when_less_of_the_budget_is_left_than_it_takes(
@@ -1398,3 +1423,221 @@ def test_processes_on_two_machines_share_one_postgresql_stage_one(tmp_path: Path
     assert speed.user_attrs["stage1_claims"] == {}  # every claim given back
     study = optuna.load_study(study_name="pg-claims", storage=postgres.url)
     assert counted_trials(study) == 2
+
+
+def test_a_machine_grown_busy_takes_stage_one_past_its_budget_by_one_measurement_at_most(
+    tmp_path: Path, prepare_study, clock: FakeClock
+):
+    """The quickstart's budget (75 s, half its timeout), 4 cells of 3 settings: the first four
+    measurements take 3 s, then another process takes 80% of the cores and each takes 15 s
+    (measured today: 114 s and 121 s of 75 s). Each cell still gets a speed, no measurement
+    starts past the budget, and the one running at its end is stopped a typical one later."""
+    from autotune.study import run_speed_stage
+
+    space = two_stage(n_trials=1, batch_sizes="[16, 32, 64, 128]", precisions="fp32")
+    space = space.replace("speed: {bursts: 2,", "speed: {max_seconds: 75, bursts: 2,")
+    starts: list[float] = []
+
+    def load(n: int) -> tuple[float, float | None]:
+        starts.append(clock.seconds)
+        return (3.0, 0.01) if n <= 4 else (15.0, 0.8)
+
+    executor = SyntheticExecutor(clock=clock, load=load)
+    study, _, _, _ = prepare_study(space, tmp_path, run=False)
+    spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
+    events: list = []
+    table = run_speed_stage(study, spec, CPU, executor, on_event=events.append)
+    assert max(starts) < 75.0  # nothing starts past the budget
+    typical = 15.0  # the median measurement by then
+    assert clock.seconds <= 75.0 + typical
+    assert {c.batch_size for c in table} == {16, 32, 64, 128}  # the reserve kept their share
+
+
+def test_on_a_machine_busy_throughout_stage_one_ends_within_its_budget(
+    tmp_path: Path, prepare_study, clock: FakeClock
+):
+    """Every measurement takes 10 s, its turn's wait included, of the quickstart's 75 s: the
+    reserve keeps one for each cell to come and one for the last, so each cell has a speed
+    and the stage ends within its "at most"."""
+    from autotune.study import run_speed_stage
+
+    space = two_stage(n_trials=1, batch_sizes="[16, 32, 64, 128]", precisions="fp32")
+    space = space.replace("speed: {bursts: 2,", "speed: {max_seconds: 75, bursts: 2,")
+    executor = SyntheticExecutor(clock=clock, load=lambda n: (10.0, 0.6))
+    study, _, _, _ = prepare_study(space, tmp_path, run=False)
+    spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
+    table = run_speed_stage(study, spec, CPU, executor)
+    assert clock.seconds <= 75.0
+    assert {c.batch_size for c in table} == {16, 32, 64, 128}
+    assert all(c.interference for c in table)  # and each row says how it was measured
+
+
+def _faster_on_the_device(config: TrialConfig) -> float:
+    """A step's seconds: the device pipeline twice as fast as a DataLoader (no rematch)."""
+    return 0.0005 if config.data_pipeline == "device" else 0.001
+
+
+def test_what_a_busy_machine_spoiled_is_timed_again_at_the_end_while_the_budget_lasts(
+    tmp_path: Path, prepare_study, clock: FakeClock
+):
+    """Batch 16's fastest is measured while others take 80% of its cores, and batch 32's
+    settings run past three typical measurements as they take all of them; later
+    measurements are clean. At the stage's end batch 16's fastest is timed again (the machine
+    is quieter: its row is no longer flagged) and batch 32 gets its measurement."""
+    from autotune.study import run_speed_stage
+
+    space = two_stage(n_trials=1, batch_sizes="[16, 32]", precisions="fp32", workers="[0]")
+    space = space.replace("speed: {bursts: 2,", "speed: {max_seconds: 300, bursts: 2,")
+
+    def load(n: int) -> tuple[float, float | None]:
+        config = executor.measured[-1]
+        if n <= 2 and config.data_pipeline == "device":
+            return 5.0, 0.8  # measured, flagged
+        if 3 <= n <= 4:
+            return 100.0, 0.9  # batch 32's, stopped
+        return 5.0, 0.02
+
+    executor = SyntheticExecutor(_faster_on_the_device, clock=clock, load=load)
+    study, _, _, _ = prepare_study(space, tmp_path, run=False)
+    spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
+    events: list = []
+    table = run_speed_stage(study, spec, CPU, executor, on_event=events.append)
+    measured = [(c.batch_size, c.data_pipeline) for c in executor.measured]
+    assert measured[:4] == [(16, "dataloader"), (16, "device"), (32, "dataloader"), (32, "device")]
+    assert sorted(measured[4:]) == [(16, "device"), (32, "dataloader")]  # once each, again
+    stopped = [e.fault for e in events if "typical measurement" in (e.fault or "")]
+    assert len(stopped) == 2 and "stopped after 15 s, 3 times a typical" in stopped[0]
+    rows = {(c.batch_size, c.accumulation_steps): c for c in table}
+    assert dict(rows[16, 1].settings)["data_pipeline"] == "device"
+    assert not rows[16, 1].interference and not rows[32, 1].interference
+    assert clock.seconds < 300.0
+
+
+def test_on_a_machine_that_stays_busy_nothing_is_timed_again_and_rows_are_marked(
+    tmp_path: Path, prepare_study
+):
+    from autotune.study import run_speed_stage
+
+    space = two_stage(n_trials=1, batch_sizes="[16, 32]", precisions="fp32", workers="[0]")
+    executor = SyntheticExecutor(_faster_on_the_device, load=lambda n: (0.0, 0.8))
+    study, _, _, _ = prepare_study(space, tmp_path, run=False)
+    spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
+    table = run_speed_stage(study, spec, CPU, executor)
+    assert len(executor.measured) == 4  # two settings a cell, once each
+    assert all(c.interference for c in table)
+
+
+# another process's turn on this process's cores, taken (blocking: woken the moment the study
+# lets go) and kept for a minute
+HOLD_THE_TURN = """
+import fcntl, os, sys, time
+print("ready", flush=True)
+held = []
+for core in sorted(os.sched_getaffinity(0)):
+    lock = open(os.path.join(sys.argv[1], f"autotune-turn-core-{core}.lock"), "a+")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    lock.truncate(0), lock.write(str(os.getpid())), lock.flush()
+    held.append(lock)
+time.sleep(60)
+"""
+
+
+def test_stage_one_waits_for_its_turn_within_its_budget_and_says_for_whom(
+    tmp_path: Path, prepare_study, monkeypatch
+):
+    """After the stage's first measurement another autotune process takes this machine's
+    turn and keeps it: the stage waits for it until its budget (4 s) runs out, saying who and
+    for how long, and leaves the rest out rather than run past its budget."""
+    from autotune import turns
+    from autotune.study import run_speed_stage
+
+    monkeypatch.setattr(turns, "MACHINE_DIR", tmp_path)
+    space = two_stage(n_trials=1, batch_sizes="[16]", precisions="fp32", workers="[0]")
+    space = space.replace("speed: {bursts: 2,", "speed: {max_seconds: 4, bursts: 2,")
+    holders: list[subprocess.Popen[str]] = []
+
+    def load(n: int) -> tuple[float, float | None]:
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLD_THE_TURN, str(tmp_path)], stdout=subprocess.PIPE, text=True
+        )
+        holders.append(holder)  # takes the turn once this measurement lets it go
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        time.sleep(0.5)  # it waits for the turn by now
+        return 0.0, None
+
+    executor = SyntheticExecutor(load=load)
+    study, _, _, _ = prepare_study(space, tmp_path, run=False)
+    spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
+    events: list = []
+    said: list[str] = []
+    try:
+        began = time.monotonic()
+        run_speed_stage(study, spec, CPU, executor, on_event=events.append, on_wait=said.append)
+        took = time.monotonic() - began
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
+    assert len(executor.measured) == 1 and took < 4.0 + 1.0
+    assert said and all(f"autotune process {holders[0].pid} trains on core" in s for s in said)
+    assert said[0].startswith("waiting for its turn (0 s so far, gives up after ")
+    assert "--turn-wait" not in said[0]  # the budget ends it, not the user's bound
+    out = [e for e in events if "time ran out while another process held its turn" in str(e.fault)]
+    assert len(out) == 1
+
+
+class FailingAt(SyntheticExecutor):
+    """SyntheticExecutor whose measurements of (batch size, data pipeline) in ``faults`` fail
+    with the fault given."""
+
+    def __init__(self, faults: dict[tuple[int, str], TrialFault]) -> None:
+        super().__init__()
+        self.faults = faults
+
+    def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
+        fault = self.faults.get((config.batch_size, config.data_pipeline))
+        if fault is None:
+            return super().measure(config, plan)
+        self.measured.append(config)
+        raise fault
+
+
+@pytest.mark.parametrize(
+    "crash",
+    [
+        # the issue's: a worker that could not start, every later run reusing it
+        TrialFault(FaultKind.ERROR, "EOFError: the worker could not start"),
+        TrialFault(FaultKind.WORKER_CRASHED, "the worker process died (signal 9 (SIGKILL))"),
+        TrialFault(FaultKind.DATALOADER_WORKER_DIED, "a DataLoader worker exited unexpectedly"),
+    ],
+)
+def test_a_failure_is_not_a_fact_only_what_the_setting_caused_is_reused(
+    tmp_path: Path, prepare_study, crash: TrialFault
+):
+    """A crash is measured again by the next run of the study and by other studies; out of
+    memory is reused, saying how to measure it again."""
+    from autotune.study import run_speed_stage
+
+    def stage_one(executor: SyntheticExecutor, name: str, n_trials: int) -> list:
+        space = two_stage(n_trials=n_trials, precisions="fp32", workers="[0]")
+        space = space.replace("name: two", f"name: {name}")
+        study, _, _, _ = prepare_study(space, tmp_path, run=False)
+        spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
+        events: list = []
+        run_speed_stage(study, spec, CPU, executor, on_event=events.append)
+        return events
+
+    oom = TrialFault(FaultKind.OOM, "CUDA out of memory. Tried to allocate 2.00 GiB")
+    stage_one(FailingAt({(16, "device"): crash, (32, "device"): oom}), "two", 1)
+
+    again = SyntheticExecutor(_faster_on_the_device)  # (no leaders to measure again)
+    events = stage_one(again, "two", 2)  # the same study, resumed
+    assert [(c.batch_size, c.data_pipeline) for c in again.measured] == [(16, "device")]
+    reused = [e for e in events if e.cached and e.fault is not None]
+    assert [e.cell for e in reused] == ["batch 32, fp32"]
+    assert reused[0].fault.startswith("CUDA out of memory")
+    assert reused[0].fault.endswith("(measured by an earlier run: re-measure with --remeasure)")
+
+    other = SyntheticExecutor()
+    stage_one(other, "other", 1)  # another study on the storage: what was measured serves
+    assert other.measured == []

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from autotune import turns
+from autotune.errors import UserError
 
 
 def test_a_cpu_trial_takes_the_cores_this_process_may_use():
@@ -147,11 +148,82 @@ def test_a_trial_waits_off_its_clock_while_another_process_trains_on_its_cores(
     waited = TrialRecord.of(first).turn_wait_seconds
     assert waited is not None and waited > 1.0  # the holder had 3 s left when it began
     assert len(said) == 1
-    assert said[0].startswith(
-        f"waiting for its turn: autotune process {holder.pid} trains on core"
-    )
+    assert said[0].startswith("waiting for its turn (0 s so far, gives up after 30 min")
+    assert f"autotune process {holder.pid} trains on core" in said[0]
     # its clock started when its turn came: the wait is in neither its seconds nor its speed
     wall = TrialRecord.of(first).wall_seconds
     assert wall is not None and first.duration is not None
     assert wall < first.duration.total_seconds() - waited + 0.5
     assert TrialRecord.of(second).turn_wait_seconds is None  # nobody held it any more
+
+
+def test_a_wait_says_for_how_long_and_gives_up_after_the_users_bound_saying_how_to_run_anyway(
+    tmp_path: Path, monkeypatch
+):
+    monkeypatch.setattr(turns, "MACHINE_DIR", tmp_path)
+    monkeypatch.setattr(turns, "FIRST_SAID_AGAIN", 0.4)  # said at 0, 0.4, 0.8 s ...
+    monkeypatch.setenv(turns.TURN_WAIT_ENV, "1.5")
+    holder = _holder(tmp_path)
+    said: list[str] = []
+    try:
+        began = time.monotonic()
+        with pytest.raises(turns.TurnNotTaken) as given_up, turns.turn("cpu", on_wait=said.append):
+            pytest.fail("it trained while another process held its turn")
+        waited = time.monotonic() - began
+    finally:
+        holder.communicate(timeout=30)
+    assert 1.5 <= waited < 3.0
+    assert given_up.value.by_user
+    # who, on what, running which command, and for how long so far, each time said longer
+    program = Path(sys.executable).name
+    assert len(said) >= 3 and all(
+        f"autotune process {holder.pid} trains on core" in line and f"({program} -c " in line
+        for line in said
+    )
+    assert said[0].startswith("waiting for its turn (0 s so far, gives up after 2 s: --turn-wait)")
+    assert said[-1].startswith("waiting for its turn (1 s so far")
+    message = str(given_up.value)
+    assert message.startswith("gave up waiting for this machine's turn after 2 s: autotune")
+    assert "run with --turn-wait 0 (AUTOTUNE_TURN_WAIT=0); to wait longer, --turn-wait" in message
+    assert "\n" not in message
+
+
+def test_a_bound_of_zero_takes_no_turn_and_a_callers_bound_is_its_own(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(turns, "MACHINE_DIR", tmp_path)
+    holder = _holder(tmp_path)
+    said: list[str] = []
+    try:
+        with (  # stage 1's budget ends first
+            pytest.raises(turns.TurnNotTaken) as given_up,
+            turns.turn("cpu", on_wait=said.append, wait_at_most=0.2),
+        ):
+            pass
+        assert not given_up.value.by_user and "--turn-wait" not in said[0]
+        monkeypatch.setenv(turns.TURN_WAIT_ENV, "0")  # the user trains beside it
+        with turns.turn("cpu", on_wait=said.append):
+            assert len(said) == 1
+    finally:
+        holder.communicate(timeout=30)
+    monkeypatch.setenv(turns.TURN_WAIT_ENV, "soon")
+    with pytest.raises(UserError, match="AUTOTUNE_TURN_WAIT='soon': give the seconds"):
+        turns.turn_wait_seconds()
+
+
+def test_the_run_command_gives_up_waiting_after_turn_wait_in_one_line(tmp_path: Path, monkeypatch):
+    from tests.test_speed import command, two_stage
+
+    monkeypatch.setattr(turns, "MACHINE_DIR", tmp_path)
+    monkeypatch.setenv(turns.TURN_WAIT_ENV, "")  # the command sets it, this test unsets it
+    space = tmp_path / "two.yaml"
+    space.write_text(two_stage(precisions="fp32", workers="[0]", study_extra="  isolation: none"))
+    wrong = command("run", str(space), "--turn-wait", "-1", cwd=tmp_path)
+    assert wrong.exit_code == 2 and "--turn-wait -1: it must be 0 or more" in wrong.stderr
+    holder = _holder(tmp_path)
+    try:
+        ran = command("run", str(space), "--turn-wait", "1", cwd=tmp_path)
+    finally:
+        holder.communicate(timeout=30)
+    said = " ".join(ran.stderr.split())
+    assert ran.exit_code == 1 and said.count("error:") == 1, ran.stdout + ran.stderr
+    assert said.startswith("error: gave up waiting for this machine's turn after 1 s")
+    assert "Traceback" not in ran.stdout + ran.stderr

@@ -41,6 +41,7 @@ from autotune.cli._scaleout import (
 from autotune.cli._verify import verify
 from autotune.errors import UserError
 from autotune.spec import DEFAULT_STORAGE
+from autotune.turns import TURN_WAIT_ENV, TurnNotTaken
 
 if TYPE_CHECKING:
     from autotune.scaleout import Workers
@@ -108,6 +109,14 @@ def run(  # noqa: C901, PLR0912, PLR0915
             "cuda:0 and runs on an equal share of the cores.",
         ),
     ] = None,
+    turn_wait: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds to wait for another autotune process that trains on the same cores "
+            "or GPU before giving up; 0: never wait, train beside it. Default: "
+            "$AUTOTUNE_TURN_WAIT, else 1800.",
+        ),
+    ] = None,
     as_worker: Annotated[int | None, typer.Option(hidden=True)] = None,
     verbose: Annotated[bool, flag("--verbose", "-v", help="Show Optuna's logs.")] = False,
 ) -> None:
@@ -115,6 +124,9 @@ def run(  # noqa: C901, PLR0912, PLR0915
     from autotune import scaleout
 
     in_range("--workers", workers, 1)
+    in_range("--turn-wait", turn_wait, 0)
+    if turn_wait is not None:  # read where a turn is waited for, here and in its workers
+        os.environ[TURN_WAIT_ENV] = f"{turn_wait:g}"
     if as_worker is not None:  # the storage worker 0 runs on, from its environment
         storage = os.environ.pop(scaleout.WORKER_STORAGE_ENV, None) or storage
     try:
@@ -274,7 +286,7 @@ def run(  # noqa: C901, PLR0912, PLR0915
             except KeyboardInterrupt as stop:
                 outcome.interrupted = True
                 outcome.terminated = isinstance(stop, studies.Terminated)
-    except WorkerError as err:
+    except (WorkerError, TurnNotTaken) as err:
         console.print()  # ends the live display's last line: the error gets a line of its own
         raise fail(str(err), EXIT_FAILED) from None
     except Exception as err:  # the disk filled up, the database became read-only, ...

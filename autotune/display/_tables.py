@@ -152,13 +152,16 @@ def print_speed_table(console: Console, table: SpeedTable) -> None:
         runner_up = (
             f"{choice.runner_up / choice.samples_per_second - 1:+.0%}" if choice.runner_up else "-"
         )
-        shown.add_row(
-            str(choice.batch_size),
-            choice.precision + extra,
-            f"{si(choice.samples_per_second)} ±{choice.spread / 2:.0%}",
-            runner_up,
-            Text(describe(choice.settings)),
-        )
+        speed = Text(f"{si(choice.samples_per_second)} ±{choice.spread / 2:.0%}")
+        settings = Text(describe(choice.settings))
+        if choice.interference:  # measured only while others took its cores: said under it
+            speed.append(" busy", style="yellow")
+            shown.caption = "busy: measured only while other processes took its cores"
+            shown.caption_justify = "left"
+        if not choice.measured:  # left out as stage 1's budget ran out: its trials measure it
+            speed = Text("not measured", style="yellow")
+            settings.append(" (as the nearest micro-batch measured)", style="dim")
+        shown.add_row(str(choice.batch_size), choice.precision + extra, speed, runner_up, settings)
     seen: set[tuple[object, ...]] = set()
     for (batch, _, precision, extras), _, why in table.unrunnable:
         if (batch, precision, extras) in seen:

@@ -11,7 +11,9 @@ pipelines, compile modes that cannot pay back, precisions far behind, a spent bu
 (``execution.compile_state``) and every setting that reuses it is charged its cold compile.
 Measurements are stored in, and reused from, the speed study (``_speed_store``); ``--remeasure``
 ignores earlier ones. How one measurement is taken (claimed, timed on this machine's turn,
-charged, stored) is ``_speed_take``'s.
+charged, stored) is ``_speed_take``'s. What a busy machine spoiled (a measurement stopped as it
+overran, a cell's fastest measured only under interference) is timed once more at the stage's
+end, while its budget lasts (``time_again``); what is still flagged then is marked in the table.
 
 The stage's answer is a ``SpeedTable``: for each micro-batch split (batch x accumulation) and
 precision, the settings with which a trial finishes soonest, charged as the objective charges.
@@ -32,13 +34,9 @@ from autotune.executor import TrialExecutor
 from autotune.spec import Spec
 from autotune.speed import COMPUTE_KNOBS, SpeedTable
 from autotune.study import adapter
+from autotune.study._speed_budget import TimeLimit
 from autotune.study._speed_plan import Cell, Settings, SpeedPlan, context_key, describe
-from autotune.study._speed_rules import (
-    MEASUREMENT_SLACK_SECONDS,
-    CellResult,
-    LeftOut,
-    TimeLimit,
-)
+from autotune.study._speed_rules import MEASUREMENT_SLACK_SECONDS, CellResult, LeftOut
 from autotune.study._speed_store import Pool, SpeedEvent, context_facts, load_cache
 from autotune.study._speed_table import speed_table
 from autotune.study._speed_take import SettingTimer
@@ -67,9 +65,11 @@ class _Stage(SettingTimer):
         on_event: Callable[[SpeedEvent], None],
         since: datetime.datetime | None,
         on_wait: Callable[[str], None] | None = None,
+        left_out: LeftOut | None = None,
     ) -> None:
         super().__init__(study, spec, plan, executor, context, pools, on_event, since, on_wait)
-        self.left_out = LeftOut(spec)  # what the cells timed so far rule out, and its budget
+        # what the cells timed so far rule out, and its budget (from when that was made)
+        self.left_out = left_out or LeftOut(spec)
         self.last_winner: Settings | None = None  # the fastest settings of the last cell
 
     def measure_all(
@@ -90,6 +90,8 @@ class _Stage(SettingTimer):
         for settings in candidates:
             if count == 1 and self.skip(cell, settings, compute_pass):
                 continue
+            if count > 1 and self.left_out.over_budget():
+                break  # past the budget, leaders are not measured again
             kept.append(settings)
             if self._claim_and_measure(cell, settings, count) is not None:
                 held.append(settings)
@@ -124,6 +126,8 @@ class _Stage(SettingTimer):
         )
 
     def time_limit(self, cell: Cell, config: TrialConfig) -> TimeLimit | None:
+        if config.compile == "none":
+            return self.left_out.eager_limit()
         limit = self.left_out.compile_limit(config.compile, self._eager_epoch(cell))
         if limit is None or not limit.budget or self._can_fall_back(cell):
             return limit
@@ -135,6 +139,20 @@ class _Stage(SettingTimer):
 
     def stopped(self, cell: Cell, config: TrialConfig, limit: TimeLimit) -> None:
         self.left_out.stopped(config.compile, limit, cell)
+
+    def _measured(self) -> bool:
+        """Whether the stage has a measurement (this run's or the cache's)."""
+        return any(pool.results for pool in self.pools.values())
+
+    def refused(self) -> str | None:
+        """Past the budget's end, nothing starts but a stage's first measurement: the one
+        measurement a stage may run past its budget, without which no trial can train."""
+        return self.left_out.refused() if self._measured() else None
+
+    def turn_patience(self) -> float | None:
+        """Its turn is waited for until the budget's end (the first measurement: as long as
+        the user waits)."""
+        return max(0.0, self.left_out.time_left()) if self._measured() else None
 
     def took(self, config: TrialConfig, seconds: float, compile_seconds: float | None) -> None:
         self.left_out.took(config.compile, seconds, compile_seconds)
@@ -238,6 +256,33 @@ class _Stage(SettingTimer):
             order = leaders if repeat % 2 == 1 else list(reversed(leaders))
             self.measure_all(cell, order, count=repeat)
 
+    def time_again(self) -> None:
+        """Time once more what the machine's load spoiled, while the budget lasts: first each
+        cell with no measurement, its first setting stopped or left out before it measured
+        (busy or not: a flagged speed is better than none); then each cell whose fastest was
+        measured only under interference, while the last measurement was clean (the machine
+        is quieter now: a flagged one ends these)."""
+        cells = list(self.plan.cells())
+        for cell in cells:
+            tried = self.tried.get(cell, [])
+            again = next((s for s in tried if self.pool(cell, s).fault is None), None)
+            if not self._timed(cell) and again is not None and not self._again(cell, again):
+                return
+        for cell in cells:
+            again = self.fastest(cell, self.tried.get(cell, []))
+            if again is None or not self.quiet or not self.pool(cell, again).flagged_only():
+                continue
+            if not self._again(cell, again):
+                return
+
+    def _again(self, cell: Cell, settings: Settings) -> bool:
+        """Measure ``settings`` once more if a typical measurement fits in the budget left
+        (else False)."""
+        if self.left_out.time_left() <= (self.left_out.typical() or 0.0):
+            return False
+        self.measure(cell, settings, len(self.pool(cell, settings).results) + 1)
+        return True
+
     def table(self) -> SpeedTable:
         """The fastest settings of every micro-batch split, precision and declared value."""
         return speed_table(self.spec, self.plan, self.tried, self.pool)
@@ -255,10 +300,11 @@ def _stage(
 ) -> _Stage:
     from autotune.references import untuned_config
 
+    left_out = LeftOut(spec)  # the budget counts from here, reading the cache included
     plan = SpeedPlan(spec, untuned_config(spec, hardware))
     context = context_key(context_facts(spec, hardware, workload))
     pools = load_cache(adapter.storage_of(study), context, since, study_name=study.study_name)
-    return _Stage(study, spec, plan, executor, context, pools, on_event, since, on_wait)
+    return _Stage(study, spec, plan, executor, context, pools, on_event, since, on_wait, left_out)
 
 
 def run_speed_stage(
@@ -289,4 +335,5 @@ def run_speed_stage(
             stage.run_cell_far_behind(cell, *far_behind)
         else:
             stage.run_cell(cell)
+    stage.time_again()
     return stage.table()

@@ -17,26 +17,24 @@ Five rules, each said in stage 1's table where it leaves a setting out:
   speed at the same micro-batch: bf16 on a CPU without bf16 units) times one setting in each
   of its other cells, its first cell's fastest: no pipeline or compile choice closes such a
   gap, and its trials still get a measured speed;
-- the stage's *budget* (``study.speed.max_seconds``, half of ``study.timeout`` at most) keeps
-  back what one eager setting a cell costs for the cells still to come; once only that is left,
-  nothing is compiled, a cell that has timed a setting times no other, and each cell still to
-  time gets one eager setting. A compile mode is not started when less of the budget is left
-  than its cold compile takes (measured in this stage, else ``COMPILE_SECONDS_GUESS`` scaled
-  by how the compiles this stage measured compare with their guesses).
+- the stage's *budget* (``_speed_budget``): once only what the cells still to come need is
+  left, nothing is compiled, a cell that has timed a setting times no other, and each cell
+  still to time gets one eager setting. A compile mode is not started when less of the budget
+  is left than its cold compile is expected to take.
 
 Nothing here touches Optuna or torch; the stage (``_speed``) asks and reports.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from autotune.faults import FaultKind
 from autotune.spec import Spec
 from autotune.speed import COMPUTE_KNOBS, SpeedMeasurement
-from autotune.study._speed_plan import COMPILE_SECONDS_GUESS, Cell, Settings
+from autotune.study._speed_budget import Budget, TimeLimit
+from autotune.study._speed_plan import Cell, Settings
 
 __all__ = [
     "DOMINATED_SHARE",
@@ -44,7 +42,6 @@ __all__ = [
     "SLOW_PIPELINE_SHARE",
     "CellResult",
     "LeftOut",
-    "TimeLimit",
     "unpaid_compile",
 ]
 
@@ -61,15 +58,6 @@ DOMINATED_SHARE = 1 / 3
 # what a compiled measurement takes beside its compile (the worker's warm-up steps, its bursts,
 # a cuDNN or Triton autotuning pass at each new shape) before its compile can be judged unpaid
 MEASUREMENT_SLACK_SECONDS = 30.0
-
-
-@dataclass(frozen=True)
-class TimeLimit:
-    """How long one compiled measurement may take, and what to say when it is stopped there."""
-
-    seconds: float
-    why: str  # "compile max-autotune was still compiling after 161 s: ..."
-    budget: bool  # the budget's end, not the payback (a later stage may try it again)
 
 
 def unpaid_compile(
@@ -110,13 +98,13 @@ def _mode(settings: Settings) -> str:
     return str(dict(settings).get("compile", "none"))
 
 
-class LeftOut:
-    """The rules' state over one stage: what the cells timed so far rule out of the rest."""
+class LeftOut(Budget):
+    """The rules' state over one stage: what the cells timed so far rule out of the rest,
+    within its budget."""
 
     def __init__(self, spec: Spec) -> None:
+        super().__init__(spec)
         self.spec = spec
-        self.budget = spec.study.speed.budget_seconds(spec.study.timeout)
-        self.deadline = time.monotonic() + self.budget
         # (micro-batch, declared knobs) -> pipelines far behind at a precision timed before
         self.slow_pipelines: dict[tuple[Any, ...], dict[Settings, str]] = {}
         self.dropped_modes: dict[str, str] = {}  # compile modes not tried any more, and why
@@ -128,57 +116,12 @@ class LeftOut:
         self.fastest: dict[tuple[Any, ...], dict[str, float]] = {}
         # (precision, declared knobs) -> why it is far behind, and its first cell's fastest
         self.dominated: dict[tuple[Any, ...], tuple[str, Settings]] = {}
-        self.cells_after = 0  # cells still to come after the one being timed
-        self.eager_seconds: float | None = None  # the quickest eager measurement, wall seconds
-        self.compiled_seconds: dict[str, float] = {}  # compile mode -> its longest cold compile
-
-    def took(self, mode: str, seconds: float, compile_seconds: float | None) -> None:
-        """A measurement of compile ``mode`` took ``seconds`` of wall time, ``compile_seconds``
-        of them compiling (None or 0: it ran eager, or reused a graph compiled before)."""
-        if mode == "none":
-            self.eager_seconds = min(self.eager_seconds or seconds, seconds)
-        elif compile_seconds:
-            self.compiled_seconds[mode] = max(
-                self.compiled_seconds.get(mode, 0.0), compile_seconds
-            )
-
-    def reserve(self) -> float:
-        """Seconds of the budget kept for the cells still to come: one eager setting each, at
-        the quickest eager measurement seen (0 until one is timed)."""
-        return self.cells_after * (self.eager_seconds or 0.0)
-
-    def budget_left(self) -> float:
-        """Seconds of the budget this cell may still spend (the reserve kept back)."""
-        return self.deadline - self.reserve() - time.monotonic()
-
-    def over_budget(self) -> bool:
-        """Whether the stage's budget is spent, but for what the cells still to come need."""
-        return self.budget_left() <= 0.0
-
-    def budget_spent(self) -> str:
-        return (
-            f"not tried: stage 1's budget of {self.budget:g} s is spent (study.speed.max_seconds)"
-        )
-
-    def expected_compile(self, mode: str) -> float:
-        """Seconds a cold compile of ``mode`` is expected to take: the longest this stage
-        measured, else its guess (``COMPILE_SECONDS_GUESS``) scaled by how the compiles this
-        stage measured compare with their own guesses (unscaled before any)."""
-        if mode in self.compiled_seconds:
-            return self.compiled_seconds[mode]
-        guess = COMPILE_SECONDS_GUESS.get(mode, 60.0)
-        ratios = [
-            seconds / COMPILE_SECONDS_GUESS[measured]
-            for measured, seconds in self.compiled_seconds.items()
-            if measured in COMPILE_SECONDS_GUESS
-        ]
-        return guess * max(ratios) if ratios else guess
 
     def _too_short(self, mode: str) -> str | None:
         """Why compile ``mode`` is not started with the budget left, or None: its cold compile
         and then the measurement itself (about an eager one's seconds) must fit."""
         left, needs = self.budget_left(), self.expected_compile(mode)
-        if left >= needs + (self.eager_seconds or 0.0):
+        if left >= needs + (self.typical() or 0.0):
             return None
         return (
             f"not tried: {max(left, 0.0):.0f} s of stage 1's budget of {self.budget:g} s are "
@@ -218,7 +161,10 @@ class LeftOut:
     def stopped(self, mode: str, limit: TimeLimit, cell: Cell) -> None:
         """A measurement of compile ``mode`` in ``cell`` was stopped at ``limit``: the mode
         is not tried again in this stage (past the budget nothing compiles anyway), and its
-        compile took longer than the limit (what the other modes' guesses are scaled by)."""
+        compile took longer than the limit (what the other modes' guesses are scaled by). An
+        eager measurement stopped says nothing of eager: nothing is learned."""
+        if mode == "none":
+            return
         self.dropped_modes.setdefault(mode, f"not tried: {limit.why} at {cell.label()}")
         self.compiled_seconds[mode] = max(self.compiled_seconds.get(mode, 0.0), limit.seconds)
 

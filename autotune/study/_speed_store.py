@@ -6,7 +6,10 @@ fixed axes, so optuna-dashboard plots every run's trials together). Its ``cache_
 it measured: the context (the machine and torch, the threads a trial gets, the workload as the
 space file names it, the source of its entry points, the data's size) and the configuration's
 execution knobs. The cache is every speed study in the storage, whatever its name: a later
-study on the same machine and model reuses each measurement whose key matches.
+study on the same machine and model reuses each measurement whose key matches. A failure is
+not a fact: of the measurements that failed, only those whose fault says something of the
+setting itself (``FACTS``: out of memory, a failed compile, ...) are reused, each saying that
+``--remeasure`` times it again; a crash, an error, a busy machine is measured again.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
     from autotune.workloads import Workload
 
 __all__ = [
+    "FACTS",
     "SPEED_SUFFIX",
     "TRANSIENT_FAULTS",
     "SpeedEvent",
@@ -51,9 +55,22 @@ __all__ = [
 
 SPEED_SUFFIX = ".speed"
 # faults that say nothing about the configuration (a busy machine, an interruption, stage 1's
-# budget running out): not reused from the cache, the setting is measured again
+# budget running out): measured again, in the same stage where it has the time
 TRANSIENT_FAULTS = (FaultKind.TIMEOUT_UNDER_LOAD.value, FaultKind.INTERRUPTED.value)
-_UNCACHED = (None, *TRANSIENT_FAULTS)
+# faults that say something of the setting on this machine, and only these, are reused from
+# the cache; a crash (a worker that could not start, an EOFError), an unexpected error or a
+# DataLoader worker that died may not happen again, and is measured again by a later run
+FACTS = tuple(
+    kind.value
+    for kind in (
+        FaultKind.OOM,
+        FaultKind.COMPILE_ERROR,
+        FaultKind.INVALID_CONFIG,
+        FaultKind.NONFINITE_LOSS,
+        FaultKind.TRIAL_TIMEOUT,
+    )
+)
+REMEASURE_HINT = "measured by an earlier run: re-measure with --remeasure"
 
 
 def speed_study_name(study_name: str) -> str:
@@ -277,6 +294,10 @@ class Pool:
         quiet = [(n, m) for n, m, flagged, _ in self.results if not flagged]
         return quiet or [(n, m) for n, m, _, _ in self.results]
 
+    def flagged_only(self) -> bool:
+        """Whether it has measurements and every one was taken under interference."""
+        return bool(self.results) and all(flagged for _, _, flagged, _ in self.results)
+
     def first_round(self) -> float | None:
         """Samples/s of the first-round measurements (their median): what decides which
         settings are measured again, so that a resumed stage decides as the first run did."""
@@ -312,6 +333,8 @@ def load_cache(
     A measurement taken under interference is left out unless it is study ``study_name``'s
     own (its runs, resumed or side by side, and its --workers share one stage 1): what one
     study measured on a busy machine is not the truth another study reuses; it times it again.
+    A failed one is left out unless its fault is one of ``FACTS``, which says where it is shown
+    that --remeasure times it again.
     """
     pools: dict[str, Pool] = {}
     own = speed_study_name(study_name) if study_name is not None else None
@@ -333,7 +356,7 @@ def load_cache(
             result = record.result()
             if trial.state == TrialState.COMPLETE and result is not None:
                 pool.results.append((trial.number, result, record.interference, record.round))
-            elif trial.state == TrialState.FAIL and record.fail_kind not in _UNCACHED:
-                # (a fault that says nothing of the setting is measured again)
-                pool.fault = (record.fail_kind, record.fail_msg or record.fail_kind)
+            elif trial.state == TrialState.FAIL and record.fail_kind in FACTS:
+                message = record.fail_msg or record.fail_kind
+                pool.fault = (str(record.fail_kind), f"{message} ({REMEASURE_HINT})")
     return pools

@@ -1,9 +1,12 @@
 """Stage 1's answer: for each micro-batch split (batch x accumulation), precision and declared
 value, the measured settings with which a trial finishes soonest, charged as the objective
-charges one-time costs; and the cells where nothing could run, with why."""
+charges one-time costs; and the cells where nothing could run, with why. A cell the stage left
+unmeasured (its budget ran out on a busy machine) trains with the settings of the nearest cell
+measured, its speed unknown (``SpeedChoice.measured``): its trials measure it themselves."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +18,13 @@ from autotune.study._speed_plan import Cell, Settings, SpeedPlan
 from autotune.study._speed_store import Pool
 
 __all__ = ["speed_table"]
+
+# a cell with neither a measurement nor a fault, and no cell measured to borrow settings from:
+# not an error, so that trials drawn there fail without counting as the same bug
+_NOT_MEASURED = (
+    FaultKind.INTERRUPTED.value,
+    "not measured in this run's stage 1 (its budget, a busy machine or its rules left it out)",
+)
 
 
 def speed_table(
@@ -28,25 +38,27 @@ def speed_table(
     full = spec.objective.full_run_epochs if spec.objective.per_second else None
     choices: list[SpeedChoice] = []
     unrunnable: list[tuple[tuple[Any, ...], str, str]] = []
+    unmeasured: list[Cell] = []
     for cell in plan.cells():
-        runs: list[tuple[Settings, SpeedMeasurement, list[int]]] = []
+        runs: list[tuple[Settings, SpeedMeasurement, list[int], bool]] = []
         faults: list[tuple[str, str]] = []  # (kind, message)
         for settings in tried.get(cell, []):
             pool = pool_of(cell, settings)
             combined = pool.combined()
             if combined is not None:
-                runs.append((settings, combined, [n for n, _ in pool.clean()]))
+                numbers = [n for n, _ in pool.clean()]
+                runs.append((settings, combined, numbers, pool.flagged_only()))
             elif pool.fault is not None:
                 faults.append(pool.fault)
         extras = tuple(sorted(cell.extras))
         for accumulation in plan.accumulations:
             key = (cell.batch_size, accumulation, cell.precision, extras)
+            if not runs and not faults:
+                unmeasured.append(cell)
+                break
             if not runs:
                 # out of memory when any setting ran out of it: the cell's wall
-                kind, why = next(
-                    (f for f in faults if f[0] == FaultKind.OOM.value),
-                    faults[0] if faults else (FaultKind.ERROR.value, "nothing measured"),
-                )
+                kind, why = next((f for f in faults if f[0] == FaultKind.OOM.value), faults[0])
                 unrunnable.append((key, kind, f"batch {cell.batch_size}: {why}"))
                 continue
 
@@ -55,7 +67,7 @@ def speed_table(
                 return objective.charged_seconds(train, m.one_time_seconds, epochs, full)
 
             ranked = sorted(runs, key=lambda run: charged(run[1]))
-            settings, best, numbers = ranked[0]
+            settings, best, numbers, flagged = ranked[0]
             choices.append(
                 SpeedChoice(
                     batch_size=cell.batch_size,
@@ -69,9 +81,51 @@ def speed_table(
                     spread=best.spread,
                     measurements=len(numbers),
                     speed_trials=tuple(numbers),
+                    interference=flagged,
                     runner_up=(
                         ranked[1][1].samples_per_second(accumulation) if len(ranked) > 1 else None
                     ),
                 )
             )
+    measured = list(choices)
+    for cell in unmeasured:
+        borrowed = _borrowed(cell, plan, measured)
+        if not borrowed:
+            unrunnable += [_unmeasured(cell, a) for a in plan.accumulations]
+        choices += borrowed
     return SpeedTable(choices=tuple(choices), unrunnable=tuple(unrunnable))
+
+
+def _borrowed(cell: Cell, plan: SpeedPlan, measured: list[SpeedChoice]) -> list[SpeedChoice]:
+    """``cell``'s choices, left unmeasured, at each accumulation: the settings of the nearest
+    micro-batch ``measured`` at its precision and declared values (else at any precision),
+    its speed unknown; none where nothing was measured."""
+    alike = [c for c in measured if (c.precision, c.extras) == (cell.precision, cell.extras)]
+    nearest = min(
+        alike or [c for c in measured if c.extras == cell.extras],
+        key=lambda c: (abs(math.log2(c.batch_size / cell.batch_size)), c.accumulation_steps),
+        default=None,
+    )
+    if nearest is None:
+        return []
+    return [
+        SpeedChoice(
+            batch_size=cell.batch_size,
+            accumulation_steps=accumulation,
+            precision=cell.precision,
+            extras=cell.extras,
+            settings=nearest.settings,
+            samples_per_second=0.0,
+            charged_seconds=math.inf,  # a measured split of its effective batch comes first
+            one_time_seconds=0.0,
+            spread=0.0,
+            measurements=0,
+            speed_trials=(),
+        )
+        for accumulation in plan.accumulations
+    ]
+
+
+def _unmeasured(cell: Cell, accumulation: int) -> tuple[tuple[Any, ...], str, str]:
+    key = (cell.batch_size, accumulation, cell.precision, tuple(sorted(cell.extras)))
+    return key, _NOT_MEASURED[0], f"batch {cell.batch_size}: {_NOT_MEASURED[1]}"

@@ -2,7 +2,8 @@
 processes of a study time it once (``_claims``), timed on this machine's turn (``turns``)
 through the study's executor, charged with its graph's cold compile, stored in the speed study
 (``_speed_store``) and reported as a ``SpeedEvent``. The stage itself (``_speed``) decides what
-to measure; this module measures it.
+to measure, how long a measurement and its wait for the turn may take, and when none may
+start any more; this module measures it.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from autotune.spec import Spec
 from autotune.speed import BurstPlan, SpeedMeasurement
 from autotune.study import adapter
 from autotune.study._claims import Claims
+from autotune.study._speed_budget import TimeLimit
 from autotune.study._speed_plan import Cell, Settings, SpeedPlan, config_key, describe
-from autotune.study._speed_rules import TimeLimit
 from autotune.study._speed_store import (
     TRANSIENT_FAULTS,
     Pool,
@@ -37,7 +38,7 @@ from autotune.study._speed_store import (
     speed_trial,
 )
 from autotune.study._walls import MemoryWalls
-from autotune.turns import turn
+from autotune.turns import TurnNotTaken, turn
 
 __all__ = ["SettingTimer"]
 
@@ -85,6 +86,7 @@ class SettingTimer:
         self.cold_compiles: dict[str, float] = {}
         self.walls = MemoryWalls()  # larger micro-batches than one out of memory: not timed
         self.tried: dict[Cell, list[Settings]] = {}  # every setting of a cell, in order
+        self.quiet = False  # the last measurement this stage took was not under interference
 
     def key(self, cell: Cell, settings: Settings) -> str:
         return config_key(self.context, self.plan.config(cell, settings))
@@ -130,9 +132,34 @@ class SettingTimer:
                 return other
             self._refresh(cell, settings)  # finished by another since the first look?
             if not self._done(cell, settings, count):
-                # on its turn: no other process trains on these cores or GPU meanwhile
-                with turn(config.device, config.world_size, self.on_wait):
-                    self._take(cell, settings, config)
+                self._take_on_turn(cell, settings, config)
+        return None
+
+    def _take_on_turn(self, cell: Cell, settings: Settings, config: TrialConfig) -> None:
+        """Time ``settings`` on this machine's turn (no other process trains on these cores or
+        GPU meanwhile), unless the stage refuses to start it (``refused``), before or after
+        its wait for the turn, or its time runs out during that wait (``turn_patience``)."""
+        asked = time.monotonic()
+        why = self.refused()
+        if why is None:
+            try:
+                with turn(config.device, config.world_size, self.on_wait, self.turn_patience()):
+                    why = self.refused()
+                    if why is None:
+                        self._take(cell, settings, config, asked)
+            except TurnNotTaken as not_taken:
+                if not_taken.by_user:
+                    raise
+                why = "not tried: stage 1's time ran out while another process held its turn"
+        if why is not None:
+            self.on_event(SpeedEvent.left_out(cell.label(), describe(settings), why))
+
+    def refused(self) -> str | None:
+        """Why no measurement may start now (the stage's rules say), or None."""
+        return None
+
+    def turn_patience(self) -> float | None:
+        """Seconds a measurement may wait for this machine's turn (None: the user's bound)."""
         return None
 
     def time_limit(self, cell: Cell, config: TrialConfig) -> TimeLimit | None:
@@ -178,8 +205,9 @@ class SettingTimer:
         if key in found and len(found[key].results) > len(self.pool(cell, settings).results):
             self.pools[key] = found[key]
 
-    def _take(self, cell: Cell, settings: Settings, config: TrialConfig) -> None:
-        """Time ``settings`` in ``cell`` once more, store it, and say so."""
+    def _take(self, cell: Cell, settings: Settings, config: TrialConfig, asked: float) -> None:
+        """Time ``settings`` in ``cell`` once more (its turn asked for at ``asked``, a
+        time.monotonic()), store it, and say so."""
         pool = self.pool(cell, settings)
         words = describe(settings)
         round_number = len(pool.results) + 1
@@ -194,11 +222,11 @@ class SettingTimer:
         plan = dataclasses.replace(
             self.burst_plan, time_limit_seconds=limit.seconds if limit is not None else None
         )
-        began = time.monotonic()
         self.last_measured = config
         result = attempt(lambda: self.executor.measure(config, plan))
         if isinstance(result, TrialFault):
             kind, message = result.kind, result.message
+            self.quiet = kind != FaultKind.TIMEOUT_UNDER_LOAD
             if limit is not None and kind in _TIMEOUTS:  # stopped at the stage's limit
                 self.stopped(cell, config, limit)
                 message = f"{limit.why} ({message})"
@@ -215,9 +243,11 @@ class SettingTimer:
                 pool.fault = (kind.value, message)
             self.on_event(SpeedEvent(cell=cell.label(), settings=words, fault=message))
             return
-        self.took(config, time.monotonic() - began, result.compile_seconds)  # as measured
+        # as measured, its wait for the turn included: what it cost the stage's budget
+        self.took(config, time.monotonic() - asked, result.compile_seconds)
         result = self._charge_cold_compile(config, result)
         flagged = interfered(result.other_cpu_share)
+        self.quiet = not flagged
         by_accumulation = {str(a): result.samples_per_second(a) for a in self.plan.accumulations}
         done = dataclasses.replace(
             record,
