@@ -215,7 +215,9 @@ def test_the_run_command_gives_up_waiting_after_turn_wait_in_one_line(tmp_path: 
     monkeypatch.setattr(turns, "MACHINE_DIR", tmp_path)
     monkeypatch.setenv(turns.TURN_WAIT_ENV, "")  # the command sets it, this test unsets it
     space = tmp_path / "two.yaml"
-    space.write_text(two_stage(precisions="fp32", workers="[0]", study_extra="  isolation: none"))
+    # one stage: the turn given up is a trial's (stage 1's is tested beside its budget)
+    extra = "  isolation: none\n  strategy: joint"
+    space.write_text(two_stage(precisions="fp32", workers="[0]", study_extra=extra))
     wrong = command("run", str(space), "--turn-wait", "-1", cwd=tmp_path)
     assert wrong.exit_code == 2 and "--turn-wait -1: it must be 0 or more" in wrong.stderr
     holder = _holder(tmp_path)
@@ -227,3 +229,9 @@ def test_the_run_command_gives_up_waiting_after_turn_wait_in_one_line(tmp_path: 
     assert ran.exit_code == 1 and said.count("error:") == 1, ran.stdout + ran.stderr
     assert said.startswith("error: gave up waiting for this machine's turn after 1 s")
     assert "Traceback" not in ran.stdout + ran.stderr
+    # the trial that gave up says so, as an interruption: nothing of its configuration
+    from autotune.study import TrialRecord, load_study
+
+    study = load_study("two", f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}")
+    record = TrialRecord.of(study.trials[0])
+    assert record.fail_kind == "interrupted" and "gave up waiting" in (record.fail_msg or "")

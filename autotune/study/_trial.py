@@ -35,7 +35,7 @@ from autotune.study._outage import StorageOutage
 from autotune.study._queries import best_trial
 from autotune.study._records import TrialRecord
 from autotune.study._walls import MemoryWalls
-from autotune.turns import turn
+from autotune.turns import TurnNotTaken, turn
 
 if TYPE_CHECKING:
     from autotune.study._speed_store import SpeedEvent
@@ -328,15 +328,17 @@ class TrialRunner:
                     ).store(trial)
                     self.observer.trial_finished(study.tell(trial, state=TrialState.FAIL))
                 raise
-            except StorageOutage:
-                # the database did not answer for longer than the study waits: recorded now if
-                # it answers (nothing waits any more), else by the next run's stale recovery
+            except (StorageOutage, TurnNotTaken) as stop:
+                # the database did not answer for longer than the study waits (recorded now if
+                # it answers, else by the next run's stale recovery), or another process held
+                # the machine past --turn-wait: the run stops, nothing of the configuration
+                why = (
+                    "the study's database did not answer for longer than study.storage_outage"
+                    if isinstance(stop, StorageOutage)
+                    else f"the run stopped: {stop}"
+                )
                 with contextlib.suppress(Exception):
-                    TrialRecord(
-                        fail_kind=FaultKind.INTERRUPTED,
-                        fail_msg="the study's database did not answer for longer than "
-                        "study.storage_outage",
-                    ).store(trial)
+                    TrialRecord(fail_kind=FaultKind.INTERRUPTED, fail_msg=why).store(trial)
                     self.observer.trial_finished(study.tell(trial, state=TrialState.FAIL))
                 raise
             except Exception as error:
