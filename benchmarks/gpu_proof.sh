@@ -10,6 +10,7 @@
 #   bash benchmarks/gpu_proof.sh stage1     # the plan's estimate, then stage 1 of the ResNet-18 (~5 min)
 #   bash benchmarks/gpu_proof.sh study      # versus_checklist.py on cifar10_resnet18.yaml      (~6 min)
 #   bash benchmarks/gpu_proof.sh lm         # versus_checklist.py on language_model.yaml        (~6 min)
+#   bash benchmarks/gpu_proof.sh verify     # a 150 s ResNet-18 study, then autotune verify --epochs 10 (~7 min)
 #   bash benchmarks/gpu_proof.sh all        # every part, one after the other (a machine without the limit)
 #   bash benchmarks/gpu_proof.sh quick      # versions, tests, harness (3 repeats), and stage 1 of a
 #                                           # 180 s study (a 90 s budget): one 10-minute command  (~8 min)
@@ -97,10 +98,18 @@ lm() {
     --timeout "${STUDY_SECONDS:-180}" --repeats 2
 }
 
+# issue 43: the answer, the checklist and the untuned baseline at 10 epochs, to the target
+verify() {
+  local storage="sqlite:///$OUT/verify.db"
+  run verify_study 300 python3 -m autotune run search_spaces/cifar10_resnet18.yaml \
+    --timeout "${STUDY_SECONDS:-150}" --storage "$storage"
+  run verify 280 python3 -m autotune verify --storage "$storage" --epochs "${EPOCHS:-10}"
+}
+
 status=0
 case "$part" in
-  versions | tests | harness | stage1 | study | lm | quick) "$part" || status=$? ;;
-  all) for p in versions tests harness stage1 study lm; do "$p" || status=$?; done ;;
-  *) echo "usage: $0 versions|tests|harness|stage1|study|lm|quick|all" >&2; exit 2 ;;
+  versions | tests | harness | stage1 | study | lm | verify | quick) "$part" || status=$? ;;
+  all) for p in versions tests harness stage1 study lm verify; do "$p" || status=$?; done ;;
+  *) echo "usage: $0 versions|tests|harness|stage1|study|lm|verify|quick|all" >&2; exit 2 ;;
 esac
 exit "$status"
