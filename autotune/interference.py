@@ -2,13 +2,13 @@
 
 On a shared machine another process's threads take cores from a trial, and its samples/s drops
 by whatever they took (a study saw one configuration at 290 and at 843 samples/s). A trial
-therefore trains with its intra-op threads set explicitly, to the cores it may use
-(``trial_threads``), and measures, with ``CpuMeter``, how much of those cores' time went to
-processes outside its own process tree (its DataLoader workers are its own): the CPU time the
-kernel accounts to those cores (``/proc/stat``, hypervisor steal included) minus the CPU time
-of the trial's process tree (``/proc/PID/stat``). More than ``INTERFERENCE_SHARE`` of the cores'
-capacity flags the measurement: the study shows it, and the confirmation round measures such a
-run again rather than naming an answer from it.
+therefore trains with its intra-op threads set explicitly, to the cores it may use that others
+do not keep busy as it starts (``trial_threads``), and measures, with ``CpuMeter``, how much
+of those cores' time went to processes outside its own process tree (its DataLoader workers
+are its own): the CPU time the kernel accounts to those cores (``/proc/stat``, hypervisor
+steal included) minus the CPU time of the trial's process tree (``/proc/PID/stat``). More than
+``INTERFERENCE_SHARE`` of the cores' capacity flags the measurement: the study shows it, and
+the confirmation round measures such a run again rather than naming an answer from it.
 
 Linux only: elsewhere the meter reads nothing (``None``) and no measurement is flagged.
 """
@@ -28,12 +28,14 @@ __all__ = [
     "count_tree_as_own",
     "interfered",
     "trial_threads",
+    "usable_cores",
 ]
 
 # Others' share of the trial's cores above which its measurement is flagged. A quiet machine's
 # daemons take about 1%; one busy process on a 2-core machine takes 50%.
 INTERFERENCE_SHARE = 0.15
 
+BUSY_WINDOW_SECONDS = 0.05  # how long trial_threads looks at what others run
 _PROC = Path("/proc")
 _TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -43,12 +45,29 @@ def interfered(other_share: float | None) -> bool:
     return other_share is not None and other_share > INTERFERENCE_SHARE
 
 
-def trial_threads() -> int:
-    """Intra-op threads for a trial: the cores this process may run on."""
+def usable_cores() -> int:
+    """The cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def trial_threads() -> int:
+    """Intra-op threads for a trial: the cores this process may run on, less those other
+    processes keep busy now (read over ``BUSY_WINDOW_SECONDS``; at least one). A pool larger
+    than the idle cores waits at every parallel region for a thread the scheduler gave to
+    another process: beside two spinning processes on a 2-core VM, the quickstart's CNN at
+    micro-batch 16 trained 156-611 samples/s on 2 threads and 4.7-5.1k on 1 (quiet: 10k and
+    7.8k; 2026-11-27). A quiet machine gets every core."""
+    cores = usable_cores()
+    with CpuMeter() as meter:
+        time.sleep(BUSY_WINDOW_SECONDS)
+    share = meter.share
+    if share is None or share.wall_seconds <= 0:
+        return cores
+    busy = share.other_cpu_seconds / share.wall_seconds  # cores others kept busy
+    return max(1, min(cores, cores - int(busy + 0.5)))
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--busy", type=int, default=2, help="spinning processes beside the runs")
     parser.add_argument("--runs", type=int, default=2, help="quickstarts started together")
+    parser.add_argument("--keep", type=Path, help="a folder to keep each run's output in")
     args = parser.parse_args()
     spinners = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)
@@ -62,9 +63,12 @@ def main() -> None:
     print("| run | exit | stage 1 s (at most) | trials | answer |")
     print("|---|---|---|---|---|")
     for index, (run, out) in enumerate(zip(runs, outputs, strict=True)):
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            (args.keep / f"run{index + 1}.log").write_text(out)
         stage = _found(r"stage 1: .*? in (\d+) s;", out)
         most = _found(r"at most (\d+) s", out)
-        trials = _found(r"the study has (\d+) complete", out)
+        trials = _found(r"the study has ([^.]*)\.", out)
         answer = _found(r"(Accuracy per second[^\n]*(?:\n[^\n]+){0,2}?\.)\n", out)
         print(f"| {index + 1} | {run.returncode} | {stage} ({most}) | {trials} | {answer} |")
 

@@ -29,7 +29,7 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.trial import TrialState
 
 from autotune.faults import FaultKind
-from autotune.interference import trial_threads
+from autotune.interference import usable_cores
 from autotune.spec import COMPILE_MODES, DATA_PIPELINES, PRECISIONS, Spec
 from autotune.speed import DDP_SETTINGS, SpeedMeasurement
 from autotune.study._speed_plan import Cell, Settings
@@ -164,7 +164,7 @@ def context_facts(spec: Spec, hardware: Hardware, workload: Workload | None) -> 
     )
     facts: dict[str, Any] = {
         "machine": machine,
-        "threads": trial_threads(),
+        "threads": usable_cores(),  # the machine's, not the load's of the moment
         "workload": named,
         "code": {entry: _source_digest(entry) for entry in spec.workload.user_entry_points()},
     }
