@@ -34,7 +34,7 @@ def one(space: Path, seed: int, epochs: float, folder: Path) -> tuple[str, Verif
     study = optuna.load_study(study_name=report.study_name, storage=storage)
     spec = load_spec(space)
     goal = spec.objective
-    target = goal.bar if goal.per_second else goal.target
+    target = goal.goal
     executor = WorkerExecutor(spec.workload, space.parent, score=goal.score)
     try:
         verified = verify_study(study, executor, epochs, target, 1, runner_up=True)

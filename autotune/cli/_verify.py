@@ -66,7 +66,7 @@ def verify(
             found,
             executor,
             epochs,
-            target if target is not None else goal.bar if goal.per_second else goal.target,
+            target if target is not None else goal.goal,
             repeats,
             on_evaluation=display.verify_progress(console, spec, epochs),
             on_wait=lambda line: console.print(f"  {line}", style="dim", markup=False),

@@ -255,7 +255,7 @@ def print_summary(
     table = _best_table(study, spec)
     if table is None:
         goal = spec.objective
-        bar = goal.bar if goal.per_second else goal.target
+        bar = goal.goal
         reason = f" (none reached {goal.score_name} {bar:g})" if bar is not None else ""
         console.print(f"[yellow]No trial has completed feasibly yet{reason}.[/]")
         return

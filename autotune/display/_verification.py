@@ -19,10 +19,6 @@ from autotune.spec import Spec
 LINES_PER_RUN = 10  # evaluations shown while a run trains: about this many
 
 
-def _named(role: str, trial: int) -> str:
-    return studies.VerifiedRow(role, trial, None, None, None).name
-
-
 def _seconds(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.3g}"
 
@@ -40,7 +36,7 @@ def print_verify_plan(
         record = studies.TrialRecord.of(trial)
         if record.train_seconds and record.epochs_trained:
             seconds += record.train_seconds / record.epochs_trained * epochs
-    names = list(dict.fromkeys(_named(role, trial.number) for role, trial, _ in left))
+    names = list(dict.fromkeys(studies.role_name(role, trial.number) for role, trial, _ in left))
     listed = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
     took = f"{seconds:.0f} s" if seconds < 90 else f"{math.ceil(seconds / 60)} min"
     console.print(
@@ -59,7 +55,7 @@ def verify_progress(console: Console, spec: Spec, epochs: float) -> Callable[...
         if evaluation.index % every and not evaluation.final:
             return
         console.print(
-            f"  {_named(role, trial)}  epoch {evaluation.epoch:g}/{epochs:g}  "
+            f"  {studies.role_name(role, trial)}  epoch {evaluation.epoch:g}/{epochs:g}  "
             f"{spec.objective.score_name} {evaluation.score:.4f}  "
             f"{evaluation.train_seconds:.3g} s",
             markup=False,
@@ -102,7 +98,7 @@ def print_verification(console: Console, verified: studies.Verification, spec: S
         return
     answer_time = verified.time_to_target("answer", higher)
     sooner = [
-        f"{row.to_target / answer_time:.2f}x sooner than {row.name.partition(' (')[0]}"
+        f"{row.to_target / answer_time:.2f}x sooner than {studies.role_name(row.role)}"
         for row in verified.rows(higher)
         if row.role != "answer" and answer_time and row.to_target is not None
     ]

@@ -369,6 +369,12 @@ class ObjectiveSpec(Frozen):
         return self.target_score if self.target_score is not None else self.target_accuracy
 
     @property
+    def goal(self) -> float | None:
+        """The score the study holds its answer to: ``bar`` for a per-second metric, else
+        ``target``; None where it sets none."""
+        return self.bar if self.per_second else self.target
+
+    @property
     def target_name(self) -> str:
         """The space file's name of ``target``."""
         return "target_accuracy" if self.target_accuracy is not None else "target_score"

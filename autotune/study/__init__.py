@@ -75,6 +75,7 @@ if TYPE_CHECKING:
         Verification,
         VerifiedRow,
         VerifyRun,
+        role_name,
         runs_left,
         verify_candidates,
         verify_study,
@@ -144,6 +145,7 @@ _MODULES = {
     "VerifyRun": "_verify",
     "verify_candidates": "_verify",
     "runs_left": "_verify",
+    "role_name": "_verify",
     "verify_study": "_verify",
 }
 
@@ -207,6 +209,7 @@ __all__ = [
     "patient_storage",
     "recover_stale_trials",
     "reference_trial",
+    "role_name",
     "run_speed_stage",
     "run_study",
     "runs_left",

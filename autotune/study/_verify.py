@@ -73,6 +73,11 @@ class VerifyRun:
         return None
 
 
+def role_name(role: str, trial: int | None = None) -> str:
+    """ "the untuned baseline", or with its trial "the untuned baseline (trial 0)"."""
+    return ROLE_NAMES[role] + (f" (trial {trial})" if trial is not None else "")
+
+
 class VerifiedRow(NamedTuple):
     """One configuration at full length: medians over its runs (None: no run had one)."""
 
@@ -85,7 +90,7 @@ class VerifiedRow(NamedTuple):
     @property
     def name(self) -> str:
         """ "the answer (trial 12)", "the untuned baseline (trial 0)"."""
-        return f"{ROLE_NAMES[self.role]} (trial {self.trial})"
+        return role_name(self.role, self.trial)
 
 
 @dataclass(frozen=True)
@@ -227,8 +232,9 @@ def verify_study(
     for role, trial, repeat in runs_left(study, epochs, repeats, runner_up):
         run = _train(trial, role, repeat, epochs, executor, on_evaluation, on_wait)
         verification = dataclasses.replace(verification, runs=(*verification.runs, run))
+        study.set_user_attr(ATTRIBUTE, verification.to_attrs())  # each run, as it ends
+    if Verification.of(study) != verification:  # nothing left to train: the target's change
         study.set_user_attr(ATTRIBUTE, verification.to_attrs())
-    study.set_user_attr(ATTRIBUTE, verification.to_attrs())  # the target, where it changed
     return verification
 
 
