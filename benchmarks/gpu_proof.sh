@@ -88,14 +88,17 @@ quick() {
 }
 
 # issue 38: the answer against the untuned baseline and the tuning checklist, side by side
-study() {
-  run study 580 python3 benchmarks/versus_checklist.py search_spaces/cifar10_resnet18.yaml \
-    --timeout "${STUDY_SECONDS:-180}" --repeats 2
-}
+study() { against search_spaces/cifar10_resnet18.yaml resnet; }
+lm() { against search_spaces/language_model.yaml lm; }
 
-lm() {
-  run lm 580 python3 benchmarks/versus_checklist.py search_spaces/language_model.yaml \
-    --timeout "${STUDY_SECONDS:-180}" --repeats 2
+# against SPACE NAME: a study kept in $OUT/NAME.db (each trial records stage 1's predicted and
+# its measured samples/s), then the answer, the untuned baseline and the checklist side by side
+# in one process
+against() {
+  local storage="sqlite:///$OUT/$2.db"
+  run "$2_study" 330 python3 -m autotune run "$1" --timeout "${STUDY_SECONDS:-180}" \
+    --storage "$storage" || return
+  run "$2" 250 python3 benchmarks/versus_checklist.py "$1" --storage "$storage" --repeats 2
 }
 
 # issue 43: the answer, the checklist and the untuned baseline at 10 epochs, to the target
