@@ -107,12 +107,13 @@ def _seconds(seconds: float) -> str:
 
 def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
     """What stage 1 will time and about how long it takes, said before it starts: its
-    measurements, cold compiles, an estimate from guessed compile times, and its budget."""
-    from autotune.references import untuned_config
-    from autotune.study._speed_plan import SpeedPlan
+    measurements, cold compiles, an estimate from guessed compile times, its budget, and
+    what it times first (``SpeedPlan.predicted``, ``SpeedPlan.reference``)."""
+    from autotune.references import checklist_rules, untuned_config
+    from autotune.study._speed_plan import SpeedPlan, describe
 
     speed = spec.study.speed
-    plan = SpeedPlan(spec, untuned_config(spec, hardware))
+    plan = SpeedPlan(spec, untuned_config(spec, hardware), checklist_rules(hardware))
     estimate = plan.estimate(speed.burst_seconds, speed.bursts, speed.repeats)
     words = [f"{estimate.measurements} measurements in {estimate.cells} cells"]
     if estimate.graphs:
@@ -127,8 +128,11 @@ def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
         bound = f"half of study.timeout {spec.study.timeout:g} s, which counts stage 1"
     else:
         bound = "study.speed.max_seconds"
+    words.append(f"at most {_seconds(budget)} ({bound})")
+    first = plan.predicted()[0]
     words.append(
-        f"at most {_seconds(budget)} ({bound}; as it runs short, one eager setting a cell)"
+        f"each cell timed first with the tuning checklist's {describe(plan.reference(first))}, "
+        f"from {first.label()} down; then the fastest cells' other settings"
     )
     return "; ".join(words)
 

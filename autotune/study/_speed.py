@@ -1,13 +1,16 @@
 """Stage 1 of the two-stage search: time the execution knobs, keep the fastest per cell.
 
-For every cell of the plan (``_speed_plan``: a micro-batch size at a precision) the stage times
-short bursts of real training steps of each setting of the execution knobs through the study's
-executor (``bursts.measure`` in the worker), then measures the cell's leaders again in the
-opposite order (A B C, then C B A) so that the choice between close settings rests on more
-than one measurement taken at one moment. Out of memory marks a wall: larger micro-batches at
-those settings are not tried. What the cells timed so far rule out of the others (slow
-pipelines, compile modes that cannot pay back, precisions far behind, a spent budget) is
-``_speed_rules``'s. Each distinct compiled graph is compiled once
+The stage times short bursts of real training steps through the study's executor
+(``bursts.measure`` in the worker), in an order that finds the fast corner whatever its budget:
+first each cell (``_speed_plan``: a micro-batch size at a precision) once, with its reference
+setting (the tuning checklist's: the data on the device, channels_last, cudnn.benchmark, eager),
+the cells predicted fastest first (the largest micro-batches, on a GPU the half precisions);
+then, the cells fastest first by what that measured, each cell's other settings, and its
+leaders again in the opposite order (A B C, then C B A) so that the choice between close
+settings rests on more than one measurement taken at one moment. Out of memory marks a wall:
+larger micro-batches at those settings are not tried. What the cells timed so far rule out of
+the others (slow pipelines, compile modes that cannot pay back, precisions far behind, a spent
+budget) is ``_speed_rules``'s. Each distinct compiled graph is compiled once
 (``execution.compile_state``) and every setting that reuses it is charged its cold compile.
 Measurements are stored in, and reused from, the speed study (``_speed_store``); ``--remeasure``
 ignores earlier ones. How one measurement is taken (claimed, timed on this machine's turn,
@@ -194,9 +197,9 @@ class _Stage(SettingTimer):
         return True
 
     def run_cell_over_budget(self, cell: Cell) -> None:
-        """The budget is spent: ``cell`` keeps what it has measured before (the cache), else
-        times one eager setting (the last cell's fastest, or its first) once."""
-        fallback = dict(self.last_winner or self.plan.first_round(cell)[0])
+        """The budget is spent: ``cell`` keeps what it has measured (its reference, the
+        cache), else times one eager setting (the last cell's fastest, or its reference)."""
+        fallback = dict(self.last_winner or self.plan.reference(cell))
         if "compile" not in dict(cell.extras):  # (a declared compile value is the cell's)
             fallback["compile"] = "none"
         self._run_cell_reduced(cell, fallback, self.left_out.budget_spent())
@@ -223,6 +226,34 @@ class _Stage(SettingTimer):
                 CellResult(settings, self.speed(cell, settings), pool.combined(), fault)
             )
         return results
+
+    def time_references(self, cells: list[Cell]) -> None:
+        """Time each cell's reference setting once (``SpeedPlan.reference``: the tuning
+        checklist's), in ``cells``' order (``SpeedPlan.predicted``: the fastest corner first),
+        before any cell times its others: whatever the budget, every cell it reaches gets a
+        measured speed, the first ones where the answer most likely is, and the cells go on to
+        their other settings fastest first (``ranked``). Those another process of the study
+        holds are waited for last."""
+        held = []
+        for index, cell in enumerate(cells):
+            self.left_out.cells_after = len(cells) - index - 1
+            settings = self.plan.reference(cell)
+            if self._claim_and_measure(cell, settings, 1) is not None:
+                held.append((cell, settings))
+        for cell, settings in held:
+            self.measure(cell, settings, 1)
+
+    def ranked(self, cells: list[Cell]) -> list[Cell]:
+        """``cells`` by their reference setting's speed, fastest first; those without one
+        (out of memory, failed, not reached) last, the smaller micro-batches first (memory
+        walls grow: a wall found there spares the larger ones)."""
+        speeds = {cell: self.speed(cell, self.plan.reference(cell)) for cell in cells}
+
+        def rank(cell: Cell) -> tuple[bool, float, int]:
+            speed = speeds[cell]
+            return speed is None, -(speed or 0.0), cell.batch_size if speed is None else 0
+
+        return sorted(cells, key=rank)
 
     def run_cell(self, cell: Cell) -> None:
         plan = self.plan
@@ -298,10 +329,10 @@ def _stage(
     on_event: Callable[[SpeedEvent], None],
     on_wait: Callable[[str], None] | None = None,
 ) -> _Stage:
-    from autotune.references import untuned_config
+    from autotune.references import checklist_rules, untuned_config
 
     left_out = LeftOut(spec)  # the budget counts from here, reading the cache included
-    plan = SpeedPlan(spec, untuned_config(spec, hardware))
+    plan = SpeedPlan(spec, untuned_config(spec, hardware), checklist_rules(hardware))
     context = context_key(context_facts(spec, hardware, workload))
     pools = load_cache(adapter.storage_of(study), context, since, study_name=study.study_name)
     return _Stage(study, spec, plan, executor, context, pools, on_event, since, on_wait, left_out)
@@ -325,9 +356,12 @@ def run_speed_stage(
     stage = _stage(
         study, spec, hardware, executor, workload, since, on_event or (lambda e: None), on_wait
     )
-    cells = list(stage.plan.cells())
-    for index, cell in enumerate(cells):
-        stage.left_out.cells_after = len(cells) - index - 1  # the budget keeps their share
+    cells = stage.plan.predicted()
+    stage.time_references(cells)
+    ranked = stage.ranked(cells)
+    for index, cell in enumerate(ranked):
+        # the budget keeps back one setting for each cell to come that has none yet
+        stage.left_out.cells_after = sum(not stage._timed(c) for c in ranked[index + 1 :])
         far_behind = stage.left_out.far_behind(cell)
         if stage.left_out.over_budget():
             stage.run_cell_over_budget(cell)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,9 +150,14 @@ def _values(name: str, knob: Knob) -> tuple[Any, ...]:
 class SpeedPlan:
     """The cells and settings the speed stage of ``spec`` (restricted to the machine) tries."""
 
-    def __init__(self, spec: Spec, base: TrialConfig) -> None:
+    def __init__(
+        self, spec: Spec, base: TrialConfig, checklist: Mapping[str, Any] | None = None
+    ) -> None:
         self.spec = spec
         self.base = base  # the untuned configuration: every knob stage 1 does not set
+        # the tuning checklist's rules (``references.checklist_rules``): what a cell's
+        # reference setting, the one it is timed with first, takes where the space offers it
+        self.checklist = dict(checklist or {})
         space = spec.space
         self.values = {name: _values(name, getattr(space, name)) for name in SPEED_KNOBS}
         self.values["precision"] = _values("precision", space.precision)
@@ -182,6 +187,21 @@ class SpeedPlan:
         for precision, extras in self.groups():
             for batch_size in self.batch_sizes:
                 yield Cell(batch_size, precision, extras, self.base.world_size)
+
+    def predicted(self) -> list[Cell]:
+        """Every cell, those predicted fastest first: the largest micro-batches first (a larger
+        batch spreads each step's launches and optimizer step over more samples: the tuning
+        guide's "increase the batch size"), and on a GPU the half precisions before the
+        others (``GPU_PRECISION_ORDER``; tensor cores); on a CPU the groups interleave."""
+        groups = list(dict.fromkeys((c.precision, c.extras) for c in self.cells()))
+        cuda = self.base.device.startswith("cuda")
+
+        def rank(cell: Cell) -> tuple[int, int, int]:
+            group = groups.index((cell.precision, cell.extras))
+            tier = 0 if not cuda or cell.precision in GPU_PRECISION_ORDER[:2] else 1 + group
+            return tier, -cell.batch_size, group
+
+        return sorted(self.cells(), key=rank)
 
     # -- settings -------------------------------------------------------------------------------
 
@@ -248,6 +268,19 @@ class SpeedPlan:
             )
 
         return max(self.pipeline_settings(cell), key=feeding)
+
+    def reference(self, cell: Cell) -> Settings:
+        """The setting ``cell`` is timed with first, before any cell's others: the pipeline
+        that keeps the model fed (``reference_pipeline``) and the tuning checklist's compute
+        knobs where the space offers them (channels_last, cudnn.benchmark, eager), else each
+        knob's first value: what the checklist predicts runs fastest without a compile."""
+        fixed = self._fixed(cell)
+        compute = {}
+        for name in COMPUTE_KNOBS:
+            offered = [fixed[name]] if name in fixed else list(self.values[name])
+            wanted = self.checklist.get(name)
+            compute[name] = wanted if wanted in offered else offered[0]
+        return self.settings(self.reference_pipeline(cell), compute)
 
     def settings(self, pipeline: dict[str, Any], compute: dict[str, Any]) -> Settings:
         merged = {**pipeline, **compute}

@@ -17,10 +17,11 @@ Five rules, each said in stage 1's table where it leaves a setting out:
   speed at the same micro-batch: bf16 on a CPU without bf16 units) times one setting in each
   of its other cells, its first cell's fastest: no pipeline or compile choice closes such a
   gap, and its trials still get a measured speed;
-- the stage's *budget* (``_speed_budget``): once only what the cells still to come need is
-  left, nothing is compiled, a cell that has timed a setting times no other, and each cell
-  still to time gets one eager setting. A compile mode is not started when less of the budget
-  is left than its cold compile is expected to take.
+- the stage's *budget* (``_speed_budget``): every cell times its eager reference setting
+  first; once only what the cells still to come need is left, nothing is compiled, a cell
+  that has timed a setting times no other, and a cell with none gets one eager setting. A
+  compile mode is not started when less of the budget is left than its cold compile is
+  expected to take.
 
 Nothing here touches Optuna or torch; the stage (``_speed``) asks and reports.
 """

@@ -86,6 +86,7 @@ class SettingTimer:
         self.cold_compiles: dict[str, float] = {}
         self.walls = MemoryWalls()  # larger micro-batches than one out of memory: not timed
         self.tried: dict[Cell, list[Settings]] = {}  # every setting of a cell, in order
+        self.said: set[str] = set()  # keys this stage has reported (timed, reused, failed)
         self.quiet = False  # the last measurement this stage took was not under interference
 
     def key(self, cell: Cell, settings: Settings) -> str:
@@ -117,6 +118,7 @@ class SettingTimer:
         blocked = self.walls.blocks(config)
         if pool.fault is None and not pool.results and blocked is not None:
             pool.fault = (FaultKind.OOM.value, blocked)
+            self.said.add(self.key(cell, settings))
             self.on_event(SpeedEvent.left_out(cell.label(), words, pool.fault[1]))
             return None
         if self._done(cell, settings, count):
@@ -151,7 +153,9 @@ class SettingTimer:
                 if not_taken.by_user:
                     raise
                 why = "not tried: stage 1's time ran out while another process held its turn"
-        if why is not None:
+        key = self.key(cell, settings)
+        if why is not None and key not in self.said:  # said once, however often refused
+            self.said.add(key)
             self.on_event(SpeedEvent.left_out(cell.label(), describe(settings), why))
 
     def refused(self) -> str | None:
@@ -181,7 +185,9 @@ class SettingTimer:
         pool = self.pool(cell, settings)
         words = describe(settings)
         if pool.fault is not None or len(pool.results) >= count:
-            if count == 1:  # reported once, not at every round
+            key = self.key(cell, settings)
+            if count == 1 and key not in self.said:  # reported once, not at every look
+                self.said.add(key)
                 fault = pool.fault[1] if pool.fault else None
                 best = pool.combined()
                 self.on_event(
@@ -211,6 +217,7 @@ class SettingTimer:
         pool = self.pool(cell, settings)
         words = describe(settings)
         round_number = len(pool.results) + 1
+        self.said.add(self.key(cell, settings))
         record = SpeedRecord(
             cache_key=self.key(cell, settings),
             context=self.context,
