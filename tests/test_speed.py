@@ -296,6 +296,28 @@ def test_on_a_gpu_stage_one_times_the_half_precisions_first():
     assert cpu == ["fp32", "bf16"]  # as listed (a GPU would time bf16 first)
 
 
+def test_stage_one_predicts_the_checklist_precision_at_the_largest_micro_batch_fastest():
+    import dataclasses
+
+    from autotune.references import checklist_rules
+    from autotune.testing import TEST_CPU
+
+    def predicted(space: str, hardware) -> list[tuple[str, int]]:
+        spec = restrict(parse_spec(space, "space.yaml"), hardware).spec
+        plan = SpeedPlan(spec, untuned_config(spec, hardware), checklist_rules(hardware))
+        return [(c.precision, c.batch_size) for c in plan.predicted()]
+
+    four = two_stage(precisions="[fp32, tf32, bf16, fp16]")
+    assert predicted(four, AMPERE) == [
+        ("fp16", 32), ("bf16", 32), ("fp16", 16), ("bf16", 16),
+        ("tf32", 32), ("tf32", 16), ("fp32", 32), ("fp32", 16),
+    ]  # fmt: skip
+    native = dataclasses.replace(TEST_CPU, bf16_native=True)  # a CPU with bf16 units
+    bf16_first = [("bf16", 32), ("bf16", 16), ("fp32", 32), ("fp32", 16)]
+    assert predicted(two_stage(), native) == bf16_first
+    assert predicted(two_stage(), TEST_CPU)[:2] == [("fp32", 32), ("fp32", 16)]  # emulated bf16
+
+
 def test_a_cell_times_cudnn_benchmark_off_before_on_so_a_worker_switches_once():
     # cuDNN's plans outlive a run: each switch of the flag costs the worker a fresh process
     # (trainer.cudnn_plans_differ), so the order must not alternate as a plain product does
@@ -449,10 +471,11 @@ def test_stage_one_times_every_setting_and_stage_two_trains_with_its_choice(
     study, url, outcome, measured = two_stage_run
     table = outcome.speed_table
     assert table is not None and outcome.trials_run == 3
-    # every cell's reference first (the checklist's: the device pipeline), largest batch first
-    references = [(c.batch_size, c.precision, c.data_pipeline) for c in measured[:4]]
-    assert [r[0] for r in references] == [32, 32, 16, 16]
-    assert {r[2] for r in references} == {"device"}
+    # every cell's reference first (the checklist's: the device pipeline), the checklist's
+    # precision (bf16 where this CPU has it natively) first, the largest micro-batch first
+    references = [(c.precision, c.batch_size, c.data_pipeline) for c in measured[:4]]
+    order = ("bf16", "fp32") if CPU.bf16_native else ("fp32", "bf16")
+    assert references == [(p, b, "device") for p in order for b in (32, 16)]
     assert all(c.accumulation_steps == 1 for c in measured)
     assert len(list(table)) == 8  # 2 micro-batches x 2 accumulations x 2 precisions
 
@@ -1105,9 +1128,10 @@ def test_the_plan_says_what_stage_one_will_time_and_its_budget():
     # 2 micro-batches x 2 precisions, 3 pipelines each, a rematch of 2 leaders each
     assert said.startswith("20 measurements in 4 cells; about ")
     assert "at most 15 min (study.speed.max_seconds)" in said
+    first = "bf16" if CPU.bf16_native else "fp32"  # the checklist's precision on this CPU
     assert said.endswith(
         "each cell timed first with the tuning checklist's device pipeline, from batch 32, "
-        "fp32 down; then the fastest cells' other settings"
+        f"{first} down; then the fastest cells' other settings"
     )
     compiled = two_stage(workers="[0]").replace(
         "num_workers: [0]\n", "num_workers: [0]\n  compile: [none, default]\n"

@@ -189,17 +189,18 @@ class SpeedPlan:
                 yield Cell(batch_size, precision, extras, self.base.world_size)
 
     def predicted(self) -> list[Cell]:
-        """Every cell, those predicted fastest first: the largest micro-batches first (a larger
-        batch spreads each step's launches and optimizer step over more samples: the tuning
-        guide's "increase the batch size"), and on a GPU the half precisions before the
-        others (``GPU_PRECISION_ORDER``; tensor cores); on a CPU the groups interleave."""
+        """Every cell, those predicted fastest first: the checklist's precision (on a GPU
+        both half precisions: tensor cores) before the others, and within them the largest
+        micro-batches first (a larger batch spreads each step's launches and optimizer step
+        over more samples: the tuning guide's "increase the batch size")."""
         groups = list(dict.fromkeys((c.precision, c.extras) for c in self.cells()))
-        cuda = self.base.device.startswith("cuda")
+        fast = {self.checklist.get("precision")}
+        if self.base.device.startswith("cuda"):
+            fast |= set(GPU_PRECISION_ORDER[:2])
 
         def rank(cell: Cell) -> tuple[int, int, int]:
             group = groups.index((cell.precision, cell.extras))
-            tier = 0 if not cuda or cell.precision in GPU_PRECISION_ORDER[:2] else 1 + group
-            return tier, -cell.batch_size, group
+            return 0 if cell.precision in fast else 1 + group, -cell.batch_size, group
 
         return sorted(self.cells(), key=rank)
 
