@@ -86,17 +86,29 @@ def _distance_to_target(score: float, objective: ObjectiveSpec) -> float:
     return score / target if target > 0 else 1.0 + score - target
 
 
-def intermediate_value(evaluation: Evaluation, objective: ObjectiveSpec) -> float:
-    """The value reported to the pruner at an evaluation, in the study's direction.
+def intermediate_value(
+    evaluation: Evaluation, objective: ObjectiveSpec, epochs: float | None = None
+) -> float:
+    """The value reported to the pruner at an evaluation, in the study's direction, on the
+    scale of a finished trial's value: what the trial ends at if it keeps its pace and its
+    score. Optuna stores a pruned trial's last one as its value, so it must not read as more.
 
-    score_per_second: score so far / charged seconds so far. time_to_score: the seconds so far
-    extrapolated linearly to the target (lower is better; equal to the seconds once the target
-    is reached).
+    score_per_second: the score so far / the charged seconds the trial will have spent after
+    its ``epochs`` epochs at its steady pace so far (None: the seconds so far). At a given
+    evaluation every trial's seconds are scaled alike, so the pruners rank them as they rank
+    the seconds so far. time_to_score: the seconds so far extrapolated linearly to the target
+    (lower is better; equal to the seconds once the target is reached).
     """
-    seconds = _charged(evaluation, objective)
     if objective.per_second:
-        return max(evaluation.score, 0.0) / seconds
-    return seconds * _distance_to_target(evaluation.score, objective)
+        ahead = max(1.0, (epochs or evaluation.epoch) / max(evaluation.epoch, 1e-9))
+        steady = evaluation.train_seconds - evaluation.overhead_seconds
+        projected = dataclasses.replace(
+            evaluation,
+            epoch=evaluation.epoch * ahead,
+            train_seconds=steady * ahead + evaluation.overhead_seconds,
+        )
+        return max(evaluation.score, 0.0) / _charged(projected, objective)
+    return _charged(evaluation, objective) * _distance_to_target(evaluation.score, objective)
 
 
 def best_reachable(

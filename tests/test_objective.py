@@ -76,6 +76,25 @@ def test_intermediate_accuracy_per_second_charges_overhead_so_far():
     assert value == pytest.approx(0.8 / (2.0 + 3.0 * 0.1))
 
 
+def test_a_value_reported_mid_trial_is_on_a_finished_trials_scale():
+    """Optuna stores a pruned trial's last reported value as its value, and the dashboard and
+    the report show it beside finished ones: at epoch 1 of 3 a trial reports what it ends at
+    if it keeps its pace and its score, not its score over the seconds so far (3x that)."""
+    objective = ObjectiveSpec()
+    first = evaluation(1, 1.0, 0.9, seconds=2.0)
+    assert intermediate_value(first, objective, epochs=3) == pytest.approx(0.9 / 6.0)
+    assert intermediate_value(first, objective) == pytest.approx(0.9 / 2.0)  # its seconds so far
+    last = evaluation(3, 3.0, 0.95, seconds=6.0)
+    finished = score(result(first, last), objective).value
+    assert intermediate_value(last, objective, epochs=3) == pytest.approx(finished)
+    # a one-time cost is counted once, at the full run's share, not scaled with the pace
+    compiled = evaluation(1, 1.0, 0.9, seconds=5.0, overhead=3.0)
+    long_run = ObjectiveSpec(full_run_epochs=30)
+    assert intermediate_value(compiled, long_run, epochs=3) == pytest.approx(
+        0.9 / (2.0 * 3 + 3.0 * 3 / 30)
+    )
+
+
 def test_infeasible_trials_are_never_the_best():
     study = optuna.create_study(direction="maximize")
     distributions = {"lr": FloatDistribution(1e-4, 1.0, log=True)}

@@ -312,6 +312,15 @@ def test_a_trial_that_cannot_win_even_with_a_perfect_score_is_stopped(
     assert slow.state == TrialState.PRUNED and len(slow.intermediate_values) == 1
     record = TrialRecord.of(slow)
     assert record.fail_kind == FaultKind.CANNOT_WIN
+    # Optuna keeps its last reported value as its value: on a 3-epoch trial's scale, what it
+    # ends at at its pace and score, not the score over its first epoch's seconds (issue 44)
+    assert (
+        record.score is not None and record.train_seconds and record.overhead_seconds is not None
+    )
+    steady = record.train_seconds - record.overhead_seconds
+    assert slow.value == pytest.approx(
+        record.score / (3 * steady + record.overhead_seconds), rel=0.02
+    )
     leader = best_trial(study)
     assert leader is not None and leader.number < 2
     assert record.fail_msg is not None

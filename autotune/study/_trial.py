@@ -203,7 +203,7 @@ class TrialRunner:
         lost_at: list[tuple[Evaluation, float]] = []
 
         def report(evaluation: Evaluation) -> bool:
-            value = objective.intermediate_value(evaluation, goal)
+            value = objective.intermediate_value(evaluation, goal, config.epochs)
             try:
                 trial.report(value, evaluation.index)
                 self.observer.evaluated(trial.number, evaluation, value)
