@@ -8,7 +8,7 @@ import html
 import statistics
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import optuna
@@ -203,6 +203,14 @@ class TrialRow:
     fail_msg: str  # why; for an infeasible trial: which constraint failed
 
 
+def _knob_value(trial: FrozenTrial, record: TrialRecord, name: str) -> Any:
+    """A trial's value of knob ``name``: sampled, else its configuration's (a two-stage trial's
+    execution knobs, which stage 1 chose: batch_size, data_pipeline, ...)."""
+    if name in trial.params:
+        return trial.params[name]
+    return getattr(record.config, name, None) if record.config is not None else None
+
+
 def trial_rows(study: optuna.Study) -> tuple[list[str], list[TrialRow]]:
     """The searched parameters' names and a row for every trial of ``study``, by number."""
     trials = study.get_trials(deepcopy=False)
@@ -231,7 +239,7 @@ def trial_rows(study: optuna.Study) -> tuple[list[str], list[TrialRow]]:
                 score=number(record.score),
                 samples_per_second=number(record.samples_per_second),
                 tokens_per_second=number(record.tokens_per_second),
-                params=tuple(number(trial.params.get(k)) for k in names),
+                params=tuple(number(_knob_value(trial, record, k)) for k in names),
                 fail_kind=str(kind),
                 fail_msg=message or "",
             )

@@ -527,6 +527,24 @@ def test_stage_one_times_every_setting_and_stage_two_trains_with_its_choice(
     assert StudyRecord.of(study).strategy == "two_stage"
 
 
+def test_the_report_shows_the_execution_settings_stage_one_chose_for_each_trial(
+    two_stage_run: TwoStageRun,
+):
+    """A stage-2 trial samples effective_batch_size, precision and lr; its micro-batch and
+    pipeline come from stage 1 and show in the report's All trials (issue 44 item 2)."""
+    from autotune import report
+
+    names, rows = report.trial_rows(two_stage_run.study)
+    assert {"batch_size", "data_pipeline"} <= set(names)
+    searched = [t for t in two_stage_run.study.trials if "effective_batch_size" in t.params]
+    assert searched
+    by_number = {row.number: row for row in rows}
+    for trial in searched:
+        config, row = trial_config(trial), by_number[trial.number]
+        for name in ("batch_size", "data_pipeline"):
+            assert row.params[names.index(name)] == report.number(getattr(config, name))
+
+
 def test_the_cache_is_reused_and_missed_on_another_model_or_with_remeasure(
     tmp_path: Path, prepare_study
 ):
