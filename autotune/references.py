@@ -24,12 +24,15 @@ from autotune.config import TrialConfig
 from autotune.hardware import Hardware
 from autotune.space import sample
 from autotune.spec import KNOBS, Spec
+from autotune.speed import SPEED_KNOBS, SpeedChoice, SpeedTable
 
 __all__ = [
     "UNTUNED",
+    "as_two_stage",
     "baseline_params",
     "checklist_params",
     "checklist_rules",
+    "own_table",
     "untuned_config",
 ]
 
@@ -192,3 +195,44 @@ def checklist_params(
             break  # the smallest batch is over a wall too: trained, it says so
         params = smaller
     return None if params == baseline_params(spec, hardware) else params
+
+
+def own_table(spec: Spec, config: TrialConfig) -> SpeedTable:
+    """A speed table of one row, ``config``'s own micro-batch split and execution knobs: a
+    reference drawn through it (``space.sample``) samples what a two-stage trial samples
+    (effective_batch_size, precision, the learning knobs), and keeps its own settings."""
+    declared = spec.study.learning_knobs
+    return SpeedTable(
+        choices=(
+            SpeedChoice(
+                batch_size=config.batch_size,
+                accumulation_steps=config.accumulation_steps,
+                precision=config.precision,
+                extras=tuple((k, getattr(config, k)) for k in SPEED_KNOBS if k in declared),
+                settings=tuple((k, getattr(config, k)) for k in SPEED_KNOBS),
+                samples_per_second=0.0,
+                charged_seconds=0.0,
+                one_time_seconds=0.0,
+                spread=0.0,
+                measurements=0,
+                speed_trials=(),
+            ),
+        )
+    )
+
+
+def as_two_stage(
+    spec: Spec, hardware: Hardware, params: dict[str, Any]
+) -> tuple[dict[str, Any], TrialConfig]:
+    """A reference's parameters (drawn over the whole space: ``baseline_params``,
+    ``checklist_params``) on a two-stage study's axes, those its other trials sample, so that
+    every trial of the study has the same parameters (the dashboard plots them against each
+    other); and its whole configuration, whose execution knobs it keeps (``own_table``)."""
+    from optuna.trial import FixedTrial
+
+    config = sample(FixedTrial(params), spec, hardware)  # type: ignore[arg-type]
+    effective = config.batch_size * config.accumulation_steps * config.world_size
+    pins = {**config.to_dict(), "lr": config.base_lr, "effective_batch_size": effective}
+    chosen = _Chosen(pins)
+    sample(chosen, spec, hardware, own_table(spec, config))  # type: ignore[arg-type]
+    return chosen.params, config

@@ -214,7 +214,9 @@ def _knob_value(trial: FrozenTrial, record: TrialRecord, name: str) -> Any:
 def trial_rows(study: optuna.Study) -> tuple[list[str], list[TrialRow]]:
     """The searched parameters' names and a row for every trial of ``study``, by number."""
     trials = study.get_trials(deepcopy=False)
-    names = [k for k in KNOBS if any(k in t.params for t in trials)]
+    configs = [c for c in (TrialRecord.of(t).config for t in trials) if c is not None]
+    varied = {k for k in KNOBS if len({repr(getattr(c, k)) for c in configs}) > 1}
+    names = [k for k in KNOBS if k in varied or any(k in t.params for t in trials)]
     names += sorted({k for t in trials for k in t.params} - set(names))
     rows = []
     for trial in trials:

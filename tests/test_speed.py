@@ -513,7 +513,10 @@ def test_stage_one_times_every_setting_and_stage_two_trains_with_its_choice(
     for trial in study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED)):
         config, record = trial_config(trial), TrialRecord.of(trial)
         if record.reference is not None:  # the references keep knobs of their own
-            assert record.speed_knobs is None
+            assert record.predicted_samples_per_second is None and record.speed_trials is None
+            # ... on the study's axes: the dashboard plots every trial's parameters together
+            assert set(trial.params) == {"effective_batch_size", "lr", "precision"}
+            assert "batch_size" in (record.speed_knobs or [])
             if record.baseline:  # PyTorch's defaults
                 assert config.data_pipeline == "dataloader" and config.num_workers == 0
             continue

@@ -110,9 +110,14 @@ def test_trial_zero_is_the_untuned_baseline(seen):
     study, _ = seen
     first = study.trials[0]
     assert first.user_attrs["baseline"] is True
-    assert first.params["precision"] == "fp32" and first.params["num_workers"] == 0
-    assert first.params["batch_size"] == 64  # autotune's documented default, in the space
+    config = trial_config(first)
+    assert config.precision == "fp32" and config.num_workers == 0
+    assert config.batch_size == 64  # autotune's documented default, in the space
     assert 0.005 <= first.params["lr"] <= 0.1
+    # a two-stage study's references sample what its other trials sample (the dashboard
+    # plots every trial's parameters together), and keep their own execution knobs
+    assert first.params["effective_batch_size"] == 64 and first.params["precision"] == "fp32"
+    assert {k for t in study.trials for k in t.params} == set(first.params)
     assert not any(t.user_attrs.get("baseline") for t in study.trials[1:])
 
 

@@ -8,6 +8,7 @@ differently) is refused rather than silently mixed, because Optuna cannot mix di
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import hashlib
 import json
@@ -171,6 +172,9 @@ def queue_reference(
     if params is None:
         return False
     record = TrialRecord(baseline=reference == "baseline", checklist=reference == "checklist")
+    if spec.study.strategy == "two_stage":  # its own execution knobs, on the study's axes
+        params, config = references.as_two_stage(spec, hardware, params)
+        record = dataclasses.replace(record, config=config)
     study.enqueue_trial(params, user_attrs=record.to_attrs())
     return True
 

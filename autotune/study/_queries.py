@@ -90,11 +90,11 @@ def knob_origin(
     "timed in stage 1" (the speed stage's fastest for the trial's effective batch and
     precision), "untuned" (the baseline's), "checklist" (the tuning checklist's: neither the
     study's choice), or "" (fixed by the space file)."""
-    if name in params:
-        return {"baseline": "untuned", "checklist": "checklist"}.get(reference or "", "searched")
-    if name in (speed_knobs or ()):
-        return "timed in stage 1"
-    return ""
+    if name not in params and name not in (speed_knobs or ()):
+        return ""
+    if reference in ("baseline", "checklist"):  # a two-stage reference's own knobs too
+        return {"baseline": "untuned", "checklist": "checklist"}[reference]
+    return "searched" if name in params else "timed in stage 1"
 
 
 def trial_knob_origin(trial: FrozenTrial, name: str) -> str:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import objective, space
+from autotune import objective, references, space
 from autotune.config import TrialConfig
 from autotune.errors import ReportFailed, WorkerError
 from autotune.executor import TrialExecutor, attempt
@@ -165,19 +165,26 @@ class TrialRunner:
     def _sample(self, trial: optuna.Trial) -> TrialConfig:
         """The trial's configuration; a two-stage trial's execution knobs from the speed
         stage (a reference, the untuned baseline or the tuning checklist, keeps its own)."""
-        reference = TrialRecord.from_attrs(trial.user_attrs).reference
-        if self.speed is None or reference is not None:
+        record = TrialRecord.from_attrs(trial.user_attrs)
+        table = self.speed
+        if record.reference is not None and table is not None and record.config:
+            # on the study's axes, with its own execution knobs (references.as_two_stage)
+            table = references.own_table(self.spec, record.config)
+        elif table is None or record.reference is not None:  # (a reference queued as joint)
             return space.sample(trial, self.spec, self.hardware)
-        config = space.sample(trial, self.spec, self.hardware, self.speed)
+        config = space.sample(trial, self.spec, self.hardware, table)
         declared = self.spec.study.learning_knobs
         extras = tuple((k, getattr(config, k)) for k in SPEED_KNOBS if k in declared)
-        choice = self.speed.exact(
-            config.batch_size, config.accumulation_steps, config.precision, extras
-        )
+        split = (config.batch_size, config.accumulation_steps, config.precision)
+        choice = table.exact(*split, extras)
         assert choice is not None  # sample took it from the table
+        # the knobs the table chose among several values (fixed ones it only kept)
+        chosen = sorted(k for k in choice.knobs() if k in self.spec.space.searched())
+        if record.reference is not None:  # its own: nothing predicted
+            TrialRecord(speed_knobs=chosen).store(trial)
+            return config
         TrialRecord(
-            # the knobs stage 1 chose among several values (fixed ones it only kept)
-            speed_knobs=sorted(k for k in choice.knobs() if k in self.spec.space.searched()),
+            speed_knobs=chosen,
             predicted_samples_per_second=choice.samples_per_second,
             speed_trials=list(choice.speed_trials),
             speed_tolerance=max(SPEED_MISMATCH, choice.spread),
