@@ -12,6 +12,7 @@ import optuna
 import pytest
 from rich.console import Console
 from rich.live import Live
+from rich.text import Text
 
 from autotune import display, export
 from autotune import study as studies
@@ -53,6 +54,23 @@ def test_the_plan_puts_each_item_and_the_whole_storage_url_on_a_line(seen, width
     display.print_plan(console, distributed, CPU, study, [])
     said = " ".join(_text(console).split())
     assert "processes 2 per trial under DDP, a share of the cores each (gloo)" in said
+
+
+def test_the_plan_says_a_batch_split_only_where_there_is_one_and_what_a_short_budget_does(seen):
+    study, _ = seen  # its space searches batch_size but no accumulation
+    console = _console(80)
+    display.print_plan(console, _spec(study), CPU, study, [])
+    said = " ".join(_text(console).split())
+    assert "split" not in said and "effective_batch_size" in said, said
+    assert "if it runs short, each cell left times one eager setting" in said, said
+    from autotune.spec import parse_spec
+    from tests.conftest import SEEN_SPACE
+
+    split = parse_spec(SEEN_SPACE + "  accumulation_steps: [1, 2]\n")
+    console = _console(80)
+    display.print_plan(console, split, CPU, study, [])
+    said = " ".join(_text(console).split())
+    assert "the split of each effective batch into batch_size x accumulation_steps" in said
 
 
 @pytest.mark.parametrize("width", [80, 100])
@@ -327,6 +345,24 @@ def test_a_confirmation_run_short_of_its_target_says_so_not_a_time(seen):
     assert "0.41 s to target" in reached
 
 
+def test_a_confirmation_runs_interference_note_wraps_indented_under_it(seen):
+    from autotune.study import ConfirmRun
+
+    study, _ = seen
+    console = _console(80)
+    show = display.confirmation_progress(console, _spec(study))
+    common = {"seed": 1, "score": 0.9667, "feasible": True, "wall_seconds": 1.0}
+    busy = ConfirmRun(
+        trial=17, repeat=1, value=3.236, samples_per_second=14200.0, other_cpu_share=0.5, **common
+    )
+    show(busy, 1, 10)
+    first, note = (line.rstrip() for line in _text(console).splitlines())
+    assert first.startswith("confirm   1/10  trial  17 run 1  3.236 acc/s") and len(first) <= 80
+    assert note == "        interference: others took 50% of the cores", note
+    show(ConfirmRun(trial=17, repeat=2, value=3.2, samples_per_second=14000.0, **common), 2, 10)
+    assert len(_text(console).splitlines()) == 3  # a quiet run: one line
+
+
 @pytest.mark.parametrize(("scaling", "shown"), [("none", "-"), ("linear", "256")])
 def test_the_base_batch_size_is_shown_only_where_the_lr_is_scaled_from_it(scaling, shown):
     from autotune.testing import make_config
@@ -488,3 +524,24 @@ def test_stage_ones_table_marks_a_row_measured_only_on_a_busy_machine():
     rows = {line.split()[1]: line for line in _text(console).splitlines() if "fp32" in line}
     assert "not measured" in rows["128"] and "as the nearest micro-batch measured" in rows["128"]
     assert "not measured" not in rows["32"]
+
+
+def test_an_error_wraps_between_words_on_a_terminal_and_is_one_line_in_a_log(monkeypatch):
+    from autotune.cli import _common
+
+    url = "sqlite:////home/someone/projects/a-long-folder-name/studies/autotune.db"
+    line = f"the study quickstart is not in {url}: the storage holds first, second and third"
+    for terminal in (True, False):
+        errors = Console(
+            file=io.StringIO(), width=80, force_terminal=terminal, soft_wrap=True, emoji=False
+        )
+        monkeypatch.setattr(_common, "errors", errors)
+        assert _common.fail(line).exit_code == 2
+        shown = Text.from_ansi(_text(errors)).plain.splitlines()
+        assert " ".join(" ".join(shown).split()) == f"error: {line}"  # every word whole
+        if not terminal:  # a log or a pipe: one line, for grep
+            assert len(shown) == 1
+            continue
+        assert len(shown) > 1 and all(len(row) <= 80 for row in shown), shown
+        assert all(row.startswith("       ") for row in shown[1:]), shown  # under the message
+        assert any(url in row for row in shown)  # a URL or a path is never broken

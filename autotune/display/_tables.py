@@ -78,7 +78,7 @@ def print_plan(
         learned = [k for k in searched if k not in timed and k not in split]
         if split and not any(k in declared for k in SPLIT_KNOBS):
             learned.insert(1 if "lr" in learned else 0, "effective_batch_size")
-        if split:
+        if len(split) > 1:  # one split knob alone is the effective batch, searched in stage 2
             timed.append(f"the split of each effective batch into {' x '.join(split)}")
         print_item(console, "timing", f"{', '.join(timed) or 'nothing'} (stage 1: speed)")
         print_item(console, "stage 1", stage_one_plan(spec, hardware))
@@ -128,7 +128,8 @@ def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
     else:
         bound = "study.speed.max_seconds"
     words.append(
-        f"at most {_seconds(budget)} ({bound}; as it runs short, one eager setting a cell)"
+        f"at most {_seconds(budget)} ({bound}; if it runs short, each cell left times one "
+        f"eager setting)"
     )
     return "; ".join(words)
 
