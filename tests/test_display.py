@@ -328,6 +328,35 @@ def test_a_round_too_noisy_to_rank_says_so_and_how_to_confirm_again(tmp_path: Pa
     assert "autotune confirm --study loud" in said and "tied" not in said
 
 
+def test_an_answer_from_single_runs_says_run_not_runs(tmp_path: Path, seen):
+    import dataclasses
+
+    from autotune.study import Reference, StudyRecord
+
+    study, url = seen
+    copy_url = f"sqlite:///{tmp_path / 'copy.db'}"
+    optuna.copy_study(
+        from_study_name="seen", from_storage=url, to_storage=copy_url, to_study_name="once"
+    )
+    copy = optuna.load_study(study_name="once", storage=copy_url)
+    leaders = [t.number for t in studies.feasible_trials(copy)[:2]]
+    StudyRecord(confirmation=_round(dict.fromkeys(leaders, (1.0, 1.02)))).store(copy)
+    answer = studies.answer_of(copy)
+    assert answer is not None
+    baseline = Reference("the untuned baseline", 0, 0.6, 1, 1.69, (1.38, 2.06))
+    for runs, said in ((1, "median of 1 run;"), (2, "median of 2 runs;")):
+        shown = dataclasses.replace(answer, runs=runs, runs_side_by_side=runs)
+        console = _console(200)
+        shown = dataclasses.replace(shown, references=(baseline,))
+        display.print_confirmation(console, shown, _spec(study), "once")
+        text = " ".join(_text(console).split())
+        assert said in text, text
+        alone = (
+            "from one run of each side by side" if runs == 1 else "from medians of 2 and 1 runs"
+        )
+        assert f"Accuracy per second, {alone}" in text, text
+
+
 def test_a_confirmation_run_short_of_its_target_says_so_not_a_time(seen):
     from autotune.spec import ObjectiveSpec
     from autotune.study import ConfirmRun

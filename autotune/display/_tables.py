@@ -379,7 +379,7 @@ def _print_confirmed(
     console.print(
         f"[bold]Answer: trial {answer.number}[/], {fmt(answer.median)} "
         f"{metric_unit(spec.objective.metric_name)} "
-        f"(median of {answer.runs} runs; run-to-run spread {spread})"
+        f"(median of {plural(answer.runs, 'run')}; run-to-run spread {spread})"
     )
     if answer.noisy:
         why = (
@@ -413,8 +413,11 @@ def _print_confirmed(
         )
     if answer.references:
         said = "; ".join(r.said for r in answer.references)
-        runs = [str(n) for n in (answer.runs_side_by_side, *(r.runs for r in answer.references))]
-        console.print(
-            f"{what.capitalize()}, from medians of {', '.join(runs[:-1])} and {runs[-1]} runs "
-            f"side by side: {escape(said)}."
+        counts = (answer.runs_side_by_side, *(r.runs for r in answer.references))
+        runs = [str(n) for n in counts]
+        source = (
+            "one run of each"
+            if set(counts) == {1}
+            else f"medians of {', '.join(runs[:-1])} and {runs[-1]} runs"
         )
+        console.print(f"{what.capitalize()}, from {source} side by side: {escape(said)}.")
