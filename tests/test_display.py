@@ -308,18 +308,26 @@ def test_the_configuration_shows_ddp_settings_only_for_a_trial_of_several_proces
     assert rows["ddp_bucket_cap_mb"] == "25"
 
 
-def test_a_round_too_noisy_to_rank_says_so_and_how_to_confirm_again(tmp_path: Path, seen):
+def _confirmed_copy(seen, folder: Path, name: str, values) -> tuple[optuna.Study, list[int]]:
+    """A copy of the seen study named ``name``, its two leaders confirmed with ``values``
+    (each leader's run values, best first); the copy and the leaders."""
     from autotune.study import StudyRecord
 
-    study, url = seen
-    copy_url = f"sqlite:///{tmp_path / 'copy.db'}"
+    _, url = seen
+    copy_url = f"sqlite:///{folder / 'copy.db'}"
     optuna.copy_study(
-        from_study_name="seen", from_storage=url, to_storage=copy_url, to_study_name="loud"
+        from_study_name="seen", from_storage=url, to_storage=copy_url, to_study_name=name
     )
-    copy = optuna.load_study(study_name="loud", storage=copy_url)
+    copy = optuna.load_study(study_name=name, storage=copy_url)
     leaders = [t.number for t in studies.feasible_trials(copy)[:2]]
-    values = dict(zip(leaders, ((0.9, 0.2, 2.0), (1.6, 0.5, 4.0)), strict=True))
-    StudyRecord(confirmation=_round(values)).store(copy)
+    StudyRecord(confirmation=_round(dict(zip(leaders, values, strict=True)))).store(copy)
+    return copy, leaders
+
+
+def test_a_round_too_noisy_to_rank_says_so_and_how_to_confirm_again(tmp_path: Path, seen):
+    study, _ = seen
+    values = ((0.9, 0.2, 2.0), (1.6, 0.5, 4.0))
+    copy, leaders = _confirmed_copy(seen, tmp_path, "loud", values)
     console = _console(200)
     display.print_confirmation(console, studies.answer_of(copy), _spec(study), "loud")
     said = " ".join(_text(console).split())
@@ -331,16 +339,10 @@ def test_a_round_too_noisy_to_rank_says_so_and_how_to_confirm_again(tmp_path: Pa
 def test_an_answer_from_single_runs_says_run_not_runs(tmp_path: Path, seen):
     import dataclasses
 
-    from autotune.study import Reference, StudyRecord
+    from autotune.study import Reference
 
-    study, url = seen
-    copy_url = f"sqlite:///{tmp_path / 'copy.db'}"
-    optuna.copy_study(
-        from_study_name="seen", from_storage=url, to_storage=copy_url, to_study_name="once"
-    )
-    copy = optuna.load_study(study_name="once", storage=copy_url)
-    leaders = [t.number for t in studies.feasible_trials(copy)[:2]]
-    StudyRecord(confirmation=_round(dict.fromkeys(leaders, (1.0, 1.02)))).store(copy)
+    study, _ = seen
+    copy, _ = _confirmed_copy(seen, tmp_path, "once", ((1.0, 1.02), (1.0, 1.02)))
     answer = studies.answer_of(copy)
     assert answer is not None
     baseline = Reference("the untuned baseline", 0, 0.6, 1, 1.69, (1.38, 2.06))
