@@ -182,6 +182,24 @@ def test_the_commands_to_copy_are_whole_lines(seen, width):
     assert "autotune confirm" not in _text(console)  # no round asked for: none suggested
 
 
+def test_exports_run_hint_wraps_indented_at_80_columns(invoke_cli, seen, tmp_path: Path):
+    _, url = seen
+    copy_url = f"sqlite:///{tmp_path / 'copy.db'}"  # export writes the study's note: a copy
+    optuna.copy_study(from_study_name="seen", from_storage=url, to_storage=copy_url)
+    done = invoke_cli("export", "--storage", copy_url, "-o", "t.py", cwd=tmp_path, columns=80)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    start = next(k for k, line in enumerate(lines) if "into run/;" in line)
+    end = next(k for k in range(start, len(lines)) if lines[k].rstrip().endswith("--device"))
+    hint = [line.rstrip() for line in lines[start : end + 1]]
+    assert len(hint) == 2 and all(line.startswith("  ") and len(line) <= 80 for line in hint), (
+        lines
+    )
+    assert hint[-1].endswith("--device") and " ".join(" ".join(hint).split()).startswith(
+        "2 epochs"
+    )
+
+
 def test_a_long_value_goes_on_a_line_of_its_own_and_is_never_broken():
     console = _console(80)
     long_url = "postgresql://autotune:***@db.example.org:5432/" + "x" * 60
