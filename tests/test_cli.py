@@ -233,7 +233,8 @@ def test_stored_names_and_values_are_shown_as_text(invoke_cli, seen, tmp_path: P
 
 def test_help_shows_flags_as_flags_and_version(invoke_cli, tmp_path: Path):
     """Typer showed ``--new-study <bool>``: ``--new-study true`` looked right and was refused."""
-    for args in (("--help",), ("run", "--help"), ("export", "--help"), ("best", "--help")):
+    commands = ("run", "export", "best", "verify")
+    for args in (("--help",), *((command, "--help") for command in commands)):
         shown = invoke_cli(*args, cwd=tmp_path, columns=80)
         assert shown.returncode == 0, shown.stderr
         assert "<bool>" not in shown.stdout, shown.stdout

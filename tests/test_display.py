@@ -12,6 +12,7 @@ import optuna
 import pytest
 from rich.console import Console
 from rich.live import Live
+from rich.text import Text
 
 from autotune import display, export
 from autotune import study as studies
@@ -53,6 +54,24 @@ def test_the_plan_puts_each_item_and_the_whole_storage_url_on_a_line(seen, width
     display.print_plan(console, distributed, CPU, study, [])
     said = " ".join(_text(console).split())
     assert "processes 2 per trial under DDP, a share of the cores each (gloo)" in said
+
+
+def test_the_plan_says_a_batch_split_only_where_there_is_one_and_what_a_short_budget_does(seen):
+    study, _ = seen  # its space searches batch_size but no accumulation
+    console = _console(80)
+    display.print_plan(console, _spec(study), CPU, study, [])
+    said = " ".join(_text(console).split())
+    assert "split" not in said and "effective_batch_size" in said, said
+    assert "each cell timed first with the tuning checklist's" in said, said
+    assert "then the fastest cells' other settings" in said, said
+    from autotune.spec import parse_spec
+    from tests.conftest import SEEN_SPACE
+
+    split = parse_spec(SEEN_SPACE + "  accumulation_steps: [1, 2]\n")
+    console = _console(80)
+    display.print_plan(console, split, CPU, study, [])
+    said = " ".join(_text(console).split())
+    assert "the split of each effective batch into batch_size x accumulation_steps" in said
 
 
 @pytest.mark.parametrize("width", [80, 100])
@@ -162,6 +181,24 @@ def test_the_commands_to_copy_are_whole_lines(seen, width):
     console = _console(width)
     display.print_summary(console, study, spec.with_overrides(study={"confirm": False}), outcome)
     assert "autotune confirm" not in _text(console)  # no round asked for: none suggested
+
+
+def test_exports_run_hint_wraps_indented_at_80_columns(invoke_cli, seen, tmp_path: Path):
+    _, url = seen
+    copy_url = f"sqlite:///{tmp_path / 'copy.db'}"  # export writes the study's note: a copy
+    optuna.copy_study(from_study_name="seen", from_storage=url, to_storage=copy_url)
+    done = invoke_cli("export", "--storage", copy_url, "-o", "t.py", cwd=tmp_path, columns=80)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    start = next(k for k, line in enumerate(lines) if "into run/;" in line)
+    end = next(k for k in range(start, len(lines)) if lines[k].rstrip().endswith("--device"))
+    hint = [line.rstrip() for line in lines[start : end + 1]]
+    assert len(hint) == 2 and all(line.startswith("  ") and len(line) <= 80 for line in hint), (
+        lines
+    )
+    assert hint[-1].endswith("--device") and " ".join(" ".join(hint).split()).startswith(
+        "2 epochs"
+    )
 
 
 def test_a_long_value_goes_on_a_line_of_its_own_and_is_never_broken():
@@ -290,24 +327,55 @@ def test_the_configuration_shows_ddp_settings_only_for_a_trial_of_several_proces
     assert rows["ddp_bucket_cap_mb"] == "25"
 
 
-def test_a_round_too_noisy_to_rank_says_so_and_how_to_confirm_again(tmp_path: Path, seen):
+def _confirmed_copy(seen, folder: Path, name: str, values) -> tuple[optuna.Study, list[int]]:
+    """A copy of the seen study named ``name``, its two leaders confirmed with ``values``
+    (each leader's run values, best first); the copy and the leaders."""
     from autotune.study import StudyRecord
 
-    study, url = seen
-    copy_url = f"sqlite:///{tmp_path / 'copy.db'}"
+    _, url = seen
+    copy_url = f"sqlite:///{folder / 'copy.db'}"
     optuna.copy_study(
-        from_study_name="seen", from_storage=url, to_storage=copy_url, to_study_name="loud"
+        from_study_name="seen", from_storage=url, to_storage=copy_url, to_study_name=name
     )
-    copy = optuna.load_study(study_name="loud", storage=copy_url)
+    copy = optuna.load_study(study_name=name, storage=copy_url)
     leaders = [t.number for t in studies.feasible_trials(copy)[:2]]
-    values = dict(zip(leaders, ((0.9, 0.2, 2.0), (1.6, 0.5, 4.0)), strict=True))
-    StudyRecord(confirmation=_round(values)).store(copy)
+    StudyRecord(confirmation=_round(dict(zip(leaders, values, strict=True)))).store(copy)
+    return copy, leaders
+
+
+def test_a_round_too_noisy_to_rank_says_so_and_how_to_confirm_again(tmp_path: Path, seen):
+    study, _ = seen
+    values = ((0.9, 0.2, 2.0), (1.6, 0.5, 4.0))
+    copy, leaders = _confirmed_copy(seen, tmp_path, "loud", values)
     console = _console(200)
     display.print_confirmation(console, studies.answer_of(copy), _spec(study), "loud")
     said = " ".join(_text(console).split())
     assert f"Answer: trial {leaders[1]}," in said  # the best median, 1.6 against 0.9
     assert "The machine was too noisy to rank the leaders" in said
     assert "autotune confirm --study loud" in said and "tied" not in said
+
+
+def test_an_answer_from_single_runs_says_run_not_runs(tmp_path: Path, seen):
+    import dataclasses
+
+    from autotune.study import Reference
+
+    study, _ = seen
+    copy, _ = _confirmed_copy(seen, tmp_path, "once", ((1.0, 1.02), (1.0, 1.02)))
+    answer = studies.answer_of(copy)
+    assert answer is not None
+    baseline = Reference("the untuned baseline", 0, 0.6, 1, 1.69, (1.38, 2.06))
+    for runs, said in ((1, "median of 1 run;"), (2, "median of 2 runs;")):
+        shown = dataclasses.replace(answer, runs=runs, runs_side_by_side=runs)
+        console = _console(200)
+        shown = dataclasses.replace(shown, references=(baseline,))
+        display.print_confirmation(console, shown, _spec(study), "once")
+        text = " ".join(_text(console).split())
+        assert said in text, text
+        alone = (
+            "from one run of each side by side" if runs == 1 else "from medians of 2 and 1 runs"
+        )
+        assert f"Accuracy per second, {alone}" in text, text
 
 
 def test_a_confirmation_run_short_of_its_target_says_so_not_a_time(seen):
@@ -325,6 +393,24 @@ def test_a_confirmation_run_short_of_its_target_says_so_not_a_time(seen):
     short, reached = _text(console).splitlines()
     assert "target not reached in 0.697 s" in short and "s to target" not in short
     assert "0.41 s to target" in reached
+
+
+def test_a_confirmation_runs_interference_note_wraps_indented_under_it(seen):
+    from autotune.study import ConfirmRun
+
+    study, _ = seen
+    console = _console(80)
+    show = display.confirmation_progress(console, _spec(study))
+    common = {"seed": 1, "score": 0.9667, "feasible": True, "wall_seconds": 1.0}
+    busy = ConfirmRun(
+        trial=17, repeat=1, value=3.236, samples_per_second=14200.0, other_cpu_share=0.5, **common
+    )
+    show(busy, 1, 10)
+    first, note = (line.rstrip() for line in _text(console).splitlines())
+    assert first.startswith("confirm   1/10  trial  17 run 1  3.236 acc/s") and len(first) <= 80
+    assert note == "        interference: others took 50% of the cores", note
+    show(ConfirmRun(trial=17, repeat=2, value=3.2, samples_per_second=14000.0, **common), 2, 10)
+    assert len(_text(console).splitlines()) == 3  # a quiet run: one line
 
 
 @pytest.mark.parametrize(("scaling", "shown"), [("none", "-"), ("linear", "256")])
@@ -488,3 +574,24 @@ def test_stage_ones_table_marks_a_row_measured_only_on_a_busy_machine():
     rows = {line.split()[1]: line for line in _text(console).splitlines() if "fp32" in line}
     assert "not measured" in rows["128"] and "as the nearest micro-batch measured" in rows["128"]
     assert "not measured" not in rows["32"]
+
+
+def test_an_error_wraps_between_words_on_a_terminal_and_is_one_line_in_a_log(monkeypatch):
+    from autotune.cli import _common
+
+    url = "sqlite:////home/someone/projects/a-long-folder-name/studies/autotune.db"
+    line = f"the study quickstart is not in {url}: the storage holds first, second and third"
+    for terminal in (True, False):
+        errors = Console(
+            file=io.StringIO(), width=80, force_terminal=terminal, soft_wrap=True, emoji=False
+        )
+        monkeypatch.setattr(_common, "errors", errors)
+        assert _common.fail(line).exit_code == 2
+        shown = Text.from_ansi(_text(errors)).plain.splitlines()
+        assert " ".join(" ".join(shown).split()) == f"error: {line}"  # every word whole
+        if not terminal:  # a log or a pipe: one line, for grep
+            assert len(shown) == 1
+            continue
+        assert len(shown) > 1 and all(len(row) <= 80 for row in shown), shown
+        assert all(row.startswith("       ") for row in shown[1:]), shown  # under the message
+        assert any(url in row for row in shown)  # a URL or a path is never broken

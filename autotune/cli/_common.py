@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import textwrap
 import warnings
 from typing import Annotated, Any
 
@@ -109,7 +110,13 @@ def raise_terminated(signum: int, frame: object) -> None:
 
 
 def fail(lines: str | list[str], code: int = EXIT_USAGE) -> typer.Exit:
+    """Each line as ``error: ...``: one line where stderr is a file or a pipe (a log, grep); on
+    a terminal wrapped between words, its continuation indented, a path or URL never broken."""
+    width = errors.width - len("error: ") if errors.is_terminal else None
     for line in [lines] if isinstance(lines, str) else lines:
+        if width and len(line) > width:
+            wrap = textwrap.wrap(line, width, break_long_words=False, break_on_hyphens=False)
+            line = "\n       ".join(wrap)
         errors.print(Text("error: ", style="bold red") + Text(line))
     return typer.Exit(code)
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
+from rich.padding import Padding
 from rich.text import Text
 
 from autotune.cli._common import (
@@ -179,11 +180,9 @@ def export_command(
         processes = result.config.world_size  # a DDP trial's script runs as its processes
         launch = ("torchrun", "--nproc-per-node", str(processes)) if processes > 1 else ("python",)
         display.print_command(console, "Run it:", *launch, str(output))
-        console.print(
-            f"  {result.epochs} epoch{'s' if result.epochs != 1 else ''} into run/; "
-            f"--epochs N, --resume, --run-dir DIR, --lr, --seed, --device",
-            markup=False,
-        )
+        options = "--epochs N, --resume, --run-dir DIR, --lr, --seed, --device"
+        epochs = f"{result.epochs} epoch{'s' if result.epochs != 1 else ''}"
+        console.print(Padding(Text(f"{epochs} into run/; {options}"), (0, 0, 0, 2)))
         if imported:  # say so before the user runs it: a shared study could name anything
             console.print(f"It imports and runs your code: {', '.join(imported)}.", markup=False)
 

@@ -9,7 +9,15 @@ from typing import Annotated
 
 import typer
 
-from autotune.cli._common import EXIT_FAILED, console, fail, in_range, storage_option, study_option
+from autotune.cli._common import (
+    EXIT_FAILED,
+    console,
+    fail,
+    flag,
+    in_range,
+    storage_option,
+    study_option,
+)
 from autotune.cli._confirm import open_to_train, training
 from autotune.spec import DEFAULT_STORAGE
 
@@ -29,7 +37,7 @@ def verify(
     ] = None,
     repeats: Annotated[int, typer.Option(help="Runs of each configuration.")] = 1,
     runner_up: Annotated[
-        bool, typer.Option("--runner-up", help="Also the best other feasible trial.")
+        bool, flag("--runner-up", help="Also the best other feasible trial.")
     ] = False,
     isolation: Annotated[
         str | None, typer.Option(help="worker or none. Default: study.isolation.")

@@ -10,13 +10,21 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console, Group
 from rich.live import Live
-from rich.padding import Padding
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from autotune import study as studies
 from autotune.config import TrialConfig
-from autotune.display._text import fmt, metric_unit, params, plural, score_text, si, visible
+from autotune.display._text import (
+    fmt,
+    metric_unit,
+    params,
+    plural,
+    print_beside,
+    score_text,
+    si,
+    visible,
+)
 from autotune.results import Evaluation
 from autotune.spec import Spec
 from autotune.speed import SpeedTable
@@ -263,12 +271,7 @@ class LiveObserver(studies.StudyObserver):
             line.append_text(flags)
         else:
             knobs = flags + knobs
-        if line.cell_len + knobs.cell_len <= console.width:
-            console.print(line + knobs)
-        else:  # the knobs on lines of their own, indented, wrapped between knobs: never cut
-            line.rstrip()
-            console.print(line)
-            console.print(Padding(knobs, (0, 0, 0, 8)))
+        print_beside(console, line, knobs)  # the knobs wrapped between knobs: never cut
         if trial.state in studies.COUNTED_STATES:
             self.progress.advance(self.task)
         self.progress.update(self.task, best=self._best_text())
@@ -308,11 +311,11 @@ def confirmation_progress(console: Console, spec: Spec) -> Callable[[ConfirmRun,
                 f"  {score_text(spec.objective, run.score)}  "
                 f"{si(run.samples_per_second or 0)} samples/s"
             )
+        note = Text()  # last, under the line where it has no room: wrapped, never cut
         if run.interfered:
-            line.append(
-                f"  interference: others took {run.other_cpu_share or 0:.0%} of the cores",
-                style="yellow",
-            )
-        console.print(line)  # wrapped, never cut: the interference note comes last
+            line.append("  ")
+            share = run.other_cpu_share or 0
+            note.append(f"interference: others took {share:.0%} of the cores", style="yellow")
+        print_beside(console, line, note)
 
     return show

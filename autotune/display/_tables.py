@@ -78,7 +78,7 @@ def print_plan(
         learned = [k for k in searched if k not in timed and k not in split]
         if split and not any(k in declared for k in SPLIT_KNOBS):
             learned.insert(1 if "lr" in learned else 0, "effective_batch_size")
-        if split:
+        if len(split) > 1:  # one split knob alone is the effective batch, searched in stage 2
             timed.append(f"the split of each effective batch into {' x '.join(split)}")
         print_item(console, "timing", f"{', '.join(timed) or 'nothing'} (stage 1: speed)")
         print_item(console, "stage 1", stage_one_plan(spec, hardware))
@@ -382,7 +382,7 @@ def _print_confirmed(
     console.print(
         f"[bold]Answer: trial {answer.number}[/], {fmt(answer.median)} "
         f"{metric_unit(spec.objective.metric_name)} "
-        f"(median of {answer.runs} runs; run-to-run spread {spread})"
+        f"(median of {plural(answer.runs, 'run')}; run-to-run spread {spread})"
     )
     if answer.noisy:
         why = (
@@ -416,8 +416,11 @@ def _print_confirmed(
         )
     if answer.references:
         said = "; ".join(r.said for r in answer.references)
-        runs = [str(n) for n in (answer.runs_side_by_side, *(r.runs for r in answer.references))]
-        console.print(
-            f"{what.capitalize()}, from medians of {', '.join(runs[:-1])} and {runs[-1]} runs "
-            f"side by side: {escape(said)}."
+        counts = (answer.runs_side_by_side, *(r.runs for r in answer.references))
+        runs = [str(n) for n in counts]
+        source = (
+            "one run of each"
+            if set(counts) == {1}
+            else f"medians of {', '.join(runs[:-1])} and {runs[-1]} runs"
         )
+        console.print(f"{what.capitalize()}, from {source} side by side: {escape(said)}.")

@@ -116,6 +116,17 @@ def print_item(console: Console, label: str, value: str, *, copy: bool = False) 
         console.print(Padding(Text(value), (0, 0, 0, 2)), highlight=False)
 
 
+def print_beside(console: Console, line: Text, rest: Text) -> None:
+    """``line`` then ``rest`` on one line where they fit the console; else ``rest`` on lines of
+    its own, indented under ``line`` and wrapped between words: never cut."""
+    if line.cell_len + rest.cell_len <= console.width:
+        console.print(line + rest)
+    else:
+        line.rstrip()
+        console.print(line)
+        console.print(Padding(rest, (0, 0, 0, 8)))
+
+
 def print_command(console: Console, label: str, *words: str) -> None:
     """A command for the user to copy, after its label; never broken (see ``print_item``)."""
     print_item(console, label, shlex.join(words), copy=True)
