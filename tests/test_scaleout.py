@@ -160,6 +160,8 @@ def test_two_workers_train_at_once_on_their_own_cores_and_keep_the_count(tmp_pat
     study = load_study("shared", f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}")
     counted = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
     assert len(counted) == 4 and not study.get_trials(states=(TrialState.RUNNING,))
+    ended = sum(1 for t in study.trials if t.datetime_complete is not None)
+    assert f"{ended} trials this run" in done.stdout  # both workers' (issue 44 item 5)
     records = {t.number: TrialRecord.of(t) for t in counted}
     assert {r.worker for r in records.values()} == {"1/2", "2/2"}
     assert all(r.intra_op_threads == 1 for r in records.values())  # a core each: no more
@@ -291,6 +293,8 @@ def test_three_processes_share_a_postgresql_study_and_recover_a_killed_one(
     study = optuna.load_study(study_name="pg-shared", storage=url)
     counted = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
     assert len(counted) == 4 and not study.get_trials(states=(TrialState.RUNNING,))
+    ended = sum(1 for t in study.trials if t.datetime_complete is not None)
+    assert f"{ended} trials this run" in done.stdout  # both workers' (issue 44 item 5)
     (killed,) = study.get_trials(states=(TrialState.FAIL,))
     assert TrialRecord.of(killed).fail_kind == "interrupted"
     retried = [t for t in counted if t.system_attrs.get("failed_trial") == killed.number]

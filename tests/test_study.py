@@ -301,6 +301,46 @@ space:
 """
 
 
+def test_a_runs_trials_are_counted_in_the_study_every_worker_included(
+    tmp_path: Path, prepare_study
+):
+    """``--workers``: the summary said "7 trials this run" where worker 2 ran 23 more, and
+    "1 running" after they had stopped (issue 44 item 5): the count is read from the study."""
+    from autotune.study import RunOutcome, count_states
+
+    before = time.time()
+    study, _, outcome, _ = prepare_study(tiny_spec(n_trials=3), tmp_path)
+    elsewhere = RunOutcome(study.study_name, trials_run=1, states={"RUNNING": 1})  # one worker
+    count_states(study, elsewhere, before)
+    assert elsewhere.trials_run == 3 == outcome.trials_run
+    assert elsewhere.states == outcome.states and "RUNNING" not in elsewhere.states
+    count_states(study, elsewhere, time.time())
+    assert elsewhere.trials_run == 0  # none started since
+
+
+def test_a_reference_is_never_pruned_even_behind_the_median(tmp_path: Path, prepare_study):
+    """Under --workers the untuned baseline may start after other trials finished (issue 44:
+    Hyperband pruned it, and the round ran without it). Here it is queued again after five
+    trials four times its pace: the median pruner would stop it at its first evaluation."""
+    from autotune.study._open import queue_reference
+
+    space = (
+        CANNOT_WIN_SPACE.replace("n_trials: 3", "n_trials: 6")
+        .replace("{step_delay_seconds: 0.02}", "{step_delay_seconds: 0.005}")
+        .replace("  confirm: false\n", "  confirm: false\n  checklist: false\n")
+    )
+    study = prepare_study(space, tmp_path, run=False).study
+    for _ in range(5):
+        study.enqueue_trial({"batch_size": 32})
+    study, _, _, _ = prepare_study(space, tmp_path)
+    spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
+    assert queue_reference(study, spec, CPU, "baseline")
+    study, _, _, _ = prepare_study(space.replace("n_trials: 6", "n_trials: 7"), tmp_path)
+    late = study.trials[-1]
+    assert TrialRecord.of(late).baseline and late.params["batch_size"] == 16
+    assert late.state == TrialState.COMPLETE and len(late.intermediate_values) == 3
+
+
 def test_a_trial_that_cannot_win_even_with_a_perfect_score_is_stopped(
     tmp_path: Path, prepare_study, monkeypatch
 ):

@@ -221,6 +221,7 @@ def run(  # noqa: C901, PLR0912, PLR0915
     confirmed = False
     others: Workers | None = None
     started = time.monotonic()  # the study's timeout counts from here, stage 1 included
+    began = time.time()  # every trial that starts from here is this run's, any worker's
     try:
         with (
             Live(progress, console=console, refresh_per_second=8) as live,
@@ -272,6 +273,7 @@ def run(  # noqa: C901, PLR0912, PLR0915
                 gave_up = gave_up or "trials failed" in outcome.stopped_reason
                 gave_up = gave_up or not others.going  # nothing left to run, or no stage 2
                 say_lines(stop_workers(others, gave_up, spec.study.trial_timeout or 600))
+                studies.count_states(study, outcome, began)  # the workers' trials too
             live.update(progress)
         console.print()  # ends the progress line (piped output has no cursor to move)
         if outcome.stopped_reason:

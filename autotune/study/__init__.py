@@ -56,7 +56,7 @@ if TYPE_CHECKING:
         StudyRecord,
         TrialRecord,
     )
-    from autotune.study._run import RunOutcome, run_study
+    from autotune.study._run import RunOutcome, count_states, run_study
     from autotune.study._sampling import TrialSeededSampler, make_pruner, make_sampler
     from autotune.study._speed import run_speed_stage
     from autotune.study._speed_store import SpeedEvent, SpeedRecord, speed_study_name
@@ -123,6 +123,7 @@ _MODULES = {
     "trial_config": "_queries",
     "MemoryWalls": "_walls",
     "RunOutcome": "_run",
+    "count_states": "_run",
     "StudyObserver": "_trial",
     "Terminated": "_trial",
     "TrialRunner": "_trial",
@@ -194,6 +195,7 @@ __all__ = [
     "best_trial",
     "confirm_study",
     "confirmation_plan",
+    "count_states",
     "counted_trials",
     "display_url",
     "feasible_trials",

@@ -7,6 +7,7 @@ ones running elsewhere. One trial's life is ``_trial``'s.
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -223,9 +224,21 @@ def run_study(  # noqa: C901, PLR0912, PLR0915
     except KeyboardInterrupt as stop:
         outcome.interrupted = True
         outcome.terminated = isinstance(stop, Terminated)
-    trials = study.get_trials(deepcopy=False)
-    for state in TrialState:
-        count = sum(1 for t in trials if t.state == state)
-        if count:
-            outcome.states[state.name] = count
+    count_states(study, outcome)
     return outcome
+
+
+def count_states(study: optuna.Study, outcome: RunOutcome, since: float | None = None) -> None:
+    """``outcome.states``: the study's trials by state, as they are now. ``since`` (a
+    ``time.time()``): also ``outcome.trials_run``, every process's trials that started since
+    then and have ended (``--workers``: those of the workers this run started too)."""
+    trials = study.get_trials(deepcopy=False)
+    outcome.states = {
+        state.name: count
+        for state in TrialState
+        if (count := sum(1 for t in trials if t.state == state))
+    }
+    if since is not None:
+        began = datetime.datetime.fromtimestamp(since)
+        starts = [t.datetime_start for t in trials if t.datetime_complete is not None]
+        outcome.trials_run = sum(1 for start in starts if start is not None and start >= began)

@@ -207,6 +207,7 @@ class TrialRunner:
         pruned_at: list[Evaluation] = []
         taken_over: list[bool] = []
         leader = self._leader(trial)
+        reference = TrialRecord.from_attrs(trial.user_attrs).reference is not None
         lost_at: list[tuple[Evaluation, float]] = []
 
         def report(evaluation: Evaluation) -> bool:
@@ -227,7 +228,7 @@ class TrialRunner:
                     ):
                         lost_at.append((evaluation, reachable))
                         return True
-                if trial.should_prune():
+                if not reference and trial.should_prune():  # a reference trains to its end
                     pruned_at.append(evaluation)
                     return True
                 return False
