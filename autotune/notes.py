@@ -76,7 +76,8 @@ class Summary:
         round's median where the round confirmed it, else its trial's one measurement."""
         answer = self.answer
         if answer is not None and answer.median is not None and answer.runs:
-            return answer.median, f"median of {answer.runs} confirmed runs"
+            runs = answer.runs
+            return answer.median, f"median of {runs} confirmed run{'s' * (runs != 1)}"
         return (self.best.value if self.best is not None else None), "one trial"
 
     @property

@@ -130,7 +130,9 @@ class SpeedChoice:
     spread: float  # of the measurements behind it
     measurements: int
     speed_trials: tuple[int, ...]  # the speed study's trial numbers behind it
-    runner_up: float | None = None  # the next-best settings' samples/s in this cell
+    # the next-best settings' samples/s in this cell, as charged (the ranking's terms: its
+    # one-time costs spread over the trial), so never above the choice's own
+    runner_up: float | None = None
     interference: bool = False  # measured only while other processes took its cores
 
     @property

@@ -327,7 +327,7 @@ def test_the_baselines_own_execution_settings_claim_the_learning_difference_alon
     assert baseline.learning_only and baseline.ratio is None and answer.speedup is None
     assert baseline.said == (
         "over the untuned baseline, no measurable speed-up on this machine as it was (the same "
-        "execution settings, whose learning differs 1.00x; the runs' spreads allow 0.99x to "
+        "execution settings: learning alone, 1.00x; the runs' spreads allow 0.99x to "
         "1.01x)"
     )
     # the same settings learning faster (the baseline at half the accuracy): that is claimed

@@ -513,6 +513,16 @@ def test_yaml_and_json_round_trip_to_the_same_config(tiny_study, tmp_path: Path)
         "confirmed: median 2.5 over 3 runs (spread ±10%); 1.50x the untuned baseline (at least "
         "1.20x); tied within noise with trial 4"
     )
+    several = dataclasses.replace(verdict, tied_with=(18, 4, 16), said=())
+    assert dataclasses.replace(best, confirmation=several).confirmation_text().endswith(
+        "tied within noise with trials 4, 16 and 18"
+    )
+    # the headline is quoted in parentheses (export messages, the script's PROVENANCE)
+    assert confirmed.headline == f"{confirmed.metric} 2.5: median of 3 confirmed runs"
+    once = dataclasses.replace(verdict, runs=1)
+    assert dataclasses.replace(best, confirmation=once).headline.endswith(
+        ": median of 1 confirmed run"
+    )
     unconfirmed = dataclasses.replace(best, confirmation=None)
     assert unconfirmed.to_dict()["confirmation"] == {}  # as exports have always written it
     assert BestConfig.from_dict(unconfirmed.to_dict()).confirmation is None

@@ -140,3 +140,20 @@ def test_the_note_is_written_by_optuna_dashboards_own_code_without_its_web_app(t
     assert done.stdout.strip() == "[]"  # neither imported
     study = optuna.load_study(study_name="noted", storage=url)
     assert optuna_dashboard.get_note(study) == "# A note\n\nwith **two** lines"
+
+
+def test_the_headline_says_what_its_figure_is_in_words_that_agree(seen):
+    """The note's first figure is the round's median where one confirmed it, "median of 1
+    confirmed run" for one (not "1 confirmed runs"), else the trial's one measurement."""
+    import dataclasses
+
+    from autotune.study import Answer, best_trial
+
+    study, _ = seen
+    trial = best_trial(study)
+    assert trial is not None
+    plain = notes.summarize(study)
+    assert plain.headline[1] == "one trial"
+    for runs, words in ((1, "median of 1 confirmed run"), (3, "median of 3 confirmed runs")):
+        answer = Answer(trial=trial, median=2.0, runs=runs)
+        assert dataclasses.replace(plain, answer=answer).headline == (2.0, words)

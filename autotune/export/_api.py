@@ -107,8 +107,9 @@ class BestConfig:
 
     @property
     def headline(self) -> str:
-        """ "accuracy_per_second 4.271 (median of 3 confirmed runs)"."""
-        return f"{self.metric} {self.headline_value:.4g} ({self.headline_source})"
+        """ "accuracy_per_second 4.271: median of 3 confirmed runs" (it is quoted in
+        parentheses: none of its own)."""
+        return f"{self.metric} {self.headline_value:.4g}: {self.headline_source}"
 
     @property
     def epochs(self) -> int:

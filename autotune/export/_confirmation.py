@@ -101,8 +101,9 @@ def confirmation_text(found: TrialConfirmation | None) -> str:
     if found.reference is not None:
         text += f"; it is {found.reference}: the search found nothing better"
     if found.tied_with:
-        tied = ", ".join(str(n) for n in found.tied_with)
-        text += f"; tied within noise with trial{'s' * (len(found.tied_with) > 1)} {tied}"
+        *rest, last = sorted(found.tied_with)
+        tied = f"{', '.join(map(str, rest))} and {last}" if rest else str(last)
+        text += f"; tied within noise with trial{'s' * bool(rest)} {tied}"
     if found.under_interference:
         text += "; measured while other processes used the CPU (confirm it again)"
     return text

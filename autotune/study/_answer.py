@@ -83,7 +83,7 @@ def _reference(verdict: Verdict, name: str, measured: Confirmed, same_settings: 
     if interval[0] <= 1.0 <= interval[1]:
         allow = f"the runs' spreads allow {_between(*interval)}"
         if same_settings:
-            allow = f"the same execution settings, whose learning differs {ratio:.2f}x; {allow}"
+            allow = f"the same execution settings: learning alone, {ratio:.2f}x; {allow}"
         return dataclasses.replace(found, why=allow)
     return dataclasses.replace(found, ratio=ratio)
 
