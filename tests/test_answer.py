@@ -527,3 +527,34 @@ def test_an_answer_measured_only_under_interference_is_said_so_everywhere(seen):
     assert "Measured while other processes used the CPU: confirm it again" in said["note"]
     warned = "measured while other processes used the CPU (confirm it again)"
     assert warned in said["report"] and said["best"].endswith(warned)
+
+
+def test_the_confirmation_shows_every_runs_score_and_marks_an_infeasible_run():
+    """Issue 44 item 6: trial 2's median accuracy was 0.9056 over its feasible runs while 2
+    of its 4 runs were below min_accuracy; the table's "runs" column said "2 of 4" unexplained;
+    the confirm lines did not mark an infeasible run."""
+    study = _study([2.0, 3.0, 3.1], baseline=0)
+    record = _round({1: [3.0, 2.9, 3.1, 3.0], 2: [3.1, 3.2, 3.0, 3.1], 0: [2.0, 2.1, 1.9, 2.0]})
+    below = {(2, 1): 0.7, (2, 2): 0.72}  # two of trial 2's runs short of min_accuracy 0.85
+    runs = tuple(
+        dataclasses.replace(run, score=below[key], feasible=False)
+        if (key := (run.trial, run.repeat)) in below
+        else run
+        for run in record.runs
+    )
+    answer = _answer(study, dataclasses.replace(record, runs=runs, baseline=0))
+    found = next(c for c in answer.configurations if c.trial == 2)
+    assert not found.eligible and found.median_score == pytest.approx((0.72 + 0.9) / 2)
+    said = io.StringIO()
+    spec = parse_spec(
+        "workload: {model: digits_cnn, data: digits}\nobjective: {min_accuracy: 0.85}\n"
+    )
+    display.print_confirmation(Console(file=said, width=200), answer, spec, study.study_name)
+    shown = " ".join(said.getvalue().split())
+    assert "feasible runs" in shown and "│ 2 │ - │ - │ 0.81 │ 2 of 4 │" in shown, shown
+    lines = io.StringIO()
+    show = display.confirmation_progress(Console(file=lines, width=200), spec)
+    show(runs[5], 6, 12)
+    assert "infeasible: below min_accuracy 0.85" in lines.getvalue(), lines.getvalue()
+    show(runs[4], 5, 12)
+    assert lines.getvalue().count("infeasible") == 1

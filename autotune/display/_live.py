@@ -311,6 +311,10 @@ def confirmation_progress(console: Console, spec: Spec) -> Callable[[ConfirmRun,
                 f"  {score_text(spec.objective, run.score)}  "
                 f"{si(run.samples_per_second or 0)} samples/s"
             )
+            bar = spec.objective.bar
+            if not run.feasible:  # no measurement of an answer: the medians leave it out
+                below = f": below {spec.objective.bar_name} {bar:g}" if bar is not None else ""
+                line.append(f"  infeasible{below}", style="yellow")
         note = Text()  # last, under the line where it has no room: wrapped, never cut
         if run.interfered:
             line.append("  ")

@@ -329,11 +329,12 @@ def print_confirmation(
     table.add_column(f"median {unit}", justify="right", style="bold green")
     table.add_column("range", justify="right")
     table.add_column(f"median {spec.objective.score_name}", justify="right")
-    table.add_column("runs", justify="right")
+    table.add_column("feasible runs", justify="right")  # the medians' runs: of how many
     for found in answer.configurations:
         label = found.label
         if not found.values or not (found.eligible or found.baseline or found.checklist):
-            table.add_row(label, "-", "-", "-", f"{found.all_runs}, none feasible")
+            score = fmt(found.median_score) if found.scores else "-"
+            table.add_row(label, "-", "-", score, f"{len(found.values)} of {found.all_runs}")
             continue
         counted = len(found.values)
         table.add_row(

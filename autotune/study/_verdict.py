@@ -218,7 +218,8 @@ class Verdict:
                     checklist=number == record.checklist,
                     trial_feasible=all(run.feasible for run in measured if run.repeat == 0),
                     values=tuple(run.value for run in trained if run.value is not None),
-                    scores=tuple(r.score for r in trained if r.score is not None),
+                    # every run that trained, feasible or not: the score it really reaches
+                    scores=tuple(r.score for r in runs if r.value is not None and r.score),
                     samples_per_second=tuple(
                         r.samples_per_second for r in trained if r.samples_per_second
                     ),
