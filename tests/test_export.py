@@ -514,8 +514,10 @@ def test_yaml_and_json_round_trip_to_the_same_config(tiny_study, tmp_path: Path)
         "1.20x); tied within noise with trial 4"
     )
     several = dataclasses.replace(verdict, tied_with=(18, 4, 16), said=())
-    assert dataclasses.replace(best, confirmation=several).confirmation_text().endswith(
-        "tied within noise with trials 4, 16 and 18"
+    assert (
+        dataclasses.replace(best, confirmation=several)
+        .confirmation_text()
+        .endswith("tied within noise with trials 4, 16 and 18")
     )
     # the headline is quoted in parentheses (export messages, the script's PROVENANCE)
     assert confirmed.headline == f"{confirmed.metric} 2.5: median of 3 confirmed runs"
