@@ -329,7 +329,12 @@ def print_confirmation(
     table.add_column(f"median {unit}", justify="right", style="bold green")
     table.add_column("range", justify="right")
     table.add_column(f"median {spec.objective.score_name}", justify="right")
-    table.add_column("feasible runs", justify="right")  # the medians' runs: of how many
+    table.add_column("runs used", justify="right")  # the medians' runs: of how many
+    table.caption = (
+        "runs used: those the medians count, of every run: feasible, and measured alike "
+        "(quiet, or all under load)"
+    )
+    table.caption_justify = "left"
     for found in answer.configurations:
         label = found.label
         if not found.values or not (found.eligible or found.baseline or found.checklist):
