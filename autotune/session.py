@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from autotune.executor import TrialExecutor
     from autotune.export import BestConfig
     from autotune.hardware import Hardware
-    from autotune.study import Patience, RunOutcome, StudyObserver
+    from autotune.study import ConfirmationRecord, Patience, RunOutcome, StudyObserver
     from autotune.worker import WorkerExecutor
     from autotune.workloads import Workload
 
@@ -180,7 +180,7 @@ def confirm_answer(
     top: int,
     repeats: int,
     *,
-    on_start: Callable[[int, tuple[str, ...], int], None] | None = None,
+    on_start: Callable[[ConfirmationRecord], None] | None = None,
     on_run: Callable[..., None] | None = None,
     on_wait: Callable[[str], None] | None = None,
     on_other: Callable[[], None] | None = None,
@@ -188,9 +188,9 @@ def confirm_answer(
     """Run (or resume) the confirmation round of the study's ``top`` leaders and references,
     ``repeats`` runs each, interleaved; whether a round exists now (False: no feasible trial to
     confirm). One process at a time runs a study's round: another that finishes beside it waits
-    (``on_other`` is called) and then finds the round done. ``on_start(leaders, references,
-    runs)`` when runs are left to do; ``on_run`` and ``on_wait`` as ``confirm_study`` calls
-    them."""
+    (``on_other`` is called) and then finds the round done. ``on_start(plan)`` hears the round
+    before it runs (what it keeps, what is left: ``runs_left``, none where it is complete);
+    ``on_run`` and ``on_wait`` as ``confirm_study`` calls them."""
     from autotune import study as studies
 
     with studies.study_lock(study, "confirm", on_other, held_long=True):
@@ -199,9 +199,8 @@ def confirm_answer(
         )
         if plan is None:
             return False
-        todo = plan.runs_left()  # runs measured again count once: never "-8 runs"
-        if todo and on_start is not None:
-            on_start(len(plan.candidates) - len(plan.references), plan.references, todo)
+        if on_start is not None:
+            on_start(plan)
         studies.confirm_study(
             study, spec.objective, executor, top, repeats, on_run=on_run, on_wait=on_wait
         )

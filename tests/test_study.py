@@ -39,6 +39,7 @@ from autotune.study import (
     answer_trial,
     best_trial,
     confirm_study,
+    confirmation_plan,
     counted_trials,
     feasible_trials,
     make_sampler,
@@ -714,7 +715,7 @@ def test_the_speedup_is_against_the_baseline_measured_in_the_same_round():
 
 @pytest.mark.slow
 def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(
-    tmp_path: Path, prepare_study
+    tmp_path: Path, prepare_study, capsys: pytest.CaptureFixture[str]
 ):
     spec = tiny_spec(n_trials=5)
     study = prepare_study(spec, tmp_path).study
@@ -778,6 +779,33 @@ def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(
         remeasures=0,
     )
     assert again == []
+    # a shorter round keeps this one; a longer one adds its runs to it (issue 44 item 4)
+    assert confirmation_plan(study, 2, 1) == final
+    longer = confirmation_plan(study, 2, 3)
+    assert (
+        longer is not None and longer.runs == final.runs and longer.runs_left() == len(candidates)
+    )
+    confirm_study(
+        study,
+        spec.objective,
+        executor,
+        top=2,
+        repeats=3,
+        on_run=lambda *a: again.append(a),
+        remeasures=0,
+    )
+    added = StudyRecord.of(study).confirmation
+    assert added is not None and added.complete and added.repeats == 3
+    assert added.runs[: len(final.runs)] == final.runs and len(again) == len(candidates)
+    assert {run.repeat for run in added.runs[len(final.runs) :]} == {3}
+    from autotune.cli._confirm import confirm_round
+
+    assert confirm_round(study, spec, executor, 2, 2)  # says it keeps the round, runs none
+    said = " ".join(capsys.readouterr().out.split())
+    kept = 3 * len(candidates)
+    assert "Nothing new to measure: the round of the 2 best, " in said, said
+    assert f"has its {kept} runs (3 more of each); --repeats 4 adds one more each." in said
+    assert len(again) == len(candidates)
 
 
 def test_the_answer_is_the_confirmed_winner_over_a_higher_single_value(

@@ -137,10 +137,23 @@ def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) 
             style="dim",
         )
 
-    def starting(leaders: int, references: tuple[str, ...], runs: int) -> None:
-        named = ["the best configuration" if leaders == 1 else f"the {leaders} best", *references]
+    def starting(plan: Any) -> None:  # a ConfirmationRecord: what it keeps, what it runs
+        leaders = len(plan.candidates) - len(plan.references)
+        named = [
+            "the best configuration" if leaders == 1 else f"the {leaders} best",
+            *plan.references,
+        ]
         beside = ", ".join(named[:-1]) + f" and {named[-1]}" if len(named) > 1 else named[0]
-        console.print(f"Confirming {beside}: {runs} runs, interleaved.")
+        todo = plan.runs_left()  # runs measured again count once: never "-8 runs"
+        kept = len(plan.candidates) * plan.repeats - todo
+        if not todo:
+            console.print(
+                f"Nothing new to measure: the round of {beside} has its {kept} runs "
+                f"({plan.repeats} more of each); --repeats {plan.repeats + 1} adds one more each."
+            )
+            return
+        more = f", beside the {kept} the round has" if kept else ""
+        console.print(f"Confirming {beside}: {todo} runs{more}, interleaved.")
 
     return session.confirm_answer(
         study,

@@ -46,8 +46,9 @@ REMEASURES = 2  # a run measured under interference is run again at most this ma
 def confirmation_plan(
     study: optuna.Study, top: int, repeats: int, higher_score_better: bool = True
 ) -> ConfirmationRecord | None:
-    """The round to run now: the stored one when it confirms the same leaders (to resume or
-    reuse), else a new one; None when the study has no feasible trial to confirm.
+    """The round to run now: the stored one when it confirms the same leaders, its runs kept
+    (resumed, or with more ``repeats`` than it has, added to: a round is never replaced by a
+    shorter one), else a new one; None when the study has no feasible trial to confirm.
     ``higher_score_better``: the score's direction, for the tie rule."""
     leaders = feasible_trials(study)[:top]
     if not leaders:
@@ -59,13 +60,10 @@ def confirmation_plan(
         if reference is not None and reference.number not in candidates:
             candidates = (*candidates, reference.number)
     stored = StudyRecord.of(study).confirmation
-    if (
-        stored is not None
-        and stored.candidates == candidates
-        and stored.top == top
-        and stored.repeats == repeats
-    ):
-        return stored
+    if stored is not None and stored.candidates == candidates and stored.top == top:
+        if repeats <= stored.repeats:
+            return stored
+        return dataclasses.replace(stored, repeats=repeats, complete=False)
     maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     originals = tuple(_original(trials[number]) for number in candidates)
@@ -126,7 +124,7 @@ def confirm_study(
     if record is None:
         return None
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    order = _order(record.candidates, repeats)
+    order = _order(record.candidates, record.repeats)
     for position, (number, repeat) in enumerate(order, start=1):
         while _needs_run(record, number, repeat, remeasures):
             run = _measure(trials[number], repeat, goal, executor, on_wait)
