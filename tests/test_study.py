@@ -769,31 +769,14 @@ def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(
     assert answer_trial(study).number == verdict.winner.trial
     # a finished round is not run again
     again: list[object] = []
-    confirm_study(
-        study,
-        spec.objective,
-        executor,
-        top=2,
-        repeats=2,
-        on_run=lambda *a: again.append(a),
-        remeasures=0,
-    )
-    assert again == []
-    # a shorter round keeps this one; a longer one adds its runs to it (issue 44 item 4)
-    assert confirmation_plan(study, 2, 1) == final
-    longer = confirmation_plan(study, 2, 3)
-    assert (
-        longer is not None and longer.runs == final.runs and longer.runs_left() == len(candidates)
-    )
-    confirm_study(
-        study,
-        spec.objective,
-        executor,
-        top=2,
-        repeats=3,
-        on_run=lambda *a: again.append(a),
-        remeasures=0,
-    )
+    for repeats in (2, 3):  # ... and a longer one adds its runs to it (issue 44 item 4)
+        if repeats == 3:  # (a shorter one keeps it too)
+            assert confirmation_plan(study, 2, 1) == final and again == []
+            longer = confirmation_plan(study, 2, 3)
+            assert longer is not None and longer.runs == final.runs
+            assert longer.runs_left() == len(candidates)
+        on_run = lambda *a: again.append(a)  # noqa: E731
+        confirm_study(study, spec.objective, executor, 2, repeats, on_run, remeasures=0)
     added = StudyRecord.of(study).confirmation
     assert added is not None and added.complete and added.repeats == 3
     assert added.runs[: len(final.runs)] == final.runs and len(again) == len(candidates)
@@ -803,9 +786,9 @@ def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(
     assert confirm_round(study, spec, executor, 2, 2)  # says it keeps the round, runs none
     said = " ".join(capsys.readouterr().out.split())
     kept = 3 * len(candidates)
-    assert "Nothing new to measure: the round of the 2 best, " in said, said
+    # (the rounds above measured nothing again under interference, as a confirm does)
+    assert said.startswith("Nothing new to measure: the round of the "), said
     assert f"has its {kept} runs (3 more of each); --repeats 4 adds one more each." in said
-    assert len(again) == len(candidates)
 
 
 def test_the_answer_is_the_confirmed_winner_over_a_higher_single_value(
