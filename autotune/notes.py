@@ -74,10 +74,8 @@ class Summary:
     def headline(self) -> tuple[float | None, str]:
         """The best trial's value as a person reads it first, and what it is: the confirmation
         round's median where the round confirmed it, else its trial's one measurement."""
-        answer = self.answer
-        if answer is not None and answer.median is not None and answer.runs:
-            runs = answer.runs
-            return answer.median, f"median of {runs} confirmed run{'s' * (runs != 1)}"
+        if self.answer is not None:
+            return self.answer.headline
         return (self.best.value if self.best is not None else None), "one trial"
 
     @property

@@ -97,6 +97,7 @@ def test_a_clear_winner_carries_its_medians_the_rounds_facts_and_its_ratio_over_
     assert answer.number == 2 and answer.trial.value == 2.6
     assert answer_trial(study) == answer.trial
     assert answer.median == 2.65 and answer.runs == 3 and answer.runs_side_by_side == 2
+    assert answer.headline == (2.65, "median of 3 confirmed runs")  # not its trial's 2.6
     assert answer.median_score == 0.9 and answer.median_samples_per_second == pytest.approx(265)
     assert answer.tied == () and answer.tie_rule == "value" and not answer.noisy
     # the typical half-range: 0.238 (trial 1), 0.019 (trial 2), 0.048 (the baseline)
@@ -381,6 +382,7 @@ def test_a_round_that_does_not_back_the_best_trial_leaves_it_unconfirmed():
     plain = answer_of(study)
     assert plain is not None and plain.round_state == "none" and plain.number == 1
     assert plain.spread is None and plain.configurations == ()
+    assert plain.headline == (3.0, "one trial")
     record = _round({1: [3.0, 2.0, 2.1], 2: [2.6, 2.7, 2.65], 0: [1.0, 1.1, 1.05]}, baseline=0)
     unfinished = _answer(study, dataclasses.replace(record, complete=False))
     assert unfinished.round_state == "unfinished" and unfinished.number == 1

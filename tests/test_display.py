@@ -235,6 +235,11 @@ def test_studies_fits_80_columns_with_whole_headers(seen, tmp_path: Path):
     (entry,) = [e for e in json.loads(as_json.stdout) if e["study"] == "seen"]
     assert entry["metric"] == "accuracy_per_second" and entry["best_trial"] == int(row.split()[-1])
     assert entry["complete"] == int(row.split()[1]) and entry["failed"] == int(row.split()[3])
+    # its best is the answer as read first: a confirmed median, else the trial's one value
+    answer = studies.answer_of(seen[0])
+    assert answer is not None and [entry["best_value"], entry["best_source"]] == list(
+        answer.headline
+    )
 
 
 def _round(values: dict[int, tuple[float, ...]]):

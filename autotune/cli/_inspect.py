@@ -329,7 +329,9 @@ def list_studies(
                 "metric": studies.StudyRecord.of(study).metric
                 or next(iter(study.metric_names or []), None),
                 **{column: count[TrialState[state]] for column, state in _COUNTED.items()},
-                "best_value": top.value if top else None,
+                # the round's median where it confirmed the answer, else its one trial's
+                "best_value": answer.headline[0] if answer is not None else None,
+                "best_source": answer.headline[1] if answer is not None else None,
                 "best_trial": top.number if top else None,
             }
         )

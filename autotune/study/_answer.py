@@ -136,6 +136,15 @@ class Answer:
         return self.trial.number
 
     @property
+    def headline(self) -> tuple[float | None, str]:
+        """Its value as a person reads it first, and what it is: the round's median where the
+        round confirmed it, else its trial's one measurement."""
+        runs = self.runs
+        if self.median is not None and runs:
+            return self.median, f"median of {runs} confirmed run{'s' * (runs != 1)}"
+        return self.trial.value, "one trial"
+
+    @property
     def confirmed(self) -> bool:
         """Whether the confirmation round backs it."""
         return self.round_state == "confirmed"
