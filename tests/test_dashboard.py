@@ -3,6 +3,7 @@ shows its name, its trials, their measurements and autotune's note."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -126,7 +127,7 @@ def test_the_dashboard_logs_no_line_per_request(seen, tmp_path):
 
     from autotune.testing import start_cli
 
-    _, url = seen
+    study, url = seen
     port = _free_port()
     server = start_cli("dashboard", "--storage", url, "--port", str(port), cwd=tmp_path)
     try:
@@ -134,6 +135,14 @@ def test_the_dashboard_logs_no_line_per_request(seen, tmp_path):
         for path in ("/dashboard", "/api/studies"):
             with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as page:
                 assert page.status == 200
+        # what its Analytics tab plots (issue 44 item 2): every trial, the references too,
+        # on the same parameters
+        api = f"http://127.0.0.1:{port}/api/studies/{study._study_id}"
+        with urllib.request.urlopen(api, timeout=30) as page:
+            detail = json.loads(page.read())
+        names = {p["name"] for p in detail["intersection_search_space"]}
+        assert names == {p["name"] for p in detail["union_search_space"]}, detail
+        assert {"effective_batch_size", "lr"} <= names
     finally:
         server.terminate()
         out, err = server.communicate(timeout=30)
