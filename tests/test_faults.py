@@ -30,6 +30,7 @@ from autotune.study import MemoryWalls, TrialRecord, open_storage, recover_stale
 from autotune.testing import (
     CPU,
     assert_trials_recorded,
+    beat_long_ago,
     live_group_members,
     make_config,
     start_cli,
@@ -516,17 +517,6 @@ def test_a_killed_study_process_leaves_no_trial_running_after_a_resume(tmp_path:
     assert retried[0].user_attrs.get("baseline") is True  # the retry is still the baseline
     assert_one_baseline_counted(study)
     assert not any(orphan.exists() for orphan in orphans)
-
-
-def beat_long_ago(database: Path, seconds: int = 10) -> None:
-    """Move every trial's last heartbeat in the SQLite file ``database`` ``seconds`` into the
-    past, on the storage's own clock: as if its process had been silent that long (longer
-    than three heartbeat intervals of a second), without waiting for it."""
-    with sqlite3.connect(database) as connection:
-        connection.execute(
-            "UPDATE trial_heartbeats SET heartbeat = datetime(heartbeat, ?)",
-            (f"-{seconds} seconds",),
-        )
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # this test beats itself
