@@ -83,14 +83,16 @@ def _invoke_cli(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``autotune ARGS`` in this process (Typer's CliRunner) in ``cwd``, with ``env`` added
     to the environment and consoles ``columns`` wide, as ``run_cli`` runs it in a subprocess:
-    for commands that only read a study, where a new interpreter would cost a second and test
-    nothing more. Its exit code is the returned ``returncode``."""
+    for commands that read a study, and for runs whose subject is not the process (no worker,
+    no signal), where a new interpreter and torch would cost seconds and test nothing more. Its
+    exit code is the returned ``returncode``."""
     from typer.testing import CliRunner
 
     from autotune.cli import app
     from autotune.cli._common import console, errors
 
     widths = console.width, errors.width
+    verbosity = optuna.logging.get_verbosity()  # the command sets Optuna's: for itself only
     here = Path.cwd()
     os.chdir(cwd)
     console.width = errors.width = columns
@@ -100,6 +102,7 @@ def _invoke_cli(
         )
     finally:
         console.width, errors.width = widths
+        optuna.logging.set_verbosity(verbosity)
         os.chdir(here)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception  # a bug: its traceback, as the command would print it

@@ -1,4 +1,6 @@
-"""The ``autotune`` command end to end, in a subprocess, as a user runs it."""
+"""The ``autotune`` command end to end, as a user runs it: in a subprocess where the process is
+the subject (a worker, the environment, what it imports), in this process (Typer's CliRunner,
+``invoke_cli``) where a new interpreter and torch would cost seconds and test nothing more."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import optuna
@@ -87,12 +90,13 @@ def test_run_then_best_then_resume(invoke_cli, tmp_path: Path, monkeypatch: pyte
 
     listed = invoke_cli("studies", cwd=tmp_path)
     assert listed.returncode == 0 and "tiny" in listed.stdout
-    exported = run_cli("export", "--study", "tiny", "-o", "t.py", cwd=tmp_path, env=without_plotly)
-    assert exported.returncode == 0 and (tmp_path / "t.py").exists(), exported.stderr
-    # report imports plotly when it draws: in this process, as if plotly were not installed
+    # export and report in this process, as if plotly were not installed: export needs none,
+    # report imports it when it draws
     hidden = [name for name in sys.modules if name == "plotly" or name.startswith("plotly.")]
     for name in hidden or ["plotly"]:
         monkeypatch.setitem(sys.modules, name, None)
+    exported = invoke_cli("export", "--study", "tiny", "-o", "t.py", cwd=tmp_path)
+    assert exported.returncode == 0 and (tmp_path / "t.py").exists(), exported.stderr
     report = invoke_cli("report", "--study", "tiny", cwd=tmp_path)
     monkeypatch.undo()
     assert report.returncode == 1 and "Traceback" not in report.stderr
@@ -100,7 +104,7 @@ def test_run_then_best_then_resume(invoke_cli, tmp_path: Path, monkeypatch: pyte
     assert not (tmp_path / "report.html").exists()
 
     # resumed in this process's trials (no worker: what is resumed is the study)
-    again = run_cli("run", str(space), "--n-trials", "6", "--isolation", "none", cwd=tmp_path)
+    again = invoke_cli("run", str(space), "--n-trials", "6", "--isolation", "none", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert "resuming with" in again.stdout
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{db}")
@@ -123,15 +127,18 @@ def test_run_then_best_then_resume(invoke_cli, tmp_path: Path, monkeypatch: pyte
         ("workload: {model: m, data: d, device: cuda}\n", "has no usable CUDA GPU"),
     ],
 )
-def test_user_errors_are_one_line_exit_2_and_create_nothing(tmp_path: Path, text, expected):
+def test_user_errors_are_one_line_exit_2_and_create_nothing(
+    invoke_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text, expected
+):
     space = write_space(tmp_path, text=text, name="bad.yaml")
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    done = run_cli("run", str(space), cwd=tmp_path, env={"TMPDIR": str(scratch)})
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # the worker's scratch goes there
+    done = invoke_cli("run", str(space), cwd=tmp_path, env={"TMPDIR": str(scratch)}, columns=80)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr + done.stdout
     lines = done.stderr.strip().splitlines()
-    # one line at any terminal width (a subprocess's console is 80 columns): never wrapped
+    # one line at any terminal width (here 80 columns): never wrapped
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines
     assert not (tmp_path / "studies").exists()
     # the worker started while the workload was checked here went, with its scratch folder
@@ -157,12 +164,12 @@ ONE_STAGE = "  seed: 0\n  strategy: joint\n  confirm: false\n"  # these tests ar
 def test_edited_space_is_refused_until_new_study(invoke_cli, tmp_path: Path):
     space = write_space(tmp_path, n_trials=1)
     space.write_text(space.read_text().replace("  seed: 0\n", ONE_STAGE))
-    assert run_cli("run", str(space), "--isolation", "none", cwd=tmp_path).returncode == 0
+    assert invoke_cli("run", str(space), "--isolation", "none", cwd=tmp_path).returncode == 0
     space.write_text(space.read_text().replace("[16, 32]", "[16, 64]"))
     refused = invoke_cli("run", str(space), cwd=tmp_path)  # refused before it trains
     assert refused.returncode == 2
     assert "the space file changed" in refused.stderr and "[16, 64]" in refused.stderr
-    fresh = run_cli("run", str(space), "--new-study", "--isolation", "none", cwd=tmp_path)
+    fresh = invoke_cli("run", str(space), "--new-study", "--isolation", "none", cwd=tmp_path)
     assert fresh.returncode == 0 and "study tiny-2" in fresh.stdout
     unknown = invoke_cli("best", "--study", "tiyn", cwd=tmp_path)
     assert unknown.returncode == 1 and "did you mean 'tiny'?" in unknown.stderr
@@ -179,7 +186,7 @@ def test_a_study_name_with_markup_and_spaces_is_shown_as_it_is(invoke_cli, tmp_p
     name = "run[fast] x[/y]"
     space = write_space(tmp_path, n_trials=1)
     space.write_text(space.read_text().replace("  seed: 0\n", ONE_STAGE))
-    done = run_cli("run", str(space), "--study-name", name, "--isolation", "none", cwd=tmp_path)
+    done = invoke_cli("run", str(space), "--study-name", name, "--isolation", "none", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert f"study {name} (" in done.stdout
     assert f"Best trials of {name}" in done.stdout
@@ -400,7 +407,7 @@ def test_best_says_what_its_seconds_are_and_no_speedup_the_run_did_not(
     assert f"autotune export --study seen --storage {url} -o train.py" in lines  # whole
 
 
-def test_a_run_whose_trials_all_failed_exits_1_saying_why(tmp_path: Path):
+def test_a_run_whose_trials_all_failed_exits_1_saying_why(invoke_cli, tmp_path: Path):
     """One rule for the exit status: a run after which no trial of the study trained to its
     end fails, whatever its trials' messages, with a line naming the commonest (here a NaN
     loss in every trial, each with its own learning rate in the message)."""
@@ -409,7 +416,7 @@ def test_a_run_whose_trials_all_failed_exits_1_saying_why(tmp_path: Path):
         "model: autotune.testing:tiny_mlp\n  model_args: {nan_after_steps: 2}",
     )
     space = write_space(tmp_path, text)
-    done = run_cli("run", str(space), "--isolation", "none", cwd=tmp_path)
+    done = invoke_cli("run", str(space), "--isolation", "none", cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     said = " ".join(done.stderr.split())
     assert said.startswith("error: no trial of the study trained to its end; ")
@@ -430,14 +437,16 @@ def data(**kwargs):  # loads in the study process, not in its worker
 """
 
 
-def test_an_error_during_the_live_display_gets_a_line_of_its_own(tmp_path: Path):
+def test_an_error_during_the_live_display_gets_a_line_of_its_own(
+    invoke_cli, tmp_path: Path, user_module
+):
     """The worker cannot load the data (its node lacks the mount): one error line, after the
     live display's last line has ended (piped, it has no cursor to end it)."""
-    (tmp_path / "mounted.py").write_text(WORKER_ONLY_FAILURE)
+    user_module("mounted", WORKER_ONLY_FAILURE)
     text = TINY_SPACE.format(n_trials=2, pruner="none")
     text = text.replace("data: autotune.testing:blobs", "data: mounted:data")
     space = write_space(tmp_path, text.replace("  seed: 0\n", "  seed: 0\n  strategy: joint\n"))
-    done = run_cli("run", str(space), cwd=tmp_path)
+    done = invoke_cli("run", str(space), cwd=tmp_path)  # its worker: a process of its own
     assert done.returncode == 1, done.stdout + done.stderr
     assert "the data set is not mounted on this node" in done.stderr
     assert done.stdout.endswith("\n"), done.stdout[-200:]
@@ -466,14 +475,14 @@ def bad(num_classes):
 
 
 def test_a_bug_that_fails_stage_one_names_the_users_file_and_keeps_its_traceback(
-    tmp_path: Path,
+    invoke_cli, tmp_path: Path, user_module
 ):
-    (tmp_path / "bad_model.py").write_text(BAD_MODEL)
+    user_module("bad_model", BAD_MODEL)
     text = TINY_SPACE.format(n_trials=2, pruner="none").replace(
         "autotune.testing:tiny_mlp", "bad_model:bad"
     )
     space = write_space(tmp_path, text)
-    done = run_cli("run", str(space), cwd=tmp_path)
+    done = invoke_cli("run", str(space), cwd=tmp_path, columns=80)  # stage 1 in its worker
     assert done.returncode == 1, done.stdout + done.stderr
     said = " ".join(done.stderr.split())
     assert "every trial failed with the same error: ValueError: shapes do not match" in said
@@ -486,6 +495,6 @@ def test_a_bug_that_fails_stage_one_names_the_users_file_and_keeps_its_traceback
     kept = [t.user_attrs.get("fail_traceback") for t in speed.trials]
     assert kept and all(text and 'bad_model.py", line 12' in text for text in kept)
     # the traceback shown, from stage 1 run in this process (no worker) the second time
-    verbose = run_cli("run", str(space), "--verbose", "--isolation", "none", cwd=tmp_path)
+    verbose = invoke_cli("run", str(space), "--verbose", "--isolation", "none", cwd=tmp_path)
     assert verbose.returncode == 1
     assert 'bad_model.py", line 12, in forward' in verbose.stdout  # the traceback, shown

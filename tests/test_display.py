@@ -212,11 +212,9 @@ def test_a_long_value_goes_on_a_line_of_its_own_and_is_never_broken():
     assert all(line.startswith("  a_long_knob_name") for line in lines[3:])
 
 
-def test_studies_fits_80_columns_with_whole_headers(seen, tmp_path: Path):
-    from autotune.testing import run_cli
-
+def test_studies_fits_80_columns_with_whole_headers(seen, invoke_cli, tmp_path: Path):
     _, url = seen
-    listed = run_cli("studies", "--storage", url, cwd=tmp_path, env={"COLUMNS": "80"})
+    listed = invoke_cli("studies", "--storage", url, cwd=tmp_path, columns=80)
     assert listed.returncode == 0, listed.stderr
     assert "…" not in listed.stdout
     header = next(line for line in listed.stdout.splitlines() if "study" in line.split())
@@ -230,7 +228,7 @@ def test_studies_fits_80_columns_with_whole_headers(seen, tmp_path: Path):
     speed = next(line for line in listed.stdout.splitlines() if line.split()[:1] == ["seen.speed"])
     assert "samples/s" in speed and "e+" not in speed
     # and for scripts, the same as JSON
-    as_json = run_cli("studies", "--storage", url, "--json", cwd=tmp_path)
+    as_json = invoke_cli("studies", "--storage", url, "--json", cwd=tmp_path)
     assert as_json.returncode == 0, as_json.stderr
     (entry,) = [e for e in json.loads(as_json.stdout) if e["study"] == "seen"]
     assert entry["metric"] == "accuracy_per_second" and entry["best_trial"] == int(row.split()[-1])

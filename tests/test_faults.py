@@ -30,6 +30,7 @@ from autotune.study import MemoryWalls, TrialRecord, open_storage, recover_stale
 from autotune.testing import (
     CPU,
     assert_trials_recorded,
+    beat_long_ago,
     live_group_members,
     make_config,
     start_cli,
@@ -445,23 +446,12 @@ def assert_one_baseline_counted(study: optuna.Study) -> None:
     assert len(counted) == 1, [(t.number, t.state) for t in baselines(study)]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("sig", "code", "stopped"), [(signal.SIGINT, 130, 1), (signal.SIGTERM, 143, 0)]
-)
-def test_interrupting_records_the_running_trial_and_a_rerun_resumes(
-    tmp_path: Path, sig, code, stopped
-):
-    (tmp_path / "space.yaml").write_text(slow_space(n_trials=stopped + 1))
+def interrupt(tmp_path: Path, sig: signal.Signals, code: int, states: list[TrialState]) -> None:
+    """Start the study of tmp_path/space.yaml, send ``sig`` once its trials are in ``states``
+    (the last RUNNING), and check that it ended with ``code``, that trial as interrupted and
+    what completed before it intact."""
     process = start_cli("run", "space.yaml", cwd=tmp_path)
-    # stop it while trial ``stopped`` runs, the study's last: the second, or the untuned
-    # baseline (the first)
-    wait_for(
-        lambda: (
-            trial_states(tmp_path)[: stopped + 1]
-            == [TrialState.COMPLETE] * stopped + [TrialState.RUNNING]
-        )
-    )
+    wait_for(lambda: trial_states(tmp_path)[: len(states)] == states)
     before = load_study(tmp_path).trials
     process.send_signal(sig)
     stdout, stderr = process.communicate(timeout=60)
@@ -469,20 +459,35 @@ def test_interrupting_records_the_running_trial_and_a_rerun_resumes(
     assert "run the same command to resume" in stdout and "Traceback" not in stderr
     study = load_study(tmp_path)
     assert_trials_recorded(study)
+    stopped = len(states) - 1
     assert study.trials[stopped].state == TrialState.FAIL
     assert study.trials[stopped].user_attrs["fail_kind"] == "interrupted"
-    for number in range(stopped):  # what completed is intact
+    for number in range(stopped):  # what completed (or failed) before is intact
+        assert study.trials[number].state == before[number].state
         assert study.trials[number].value == before[number].value
 
+
+@pytest.mark.slow
+def test_interrupting_records_the_running_trial_and_a_rerun_resumes(tmp_path: Path):
+    """SIGTERM while the untuned baseline (the first trial) runs; the rerun queues it again,
+    and Ctrl-C stops the rerun while its last trial runs, after two completed; the third run
+    finishes the study."""
+    (tmp_path / "space.yaml").write_text(slow_space(n_trials=3))
+    interrupt(tmp_path, signal.SIGTERM, 143, [TrialState.RUNNING])
+    first = load_study(tmp_path).trials[0]
+    interrupt(tmp_path, signal.SIGINT, 130, [TrialState.FAIL, *[TrialState.COMPLETE] * 2,
+                                             TrialState.RUNNING])  # fmt: skip
+    assert not load_study(tmp_path).trials[3].user_attrs.get("baseline")  # a tuned one
+
     resumed = start_cli("run", "space.yaml", cwd=tmp_path)
-    stdout, stderr = resumed.communicate(timeout=300)
+    _, stderr = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, stderr
     study = load_study(tmp_path)
     assert_trials_recorded(study)
     counted = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    assert len(counted) == stopped + 1
+    assert len(counted) == 3
     assert_one_baseline_counted(study)  # an interrupted baseline is queued again
-    assert baselines(study)[-1].params == before[0].params
+    assert baselines(study)[-1].params == first.params
 
 
 @pytest.mark.slow
@@ -512,17 +517,6 @@ def test_a_killed_study_process_leaves_no_trial_running_after_a_resume(tmp_path:
     assert retried[0].user_attrs.get("baseline") is True  # the retry is still the baseline
     assert_one_baseline_counted(study)
     assert not any(orphan.exists() for orphan in orphans)
-
-
-def beat_long_ago(database: Path, seconds: int = 10) -> None:
-    """Move every trial's last heartbeat in the SQLite file ``database`` ``seconds`` into the
-    past, on the storage's own clock: as if its process had been silent that long (longer
-    than three heartbeat intervals of a second), without waiting for it."""
-    with sqlite3.connect(database) as connection:
-        connection.execute(
-            "UPDATE trial_heartbeats SET heartbeat = datetime(heartbeat, ?)",
-            (f"-{seconds} seconds",),
-        )
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # this test beats itself

@@ -141,6 +141,7 @@ study:
   storage_outage: {outage}
   confirm: false
   strategy: joint  # no stage 1: trials from the start
+  isolation: none  # trials in the study process: a worker touches no database
 workload:
   model: autotune.testing:tiny_mlp
   data: autotune.testing:blobs

@@ -15,7 +15,7 @@ from autotune.files import write_new_file
 from autotune.results import TrialResult
 from autotune.spec import ObjectiveSpec, SpecError, WorkloadSpec, parse_spec
 from autotune.study import StudyRecord, TrialRecord
-from autotune.testing import import_blocker, make_evaluation, make_result, run_cli, run_script
+from autotune.testing import import_blocker, make_evaluation, make_result, run_script
 from autotune.workloads import WorkloadError, load
 
 SCORE_MODULE = """\
@@ -277,13 +277,13 @@ def test_a_score_that_fails_in_every_trial_stops_the_study_naming_it(score_dir, 
 
 
 @pytest.mark.slow
-def test_the_commands_name_the_score(score_dir):
+def test_the_commands_name_the_score(score_dir, invoke_cli):
     (score_dir / "space.yaml").write_text(REGRESSION_SPACE)
-    done = run_cli("run", "space.yaml", cwd=score_dir)
+    done = invoke_cli("run", "space.yaml", cwd=score_dir)
     assert done.returncode == 0, done.stderr
     assert "val_mse" in done.stdout and "s to target" in done.stdout
     assert " acc " not in done.stdout and "accuracy" not in done.stdout
-    best = run_cli("best", "--study", "regression", cwd=score_dir)
+    best = invoke_cli("best", "--study", "regression", cwd=score_dir)
     assert best.returncode == 0, best.stderr
     assert re.search(r"validation val_mse: \d", best.stdout), best.stdout
     # the score function is the user's code too: said with the rest
@@ -291,7 +291,7 @@ def test_the_commands_name_the_score(score_dir):
 
 
 @pytest.mark.slow
-def test_a_score_below_0_under_a_per_second_metric_is_said_before_the_study(score_dir):
+def test_a_score_below_0_under_a_per_second_metric_is_said_before_the_study(score_dir, invoke_cli):
     """A negated MSE under score_per_second makes every trial infeasible: the check before the
     study says so in one line, with the fix."""
     space = REGRESSION_SPACE.replace("n_trials: 3", "n_trials: 1").replace(
@@ -303,7 +303,7 @@ def test_a_score_below_0_under_a_per_second_metric_is_said_before_the_study(scor
         "  score: scores:neg_mse\n",
     )
     (score_dir / "space.yaml").write_text(space)
-    done = run_cli("run", "space.yaml", cwd=score_dir)
+    done = invoke_cli("run", "space.yaml", cwd=score_dir, columns=80)
     assert done.returncode == 0, done.stdout + done.stderr
     said = " ".join(done.stdout.split())
     assert "warning: score neg_mse is -" in said

@@ -54,11 +54,11 @@ def _one_error_line(done: subprocess.CompletedProcess[str], code: int, expected:
 
 
 @pytest.fixture(scope="module")
-def ran_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def ran_once(tmp_path_factory: pytest.TempPathFactory, invoke_cli) -> Path:
     """A folder in which ``autotune run`` made a two-trial study (studies/autotune.db): the
     one run every test here reads a copy of."""
     folder = tmp_path_factory.mktemp("ran")
-    done = run_cli("run", str(_space(folder)), cwd=folder)
+    done = invoke_cli("run", str(_space(folder)), cwd=folder)
     assert done.returncode == 0, done.stderr
     return folder
 
@@ -196,14 +196,16 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.mark.slow
-def test_a_full_disk_is_one_line_and_the_study_resumes(small_disk: Path, tmp_path: Path):
+def test_a_full_disk_is_one_line_and_the_study_resumes(
+    invoke_cli, small_disk: Path, tmp_path: Path
+):
     space = _space(tmp_path)  # the disk fills while the study is made: before any trial
     url = f"sqlite:///{small_disk / 'studies' / 'autotune.db'}"
-    full = run_cli("run", str(space), "--storage", url, cwd=tmp_path)
+    full = invoke_cli("run", str(space), "--storage", url, cwd=tmp_path, columns=80)
     _one_error_line(full, 2, f"cannot write the study to {url}")
     assert "the disk is full" in full.stderr
     subprocess.run(["mount", "-o", "remount,size=20m", str(small_disk)], check=True)
-    resumed = run_cli("run", str(space), "--storage", url, cwd=tmp_path)
+    resumed = invoke_cli("run", str(space), "--storage", url, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     storage = optuna.storages.RDBStorage(url)
     study = optuna.load_study(study_name="tiny", storage=storage)
@@ -237,7 +239,7 @@ def test_a_postgresql_study_never_shows_or_stores_its_password(
 ):
     space = _space(tmp_path)
     url = postgres.url
-    done = {"run": run_cli("run", str(space), "--storage", url, cwd=tmp_path)}
+    done = {"run": invoke_cli("run", str(space), "--storage", url, cwd=tmp_path)}
     assert done["run"].returncode == 0, done["run"].stderr
     assert "postgresql+psycopg://autotune:***@127.0.0.1" in done["run"].stdout
     assert "put yours in its place" in done["run"].stdout

@@ -178,6 +178,19 @@ def assert_trials_recorded(study: optuna.Study) -> None:
             assert trial.user_attrs.get("fail_msg"), trial.number
 
 
+def beat_long_ago(database: Path, seconds: int = 10) -> None:
+    """Move every trial's last heartbeat in the SQLite file ``database`` ``seconds`` into the
+    past, on the storage's own clock: as if its process had been silent that long (longer
+    than three heartbeat intervals of a second), without waiting for it."""
+    import sqlite3
+
+    with sqlite3.connect(database) as connection:
+        connection.execute(
+            "UPDATE trial_heartbeats SET heartbeat = datetime(heartbeat, ?)",
+            (f"-{seconds} seconds",),
+        )
+
+
 def live_group_members(pgid: int) -> list[int]:
     """Processes in process group ``pgid`` that are not zombies (Linux /proc): what is left of a
     worker started as a group leader, and of the DataLoader workers it started."""
