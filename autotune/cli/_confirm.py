@@ -185,7 +185,8 @@ def confirm(
 ) -> None:
     """Re-measure a study's leaders and its references side by side, and name the answer.
 
-    Runs (or resumes) the confirmation round; with other --top/--repeats, a new one. It trains,
+    Runs (or resumes) the confirmation round; --repeats beyond the stored round's adds runs to
+    it, fewer keeps it; other leaders (--top, trials since), a new round. It trains,
     so it imports the workload's model and data functions named in the study's space file.
     """
     in_range("--top", top, 1)
