@@ -94,6 +94,9 @@ def test_trial_lines_show_every_knob_precision_first_never_cut(seen, width):
         assert first.startswith("precision="), after  # the knob that changes speed the most
         for knob in knobs:
             assert knob in after, (knob, text)
+    # the untuned baseline keeps its own pipeline, and says so beside the study's parameters
+    baseline = text[text.index("(untuned baseline)") :].split("trial")[0].split()
+    assert "batch_size=64" in baseline and "num_workers=0" in baseline, baseline
 
 
 def test_flags_that_do_not_fit_the_trial_line_go_with_its_knobs(seen):

@@ -265,7 +265,7 @@ class LiveObserver(studies.StudyObserver):
                 line.append(f"{kind:>15}  {record.fail_msg or ''}  ", style="red")
         name = studies.REFERENCE_NAMES.get(record.reference) if record.reference else None
         knobs = Text(f"({name.removeprefix('the ')}) " if name else "", style="bold")
-        knobs.append(params(trial), style="cyan")  # precision, data_pipeline, ... first
+        knobs.append(params(trial, own=True), style="cyan")  # precision, data_pipeline, ...
         console = self.live.console
         if line.cell_len + flags.cell_len <= console.width:
             line.append_text(flags)

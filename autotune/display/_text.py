@@ -149,11 +149,17 @@ def si(value: float) -> str:
 FIRST_KNOBS = ("precision", "data_pipeline", "compile", "batch_size", "lr")
 
 
-def params(trial: FrozenTrial) -> str:
-    """A trial's searched knobs as ``name=value``, those of FIRST_KNOBS first."""
-    first = [name for name in FIRST_KNOBS if name in trial.params]
-    rest = [name for name in trial.params if name not in FIRST_KNOBS]
-    return " ".join(f"{name}={fmt(trial.params[name])}" for name in [*first, *rest])
+def params(trial: FrozenTrial, own: bool = False) -> str:
+    """A trial's searched knobs as ``name=value``, those of FIRST_KNOBS first; ``own``: a
+    reference's own execution knobs too (the untuned baseline's DataLoader without workers,
+    which a two-stage study's references keep beside the parameters every trial samples)."""
+    shown = dict(trial.params)
+    record = studies.TrialRecord.of(trial)
+    if own and record.reference is not None and record.config is not None:
+        shown |= {name: getattr(record.config, name) for name in record.speed_knobs or ()}
+    first = [name for name in FIRST_KNOBS if name in shown]
+    rest = [name for name in shown if name not in FIRST_KNOBS]
+    return " ".join(f"{name}={fmt(shown[name])}" for name in [*first, *rest])
 
 
 def plural(count: int, noun: str, nouns: str | None = None) -> str:
