@@ -150,19 +150,22 @@ def launch_worker(spec: Spec, base_dir: Path, verbose: bool = False) -> WorkerEx
 
 
 def executor_for(
-    prepared: Prepared,
-    base_dir: Path,
+    spec: Spec,
+    base_dir: Path | None,
+    workload: Workload | None = None,
+    *,
     verbose: bool = False,
     launched: WorkerExecutor | None = None,
 ) -> TrialExecutor:
     """What trains the study's trials: a supervised worker process (``study.isolation:
     worker``, which loads the workload itself; ``launched``, the one ``launch_worker`` started,
-    unless the prepared spec asks for another) or this process (``none``)."""
+    unless ``spec`` asks for another) or this process (``none``: on ``workload``, loaded here
+    when it is not given)."""
     from autotune.distributed import WorkloadSource
     from autotune.executor import InProcessExecutor
     from autotune.worker import WorkerExecutor
+    from autotune.workloads import load as load_workload
 
-    spec = prepared.spec
     if spec.study.isolation == "worker":
         wanted = WorkerExecutor.of(spec, base_dir, verbose)
         if launched is not None and not launched.serves(wanted):
@@ -170,7 +173,9 @@ def executor_for(
             launched = None
         return launched or wanted
     source = WorkloadSource(spec.workload, base_dir, spec.objective.score)
-    return InProcessExecutor(prepared.workload, source=source)
+    if workload is None:
+        workload = load_workload(spec.workload, base_dir, spec.objective.score)
+    return InProcessExecutor(workload, source=source)
 
 
 def confirm_answer(
@@ -401,7 +406,7 @@ def _run_prepared(
     from autotune import study as studies
 
     spec, study = prepared.spec, prepared.study
-    executor = executor_for(prepared, base_dir, launched=launched)
+    executor = executor_for(spec, base_dir, prepared.workload, launched=launched)
     confirmed = False
     try:
         outcome = studies.run_study(

@@ -118,7 +118,7 @@ spec = session.load_run_spec(Path({str(space)!r}))
 worker = session.launch_worker(spec, Path.cwd())
 print("torch" in sys.modules)
 prepared = session.prepare(spec, Path.cwd())
-executor = session.executor_for(prepared, Path.cwd(), launched=worker)
+executor = session.executor_for(prepared.spec, Path.cwd(), launched=worker)
 worker.start()  # ready: it imported and loaded the workload meanwhile
 print(executor is worker, len(worker.started_pids))
 executor.close()

@@ -215,7 +215,9 @@ def run(  # noqa: C901, PLR0912, PLR0915
     else:
         assert share is not None
         console.print(f"{share.describe()} of study {study.study_name}", markup=False)
-    executor = session.executor_for(prepared, space_file.parent, verbose, launched)
+    executor = session.executor_for(
+        spec, space_file.parent, workload, verbose=verbose, launched=launched
+    )
     progress = display.live_progress(console)
     previous_handler = signal.signal(signal.SIGTERM, raise_terminated)
     confirmed = False
