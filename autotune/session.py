@@ -3,13 +3,14 @@ describes, its stages and then its confirmation round, and returns a ``RunReport
 it ended, in the words ``autotune run`` prints.
 
 A notebook or a scheduler calls ``run``; ``autotune run`` calls the same steps
-(``load_run_spec``, ``launch_worker``, ``prepare``, ``executor_for``, ``confirm_answer``,
+(``load_run_spec``, ``launch_worker``, ``prepare``, ``executor_for``, ``confirm_after_run``,
 ``ending``) with its display, its workers and its exit statuses around them. Nothing prints.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ __all__ = [
     "Prepared",
     "RunOptions",
     "RunReport",
+    "confirm_after_run",
     "confirm_answer",
     "ending",
     "executor_for",
@@ -210,6 +212,28 @@ def confirm_answer(
             study, spec.objective, executor, top, repeats, on_run=on_run, on_wait=on_wait
         )
     return True
+
+
+def confirm_after_run(
+    study: optuna.Study, spec: Spec, outcome: RunOutcome, confirm: Callable[[int, int], bool]
+) -> bool:
+    """The one rule for a run's confirmation round: ``confirm(top, repeats)`` (the space file's
+    ``study.confirm``) runs it when the file asks for one, the study holds its total and the
+    run was not stopped (interrupted, the same error in every trial, nothing stage 1 could
+    train); an interruption of the round is recorded in ``outcome``. Whether a round exists."""
+    from autotune import study as studies
+
+    plan = spec.study.confirm
+    finished = studies.counted_trials(study) >= spec.study.n_trials
+    stopped = outcome.interrupted or outcome.repeated_error or outcome.stage_failed
+    if not plan.enabled or not finished or stopped:
+        return False
+    try:
+        return confirm(plan.top, plan.repeats)
+    except KeyboardInterrupt as stop:
+        outcome.interrupted = True
+        outcome.terminated = isinstance(stop, studies.Terminated)
+        return False
 
 
 @dataclass(frozen=True)
@@ -412,15 +436,9 @@ def _run_prepared(
         outcome = studies.run_study(
             study, spec, prepared.hardware, executor, observer, prepared.workload, remeasure
         )
-        finished = studies.counted_trials(study) >= spec.study.n_trials
-        stopped = outcome.interrupted or outcome.repeated_error or outcome.stage_failed
-        plan = spec.study.confirm
-        if confirm and plan.enabled and finished and not stopped:
-            try:
-                confirmed = confirm_answer(study, spec, executor, plan.top, plan.repeats)
-            except KeyboardInterrupt as stop:
-                outcome.interrupted = True
-                outcome.terminated = isinstance(stop, studies.Terminated)
+        if confirm:
+            round_of = functools.partial(confirm_answer, study, spec, executor)
+            confirmed = confirm_after_run(study, spec, outcome, round_of)
     finally:
         executor.close()
     if outcome.trials_run:

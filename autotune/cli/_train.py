@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import time
@@ -281,15 +282,9 @@ def run(  # noqa: C901, PLR0912, PLR0915
         if outcome.stopped_reason:
             stopped = "" if outcome.trials_run == 0 else "Stopped: "
             console.print(Text(f"{stopped}{outcome.stopped_reason}.", style="yellow"))
-        finished = studies.counted_trials(study) >= spec.study.n_trials
-        plan = spec.study.confirm
-        ended_early = bool(outcome.interrupted or outcome.repeated_error or outcome.stage_failed)
-        if plan.enabled and finished and not ended_early and as_worker is None:
-            try:
-                confirmed = confirm_round(study, spec, executor, plan.top, plan.repeats)
-            except KeyboardInterrupt as stop:
-                outcome.interrupted = True
-                outcome.terminated = isinstance(stop, studies.Terminated)
+        if as_worker is None:  # worker 0 (or the only one) confirms
+            round_of = functools.partial(confirm_round, study, spec, executor)
+            confirmed = session.confirm_after_run(study, spec, outcome, round_of)
     except (WorkerError, TurnNotTaken) as err:
         console.print()  # ends the live display's last line: the error gets a line of its own
         raise fail(str(err), EXIT_FAILED) from None
