@@ -3,16 +3,17 @@ describes, its stages and then its confirmation round, and returns a ``RunReport
 it ended, in the words ``autotune run`` prints.
 
 A notebook or a scheduler calls ``run``; ``autotune run`` calls the same steps
-(``load_run_spec``, ``launch_worker``, ``prepare``, ``executor_for``, ``confirm_after_run``,
-``ending``) with its display, its workers and its exit statuses around them. Nothing prints.
+(``load_run_spec``, ``launch_worker``, ``prepare``, ``train``, ``ending``), its display and its
+workers passed to ``train`` as ``RunHooks``, its exit statuses around them. Nothing prints.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -34,6 +35,7 @@ __all__ = [
     "STORAGE_ENV",
     "Ending",
     "Prepared",
+    "RunHooks",
     "RunOptions",
     "RunReport",
     "confirm_after_run",
@@ -44,6 +46,7 @@ __all__ = [
     "load_run_spec",
     "prepare",
     "run",
+    "train",
 ]
 
 STORAGE_ENV = "AUTOTUNE_STORAGE"  # the storage of a space file that names none
@@ -234,6 +237,78 @@ def confirm_after_run(
         outcome.interrupted = True
         outcome.terminated = isinstance(stop, studies.Terminated)
         return False
+
+
+class RunHooks:
+    """What a caller adds to a run's steps (``train``): ``autotune run`` its live display and
+    the workers of ``--workers`` and ``--gpus``. These defaults add nothing (a library run):
+    ``observer`` is told of each measurement and trial."""
+
+    worker: str | None = None  # this process's share of a scaled-out study, as "2/4"
+
+    def __init__(self, observer: StudyObserver | None = None) -> None:
+        self.observer = observer
+
+    @contextlib.contextmanager
+    def training(
+        self, study: optuna.Study, executor: TrialExecutor
+    ) -> Iterator[StudyObserver | None]:
+        """Around stage 1 and the trials: yields the observer told of them."""
+        yield self.observer
+
+    def trials_start(self) -> None:
+        """Once stage 1 is measured, before the first trial."""
+
+    def trials_done(self, outcome: RunOutcome) -> None:
+        """After the trials, inside ``training``."""
+
+    def trained(self, outcome: RunOutcome) -> None:
+        """After ``training``, before the confirmation round."""
+
+    def confirm(
+        self, study: optuna.Study, spec: Spec, executor: TrialExecutor, top: int, repeats: int
+    ) -> bool:
+        """Run the confirmation round (``confirm_answer``); whether one exists now."""
+        return confirm_answer(study, spec, executor, top, repeats)
+
+
+def train(
+    prepared: Prepared,
+    base_dir: Path,
+    hooks: RunHooks,
+    *,
+    launched: WorkerExecutor | None = None,
+    verbose: bool = False,
+    remeasure: bool = False,
+    confirm: bool = True,
+) -> tuple[RunOutcome, bool]:
+    """A prepared run's steps: its stages and trials, then (``confirm``, by the rule of
+    ``confirm_after_run``) the confirmation round, ``hooks`` told of each; the executor closed
+    in the end. The run's outcome, and whether a confirmation round exists."""
+    from autotune import study as studies
+
+    spec, study = prepared.spec, prepared.study
+    executor = executor_for(spec, base_dir, prepared.workload, verbose=verbose, launched=launched)
+    try:
+        with hooks.training(study, executor) as observer:
+            outcome = studies.run_study(
+                study,
+                spec,
+                prepared.hardware,
+                executor,
+                observer,
+                prepared.workload,
+                remeasure,
+                on_trials_start=hooks.trials_start,
+                worker=hooks.worker,
+            )
+            hooks.trials_done(outcome)
+        hooks.trained(outcome)
+        round_of = functools.partial(hooks.confirm, study, spec, executor)
+        confirmed = confirm and confirm_after_run(study, spec, outcome, round_of)
+    finally:
+        executor.close()
+    return outcome, confirmed
 
 
 @dataclass(frozen=True)
@@ -430,17 +505,10 @@ def _run_prepared(
     from autotune import study as studies
 
     spec, study = prepared.spec, prepared.study
-    executor = executor_for(spec, base_dir, prepared.workload, launched=launched)
-    confirmed = False
-    try:
-        outcome = studies.run_study(
-            study, spec, prepared.hardware, executor, observer, prepared.workload, remeasure
-        )
-        if confirm:
-            round_of = functools.partial(confirm_answer, study, spec, executor)
-            confirmed = confirm_after_run(study, spec, outcome, round_of)
-    finally:
-        executor.close()
+    hooks = RunHooks(observer)
+    outcome, confirmed = train(
+        prepared, base_dir, hooks, launched=launched, remeasure=remeasure, confirm=confirm
+    )
     if outcome.trials_run:
         notes.write_note(study, spec.study.storage)  # what optuna-dashboard shows first
     return RunReport(
