@@ -3,7 +3,7 @@ describes, its stages and then its confirmation round, and returns a ``RunReport
 it ended, in the words ``autotune run`` prints.
 
 A notebook or a scheduler calls ``run``; ``autotune run`` calls the same steps
-(``load_run_spec``, ``launch_worker``, ``prepare``, ``train``, ``ending``), its display and its
+(``load_run_spec``, ``open_run``, ``train``, ``ending``), its display and its
 workers passed to ``train`` as ``RunHooks``, its exit statuses around them. Nothing prints.
 """
 
@@ -44,6 +44,7 @@ __all__ = [
     "executor_for",
     "launch_worker",
     "load_run_spec",
+    "open_run",
     "prepare",
     "run",
     "train",
@@ -152,6 +153,29 @@ def launch_worker(spec: Spec, base_dir: Path, verbose: bool = False) -> WorkerEx
     worker = WorkerExecutor.of(spec, base_dir, verbose)
     worker.launch()
     return worker
+
+
+def open_run(
+    spec: Spec,
+    base_dir: Path,
+    *,
+    verbose: bool = False,
+    new_study: bool = False,
+    cpu_share: bool = False,
+    meanwhile: Callable[[], None] | None = None,
+) -> tuple[Prepared, WorkerExecutor | None]:
+    """A run's first steps: its worker launched (``launch_worker``), then ``meanwhile`` (what
+    the caller does while the worker starts) and ``prepare``; the worker closed where they
+    fail. The prepared run and the worker, for ``train``."""
+    launched = launch_worker(spec, base_dir, verbose)
+    try:
+        if meanwhile is not None:
+            meanwhile()
+        return prepare(spec, base_dir, new_study=new_study, cpu_share=cpu_share), launched
+    except BaseException:
+        if launched is not None:
+            launched.close()
+        raise
 
 
 def executor_for(
@@ -480,13 +504,7 @@ def run(
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # its INFO lines: a library prints nothing
     try:
-        launched = launch_worker(spec, Path(base_dir))
-        try:
-            prepared = prepare(spec, Path(base_dir), new_study=new_study)
-        except BaseException:
-            if launched is not None:
-                launched.close()
-            raise
+        prepared, launched = open_run(spec, Path(base_dir), new_study=new_study)
         return _run_prepared(prepared, Path(base_dir), launched, observer, remeasure, confirm)
     finally:
         optuna.logging.set_verbosity(verbosity)

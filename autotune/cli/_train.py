@@ -147,30 +147,29 @@ def run(
     shares = take_share(spec, workers, gpus, as_worker)
     share = shares[as_worker or 0] if shares is not None else None
 
-    # the worker first: its imports and its copy of the workload overlap this process's own
-    launched = session.launch_worker(spec, space_file.parent, verbose)
-
     from autotune.errors import WorkerError
     from autotune.hardware import detect
 
-    quiet_libraries(verbose)
-    try:
+    def meanwhile() -> None:  # while the worker starts: its imports overlap these
+        quiet_libraries(verbose)
         machine = detect(spec.workload.device) if workers is not None and gpus is None else None
         if machine is not None and machine.is_cuda:
             raise scaleout.ScaleOutError(
                 f"--workers runs workers on the CPU, and this study trains on "
                 f"{machine.device}: use --gpus (a worker per GPU), or --device cpu"
             )
-        cpu_share = share is not None and share.count > 1
-        prepared = session.prepare(
-            spec, space_file.parent, new_study=new_study, cpu_share=cpu_share
+
+    try:
+        prepared, launched = session.open_run(
+            spec,
+            space_file.parent,
+            verbose=verbose,
+            new_study=new_study,
+            cpu_share=share is not None and share.count > 1,
+            meanwhile=meanwhile,
         )
-    except BaseException as err:
-        if launched is not None:
-            launched.close()
-        if isinstance(err, UserError):
-            raise fail(str(err).splitlines()) from None
-        raise
+    except UserError as err:
+        raise fail(str(err).splitlines()) from None
     spec, study = prepared.spec, prepared.study
     prepared.patience.on_wait, prepared.patience.on_back = storage_lines(console)
     if as_worker is None:  # worker 0 (or the only one) shows the study; the others log
