@@ -3,15 +3,17 @@ describes, its stages and then its confirmation round, and returns a ``RunReport
 it ended, in the words ``autotune run`` prints.
 
 A notebook or a scheduler calls ``run``; ``autotune run`` calls the same steps
-(``load_run_spec``, ``launch_worker``, ``prepare``, ``executor_for``, ``confirm_answer``,
-``ending``) with its display, its workers and its exit statuses around them. Nothing prints.
+(``load_run_spec``, ``open_run``, ``train``, ``ending``), its display and its
+workers passed to ``train`` as ``RunHooks``, its exit statuses around them. Nothing prints.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -33,15 +35,19 @@ __all__ = [
     "STORAGE_ENV",
     "Ending",
     "Prepared",
+    "RunHooks",
     "RunOptions",
     "RunReport",
+    "confirm_after_run",
     "confirm_answer",
     "ending",
     "executor_for",
     "launch_worker",
     "load_run_spec",
+    "open_run",
     "prepare",
     "run",
+    "train",
 ]
 
 STORAGE_ENV = "AUTOTUNE_STORAGE"  # the storage of a space file that names none
@@ -149,20 +155,46 @@ def launch_worker(spec: Spec, base_dir: Path, verbose: bool = False) -> WorkerEx
     return worker
 
 
-def executor_for(
-    prepared: Prepared,
+def open_run(
+    spec: Spec,
     base_dir: Path,
+    *,
+    verbose: bool = False,
+    new_study: bool = False,
+    cpu_share: bool = False,
+    meanwhile: Callable[[], None] | None = None,
+) -> tuple[Prepared, WorkerExecutor | None]:
+    """A run's first steps: its worker launched (``launch_worker``), then ``meanwhile`` (what
+    the caller does while the worker starts) and ``prepare``; the worker closed where they
+    fail. The prepared run and the worker, for ``train``."""
+    launched = launch_worker(spec, base_dir, verbose)
+    try:
+        if meanwhile is not None:
+            meanwhile()
+        return prepare(spec, base_dir, new_study=new_study, cpu_share=cpu_share), launched
+    except BaseException:
+        if launched is not None:
+            launched.close()
+        raise
+
+
+def executor_for(
+    spec: Spec,
+    base_dir: Path | None,
+    workload: Workload | None = None,
+    *,
     verbose: bool = False,
     launched: WorkerExecutor | None = None,
 ) -> TrialExecutor:
     """What trains the study's trials: a supervised worker process (``study.isolation:
     worker``, which loads the workload itself; ``launched``, the one ``launch_worker`` started,
-    unless the prepared spec asks for another) or this process (``none``)."""
+    unless ``spec`` asks for another) or this process (``none``: on ``workload``, loaded here
+    when it is not given)."""
     from autotune.distributed import WorkloadSource
     from autotune.executor import InProcessExecutor
     from autotune.worker import WorkerExecutor
+    from autotune.workloads import load as load_workload
 
-    spec = prepared.spec
     if spec.study.isolation == "worker":
         wanted = WorkerExecutor.of(spec, base_dir, verbose)
         if launched is not None and not launched.serves(wanted):
@@ -170,7 +202,9 @@ def executor_for(
             launched = None
         return launched or wanted
     source = WorkloadSource(spec.workload, base_dir, spec.objective.score)
-    return InProcessExecutor(prepared.workload, source=source)
+    if workload is None:
+        workload = load_workload(spec.workload, base_dir, spec.objective.score)
+    return InProcessExecutor(workload, source=source)
 
 
 def confirm_answer(
@@ -205,6 +239,100 @@ def confirm_answer(
             study, spec.objective, executor, top, repeats, on_run=on_run, on_wait=on_wait
         )
     return True
+
+
+def confirm_after_run(
+    study: optuna.Study, spec: Spec, outcome: RunOutcome, confirm: Callable[[int, int], bool]
+) -> bool:
+    """The one rule for a run's confirmation round: ``confirm(top, repeats)`` (the space file's
+    ``study.confirm``) runs it when the file asks for one, the study holds its total and the
+    run was not stopped (interrupted, the same error in every trial, nothing stage 1 could
+    train); an interruption of the round is recorded in ``outcome``. Whether a round exists."""
+    from autotune import study as studies
+
+    plan = spec.study.confirm
+    finished = studies.counted_trials(study) >= spec.study.n_trials
+    stopped = outcome.interrupted or outcome.repeated_error or outcome.stage_failed
+    if not plan.enabled or not finished or stopped:
+        return False
+    try:
+        return confirm(plan.top, plan.repeats)
+    except KeyboardInterrupt as stop:
+        outcome.interrupted = True
+        outcome.terminated = isinstance(stop, studies.Terminated)
+        return False
+
+
+class RunHooks:
+    """What a caller adds to a run's steps (``train``): ``autotune run`` its live display and
+    the workers of ``--workers`` and ``--gpus``. These defaults add nothing (a library run):
+    ``observer`` is told of each measurement and trial."""
+
+    worker: str | None = None  # this process's share of a scaled-out study, as "2/4"
+
+    def __init__(self, observer: StudyObserver | None = None) -> None:
+        self.observer = observer
+
+    @contextlib.contextmanager
+    def training(
+        self, study: optuna.Study, executor: TrialExecutor
+    ) -> Iterator[StudyObserver | None]:
+        """Around stage 1 and the trials: yields the observer told of them."""
+        yield self.observer
+
+    def trials_start(self) -> None:
+        """Once stage 1 is measured, before the first trial."""
+
+    def trials_done(self, outcome: RunOutcome) -> None:
+        """After the trials, inside ``training``."""
+
+    def trained(self, outcome: RunOutcome) -> None:
+        """After ``training``, before the confirmation round."""
+
+    def confirm(
+        self, study: optuna.Study, spec: Spec, executor: TrialExecutor, top: int, repeats: int
+    ) -> bool:
+        """Run the confirmation round (``confirm_answer``); whether one exists now."""
+        return confirm_answer(study, spec, executor, top, repeats)
+
+
+def train(
+    prepared: Prepared,
+    base_dir: Path,
+    hooks: RunHooks,
+    *,
+    launched: WorkerExecutor | None = None,
+    verbose: bool = False,
+    remeasure: bool = False,
+    confirm: bool = True,
+) -> tuple[RunOutcome, bool]:
+    """A prepared run's steps: its stages and trials, then (``confirm``, by the rule of
+    ``confirm_after_run``) the confirmation round, ``hooks`` told of each; the executor closed
+    in the end. The run's outcome, and whether a confirmation round exists."""
+    from autotune import study as studies
+
+    spec, study = prepared.spec, prepared.study
+    executor = executor_for(spec, base_dir, prepared.workload, verbose=verbose, launched=launched)
+    try:
+        with hooks.training(study, executor) as observer:
+            outcome = studies.run_study(
+                study,
+                spec,
+                prepared.hardware,
+                executor,
+                observer,
+                prepared.workload,
+                remeasure,
+                on_trials_start=hooks.trials_start,
+                worker=hooks.worker,
+            )
+            hooks.trials_done(outcome)
+        hooks.trained(outcome)
+        round_of = functools.partial(hooks.confirm, study, spec, executor)
+        confirmed = confirm and confirm_after_run(study, spec, outcome, round_of)
+    finally:
+        executor.close()
+    return outcome, confirmed
 
 
 @dataclass(frozen=True)
@@ -376,13 +504,7 @@ def run(
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # its INFO lines: a library prints nothing
     try:
-        launched = launch_worker(spec, Path(base_dir))
-        try:
-            prepared = prepare(spec, Path(base_dir), new_study=new_study)
-        except BaseException:
-            if launched is not None:
-                launched.close()
-            raise
+        prepared, launched = open_run(spec, Path(base_dir), new_study=new_study)
         return _run_prepared(prepared, Path(base_dir), launched, observer, remeasure, confirm)
     finally:
         optuna.logging.set_verbosity(verbosity)
@@ -401,23 +523,10 @@ def _run_prepared(
     from autotune import study as studies
 
     spec, study = prepared.spec, prepared.study
-    executor = executor_for(prepared, base_dir, launched=launched)
-    confirmed = False
-    try:
-        outcome = studies.run_study(
-            study, spec, prepared.hardware, executor, observer, prepared.workload, remeasure
-        )
-        finished = studies.counted_trials(study) >= spec.study.n_trials
-        stopped = outcome.interrupted or outcome.repeated_error or outcome.stage_failed
-        plan = spec.study.confirm
-        if confirm and plan.enabled and finished and not stopped:
-            try:
-                confirmed = confirm_answer(study, spec, executor, plan.top, plan.repeats)
-            except KeyboardInterrupt as stop:
-                outcome.interrupted = True
-                outcome.terminated = isinstance(stop, studies.Terminated)
-    finally:
-        executor.close()
+    hooks = RunHooks(observer)
+    outcome, confirmed = train(
+        prepared, base_dir, hooks, launched=launched, remeasure=remeasure, confirm=confirm
+    )
     if outcome.trials_run:
         notes.write_note(study, spec.study.storage)  # what optuna-dashboard shows first
     return RunReport(

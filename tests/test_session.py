@@ -118,7 +118,7 @@ spec = session.load_run_spec(Path({str(space)!r}))
 worker = session.launch_worker(spec, Path.cwd())
 print("torch" in sys.modules)
 prepared = session.prepare(spec, Path.cwd())
-executor = session.executor_for(prepared, Path.cwd(), launched=worker)
+executor = session.executor_for(prepared.spec, Path.cwd(), launched=worker)
 worker.start()  # ready: it imported and loaded the workload meanwhile
 print(executor is worker, len(worker.started_pids))
 executor.close()
@@ -173,3 +173,40 @@ def test_the_api_example_runs_as_a_script_and_an_unguarded_one_is_told_the_fix(t
     assert ran["guarded"].returncode == 0, ran["guarded"].stderr
     assert ran["guarded"].stdout.split() == ["ok", "1"]
     assert ran["guarded"].stderr == ""  # no Optuna INFO lines: a library call prints nothing
+
+
+def test_a_run_confirms_only_when_the_study_is_full_and_the_run_was_not_stopped(tmp_path: Path):
+    """``confirm_after_run``, the one rule ``autotune.run`` and ``autotune run`` share: the round
+    runs with the space file's top and repeats once the study holds its total, not after a run
+    that was stopped; an interruption of the round is recorded, not raised."""
+    from autotune.session import confirm_after_run
+    from autotune.study import RunOutcome, Terminated
+
+    spec = load_run_spec(write_space(tmp_path, SPACE.format(precision="fp32")))  # 3 trials
+    study = optuna.create_study()
+    asked: list[tuple[int, int]] = []
+
+    def confirm(top: int, repeats: int) -> bool:
+        asked.append((top, repeats))
+        return True
+
+    def stopped(top: int, repeats: int) -> bool:
+        raise Terminated
+
+    for _ in range(2):
+        study.add_trial(optuna.trial.create_trial(value=1.0))
+    assert not confirm_after_run(study, spec, RunOutcome("x"), confirm)  # 2 of 3: not full
+    study.add_trial(optuna.trial.create_trial(state=TrialState.PRUNED))
+    for ended in (
+        RunOutcome("x", interrupted=True),
+        RunOutcome("x", repeated_error="boom"),
+        RunOutcome("x", stage_failed="nothing fits"),
+    ):
+        assert not confirm_after_run(study, spec, ended, confirm)
+    assert not asked
+    assert confirm_after_run(study, spec, RunOutcome("x"), confirm) and asked == [(1, 1)]
+    off = spec.with_overrides(study={"confirm": {"enabled": False}})
+    assert not confirm_after_run(study, off, RunOutcome("x"), confirm) and len(asked) == 1
+    outcome = RunOutcome("x")
+    assert not confirm_after_run(study, spec, outcome, stopped)
+    assert outcome.interrupted and outcome.terminated

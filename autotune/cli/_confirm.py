@@ -85,14 +85,10 @@ def open_to_train(study_name: str | None, storage: str, isolation: str | None) -
     """The study (the storage's only one where none is named), its space file as stored, and
     an executor as its runs had (``isolation``: worker or none, default study.isolation); a
     warning where it was created on another device. Exit 1 in one line where it cannot train."""
-    from autotune import export
+    from autotune import export, session
     from autotune import study as studies
-    from autotune.distributed import WorkloadSource
-    from autotune.executor import InProcessExecutor
     from autotune.hardware import detect
     from autotune.study import adapter
-    from autotune.worker import WorkerExecutor
-    from autotune.workloads import load as load_workload
 
     quiet_libraries(verbose=False)
     try:
@@ -108,15 +104,8 @@ def open_to_train(study_name: str | None, storage: str, isolation: str | None) -
         record = studies.StudyRecord.of(found)
         base_dir = Path(record.space_file_dir) if record.space_file_dir else None
         hardware = detect(spec.workload.device)
-        score = spec.objective.score
-        executor = (
-            WorkerExecutor(spec.workload, base_dir, spec.study.trial_timeout, score=score)
-            if (isolation or spec.study.isolation) == "worker"
-            else InProcessExecutor(
-                load_workload(spec.workload, base_dir, score),
-                source=WorkloadSource(spec.workload, base_dir, score),
-            )
-        )
+        trains = spec.with_overrides(study={"isolation": isolation})  # as its runs, or told
+        executor = session.executor_for(trains, base_dir)
     except UserError as err:
         raise fail(str(err).splitlines(), EXIT_FAILED) from None
     if record.created_on and record.created_on != hardware.device_name:

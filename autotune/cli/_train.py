@@ -7,8 +7,9 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -44,11 +45,11 @@ from autotune.spec import DEFAULT_STORAGE
 from autotune.turns import TURN_WAIT_ENV, TurnNotTaken
 
 if TYPE_CHECKING:
-    from autotune.scaleout import Workers
+    from autotune.scaleout import Workers, WorkerShare
 
 
 @app.command(cls=Command)
-def run(  # noqa: C901, PLR0912, PLR0915
+def run(
     space_file: Annotated[
         Path, typer.Argument(help="The space file (YAML) describing the study.")
     ],
@@ -143,151 +144,51 @@ def run(  # noqa: C901, PLR0912, PLR0915
     except UserError as err:
         raise fail(str(err).splitlines()) from None
 
-    try:  # the workers' shares of the machine (the space file says how many GPUs a trial)
-        per_trial = spec.workload.gpus_per_trial
-        shares = scaleout.plan_shares(workers, gpus, per_trial) if workers or gpus else None
-        if as_worker is not None and (shares is None or not 0 < as_worker < len(shares)):
-            raise scaleout.ScaleOutError("--as-worker is for the workers autotune starts itself")
-    except UserError as err:
-        raise fail(str(err)) from None
+    shares = take_share(spec, workers, gpus, as_worker)
     share = shares[as_worker or 0] if shares is not None else None
-    if share is not None:
-        scaleout.apply_share(share)  # before torch sees a GPU or sizes its thread pools
-    if as_worker is not None:
-        os.environ.pop(scaleout.WORKER_CORES_ENV, None)  # not for what this worker starts
-        if not scaleout.stop_with_parent():
-            raise fail("worker 1 of this study is gone: this worker does not start", EXIT_FAILED)
 
-    # the worker first: its imports and its copy of the workload overlap this process's own
-    launched = session.launch_worker(spec, space_file.parent, verbose)
-
-    from rich.live import Live
-
-    from autotune import display
-    from autotune import study as studies
     from autotune.errors import WorkerError
     from autotune.hardware import detect
-    from autotune.worker import WorkerExecutor
 
-    quiet_libraries(verbose)
-    try:
+    def meanwhile() -> None:  # while the worker starts: its imports overlap these
+        quiet_libraries(verbose)
         machine = detect(spec.workload.device) if workers is not None and gpus is None else None
         if machine is not None and machine.is_cuda:
             raise scaleout.ScaleOutError(
                 f"--workers runs workers on the CPU, and this study trains on "
                 f"{machine.device}: use --gpus (a worker per GPU), or --device cpu"
             )
-        cpu_share = share is not None and share.count > 1
-        prepared = session.prepare(
-            spec, space_file.parent, new_study=new_study, cpu_share=cpu_share
-        )
-    except BaseException as err:
-        if launched is not None:
-            launched.close()
-        if isinstance(err, UserError):
-            raise fail(str(err).splitlines()) from None
-        raise
-    spec, study, hardware, workload = (
-        prepared.spec,
-        prepared.study,
-        prepared.hardware,
-        prepared.workload,
-    )
-    patience = prepared.patience
-    patience.on_wait, patience.on_back = storage_lines(console)
 
+    try:
+        prepared, launched = session.open_run(
+            spec,
+            space_file.parent,
+            verbose=verbose,
+            new_study=new_study,
+            cpu_share=share is not None and share.count > 1,
+            meanwhile=meanwhile,
+        )
+    except UserError as err:
+        raise fail(str(err).splitlines()) from None
+    spec, study = prepared.spec, prepared.study
+    prepared.patience.on_wait, prepared.patience.on_back = storage_lines(console)
     if as_worker is None:  # worker 0 (or the only one) shows the study; the others log
-        display.print_plan(console, spec, hardware, study, list(prepared.dropped))
-        if shares is not None and len(shares) > 1:
-            display.print_item(console, "workers", describe_shares(shares))
-        for line in workload.warnings:  # what the check of the workload found doubtful
-            console.print(f"[yellow]warning:[/] {escape(line)}")
-        untrained = workload.untrained_score
-        if spec.objective.per_second and untrained is not None and untrained < 0:
-            goal = spec.objective
-            console.print(
-                f"[yellow]warning:[/] score {escape(goal.score_name)} is {untrained:.4g} on the "
-                f"untrained model: {goal.metric_name} needs a score of 0 or more (a trial that "
-                f"ends below 0 is infeasible); use objective.metric time_to_score with a "
-                f"target_score, or a score that is 0 or more",
-                soft_wrap=True,
-            )
+        show_plan(prepared, shares)
     else:
         assert share is not None
         console.print(f"{share.describe()} of study {study.study_name}", markup=False)
-    executor = session.executor_for(prepared, space_file.parent, verbose, launched)
-    progress = display.live_progress(console)
+    shown = Shown(prepared, space_file, shares, as_worker)
     previous_handler = signal.signal(signal.SIGTERM, raise_terminated)
-    confirmed = False
-    others: Workers | None = None
-    started = time.monotonic()  # the study's timeout counts from here, stage 1 included
-    began = time.time()  # every trial that starts from here is this run's, any worker's
     try:
-        with (
-            Live(progress, console=console, refresh_per_second=8) as live,
-            contextlib.ExitStack() as showing,
-        ):
-            observer = display.LiveObserver(study, spec, live, progress)
-            patience.on_wait, patience.on_back = observer.storage_waiting, observer.storage_back
-            showing.callback(setattr, patience, "on_wait", storage_lines(console)[0])
-            showing.callback(setattr, patience, "on_back", storage_lines(console)[1])
-
-            if shares is not None and len(shares) > 1 and as_worker is None:
-                # started now: their start-up overlaps stage 1, on their own cores
-                log_dir = worker_log_dir(spec.study.storage, study.study_name)
-                others = start_workers(
-                    shares, space_file, spec, study.study_name, log_dir, spec.study.timeout
-                )
-
-            if as_worker is not None and isinstance(executor, WorkerExecutor):
-                try:  # its start-up (imports, the data) before its first measurement
-                    executor.start()
-                except KeyboardInterrupt:
-                    console.print("Stopped by worker 1 before any trial.", markup=False)
-                    raise typer.Exit(EXIT_INTERRUPTED) from None
-
-            def start_others() -> None:  # once stage 1 is measured
-                if as_worker is not None:  # the trials start together, when worker 0 says
-                    scaleout.wait_to_go()  # (it measured its share of stage 1 as this did)
-                    return
-                if others is not None:
-                    timeout = spec.study.timeout
-                    left = timeout - (time.monotonic() - started) if timeout else None
-                    others.go(left)
-                    showing.enter_context(OthersShown(study, observer, others))
-
-            outcome = studies.run_study(
-                study,
-                spec,
-                hardware,
-                executor,
-                observer,
-                workload,
-                remeasure,
-                on_trials_start=start_others,
-                worker=f"{share.index + 1}/{share.count}" if share and share.count > 1 else None,
-            )
-            if others is not None:  # the study is done, or this worker stopped or gave up
-                showing.close()  # the display's poll ends first: the exits are said below
-                gave_up = bool(outcome.interrupted or outcome.repeated_error)
-                gave_up = gave_up or "trials failed" in outcome.stopped_reason
-                gave_up = gave_up or not others.going  # nothing left to run, or no stage 2
-                say_lines(stop_workers(others, gave_up, spec.study.trial_timeout or 600))
-                studies.count_states(study, outcome, began)  # the workers' trials too
-            live.update(progress)
-        console.print()  # ends the progress line (piped output has no cursor to move)
-        if outcome.stopped_reason:
-            stopped = "" if outcome.trials_run == 0 else "Stopped: "
-            console.print(Text(f"{stopped}{outcome.stopped_reason}.", style="yellow"))
-        finished = studies.counted_trials(study) >= spec.study.n_trials
-        plan = spec.study.confirm
-        ended_early = bool(outcome.interrupted or outcome.repeated_error or outcome.stage_failed)
-        if plan.enabled and finished and not ended_early and as_worker is None:
-            try:
-                confirmed = confirm_round(study, spec, executor, plan.top, plan.repeats)
-            except KeyboardInterrupt as stop:
-                outcome.interrupted = True
-                outcome.terminated = isinstance(stop, studies.Terminated)
+        outcome, confirmed = session.train(
+            prepared,
+            space_file.parent,
+            shown,
+            launched=launched,
+            verbose=verbose,
+            remeasure=remeasure,
+            confirm=as_worker is None,  # worker 0 (or the only one) confirms and sums up
+        )
     except (WorkerError, TurnNotTaken) as err:
         console.print()  # ends the live display's last line: the error gets a line of its own
         raise fail(str(err), EXIT_FAILED) from None
@@ -296,14 +197,154 @@ def run(  # noqa: C901, PLR0912, PLR0915
         raise storage_failure(err, spec.study.storage) from None
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
-        executor.close()
-        if others is not None:  # a path that left them running: never leave them behind
-            others.interrupt()
-            others.wait(60)
-
-    if as_worker is not None:  # worker 0 confirms and sums up
+    if as_worker is not None:
         worker_exit(outcome)
     finish(study, spec, outcome, confirmed, new_study=new_study, verbose=verbose)
+
+
+def take_share(
+    spec: Any, workers: int | None, gpus: str | None, as_worker: int | None
+) -> list[WorkerShare] | None:
+    """The workers' shares of the machine (None without --workers or --gpus), this process's
+    applied; exit in one line where they cannot be had or worker 1 is gone."""
+    from autotune import scaleout
+
+    try:  # the space file says how many GPUs a trial
+        per_trial = spec.workload.gpus_per_trial
+        shares = scaleout.plan_shares(workers, gpus, per_trial) if workers or gpus else None
+        if as_worker is not None and (shares is None or not 0 < as_worker < len(shares)):
+            raise scaleout.ScaleOutError("--as-worker is for the workers autotune starts itself")
+    except UserError as err:
+        raise fail(str(err)) from None
+    if shares is not None:  # before torch sees a GPU or sizes its thread pools
+        scaleout.apply_share(shares[as_worker or 0])
+    if as_worker is not None:
+        os.environ.pop(scaleout.WORKER_CORES_ENV, None)  # not for what this worker starts
+        if not scaleout.stop_with_parent():
+            raise fail("worker 1 of this study is gone: this worker does not start", EXIT_FAILED)
+    return shares
+
+
+def show_plan(prepared: session.Prepared, shares: list[WorkerShare] | None) -> None:
+    """What ``run`` shows before it trains: the plan, the workers, and what the check of the
+    workload found doubtful."""
+    from autotune import display
+
+    spec, workload = prepared.spec, prepared.workload
+    display.print_plan(console, spec, prepared.hardware, prepared.study, list(prepared.dropped))
+    if shares is not None and len(shares) > 1:
+        display.print_item(console, "workers", describe_shares(shares))
+    for line in workload.warnings:  # what the check of the workload found doubtful
+        console.print(f"[yellow]warning:[/] {escape(line)}")
+    untrained = workload.untrained_score
+    if spec.objective.per_second and untrained is not None and untrained < 0:
+        goal = spec.objective
+        console.print(
+            f"[yellow]warning:[/] score {escape(goal.score_name)} is {untrained:.4g} on the "
+            f"untrained model: {goal.metric_name} needs a score of 0 or more (a trial that "
+            f"ends below 0 is infeasible); use objective.metric time_to_score with a "
+            f"target_score, or a score that is 0 or more",
+            soft_wrap=True,
+        )
+
+
+class Shown(session.RunHooks):
+    """``run``'s live display of the study, and the other workers of ``--workers`` and
+    ``--gpus``: worker 0 starts them, lets them train once stage 1 is measured, and stops them;
+    a worker it started waits for its word."""
+
+    def __init__(
+        self,
+        prepared: session.Prepared,
+        space_file: Path,
+        shares: list[WorkerShare] | None,
+        as_worker: int | None,
+    ) -> None:
+        super().__init__()
+        self.prepared, self.space_file = prepared, space_file
+        self.shares, self.as_worker = shares, as_worker
+        share = shares[as_worker or 0] if shares is not None else None
+        self.worker = f"{share.index + 1}/{share.count}" if share and share.count > 1 else None
+        self.others: Workers | None = None
+        self.showing = contextlib.ExitStack()
+        self.started = time.monotonic()  # the study's timeout counts from here, stage 1 included
+        self.began = time.time()  # every trial that starts from here is this run's, any worker's
+
+    @contextlib.contextmanager
+    def training(self, study: Any, executor: Any) -> Iterator[Any]:
+        from rich.live import Live
+
+        from autotune import display
+        from autotune.worker import WorkerExecutor
+
+        spec, patience = self.prepared.spec, self.prepared.patience
+        progress = display.live_progress(console)
+        try:
+            with Live(progress, console=console, refresh_per_second=8) as live, self.showing:
+                self.observer = display.LiveObserver(study, spec, live, progress)
+                patience.on_wait = self.observer.storage_waiting
+                patience.on_back = self.observer.storage_back
+                self.showing.callback(setattr, patience, "on_wait", storage_lines(console)[0])
+                self.showing.callback(setattr, patience, "on_back", storage_lines(console)[1])
+                if self.shares is not None and len(self.shares) > 1 and self.as_worker is None:
+                    # started now: their start-up overlaps stage 1, on their own cores
+                    log_dir = worker_log_dir(spec.study.storage, study.study_name)
+                    self.others = start_workers(
+                        self.shares,
+                        self.space_file,
+                        spec,
+                        study.study_name,
+                        log_dir,
+                        spec.study.timeout,
+                    )
+                if self.as_worker is not None and isinstance(executor, WorkerExecutor):
+                    try:  # its start-up (imports, the data) before its first measurement
+                        executor.start()
+                    except KeyboardInterrupt:
+                        console.print("Stopped by worker 1 before any trial.", markup=False)
+                        raise typer.Exit(EXIT_INTERRUPTED) from None
+                yield self.observer
+                live.update(progress)
+            console.print()  # ends the progress line (piped output has no cursor to move)
+        finally:
+            if self.others is not None:  # a path that left them running: never leave them behind
+                self.others.interrupt()
+                self.others.wait(60)
+
+    def trials_start(self) -> None:  # once stage 1 is measured
+        if self.as_worker is not None:  # the trials start together, when worker 0 says
+            from autotune import scaleout
+
+            scaleout.wait_to_go()  # (it measured its share of stage 1 as this did)
+            return
+        if self.others is not None:
+            timeout = self.prepared.spec.study.timeout
+            left = timeout - (time.monotonic() - self.started) if timeout else None
+            self.others.go(left)
+            shown = OthersShown(self.prepared.study, self.observer, self.others)
+            self.showing.enter_context(shown)
+
+    def trials_done(self, outcome: Any) -> None:
+        from autotune import study as studies
+
+        if self.others is None:
+            return
+        # the study is done, or this worker stopped or gave up
+        self.showing.close()  # the display's poll ends first: the exits are said below
+        gave_up = bool(outcome.interrupted or outcome.repeated_error)
+        gave_up = gave_up or "trials failed" in outcome.stopped_reason
+        gave_up = gave_up or not self.others.going  # nothing left to run, or no stage 2
+        patience = self.prepared.spec.study.trial_timeout or 600
+        say_lines(stop_workers(self.others, gave_up, patience))
+        studies.count_states(self.prepared.study, outcome, self.began)  # the workers' trials
+
+    def trained(self, outcome: Any) -> None:
+        if outcome.stopped_reason:
+            stopped = "" if outcome.trials_run == 0 else "Stopped: "
+            console.print(Text(f"{stopped}{outcome.stopped_reason}.", style="yellow"))
+
+    def confirm(self, study: Any, spec: Any, executor: Any, top: int, repeats: int) -> bool:
+        return confirm_round(study, spec, executor, top, repeats)
 
 
 app.command(cls=Command)(confirm)  # after run: --help lists the commands in this order
