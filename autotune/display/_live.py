@@ -311,15 +311,17 @@ def confirmation_progress(console: Console, spec: Spec) -> Callable[[ConfirmRun,
                 f"  {score_text(spec.objective, run.score)}  "
                 f"{si(run.samples_per_second or 0)} samples/s"
             )
-            bar = spec.objective.bar
-            if not run.feasible:  # no measurement of an answer: the medians leave it out
-                below = f": below {spec.objective.bar_name} {bar:g}" if bar is not None else ""
-                line.append(f"  infeasible{below}", style="yellow")
-        note = Text()  # last, under the line where it has no room: wrapped, never cut
+        said = []  # last, under the line where it has no room: wrapped, never cut
+        bar = spec.objective.bar
+        if run.value is not None and not run.feasible and spec.objective.per_second:
+            # no measurement of an answer: the medians leave it out
+            said.append(
+                f"infeasible: below {spec.objective.bar_name} {bar:g}" if bar else "infeasible"
+            )
         if run.interfered:
+            said.append(f"interference: others took {run.other_cpu_share or 0:.0%} of the cores")
+        if said:
             line.append("  ")
-            share = run.other_cpu_share or 0
-            note.append(f"interference: others took {share:.0%} of the cores", style="yellow")
-        print_beside(console, line, note)
+        print_beside(console, line, Text("; ".join(said), style="yellow"))
 
     return show
