@@ -561,3 +561,19 @@ def test_the_confirmation_shows_every_runs_score_and_marks_an_infeasible_run():
     assert "infeasible: below min_accuracy 0.85" in lines.getvalue(), lines.getvalue()
     show(runs[4], 5, 12)
     assert lines.getvalue().count("infeasible") == 1
+
+
+def test_a_leader_measurably_slower_than_the_checklist_side_by_side_is_not_tied_with_it():
+    """A quickstart on 504e919: trial 7's median (5.658) was within the round's ±10% of the
+    checklist's (5.977), so the two were 'tied' and trial 7 named for its better accuracy,
+    while side by side it read 0.85x the checklist (0.76x to 0.95x): measurably slower."""
+    study = _study([3.2, 5.406, 6.007], baseline=0, checklist=1)
+    series = {
+        2: [6.007, 4.726, 5.658],  # the leader: a lucky trial, then two runs below the checklist
+        1: [5.406, 5.977, 6.236],  # the checklist
+        0: [3.159, 3.858, 3.94],  # the untuned baseline
+    }
+    scores = {2: 0.9667, 1: 0.9528, 0: 0.9667}
+    answer = _answer(study, _round(series, scores=scores, baseline=0, checklist=1, top=1))
+    assert answer.number == 1 and answer.reference == "the tuning checklist"
+    assert 2 not in answer.tied

@@ -255,8 +255,16 @@ class Verdict:
             )
 
         def within_noise(other: Confirmed) -> bool:
+            """Its median within the round's spread of the best's, and, side by side, not
+            measurably behind it: its best run of the round reaches the best's worst (else
+            the ratio between them, ``interval``, lies wholly on one side of 1)."""
             behind = sign * (best.median - other.median) / abs(best.median or 1.0)
-            return behind <= (spread or 0.0)
+            if behind > (spread or 0.0):
+                return False
+            mine, theirs = verdict._range(other), verdict._range(best)
+            if mine is None or theirs is None:
+                return True
+            return mine[1] >= theirs[0] if record.maximize else mine[0] <= theirs[1]
 
         tied_set = [best, *(c for c in eligible[1:] if within_noise(c))]
         # among the tied: the better median score first, then the better median value
