@@ -43,7 +43,8 @@ LAYERS: list[set[str]] = [
     {"executor"},  # how the study runs a trial
     {"worker", "study"},  # trials in a supervised process; the study and its records
     {"display", "export"},  # what people see; the answer as a script, file or object
-    {"notes", "artifacts", "report"},  # the dashboard note; files attached; the HTML report
+    {"notes", "artifacts", "report", "ending"},  # the dashboard note; files attached; the HTML
+    # report; how a run ended (its exit rule)
     {"session"},  # the run as a library call: its steps, its ending, autotune.run
     {"cli", "__init__", "__main__"},  # the command line and the Python API's entrance
 ]

@@ -10,8 +10,9 @@ import pytest
 from optuna.trial import TrialState
 
 import autotune
+from autotune.ending import ending
 from autotune.errors import UserError
-from autotune.session import RunOptions, ending, load_run_spec
+from autotune.session import RunOptions, load_run_spec
 from autotune.study import StudyObserver, TrialRecord
 from autotune.testing import write_space
 

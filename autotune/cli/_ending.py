@@ -1,5 +1,5 @@
 """How ``autotune run`` ends: the summary, the dashboard note, and the exit status of the run's
-ending (``session.ending``, the rule said in the README): 0 when a trial of the study trained to
+ending (``autotune.ending``, the rule said in the README): 0 when a trial of the study trained to
 its end, 1 with one line saying why when none did (the same error everywhere, stage 1 with
 nothing to run, the timeout before the first trial, every trial failed), 130 or 143 when
 interrupted."""
@@ -27,8 +27,9 @@ def finish(
 ) -> None:
     """Print the run's summary and write the study's note; raise the exit its outcome calls
     for (typer.Exit), or return for status 0."""
-    from autotune import display, session
+    from autotune import display
     from autotune import study as studies
+    from autotune.ending import ending
 
     display.print_summary(console, study, spec, outcome, confirmation=confirmed)
     if studies.password_note(spec.study.storage):
@@ -40,7 +41,7 @@ def finish(
             notes.write_note(study, spec.study.storage)  # what optuna-dashboard shows first
         except Exception as err:
             raise storage_failure(err, spec.study.storage) from None
-    end = session.ending(study, spec, outcome)
+    end = ending(study, spec, outcome)
     if end.status in ("interrupted", "terminated"):
         how = "run the same command to resume"
         if new_study:  # the same command would start yet another study
