@@ -3,8 +3,8 @@ describes, its stages and then its confirmation round, and returns a ``RunReport
 it ended, in the words ``autotune run`` prints.
 
 A notebook or a scheduler calls ``run``; ``autotune run`` calls the same steps
-(``load_run_spec``, ``open_run``, ``train``, ``ending``), its display and its
-workers passed to ``train`` as ``RunHooks``, its exit statuses around them. Nothing prints.
+(``load_run_spec``, ``prepare``, ``train``, ``ending``), its display, its workers and SIGTERM
+passed to ``train`` as ``RunHooks``, its exit statuses around them. Nothing prints.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,11 +42,11 @@ __all__ = [
     "confirm_after_run",
     "confirm_answer",
     "executor_for",
-    "launch_worker",
     "load_run_spec",
-    "open_run",
     "prepare",
     "run",
+    "stopped_by_sigterm",
+    "storage_faults",
     "train",
 ]
 
@@ -91,8 +92,9 @@ def load_run_spec(space: Path | str | Spec, options: RunOptions | None = None) -
 @dataclass(frozen=True)
 class Prepared:
     """What a run trains on: the spec as this machine runs it (values it cannot run dropped,
-    an older study's strategy kept), the machine, the workload, the study, and the patience
-    with which its storage waits for a database that stops answering."""
+    an older study's strategy kept), the machine, the workload, the study, the patience
+    with which its storage waits for a database that stops answering, and the worker process
+    launched for it (``isolation: worker``), for ``train``."""
 
     spec: Spec
     hardware: Hardware
@@ -100,16 +102,44 @@ class Prepared:
     dropped: tuple[str, ...]  # the values dropped for this machine, described
     study: optuna.Study
     patience: Patience
+    launched: WorkerExecutor | None = None
 
 
 def prepare(
-    spec: Spec, base_dir: Path, *, new_study: bool = False, cpu_share: bool = False
+    spec: Spec,
+    base_dir: Path,
+    *,
+    verbose: bool = False,
+    new_study: bool = False,
+    cpu_share: bool = False,
+    meanwhile: Callable[[], None] | None = None,
 ) -> Prepared:
-    """Detect the machine, load and check the workload (its functions resolved from
-    ``base_dir``, the space file's folder), drop what this machine cannot run, and open (or
-    create, or resume) the study. ``cpu_share``: this process runs on a share of the machine's
-    cores (a worker of ``--workers``). UserError in one line for anything the user can fix,
-    a storage that cannot be written included."""
+    """A run's first steps: the study's worker process launched (``isolation: worker``: its
+    imports and workload overlap the rest), ``meanwhile`` (what the caller does while it
+    starts), the machine detected, the workload loaded and checked (its functions resolved
+    from ``base_dir``, the space file's folder), what this machine cannot run dropped, and the
+    study opened (or created, or resumed); the worker closed where they fail. ``cpu_share``:
+    this process runs on a share of the machine's cores (a worker of ``--workers``).
+    UserError in one line for anything the user can fix, a storage that cannot be written
+    included."""
+    launched = _launch_worker(spec, base_dir, verbose)
+    try:
+        if meanwhile is not None:
+            meanwhile()
+        return _prepare(spec, base_dir, new_study, cpu_share, launched)
+    except BaseException:
+        if launched is not None:
+            launched.close()
+        raise
+
+
+def _prepare(
+    spec: Spec,
+    base_dir: Path,
+    new_study: bool,
+    cpu_share: bool,
+    launched: WorkerExecutor | None,
+) -> Prepared:
     from autotune import study as studies
     from autotune.hardware import detect
     from autotune.space import restrict
@@ -121,7 +151,7 @@ def prepare(
     workload = load_workload(spec.workload, base_dir, spec.objective.score)
     restriction = restrict(spec, hardware, workload)
     spec = restriction.spec
-    try:
+    with storage_faults(spec.study.storage):
         storage = studies.patient_storage(
             spec.study.storage,
             "create",
@@ -130,21 +160,12 @@ def prepare(
         )
         study = studies.open_study(spec, storage, hardware, workload, new_study)
         spec = studies.with_study_strategy(study, spec)  # an older study resumes as it was
-    except UserError:
-        raise
-    except Exception as err:  # a full disk, a read-only or damaged database, no server
-        problem = studies.storage_problem(err)
-        if problem is None:
-            raise
-        shown = studies.display_url(spec.study.storage)
-        raise studies.StudyError(f"cannot write the study to {shown}: {problem}") from err
     dropped = tuple(d.describe() for d in restriction.dropped)
-    return Prepared(spec, hardware, workload, dropped, study, storage.patience)
+    return Prepared(spec, hardware, workload, dropped, study, storage.patience, launched)
 
 
-def launch_worker(spec: Spec, base_dir: Path, verbose: bool = False) -> WorkerExecutor | None:
-    """The study's worker process (``isolation: worker``; else None), started now: its imports
-    and workload overlap ``prepare`` here. Hand it to ``executor_for``, or close it."""
+def _launch_worker(spec: Spec, base_dir: Path, verbose: bool) -> WorkerExecutor | None:
+    """The study's worker process (``isolation: worker``; else None), started now."""
     if spec.study.isolation != "worker":
         return None
     from autotune.worker import WorkerExecutor
@@ -154,27 +175,38 @@ def launch_worker(spec: Spec, base_dir: Path, verbose: bool = False) -> WorkerEx
     return worker
 
 
-def open_run(
-    spec: Spec,
-    base_dir: Path,
-    *,
-    verbose: bool = False,
-    new_study: bool = False,
-    cpu_share: bool = False,
-    meanwhile: Callable[[], None] | None = None,
-) -> tuple[Prepared, WorkerExecutor | None]:
-    """A run's first steps: its worker launched (``launch_worker``), then ``meanwhile`` (what
-    the caller does while the worker starts) and ``prepare``; the worker closed where they
-    fail. The prepared run and the worker, for ``train``."""
-    launched = launch_worker(spec, base_dir, verbose)
+@contextlib.contextmanager
+def storage_faults(storage: str) -> Iterator[None]:
+    """A storage fault inside (a full disk, a read-only or damaged database, no server) raised
+    as a StudyError, a UserError of one line that names the storage; anything else as it was."""
+    from autotune import study as studies
+
     try:
-        if meanwhile is not None:
-            meanwhile()
-        return prepare(spec, base_dir, new_study=new_study, cpu_share=cpu_share), launched
-    except BaseException:
-        if launched is not None:
-            launched.close()
+        yield
+    except UserError:
         raise
+    except Exception as err:
+        problem = studies.storage_problem(err)
+        if problem is None:
+            raise
+        shown = studies.display_url(storage)
+        raise studies.StudyError(f"cannot write the study to {shown}: {problem}") from err
+
+
+@contextlib.contextmanager
+def stopped_by_sigterm() -> Iterator[None]:
+    """Inside, SIGTERM stops the study as Ctrl-C does (raised as ``Terminated``, a
+    KeyboardInterrupt: the running trial recorded); the handler before it restored after."""
+    from autotune.study import Terminated
+
+    def terminated(signum: int, frame: object) -> None:
+        raise Terminated()
+
+    previous_handler = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
 
 
 def executor_for(
@@ -186,7 +218,7 @@ def executor_for(
     launched: WorkerExecutor | None = None,
 ) -> TrialExecutor:
     """What trains the study's trials: a supervised worker process (``study.isolation:
-    worker``, which loads the workload itself; ``launched``, the one ``launch_worker`` started,
+    worker``, which loads the workload itself; ``launched``, the one ``prepare`` started,
     unless ``spec`` asks for another) or this process (``none``: on ``workload``, loaded here
     when it is not given)."""
     from autotune.distributed import WorkloadSource
@@ -263,11 +295,12 @@ def confirm_after_run(
 
 
 class RunHooks:
-    """What a caller adds to a run's steps (``train``): ``autotune run`` its live display and
-    the workers of ``--workers`` and ``--gpus``. These defaults add nothing (a library run):
-    ``observer`` is told of each measurement and trial."""
+    """What a caller adds to a run's steps (``train``): ``autotune run`` its live display,
+    the workers of ``--workers`` and ``--gpus``, and SIGTERM as a stop. These defaults add
+    nothing (a library run): ``observer`` is told of each measurement and trial."""
 
     worker: str | None = None  # this process's share of a scaled-out study, as "2/4"
+    sigterm_stops = False  # SIGTERM stops the run as Ctrl-C does (``stopped_by_sigterm``)
 
     def __init__(self, observer: StudyObserver | None = None) -> None:
         self.observer = observer
@@ -285,9 +318,6 @@ class RunHooks:
     def trials_done(self, outcome: RunOutcome) -> None:
         """After the trials, inside ``training``."""
 
-    def trained(self, outcome: RunOutcome) -> None:
-        """After ``training``, before the confirmation round."""
-
     def confirm(
         self, study: optuna.Study, spec: Spec, executor: TrialExecutor, top: int, repeats: int
     ) -> bool:
@@ -300,19 +330,25 @@ def train(
     base_dir: Path,
     hooks: RunHooks,
     *,
-    launched: WorkerExecutor | None = None,
     verbose: bool = False,
     remeasure: bool = False,
     confirm: bool = True,
 ) -> tuple[RunOutcome, bool]:
     """A prepared run's steps: its stages and trials, then (``confirm``, by the rule of
     ``confirm_after_run``) the confirmation round, ``hooks`` told of each; the executor closed
-    in the end. The run's outcome, and whether a confirmation round exists."""
+    in the end. The run's outcome, and whether a confirmation round exists. A storage fault is
+    raised as a StudyError (``storage_faults``)."""
     from autotune import study as studies
 
     spec, study = prepared.spec, prepared.study
-    executor = executor_for(spec, base_dir, prepared.workload, verbose=verbose, launched=launched)
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(storage_faults(spec.study.storage))
+        if hooks.sigterm_stops:
+            stack.enter_context(stopped_by_sigterm())
+        executor = executor_for(
+            spec, base_dir, prepared.workload, verbose=verbose, launched=prepared.launched
+        )
+        stack.callback(executor.close)
         with hooks.training(study, executor) as observer:
             outcome = studies.run_study(
                 study,
@@ -326,11 +362,8 @@ def train(
                 worker=hooks.worker,
             )
             hooks.trials_done(outcome)
-        hooks.trained(outcome)
         round_of = functools.partial(hooks.confirm, study, spec, executor)
         confirmed = confirm and confirm_after_run(study, spec, outcome, round_of)
-    finally:
-        executor.close()
     return outcome, confirmed
 
 
@@ -390,6 +423,9 @@ def run(
     """
     import optuna
 
+    from autotune import notes
+    from autotune import study as studies
+
     options = RunOptions(
         n_trials=n_trials,
         timeout=timeout,
@@ -405,36 +441,16 @@ def run(
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # its INFO lines: a library prints nothing
     try:
-        prepared, launched = open_run(spec, Path(base_dir), new_study=new_study)
-        return _run_prepared(prepared, Path(base_dir), launched, observer, remeasure, confirm)
+        prepared = prepare(spec, Path(base_dir), new_study=new_study)
+        hooks = RunHooks(observer)
+        outcome, confirmed = train(
+            prepared, Path(base_dir), hooks, remeasure=remeasure, confirm=confirm
+        )
+        spec, study = prepared.spec, prepared.study
+        if outcome.trials_run:
+            notes.write_note(study, spec.study.storage)  # what optuna-dashboard shows first
+        end = ending(study, spec, outcome)
     finally:
         optuna.logging.set_verbosity(verbosity)
-
-
-def _run_prepared(
-    prepared: Prepared,
-    base_dir: Path,
-    launched: WorkerExecutor | None,
-    observer: StudyObserver | None,
-    remeasure: bool,
-    confirm: bool,
-) -> RunReport:
-    """``run``'s stages, confirmation round and note, once the study is open."""
-    from autotune import notes
-    from autotune import study as studies
-
-    spec, study = prepared.spec, prepared.study
-    hooks = RunHooks(observer)
-    outcome, confirmed = train(
-        prepared, base_dir, hooks, launched=launched, remeasure=remeasure, confirm=confirm
-    )
-    if outcome.trials_run:
-        notes.write_note(study, spec.study.storage)  # what optuna-dashboard shows first
-    return RunReport(
-        study.study_name,
-        studies.display_url(spec.study.storage),
-        outcome,
-        confirmed,
-        ending(study, spec, outcome),
-        spec.study.storage,
-    )
+    shown = studies.display_url(spec.study.storage)
+    return RunReport(study.study_name, shown, outcome, confirmed, end, spec.study.storage)

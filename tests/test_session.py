@@ -116,9 +116,8 @@ from pathlib import Path
 from autotune import session
 
 spec = session.load_run_spec(Path({str(space)!r}))
-worker = session.launch_worker(spec, Path.cwd())
-print("torch" in sys.modules)
-prepared = session.prepare(spec, Path.cwd())
+prepared = session.prepare(spec, Path.cwd(), meanwhile=lambda: print("torch" in sys.modules))
+worker = prepared.launched
 executor = session.executor_for(prepared.spec, Path.cwd(), launched=worker)
 worker.start()  # ready: it imported and loaded the workload meanwhile
 print(executor is worker, len(worker.started_pids))

@@ -102,13 +102,6 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
-def raise_terminated(signum: int, frame: object) -> None:
-    """SIGTERM handler: stop the study like Ctrl-C does, recording the running trial."""
-    from autotune.study import Terminated
-
-    raise Terminated()
-
-
 def fail(lines: str | list[str], code: int = EXIT_USAGE) -> typer.Exit:
     """Each line as ``error: ...``: one line where stderr is a file or a pipe (a log, grep); on
     a terminal wrapped between words, its continuation indented, a path or URL never broken."""

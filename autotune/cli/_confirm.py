@@ -1,11 +1,10 @@
-"""``confirm``: the confirmation round of a study, run (or resumed) on its own; and what both
-training commands share: running a round, and a storage fault said in one line. The command is
-registered by ``_train`` after ``run``, in the order --help lists them."""
+"""``confirm``: the confirmation round of a study, run (or resumed) on its own; and what the
+training commands share: running a round, and what they say around their training runs. The
+command is registered by ``_train`` after ``run``, in the order --help lists them."""
 
 from __future__ import annotations
 
 import contextlib
-import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple
@@ -18,12 +17,10 @@ from autotune.cli._common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
-    EXIT_USAGE,
     console,
     fail,
     in_range,
     quiet_libraries,
-    raise_terminated,
     storage_option,
     study_option,
 )
@@ -34,23 +31,9 @@ __all__ = [
     "confirm",
     "confirm_round",
     "open_to_train",
-    "storage_failure",
     "storage_lines",
     "training",
 ]
-
-
-def storage_failure(err: Exception, storage: str, code: int = EXIT_USAGE) -> typer.Exit:
-    """A storage fault (a full disk, a read-only or damaged database) as one line and exit
-    ``code``; anything else is a bug and is raised again with its traceback."""
-    from autotune import study as studies
-
-    if isinstance(err, UserError):  # its own line (the database did not answer for long)
-        return fail(str(err), code)
-    problem = studies.storage_problem(err)
-    if problem is None:
-        raise err
-    return fail(f"cannot write the study to {studies.display_url(storage)}: {problem}", code)
 
 
 def storage_lines(
@@ -206,13 +189,14 @@ def training(executor: Any, storage: str) -> Iterator[None]:
     """Around a command's training runs (``confirm``, ``verify``): SIGTERM as an interruption;
     a worker that cannot start, or a storage fault, in one line (exit 1); an interruption keeps
     what finished and exits 130 (143 for SIGTERM); the executor closed in the end."""
+    from autotune import session
     from autotune import study as studies
-    from autotune.errors import WorkerError
 
-    previous_handler = signal.signal(signal.SIGTERM, raise_terminated)
     try:
-        yield
-    except WorkerError as err:
+        stops, faults = session.stopped_by_sigterm(), session.storage_faults(storage)
+        with stops, faults, contextlib.closing(executor):
+            yield
+    except UserError as err:
         raise fail(str(err), EXIT_FAILED) from None
     except KeyboardInterrupt as stop:
         terminated = isinstance(stop, studies.Terminated)
@@ -220,10 +204,3 @@ def training(executor: Any, storage: str) -> Iterator[None]:
             "[yellow]Interrupted.[/] The finished runs are saved; run the same command to resume."
         )
         raise typer.Exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
-    except typer.Exit:
-        raise
-    except Exception as err:  # the disk filled up, the database became read-only, ...
-        raise storage_failure(err, storage, EXIT_FAILED) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous_handler)
-        executor.close()

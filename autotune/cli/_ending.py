@@ -17,7 +17,7 @@ from autotune.cli._common import (
     console,
     fail,
 )
-from autotune.cli._confirm import storage_failure
+from autotune.errors import UserError
 
 __all__ = ["finish", "worker_exit"]
 
@@ -27,7 +27,7 @@ def finish(
 ) -> None:
     """Print the run's summary and write the study's note; raise the exit its outcome calls
     for (typer.Exit), or return for status 0."""
-    from autotune import display
+    from autotune import display, session
     from autotune import study as studies
     from autotune.ending import ending
 
@@ -38,9 +38,10 @@ def finish(
         from autotune import notes
 
         try:
-            notes.write_note(study, spec.study.storage)  # what optuna-dashboard shows first
-        except Exception as err:
-            raise storage_failure(err, spec.study.storage) from None
+            with session.storage_faults(spec.study.storage):
+                notes.write_note(study, spec.study.storage)  # what optuna-dashboard shows first
+        except UserError as err:
+            raise fail(str(err)) from None
     end = ending(study, spec, outcome)
     if end.status in ("interrupted", "terminated"):
         how = "run the same command to resume"

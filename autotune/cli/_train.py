@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from autotune import session
 from autotune.cli._common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
+    EXIT_USAGE,
     STORAGE_ENV,
     Command,
     app,
@@ -27,9 +27,8 @@ from autotune.cli._common import (
     flag,
     in_range,
     quiet_libraries,
-    raise_terminated,
 )
-from autotune.cli._confirm import confirm, confirm_round, storage_failure, storage_lines
+from autotune.cli._confirm import confirm, confirm_round, storage_lines
 from autotune.cli._ending import finish, worker_exit
 from autotune.cli._scaleout import (
     OthersShown,
@@ -123,6 +122,7 @@ def run(
 ) -> None:
     """Run (or resume) the study a space file describes and print the best configuration."""
     from autotune import scaleout
+    from autotune.errors import WorkerError
 
     in_range("--workers", workers, 1)
     in_range("--turn-wait", turn_wait, 0)
@@ -130,37 +130,27 @@ def run(
         os.environ[TURN_WAIT_ENV] = f"{turn_wait:g}"
     if as_worker is not None:  # the storage worker 0 runs on, from its environment
         storage = os.environ.pop(scaleout.WORKER_STORAGE_ENV, None) or storage
-    try:
-        options = session.RunOptions(
-            n_trials=n_trials,
-            timeout=timeout,
-            storage=storage,
-            study_name=study_name,
-            device=device,
-            seed=seed,
-            isolation=isolation,
-        )
-        spec = session.load_run_spec(space_file, options)
-    except UserError as err:
-        raise fail(str(err).splitlines()) from None
-
-    shares = take_share(spec, workers, gpus, as_worker)
-    share = shares[as_worker or 0] if shares is not None else None
-
-    from autotune.errors import WorkerError
-    from autotune.hardware import detect
+    options = session.RunOptions(
+        n_trials=n_trials,
+        timeout=timeout,
+        storage=storage,
+        study_name=study_name,
+        device=device,
+        seed=seed,
+        isolation=isolation,
+    )
 
     def meanwhile() -> None:  # while the worker starts: its imports overlap these
         quiet_libraries(verbose)
-        machine = detect(spec.workload.device) if workers is not None and gpus is None else None
-        if machine is not None and machine.is_cuda:
-            raise scaleout.ScaleOutError(
-                f"--workers runs workers on the CPU, and this study trains on "
-                f"{machine.device}: use --gpus (a worker per GPU), or --device cpu"
-            )
+        if workers is not None and gpus is None:
+            scaleout.refuse_cuda_workers(spec.workload.device)
 
     try:
-        prepared, launched = session.open_run(
+        spec = session.load_run_spec(space_file, options)
+        per_trial = spec.workload.gpus_per_trial  # the space file says how many GPUs a trial
+        shares = scaleout.take_share(per_trial, workers, gpus, as_worker)
+        share = shares[as_worker or 0] if shares is not None else None
+        prepared = session.prepare(
             spec,
             space_file.parent,
             verbose=verbose,
@@ -169,60 +159,31 @@ def run(
             meanwhile=meanwhile,
         )
     except UserError as err:
-        raise fail(str(err).splitlines()) from None
+        code = EXIT_FAILED if isinstance(err, scaleout.WorkerGone) else EXIT_USAGE
+        raise fail(str(err).splitlines(), code) from None
     spec, study = prepared.spec, prepared.study
     prepared.patience.on_wait, prepared.patience.on_back = storage_lines(console)
-    if as_worker is None:  # worker 0 (or the only one) shows the study; the others log
+    if share is None or share.index == 0:  # worker 0 (or the only one) shows the study
         show_plan(prepared, shares)
     else:
-        assert share is not None
         console.print(f"{share.describe()} of study {study.study_name}", markup=False)
     shown = Shown(prepared, space_file, shares, as_worker)
-    previous_handler = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         outcome, confirmed = session.train(
             prepared,
             space_file.parent,
             shown,
-            launched=launched,
             verbose=verbose,
             remeasure=remeasure,
             confirm=as_worker is None,  # worker 0 (or the only one) confirms and sums up
         )
-    except (WorkerError, TurnNotTaken) as err:
+    except UserError as err:  # a worker that cannot start, the disk filled up, ...
         console.print()  # ends the live display's last line: the error gets a line of its own
-        raise fail(str(err), EXIT_FAILED) from None
-    except Exception as err:  # the disk filled up, the database became read-only, ...
-        console.print()
-        raise storage_failure(err, spec.study.storage) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous_handler)
+        code = EXIT_FAILED if isinstance(err, (WorkerError, TurnNotTaken)) else EXIT_USAGE
+        raise fail(str(err), code) from None
     if as_worker is not None:
         worker_exit(outcome)
     finish(study, spec, outcome, confirmed, new_study=new_study, verbose=verbose)
-
-
-def take_share(
-    spec: Any, workers: int | None, gpus: str | None, as_worker: int | None
-) -> list[WorkerShare] | None:
-    """The workers' shares of the machine (None without --workers or --gpus), this process's
-    applied; exit in one line where they cannot be had or worker 1 is gone."""
-    from autotune import scaleout
-
-    try:  # the space file says how many GPUs a trial
-        per_trial = spec.workload.gpus_per_trial
-        shares = scaleout.plan_shares(workers, gpus, per_trial) if workers or gpus else None
-        if as_worker is not None and (shares is None or not 0 < as_worker < len(shares)):
-            raise scaleout.ScaleOutError("--as-worker is for the workers autotune starts itself")
-    except UserError as err:
-        raise fail(str(err)) from None
-    if shares is not None:  # before torch sees a GPU or sizes its thread pools
-        scaleout.apply_share(shares[as_worker or 0])
-    if as_worker is not None:
-        os.environ.pop(scaleout.WORKER_CORES_ENV, None)  # not for what this worker starts
-        if not scaleout.stop_with_parent():
-            raise fail("worker 1 of this study is gone: this worker does not start", EXIT_FAILED)
-    return shares
 
 
 def show_plan(prepared: session.Prepared, shares: list[WorkerShare] | None) -> None:
@@ -251,7 +212,9 @@ def show_plan(prepared: session.Prepared, shares: list[WorkerShare] | None) -> N
 class Shown(session.RunHooks):
     """``run``'s live display of the study, and the other workers of ``--workers`` and
     ``--gpus``: worker 0 starts them, lets them train once stage 1 is measured, and stops them;
-    a worker it started waits for its word."""
+    a worker it started waits for its word. SIGTERM stops the run as Ctrl-C does."""
+
+    sigterm_stops = True
 
     def __init__(
         self,
@@ -266,6 +229,7 @@ class Shown(session.RunHooks):
         share = shares[as_worker or 0] if shares is not None else None
         self.worker = f"{share.index + 1}/{share.count}" if share and share.count > 1 else None
         self.others: Workers | None = None
+        self.outcome: Any = None  # the trials' RunOutcome, once they are done
         self.showing = contextlib.ExitStack()
         self.started = time.monotonic()  # the study's timeout counts from here, stage 1 included
         self.began = time.time()  # every trial that starts from here is this run's, any worker's
@@ -306,6 +270,9 @@ class Shown(session.RunHooks):
                 yield self.observer
                 live.update(progress)
             console.print()  # ends the progress line (piped output has no cursor to move)
+            if self.outcome.stopped_reason:
+                stopped = "" if self.outcome.trials_run == 0 else "Stopped: "
+                console.print(Text(f"{stopped}{self.outcome.stopped_reason}.", style="yellow"))
         finally:
             if self.others is not None:  # a path that left them running: never leave them behind
                 self.others.interrupt()
@@ -327,6 +294,7 @@ class Shown(session.RunHooks):
     def trials_done(self, outcome: Any) -> None:
         from autotune import study as studies
 
+        self.outcome = outcome
         if self.others is None:
             return
         # the study is done, or this worker stopped or gave up
@@ -337,11 +305,6 @@ class Shown(session.RunHooks):
         patience = self.prepared.spec.study.trial_timeout or 600
         say_lines(stop_workers(self.others, gave_up, patience))
         studies.count_states(self.prepared.study, outcome, self.began)  # the workers' trials
-
-    def trained(self, outcome: Any) -> None:
-        if outcome.stopped_reason:
-            stopped = "" if outcome.trials_run == 0 else "Stopped: "
-            console.print(Text(f"{stopped}{outcome.stopped_reason}.", style="yellow"))
 
     def confirm(self, study: Any, spec: Any, executor: Any, top: int, repeats: int) -> bool:
         return confirm_round(study, spec, executor, top, repeats)

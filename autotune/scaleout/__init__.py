@@ -23,6 +23,7 @@ from autotune.scaleout._shares import (
     gpus_argument,
     one_gpu_model,
     plan_shares,
+    refuse_cuda_workers,
     unshared_environment,
     unused_cores,
 )
@@ -31,8 +32,9 @@ from autotune.scaleout._workers import (
     WORKER_GO_ENV,
     WORKER_PARENT_ENV,
     WORKER_STORAGE_ENV,
+    WorkerGone,
     Workers,
-    stop_with_parent,
+    take_share,
     wait_to_go,
 )
 
@@ -44,6 +46,7 @@ __all__ = [
     "WORKER_PARENT_ENV",
     "WORKER_STORAGE_ENV",
     "ScaleOutError",
+    "WorkerGone",
     "WorkerShare",
     "Workers",
     "apply_share",
@@ -51,7 +54,8 @@ __all__ = [
     "gpus_argument",
     "one_gpu_model",
     "plan_shares",
-    "stop_with_parent",
+    "refuse_cuda_workers",
+    "take_share",
     "unshared_environment",
     "unused_cores",
     "wait_to_go",

@@ -216,6 +216,21 @@ def unused_cores(shares: list[WorkerShare]) -> tuple[int, ...]:
     return tuple(core for core in _available_cores() if core not in used)
 
 
+def refuse_cuda_workers(device: str) -> None:
+    """--workers runs its workers on the CPU: ScaleOutError where the study trains on a GPU
+    (``device``: workload.device; a cuda one refused before any CUDA call, auto detected)."""
+    if device == "auto":
+        from autotune.hardware import detect
+
+        device = detect(device).device
+    if device.startswith("cuda"):
+        raise ScaleOutError(
+            f"--workers runs workers on the CPU, and this study trains on "
+            f"{'cuda:0' if device == 'cuda' else device}: use --gpus (a worker per GPU), or "
+            f"--device cpu"
+        )
+
+
 def apply_share(share: WorkerShare) -> None:
     """Pin this process to ``share``: its cores (which the processes it starts inherit) and its
     GPU, seen as cuda:0. Call before torch initialises CUDA."""

@@ -14,7 +14,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.scaleout._shares import WORKER_CORES_ENV, WorkerShare, unshared_environment
+from autotune.scaleout._shares import (
+    WORKER_CORES_ENV,
+    ScaleOutError,
+    WorkerShare,
+    apply_share,
+    plan_shares,
+    unshared_environment,
+)
 
 WORKER_ENV = "AUTOTUNE_WORKER"  # "k/N" in a worker started by worker 0 (for its log's header)
 # the storage URL a worker joins, passed in its environment: a password stays out of `ps`
@@ -40,6 +47,29 @@ def wait_to_go() -> float | None:
 
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+class WorkerGone(ScaleOutError):
+    """Worker 0 died before this worker it started could ask to stop with it."""
+
+
+def take_share(
+    gpus_per_trial: int, workers: int | None, gpus: str | None, as_worker: int | None
+) -> list[WorkerShare] | None:
+    """The workers' shares of the machine (None without --workers or --gpus), this process's
+    (``as_worker``, else 0) applied before torch sees a GPU or sizes its thread pools.
+    ScaleOutError where they cannot be had or ``as_worker`` was not started by autotune;
+    WorkerGone where worker 0 died before this worker it started."""
+    shares = plan_shares(workers, gpus, gpus_per_trial) if workers or gpus else None
+    if as_worker is not None and (shares is None or not 0 < as_worker < len(shares)):
+        raise ScaleOutError("--as-worker is for the workers autotune starts itself")
+    if shares is not None:
+        apply_share(shares[as_worker or 0])
+    if as_worker is not None:
+        os.environ.pop(WORKER_CORES_ENV, None)  # not for what this worker starts
+        if not stop_with_parent():
+            raise WorkerGone("worker 1 of this study is gone: this worker does not start")
+    return shares
 
 
 def stop_with_parent() -> bool:
