@@ -19,6 +19,7 @@ from optuna.trial import TrialState
 from autotune.scaleout import (
     VISIBLE_BEFORE_ENV,
     WORKER_CORES_ENV,
+    WORKER_PARENT_ENV,
     ScaleOutError,
     apply_share,
     gpus_argument,
@@ -148,6 +149,34 @@ def test_the_workers_worker_0_starts_find_their_own_gpus(
     monkeypatch.setattr(os, "environ", started)  # a worker's environment, as Workers gives it
     again = plan_shares(None, argument, gpu_names=_h100s)
     assert [(share.gpu, share.cores) for share in again] == [(s.gpu, s.cores) for s in shares]
+
+
+@two_cores
+def test_a_worker_that_cannot_run_is_one_line_and_creates_nothing(tmp_path: Path):
+    """Each refusal of ``run --workers``/``--as-worker`` is one line and a non-zero exit before
+    any study exists: CPU workers for a study that trains on a GPU (told by its device before
+    any CUDA call, so on any machine), a hand-started --as-worker, and a worker whose worker 0
+    died before it started (its parent is not the worker 0 that started it)."""
+    write_space(tmp_path, SLOW_SPACE.format(n_trials=1, delay=0), name="space.yaml")
+    for arguments, env, code, said in [
+        (
+            ("--workers", "2", "--device", "cuda"),
+            {},
+            2,
+            "--workers runs workers on the CPU, and this study trains on cuda:0: use --gpus (a "
+            "worker per GPU), or --device cpu",
+        ),
+        (("--as-worker", "1"), {}, 2, "--as-worker is for the workers autotune starts itself"),
+        (
+            ("--workers", "2", "--as-worker", "1"),
+            {WORKER_PARENT_ENV: "1"},  # not this worker's parent: worker 0 is gone
+            1,
+            "worker 1 of this study is gone: this worker does not start",
+        ),
+    ]:
+        done = run_cli("run", "space.yaml", *arguments, cwd=tmp_path, env=env)
+        assert (done.returncode, done.stderr) == (code, f"error: {said}\n"), done.stdout
+        assert not (tmp_path / "studies").exists()
 
 
 @two_cores
