@@ -32,8 +32,6 @@ if TYPE_CHECKING:
     from autotune.config import TrialConfig
     from autotune.workloads import Workload
 
-__all__ = ["RunOutcome", "run_study"]
-
 SAME_ERROR_LIMIT = 3  # identical unexpected errors in a row, with no trial completed: stop
 
 
@@ -87,7 +85,7 @@ def requeue_lost_references(
     return queued > 0
 
 
-def run_study(  # noqa: C901, PLR0912, PLR0915
+def run_study(
     study: optuna.Study,
     spec: Spec,
     hardware: Hardware,
@@ -116,50 +114,19 @@ def run_study(  # noqa: C901, PLR0912, PLR0915
     """
     observer = observer or StudyObserver()
     outcome = RunOutcome(study_name=study.study_name)
-    target = spec.study.n_trials
     deadline = time.monotonic() + spec.study.timeout if spec.study.timeout else None
     walls = MemoryWalls.from_study(study)
     trial_runner = TrialRunner(spec, hardware, executor, observer, walls, worker=worker)
     if spec.study.strategy == "two_stage":
-        from autotune.study._speed import run_speed_stage
-
-        stage_started = time.monotonic()
-        try:
-            table = run_speed_stage(
-                study,
-                spec,
-                hardware,
-                executor,
-                workload,
-                remeasure,
-                observer.speed_measured,
-                observer.turn_waiting,
-            )
-            outcome.stage_seconds = time.monotonic() - stage_started
-        except KeyboardInterrupt as stop:
-            outcome.interrupted = True
-            outcome.terminated = isinstance(stop, Terminated)
+        table = _stage_one(study, spec, hardware, executor, workload, remeasure, outcome, observer)
+        if table is None:  # interrupted, or no setting could train: no trial runs
             return outcome
-        observer.speed_finished(table, outcome.stage_seconds or 0.0)
-        outcome.speed_table = trial_runner.speed = table
-        failure = table.failure()
-        if failure is not None:  # no trial could train: say why, run none
-            kind, why = failure
-            if kind == FaultKind.ERROR:  # the same bug everywhere, as trials would show it
-                outcome.repeated_error = why
-                outcome.repeated_in = "stage 1"
-            else:
-                outcome.stage_failed = why
-            return outcome
-    errors: list[str] = []  # messages of unexpected errors since the last counted trial
-    completed_here = False  # whether a trial of this run completed
-    failures = 0
-    wait_seconds = min(1.0, float(spec.study.heartbeat_interval))
+        trial_runner.speed = table
     try:
         # a stale baseline is retried with its mark, not queued anew
         if recovered := recover_stale_trials(study):
             observer.recovered(recovered)
-        if len(study.get_trials(deepcopy=False, states=COUNTED_STATES)) < target:
+        if len(study.get_trials(deepcopy=False, states=COUNTED_STATES)) < spec.study.n_trials:
             speed = trial_runner.speed
 
             def fits(config: TrialConfig) -> bool:  # below the walls of trials and stage 1
@@ -171,61 +138,123 @@ def run_study(  # noqa: C901, PLR0912, PLR0915
             requeue_lost_references(study, spec, hardware, fits)  # not into a finished study
             if on_trials_start is not None:  # only when there is something left to run
                 on_trials_start()
-        while True:
-            if recovered := recover_stale_trials(study):
-                observer.recovered(recovered)
-            # counted and started under the study's lock: processes that count at the same
-            # moment cannot each start the last trial
-            with study_lock(study):
-                trials = study.get_trials(deepcopy=False)
-                counted = sum(1 for t in trials if t.state in COUNTED_STATES)
-                running = sum(1 for t in trials if t.state == TrialState.RUNNING)
-                asked = None
-                if counted < target and counted + running < target and not _past(deadline):
-                    asked = trial_runner.ask(study)
-            if counted >= target:
-                if outcome.trials_run == 0:
-                    outcome.stopped_reason = (
-                        f"nothing to run: the study already has {counted} trials; --n-trials "
-                        f"(study.n_trials, now {target}) is the study's total, not this many more"
-                    )
-                break
-            if asked is None and _past(deadline):
-                outcome.stopped_reason = f"the timeout of {spec.study.timeout:g} s was reached"
-                outcome.timed_out = True
-                break
-            if asked is None:
-                observer.waiting(running)
-                time.sleep(wait_seconds)
-                continue
-            trial = trial_runner.run(study, asked)
-            outcome.trials_run += 1
-            if trial_runner.taken_over:  # failed elsewhere and queued again: not this run's
-                outcome.taken_over += 1  # (the observer heard it from taken_over)
-                continue
-            observer.trial_finished(trial)
-            if trial.state == TrialState.FAIL:
-                failures += 1
-                record = TrialRecord.of(trial)
-                if record.fail_kind == FaultKind.ERROR:
-                    errors.append(str(record.fail_msg))
-            elif trial.state in COUNTED_STATES:
-                errors.clear()
-                completed_here = completed_here or trial.state == TrialState.COMPLETE
-            last = errors[-SAME_ERROR_LIMIT:]
-            # the same error every time, and nothing trained to the end in this run (earlier
-            # runs may have completed trials before the code broke): a bug, not a configuration
-            if len(last) == SAME_ERROR_LIMIT and len(set(last)) == 1 and not completed_here:
-                outcome.repeated_error = errors[-1]
-                break
-            if failures >= max(target, SAME_ERROR_LIMIT):
-                outcome.stopped_reason = f"{failures} trials failed in this run"
-                break
+        _trials(study, spec, trial_runner, deadline, outcome)
     except KeyboardInterrupt as stop:
         outcome.interrupted = True
         outcome.terminated = isinstance(stop, Terminated)
     count_states(study, outcome)
     return outcome
+
+
+def _stage_one(
+    study: optuna.Study,
+    spec: Spec,
+    hardware: Hardware,
+    executor: TrialExecutor,
+    workload: Workload | None,
+    remeasure: bool,
+    outcome: RunOutcome,
+    observer: StudyObserver,
+) -> SpeedTable | None:
+    """A two-stage study's speed stage, its time and how it ended in ``outcome``: its table, or
+    None where it was interrupted or could train no setting at all (why, in ``outcome``)."""
+    from autotune.study._speed import run_speed_stage
+
+    stage_started = time.monotonic()
+    try:
+        table = run_speed_stage(
+            study,
+            spec,
+            hardware,
+            executor,
+            workload,
+            remeasure,
+            observer.speed_measured,
+            observer.turn_waiting,
+        )
+    except KeyboardInterrupt as stop:
+        outcome.interrupted = True
+        outcome.terminated = isinstance(stop, Terminated)
+        return None
+    outcome.stage_seconds = time.monotonic() - stage_started
+    observer.speed_finished(table, outcome.stage_seconds)
+    outcome.speed_table = table
+    failure = table.failure()
+    if failure is None:
+        return table
+    kind, why = failure  # no trial could train: say why, run none
+    if kind == FaultKind.ERROR:  # the same bug everywhere, as trials would show it
+        outcome.repeated_error = why
+        outcome.repeated_in = "stage 1"
+    else:
+        outcome.stage_failed = why
+    return None
+
+
+def _trials(
+    study: optuna.Study,
+    spec: Spec,
+    trial_runner: TrialRunner,
+    deadline: float | None,
+    outcome: RunOutcome,
+) -> None:
+    """Trials until the study holds its total, the timeout's ``deadline`` passes, or this
+    run's failures say to stop (``run_study``'s rules); what they did, in ``outcome``."""
+    observer, target = trial_runner.observer, spec.study.n_trials
+    errors: list[str] = []  # messages of unexpected errors since the last counted trial
+    completed_here = False  # whether a trial of this run completed
+    failures = 0
+    wait_seconds = min(1.0, float(spec.study.heartbeat_interval))
+    while True:
+        if recovered := recover_stale_trials(study):
+            observer.recovered(recovered)
+        # counted and started under the study's lock: processes that count at the same
+        # moment cannot each start the last trial
+        with study_lock(study):
+            trials = study.get_trials(deepcopy=False)
+            counted = sum(1 for t in trials if t.state in COUNTED_STATES)
+            running = sum(1 for t in trials if t.state == TrialState.RUNNING)
+            asked = None
+            if counted < target and counted + running < target and not _past(deadline):
+                asked = trial_runner.ask(study)
+        if counted >= target:
+            if outcome.trials_run == 0:
+                outcome.stopped_reason = (
+                    f"nothing to run: the study already has {counted} trials; --n-trials "
+                    f"(study.n_trials, now {target}) is the study's total, not this many more"
+                )
+            return
+        if asked is None and _past(deadline):
+            outcome.stopped_reason = f"the timeout of {spec.study.timeout:g} s was reached"
+            outcome.timed_out = True
+            return
+        if asked is None:
+            observer.waiting(running)
+            time.sleep(wait_seconds)
+            continue
+        trial = trial_runner.run(study, asked)
+        outcome.trials_run += 1
+        if trial_runner.taken_over:  # failed elsewhere and queued again: not this run's
+            outcome.taken_over += 1  # (the observer heard it from taken_over)
+            continue
+        observer.trial_finished(trial)
+        if trial.state == TrialState.FAIL:
+            failures += 1
+            record = TrialRecord.of(trial)
+            if record.fail_kind == FaultKind.ERROR:
+                errors.append(str(record.fail_msg))
+        elif trial.state in COUNTED_STATES:
+            errors.clear()
+            completed_here = completed_here or trial.state == TrialState.COMPLETE
+        last = errors[-SAME_ERROR_LIMIT:]
+        # the same error every time, and nothing trained to the end in this run (earlier
+        # runs may have completed trials before the code broke): a bug, not a configuration
+        if len(last) == SAME_ERROR_LIMIT and len(set(last)) == 1 and not completed_here:
+            outcome.repeated_error = errors[-1]
+            return
+        if failures >= max(target, SAME_ERROR_LIMIT):
+            outcome.stopped_reason = f"{failures} trials failed in this run"
+            return
 
 
 def count_states(study: optuna.Study, outcome: RunOutcome, since: float | None = None) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import optuna
@@ -27,7 +27,7 @@ from autotune.faults import FaultKind, TrialFault
 from autotune.hardware import Hardware
 from autotune.interference import CpuMeter, interfered
 from autotune.results import Evaluation, TrialResult
-from autotune.spec import Spec
+from autotune.spec import ObjectiveSpec, Spec
 from autotune.speed import SPEED_KNOBS, SpeedTable
 from autotune.study import adapter
 from autotune.study._liveness import heartbeat
@@ -39,8 +39,6 @@ from autotune.turns import TurnNotTaken, turn
 
 if TYPE_CHECKING:
     from autotune.study._speed_store import SpeedEvent
-
-__all__ = ["StudyObserver", "TakenOver", "Terminated", "TrialRunner"]
 
 # a trial further off the speed stage's prediction than this, or than the spread stage 1
 # measured where that is wider (a noisy CPU), is flagged
@@ -150,6 +148,54 @@ def _fault(
 
 
 @dataclass
+class Watch:
+    """A trial's ``report``: each evaluation told to Optuna and the observer, and whether the
+    trial stops there (its target reached; it cannot beat ``leader`` at its pace since a quiet
+    window; the pruner; another process took it over), with where and why."""
+
+    trial: optuna.Trial
+    config: TrialConfig
+    goal: ObjectiveSpec
+    observer: StudyObserver
+    leader: FrozenTrial | None  # the best so far (None: never stopped for it)
+    reference: bool  # the untuned baseline or the tuning checklist: never pruned
+    pace: QuietPace = field(default_factory=QuietPace)  # windows from the trial's start
+    lost_at: tuple[Evaluation, float] | None = None  # the value it could still reach there
+    pruned_at: Evaluation | None = None
+    taken_over: bool = False  # failed as stale by another process: stop training it
+
+    def report(self, evaluation: Evaluation) -> bool:
+        """Whether the trial stops at ``evaluation``. ReportFailed where the database fails."""
+        trial, goal, epochs = self.trial, self.goal, self.config.epochs
+        value = objective.intermediate_value(evaluation, goal, epochs)
+        try:
+            trial.report(value, evaluation.index)
+            self.observer.evaluated(trial.number, evaluation, value)
+            if objective.target_reached(evaluation, goal):
+                return True
+            if evaluation.final:
+                return False
+            if self.leader is not None and self.pace.quiet(evaluation):  # never a busy window
+                reachable = objective.best_reachable(
+                    evaluation, goal, epochs, self.pace.paced_from
+                )
+                if reachable is not None and objective.cannot_win(
+                    reachable, float(self.leader.value or 0.0), goal
+                ):
+                    self.lost_at = (evaluation, reachable)
+                    return True
+            if not self.reference and trial.should_prune():  # a reference trains to its end
+                self.pruned_at = evaluation
+                return True
+            return False
+        except optuna.exceptions.UpdateFinishedTrialError:
+            self.taken_over = True  # failed as stale elsewhere: stop training it
+            return True
+        except Exception as error:  # the database: the study's fault, not the trial's
+            raise ReportFailed(error) from error
+
+
+@dataclass
 class TrialRunner:
     """One trial being run: what the loop needs to run it and say how it ended."""
 
@@ -191,9 +237,9 @@ class TrialRunner:
         ).store(trial)
         return config
 
-    def train(self, trial: optuna.Trial) -> tuple[TrialState, float | None]:  # noqa: C901, PLR0915
+    def train(self, trial: optuna.Trial) -> tuple[TrialState, float | None]:
         """Sample, train and score ``trial``; its end state and value (None unless COMPLETE)."""
-        spec, goal = self.spec, self.spec.objective
+        goal = self.spec.objective
         try:
             config = self._sample(trial)
         except space.NothingFits as nothing:
@@ -204,69 +250,47 @@ class TrialRunner:
         if blocked is not None:
             TrialRecord(oom_skipped=True).store(trial)
             return _fault(trial, FaultKind.OOM, blocked), None
-        pruned_at: list[Evaluation] = []
-        taken_over: list[bool] = []
         leader = self._leader(trial)
         reference = TrialRecord.from_attrs(trial.user_attrs).reference is not None
-        lost_at: list[tuple[Evaluation, float]] = []
-
-        def report(evaluation: Evaluation) -> bool:
-            value = objective.intermediate_value(evaluation, goal, config.epochs)
-            try:
-                trial.report(value, evaluation.index)
-                self.observer.evaluated(trial.number, evaluation, value)
-                if objective.target_reached(evaluation, goal):
-                    return True
-                if evaluation.final:
-                    return False
-                if leader is not None and pace.quiet(evaluation):  # never on a busy window
-                    reachable = objective.best_reachable(
-                        evaluation, goal, config.epochs, pace.paced_from
-                    )
-                    if reachable is not None and objective.cannot_win(
-                        reachable, float(leader.value or 0.0), goal
-                    ):
-                        lost_at.append((evaluation, reachable))
-                        return True
-                if not reference and trial.should_prune():  # a reference trains to its end
-                    pruned_at.append(evaluation)
-                    return True
-                return False
-            except optuna.exceptions.UpdateFinishedTrialError:
-                taken_over.append(True)  # failed as stale elsewhere: stop training it
-                return True
-            except Exception as error:  # the database: the study's fault, not the trial's
-                raise ReportFailed(error) from error
-
         # another process of this machine training on the same cores or GPU: wait, off the clock
         asked_turn = time.monotonic()
         with turn(config.device, config.world_size, self.observer.turn_waiting):
             started = time.monotonic()
             if started - asked_turn > TURN_WAIT_SAID:
                 TrialRecord(turn_wait_seconds=started - asked_turn).store(trial)
-            pace = QuietPace()  # what ``report`` reads: windows from the trial's start
+            watch = Watch(trial, config, goal, self.observer, leader, reference)
             try:
-                result = attempt(lambda: self.executor.run(config, report))
+                result = attempt(lambda: self.executor.run(config, watch.report))
             except ReportFailed as failed:
                 raise failed.error from None  # as if raised here, where the study writes
         if isinstance(result, TrialFault):
-            if taken_over:
+            if watch.taken_over:
                 raise TakenOver()
             TrialRecord(wall_seconds=time.monotonic() - started).store(trial)
             if result.kind == FaultKind.OOM:
                 self.walls.add(config, f"trial {trial.number}")
             details = (result.details or None) if result.kind == FaultKind.ERROR else None
             return _fault(trial, result.kind, result.message, details), None
-        if taken_over:
+        if watch.taken_over:
             raise TakenOver(result)
         TrialRecord(wall_seconds=time.monotonic() - started).store(trial)
+        return self._scored(trial, config, result, watch)
 
+    def _scored(
+        self,
+        trial: optuna.Trial,
+        config: TrialConfig,
+        result: TrialResult,
+        watch: Watch,
+    ) -> tuple[TrialState, float | None]:
+        """Record what a trial that trained measured, and how it ended: stopped where it could
+        not beat the leader, pruned (as ``watch`` decided), or scored (its state and value)."""
+        goal = self.spec.objective
         TrialRecord.from_result(result, config.precision).store(trial)
         if off_stage_one(result, TrialRecord.from_attrs(trial.user_attrs)):
             TrialRecord(speed_mismatch=True).store(trial)
-        if lost_at:
-            at, reachable = lost_at[0]
-            assert leader is not None
+        if watch.lost_at is not None and watch.leader is not None:
+            (at, reachable), leader = watch.lost_at, watch.leader
             message = f"stopped at evaluation {at.index} (epoch {at.epoch:.2f}): " + (
                 f"even at {goal.score_name} {objective.SCORE_CEILINGS[goal.score]:g} it would "
                 f"end at {reachable:.4g} {goal.score_short}/s, and trial {leader.number} has "
@@ -276,13 +300,14 @@ class TrialRunner:
                 f"{goal.target:g}, and trial {leader.number} reached it in "
                 f"{float(leader.value or 0.0):.3g} s"
             )
-            TrialRecord(fail_kind=FaultKind.CANNOT_WIN, fail_msg=message + pace.said).store(trial)
+            TrialRecord(fail_kind=FaultKind.CANNOT_WIN, fail_msg=message + watch.pace.said).store(
+                trial
+            )
             return TrialState.PRUNED, None
-        if pruned_at:
-            at = pruned_at[0]
+        if (pruned_at := watch.pruned_at) is not None:
             message = (
-                f"pruned at evaluation {at.index} (epoch {at.epoch:.2f}, "
-                f"{goal.score_name} {at.score:.4g}) by the {spec.study.pruner} pruner"
+                f"pruned at evaluation {pruned_at.index} (epoch {pruned_at.epoch:.2f}, "
+                f"{goal.score_name} {pruned_at.score:.4g}) by the {self.spec.study.pruner} pruner"
             )
             TrialRecord(fail_kind=FaultKind.PRUNED, fail_msg=message).store(trial)
             return TrialState.PRUNED, None
