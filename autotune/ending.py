@@ -15,8 +15,6 @@ if TYPE_CHECKING:
 
     from autotune.study import RunOutcome
 
-__all__ = ["Ending", "ending", "none_trained"]
-
 
 @dataclass(frozen=True)
 class Ending:

@@ -22,8 +22,6 @@ from autotune.speed import BurstPlan, SpeedMeasurement
 from autotune.warmup import Warmth
 from autotune.workloads import Workload
 
-__all__ = ["InProcessExecutor", "TrialExecutor", "attempt"]
-
 
 class TrialExecutor(Protocol):
     """Runs one trial: ``run(config, report) -> TrialResult``, or times one configuration:

@@ -27,14 +27,6 @@ from autotune.cli._common import (
 from autotune.errors import UserError
 from autotune.spec import DEFAULT_STORAGE
 
-__all__ = [
-    "confirm",
-    "confirm_round",
-    "open_to_train",
-    "storage_lines",
-    "training",
-]
-
 
 def storage_lines(
     out: Console,

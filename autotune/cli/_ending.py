@@ -19,8 +19,6 @@ from autotune.cli._common import (
 )
 from autotune.errors import UserError
 
-__all__ = ["finish", "worker_exit"]
-
 
 def finish(
     study: Any, spec: Any, outcome: Any, confirmed: bool, *, new_study: bool, verbose: bool

@@ -18,15 +18,6 @@ from autotune.scaleout import (
 )
 from autotune.study import sqlite_path, unhurried
 
-__all__ = [
-    "OthersShown",
-    "describe_shares",
-    "say_lines",
-    "start_workers",
-    "stop_workers",
-    "worker_log_dir",
-]
-
 POLL_SECONDS = 0.5  # how often worker 0 looks for the other workers' finished trials
 
 

@@ -21,8 +21,6 @@ from autotune.cli._common import (
 from autotune.cli._confirm import open_to_train, training
 from autotune.spec import DEFAULT_STORAGE
 
-__all__ = ["verify"]
-
 
 def verify(
     study_name: Annotated[str | None, study_option()] = None,

@@ -40,8 +40,6 @@ if TYPE_CHECKING:
     from autotune.warmup import Warmth
     from autotune.workloads import Workload
 
-__all__ = ["PrintTally", "parent_start_method", "worker_main"]
-
 PR_SET_PDEATHSIG = 1  # Linux prctl: signal this process when its parent dies
 
 

@@ -16,23 +16,6 @@ from autotune.faults import FaultKind
 from autotune.results import Evaluation, TrialResult
 from autotune.speed import BurstPlan, SpeedMeasurement
 
-__all__ = [
-    "Evaluated",
-    "Exit",
-    "Faulted",
-    "Finished",
-    "FromWorker",
-    "MeasureSpeed",
-    "Measured",
-    "Ready",
-    "Request",
-    "RunTrial",
-    "StartFailed",
-    "StopOrGoOn",
-    "ToWorker",
-    "Warmed",
-]
-
 
 @dataclass(frozen=True)
 class RunTrial:

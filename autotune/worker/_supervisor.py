@@ -42,8 +42,6 @@ from autotune.worker._protocol import (
     Warmed,
 )
 
-__all__ = ["SCRATCH_PREFIX", "WorkerExecutor", "remove_orphaned_scratch"]
-
 POLL_SECONDS = 0.2  # how often the supervisor checks the worker between messages
 START_TIMEOUT_SECONDS = 600.0  # importing torch and loading the data; generous for big data
 EXIT_REPORT_SECONDS = 5.0  # how long a worker whose pipe closed may take to exit
