@@ -122,57 +122,41 @@ def prepare(
     this process runs on a share of the machine's cores (a worker of ``--workers``).
     UserError in one line for anything the user can fix, a storage that cannot be written
     included."""
-    launched = _launch_worker(spec, base_dir, verbose)
+    from autotune.worker import WorkerExecutor  # torch is not imported before it starts
+
+    launched = None
+    if spec.study.isolation == "worker":
+        launched = WorkerExecutor.of(spec, base_dir, verbose)
+        launched.launch()
     try:
         if meanwhile is not None:
             meanwhile()
-        return _prepare(spec, base_dir, new_study, cpu_share, launched)
+        from autotune import study as studies
+        from autotune.hardware import detect
+        from autotune.space import restrict
+        from autotune.workloads import load as load_workload
+
+        hardware = detect(spec.workload.device)
+        if cpu_share:  # its cores are a share of the machine's
+            hardware = dataclasses.replace(hardware, cpu_share=True)
+        workload = load_workload(spec.workload, base_dir, spec.objective.score)
+        restriction = restrict(spec, hardware, workload)
+        spec = restriction.spec
+        with storage_faults(spec.study.storage):
+            storage = studies.patient_storage(
+                spec.study.storage,
+                "create",
+                heartbeat_interval=spec.study.heartbeat_interval,
+                outage_seconds=spec.study.storage_outage,
+            )
+            study = studies.open_study(spec, storage, hardware, workload, new_study)
+            spec = studies.with_study_strategy(study, spec)  # an older study resumes as it was
     except BaseException:
         if launched is not None:
             launched.close()
         raise
-
-
-def _prepare(
-    spec: Spec,
-    base_dir: Path,
-    new_study: bool,
-    cpu_share: bool,
-    launched: WorkerExecutor | None,
-) -> Prepared:
-    from autotune import study as studies
-    from autotune.hardware import detect
-    from autotune.space import restrict
-    from autotune.workloads import load as load_workload
-
-    hardware = detect(spec.workload.device)
-    if cpu_share:  # its cores are a share of the machine's
-        hardware = dataclasses.replace(hardware, cpu_share=True)
-    workload = load_workload(spec.workload, base_dir, spec.objective.score)
-    restriction = restrict(spec, hardware, workload)
-    spec = restriction.spec
-    with storage_faults(spec.study.storage):
-        storage = studies.patient_storage(
-            spec.study.storage,
-            "create",
-            heartbeat_interval=spec.study.heartbeat_interval,
-            outage_seconds=spec.study.storage_outage,
-        )
-        study = studies.open_study(spec, storage, hardware, workload, new_study)
-        spec = studies.with_study_strategy(study, spec)  # an older study resumes as it was
     dropped = tuple(d.describe() for d in restriction.dropped)
     return Prepared(spec, hardware, workload, dropped, study, storage.patience, launched)
-
-
-def _launch_worker(spec: Spec, base_dir: Path, verbose: bool) -> WorkerExecutor | None:
-    """The study's worker process (``isolation: worker``; else None), started now."""
-    if spec.study.isolation != "worker":
-        return None
-    from autotune.worker import WorkerExecutor
-
-    worker = WorkerExecutor.of(spec, base_dir, verbose)
-    worker.launch()
-    return worker
 
 
 @contextlib.contextmanager
