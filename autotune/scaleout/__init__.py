@@ -21,15 +21,12 @@ from autotune.scaleout._shares import (
     apply_share,
     core_ranges,
     gpus_argument,
-    one_gpu_model,
     plan_shares,
     refuse_cuda_workers,
     unshared_environment,
     unused_cores,
 )
 from autotune.scaleout._workers import (
-    WORKER_ENV,
-    WORKER_GO_ENV,
     WORKER_PARENT_ENV,
     WORKER_STORAGE_ENV,
     WorkerGone,
@@ -41,8 +38,6 @@ from autotune.scaleout._workers import (
 __all__ = [
     "VISIBLE_BEFORE_ENV",
     "WORKER_CORES_ENV",
-    "WORKER_ENV",
-    "WORKER_GO_ENV",
     "WORKER_PARENT_ENV",
     "WORKER_STORAGE_ENV",
     "ScaleOutError",
@@ -52,7 +47,6 @@ __all__ = [
     "apply_share",
     "core_ranges",
     "gpus_argument",
-    "one_gpu_model",
     "plan_shares",
     "refuse_cuda_workers",
     "take_share",
