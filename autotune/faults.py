@@ -20,21 +20,6 @@ import traceback
 from enum import StrEnum
 from pathlib import Path
 
-__all__ = [
-    "CONFIGURATION_FAULTS",
-    "KINDS",
-    "LEAK_BYTES",
-    "FaultKind",
-    "MemoryWatch",
-    "TrialFault",
-    "as_fault",
-    "classify",
-    "describe_exit",
-    "device_memory_in_use",
-    "needs_fresh_process",
-    "release_memory",
-]
-
 
 class FaultKind(StrEnum):
     """Why a trial did not complete; stored as the trial's ``fail_kind`` attribute (its value)."""

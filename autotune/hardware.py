@@ -14,8 +14,6 @@ import torch
 
 from autotune.errors import UserError
 
-__all__ = ["DeviceError", "Hardware", "detect", "device_name"]
-
 
 class DeviceError(UserError):
     """The requested device does not exist on this machine (a user error)."""

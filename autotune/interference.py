@@ -21,16 +21,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = [
-    "INTERFERENCE_SHARE",
-    "CpuMeter",
-    "CpuShare",
-    "count_tree_as_own",
-    "interfered",
-    "trial_threads",
-    "usable_cores",
-]
-
 # Others' share of the trial's cores above which its measurement is flagged. A quiet machine's
 # daemons take about 1%; one busy process on a 2-core machine takes 50%.
 INTERFERENCE_SHARE = 0.15

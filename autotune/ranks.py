@@ -15,16 +15,6 @@ import os
 import torch
 import torch.distributed as dist
 
-__all__ = [
-    "agree",
-    "is_leader",
-    "leaders",
-    "local_device",
-    "rank",
-    "sum_over_ranks",
-    "world_size",
-]
-
 
 def _joined() -> bool:
     return dist.is_available() and dist.is_initialized()

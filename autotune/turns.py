@@ -44,18 +44,6 @@ from typing import IO
 from autotune.errors import UserError
 from autotune.scaleout import core_ranges
 
-__all__ = [
-    "MACHINE_DIR",
-    "MACHINE_DIR_ENV",
-    "TURN_WAIT_ENV",
-    "TURN_WAIT_SECONDS",
-    "TurnNotTaken",
-    "file_lock",
-    "resources",
-    "turn",
-    "turn_wait_seconds",
-]
-
 MACHINE_DIR_ENV = "AUTOTUNE_MACHINE_DIR"
 TURN_WAIT_ENV = "AUTOTUNE_TURN_WAIT"
 TURN_WAIT_SECONDS = 1800.0  # how long a turn is waited for, unless $AUTOTUNE_TURN_WAIT says

@@ -28,8 +28,6 @@ from autotune.hardware import device_name
 from autotune.results import Evaluation, Reporter, TrialResult
 from autotune.speed import BurstPlan, SpeedMeasurement
 
-__all__ = ["RankPool", "measure", "train"]
-
 POLL_SECONDS = 0.05  # how often the launcher looks at its ranks between messages
 STOP_GRACE_SECONDS = 10.0  # how long closing ranks may take to exit before they are killed
 # after a rank reports its fault, how long the others may take to report theirs (the first

@@ -29,8 +29,6 @@ from autotune.spec import WorkloadSpec
 from autotune.speed import SpeedMeasurement
 from autotune.warmup import Warmth
 
-__all__ = ["GROUP_TIMEOUT", "WorkloadSource", "rank_cores", "rank_devices"]
-
 GROUP_TIMEOUT = datetime.timedelta(minutes=10)  # a collective that waits longer has failed
 PR_SET_PDEATHSIG = 1  # Linux prctl: signal this process when its parent dies
 
