@@ -41,11 +41,6 @@ class FaultKind(StrEnum):
     ERROR = "error"
 
     @property
-    def description(self) -> str:
-        """What this kind of fault means, in one line."""
-        return KINDS[self]
-
-    @property
     def is_configuration_fault(self) -> bool:
         """Whether the configuration itself cannot train here (recorded as PRUNED with a
         violated constraint, so the sampler learns to avoid it)."""

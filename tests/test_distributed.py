@@ -169,10 +169,10 @@ def test_a_failing_rank_is_one_fault_and_leaves_no_process(fault, kind, said):
     """One rank fails (an exception it reports, or a crash that reports nothing): the trial
     fails once, with that rank's fault, and every rank process is gone when it returns."""
     spec = SPEC.model_copy(update={"model_args": {**fault, "fault_rank": 1}})
-    source = distributed.WorkloadSource(spec, None, "accuracy")
+    pool = distributed.RankPool(distributed.WorkloadSource(spec, None, "accuracy"))
     started = time.monotonic()
-    with pytest.raises(TrialFault) as raised:
-        distributed.train(make_config(world_size=2), source, lambda evaluation: False)
+    with pytest.raises(TrialFault) as raised:  # the failed trial stops the pool itself
+        pool.train(make_config(world_size=2), lambda evaluation: False)
     assert raised.value.kind == kind and raised.value.message.startswith(said), raised.value
     assert time.monotonic() - started < 60  # the other rank did not wait out a timeout
     assert _children() == []

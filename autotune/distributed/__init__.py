@@ -21,7 +21,7 @@ trial fails once, with that fault, naming the rank; the next trial starts a new 
 that dies outright (a signal) is a worker crash.
 """
 
-from autotune.distributed._pool import RankPool, measure, train
-from autotune.distributed._rank import WorkloadSource, rank_cores, rank_devices
+from autotune.distributed._pool import RankPool
+from autotune.distributed._rank import WorkloadSource
 
-__all__ = ["RankPool", "WorkloadSource", "measure", "rank_cores", "rank_devices", "train"]
+__all__ = ["RankPool", "WorkloadSource"]

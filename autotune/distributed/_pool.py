@@ -176,24 +176,6 @@ class RankPool:
         return dataclasses.replace(value, device_name=device_name(config.device))
 
 
-def train(config: TrialConfig, source: WorkloadSource, report: Reporter) -> TrialResult:
-    """Train ``config`` (world_size > 1) on ranks started for it alone; rank 0's result."""
-    pool = RankPool(source)
-    try:
-        return pool.train(config, report)
-    finally:
-        pool.close()
-
-
-def measure(config: TrialConfig, source: WorkloadSource, plan: BurstPlan) -> SpeedMeasurement:
-    """Time bursts of ``config`` (world_size > 1) on ranks started for it alone."""
-    pool = RankPool(source)
-    try:
-        return pool.measure(config, plan)
-    finally:
-        pool.close()
-
-
 def _no_evaluations(evaluation: Evaluation) -> bool:
     raise TypeError("a speed measurement does not evaluate")
 

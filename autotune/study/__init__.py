@@ -69,7 +69,7 @@ if TYPE_CHECKING:
         sqlite_path,
         storage_problem,
     )
-    from autotune.study._trial import StudyObserver, Terminated, TrialRunner
+    from autotune.study._trial import StudyObserver, Terminated
     from autotune.study._verdict import NOISY_SPREAD, Confirmed, Verdict
     from autotune.study._verify import (
         Verification,
@@ -126,7 +126,6 @@ _MODULES = {
     "count_states": "_run",
     "StudyObserver": "_trial",
     "Terminated": "_trial",
-    "TrialRunner": "_trial",
     "run_study": "_run",
     "TrialSeededSampler": "_sampling",
     "make_pruner": "_sampling",
@@ -183,7 +182,6 @@ __all__ = [
     "StudyRecord",
     "Terminated",
     "TrialRecord",
-    "TrialRunner",
     "TrialSeededSampler",
     "Verdict",
     "Verification",
