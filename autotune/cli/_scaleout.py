@@ -8,7 +8,6 @@ from typing import Any
 
 from rich.text import Text
 
-from autotune.cli._common import console
 from autotune.scaleout import (
     WORKER_STORAGE_ENV,
     Workers,
@@ -113,14 +112,8 @@ class OthersShown:
         self.observer.show_finished(trials)
         if self.workers.interrupted:  # their exit statuses are worker 0's to say
             return
-        for share, code, log in self.workers.exited():
-            if code != 0:
-                self.observer.say(
-                    Text(
-                        f"{share.describe()} ended with exit status {code}; its log: {log}",
-                        style="yellow",
-                    )
-                )
+        for line in ended_badly(self.workers):
+            self.observer.say(Text(line, style="yellow"))
 
 
 def stop_workers(workers: Workers, stop: bool, timeout: float) -> list[str]:
@@ -130,14 +123,14 @@ def stop_workers(workers: Workers, stop: bool, timeout: float) -> list[str]:
     if stop:
         workers.interrupt()  # each records its running trial as interrupted
     workers.wait(timeout)
-    lines = []
-    for share, code, log in workers.exited():
-        if code != 0 and not (workers.interrupted and code in (130, 143)):
-            lines.append(f"{share.describe()} ended with exit status {code}; its log: {log}")
-    return lines
+    return ended_badly(workers)
 
 
-def say_lines(lines: list[str]) -> None:
-    """Print ``lines`` as warnings."""
-    for line in lines:
-        console.print(Text(line, style="yellow"))
+def ended_badly(workers: Workers) -> list[str]:
+    """A line for each worker that ended badly since last asked (130 and 143 are not bad once
+    worker 0 interrupted them)."""
+    return [
+        f"{share.describe()} ended with exit status {code}; its log: {log}"
+        for share, code, log in workers.exited()
+        if code != 0 and not (workers.interrupted and code in (130, 143))
+    ]

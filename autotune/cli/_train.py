@@ -33,7 +33,6 @@ from autotune.cli._ending import finish, worker_exit
 from autotune.cli._scaleout import (
     OthersShown,
     describe_shares,
-    say_lines,
     start_workers,
     stop_workers,
     worker_log_dir,
@@ -231,7 +230,6 @@ class Shown(session.RunHooks):
         self.others: Workers | None = None
         self.outcome: Any = None  # the trials' RunOutcome, once they are done
         self.showing = contextlib.ExitStack()
-        self.started = time.monotonic()  # the study's timeout counts from here, stage 1 included
         self.began = time.time()  # every trial that starts from here is this run's, any worker's
 
     @contextlib.contextmanager
@@ -285,9 +283,7 @@ class Shown(session.RunHooks):
             scaleout.wait_to_go()  # (it measured its share of stage 1 as this did)
             return
         if self.others is not None:
-            timeout = self.prepared.spec.study.timeout
-            left = timeout - (time.monotonic() - self.started) if timeout else None
-            self.others.go(left)
+            self.others.go()
             shown = OthersShown(self.prepared.study, self.observer, self.others)
             self.showing.enter_context(shown)
 
@@ -303,7 +299,8 @@ class Shown(session.RunHooks):
         gave_up = gave_up or "trials failed" in outcome.stopped_reason
         gave_up = gave_up or not self.others.going  # nothing left to run, or no stage 2
         patience = self.prepared.spec.study.trial_timeout or 600
-        say_lines(stop_workers(self.others, gave_up, patience))
+        for line in stop_workers(self.others, gave_up, patience):
+            console.print(Text(line, style="yellow"))
         studies.count_states(self.prepared.study, outcome, self.began)  # the workers' trials
 
     def confirm(self, study: Any, spec: Any, executor: Any, top: int, repeats: int) -> bool:

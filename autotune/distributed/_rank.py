@@ -9,7 +9,6 @@ to the launcher through its pipe first, before anything that may hang.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import gc
 import os
@@ -25,12 +24,12 @@ import torch.distributed as dist
 from autotune import bursts, interference, runner
 from autotune.faults import as_fault, needs_fresh_process, release_memory
 from autotune.results import Evaluation, TrialResult
+from autotune.scaleout import die_with_parent
 from autotune.spec import WorkloadSpec
 from autotune.speed import SpeedMeasurement
 from autotune.warmup import Warmth
 
 GROUP_TIMEOUT = datetime.timedelta(minutes=10)  # a collective that waits longer has failed
-PR_SET_PDEATHSIG = 1  # Linux prctl: signal this process when its parent dies
 
 
 @dataclass(frozen=True)
@@ -98,8 +97,7 @@ def rank_main(
     rendezvous: str,
     shares: list[list[int]],
 ) -> None:
-    with contextlib.suppress(OSError, AttributeError):  # die with the launcher, even by SIGKILL
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    die_with_parent(signal.SIGKILL)  # with the launcher, even when it is SIGKILLed
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the study decides what to stop
     if shares[rank]:
         os.sched_setaffinity(0, shares[rank])  # the trial's threads follow (trial_threads)

@@ -31,6 +31,7 @@ from autotune.scaleout._workers import (
     WORKER_STORAGE_ENV,
     WorkerGone,
     Workers,
+    die_with_parent,
     take_share,
     wait_to_go,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "Workers",
     "apply_share",
     "core_ranges",
+    "die_with_parent",
     "gpus_argument",
     "plan_shares",
     "refuse_cuda_workers",

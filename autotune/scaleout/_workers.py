@@ -33,20 +33,21 @@ WORKER_PARENT_ENV = "AUTOTUNE_WORKER_PARENT"
 WORKER_GO_ENV = "AUTOTUNE_WORKER_GO"
 
 
-def wait_to_go() -> float | None:
+def wait_to_go() -> None:
     """In a worker started by worker 0: wait until worker 0 has measured stage 1 (a SIGINT, as
-    when worker 0 stops or dies, ends the wait with KeyboardInterrupt); the seconds worker 0
-    has left of the study's timeout, or None."""
+    when worker 0 stops or dies, ends the wait with KeyboardInterrupt)."""
     go = os.environ.pop(WORKER_GO_ENV, None)
-    if go is None:
-        return None
-    while not os.path.exists(go):
+    while go is not None and not os.path.exists(go):
         time.sleep(0.1)
-    text = Path(go).read_text()
-    return float(text) if text else None
 
 
-PR_SET_PDEATHSIG = 1  # prctl(2)
+PR_SET_PDEATHSIG = 1  # Linux prctl: signal this process when its parent dies
+
+
+def die_with_parent(signum: int) -> None:
+    """Ask Linux to send this process ``signum`` when its parent dies (even by SIGKILL)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
 
 
 class WorkerGone(ScaleOutError):
@@ -76,9 +77,7 @@ def stop_with_parent() -> bool:
     """Ask Linux to send this worker SIGINT when worker 0 dies (even by SIGKILL): it records
     its running trial as interrupted and stops, as at a Ctrl-C. False when worker 0 is gone
     already (it died before this worker could ask): the worker should not run at all."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGINT)
+    die_with_parent(signal.SIGINT)
     parent = os.environ.pop(WORKER_PARENT_ENV, None)
     return parent is None or os.getppid() == int(parent)
 
@@ -154,12 +153,9 @@ class Workers:
             )
         self.started.append(_Started(share, process, log))
 
-    def go(self, timeout: float | None) -> None:
-        """Let the workers train: stage 1 is measured (they reuse its measurements); they stop
-        starting trials after ``timeout`` seconds, as worker 0 does (None: no timeout)."""
-        written = self.go_file.with_name(self.go_file.name + ".new")
-        written.write_text("" if timeout is None else f"{max(timeout, 0.001):.3f}")
-        written.replace(self.go_file)  # whole when it appears
+    def go(self) -> None:
+        """Let the workers train: stage 1 is measured (they reuse its measurements)."""
+        self.go_file.touch()
         self.going = True
 
     def exited(self) -> list[tuple[WorkerShare, int, Path]]:
@@ -172,10 +168,6 @@ class Workers:
                     self.reported.add(started.share.index)
                     ended.append((started.share, code, started.log))
         return ended
-
-    def running(self) -> int:
-        """Workers still running."""
-        return sum(1 for started in self.started if started.process.poll() is None)
 
     def interrupt(self) -> None:
         """Stop every worker still running as Ctrl-C stops one (SIGINT: its running trial is

@@ -3,8 +3,6 @@ trial, a speed measurement), each answered through the pipe (``_protocol``)."""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import dataclasses
 import io
 import logging
@@ -20,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from autotune.faults import MemoryWatch, as_fault, needs_fresh_process, release_memory
 from autotune.results import Evaluation
+from autotune.scaleout import die_with_parent
 from autotune.spec import WorkloadSpec
 from autotune.worker._protocol import (
     Evaluated,
@@ -39,15 +38,6 @@ if TYPE_CHECKING:
     from autotune import distributed
     from autotune.warmup import Warmth
     from autotune.workloads import Workload
-
-PR_SET_PDEATHSIG = 1  # Linux prctl: signal this process when its parent dies
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when the study process dies (even by SIGKILL)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def parent_start_method() -> str:
@@ -73,7 +63,7 @@ def worker_main(
     # A spawned process inherits "spawn" as its way to start children; DataLoader workers
     # started that way would import torch at every epoch. Start them as the study would.
     multiprocessing.set_start_method(start_method, force=True)
-    _die_with_parent()
+    die_with_parent(signal.SIGKILL)  # with the study process, even when it is SIGKILLed
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the study process decides what to stop
     tally = PrintTally()
     if not verbose:  # the user's prints would scroll the study's display away: counted instead
