@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from autotune.errors import UserError
+from autotune.interference import usable_cores
 
 
 class DeviceError(UserError):
@@ -49,38 +50,25 @@ class Hardware:
         return "cuda" if self.is_cuda else "cpu"
 
 
-def _cpu_name() -> str:
+def _cpuinfo(*keys: str) -> list[str]:
+    """The values of the kernel's /proc/cpuinfo lines named ``keys`` ([] where unreadable)."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+        lines = Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
     except OSError:
-        pass
-    return platform.processor() or platform.machine() or "CPU"
+        return []
+    return [line.split(":", 1)[1].strip() for line in lines if line.startswith(keys)]
+
+
+def _cpu_name() -> str:
+    named = _cpuinfo("model name")
+    return named[0] if named else platform.processor() or platform.machine() or "CPU"
 
 
 def _cpu_native_bf16() -> bool:
     """Whether this CPU computes in bfloat16 in hardware (x86 AVX512-BF16 or AMX, Arm BF16),
     from the kernel's CPU flags; False where they cannot be read."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            flags = {
-                flag
-                for line in cpuinfo
-                if line.startswith(("flags", "Features"))
-                for flag in line.split(":", 1)[1].split()
-            }
-    except OSError:
-        return False
+    flags = {flag for line in _cpuinfo("flags", "Features") for flag in line.split()}
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
-
-
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _python_headers() -> bool:
@@ -122,13 +110,13 @@ def device_name(device: str) -> str:
     """A person-readable name of a device: the GPU model, or the CPU model and core count."""
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
-    cores = _cpu_count()
+    cores = usable_cores()
     return f"{_cpu_name()} ({cores} core{'' if cores == 1 else 's'})"
 
 
 def detect(device: str = "auto") -> Hardware:
     """Describe the device ``device`` (auto, cpu, cuda, cuda:N); DeviceError if it is absent."""
-    cores = _cpu_count()
+    cores = usable_cores()
     if device == "auto":
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
     if device == "cpu":

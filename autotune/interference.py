@@ -38,12 +38,17 @@ def interfered(other_share: float | None) -> bool:
     return other_share is not None and other_share > INTERFERENCE_SHARE
 
 
-def usable_cores() -> int:
-    """The cores this process may run on."""
+def own_cores() -> tuple[int, ...]:
+    """The cores this process may run on (every core where the system does not say)."""
     try:
-        return len(os.sched_getaffinity(0))
+        return tuple(sorted(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return tuple(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> int:
+    """How many cores this process may run on."""
+    return len(own_cores())
 
 
 def trial_threads() -> int:

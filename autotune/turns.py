@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import IO
 
 from autotune.errors import UserError
+from autotune.interference import own_cores
 from autotune.scaleout import core_ranges
 
 MACHINE_DIR_ENV = "AUTOTUNE_MACHINE_DIR"
@@ -79,11 +80,7 @@ def resources(device: str, world_size: int = 1) -> tuple[str, ...]:
             name = visible[index] if index < len(visible) else str(index)
             names.append("gpu-" + re.sub(r"[^A-Za-z0-9_.-]", "_", name))
         return tuple(sorted(names))
-    try:
-        cores = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux: every core
-        cores = list(range(os.cpu_count() or 1))
-    return tuple(f"core-{core}" for core in cores)
+    return tuple(f"core-{core}" for core in own_cores())
 
 
 class TurnNotTaken(UserError):

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from autotune.errors import UserError
+from autotune.interference import own_cores
 
 # the cores the shares were made of: a worker starts pinned to worker 0's share and widens
 WORKER_CORES_ENV = "AUTOTUNE_WORKER_CORES"
@@ -68,10 +69,7 @@ def _available_cores() -> tuple[int, ...]:
     given = os.environ.get(WORKER_CORES_ENV)
     if given:  # a worker started by worker 0: the cores worker 0 divided
         return tuple(sorted(int(core) for core in given.split(",")))
-    try:
-        return tuple(sorted(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux: every core, unpinned
-        return tuple(range(os.cpu_count() or 1))
+    return own_cores()
 
 
 def _listed(text: str) -> list[str]:
