@@ -132,10 +132,6 @@ class WorkerExecutor:
 
     # -- the worker's life ------------------------------------------------------------------
 
-    def _start(self) -> None:
-        self._launch()
-        self._await_start()
-
     def _launch(self) -> None:
         """Start the worker process; it imports torch and loads the workload meanwhile."""
         refuse_unguarded_main()
@@ -231,8 +227,8 @@ class WorkerExecutor:
         at the first trial; nothing when one is running. WorkerError when it cannot start."""
         if self._process is None or not self._process.is_alive():
             self._kill()
-            self._start()
-        elif self._starting:
+            self._launch()
+        if self._starting:  # launched ahead (``launch``): ready by now, or soon
             self._await_start()
 
     @classmethod
@@ -277,11 +273,7 @@ class WorkerExecutor:
 
         if self._ran is not None and cudnn_plans_differ(self._ran, request.config):
             self._kill()  # a fresh process: a cuDNN plan cache of its own
-        if self._process is None or not self._process.is_alive():
-            self._kill()
-            self._start()
-        elif self._starting:  # launched ahead: ready by now, or soon
-            self._await_start()
+        self.start()
         assert self._process is not None and self._connection is not None
         self._ran = request.config
         started = time.monotonic()
