@@ -1,7 +1,5 @@
-"""How a run ended, the one rule for ``autotune run``'s exit status and ``autotune.run``'s
-report (said in the README): interrupted or terminated; failed when stage 1 could train
-nothing, the timeout came before the first trial, the same error ended every trial, or no
-trial of the study trained to its end; else ok."""
+"""How a run ended: the one rule for ``autotune run``'s exit status and ``autotune.run``'s
+report (``ending``)."""
 
 from __future__ import annotations
 
@@ -18,9 +16,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Ending:
-    """How a run ended, in the terms of ``autotune run``'s exit status: "ok" (a trial of the
-    study trained to its end: 0), "interrupted" (Ctrl-C: 130), "terminated" (SIGTERM: 143) or
-    "failed" (1, ``lines`` saying why in a line or two)."""
+    """A run's ending and ``autotune run``'s exit status for it: ok 0, interrupted (Ctrl-C) 130,
+    terminated (SIGTERM) 143, failed 1 (``lines`` say why)."""
 
     status: Literal["ok", "interrupted", "terminated", "failed"]
     lines: tuple[str, ...] = ()

@@ -91,18 +91,15 @@ def load_run_spec(space: Path | str | Spec, options: RunOptions | None = None) -
 
 @dataclass(frozen=True)
 class Prepared:
-    """What a run trains on: the spec as this machine runs it (values it cannot run dropped,
-    an older study's strategy kept), the machine, the workload, the study, the patience
-    with which its storage waits for a database that stops answering, and the worker process
-    launched for it (``isolation: worker``), for ``train``."""
+    """What a run trains on (``prepare``'s), for ``train``."""
 
-    spec: Spec
+    spec: Spec  # as this machine runs it: values it cannot run dropped, a study's strategy kept
     hardware: Hardware
     workload: Workload
     dropped: tuple[str, ...]  # the values dropped for this machine, described
     study: optuna.Study
-    patience: Patience
-    launched: WorkerExecutor | None = None
+    patience: Patience  # how its storage waits for a database that stops answering
+    launched: WorkerExecutor | None = None  # its worker process (isolation: worker), started
 
 
 def prepare(
@@ -114,14 +111,10 @@ def prepare(
     cpu_share: bool = False,
     meanwhile: Callable[[], None] | None = None,
 ) -> Prepared:
-    """A run's first steps: the study's worker process launched (``isolation: worker``: its
-    imports and workload overlap the rest), ``meanwhile`` (what the caller does while it
-    starts), the machine detected, the workload loaded and checked (its functions resolved
-    from ``base_dir``, the space file's folder), what this machine cannot run dropped, and the
-    study opened (or created, or resumed); the worker closed where they fail. ``cpu_share``:
-    this process runs on a share of the machine's cores (a worker of ``--workers``).
-    UserError in one line for anything the user can fix, a storage that cannot be written
-    included."""
+    """A run's first steps, in order: its worker process launched (its imports overlap the
+    rest), ``meanwhile``, the machine, the workload (resolved from ``base_dir``), what this
+    machine cannot run dropped, and the study opened. ``cpu_share``: this process runs on a
+    share of the cores (``--workers``). UserError in one line for what the user can fix."""
     from autotune.worker import WorkerExecutor  # torch is not imported before it starts
 
     launched = None

@@ -1,8 +1,5 @@
 """How ``autotune run`` ends: the summary, the dashboard note, and the exit status of the run's
-ending (``autotune.ending``, the rule said in the README): 0 when a trial of the study trained to
-its end, 1 with one line saying why when none did (the same error everywhere, stage 1 with
-nothing to run, the timeout before the first trial, every trial failed), 130 or 143 when
-interrupted."""
+ending (``autotune.ending``), with the line that says why where it failed."""
 
 from __future__ import annotations
 
