@@ -182,10 +182,7 @@ class CpuMeter:
     spent on the cores this process may use; ``share`` is None where /proc is not there."""
 
     def __init__(self) -> None:
-        try:
-            self._cores = set(os.sched_getaffinity(0))
-        except AttributeError:
-            self._cores = set()
+        self._cores = set(own_cores())
         self._pid = _trial_root if _trial_root is not None else os.getpid()
         self.share: CpuShare | None = None
 

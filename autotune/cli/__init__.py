@@ -15,8 +15,6 @@ from autotune.cli import _train  # noqa: F401
 from autotune.cli import _inspect  # noqa: F401
 from autotune.cli._common import app
 
-__all__ = ["app", "main"]
-
 
 def main() -> None:
     """Entry point of the ``autotune`` console script."""

@@ -21,7 +21,5 @@ trial fails once, with that fault, naming the rank; the next trial starts a new 
 that dies outright (a signal) is a worker crash.
 """
 
-from autotune.distributed._pool import RankPool
-from autotune.distributed._rank import WorkloadSource
-
-__all__ = ["RankPool", "WorkloadSource"]
+from autotune.distributed._pool import RankPool  # noqa: F401
+from autotune.distributed._rank import WorkloadSource  # noqa: F401

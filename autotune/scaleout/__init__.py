@@ -13,7 +13,7 @@ oversubscribe the host) and sees its GPU as ``cuda:0`` (``CUDA_VISIBLE_DEVICES``
 its own log; worker 0 shows every worker's trials as the study records them.
 """
 
-from autotune.scaleout._shares import (
+from autotune.scaleout._shares import (  # noqa: F401
     VISIBLE_BEFORE_ENV,
     WORKER_CORES_ENV,
     ScaleOutError,
@@ -26,7 +26,7 @@ from autotune.scaleout._shares import (
     unshared_environment,
     unused_cores,
 )
-from autotune.scaleout._workers import (
+from autotune.scaleout._workers import (  # noqa: F401
     WORKER_PARENT_ENV,
     WORKER_STORAGE_ENV,
     WorkerGone,
@@ -35,24 +35,3 @@ from autotune.scaleout._workers import (
     take_share,
     wait_to_go,
 )
-
-__all__ = [
-    "VISIBLE_BEFORE_ENV",
-    "WORKER_CORES_ENV",
-    "WORKER_PARENT_ENV",
-    "WORKER_STORAGE_ENV",
-    "ScaleOutError",
-    "WorkerGone",
-    "WorkerShare",
-    "Workers",
-    "apply_share",
-    "core_ranges",
-    "die_with_parent",
-    "gpus_argument",
-    "plan_shares",
-    "refuse_cuda_workers",
-    "take_share",
-    "unshared_environment",
-    "unused_cores",
-    "wait_to_go",
-]

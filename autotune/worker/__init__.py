@@ -12,6 +12,4 @@ pickled, and nothing else crosses), ``_supervisor`` (``WorkerExecutor`` in the s
 start, timeouts, kills, scratch folders) and ``_process`` (the worker process's loop).
 """
 
-from autotune.worker._supervisor import WorkerExecutor, remove_orphaned_scratch
-
-__all__ = ["WorkerExecutor", "remove_orphaned_scratch"]
+from autotune.worker._supervisor import WorkerExecutor, remove_orphaned_scratch  # noqa: F401
