@@ -11,8 +11,8 @@ use, on a GPU the GPU(s) it trains on. Processes whose resources do not overlap 
 
 A turn is an exclusive ``flock`` per resource on ``/tmp/autotune-turn-NAME.lock`` (the folder
 is ``$AUTOTUNE_MACHINE_DIR`` where that is set: containers of one host that share a folder
-other than /tmp), taken in
-sorted order, so two processes that want overlapping resources cannot each hold part of them.
+other than /tmp), taken in sorted order, so two processes that want overlapping resources
+cannot each hold part of them.
 The holder's process id is written into each file it holds, so a process that waits can say
 for whom (its command line, read from /proc). A file that cannot be opened (another user's, a
 read-only /tmp) is not waited for.

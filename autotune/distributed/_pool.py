@@ -181,14 +181,14 @@ def _no_evaluations(evaluation: Evaluation) -> bool:
 
 
 def _fault_of(
-    codes: list[int | None], faults: Any, world: int, reported: list[RankFault] | None = None
+    codes: list[int | None], faults: Any, world: int, reported: list[RankFault]
 ) -> TrialFault:
     """The one fault a distributed trial ends with, from the ranks' exit codes at the first
     failure and the faults they sent (through their pipes, ``reported``, and the queue). A
     rank's own fault comes first; then a rank that died by a signal (a crash: it sent
     nothing); then a rank that only lost its peers (a collective whose other end went away),
     which is what the others see of any failure."""
-    sent: list[RankFault] = list(reported or [])
+    sent = list(reported)
     with contextlib.suppress(EOFError, OSError):
         while not faults.empty():
             fault = faults.get()

@@ -1,10 +1,5 @@
-"""A rank process of a distributed trial, and what it and its launcher say to each other.
-
-``rank_main`` is the body of each rank: it joins the trial's process group, loads the workload
-once, and trains (or times) every trial its launcher (``_pool.RankPool``) sends it, through the
-same ``runner.train`` and ``bursts.measure`` as one process; a fault is classified here and told
-to the launcher through its pipe first, before anything that may hang.
-"""
+"""A rank process of a distributed trial (``rank_main``, its body), and what it and its launcher
+(``_pool.RankPool``) say to each other."""
 
 from __future__ import annotations
 
