@@ -1,11 +1,5 @@
-"""How the study runs a trial: the executor interface, and trials in the study process.
-
-The study hands an executor a ``TrialConfig`` and a ``Reporter`` and gets a ``TrialResult``
-back, or an exception for a trial that could not finish; the speed stage hands it a
-configuration and a ``BurstPlan`` and gets a ``SpeedMeasurement``. ``InProcessExecutor``
-trains in the study process itself; ``autotune.worker.WorkerExecutor`` in a supervised
-worker process.
-"""
+"""How the study runs a trial: the executor interface, and trials in the study process
+(``InProcessExecutor``; ``autotune.worker.WorkerExecutor`` runs them in a supervised one)."""
 
 from __future__ import annotations
 

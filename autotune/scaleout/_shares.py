@@ -1,9 +1,5 @@
-"""What each worker of a study on one machine may use: its share of the cores, and its GPU(s).
-
-The cores this process may use are divided into equal, contiguous blocks, one per worker; GPUs
-are named by ``--gpus`` (indices among those this process sees) and grouped by
-``workload.gpus_per_trial``. ``apply_share`` pins a process to its share.
-"""
+"""What each worker of a study on one machine may use (``plan_shares``): its share of the
+cores, and its GPU(s); ``apply_share`` pins a process to its share."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The run loop: the study's stages in order, then trials until the study holds its total.
-
-Several processes may run one study; each counts the study's trials and starts one under the
-study's lock, only while the study is short of its total (``n_trials``), and waits for the last
-ones running elsewhere. One trial's life is ``_trial``'s.
-"""
+"""The run loop (``run_study``): the study's stages in order, then trials until the study holds
+its total. One trial's life is ``_trial``'s."""
 
 from __future__ import annotations
 

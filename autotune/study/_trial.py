@@ -1,12 +1,6 @@
 """One trial of the study: its configuration sampled, trained through an executor under a
-heartbeat, scored, and told to Optuna with how it ended.
-
-Every trial that does not complete is recorded with its fault kind (``autotune.faults``);
-configuration faults are PRUNED with a violated constraint so that the sampler learns from them,
-and a configuration at or above a memory wall is not trained again. A trial another process
-failed as stale while this one trained it is stopped and its measurements kept (``TakenOver``).
-``StudyObserver`` is what the display hears of it.
-"""
+heartbeat, scored, and told to Optuna with how it ended (a fault with its kind: ``faults``).
+``StudyObserver`` is what the display hears of it."""
 
 from __future__ import annotations
 

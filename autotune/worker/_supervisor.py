@@ -1,7 +1,5 @@
-"""The study process's end of a worker: ``WorkerExecutor`` starts the worker process, sends it
-requests, answers its evaluations, and kills it (its whole process group) when it crashes, hangs
-past its time limit or must be replaced; each worker's temporary files live in a scratch folder
-removed with it."""
+"""The study process's end of a worker (``WorkerExecutor``, see ``autotune.worker``); each
+worker's temporary files live in a scratch folder removed with it."""
 
 from __future__ import annotations
 
