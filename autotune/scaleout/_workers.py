@@ -23,7 +23,6 @@ from autotune.scaleout._shares import (
     unshared_environment,
 )
 
-WORKER_ENV = "AUTOTUNE_WORKER"  # "k/N" in a worker started by worker 0 (for its log's header)
 # the storage URL a worker joins, passed in its environment: a password stays out of `ps`
 WORKER_STORAGE_ENV = "AUTOTUNE_WORKER_STORAGE"
 # worker 0's pid: a worker started after it died does not run
@@ -135,7 +134,6 @@ class Workers:
         full = {
             **unshared_environment(dict(os.environ)),  # the GPUs worker 0 had, not its share
             **environment,
-            WORKER_ENV: f"{share.index + 1}/{share.count}",
             WORKER_CORES_ENV: ",".join(str(core) for core in self.cores),
             WORKER_PARENT_ENV: str(os.getpid()),
             WORKER_GO_ENV: str(self.go_file),
