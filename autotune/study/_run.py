@@ -63,13 +63,10 @@ def requeue_lost_references(
     hardware: Hardware,
     fits: Callable[[TrialConfig], bool] | None = None,
 ) -> bool:
-    """Queue a reference (the untuned baseline, the tuning checklist) when the study wants it
-    and none is counted, waiting or running (not queued yet, interrupted, timed out under
-    load, crashed, or ``n_trials`` had no room for it), as far as ``n_trials`` leaves room;
-    True when one was queued. ``fits``: whether a configuration is below the memory walls.
-
-    A study keeps exactly one of each until it finishes: every ratio is quoted against them.
-    """
+    """Queue each reference (the untuned baseline, the tuning checklist) the study wants and no
+    trial counts, waits for or runs (interrupted, timed out under load, crashed, no room), as
+    far as ``n_trials`` leaves room; whether one was queued. ``fits``: below the memory walls.
+    A study keeps exactly one of each until it finishes: every ratio is quoted against them."""
     present = (*COUNTED_STATES, TrialState.WAITING, TrialState.RUNNING)
     trials = study.get_trials(deepcopy=False, states=present)
     kept = {TrialRecord.of(t).reference for t in trials}
@@ -94,19 +91,14 @@ def run_study(
 ) -> RunOutcome:
     """Run the study's stages: for ``study.strategy: two_stage`` the speed stage first (its
     measurements reused from the storage unless ``remeasure``), then trials until the study
-    holds ``spec.study.n_trials`` COMPLETE or PRUNED trials.
+    holds ``spec.study.n_trials`` COMPLETE or PRUNED trials, those running elsewhere counted.
 
-    Several processes may run one study: each starts a trial only while the study's counted and
-    running trials are short of the total, and waits for the last ones to finish. Stops early
-    at ``spec.study.timeout`` seconds (a running trial finishes first), when as many trials
-    failed as were wanted, or when the same unexpected error ends ``SAME_ERROR_LIMIT`` trials in
-    a row before any completes in this run (a bug in the workload, not a bad configuration). An
-    interruption records the running trial as ``interrupted`` and sets ``outcome.interrupted``;
-    WorkerError (a worker that cannot start) propagates after the trial is recorded. A baseline
-    that an earlier run lost is queued again first (``requeue_lost_references``).
-    ``on_trials_start`` is called once stage 1 is measured, before the first trial (worker 0
-    of ``--workers`` lets the other workers train there; they wait for it there); ``worker``
-    ("2/4") is recorded on each trial this process trains.
+    Stops early at ``spec.study.timeout`` seconds (a running trial finishes first), when as many
+    trials failed as were wanted, or when the same unexpected error ends ``SAME_ERROR_LIMIT``
+    trials in a row before any completes in this run (a bug, not a configuration). An
+    interruption is recorded on the running trial and in ``outcome``; WorkerError (a worker
+    that cannot start) propagates. ``on_trials_start``: once stage 1 is measured, before the
+    first trial (``--workers``); ``worker`` ("2/4") is recorded on each trial it trains.
     """
     observer = observer or StudyObserver()
     outcome = RunOutcome(study_name=study.study_name)
