@@ -55,19 +55,17 @@ def verify(
     found, spec, executor = open_to_train(study_name, storage, isolation)
     goal = spec.objective
     epochs = epochs or goal.full_run_epochs
-    if epochs is None:
-        executor.close()
-        raise fail(
-            f"study '{found.study_name}' sets no objective.full_run_epochs: say how long the "
-            f"real run is with --epochs",
-            EXIT_FAILED,
-        )
-    if not studies.verify_candidates(found):
-        executor.close()
-        raise fail(f"study '{found.study_name}' has no feasible trial to verify", EXIT_FAILED)
-    left = studies.runs_left(found, epochs, repeats, runner_up)
-    display.print_verify_plan(console, left, epochs)
-    with training(executor, storage):
+    with training(executor, storage):  # which closes the executor however it ends
+        if epochs is None:
+            raise fail(
+                f"study '{found.study_name}' sets no objective.full_run_epochs: say how long "
+                f"the real run is with --epochs",
+                EXIT_FAILED,
+            )
+        if not studies.verify_candidates(found):
+            raise fail(f"study '{found.study_name}' has no feasible trial to verify", EXIT_FAILED)
+        left = studies.runs_left(found, epochs, repeats, runner_up)
+        display.print_verify_plan(console, left, epochs)
         verified = studies.verify_study(
             found,
             executor,
