@@ -498,3 +498,21 @@ def test_a_bug_that_fails_stage_one_names_the_users_file_and_keeps_its_traceback
     verbose = invoke_cli("run", str(space), "--verbose", "--isolation", "none", cwd=tmp_path)
     assert verbose.returncode == 1
     assert 'bad_model.py", line 12, in forward' in verbose.stdout  # the traceback, shown
+
+
+def test_a_round_led_by_a_reference_is_announced_without_a_zero_best(monkeypatch, capsys):
+    """The best trial of a tiny study was the tuning checklist: the round said "Confirming the
+    0 best, the untuned baseline and the tuning checklist"."""
+    from autotune import session
+    from autotune.cli._confirm import confirm_round
+    from autotune.spec import parse_spec
+
+    def answer(*args: object, on_start, **kwargs: object) -> bool:
+        on_start(studies.ConfirmationRecord(1, 1, True, (1, 0), 0, checklist=1))
+        return True
+
+    monkeypatch.setattr(session, "confirm_answer", answer)
+    spec = parse_spec(TINY_SPACE.format(n_trials=2, pruner="none"))
+    assert confirm_round(None, spec, None, 1, 1)
+    said = " ".join(capsys.readouterr().out.split())
+    assert "Confirming the untuned baseline and the tuning checklist: 2 runs" in said, said

@@ -102,11 +102,10 @@ def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) 
         )
 
     def starting(plan: Any) -> None:  # a ConfirmationRecord: what it keeps, what it runs
-        leaders = len(plan.candidates) - len(plan.references)
-        named = [
-            "the best configuration" if leaders == 1 else f"the {leaders} best",
-            *plan.references,
-        ]
+        leaders = len(plan.candidates) - len(plan.references)  # 0: a reference leads
+        named = list(plan.references)
+        if leaders:
+            named.insert(0, "the best configuration" if leaders == 1 else f"the {leaders} best")
         beside = ", ".join(named[:-1]) + f" and {named[-1]}" if len(named) > 1 else named[0]
         todo = plan.runs_left()  # runs measured again count once: never "-8 runs"
         kept = len(plan.candidates) * plan.repeats - todo
