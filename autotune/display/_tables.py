@@ -402,12 +402,11 @@ def _print_confirmed(
             f"{again}"
         )
     if answer.tied:
-        numbers = [str(answer.number), *(str(n) for n in answer.tied)]
-        together = f"{', '.join(numbers[:-1])} and {numbers[-1]}"
+        together = studies.trials_named([answer.number, *answer.tied]).capitalize()
         score = spec.objective.score_name
         rule = f"better {score}" if answer.tie_rule == "score" else "better median"
         console.print(
-            f"Trials {together} are tied within measurement noise ({spread}); "
+            f"{together} are tied within measurement noise ({spread}); "
             f"trial {answer.number} is named for its {rule}."
         )
     what = (

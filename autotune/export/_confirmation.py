@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.study import REFERENCE_NAMES, Answer
+from autotune.study import REFERENCE_NAMES, Answer, trials_named
 
 __all__ = ["TrialConfirmation", "confirmation_text"]
 
@@ -51,13 +51,11 @@ class TrialConfirmation:
         round does not confirm the answer or did not rank the trial."""
         if answer is None or not answer.confirmed:
             return None
-        found = next((c for c in answer.configurations if c.trial == number), None)
+        found = answer.configuration(number)
         if found is None or not found.eligible or not found.values:
             return None
         mine = number == answer.number
-        baseline = next(
-            (r for r in answer.references if r.name == REFERENCE_NAMES["baseline"]), None
-        )
+        baseline = answer.over(REFERENCE_NAMES["baseline"])
         return cls(
             median=found.median,
             runs=len(found.values),
@@ -101,9 +99,7 @@ def confirmation_text(found: TrialConfirmation | None) -> str:
     if found.reference is not None:
         text += f"; it is {found.reference}: the search found nothing better"
     if found.tied_with:
-        *rest, last = sorted(found.tied_with)
-        tied = f"{', '.join(map(str, rest))} and {last}" if rest else str(last)
-        text += f"; tied within noise with trial{'s' * bool(rest)} {tied}"
+        text += f"; tied within noise with {trials_named(sorted(found.tied_with))}"
     if found.under_interference:
         text += "; measured while other processes used the CPU (confirm it again)"
     return text
