@@ -383,9 +383,10 @@ class Answer:
 
     @classmethod
     def of_round(cls, record: ConfirmationRecord, trial: FrozenTrial) -> Answer:
-        """The round's answer on the measurements in ``record`` (see the module's docstring
-        for the rule), its state "unfinished" where it is: every field but ``trial`` (which
-        is ``trial`` as given), the references and ``search_share``."""
+        """What the round in ``record`` concludes (the rule: the module's docstring), as an
+        answer whose state is the round's alone ("confirmed", "no_winner" or "unfinished"):
+        ``trial`` stands for its trial, the references and ``search_share`` are left to
+        ``answer_of``, which knows the study."""
         compared = _compared(record)
         configurations = tuple(Confirmed.of(record, n, compared) for n in record.candidates)
         own = [run for run in record.runs if run.repeat > 0]
