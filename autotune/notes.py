@@ -35,18 +35,6 @@ from autotune.study import (
     trials_named,
 )
 
-__all__ = [
-    "PHASE_LABELS",
-    "comparisons",
-    "measured",
-    "measurements",
-    "names",
-    "number",
-    "study_note",
-    "verify_block",
-    "write_note",
-]
-
 PHASE_LABELS = {
     "data_wait": "waiting for data",
     "host_to_device": "copy to device",

@@ -48,17 +48,6 @@ from autotune.study import (
 if TYPE_CHECKING:  # plotly is imported where a report is drawn: run and export need none
     import plotly.graph_objects as go
 
-__all__ = [
-    "KnobSpeed",
-    "ReportError",
-    "TrialRow",
-    "cudnn_version",
-    "hardware_rows",
-    "knob_speeds",
-    "render_html",
-    "trial_rows",
-]
-
 TOP_TRIALS = 10  # trials shown in the time-breakdown chart
 
 

@@ -10,8 +10,6 @@ from typing import Any
 
 from autotune.study import REFERENCE_NAMES, Answer, trials_named
 
-__all__ = ["TrialConfirmation", "confirmation_text"]
-
 
 @dataclass(frozen=True)
 class TrialConfirmation:

@@ -37,8 +37,6 @@ from autotune.turns import turn
 if TYPE_CHECKING:
     from autotune.executor import TrialExecutor
 
-__all__ = ["confirm_study", "confirmation_plan"]
-
 SEED_STRIDE = 1_000_003  # repeat r of a trial trains with its seed + r * this: new, reproducible
 REMEASURES = 2  # a run measured under interference is run again at most this many times
 

@@ -22,16 +22,6 @@ from autotune.faults import FaultKind
 from autotune.interference import interfered
 from autotune.results import TrialResult
 
-__all__ = [
-    "METRIC_FIELDS",
-    "REFERENCES",
-    "ConfirmRun",
-    "ConfirmationRecord",
-    "StudyRecord",
-    "TrialRecord",
-]
-
-
 # the configurations every study measures its answer against (autotune.references), in the
 # order they are queued: the untuned baseline, then the tuning checklist
 ReferenceKind = Literal["baseline", "checklist"]
