@@ -15,6 +15,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune._version import __version__
 from autotune.display import fmt_metric
+from autotune.export import TrialConfirmation, confirmation_text
 from autotune.results import PHASES
 from autotune.spec import DEFAULT_STORAGE, knobs_for
 from autotune.study import (
@@ -32,7 +33,6 @@ from autotune.study import (
     speed_study_name,
     trial_config,
     trial_knob_origin,
-    trials_named,
 )
 
 PHASE_LABELS = {
@@ -131,31 +131,18 @@ def _breakdown_text(trial: FrozenTrial) -> str:
     return ", ".join(parts)
 
 
-def _confirmation_line(answer: Answer | None, study_name: str) -> str:
-    """How sure the study is of its answer, for the note."""
-    if answer is None or not answer.confirmed:
+def _confirmation_line(answer: Answer, study_name: str) -> str:
+    """How sure the study is of its answer, for the note: the terminal's line, with what the
+    runs were interleaved with."""
+    found = TrialConfirmation.of(answer, answer.number)
+    if found is None:
         return (
             "_Not confirmed: the answer rests on one measurement per configuration; "
             f"`autotune confirm --study {study_name}` re-measures the leaders._"
         )
-    spread = f"±{answer.spread:.0%}" if answer.spread is not None else "unknown"
-    beside = "".join(f" and {reference.name}" for reference in answer.references)
-    runs = f"{answer.runs} run{'s' * (answer.runs != 1)}"
-    text = (
-        f"**Confirmed**: median {number(answer.median)} over {runs}, "
-        f"interleaved with the other leaders{beside} (spread {spread})"
-    )
-    if answer.references:
-        text += f"; measured side by side: {'; '.join(r.said for r in answer.references)}"
-    if answer.reference is not None:
-        text += f". It is {answer.reference}: the search found nothing better"
-    if answer.tied:
-        text += f". Tied within measurement noise with {trials_named(sorted(answer.tied))}"
-    if answer.interfered:
-        text += (
-            ". Measured while other processes used the CPU: confirm it again on a quiet machine"
-        )
-    return text + "."
+    leaders = "the other leaders" + "".join(f" and {r.name}" for r in answer.references)
+    text = confirmation_text(found, interleaved=leaders)
+    return text.replace("confirmed", "**Confirmed**", 1) + "."
 
 
 NOTE_SPACE_CHARS = 20_000  # the longest space file the note shows whole

@@ -85,11 +85,14 @@ class TrialConfirmation:
         return cls(**fields)
 
 
-def confirmation_text(found: TrialConfirmation | None) -> str:
-    """One line on how sure the study is of a trial: its ``TrialConfirmation``, or None."""
+def confirmation_text(found: TrialConfirmation | None, interleaved: str = "") -> str:
+    """One line on how sure the study is of a trial: its ``TrialConfirmation``, or None;
+    ``interleaved``: what its runs alternated with (the note says it)."""
     if found is None:
         return "not confirmed: one measurement (run `autotune confirm`)"
     text = f"confirmed: median {found.median:.4g} over {found.runs} run{'s' * (found.runs != 1)}"
+    if interleaved:
+        text += f", interleaved with {interleaved}"
     if found.spread is not None:
         text += f" (spread ±{found.spread:.0%})"
     if found.said:
