@@ -353,21 +353,12 @@ def list_studies(
     for row in rows:
         metric = str(row["metric"] or "-")
         unit = display.metric_unit(metric) or metric
-        value = row["best_value"]
+        value = row["best_value"]  # samples/s (a speed study) in SI: 20.8k
+        written = display.si if metric == "samples_per_second" else display.fmt
         table.add_row(
             Text(display.visible(str(row["study"]))),  # stored values are data, never markup
             *(str(row[state]) for state in _COUNTED),
-            Text(_best_value(value, metric, unit)),
+            Text(f"{'-' if value is None else written(value)} {unit}"),
             str(row["best_trial"]) if row["best_trial"] is not None else "-",
         )
     console.print(table)
-
-
-def _best_value(value: float | None, metric: str, unit: str) -> str:
-    """A study's best value with its unit; samples/s (a speed study) in SI: 20.8k."""
-    from autotune import display
-
-    if value is None:
-        return f"- {unit}"
-    shown = display.si(value) if metric == "samples_per_second" else display.fmt(value)
-    return f"{shown} {unit}"

@@ -88,12 +88,10 @@ class Confirmed:
 
     @property
     def reference(self) -> ReferenceKind | None:
-        """Which reference it is, if it is one."""
         return "baseline" if self.baseline else "checklist" if self.checklist else None
 
     @property
-    def label(self) -> str:
-        """Its trial number, and which reference it is: "0 (baseline)", "1 (checklist)"."""
+    def label(self) -> str:  # "0 (baseline)", "1 (checklist)", "3"
         return f"{self.trial}" + (f" ({self.reference})" if self.reference else "")
 
     @property
@@ -239,10 +237,8 @@ RoundState = Literal["none", "unfinished", "stale", "no_winner", "confirmed"]
 
 @dataclass(frozen=True)
 class Answer:
-    """The study's answer, computed once (``answer_of``): what the terminal, the dashboard
-    note, the HTML report, ``autotune best`` and the exports state. The answer's own figures
-    (``winner``, ties, references) are None, empty or False unless the round confirms it; the
-    round's, wherever it has one."""
+    """The study's answer (``answer_of``). Its own figures (``winner``, ties, references) are
+    None, empty or False unless the round confirms it; the round's, wherever it has one."""
 
     trial: FrozenTrial  # the round's winner when confirmed, else the best feasible trial
     round_state: RoundState = "none"
@@ -264,7 +260,6 @@ class Answer:
 
     @property
     def number(self) -> int:
-        """The answer's trial number."""
         return self.trial.number
 
     @property
@@ -281,8 +276,7 @@ class Answer:
         return self.winner.median_samples_per_second if self.winner is not None else None
 
     @property
-    def runs(self) -> int:
-        """The runs behind its medians."""
+    def runs(self) -> int:  # behind its medians
         return len(self.winner.values) if self.winner is not None else 0
 
     @property
@@ -292,8 +286,7 @@ class Answer:
         return len(winner.round_values or winner.values) if winner is not None else 0
 
     @property
-    def interfered(self) -> bool:
-        """Every run of it was measured under interference."""
+    def interfered(self) -> bool:  # every run of it was measured under interference
         return self.winner is not None and self.winner.interfered
 
     @property
@@ -304,7 +297,6 @@ class Answer:
 
     @property
     def confirmed(self) -> bool:
-        """Whether the confirmation round backs it."""
         return self.round_state == "confirmed"
 
     @property
@@ -343,10 +335,8 @@ class Answer:
 
     def measured_ratio(self, reference: Confirmed | None) -> float | None:
         """The winner's value over ``reference``'s, as "times better" (for a time to a target,
-        the reference's time over the winner's), from the medians of the round's own runs: the
-        leaders were picked for a high first measurement, which would inflate theirs (a
-        reference was not), so the original trials are left out of this ratio. None where the
-        two were not measured alike (one on a quiet machine, the other under interference)."""
+        the reference's time over the winner's), from the round's own runs (the module's
+        docstring); None where the two were not measured alike."""
         winner = self.winner
         if winner is None or reference is None or not reference.values:
             return None
@@ -358,10 +348,9 @@ class Answer:
         return ratio if self.maximize else 1 / ratio
 
     def interval(self, reference: Confirmed | None) -> tuple[float, float] | None:
-        """Where ``measured_ratio(reference)`` may lie, from both sides' spreads: the better
-        side's lowest run over the other's highest, and its highest over the other's lowest
-        (a side of one run spreads as the round does); None without a ratio or a spread. The
-        high end is infinite where the other side's low reaches 0."""
+        """Where ``measured_ratio(reference)`` may lie (the module's docstring; a side of one
+        run spreads as the round does); None without a ratio or a spread. The high end is
+        infinite where the other side's low reaches 0."""
         if self.measured_ratio(reference) is None or reference is None or self.winner is None:
             return None
         ours, theirs = (self.winner, reference) if self.maximize else (reference, self.winner)
@@ -372,8 +361,8 @@ class Answer:
         return low, top[1] / bottom[0] if bottom[0] > 0 else math.inf
 
     def _range(self, side: Confirmed) -> tuple[float, float] | None:
-        """The lowest and highest of the round's own runs of ``side`` (the spread of the
-        round about its median, for one run; None where the round has no spread)."""
+        """The lowest and highest of the round's own runs of ``side`` (for one run, the round's
+        spread about it; None where the round has none)."""
         values = side.round_values or side.values
         if len(values) > 1:
             return min(values), max(values)
@@ -432,10 +421,8 @@ class Answer:
         )
 
     def _within_noise(self, other: Confirmed) -> bool:
-        """Whether ``other``'s median is within the round's spread of the best's (``winner``),
-        and, side by side, not measurably behind it: its best run of the round reaches the
-        best's worst (else the ratio between them, ``interval``, lies wholly on one side of
-        1)."""
+        """Whether ``other`` is tied with the best (``winner``): its median within the round's
+        spread of the best's, and its best run of the round reaching the best's worst."""
         best, sign = self.winner, 1.0 if self.maximize else -1.0
         assert best is not None
         behind = sign * (best.median - other.median) / abs(best.median or 1.0)
@@ -447,8 +434,8 @@ class Answer:
         return mine[1] >= theirs[0] if self.maximize else mine[0] <= theirs[1]
 
     def _reference(self, name: str, measured: Confirmed, same_settings: bool) -> Reference:
-        """The answer against the reference ``measured``: the ratio it claims, or why it
-        claims none; ``same_settings``: the two share their execution settings."""
+        """The answer against the reference ``measured`` (``same_settings``: the two share
+        their execution settings)."""
         ratio, interval = self.measured_ratio(measured), self.interval(measured)
         runs = len(measured.round_values or measured.values)
         found = Reference(

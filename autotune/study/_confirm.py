@@ -113,11 +113,9 @@ def confirm_study(
     on_wait: Callable[[str], None] | None = None,
 ) -> ConfirmationRecord | None:
     """Run (or resume) the confirmation round of ``study``; its record, stored in the study
-    after every run. ``on_run(run, done, total)`` hears each finished run (a run measured
-    again under interference is heard again at the same place). A run measured under
-    interference is run again, at most ``remeasures`` times. ``on_wait`` hears that a run waits
-    for its turn on the machine (``turns``). None when there is nothing to confirm. An
-    interruption (Ctrl-C, SIGTERM) propagates; what ran is kept."""
+    after every run. ``on_run(run, done, total)`` hears each finished run (one measured again
+    is heard again at the same place); ``on_wait``, that a run waits for its turn (``turns``).
+    None when there is nothing to confirm. An interruption propagates; what ran is kept."""
     record = confirmation_plan(study, top, repeats, goal.score_higher_is_better)
     if record is None:
         return None
@@ -167,23 +165,13 @@ def _measure(
     with turn(config.device, config.world_size, on_wait):  # off the clock, as a trial
         started = time.monotonic()
         result = attempt(lambda: executor.run(config.replace(seed=seed), report))
+    run = ConfirmRun(trial.number, repeat, seed, None, None, None, False, 0.0)
     if isinstance(result, faults.TrialFault):
-        return ConfirmRun(
-            trial=trial.number,
-            repeat=repeat,
-            seed=seed,
-            value=None,
-            score=None,
-            samples_per_second=None,
-            feasible=False,
-            wall_seconds=time.monotonic() - started,
-            fault=f"{result.kind}: {result.message}",
-        )
+        fault = f"{result.kind}: {result.message}"
+        return dataclasses.replace(run, wall_seconds=time.monotonic() - started, fault=fault)
     scored = objective.score(result, goal)
-    return ConfirmRun(
-        trial=trial.number,
-        repeat=repeat,
-        seed=seed,
+    return dataclasses.replace(
+        run,
         value=scored.value,
         score=scored.score,
         samples_per_second=result.samples_per_second,
