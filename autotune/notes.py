@@ -160,11 +160,7 @@ def _space_file_block(study: optuna.Study) -> list[str]:
         text = text[:NOTE_SPACE_CHARS].rsplit("\n", 1)[0]
     longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     fence = "`" * max(3, longest + 1)  # a fence the file's own backticks cannot close
-    title = (
-        f"The space file ({record.space_file_path})"
-        if record.space_file_path
-        else "The space file"
-    )
+    title = "The space file" + (f" ({record.space_file_path})" * bool(record.space_file_path))
     lines = [f"### {title}", "", f"{fence}yaml", text, fence, ""]
     if cut:
         lines += [

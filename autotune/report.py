@@ -395,16 +395,11 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     config_rows: list[tuple[str, str, str, str]] = []
     if best is not None:
         config = trial_config(best).to_dict()
-        untuned = trial_config(baseline).to_dict() if baseline else {}
-        for name in knobs_for(config.get("world_size", 1)):
-            config_rows.append(
-                (
-                    name,
-                    number(config[name]),
-                    number(untuned.get(name)) if untuned else "",
-                    trial_knob_origin(best, name),
-                )
-            )
+        base = trial_config(baseline).to_dict() if baseline else {}  # the untuned baseline's
+        config_rows = [
+            (k, number(config[k]), number(base.get(k)) if base else "", trial_knob_origin(best, k))
+            for k in knobs_for(config.get("world_size", 1))
+        ]
     compared = [
         (label.removeprefix("the "), other.number, speed, value, TrialRecord.of(other))
         for label, other, speed, value in comparisons(study, answer)

@@ -85,6 +85,16 @@ def best(
         console.print(studies.password_note(storage), markup=False)
 
 
+# export's formats, and what each writes
+_FORMATS = {
+    "script": "training script",
+    "yaml": "YAML",
+    "json": "JSON",
+    "lightning": "Lightning settings",
+    "hf": "Hugging Face TrainingArguments",
+}
+
+
 @app.command("export", cls=Command)
 def export_command(
     study_name: Annotated[str | None, study_option()] = None,
@@ -117,9 +127,8 @@ def export_command(
 ) -> None:
     """Export the best configuration as a standalone training script, YAML, JSON, or the
     settings of a Lightning or Hugging Face Trainer."""
-    formats = ("script", "yaml", "json", "lightning", "hf")
-    if fmt not in formats:
-        raise fail(f"--format must be one of {', '.join(formats)}, not '{fmt}'")
+    if fmt not in _FORMATS:
+        raise fail(f"--format must be one of {', '.join(_FORMATS)}, not '{fmt}'")
     from autotune import artifacts as stores
     from autotune import display, export
     from autotune import study as studies
@@ -165,15 +174,9 @@ def export_command(
     except OSError as err:  # the folder could not be made
         raise fail(f"cannot write {output}: {err.strerror}", EXIT_FAILED) from None
     _attach(found, output, storage, location)
-    what = {
-        "script": "training script",
-        "yaml": "YAML",
-        "json": "JSON",
-        "lightning": "Lightning settings",
-        "hf": "Hugging Face TrainingArguments",
-    }[fmt]
     console.print(
-        f"Wrote {output}: the {what} of trial {result.trial} of {study_name} ({result.headline}).",
+        f"Wrote {output}: the {_FORMATS[fmt]} of trial {result.trial} of {study_name} "
+        f"({result.headline}).",
         markup=False,
     )
     if fmt == "script":
