@@ -41,24 +41,14 @@ def print_plan(
     values on lines of their own: the storage URL is never broken)."""
     counted = studies.counted_trials(study)
     resumed = f", resuming with {counted} done" if counted else ""
-    print_item(
-        console,
-        "study",
-        f"{visible(study.study_name)} ({spec.objective.metric_name}, "
-        f"{spec.study.n_trials} trials{resumed})",
-    )
+    goal = f"{spec.objective.metric_name}, {spec.study.n_trials} trials{resumed}"
+    print_item(console, "study", f"{visible(study.study_name)} ({goal})")
     print_item(console, "storage", studies.display_url(spec.study.storage), copy=True)
-    print_item(
-        console,
-        "device",
-        f"{hardware.device} ({hardware.device_name}, torch {hardware.torch_version})",
-    )
+    device = f"{hardware.device} ({hardware.device_name}, torch {hardware.torch_version})"
+    print_item(console, "device", device)
     workload = spec.workload
-    print_item(
-        console,
-        "workload",
-        f"{workload.model} on {workload.data}, {workload.epochs:g} epochs per trial",
-    )
+    trained = f"{workload.model} on {workload.data}, {workload.epochs:g} epochs per trial"
+    print_item(console, "workload", trained)
     if workload.gpus_per_trial > 1:
         processes = workload.gpus_per_trial
         each = "a GPU each (NCCL)" if hardware.is_cuda else "a share of the cores each (gloo)"
