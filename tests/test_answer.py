@@ -101,7 +101,8 @@ def test_a_clear_winner_carries_its_medians_the_rounds_facts_and_its_ratio_over_
     assert answer_trial(study) == answer.trial
     assert answer.median == 2.65 and answer.runs == 3 and answer.runs_side_by_side == 2
     assert answer.headline == (2.65, "median of 3 confirmed runs")  # not its trial's 2.6
-    assert answer.median_score == 0.9 and answer.median_samples_per_second == pytest.approx(265)
+    assert answer.winner is not None and answer.winner.median_score == 0.9
+    assert answer.winner.median_samples_per_second == pytest.approx(265)
     assert answer.tied == () and answer.tie_rule == "value" and not answer.noisy
     # the typical half-range: 0.238 (trial 1), 0.019 (trial 2), 0.048 (the baseline)
     assert answer.spread == pytest.approx(0.05 / 1.05)

@@ -268,14 +268,6 @@ class Answer:
         return self.winner.median if self.winner is not None else None
 
     @property
-    def median_score(self) -> float | None:
-        return self.winner.median_score if self.winner is not None else None
-
-    @property
-    def median_samples_per_second(self) -> float | None:
-        return self.winner.median_samples_per_second if self.winner is not None else None
-
-    @property
     def runs(self) -> int:  # behind its medians
         return len(self.winner.values) if self.winner is not None else 0
 

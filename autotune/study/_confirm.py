@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import optuna
 from optuna.trial import FrozenTrial
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from autotune.executor import TrialExecutor
 
 SEED_STRIDE = 1_000_003  # repeat r of a trial trains with its seed + r * this: new, reproducible
+T = TypeVar("T")
 REMEASURES = 2  # a run measured under interference is run again at most this many times
 
 
@@ -93,13 +94,13 @@ def _original(trial: FrozenTrial) -> ConfirmRun:
     )
 
 
-def _order(candidates: tuple[int, ...], repeats: int) -> list[tuple[int, int]]:
-    """(trial, repeat) in the order they run: A B C D, then D C B A, then A B C D..."""
-    order = []
-    for repeat in range(1, repeats + 1):
-        round_order = candidates if repeat % 2 else tuple(reversed(candidates))
-        order += [(number, repeat) for number in round_order]
-    return order
+def interleaved(items: Sequence[T], repeats: int) -> list[tuple[T, int]]:
+    """(item, repeat) in the order they run: A B C D, then D C B A, then A B C D..."""
+    return [
+        (item, repeat)
+        for repeat in range(1, repeats + 1)
+        for item in (items if repeat % 2 else items[::-1])
+    ]
 
 
 def confirm_study(
@@ -120,7 +121,7 @@ def confirm_study(
     if record is None:
         return None
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    order = _order(record.candidates, record.repeats)
+    order = interleaved(record.candidates, record.repeats)
     for position, (number, repeat) in enumerate(order, start=1):
         while _needs_run(record, number, repeat, remeasures):
             run = _measure(trials[number], repeat, goal, executor, on_wait)
