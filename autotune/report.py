@@ -86,34 +86,25 @@ def _scatter(study: optuna.Study) -> go.Figure:
         if TrialRecord.of(t).samples_per_second is not None
     ]
     feasible = feasible_trials(study)
-    feasiblenumbers = {t.number for t in feasible}
+    numbers = {t.number for t in feasible}
     _, score_name, higher = names(study)
     figure = go.Figure()
-    for label, chosen, symbol in (
-        ("feasible", [t for t in complete if t.number in feasiblenumbers], "circle"),
-        ("infeasible", [t for t in complete if t.number not in feasiblenumbers], "x"),
+    for label, chosen, style in (
+        ("feasible", [t for t in complete if t.number in numbers], {"symbol": "circle"}),
+        ("infeasible", [t for t in complete if t.number not in numbers], {"symbol": "x"}),
+        ("Pareto front (feasible)", _pareto_front(feasible, higher), None),
     ):
         figure.add_trace(
             go.Scatter(
                 x=[measured(t, "samples_per_second") for t in chosen],
                 y=[measured(t, "score") for t in chosen],
-                mode="markers",
+                mode="lines+markers" if style is None else "markers",
                 name=label,
-                marker={"symbol": symbol, "size": 9},
+                marker={**style, "size": 9} if style is not None else None,
+                line={"dash": "dot"} if style is None else None,
                 text=[f"trial {t.number}" for t in chosen],
             )
         )
-    front = _pareto_front(feasible, higher)
-    figure.add_trace(
-        go.Scatter(
-            x=[measured(t, "samples_per_second") for t in front],
-            y=[measured(t, "score") for t in front],
-            mode="lines+markers",
-            name="Pareto front (feasible)",
-            line={"dash": "dot"},
-            text=[f"trial {t.number}" for t in front],
-        )
-    )
     figure.update_layout(
         title=f"{score_name} against samples/s",
         xaxis_title="samples/s (steady state)",
