@@ -191,10 +191,9 @@ def export_command(
 
 
 def _attach(study: Any, output: Path, storage: str, location: ArtifactLocation | None) -> None:
-    """Refresh the study's note and upload ``output`` as its artifact, for optuna-dashboard,
-    through a storage opened for writing (the study was read read-only). The file is written
-    already: a failure here (a read-only database, a full disk) is a warning of one line, and
-    a shared storage with no artifact store named attaches nothing and says so."""
+    """Refresh the study's note and upload ``output`` as its artifact, for optuna-dashboard
+    (the study was read read-only: a storage opened for writing). The file is written
+    already: a failure here is a warning of one line."""
     from autotune import artifacts as stores
     from autotune import notes
     from autotune import study as studies

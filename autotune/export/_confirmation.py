@@ -13,10 +13,8 @@ from autotune.study import REFERENCE_NAMES, Answer, trials_named
 
 @dataclass(frozen=True)
 class TrialConfirmation:
-    """The confirmation round's verdict on one trial: its median metric over its runs, how
-    far the round's runs spread, whether it is the study's answer, and (for the answer) its
-    ratios over the references (the untuned baseline, the tuning checklist) and the trials it
-    is tied with within the noise."""
+    """The confirmation round's verdict on one trial (the study's ``Answer``, for the answer):
+    its medians and, for the answer, its ratios over the references and its ties."""
 
     median: float
     runs: int
