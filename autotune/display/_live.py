@@ -4,6 +4,7 @@ run as it ends."""
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable
 
 import optuna
@@ -47,10 +48,8 @@ class LiveObserver(studies.StudyObserver):
         )
         self.status = Text("")
         self.current: int | None = None  # the trial this process trains
-        self.speed_timed = 0  # stage 1: settings timed, reused, not tried
-        self.speed_reused = 0
-        self.speed_skipped = 0
-        self.speed_again = 0
+        # stage 1's settings: timed, reused, skipped (not tried), again (a leader timed again)
+        self.speed: Counter[str] = Counter()
         self.shown: set[int] = set()  # trials whose line is printed (this and other workers')
         self.own: set[int] = set()  # trials this process trains (the others' are polled)
         self.lock = threading.Lock()  # worker 0 shows other workers' trials from a thread
@@ -80,21 +79,15 @@ class LiveObserver(studies.StudyObserver):
         self._render()
 
     def speed_measured(self, event: studies.SpeedEvent) -> None:
-        if event.cached:
-            self.speed_reused += 1
-        elif event.measured and event.round > 1:
-            self.speed_again += 1  # a leader measured again: the same setting
-        elif event.measured:
-            self.speed_timed += 1
-        else:
-            self.speed_skipped += 1
+        measured = ("again" if event.round > 1 else "timed") if event.measured else "skipped"
+        self.speed["reused" if event.cached else measured] += 1
         if event.samples_per_second is not None:
             result = f"{si(event.samples_per_second)} samples/s"
         else:
             result = event.fault or "failed"
         again = f", again ({event.round})" if event.round > 1 else ""
         self._show(
-            f"  stage 1, speed: {self.speed_timed} timed, {self.speed_reused} reused  "
+            f"  stage 1, speed: {self.speed['timed']} timed, {self.speed['reused']} reused  "
             f"{event.cell}{again}: {event.settings}: {result}",
             cut=True,
         )
@@ -106,15 +99,15 @@ class LiveObserver(studies.StudyObserver):
         print_speed_table(console, table)
         name = studies.speed_study_name(self.study.study_name)
         skipped = (
-            f", {self.speed_skipped} not tried (memory walls, pipelines far behind, compile "
+            f", {self.speed['skipped']} not tried (memory walls, pipelines far behind, compile "
             f"modes that cannot pay back, precisions far behind, the budget)"
-            if self.speed_skipped
+            if self.speed["skipped"]
             else ""
         )
-        again = f" ({plural(self.speed_again, 'leader')} again)" if self.speed_again else ""
+        again = f" ({plural(self.speed['again'], 'leader')} again)" if self.speed["again"] else ""
         console.print(
-            f"stage 1: {plural(self.speed_timed, 'setting')} timed{again}, "
-            f"{self.speed_reused} reused (timed by earlier runs or other processes){skipped}, "
+            f"stage 1: {plural(self.speed['timed'], 'setting')} timed{again}, "
+            f"{self.speed['reused']} reused (timed by earlier runs or other processes){skipped}, "
             f"in {seconds:.0f} s; all in study {name}. Stage 2 trains with the fastest of each.",
             markup=False,
         )
