@@ -7,6 +7,7 @@ import contextlib
 import datetime
 import math
 import re
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -118,11 +119,9 @@ def measurements(trial: FrozenTrial) -> list[tuple[str, str]]:
 
 def _bottlenecks(study: optuna.Study) -> str:
     """The completed trials counted by bottleneck, the commonest first: "data 3, compute 1"."""
-    counted: dict[str, int] = {}
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if kind := TrialRecord.of(trial).bottleneck:
-            counted[kind] = counted.get(kind, 0) + 1
-    return ", ".join(f"{k} {n}" for k, n in sorted(counted.items(), key=lambda kv: -kv[1]))
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    counted = Counter(kind for t in complete if (kind := TrialRecord.of(t).bottleneck))
+    return ", ".join(f"{kind} {n}" for kind, n in counted.most_common())
 
 
 def _breakdown_text(trial: FrozenTrial) -> str:

@@ -7,7 +7,7 @@ import datetime
 import html
 import statistics
 import warnings
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -320,7 +320,7 @@ def speed_rows(study: optuna.Study) -> list[SpeedRow]:
     if name not in optuna.get_all_study_names(storage):
         return []
     by_cell: dict[str, dict[str, list[float]]] = {}
-    faults: dict[str, dict[str, int]] = {}
+    faults: dict[str, Counter[str]] = defaultdict(Counter)
     for trial in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False):
         record = SpeedRecord.of(trial)
         if record is None:
@@ -328,8 +328,7 @@ def speed_rows(study: optuna.Study) -> list[SpeedRow]:
         if trial.state == TrialState.COMPLETE and trial.value is not None:
             by_cell.setdefault(record.cell, {}).setdefault(record.settings, []).append(trial.value)
         elif record.fail_kind:
-            counted = faults.setdefault(record.cell, {})
-            counted[record.fail_kind] = counted.get(record.fail_kind, 0) + 1
+            faults[record.cell][record.fail_kind] += 1
     rows = []
     for cell in sorted(set(by_cell) | set(faults), key=_cell_order):
         settings = by_cell.get(cell, {})
