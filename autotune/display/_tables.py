@@ -243,13 +243,11 @@ def print_summary(
         for state, n in outcome.states.items()
     )
     console.print(f"{outcome.trials_run} trials this run; the study has {counts or 'none'}.")
-    stuck = _one_score_everywhere(study, spec)
-    if stuck is not None:
+    if (stuck := _one_score_everywhere(study, spec)) is not None:
         console.print(stuck, style="yellow")
     table = _best_table(study, spec)
     if table is None:
-        goal = spec.objective
-        bar = goal.goal
+        goal, bar = spec.objective, spec.objective.goal
         reason = f" (none reached {goal.score_name} {bar:g})" if bar is not None else ""
         console.print(f"[yellow]No trial has completed feasibly yet{reason}.[/]")
         return
@@ -261,8 +259,7 @@ def print_summary(
     how = "confirmed" if answer.confirmed else "not confirmed"
     console.print(f"\n[bold]Best configuration[/] (trial {answer.number}, {how}):")
     console.print(config_table(answer.trial))
-    edge = _edge_of_space(study, answer, spec, outcome.speed_table)
-    if edge is not None:
+    if (edge := _edge_of_space(study, answer, spec, outcome.speed_table)) is not None:
         console.print(edge, style="yellow")
     where = study_options(study.study_name, spec.study.storage)
     console.print()
@@ -412,10 +409,7 @@ def _print_confirmed(
     if answer.references:
         said = "; ".join(r.said for r in answer.references)
         counts = (answer.runs_side_by_side, *(r.runs for r in answer.references))
-        runs = [str(n) for n in counts]
-        source = (
-            "one run of each"
-            if set(counts) == {1}
-            else f"medians of {', '.join(runs[:-1])} and {runs[-1]} runs"
-        )
+        *most, last = map(str, counts)
+        medians = f"medians of {', '.join(most)} and {last} runs"
+        source = "one run of each" if set(counts) == {1} else medians
         console.print(f"{what.capitalize()}, from {source} side by side: {escape(said)}.")
