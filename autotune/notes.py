@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import re
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -15,6 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune._version import __version__
 from autotune.display import fmt_metric
+from autotune.export import TrialConfirmation, confirmation_text
 from autotune.results import PHASES
 from autotune.spec import DEFAULT_STORAGE, knobs_for
 from autotune.study import (
@@ -34,98 +36,12 @@ from autotune.study import (
     trial_knob_origin,
 )
 
-__all__ = [
-    "PHASE_LABELS",
-    "Summary",
-    "measured",
-    "measurements",
-    "number",
-    "study_note",
-    "summarize",
-    "verify_block",
-    "write_note",
-]
-
 PHASE_LABELS = {
     "data_wait": "waiting for data",
     "host_to_device": "copy to device",
     "forward_backward": "forward + backward",
     "optimizer": "optimizer step",
 }
-
-
-@dataclass(frozen=True)
-class Summary:
-    """The facts a note or a report states about a study."""
-
-    study: str
-    metric: str
-    best: FrozenTrial | None
-    baseline: FrozenTrial | None  # the untuned trial, if it completed
-    feasible: list[FrozenTrial]  # best first
-    states: dict[str, int]
-    bottlenecks: dict[str, int]  # bottleneck -> COMPLETE trials limited by it
-    score_name: str = "accuracy"  # the validation score's: accuracy, val_loss, macro_f1, ...
-    higher_score_better: bool = True
-    answer: Answer | None = None  # best is its trial
-    checklist: FrozenTrial | None = None  # the tuning checklist's trial, if it completed
-
-    @property
-    def headline(self) -> tuple[float | None, str]:
-        """The best trial's value as a person reads it first, and what it is: the confirmation
-        round's median where the round confirmed it, else its trial's one measurement."""
-        if self.answer is not None:
-            return self.answer.headline
-        return (self.best.value if self.best is not None else None), "one trial"
-
-    @property
-    def spread(self) -> float | None:
-        """The confirmation round's run-to-run spread (0.06: ±6%); None before one."""
-        return self.answer.spread if self.answer is not None else None
-
-    def ratio(self, key: str, other: FrozenTrial | None) -> float | None:
-        """best's ``key`` attribute (or value for "value") over ``other``'s."""
-        if self.best is None or other is None:
-            return None
-        mine, theirs = measured(self.best, key), measured(other, key)
-        if mine is None or not theirs:
-            return None
-        return mine / theirs
-
-    @property
-    def median(self) -> FrozenTrial | None:
-        if not self.feasible:
-            return None
-        ranked = sorted(self.feasible, key=lambda t: measured(t, "samples_per_second") or 0.0)
-        return ranked[len(ranked) // 2]
-
-    @property
-    def slowest(self) -> FrozenTrial | None:
-        if not self.feasible:
-            return None
-        return min(self.feasible, key=lambda t: measured(t, "samples_per_second") or float("inf"))
-
-    def comparisons(self) -> list[tuple[str, FrozenTrial, float, float | None]]:
-        """(who, trial, best's samples/s over its, best's value over its) against the untuned
-        baseline, the tuning checklist and the median and slowest feasible trials, where they
-        are not the best; a trial that is two of these is listed once, under the first. The
-        value's ratio over a reference is the answer's to state (``Answer.references``, from
-        the confirmation round), never one measurement's: None here."""
-        found = []
-        shown = {self.best.number} if self.best is not None else set()
-        for label, other in (
-            (REFERENCE_NAMES["baseline"], self.baseline),
-            (REFERENCE_NAMES["checklist"], self.checklist),
-            ("the median feasible trial", self.median),
-            ("the slowest feasible trial", self.slowest),
-        ):
-            speed = self.ratio("samples_per_second", other)
-            if other is None or self.best is None or other.number in shown or not speed:
-                continue
-            shown.add(other.number)
-            reference = label in REFERENCE_NAMES.values()
-            found.append((label, other, speed, None if reference else self.ratio("value", other)))
-        return found
 
 
 def measured(trial: FrozenTrial, key: str) -> float | None:
@@ -136,33 +52,42 @@ def measured(trial: FrozenTrial, key: str) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def summarize(study: optuna.Study) -> Summary:
-    """Best, baseline, feasible trials, state counts and bottlenecks of a study."""
-    trials = study.get_trials(deepcopy=False)
-    feasible = feasible_trials(study)
-    bottlenecks: dict[str, int] = {}
-    for trial in trials:
-        kind = TrialRecord.of(trial).bottleneck
-        if trial.state == TrialState.COMPLETE and kind:
-            bottlenecks[kind] = bottlenecks.get(kind, 0) + 1
-    states: dict[str, int] = {}
-    for trial in trials:
-        states[trial.state.name] = states.get(trial.state.name, 0) + 1
-    record = StudyRecord.of(study)
-    answer = answer_of(study)
-    return Summary(
-        study=study.study_name,
-        metric=record.metric or "value",
-        score_name=record.score_name or "accuracy",
-        higher_score_better=record.score_higher_is_better is not False,
-        answer=answer,
-        best=answer.trial if answer is not None else None,
-        baseline=baseline_trial(study),
-        checklist=reference_trial(study, "checklist"),
-        feasible=feasible,
-        states=states,
-        bottlenecks=dict(sorted(bottlenecks.items(), key=lambda kv: -kv[1])),
-    )
+def _over(trial: FrozenTrial, other: FrozenTrial, key: str) -> float | None:
+    """``trial``'s ``key`` (``measured``) over ``other``'s."""
+    mine, theirs = measured(trial, key), measured(other, key)
+    return mine / theirs if mine is not None and theirs else None
+
+
+Comparison = tuple[str, FrozenTrial, float, float | None]
+
+
+def comparisons(study: optuna.Study, answer: Answer | None) -> list[Comparison]:
+    """(who, trial, the answer's samples/s over its, its value over its) against the untuned
+    baseline, the tuning checklist and the median and slowest feasible trials, where they are
+    not the answer; a trial that is two of these is listed once, under the first. The value's
+    ratio over a reference is the answer's to state (``Answer.references``, from the
+    confirmation round), never one measurement's: None here."""
+    if answer is None:
+        return []
+    by_speed = sorted(feasible_trials(study), key=lambda t: _speed(t) or 0.0)  # answer's too
+    found, shown = [], {answer.number}
+    for label, other in (
+        (REFERENCE_NAMES["baseline"], baseline_trial(study)),
+        (REFERENCE_NAMES["checklist"], reference_trial(study, "checklist")),
+        ("the median feasible trial", by_speed[len(by_speed) // 2]),
+        ("the slowest feasible trial", min(by_speed, key=lambda t: _speed(t) or math.inf)),
+    ):
+        faster = _over(answer.trial, other, "samples_per_second") if other else None
+        if other is None or other.number in shown or not faster:
+            continue
+        shown.add(other.number)
+        value = None if label in REFERENCE_NAMES.values() else _over(answer.trial, other, "value")
+        found.append((label, other, faster, value))
+    return found
+
+
+def _speed(trial: FrozenTrial) -> float | None:
+    return measured(trial, "samples_per_second")
 
 
 def number(value: Any) -> str:
@@ -192,37 +117,31 @@ def measurements(trial: FrozenTrial) -> list[tuple[str, str]]:
     return shown
 
 
+def _bottlenecks(study: optuna.Study) -> str:
+    """The completed trials counted by bottleneck, the commonest first: "data 3, compute 1"."""
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    counted = Counter(kind for t in complete if (kind := TrialRecord.of(t).bottleneck))
+    return ", ".join(f"{kind} {n}" for kind, n in counted.most_common())
+
+
 def _breakdown_text(trial: FrozenTrial) -> str:
     shares = TrialRecord.of(trial).time_breakdown or {}
     parts = [f"{PHASE_LABELS[p]} {shares[p]:.0%}" for p in PHASES if shares.get(p, 0) >= 0.005]
     return ", ".join(parts)
 
 
-def _confirmation_line(answer: Answer | None, study_name: str) -> str:
-    """How sure the study is of its answer, for the note."""
-    if answer is None or not answer.confirmed:
+def _confirmation_line(answer: Answer, study_name: str) -> str:
+    """How sure the study is of its answer, for the note: the terminal's line, with what the
+    runs were interleaved with."""
+    found = TrialConfirmation.of(answer, answer.number)
+    if found is None:
         return (
             "_Not confirmed: the answer rests on one measurement per configuration; "
             f"`autotune confirm --study {study_name}` re-measures the leaders._"
         )
-    spread = f"±{answer.spread:.0%}" if answer.spread is not None else "unknown"
-    beside = "".join(f" and {reference.name}" for reference in answer.references)
-    text = (
-        f"**Confirmed**: median {number(answer.median)} over {answer.runs} runs, "
-        f"interleaved with the other leaders{beside} (spread {spread})"
-    )
-    if answer.references:
-        text += f"; measured side by side: {'; '.join(r.said for r in answer.references)}"
-    if answer.reference is not None:
-        text += f". It is {answer.reference}: the search found nothing better"
-    if answer.tied:
-        tied = ", ".join(str(n) for n in answer.tied)
-        text += f". Tied within measurement noise with trial {tied}"
-    if answer.interfered:
-        text += (
-            ". Measured while other processes used the CPU: confirm it again on a quiet machine"
-        )
-    return text + "."
+    leaders = "the other leaders" + "".join(f" and {r.name}" for r in answer.references)
+    text = confirmation_text(found, interleaved=leaders)
+    return text.replace("confirmed", "**Confirmed**", 1) + "."
 
 
 NOTE_SPACE_CHARS = 20_000  # the longest space file the note shows whole
@@ -240,11 +159,7 @@ def _space_file_block(study: optuna.Study) -> list[str]:
         text = text[:NOTE_SPACE_CHARS].rsplit("\n", 1)[0]
     longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     fence = "`" * max(3, longest + 1)  # a fence the file's own backticks cannot close
-    title = (
-        f"The space file ({record.space_file_path})"
-        if record.space_file_path
-        else "The space file"
-    )
+    title = "The space file" + (f" ({record.space_file_path})" * bool(record.space_file_path))
     lines = [f"### {title}", "", f"{fence}yaml", text, fence, ""]
     if cut:
         lines += [
@@ -255,15 +170,22 @@ def _space_file_block(study: optuna.Study) -> list[str]:
     return lines
 
 
-def verify_block(study: optuna.Study, summary: Summary) -> list[str]:
+def names(study: optuna.Study) -> tuple[str, str, bool]:
+    """The study's metric, its score's name and whether a higher score is better."""
+    record = StudyRecord.of(study)
+    higher = record.score_higher_is_better is not False
+    return record.metric or "value", record.score_name or "accuracy", higher
+
+
+def verify_block(study: optuna.Study) -> list[str]:
     """Markdown of ``autotune verify``'s runs: a row per configuration at full length, and where
     the short trials' ranking does not hold (nothing before a verify)."""
     verified = Verification.of(study)
     if verified is None or not verified.runs:
         return []
-    higher = summary.higher_score_better
+    _, score_name, higher = names(study)
     reach = [f"s to {verified.target:g}"] if verified.target is not None else []
-    head = ["configuration", f"final {summary.score_name}", "training s", *reach]
+    head = ["configuration", f"final {score_name}", "training s", *reach]
     lines = [
         f"**At full length** (`autotune verify`, {verified.epochs:g} epochs):",
         "",
@@ -280,37 +202,38 @@ def verify_block(study: optuna.Study, summary: Summary) -> list[str]:
 
 def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     """The markdown note autotune keeps on a study in optuna-dashboard."""
-    summary = summarize(study)
+    answer = answer_of(study)
+    metric, score_name, _ = names(study)
+    study_name = study.study_name
     # the password never goes into the study: the command shows *** in its place
     shown = display_url(storage_url)
     storage = "" if storage_url == DEFAULT_STORAGE else f" --storage {shown}"
-    lines = [f"## autotune: {summary.study}", ""]
-    best = summary.best
-    if best is None:
+    lines = [f"## autotune: {study_name}", ""]
+    if answer is None:
         lines += ["No trial has completed feasibly yet.", ""]
     else:
+        best, (headline, what) = answer.trial, answer.headline
         record = TrialRecord.of(best)
         lines += [
-            f"**Best: trial {best.number}**, {summary.metric} **{number(summary.headline[0])}**"
-            + (f" ±{summary.spread:.0%}" if summary.spread is not None else "")
-            + f" ({summary.headline[1]}; its trial: "
-            f"validation {summary.score_name} {number(record.score)}, "
+            f"**Best: trial {best.number}**, {metric} **{number(headline)}**"
+            + (f" ±{answer.spread:.0%}" if answer.spread is not None else "")
+            + f" ({what}; its trial: "
+            f"validation {score_name} {number(record.score)}, "
             f"{number(record.samples_per_second)} samples/s, "
             f"{number(record.charged_seconds)} s of training).",
             "",
         ]
-        comparisons = [
+        compared = [
             f"- {speed:.2f}x the samples/s of {label} (trial {other.number})"
-            + (f", {value:.2f}x its {summary.metric}" if value else "")
-            for label, other, speed, value in summary.comparisons()
+            + (f", {value:.2f}x its {metric}" if value else "")
+            for label, other, speed, value in comparisons(study, answer)
         ]
-        lines += comparisons + ([""] if comparisons else [])
-        lines += [_confirmation_line(summary.answer, summary.study), ""]
+        lines += compared + ([""] if compared else [])
+        lines += [_confirmation_line(answer, study_name), ""]
         if record.bottleneck:
             lines.append(f"Its bottleneck: **{record.bottleneck}** ({_breakdown_text(best)}).")
-        if summary.bottlenecks:
-            counted = ", ".join(f"{kind} {n}" for kind, n in summary.bottlenecks.items())
-            lines.append(f"Bottlenecks of the completed trials: {counted}.")
+        if bottlenecks := _bottlenecks(study):
+            lines.append(f"Bottlenecks of the completed trials: {bottlenecks}.")
         lines += ["", "| knob | value |", "|---|---|"]
         config = trial_config(best).to_dict()
         for name in knobs_for(config.get("world_size", 1)):
@@ -322,17 +245,17 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
             predicted = record.predicted_samples_per_second
             lines += [
                 "Two stages: the knobs *timed in stage 1* are the fastest of the speed "
-                f"stage's measurements (study `{summary.study}.speed`"
+                f"stage's measurements (study `{study_name}.speed`"
                 + (f", which predicted {number(predicted)} samples/s" if predicted else "")
                 + "); the *searched* ones were sampled by this study.",
                 "",
             ]
-    lines += verify_block(study, summary)
+    lines += verify_block(study)
     lines += _space_file_block(study)
     lines += [
-        f"Export it: `autotune export --study {summary.study}{storage} -o train.py` "
+        f"Export it: `autotune export --study {study_name}{storage} -o train.py` "
         f"(or `--format yaml`).  ",
-        f"Report: `autotune report --study {summary.study}{storage} -o report.html`.",
+        f"Report: `autotune report --study {study_name}{storage} -o report.html`.",
         "",
         f"_Updated {datetime.datetime.now().isoformat(timespec='seconds')} by autotune "
         f"{__version__}._",

@@ -7,6 +7,7 @@ import datetime
 import html
 import statistics
 import warnings
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,11 +21,11 @@ from autotune.errors import UserError
 from autotune.export import TrialConfirmation, confirmation_text
 from autotune.notes import (
     PHASE_LABELS,
-    Summary,
+    comparisons,
     measured,
     measurements,
+    names,
     number,
-    summarize,
     verify_block,
 )
 from autotune.results import PHASES
@@ -35,7 +36,10 @@ from autotune.study import (
     TrialRecord,
     Verification,
     adapter,
+    answer_of,
+    baseline_trial,
     display_url,
+    feasible_trials,
     speed_study_name,
     trial_config,
     trial_knob_origin,
@@ -43,17 +47,6 @@ from autotune.study import (
 
 if TYPE_CHECKING:  # plotly is imported where a report is drawn: run and export need none
     import plotly.graph_objects as go
-
-__all__ = [
-    "KnobSpeed",
-    "ReportError",
-    "TrialRow",
-    "cudnn_version",
-    "hardware_rows",
-    "knob_speeds",
-    "render_html",
-    "trial_rows",
-]
 
 TOP_TRIALS = 10  # trials shown in the time-breakdown chart
 
@@ -84,7 +77,7 @@ def _pareto_front(trials: list[FrozenTrial], higher_score_better: bool) -> list[
     return sorted(front, key=lambda t: measured(t, "samples_per_second") or 0.0)
 
 
-def _scatter(study: optuna.Study, summary: Summary) -> go.Figure:
+def _scatter(study: optuna.Study) -> go.Figure:
     import plotly.graph_objects as go
 
     complete = [
@@ -92,42 +85,35 @@ def _scatter(study: optuna.Study, summary: Summary) -> go.Figure:
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if TrialRecord.of(t).samples_per_second is not None
     ]
-    feasiblenumbers = {t.number for t in summary.feasible}
+    feasible = feasible_trials(study)
+    numbers = {t.number for t in feasible}
+    _, score_name, higher = names(study)
     figure = go.Figure()
-    for label, chosen, symbol in (
-        ("feasible", [t for t in complete if t.number in feasiblenumbers], "circle"),
-        ("infeasible", [t for t in complete if t.number not in feasiblenumbers], "x"),
+    for label, chosen, style in (
+        ("feasible", [t for t in complete if t.number in numbers], {"symbol": "circle"}),
+        ("infeasible", [t for t in complete if t.number not in numbers], {"symbol": "x"}),
+        ("Pareto front (feasible)", _pareto_front(feasible, higher), None),
     ):
         figure.add_trace(
             go.Scatter(
                 x=[measured(t, "samples_per_second") for t in chosen],
                 y=[measured(t, "score") for t in chosen],
-                mode="markers",
+                mode="lines+markers" if style is None else "markers",
                 name=label,
-                marker={"symbol": symbol, "size": 9},
+                marker={**style, "size": 9} if style is not None else None,
+                line={"dash": "dot"} if style is None else None,
                 text=[f"trial {t.number}" for t in chosen],
             )
         )
-    front = _pareto_front(summary.feasible, summary.higher_score_better)
-    figure.add_trace(
-        go.Scatter(
-            x=[measured(t, "samples_per_second") for t in front],
-            y=[measured(t, "score") for t in front],
-            mode="lines+markers",
-            name="Pareto front (feasible)",
-            line={"dash": "dot"},
-            text=[f"trial {t.number}" for t in front],
-        )
-    )
     figure.update_layout(
-        title=f"{summary.score_name} against samples/s",
+        title=f"{score_name} against samples/s",
         xaxis_title="samples/s (steady state)",
-        yaxis_title=f"validation {summary.score_name}",
+        yaxis_title=f"validation {score_name}",
     )
     return figure
 
 
-def _verified_curves(study: optuna.Study, summary: Summary) -> go.Figure | None:
+def _verified_curves(study: optuna.Study) -> go.Figure | None:
     """``autotune verify``'s runs: the score against training seconds, a line a run, the
     target marked; None before a verify."""
     import plotly.graph_objects as go
@@ -136,14 +122,15 @@ def _verified_curves(study: optuna.Study, summary: Summary) -> go.Figure | None:
     if verified is None or not verified.runs:
         return None
     figure = go.Figure()
-    names = {row.role: row.name for row in verified.rows(summary.higher_score_better)}
+    _, score_name, higher = names(study)
+    role_names = {row.role: row.name for row in verified.rows(higher)}
     for run in verified.runs:
         figure.add_trace(
             go.Scatter(
                 x=[0.0, *(seconds for seconds, _ in run.curve)],
                 y=[None, *(score for _, score in run.curve)],
                 mode="lines+markers",
-                name=names[run.role] + (f", run {run.repeat}" if run.repeat > 1 else ""),
+                name=role_names[run.role] + (f", run {run.repeat}" if run.repeat > 1 else ""),
             )
         )
     if verified.target is not None:
@@ -151,19 +138,18 @@ def _verified_curves(study: optuna.Study, summary: Summary) -> go.Figure | None:
     figure.update_layout(
         title=f"At full length: {verified.epochs:g} epochs (autotune verify)",
         xaxis_title="training seconds (one-time costs included)",
-        yaxis_title=f"validation {summary.score_name}",
+        yaxis_title=f"validation {score_name}",
     )
     return figure
 
 
-def _breakdown_bars(summary: Summary) -> go.Figure | None:
+def _breakdown_bars(study: optuna.Study, baseline: FrozenTrial | None) -> go.Figure | None:
     import plotly.graph_objects as go
 
     def shares(trial: FrozenTrial) -> dict[str, float]:
         return TrialRecord.of(trial).time_breakdown or {}
 
-    trials = [t for t in summary.feasible[:TOP_TRIALS] if shares(t)]
-    baseline = summary.baseline
+    trials = [t for t in feasible_trials(study)[:TOP_TRIALS] if shares(t)]
     if baseline is not None and baseline not in trials and shares(baseline):
         trials.append(baseline)
     if not trials:
@@ -334,7 +320,7 @@ def speed_rows(study: optuna.Study) -> list[SpeedRow]:
     if name not in optuna.get_all_study_names(storage):
         return []
     by_cell: dict[str, dict[str, list[float]]] = {}
-    faults: dict[str, dict[str, int]] = {}
+    faults: dict[str, Counter[str]] = defaultdict(Counter)
     for trial in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False):
         record = SpeedRecord.of(trial)
         if record is None:
@@ -342,8 +328,7 @@ def speed_rows(study: optuna.Study) -> list[SpeedRow]:
         if trial.state == TrialState.COMPLETE and trial.value is not None:
             by_cell.setdefault(record.cell, {}).setdefault(record.settings, []).append(trial.value)
         elif record.fail_kind:
-            counted = faults.setdefault(record.cell, {})
-            counted[record.fail_kind] = counted.get(record.fail_kind, 0) + 1
+            faults[record.cell][record.fail_kind] += 1
     rows = []
     for cell in sorted(set(by_cell) | set(faults), key=_cell_order):
         settings = by_cell.get(cell, {})
@@ -393,27 +378,24 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         import plotly.offline
     except ImportError:
         raise ReportError("autotune report needs plotly: pip install plotly") from None
-    summary = summarize(study)
-    best = summary.best
+    answer = answer_of(study)
+    best = answer.trial if answer is not None else None
+    baseline = baseline_trial(study)
+    metric, score_name, _ = names(study)
     config_rows: list[tuple[str, str, str, str]] = []
     if best is not None:
         config = trial_config(best).to_dict()
-        baseline = trial_config(summary.baseline).to_dict() if summary.baseline else {}
-        for name in knobs_for(config.get("world_size", 1)):
-            config_rows.append(
-                (
-                    name,
-                    number(config[name]),
-                    number(baseline.get(name)) if baseline else "",
-                    trial_knob_origin(best, name),
-                )
-            )
-    comparisons = [
+        base = trial_config(baseline).to_dict() if baseline else {}  # the untuned baseline's
+        config_rows = [
+            (k, number(config[k]), number(base.get(k)) if base else "", trial_knob_origin(best, k))
+            for k in knobs_for(config.get("world_size", 1))
+        ]
+    compared = [
         (label.removeprefix("the "), other.number, speed, value, TrialRecord.of(other))
-        for label, other, speed, value in summary.comparisons()
+        for label, other, speed, value in comparisons(study, answer)
     ]
-    bars = _breakdown_bars(summary)
-    curves = _verified_curves(study, summary)
+    bars = _breakdown_bars(study, baseline)
+    curves = _verified_curves(study)
     param_names, rows = trial_rows(study)
     environment = jinja2.Environment(
         loader=jinja2.PackageLoader("autotune", "templates"),
@@ -422,14 +404,20 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     )
     environment.filters["number"] = number
     return environment.get_template("report.html.j2").render(
-        summary=summary,
+        study=study.study_name,
+        metric=metric,
+        score_name=score_name,
+        states=Counter(t.state.name for t in study.get_trials(deepcopy=False)),
+        answer=answer,
+        spread=answer.spread if answer is not None else None,
+        baseline=baseline,
         best=best,
         best_record=TrialRecord.of(best) if best is not None else None,
-        confirmation=confirmation_text(TrialConfirmation.of(summary.answer, best.number))
+        confirmation=confirmation_text(TrialConfirmation.of(answer, best.number))
         if best is not None
         else "",
         config_rows=config_rows,
-        comparisons=comparisons,
+        comparisons=compared,
         measurements=measurements(best) if best is not None else [],
         phases=[(p, PHASE_LABELS[p]) for p in PHASES],
         param_names=param_names,
@@ -439,10 +427,10 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         speed_rows=speed_rows(study),
         hardware=hardware_rows(StudyRecord.of(study).hardware or {}),
         figures=_optuna_figures(study),
-        scatter=_figure_html(_scatter(study, summary)),
+        scatter=_figure_html(_scatter(study)),
         bars=_figure_html(bars) if bars is not None else None,
         verified=_figure_html(curves) if curves is not None else None,
-        verify_lines=verify_block(study, summary),
+        verify_lines=verify_block(study),
         plotly_js=plotly.offline.get_plotlyjs(),
         generated=datetime.datetime.now().isoformat(timespec="seconds"),
         version=__version__,

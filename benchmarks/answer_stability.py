@@ -38,9 +38,9 @@ from autotune.interference import interfered
 from autotune.space import restrict
 from autotune.spec import Spec, load_spec
 from autotune.study import (
+    Answer,
     StudyRecord,
     TrialRecord,
-    Verdict,
     answer_trial,
     baseline_trial,
     confirm_study,
@@ -158,7 +158,7 @@ def main() -> None:
         answer = answer_trial(study)
         baseline = baseline_trial(study)
         confirmation = StudyRecord.of(study).confirmation
-        verdict = Verdict.of(confirmation) if confirmation is not None else None
+        verdict = Answer.of_round(confirmation, study.trials[0]) if confirmation else None
         flagged_in_study = sum(1 for t in study.trials if TrialRecord.of(t).interference)
         flagged_in_round = sum(1 for r in confirmation.runs if r.interfered) if confirmation else 0
         leaders = [n for n in medians if baseline is None or n != baseline.number]
@@ -170,12 +170,15 @@ def main() -> None:
         )
         within = ratio if maximize else 1 / ratio
         # the study's order of the re-measured leaders: confirmed medians where confirmed
-        confirmed = {c.trial: c.median for c in verdict.ranked} if verdict else {}
+        ranked = [c for c in verdict.configurations if c.eligible and c.values] if verdict else []
+        confirmed = {c.trial: c.median for c in ranked}
         study_values = [
             confirmed.get(n, next(t.value for t in study.trials if t.number == n)) for n in leaders
         ]
         rho = spearman([sign * v for v in study_values], [sign * medians[n] for n in leaders])
-        reported = verdict.speedup if verdict is not None else None
+        reported = (
+            verdict.measured_ratio(verdict.configuration_of("baseline")) if verdict else None
+        )
         measured = None
         if baseline is not None and answer is not None and answer.number in medians:
             measured = medians[answer.number] / medians[baseline.number]

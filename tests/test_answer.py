@@ -24,6 +24,9 @@ from autotune.study import (
     TrialRecord,
     answer_of,
     answer_trial,
+    baseline_trial,
+    feasible_trials,
+    reference_trial,
 )
 from autotune.testing import make_config
 
@@ -98,7 +101,8 @@ def test_a_clear_winner_carries_its_medians_the_rounds_facts_and_its_ratio_over_
     assert answer_trial(study) == answer.trial
     assert answer.median == 2.65 and answer.runs == 3 and answer.runs_side_by_side == 2
     assert answer.headline == (2.65, "median of 3 confirmed runs")  # not its trial's 2.6
-    assert answer.median_score == 0.9 and answer.median_samples_per_second == pytest.approx(265)
+    assert answer.winner is not None and answer.winner.median_score == 0.9
+    assert answer.winner.median_samples_per_second == pytest.approx(265)
     assert answer.tied == () and answer.tie_rule == "value" and not answer.noisy
     # the typical half-range: 0.238 (trial 1), 0.019 (trial 2), 0.048 (the baseline)
     assert answer.spread == pytest.approx(0.05 / 1.05)
@@ -440,10 +444,10 @@ def _renderings(study: optuna.Study) -> dict[str, str]:
 def _leaders_round(study: optuna.Study) -> tuple[int, ConfirmationRecord]:
     """A clean round of the study's three leaders and its references, won by a leader that is
     neither the best single trial nor a reference: that leader and the round."""
-    summary = notes.summarize(study)
-    assert summary.baseline is not None and summary.checklist is not None
-    base, checklist = summary.baseline.number, summary.checklist.number
-    leaders = [t.number for t in summary.feasible[:3]]
+    baseline, checklist_trial = baseline_trial(study), reference_trial(study, "checklist")
+    assert baseline is not None and checklist_trial is not None
+    base, checklist = baseline.number, checklist_trial.number
+    leaders = [t.number for t in feasible_trials(study)[:3]]
     winner = next(n for n in leaders[1:] if n not in (base, checklist))
     series = {n: [1.0, 0.98, 1.02] for n in leaders}  # each within ±2% or ±2.4%
     series[base] = [2.0, 1.96, 2.04]
@@ -472,8 +476,10 @@ def test_every_rendering_names_the_same_answer_and_ratio(seen):
         "terminal"
     ]
     assert f"**Best: trial {winner}**" in said["note"]
-    assert "**Confirmed**: median 4.1 over 3 runs" in said["note"]
-    assert f"(spread ±2%); measured side by side: {over}." in said["note"]
+    assert (
+        "**Confirmed**: median 4.1 over 3 runs, interleaved with the other leaders" in said["note"]
+    )
+    assert f"(spread ±2%); {over}." in said["note"]  # the terminal's clauses
     assert f"Best: <strong>trial {winner}</strong>" in said["report"]
     assert f"The answer is {confirmed}." in said["report"]
     assert re.search(r'<td>tuning checklist</td><td class="num">\d+</td>', said["report"])
@@ -496,7 +502,7 @@ def test_a_round_about_leaders_since_changed_is_confirmed_nowhere(seen):
     _answer(study, record)
     assert f"Best configuration (trial {winner}, confirmed)" in _renderings(study)["terminal"]
     # a trial since comes between the first two leaders: the best single value is the answer
-    first, second = notes.summarize(study).feasible[:2]
+    first, second = feasible_trials(study)[:2]
     copied = {key: value for key, value in second.user_attrs.items() if key != "baseline"}
     between = (first.value + second.value) / 2
     study.add_trial(optuna.trial.create_trial(value=between, user_attrs=copied))
@@ -526,8 +532,8 @@ def test_an_answer_measured_only_under_interference_is_said_so_everywhere(seen):
     said = _renderings(study)
     assert "3 measurements were taken while other processes" in said["terminal"]
     assert "every run of the answer was measured while other processes" in said["terminal"]
-    assert "Measured while other processes used the CPU: confirm it again" in said["note"]
     warned = "measured while other processes used the CPU (confirm it again)"
+    assert f"{warned}." in said["note"]
     assert warned in said["report"] and said["best"].endswith(warned)
 
 
@@ -577,3 +583,24 @@ def test_a_leader_measurably_slower_than_the_checklist_side_by_side_is_not_tied_
     answer = _answer(study, _round(series, scores=scores, baseline=0, checklist=1, top=1))
     assert answer.number == 1 and answer.reference == "the tuning checklist"
     assert 2 not in answer.tied
+
+
+def test_tied_trials_are_named_alike_everywhere(seen):
+    """The note said "tied ... with trial 3, 1", unsorted and without "and", where the report
+    and ``best`` said "trials 1 and 3" and the terminal "Trials 4, 1 and 3"."""
+    study = _copy(seen)
+    _, record = _leaders_round(study)
+    alike = tuple(  # every one but the baseline alike: tied
+        run if run.trial == record.baseline else dataclasses.replace(run, value=4.0 + run.repeat)
+        for run in record.runs
+    )
+    answer = _answer(study, dataclasses.replace(record, runs=alike))
+    assert answer.confirmed and len(answer.tied) >= 2
+    *rest, last = sorted(answer.tied)
+    said = _renderings(study)
+    named = f"trials {', '.join(map(str, rest))} and {last}"
+    assert f"; tied within noise with {named}." in said["note"]
+    assert f"; tied within noise with {named}" in said["report"]
+    assert said["best"].endswith(f"; tied within noise with {named}")
+    together = ", ".join(map(str, [answer.number, *answer.tied[:-1]]))
+    assert f"Trials {together} and {answer.tied[-1]} are tied within" in said["terminal"]

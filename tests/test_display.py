@@ -369,10 +369,12 @@ def test_an_answer_from_single_runs_says_run_not_runs(tmp_path: Path, seen):
     study, _ = seen
     copy, _ = _confirmed_copy(seen, tmp_path, "once", ((1.0, 1.02), (1.0, 1.02)))
     answer = studies.answer_of(copy)
-    assert answer is not None
+    assert answer is not None and answer.winner is not None
     baseline = Reference("the untuned baseline", 0, 0.6, 1, 1.69, (1.38, 2.06))
     for runs, said in ((1, "median of 1 run;"), (2, "median of 2 runs;")):
-        shown = dataclasses.replace(answer, runs=runs, runs_side_by_side=runs)
+        values = (1.0,) * runs
+        winner = dataclasses.replace(answer.winner, values=values, round_values=values)
+        shown = dataclasses.replace(answer, winner=winner)
         console = _console(200)
         shown = dataclasses.replace(shown, references=(baseline,))
         display.print_confirmation(console, shown, _spec(study), "once")

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import optuna
 import pytest
 import torch
 from torch import nn
@@ -23,10 +24,10 @@ from autotune.runner import train
 from autotune.space import restrict
 from autotune.spec import parse_spec
 from autotune.study import (
+    Answer,
     ConfirmationRecord,
     ConfirmRun,
     TrialRecord,
-    Verdict,
     confirm_study,
     open_storage,
     open_study,
@@ -197,13 +198,14 @@ def test_the_verdict_leaves_out_flagged_measurements_where_clean_ones_exist():
         _run(0, 2, 0.4, other=0.5),
     )
     record = ConfirmationRecord(2, 2, True, (1, 0), 0, runs, complete=True)
-    verdict = Verdict.of(record)
-    assert verdict.baseline is not None and verdict.baseline.values == (1.0, 1.1)
-    assert verdict.speedup == pytest.approx(3.0 / 1.05)
-    assert not verdict.baseline.interfered
+    verdict = Answer.of_round(record, optuna.trial.create_trial(value=0.0))
+    baseline = verdict.configuration_of("baseline")
+    assert baseline is not None and baseline.values == (1.0, 1.1)
+    assert verdict.measured_ratio(baseline) == pytest.approx(3.0 / 1.05)
+    assert not baseline.interfered
     # where every measurement was flagged, they count, and the verdict says so
     flagged = tuple(dataclasses.replace(run, other_cpu_share=0.9) for run in runs)
-    worst = Verdict.of(dataclasses.replace(record, runs=flagged))
+    worst = Answer.of_round(dataclasses.replace(record, runs=flagged), verdict.trial)
     assert worst.winner is not None and worst.winner.interfered
     assert len(worst.winner.values) == 3
 
@@ -260,7 +262,11 @@ def test_the_confirmation_round_measures_a_flagged_run_again(tmp_path: Path):
     # flagged, measured again (flagged), measured again (clean); then the next candidate
     assert heard[:3] == [(first, 1, True), (first, 1, True), (first, 1, False)]
     assert len(heard) == 3 + len(record.candidates) - 1
-    confirmed = next(c for c in Verdict.of(record).ranked if c.trial == first)
+    confirmed = next(
+        c
+        for c in Answer.of_round(record, optuna.trial.create_trial(value=0.0)).configurations
+        if c.trial == first
+    )
     assert len(confirmed.values) == 2 and not confirmed.interfered  # original + clean run
 
     # a machine that never quiets down: each run is measured 1 + REMEASURES times, then kept

@@ -13,16 +13,16 @@ from optuna.artifacts import FileSystemArtifactStore, download_artifact, get_all
 
 from autotune import artifacts, notes
 from autotune.errors import UserError
-from autotune.study import StudyRecord
+from autotune.study import StudyRecord, TrialRecord, answer_of, answer_trial
 
 
 def test_note_and_artifacts_are_readable_back(seen, tmp_path: Path):
     study, url = seen
     notes.write_note(study, url)
     note = optuna_dashboard.get_note(study)
-    summary = notes.summarize(study)
-    assert f"**Best: trial {summary.best.number}**" in note
-    assert "the untuned baseline" in note or summary.best.number == 0
+    best = answer_trial(study)
+    assert best is not None and f"**Best: trial {best.number}**" in note
+    assert "the untuned baseline" in note or best.number == 0
     assert f"autotune export --study seen --storage {url}" in note
     assert "study `seen.speed`" in note  # a two-stage study says where stage 1 is
     speed = optuna.load_study(study_name="seen.speed", storage=url)
@@ -42,29 +42,19 @@ def test_note_and_artifacts_are_readable_back(seen, tmp_path: Path):
 
 
 def test_comparisons_name_each_other_trial_once():
-    def trial(number: int, samples_per_second: float, value: float) -> optuna.trial.FrozenTrial:
-        made = optuna.trial.create_trial(
-            value=value, user_attrs={"samples_per_second": samples_per_second}
-        )
-        made.number = number
-        return made
-
-    best, baseline, other = trial(5, 900.0, 3.0), trial(0, 300.0, 1.0), trial(2, 450.0, 1.5)
-    summary = notes.Summary(
-        study="s",
-        metric="accuracy_per_second",
-        best=best,
-        baseline=baseline,
-        feasible=[best, other, baseline],
-        states={"COMPLETE": 3},
-        bottlenecks={},
-    )
+    study = optuna.create_study(direction="maximize")
+    for value, speed in ((1.0, 300.0), (1.5, 450.0), (3.0, 900.0)):
+        record = TrialRecord(samples_per_second=speed, baseline=value == 1.0)
+        study.add_trial(optuna.trial.create_trial(value=value, user_attrs=record.to_attrs()))
+    answer = answer_of(study)
+    assert answer is not None and answer.number == 2
     # the baseline is also the slowest feasible trial: it is listed once, as the baseline; the
     # value's ratio over a reference is the confirmation round's to state, not one trial's
-    rows = [(label, t.number, speed, value) for label, t, speed, value in summary.comparisons()]
+    found = notes.comparisons(study, answer)
+    rows = [(label, t.number, speed, value) for label, t, speed, value in found]
     assert rows == [
         ("the untuned baseline", 0, 3.0, None),
-        ("the median feasible trial", 2, 2.0, 2.0),
+        ("the median feasible trial", 1, 2.0, 2.0),
     ]
 
 
@@ -147,13 +137,13 @@ def test_the_headline_says_what_its_figure_is_in_words_that_agree(seen):
     confirmed run" for one (not "1 confirmed runs"), else the trial's one measurement."""
     import dataclasses
 
-    from autotune.study import Answer, best_trial
+    from autotune.study import Confirmed, best_trial
 
     study, _ = seen
     trial = best_trial(study)
     assert trial is not None
-    plain = notes.summarize(study)
-    assert plain.headline[1] == "one trial"
+    plain = answer_of(study)
+    assert plain is not None and plain.headline[1] == "one trial"
     for runs, words in ((1, "median of 1 confirmed run"), (3, "median of 3 confirmed runs")):
-        answer = Answer(trial=trial, median=2.0, runs=runs)
-        assert dataclasses.replace(plain, answer=answer).headline == (2.0, words)
+        winner = Confirmed(trial.number, False, (2.0,) * runs, (), (), runs, runs)
+        assert dataclasses.replace(plain, winner=winner).headline == (2.0, words)

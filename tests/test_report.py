@@ -10,7 +10,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from autotune import notes, report
-from autotune.study import ConfirmationRecord, ConfirmRun, TrialRecord
+from autotune.study import ConfirmationRecord, ConfirmRun, TrialRecord, answer_of, answer_trial
 
 
 class _Structure(html.parser.HTMLParser):
@@ -48,7 +48,7 @@ def test_the_report_is_one_valid_offline_html_file(seen):
     parser.close()
     assert parser.problems == [] and parser.stack == []
     assert page.startswith("<!DOCTYPE html>") and {"html", "head", "body", "table"} <= parser.seen
-    best = notes.summarize(study).best
+    best = answer_trial(study)
     assert f"Best: trial {best.number}" in " ".join("".join(parser.text).split())
     assert "Plotly" in page and 'src="http' not in page  # plotly is inlined: opens offline
     for heading in ("Where the time goes", "Accuracy and speed", "Optimization history"):
@@ -64,7 +64,7 @@ def _text(page: str) -> str:
 def test_comparison_columns_are_labelled_as_ratios(seen):
     study, url = seen
     page = report.render_html(study, url)
-    if notes.summarize(study).comparisons():
+    if notes.comparisons(study, answer_of(study)):
         start = page.index("<h2>Against the others</h2>")
         table = page[start : page.index("</table>", start)]
         assert "<th>samples/s</th>" not in table
@@ -181,7 +181,7 @@ def test_values_carry_the_run_to_run_spread_once_a_confirmation_round_measured_i
     for key, value in study.user_attrs.items():
         copy.set_user_attr(key, value)
     assert "run to run" not in _text(report.render_html(copy, "sqlite:///x.db"))
-    best = notes.summarize(copy).best
+    best = answer_trial(copy)
     runs = tuple(
         ConfirmRun(best.number, repeat, repeat, value, 0.9, 100.0, True, 1.0)
         for repeat, value in enumerate((1.0, 1.2, 1.1))

@@ -28,13 +28,13 @@ from autotune.spec import parse_spec
 from autotune.study import (
     METRIC_FIELDS,
     NOISY_SPREAD,
+    Answer,
     ConfirmationRecord,
     ConfirmRun,
     StudyError,
     StudyObserver,
     StudyRecord,
     TrialRecord,
-    Verdict,
     adapter,
     answer_trial,
     best_trial,
@@ -630,17 +630,27 @@ def _round(values: dict[int, list[float]], score: dict[int, float] | None = None
     return ConfirmationRecord(**fields)
 
 
+def _judged(record: ConfirmationRecord) -> Answer:
+    """What the round in ``record`` concludes (its trial a stand-in: the study's)."""
+    return Answer.of_round(record, optuna.trial.create_trial(value=0.0))
+
+
+def _speedup(answer: Answer) -> float | None:
+    """The winner's measured ratio over the baseline, claimed or not."""
+    return answer.measured_ratio(answer.configuration_of("baseline"))
+
+
 def test_the_answer_is_the_best_median_and_a_tie_is_a_gap_within_the_noise():
     # trial 3 had the best single value (3.0) but its median is behind trial 5's, by more than
     # the round's noise (the typical half-range, here 0.05 / 1.05 = 4.8%): not tied
-    clear = Verdict.of(_round({3: [3.0, 2.0, 2.1], 5: [2.6, 2.7, 2.65], 0: [1.0, 1.1, 1.05]}))
+    clear = _judged(_round({3: [3.0, 2.0, 2.1], 5: [2.6, 2.7, 2.65], 0: [1.0, 1.1, 1.05]}))
     assert clear.winner.trial == 5 and clear.winner.median == 2.65
     assert clear.spread == pytest.approx(0.05 / 1.05)
     assert clear.tied == ()
     # noisier runs (a spread of 3.9%): 2.55 is 3.8% behind 2.65, within the noise, tied
-    close = Verdict.of(_round({3: [2.45, 2.55, 2.65], 5: [2.55, 2.65, 2.75], 0: [1.0, 1.1, 1.05]}))
+    close = _judged(_round({3: [2.45, 2.55, 2.65], 5: [2.55, 2.65, 2.75], 0: [1.0, 1.1, 1.05]}))
     assert close.spread == pytest.approx(0.1 / 2.55)
-    assert close.winner.trial == 5 and [c.trial for c in close.tied] == [3]
+    assert close.winner.trial == 5 and close.tied == (3,)
 
 
 def test_one_slow_outlier_does_not_tie_a_slower_configuration_with_the_leader():
@@ -651,26 +661,26 @@ def test_one_slow_outlier_does_not_tie_a_slower_configuration_with_the_leader():
         score={21: 0.94, 0: 0.97},
         baseline=0,
     )
-    verdict = Verdict.of(record)
+    verdict = _judged(record)
     assert verdict.winner.trial == 21 and verdict.tied == ()
-    assert verdict.speedup == pytest.approx(statistics.median([1.846, 1.235]) / 1.38)
+    assert _speedup(verdict) == pytest.approx(statistics.median([1.846, 1.235]) / 1.38)
 
 
 def test_among_tied_leaders_the_better_score_wins():
     record = _round({1: [2.0, 2.2, 2.1], 2: [2.05, 2.15, 2.12]}, score={1: 0.9, 2: 0.95})
-    verdict = Verdict.of(record)
-    assert verdict.winner.trial == 2 and [c.trial for c in verdict.tied] == [1]
-    assert verdict.tie_break == "score"
+    verdict = _judged(record)
+    assert verdict.winner.trial == 2 and verdict.tied == (1,)
+    assert verdict.tie_rule == "score"
     # a lower-is-better score (validation loss): the lower median wins the tie
     losses = _round(
         {1: [2.0, 2.2, 2.1], 2: [2.05, 2.15, 2.12]},
         score={1: 0.4, 2: 0.5},
         higher_score_better=False,
     )
-    lowest = Verdict.of(losses)
-    assert lowest.winner.trial == 1 and lowest.tie_break == "score"
+    lowest = _judged(losses)
+    assert lowest.winner.trial == 1 and lowest.tie_rule == "score"
     stored = ConfirmationRecord.from_attrs(losses.to_attrs())
-    assert stored == losses and Verdict.of(stored).winner.trial == 1
+    assert stored == losses and _judged(stored).winner.trial == 1
 
 
 def test_a_round_too_noisy_to_rank_names_the_best_median_not_the_better_score():
@@ -681,9 +691,9 @@ def test_a_round_too_noisy_to_rank_names_the_best_median_not_the_better_score():
         score={11: 0.916, 5: 0.900, 0: 0.9},
         baseline=0,
     )
-    verdict = Verdict.of(record)
+    verdict = _judged(record)
     assert verdict.spread is not None and verdict.spread > NOISY_SPREAD
-    assert verdict.winner.trial == 5 and verdict.tie_break == "noisy" and verdict.tied == ()
+    assert verdict.winner.trial == 5 and verdict.tie_rule == "noisy" and verdict.tied == ()
 
 
 def test_infeasible_runs_do_not_count_and_a_mostly_infeasible_leader_cannot_win():
@@ -692,25 +702,25 @@ def test_infeasible_runs_do_not_count_and_a_mostly_infeasible_leader_cannot_win(
         dataclasses.replace(run, feasible=run.repeat == 0) if run.trial == 1 else run
         for run in record.runs
     )
-    verdict = Verdict.of(dataclasses.replace(record, runs=runs))
+    verdict = _judged(dataclasses.replace(record, runs=runs))
     assert verdict.winner.trial == 2
-    assert [c.trial for c in verdict.ranked] == [2]
+    assert [c.trial for c in verdict.configurations if c.eligible] == [2]
 
 
 def test_the_speedup_is_against_the_baseline_measured_in_the_same_round():
     record = _round({4: [2.0, 2.2, 2.1], 0: [1.0, 1.2, 1.1]}, baseline=0)
-    verdict = Verdict.of(record)
+    verdict = _judged(record)
     # the round's own runs (the originals left out): 2.15 against 1.15
-    assert verdict.speedup == pytest.approx(2.15 / 1.15)
+    assert _speedup(verdict) == pytest.approx(2.15 / 1.15)
     # a leader picked for a lucky first measurement: its luck is not in the speed-up
-    lucky = Verdict.of(_round({5: [3.0, 2.0, 2.2], 0: [1.0, 1.0, 1.0]}, baseline=0))
-    assert lucky.winner.median == pytest.approx(2.2) and lucky.speedup == pytest.approx(2.1)
+    lucky = _judged(_round({5: [3.0, 2.0, 2.2], 0: [1.0, 1.0, 1.0]}, baseline=0))
+    assert lucky.winner.median == pytest.approx(2.2) and _speedup(lucky) == pytest.approx(2.1)
     assert verdict.spread == pytest.approx(statistics.median([0.1 / 2.1, 0.1 / 1.1]))
     # a time to a target: lower is better, the speed-up is the baseline's time over ours
-    timed = Verdict.of(
+    timed = _judged(
         _round({4: [10.0, 11.0, 12.0], 0: [20.0, 22.0, 24.0]}, baseline=0, maximize=False)
     )
-    assert timed.winner.trial == 4 and timed.speedup == pytest.approx(2.0)
+    assert timed.winner.trial == 4 and _speedup(timed) == pytest.approx(2.0)
 
 
 @pytest.mark.slow
@@ -765,7 +775,7 @@ def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(
     assert all(seed == originals[trial] + repeat * 1_000_003 for trial, repeat, seed in seen)
     assert len(final.runs) == 3 * len(candidates)  # the originals count as one each
     # the study's answer is now the confirmed winner
-    verdict = Verdict.of(final)
+    verdict = _judged(final)
     assert answer_trial(study).number == verdict.winner.trial
     # a finished round is not run again
     again: list[object] = []

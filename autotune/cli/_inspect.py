@@ -85,6 +85,16 @@ def best(
         console.print(studies.password_note(storage), markup=False)
 
 
+# export's formats, and what each writes
+_FORMATS = {
+    "script": "training script",
+    "yaml": "YAML",
+    "json": "JSON",
+    "lightning": "Lightning settings",
+    "hf": "Hugging Face TrainingArguments",
+}
+
+
 @app.command("export", cls=Command)
 def export_command(
     study_name: Annotated[str | None, study_option()] = None,
@@ -117,9 +127,8 @@ def export_command(
 ) -> None:
     """Export the best configuration as a standalone training script, YAML, JSON, or the
     settings of a Lightning or Hugging Face Trainer."""
-    formats = ("script", "yaml", "json", "lightning", "hf")
-    if fmt not in formats:
-        raise fail(f"--format must be one of {', '.join(formats)}, not '{fmt}'")
+    if fmt not in _FORMATS:
+        raise fail(f"--format must be one of {', '.join(_FORMATS)}, not '{fmt}'")
     from autotune import artifacts as stores
     from autotune import display, export
     from autotune import study as studies
@@ -165,15 +174,9 @@ def export_command(
     except OSError as err:  # the folder could not be made
         raise fail(f"cannot write {output}: {err.strerror}", EXIT_FAILED) from None
     _attach(found, output, storage, location)
-    what = {
-        "script": "training script",
-        "yaml": "YAML",
-        "json": "JSON",
-        "lightning": "Lightning settings",
-        "hf": "Hugging Face TrainingArguments",
-    }[fmt]
     console.print(
-        f"Wrote {output}: the {what} of trial {result.trial} of {study_name} ({result.headline}).",
+        f"Wrote {output}: the {_FORMATS[fmt]} of trial {result.trial} of {study_name} "
+        f"({result.headline}).",
         markup=False,
     )
     if fmt == "script":
@@ -188,10 +191,9 @@ def export_command(
 
 
 def _attach(study: Any, output: Path, storage: str, location: ArtifactLocation | None) -> None:
-    """Refresh the study's note and upload ``output`` as its artifact, for optuna-dashboard,
-    through a storage opened for writing (the study was read read-only). The file is written
-    already: a failure here (a read-only database, a full disk) is a warning of one line, and
-    a shared storage with no artifact store named attaches nothing and says so."""
+    """Refresh the study's note and upload ``output`` as its artifact, for optuna-dashboard
+    (the study was read read-only: a storage opened for writing). The file is written
+    already: a failure here is a warning of one line."""
     from autotune import artifacts as stores
     from autotune import notes
     from autotune import study as studies
@@ -353,21 +355,12 @@ def list_studies(
     for row in rows:
         metric = str(row["metric"] or "-")
         unit = display.metric_unit(metric) or metric
-        value = row["best_value"]
+        value = row["best_value"]  # samples/s (a speed study) in SI: 20.8k
+        written = display.si if metric == "samples_per_second" else display.fmt
         table.add_row(
             Text(display.visible(str(row["study"]))),  # stored values are data, never markup
             *(str(row[state]) for state in _COUNTED),
-            Text(_best_value(value, metric, unit)),
+            Text(f"{'-' if value is None else written(value)} {unit}"),
             str(row["best_trial"]) if row["best_trial"] is not None else "-",
         )
     console.print(table)
-
-
-def _best_value(value: float | None, metric: str, unit: str) -> str:
-    """A study's best value with its unit; samples/s (a speed study) in SI: 20.8k."""
-    from autotune import display
-
-    if value is None:
-        return f"- {unit}"
-    shown = display.si(value) if metric == "samples_per_second" else display.fmt(value)
-    return f"{shown} {unit}"

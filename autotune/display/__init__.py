@@ -2,6 +2,7 @@
 ``autotune verify``'s lines and table (``_verification``) and how values and commands are
 written (``_text``)."""
 
+# ruff: noqa: F401  (this package re-exports what its modules define)
 from typing import TYPE_CHECKING, Any
 
 from autotune.display._tables import config_table, print_confirmation, print_plan, print_summary
@@ -22,30 +23,6 @@ from autotune.display._verification import print_verification, print_verify_plan
 
 if TYPE_CHECKING:
     from autotune.display._live import LiveObserver, confirmation_progress, live_progress
-
-__all__ = [
-    "METRIC_NOTES",
-    "METRIC_UNITS",
-    "LiveObserver",
-    "command",
-    "config_table",
-    "confirmation_progress",
-    "fmt",
-    "fmt_metric",
-    "live_progress",
-    "metric_unit",
-    "print_command",
-    "print_confirmation",
-    "print_item",
-    "print_plan",
-    "print_summary",
-    "print_verification",
-    "print_verify_plan",
-    "si",
-    "study_options",
-    "verify_progress",
-    "visible",
-]
 
 # _live observes the run loop (autotune.study._run, which imports the trainer and torch): it is
 # imported on first use, so that the commands that read a study do not load torch.

@@ -4,6 +4,7 @@ run as it ends."""
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable
 
 import optuna
@@ -47,10 +48,8 @@ class LiveObserver(studies.StudyObserver):
         )
         self.status = Text("")
         self.current: int | None = None  # the trial this process trains
-        self.speed_timed = 0  # stage 1: settings timed, reused, not tried
-        self.speed_reused = 0
-        self.speed_skipped = 0
-        self.speed_again = 0
+        # stage 1's settings: timed, reused, skipped (not tried), again (a leader timed again)
+        self.speed: Counter[str] = Counter()
         self.shown: set[int] = set()  # trials whose line is printed (this and other workers')
         self.own: set[int] = set()  # trials this process trains (the others' are polled)
         self.lock = threading.Lock()  # worker 0 shows other workers' trials from a thread
@@ -73,28 +72,25 @@ class LiveObserver(studies.StudyObserver):
     def _render(self) -> None:
         self.live.update(Group(self.progress, self.status))
 
+    def _show(self, line: str = "", cut: bool = False) -> None:
+        """``line`` as the status under the bar (``cut``: one line, an ellipsis where it ends)."""
+        self.status = Text(line, style="dim", no_wrap=cut or None)
+        self.status.overflow = "ellipsis" if cut else None
+        self._render()
+
     def speed_measured(self, event: studies.SpeedEvent) -> None:
-        if event.cached:
-            self.speed_reused += 1
-        elif event.measured and event.round > 1:
-            self.speed_again += 1  # a leader measured again: the same setting
-        elif event.measured:
-            self.speed_timed += 1
-        else:
-            self.speed_skipped += 1
+        measured = ("again" if event.round > 1 else "timed") if event.measured else "skipped"
+        self.speed["reused" if event.cached else measured] += 1
         if event.samples_per_second is not None:
             result = f"{si(event.samples_per_second)} samples/s"
         else:
             result = event.fault or "failed"
         again = f", again ({event.round})" if event.round > 1 else ""
-        self.status = Text(
-            f"  stage 1, speed: {self.speed_timed} timed, {self.speed_reused} reused  "
+        self._show(
+            f"  stage 1, speed: {self.speed['timed']} timed, {self.speed['reused']} reused  "
             f"{event.cell}{again}: {event.settings}: {result}",
-            style="dim",
-            overflow="ellipsis",
-            no_wrap=True,
+            cut=True,
         )
-        self._render()
 
     def speed_finished(self, table: SpeedTable, seconds: float) -> None:
         from autotune.display._tables import print_speed_table
@@ -103,84 +99,70 @@ class LiveObserver(studies.StudyObserver):
         print_speed_table(console, table)
         name = studies.speed_study_name(self.study.study_name)
         skipped = (
-            f", {self.speed_skipped} not tried (memory walls, pipelines far behind, compile "
+            f", {self.speed['skipped']} not tried (memory walls, pipelines far behind, compile "
             f"modes that cannot pay back, precisions far behind, the budget)"
-            if self.speed_skipped
+            if self.speed["skipped"]
             else ""
         )
-        again = f" ({plural(self.speed_again, 'leader')} again)" if self.speed_again else ""
+        again = f" ({plural(self.speed['again'], 'leader')} again)" if self.speed["again"] else ""
         console.print(
-            f"stage 1: {plural(self.speed_timed, 'setting')} timed{again}, "
-            f"{self.speed_reused} reused (timed by earlier runs or other processes){skipped}, "
+            f"stage 1: {plural(self.speed['timed'], 'setting')} timed{again}, "
+            f"{self.speed['reused']} reused (timed by earlier runs or other processes){skipped}, "
             f"in {seconds:.0f} s; all in study {name}. Stage 2 trains with the fastest of each.",
             markup=False,
         )
-        self.status = Text("")
-        self._render()
+        self._show()
 
     def trial_started(self, number: int, config: TrialConfig) -> None:
         self.own.add(number)  # its line is this process's to print, however it ends
         self.current = number
-        self.status = Text(f"  trial {number}: starting", style="dim")
-        self._render()
+        self._show(f"  trial {number}: starting")
 
     def evaluated(self, number: int, evaluation: Evaluation, value: float) -> None:
         epochs = self.spec.workload.epochs
-        self.status = Text(
+        self._show(
             f"  trial {number}: epoch {evaluation.epoch:.2f}/{epochs:g}  "
             f"{score_text(self.spec.objective, evaluation.score, short=False)}  "
-            f"{fmt(value)} {self.unit}",
-            style="dim",
+            f"{fmt(value)} {self.unit}"
         )
-        self._render()
 
     def waiting(self, running: int) -> None:
-        self.status = Text(
+        self._show(
             f"  waiting for {running} running trial(s) of this study in other processes "
-            f"(or left by a stopped run: stale after 3 heartbeats without news)",
-            style="dim",
+            f"(or left by a stopped run: stale after 3 heartbeats without news)"
         )
-        self._render()
 
     def turn_waiting(self, line: str) -> None:
         doing = f"trial {self.current}" if self.current is not None else "stage 1"
-        self.status = Text(f"  {doing}: {line}", style="dim", overflow="ellipsis", no_wrap=True)
-        self._render()
+        self._show(f"  {doing}: {line}", cut=True)
 
     def recovered(self, count: int) -> None:
         self.say(
-            Text(
-                f"{count} trial(s) left running by a stopped autotune process (killed, or "
-                "lost) recorded as interrupted; their configurations are queued to train again",
-                style="yellow",
-            )
+            f"{count} trial(s) left running by a stopped autotune process (killed, or "
+            "lost) recorded as interrupted; their configurations are queued to train again",
+            "yellow",
         )
 
     def storage_waiting(self, problem: str, seconds: float) -> None:
         self.say(
-            Text(
-                f"the study's database does not answer ({problem}); waiting up to {seconds:g} s "
-                f"for it (study.storage_outage) while the running trial trains on",
-                style="yellow",
-            )
+            f"the study's database does not answer ({problem}); waiting up to {seconds:g} s "
+            f"for it (study.storage_outage) while the running trial trains on",
+            "yellow",
         )
 
     def storage_back(self, seconds: float) -> None:
-        self.say(Text(f"the study's database answers again after {seconds:.0f} s", style="dim"))
+        self.say(f"the study's database answers again after {seconds:.0f} s", "dim")
 
     def taken_over(self, number: int, kept_on: str | None) -> None:
         kept = f"; what it measured is kept on {kept_on} (earlier_attempt)" if kept_on else ""
         self.say(
-            Text(
-                f"trial {number:>3} was failed as stale by another process while this one "
-                f"trained it (its heartbeat came late) and was queued again; stopped it{kept}",
-                style="yellow",
-            )
+            f"trial {number:>3} was failed as stale by another process while this one "
+            f"trained it (its heartbeat came late) and was queued again; stopped it{kept}",
+            "yellow",
         )
         with self.lock:
             self.shown.add(number)  # its line is this one
-        self.status = Text("")
-        self._render()
+        self._show()
 
     def mark_shown(self, trials: list[FrozenTrial]) -> None:
         """Finished ``trials`` not to show (an earlier run's)."""
@@ -197,10 +179,10 @@ class LiveObserver(studies.StudyObserver):
                         self.shown.add(trial.number)
                         self._trial_line(trial, own=False)
 
-    def say(self, line: Text) -> None:
+    def say(self, line: Text | str, style: str = "") -> None:
         """A line of its own above the progress bar."""
         with self.lock:
-            self.live.console.print(line)
+            self.live.console.print(Text(line, style=style) if isinstance(line, str) else line)
 
     def trial_finished(self, trial: FrozenTrial) -> None:
         with self.lock:

@@ -41,24 +41,14 @@ def print_plan(
     values on lines of their own: the storage URL is never broken)."""
     counted = studies.counted_trials(study)
     resumed = f", resuming with {counted} done" if counted else ""
-    print_item(
-        console,
-        "study",
-        f"{visible(study.study_name)} ({spec.objective.metric_name}, "
-        f"{spec.study.n_trials} trials{resumed})",
-    )
+    goal = f"{spec.objective.metric_name}, {spec.study.n_trials} trials{resumed}"
+    print_item(console, "study", f"{visible(study.study_name)} ({goal})")
     print_item(console, "storage", studies.display_url(spec.study.storage), copy=True)
-    print_item(
-        console,
-        "device",
-        f"{hardware.device} ({hardware.device_name}, torch {hardware.torch_version})",
-    )
+    device = f"{hardware.device} ({hardware.device_name}, torch {hardware.torch_version})"
+    print_item(console, "device", device)
     workload = spec.workload
-    print_item(
-        console,
-        "workload",
-        f"{workload.model} on {workload.data}, {workload.epochs:g} epochs per trial",
-    )
+    trained = f"{workload.model} on {workload.data}, {workload.epochs:g} epochs per trial"
+    print_item(console, "workload", trained)
     if workload.gpus_per_trial > 1:
         processes = workload.gpus_per_trial
         each = "a GPU each (NCCL)" if hardware.is_cuda else "a share of the cores each (gloo)"
@@ -253,13 +243,11 @@ def print_summary(
         for state, n in outcome.states.items()
     )
     console.print(f"{outcome.trials_run} trials this run; the study has {counts or 'none'}.")
-    stuck = _one_score_everywhere(study, spec)
-    if stuck is not None:
+    if (stuck := _one_score_everywhere(study, spec)) is not None:
         console.print(stuck, style="yellow")
     table = _best_table(study, spec)
     if table is None:
-        goal = spec.objective
-        bar = goal.goal
+        goal, bar = spec.objective, spec.objective.goal
         reason = f" (none reached {goal.score_name} {bar:g})" if bar is not None else ""
         console.print(f"[yellow]No trial has completed feasibly yet{reason}.[/]")
         return
@@ -271,8 +259,7 @@ def print_summary(
     how = "confirmed" if answer.confirmed else "not confirmed"
     console.print(f"\n[bold]Best configuration[/] (trial {answer.number}, {how}):")
     console.print(config_table(answer.trial))
-    edge = _edge_of_space(study, answer, spec, outcome.speed_table)
-    if edge is not None:
+    if (edge := _edge_of_space(study, answer, spec, outcome.speed_table)) is not None:
         console.print(edge, style="yellow")
     where = study_options(study.study_name, spec.study.storage)
     console.print()
@@ -402,12 +389,11 @@ def _print_confirmed(
             f"{again}"
         )
     if answer.tied:
-        numbers = [str(answer.number), *(str(n) for n in answer.tied)]
-        together = f"{', '.join(numbers[:-1])} and {numbers[-1]}"
+        together = studies.trials_named([answer.number, *answer.tied]).capitalize()
         score = spec.objective.score_name
         rule = f"better {score}" if answer.tie_rule == "score" else "better median"
         console.print(
-            f"Trials {together} are tied within measurement noise ({spread}); "
+            f"{together} are tied within measurement noise ({spread}); "
             f"trial {answer.number} is named for its {rule}."
         )
     what = (
@@ -423,10 +409,7 @@ def _print_confirmed(
     if answer.references:
         said = "; ".join(r.said for r in answer.references)
         counts = (answer.runs_side_by_side, *(r.runs for r in answer.references))
-        runs = [str(n) for n in counts]
-        source = (
-            "one run of each"
-            if set(counts) == {1}
-            else f"medians of {', '.join(runs[:-1])} and {runs[-1]} runs"
-        )
+        *most, last = map(str, counts)
+        medians = f"medians of {', '.join(most)} and {last} runs"
+        source = "one run of each" if set(counts) == {1} else medians
         console.print(f"{what.capitalize()}, from {source} side by side: {escape(said)}.")

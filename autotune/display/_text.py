@@ -47,12 +47,9 @@ def fmt(value: Any) -> str:
 
 
 _METRIC_FORMATS: dict[str, Any] = {
-    "charged_seconds": lambda v: f"{v:.3g} s",
-    "train_seconds": lambda v: f"{v:.3g} s",
-    "overhead_seconds": lambda v: f"{v:.3g} s",
+    **dict.fromkeys(("charged_seconds", "train_seconds", "overhead_seconds"), "{:.3g} s".format),
     "compile_seconds": lambda v: f"{v:.1f} s",
-    "samples_per_second": lambda v: f"{v:,.0f}",
-    "tokens_per_second": lambda v: f"{v:,.0f}",
+    **dict.fromkeys(("samples_per_second", "tokens_per_second"), "{:,.0f}".format),
     "achieved_flops": lambda v: f"{v / 1e9:,.1f} GFLOP/s",
     "mfu": lambda v: f"{v:.1%}",
     "gpu_utilization": lambda v: f"{v:.0%}",

@@ -15,16 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "Import",
-    "bundle",
-    "call",
-    "entry_point",
-    "import_block",
-    "is_argument_name",
-    "literal",
-]
-
 _STDLIB = sys.stdlib_module_names
 
 

@@ -8,17 +8,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.study import REFERENCE_NAMES, Answer
-
-__all__ = ["TrialConfirmation", "confirmation_text"]
+from autotune.study import REFERENCE_NAMES, Answer, trials_named
 
 
 @dataclass(frozen=True)
 class TrialConfirmation:
-    """The confirmation round's verdict on one trial: its median metric over its runs, how
-    far the round's runs spread, whether it is the study's answer, and (for the answer) its
-    ratios over the references (the untuned baseline, the tuning checklist) and the trials it
-    is tied with within the noise."""
+    """The confirmation round's verdict on one trial (the study's ``Answer``, for the answer):
+    its medians and, for the answer, its ratios over the references and its ties."""
 
     median: float
     runs: int
@@ -51,13 +47,11 @@ class TrialConfirmation:
         round does not confirm the answer or did not rank the trial."""
         if answer is None or not answer.confirmed:
             return None
-        found = next((c for c in answer.configurations if c.trial == number), None)
+        found = answer.configuration(number)
         if found is None or not found.eligible or not found.values:
             return None
         mine = number == answer.number
-        baseline = next(
-            (r for r in answer.references if r.name == REFERENCE_NAMES["baseline"]), None
-        )
+        baseline = answer.over(REFERENCE_NAMES["baseline"])
         return cls(
             median=found.median,
             runs=len(found.values),
@@ -89,11 +83,14 @@ class TrialConfirmation:
         return cls(**fields)
 
 
-def confirmation_text(found: TrialConfirmation | None) -> str:
-    """One line on how sure the study is of a trial: its ``TrialConfirmation``, or None."""
+def confirmation_text(found: TrialConfirmation | None, interleaved: str = "") -> str:
+    """One line on how sure the study is of a trial: its ``TrialConfirmation``, or None;
+    ``interleaved``: what its runs alternated with (the note says it)."""
     if found is None:
         return "not confirmed: one measurement (run `autotune confirm`)"
     text = f"confirmed: median {found.median:.4g} over {found.runs} run{'s' * (found.runs != 1)}"
+    if interleaved:
+        text += f", interleaved with {interleaved}"
     if found.spread is not None:
         text += f" (spread ±{found.spread:.0%})"
     if found.said:
@@ -101,9 +98,7 @@ def confirmation_text(found: TrialConfirmation | None) -> str:
     if found.reference is not None:
         text += f"; it is {found.reference}: the search found nothing better"
     if found.tied_with:
-        *rest, last = sorted(found.tied_with)
-        tied = f"{', '.join(map(str, rest))} and {last}" if rest else str(last)
-        text += f"; tied within noise with trial{'s' * bool(rest)} {tied}"
+        text += f"; tied within noise with {trials_named(sorted(found.tied_with))}"
     if found.under_interference:
         text += "; measured while other processes used the CPU (confirm it again)"
     return text

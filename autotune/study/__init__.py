@@ -23,7 +23,7 @@ One subpackage, one concern per private module, everything public re-exported he
   that records and caches it, what it leaves out and why, its answer, and the stage that runs
   it;
 - ``_confirm``: the confirmation round that re-measures the leaders and the baseline side by
-  side; ``_verdict``: what the round concludes; ``_answer``: the study's one answer
+  side; ``_answer``: what the round concludes, the study's one answer
   (``answer_of``), which every rendering shows; ``_verify``: the answer and the references
   trained for the full run (``autotune verify``).
 """
@@ -31,7 +31,15 @@ One subpackage, one concern per private module, everything public re-exported he
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from autotune.study._answer import Answer, Reference, answer_of, answer_trial
+    from autotune.study._answer import (
+        NOISY_SPREAD,
+        Answer,
+        Confirmed,
+        Reference,
+        answer_of,
+        answer_trial,
+        trials_named,
+    )
     from autotune.study._confirm import confirm_study, confirmation_plan
     from autotune.study._liveness import heartbeat, recover_stale_trials, study_lock
     from autotune.study._open import load_study, open_study, patient_storage, with_study_strategy
@@ -70,7 +78,6 @@ if TYPE_CHECKING:
         storage_problem,
     )
     from autotune.study._trial import StudyObserver, Terminated
-    from autotune.study._verdict import NOISY_SPREAD, Confirmed, Verdict
     from autotune.study._verify import (
         Verification,
         VerifiedRow,
@@ -85,14 +92,14 @@ if TYPE_CHECKING:
 # Imported on first use: a reader of finished studies (autotune best, studies, export) never
 # loads _run and _confirm, which import the trainer and torch.
 _MODULES = {
-    "Confirmed": "_verdict",
-    "Verdict": "_verdict",
-    "NOISY_SPREAD": "_verdict",
+    "Confirmed": "_answer",
+    "NOISY_SPREAD": "_answer",
     "answer_trial": "_answer",
     "Answer": "_answer",
     "Reference": "_answer",
     "REFERENCE_NAMES": "_records",
     "answer_of": "_answer",
+    "trials_named": "_answer",
     "confirm_study": "_confirm",
     "confirmation_plan": "_confirm",
     "load_study": "_open",
@@ -183,7 +190,6 @@ __all__ = [
     "Terminated",
     "TrialRecord",
     "TrialSeededSampler",
-    "Verdict",
     "Verification",
     "VerifiedRow",
     "VerifyRun",
@@ -219,6 +225,7 @@ __all__ = [
     "study_lock",
     "trial_config",
     "trial_knob_origin",
+    "trials_named",
     "unhurried",
     "verify_candidates",
     "verify_study",

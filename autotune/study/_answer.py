@@ -1,7 +1,38 @@
 """The study's answer (``Answer``), computed once by ``answer_of``, which the terminal, the
 dashboard note, the HTML report, ``autotune best`` and the exports render: the confirmation
-round's winner (``_verdict.Verdict``), with its ratio over each reference measured beside it
-(the untuned baseline, the tuning checklist), or else the best feasible trial.
+round's winner, its medians, the round's spread and ties, and its ratio over each reference
+measured beside it (the untuned baseline, the tuning checklist), or else the best feasible
+trial.
+
+A measurement taken under interference (other processes took more than
+``interference.INTERFERENCE_SHARE`` of its cores) is never compared with a clean one: the round
+ranks its configurations on their clean runs where every one that can be the answer has one,
+else on their flagged runs where every one has one (and says so: ``Confirmed.interfered``),
+else it cannot rank them like for like (``Answer.alike``) and counts as too noisy to rank.
+
+The rule (``Answer.of_round``):
+
+- a configuration's confirmed value is the median of its measurements; one whose runs are
+  mostly infeasible (below ``min_score``, or failed) cannot be the answer;
+- the spread shown (``±6%``) is the median, over the confirmed configurations, of half their
+  range relative to their median: the machine's run-to-run noise, measured in this round;
+- the answer is the best confirmed median; every other configuration whose median is behind
+  the best one's by no more than the spread (relatively) is **tied** with it within the
+  measurement noise, and among tied configurations the better median score (higher accuracy,
+  lower validation loss) wins, then the better median value: the study names them and says
+  which rule picked. (Overlapping ranges are no test: with three runs one slow outlier makes a
+  configuration 35% behind "tied".)
+- a round whose spread is wider than ``NOISY_SPREAD`` cannot rank its leaders at all (with
+  ±100% every leader is "tied", and the score would hand the answer to a slower one): its
+  answer is the best median, and the study says the machine was too noisy and how to confirm
+  again (``tie_rule`` "noisy");
+- the answer's ratio over a reference (its speed-up over the untuned baseline) is the ratio of
+  the two medians of the round's own runs, measured side by side and alike (clean with clean,
+  flagged with flagged): the original trials are left out of it, because the leaders were
+  chosen for a high original value (a winner's curse: ten seeds on the quickstart
+  over-reported the speed-up by a median 9% when they counted);
+- the ratio carries an interval from both sides' spreads (``Answer.interval``): the better
+  side's lowest run over the other's highest, and its highest over their lowest.
 
 The answer claims a ratio only where its interval excludes 1.0 and the round could rank its
 leaders; else it says "no measurable speed-up on this machine as it was" and why
@@ -16,6 +47,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,9 +56,136 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.study._queries import feasible_trials
-from autotune.study._records import REFERENCE_NAMES, StudyRecord, TrialRecord
+from autotune.study._records import (
+    REFERENCE_NAMES,
+    ConfirmationRecord,
+    ConfirmRun,
+    ReferenceKind,
+    StudyRecord,
+    TrialRecord,
+)
 from autotune.study._speed_plan import config_key
-from autotune.study._verdict import Confirmed, Verdict
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """One configuration's measurements in a confirmation round."""
+
+    trial: int
+    baseline: bool
+    values: tuple[float, ...]  # of the runs that trained, the original first
+    scores: tuple[float, ...]  # the validation scores of the same runs
+    samples_per_second: tuple[float, ...]
+    feasible_runs: int
+    runs: int  # measurements taken, failed ones included
+    interfered: bool = False  # every value was measured under interference
+    # the values of the round's own runs (the original trial left out): the leaders were
+    # chosen for their high original value, so the speed-up is read from these
+    round_values: tuple[float, ...] = ()
+    all_runs: int = 0  # every measurement of it, flagged and failed ones included
+    checklist: bool = False  # the tuning checklist (a reference, which can be the answer)
+    trial_feasible: bool = True  # its own trial met every requirement (min_score)
+
+    @property
+    def reference(self) -> ReferenceKind | None:
+        return "baseline" if self.baseline else "checklist" if self.checklist else None
+
+    @property
+    def label(self) -> str:  # "0 (baseline)", "1 (checklist)", "3"
+        return f"{self.trial}" + (f" ({self.reference})" if self.reference else "")
+
+    @property
+    def round_median(self) -> float:
+        """The median of the round's own runs; of every value when the round has none."""
+        values = self.round_values or self.values
+        return statistics.median(values) if values else float("nan")
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values) if self.values else float("nan")
+
+    @property
+    def median_score(self) -> float:
+        return statistics.median(self.scores) if self.scores else float("nan")
+
+    @property
+    def median_samples_per_second(self) -> float:
+        return statistics.median(self.samples_per_second) if self.samples_per_second else 0.0
+
+    @property
+    def low(self) -> float:
+        return min(self.values) if self.values else float("nan")
+
+    @property
+    def high(self) -> float:
+        return max(self.values) if self.values else float("nan")
+
+    @property
+    def eligible(self) -> bool:
+        """Whether it can be the answer: its own trial was feasible (a reference's need not
+        be: it is measured whatever it scored; the answer's trial is what ``best`` shows) and
+        most of its measurements were."""
+        return self.trial_feasible and self.feasible_runs * 2 > self.runs
+
+    @property
+    def relative_spread(self) -> float | None:
+        """Half its range relative to its median; None with fewer than two values."""
+        if len(self.values) < 2 or not self.median:
+            return None
+        return (self.high - self.low) / 2 / abs(self.median)
+
+    @classmethod
+    def of(cls, record: ConfirmationRecord, number: int, compared: str) -> Confirmed:
+        """Trial ``number``'s measurements in ``record``, on the runs the round compares."""
+        measured = [run for run in record.runs if run.trial == number]
+        flagged = [run for run in measured if run.interfered]
+        clean = [run for run in measured if not run.interfered]
+        runs = flagged if compared == "flagged" and flagged else clean or measured
+        # the values of feasible runs: a run below min_score (or short of the target) is no
+        # measurement of an answer, and a failed one measured nothing
+        trained = [run for run in runs if run.value is not None and run.feasible]
+        return cls(
+            trial=number,
+            baseline=number == record.baseline,
+            checklist=number == record.checklist,
+            trial_feasible=all(run.feasible for run in measured if run.repeat == 0),
+            values=_values(trained),
+            # every run that trained, feasible or not: the score it really reaches
+            scores=tuple(r.score for r in runs if r.value is not None and r.score),
+            samples_per_second=tuple(
+                r.samples_per_second for r in trained if r.samples_per_second
+            ),
+            feasible_runs=sum(1 for run in runs if run.feasible),
+            runs=len(runs),
+            interfered=bool(runs) and all(run.interfered for run in runs),
+            round_values=_values([run for run in trained if run.repeat > 0]),
+            all_runs=len(measured),
+        )
+
+
+def _values(runs: list[ConfirmRun]) -> tuple[float, ...]:
+    return tuple(run.value for run in runs if run.value is not None)
+
+
+def _compared(record: ConfirmationRecord) -> Literal["clean", "flagged", "mixed"]:
+    """Which runs the round compares: the clean ones where every configuration that can be the
+    answer (its own trial feasible) has a feasible clean run, else the flagged ones where every
+    one has a flagged run, else none alike ("mixed")."""
+    rankable = []
+    for number in record.candidates:
+        runs = [run for run in record.runs if run.trial == number]
+        if all(run.feasible for run in runs if run.repeat == 0):
+            rankable.append([run for run in runs if run.value is not None and run.feasible])
+    rankable = [runs for runs in rankable if runs]
+    if all(any(not run.interfered for run in runs) for runs in rankable):
+        return "clean"
+    if all(any(run.interfered for run in runs) for runs in rankable):
+        return "flagged"
+    return "mixed"
+
+
+# a round whose run-to-run spread is wider than this (relative) cannot rank its leaders
+NOISY_SPREAD = 0.25
 
 
 @dataclass(frozen=True)
@@ -59,35 +219,6 @@ def _between(low: float, high: float) -> str:
     return f"at least {low:.2f}x" if math.isinf(high) else f"{low:.2f}x to {high:.2f}x"
 
 
-def _reference(verdict: Verdict, name: str, measured: Confirmed, same_settings: bool) -> Reference:
-    """The answer (``verdict.winner``) against the reference ``measured``: the ratio it
-    claims, or why it claims none; ``same_settings``: the two share their execution settings."""
-    ratio, interval = verdict.ratio_over(measured), verdict.interval(measured)
-    runs = len(measured.round_values or measured.values)
-    found = Reference(
-        name, measured.trial, measured.round_median, runs, None, interval, None, same_settings
-    )
-    if not measured.values:
-        return dataclasses.replace(found, why="none of its runs in the round was feasible")
-    if ratio is None or verdict.winner is None:
-        return dataclasses.replace(found, why="the two were measured under different loads")
-    if verdict.tie_break == "noisy":
-        return dataclasses.replace(found, why=f"run-to-run spread ±{verdict.spread or 0:.0%}")
-    if same_settings and interval is not None:  # samples/s alike but for noise: take them out
-        ours, theirs = verdict.winner.median_samples_per_second, measured.median_samples_per_second
-        learning = theirs / ours if ours and theirs else math.nan
-        ratio, interval = ratio * learning, (interval[0] * learning, interval[1] * learning)
-    if interval is None or math.isnan(ratio):
-        return dataclasses.replace(found, why="no spread to bound the ratio")
-    found = dataclasses.replace(found, interval=interval)
-    if interval[0] <= 1.0 <= interval[1]:
-        allow = f"the runs' spreads allow {_between(*interval)}"
-        if same_settings:
-            allow = f"the same execution settings: learning alone, {ratio:.2f}x; {allow}"
-        return dataclasses.replace(found, why=allow)
-    return dataclasses.replace(found, ratio=ratio)
-
-
 def _same_settings(one: FrozenTrial, other: FrozenTrial) -> bool:
     """Whether two trials train with the same execution settings: stage 1 would time them as
     one (``config_key``) and they split the batch alike; only their learning sets them apart."""
@@ -106,25 +237,22 @@ RoundState = Literal["none", "unfinished", "stale", "no_winner", "confirmed"]
 
 @dataclass(frozen=True)
 class Answer:
-    """The study's answer, computed once (``answer_of``): what the terminal, the dashboard
-    note, the HTML report, ``autotune best`` and the exports state. The answer's own figures
-    are None, empty or False unless the round confirms it; the round's, wherever it has one."""
+    """The study's answer (``answer_of``). Its own figures (``winner``, ties, references) are
+    None, empty or False unless the round confirms it; the round's, wherever it has one."""
 
     trial: FrozenTrial  # the round's winner when confirmed, else the best feasible trial
     round_state: RoundState = "none"
-    median: float | None = None  # of its metric over its runs, its original trial included
-    median_score: float | None = None
-    median_samples_per_second: float | None = None
-    runs: int = 0  # the runs behind its medians
-    runs_side_by_side: int = 0  # the round's own runs behind its ratios (no original)
+    winner: Confirmed | None = None  # its measurements in the round, when it confirms it
     tied: tuple[int, ...] = ()  # the trials tied with it within the round's noise
     tie_rule: str = "value"  # how it was named among them: "score", "value", "noisy"
-    alike: bool = True  # the round compared like with like (``Verdict.alike``)
-    interfered: bool = False  # every run of it was measured under interference
+    # the round compared like with like (clean with clean, flagged with flagged); False: some
+    # only on a quiet machine, others only under interference, and it could not rank them
+    alike: bool = True
     references: tuple[Reference, ...] = ()  # measured beside it: the baseline, the checklist
     repeats: int = 0  # the round's runs of each configuration, beyond its trial
     configurations: tuple[Confirmed, ...] = ()  # the round's, in its order
     spread: float | None = None  # the round's run-to-run spread (0.06: ±6%)
+    maximize: bool = True  # the study's direction
     flagged: int = 0  # the round's measurements taken under interference
     round_runs: int = 0  # the round's own runs, each measured again counted again
     cost_seconds: float = 0.0  # their wall-clock seconds
@@ -132,21 +260,35 @@ class Answer:
 
     @property
     def number(self) -> int:
-        """The answer's trial number."""
         return self.trial.number
+
+    @property
+    def median(self) -> float | None:
+        """The median of its metric over its runs, its original trial included."""
+        return self.winner.median if self.winner is not None else None
+
+    @property
+    def runs(self) -> int:  # behind its medians
+        return len(self.winner.values) if self.winner is not None else 0
+
+    @property
+    def runs_side_by_side(self) -> int:
+        """The round's own runs behind its ratios (no original)."""
+        winner = self.winner
+        return len(winner.round_values or winner.values) if winner is not None else 0
+
+    @property
+    def interfered(self) -> bool:  # every run of it was measured under interference
+        return self.winner is not None and self.winner.interfered
 
     @property
     def headline(self) -> tuple[float | None, str]:
         """Its value as a person reads it first, and what it is: the round's median where the
         round confirmed it, else its trial's one measurement."""
-        runs = self.runs
-        if self.median is not None and runs:
-            return self.median, f"median of {runs} confirmed run{'s' * (runs != 1)}"
-        return self.trial.value, "one trial"
+        return headline(self.median, self.runs, self.trial.value)
 
     @property
     def confirmed(self) -> bool:
-        """Whether the confirmation round backs it."""
         return self.round_state == "confirmed"
 
     @property
@@ -156,21 +298,177 @@ class Answer:
 
     @property
     def speedup(self) -> float | None:
-        """Its ratio over the untuned baseline; None without one."""
+        """Its ratio over the untuned baseline, claimed; None without one."""
         return self.ratio_over(REFERENCE_NAMES["baseline"])
 
+    def over(self, name: str) -> Reference | None:
+        """The reference ``name`` (``REFERENCE_NAMES``) measured beside it; None without."""
+        return next((r for r in self.references if r.name == name), None)
+
     def ratio_over(self, name: str) -> float | None:
-        """Its ratio over the reference ``name`` (``REFERENCE_NAMES``); None without one."""
-        return next((r.ratio for r in self.references if r.name == name), None)
+        """Its ratio over the reference ``name``, claimed; None without one."""
+        found = self.over(name)
+        return found.ratio if found is not None else None
 
     @property
     def reference(self) -> str | None:
         """The reference the answer itself is ("the tuning checklist" when the checklist won
         the round), or None: an answer the study found."""
-        winner = next((c for c in self.configurations if c.trial == self.number), None)
-        if winner is None or not self.confirmed:
+        kind = self.winner.reference if self.winner is not None else None
+        return REFERENCE_NAMES[kind] if kind else None
+
+    def configuration(self, number: int) -> Confirmed | None:
+        """Trial ``number``'s measurements in the round; None where it has none."""
+        return next((c for c in self.configurations if c.trial == number), None)
+
+    def configuration_of(self, kind: ReferenceKind) -> Confirmed | None:
+        """The reference ``kind``'s measurements in the round; None where it has none."""
+        return next((c for c in self.configurations if c.reference == kind), None)
+
+    def measured_ratio(self, reference: Confirmed | None) -> float | None:
+        """The winner's value over ``reference``'s, as "times better" (for a time to a target,
+        the reference's time over the winner's), from the round's own runs (the module's
+        docstring); None where the two were not measured alike."""
+        winner = self.winner
+        if winner is None or reference is None or not reference.values:
             return None
-        return REFERENCE_NAMES[winner.reference] if winner.reference else None
+        if not self.alike or reference.interfered != winner.interfered:
+            return None
+        if not reference.round_median or not winner.round_median:
+            return None
+        ratio = winner.round_median / reference.round_median
+        return ratio if self.maximize else 1 / ratio
+
+    def interval(self, reference: Confirmed | None) -> tuple[float, float] | None:
+        """Where ``measured_ratio(reference)`` may lie (the module's docstring; a side of one
+        run spreads as the round does); None without a ratio or a spread. The high end is
+        infinite where the other side's low reaches 0."""
+        if self.measured_ratio(reference) is None or reference is None or self.winner is None:
+            return None
+        ours, theirs = (self.winner, reference) if self.maximize else (reference, self.winner)
+        top, bottom = self._range(ours), self._range(theirs)
+        if top is None or bottom is None:
+            return None
+        low = max(0.0, top[0] / bottom[1])
+        return low, top[1] / bottom[0] if bottom[0] > 0 else math.inf
+
+    def _range(self, side: Confirmed) -> tuple[float, float] | None:
+        """The lowest and highest of the round's own runs of ``side`` (for one run, the round's
+        spread about it; None where the round has none)."""
+        values = side.round_values or side.values
+        if len(values) > 1:
+            return min(values), max(values)
+        if self.spread is None:
+            return None
+        return side.round_median * (1 - self.spread), side.round_median * (1 + self.spread)
+
+    @classmethod
+    def of_round(cls, record: ConfirmationRecord, trial: FrozenTrial) -> Answer:
+        """What the round in ``record`` concludes (the rule: the module's docstring), as an
+        answer whose state is the round's alone ("confirmed", "no_winner" or "unfinished"):
+        ``trial`` stands for its trial, the references and ``search_share`` are left to
+        ``answer_of``, which knows the study."""
+        compared = _compared(record)
+        configurations = tuple(Confirmed.of(record, n, compared) for n in record.candidates)
+        own = [run for run in record.runs if run.repeat > 0]
+        spreads = [s for c in configurations if (s := c.relative_spread) is not None]
+        answer = cls(
+            trial,
+            "confirmed" if record.complete else "unfinished",
+            alike=compared != "mixed",
+            repeats=record.repeats,
+            configurations=configurations,
+            spread=statistics.median(spreads) if spreads else None,
+            maximize=record.maximize,
+            flagged=sum(1 for run in record.runs if run.interfered),
+            round_runs=len(own),
+            cost_seconds=sum(run.wall_seconds for run in own),
+        )
+        sign = 1.0 if record.maximize else -1.0
+        eligible = sorted(
+            (c for c in configurations if c.eligible and c.values),
+            key=lambda c: sign * c.median,
+            reverse=True,
+        )
+        if not eligible:
+            state: RoundState = "no_winner" if record.complete else "unfinished"
+            return dataclasses.replace(answer, round_state=state)
+        best = eligible[0]
+        if not answer.alike or (answer.spread is not None and answer.spread > NOISY_SPREAD):
+            return dataclasses.replace(answer, winner=best, tie_rule="noisy")
+        answer = dataclasses.replace(answer, winner=best)
+        tied = [best, *(c for c in eligible[1:] if answer._within_noise(c))]
+        # among the tied: the better median score first, then the better median value
+        score_sign = 1.0 if record.higher_score_better else -1.0
+        tied.sort(key=lambda c: (score_sign * c.median_score, sign * c.median), reverse=True)
+        winner = tied[0]
+        by_score = len(tied) > 1 and (
+            score_sign * winner.median_score > score_sign * tied[1].median_score
+        )
+        return dataclasses.replace(
+            answer,
+            winner=winner,
+            tied=tuple(c.trial for c in tied if c is not winner),
+            tie_rule="score" if by_score else "value",
+        )
+
+    def _within_noise(self, other: Confirmed) -> bool:
+        """Whether ``other`` is tied with the best (``winner``): its median within the round's
+        spread of the best's, and its best run of the round reaching the best's worst."""
+        best, sign = self.winner, 1.0 if self.maximize else -1.0
+        assert best is not None
+        behind = sign * (best.median - other.median) / abs(best.median or 1.0)
+        if behind > (self.spread or 0.0):
+            return False
+        mine, theirs = self._range(other), self._range(best)
+        if mine is None or theirs is None:
+            return True
+        return mine[1] >= theirs[0] if self.maximize else mine[0] <= theirs[1]
+
+    def _reference(self, name: str, measured: Confirmed, same_settings: bool) -> Reference:
+        """The answer against the reference ``measured`` (``same_settings``: the two share
+        their execution settings)."""
+        ratio, interval = self.measured_ratio(measured), self.interval(measured)
+        runs = len(measured.round_values or measured.values)
+        found = Reference(
+            name, measured.trial, measured.round_median, runs, None, interval, None, same_settings
+        )
+        if not measured.values:
+            return dataclasses.replace(found, why="none of its runs in the round was feasible")
+        if ratio is None or self.winner is None:
+            return dataclasses.replace(found, why="the two were measured under different loads")
+        if self.noisy:
+            return dataclasses.replace(found, why=f"run-to-run spread ±{self.spread or 0:.0%}")
+        if same_settings and interval is not None:  # samples/s alike but for noise: out
+            ours, theirs = (
+                self.winner.median_samples_per_second,
+                measured.median_samples_per_second,
+            )
+            learning = theirs / ours if ours and theirs else math.nan
+            ratio, interval = ratio * learning, (interval[0] * learning, interval[1] * learning)
+        if interval is None or math.isnan(ratio):
+            return dataclasses.replace(found, why="no spread to bound the ratio")
+        found = dataclasses.replace(found, interval=interval)
+        if interval[0] <= 1.0 <= interval[1]:
+            allow = f"the runs' spreads allow {_between(*interval)}"
+            if same_settings:
+                allow = f"the same execution settings: learning alone, {ratio:.2f}x; {allow}"
+            return dataclasses.replace(found, why=allow)
+        return dataclasses.replace(found, ratio=ratio)
+
+
+def headline(median: float | None, runs: int, value: float | None) -> tuple[float | None, str]:
+    """A value as a person reads it first, and what it is: the ``median`` of ``runs``
+    confirmed runs, else its trial's one measurement ``value``."""
+    if median is not None and runs:
+        return median, f"median of {runs} confirmed run{'s' * (runs != 1)}"
+    return value, "one trial"
+
+
+def trials_named(numbers: Iterable[int]) -> str:
+    """ "trial 3", "trials 3 and 5", "trials 1, 3 and 5": in the order given."""
+    *rest, last = map(str, numbers)
+    return f"trials {', '.join(rest)} and {last}" if rest else f"trial {last}"
 
 
 def answer_of(study: optuna.Study) -> Answer | None:
@@ -183,56 +481,23 @@ def answer_of(study: optuna.Study) -> Answer | None:
     record = StudyRecord.of(study).confirmation
     if not leaders or record is None:
         return Answer(leaders[0]) if leaders else None
-    verdict = Verdict.of(record)
-    trials = study.get_trials(deepcopy=False)
-    own = [run for run in record.runs if run.repeat > 0]
-    searched = sum(TrialRecord.of(t).wall_seconds or 0.0 for t in trials)
-    cost = sum(run.wall_seconds for run in own)
-    if not record.complete:
-        state: RoundState = "unfinished"
-    elif not {t.number for t in leaders[: record.top]} <= set(record.candidates):
-        state = "stale"  # trials since have changed the leaders
-    else:
-        state = "confirmed" if verdict.winner is not None else "no_winner"
-    best = Answer(
-        leaders[0],
-        state,
-        repeats=record.repeats,
-        configurations=verdict.configurations,
-        spread=verdict.spread,
-        flagged=sum(1 for run in record.runs if run.interfered),
-        round_runs=len(own),
-        cost_seconds=cost,
-        search_share=cost / searched if searched else None,
-    )
-    winner = verdict.winner
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    searched = sum(TrialRecord.of(t).wall_seconds or 0.0 for t in trials.values())
+    best = Answer.of_round(record, leaders[0])
+    share = best.cost_seconds / searched if searched else None
+    best = dataclasses.replace(best, search_share=share)
+    if record.complete and not {t.number for t in leaders[: record.top]} <= set(record.candidates):
+        best = dataclasses.replace(best, round_state="stale")  # trials since changed them
+    winner = best.winner
     if not best.confirmed or winner is None:
-        return best
-    references = (
-        (REFERENCE_NAMES["baseline"], verdict.baseline),
-        (REFERENCE_NAMES["checklist"], verdict.checklist),
-    )
-    numbered = {t.number: t for t in trials}
-    return dataclasses.replace(
-        best,
-        trial=numbered[winner.trial],
-        median=winner.median,
-        median_score=winner.median_score,
-        median_samples_per_second=winner.median_samples_per_second,
-        runs=len(winner.values),
-        runs_side_by_side=len(winner.round_values or winner.values),
-        tied=tuple(c.trial for c in verdict.tied),
-        tie_rule=verdict.tie_break,
-        alike=verdict.alike,
-        interfered=winner.interfered,
-        references=tuple(
-            _reference(
-                verdict, name, measured, _same_settings(numbered[winner.trial], numbered[number])
-            )
-            for name, measured in references
-            if measured is not None and (number := measured.trial) != winner.trial
-        ),
-    )
+        return dataclasses.replace(best, winner=None, tied=(), tie_rule="value")
+    references = []
+    for kind, name in REFERENCE_NAMES.items():
+        measured = best.configuration_of(kind)
+        if measured is not None and measured.trial != winner.trial:
+            same = _same_settings(trials[winner.trial], trials[measured.trial])
+            references.append(best._reference(name, measured, same))
+    return dataclasses.replace(best, trial=trials[winner.trial], references=tuple(references))
 
 
 def answer_trial(study: optuna.Study) -> FrozenTrial | None:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import optuna
 from optuna.trial import FrozenTrial
@@ -37,9 +37,8 @@ from autotune.turns import turn
 if TYPE_CHECKING:
     from autotune.executor import TrialExecutor
 
-__all__ = ["confirm_study", "confirmation_plan"]
-
 SEED_STRIDE = 1_000_003  # repeat r of a trial trains with its seed + r * this: new, reproducible
+T = TypeVar("T")
 REMEASURES = 2  # a run measured under interference is run again at most this many times
 
 
@@ -95,13 +94,13 @@ def _original(trial: FrozenTrial) -> ConfirmRun:
     )
 
 
-def _order(candidates: tuple[int, ...], repeats: int) -> list[tuple[int, int]]:
-    """(trial, repeat) in the order they run: A B C D, then D C B A, then A B C D..."""
-    order = []
-    for repeat in range(1, repeats + 1):
-        round_order = candidates if repeat % 2 else tuple(reversed(candidates))
-        order += [(number, repeat) for number in round_order]
-    return order
+def interleaved(items: Sequence[T], repeats: int) -> list[tuple[T, int]]:
+    """(item, repeat) in the order they run: A B C D, then D C B A, then A B C D..."""
+    return [
+        (item, repeat)
+        for repeat in range(1, repeats + 1)
+        for item in (items if repeat % 2 else items[::-1])
+    ]
 
 
 def confirm_study(
@@ -115,16 +114,14 @@ def confirm_study(
     on_wait: Callable[[str], None] | None = None,
 ) -> ConfirmationRecord | None:
     """Run (or resume) the confirmation round of ``study``; its record, stored in the study
-    after every run. ``on_run(run, done, total)`` hears each finished run (a run measured
-    again under interference is heard again at the same place). A run measured under
-    interference is run again, at most ``remeasures`` times. ``on_wait`` hears that a run waits
-    for its turn on the machine (``turns``). None when there is nothing to confirm. An
-    interruption (Ctrl-C, SIGTERM) propagates; what ran is kept."""
+    after every run. ``on_run(run, done, total)`` hears each finished run (one measured again
+    is heard again at the same place); ``on_wait``, that a run waits for its turn (``turns``).
+    None when there is nothing to confirm. An interruption propagates; what ran is kept."""
     record = confirmation_plan(study, top, repeats, goal.score_higher_is_better)
     if record is None:
         return None
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    order = _order(record.candidates, record.repeats)
+    order = interleaved(record.candidates, record.repeats)
     for position, (number, repeat) in enumerate(order, start=1):
         while _needs_run(record, number, repeat, remeasures):
             run = _measure(trials[number], repeat, goal, executor, on_wait)
@@ -169,23 +166,13 @@ def _measure(
     with turn(config.device, config.world_size, on_wait):  # off the clock, as a trial
         started = time.monotonic()
         result = attempt(lambda: executor.run(config.replace(seed=seed), report))
+    run = ConfirmRun(trial.number, repeat, seed, None, None, None, False, 0.0)
     if isinstance(result, faults.TrialFault):
-        return ConfirmRun(
-            trial=trial.number,
-            repeat=repeat,
-            seed=seed,
-            value=None,
-            score=None,
-            samples_per_second=None,
-            feasible=False,
-            wall_seconds=time.monotonic() - started,
-            fault=f"{result.kind}: {result.message}",
-        )
+        fault = f"{result.kind}: {result.message}"
+        return dataclasses.replace(run, wall_seconds=time.monotonic() - started, fault=fault)
     scored = objective.score(result, goal)
-    return ConfirmRun(
-        trial=trial.number,
-        repeat=repeat,
-        seed=seed,
+    return dataclasses.replace(
+        run,
         value=scored.value,
         score=scored.score,
         samples_per_second=result.samples_per_second,

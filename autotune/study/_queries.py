@@ -12,19 +12,6 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import TrialConfig
 from autotune.study._records import TrialRecord
 
-__all__ = [
-    "COUNTED_STATES",
-    "baseline_trial",
-    "best_trial",
-    "counted_trials",
-    "feasible_trials",
-    "is_feasible",
-    "knob_origin",
-    "reference_trial",
-    "trial_config",
-    "trial_knob_origin",
-]
-
 # Trials that count towards ``n_trials``: those that told the sampler something.
 COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED)
 

@@ -22,16 +22,6 @@ from autotune.faults import FaultKind
 from autotune.interference import interfered
 from autotune.results import TrialResult
 
-__all__ = [
-    "METRIC_FIELDS",
-    "REFERENCES",
-    "ConfirmRun",
-    "ConfirmationRecord",
-    "StudyRecord",
-    "TrialRecord",
-]
-
-
 # the configurations every study measures its answer against (autotune.references), in the
 # order they are queued: the untuned baseline, then the tuning checklist
 ReferenceKind = Literal["baseline", "checklist"]
@@ -286,21 +276,14 @@ class ConfirmationRecord:
 
     @classmethod
     def from_attrs(cls, data: dict[str, Any]) -> ConfirmationRecord:
-        """Inverse of ``to_attrs``."""
-        return cls(
-            top=int(data["top"]),
-            repeats=int(data["repeats"]),
-            maximize=bool(data["maximize"]),
-            candidates=tuple(int(n) for n in data["candidates"]),
-            baseline=data.get("baseline"),
-            checklist=data.get("checklist"),
-            runs=tuple(
-                ConfirmRun(**{_RENAMED.get(key, key): value for key, value in run.items()})
-                for run in data.get("runs", ())
-            ),
-            complete=bool(data.get("complete", False)),
-            higher_score_better=bool(data.get("higher_score_better", True)),
+        """Inverse of ``to_attrs`` (a round stored before a field existed gets its default)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        runs = (
+            ConfirmRun(**{_RENAMED.get(key, key): value for key, value in run.items()})
+            for run in data.get("runs", ())
         )
+        stored = {key: value for key, value in data.items() if key in known}
+        return cls(**{**stored, "candidates": tuple(data["candidates"]), "runs": tuple(runs)})
 
     @property
     def references(self) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from autotune.executor import TrialExecutor, attempt
 from autotune.faults import TrialFault
 from autotune.results import Evaluation
 from autotune.study._answer import answer_of
+from autotune.study._confirm import interleaved
 from autotune.study._queries import feasible_trials, reference_trial, trial_config
 from autotune.study._records import REFERENCE_NAMES
 from autotune.turns import turn
@@ -206,12 +207,8 @@ def runs_left(
     order it trains them (A B C, then C B A, ...)."""
     done = {(run.role, run.repeat) for run in _kept(study, epochs).runs}
     chosen = verify_candidates(study, runner_up)
-    return [
-        (role, trial, repeat)
-        for repeat in range(1, repeats + 1)
-        for role, trial in (chosen if repeat % 2 else chosen[::-1])
-        if (role, repeat) not in done
-    ]
+    order = interleaved(chosen, repeats)
+    return [(role, trial, repeat) for (role, trial), repeat in order if (role, repeat) not in done]
 
 
 def verify_study(
