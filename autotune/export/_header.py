@@ -11,38 +11,14 @@ from typing import Any
 from autotune._version import __version__
 from autotune.export._api import BestConfig
 from autotune.export._bundle import literal
+from autotune.knobs import KNOBS
 from autotune.spec import WorkloadSpec
 
 __all__ = ["SCRIPT_KNOBS", "knob_notes", "provenance_rows"]
 
-# Where the script applies each knob of ``spec.KNOBS`` (a knob missing here fails
-# tests/test_spec.py): a constant at the top of the script, or the execution summary line and the
-# template code that follows it.
-SCRIPT_KNOBS: dict[str, str] = {
-    "lr": "LEARNING_RATE",
-    "lr_scaling": "LEARNING_RATE (applied; its comment says how it was scaled)",
-    "base_batch_size": "LEARNING_RATE (applied; its comment says per how many examples)",
-    "batch_size": "BATCH_SIZE",
-    "accumulation_steps": "ACCUMULATION_STEPS",
-    "data_pipeline": "execution summary; DataLoader or DeviceBatches",
-    "num_workers": "NUM_WORKERS",
-    "pin_memory": "PIN_MEMORY",
-    "prefetch_factor": "PREFETCH_FACTOR",
-    "persistent_workers": "PERSISTENT_WORKERS",
-    "precision": "PRECISION (its TF32 flags); autocast and GradScaler",
-    "compile": "execution summary; torch.compile(mode=...)",
-    "optimizer": "OPTIMIZER",
-    "weight_decay": "WEIGHT_DECAY",
-    "momentum": "MOMENTUM",
-    "nesterov": "NESTEROV",
-    "schedule": "SCHEDULE",
-    "warmup_fraction": "WARMUP_FRACTION",
-    "channels_last": "execution summary; memory_format=torch.channels_last",
-    "cudnn_benchmark": "CUDNN_BENCHMARK",
-    "ddp_bucket_cap_mb": "DDP_BUCKET_CAP_MB (a trial of several processes)",
-    "gradient_as_bucket_view": "GRADIENT_AS_BUCKET_VIEW (a trial of several processes)",
-    "static_graph": "STATIC_GRAPH (a trial of several processes)",
-}
+# Where the script applies each knob (the registry's ``script``): a constant at the top of the
+# script, or the execution summary line and the template code that follows it
+SCRIPT_KNOBS: dict[str, str] = {name: info.script for name, info in KNOBS.items()}
 
 
 def knob_notes(best: BestConfig) -> list[tuple[str, Any, str]]:

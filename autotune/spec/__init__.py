@@ -13,23 +13,21 @@ file, the line and the key path (``quick.yaml:7: space.lr: low (0.1) is greater 
 
 The package is split in three modules, everything other modules use re-exported here:
 
-- ``_knobs``: the knob registry (``KNOBS``), the shapes a knob takes (``Choice``, ``IntRange``,
-  ``FloatRange``), how a knob's YAML value is read, the ``space`` section (``SpaceSpec``) and
-  ``SpecError``;
+- ``_knobs``: the shapes a knob of the registry (``autotune.knobs``) takes (``Choice``,
+  ``IntRange``, ``FloatRange``), how a knob's YAML value is read, the ``space`` section
+  (``SpaceSpec``) and ``SpecError``;
 - ``_sections``: the ``study``, ``workload`` and ``objective`` sections (``StudySpec``,
   ``WorkloadSpec``, ``ObjectiveSpec``) and the names they accept (``SCORES``, ``LOSSES``, ...);
 - ``_spec``: the whole file (``Spec``) and its loading (``parse_spec``, ``load_spec``), which
   puts file:line on every error; ``Spec.with_overrides`` words its errors the same way.
 """
 
+from autotune.knobs import DDP_KNOBS, KNOBS, KnobInfo
 from autotune.spec._knobs import (
-    DDP_KNOBS,
-    KNOBS,
     Choice,
     FloatRange,
     IntRange,
     Knob,
-    KnobInfo,
     SpaceSpec,
     SpecError,
     knobs_for,
@@ -40,15 +38,7 @@ from autotune.spec._spec import Spec, load_spec, parse_spec
 
 # isort: split
 # the other names importable from autotune.spec before the split, not in __all__ as then
-from autotune.spec._knobs import (  # noqa: F401
-    COMPILE_MODES,
-    DATA_PIPELINES,
-    LR_SCALINGS,
-    OPTIMIZERS,
-    PRECISIONS,
-    SCHEDULES,
-    Scalar,
-)
+from autotune.spec._knobs import Scalar  # noqa: F401
 from autotune.spec._sections import (  # noqa: F401
     DEFAULT_STORAGE,
     LOSSES,

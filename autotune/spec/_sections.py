@@ -10,7 +10,8 @@ from typing import Any, Literal
 
 from pydantic import Field, JsonValue, field_validator, model_validator
 
-from autotune.spec._knobs import DDP_KNOBS, KNOBS, Frozen, Scalar, did_you_mean
+from autotune.knobs import DDP_KNOBS, KNOBS, LOADER_KNOBS
+from autotune.spec._knobs import Frozen, Scalar, did_you_mean
 from autotune.spec._names import PrintableName
 
 DEFAULT_STORAGE = "sqlite:///studies/autotune.db"
@@ -44,8 +45,6 @@ class SpeedSpec(Frozen):
 
 
 STRATEGIES = ("two_stage", "joint")
-# knobs that only say how batches are loaded: they never change what is learned
-_LOADER_KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 
 
 class StudySpec(Frozen):
@@ -86,7 +85,7 @@ class StudySpec(Frozen):
         for name in value:
             if name not in KNOBS:
                 raise ValueError(f"unknown knob '{name}'{did_you_mean(name, list(KNOBS))}")
-            if name in _LOADER_KNOBS:
+            if name in LOADER_KNOBS:  # how batches are loaded: never what is learned
                 raise ValueError(
                     f"{name} only says how batches are loaded, never what is learned; "
                     f"declare data_pipeline to search the pipeline in stage 2"

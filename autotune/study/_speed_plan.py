@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.config import TrialConfig
+from autotune.knobs import COMPUTE_KNOBS, DDP_KNOBS, KNOBS, PIPELINE_KNOBS, SPEED_KNOBS
 from autotune.spec import Choice, FloatRange, IntRange, Knob, Spec, SpecError
-from autotune.speed import COMPUTE_KNOBS, DDP_SETTINGS, SPEED_KNOBS, Extras
+from autotune.speed import Extras
 
 __all__ = [
     "COMPILE_SECONDS_GUESS",
@@ -177,7 +178,8 @@ class SpeedPlan:
         declared = [self.values[name] for name in self.declared]
         precisions = list(self.values["precision"])
         if self.base.device.startswith("cuda"):
-            precisions.sort(key=GPU_PRECISION_ORDER.index)
+            order = (*GPU_PRECISION_ORDER, *precisions)  # a value it does not name: last
+            precisions.sort(key=order.index)
         for precision in precisions:
             for combination in itertools.product(*declared):
                 yield precision, tuple(zip(self.declared, combination, strict=True))
@@ -209,35 +211,34 @@ class SpeedPlan:
     def _fixed(self, cell: Cell) -> dict[str, Any]:
         return dict(cell.extras)
 
+    def _product(self, cell: Cell, names: tuple[str, ...]) -> list[dict[str, Any]]:
+        """Every combination of the values of ``names`` the space offers (a cell's own where
+        it fixes one), each knob's only where it means something (the registry's
+        ``only_when``), the first knob's values outermost."""
+        fixed = self._fixed(cell)
+        found: list[dict[str, Any]] = [{"world": self.base.world_size}]
+        for name in names:
+            info = KNOBS[name]
+            found = [
+                {**setting, name: value}
+                for setting in found
+                for value in (
+                    [fixed[name]]
+                    if name in fixed
+                    else self.values[name]
+                    if info.applies(setting)
+                    else [info.value_off()]
+                )
+            ]
+        return [{k: v for k, v in setting.items() if k != "world"} for setting in found]
+
     def pipeline_settings(self, cell: Cell) -> list[dict[str, Any]]:
         """Every pipeline setting (data_pipeline and the loader knobs) of ``cell``."""
-        fixed = self._fixed(cell)
-        found = []
-        for pipeline in (
-            [fixed["data_pipeline"]] if "data_pipeline" in fixed else self.values["data_pipeline"]
-        ):
-            if pipeline == "device":
-                found.append(_pipeline("device", 0, False, None, False))
-                continue
-            for workers in self.values["num_workers"]:
-                for pin in self.values["pin_memory"]:
-                    if workers == 0:
-                        found.append(_pipeline("dataloader", 0, pin, None, False))
-                        continue
-                    for prefetch in self.values["prefetch_factor"]:
-                        for persistent in self.values["persistent_workers"]:
-                            found.append(
-                                _pipeline("dataloader", workers, pin, prefetch, persistent)
-                            )
-        return found
+        return self._product(cell, PIPELINE_KNOBS)
 
     def compute_settings(self, cell: Cell) -> list[dict[str, Any]]:
         """Every compute setting (compile, channels_last, cudnn_benchmark) of ``cell``."""
-        fixed = self._fixed(cell)
-        axes = [[fixed[name]] if name in fixed else self.values[name] for name in COMPUTE_KNOBS]
-        found = [
-            dict(zip(COMPUTE_KNOBS, values, strict=True)) for values in itertools.product(*axes)
-        ]
+        found = self._product(cell, COMPUTE_KNOBS)
         # cudnn_benchmark off, then on: a worker switches value only in a fresh process (its
         # cuDNN plans are its own: trainer.cudnn_plans_differ), so once a cell, not every other;
         # eager first (its speed bounds what a compile may cost), then the compile modes from
@@ -349,18 +350,6 @@ class SpeedPlan:
         )
 
 
-def _pipeline(
-    pipeline: str, workers: int, pin: bool, prefetch: int | None, persistent: bool
-) -> dict[str, Any]:
-    return {
-        "data_pipeline": pipeline,
-        "num_workers": workers,
-        "pin_memory": pin,
-        "prefetch_factor": prefetch,
-        "persistent_workers": persistent,
-    }
-
-
 def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -374,7 +363,7 @@ def config_key(context: str, config: TrialConfig) -> str:
     if config.distributed:  # several processes; one process keeps the keys it always had
         values["world_size"] = config.world_size
     else:
-        for name in DDP_SETTINGS:
+        for name in DDP_KNOBS:
             del values[name]
     return _digest({"method": METHOD_VERSION, "context": context, "config": values})
 

@@ -30,8 +30,9 @@ from optuna.trial import TrialState
 
 from autotune.faults import FaultKind
 from autotune.interference import usable_cores
-from autotune.spec import COMPILE_MODES, DATA_PIPELINES, PRECISIONS, Spec
-from autotune.speed import DDP_SETTINGS, SpeedMeasurement
+from autotune.knobs import DDP_KNOBS, KNOBS
+from autotune.spec import Spec
+from autotune.speed import SpeedMeasurement
 from autotune.study._speed_plan import Cell, Settings
 
 if TYPE_CHECKING:
@@ -183,25 +184,21 @@ _FLAGS = CategoricalDistribution((False, True))
 
 
 def _distributions(config_values: dict[str, Any]) -> dict[str, BaseDistribution]:
-    """Fixed distributions of a speed trial's parameters, so that the dashboard plots every
-    trial of every run on the same axes."""
+    """Fixed distributions of a speed trial's parameters, from the registry, so that the
+    dashboard plots every trial of every run on the same axes."""
     big = max(256, *(v for v in config_values.values() if isinstance(v, int)))
-    known: dict[str, BaseDistribution] = {
-        "batch_size": IntDistribution(1, max(big, 1 << 16), log=True),
-        "precision": CategoricalDistribution(PRECISIONS),
-        "data_pipeline": CategoricalDistribution(DATA_PIPELINES),
-        "num_workers": IntDistribution(0, big),
-        "pin_memory": _FLAGS,
-        "prefetch_factor": IntDistribution(1, big),
-        "persistent_workers": _FLAGS,
-        "compile": CategoricalDistribution(COMPILE_MODES),
-        "channels_last": _FLAGS,
-        "cudnn_benchmark": _FLAGS,
-        "ddp_bucket_cap_mb": IntDistribution(1, big),
-        "gradient_as_bucket_view": _FLAGS,
-        "static_graph": _FLAGS,
-    }
-    return {name: known[name] for name in config_values}
+
+    def axis(name: str) -> BaseDistribution:
+        info = KNOBS[name]
+        if info.kind == "bool":
+            return _FLAGS
+        if info.kind == "choice":
+            return CategoricalDistribution(info.choices)
+        if name == "batch_size":
+            return IntDistribution(1, max(big, 1 << 16), log=True)
+        return IntDistribution(int(info.ge or 0), big)
+
+    return {name: axis(name) for name in config_values}
 
 
 def speed_params(cell: Cell, settings: Settings) -> dict[str, Any]:
@@ -213,7 +210,7 @@ def speed_params(cell: Cell, settings: Settings) -> dict[str, Any]:
     if values.get("num_workers", 0) == 0:
         values.pop("persistent_workers", None)
     if not cell.distributed:  # DDP's settings mean nothing to one process
-        for name in DDP_SETTINGS:
+        for name in DDP_KNOBS:
             values.pop(name, None)
     return values
 
