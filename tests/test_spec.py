@@ -19,6 +19,7 @@ from autotune.spec import (
 )
 
 MINIMAL = "workload: {model: digits_cnn, data: digits}\n"
+PRECISIONS = ", ".join(KNOBS["precision"].choices)  # fp32, fp32-strict, tf32, bf16, fp16
 
 
 def problems(text: str) -> list[str]:
@@ -158,11 +159,11 @@ def test_unknown_top_level_section():
         ("batch_size: 12.5", "12.5 is not an integer"),
         (
             "precision: [fp32, fp8]",
-            "item 2: 'fp8' is not one of fp32, fp32-strict, tf32, bf16, fp16",
+            f"item 2: 'fp8' is not one of {PRECISIONS}",
         ),
         (
             "precision: [fp23]",
-            "'fp23' is not one of fp32, fp32-strict, tf32, bf16, fp16; did you mean 'fp32'?",
+            f"'fp23' is not one of {PRECISIONS}; did you mean 'fp32'?",
         ),
         ("compile: false", "false is not one of none, default"),
         ("compile: max_autotune", "did you mean 'max-autotune'?"),
