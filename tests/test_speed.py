@@ -292,6 +292,17 @@ def test_on_a_gpu_stage_one_times_the_half_precisions_first():
     assert cpu == ["fp32", "bf16"]  # as listed (a GPU would time bf16 first)
 
 
+def test_a_precision_the_gpu_order_does_not_name_is_timed_last(monkeypatch):
+    """A precision added to the registry needs no place in stage 1's GPU order: it comes after
+    the ones the order names, in the space's order."""
+    from autotune.study import _speed_plan
+
+    monkeypatch.setattr(_speed_plan, "GPU_PRECISION_ORDER", ("fp16", "bf16"))
+    space = two_stage(precisions="[tf32, fp32, bf16, fp16]")
+    gpu = [c.precision for c in _plan(space, AMPERE).cells() if c.batch_size == 16]
+    assert gpu == ["fp16", "bf16", "tf32", "fp32"]
+
+
 def test_stage_one_predicts_the_checklist_precision_at_the_largest_micro_batch_fastest():
     import dataclasses
 
