@@ -50,7 +50,7 @@ class KnobInfo:
     doc: str
     stage: Stage = "learning"
     graph: bool = False  # its value changes the compiled graph of a training step
-    script: str = ""  # where the exported script applies it
+    script: str = ""  # its constant in the exported script, or where else the script applies it
     choices: tuple[str, ...] = ()
     ge: float | None = None  # inclusive lower bound
     gt: float | None = None  # exclusive lower bound
@@ -187,7 +187,7 @@ KNOBS: dict[str, KnobInfo] = {
             ("fp32-strict", "tf32", "it is fp32 on {device}, which has no TF32 to turn off"),
             ("bf16", "bf16", "{device} has no bfloat16 support"),
         ),
-        script="PRECISION (its TF32 flags); autocast and GradScaler",
+        script="PRECISION",  # its TF32 flags; autocast and GradScaler
         aliases=("dtype", "amp", "mixed_precision"),
     ),
     "compile": KnobInfo(
@@ -283,7 +283,7 @@ KNOBS: dict[str, KnobInfo] = {
         stage="compute",
         graph=True,
         only_when=_DDP,
-        script="DDP_BUCKET_CAP_MB (a trial of several processes)",
+        script="DDP_BUCKET_CAP_MB",
     ),
     "gradient_as_bucket_view": KnobInfo(
         "bool",
@@ -292,7 +292,7 @@ KNOBS: dict[str, KnobInfo] = {
         stage="compute",
         graph=True,
         only_when=_DDP,
-        script="GRADIENT_AS_BUCKET_VIEW (a trial of several processes)",
+        script="GRADIENT_AS_BUCKET_VIEW",
     ),
     "static_graph": KnobInfo(
         "bool",
@@ -301,7 +301,7 @@ KNOBS: dict[str, KnobInfo] = {
         stage="compute",
         graph=True,
         only_when=_DDP,
-        script="STATIC_GRAPH (a trial of several processes)",
+        script="STATIC_GRAPH",
     ),
 }
 

@@ -23,7 +23,7 @@ from autotune.export._arguments import (
 from autotune.export._bundle import Import, import_block, literal
 from autotune.export._header import provenance_rows
 from autotune.export._script import template_environment
-from autotune.knobs import CHOICES, KNOBS
+from autotune.knobs import CHOICES, DDP_KNOBS, KNOBS
 from autotune.spec import WorkloadSpec
 
 __all__ = ["FRAMEWORK_FORMATS", "render_framework"]
@@ -181,10 +181,9 @@ def _lightning(best: BestConfig) -> dict[str, Any]:
         gpus = list(range(first, first + processes))
         shown = literal(gpus if accelerator == "gpu" else processes)
         trainer.append(Argument("devices", shown, f"the trial's {processes} DDP processes"))
-        settings = ("ddp_bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
         values = "".join(  # DDPStrategy passes them on to DistributedDataParallel
             f"    {name.removeprefix('ddp_')}={literal(getattr(config, name))},\n"
-            for name in settings
+            for name in DDP_KNOBS
         )
         trainer.append(
             Argument(
