@@ -1,7 +1,8 @@
 """The search space: hardware filtering of knob values, and trial -> TrialConfig.
 
-This is the only module that calls ``trial.suggest_*``. Conditional knobs are sampled only where
-they mean something: ``prefetch_factor`` and ``persistent_workers`` only with DataLoader workers,
+This is the only module that calls ``trial.suggest_*``, in one loop over the knob registry
+(``draw``). Conditional knobs are sampled only where they mean something (the registry's
+``only_when``): ``prefetch_factor`` and ``persistent_workers`` only with DataLoader workers,
 ``momentum`` only for SGD, ``nesterov`` only with momentum.
 
 A joint study samples every knob. A two-stage study's trials sample what changes learning (the
