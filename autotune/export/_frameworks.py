@@ -39,12 +39,10 @@ _NUMBERS = (
 _FLAGS = tuple(name for name, info in KNOBS.items() if info.kind == "bool")
 
 
-def _precision(precision: str) -> tuple[str, str, bool, str | None]:
+def _precision(precision: str) -> tuple[str, str, bool]:
     """What ``precision`` is to the frameworks: Lightning 2.x's precision string
     (lightning.fabric.connector._PRECISION_INPUT_STR), and its CUDA flags
-    (``semantics.cuda_flags``: the matmul precision, TF32 convolutions) with the value of
-    TrainingArguments(tf32=...): True turns TF32 on for matmuls and convolutions, False off for
-    both, None leaves PyTorch's defaults (TF32 convolutions only)."""
+    (``semantics.cuda_flags``: the matmul precision, TF32 convolutions)."""
     import torch
 
     from autotune import semantics
@@ -54,16 +52,16 @@ def _precision(precision: str) -> tuple[str, str, bool, str | None]:
         torch.bfloat16: "bf16-mixed",
         torch.float16: "16-mixed",
     }
-    lightning = mixed.get(dtype, "32-true")
-    matmul, conv_tf32 = semantics.cuda_flags(precision)
-    hf_tf32 = {("high", True): "True", ("highest", False): "False"}.get((matmul, conv_tf32))
-    return lightning, matmul, conv_tf32, hf_tf32
+    return mixed.get(dtype, "32-true"), *semantics.cuda_flags(precision)
 
 
+# TrainingArguments(tf32=...) by CUDA flags: True turns TF32 on for matmuls and convolutions,
+# False off for both, None leaves PyTorch's defaults (TF32 convolutions only)
 _HF_TF32 = {
-    "True": "TF32 matmuls and convolutions (CUDA)",
-    "False": "no TF32 for matmuls or convolutions (CUDA)",
-    None: "PyTorch's defaults: TF32 convolutions only (CUDA)",
+    ("high", True): ("True", "TF32 matmuls and convolutions (CUDA)"),
+    ("highest", False): ("False", "no TF32 for matmuls or convolutions (CUDA)"),
+    ("highest", True): ("None", "PyTorch's defaults: TF32 convolutions only (CUDA)"),
+    ("high", False): ("None", "none for TF32 matmuls alone: set_float32_matmul_precision('high')"),
 }
 
 
@@ -151,7 +149,7 @@ def _optimizer(best: BestConfig) -> list[Argument]:
 def _lightning(best: BestConfig) -> dict[str, Any]:
     config = best.config
     precision = config.precision
-    lightning_precision, matmul, conv_tf32, _ = _precision(precision)
+    lightning_precision, matmul, conv_tf32 = _precision(precision)
     accelerator, devices = _lightning_device(config.device)
     trainer = [
         Argument(
@@ -278,7 +276,7 @@ def _hf(best: BestConfig) -> dict[str, Any]:
             "two meet at the end of the warm-up. TrainingArguments has no setting for it.",
         ]
     precision_comment = searched(best, "precision", f"autotune's {precision}")
-    lightning_precision, _, _, tf32 = _precision(precision)
+    lightning_precision, matmul, conv_tf32 = _precision(precision)
     arguments = [
         Argument(
             "per_device_train_batch_size",
@@ -308,7 +306,7 @@ def _hf(best: BestConfig) -> dict[str, Any]:
         Argument("max_grad_norm", "0.0", "the study did not clip gradients (default 1.0)"),
         Argument("bf16", literal(lightning_precision == "bf16-mixed"), precision_comment),
         Argument("fp16", literal(lightning_precision == "16-mixed")),
-        Argument("tf32", str(tf32), _HF_TF32[tf32]),
+        Argument("tf32", *_HF_TF32[matmul, conv_tf32]),
         Argument("torch_compile", literal(config.compile != "none"), searched(best, "compile")),
     ]
     if config.compile not in ("none", "default"):
