@@ -21,7 +21,7 @@ Scalar = bool | int | float | str
 
 # the values of the knobs that name a choice: TrialConfig's field types
 # fp32: PyTorch's defaults (TF32 convolutions on a GPU); fp32-strict: no TF32 at all; tf32:
-# TF32 matmuls too; bf16 and fp16: autocast (fp16 with GradScaler); see semantics.PRECISIONS
+# TF32 matmuls too; bf16 and fp16: autocast (fp16 with GradScaler); semantics says how
 Precision = Literal["fp32", "fp32-strict", "tf32", "bf16", "fp16"]
 CompileMode = Literal[
     "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
