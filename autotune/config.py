@@ -17,8 +17,6 @@ from autotune.knobs import (
     Schedule,
 )
 
-__all__ = ["TrialConfig", "scaled_lr"]
-
 
 def scaled_lr(base_lr: float, effective_batch_size: int, base_batch_size: int, rule: str) -> float:
     """The learning rate applied at ``effective_batch_size`` under a scaling rule.

@@ -28,23 +28,6 @@ from autotune.interference import CpuMeter, trial_threads
 from autotune.knobs import GRAPH_KNOBS
 from autotune.trainer import backend_flags
 
-__all__ = [
-    "GRAPH_FIELDS",
-    "CompiledGraph",
-    "Guarded",
-    "compile_seconds",
-    "compile_state",
-    "compiled_graphs",
-    "fresh_inductor_cache",
-    "graph_key",
-    "guarded",
-    "intra_op_threads",
-    "kept_graph",
-    "on_device",
-    "peak_memory_bytes",
-    "reset_peak_memory",
-]
-
 
 def compiled_graphs() -> int:
     counters = getattr(torch._dynamo.utils, "counters", {})

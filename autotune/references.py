@@ -27,16 +27,6 @@ from autotune.space import Pick, draw, fixed_value
 from autotune.spec import Choice, FloatRange, IntRange, Knob, Spec
 from autotune.speed import SpeedChoice, SpeedTable
 
-__all__ = [
-    "as_two_stage",
-    "baseline_params",
-    "checklist_params",
-    "checklist_rules",
-    "own_table",
-    "untuned_config",
-]
-
-
 TUNING_GUIDE = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
 AMP_GUIDE = "https://pytorch.org/docs/stable/amp.html"
 CHANNELS_LAST = "https://pytorch.org/tutorials/intermediate/memory_format_tutorial.html"

@@ -19,25 +19,6 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = [
-    "CUDA_GRAPH_MODES",
-    "IGNORE_INDEX",
-    "TOP_K",
-    "TrainingSteps",
-    "autocast",
-    "autocast_dtype",
-    "builtin_score",
-    "classification_sums",
-    "cuda_flags",
-    "keep_grads_outside_graphs",
-    "logits_of",
-    "lr_factor",
-    "make_optimizer",
-    "make_scheduler",
-    "set_cuda_flags",
-    "validation_sums",
-]
-
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # compile modes that record CUDA graphs
 IGNORE_INDEX = -100  # a target element of this value is padding: neither trained on nor scored
 TOP_K = 5  # score top5: right when the target is among this many highest logits

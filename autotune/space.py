@@ -35,18 +35,6 @@ WORKERS_PER_CORE = 4  # DataLoader processes a core may be given (I/O-bound load
 # a knob's value, given its name and its values in the space: Optuna's suggestion in a trial
 Pick = Callable[[str, Knob], Any]
 
-__all__ = [
-    "Dropped",
-    "NothingFits",
-    "Pick",
-    "Restriction",
-    "draw",
-    "effective_batch_sizes",
-    "fixed_value",
-    "restrict",
-    "sample",
-]
-
 
 class NothingFits(Exception):
     """The speed stage found no way to train the sampled effective batch and precision:

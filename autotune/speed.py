@@ -16,19 +16,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.knobs import COMPUTE_KNOBS, SPEED_KNOBS, SPLIT_KNOBS
-
-__all__ = [
-    "COMPUTE_KNOBS",
-    "SPEED_KNOBS",
-    "SPLIT_KNOBS",
-    "BurstPlan",
-    "Extras",
-    "SpeedChoice",
-    "SpeedMeasurement",
-    "SpeedTable",
-]
-
 Extras = tuple[tuple[str, Any], ...]  # declared learning knobs among SPEED_KNOBS, by name
 
 

@@ -26,8 +26,6 @@ from autotune.export._script import template_environment
 from autotune.knobs import CHOICES, DDP_KNOBS, KNOBS
 from autotune.spec import WorkloadSpec
 
-__all__ = ["FRAMEWORK_FORMATS", "render_framework"]
-
 FRAMEWORK_FORMATS = ("lightning", "hf")
 
 _CUDA_INDEX = re.compile(r"^cuda:(\d+)$", re.ASCII)

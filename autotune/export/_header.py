@@ -15,8 +15,6 @@ from autotune.export._bundle import literal
 from autotune.knobs import DDP_KNOBS, KNOBS, SPEED_KNOBS
 from autotune.spec import WorkloadSpec
 
-__all__ = ["SCRIPT_KNOBS", "knob_notes", "provenance_rows"]
-
 # Where the script applies each knob (the registry's ``script``): a constant at the top of the
 # script, or the execution summary line and the template code that follows it
 SCRIPT_KNOBS: dict[str, str] = {name: info.script for name, info in KNOBS.items()}

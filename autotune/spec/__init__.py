@@ -22,50 +22,35 @@ The package is split in three modules, everything other modules use re-exported 
   puts file:line on every error; ``Spec.with_overrides`` words its errors the same way.
 """
 
-from autotune.knobs import DDP_KNOBS, KNOBS, KnobInfo
-from autotune.spec._knobs import (
+# re-exports: what other modules import from autotune.spec
+from autotune.knobs import DDP_KNOBS, KNOBS, KnobInfo  # noqa: F401
+from autotune.spec._knobs import (  # noqa: F401
     Choice,
     FloatRange,
     IntRange,
     Knob,
+    Scalar,
     SpaceSpec,
     SpecError,
     knobs_for,
 )
-from autotune.spec._names import is_unprintable
-from autotune.spec._sections import ConfirmSpec, ObjectiveSpec, StudySpec, WorkloadSpec
-from autotune.spec._spec import Spec, load_spec, parse_spec
-
-# isort: split
-# the other names importable from autotune.spec before the split, not in __all__ as then
-from autotune.spec._knobs import Scalar  # noqa: F401
+from autotune.spec._names import is_unprintable  # noqa: F401
 from autotune.spec._sections import (  # noqa: F401
     DEFAULT_STORAGE,
     LOSSES,
     MODEL_FAMILY_NAMES,
     SCORES,
     STRATEGIES,
+    ConfirmSpec,
+    ObjectiveSpec,
     SpeedSpec,
+    StudySpec,
+    WorkloadSpec,
 )
-from autotune.spec._spec import MAX_SPACE_FILE_BYTES, MAX_SPACE_VALUES  # noqa: F401
-
-__all__ = [
-    "DDP_KNOBS",
-    "KNOBS",
-    "Choice",
-    "ConfirmSpec",
-    "FloatRange",
-    "IntRange",
-    "Knob",
-    "KnobInfo",
-    "ObjectiveSpec",
-    "SpaceSpec",
-    "Spec",
-    "SpecError",
-    "StudySpec",
-    "WorkloadSpec",
-    "is_unprintable",
-    "knobs_for",
-    "load_spec",
-    "parse_spec",
-]
+from autotune.spec._spec import (  # noqa: F401
+    MAX_SPACE_FILE_BYTES,
+    MAX_SPACE_VALUES,
+    Spec,
+    load_spec,
+    parse_spec,
+)

@@ -34,8 +34,9 @@ import optuna
 from autotune.config import TrialConfig
 from autotune.execution import graph_key
 from autotune.executor import TrialExecutor
+from autotune.knobs import COMPUTE_KNOBS
 from autotune.spec import Spec
-from autotune.speed import COMPUTE_KNOBS, SpeedTable
+from autotune.speed import SpeedTable
 from autotune.study import adapter
 from autotune.study._speed_budget import TimeLimit
 from autotune.study._speed_plan import Cell, Settings, SpeedPlan, context_key, describe
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
     from autotune.hardware import Hardware
     from autotune.workloads import Workload
 
-__all__ = ["run_speed_stage"]
 
 CONTENDER_MARGIN = 0.10  # settings within this of a cell's fastest are measured again
 MAX_CONTENDERS = 4  # ... at most this many per cell

@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from autotune.spec import Spec
 from autotune.study._speed_plan import COMPILE_SECONDS_GUESS
 
-__all__ = ["OVERRUN", "Budget", "TimeLimit"]
-
 # an eager measurement still running after this many typical ones of the stage is stopped (a
 # busy machine: what it would measure is spoiled), but never before MIN_LIMIT_SECONDS: a
 # pipeline whose workers start at every pass takes seconds more than the others

@@ -29,17 +29,6 @@ from autotune.knobs import COMPUTE_KNOBS, DDP_KNOBS, KNOBS, PIPELINE_KNOBS, SPEE
 from autotune.spec import Choice, FloatRange, IntRange, Knob, Spec, SpecError
 from autotune.speed import Extras
 
-__all__ = [
-    "COMPILE_SECONDS_GUESS",
-    "FULL_PRODUCT_LIMIT",
-    "METHOD_VERSION",
-    "Cell",
-    "Settings",
-    "SpeedPlan",
-    "StageEstimate",
-    "config_key",
-]
-
 FULL_PRODUCT_LIMIT = 12  # settings per cell measured exhaustively; more: in two passes
 MAX_RANGE_VALUES = 64  # an integer range of an execution knob is enumerated up to this many
 METHOD_VERSION = 1  # of the measurement: a change makes earlier measurements a cache miss

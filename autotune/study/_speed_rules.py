@@ -32,19 +32,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.faults import FaultKind
+from autotune.knobs import COMPUTE_KNOBS
 from autotune.spec import Spec
-from autotune.speed import COMPUTE_KNOBS, SpeedMeasurement
+from autotune.speed import SpeedMeasurement
 from autotune.study._speed_budget import Budget, TimeLimit
 from autotune.study._speed_plan import Cell, Settings
-
-__all__ = [
-    "DOMINATED_SHARE",
-    "MEASUREMENT_SLACK_SECONDS",
-    "SLOW_PIPELINE_SHARE",
-    "CellResult",
-    "LeftOut",
-    "unpaid_compile",
-]
 
 # a pipeline below this share of its cell's fastest is not tried at the micro-batch's other
 # precisions: what a pipeline costs a batch (loading, workers' start and hand-over) does not

@@ -39,20 +39,6 @@ if TYPE_CHECKING:
     from autotune.hardware import Hardware
     from autotune.workloads import Workload
 
-__all__ = [
-    "FACTS",
-    "SPEED_SUFFIX",
-    "TRANSIENT_FAULTS",
-    "SpeedEvent",
-    "SpeedRecord",
-    "context_facts",
-    "known_distributions",
-    "load_cache",
-    "open_speed_study",
-    "speed_params",
-    "speed_study_name",
-    "speed_trial",
-]
 
 SPEED_SUFFIX = ".speed"
 # faults that say nothing about the configuration (a busy machine, an interruption, stage 1's
