@@ -47,7 +47,6 @@ class KnobInfo:
 
     kind: Literal["float", "int", "bool", "choice"]
     default: Scalar
-    doc: str
     stage: Stage = "learning"
     graph: bool = False  # its value changes the compiled graph of a training step
     script: str = ""  # its constant in the exported script, or where else the script applies it
@@ -87,7 +86,6 @@ KNOBS: dict[str, KnobInfo] = {
     "lr": KnobInfo(
         "float",
         1e-3,
-        "learning rate per base_batch_size examples (see lr_scaling)",
         gt=0,
         script="LEARNING_RATE",
         aliases=("learning_rate", "base_lr"),
@@ -95,7 +93,6 @@ KNOBS: dict[str, KnobInfo] = {
     "lr_scaling": KnobInfo(
         "choice",
         "none",
-        "how lr grows with the effective batch: none, linear (Goyal et al.) or sqrt",
         choices=get_args(LrScaling),
         searchable=False,
         script="LEARNING_RATE (applied; its comment says how it was scaled)",
@@ -103,7 +100,6 @@ KNOBS: dict[str, KnobInfo] = {
     "base_batch_size": KnobInfo(
         "int",
         256,
-        "the effective batch size at which lr applies unscaled",
         ge=1,
         searchable=False,
         script="LEARNING_RATE (applied; its comment says per how many examples)",
@@ -111,7 +107,6 @@ KNOBS: dict[str, KnobInfo] = {
     "batch_size": KnobInfo(
         "int",
         64,
-        "samples per micro-batch (per forward pass)",
         ge=1,
         stage="split",
         graph=True,
@@ -121,7 +116,6 @@ KNOBS: dict[str, KnobInfo] = {
     "accumulation_steps": KnobInfo(
         "int",
         1,
-        "micro-batches per optimizer step; effective batch = batch_size x this",
         ge=1,
         stage="split",
         script="ACCUMULATION_STEPS",
@@ -130,8 +124,6 @@ KNOBS: dict[str, KnobInfo] = {
     "data_pipeline": KnobInfo(
         "choice",
         "dataloader",
-        "dataloader: per-sample loading in DataLoader workers; device: the training set in "
-        "device memory, batches augmented in bulk",
         choices=get_args(DataPipeline),
         stage="pipeline",
         script="execution summary; DataLoader or DeviceBatches",
@@ -139,7 +131,6 @@ KNOBS: dict[str, KnobInfo] = {
     "num_workers": KnobInfo(
         "int",
         0,
-        "DataLoader worker processes (0: load in-process)",
         ge=0,
         stage="pipeline",
         only_when=_LOADER,
@@ -149,7 +140,6 @@ KNOBS: dict[str, KnobInfo] = {
     "pin_memory": KnobInfo(
         "bool",
         False,
-        "page-locked host batches for faster GPU copies",
         stage="pipeline",
         only_when=_LOADER,
         needs=((True, _CUDA, "page-locked memory only speeds up copies to a GPU"),),
@@ -158,7 +148,6 @@ KNOBS: dict[str, KnobInfo] = {
     "prefetch_factor": KnobInfo(
         "int",
         2,
-        "batches each worker loads ahead",
         ge=1,
         stage="pipeline",
         only_when=_WORKERS,
@@ -169,7 +158,6 @@ KNOBS: dict[str, KnobInfo] = {
     "persistent_workers": KnobInfo(
         "bool",
         False,
-        "keep workers alive between epochs",
         stage="pipeline",
         only_when=_WORKERS,
         script="PERSISTENT_WORKERS",
@@ -177,8 +165,6 @@ KNOBS: dict[str, KnobInfo] = {
     "precision": KnobInfo(
         "choice",
         "fp32",
-        "fp32 (PyTorch's defaults: TF32 cuDNN convolutions on Ampere+), fp32-strict (no "
-        "TF32), tf32 (TF32 matmul/cuDNN), bf16 (autocast) or fp16 (autocast + GradScaler)",
         choices=get_args(Precision),
         graph=True,
         needs=(
@@ -193,7 +179,6 @@ KNOBS: dict[str, KnobInfo] = {
     "compile": KnobInfo(
         "choice",
         "none",
-        "torch.compile mode, or none for eager",
         choices=get_args(CompileMode),
         stage="compute",
         graph=True,
@@ -208,7 +193,6 @@ KNOBS: dict[str, KnobInfo] = {
     "optimizer": KnobInfo(
         "choice",
         "adamw",
-        "sgd or adamw",
         choices=get_args(OptimizerName),
         graph=True,
         script="OPTIMIZER",
@@ -217,7 +201,6 @@ KNOBS: dict[str, KnobInfo] = {
     "weight_decay": KnobInfo(
         "float",
         0.0,
-        "decoupled (adamw) or L2 (sgd) weight decay",
         ge=0,
         script="WEIGHT_DECAY",
         aliases=("wd",),
@@ -225,7 +208,6 @@ KNOBS: dict[str, KnobInfo] = {
     "momentum": KnobInfo(
         "float",
         0.9,
-        "SGD momentum",
         ge=0,
         lt=1,
         only_when=_SGD,
@@ -235,14 +217,12 @@ KNOBS: dict[str, KnobInfo] = {
     "nesterov": KnobInfo(
         "bool",
         False,
-        "Nesterov momentum",
         only_when=(*_SGD, ("momentum", ">", 0)),
         script="NESTEROV",
     ),
     "schedule": KnobInfo(
         "choice",
         "constant",
-        "learning-rate schedule over the trial's optimizer steps",
         choices=get_args(Schedule),
         script="SCHEDULE",
         aliases=("scheduler", "lr_schedule", "lr_scheduler"),
@@ -250,7 +230,6 @@ KNOBS: dict[str, KnobInfo] = {
     "warmup_fraction": KnobInfo(
         "float",
         0.0,
-        "fraction of optimizer steps with linear warm-up (onecycle: its rising phase, 0.3 if 0)",
         ge=0,
         lt=1,
         script="WARMUP_FRACTION",
@@ -259,7 +238,6 @@ KNOBS: dict[str, KnobInfo] = {
     "channels_last": KnobInfo(
         "bool",
         False,
-        "NHWC memory format for 4-D inputs and the model",
         stage="compute",
         graph=True,
         script="execution summary; memory_format=torch.channels_last",
@@ -268,7 +246,6 @@ KNOBS: dict[str, KnobInfo] = {
     "cudnn_benchmark": KnobInfo(
         "bool",
         False,
-        "let cuDNN time its algorithms per input shape",
         stage="compute",
         needs=((True, _CUDA, "cuDNN runs on CUDA GPUs only"),),
         script="CUDNN_BENCHMARK",
@@ -278,7 +255,6 @@ KNOBS: dict[str, KnobInfo] = {
     "ddp_bucket_cap_mb": KnobInfo(
         "int",
         25,
-        "MiB of gradients DDP all-reduces at once",
         ge=1,
         stage="compute",
         graph=True,
@@ -288,7 +264,6 @@ KNOBS: dict[str, KnobInfo] = {
     "gradient_as_bucket_view": KnobInfo(
         "bool",
         False,
-        "DDP gradients as views into its buckets (no copy)",
         stage="compute",
         graph=True,
         only_when=_DDP,
@@ -297,7 +272,6 @@ KNOBS: dict[str, KnobInfo] = {
     "static_graph": KnobInfo(
         "bool",
         False,
-        "tell DDP every step uses the same parameters",
         stage="compute",
         graph=True,
         only_when=_DDP,
