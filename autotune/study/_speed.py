@@ -1,25 +1,12 @@
 """Stage 1 of the two-stage search: time the execution knobs, keep the fastest per cell.
 
-The stage times short bursts of real training steps through the study's executor
-(``bursts.measure`` in the worker), in an order that finds the fast corner whatever its budget:
-first each cell (``_speed_plan``: a micro-batch size at a precision) once, with its reference
-setting (the tuning checklist's: the data on the device, channels_last, cudnn.benchmark, eager),
-the cells predicted fastest first (the largest micro-batches, on a GPU the half precisions);
-then, the cells fastest first by what that measured, each cell's other settings, and its
-leaders again in the opposite order (A B C, then C B A) so that the choice between close
-settings rests on more than one measurement taken at one moment. Out of memory marks a wall:
-larger micro-batches at those settings are not tried. What the cells timed so far rule out of
-the others (slow pipelines, compile modes that cannot pay back, precisions far behind, a spent
-budget) is ``_speed_rules``'s. Each distinct compiled graph is compiled once
-(``execution.compile_state``) and every setting that reuses it is charged its cold compile.
-Measurements are stored in, and reused from, the speed study (``_speed_store``); ``--remeasure``
-ignores earlier ones. How one measurement is taken (claimed, timed on this machine's turn,
-charged, stored) is ``_speed_take``'s. What a busy machine spoiled (a measurement stopped as it
-overran, a cell's fastest measured only under interference) is timed once more at the stage's
-end, while its budget lasts (``time_again``); what is still flagged then is marked in the table.
-
-The stage's answer is a ``SpeedTable``: for each micro-batch split (batch x accumulation) and
-precision, the settings with which a trial finishes soonest, charged as the objective charges.
+First every cell (``_speed_plan``) times its reference setting, the cells predicted fastest
+first; then, fastest first by what that measured, each cell's other settings, and its leaders
+again in alternating order (A B C, then C B A). Out of memory marks a wall; what the timed cells
+rule out is ``_speed_rules``'s, one measurement ``_speed_take``'s, the cache ``_speed_store``'s.
+What a busy machine spoiled is timed again at the end while the budget lasts (``time_again``).
+The answer is a ``SpeedTable``: per micro-batch split and precision, the settings with which a
+trial finishes soonest, charged as the objective charges.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """What the speed stage measures: its cells, the settings it tries in each, and cache keys.
 
-A *cell* is one micro-batch size at one precision (and one value of each execution knob the
-user declared as changing learning). Within a cell the stage tries *settings*: values of the
-other execution knobs (``autotune.speed.SPEED_KNOBS``), with the conditional ones only where
-they mean something (the loader knobs only with the DataLoader pipeline, prefetch and
-persistence only with workers).
-
-When a cell's settings are few (at most ``FULL_PRODUCT_LIMIT``) every one is measured. When
-they are many, the stage measures them in two passes: the compute knobs (compile,
-channels_last, cudnn_benchmark) with a reference pipeline that keeps the model fed, then the
-pipeline knobs with the fastest compute settings. The two groups act on different phases of a
-step (the pipeline on the wait for data, the compute knobs on the forward and backward), so the
-best of each is found at the cost of the sum of their sizes, not the product: 240 settings of
-``cifar10_resnet18.yaml`` per cell become 16 + 15. Nothing here touches Optuna or torch.
+A *cell* is one micro-batch size at one precision (and one value of each declared learning
+knob); its *settings* are values of the other ``SPEED_KNOBS``, conditional ones only where they
+mean something. At most ``FULL_PRODUCT_LIMIT`` settings are all measured; more are measured in
+two passes, the compute knobs with a reference pipeline, then the pipelines with the fastest
+compute settings: the sum of the two groups' sizes, not their product (240 settings of
+``cifar10_resnet18.yaml`` per cell become 16 + 15). Nothing here touches Optuna or torch.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """The speed study (``NAME.speed``): what one measurement records, and the cache it forms.
 
-Every measurement of the speed stage is a finished Optuna trial of ``NAME.speed`` in the
-study's storage, with samples/s as its value and the execution knobs as its parameters (on
-fixed axes, so optuna-dashboard plots every run's trials together). Its ``cache_key`` names what
-it measured: the context (the machine and torch, the threads a trial gets, the workload as the
-space file names it, the source of its entry points, the data's size) and the configuration's
-execution knobs. The cache is every speed study in the storage, whatever its name: a later
-study on the same machine and model reuses each measurement whose key matches. A failure is
-not a fact: of the measurements that failed, only those whose fault says something of the
-setting itself (``FACTS``: out of memory, a failed compile, ...) are reused, each saying that
-``--remeasure`` times it again; a crash, an error, a busy machine is measured again.
+Each measurement is a finished Optuna trial of ``NAME.speed``: samples/s as its value, the
+execution knobs as its parameters (on fixed axes, for optuna-dashboard), and a ``cache_key``
+naming its context (machine, torch, threads, workload, entry points' source, data size) and its
+knobs. Every speed study in the storage is the cache. Of failures only those that say something
+of the setting (``FACTS``: out of memory, a failed compile) are reused; ``--remeasure`` ignores
+the cache.
 """
 
 from __future__ import annotations
