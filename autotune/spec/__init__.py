@@ -11,15 +11,8 @@ Everything is validated once, here. A problem the user made is reported as one l
 file, the line and the key path (``quick.yaml:7: space.lr: low (0.1) is greater than high
 (0.001)``), with the closest valid key for a typo. Nothing in this package knows about Optuna.
 
-The package is split in three modules, everything other modules use re-exported here:
-
-- ``_knobs``: the shapes a knob of the registry (``autotune.knobs``) takes (``Choice``,
-  ``IntRange``, ``FloatRange``), how a knob's YAML value is read, the ``space`` section
-  (``SpaceSpec``) and ``SpecError``;
-- ``_sections``: the ``study``, ``workload`` and ``objective`` sections (``StudySpec``,
-  ``WorkloadSpec``, ``ObjectiveSpec``) and the names they accept (``SCORES``, ``LOSSES``, ...);
-- ``_spec``: the whole file (``Spec``) and its loading (``parse_spec``, ``load_spec``), which
-  puts file:line on every error; ``Spec.with_overrides`` words its errors the same way.
+Its modules: ``_knobs`` (the ``space`` section and how a knob's value is read), ``_sections``
+(``study``, ``workload``, ``objective``) and ``_spec`` (the whole file and its loading).
 """
 
 # re-exports: what other modules import from autotune.spec

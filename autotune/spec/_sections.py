@@ -118,6 +118,14 @@ _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 ENTRY_POINT = re.compile(rf"{_DOTTED}(?::{_DOTTED})?", re.ASCII)  # fullmatch: no trailing newline
 
 
+def _builtin_or_function(value: str, builtins: tuple[str, ...], what: str) -> str:
+    if value not in builtins and not (":" in value and ENTRY_POINT.fullmatch(value)):
+        raise ValueError(
+            f"'{value}' is not a {what}: use {', '.join(builtins)} or 'package.module:function'"
+        )
+    return value
+
+
 class WorkloadSpec(Frozen):
     """What is trained: a model and data set by name or ``package.module:function``."""
 
@@ -197,11 +205,7 @@ class WorkloadSpec(Frozen):
     @field_validator("loss")
     @classmethod
     def _loss(cls, value: str) -> str:
-        if value not in LOSSES and not (":" in value and ENTRY_POINT.fullmatch(value)):
-            raise ValueError(
-                f"'{value}' is not a loss: use {', '.join(LOSSES)} or 'package.module:function'"
-            )
-        return value
+        return _builtin_or_function(value, LOSSES, "loss")
 
     @field_validator("device")
     @classmethod
@@ -268,11 +272,7 @@ class ObjectiveSpec(Frozen):
     @field_validator("score")
     @classmethod
     def _score(cls, value: str) -> str:
-        if value not in SCORES and not (":" in value and ENTRY_POINT.fullmatch(value)):
-            raise ValueError(
-                f"'{value}' is not a score: use {', '.join(SCORES)} or 'package.module:function'"
-            )
-        return value
+        return _builtin_or_function(value, tuple(SCORES), "score")
 
     @model_validator(mode="after")
     def _metric_settings(self) -> ObjectiveSpec:
@@ -381,10 +381,6 @@ class ObjectiveSpec(Frozen):
     def reaches(self, score: float, bound: float) -> bool:
         """Whether ``score`` is at ``bound`` or better, in the score's direction."""
         return score >= bound if self.score_higher_is_better else score <= bound
-
-    def better(self, score: float, other: float) -> bool:
-        """Whether ``score`` is strictly better than ``other``, in the score's direction."""
-        return score > other if self.score_higher_is_better else score < other
 
 
 # fields added after studies were labelled: left out of their search label (Spec.search_payload)

@@ -190,14 +190,11 @@ class SpeedPlan:
 
     # -- settings -------------------------------------------------------------------------------
 
-    def _fixed(self, cell: Cell) -> dict[str, Any]:
-        return dict(cell.extras)
-
     def _product(self, cell: Cell, names: tuple[str, ...]) -> list[dict[str, Any]]:
         """Every combination of the values of ``names`` the space offers (a cell's own where
         it fixes one), each knob's only where it means something (the registry's
         ``only_when``), the first knob's values outermost."""
-        fixed = self._fixed(cell)
+        fixed = dict(cell.extras)
         found: list[dict[str, Any]] = [{"world": self.base.world_size}]
         for name in names:
             info = KNOBS[name]
@@ -258,7 +255,7 @@ class SpeedPlan:
         that keeps the model fed (``reference_pipeline``) and the tuning checklist's compute
         knobs where the space offers them (channels_last, cudnn.benchmark, eager), else each
         knob's first value: what the checklist predicts runs fastest without a compile."""
-        fixed = self._fixed(cell)
+        fixed = dict(cell.extras)
         compute = {}
         for name in COMPUTE_KNOBS:
             offered = [fixed[name]] if name in fixed else list(self.values[name])
