@@ -16,34 +16,15 @@ Its modules: ``_knobs`` (the ``space`` section and how a knob's value is read), 
 """
 
 # re-exports: what other modules import from autotune.spec
-from autotune.knobs import DDP_KNOBS, KNOBS, KnobInfo  # noqa: F401
-from autotune.spec._knobs import (  # noqa: F401
-    Choice,
-    FloatRange,
-    IntRange,
-    Knob,
-    Scalar,
-    SpaceSpec,
-    SpecError,
-    knobs_for,
-)
+from autotune.knobs import DDP_KNOBS, KNOBS  # noqa: F401
+from autotune.spec._knobs import Choice, FloatRange, IntRange, Knob, SpecError, knobs_for  # noqa: F401
 from autotune.spec._names import is_unprintable  # noqa: F401
 from autotune.spec._sections import (  # noqa: F401
     DEFAULT_STORAGE,
     LOSSES,
     MODEL_FAMILY_NAMES,
     SCORES,
-    STRATEGIES,
-    ConfirmSpec,
     ObjectiveSpec,
-    SpeedSpec,
-    StudySpec,
     WorkloadSpec,
 )
-from autotune.spec._spec import (  # noqa: F401
-    MAX_SPACE_FILE_BYTES,
-    MAX_SPACE_VALUES,
-    Spec,
-    load_spec,
-    parse_spec,
-)
+from autotune.spec._spec import Spec, load_spec, parse_spec  # noqa: F401

@@ -44,9 +44,6 @@ class SpeedSpec(Frozen):
         return min(self.max_seconds, timeout / 2) if timeout else self.max_seconds
 
 
-STRATEGIES = ("two_stage", "joint")
-
-
 class StudySpec(Frozen):
     """How the search runs: where trials are stored, how many, which sampler and pruner."""
 
