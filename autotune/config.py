@@ -4,32 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import typing
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-__all__ = [
-    "CompileMode",
-    "DataPipeline",
-    "LrScaling",
-    "OptimizerName",
-    "Precision",
-    "Schedule",
-    "TrialConfig",
-    "scaled_lr",
-]
-
-# the values of the knobs that name a choice (the space file's legal values: spec)
-# fp32: PyTorch's defaults (TF32 convolutions on a GPU); fp32-strict: no TF32 at all; tf32:
-# TF32 matmuls too; bf16 and fp16: autocast (fp16 with GradScaler)
-Precision = Literal["fp32", "fp32-strict", "tf32", "bf16", "fp16"]
-CompileMode = Literal[
-    "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
-]
-OptimizerName = Literal["sgd", "adamw"]
-Schedule = Literal["constant", "cosine", "onecycle"]
-LrScaling = Literal["none", "linear", "sqrt"]  # how the learning rate follows the batch
-DataPipeline = Literal["dataloader", "device"]  # per-sample DataLoader, or batched on the device
+from autotune.knobs import (
+    CHOICES,
+    CompileMode,
+    DataPipeline,
+    LrScaling,
+    OptimizerName,
+    Precision,
+    Schedule,
+)
 
 
 def scaled_lr(base_lr: float, effective_batch_size: int, base_batch_size: int, rule: str) -> float:
@@ -121,7 +107,7 @@ class TrialConfig:
             if missing:
                 parts.append(f"missing keys {', '.join(missing)}")
             raise ValueError(f"not a trial configuration: {'; '.join(parts)}")
-        for name, allowed in _CHOICES.items():
+        for name, allowed in CHOICES.items():
             if name in data and data[name] not in allowed:
                 raise ValueError(
                     f"not a trial configuration: {name} {data[name]!r} is none of "
@@ -132,16 +118,3 @@ class TrialConfig:
     def replace(self, **changes: Any) -> TrialConfig:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
-
-
-def _choices() -> dict[str, tuple[str, ...]]:
-    """The legal values of each field typed as a Literal, by field name."""
-    hints = typing.get_type_hints(TrialConfig)
-    return {
-        name: typing.get_args(hint)
-        for name, hint in hints.items()
-        if typing.get_origin(hint) is Literal
-    }
-
-
-_CHOICES = _choices()

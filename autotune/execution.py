@@ -25,24 +25,8 @@ from autotune.config import TrialConfig
 from autotune.errors import ReportFailed
 from autotune.faults import as_fault
 from autotune.interference import CpuMeter, trial_threads
+from autotune.knobs import GRAPH_KNOBS
 from autotune.trainer import backend_flags
-
-__all__ = [
-    "GRAPH_FIELDS",
-    "CompiledGraph",
-    "Guarded",
-    "compile_seconds",
-    "compile_state",
-    "compiled_graphs",
-    "fresh_inductor_cache",
-    "graph_key",
-    "guarded",
-    "intra_op_threads",
-    "kept_graph",
-    "on_device",
-    "peak_memory_bytes",
-    "reset_peak_memory",
-]
 
 
 def compiled_graphs() -> int:
@@ -61,21 +45,10 @@ def compile_seconds() -> float:
     )
 
 
-# what the compiled graph of a training step depends on: the shapes, dtypes and layout its
-# inputs have, its mode, and the processes DDP splits it for; not the pipeline that feeds it,
-# cuDNN's algorithm choice, the learning rate or the seed
-GRAPH_FIELDS = (
-    "batch_size",
-    "precision",
-    "compile",
-    "channels_last",
-    "device",
-    "optimizer",
-    "world_size",
-    "ddp_bucket_cap_mb",
-    "gradient_as_bucket_view",
-    "static_graph",
-)
+# what the compiled graph of a training step depends on (the registry's graph knobs): the shapes,
+# dtypes and layout its inputs have, its mode, and the processes DDP splits it for; not the
+# pipeline that feeds it, cuDNN's algorithm choice, the learning rate or the seed
+GRAPH_FIELDS = (*GRAPH_KNOBS, "device", "world_size")
 
 
 def graph_key(config: TrialConfig) -> str:

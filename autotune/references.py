@@ -9,9 +9,9 @@
   learning knobs are the baseline's, the learning rate scaled to its batch by the space's
   ``lr_scaling`` rule.
 
-Both are drawn through ``space.sample`` with a stand-in for an Optuna trial (``_Chosen``), so
-that conditional knobs stay right; a knob the space fixes is never suggested, so a value the
-user pinned stays pinned.
+Both are drawn through ``space.draw``, the loop a trial is sampled with, picking each knob's
+reference value (``_reference``), so that conditional knobs stay right; a knob the space fixes
+keeps its value, so a value the user pinned stays pinned.
 """
 
 from __future__ import annotations
@@ -22,37 +22,10 @@ from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.hardware import Hardware
-from autotune.space import sample
-from autotune.spec import KNOBS, Spec
-from autotune.speed import SPEED_KNOBS, SpeedChoice, SpeedTable
-
-__all__ = [
-    "UNTUNED",
-    "as_two_stage",
-    "baseline_params",
-    "checklist_params",
-    "checklist_rules",
-    "own_table",
-    "untuned_config",
-]
-
-
-# PyTorch's own defaults, where they exist: the configuration nobody tuned
-UNTUNED = {
-    "precision": "fp32",
-    "compile": "none",
-    "data_pipeline": "dataloader",
-    "num_workers": 0,
-    "pin_memory": False,
-    "prefetch_factor": 2,
-    "persistent_workers": False,
-    "accumulation_steps": 1,
-    "channels_last": False,
-    "cudnn_benchmark": False,
-    "weight_decay": 0.0,
-    "schedule": "constant",
-    "warmup_fraction": 0.0,
-}
+from autotune.knobs import KNOBS, SPEED_KNOBS
+from autotune.space import Pick, draw, fixed_value
+from autotune.spec import Choice, FloatRange, IntRange, Knob, Spec
+from autotune.speed import SpeedChoice, SpeedTable
 
 TUNING_GUIDE = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
 AMP_GUIDE = "https://pytorch.org/docs/stable/amp.html"
@@ -94,68 +67,52 @@ def checklist_rules(hardware: Hardware) -> dict[str, Rule]:
     }
 
 
-class _Chosen:
-    """A stand-in for an Optuna trial whose every suggestion is the reference's value of a knob:
-    its rule (``rules``) where the space offers that value, else the untuned value: PyTorch's
-    default (or the space file's pin) when the space holds it, else the first listed value or
-    the middle of the range. Run through ``sample`` so conditional knobs stay right."""
+def _in_range(knob: IntRange | FloatRange, wanted: Any) -> float:
+    """``wanted`` where it is a number in ``knob``'s range, else the middle of the range (its
+    geometric middle on a log scale)."""
+    number = isinstance(wanted, int | float) and not isinstance(wanted, bool)
+    if number and knob.low <= wanted <= knob.high:
+        return float(wanted)
+    return math.sqrt(knob.low * knob.high) if knob.log else (knob.low + knob.high) / 2
 
-    number = 0
 
-    def __init__(self, pins: dict[str, Any], rules: dict[str, Rule] | None = None) -> None:
-        self.pins = pins
-        self.rules = rules or {}
-        self.params: dict[str, Any] = {}
+def _chosen(knob: Knob, rule: Rule | None, untuned: Any) -> Any:
+    """The reference's value of a searched knob: its rule's where the space offers that value,
+    else the untuned value where the space holds it, else the first listed value or the middle
+    of the range."""
+    if isinstance(knob, Choice):
+        offered: Sequence[Any] = knob.values
+    elif isinstance(knob, IntRange):
+        offered = range(knob.low, knob.high + 1, knob.step)
+    else:
+        offered = (knob.low, knob.high)
+    wanted = rule(offered) if callable(rule) else rule
+    if rule is None or wanted not in offered:
+        wanted = untuned
+    if isinstance(knob, Choice):
+        return wanted if wanted in offered else offered[0]
+    value = _in_range(knob, wanted)
+    if isinstance(knob, IntRange):
+        value = round(value)
+        return min(knob.high, knob.low + (value - knob.low) // knob.step * knob.step)
+    if knob.step:
+        value = knob.low + round((value - knob.low) / knob.step) * knob.step
+    return float(value)
 
-    def _untuned(self, name: str) -> Any:
-        if name in self.pins:
-            return self.pins[name]
-        if name in UNTUNED:
-            return UNTUNED[name]
-        return KNOBS[name].default
 
-    def _ruled(self, name: str, offered: Sequence[Any]) -> Any:
-        """The rule's value among ``offered``, or None: no rule, or a value not offered."""
-        rule = self.rules.get(name)
-        if rule is None:
-            return None
-        wanted = rule(offered) if callable(rule) else rule
-        return wanted if wanted in offered else None
+def _reference(pins: dict[str, Any], rules: dict[str, Rule], params: dict[str, Any]) -> Pick:
+    """A pick of the reference's values (``_chosen``), the untuned value of a knob being its pin
+    (``pins``) or its default (the registry's: PyTorch's, where it has one); the searched knobs'
+    values land in ``params``."""
 
-    def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
-        wanted = self._ruled(name, choices)
-        if wanted is None:
-            wanted = self._untuned(name)
-        self.params[name] = wanted if wanted in choices else choices[0]
-        return self.params[name]
+    def pick(name: str, knob: Knob) -> Any:
+        if knob.is_fixed:
+            return fixed_value(knob)
+        untuned = pins[name] if name in pins else KNOBS[name].default if name in KNOBS else None
+        params[name] = _chosen(knob, rules.get(name), untuned)
+        return params[name]
 
-    def _in_range(
-        self, name: str, offered: Sequence[Any], low: float, high: float, log: bool, middle: float
-    ) -> float:
-        ruled = self._ruled(name, offered)
-        wanted = ruled if ruled is not None else self._untuned(name)
-        if (
-            isinstance(wanted, int | float)
-            and not isinstance(wanted, bool)
-            and low <= wanted <= high
-        ):
-            return wanted
-        return math.sqrt(low * high) if log else middle
-
-    def suggest_int(self, name: str, low: int, high: int, step: int = 1, log: bool = False) -> int:
-        offered = range(low, high + 1, step)
-        value = round(self._in_range(name, offered, low, high, log, (low + high) / 2))
-        self.params[name] = min(high, low + (value - low) // step * step)
-        return self.params[name]
-
-    def suggest_float(
-        self, name: str, low: float, high: float, step: float | None = None, log: bool = False
-    ) -> float:
-        value = self._in_range(name, (low, high), low, high, log, (low + high) / 2)
-        if step:
-            value = low + round((value - low) / step) * step
-        self.params[name] = float(value)
-        return self.params[name]
+    return pick
 
 
 def _drawn(
@@ -164,9 +121,9 @@ def _drawn(
     """The searched knobs' values the rules choose (the untuned ones without), and the whole
     configuration they make."""
     pins = spec.study.baseline if isinstance(spec.study.baseline, dict) else {}
-    chosen = _Chosen(dict(pins), rules)
-    config = sample(chosen, spec, hardware)  # type: ignore[arg-type]  # it answers suggest_*
-    return chosen.params, config
+    params: dict[str, Any] = {}
+    config = draw(_reference(dict(pins), rules or {}, params), spec, hardware)
+    return params, config
 
 
 def baseline_params(spec: Spec, hardware: Hardware) -> dict[str, Any]:
@@ -228,11 +185,11 @@ def as_two_stage(
     ``checklist_params``) on a two-stage study's axes, those its other trials sample, so that
     every trial of the study has the same parameters (the dashboard plots them against each
     other); and its whole configuration, whose execution knobs it keeps (``own_table``)."""
-    from optuna.trial import FixedTrial
-
-    config = sample(FixedTrial(params), spec, hardware)  # type: ignore[arg-type]
+    config = draw(
+        lambda n, knob: fixed_value(knob) if knob.is_fixed else params[n], spec, hardware
+    )
     effective = config.batch_size * config.accumulation_steps * config.world_size
     pins = {**config.to_dict(), "lr": config.base_lr, "effective_batch_size": effective}
-    chosen = _Chosen(pins)
-    sample(chosen, spec, hardware, own_table(spec, config))  # type: ignore[arg-type]
-    return chosen.params, config
+    own: dict[str, Any] = {}
+    draw(_reference(pins, {}, own), spec, hardware, own_table(spec, config))
+    return own, config

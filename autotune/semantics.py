@@ -19,23 +19,6 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = [
-    "CUDA_GRAPH_MODES",
-    "IGNORE_INDEX",
-    "TOP_K",
-    "TrainingSteps",
-    "autocast",
-    "builtin_score",
-    "classification_sums",
-    "keep_grads_outside_graphs",
-    "logits_of",
-    "lr_factor",
-    "make_optimizer",
-    "make_scheduler",
-    "set_cuda_flags",
-    "validation_sums",
-]
-
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # compile modes that record CUDA graphs
 IGNORE_INDEX = -100  # a target element of this value is padding: neither trained on nor scored
 TOP_K = 5  # score top5: right when the target is among this many highest logits
@@ -112,25 +95,38 @@ def make_scheduler(
     )
 
 
+def cuda_flags(precision: str) -> tuple[str, bool]:
+    """What a precision sets on CUDA: (``torch.set_float32_matmul_precision``'s value, whether
+    cuDNN convolutions run in TF32). TF32 matmuls only under "tf32"; TF32 convolutions,
+    PyTorch's default, unless "fp32-strict"."""
+    return ("high" if precision == "tf32" else "highest"), precision != "fp32-strict"
+
+
 def set_cuda_flags(precision: str, cudnn_benchmark: bool) -> None:
-    """The process-wide CUDA settings of a precision: TF32 matmuls only under "tf32"; TF32
-    convolutions, PyTorch's default, unless "fp32-strict"; cuDNN autotuning as asked.
+    """The process-wide CUDA settings of a precision (``cuda_flags``) and cuDNN autotuning as
+    asked.
 
     "fp32" is what a script that sets no flag gets. TF32 goes through
     ``torch.set_float32_matmul_precision`` and ``cudnn.allow_tf32``, which torch 2.11 to 2.14
     read consistently (the per-backend ``fp32_precision`` attributes make
     ``torch.get_float32_matmul_precision()`` raise, and Inductor calls it while compiling).
     """
-    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
-    torch.backends.cudnn.allow_tf32 = precision != "fp32-strict"
+    matmul_precision, conv_tf32 = cuda_flags(precision)
+    torch.set_float32_matmul_precision(matmul_precision)
+    torch.backends.cudnn.allow_tf32 = conv_tf32
     torch.backends.cudnn.benchmark = cudnn_benchmark
 
 
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The dtype the forward passes autocast to: bfloat16 under "bf16", float16 under "fp16";
+    None under the fp32 precisions (fp32, fp32-strict, tf32), whose float32 math the CUDA
+    flags set."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+
 def autocast(precision: str, device_type: str) -> contextlib.AbstractContextManager[Any]:
-    """The forward passes' precision, in training and evaluation alike: autocast to bfloat16
-    under "bf16", to float16 under "fp16"; none under the fp32 precisions (fp32, fp32-strict,
-    tf32), whose float32 math the CUDA flags set."""
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    """The forward passes' precision, in training and evaluation alike (``autocast_dtype``)."""
+    dtype = autocast_dtype(precision)
     return torch.autocast(device_type, dtype=dtype) if dtype else contextlib.nullcontext()
 
 

@@ -1,7 +1,8 @@
 """The search space: hardware filtering of knob values, and trial -> TrialConfig.
 
-This is the only module that calls ``trial.suggest_*``. Conditional knobs are sampled only where
-they mean something: ``prefetch_factor`` and ``persistent_workers`` only with DataLoader workers,
+This is the only module that calls ``trial.suggest_*``, in one loop over the knob registry
+(``draw``). Conditional knobs are sampled only where they mean something (the registry's
+``only_when``): ``prefetch_factor`` and ``persistent_workers`` only with DataLoader workers,
 ``momentum`` only for SGD, ``nesterov`` only with momentum.
 
 A joint study samples every knob. A two-stage study's trials sample what changes learning (the
@@ -21,24 +22,18 @@ from torch.utils.data import TensorDataset
 
 from autotune.config import TrialConfig, scaled_lr
 from autotune.hardware import Hardware
+from autotune.knobs import KNOBS, SPEED_KNOBS, SPLIT_KNOBS
 from autotune.pipeline import ImageTensorDataset
-from autotune.spec import DDP_KNOBS, Choice, FloatRange, IntRange, Knob, Spec, SpecError
-from autotune.speed import SPEED_KNOBS, SPLIT_KNOBS, SpeedTable
+from autotune.spec import Choice, IntRange, Knob, Spec, SpecError
+from autotune.speed import SpeedTable
 from autotune.workloads import Workload
 
 DEVICE_DATA_SHARE = (
     0.5  # the most of a GPU's memory a training set may take in the device pipeline
 )
 WORKERS_PER_CORE = 4  # DataLoader processes a core may be given (I/O-bound loading: several)
-
-__all__ = [
-    "Dropped",
-    "NothingFits",
-    "Restriction",
-    "effective_batch_sizes",
-    "restrict",
-    "sample",
-]
+# a knob's value, given its name and its values in the space: Optuna's suggestion in a trial
+Pick = Callable[[str, Knob], Any]
 
 
 class NothingFits(Exception):
@@ -87,41 +82,13 @@ def _in_memory_bytes(dataset: Any) -> int | None:
 
 def _unsupported(  # noqa: C901
     hardware: Hardware, workload: Workload | None, processes: int = 1
-) -> dict[str, Callable[[Any], str | None]]:
-    """For each knob with device-dependent values: value -> why it cannot run here, or None.
-    ``processes``: those of one trial (workload.gpus_per_trial), each with its DataLoader."""
-    where = hardware.device_name
-
-    def precision(value: Any) -> str | None:
-        if value == "fp16" and not hardware.fp16:
-            return "float16 training is for CUDA GPUs (on a CPU it is only emulated)"
-        if value == "tf32" and not hardware.tf32:
-            return f"TF32 needs an NVIDIA Ampere or newer GPU, not {where}"
-        if value == "fp32-strict" and not hardware.tf32:
-            return f"it is fp32 on {where}, which has no TF32 to turn off"
-        if value == "bf16" and not hardware.bf16:
-            return f"{where} has no bfloat16 support"
-        return None
+) -> Callable[[str, Any], str | None]:
+    """(knob, value) -> why the value cannot run here, or None: the hardware it needs (the
+    registry's ``needs``), and what the workload allows. ``processes``: those of one trial
+    (workload.gpus_per_trial), each with its DataLoader."""
 
     def compile_mode(value: Any) -> str | None:
-        if value == "none":
-            return None
-        if hardware.compile_problem:
-            return hardware.compile_problem
-        if value in ("reduce-overhead", "max-autotune") and not hardware.cuda_graphs:
-            # without them these modes are default and max-autotune-no-cudagraphs again
-            return "CUDA graphs need a CUDA GPU"
-        return None
-
-    def pin_memory(value: Any) -> str | None:
-        if value and not hardware.is_cuda:
-            return "page-locked memory only speeds up copies to a GPU"
-        return None
-
-    def cudnn_benchmark(value: Any) -> str | None:
-        if value and not hardware.is_cuda:
-            return "cuDNN runs on CUDA GPUs only"
-        return None
+        return hardware.compile_problem if value != "none" else None
 
     def data_pipeline(value: Any) -> str | None:
         if value != "device" or workload is None:
@@ -172,16 +139,23 @@ def _unsupported(  # noqa: C901
         shape = list(workload.input_shape) if workload.input_shape else "not a tensor"
         return f"it reorders 4-D image batches only; one input here is {shape}"
 
-    return {
+    checks: dict[str, Callable[[Any], str | None]] = {
         "batch_size": batch_size,
         "channels_last": channels_last,
         "num_workers": num_workers,
-        "precision": precision,
         "compile": compile_mode,
-        "pin_memory": pin_memory,
-        "cudnn_benchmark": cudnn_benchmark,
         "data_pipeline": data_pipeline,
     }
+
+    def why_not(name: str, value: Any) -> str | None:
+        check = checks.get(name)
+        reason = check(value) if check else None
+        for needed, flag, lacking in KNOBS[name].needs:
+            if reason is None and value == needed and not getattr(hardware, flag):
+                reason = lacking.format(device=hardware.device_name)
+        return reason
+
+    return why_not
 
 
 def _room_for_processes(hardware: Hardware, processes: int) -> list[str]:
@@ -225,14 +199,14 @@ def restrict(spec: Spec, hardware: Hardware, workload: Workload | None = None) -
     problems: list[str] = []
     processes = spec.workload.gpus_per_trial
     problems.extend(_room_for_processes(hardware, processes))
-    for name, why_not in _unsupported(hardware, workload, processes).items():
-        knob = getattr(spec.space, name)
+    why_not = _unsupported(hardware, workload, processes)
+    for name, knob in spec.space.knobs():
         if not isinstance(knob, Choice):
             continue  # a batch_size range: trials past the data set end as invalid_config
-        keep = [v for v in knob.values if why_not(v) is None]
+        keep = [v for v in knob.values if why_not(name, v) is None]
         reasons: dict[str, list[Any]] = {}
         for value in knob.values:
-            reason = why_not(value)
+            reason = why_not(name, value)
             if reason is not None:
                 reasons.setdefault(reason, []).append(value)
         if not keep:
@@ -258,17 +232,19 @@ def restrict(spec: Spec, hardware: Hardware, workload: Workload | None = None) -
     return Restriction(spec=restricted, dropped=tuple(dropped))
 
 
+def fixed_value(knob: Knob) -> Any:
+    """The one value of a knob the space fixes."""
+    return knob.values[0] if isinstance(knob, Choice) else knob.low
+
+
 def _suggest(trial: optuna.Trial, name: str, knob: Knob) -> Any:
     """The value of one knob: fixed values directly, searched ones through Optuna."""
-    if isinstance(knob, Choice):
-        if knob.is_fixed:
-            return knob.values[0]
-        return trial.suggest_categorical(name, list(knob.values))
     if knob.is_fixed:
-        return knob.low
+        return fixed_value(knob)
+    if isinstance(knob, Choice):
+        return trial.suggest_categorical(name, list(knob.values))
     if isinstance(knob, IntRange):
         return trial.suggest_int(name, knob.low, knob.high, step=knob.step, log=knob.log)
-    assert isinstance(knob, FloatRange)
     return trial.suggest_float(name, knob.low, knob.high, step=knob.step, log=knob.log)
 
 
@@ -286,29 +262,26 @@ def _listed(knob: Knob) -> tuple[Any, ...]:
     return (knob.low,)
 
 
-def _execution_from_table(
-    trial: optuna.Trial, spec: Spec, pick: Callable[[str], Any], table: SpeedTable
-) -> dict[str, Any]:
+def _execution_from_table(pick: Pick, spec: Spec, table: SpeedTable) -> dict[str, Any]:
     """The micro-batch split and execution knobs of a two-stage trial: the speed stage's
     fastest for the sampled effective batch, precision and declared learning knobs."""
     declared = spec.study.learning_knobs
     split_sampled = any(name in declared for name in SPLIT_KNOBS)
+    space = spec.space
     if split_sampled:
-        batch_size, accumulation_steps = pick("batch_size"), pick("accumulation_steps")
+        batch_size = pick("batch_size", space.batch_size)
+        accumulation_steps = pick("accumulation_steps", space.accumulation_steps)
         effective = batch_size * accumulation_steps
     else:
         # the global batch of a distributed trial is each process's times the processes:
         # that is what the learning rate follows, and what is sampled
         world = spec.workload.gpus_per_trial
-        sizes = [size * world for size in effective_batch_sizes(spec)]
-        sampled = (
-            trial.suggest_categorical("effective_batch_size", sizes)
-            if len(sizes) > 1
-            else sizes[0]
-        )
-        effective = sampled // world  # per process: what stage 1 timed
-    precision = pick("precision")
-    extras = tuple((name, pick(name)) for name in SPEED_KNOBS if name in declared)
+        sizes = tuple(size * world for size in effective_batch_sizes(spec))
+        effective = pick("effective_batch_size", Choice(values=sizes)) // world  # per process
+    precision = pick("precision", space.precision)
+    extras = tuple(
+        (name, pick(name, getattr(space, name))) for name in SPEED_KNOBS if name in declared
+    )
     if split_sampled:
         choice = table.exact(batch_size, accumulation_steps, precision, extras)
     else:
@@ -324,73 +297,36 @@ def sample(
     """Draw one configuration from ``spec.space`` (already restricted to ``hardware``); with
     the speed stage's ``speed`` table, only what changes learning is drawn (see the module).
     NothingFits when the table has no way to train what was drawn."""
-    space = spec.space
+    return draw(
+        lambda name, knob: _suggest(trial, name, knob), spec, hardware, speed, trial.number
+    )
 
-    def pick(name: str) -> Any:
-        return _suggest(trial, name, getattr(space, name))
 
-    execution: dict[str, Any] = {}
+def draw(
+    pick: Pick, spec: Spec, hardware: Hardware, speed: SpeedTable | None = None, number: int = 0
+) -> TrialConfig:
+    """The configuration ``pick`` chooses, knob by knob in the registry's order: a knob that
+    means nothing given those before it (its ``only_when``) is not picked. ``number``: the
+    trial's, which its seed follows. What ``sample`` draws, and the references choose."""
+    world = spec.workload.gpus_per_trial  # the global batch is every process's
+    drawn: dict[str, Any] = {"world": world}
     if speed is not None:
-        execution = _execution_from_table(trial, spec, pick, speed)
-        batch_size = execution["batch_size"]
-        accumulation_steps = execution["accumulation_steps"]
-    else:
-        batch_size = pick("batch_size")
-        accumulation_steps = pick("accumulation_steps")
-    base_lr = pick("lr")
-    lr_scaling, base_batch_size = pick("lr_scaling"), pick("base_batch_size")
-    optimizer = pick("optimizer")
-    momentum = pick("momentum") if optimizer == "sgd" else None
-    nesterov = bool(pick("nesterov")) if momentum else False
-    if speed is None:
-        data_pipeline = pick("data_pipeline")
-        dataloader = data_pipeline == "dataloader"  # the loader knobs mean nothing otherwise
-        num_workers = pick("num_workers") if dataloader else 0
-        execution = {
-            "data_pipeline": data_pipeline,
-            "num_workers": num_workers,
-            "pin_memory": pick("pin_memory") if dataloader else False,
-            "prefetch_factor": pick("prefetch_factor") if num_workers > 0 else None,
-            "persistent_workers": pick("persistent_workers") if num_workers > 0 else False,
-            "precision": pick("precision"),
-            "compile": pick("compile"),
-            "channels_last": pick("channels_last"),
-            "cudnn_benchmark": pick("cudnn_benchmark"),
-            **{name: pick(name) for name in DDP_KNOBS},  # one value each without DDP (spec)
-        }
-    weight_decay = pick("weight_decay")
-    schedule, warmup_fraction = pick("schedule"), pick("warmup_fraction")
-    world_size = spec.workload.gpus_per_trial  # the global batch is every process's
+        drawn.update(_execution_from_table(pick, spec, speed))
+    for name, info in KNOBS.items():
+        if name not in drawn:
+            applies = info.applies(drawn)
+            drawn[name] = pick(name, getattr(spec.space, name)) if applies else info.value_off()
+    del drawn["world"]
+    effective = drawn["batch_size"] * drawn["accumulation_steps"] * world
+    lr = scaled_lr(drawn["lr"], effective, drawn["base_batch_size"], drawn["lr_scaling"])
     return TrialConfig(
-        lr=scaled_lr(
-            base_lr, batch_size * accumulation_steps * world_size, base_batch_size, lr_scaling
-        ),
-        base_lr=base_lr,
-        lr_scaling=lr_scaling,
-        base_batch_size=base_batch_size,
-        batch_size=batch_size,
-        accumulation_steps=accumulation_steps,
-        optimizer=optimizer,
-        weight_decay=weight_decay,
-        momentum=momentum,
-        nesterov=nesterov,
-        schedule=schedule,
-        warmup_fraction=warmup_fraction,
-        num_workers=execution["num_workers"],
-        pin_memory=execution["pin_memory"],
-        prefetch_factor=execution["prefetch_factor"],
-        persistent_workers=execution["persistent_workers"],
-        precision=execution["precision"],
-        compile=execution["compile"],
-        channels_last=execution["channels_last"],
-        cudnn_benchmark=execution["cudnn_benchmark"],
+        **{**drawn, "lr": lr},
+        base_lr=drawn["lr"],
         device=hardware.device,
         epochs=spec.workload.epochs,
         eval_every=spec.workload.eval_every,
         val_batch_size=spec.workload.val_batch_size,
-        seed=spec.study.seed + trial.number,
+        seed=spec.study.seed + number,
         dataloader_timeout=spec.workload.dataloader_timeout,
-        data_pipeline=execution["data_pipeline"],
-        world_size=world_size,
-        **{name: execution[name] for name in DDP_KNOBS},
+        world_size=world,
     )

@@ -1,7 +1,8 @@
 """What the speed stage measures and what it hands the learning stage, as plain frozen data.
 
 Most knobs change how fast a step runs, not what the model learns (``SPEED_KNOBS``, and the
-split of an effective batch into micro-batch x accumulation steps). The speed stage times short
+split of an effective batch into micro-batch x accumulation steps: ``SPLIT_KNOBS``; both named by
+the registry, ``autotune.knobs``). The speed stage times short
 bursts of real training steps for each of them (``SpeedMeasurement``, made by
 ``autotune.bursts``) and keeps, for every micro-batch split, precision and declared learning
 knob, the fastest settings it measured (``SpeedTable``). The learning stage's trials then train
@@ -14,30 +15,6 @@ import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
-
-__all__ = [
-    "COMPUTE_KNOBS",
-    "DDP_SETTINGS",
-    "LOADER_KNOBS",
-    "PIPELINE_KNOBS",
-    "SPEED_KNOBS",
-    "SPLIT_KNOBS",
-    "BurstPlan",
-    "Extras",
-    "SpeedChoice",
-    "SpeedMeasurement",
-    "SpeedTable",
-]
-
-# how batches reach the model: the pipeline and the DataLoader's own knobs
-LOADER_KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
-PIPELINE_KNOBS = ("data_pipeline", *LOADER_KNOBS)
-# how the step computes (the last three: DistributedDataParallel's, in a distributed trial)
-DDP_SETTINGS = ("ddp_bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
-COMPUTE_KNOBS = ("compile", "channels_last", "cudnn_benchmark", *DDP_SETTINGS)
-SPEED_KNOBS = (*PIPELINE_KNOBS, *COMPUTE_KNOBS)
-# the split of an effective batch: speed only, at a fixed effective batch, unless declared
-SPLIT_KNOBS = ("batch_size", "accumulation_steps")
 
 Extras = tuple[tuple[str, Any], ...]  # declared learning knobs among SPEED_KNOBS, by name
 

@@ -17,7 +17,7 @@ PACKAGE = Path(autotune.__file__).parent
 
 # lowest first
 LAYERS: list[set[str]] = [
-    {"_version", "errors", "config", "results", "speed", "semantics"},  # plain data and
+    {"_version", "errors", "knobs", "config", "results", "speed", "semantics"},  # plain data,
     # names; what training means in plain torch (imports nothing of autotune)
     {
         "spec",

@@ -285,15 +285,22 @@ def test_many_settings_are_searched_in_two_passes_with_a_feeding_pipeline():
 def test_on_a_gpu_stage_one_times_the_half_precisions_first():
     """A budget that runs short gives the groups it cannot reach one eager setting a cell: on
     a GPU those are the slow precisions, fp32 and TF32; on a CPU the space's order holds."""
-    from autotune.spec import PRECISIONS
-    from autotune.study._speed_plan import GPU_PRECISION_ORDER
-
-    assert set(PRECISIONS) <= set(GPU_PRECISION_ORDER)  # every precision has a place
     space = two_stage(precisions="[fp32, tf32, bf16, fp16]")
     gpu = [c.precision for c in _plan(space, AMPERE).cells() if c.batch_size == 16]
     assert gpu == ["fp16", "bf16", "tf32", "fp32"]
     cpu = [c.precision for c in _plan(two_stage()).cells() if c.batch_size == 16]
     assert cpu == ["fp32", "bf16"]  # as listed (a GPU would time bf16 first)
+
+
+def test_a_precision_the_gpu_order_does_not_name_is_timed_last(monkeypatch):
+    """A precision added to the registry needs no place in stage 1's GPU order: it comes after
+    the ones the order names, in the space's order."""
+    from autotune.study import _speed_plan
+
+    monkeypatch.setattr(_speed_plan, "GPU_PRECISION_ORDER", ("fp16", "bf16"))
+    space = two_stage(precisions="[tf32, fp32, bf16, fp16]")
+    gpu = [c.precision for c in _plan(space, AMPERE).cells() if c.batch_size == 16]
+    assert gpu == ["fp16", "bf16", "tf32", "fp32"]
 
 
 def test_stage_one_predicts_the_checklist_precision_at_the_largest_micro_batch_fastest():
@@ -806,10 +813,9 @@ def test_ctrl_c_in_stage_one_keeps_its_measurements_for_the_next_run(tmp_path: P
 
 
 def test_the_speed_stage_times_the_ddp_settings_the_space_file_offers():
-    from autotune.spec import DDP_KNOBS
-    from autotune.speed import COMPUTE_KNOBS, DDP_SETTINGS
+    from autotune.knobs import DDP_KNOBS, SPEED_KNOBS
 
-    assert DDP_SETTINGS == DDP_KNOBS and set(DDP_SETTINGS) <= set(COMPUTE_KNOBS)
+    assert DDP_KNOBS and set(DDP_KNOBS) <= set(SPEED_KNOBS)
 
 
 def test_a_measurement_taken_under_interference_is_its_studys_only(

@@ -92,7 +92,7 @@ def test_the_untuned_baseline_trains_with_the_flags_of_a_script_that_sets_none()
     import subprocess
     import sys
 
-    from autotune.references import UNTUNED
+    from autotune.knobs import KNOBS
 
     fresh = subprocess.run(
         [sys.executable, "-c", "from autotune.testing import cuda_flags; print(*cuda_flags())"],
@@ -100,7 +100,7 @@ def test_the_untuned_baseline_trains_with_the_flags_of_a_script_that_sets_none()
         text=True,
         check=True,
     ).stdout.split()
-    with backend_flags(make_config(device="cuda", **UNTUNED)):
+    with backend_flags(make_config(device="cuda", **{k: i.default for k, i in KNOBS.items()})):
         assert [str(flag) for flag in cuda_flags()] == fresh
 
 

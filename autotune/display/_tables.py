@@ -60,7 +60,7 @@ def print_plan(
         )
     searched = spec.space.searched()
     if spec.study.strategy == "two_stage":
-        from autotune.speed import SPEED_KNOBS, SPLIT_KNOBS
+        from autotune.knobs import SPEED_KNOBS, SPLIT_KNOBS
 
         declared = spec.study.learning_knobs
         timed = [k for k in searched if k in SPEED_KNOBS and k not in declared]

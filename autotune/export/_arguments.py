@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from autotune.export._api import BestConfig
 from autotune.export._bundle import literal
 
-__all__ = ["Argument", "comment_text", "loader_arguments", "lr_comment", "searched"]
-
 LINE_LENGTH = 99  # what the generated files are linted to (ruff's E501, this project's width)
 ARGUMENT_INDENT = 8  # the templates' indentation of a call's keywords
 

@@ -16,8 +16,6 @@ from autotune.export._bundle import literal
 from autotune.export._frameworks import render_framework
 from autotune.export._script import render_script
 
-__all__ = ["FORMATS", "render"]
-
 FORMATS = ("script", "yaml", "json", "lightning", "hf")
 
 

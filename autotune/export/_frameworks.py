@@ -23,43 +23,44 @@ from autotune.export._arguments import (
 from autotune.export._bundle import Import, import_block, literal
 from autotune.export._header import provenance_rows
 from autotune.export._script import template_environment
-from autotune.spec import (
-    COMPILE_MODES,
-    DATA_PIPELINES,
-    LR_SCALINGS,
-    OPTIMIZERS,
-    PRECISIONS,
-    SCHEDULES,
-    WorkloadSpec,
-)
-
-__all__ = ["FRAMEWORK_FORMATS", "render_framework"]
+from autotune.knobs import CHOICES, DDP_KNOBS, KNOBS
+from autotune.spec import WorkloadSpec
 
 FRAMEWORK_FORMATS = ("lightning", "hf")
 
-# Lightning 2.x precision strings (lightning.fabric.connector._PRECISION_INPUT_STR)
-LIGHTNING_PRECISION = {
-    "fp32": "32-true",
-    "fp32-strict": "32-true",
-    "tf32": "32-true",
-    "bf16": "bf16-mixed",
-    "fp16": "16-mixed",
-}
-# TrainingArguments(tf32=...): True turns TF32 on for matmuls and convolutions, False off for
-# both, None leaves PyTorch's defaults (TF32 convolutions only), which the study's fp32 is
-HF_TF32 = {
-    "tf32": ("True", "TF32 matmuls and convolutions (CUDA)"),
-    "fp32-strict": ("False", "no TF32 for matmuls or convolutions (CUDA)"),
-}
-HF_TF32_DEFAULTS = ("None", "PyTorch's defaults: TF32 convolutions only (CUDA)")
 _CUDA_INDEX = re.compile(r"^cuda:(\d+)$", re.ASCII)
-# the TrialConfig fields these files write, by kind (_check)
+# the TrialConfig fields these files write, by kind (_check): the registry's, and the run's
 _NUMBERS = (
-    "lr", "base_lr", "base_batch_size", "batch_size", "accumulation_steps", "weight_decay",
-    "momentum", "warmup_fraction", "num_workers", "prefetch_factor", "val_batch_size", "seed",
-    "dataloader_timeout",
+    *(name for name, info in KNOBS.items() if info.kind in ("int", "float")),
+    "base_lr", "val_batch_size", "seed", "dataloader_timeout",
 )  # fmt: skip
-_FLAGS = ("nesterov", "pin_memory", "persistent_workers", "channels_last", "cudnn_benchmark")
+_FLAGS = tuple(name for name, info in KNOBS.items() if info.kind == "bool")
+
+
+def _precision(precision: str) -> tuple[str, str, bool]:
+    """What ``precision`` is to the frameworks: Lightning 2.x's precision string
+    (lightning.fabric.connector._PRECISION_INPUT_STR), and its CUDA flags
+    (``semantics.cuda_flags``: the matmul precision, TF32 convolutions)."""
+    import torch
+
+    from autotune import semantics
+
+    dtype = semantics.autocast_dtype(precision)
+    mixed: dict[torch.dtype | None, str] = {
+        torch.bfloat16: "bf16-mixed",
+        torch.float16: "16-mixed",
+    }
+    return mixed.get(dtype, "32-true"), *semantics.cuda_flags(precision)
+
+
+# TrainingArguments(tf32=...) by CUDA flags: True turns TF32 on for matmuls and convolutions,
+# False off for both, None leaves PyTorch's defaults (TF32 convolutions only)
+_HF_TF32 = {
+    ("high", True): ("True", "TF32 matmuls and convolutions (CUDA)"),
+    ("highest", False): ("False", "no TF32 for matmuls or convolutions (CUDA)"),
+    ("highest", True): ("None", "PyTorch's defaults: TF32 convolutions only (CUDA)"),
+    ("high", False): ("None", "none for TF32 matmuls alone: set_float32_matmul_precision('high')"),
+}
 
 
 def _not_applicable(best: BestConfig, framework: str) -> list[str]:
@@ -85,15 +86,8 @@ def _check(best: BestConfig) -> None:
     """ExportError naming the first choice of ``best`` that autotune does not know (a crafted
     or damaged file): every choice reaches the file's comments, so it must be autotune's own."""
     config = best.config
-    choices = {
-        "precision": (config.precision, PRECISIONS),
-        "compile": (config.compile, COMPILE_MODES),
-        "optimizer": (config.optimizer, OPTIMIZERS),
-        "schedule": (config.schedule, SCHEDULES),
-        "lr_scaling": (config.lr_scaling, LR_SCALINGS),
-        "data_pipeline": (config.data_pipeline, DATA_PIPELINES),
-    }
-    for knob, (value, known) in choices.items():
+    for knob, known in CHOICES.items():
+        value = getattr(config, knob)
         if value not in known:
             raise ExportError(f"{knob} {value!r} is not one of {', '.join(known)}")
     if not (config.device in ("cpu", "cuda") or _CUDA_INDEX.match(config.device)):
@@ -153,11 +147,12 @@ def _optimizer(best: BestConfig) -> list[Argument]:
 def _lightning(best: BestConfig) -> dict[str, Any]:
     config = best.config
     precision = config.precision
+    lightning_precision, matmul, conv_tf32 = _precision(precision)
     accelerator, devices = _lightning_device(config.device)
     trainer = [
         Argument(
             "precision",
-            literal(LIGHTNING_PRECISION[precision]),
+            literal(lightning_precision),
             searched(best, "precision", f"autotune's {precision}"),
         ),
         Argument(
@@ -182,10 +177,9 @@ def _lightning(best: BestConfig) -> dict[str, Any]:
         gpus = list(range(first, first + processes))
         shown = literal(gpus if accelerator == "gpu" else processes)
         trainer.append(Argument("devices", shown, f"the trial's {processes} DDP processes"))
-        settings = ("ddp_bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
         values = "".join(  # DDPStrategy passes them on to DistributedDataParallel
             f"    {name.removeprefix('ddp_')}={literal(getattr(config, name))},\n"
-            for name in settings
+            for name in DDP_KNOBS
         )
         trainer.append(
             Argument(
@@ -229,6 +223,9 @@ def _lightning(best: BestConfig) -> dict[str, Any]:
         "optimizer": "SGD" if config.optimizer == "sgd" else "AdamW",
         "optimizer_arguments": _optimizer(best),
         "precision": precision,
+        "matmul_precision": literal(matmul),
+        "tf32_matmul": matmul == "high",
+        "tf32_conv": conv_tf32,
         "seed": literal(config.seed),
         "compile": config.compile != "none",
         "compile_mode": compile_mode,
@@ -277,6 +274,7 @@ def _hf(best: BestConfig) -> dict[str, Any]:
             "two meet at the end of the warm-up. TrainingArguments has no setting for it.",
         ]
     precision_comment = searched(best, "precision", f"autotune's {precision}")
+    lightning_precision, matmul, conv_tf32 = _precision(precision)
     arguments = [
         Argument(
             "per_device_train_batch_size",
@@ -304,9 +302,9 @@ def _hf(best: BestConfig) -> dict[str, Any]:
             searched(best, "warmup_fraction", "below 1: a fraction of the steps"),
         ),
         Argument("max_grad_norm", "0.0", "the study did not clip gradients (default 1.0)"),
-        Argument("bf16", literal(precision == "bf16"), precision_comment),
-        Argument("fp16", literal(precision == "fp16")),
-        Argument("tf32", *HF_TF32.get(precision, HF_TF32_DEFAULTS)),
+        Argument("bf16", literal(lightning_precision == "bf16-mixed"), precision_comment),
+        Argument("fp16", literal(lightning_precision == "16-mixed")),
+        Argument("tf32", *_HF_TF32[matmul, conv_tf32]),
         Argument("torch_compile", literal(config.compile != "none"), searched(best, "compile")),
     ]
     if config.compile not in ("none", "default"):

@@ -9,40 +9,30 @@ import datetime
 from typing import Any
 
 from autotune._version import __version__
+from autotune.config import TrialConfig
 from autotune.export._api import BestConfig
 from autotune.export._bundle import literal
+from autotune.knobs import DDP_KNOBS, KNOBS, SPEED_KNOBS
 from autotune.spec import WorkloadSpec
 
-__all__ = ["SCRIPT_KNOBS", "knob_notes", "provenance_rows"]
+# Where the script applies each knob (the registry's ``script``): a constant at the top of the
+# script, or the execution summary line and the template code that follows it
+SCRIPT_KNOBS: dict[str, str] = {name: info.script for name, info in KNOBS.items()}
+# the script's constants: what changes learning first, then how it runs (stage 1's knobs)
+_CONSTANTS = sorted(
+    (name for name, info in KNOBS.items() if info.script.isidentifier()),
+    key=lambda name: name in SPEED_KNOBS,
+)
 
-# Where the script applies each knob of ``spec.KNOBS`` (a knob missing here fails
-# tests/test_spec.py): a constant at the top of the script, or the execution summary line and the
-# template code that follows it.
-SCRIPT_KNOBS: dict[str, str] = {
-    "lr": "LEARNING_RATE",
-    "lr_scaling": "LEARNING_RATE (applied; its comment says how it was scaled)",
-    "base_batch_size": "LEARNING_RATE (applied; its comment says per how many examples)",
-    "batch_size": "BATCH_SIZE",
-    "accumulation_steps": "ACCUMULATION_STEPS",
-    "data_pipeline": "execution summary; DataLoader or DeviceBatches",
-    "num_workers": "NUM_WORKERS",
-    "pin_memory": "PIN_MEMORY",
-    "prefetch_factor": "PREFETCH_FACTOR",
-    "persistent_workers": "PERSISTENT_WORKERS",
-    "precision": "PRECISION (its TF32 flags); autocast and GradScaler",
-    "compile": "execution summary; torch.compile(mode=...)",
-    "optimizer": "OPTIMIZER",
-    "weight_decay": "WEIGHT_DECAY",
-    "momentum": "MOMENTUM",
-    "nesterov": "NESTEROV",
-    "schedule": "SCHEDULE",
-    "warmup_fraction": "WARMUP_FRACTION",
-    "channels_last": "execution summary; memory_format=torch.channels_last",
-    "cudnn_benchmark": "CUDNN_BENCHMARK",
-    "ddp_bucket_cap_mb": "DDP_BUCKET_CAP_MB (a trial of several processes)",
-    "gradient_as_bucket_view": "GRADIENT_AS_BUCKET_VIEW (a trial of several processes)",
-    "static_graph": "STATIC_GRAPH (a trial of several processes)",
-}
+
+def _shown(config: TrialConfig, name: str) -> bool:
+    """Whether the script sets ``name``'s constant: where it means something (the registry's
+    ``only_when``); NESTEROV for every SGD, the warm-up with a schedule that has one."""
+    if name == "nesterov":
+        return config.optimizer == "sgd"
+    if name == "warmup_fraction":
+        return config.schedule != "constant" or config.warmup_fraction > 0
+    return KNOBS[name].applies({**config.to_dict(), "world": config.world_size})
 
 
 def knob_notes(best: BestConfig) -> list[tuple[str, Any, str]]:
@@ -62,72 +52,31 @@ def knob_notes(best: BestConfig) -> list[tuple[str, Any, str]]:
     epochs_text = "the full run; --epochs overrides"
     if best.full_run_epochs is None and best.epochs != config.epochs:
         epochs_text = f"the trials trained {config.epochs:g}; a script trains whole epochs"
+    onecycle = config.schedule == "onecycle"
+    values = {
+        **config.to_dict(),
+        "momentum": config.momentum or 0.0,
+        "warmup_fraction": config.warmup_fraction or 0.3 if onecycle else config.warmup_fraction,
+    }
+    texts = {  # a knob's comment after where its value came from
+        "lr": f"{lr_text}; --lr overrides",
+        "batch_size": "samples per micro-batch",
+        "accumulation_steps": f"micro-batches per optimizer step (effective batch "
+        f"{config.effective_batch_size})",
+        "precision": "TF32 flags on CUDA",
+        "warmup_fraction": "OneCycleLR's rising phase" if onecycle else "of the optimizer steps",
+        "num_workers": "DataLoader processes",
+        "cudnn_benchmark": "on CUDA",
+    }
     rows: list[tuple[str, Any, str]] = [
         ("DEVICE", config.device, "where the study trained; --device overrides"),
         ("EPOCHS", best.epochs, epochs_text),
-        ("LEARNING_RATE", config.lr, note("lr", lr_text) + "; --lr overrides"),
-        ("BATCH_SIZE", config.batch_size, note("batch_size", "samples per micro-batch")),
     ]
-    rows.append(
-        (
-            "ACCUMULATION_STEPS",
-            config.accumulation_steps,
-            note(
-                "accumulation_steps",
-                f"micro-batches per optimizer step (effective batch "
-                f"{config.effective_batch_size})",
-            ),
-        )
-    )
-    rows.append(("PRECISION", config.precision, note("precision", "TF32 flags on CUDA")))
-    rows.append(("OPTIMIZER", config.optimizer, note("optimizer")))
-    rows.append(("WEIGHT_DECAY", config.weight_decay, note("weight_decay")))
-    if config.optimizer == "sgd":
-        rows.append(("MOMENTUM", config.momentum or 0.0, note("momentum")))
-        rows.append(("NESTEROV", config.nesterov, note("nesterov")))
-    rows.append(("SCHEDULE", config.schedule, note("schedule")))
-    if config.schedule == "onecycle":
-        rows.append(
-            (
-                "WARMUP_FRACTION",
-                config.warmup_fraction or 0.3,
-                note("warmup_fraction", "OneCycleLR's rising phase"),
-            )
-        )
-    elif config.schedule == "cosine" or config.warmup_fraction > 0:
-        rows.append(
-            (
-                "WARMUP_FRACTION",
-                config.warmup_fraction,
-                note("warmup_fraction", "of the optimizer steps"),
-            )
-        )
-    if config.data_pipeline == "dataloader":
-        rows.append(
-            ("NUM_WORKERS", config.num_workers, note("num_workers", "DataLoader processes"))
-        )
-        rows.append(("PIN_MEMORY", config.pin_memory, note("pin_memory")))
-    if config.num_workers > 0:
-        rows.append(("PREFETCH_FACTOR", config.prefetch_factor, note("prefetch_factor")))
-        rows.append(("PERSISTENT_WORKERS", config.persistent_workers, note("persistent_workers")))
-    rows.append(("CUDNN_BENCHMARK", config.cudnn_benchmark, note("cudnn_benchmark", "on CUDA")))
-    if config.distributed:
-        rows.append(
-            (
-                "PROCESSES",
-                config.world_size,
-                f"the trial's DDP processes: torchrun --nproc-per-node {config.world_size}",
-            )
-        )
-        rows.append(("DDP_BUCKET_CAP_MB", config.ddp_bucket_cap_mb, note("ddp_bucket_cap_mb")))
-        rows.append(
-            (
-                "GRADIENT_AS_BUCKET_VIEW",
-                config.gradient_as_bucket_view,
-                note("gradient_as_bucket_view"),
-            )
-        )
-        rows.append(("STATIC_GRAPH", config.static_graph, note("static_graph")))
+    for name in filter(lambda name: _shown(config, name), _CONSTANTS):
+        if name == DDP_KNOBS[0]:
+            command = f"torchrun --nproc-per-node {config.world_size}"
+            rows.append(("PROCESSES", config.world_size, f"the trial's DDP processes: {command}"))
+        rows.append((KNOBS[name].script, values[name], note(name, texts.get(name, ""))))
     rows.append(("VAL_BATCH_SIZE", config.val_batch_size, ""))
     rows.append(("SEED", config.seed, "the trial's: weights and data order; --seed overrides"))
     sps = best.metrics.get("samples_per_second")

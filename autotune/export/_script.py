@@ -19,8 +19,6 @@ from autotune.export._header import knob_notes, provenance_rows
 from autotune.spec import SCORES, SpecError, parse_spec
 from autotune.study import StudyRecord
 
-__all__ = ["render_script"]
-
 _PLAIN_FILE_NAME = re.compile(r"^[\w.+-]+$", re.ASCII)  # shown as it is in the docstring
 
 

@@ -11,71 +11,20 @@ Everything is validated once, here. A problem the user made is reported as one l
 file, the line and the key path (``quick.yaml:7: space.lr: low (0.1) is greater than high
 (0.001)``), with the closest valid key for a typo. Nothing in this package knows about Optuna.
 
-The package is split in three modules, everything other modules use re-exported here:
-
-- ``_knobs``: the knob registry (``KNOBS``), the shapes a knob takes (``Choice``, ``IntRange``,
-  ``FloatRange``), how a knob's YAML value is read, the ``space`` section (``SpaceSpec``) and
-  ``SpecError``;
-- ``_sections``: the ``study``, ``workload`` and ``objective`` sections (``StudySpec``,
-  ``WorkloadSpec``, ``ObjectiveSpec``) and the names they accept (``SCORES``, ``LOSSES``, ...);
-- ``_spec``: the whole file (``Spec``) and its loading (``parse_spec``, ``load_spec``), which
-  puts file:line on every error; ``Spec.with_overrides`` words its errors the same way.
+Its modules: ``_knobs`` (the ``space`` section and how a knob's value is read), ``_sections``
+(``study``, ``workload``, ``objective``) and ``_spec`` (the whole file and its loading).
 """
 
-from autotune.spec._knobs import (
-    DDP_KNOBS,
-    KNOBS,
-    Choice,
-    FloatRange,
-    IntRange,
-    Knob,
-    KnobInfo,
-    SpaceSpec,
-    SpecError,
-    knobs_for,
-)
-from autotune.spec._names import is_unprintable
-from autotune.spec._sections import ConfirmSpec, ObjectiveSpec, StudySpec, WorkloadSpec
-from autotune.spec._spec import Spec, load_spec, parse_spec
-
-# isort: split
-# the other names importable from autotune.spec before the split, not in __all__ as then
-from autotune.spec._knobs import (  # noqa: F401
-    COMPILE_MODES,
-    DATA_PIPELINES,
-    LR_SCALINGS,
-    OPTIMIZERS,
-    PRECISIONS,
-    SCHEDULES,
-    Scalar,
-)
+# re-exports: what other modules import from autotune.spec
+from autotune.knobs import DDP_KNOBS, KNOBS  # noqa: F401
+from autotune.spec._knobs import Choice, FloatRange, IntRange, Knob, SpecError, knobs_for  # noqa: F401
+from autotune.spec._names import is_unprintable  # noqa: F401
 from autotune.spec._sections import (  # noqa: F401
     DEFAULT_STORAGE,
     LOSSES,
     MODEL_FAMILY_NAMES,
     SCORES,
-    STRATEGIES,
-    SpeedSpec,
+    ObjectiveSpec,
+    WorkloadSpec,
 )
-from autotune.spec._spec import MAX_SPACE_FILE_BYTES, MAX_SPACE_VALUES  # noqa: F401
-
-__all__ = [
-    "DDP_KNOBS",
-    "KNOBS",
-    "Choice",
-    "ConfirmSpec",
-    "FloatRange",
-    "IntRange",
-    "Knob",
-    "KnobInfo",
-    "ObjectiveSpec",
-    "SpaceSpec",
-    "Spec",
-    "SpecError",
-    "StudySpec",
-    "WorkloadSpec",
-    "is_unprintable",
-    "knobs_for",
-    "load_spec",
-    "parse_spec",
-]
+from autotune.spec._spec import Spec, load_spec, parse_spec  # noqa: F401

@@ -1,29 +1,18 @@
-"""The knobs of a space file: the registry (``KNOBS``) of every searchable setting, its
-default and legal values; the shapes a knob takes (``Choice``, ``IntRange``, ``FloatRange``) and
-how its YAML value is read into one; the ``space`` section (``SpaceSpec``); and the base the
-package's models share (``Frozen``, ``SpecError``, ``Scalar``)."""
+"""The knobs of a space file: the shapes a knob of the registry (``autotune.knobs``) takes
+(``Choice``, ``IntRange``, ``FloatRange``) and how its YAML value is read into one; the ``space``
+section (``SpaceSpec``); and the base the package's models share (``Frozen``, ``SpecError``)."""
 
 from __future__ import annotations
 
 import difflib
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from autotune.config import (
-    CompileMode,
-    DataPipeline,
-    LrScaling,
-    OptimizerName,
-    Precision,
-    Schedule,
-)
 from autotune.errors import UserError
-
-Scalar = bool | int | float | str
+from autotune.knobs import DDP_KNOBS, KNOBS, KnobInfo, Scalar
 
 
 class SpecError(UserError):
@@ -36,125 +25,6 @@ class SpecError(UserError):
 
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-# --------------------------------------------------------------------------------------------
-# Knobs: what each searchable setting is, its default and its legal values
-# --------------------------------------------------------------------------------------------
-
-# the legal values of the knobs that name a choice: TrialConfig's Literal types
-PRECISIONS: tuple[Precision, ...] = get_args(Precision)
-COMPILE_MODES: tuple[CompileMode, ...] = get_args(CompileMode)
-OPTIMIZERS: tuple[OptimizerName, ...] = get_args(OptimizerName)
-SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
-LR_SCALINGS: tuple[LrScaling, ...] = get_args(LrScaling)
-DATA_PIPELINES: tuple[DataPipeline, ...] = get_args(DataPipeline)
-
-
-@dataclass(frozen=True)
-class KnobInfo:
-    """What one knob is: its value type, default (used when the knob is omitted) and bounds."""
-
-    kind: Literal["float", "int", "bool", "choice"]
-    default: Scalar
-    doc: str
-    choices: tuple[str, ...] = ()
-    ge: float | None = None  # inclusive lower bound
-    gt: float | None = None  # exclusive lower bound
-    lt: float | None = None  # exclusive upper bound
-    searchable: bool = True  # False: a setting that takes one value only
-    only_when: str = ""  # the condition under which it is sampled, for the reference
-
-
-_DDP = "gpus_per_trial > 1"  # when DDP's settings are sampled
-
-KNOBS: dict[str, KnobInfo] = {
-    "lr": KnobInfo(
-        "float", 1e-3, "learning rate per base_batch_size examples (see lr_scaling)", gt=0
-    ),
-    "lr_scaling": KnobInfo(
-        "choice",
-        "none",
-        "how lr grows with the effective batch: none, linear (Goyal et al.) or sqrt",
-        choices=LR_SCALINGS,
-        searchable=False,
-    ),
-    "base_batch_size": KnobInfo(
-        "int", 256, "the effective batch size at which lr applies unscaled", ge=1, searchable=False
-    ),
-    "batch_size": KnobInfo("int", 64, "samples per micro-batch (per forward pass)", ge=1),
-    "accumulation_steps": KnobInfo(
-        "int", 1, "micro-batches per optimizer step; effective batch = batch_size x this", ge=1
-    ),
-    "data_pipeline": KnobInfo(
-        "choice",
-        "dataloader",
-        "dataloader: per-sample loading in DataLoader workers; device: the training set in "
-        "device memory, batches augmented in bulk",
-        choices=DATA_PIPELINES,
-    ),
-    "num_workers": KnobInfo(
-        "int",
-        0,
-        "DataLoader worker processes (0: load in-process)",
-        ge=0,
-        only_when="data_pipeline == dataloader",
-    ),
-    "pin_memory": KnobInfo(
-        "bool",
-        False,
-        "page-locked host batches for faster GPU copies",
-        only_when="data_pipeline == dataloader",
-    ),
-    "prefetch_factor": KnobInfo(
-        "int", 2, "batches each worker loads ahead", ge=1, only_when="num_workers > 0"
-    ),
-    "persistent_workers": KnobInfo(
-        "bool", False, "keep workers alive between epochs", only_when="num_workers > 0"
-    ),
-    "precision": KnobInfo(
-        "choice",
-        "fp32",
-        "fp32 (PyTorch's defaults: TF32 cuDNN convolutions on Ampere+), fp32-strict (no "
-        "TF32), tf32 (TF32 matmul/cuDNN), bf16 (autocast) or fp16 (autocast + GradScaler)",
-        choices=PRECISIONS,
-    ),
-    "compile": KnobInfo(
-        "choice", "none", "torch.compile mode, or none for eager", choices=COMPILE_MODES
-    ),
-    "optimizer": KnobInfo("choice", "adamw", "sgd or adamw", choices=OPTIMIZERS),
-    "weight_decay": KnobInfo("float", 0.0, "decoupled (adamw) or L2 (sgd) weight decay", ge=0),
-    "momentum": KnobInfo("float", 0.9, "SGD momentum", ge=0, lt=1, only_when="optimizer == sgd"),
-    "nesterov": KnobInfo(
-        "bool", False, "Nesterov momentum", only_when="optimizer == sgd and momentum > 0"
-    ),
-    "schedule": KnobInfo(
-        "choice",
-        "constant",
-        "learning-rate schedule over the trial's optimizer steps",
-        choices=SCHEDULES,
-    ),
-    "warmup_fraction": KnobInfo(
-        "float",
-        0.0,
-        "fraction of optimizer steps with linear warm-up (onecycle: its rising phase, 0.3 if 0)",
-        ge=0,
-        lt=1,
-    ),
-    "channels_last": KnobInfo("bool", False, "NHWC memory format for 4-D inputs and the model"),
-    "cudnn_benchmark": KnobInfo("bool", False, "let cuDNN time its algorithms per input shape"),
-    # DistributedDataParallel's own settings: a trial of workload.gpus_per_trial > 1 processes
-    "ddp_bucket_cap_mb": KnobInfo(
-        "int", 25, "MiB of gradients DDP all-reduces at once", ge=1, only_when=_DDP
-    ),
-    "gradient_as_bucket_view": KnobInfo(
-        "bool", False, "DDP gradients as views into its buckets (no copy)", only_when=_DDP
-    ),
-    "static_graph": KnobInfo(
-        "bool", False, "tell DDP every step uses the same parameters", only_when=_DDP
-    ),
-}
-DDP_KNOBS = ("ddp_bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
 
 
 def knobs_for(world_size: int) -> list[str]:
@@ -204,31 +74,7 @@ Knob = Choice | IntRange | FloatRange
 
 # Names people use for a knob elsewhere (other tuners, Lightning, Hugging Face), for did-you-mean.
 _ALIASES = {
-    "learning_rate": "lr",
-    "base_lr": "lr",
-    "batch": "batch_size",
-    "bs": "batch_size",
-    "micro_batch_size": "batch_size",
-    "gradient_accumulation_steps": "accumulation_steps",
-    "grad_accum": "accumulation_steps",
-    "accumulate_grad_batches": "accumulation_steps",
-    "workers": "num_workers",
-    "dataloader_num_workers": "num_workers",
-    "prefetch": "prefetch_factor",
-    "dtype": "precision",
-    "amp": "precision",
-    "mixed_precision": "precision",
-    "torch_compile": "compile",
-    "compile_mode": "compile",
-    "optim": "optimizer",
-    "wd": "weight_decay",
-    "scheduler": "schedule",
-    "lr_schedule": "schedule",
-    "lr_scheduler": "schedule",
-    "warmup": "warmup_fraction",
-    "warmup_ratio": "warmup_fraction",
-    "memory_format": "channels_last",
-    "benchmark": "cudnn_benchmark",
+    **{alias: name for name, info in KNOBS.items() for alias in info.aliases},
     "epochs_per_trial": "epochs",
     "trials": "n_trials",
 }

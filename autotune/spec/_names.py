@@ -7,8 +7,6 @@ from typing import Annotated
 
 from pydantic import AfterValidator
 
-__all__ = ["PrintableName", "is_unprintable"]
-
 
 def is_unprintable(char: str) -> bool:
     """A control or format character (an escape, a newline, NUL, a bidi override, a line or

@@ -10,7 +10,8 @@ from typing import Any, Literal
 
 from pydantic import Field, JsonValue, field_validator, model_validator
 
-from autotune.spec._knobs import DDP_KNOBS, KNOBS, Frozen, Scalar, did_you_mean
+from autotune.knobs import DDP_KNOBS, KNOBS, LOADER_KNOBS
+from autotune.spec._knobs import Frozen, Scalar, did_you_mean
 from autotune.spec._names import PrintableName
 
 DEFAULT_STORAGE = "sqlite:///studies/autotune.db"
@@ -41,11 +42,6 @@ class SpeedSpec(Frozen):
         """Seconds stage 1 may take in a run with ``timeout`` (study.timeout, which counts
         stage 1): ``max_seconds``, and at most half the timeout, so that trials get the rest."""
         return min(self.max_seconds, timeout / 2) if timeout else self.max_seconds
-
-
-STRATEGIES = ("two_stage", "joint")
-# knobs that only say how batches are loaded: they never change what is learned
-_LOADER_KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 
 
 class StudySpec(Frozen):
@@ -86,7 +82,7 @@ class StudySpec(Frozen):
         for name in value:
             if name not in KNOBS:
                 raise ValueError(f"unknown knob '{name}'{did_you_mean(name, list(KNOBS))}")
-            if name in _LOADER_KNOBS:
+            if name in LOADER_KNOBS:  # how batches are loaded: never what is learned
                 raise ValueError(
                     f"{name} only says how batches are loaded, never what is learned; "
                     f"declare data_pipeline to search the pipeline in stage 2"
@@ -117,6 +113,14 @@ MODEL_FAMILY_NAMES = ("torchvision",)
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 ENTRY_POINT = re.compile(rf"{_DOTTED}(?::{_DOTTED})?", re.ASCII)  # fullmatch: no trailing newline
+
+
+def _builtin_or_function(value: str, builtins: tuple[str, ...], what: str) -> str:
+    if value not in builtins and not (":" in value and ENTRY_POINT.fullmatch(value)):
+        raise ValueError(
+            f"'{value}' is not a {what}: use {', '.join(builtins)} or 'package.module:function'"
+        )
+    return value
 
 
 class WorkloadSpec(Frozen):
@@ -198,11 +202,7 @@ class WorkloadSpec(Frozen):
     @field_validator("loss")
     @classmethod
     def _loss(cls, value: str) -> str:
-        if value not in LOSSES and not (":" in value and ENTRY_POINT.fullmatch(value)):
-            raise ValueError(
-                f"'{value}' is not a loss: use {', '.join(LOSSES)} or 'package.module:function'"
-            )
-        return value
+        return _builtin_or_function(value, LOSSES, "loss")
 
     @field_validator("device")
     @classmethod
@@ -269,11 +269,7 @@ class ObjectiveSpec(Frozen):
     @field_validator("score")
     @classmethod
     def _score(cls, value: str) -> str:
-        if value not in SCORES and not (":" in value and ENTRY_POINT.fullmatch(value)):
-            raise ValueError(
-                f"'{value}' is not a score: use {', '.join(SCORES)} or 'package.module:function'"
-            )
-        return value
+        return _builtin_or_function(value, tuple(SCORES), "score")
 
     @model_validator(mode="after")
     def _metric_settings(self) -> ObjectiveSpec:
@@ -382,10 +378,6 @@ class ObjectiveSpec(Frozen):
     def reaches(self, score: float, bound: float) -> bool:
         """Whether ``score`` is at ``bound`` or better, in the score's direction."""
         return score >= bound if self.score_higher_is_better else score <= bound
-
-    def better(self, score: float, other: float) -> bool:
-        """Whether ``score`` is strictly better than ``other``, in the score's direction."""
-        return score > other if self.score_higher_is_better else score < other
 
 
 # fields added after studies were labelled: left out of their search label (Spec.search_payload)

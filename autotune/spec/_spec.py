@@ -16,9 +16,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
 
+from autotune.knobs import DDP_KNOBS, KNOBS
 from autotune.spec._knobs import (
-    DDP_KNOBS,
-    KNOBS,
     Choice,
     Frozen,
     IntRange,

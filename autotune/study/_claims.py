@@ -25,8 +25,6 @@ import optuna
 from autotune.study._liveness import study_lock
 from autotune.study._outage import unhurried
 
-__all__ = ["CLAIM_STALE_SECONDS", "Claims"]
-
 CLAIMS_ATTR = "stage1_claims"
 CLAIM_BEAT_SECONDS = 5.0  # how often a held claim is renewed
 CLAIM_STALE_SECONDS = 60.0  # a claim not renewed for this long is taken over

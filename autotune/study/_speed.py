@@ -1,25 +1,12 @@
 """Stage 1 of the two-stage search: time the execution knobs, keep the fastest per cell.
 
-The stage times short bursts of real training steps through the study's executor
-(``bursts.measure`` in the worker), in an order that finds the fast corner whatever its budget:
-first each cell (``_speed_plan``: a micro-batch size at a precision) once, with its reference
-setting (the tuning checklist's: the data on the device, channels_last, cudnn.benchmark, eager),
-the cells predicted fastest first (the largest micro-batches, on a GPU the half precisions);
-then, the cells fastest first by what that measured, each cell's other settings, and its
-leaders again in the opposite order (A B C, then C B A) so that the choice between close
-settings rests on more than one measurement taken at one moment. Out of memory marks a wall:
-larger micro-batches at those settings are not tried. What the cells timed so far rule out of
-the others (slow pipelines, compile modes that cannot pay back, precisions far behind, a spent
-budget) is ``_speed_rules``'s. Each distinct compiled graph is compiled once
-(``execution.compile_state``) and every setting that reuses it is charged its cold compile.
-Measurements are stored in, and reused from, the speed study (``_speed_store``); ``--remeasure``
-ignores earlier ones. How one measurement is taken (claimed, timed on this machine's turn,
-charged, stored) is ``_speed_take``'s. What a busy machine spoiled (a measurement stopped as it
-overran, a cell's fastest measured only under interference) is timed once more at the stage's
-end, while its budget lasts (``time_again``); what is still flagged then is marked in the table.
-
-The stage's answer is a ``SpeedTable``: for each micro-batch split (batch x accumulation) and
-precision, the settings with which a trial finishes soonest, charged as the objective charges.
+First every cell (``_speed_plan``) times its reference setting, the cells predicted fastest
+first; then, fastest first by what that measured, each cell's other settings, and its leaders
+again in alternating order (A B C, then C B A). Out of memory marks a wall; what the timed cells
+rule out is ``_speed_rules``'s, one measurement ``_speed_take``'s, the cache ``_speed_store``'s.
+What a busy machine spoiled is timed again at the end while the budget lasts (``time_again``).
+The answer is a ``SpeedTable``: per micro-batch split and precision, the settings with which a
+trial finishes soonest, charged as the objective charges.
 """
 
 from __future__ import annotations
@@ -34,8 +21,9 @@ import optuna
 from autotune.config import TrialConfig
 from autotune.execution import graph_key
 from autotune.executor import TrialExecutor
+from autotune.knobs import COMPUTE_KNOBS
 from autotune.spec import Spec
-from autotune.speed import COMPUTE_KNOBS, SpeedTable
+from autotune.speed import SpeedTable
 from autotune.study import adapter
 from autotune.study._speed_budget import TimeLimit
 from autotune.study._speed_plan import Cell, Settings, SpeedPlan, context_key, describe
@@ -48,7 +36,6 @@ if TYPE_CHECKING:
     from autotune.hardware import Hardware
     from autotune.workloads import Workload
 
-__all__ = ["run_speed_stage"]
 
 CONTENDER_MARGIN = 0.10  # settings within this of a cell's fastest are measured again
 MAX_CONTENDERS = 4  # ... at most this many per cell
@@ -83,10 +70,8 @@ class _Stage(SettingTimer):
         count: int = 1,
     ) -> list[Settings]:
         """Measure each of ``candidates`` until it has ``count`` measurements, those another
-        process holds last: the processes of one study (``--workers``, ``--gpus``, runs on many
-        machines) split a cell's settings between them, each timing what it claims first. A
-        first round leaves out what the rules rule out (``skip``, asked as each one's turn
-        comes); the settings left in, in order."""
+        process of the study claimed last; a first round leaves out what ``skip`` rules out.
+        The settings left in, in order."""
         kept, held = [], []
         if count == 1:
             candidates = self._same_process_first(cell, candidates)
@@ -103,11 +88,9 @@ class _Stage(SettingTimer):
         return kept
 
     def _same_process_first(self, cell: Cell, candidates: list[Settings]) -> list[Settings]:
-        """``candidates`` with those the worker can time in its current process first (in
-        their order), then those that need a fresh one: on a GPU, cuDNN's plan cache makes
-        every switch of cudnn.benchmark a new worker process (``cudnn_plans_differ``; 10-13 s
-        on an H100), so a cell begins with the setting the last cell ended with and switches
-        once, not twice."""
+        """``candidates``, those the worker can time in its current process first: a switch
+        of cudnn.benchmark takes a new worker process (``cudnn_plans_differ``; 10-13 s on an
+        H100), so a cell switches once, not twice."""
         from autotune.trainer import cudnn_plans_differ  # torch: imported by now
 
         last = self.last_measured
@@ -171,8 +154,7 @@ class _Stage(SettingTimer):
         return min(epochs, default=None)
 
     def speed(self, cell: Cell, settings: Settings) -> float | None:
-        """Samples/s of the first round: the stage's decisions rest on it alone, so that a
-        resumed stage decides as the interrupted one did."""
+        """Samples/s of the first round, which alone decides: a resumed stage decides alike."""
         return self.pool(cell, settings).first_round()
 
     def fastest(self, cell: Cell, candidates: list[Settings]) -> Settings | None:
@@ -181,8 +163,8 @@ class _Stage(SettingTimer):
         return max(ranked, key=lambda pair: pair[0])[1] if ranked else None
 
     def skip(self, cell: Cell, settings: Settings, compute_pass: bool = False) -> bool:
-        """Whether ``settings`` is left out of ``cell`` (``_speed_rules``; said in an event).
-        A setting measured before (the cache) is never left out: it costs nothing."""
+        """Whether ``settings`` is left out of ``cell`` (``_speed_rules``; said in an event);
+        never one measured before."""
         if self.pool(cell, settings).results:
             return False
         timed = self._timed(cell)
@@ -228,12 +210,9 @@ class _Stage(SettingTimer):
         return results
 
     def time_references(self, cells: list[Cell]) -> None:
-        """Time each cell's reference setting once (``SpeedPlan.reference``: the tuning
-        checklist's), in ``cells``' order (``SpeedPlan.predicted``: the fastest corner first),
-        before any cell times its others: whatever the budget, every cell it reaches gets a
-        measured speed, the first ones where the answer most likely is, and the cells go on to
-        their other settings fastest first (``ranked``). Those another process of the study
-        holds are waited for last."""
+        """Time each cell's reference setting once (``SpeedPlan.reference``), in ``cells``'
+        order, before any cell times its others: every cell the budget reaches gets a measured
+        speed. Those another process of the study holds are waited for last."""
         held = []
         for index, cell in enumerate(cells):
             self.left_out.cells_after = len(cells) - index - 1
@@ -272,15 +251,10 @@ class _Stage(SettingTimer):
         self.last_winner = self.fastest(cell, self.tried.get(cell, []))
         # the leaders again, in alternating order: A B C, then C B A, ...
         tried = self.tried.get(cell, [])
-        timed = [(self.speed(cell, s), s) for s in tried]
-        top = max((speed for speed, _ in timed if speed is not None), default=None)
-        if top is None:
-            return
-        leaders = [
-            s for speed, s in timed if speed is not None and speed >= top * (1 - CONTENDER_MARGIN)
-        ]
-        leaders = sorted(leaders, key=lambda s: -(self.speed(cell, s) or 0))[:MAX_CONTENDERS]
-        leaders = [s for s in tried if s in leaders]  # in the order first measured
+        speeds = {s: speed for s in tried if (speed := self.speed(cell, s)) is not None}
+        top = max(speeds.values(), default=0.0) * (1 - CONTENDER_MARGIN)
+        close = sorted((s for s in speeds if speeds[s] >= top), key=lambda s: -speeds[s])
+        leaders = [s for s in tried if s in close[:MAX_CONTENDERS]]  # in the order first measured
         if len(leaders) < 2 or self.left_out.over_budget():
             return  # a clear winner needs no rematch; a spent budget pays for none
         for repeat in range(2, self.spec.study.speed.repeats + 1):
@@ -288,11 +262,9 @@ class _Stage(SettingTimer):
             self.measure_all(cell, order, count=repeat)
 
     def time_again(self) -> None:
-        """Time once more what the machine's load spoiled, while the budget lasts: first each
-        cell with no measurement, its first setting stopped or left out before it measured
-        (busy or not: a flagged speed is better than none); then each cell whose fastest was
-        measured only under interference, while the last measurement was clean (the machine
-        is quieter now: a flagged one ends these)."""
+        """Time once more what the machine's load spoiled, while the budget lasts: each cell
+        with no measurement, then, while the machine is quiet, each cell whose fastest was
+        measured only under interference."""
         cells = list(self.plan.cells())
         for cell in cells:
             tried = self.tried.get(cell, [])

@@ -1,19 +1,10 @@
 """Stage 1's budget: the seconds it may take (``study.speed.max_seconds``, half of
-``study.timeout`` at most), what its measurements took so far, what it keeps back for the cells
-still to come (what one eager setting a cell costs), and how long a cold compile is expected
-to take (measured in this stage, else ``COMPILE_SECONDS_GUESS`` scaled by how the compiles
-this stage measured compare with their guesses). What the budget leaves out is
-``_speed_rules``'s (``LeftOut`` is a ``Budget``). Nothing here touches Optuna or torch.
-
-The budget is wall-clock time, from the stage's start: a measurement's wait for this machine's
-turn (``turns``) spends it too, and what it keeps back is a *typical* measurement of the stage
-as the machine is now (the median of its last ``RECENT``, their waits included), so that a
-machine that grows busier keeps back more. Past its
-end no measurement starts but the stage's first, and the one running then is stopped a typical
-measurement later at most (``eager_limit``; a compile, at ``LeftOut.compile_limit``): the stage
-ends within its budget and one measurement, as the plan's "at most" says. A measurement still
-running after ``OVERRUN`` typical ones (a busy machine) is stopped too; the stage times it again
-at its end where the budget allows (``_speed``).
+``study.timeout`` at most), what its measurements took, what it keeps back for the cells still
+to come, and how long a cold compile is expected to take. Wall-clock time from the stage's
+start, waits for this machine's turn included; what it keeps back is a *typical* measurement
+(the median of the last ``RECENT``), so a busier machine keeps back more. Past its end no
+measurement starts but the stage's first, and the running one is stopped a typical measurement
+later at most. What the budget leaves out is ``_speed_rules``'s. No Optuna or torch here.
 """
 
 from __future__ import annotations
@@ -24,8 +15,6 @@ from dataclasses import dataclass
 
 from autotune.spec import Spec
 from autotune.study._speed_plan import COMPILE_SECONDS_GUESS
-
-__all__ = ["OVERRUN", "Budget", "TimeLimit"]
 
 # an eager measurement still running after this many typical ones of the stage is stopped (a
 # busy machine: what it would measure is spoiled), but never before MIN_LIMIT_SECONDS: a

@@ -1,18 +1,11 @@
 """What the speed stage measures: its cells, the settings it tries in each, and cache keys.
 
-A *cell* is one micro-batch size at one precision (and one value of each execution knob the
-user declared as changing learning). Within a cell the stage tries *settings*: values of the
-other execution knobs (``autotune.speed.SPEED_KNOBS``), with the conditional ones only where
-they mean something (the loader knobs only with the DataLoader pipeline, prefetch and
-persistence only with workers).
-
-When a cell's settings are few (at most ``FULL_PRODUCT_LIMIT``) every one is measured. When
-they are many, the stage measures them in two passes: the compute knobs (compile,
-channels_last, cudnn_benchmark) with a reference pipeline that keeps the model fed, then the
-pipeline knobs with the fastest compute settings. The two groups act on different phases of a
-step (the pipeline on the wait for data, the compute knobs on the forward and backward), so the
-best of each is found at the cost of the sum of their sizes, not the product: 240 settings of
-``cifar10_resnet18.yaml`` per cell become 16 + 15. Nothing here touches Optuna or torch.
+A *cell* is one micro-batch size at one precision (and one value of each declared learning
+knob); its *settings* are values of the other ``SPEED_KNOBS``, conditional ones only where they
+mean something. At most ``FULL_PRODUCT_LIMIT`` settings are all measured; more are measured in
+two passes, the compute knobs with a reference pipeline, then the pipelines with the fastest
+compute settings: the sum of the two groups' sizes, not their product (240 settings of
+``cifar10_resnet18.yaml`` per cell become 16 + 15). Nothing here touches Optuna or torch.
 """
 
 from __future__ import annotations
@@ -25,19 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.config import TrialConfig
+from autotune.knobs import COMPUTE_KNOBS, DDP_KNOBS, KNOBS, PIPELINE_KNOBS, SPEED_KNOBS
 from autotune.spec import Choice, FloatRange, IntRange, Knob, Spec, SpecError
-from autotune.speed import COMPUTE_KNOBS, DDP_SETTINGS, SPEED_KNOBS, Extras
-
-__all__ = [
-    "COMPILE_SECONDS_GUESS",
-    "FULL_PRODUCT_LIMIT",
-    "METHOD_VERSION",
-    "Cell",
-    "Settings",
-    "SpeedPlan",
-    "StageEstimate",
-    "config_key",
-]
+from autotune.speed import Extras
 
 FULL_PRODUCT_LIMIT = 12  # settings per cell measured exhaustively; more: in two passes
 MAX_RANGE_VALUES = 64  # an integer range of an execution knob is enumerated up to this many
@@ -177,7 +160,8 @@ class SpeedPlan:
         declared = [self.values[name] for name in self.declared]
         precisions = list(self.values["precision"])
         if self.base.device.startswith("cuda"):
-            precisions.sort(key=GPU_PRECISION_ORDER.index)
+            order = (*GPU_PRECISION_ORDER, *precisions)  # a value it does not name: last
+            precisions.sort(key=order.index)
         for precision in precisions:
             for combination in itertools.product(*declared):
                 yield precision, tuple(zip(self.declared, combination, strict=True))
@@ -206,38 +190,34 @@ class SpeedPlan:
 
     # -- settings -------------------------------------------------------------------------------
 
-    def _fixed(self, cell: Cell) -> dict[str, Any]:
-        return dict(cell.extras)
+    def _product(self, cell: Cell, names: tuple[str, ...]) -> list[dict[str, Any]]:
+        """Every combination of the values of ``names`` the space offers (a cell's own where
+        it fixes one), each knob's only where it means something (the registry's
+        ``only_when``), the first knob's values outermost."""
+        fixed = dict(cell.extras)
+        found: list[dict[str, Any]] = [{"world": self.base.world_size}]
+        for name in names:
+            info = KNOBS[name]
+            found = [
+                {**setting, name: value}
+                for setting in found
+                for value in (
+                    [fixed[name]]
+                    if name in fixed
+                    else self.values[name]
+                    if info.applies(setting)
+                    else [info.value_off()]
+                )
+            ]
+        return [{k: v for k, v in setting.items() if k != "world"} for setting in found]
 
     def pipeline_settings(self, cell: Cell) -> list[dict[str, Any]]:
         """Every pipeline setting (data_pipeline and the loader knobs) of ``cell``."""
-        fixed = self._fixed(cell)
-        found = []
-        for pipeline in (
-            [fixed["data_pipeline"]] if "data_pipeline" in fixed else self.values["data_pipeline"]
-        ):
-            if pipeline == "device":
-                found.append(_pipeline("device", 0, False, None, False))
-                continue
-            for workers in self.values["num_workers"]:
-                for pin in self.values["pin_memory"]:
-                    if workers == 0:
-                        found.append(_pipeline("dataloader", 0, pin, None, False))
-                        continue
-                    for prefetch in self.values["prefetch_factor"]:
-                        for persistent in self.values["persistent_workers"]:
-                            found.append(
-                                _pipeline("dataloader", workers, pin, prefetch, persistent)
-                            )
-        return found
+        return self._product(cell, PIPELINE_KNOBS)
 
     def compute_settings(self, cell: Cell) -> list[dict[str, Any]]:
         """Every compute setting (compile, channels_last, cudnn_benchmark) of ``cell``."""
-        fixed = self._fixed(cell)
-        axes = [[fixed[name]] if name in fixed else self.values[name] for name in COMPUTE_KNOBS]
-        found = [
-            dict(zip(COMPUTE_KNOBS, values, strict=True)) for values in itertools.product(*axes)
-        ]
+        found = self._product(cell, COMPUTE_KNOBS)
         # cudnn_benchmark off, then on: a worker switches value only in a fresh process (its
         # cuDNN plans are its own: trainer.cudnn_plans_differ), so once a cell, not every other;
         # eager first (its speed bounds what a compile may cost), then the compile modes from
@@ -275,7 +255,7 @@ class SpeedPlan:
         that keeps the model fed (``reference_pipeline``) and the tuning checklist's compute
         knobs where the space offers them (channels_last, cudnn.benchmark, eager), else each
         knob's first value: what the checklist predicts runs fastest without a compile."""
-        fixed = self._fixed(cell)
+        fixed = dict(cell.extras)
         compute = {}
         for name in COMPUTE_KNOBS:
             offered = [fixed[name]] if name in fixed else list(self.values[name])
@@ -349,18 +329,6 @@ class SpeedPlan:
         )
 
 
-def _pipeline(
-    pipeline: str, workers: int, pin: bool, prefetch: int | None, persistent: bool
-) -> dict[str, Any]:
-    return {
-        "data_pipeline": pipeline,
-        "num_workers": workers,
-        "pin_memory": pin,
-        "prefetch_factor": prefetch,
-        "persistent_workers": persistent,
-    }
-
-
 def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -374,7 +342,7 @@ def config_key(context: str, config: TrialConfig) -> str:
     if config.distributed:  # several processes; one process keeps the keys it always had
         values["world_size"] = config.world_size
     else:
-        for name in DDP_SETTINGS:
+        for name in DDP_KNOBS:
             del values[name]
     return _digest({"method": METHOD_VERSION, "context": context, "config": values})
 

@@ -1,29 +1,10 @@
 """What stage 1 leaves out, and why: the rules that keep it within what its answer is worth.
 
-Five rules, each said in stage 1's table where it leaves a setting out:
-
-- a *pipeline* far behind (under ``SLOW_PIPELINE_SHARE`` of its cell's fastest) at one
-  precision is not tried at the micro-batch's other precisions: what a pipeline costs a batch
-  (loading, workers' start and hand-over) does not depend on the precision;
-- a *compile mode* whose cold compile cannot pay back over the full run (``unpaid_compile``),
-  or that failed to compile in every setting of a cell, is not tried in the cells after it;
-  one still compiling when it can no longer pay back, however fast it would then run (the
-  seconds an eager full run trains), or when the budget runs out, is stopped there
-  (``compile_limit``) and not tried again in the stage;
-- *channels_last under a compile mode* that was no faster than without it in the first cell
-  that timed both (Inductor chooses its own layouts, so the flag rarely matters there) is not
-  tried under that mode in the cells after it;
-- a *precision far behind* (its first cell under ``DOMINATED_SHARE`` of another precision's
-  speed at the same micro-batch: bf16 on a CPU without bf16 units) times one setting in each
-  of its other cells, its first cell's fastest: no pipeline or compile choice closes such a
-  gap, and its trials still get a measured speed;
-- the stage's *budget* (``_speed_budget``): every cell times its eager reference setting
-  first; once only what the cells still to come need is left, nothing is compiled, a cell
-  that has timed a setting times no other, and a cell with none gets one eager setting. A
-  compile mode is not started when less of the budget is left than its cold compile is
-  expected to take.
-
-Nothing here touches Optuna or torch; the stage (``_speed``) asks and reports.
+Each rule is said in stage 1's table where it leaves a setting out: a pipeline far behind at one
+precision (``SLOW_PIPELINE_SHARE``), a compile mode that cannot pay back (``unpaid_compile``,
+``compile_limit``) or failed, channels_last no faster under a compile mode, a precision far
+behind (``DOMINATED_SHARE``), and the budget (``_speed_budget``). Nothing here touches Optuna or
+torch; the stage (``_speed``) asks and reports.
 """
 
 from __future__ import annotations
@@ -32,19 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.faults import FaultKind
+from autotune.knobs import COMPUTE_KNOBS
 from autotune.spec import Spec
-from autotune.speed import COMPUTE_KNOBS, SpeedMeasurement
+from autotune.speed import SpeedMeasurement
 from autotune.study._speed_budget import Budget, TimeLimit
 from autotune.study._speed_plan import Cell, Settings
-
-__all__ = [
-    "DOMINATED_SHARE",
-    "MEASUREMENT_SLACK_SECONDS",
-    "SLOW_PIPELINE_SHARE",
-    "CellResult",
-    "LeftOut",
-    "unpaid_compile",
-]
 
 # a pipeline below this share of its cell's fastest is not tried at the micro-batch's other
 # precisions: what a pipeline costs a batch (loading, workers' start and hand-over) does not

@@ -1,15 +1,11 @@
 """The speed study (``NAME.speed``): what one measurement records, and the cache it forms.
 
-Every measurement of the speed stage is a finished Optuna trial of ``NAME.speed`` in the
-study's storage, with samples/s as its value and the execution knobs as its parameters (on
-fixed axes, so optuna-dashboard plots every run's trials together). Its ``cache_key`` names what
-it measured: the context (the machine and torch, the threads a trial gets, the workload as the
-space file names it, the source of its entry points, the data's size) and the configuration's
-execution knobs. The cache is every speed study in the storage, whatever its name: a later
-study on the same machine and model reuses each measurement whose key matches. A failure is
-not a fact: of the measurements that failed, only those whose fault says something of the
-setting itself (``FACTS``: out of memory, a failed compile, ...) are reused, each saying that
-``--remeasure`` times it again; a crash, an error, a busy machine is measured again.
+Each measurement is a finished Optuna trial of ``NAME.speed``: samples/s as its value, the
+execution knobs as its parameters (on fixed axes, for optuna-dashboard), and a ``cache_key``
+naming its context (machine, torch, threads, workload, entry points' source, data size) and its
+knobs. Every speed study in the storage is the cache. Of failures only those that say something
+of the setting (``FACTS``: out of memory, a failed compile) are reused; ``--remeasure`` ignores
+the cache.
 """
 
 from __future__ import annotations
@@ -30,28 +26,15 @@ from optuna.trial import TrialState
 
 from autotune.faults import FaultKind
 from autotune.interference import usable_cores
-from autotune.spec import COMPILE_MODES, DATA_PIPELINES, PRECISIONS, Spec
-from autotune.speed import DDP_SETTINGS, SpeedMeasurement
+from autotune.knobs import DDP_KNOBS, KNOBS
+from autotune.spec import Spec
+from autotune.speed import SpeedMeasurement
 from autotune.study._speed_plan import Cell, Settings
 
 if TYPE_CHECKING:
     from autotune.hardware import Hardware
     from autotune.workloads import Workload
 
-__all__ = [
-    "FACTS",
-    "SPEED_SUFFIX",
-    "TRANSIENT_FAULTS",
-    "SpeedEvent",
-    "SpeedRecord",
-    "context_facts",
-    "known_distributions",
-    "load_cache",
-    "open_speed_study",
-    "speed_params",
-    "speed_study_name",
-    "speed_trial",
-]
 
 SPEED_SUFFIX = ".speed"
 # faults that say nothing about the configuration (a busy machine, an interruption, stage 1's
@@ -183,25 +166,21 @@ _FLAGS = CategoricalDistribution((False, True))
 
 
 def _distributions(config_values: dict[str, Any]) -> dict[str, BaseDistribution]:
-    """Fixed distributions of a speed trial's parameters, so that the dashboard plots every
-    trial of every run on the same axes."""
+    """Fixed distributions of a speed trial's parameters, from the registry, so that the
+    dashboard plots every trial of every run on the same axes."""
     big = max(256, *(v for v in config_values.values() if isinstance(v, int)))
-    known: dict[str, BaseDistribution] = {
-        "batch_size": IntDistribution(1, max(big, 1 << 16), log=True),
-        "precision": CategoricalDistribution(PRECISIONS),
-        "data_pipeline": CategoricalDistribution(DATA_PIPELINES),
-        "num_workers": IntDistribution(0, big),
-        "pin_memory": _FLAGS,
-        "prefetch_factor": IntDistribution(1, big),
-        "persistent_workers": _FLAGS,
-        "compile": CategoricalDistribution(COMPILE_MODES),
-        "channels_last": _FLAGS,
-        "cudnn_benchmark": _FLAGS,
-        "ddp_bucket_cap_mb": IntDistribution(1, big),
-        "gradient_as_bucket_view": _FLAGS,
-        "static_graph": _FLAGS,
-    }
-    return {name: known[name] for name in config_values}
+
+    def axis(name: str) -> BaseDistribution:
+        info = KNOBS[name]
+        if info.kind == "bool":
+            return _FLAGS
+        if info.kind == "choice":
+            return CategoricalDistribution(info.choices)
+        if name == "batch_size":
+            return IntDistribution(1, max(big, 1 << 16), log=True)
+        return IntDistribution(int(info.ge or 0), big)
+
+    return {name: axis(name) for name in config_values}
 
 
 def speed_params(cell: Cell, settings: Settings) -> dict[str, Any]:
@@ -213,7 +192,7 @@ def speed_params(cell: Cell, settings: Settings) -> dict[str, Any]:
     if values.get("num_workers", 0) == 0:
         values.pop("persistent_workers", None)
     if not cell.distributed:  # DDP's settings mean nothing to one process
-        for name in DDP_SETTINGS:
+        for name in DDP_KNOBS:
             values.pop(name, None)
     return values
 

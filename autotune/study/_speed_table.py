@@ -17,8 +17,6 @@ from autotune.speed import SpeedChoice, SpeedMeasurement, SpeedTable
 from autotune.study._speed_plan import Cell, Settings, SpeedPlan
 from autotune.study._speed_store import Pool
 
-__all__ = ["speed_table"]
-
 # a cell with neither a measurement nor a fault, and no cell measured to borrow settings from:
 # not an error, so that trials drawn there fail without counting as the same bug
 _NOT_MEASURED = (

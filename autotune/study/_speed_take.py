@@ -40,8 +40,6 @@ from autotune.study._speed_store import (
 from autotune.study._walls import MemoryWalls
 from autotune.turns import TurnNotTaken, turn
 
-__all__ = ["SettingTimer"]
-
 _TIMEOUTS = (FaultKind.TRIAL_TIMEOUT, FaultKind.TIMEOUT_UNDER_LOAD)
 CLAIM_POLL_SECONDS = 0.5  # how often a process waiting for another's measurement looks
 

@@ -20,9 +20,11 @@ from autotune.executor import TrialExecutor, attempt
 from autotune.faults import FaultKind, TrialFault
 from autotune.hardware import Hardware
 from autotune.interference import CpuMeter, interfered
+from autotune.knobs import SPEED_KNOBS
 from autotune.results import Evaluation, TrialResult
-from autotune.spec import ObjectiveSpec, Spec
-from autotune.speed import SPEED_KNOBS, SpeedTable
+from autotune.spec import Spec
+from autotune.spec._sections import ObjectiveSpec
+from autotune.speed import SpeedTable
 from autotune.study import adapter
 from autotune.study._liveness import heartbeat
 from autotune.study._outage import StorageOutage

@@ -11,8 +11,6 @@ from autotune.config import TrialConfig
 from autotune.faults import FaultKind
 from autotune.study._records import TrialRecord
 
-__all__ = ["MemoryWalls"]
-
 # what, beside the micro-batch, decides how much device memory a step takes: the precision,
 # the compiled graph and its layout, the data pipeline (the device pipeline holds the whole
 # training set in device memory), the optimizer's state and the ranks that share a model

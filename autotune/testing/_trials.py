@@ -14,6 +14,7 @@ import torch
 from autotune.config import TrialConfig
 from autotune.faults import KINDS
 from autotune.hardware import Hardware, detect
+from autotune.knobs import KNOBS
 from autotune.results import Evaluation, TrialResult
 
 if TYPE_CHECKING:
@@ -56,33 +57,9 @@ VOLTA = dataclasses.replace(
 
 def make_config(**changes: Any) -> TrialConfig:
     """A plain CPU configuration: fp32, eager, AdamW, constant lr, no workers."""
-    base = {
-        "lr": 1e-2,
-        "base_lr": 1e-2,
-        "lr_scaling": "none",
-        "base_batch_size": 256,
-        "batch_size": 32,
-        "accumulation_steps": 1,
-        "optimizer": "adamw",
-        "weight_decay": 0.0,
-        "momentum": None,
-        "nesterov": False,
-        "schedule": "constant",
-        "warmup_fraction": 0.0,
-        "num_workers": 0,
-        "pin_memory": False,
-        "prefetch_factor": None,
-        "persistent_workers": False,
-        "precision": "fp32",
-        "compile": "none",
-        "channels_last": False,
-        "cudnn_benchmark": False,
-        "device": "cpu",
-        "epochs": 2.0,
-        "eval_every": 1.0,
-        "val_batch_size": 256,
-        "seed": 0,
-    }
+    base: dict[str, Any] = {name: info.default for name, info in KNOBS.items()}
+    base.update(lr=1e-2, base_lr=1e-2, batch_size=32, momentum=None, prefetch_factor=None)
+    base.update(device="cpu", epochs=2.0, eval_every=1.0, val_batch_size=256, seed=0)
     return TrialConfig(**{**base, **changes})
 
 
