@@ -44,7 +44,7 @@ def _builtin_score(
     trainer: Trainer, loader: DataLoader | DeviceBatches, workload: Workload
 ) -> tuple[float, float]:
     def forward(model: torch.nn.Module, batch: Any, device: torch.device) -> tuple[Any, Any]:
-        inputs, targets = trainer.to_device(*workload.layout.split(batch))
+        inputs, targets = trainer.split(batch)
         return call_model(model, inputs), targets
 
     right, loss_sum, scored = semantics.validation_sums(

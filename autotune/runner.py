@@ -133,7 +133,9 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
     # -- model, optimizer, schedule, precision; compiled when asked, on a cold compiler (see
     # compile_state) so earlier trials' graphs neither help nor count (evaluation runs eager)
     graphs_before, compile_before = compiled_graphs(), compile_seconds()
-    trainer = Trainer(workload.build_model(), config, plan.optimizer_steps, workload.loss_fn)
+    trainer = Trainer(
+        workload.build_model(), config, plan.optimizer_steps, workload.loss_fn, workload.layout
+    )
     device = trainer.device
     flops = _flops_per_sample(trainer, workload)
     reset_peak_memory(device)
@@ -178,7 +180,7 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
                 batches = iter(train_loader)
                 batch = next(batches)
             probe.mark("data_wait")
-            inputs, targets = trainer.to_device(*workload.layout.split(batch))
+            inputs, targets = trainer.split(batch)
             if tokens is not None and isinstance(inputs, ModelInputs):
                 counted = count_tokens(inputs)  # a device tensor: added, never read here
                 if counted is not None:  # (``counted or 0`` would wait for the device)

@@ -4,8 +4,9 @@ says (the optimizer, its schedule, the backend flags, autocast, GradScaler, accu
 ``Trainer`` owns one model under one configuration: device placement and channels_last,
 torch.compile, DistributedDataParallel, the configuration's optimizer and schedule, and its
 micro-batches into optimizer steps (``semantics.TrainingSteps``, which the exported script
-carries too), with fp16's skipped steps counted on the device. Trials use it (``runner``), and
-so can users, through ``autotune.load_best``.
+carries too), with fp16's skipped steps counted on the device; it splits a batch as the
+DataLoader gives it into the model's inputs and the target (the workload's ``BatchLayout``).
+Trials use it (``runner``), and so can users, through ``autotune.load_best``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -24,8 +25,18 @@ from autotune import semantics
 from autotune.config import TrialConfig
 from autotune.ranks import world_size
 from autotune.semantics import CUDA_GRAPH_MODES
-from autotune.workloads.batches import ModelInputs, call_model, to_device
+from autotune.workloads.batches import (
+    BatchError,
+    BatchLayout,
+    LayoutError,
+    ModelInputs,
+    call_model,
+    to_device,
+)
 from autotune.workloads.scoring import LossFn, cross_entropy_loss
+
+if TYPE_CHECKING:
+    from autotune.spec import WorkloadSpec
 
 __all__ = [
     "CUDA_GRAPH_MODES",
@@ -132,6 +143,7 @@ def backend_flags(config: TrialConfig) -> Iterator[None]:
 
 
 Batch = torch.Tensor | ModelInputs  # what the model is called with
+_WHOLE: Any = object()  # train_step's targets when the batch comes whole
 
 
 def distributed_model(
@@ -159,10 +171,14 @@ def distributed_model(
 class Trainer:
     """One model trained under one configuration.
 
-    ``train_step(inputs, targets)`` runs one micro-batch (forward under autocast, backward of
-    the loss divided by ``accumulation_steps``) and, every ``accumulation_steps`` micro-batches,
-    one optimizer step (GradScaler step for fp16, zero_grad, schedule): ``semantics``'
+    ``train_step(batch)`` runs one micro-batch (forward under autocast, backward of the loss
+    divided by ``accumulation_steps``) and, every ``accumulation_steps`` micro-batches, one
+    optimizer step (GradScaler step for fp16, zero_grad, schedule): ``semantics``'
     ``TrainingSteps``. It never synchronizes the device: the returned loss stays on the device.
+
+    ``layout`` says where a batch holds the model's inputs and the target; None: found from
+    the first batch with what ``workload`` declares (a configuration from before layouts were
+    recorded), as the study found it from its first sample.
     """
 
     def __init__(
@@ -171,8 +187,11 @@ class Trainer:
         config: TrialConfig,
         total_steps: int,
         loss_fn: LossFn | None = None,
+        layout: BatchLayout | None = None,
+        workload: WorkloadSpec | None = None,
     ) -> None:
         self.config = config
+        self.layout, self.workload = layout, workload
         self.device = torch.device(config.device)
         model = model.to(self.device)
         if config.channels_last:
@@ -254,11 +273,41 @@ class Trainer:
         """Optimizer steps so far (the schedule follows these; skipped ones included)."""
         return self.training_steps.steps
 
-    def train_step(self, inputs: Batch, targets: Any) -> torch.Tensor:
+    def split(self, batch: Any) -> tuple[Batch, Any]:
+        """(what the model is called with, the target) of a batch as the DataLoader gives it,
+        on the device; ValueError naming what the batch holds when the layout does not fit it.
+        ``model(*inputs.args, **inputs.kwargs)`` calls the model with them."""
+        if self.layout is None:
+            spec = self.workload
+            try:
+                self.layout = BatchLayout.of(
+                    batch,
+                    spec.inputs if spec else None,
+                    spec.target if spec else None,
+                    spec is not None and spec.loss == "model",
+                )
+            except LayoutError as error:
+                raise ValueError(f"the batch does not fit the study's workload: {error}") from None
+        try:
+            inputs, targets = self.layout.split(batch)
+        except BatchError:  # the user's batch_fn failed: its own message names it
+            raise
+        except (KeyError, IndexError, TypeError) as error:
+            raise ValueError(
+                f"the batch does not fit the study's batch layout (inputs {self.layout.inputs}, "
+                f"target {self.layout.target!r}): {type(error).__name__}: {error}"
+            ) from None
+        return self.to_device(inputs, targets)
+
+    def train_step(self, inputs: Any, targets: Any = _WHOLE) -> torch.Tensor:
         """One micro-batch; an optimizer step when it completes an accumulation group.
 
+        ``train_step(batch)``: the batch as the DataLoader gives it, split and moved here.
+        ``train_step(inputs, targets)``: already split and on the device.
         Returns the (detached, on-device) loss of this micro-batch.
         """
+        if targets is _WHOLE:
+            inputs, targets = self.split(inputs)
         return self.training_steps.train(self._loss, inputs, targets)
 
     def forward_backward(self, inputs: Batch, targets: Any) -> torch.Tensor:

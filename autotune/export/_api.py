@@ -12,7 +12,7 @@ import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import optuna
 import yaml
@@ -38,10 +38,6 @@ if TYPE_CHECKING:  # torch: only the building blocks need it, not reading a stud
 
     from autotune.pipeline import Collate, DeviceBatches
     from autotune.trainer import LossFn, Trainer
-    from autotune.workloads import WholeBatches
-
-    class WorkloadTrainer(WholeBatches, Trainer):
-        """A Trainer whose ``train_step`` also takes a batch whole (``_workload_trainer``)."""
 
 
 __all__ = [
@@ -222,7 +218,7 @@ class BestConfig:
 
     def make_trainer(
         self, model: nn.Module, total_steps: int, loss_fn: LossFn | None = None
-    ) -> WorkloadTrainer:
+    ) -> Trainer:
         """A Trainer applying precision, compile, channels_last, optimizer, schedule and
         accumulation to ``model``; ``total_steps`` optimizer steps set the schedule's length.
 
@@ -235,7 +231,7 @@ class BestConfig:
         process of a group of that size (torchrun, then init_process_group); on CUDA each
         process trains on its own GPU, ``cuda:LOCAL_RANK``, as do its loaders.
         """
-        from autotune.trainer import set_backend_flags
+        from autotune.trainer import Trainer, set_backend_flags
         from autotune.workloads import WorkloadError, recorded_layout, study_loss, study_workload
 
         try:
@@ -247,20 +243,7 @@ class BestConfig:
         config = self._here()
         if config.device.startswith("cuda"):
             set_backend_flags(config)
-        trainer = _workload_trainer()(model, config, total_steps, loss_fn)
-        trainer.layout, trainer.workload = layout, spec
-        return trainer
-
-
-@functools.cache
-def _workload_trainer() -> type[WorkloadTrainer]:
-    """The class ``make_trainer`` returns, made when first asked for: here, not in the workloads
-    (the trainer imports them), and not at import (reading an answer does not import torch)."""
-    from autotune.trainer import Trainer
-    from autotune.workloads import WholeBatches
-
-    made = type("WorkloadTrainer", (WholeBatches, Trainer), {"__module__": __name__})
-    return cast("type[WorkloadTrainer]", made)
+        return Trainer(model, config, total_steps, loss_fn, layout, spec)
 
 
 def _renamed_metrics(metrics: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ or a ``DataSplits``; a user's model function is called with ``model_args`` (plus
 and ``input_shape`` when it declares those parameters) and returns an ``nn.Module``.
 
 ``_reuse`` gives a study's workload back to the Python API: its loss, collate function and batch
-layout, and ``WholeBatches``, what a Trainer needs to take a batch as the DataLoader gives it.
+layout.
 """
 
 from autotune.workloads._check import user_frame
@@ -28,7 +28,6 @@ from autotune.workloads._registry import (
     user_entry_points,
 )
 from autotune.workloads._reuse import (
-    WholeBatches,
     data_collate,
     recorded_layout,
     study_loss,
@@ -50,7 +49,6 @@ __all__ = [
     "MODELS",
     "MODEL_FAMILIES",
     "DataSplits",
-    "WholeBatches",
     "Workload",
     "WorkloadError",
     "data_collate",
