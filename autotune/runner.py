@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterable, Iterator
+from itertools import chain, repeat
 from typing import Any
 
 import torch
@@ -145,9 +145,10 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
     clocks = _Clocks(trainer.device, plan, config.accumulation_steps)
     probe = clocks.probe
     evaluations: list[Evaluation] = []
-    with clocks:  # starting DataLoader workers (or copying the data set to the device) is a
-        # one-time cost of the trial's pipeline: on the clock, inside the warm-up
-        batches = _epochs(train_loader)
+    # -- the clock starts: DataLoader workers starting (or the data set copied to the device)
+    # are a one-time cost of the trial's pipeline, on the clock, inside the warm-up
+    with clocks:
+        batches = chain.from_iterable(repeat(train_loader))  # epoch after epoch
         while True:
             # one micro-batch: wait for data, copy it, forward and backward
             with probe.phase("data_wait"):
@@ -167,40 +168,41 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
             if trainer.steps == plan.warmup_steps:
                 clocks.warmed_up()
             if trainer.steps in plan.eval_steps:
-                evaluations.append(_evaluate(trainer, val_loader, workload, plan, clocks, losses))
-                if _report(evaluations, report, trainer.device):
-                    break  # the trial stops here
+                evaluation, stop = _evaluate_and_report(
+                    trainer, val_loader, workload, plan, clocks, losses, report
+                )
+                evaluations.append(evaluation)
+                if stop:
+                    break  # every rank stops here
                 clocks.resume()
     return _result(
         config, trainer, tuple(evaluations), plan, clocks, losses, compiled_before, flops
     )
 
 
-def _epochs(loader: Iterable[Any]) -> Iterator[Any]:
-    """The loader's batches, pass after pass (a new pass starts a new epoch)."""
-    while True:
-        yield from loader
-
-
-def _evaluate(
+def _evaluate_and_report(
     trainer: Trainer,
     val_loader: DataLoader | DeviceBatches,
     workload: Workload,
     plan: Plan,
     clocks: _Clocks,
     losses: _Losses,
-) -> Evaluation:
-    """An evaluation after this optimizer step: the clock stops (evaluation time is not training
+    report: Reporter,
+) -> tuple[Evaluation, bool]:
+    """An evaluation after this optimizer step, and whether the trial stops here (its last
+    evaluation, or the reporter says so). The clock stops (evaluation time is not training
     time), the training loss is read back and checked; rank 0 of a distributed trial evaluates
-    (the whole validation split, on its replica: the same score as one process)."""
+    (the whole validation split, on its replica: the same score as one process) and reports,
+    and the others wait for its verdict, so that every rank stops at the same step."""
     steps, final = trainer.steps, trainer.steps == plan.optimizer_steps
     train_seconds = clocks.pause(final)
     epoch = trainer.micro_batches / plan.micro_batches_per_epoch
     train_loss = losses.since_last_evaluation(trainer, epoch)  # every rank's
     eval_started = time.perf_counter()
-    score, val_loss = evaluate(trainer, val_loader, workload) if ranks.is_leader() else (0.0, 0.0)
+    leader = ranks.is_leader()
+    score, val_loss = evaluate(trainer, val_loader, workload) if leader else (0.0, 0.0)
     config = trainer.config
-    return Evaluation(
+    evaluation = Evaluation(
         index=losses.evaluations,
         epoch=epoch,
         optimizer_steps=steps,
@@ -213,13 +215,8 @@ def _evaluate(
         eval_seconds=time.perf_counter() - eval_started,
         final=final,
     )
-
-
-def _report(evaluations: list[Evaluation], report: Reporter, device: torch.device) -> bool:
-    """Whether the trial stops at its last evaluation: the final one, or the reporter says so;
-    rank 0 reports and the others wait for its verdict, so every rank stops at the same step."""
-    stop = (report(evaluations[-1]) if ranks.is_leader() else False) or evaluations[-1].final
-    return ranks.agree(stop, device)
+    stop = (report(evaluation) if leader else False) or final
+    return evaluation, ranks.agree(stop, trainer.device)
 
 
 class _Clocks:
