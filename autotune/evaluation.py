@@ -21,8 +21,6 @@ from autotune.workloads import Workload, user_frame
 from autotune.workloads.batches import call_model
 from autotune.workloads.scoring import IGNORE_INDEX, TOP_K, builtin_score, score_value
 
-__all__ = ["evaluate"]
-
 
 @torch.no_grad()
 def evaluate(

@@ -31,16 +31,6 @@ from autotune.config import TrialConfig
 
 Collate = Callable[[list[Any]], Any]  # samples -> one batch, as DataLoader's collate_fn
 
-__all__ = [
-    "CROP_PADDING",
-    "DeviceBatches",
-    "EpochSampler",
-    "ImageTensorDataset",
-    "crop_and_flip",
-    "make_train_loader",
-    "make_val_loader",
-]
-
 CROP_PADDING = 4  # pixels of zero padding around the image before the random crop
 
 

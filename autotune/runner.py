@@ -50,8 +50,6 @@ from autotune.workloads.batches import (
     count_tokens,
 )
 
-__all__ = ["make_plan", "train"]
-
 MAX_WARMUP_STEPS = 5  # optimizer steps timed as warm-up (at most half the first evaluation span)
 DIVERGENCE_FACTOR = 10.0  # a mean training loss this many times the lowest seen has diverged
 DIVERGENCE_MIN_RISE = 1.0  # ... and risen by this much (nats): 0.001 -> 0.011 is still healthy

@@ -16,14 +16,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from autotune.hardware import Hardware, device_name
 
-__all__ = [
-    "PEAK_FLOPS",
-    "GpuSampler",
-    "fingerprint",
-    "flops_per_sample",
-    "peak_flops",
-]
-
 # Dense peak FLOP/s by GPU and precision, from the vendors' data sheets (no sparsity).
 # fp32 is plain FP32 (TF32 off: autotune's fp32-strict); tf32 the tensor-core TF32 rate;
 # bf16/fp16 tensor-core rates. autotune's fp32, PyTorch's defaults, runs convolutions at the

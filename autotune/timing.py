@@ -8,8 +8,6 @@ import torch
 
 from autotune.results import PHASES
 
-__all__ = ["PHASES", "PhaseProbe", "TrainClock", "bottleneck", "synchronize"]
-
 
 def synchronize(device: torch.device) -> None:
     """Wait for all queued work on ``device`` (a no-op on the CPU, which runs synchronously)."""

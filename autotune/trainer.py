@@ -38,18 +38,6 @@ from autotune.workloads.scoring import LossFn, cross_entropy_loss
 if TYPE_CHECKING:
     from autotune.spec import WorkloadSpec
 
-__all__ = [
-    "CUDA_GRAPH_MODES",
-    "Trainer",
-    "autocast",
-    "backend_flags",
-    "distributed_model",
-    "make_optimizer",
-    "make_scheduler",
-    "seed_everything",
-    "set_backend_flags",
-]
-
 
 def seed_everything(seed: int) -> None:
     """Seed torch (CPU and CUDA), Python and NumPy."""

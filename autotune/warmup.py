@@ -34,8 +34,6 @@ from autotune.trainer import Trainer, backend_flags, seed_everything
 from autotune.workloads import Workload
 from autotune.workloads.batches import call_model
 
-__all__ = ["WARMUP_MICRO_BATCHES", "Warmth", "warm_compiler", "warm_process"]
-
 WARMUP_MICRO_BATCHES = 3  # eager training steps that load every kernel a step uses
 
 

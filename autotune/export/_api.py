@@ -40,16 +40,6 @@ if TYPE_CHECKING:  # torch: only the building blocks need it, not reading a stud
     from autotune.trainer import LossFn, Trainer
 
 
-__all__ = [
-    "BestConfig",
-    "ExportError",
-    "best_config",
-    "load_best",
-    "load_config",
-    "select_trial",
-    "study_spec",
-]
-
 EXPORT_FORMAT_VERSION = 2  # 2: metrics hold "score" (named by score_name), not "accuracy"
 
 

@@ -41,8 +41,6 @@ from autotune.workloads import (
 from autotune.workloads import load as load_workload
 from autotune.workloads.batches import BatchLayout
 
-__all__ = ["recorded_layout", "split_return", "workload_code"]
-
 
 @dataclass
 class _WorkloadCode:

@@ -40,19 +40,6 @@ from autotune.workloads.scoring import (
     score_value,
 )
 
-__all__ = [
-    "MIN_SCORED_TARGETS",
-    "Checked",
-    "Entries",
-    "batch_of",
-    "check",
-    "check_labels",
-    "label_readers",
-    "read_sample",
-    "split_batch",
-    "user_frame",
-]
-
 CHECK_BATCH = 2  # samples per split run through the model before the study
 MIN_SCORED_TARGETS = 100  # fewer validation targets: accuracy moves in steps over 1%
 

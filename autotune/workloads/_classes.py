@@ -20,8 +20,6 @@ from autotune.workloads._registry import DataSplits
 from autotune.workloads.batches import BatchLayout, is_integer
 from autotune.workloads.scoring import IGNORE_INDEX
 
-__all__ = ["LABEL_READ_LIMIT", "count_classes"]
-
 # Samples read for their labels, both splits together, when the data set does not say how many
 # classes it has. A sample of tensors reads in microseconds (10,000: well under a second), one
 # decoded from a file in up to a millisecond (10,000: seconds, once per process that loads the

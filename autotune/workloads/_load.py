@@ -46,8 +46,6 @@ from autotune.workloads.scoring import (
     model_loss,
 )
 
-__all__ = ["call_entry", "load", "loss_function", "model_kwargs"]
-
 
 def call_entry(fn: Callable[..., Any], kwargs: dict[str, Any], what: str, entry: str) -> Any:
     """``fn(**kwargs)``, the workload's ``what`` named ``entry``; WorkloadError, one line naming

@@ -21,8 +21,6 @@ from autotune.workloads._registry import (
 from autotune.workloads.batches import BatchLayout
 from autotune.workloads.scoring import LossFn
 
-__all__ = ["data_collate", "recorded_layout", "study_loss", "study_workload"]
-
 
 def study_workload(
     section: Mapping[str, Any], folder: str | None

@@ -18,18 +18,6 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-__all__ = [
-    "BatchError",
-    "BatchFn",
-    "BatchLayout",
-    "ModelInputs",
-    "call_model",
-    "count_samples",
-    "count_tokens",
-    "is_integer",
-    "to_device",
-]
-
 DICT_TARGETS = ("labels", "label")  # a dict sample's target when none is declared
 
 
