@@ -38,17 +38,9 @@ from autotune.pipeline import DeviceBatches, make_train_loader, make_val_loader
 from autotune.results import Evaluation, Plan, Reporter, TrialResult
 from autotune.telemetry import GpuSampler, flops_per_sample
 from autotune.timing import PhaseProbe, TrainClock
-from autotune.trainer import (
-    Trainer,
-    seed_everything,
-)
+from autotune.trainer import Trainer, seed_everything
 from autotune.workloads import Workload
-from autotune.workloads.batches import (
-    ModelInputs,
-    call_model,
-    count_samples,
-    count_tokens,
-)
+from autotune.workloads.batches import ModelInputs, call_model, count_samples, count_tokens
 
 MAX_WARMUP_STEPS = 5  # optimizer steps timed as warm-up (at most half the first evaluation span)
 DIVERGENCE_FACTOR = 10.0  # a mean training loss this many times the lowest seen has diverged
@@ -58,8 +50,18 @@ MIN_SPAN_FOR_ALL_SKIPPED = 8  # ... or every step between two evaluations, if th
 PROBE_MICRO_BATCHES = 32  # the window of steady-state micro-batches whose phases are timed
 
 
-def make_plan(config: TrialConfig, micro_batches_per_epoch: int, train_size: int) -> Plan:
-    """Lay out optimizer steps, evaluation points and the warm-up window of a trial."""
+def train_loader(config: TrialConfig, workload: Workload) -> DataLoader | DeviceBatches:
+    """This process's training batches, everything seeded by ``config.seed`` (weights, data
+    order, DataLoader workers); TrialFault when a batch is larger than its share of the data."""
+    seed_everything(config.seed)
+    loader = make_train_loader(
+        workload.train_set, config, config.seed, workload.collate_fn, ranks.rank()
+    )
+    _check_fits(config, len(loader), len(workload.train_set))  # type: ignore[arg-type]
+    return loader
+
+
+def _check_fits(config: TrialConfig, micro_batches_per_epoch: int, train_size: int) -> None:
     if micro_batches_per_epoch == 0:
         world = config.world_size
         raise TrialFault(
@@ -71,6 +73,33 @@ def make_plan(config: TrialConfig, micro_batches_per_epoch: int, train_size: int
             f"{world} processes' share of the training set ({train_size // world} of "
             f"{train_size} samples)",
         )
+
+
+class Compiles:
+    """What torch.compile compiles from here on: its graphs and its seconds."""
+
+    def __init__(self, config: TrialConfig) -> None:
+        self.compiled = config.compile != "none"
+        self.mode = config.compile
+        self.graphs_before, self.seconds_before = compiled_graphs(), compile_seconds()
+
+    def graphs(self) -> int:
+        """Graphs compiled since; TrialFault when a compiled configuration compiled none."""
+        graphs = compiled_graphs() - self.graphs_before
+        if self.compiled and graphs == 0:
+            raise TrialFault(
+                "compile_error", f"torch.compile (mode {self.mode}) produced no graph"
+            )
+        return graphs
+
+    def seconds(self) -> float | None:
+        """Seconds spent compiling since (None for an eager configuration)."""
+        return compile_seconds() - self.seconds_before if self.compiled else None
+
+
+def make_plan(config: TrialConfig, micro_batches_per_epoch: int, train_size: int) -> Plan:
+    """Lay out optimizer steps, evaluation points and the warm-up window of a trial."""
+    _check_fits(config, micro_batches_per_epoch, train_size)
     accumulation = config.accumulation_steps
     micro_batches = math.floor(config.epochs * micro_batches_per_epoch + 1e-9)
     optimizer_steps = micro_batches // accumulation
@@ -119,20 +148,14 @@ def train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRes
 
 
 def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialResult:
-    # -- seeds: weights, data order and DataLoader workers all follow config.seed
-    seed_everything(config.seed)
-
-    # -- data (one process of a distributed trial draws its own share of every epoch)
-    train_loader = make_train_loader(
-        workload.train_set, config, config.seed, workload.collate_fn, ranks.rank()
-    )
+    # -- seeds and data (one process of a distributed trial draws its own share of every epoch)
+    loader = train_loader(config, workload)
     val_loader = make_val_loader(workload.val_set, config, workload.collate_fn)
-    train_size = len(workload.train_set)  # type: ignore[arg-type]  # map-style: sized
-    plan = make_plan(config, len(train_loader), train_size)
+    plan = make_plan(config, len(loader), len(workload.train_set))  # type: ignore[arg-type]
 
     # -- model, optimizer, schedule, precision; compiled when asked, on a cold compiler (see
     # compile_state) so earlier trials' graphs neither help nor count (evaluation runs eager)
-    compiled_before = compiled_graphs(), compile_seconds()
+    compiles = Compiles(config)
     trainer = Trainer(
         workload.build_model(), config, plan.optimizer_steps, workload.loss_fn, workload.layout
     )
@@ -146,7 +169,7 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
     # -- the clock starts: DataLoader workers starting (or the data set copied to the device)
     # are a one-time cost of the trial's pipeline, on the clock, inside the warm-up
     with clocks:
-        batches = chain.from_iterable(repeat(train_loader))  # epoch after epoch
+        batches = chain.from_iterable(repeat(loader))  # epoch after epoch
         while True:
             # one micro-batch: wait for data, copy it, forward and backward
             with probe.phase("data_wait"):
@@ -173,9 +196,7 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
                 if stop:
                     break  # every rank stops here
                 clocks.resume()
-    return _result(
-        config, trainer, tuple(evaluations), plan, clocks, losses, compiled_before, flops
-    )
+    return _result(config, trainer, tuple(evaluations), plan, clocks, losses, compiles, flops)
 
 
 def _evaluate_and_report(
@@ -364,7 +385,7 @@ def _result(
     plan: Plan,
     clocks: _Clocks,
     losses: _Losses,
-    compiled_before: tuple[int, float],
+    compiles: Compiles,
     flops: float | None,
 ) -> TrialResult:
     """What the trial measured: steady-state speed after the warm-up window (the whole run's
@@ -377,12 +398,7 @@ def _result(
         samples_per_second = steady_steps * config.effective_batch_size / steady_seconds
     else:
         samples_per_second = last.samples_seen / last.train_seconds
-    compiled = config.compile != "none"
-    new_graphs = compiled_graphs() - compiled_before[0]
-    if compiled and new_graphs == 0:
-        raise TrialFault(
-            "compile_error", f"torch.compile (mode {config.compile}) produced no graph"
-        )
+    new_graphs = compiles.graphs()
     tokens = losses.tokens
     trained = trainer.micro_batches * config.batch_size
     return TrialResult(
@@ -403,7 +419,7 @@ def _result(
         loss_scale=trainer.loss_scale,
         skipped_steps=trainer.skipped_steps,
         time_breakdown=clocks.breakdown or clocks.probe.result(final=True),
-        compile_seconds=compile_seconds() - compiled_before[1] if compiled else None,
+        compile_seconds=compiles.seconds(),
         flops_per_sample=flops,
         gpu=clocks.sampler.summary(),
         device_name=device_name(config.device),

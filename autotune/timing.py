@@ -83,20 +83,6 @@ class PhaseProbe:
             return event
         return time.perf_counter()
 
-    def begin(self, micro_batch: int) -> None:
-        """Start timing micro-batch number ``micro_batch`` (1-based) if it is in the window."""
-        self._micro_batch = micro_batch
-        self._active = self._first <= micro_batch <= self._last
-        if self._active:
-            self._marks.append(("", self._stamp()))
-        elif micro_batch > self._last and self._marks:
-            self.completed = True
-
-    def mark(self, phase: str) -> None:
-        """The phase ``phase`` (one of PHASES) of the current micro-batch has been issued."""
-        if self._active:
-            self._marks.append((phase, self._stamp()))
-
     def phase(self, phase: str) -> PhaseProbe:
         """``with probe.phase(phase):`` around that phase's work (one of PHASES; the first
         begins the next micro-batch). A plain context manager: cheap on every micro-batch."""
@@ -104,11 +90,18 @@ class PhaseProbe:
         return self
 
     def __enter__(self) -> None:
-        if self._phase == PHASES[0]:
-            self.begin(self._micro_batch + 1)
+        if self._phase != PHASES[0]:
+            return
+        self._micro_batch += 1
+        self._active = self._first <= self._micro_batch <= self._last
+        if self._active:
+            self._marks.append(("", self._stamp()))
+        elif self._micro_batch > self._last and self._marks:
+            self.completed = True
 
     def __exit__(self, *_: object) -> None:
-        self.mark(self._phase)
+        if self._active:  # the phase's work has been issued
+            self._marks.append((self._phase, self._stamp()))
 
     def result(self, final: bool = False) -> dict[str, float] | None:
         """Seconds per phase over the window; None until it is complete (or, when ``final``,
