@@ -1,11 +1,5 @@
 """A model under a TrialConfig: placed, compiled, wrapped in DDP, and trained as ``semantics``
 says (the optimizer, its schedule, the backend flags, autocast, GradScaler, accumulation).
-
-``Trainer`` owns one model under one configuration: device placement and channels_last,
-torch.compile, DistributedDataParallel, the configuration's optimizer and schedule, and its
-micro-batches into optimizer steps (``semantics.TrainingSteps``, which the exported script
-carries too), with fp16's skipped steps counted on the device; it splits a batch as the
-DataLoader gives it into the model's inputs and the target (the workload's ``BatchLayout``).
 Trials use it (``runner``), and so can users, through ``autotune.load_best``.
 """
 
@@ -69,11 +63,6 @@ def make_scheduler(
     return semantics.make_scheduler(
         optimizer, config.schedule, config.warmup_fraction, total_steps
     )
-
-
-def autocast(config: TrialConfig, device: torch.device) -> contextlib.AbstractContextManager:
-    """Autocast for bf16/fp16 (the fp32 and tf32 precisions run without it)."""
-    return semantics.autocast(config.precision, device.type)
 
 
 def _matmul_precision() -> tuple[str, str]:
@@ -241,15 +230,13 @@ class Trainer:
         return int(self._skipped_in_a_row.item())
 
     def to_device(self, inputs: Batch, targets: Any) -> tuple[Batch, Any]:
-        """Move a batch to the device (asynchronously from pinned memory), image inputs NHWC if
-        asked. ``inputs`` is a tensor or a ``ModelInputs``; either may hold tuples, lists and
-        dicts of tensors."""
+        """A split batch on the device (``batches.to_device``), image inputs NHWC if asked."""
         channels_last = self.config.channels_last
         return to_device(inputs, self.device, channels_last), to_device(targets, self.device)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The precision context for forward passes (training and evaluation)."""
-        return autocast(self.config, self.device)
+        return semantics.autocast(self.config.precision, self.device.type)
 
     @property
     def micro_batches(self) -> int:
@@ -288,28 +275,22 @@ class Trainer:
         return self.to_device(inputs, targets)
 
     def train_step(self, inputs: Any, targets: Any = _WHOLE) -> torch.Tensor:
-        """One micro-batch; an optimizer step when it completes an accumulation group.
-
-        ``train_step(batch)``: the batch as the DataLoader gives it, split and moved here.
-        ``train_step(inputs, targets)``: already split and on the device.
-        Returns the (detached, on-device) loss of this micro-batch.
-        """
+        """One micro-batch, an optimizer step when it completes an accumulation group; its
+        (detached, on-device) loss. ``train_step(batch)``: the batch as the DataLoader gives it;
+        ``train_step(inputs, targets)``: already split and on the device."""
         if targets is _WHOLE:
             inputs, targets = self.split(inputs)
         return self.training_steps.train(self._loss, inputs, targets)
 
     def forward_backward(self, inputs: Batch, targets: Any) -> torch.Tensor:
-        """Forward under autocast and backward of the loss / accumulation_steps (detached loss),
-        DDP's gradient averaging at an accumulation group's last micro-batch only
-        (``semantics.TrainingSteps``)."""
+        """Forward and backward of one micro-batch, no optimizer step (``TrainingSteps``)."""
         return self.training_steps.forward_backward(self._loss, inputs, targets)
 
     def _loss(self, inputs: Batch, targets: Any) -> torch.Tensor:
         return self.loss_fn(call_model(self.step_model, inputs), targets)
 
     def optimizer_step(self) -> None:
-        """Apply the accumulated gradients (GradScaler step under fp16), zero them, advance
-        the schedule."""
+        """Apply the accumulated gradients, zero them, advance the schedule (``TrainingSteps``)."""
         self.training_steps.step()
 
     @property

@@ -299,14 +299,11 @@ def best_config(study: optuna.Study, trial: FrozenTrial) -> BestConfig:
     value = trial.values[0] if trial.values else float("nan")
     record = TrialRecord.of(trial)
     study_record = StudyRecord.of(study)
-    workload_dir = study_record.space_file_dir
-    if workload_dir is None and study_record.space_file_path:  # older studies: the path only
-        workload_dir = str(Path(study_record.space_file_path).resolve().parent)
     assert record.config is not None, "select_trial() gives trials with a configuration"
     return BestConfig(
         study=study.study_name,
         trial=trial.number,
-        metric=StudyRecord.of(study).metric or "value",
+        metric=study_record.metric or "value",
         value=float(value),
         config=record.config,
         params=dict(trial.params),
@@ -315,13 +312,21 @@ def best_config(study: optuna.Study, trial: FrozenTrial) -> BestConfig:
         feasible=is_feasible(trial),
         speed_knobs=tuple(record.speed_knobs or ()),
         reference=record.reference,
-        score_name=StudyRecord.of(study).score_name or "accuracy",
+        score_name=study_record.score_name or "accuracy",
         full_run_epochs=spec.objective.full_run_epochs if spec else None,
         workload=spec.workload.model_dump(mode="json") if spec else {},
         batch_layout=study_record.batch_layout,
         classes_last=bool(study_record.classes_last),
-        workload_dir=workload_dir,
+        workload_dir=space_file_dir(study_record),
     )
+
+
+def space_file_dir(record: StudyRecord) -> str | None:
+    """The folder of the study's space file, where its ``module:function`` entries were found."""
+    if record.space_file_dir is None and record.space_file_path:  # older studies: the path
+        # only, relative to where `autotune run` ran
+        return str(Path(record.space_file_path).resolve().parent)
+    return record.space_file_dir
 
 
 def load_best(study: str, storage: str = DEFAULT_STORAGE, trial: int | None = None) -> BestConfig:

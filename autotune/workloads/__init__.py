@@ -25,7 +25,6 @@ from autotune.workloads._registry import (
     register_model,
     resolve_data,
     resolve_model,
-    user_entry_points,
 )
 from autotune.workloads._reuse import (
     data_collate,
@@ -62,6 +61,5 @@ __all__ = [
     "resolve_model",
     "study_loss",
     "study_workload",
-    "user_entry_points",
     "user_frame",
 ]

@@ -9,10 +9,12 @@ each problem into one line that says what to change.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sysconfig
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -70,6 +72,17 @@ def user_frame(error: BaseException) -> str:
     return f" (at {shown}:{frame.lineno} in {frame.name})"
 
 
+@contextlib.contextmanager
+def failing(what: str, where: bool = True) -> Iterator[None]:
+    """An exception inside as one WorkloadError line: ``what``, the exception, and where in the
+    user's code it was raised (when ``where``)."""
+    try:
+        yield
+    except Exception as error:
+        shown = f"{type(error).__name__}: {error}{user_frame(error) if where else ''}"
+        raise WorkloadError(f"{what} {shown}") from None
+
+
 def _describe(value: Any) -> str:
     """A batch element in a few words: ``float32 [2, 1, 8, 8]``, or its type."""
     if isinstance(value, torch.Tensor):
@@ -105,14 +118,11 @@ def check_labels(
 ) -> None:
     """Refuse labels that ``readers`` (the default loss, a built-in score: they read class
     indices) cannot read."""
-    if isinstance(label, torch.Tensor) and label.is_floating_point():
+    floats = isinstance(label, torch.Tensor) and label.is_floating_point()
+    if floats or isinstance(label, float):
+        kind = str(label.dtype).removeprefix("torch.") if floats else f"floats ({label!r})"
         raise WorkloadError(
-            f"data set '{data}': labels are {str(label.dtype).removeprefix('torch.')}; "
-            f"{readers} need integer class indices{_FOR_OTHER_TARGETS}"
-        )
-    if isinstance(label, float):
-        raise WorkloadError(
-            f"data set '{data}': labels are floats ({label!r}); {readers} need integer class "
+            f"data set '{data}': labels are {kind}; {readers} need integer class "
             f"indices{_FOR_OTHER_TARGETS}"
         )
     integer = isinstance(label, int) and not isinstance(label, bool)
@@ -125,13 +135,8 @@ def check_labels(
 
 def read_sample(split: Dataset, name: str, data: str, index: int = 0) -> Any:
     """Sample ``index`` of a split; one line when reading it raises."""
-    try:
+    with failing(f"data set '{data}': reading {name} sample {index} raised"):
         return split[index]
-    except Exception as error:
-        raise WorkloadError(
-            f"data set '{data}': reading {name} sample {index} raised {type(error).__name__}: "
-            f"{error}{user_frame(error)}"
-        ) from None
 
 
 def _batch(split: Dataset, name: str, data: str, collate: Collate | None) -> Any:
@@ -157,13 +162,8 @@ def batch_of(
     """``samples`` collated into a batch as the trials' DataLoaders will; WorkloadError when they
     cannot be."""
     if collate is not None:
-        try:
+        with failing(f"data set '{data}': its collate_fn fails on {name} samples:"):
             return collate(samples)
-        except Exception as error:
-            raise WorkloadError(
-                f"data set '{data}': its collate_fn fails on {name} samples: "
-                f"{type(error).__name__}: {error}{user_frame(error)}"
-            ) from None
     try:
         return default_collate(samples)
     except Exception as error:
@@ -205,16 +205,6 @@ def _classes_last(output: torch.Tensor, targets: torch.Tensor, names: Entries) -
     )
 
 
-def _run_model(model: nn.Module, inputs: ModelInputs, split: str, entry: str) -> Any:
-    try:
-        return call_model(model, inputs)
-    except Exception as error:
-        raise WorkloadError(
-            f"model '{entry}' fails on a {split} batch ({_describe(inputs)}): "
-            f"{type(error).__name__}: {error}{user_frame(error)}"
-        ) from None
-
-
 def _logits(output: Any, targets: torch.Tensor, names: Entries) -> tuple[torch.Tensor, bool]:
     """The logits in ``output`` with the classes in dimension 1, and whether the model gives them
     last."""
@@ -232,14 +222,9 @@ def _logits(output: Any, targets: torch.Tensor, names: Entries) -> tuple[torch.T
 
 
 def _loss(loss_fn: LossFn, output: Any, targets: Any, split: str, names: Entries) -> float:
-    try:
+    what = f"loss '{names.loss}' fails on a {split} batch of model '{names.model}':"
+    with failing(what, where=names.loss not in LOSSES):
         loss = loss_fn(output, targets)
-    except Exception as error:
-        where = "" if names.loss in LOSSES else user_frame(error)
-        raise WorkloadError(
-            f"loss '{names.loss}' fails on a {split} batch of model '{names.model}': "
-            f"{type(error).__name__}: {error}{where}"
-        ) from None
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         shown = _describe(loss)
         raise WorkloadError(
@@ -274,13 +259,8 @@ def _user_score(
     will compute it on all of them; WorkloadError when it raises or returns no number."""
     size = min(2 * CHECK_BATCH, len(dataset))  # type: ignore[arg-type]  # map-style: sized
     loader = DataLoader(Subset(dataset, range(size)), batch_size=CHECK_BATCH, collate_fn=collate)
-    try:
+    with failing(f"score '{entry}' fails on the validation split:"):
         value = score_fn(model, loader, torch.device("cpu"))
-    except Exception as error:
-        raise WorkloadError(
-            f"score '{entry}' fails on the validation split: {type(error).__name__}: "
-            f"{error}{user_frame(error)}"
-        ) from None
     try:
         return score_value(value, entry)
     except ValueError as error:
@@ -311,7 +291,8 @@ def check(
         inputs, targets = split_batch(layout, batch)
         if classifies:
             check_labels(targets, names.data, label_readers(names.loss, names.score))
-        output = _run_model(model, inputs, split, names.model)
+        with failing(f"model '{names.model}' fails on a {split} batch ({_describe(inputs)}):"):
+            output = call_model(model, inputs)
         if classifies:
             logits, last = _logits(output, targets, names)
             if classes_last is not None and last != classes_last:
