@@ -57,13 +57,8 @@ def train_loader(config: TrialConfig, workload: Workload) -> DataLoader | Device
     loader = make_train_loader(
         workload.train_set, config, config.seed, workload.collate_fn, ranks.rank()
     )
-    _check_fits(config, len(loader), len(workload.train_set))  # type: ignore[arg-type]
-    return loader
-
-
-def _check_fits(config: TrialConfig, micro_batches_per_epoch: int, train_size: int) -> None:
-    if micro_batches_per_epoch == 0:
-        world = config.world_size
+    if len(loader) == 0:
+        train_size, world = len(workload.train_set), config.world_size  # type: ignore[arg-type]
         raise TrialFault(
             "invalid_config",
             f"batch_size {config.batch_size} is larger than the training set "
@@ -73,6 +68,7 @@ def _check_fits(config: TrialConfig, micro_batches_per_epoch: int, train_size: i
             f"{world} processes' share of the training set ({train_size // world} of "
             f"{train_size} samples)",
         )
+    return loader
 
 
 class Compiles:
@@ -97,9 +93,8 @@ class Compiles:
         return compile_seconds() - self.seconds_before if self.compiled else None
 
 
-def make_plan(config: TrialConfig, micro_batches_per_epoch: int, train_size: int) -> Plan:
+def make_plan(config: TrialConfig, micro_batches_per_epoch: int) -> Plan:
     """Lay out optimizer steps, evaluation points and the warm-up window of a trial."""
-    _check_fits(config, micro_batches_per_epoch, train_size)
     accumulation = config.accumulation_steps
     micro_batches = math.floor(config.epochs * micro_batches_per_epoch + 1e-9)
     optimizer_steps = micro_batches // accumulation
@@ -151,7 +146,7 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
     # -- seeds and data (one process of a distributed trial draws its own share of every epoch)
     loader = train_loader(config, workload)
     val_loader = make_val_loader(workload.val_set, config, workload.collate_fn)
-    plan = make_plan(config, len(loader), len(workload.train_set))  # type: ignore[arg-type]
+    plan = make_plan(config, len(loader))
 
     # -- model, optimizer, schedule, precision; compiled when asked, on a cold compiler (see
     # compile_state) so earlier trials' graphs neither help nor count (evaluation runs eager)

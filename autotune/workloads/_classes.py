@@ -1,10 +1,5 @@
-"""How many classes a data set has when it does not say: one bounded pass over its labels.
-
-A data function may say it (``DataSplits.num_classes``, or a ``classes`` list on the training
-split, as torchvision's data sets have); otherwise the labels are read where the workload's
-batch layout finds the target (a pair's second element, a longer tuple's ``workload.target``, a
-dict's key, or what the user's batch_fn returns), batched as the trials will batch them.
-"""
+"""How many classes a data set has when it does not say: one bounded pass over its labels,
+read where the workload's batch layout finds the target, batched as the trials batch them."""
 
 from __future__ import annotations
 

@@ -100,11 +100,8 @@ def model_kwargs(
 
 def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accuracy") -> Workload:
     """Build the workload a spec names, judged by ``score`` (objective.score: a built-in's name
-    or the user's ``package.module:function``): data loaded, and the model built and run once
-    on a small batch of each split, its loss and score computed as a trial will (``_check``).
-
-    ``package.module:function`` entries are imported from the working directory, then from
-    ``base_dir`` (the space file's directory). Raises WorkloadError with one readable line.
+    or the user's ``package.module:function``), checked on real batches (``_check``). Entries
+    are imported from the working directory, then from ``base_dir`` (the space file's folder).
     """
     data_fn = resolve_data(spec, base_dir)
     model_fn = resolve_model(spec, base_dir)
