@@ -146,12 +146,9 @@ def distributed_model(
 
 
 class Trainer:
-    """One model trained under one configuration.
-
-    ``train_step(batch)`` runs one micro-batch (forward under autocast, backward of the loss
-    divided by ``accumulation_steps``) and, every ``accumulation_steps`` micro-batches, one
-    optimizer step (GradScaler step for fp16, zero_grad, schedule): ``semantics``'
-    ``TrainingSteps``. It never synchronizes the device: the returned loss stays on the device.
+    """One model trained under one configuration: ``train_step(batch)`` runs one micro-batch
+    and, every ``accumulation_steps``, an optimizer step (``semantics.TrainingSteps``), never
+    synchronizing the device (the returned loss stays there).
 
     ``layout`` says where a batch holds the model's inputs and the target; None: found from
     the first batch with what ``workload`` declares (a configuration from before layouts were

@@ -106,18 +106,11 @@ _FOR_OTHER_TARGETS = (
 )
 
 
-def label_readers(loss: str, score: str) -> str:
-    """What reads the labels as class indices, for messages: the loss, the score, or both."""
-    readers = [f"the loss ({loss})"] if loss == "cross_entropy" else []
-    readers += [f"the score ({score})"] if score in SCORES else []
-    return " and ".join(readers)
-
-
-def check_labels(
-    label: Any, data: str, readers: str = "the loss (cross_entropy) and the score (accuracy)"
-) -> None:
-    """Refuse labels that ``readers`` (the default loss, a built-in score: they read class
-    indices) cannot read."""
+def check_labels(label: Any, data: str, loss: str, score: str) -> None:
+    """Refuse labels that the loss (cross-entropy) or a built-in score, reading class indices,
+    cannot read."""
+    reading = [f"the loss ({loss})"] if loss == "cross_entropy" else []
+    readers = " and ".join([*reading, *([f"the score ({score})"] if score in SCORES else [])])
     floats = isinstance(label, torch.Tensor) and label.is_floating_point()
     if floats or isinstance(label, float):
         kind = str(label.dtype).removeprefix("torch.") if floats else f"floats ({label!r})"
@@ -137,12 +130,6 @@ def read_sample(split: Dataset, name: str, data: str, index: int = 0) -> Any:
     """Sample ``index`` of a split; one line when reading it raises."""
     with failing(f"data set '{data}': reading {name} sample {index} raised"):
         return split[index]
-
-
-def _batch(split: Dataset, name: str, data: str, collate: Collate | None) -> Any:
-    size = min(CHECK_BATCH, len(split))  # type: ignore[arg-type]  # map-style: sized
-    samples = [read_sample(split, name, data, index) for index in range(size)]
-    return batch_of(samples, collate, data, name)
 
 
 def split_batch(layout: BatchLayout, batch: Any) -> tuple[ModelInputs, Any]:
@@ -287,10 +274,12 @@ def check(
     # the output is read as class logits by the default loss and by every built-in score
     classifies = score_fn is None or names.loss == "cross_entropy"
     for split, dataset in zip(("training", "validation"), splits, strict=True):
-        batch = _batch(dataset, split, names.data, splits.collate_fn)
+        size = min(CHECK_BATCH, len(dataset))  # type: ignore[arg-type]  # map-style: sized
+        samples = [read_sample(dataset, split, names.data, index) for index in range(size)]
+        batch = batch_of(samples, splits.collate_fn, names.data, split)
         inputs, targets = split_batch(layout, batch)
         if classifies:
-            check_labels(targets, names.data, label_readers(names.loss, names.score))
+            check_labels(targets, names.data, names.loss, names.score)
         with failing(f"model '{names.model}' fails on a {split} batch ({_describe(inputs)}):"):
             output = call_model(model, inputs)
         if classifies:
@@ -306,7 +295,9 @@ def check(
             if last and names.loss == "cross_entropy":  # as the trials will take it
                 loss_fn = cross_entropy_classes_last
         loss = _loss(loss_fn, output, targets, split, names)
-        if not math.isfinite(loss) and not (classifies and _nothing_scored(targets)):
+        # a mean loss over no scored target (every one IGNORE_INDEX) is NaN: not the model's
+        nothing_scored = classifies and not bool((targets != IGNORE_INDEX).any())
+        if not math.isfinite(loss) and not nothing_scored:
             raise WorkloadError(
                 f"model '{names.model}' gives a {split} loss of {loss} before any training: "
                 f"its weights or the inputs hold NaN or infinity"
@@ -324,11 +315,6 @@ def check(
     if score_fn is not None:
         untrained = _user_score(score_fn, model, splits.val, splits.collate_fn, names.score)
     return Checked(tuple(warnings), bool(classes_last), untrained)
-
-
-def _nothing_scored(targets: torch.Tensor) -> bool:
-    """Every target of the batch is IGNORE_INDEX: a mean loss over none of them is NaN."""
-    return not bool((targets != IGNORE_INDEX).any())
 
 
 def _check_classes(

@@ -22,7 +22,6 @@ from autotune.workloads._check import (
     batch_of,
     check,
     check_labels,
-    label_readers,
     read_sample,
     split_batch,
     user_frame,
@@ -140,7 +139,7 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accurac
     score_fn = None if score in SCORES else resolve_entry_point(score, "score", base_dir)
     classifies = score_fn is None or loss_fn is cross_entropy_loss
     if classifies:  # before num_classes is looked for: say what is wrong
-        check_labels(label, spec.data, label_readers(spec.loss, score))
+        check_labels(label, spec.data, spec.loss, score)
     only = inputs.args[0] if len(inputs.args) == 1 and not inputs.kwargs else None
     input_shape = tuple(only.shape) if isinstance(only, torch.Tensor) else ()
     given = spec.model_args.get("num_classes")
