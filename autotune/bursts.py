@@ -23,7 +23,6 @@ import torch
 from autotune import ranks
 from autotune.config import TrialConfig
 from autotune.execution import (
-    compile_seconds,
     compiled_graphs,
     guarded,
     kept_graph,
@@ -32,13 +31,11 @@ from autotune.execution import (
 )
 from autotune.faults import TrialFault
 from autotune.hardware import device_name
-from autotune.pipeline import make_train_loader
+from autotune.runner import Compiles, train_loader
 from autotune.speed import BurstPlan, SpeedMeasurement
 from autotune.timing import PhaseProbe, TrainClock, synchronize
-from autotune.trainer import Trainer, seed_everything
+from autotune.trainer import Trainer
 from autotune.workloads import Workload
-
-__all__ = ["measure"]
 
 CALIBRATION_MICRO_BATCHES = 4  # an untimed burst that sizes the timed ones
 RECOMPILE_ATTEMPTS = 2  # timed measurements, while torch.compile compiles during them
@@ -86,52 +83,36 @@ class _Batches:
 def _measure(
     config: TrialConfig, workload: Workload, plan: BurstPlan, warm: bool
 ) -> dict[str, Any]:
-    seed_everything(config.seed)
-    loader = make_train_loader(
-        workload.train_set, config, config.seed, workload.collate_fn, ranks.rank()
-    )
-    per_epoch = len(loader)
-    if per_epoch == 0:
-        size = len(workload.train_set)  # type: ignore[arg-type]  # map-style: sized
-        raise TrialFault(
-            "invalid_config",
-            f"batch_size {config.batch_size} is larger than the training set ({size} samples)",
-        )
-    graphs_before, compile_before = compiled_graphs(), compile_seconds()
-    trainer = Trainer(
-        workload.build_model(), config, total_steps=1_000_000, loss_fn=workload.loss_fn
-    )
+    loader = train_loader(config, workload)
+    compiles = Compiles(config)
+    trainer = Trainer(workload.build_model(), config, 1_000_000, workload.loss_fn, workload.layout)
     device = trainer.device
-    split = workload.layout.split
     batches = _Batches(loader)
     reset_peak_memory(device)
-
-    def step(batch: Any) -> None:
-        trainer.train_step(*trainer.to_device(*split(batch)))
 
     # -- warm-up: the first pass starts, the model compiles, kernels are chosen
     clock = TrainClock(device)
     clock.start()
-    step(batches.new_pass())
+    trainer.train_step(batches.new_pass())
     for _ in range(plan.warmup_micro_batches - 1):
-        step(batches.next())
+        trainer.train_step(batches.next())
     warmup_seconds = clock.pause()
 
     # -- an untimed burst that sizes the timed ones to about plan.burst_seconds each
     started = time.perf_counter()
     for _ in range(CALIBRATION_MICRO_BATCHES):
-        step(batches.next())
+        trainer.train_step(batches.next())
     synchronize(device)
     per_batch = (time.perf_counter() - started) / CALIBRATION_MICRO_BATCHES
     length = round(plan.burst_seconds / max(per_batch, 1e-6))
-    length = max(plan.min_micro_batches, min(plan.max_micro_batches, length, per_epoch))
+    length = max(plan.min_micro_batches, min(plan.max_micro_batches, length, len(loader)))
     length = ranks.leaders(length, device)  # every process of a distributed run: rank 0's
 
     # -- the bursts: each a new pass, its start timed apart from its steady steps; bursts
     # during which torch.compile compiled a graph (a recompilation) are timed again
     for _attempt in range(RECOMPILE_ATTEMPTS):
         graphs_timed = compiled_graphs()
-        steps, optimizer, epoch_starts = _bursts(trainer, batches, split, plan, length)
+        steps, optimizer, epoch_starts = _bursts(trainer, batches, plan, length)
         if compiled_graphs() == graphs_timed:
             break
     else:
@@ -144,21 +125,16 @@ def _measure(
     steady = sorted(steps)[len(steps) // 2]
     epoch_start = sorted(epoch_starts)[len(epoch_starts) // 2]
     one_time = warmup_seconds - plan.warmup_micro_batches * steady - epoch_start
-    # (a warm run reuses the graph its cold run compiled, and checked)
-    if config.compile != "none" and not warm and compiled_graphs() == graphs_before:
-        raise TrialFault(
-            "compile_error", f"torch.compile (mode {config.compile}) produced no graph"
-        )
+    if not warm:  # a warm run reuses the graph its cold run compiled, and checked
+        compiles.graphs()
     return {
         "batch_size": config.batch_size,
-        "micro_batches_per_epoch": per_epoch,
+        "micro_batches_per_epoch": len(loader),
         "step_seconds": tuple(steps),
         "optimizer_seconds": tuple(optimizer),
         "epoch_start_seconds": tuple(epoch_starts),
         "one_time_seconds": max(0.0, one_time),
-        "compile_seconds": (
-            compile_seconds() - compile_before if config.compile != "none" else None
-        ),
+        "compile_seconds": compiles.seconds(),
         "peak_memory_bytes": peak_memory_bytes(device),
         "device_name": device_name(config.device),
         "torch_version": torch.__version__,
@@ -167,7 +143,7 @@ def _measure(
 
 
 def _bursts(
-    trainer: Trainer, batches: _Batches, split: Any, plan: BurstPlan, length: int
+    trainer: Trainer, batches: _Batches, plan: BurstPlan, length: int
 ) -> tuple[list[float], list[float], list[float]]:
     """Time ``plan.bursts`` bursts of ``length`` micro-batches, each starting a new pass: per
     burst the steady seconds per micro-batch, the optimizer step's share and the pass's start."""
@@ -176,28 +152,25 @@ def _bursts(
     optimizer: list[float] = []
     epoch_starts: list[float] = []
     for _ in range(plan.bursts):
-        probe = PhaseProbe(device, first_micro_batch=2, micro_batches=length - 1)
+        probe = PhaseProbe(device, first_micro_batch=1, micro_batches=length - 1)
         synchronize(device)
         began = time.perf_counter()
         first = batches.new_pass()  # host work: worker start-up and the first batch's loading
         ready = time.perf_counter()
-        trainer.train_step(*trainer.to_device(*split(first)))
-        for index in range(2, length + 1):
-            probe.begin(index)
-            batch = batches.next()
-            probe.mark("data_wait")
-            inputs, targets = trainer.to_device(*split(batch))
-            probe.mark("host_to_device")
-            trainer.forward_backward(inputs, targets)
-            probe.mark("forward_backward")
-            trainer.optimizer_step()
-            probe.mark("optimizer")
-        probe.begin(length + 1)  # closes the probe's window
+        trainer.train_step(first)
+        for _ in range(length - 1):
+            with probe.phase("data_wait"):
+                batch = batches.next()
+            with probe.phase("host_to_device"):
+                inputs, targets = trainer.split(batch)
+            with probe.phase("forward_backward"):
+                trainer.forward_backward(inputs, targets)
+            with probe.phase("optimizer"):
+                trainer.optimizer_step()
         synchronize(device)
         ended = time.perf_counter()
         phases = probe.result(final=True) or {}
         epoch_starts.append(ready - began)
         steps.append((ended - ready) / length)
         optimizer.append(phases.get("optimizer", 0.0) / max(1, length - 1))
-
     return steps, optimizer, epoch_starts

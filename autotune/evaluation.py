@@ -21,8 +21,6 @@ from autotune.workloads import Workload, user_frame
 from autotune.workloads.batches import call_model
 from autotune.workloads.scoring import IGNORE_INDEX, TOP_K, builtin_score, score_value
 
-__all__ = ["evaluate"]
-
 
 @torch.no_grad()
 def evaluate(
@@ -44,7 +42,7 @@ def _builtin_score(
     trainer: Trainer, loader: DataLoader | DeviceBatches, workload: Workload
 ) -> tuple[float, float]:
     def forward(model: torch.nn.Module, batch: Any, device: torch.device) -> tuple[Any, Any]:
-        inputs, targets = trainer.to_device(*workload.layout.split(batch))
+        inputs, targets = trainer.split(batch)
         return call_model(model, inputs), targets
 
     right, loss_sum, scored = semantics.validation_sums(

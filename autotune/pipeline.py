@@ -31,16 +31,6 @@ from autotune.config import TrialConfig
 
 Collate = Callable[[list[Any]], Any]  # samples -> one batch, as DataLoader's collate_fn
 
-__all__ = [
-    "CROP_PADDING",
-    "DeviceBatches",
-    "EpochSampler",
-    "ImageTensorDataset",
-    "crop_and_flip",
-    "make_train_loader",
-    "make_val_loader",
-]
-
 CROP_PADDING = 4  # pixels of zero padding around the image before the random crop
 
 
@@ -54,11 +44,8 @@ def crop_and_flip(image: torch.Tensor) -> torch.Tensor:
 
 
 class ImageTensorDataset(Dataset):
-    """uint8 images (N, C, H, W) and labels in memory, augmented one sample at a time.
-
-    ``augment`` crops randomly from the image padded by ``CROP_PADDING`` zero pixels and flips
-    horizontally half the time; every sample is then scaled to [0, 1] and normalised.
-    """
+    """uint8 images (N, C, H, W) and labels in memory, augmented (``crop_and_flip``) when
+    ``augment``, scaled to [0, 1] and normalised one sample at a time."""
 
     def __init__(
         self,
@@ -92,11 +79,9 @@ class ImageTensorDataset(Dataset):
 class DeviceBatches:
     """Shuffled (or ordered) batches of an in-memory data set, made on ``device`` in bulk.
 
-    The whole data set is copied to ``device`` once, when the first pass starts (so that a
-    timed training run pays for it): an ImageTensorDataset as uint8 images
-    (gathered by index, then cropped, flipped and normalised as one tensor operation when it
-    augments), a TensorDataset as its tensors. When shuffling the last partial batch is dropped
-    (static shapes); in order, every sample is kept.
+    The whole data set is copied to ``device`` once, when the first pass starts (so that a timed
+    training run pays for it); an ImageTensorDataset's batches are augmented as one tensor
+    operation. Shuffled, the last partial batch is dropped (static shapes); in order, none is.
     """
 
     def __init__(
@@ -196,13 +181,8 @@ def make_train_loader(
     collate_fn: Collate | None = None,
     rank: int = 0,
 ) -> DataLoader | DeviceBatches:
-    """Shuffled training batches, the last partial one dropped (static shapes).
-
-    The ``dataloader`` pipeline is a DataLoader with the trial's knobs (and the data function's
-    ``collate_fn``, if it gave one); the ``device`` pipeline keeps the data set on the device and
-    makes each batch there (DeviceBatches). Process ``rank`` of a distributed trial
-    (``config.world_size`` > 1) draws its own 1/world_size of every epoch.
-    """
+    """Shuffled training batches of the trial's pipeline, the last partial one dropped (static
+    shapes); process ``rank`` of a distributed trial draws its own 1/world_size of every epoch."""
     world = config.world_size
     if config.data_pipeline == "device":
         device = torch.device(config.device)

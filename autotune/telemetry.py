@@ -16,14 +16,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from autotune.hardware import Hardware, device_name
 
-__all__ = [
-    "PEAK_FLOPS",
-    "GpuSampler",
-    "fingerprint",
-    "flops_per_sample",
-    "peak_flops",
-]
-
 # Dense peak FLOP/s by GPU and precision, from the vendors' data sheets (no sparsity).
 # fp32 is plain FP32 (TF32 off: autotune's fp32-strict); tf32 the tensor-core TF32 rate;
 # bf16/fp16 tensor-core rates. autotune's fp32, PyTorch's defaults, runs convolutions at the
@@ -77,14 +69,12 @@ def peak_flops(device_name: str, precision: str) -> float | None:
 def flops_per_sample(
     model: nn.Module, training_loss: Callable[[], torch.Tensor], samples: int
 ) -> float | None:
-    """FLOPs of one training step (forward and backward) per sample, counted by
-    torch.utils.flop_counter while ``training_loss()`` computes the loss of a batch of
-    ``samples`` samples and it is back-propagated.
+    """FLOPs of one training step (forward and backward) per sample, counted while
+    ``training_loss()`` computes the loss of a batch of ``samples`` samples, back-propagated.
 
     The model runs in eval mode (batch norm statistics are left alone) and its gradients are
     cleared afterwards, so the trial trains exactly as it would without the count: those that
-    existed before (a trainer under CUDA graphs allocates them up front) zeroed in place, the
-    others None again.
+    existed before (a trainer under CUDA graphs allocates them up front) zeroed in place.
     """
     allocated = {id(p) for p in model.parameters() if p.grad is not None}
     was_training = model.training

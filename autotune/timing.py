@@ -8,8 +8,6 @@ import torch
 
 from autotune.results import PHASES
 
-__all__ = ["PHASES", "PhaseProbe", "TrainClock", "bottleneck", "synchronize"]
-
 
 def synchronize(device: torch.device) -> None:
     """Wait for all queued work on ``device`` (a no-op on the CPU, which runs synchronously)."""
@@ -63,6 +61,9 @@ class PhaseProbe:
     sat idle waiting for the host), the host clock on a CPU (which runs synchronously). The
     events are read only in ``result()``, which the runner calls at an evaluation, where the
     device is synchronized anyway.
+
+    ``with probe.phase(name)`` around each phase's work, in the order of PHASES, times them
+    back to back: the first begins the next micro-batch, each ends where its work was issued.
     """
 
     def __init__(self, device: torch.device, first_micro_batch: int, micro_batches: int) -> None:
@@ -70,6 +71,8 @@ class PhaseProbe:
         self._first = first_micro_batch
         self._last = first_micro_batch + micro_batches - 1
         self._marks: list[tuple[str, object]] = []  # (phase that ends here, stamp)
+        self._micro_batch = 0
+        self._phase = ""  # the phase ``with probe.phase(...)`` is in
         self._active = False
         self.completed = False
 
@@ -80,18 +83,25 @@ class PhaseProbe:
             return event
         return time.perf_counter()
 
-    def begin(self, micro_batch: int) -> None:
-        """Start timing micro-batch number ``micro_batch`` (1-based) if it is in the window."""
-        self._active = self._first <= micro_batch <= self._last
+    def phase(self, phase: str) -> PhaseProbe:
+        """``with probe.phase(phase):`` around that phase's work (one of PHASES; the first
+        begins the next micro-batch). A plain context manager: cheap on every micro-batch."""
+        self._phase = phase
+        return self
+
+    def __enter__(self) -> None:
+        if self._phase != PHASES[0]:
+            return
+        self._micro_batch += 1
+        self._active = self._first <= self._micro_batch <= self._last
         if self._active:
             self._marks.append(("", self._stamp()))
-        elif micro_batch > self._last and self._marks:
+        elif self._micro_batch > self._last and self._marks:
             self.completed = True
 
-    def mark(self, phase: str) -> None:
-        """The phase ``phase`` (one of PHASES) of the current micro-batch has been issued."""
-        if self._active:
-            self._marks.append((phase, self._stamp()))
+    def __exit__(self, *_: object) -> None:
+        if self._active:  # the phase's work has been issued
+            self._marks.append((self._phase, self._stamp()))
 
     def result(self, final: bool = False) -> dict[str, float] | None:
         """Seconds per phase over the window; None until it is complete (or, when ``final``,

@@ -1,11 +1,6 @@
 """A model under a TrialConfig: placed, compiled, wrapped in DDP, and trained as ``semantics``
 says (the optimizer, its schedule, the backend flags, autocast, GradScaler, accumulation).
-
-``Trainer`` owns one model under one configuration: device placement and channels_last,
-torch.compile, DistributedDataParallel, the configuration's optimizer and schedule, and its
-micro-batches into optimizer steps (``semantics.TrainingSteps``, which the exported script
-carries too), with fp16's skipped steps counted on the device. Trials use it (``runner``), and
-so can users, through ``autotune.load_best``.
+Trials use it (``runner``), and so can users, through ``autotune.load_best``.
 """
 
 from __future__ import annotations
@@ -13,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -24,20 +19,18 @@ from autotune import semantics
 from autotune.config import TrialConfig
 from autotune.ranks import world_size
 from autotune.semantics import CUDA_GRAPH_MODES
-from autotune.workloads.batches import ModelInputs, call_model, to_device
+from autotune.workloads.batches import (
+    BatchError,
+    BatchLayout,
+    LayoutError,
+    ModelInputs,
+    call_model,
+    to_device,
+)
 from autotune.workloads.scoring import LossFn, cross_entropy_loss
 
-__all__ = [
-    "CUDA_GRAPH_MODES",
-    "Trainer",
-    "autocast",
-    "backend_flags",
-    "distributed_model",
-    "make_optimizer",
-    "make_scheduler",
-    "seed_everything",
-    "set_backend_flags",
-]
+if TYPE_CHECKING:
+    from autotune.spec import WorkloadSpec
 
 
 def seed_everything(seed: int) -> None:
@@ -70,11 +63,6 @@ def make_scheduler(
     return semantics.make_scheduler(
         optimizer, config.schedule, config.warmup_fraction, total_steps
     )
-
-
-def autocast(config: TrialConfig, device: torch.device) -> contextlib.AbstractContextManager:
-    """Autocast for bf16/fp16 (the fp32 and tf32 precisions run without it)."""
-    return semantics.autocast(config.precision, device.type)
 
 
 def _matmul_precision() -> tuple[str, str]:
@@ -132,6 +120,7 @@ def backend_flags(config: TrialConfig) -> Iterator[None]:
 
 
 Batch = torch.Tensor | ModelInputs  # what the model is called with
+_WHOLE: Any = object()  # train_step's targets when the batch comes whole
 
 
 def distributed_model(
@@ -157,12 +146,13 @@ def distributed_model(
 
 
 class Trainer:
-    """One model trained under one configuration.
+    """One model trained under one configuration: ``train_step(batch)`` runs one micro-batch
+    and, every ``accumulation_steps``, an optimizer step (``semantics.TrainingSteps``), never
+    synchronizing the device (the returned loss stays there).
 
-    ``train_step(inputs, targets)`` runs one micro-batch (forward under autocast, backward of
-    the loss divided by ``accumulation_steps``) and, every ``accumulation_steps`` micro-batches,
-    one optimizer step (GradScaler step for fp16, zero_grad, schedule): ``semantics``'
-    ``TrainingSteps``. It never synchronizes the device: the returned loss stays on the device.
+    ``layout`` says where a batch holds the model's inputs and the target; None: found from
+    the first batch with what ``workload`` declares (a configuration from before layouts were
+    recorded), as the study found it from its first sample.
     """
 
     def __init__(
@@ -171,8 +161,11 @@ class Trainer:
         config: TrialConfig,
         total_steps: int,
         loss_fn: LossFn | None = None,
+        layout: BatchLayout | None = None,
+        workload: WorkloadSpec | None = None,
     ) -> None:
         self.config = config
+        self.layout, self.workload = layout, workload
         self.device = torch.device(config.device)
         model = model.to(self.device)
         if config.channels_last:
@@ -234,15 +227,13 @@ class Trainer:
         return int(self._skipped_in_a_row.item())
 
     def to_device(self, inputs: Batch, targets: Any) -> tuple[Batch, Any]:
-        """Move a batch to the device (asynchronously from pinned memory), image inputs NHWC if
-        asked. ``inputs`` is a tensor or a ``ModelInputs``; either may hold tuples, lists and
-        dicts of tensors."""
+        """A split batch on the device (``batches.to_device``), image inputs NHWC if asked."""
         channels_last = self.config.channels_last
         return to_device(inputs, self.device, channels_last), to_device(targets, self.device)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The precision context for forward passes (training and evaluation)."""
-        return autocast(self.config, self.device)
+        return semantics.autocast(self.config.precision, self.device.type)
 
     @property
     def micro_batches(self) -> int:
@@ -254,25 +245,49 @@ class Trainer:
         """Optimizer steps so far (the schedule follows these; skipped ones included)."""
         return self.training_steps.steps
 
-    def train_step(self, inputs: Batch, targets: Any) -> torch.Tensor:
-        """One micro-batch; an optimizer step when it completes an accumulation group.
+    def split(self, batch: Any) -> tuple[Batch, Any]:
+        """(what the model is called with, the target) of a batch as the DataLoader gives it,
+        on the device; ValueError naming what the batch holds when the layout does not fit it.
+        ``model(*inputs.args, **inputs.kwargs)`` calls the model with them."""
+        if self.layout is None:
+            spec = self.workload
+            try:
+                self.layout = BatchLayout.of(
+                    batch,
+                    spec.inputs if spec else None,
+                    spec.target if spec else None,
+                    spec is not None and spec.loss == "model",
+                )
+            except LayoutError as error:
+                raise ValueError(f"the batch does not fit the study's workload: {error}") from None
+        try:
+            inputs, targets = self.layout.split(batch)
+        except BatchError:  # the user's batch_fn failed: its own message names it
+            raise
+        except (KeyError, IndexError, TypeError) as error:
+            raise ValueError(
+                f"the batch does not fit the study's batch layout (inputs {self.layout.inputs}, "
+                f"target {self.layout.target!r}): {type(error).__name__}: {error}"
+            ) from None
+        return self.to_device(inputs, targets)
 
-        Returns the (detached, on-device) loss of this micro-batch.
-        """
+    def train_step(self, inputs: Any, targets: Any = _WHOLE) -> torch.Tensor:
+        """One micro-batch, an optimizer step when it completes an accumulation group; its
+        (detached, on-device) loss. ``train_step(batch)``: the batch as the DataLoader gives it;
+        ``train_step(inputs, targets)``: already split and on the device."""
+        if targets is _WHOLE:
+            inputs, targets = self.split(inputs)
         return self.training_steps.train(self._loss, inputs, targets)
 
     def forward_backward(self, inputs: Batch, targets: Any) -> torch.Tensor:
-        """Forward under autocast and backward of the loss / accumulation_steps (detached loss),
-        DDP's gradient averaging at an accumulation group's last micro-batch only
-        (``semantics.TrainingSteps``)."""
+        """Forward and backward of one micro-batch, no optimizer step (``TrainingSteps``)."""
         return self.training_steps.forward_backward(self._loss, inputs, targets)
 
     def _loss(self, inputs: Batch, targets: Any) -> torch.Tensor:
         return self.loss_fn(call_model(self.step_model, inputs), targets)
 
     def optimizer_step(self) -> None:
-        """Apply the accumulated gradients (GradScaler step under fp16), zero them, advance
-        the schedule."""
+        """Apply the accumulated gradients, zero them, advance the schedule (``TrainingSteps``)."""
         self.training_steps.step()
 
     @property

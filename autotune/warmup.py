@@ -34,8 +34,6 @@ from autotune.trainer import Trainer, backend_flags, seed_everything
 from autotune.workloads import Workload
 from autotune.workloads.batches import call_model
 
-__all__ = ["WARMUP_MICRO_BATCHES", "Warmth", "warm_compiler", "warm_process"]
-
 WARMUP_MICRO_BATCHES = 3  # eager training steps that load every kernel a step uses
 
 
@@ -57,17 +55,15 @@ def warm_process(config: TrialConfig, workload: Workload) -> bool:
             return False
         # the trial's own loss (a regression's, classes last...): cross-entropy fails on those
         trainer = Trainer(
-            workload.build_model(), eager, WARMUP_MICRO_BATCHES, loss_fn=workload.loss_fn
+            workload.build_model(), eager, WARMUP_MICRO_BATCHES, workload.loss_fn, workload.layout
         )
         batches = iter(loader)
-        split = workload.layout.split
         for _ in range(min(WARMUP_MICRO_BATCHES, len(loader))):
-            trainer.train_step(*trainer.to_device(*split(next(batches))))
+            trainer.train_step(next(batches))
         trainer.model.eval()
         with torch.no_grad(), trainer.autocast():
             val_batch = next(iter(make_val_loader(workload.val_set, eager, workload.collate_fn)))
-            inputs, _ = trainer.to_device(*split(val_batch))
-            call_model(trainer.model, inputs)
+            call_model(trainer.model, trainer.split(val_batch)[0])
         synchronize(device)
     del trainer, batches, loader
     release_memory()

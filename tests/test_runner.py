@@ -11,9 +11,10 @@ import torch
 from torch import nn
 from torch._inductor.utils import fresh_inductor_cache
 
+from autotune import ranks
 from autotune.faults import TrialFault
 from autotune.results import Evaluation
-from autotune.runner import make_plan, train
+from autotune.runner import make_plan, train, train_loader
 from autotune.testing import blobs, blobs_workload, make_config, never_stop, tiny_mlp
 from autotune.workloads import Workload
 
@@ -174,14 +175,11 @@ def test_batch_larger_than_the_data_is_an_invalid_config():
     assert "larger than the training set (256 samples)" in caught.value.message
 
 
-def test_a_batch_larger_than_a_process_share_says_per_process():
+def test_a_batch_larger_than_a_process_share_says_per_process(monkeypatch):
     """Rank 1 of 2 draws half of every epoch: 200 per process is more than its 128."""
-    from autotune.pipeline import make_train_loader
-
-    config = make_config(batch_size=200, world_size=2)
-    loader = make_train_loader(blobs_workload().train_set, config, 0, None, 1)
+    monkeypatch.setattr(ranks, "rank", lambda: 1)
     with pytest.raises(TrialFault) as caught:
-        make_plan(config, len(loader), 256)
+        train_loader(make_config(batch_size=200, world_size=2), blobs_workload())
     assert caught.value.kind == "invalid_config"
     assert caught.value.message == (
         "batch_size 200 (per process) is larger than each of the 2 processes' share of the "
@@ -190,14 +188,14 @@ def test_a_batch_larger_than_a_process_share_says_per_process():
 
 
 def test_plan_lays_out_steps_evaluations_and_warmup():
-    plan = make_plan(make_config(epochs=2, eval_every=0.5, accumulation_steps=2), 20, 640)
+    plan = make_plan(make_config(epochs=2, eval_every=0.5, accumulation_steps=2), 20)
     assert plan.optimizer_steps == 20
     assert plan.eval_steps == (5, 10, 15, 20)
     assert plan.warmup_steps == 2
-    fractional = make_plan(make_config(epochs=1.5, eval_every=1.0), 10, 320)
+    fractional = make_plan(make_config(epochs=1.5, eval_every=1.0), 10)
     assert fractional.optimizer_steps == 15 and fractional.eval_steps == (10, 15)
     with pytest.raises(TrialFault, match="needs 4 micro-batches per step"):
-        make_plan(make_config(epochs=1, accumulation_steps=4), 3, 96)
+        make_plan(make_config(epochs=1, accumulation_steps=4), 3)
 
 
 class _DeviceCount:

@@ -16,16 +16,16 @@ from autotune.workloads import load
 
 
 def test_the_probe_charges_each_phase_its_own_time():
-    """Each phase is charged the span that ends at its mark (sleeps are lower bounds that no
-    load can shorten), only inside the probe's window."""
+    """Each phase is charged its own span, back to back from the micro-batch's start (sleeps
+    are lower bounds that no load can shorten), only inside the probe's window: the first phase
+    of each begins the next micro-batch."""
     spans = {"data_wait": 0.03, "host_to_device": 0.0, "forward_backward": 0.06, "optimizer": 0.02}
     probe = PhaseProbe(torch.device("cpu"), first_micro_batch=2, micro_batches=2)
     started = time.perf_counter()
     for micro_batch in (1, 2, 3, 4):
-        probe.begin(micro_batch)
         for phase in PHASES:
-            time.sleep(spans[phase])
-            probe.mark(phase)
+            with probe.phase(phase):
+                time.sleep(spans[phase])
         if micro_batch == 3:
             window_ended = time.perf_counter()
         if micro_batch == 1:

@@ -12,7 +12,7 @@ import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import optuna
 import yaml
@@ -38,21 +38,7 @@ if TYPE_CHECKING:  # torch: only the building blocks need it, not reading a stud
 
     from autotune.pipeline import Collate, DeviceBatches
     from autotune.trainer import LossFn, Trainer
-    from autotune.workloads import WholeBatches
 
-    class WorkloadTrainer(WholeBatches, Trainer):
-        """A Trainer whose ``train_step`` also takes a batch whole (``_workload_trainer``)."""
-
-
-__all__ = [
-    "BestConfig",
-    "ExportError",
-    "best_config",
-    "load_best",
-    "load_config",
-    "select_trial",
-    "study_spec",
-]
 
 EXPORT_FORMAT_VERSION = 2  # 2: metrics hold "score" (named by score_name), not "accuracy"
 
@@ -222,7 +208,7 @@ class BestConfig:
 
     def make_trainer(
         self, model: nn.Module, total_steps: int, loss_fn: LossFn | None = None
-    ) -> WorkloadTrainer:
+    ) -> Trainer:
         """A Trainer applying precision, compile, channels_last, optimizer, schedule and
         accumulation to ``model``; ``total_steps`` optimizer steps set the schedule's length.
 
@@ -235,7 +221,7 @@ class BestConfig:
         process of a group of that size (torchrun, then init_process_group); on CUDA each
         process trains on its own GPU, ``cuda:LOCAL_RANK``, as do its loaders.
         """
-        from autotune.trainer import set_backend_flags
+        from autotune.trainer import Trainer, set_backend_flags
         from autotune.workloads import WorkloadError, recorded_layout, study_loss, study_workload
 
         try:
@@ -247,20 +233,7 @@ class BestConfig:
         config = self._here()
         if config.device.startswith("cuda"):
             set_backend_flags(config)
-        trainer = _workload_trainer()(model, config, total_steps, loss_fn)
-        trainer.layout, trainer.workload = layout, spec
-        return trainer
-
-
-@functools.cache
-def _workload_trainer() -> type[WorkloadTrainer]:
-    """The class ``make_trainer`` returns, made when first asked for: here, not in the workloads
-    (the trainer imports them), and not at import (reading an answer does not import torch)."""
-    from autotune.trainer import Trainer
-    from autotune.workloads import WholeBatches
-
-    made = type("WorkloadTrainer", (WholeBatches, Trainer), {"__module__": __name__})
-    return cast("type[WorkloadTrainer]", made)
+        return Trainer(model, config, total_steps, loss_fn, layout, spec)
 
 
 def _renamed_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -326,14 +299,11 @@ def best_config(study: optuna.Study, trial: FrozenTrial) -> BestConfig:
     value = trial.values[0] if trial.values else float("nan")
     record = TrialRecord.of(trial)
     study_record = StudyRecord.of(study)
-    workload_dir = study_record.space_file_dir
-    if workload_dir is None and study_record.space_file_path:  # older studies: the path only
-        workload_dir = str(Path(study_record.space_file_path).resolve().parent)
     assert record.config is not None, "select_trial() gives trials with a configuration"
     return BestConfig(
         study=study.study_name,
         trial=trial.number,
-        metric=StudyRecord.of(study).metric or "value",
+        metric=study_record.metric or "value",
         value=float(value),
         config=record.config,
         params=dict(trial.params),
@@ -342,13 +312,21 @@ def best_config(study: optuna.Study, trial: FrozenTrial) -> BestConfig:
         feasible=is_feasible(trial),
         speed_knobs=tuple(record.speed_knobs or ()),
         reference=record.reference,
-        score_name=StudyRecord.of(study).score_name or "accuracy",
+        score_name=study_record.score_name or "accuracy",
         full_run_epochs=spec.objective.full_run_epochs if spec else None,
         workload=spec.workload.model_dump(mode="json") if spec else {},
         batch_layout=study_record.batch_layout,
         classes_last=bool(study_record.classes_last),
-        workload_dir=workload_dir,
+        workload_dir=space_file_dir(study_record),
     )
+
+
+def space_file_dir(record: StudyRecord) -> str | None:
+    """The folder of the study's space file, where its ``module:function`` entries were found."""
+    if record.space_file_dir is None and record.space_file_path:  # older studies: the path
+        # only, relative to where `autotune run` ran
+        return str(Path(record.space_file_path).resolve().parent)
+    return record.space_file_dir
 
 
 def load_best(study: str, storage: str = DEFAULT_STORAGE, trial: int | None = None) -> BestConfig:

@@ -19,7 +19,7 @@ from typing import Any
 import optuna
 from pydantic import ValidationError
 
-from autotune.export._api import ExportError
+from autotune.export._api import ExportError, space_file_dir
 from autotune.export._bundle import (
     Import,
     bundle,
@@ -31,17 +31,9 @@ from autotune.export._bundle import (
 from autotune.pipeline import DeviceBatches
 from autotune.spec import WorkloadSpec
 from autotune.study import StudyRecord
-from autotune.workloads import (
-    WorkloadError,
-    model_kwargs,
-    resolve_data,
-    resolve_model,
-    user_entry_points,
-)
+from autotune.workloads import WorkloadError, model_kwargs, resolve_data, resolve_model
 from autotune.workloads import load as load_workload
 from autotune.workloads.batches import BatchLayout
-
-__all__ = ["recorded_layout", "split_return", "workload_code"]
 
 
 @dataclass
@@ -94,21 +86,14 @@ def workload_code(
     score: str = "accuracy",
     script_dir: Path | None = None,
 ) -> tuple[set[Import], dict[str, Any]]:
-    """The imports the script's workload code needs, and the template fields that place it.
-
-    A study is read, not run: the user's ``package.module:function`` entries are neither
-    imported nor called (a study database someone else wrote could name any function) unless
-    ``rebuild`` asks for the workload to be rebuilt; what the script needs from them (the model's
-    arguments) was recorded when the study was created.
-    """
+    """The imports the script's workload code needs, and the template fields that place it
+    (the user's entries imported and called only when ``rebuild``: see the module's docstring)."""
     record = StudyRecord.of(study)
-    search_dir = record.space_file_dir
-    if search_dir is None and record.space_file_path:
-        # older studies stored only the path, relative to where `autotune run` ran
-        search_dir = str(Path(record.space_file_path).resolve().parent)
+    search_dir = space_file_dir(record)
     base_dir = Path(search_dir) if search_dir else None
-    user_code = user_entry_points(workload)
-    if user_code and not rebuild:
+    user_code = workload.user_entry_points()
+    by_name = bool(user_code) and not rebuild  # the user's entries placed, never imported
+    if by_name:
         if record.model_kwargs is None:
             raise ExportError(
                 f"study '{study.study_name}' did not record its model's arguments (it is older, "
@@ -116,28 +101,44 @@ def workload_code(
                 f"{' and '.join(user_code)}: add --rebuild-workload if you trust this study"
             )
         recorded = _checked_model_kwargs(study.study_name, workload, record.model_kwargs)
-        return _recorded_workload_code(
-            workload, base_dir, recorded, device_pipeline, score, script_dir
-        )
-    num_classes, input_shape = record.num_classes, record.input_shape
-    try:
-        data_fn = resolve_data(workload, base_dir)
-        model_fn = resolve_model(workload, base_dir)
-        if num_classes is None and input_shape is None:
-            # studies made before these were stored: read them off the data
-            loaded = load_workload(workload, base_dir)
-            num_classes, input_shape = loaded.num_classes, list(loaded.input_shape)
-        kwargs = model_kwargs(
-            model_fn, dict(workload.model_args), num_classes, tuple(input_shape or ())
-        )
-    except WorkloadError as err:
-        raise ExportError(f"cannot export the workload: {err}") from None
     code = _WorkloadCode(script_dir=script_dir)
-    data = code.place(workload.data, data_fn, dict(workload.data_args))
-    model = code.place(workload.model, model_fn, kwargs)
-    return _place_workload(
-        code, data, model, _functions(code, workload, score, base_dir), device_pipeline
-    )
+    placed: list[tuple[str | None, str]] = []
+    for name, resolve in ((workload.data, resolve_data), (workload.model, resolve_model)):
+        is_model = resolve is resolve_model
+        if by_name and name in user_code:
+            import_line, expression, directory = static_entry_point(name, base_dir)
+            code.add_folder(name, directory)
+            kwargs = recorded if is_model else dict(workload.data_args)
+            placed.append((import_line, call(expression, kwargs)))
+            continue
+        try:
+            fn = resolve(workload, base_dir)
+            kwargs = (
+                (recorded if by_name else _model_kwargs(workload, fn, record, base_dir))
+                if is_model
+                else dict(workload.data_args)
+            )
+        except WorkloadError as err:
+            raise ExportError(f"cannot export the workload: {err}") from None
+        placed.append(code.place(name, fn, kwargs))
+    functions = _functions(code, workload, score, base_dir)
+    return _place_workload(code, placed[0], placed[1], functions, device_pipeline)
+
+
+def _model_kwargs(
+    workload: WorkloadSpec,
+    model_fn: Callable[..., Any],
+    record: StudyRecord,
+    base_dir: Path | None,
+) -> dict[str, Any]:
+    """The model function's arguments, from the classes and input shape the study recorded
+    (read off the data for studies made before these were stored)."""
+    num_classes, input_shape = record.num_classes, record.input_shape
+    if num_classes is None and input_shape is None:
+        loaded = load_workload(workload, base_dir)
+        num_classes, input_shape = loaded.num_classes, list(loaded.input_shape)
+    args = dict(workload.model_args)
+    return model_kwargs(model_fn, args, num_classes, tuple(input_shape or ()))
 
 
 def recorded_layout(study: optuna.Study) -> BatchLayout:
@@ -242,34 +243,3 @@ def _place_workload(
         "workload_sources": sources,
     }
     return imports, fields
-
-
-def _recorded_workload_code(
-    workload: WorkloadSpec,
-    base_dir: Path | None,
-    recorded_model_kwargs: dict[str, Any],
-    device_pipeline: bool,
-    score: str,
-    script_dir: Path | None,
-) -> tuple[set[Import], dict[str, Any]]:
-    """``workload_code`` from what the study recorded: built-ins are autotune's own code and
-    resolved as usual; the user's entries are placed by name, never imported."""
-    code = _WorkloadCode(script_dir=script_dir)
-    placed: list[tuple[str | None, str]] = []
-    user_code = user_entry_points(workload)
-    for name, kwargs, resolve in (
-        (workload.data, dict(workload.data_args), resolve_data),
-        (workload.model, recorded_model_kwargs, resolve_model),
-    ):
-        if name in user_code:
-            import_line, expression, directory = static_entry_point(name, base_dir)
-            code.add_folder(name, directory)
-            placed.append((import_line, call(expression, kwargs)))
-            continue
-        try:
-            fn = resolve(workload, base_dir)
-        except WorkloadError as err:
-            raise ExportError(f"cannot export the workload: {err}") from None
-        placed.append(code.place(name, fn, kwargs))
-    functions = _functions(code, workload, score, base_dir)
-    return _place_workload(code, placed[0], placed[1], functions, device_pipeline)

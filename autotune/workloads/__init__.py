@@ -9,7 +9,7 @@ or a ``DataSplits``; a user's model function is called with ``model_args`` (plus
 and ``input_shape`` when it declares those parameters) and returns an ``nn.Module``.
 
 ``_reuse`` gives a study's workload back to the Python API: its loss, collate function and batch
-layout, and ``WholeBatches``, what a Trainer needs to take a batch as the DataLoader gives it.
+layout.
 """
 
 from autotune.workloads._check import user_frame
@@ -25,10 +25,8 @@ from autotune.workloads._registry import (
     register_model,
     resolve_data,
     resolve_model,
-    user_entry_points,
 )
 from autotune.workloads._reuse import (
-    WholeBatches,
     data_collate,
     recorded_layout,
     study_loss,
@@ -50,7 +48,6 @@ __all__ = [
     "MODELS",
     "MODEL_FAMILIES",
     "DataSplits",
-    "WholeBatches",
     "Workload",
     "WorkloadError",
     "data_collate",
@@ -64,6 +61,5 @@ __all__ = [
     "resolve_model",
     "study_loss",
     "study_workload",
-    "user_entry_points",
     "user_frame",
 ]

@@ -9,10 +9,12 @@ each problem into one line that says what to change.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sysconfig
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -39,19 +41,6 @@ from autotune.workloads.scoring import (
     logits_of,
     score_value,
 )
-
-__all__ = [
-    "MIN_SCORED_TARGETS",
-    "Checked",
-    "Entries",
-    "batch_of",
-    "check",
-    "check_labels",
-    "label_readers",
-    "read_sample",
-    "split_batch",
-    "user_frame",
-]
 
 CHECK_BATCH = 2  # samples per split run through the model before the study
 MIN_SCORED_TARGETS = 100  # fewer validation targets: accuracy moves in steps over 1%
@@ -83,6 +72,17 @@ def user_frame(error: BaseException) -> str:
     return f" (at {shown}:{frame.lineno} in {frame.name})"
 
 
+@contextlib.contextmanager
+def failing(what: str, where: bool = True) -> Iterator[None]:
+    """An exception inside as one WorkloadError line: ``what``, the exception, and where in the
+    user's code it was raised (when ``where``)."""
+    try:
+        yield
+    except Exception as error:
+        shown = f"{type(error).__name__}: {error}{user_frame(error) if where else ''}"
+        raise WorkloadError(f"{what} {shown}") from None
+
+
 def _describe(value: Any) -> str:
     """A batch element in a few words: ``float32 [2, 1, 8, 8]``, or its type."""
     if isinstance(value, torch.Tensor):
@@ -106,26 +106,16 @@ _FOR_OTHER_TARGETS = (
 )
 
 
-def label_readers(loss: str, score: str) -> str:
-    """What reads the labels as class indices, for messages: the loss, the score, or both."""
-    readers = [f"the loss ({loss})"] if loss == "cross_entropy" else []
-    readers += [f"the score ({score})"] if score in SCORES else []
-    return " and ".join(readers)
-
-
-def check_labels(
-    label: Any, data: str, readers: str = "the loss (cross_entropy) and the score (accuracy)"
-) -> None:
-    """Refuse labels that ``readers`` (the default loss, a built-in score: they read class
-    indices) cannot read."""
-    if isinstance(label, torch.Tensor) and label.is_floating_point():
+def check_labels(label: Any, data: str, loss: str, score: str) -> None:
+    """Refuse labels that the loss (cross-entropy) or a built-in score, reading class indices,
+    cannot read."""
+    reading = [f"the loss ({loss})"] if loss == "cross_entropy" else []
+    readers = " and ".join([*reading, *([f"the score ({score})"] if score in SCORES else [])])
+    floats = isinstance(label, torch.Tensor) and label.is_floating_point()
+    if floats or isinstance(label, float):
+        kind = str(label.dtype).removeprefix("torch.") if floats else f"floats ({label!r})"
         raise WorkloadError(
-            f"data set '{data}': labels are {str(label.dtype).removeprefix('torch.')}; "
-            f"{readers} need integer class indices{_FOR_OTHER_TARGETS}"
-        )
-    if isinstance(label, float):
-        raise WorkloadError(
-            f"data set '{data}': labels are floats ({label!r}); {readers} need integer class "
+            f"data set '{data}': labels are {kind}; {readers} need integer class "
             f"indices{_FOR_OTHER_TARGETS}"
         )
     integer = isinstance(label, int) and not isinstance(label, bool)
@@ -138,19 +128,8 @@ def check_labels(
 
 def read_sample(split: Dataset, name: str, data: str, index: int = 0) -> Any:
     """Sample ``index`` of a split; one line when reading it raises."""
-    try:
+    with failing(f"data set '{data}': reading {name} sample {index} raised"):
         return split[index]
-    except Exception as error:
-        raise WorkloadError(
-            f"data set '{data}': reading {name} sample {index} raised {type(error).__name__}: "
-            f"{error}{user_frame(error)}"
-        ) from None
-
-
-def _batch(split: Dataset, name: str, data: str, collate: Collate | None) -> Any:
-    size = min(CHECK_BATCH, len(split))  # type: ignore[arg-type]  # map-style: sized
-    samples = [read_sample(split, name, data, index) for index in range(size)]
-    return batch_of(samples, collate, data, name)
 
 
 def split_batch(layout: BatchLayout, batch: Any) -> tuple[ModelInputs, Any]:
@@ -170,13 +149,8 @@ def batch_of(
     """``samples`` collated into a batch as the trials' DataLoaders will; WorkloadError when they
     cannot be."""
     if collate is not None:
-        try:
+        with failing(f"data set '{data}': its collate_fn fails on {name} samples:"):
             return collate(samples)
-        except Exception as error:
-            raise WorkloadError(
-                f"data set '{data}': its collate_fn fails on {name} samples: "
-                f"{type(error).__name__}: {error}{user_frame(error)}"
-            ) from None
     try:
         return default_collate(samples)
     except Exception as error:
@@ -218,16 +192,6 @@ def _classes_last(output: torch.Tensor, targets: torch.Tensor, names: Entries) -
     )
 
 
-def _run_model(model: nn.Module, inputs: ModelInputs, split: str, entry: str) -> Any:
-    try:
-        return call_model(model, inputs)
-    except Exception as error:
-        raise WorkloadError(
-            f"model '{entry}' fails on a {split} batch ({_describe(inputs)}): "
-            f"{type(error).__name__}: {error}{user_frame(error)}"
-        ) from None
-
-
 def _logits(output: Any, targets: torch.Tensor, names: Entries) -> tuple[torch.Tensor, bool]:
     """The logits in ``output`` with the classes in dimension 1, and whether the model gives them
     last."""
@@ -245,14 +209,9 @@ def _logits(output: Any, targets: torch.Tensor, names: Entries) -> tuple[torch.T
 
 
 def _loss(loss_fn: LossFn, output: Any, targets: Any, split: str, names: Entries) -> float:
-    try:
+    what = f"loss '{names.loss}' fails on a {split} batch of model '{names.model}':"
+    with failing(what, where=names.loss not in LOSSES):
         loss = loss_fn(output, targets)
-    except Exception as error:
-        where = "" if names.loss in LOSSES else user_frame(error)
-        raise WorkloadError(
-            f"loss '{names.loss}' fails on a {split} batch of model '{names.model}': "
-            f"{type(error).__name__}: {error}{where}"
-        ) from None
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         shown = _describe(loss)
         raise WorkloadError(
@@ -287,13 +246,8 @@ def _user_score(
     will compute it on all of them; WorkloadError when it raises or returns no number."""
     size = min(2 * CHECK_BATCH, len(dataset))  # type: ignore[arg-type]  # map-style: sized
     loader = DataLoader(Subset(dataset, range(size)), batch_size=CHECK_BATCH, collate_fn=collate)
-    try:
+    with failing(f"score '{entry}' fails on the validation split:"):
         value = score_fn(model, loader, torch.device("cpu"))
-    except Exception as error:
-        raise WorkloadError(
-            f"score '{entry}' fails on the validation split: {type(error).__name__}: "
-            f"{error}{user_frame(error)}"
-        ) from None
     try:
         return score_value(value, entry)
     except ValueError as error:
@@ -320,11 +274,14 @@ def check(
     # the output is read as class logits by the default loss and by every built-in score
     classifies = score_fn is None or names.loss == "cross_entropy"
     for split, dataset in zip(("training", "validation"), splits, strict=True):
-        batch = _batch(dataset, split, names.data, splits.collate_fn)
+        size = min(CHECK_BATCH, len(dataset))  # type: ignore[arg-type]  # map-style: sized
+        samples = [read_sample(dataset, split, names.data, index) for index in range(size)]
+        batch = batch_of(samples, splits.collate_fn, names.data, split)
         inputs, targets = split_batch(layout, batch)
         if classifies:
-            check_labels(targets, names.data, label_readers(names.loss, names.score))
-        output = _run_model(model, inputs, split, names.model)
+            check_labels(targets, names.data, names.loss, names.score)
+        with failing(f"model '{names.model}' fails on a {split} batch ({_describe(inputs)}):"):
+            output = call_model(model, inputs)
         if classifies:
             logits, last = _logits(output, targets, names)
             if classes_last is not None and last != classes_last:
@@ -338,7 +295,9 @@ def check(
             if last and names.loss == "cross_entropy":  # as the trials will take it
                 loss_fn = cross_entropy_classes_last
         loss = _loss(loss_fn, output, targets, split, names)
-        if not math.isfinite(loss) and not (classifies and _nothing_scored(targets)):
+        # a mean loss over no scored target (every one IGNORE_INDEX) is NaN: not the model's
+        nothing_scored = classifies and not bool((targets != IGNORE_INDEX).any())
+        if not math.isfinite(loss) and not nothing_scored:
             raise WorkloadError(
                 f"model '{names.model}' gives a {split} loss of {loss} before any training: "
                 f"its weights or the inputs hold NaN or infinity"
@@ -356,11 +315,6 @@ def check(
     if score_fn is not None:
         untrained = _user_score(score_fn, model, splits.val, splits.collate_fn, names.score)
     return Checked(tuple(warnings), bool(classes_last), untrained)
-
-
-def _nothing_scored(targets: torch.Tensor) -> bool:
-    """Every target of the batch is IGNORE_INDEX: a mean loss over none of them is NaN."""
-    return not bool((targets != IGNORE_INDEX).any())
 
 
 def _check_classes(

@@ -1,10 +1,5 @@
-"""How many classes a data set has when it does not say: one bounded pass over its labels.
-
-A data function may say it (``DataSplits.num_classes``, or a ``classes`` list on the training
-split, as torchvision's data sets have); otherwise the labels are read where the workload's
-batch layout finds the target (a pair's second element, a longer tuple's ``workload.target``, a
-dict's key, or what the user's batch_fn returns), batched as the trials will batch them.
-"""
+"""How many classes a data set has when it does not say: one bounded pass over its labels,
+read where the workload's batch layout finds the target, batched as the trials batch them."""
 
 from __future__ import annotations
 
@@ -19,8 +14,6 @@ from autotune.workloads._check import batch_of, read_sample, split_batch
 from autotune.workloads._registry import DataSplits
 from autotune.workloads.batches import BatchLayout, is_integer
 from autotune.workloads.scoring import IGNORE_INDEX
-
-__all__ = ["LABEL_READ_LIMIT", "count_classes"]
 
 # Samples read for their labels, both splits together, when the data set does not say how many
 # classes it has. A sample of tensors reads in microseconds (10,000: well under a second), one

@@ -22,7 +22,6 @@ from autotune.workloads._check import (
     batch_of,
     check,
     check_labels,
-    label_readers,
     read_sample,
     split_batch,
     user_frame,
@@ -45,8 +44,6 @@ from autotune.workloads.scoring import (
     cross_entropy_loss,
     model_loss,
 )
-
-__all__ = ["call_entry", "load", "loss_function", "model_kwargs"]
 
 
 def call_entry(fn: Callable[..., Any], kwargs: dict[str, Any], what: str, entry: str) -> Any:
@@ -102,11 +99,8 @@ def model_kwargs(
 
 def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accuracy") -> Workload:
     """Build the workload a spec names, judged by ``score`` (objective.score: a built-in's name
-    or the user's ``package.module:function``): data loaded, and the model built and run once
-    on a small batch of each split, its loss and score computed as a trial will (``_check``).
-
-    ``package.module:function`` entries are imported from the working directory, then from
-    ``base_dir`` (the space file's directory). Raises WorkloadError with one readable line.
+    or the user's ``package.module:function``), checked on real batches (``_check``). Entries
+    are imported from the working directory, then from ``base_dir`` (the space file's folder).
     """
     data_fn = resolve_data(spec, base_dir)
     model_fn = resolve_model(spec, base_dir)
@@ -145,7 +139,7 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accurac
     score_fn = None if score in SCORES else resolve_entry_point(score, "score", base_dir)
     classifies = score_fn is None or loss_fn is cross_entropy_loss
     if classifies:  # before num_classes is looked for: say what is wrong
-        check_labels(label, spec.data, label_readers(spec.loss, score))
+        check_labels(label, spec.data, spec.loss, score)
     only = inputs.args[0] if len(inputs.args) == 1 and not inputs.kwargs else None
     input_shape = tuple(only.shape) if isinstance(only, torch.Tensor) else ()
     given = spec.model_args.get("num_classes")

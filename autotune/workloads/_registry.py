@@ -178,13 +178,6 @@ def builtin_family(name: str, registry: Registry) -> tuple[Any, str] | None:
     return None
 
 
-def user_entry_points(spec: WorkloadSpec) -> list[str]:
-    """The ``package.module:function`` entries of ``spec`` that are the user's code (not
-    autotune's built-ins): what building the workload, or running an exported script, imports.
-    The spec answers without torch (``WorkloadSpec.user_entry_points``)."""
-    return spec.user_entry_points()
-
-
 def _resolve(
     name: str, registry: Registry, what: str, search_dirs: list[Path]
 ) -> Callable[..., Any]:

@@ -1,15 +1,13 @@
 """A study's workload again, in the user's own training loop (the Python API): the collate
-function its data function gave, its loss, where its batches hold the inputs and the target, and
-what a Trainer needs to take a batch as the DataLoader gives it (``WholeBatches``).
+function its data function gave, its loss, and where its batches hold the inputs and the target
+(a ``Trainer`` splits them with it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol, cast
-
-import torch
+from typing import Any
 
 from autotune.pipeline import Collate
 from autotune.spec import WorkloadSpec
@@ -20,12 +18,8 @@ from autotune.workloads._registry import (
     resolve_data,
     resolve_entry_point,
 )
-from autotune.workloads.batches import BatchError, BatchLayout, LayoutError, ModelInputs
+from autotune.workloads.batches import BatchLayout
 from autotune.workloads.scoring import LossFn
-
-__all__ = ["WholeBatches", "data_collate", "recorded_layout", "study_loss", "study_workload"]
-
-_WHOLE: Any = object()  # train_step's targets when the batch comes whole
 
 
 def study_workload(
@@ -86,64 +80,3 @@ def recorded_layout(
     except WorkloadError as err:
         raise WorkloadError(f"the study's batches cannot be split here: {err}") from None
     return BatchLayout(batch_fn=batch_fn, batch_fn_name=layout.batch_fn_name)
-
-
-class _Trainer(Protocol):
-    """What ``WholeBatches`` needs of the Trainer it is mixed into (``autotune.trainer``)."""
-
-    def to_device(self, inputs: Any, targets: Any) -> tuple[Any, Any]: ...
-
-    def train_step(self, inputs: Any, targets: Any) -> torch.Tensor: ...
-
-
-class WholeBatches:
-    """Mixed into ``autotune.trainer.Trainer`` (first among the bases): ``train_step(batch)``
-    takes a batch as the data set and its DataLoader give it (a pair, a longer tuple, a dict
-    such as a tokenizer's), finds the model's inputs and the target where the study found them,
-    and moves them to the device; ``train_step(inputs, targets)`` still takes them split and on
-    the device, as the Trainer does. (Not a Trainer itself: this package is below the trainer.)
-    """
-
-    # where the study's batches hold the inputs and the target; None (a configuration from
-    # before layouts were recorded): found from the first batch with what ``workload`` declares,
-    # as the study found it from its first sample
-    layout: BatchLayout | None = None
-    workload: WorkloadSpec | None = None
-
-    def split(self, batch: Any) -> tuple[ModelInputs, Any]:
-        """(what the model is called with, the target) of a batch as the DataLoader gives it,
-        on the device; ValueError naming what the batch holds when the study's layout does not
-        fit it. ``model(*inputs.args, **inputs.kwargs)`` calls the model with them."""
-        if self.layout is None:
-            spec = self.workload
-            try:
-                self.layout = BatchLayout.of(
-                    batch,
-                    spec.inputs if spec else None,
-                    spec.target if spec else None,
-                    spec is not None and spec.loss == "model",
-                )
-            except LayoutError as error:
-                raise ValueError(f"the batch does not fit the study's workload: {error}") from None
-        try:
-            inputs, targets = self.layout.split(batch)
-        except BatchError:  # the user's batch_fn failed: its own message names it
-            raise
-        except (KeyError, IndexError, TypeError) as error:
-            raise ValueError(
-                f"the batch does not fit the study's batch layout (inputs {self.layout.inputs}, "
-                f"target {self.layout.target!r}): {type(error).__name__}: {error}"
-            ) from None
-        moved = cast(_Trainer, self).to_device(inputs, targets)
-        return cast(tuple[ModelInputs, Any], moved)  # to_device keeps the tree's types
-
-    def train_step(self, inputs: Any, targets: Any = _WHOLE) -> torch.Tensor:
-        """One micro-batch; an optimizer step when it completes an accumulation group.
-
-        ``train_step(batch)``: the batch as the DataLoader gives it, split and moved here.
-        ``train_step(inputs, targets)``: already split and on the device (``Trainer``'s form).
-        Returns the (detached, on-device) loss of this micro-batch.
-        """
-        if targets is _WHOLE:
-            inputs, targets = self.split(inputs)
-        return cast(_Trainer, super()).train_step(inputs, targets)

@@ -18,18 +18,6 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-__all__ = [
-    "BatchError",
-    "BatchFn",
-    "BatchLayout",
-    "ModelInputs",
-    "call_model",
-    "count_samples",
-    "count_tokens",
-    "is_integer",
-    "to_device",
-]
-
 DICT_TARGETS = ("labels", "label")  # a dict sample's target when none is declared
 
 
@@ -185,14 +173,13 @@ class BatchLayout:
             return cls()
         inputs, target, to_model = record["inputs"], record["target"], record["target_to_model"]
         places = [target, *(inputs if isinstance(inputs, list) else [])]
+        name = record.get("batch_fn")
         if (
             not (inputs is None or isinstance(inputs, list))
             or not all(isinstance(p, str | int) and not isinstance(p, bool) for p in places)
             or not isinstance(to_model, bool)
+            or not (name is None or isinstance(name, str))
         ):
-            raise ValueError(f"not a batch layout: {record!r}")
-        name = record.get("batch_fn")
-        if name is not None and not isinstance(name, str):
             raise ValueError(f"not a batch layout: {record!r}")
         return cls(None if inputs is None else tuple(inputs), target, to_model, None, name)
 

@@ -6,9 +6,8 @@ A target is one class index per sample (``[batch]``, image classification) or pe
 logits carry the classes in dimension 1 (``[batch, classes, *d]``), as ``cross_entropy`` reads
 them; logits with the classes last (``[batch, *d, classes]``, a Hugging Face token classifier's)
 are read as such when the check before the study finds them so. Accuracy is the share of scored
-target elements predicted right: never divided by the batch size alone, so a score is in [0, 1]
-for any target shape. Targets equal to ``IGNORE_INDEX`` (the
-padding label of Hugging Face and ``cross_entropy``'s default) are neither trained on nor scored.
+target elements predicted right, in [0, 1] for any target shape. Targets equal to
+``IGNORE_INDEX`` (Hugging Face's padding label) are neither trained on nor scored.
 
 The built-in scores' sums and the logits of an output are ``semantics``' (the exported script
 carries them); this module adds the training losses and the user's score.

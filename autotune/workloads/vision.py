@@ -23,6 +23,9 @@ from autotune.pipeline import ImageTensorDataset, crop_and_flip
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+CIFAR10_CLASSES = (
+    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
+)  # fmt: skip
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -86,21 +89,10 @@ def cifar10(root: str = "data") -> tuple[ImageTensorDataset, ImageTensorDataset]
     train_images = torch.cat([images for images, _ in parts])
     train_labels = torch.cat([labels for _, labels in parts])
     val_images, val_labels = _read_cifar_batch(folder / "test_batch")
-    classes = (
-        "airplane",
-        "automobile",
-        "bird",
-        "cat",
-        "deer",
-        "dog",
-        "frog",
-        "horse",
-        "ship",
-        "truck",
-    )
+    norm = (CIFAR10_MEAN, CIFAR10_STD)
     return (
-        ImageTensorDataset(train_images, train_labels, CIFAR10_MEAN, CIFAR10_STD, True, classes),
-        ImageTensorDataset(val_images, val_labels, CIFAR10_MEAN, CIFAR10_STD, False, classes),
+        ImageTensorDataset(train_images, train_labels, *norm, True, CIFAR10_CLASSES),
+        ImageTensorDataset(val_images, val_labels, *norm, False, CIFAR10_CLASSES),
     )
 
 
