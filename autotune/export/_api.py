@@ -31,6 +31,7 @@ from autotune.study import (
     knob_origin,
     load_study,
 )
+from autotune.study._answer import headline
 
 if TYPE_CHECKING:  # torch: only the building blocks need it, not reading a study's answer
     from torch import nn
@@ -83,13 +84,19 @@ class BestConfig:
     def headline_value(self) -> float:
         """The value a person reads first: the confirmation round's median where the round
         measured this trial, else its trial's one measurement (``value``)."""
-        return self.confirmation.median if self.confirmation is not None else self.value
+        return self._headline[0]
 
     @property
     def headline_source(self) -> str:
         """What ``headline_value`` is: "median of 3 confirmed runs", or "one trial"."""
-        runs = self.confirmation.runs if self.confirmation is not None else 0
-        return f"median of {runs} confirmed run{'s' * (runs != 1)}" if runs else "one trial"
+        return self._headline[1]
+
+    @property
+    def _headline(self) -> tuple[float, str]:
+        found = self.confirmation
+        median, runs = (found.median, found.runs) if found else (None, 0)
+        value, source = headline(median, runs, self.value)
+        return value if value is not None else self.value, source
 
     @property
     def headline(self) -> str:
