@@ -6,8 +6,6 @@ A module of its own, at the bottom of the package, so that modules that stamp wh
 
 from importlib.metadata import PackageNotFoundError, version
 
-__all__ = ["__version__"]
-
 try:
     __version__ = version("autotune")
 except PackageNotFoundError:  # running from a source tree that is not installed

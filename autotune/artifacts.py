@@ -22,8 +22,6 @@ if TYPE_CHECKING:
     import optuna
     from optuna.artifacts._protocol import ArtifactStore
 
-__all__ = ["ARTIFACTS_ENV", "ArtifactLocation", "locate", "open_store", "upload"]
-
 ARTIFACTS_ENV = "AUTOTUNE_ARTIFACTS"  # the default of --artifacts
 
 # S3 bucket names: 3 to 63 lowercase letters, digits, dots and hyphens

@@ -8,8 +8,6 @@ escapes is a bug, and keeps its traceback.
 
 from __future__ import annotations
 
-__all__ = ["ReportFailed", "UserError", "WorkerError"]
-
 
 class UserError(Exception):
     """A problem the user can fix (a file, an argument, the machine): shown as one line."""

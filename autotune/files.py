@@ -8,8 +8,6 @@ from pathlib import Path
 
 from autotune.errors import UserError
 
-__all__ = ["OutputFileError", "make_folder_for", "write_new_file"]
-
 
 class OutputFileError(UserError):
     """A file that cannot be written as asked (it exists, its directory does not): one line."""

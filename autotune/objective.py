@@ -21,17 +21,6 @@ from dataclasses import dataclass
 from autotune.results import Evaluation, TrialResult
 from autotune.spec import ObjectiveSpec
 
-__all__ = [
-    "CANNOT_WIN_MARGIN",
-    "Score",
-    "best_reachable",
-    "cannot_win",
-    "charged_seconds",
-    "intermediate_value",
-    "score",
-    "target_reached",
-]
-
 MIN_SCORE_FOR_EXTRAPOLATION = 1e-3
 
 # the highest a built-in score can be: a per-second trial can end at best with this score

@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["PHASES", "Evaluation", "Plan", "Reporter", "TrialResult"]
-
 # the phases of a training step, in order: the keys of TrialResult.time_breakdown (timing.py
 # measures them; the note and the report read them without importing torch)
 PHASES = ("data_wait", "host_to_device", "forward_backward", "optimizer")

@@ -26,8 +26,6 @@ from autotune.study._records import TrialRecord
 from autotune.study._storage import sqlite_path
 from autotune.turns import file_lock
 
-__all__ = ["heartbeat", "recover_stale_trials", "study_lock"]
-
 
 @contextlib.contextmanager
 def heartbeat(study: optuna.Study, trial_id: int) -> Iterator[None]:

@@ -34,8 +34,6 @@ if TYPE_CHECKING:  # torch: only creating a study needs it, not loading one
     from autotune.hardware import Hardware
     from autotune.workloads import Workload
 
-__all__ = ["load_study", "open_study", "with_study_strategy"]
-
 PEER_CREATION_SECONDS = 5.0  # how long a study another process is creating may lack its attrs
 
 

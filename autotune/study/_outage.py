@@ -31,16 +31,6 @@ import sqlalchemy
 
 from autotune.study._storage import StudyError, storage_problem, wrapped
 
-__all__ = [
-    "DEFAULT_OUTAGE_SECONDS",
-    "Patience",
-    "StorageOutage",
-    "is_outage",
-    "note_trouble",
-    "troubled_within",
-    "unhurried",
-]
-
 # A managed database fails over in one to two minutes, a restart for maintenance in seconds
 DEFAULT_OUTAGE_SECONDS = 180.0
 FIRST_RETRY_SECONDS = 0.5

@@ -20,8 +20,6 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.spec import Spec
 
-__all__ = ["TrialSeededSampler", "make_pruner", "make_sampler"]
-
 
 class TrialSeededSampler(optuna.samplers.BaseSampler):
     """A sampler made afresh for each trial, seeded from the study's seed and the trial's number.

@@ -25,17 +25,6 @@ from autotune.errors import UserError
 from autotune.files import OutputFileError, make_folder_for
 from autotune.study._records import TrialRecord
 
-__all__ = [
-    "Access",
-    "StudyError",
-    "display_url",
-    "open_storage",
-    "password_note",
-    "sqlite_path",
-    "storage_problem",
-    "wrapped",
-]
-
 SQLITE_BUSY_TIMEOUT_SECONDS = 60
 STORAGE_OPEN_ATTEMPTS = 5
 

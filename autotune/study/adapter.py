@@ -23,22 +23,6 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.study._outage import Patience
 
-__all__ = [
-    "PatientStorage",
-    "add_finished_trial",
-    "get_trial",
-    "heartbeat_interval",
-    "patience_of",
-    "rdb_storage",
-    "set_study_system_attr",
-    "set_trial_user_attr",
-    "stale_trial_ids",
-    "storage_of",
-    "storage_url",
-    "study_system_attr",
-    "trial_id",
-]
-
 
 def storage_of(study: optuna.Study) -> BaseStorage:
     """The storage ``study`` reads and writes through (an RDB storage behind Optuna's cache)."""
