@@ -19,13 +19,13 @@ from autotune.display import fmt_metric
 from autotune.export import TrialConfirmation, confirmation_text
 from autotune.results import PHASES
 from autotune.spec import DEFAULT_STORAGE, knobs_for
+from autotune.storage import adapter
 from autotune.study import (
     REFERENCE_NAMES,
     Answer,
     StudyRecord,
     TrialRecord,
     Verification,
-    adapter,
     answer_of,
     baseline_trial,
     display_url,

@@ -30,12 +30,12 @@ from autotune.notes import (
 )
 from autotune.results import PHASES
 from autotune.spec import DEFAULT_STORAGE, KNOBS, knobs_for
+from autotune.storage import adapter
 from autotune.study import (
     SpeedRecord,
     StudyRecord,
     TrialRecord,
     Verification,
-    adapter,
     answer_of,
     baseline_trial,
     display_url,

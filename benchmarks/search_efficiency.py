@@ -79,9 +79,9 @@ from autotune.references import untuned_config
 from autotune.results import Evaluation
 from autotune.spec import Choice, FloatRange, Spec, load_spec
 from autotune.speed import SPEED_KNOBS, BurstPlan, SpeedChoice, SpeedMeasurement, SpeedTable
+from autotune.stage1._plan import SpeedPlan, describe
+from autotune.stage1._stage import run_speed_stage
 from autotune.study._sampling import make_pruner, make_sampler
-from autotune.study._speed import run_speed_stage
-from autotune.study._speed_plan import SpeedPlan, describe
 from autotune.telemetry import fingerprint
 from autotune.testing import never_stop
 from autotune.workloads import load

@@ -13,7 +13,7 @@ the distinct graphs timed; every cell's spread under 15% on a quiet machine.
 
 (b) ``--plan SPACE [--gpu]`` prints, without running anything, what the plan says before stage
 1 starts: its measurements, cold compiles, and wall time from the compile-time guesses in
-``autotune.study._speed_plan.COMPILE_SECONDS_GUESS`` (``--gpu``: as on a CUDA GPU with bf16,
+``autotune.stage1._plan.COMPILE_SECONDS_GUESS`` (``--gpu``: as on a CUDA GPU with bf16,
 fp16 and TF32, 16 cores).
 """
 
@@ -33,8 +33,8 @@ from autotune.execution import graph_key
 from autotune.hardware import Hardware, detect
 from autotune.space import restrict
 from autotune.spec import Spec, load_spec, parse_spec
+from autotune.stage1._stage import run_speed_stage
 from autotune.study import SpeedEvent, SpeedRecord, open_storage, open_study, speed_study_name
-from autotune.study._speed import run_speed_stage
 from autotune.worker import WorkerExecutor
 from autotune.workloads import load
 

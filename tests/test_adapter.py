@@ -1,4 +1,4 @@
-"""The contract autotune holds with Optuna's internals (``autotune.study.adapter``): every
+"""The contract autotune holds with Optuna's internals (``autotune.storage.adapter``): every
 function behaves as the package needs, on the storages studies use (SQLite, in memory), so
 that an Optuna release that moves one of them fails here rather than in a study."""
 
@@ -12,7 +12,8 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from autotune.study import Patience, adapter, open_storage
+from autotune.storage import adapter
+from autotune.study import Patience, open_storage
 from autotune.testing import beat_long_ago
 
 PACKAGE = Path(__file__).resolve().parents[1] / "autotune"

@@ -41,6 +41,8 @@ LAYERS: list[set[str]] = [
     {"references", "distributed"},  # the untuned baseline and the checklist, drawn through space
     # trained by several processes (DDP)
     {"executor"},  # how the study runs a trial
+    {"storage"},  # where studies live: Optuna storages, records, queries, liveness
+    {"stage1"},  # stage 1: the speed of execution settings, planned, timed and cached
     {"worker", "study"},  # trials in a supervised process; the study and its records
     {"display", "export"},  # what people see; the answer as a script, file or object
     {"notes", "artifacts", "report", "ending"},  # the dashboard note; files attached; the HTML
@@ -158,7 +160,7 @@ def test_no_module_imports_another_modules_private_names():
 def test_the_checks_see_real_imports():
     """The import reader finds what a module really imports (the oracle of the tests above)."""
     found = _imports(PACKAGE / "study" / "_trial.py")
-    assert {"autotune.executor", "autotune.study._records", "autotune.objective"} <= found
+    assert {"autotune.executor", "autotune.storage._records", "autotune.objective"} <= found
     assert "autotune.notes" in _imports(PACKAGE / "cli" / "_inspect.py")  # inside a function
 
 
@@ -174,7 +176,7 @@ def test_a_lazy_packages_three_lists_of_names_agree():
         if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
             for statement in node.body:
                 assert isinstance(statement, ast.ImportFrom) and statement.module is not None
-                module = statement.module.removeprefix("autotune.study.")
+                module = statement.module
                 typed.update({alias.name: module for alias in statement.names})
     assert typed, "no TYPE_CHECKING imports found"
     assert typed == package._MODULES

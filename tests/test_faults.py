@@ -737,7 +737,7 @@ def test_the_owner_of_a_trial_failed_as_stale_elsewhere_stops_it_and_goes_on(
 def test_a_heartbeat_gives_up_behind_a_long_write_and_the_next_one_lands(tmp_path: Path):
     """Beats go through a storage of their own whose writes give up after one interval: one
     held up by another process's write must not land late (after the grace period)."""
-    from autotune.study._liveness import _beat_storage
+    from autotune.storage._liveness import _beat_storage
 
     path = tmp_path / "beats.db"
     storage = open_storage(f"sqlite:///{path}", heartbeat_interval=1)

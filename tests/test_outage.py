@@ -19,8 +19,9 @@ from optuna.trial import TrialState
 
 from autotune.results import Evaluation
 from autotune.spec import WorkloadSpec
-from autotune.study import Patience, StorageOutage, TrialRecord, adapter, unhurried
-from autotune.study._outage import troubled_within
+from autotune.storage import adapter
+from autotune.storage._outage import troubled_within
+from autotune.study import Patience, StorageOutage, TrialRecord, unhurried
 from autotune.testing import make_config, start_cli, write_space
 from autotune.worker import WorkerExecutor
 
@@ -250,7 +251,8 @@ def test_a_confirmation_lock_that_a_restart_took_away_still_keeps_others_out(
     its holder works on. The lease beside it keeps a waiting process out until the holder is
     done, and a holder that died without releasing it keeps nobody out for long (the lease
     beats every half second here rather than every 2 s: the same rule, four times faster)."""
-    from autotune.study import _liveness, open_storage, study_lock
+    from autotune.storage import _liveness
+    from autotune.study import open_storage, study_lock
 
     monkeypatch.setattr(_liveness, "LEASE_INTERVAL", 0.5)
     grace, interval = _liveness.LEASE_GRACE, _liveness.LEASE_INTERVAL
@@ -317,7 +319,7 @@ def test_a_lease_whose_beat_hangs_is_let_go_within_its_grace(
     must not hold the confirmation round's end: release waits LEASE_GRACE intervals at most
     and leaves the lease to go stale, as another process judges it anyway; a beat that
     answers is waited for and the lease cleared."""
-    from autotune.study import _liveness
+    from autotune.storage import _liveness
 
     monkeypatch.setattr(_liveness, "LEASE_INTERVAL", 0.05)
     monkeypatch.setattr(_liveness, "LEASE_GRACE", 40)  # 2 s: a slow commit is still waited for

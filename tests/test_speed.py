@@ -29,6 +29,7 @@ from autotune.results import Reporter, TrialResult
 from autotune.space import restrict
 from autotune.spec import SpecError, parse_spec
 from autotune.speed import BurstPlan, SpeedChoice, SpeedMeasurement, SpeedTable
+from autotune.stage1._plan import FULL_PRODUCT_LIMIT, Cell, SpeedPlan
 from autotune.study import (
     RunOutcome,
     SpeedRecord,
@@ -39,7 +40,6 @@ from autotune.study import (
     speed_study_name,
     trial_config,
 )
-from autotune.study._speed_plan import FULL_PRODUCT_LIMIT, Cell, SpeedPlan
 from autotune.testing import AMPERE, CPU, blobs_workload, make_config, start_cli
 from autotune.workloads import Workload
 
@@ -295,7 +295,7 @@ def test_on_a_gpu_stage_one_times_the_half_precisions_first():
 def test_a_precision_the_gpu_order_does_not_name_is_timed_last(monkeypatch):
     """A precision added to the registry needs no place in stage 1's GPU order: it comes after
     the ones the order names, in the space's order."""
-    from autotune.study import _speed_plan
+    from autotune.stage1 import _plan as _speed_plan
 
     monkeypatch.setattr(_speed_plan, "GPU_PRECISION_ORDER", ("fp16", "bf16"))
     space = two_stage(precisions="[tf32, fp32, bf16, fp16]")
@@ -347,7 +347,7 @@ def test_a_cell_begins_with_the_cudnn_benchmark_flag_its_worker_process_ran_last
 ):
     """A cell that ends with cudnn.benchmark on leaves a worker process that ran it on: the
     next cell times its settings with it on first, and switches (a fresh process) once."""
-    from autotune.study._speed import _stage
+    from autotune.stage1._stage import _stage
 
     space = two_stage().replace(
         "num_workers: [0, 1]", "num_workers: [0, 1]\n  cudnn_benchmark: [false, true]"
@@ -834,17 +834,13 @@ def test_a_measurement_taken_under_interference_is_its_studys_only(
         return executor
 
     space = two_stage(n_trials=1, batch_sizes="[16]", precisions="fp32", workers="[0]")
-    monkeypatch.setattr(
-        "autotune.study._speed_take.interfered", lambda share: True
-    )  # a busy machine
+    monkeypatch.setattr("autotune.stage1._take.interfered", lambda share: True)  # a busy machine
     busy = stage_one(space)
     assert busy.measured
     resumed = stage_one(space.replace("n_trials: 1", "n_trials: 2"))
     assert resumed.measured == []  # the same study: its own measurements serve
 
-    monkeypatch.setattr(
-        "autotune.study._speed_take.interfered", lambda share: False
-    )  # a quiet one
+    monkeypatch.setattr("autotune.stage1._take.interfered", lambda share: False)  # a quiet one
     other = space.replace("name: two", "name: other")
     quiet = stage_one(other)
     assert {c.data_pipeline for c in quiet.measured} == {c.data_pipeline for c in busy.measured}
@@ -940,7 +936,7 @@ def test_stage_one_compiles_each_distinct_graph_once_and_charges_its_cold_compil
 
 
 def test_a_compile_mode_is_worth_measuring_only_where_it_can_pay_back():
-    from autotune.study._speed_rules import unpaid_compile
+    from autotune.stage1._rules import unpaid_compile
 
     # 30 epochs of 10 s at 1.5x save 100 s: a 60 s compile pays back, a 120 s one cannot
     assert unpaid_compile("default", 60.0, 10.0, 1.5, 30) is None
@@ -951,7 +947,7 @@ def test_a_compile_mode_is_worth_measuring_only_where_it_can_pay_back():
 
 
 def test_a_precision_far_behind_at_its_first_cell_times_one_setting_in_the_others():
-    from autotune.study._speed_rules import CellResult, LeftOut
+    from autotune.stage1._rules import CellResult, LeftOut
 
     spec = restrict(parse_spec(two_stage(), Path("space.yaml")), CPU).spec
     rules = LeftOut(spec)
@@ -981,7 +977,7 @@ def test_a_precision_far_behind_at_its_first_cell_times_one_setting_in_the_other
 def test_a_compile_mode_stopped_or_failed_at_a_cell_is_not_tried_after_it_saying_which():
     """A mode stopped at the compile limit was still compiling, not broken: the reason given
     for leaving it out of the later cells says so; one whose compile failed says that."""
-    from autotune.study._speed_rules import CellResult, LeftOut
+    from autotune.stage1._rules import CellResult, LeftOut
 
     spec = restrict(parse_spec(two_stage(), Path("space.yaml")), CPU).spec
     rules = LeftOut(spec)
@@ -1000,7 +996,7 @@ def test_a_compile_mode_stopped_or_failed_at_a_cell_is_not_tried_after_it_saying
 
 
 def test_channels_last_no_faster_under_a_compile_mode_is_not_tried_in_later_cells():
-    from autotune.study._speed_rules import CellResult, LeftOut
+    from autotune.stage1._rules import CellResult, LeftOut
 
     spec = restrict(parse_spec(two_stage(), Path("space.yaml")), CPU).spec
     rules = LeftOut(spec)
@@ -1100,7 +1096,7 @@ def test_a_compile_that_cannot_pay_back_is_not_tried_in_the_cells_after_the_firs
 
 
 def test_a_compile_may_take_what_it_could_save_over_the_full_run_or_the_budget_left():
-    from autotune.study._speed_rules import MEASUREMENT_SLACK_SECONDS, LeftOut
+    from autotune.stage1._rules import MEASUREMENT_SLACK_SECONDS, LeftOut
 
     space = two_stage().replace(
         "objective: {min_accuracy: 0.3}", "objective: {min_accuracy: 0.3, full_run_epochs: 30}"
@@ -1122,7 +1118,8 @@ def test_a_compile_may_take_what_it_could_save_over_the_full_run_or_the_budget_l
 def test_a_compile_still_running_when_it_can_no_longer_pay_back_is_stopped_and_dropped(
     tmp_path: Path, prepare_study, monkeypatch: pytest.MonkeyPatch
 ):
-    from autotune.study import _speed_rules, run_speed_stage
+    from autotune.stage1 import _rules as _speed_rules
+    from autotune.study import run_speed_stage
     from autotune.worker import WorkerExecutor
 
     # an eager epoch takes milliseconds: the compile may take the slack alone
@@ -1242,7 +1239,8 @@ class FakeClock:
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    from autotune.study import _speed_budget, _speed_take
+    from autotune.stage1 import _budget as _speed_budget
+    from autotune.stage1 import _take as _speed_take
 
     fake = FakeClock()
     monkeypatch.setattr(_speed_budget, "time", fake)
@@ -1251,7 +1249,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
 
 
 def test_the_budget_keeps_one_eager_setting_a_cell_for_the_cells_to_come(clock: FakeClock):
-    from autotune.study._speed_rules import LeftOut
+    from autotune.stage1._rules import LeftOut
 
     space = two_stage(n_trials=1, workers="[0]").replace(
         "speed: {bursts: 2,", "speed: {max_seconds: 100, bursts: 2,"
@@ -1278,8 +1276,8 @@ def test_the_budget_keeps_one_eager_setting_a_cell_for_the_cells_to_come(clock: 
 def test_a_compile_is_not_started_when_less_of_the_budget_is_left_than_it_takes(
     clock: FakeClock,
 ):
-    from autotune.study._speed_plan import COMPILE_SECONDS_GUESS
-    from autotune.study._speed_rules import LeftOut
+    from autotune.stage1._plan import COMPILE_SECONDS_GUESS
+    from autotune.stage1._rules import LeftOut
 
     space = two_stage(n_trials=1, workers="[0]").replace(
         "speed: {bursts: 2,", "speed: {max_seconds: 100, bursts: 2,"
@@ -1314,8 +1312,8 @@ def test_a_compile_is_not_started_when_less_of_the_budget_is_left_than_it_takes(
 def test_a_cell_whose_every_setting_compiles_may_take_its_compile_past_the_budget(
     tmp_path: Path, prepare_study, clock: FakeClock
 ):
-    from autotune.study._speed import _stage
-    from autotune.study._speed_rules import MEASUREMENT_SLACK_SECONDS
+    from autotune.stage1._rules import MEASUREMENT_SLACK_SECONDS
+    from autotune.stage1._stage import _stage
 
     space = two_stage(workers="[0]", precisions="fp32").replace(
         "num_workers: [0]\n", "num_workers: [0]\n  compile: [default]\n"
@@ -1488,7 +1486,7 @@ def test_a_speed_study_written_before_a_precision_was_added_takes_new_measuremen
     written when precision had four values must still take fp32 and fp32-strict cells."""
     from optuna.distributions import CategoricalDistribution
 
-    from autotune.study._speed_store import known_distributions, open_speed_study, speed_trial
+    from autotune.stage1._store import known_distributions, open_speed_study, speed_trial
 
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'old.db'}")
     study = open_speed_study(storage, "old")
@@ -1512,8 +1510,8 @@ def test_a_speed_study_written_before_a_precision_was_added_takes_new_measuremen
 def test_a_claimed_setting_is_timed_by_its_holder_and_a_lost_holder_is_taken_over(
     tmp_path: Path,
 ):
-    from autotune.study._claims import CLAIM_STALE_SECONDS, CLAIMS_ATTR, Claims
-    from autotune.study._speed_store import open_speed_study
+    from autotune.stage1._claims import CLAIM_STALE_SECONDS, CLAIMS_ATTR, Claims
+    from autotune.stage1._store import open_speed_study
 
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'claims.db'}")
     here, there = Claims(open_speed_study(storage, "c")), Claims(open_speed_study(storage, "c"))

@@ -25,6 +25,7 @@ from autotune.interference import CpuShare
 from autotune.results import Evaluation, TrialResult
 from autotune.space import restrict
 from autotune.spec import parse_spec
+from autotune.storage import adapter
 from autotune.study import (
     METRIC_FIELDS,
     NOISY_SPREAD,
@@ -35,7 +36,6 @@ from autotune.study import (
     StudyObserver,
     StudyRecord,
     TrialRecord,
-    adapter,
     answer_trial,
     best_trial,
     confirm_study,

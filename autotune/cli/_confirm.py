@@ -63,7 +63,7 @@ def open_to_train(study_name: str | None, storage: str, isolation: str | None) -
     from autotune import export, session
     from autotune import study as studies
     from autotune.hardware import detect
-    from autotune.study import adapter
+    from autotune.storage import adapter
 
     quiet_libraries(verbose=False)
     try:

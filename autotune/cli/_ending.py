@@ -73,7 +73,7 @@ def last_traceback(study: Any, where: str) -> str | None:
     import optuna
 
     from autotune import study as studies
-    from autotune.study import adapter
+    from autotune.storage import adapter
 
     if where == "stage 1":
         name = studies.speed_study_name(study.study_name)

@@ -100,7 +100,7 @@ def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
     measurements, cold compiles, an estimate from guessed compile times, its budget, and
     what it times first (``SpeedPlan.predicted``, ``SpeedPlan.reference``)."""
     from autotune.references import checklist_rules, untuned_config
-    from autotune.study._speed_plan import SpeedPlan, describe
+    from autotune.stage1._plan import SpeedPlan, describe
 
     speed = spec.study.speed
     plan = SpeedPlan(spec, untuned_config(spec, hardware), checklist_rules(hardware))
@@ -129,7 +129,7 @@ def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
 
 def print_speed_table(console: Console, table: SpeedTable) -> None:
     """Stage 1's answer: the fastest settings of each micro-batch and precision."""
-    from autotune.study._speed_plan import describe
+    from autotune.stage1._plan import describe
 
     shown = Table(title="Stage 1: the fastest settings per micro-batch", title_justify="left")
     shown.add_column("micro-batch", justify="right")

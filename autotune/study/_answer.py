@@ -55,8 +55,9 @@ from typing import Literal
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.study._queries import feasible_trials
-from autotune.study._records import (
+from autotune.stage1._plan import config_key
+from autotune.storage._queries import feasible_trials
+from autotune.storage._records import (
     REFERENCE_NAMES,
     ConfirmationRecord,
     ConfirmRun,
@@ -64,7 +65,6 @@ from autotune.study._records import (
     StudyRecord,
     TrialRecord,
 )
-from autotune.study._speed_plan import config_key
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ from optuna.trial import FrozenTrial
 from autotune import faults, objective
 from autotune.results import Evaluation
 from autotune.spec import ObjectiveSpec
-from autotune.study._queries import feasible_trials, reference_trial, trial_config
-from autotune.study._records import ConfirmationRecord, ConfirmRun, StudyRecord, TrialRecord
+from autotune.storage._queries import feasible_trials, reference_trial, trial_config
+from autotune.storage._records import ConfirmationRecord, ConfirmRun, StudyRecord, TrialRecord
 from autotune.turns import turn
 
 if TYPE_CHECKING:

@@ -21,11 +21,11 @@ from optuna.exceptions import ExperimentalWarning
 
 from autotune._version import __version__
 from autotune.spec import Spec
-from autotune.study import adapter
-from autotune.study._outage import DEFAULT_OUTAGE_SECONDS, Patience
-from autotune.study._records import ReferenceKind, StudyRecord, TrialRecord
+from autotune.storage import adapter
+from autotune.storage._outage import DEFAULT_OUTAGE_SECONDS, Patience
+from autotune.storage._rdb import Access, StudyError, display_url, open_storage
+from autotune.storage._records import ReferenceKind, StudyRecord, TrialRecord
 from autotune.study._sampling import make_pruner, make_sampler
-from autotune.study._storage import Access, StudyError, display_url, open_storage
 
 if TYPE_CHECKING:  # torch: only creating a study needs it, not loading one
     from collections.abc import Callable
@@ -330,7 +330,7 @@ def load_study(name: str | None, storage_url: str, access: Access = "read") -> o
 def only_study(names: list[str], storage_url: str) -> str:
     """The one study among ``names`` that is not another's speed study (``NAME.speed``);
     StudyError where there is none or there are several."""
-    from autotune.study._speed_store import speed_study_name
+    from autotune.stage1._store import speed_study_name
 
     studies = sorted(set(names) - {speed_study_name(name) for name in names})
     where = display_url(storage_url)

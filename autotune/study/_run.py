@@ -17,12 +17,12 @@ from autotune.faults import FaultKind
 from autotune.hardware import Hardware
 from autotune.spec import Spec
 from autotune.speed import SpeedTable
-from autotune.study._liveness import recover_stale_trials, study_lock
+from autotune.storage._liveness import recover_stale_trials, study_lock
+from autotune.storage._queries import COUNTED_STATES
+from autotune.storage._records import REFERENCES, TrialRecord
+from autotune.storage._walls import MemoryWalls
 from autotune.study._open import queue_reference
-from autotune.study._queries import COUNTED_STATES
-from autotune.study._records import REFERENCES, TrialRecord
 from autotune.study._trial import StudyObserver, Terminated, TrialRunner
-from autotune.study._walls import MemoryWalls
 
 if TYPE_CHECKING:
     from autotune.config import TrialConfig
@@ -146,7 +146,7 @@ def _stage_one(
 ) -> SpeedTable | None:
     """A two-stage study's speed stage, its time and how it ended in ``outcome``: its table, or
     None where it was interrupted or could train no setting at all (why, in ``outcome``)."""
-    from autotune.study._speed import run_speed_stage
+    from autotune.stage1._stage import run_speed_stage
 
     stage_started = time.monotonic()
     try:

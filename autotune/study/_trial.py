@@ -25,16 +25,16 @@ from autotune.results import Evaluation, TrialResult
 from autotune.spec import Spec
 from autotune.spec._sections import ObjectiveSpec
 from autotune.speed import SpeedTable
-from autotune.study import adapter
-from autotune.study._liveness import heartbeat
-from autotune.study._outage import StorageOutage
-from autotune.study._queries import best_trial
-from autotune.study._records import TrialRecord
-from autotune.study._walls import MemoryWalls
+from autotune.storage import adapter
+from autotune.storage._liveness import heartbeat
+from autotune.storage._outage import StorageOutage
+from autotune.storage._queries import best_trial
+from autotune.storage._records import TrialRecord
+from autotune.storage._walls import MemoryWalls
 from autotune.turns import TurnNotTaken, turn
 
 if TYPE_CHECKING:
-    from autotune.study._speed_store import SpeedEvent
+    from autotune.stage1._store import SpeedEvent
 
 # a trial further off the speed stage's prediction than this, or than the spread stage 1
 # measured where that is wider (a noisy CPU), is flagged

@@ -23,10 +23,10 @@ import optuna
 from autotune.executor import TrialExecutor, attempt
 from autotune.faults import TrialFault
 from autotune.results import Evaluation
+from autotune.storage._queries import feasible_trials, reference_trial, trial_config
+from autotune.storage._records import REFERENCE_NAMES
 from autotune.study._answer import answer_of
 from autotune.study._confirm import interleaved
-from autotune.study._queries import feasible_trials, reference_trial, trial_config
-from autotune.study._records import REFERENCE_NAMES
 from autotune.turns import turn
 
 ATTRIBUTE = "verify"  # the study's user attribute that holds the runs

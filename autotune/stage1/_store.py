@@ -29,7 +29,7 @@ from autotune.interference import usable_cores
 from autotune.knobs import DDP_KNOBS, KNOBS
 from autotune.spec import Spec
 from autotune.speed import SpeedMeasurement
-from autotune.study._speed_plan import Cell, Settings
+from autotune.stage1._plan import Cell, Settings
 
 if TYPE_CHECKING:
     from autotune.hardware import Hardware

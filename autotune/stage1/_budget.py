@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from autotune.spec import Spec
-from autotune.study._speed_plan import COMPILE_SECONDS_GUESS
+from autotune.stage1._plan import COMPILE_SECONDS_GUESS
 
 # an eager measurement still running after this many typical ones of the stage is stopped (a
 # busy machine: what it would measure is spoiled), but never before MIN_LIMIT_SECONDS: a

@@ -21,7 +21,7 @@ from optuna.storages import BaseStorage, RDBStorage
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.study._outage import Patience
+from autotune.storage._outage import Patience
 
 
 def storage_of(study: optuna.Study) -> BaseStorage:

@@ -16,8 +16,8 @@ from autotune.faults import FaultKind
 from autotune.knobs import COMPUTE_KNOBS
 from autotune.spec import Spec
 from autotune.speed import SpeedMeasurement
-from autotune.study._speed_budget import Budget, TimeLimit
-from autotune.study._speed_plan import Cell, Settings
+from autotune.stage1._budget import Budget, TimeLimit
+from autotune.stage1._plan import Cell, Settings
 
 # a pipeline below this share of its cell's fastest is not tried at the micro-batch's other
 # precisions: what a pipeline costs a batch (loading, workers' start and hand-over) does not

@@ -14,8 +14,8 @@ from autotune import objective
 from autotune.faults import FaultKind
 from autotune.spec import Spec
 from autotune.speed import SpeedChoice, SpeedMeasurement, SpeedTable
-from autotune.study._speed_plan import Cell, Settings, SpeedPlan
-from autotune.study._speed_store import Pool
+from autotune.stage1._plan import Cell, Settings, SpeedPlan
+from autotune.stage1._store import Pool
 
 # a cell with neither a measurement nor a fault, and no cell measured to borrow settings from:
 # not an error, so that trials drawn there fail without counting as the same bug

@@ -23,11 +23,10 @@ from autotune.faults import FaultKind, TrialFault
 from autotune.interference import interfered
 from autotune.spec import Spec
 from autotune.speed import BurstPlan, SpeedMeasurement
-from autotune.study import adapter
-from autotune.study._claims import Claims
-from autotune.study._speed_budget import TimeLimit
-from autotune.study._speed_plan import Cell, Settings, SpeedPlan, config_key, describe
-from autotune.study._speed_store import (
+from autotune.stage1._budget import TimeLimit
+from autotune.stage1._claims import Claims
+from autotune.stage1._plan import Cell, Settings, SpeedPlan, config_key, describe
+from autotune.stage1._store import (
     TRANSIENT_FAULTS,
     Pool,
     SpeedEvent,
@@ -37,7 +36,8 @@ from autotune.study._speed_store import (
     open_speed_study,
     speed_trial,
 )
-from autotune.study._walls import MemoryWalls
+from autotune.storage import adapter
+from autotune.storage._walls import MemoryWalls
 from autotune.turns import TurnNotTaken, turn
 
 _TIMEOUTS = (FaultKind.TRIAL_TIMEOUT, FaultKind.TIMEOUT_UNDER_LOAD)

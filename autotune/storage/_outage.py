@@ -29,7 +29,7 @@ from typing import TypeVar
 
 import sqlalchemy
 
-from autotune.study._storage import StudyError, storage_problem, wrapped
+from autotune.storage._rdb import StudyError, storage_problem, wrapped
 
 # A managed database fails over in one to two minutes, a restart for maintenance in seconds
 DEFAULT_OUTAGE_SECONDS = 180.0

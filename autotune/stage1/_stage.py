@@ -24,13 +24,13 @@ from autotune.executor import TrialExecutor
 from autotune.knobs import COMPUTE_KNOBS
 from autotune.spec import Spec
 from autotune.speed import SpeedTable
-from autotune.study import adapter
-from autotune.study._speed_budget import TimeLimit
-from autotune.study._speed_plan import Cell, Settings, SpeedPlan, context_key, describe
-from autotune.study._speed_rules import MEASUREMENT_SLACK_SECONDS, CellResult, LeftOut
-from autotune.study._speed_store import Pool, SpeedEvent, context_facts, load_cache
-from autotune.study._speed_table import speed_table
-from autotune.study._speed_take import SettingTimer
+from autotune.stage1._budget import TimeLimit
+from autotune.stage1._plan import Cell, Settings, SpeedPlan, context_key, describe
+from autotune.stage1._rules import MEASUREMENT_SLACK_SECONDS, CellResult, LeftOut
+from autotune.stage1._store import Pool, SpeedEvent, context_facts, load_cache
+from autotune.stage1._table import speed_table
+from autotune.stage1._take import SettingTimer
+from autotune.storage import adapter
 
 if TYPE_CHECKING:
     from autotune.hardware import Hardware

@@ -22,8 +22,8 @@ from typing import Any
 
 import optuna
 
-from autotune.study._liveness import study_lock
-from autotune.study._outage import unhurried
+from autotune.storage._liveness import study_lock
+from autotune.storage._outage import unhurried
 
 CLAIMS_ATTR = "stage1_claims"
 CLAIM_BEAT_SECONDS = 5.0  # how often a held claim is renewed

@@ -10,7 +10,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import TrialConfig
-from autotune.study._records import TrialRecord
+from autotune.storage._records import TrialRecord
 
 # Trials that count towards ``n_trials``: those that told the sampler something.
 COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED)

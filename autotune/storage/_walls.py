@@ -9,7 +9,7 @@ import optuna
 
 from autotune.config import TrialConfig
 from autotune.faults import FaultKind
-from autotune.study._records import TrialRecord
+from autotune.storage._records import TrialRecord
 
 # what, beside the micro-batch, decides how much device memory a step takes: the precision,
 # the compiled graph and its layout, the data pipeline (the device pipeline holds the whole

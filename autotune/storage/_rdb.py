@@ -23,7 +23,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.errors import UserError
 from autotune.files import OutputFileError, make_folder_for
-from autotune.study._records import TrialRecord
+from autotune.storage._records import TrialRecord
 
 SQLITE_BUSY_TIMEOUT_SECONDS = 60
 STORAGE_OPEN_ATTEMPTS = 5
