@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from autotune.spec import Spec
+from autotune.spacefile import Spec
 
 if TYPE_CHECKING:
     import optuna

@@ -18,7 +18,7 @@ from autotune._version import __version__
 from autotune.display import fmt_metric
 from autotune.export import TrialConfirmation, confirmation_text
 from autotune.results import PHASES
-from autotune.spec import DEFAULT_STORAGE, knobs_for
+from autotune.spacefile import DEFAULT_STORAGE, knobs_for
 from autotune.storage import adapter
 from autotune.study import (
     REFERENCE_NAMES,

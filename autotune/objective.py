@@ -19,7 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from autotune.results import Evaluation, TrialResult
-from autotune.spec import ObjectiveSpec
+from autotune.spacefile import ObjectiveSpec
 
 MIN_SCORE_FOR_EXTRAPOLATION = 1e-3
 

@@ -24,7 +24,7 @@ from autotune.config import TrialConfig
 from autotune.hardware import Hardware
 from autotune.knobs import KNOBS, SPEED_KNOBS
 from autotune.space import Pick, draw, fixed_value
-from autotune.spec import Choice, FloatRange, IntRange, Knob, Spec
+from autotune.spacefile import Choice, FloatRange, IntRange, Knob, Spec
 from autotune.speed import SpeedChoice, SpeedTable
 
 TUNING_GUIDE = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"

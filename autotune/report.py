@@ -29,7 +29,7 @@ from autotune.notes import (
     verify_block,
 )
 from autotune.results import PHASES
-from autotune.spec import DEFAULT_STORAGE, KNOBS, knobs_for
+from autotune.spacefile import DEFAULT_STORAGE, KNOBS, knobs_for
 from autotune.storage import adapter
 from autotune.study import (
     SpeedRecord,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from autotune.ending import Ending, ending
 from autotune.errors import UserError
-from autotune.spec import Spec, load_spec
+from autotune.spacefile import Spec, load_spec
 
 if TYPE_CHECKING:
     import optuna

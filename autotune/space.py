@@ -24,7 +24,7 @@ from autotune.config import TrialConfig, scaled_lr
 from autotune.hardware import Hardware
 from autotune.knobs import KNOBS, SPEED_KNOBS, SPLIT_KNOBS
 from autotune.pipeline import ImageTensorDataset
-from autotune.spec import Choice, IntRange, Knob, Spec, SpecError
+from autotune.spacefile import Choice, IntRange, Knob, Spec, SpecError
 from autotune.speed import SpeedTable
 from autotune.workloads import Workload
 

@@ -30,7 +30,7 @@ from autotune.workloads.batches import (
 from autotune.workloads.scoring import LossFn, cross_entropy_loss
 
 if TYPE_CHECKING:
-    from autotune.spec import WorkloadSpec
+    from autotune.spacefile import WorkloadSpec
 
 
 def seed_everything(seed: int) -> None:

@@ -36,7 +36,7 @@ from autotune.executor import InProcessExecutor
 from autotune.hardware import detect
 from autotune.interference import interfered
 from autotune.space import restrict
-from autotune.spec import Spec, load_spec
+from autotune.spacefile import Spec, load_spec
 from autotune.study import (
     Answer,
     StudyRecord,

@@ -29,7 +29,7 @@ from autotune.config import TrialConfig
 from autotune.hardware import detect
 from autotune.references import baseline_params
 from autotune.space import restrict, sample
-from autotune.spec import WorkloadSpec, load_spec
+from autotune.spacefile import WorkloadSpec, load_spec
 from autotune.telemetry import fingerprint
 from autotune.worker import WorkerExecutor
 
@@ -41,7 +41,7 @@ import json, sys
 from pathlib import Path
 from autotune.config import TrialConfig
 from autotune.runner import train
-from autotune.spec import WorkloadSpec
+from autotune.spacefile import WorkloadSpec
 from autotune.workloads import load
 workload = load(WorkloadSpec.model_validate_json(sys.argv[1]), base_dir=Path(sys.argv[2]))
 config = TrialConfig.from_dict(json.loads(sys.argv[3]))

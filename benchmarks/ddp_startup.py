@@ -23,7 +23,7 @@ import time
 from autotune import distributed, workloads
 from autotune.executor import InProcessExecutor
 from autotune.results import Evaluation
-from autotune.spec import WorkloadSpec
+from autotune.spacefile import WorkloadSpec
 from autotune.testing import make_config
 
 SPEC = WorkloadSpec(model="digits_cnn", data="digits", epochs=1, eval_every=1, device="cpu")

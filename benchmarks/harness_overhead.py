@@ -25,7 +25,7 @@ from autotune.hardware import detect
 from autotune.pipeline import make_train_loader
 from autotune.results import Evaluation
 from autotune.runner import MAX_WARMUP_STEPS, train
-from autotune.spec import WorkloadSpec
+from autotune.spacefile import WorkloadSpec
 from autotune.timing import synchronize
 from autotune.trainer import backend_flags
 from autotune.workloads import Workload, load

@@ -77,7 +77,7 @@ from autotune.faults import TrialFault, classify
 from autotune.hardware import Hardware, detect
 from autotune.references import untuned_config
 from autotune.results import Evaluation
-from autotune.spec import Choice, FloatRange, Spec, load_spec
+from autotune.spacefile import Choice, FloatRange, Spec, load_spec
 from autotune.speed import SPEED_KNOBS, BurstPlan, SpeedChoice, SpeedMeasurement, SpeedTable
 from autotune.stage1._plan import SpeedPlan, describe
 from autotune.stage1._stage import run_speed_stage

@@ -21,7 +21,7 @@ from pathlib import Path
 import optuna
 
 import autotune
-from autotune.spec import load_spec
+from autotune.spacefile import load_spec
 from autotune.study import Verification, verify_study
 from autotune.worker import WorkerExecutor
 

@@ -23,7 +23,7 @@ from autotune import bursts, runner
 from autotune.hardware import detect
 from autotune.references import untuned_config
 from autotune.space import restrict
-from autotune.spec import load_spec
+from autotune.spacefile import load_spec
 from autotune.speed import BurstPlan
 from autotune.testing import never_stop
 from autotune.warmup import Warmth

@@ -32,7 +32,7 @@ from autotune.config import TrialConfig
 from autotune.execution import graph_key
 from autotune.hardware import Hardware, detect
 from autotune.space import restrict
-from autotune.spec import Spec, load_spec, parse_spec
+from autotune.spacefile import Spec, load_spec, parse_spec
 from autotune.stage1._stage import run_speed_stage
 from autotune.study import SpeedEvent, SpeedRecord, open_storage, open_study, speed_study_name
 from autotune.worker import WorkerExecutor

@@ -35,7 +35,7 @@ from autotune.references import checklist_params, untuned_config
 from autotune.results import TrialResult
 from autotune.runner import train
 from autotune.space import restrict, sample
-from autotune.spec import Choice, Spec, load_spec
+from autotune.spacefile import Choice, Spec, load_spec
 from autotune.study import answer_trial, reference_trial, trial_config
 from autotune.telemetry import fingerprint
 from autotune.warmup import warm_process

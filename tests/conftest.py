@@ -25,7 +25,7 @@ from PIL import Image
 from autotune.executor import InProcessExecutor, TrialExecutor
 from autotune.hardware import Hardware
 from autotune.space import restrict
-from autotune.spec import Spec, parse_spec
+from autotune.spacefile import Spec, parse_spec
 from autotune.study import (
     RunOutcome,
     StudyObserver,

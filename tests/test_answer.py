@@ -13,7 +13,7 @@ from rich.console import Console
 
 from autotune import display, export, notes, report
 from autotune.config import TrialConfig
-from autotune.spec import parse_spec
+from autotune.spacefile import parse_spec
 from autotune.study import (
     REFERENCE_NAMES,
     Answer,

@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"_version", "errors", "knobs", "config", "results", "speed", "semantics"},  # plain data,
     # names; what training means in plain torch (imports nothing of autotune)
     {
-        "spec",
+        "spacefile",
         "faults",
         "hardware",
         "timing",

@@ -14,7 +14,7 @@ import torch
 from autotune.hardware import detect
 from autotune.runner import train
 from autotune.space import restrict
-from autotune.spec import Spec, WorkloadSpec, parse_spec
+from autotune.spacefile import Spec, WorkloadSpec, parse_spec
 from autotune.testing import make_config, never_stop
 from autotune.workloads import WorkloadError, load
 from autotune.workloads.batches import BatchLayout, ModelInputs, to_device

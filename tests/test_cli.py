@@ -366,7 +366,7 @@ def test_commands_that_read_a_study_do_not_import_torch(seen, tmp_path: Path):
 
 def test_run_takes_autotune_storage_unless_the_space_file_names_one(tmp_path: Path, monkeypatch):
     from autotune.session import RunOptions, load_run_spec
-    from autotune.spec import DEFAULT_STORAGE, parse_spec
+    from autotune.spacefile import DEFAULT_STORAGE, parse_spec
 
     monkeypatch.setenv("AUTOTUNE_STORAGE", "sqlite:////elsewhere/a.db")
     plain = parse_spec("workload: {model: digits_cnn, data: digits}\n")
@@ -505,7 +505,7 @@ def test_a_round_led_by_a_reference_is_announced_without_a_zero_best(monkeypatch
     0 best, the untuned baseline and the tuning checklist"."""
     from autotune import session
     from autotune.cli._confirm import confirm_round
-    from autotune.spec import parse_spec
+    from autotune.spacefile import parse_spec
 
     def answer(*args: object, on_start, **kwargs: object) -> bool:
         on_start(studies.ConfirmationRecord(1, 1, True, (1, 0), 0, checklist=1))

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from autotune import display, export
 from autotune import study as studies
-from autotune.spec import Choice, Spec
+from autotune.spacefile import Choice, Spec
 from autotune.speed import SpeedChoice, SpeedTable
 from autotune.testing import CPU
 
@@ -64,7 +64,7 @@ def test_the_plan_says_a_batch_split_only_where_there_is_one_and_what_a_short_bu
     assert "split" not in said and "effective_batch_size" in said, said
     assert "each cell timed first with the tuning checklist's" in said, said
     assert "then the fastest cells' other settings" in said, said
-    from autotune.spec import parse_spec
+    from autotune.spacefile import parse_spec
     from tests.conftest import SEEN_SPACE
 
     split = parse_spec(SEEN_SPACE + "  accumulation_steps: [1, 2]\n")
@@ -387,7 +387,7 @@ def test_an_answer_from_single_runs_says_run_not_runs(tmp_path: Path, seen):
 
 
 def test_a_confirmation_run_short_of_its_target_says_so_not_a_time(seen):
-    from autotune.spec import ObjectiveSpec
+    from autotune.spacefile import ObjectiveSpec
     from autotune.study import ConfirmRun
 
     study, _ = seen

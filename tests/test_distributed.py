@@ -26,7 +26,7 @@ import autotune
 from autotune import distributed
 from autotune.cli import app
 from autotune.faults import FaultKind, TrialFault
-from autotune.spec import WorkloadSpec
+from autotune.spacefile import WorkloadSpec
 from autotune.study import TrialRecord
 from autotune.testing import make_config, tiny_mlp, write_space
 from autotune.trainer import Trainer

@@ -704,7 +704,7 @@ def test_the_owner_of_a_trial_failed_as_stale_elsewhere_stops_it_and_goes_on(
 ):
     from autotune.executor import InProcessExecutor
     from autotune.space import restrict
-    from autotune.spec import parse_spec
+    from autotune.spacefile import parse_spec
     from autotune.testing import TINY_SPACE
     from autotune.workloads import load
 

@@ -20,7 +20,7 @@ from autotune.config import TrialConfig
 from autotune.pipeline import DeviceBatches
 from autotune.results import TrialResult
 from autotune.runner import train
-from autotune.spec import WorkloadSpec
+from autotune.spacefile import WorkloadSpec
 from autotune.testing import cuda_flags, make_config, never_stop, run_cli, write_space
 from autotune.timing import PHASES
 from autotune.workloads import load

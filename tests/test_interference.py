@@ -22,7 +22,7 @@ from autotune.interference import INTERFERENCE_SHARE, CpuMeter, trial_threads, u
 from autotune.results import Reporter, TrialResult
 from autotune.runner import train
 from autotune.space import restrict
-from autotune.spec import parse_spec
+from autotune.spacefile import parse_spec
 from autotune.study import (
     Answer,
     ConfirmationRecord,

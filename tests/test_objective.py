@@ -15,7 +15,7 @@ from autotune.objective import (
     score,
     target_reached,
 )
-from autotune.spec import ObjectiveSpec
+from autotune.spacefile import ObjectiveSpec
 from autotune.study import best_trial, feasible_trials
 from autotune.testing import make_evaluation as evaluation
 from autotune.testing import make_result as result

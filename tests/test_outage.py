@@ -18,7 +18,7 @@ import sqlalchemy
 from optuna.trial import TrialState
 
 from autotune.results import Evaluation
-from autotune.spec import WorkloadSpec
+from autotune.spacefile import WorkloadSpec
 from autotune.storage import adapter
 from autotune.storage._outage import troubled_within
 from autotune.study import Patience, StorageOutage, TrialRecord, unhurried

@@ -7,7 +7,7 @@ import torch
 
 from autotune.pipeline import CROP_PADDING, DeviceBatches, ImageTensorDataset, make_train_loader
 from autotune.runner import train
-from autotune.spec import WorkloadSpec
+from autotune.spacefile import WorkloadSpec
 from autotune.testing import make_config, never_stop
 from autotune.workloads import load
 

@@ -12,7 +12,7 @@ import pytest
 
 from autotune.references import baseline_params, checklist_params, untuned_config
 from autotune.space import restrict, sample
-from autotune.spec import parse_spec
+from autotune.spacefile import parse_spec
 from autotune.testing import AMPERE, TEST_CPU, VOLTA
 
 HOPPER = dataclasses.replace(AMPERE, device_name="test H100", cuda_capability=(9, 0))

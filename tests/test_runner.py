@@ -151,7 +151,7 @@ def test_labels_past_the_logits_are_the_trials_error_and_the_next_trial_trains()
     """A loss that indexes past the logits is a kernel fault: on a GPU a device-side assert
     that breaks the CUDA context (tests/test_gpu.py), here an IndexError. Either is the
     configuration's error, said in torch's words, not a crash."""
-    from autotune.spec import WorkloadSpec
+    from autotune.spacefile import WorkloadSpec
     from autotune.workloads import load
 
     workload = load(

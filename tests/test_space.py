@@ -11,7 +11,7 @@ import optuna
 import pytest
 
 from autotune.space import restrict, sample
-from autotune.spec import Choice, SpecError, parse_spec
+from autotune.spacefile import Choice, SpecError, parse_spec
 from autotune.testing import AMPERE, CPU, TEST_CPU, VOLTA
 from autotune.workloads import load
 

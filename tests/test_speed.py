@@ -27,7 +27,7 @@ from autotune.faults import FaultKind, TrialFault
 from autotune.references import untuned_config
 from autotune.results import Reporter, TrialResult
 from autotune.space import restrict
-from autotune.spec import SpecError, parse_spec
+from autotune.spacefile import SpecError, parse_spec
 from autotune.speed import BurstPlan, SpeedChoice, SpeedMeasurement, SpeedTable
 from autotune.stage1._plan import FULL_PRODUCT_LIMIT, Cell, SpeedPlan
 from autotune.study import (

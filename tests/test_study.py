@@ -24,7 +24,7 @@ from autotune.faults import FaultKind
 from autotune.interference import CpuShare
 from autotune.results import Evaluation, TrialResult
 from autotune.space import restrict
-from autotune.spec import parse_spec
+from autotune.spacefile import parse_spec
 from autotune.storage import adapter
 from autotune.study import (
     METRIC_FIELDS,

@@ -8,7 +8,7 @@ import time
 import torch
 
 from autotune.runner import train
-from autotune.spec import WorkloadSpec
+from autotune.spacefile import WorkloadSpec
 from autotune.study import TrialRecord
 from autotune.testing import make_config, never_stop
 from autotune.timing import PHASES, PhaseProbe, bottleneck

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from autotune import display, notes, report
 from autotune.executor import InProcessExecutor
-from autotune.spec import parse_spec
+from autotune.spacefile import parse_spec
 from autotune.study import Verification, VerifyRun, verify_candidates, verify_study
 from autotune.workloads import load
 

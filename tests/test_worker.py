@@ -19,7 +19,7 @@ import torch
 from autotune import distributed
 from autotune.errors import WorkerError
 from autotune.faults import describe_exit
-from autotune.spec import WorkloadSpec
+from autotune.spacefile import WorkloadSpec
 from autotune.testing import (
     assert_trials_recorded,
     blobs_workload,

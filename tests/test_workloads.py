@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from autotune.runner import train
-from autotune.spec import WorkloadSpec
+from autotune.spacefile import WorkloadSpec
 from autotune.testing import make_config, never_stop
 from autotune.workloads import DataSplits, WorkloadError, load
 from autotune.workloads.vision import SHAPES, shapes
@@ -112,7 +112,7 @@ def test_user_entry_points_next_to_the_space_file(tmp_path: Path):
             "cannot be called with val_fraction, colour",
         ),
         ("autotune.testing:SlowDataset", "digits", {}, "cannot be called with"),
-        ("autotune.spec:parse_spec", "digits", {}, "cannot be called with"),
+        ("autotune.spacefile:parse_spec", "digits", {}, "cannot be called with"),
         ("digits_cnn", "autotune.testing:tiny_mlp", {}, "cannot be called with"),
     ],
 )
@@ -435,7 +435,7 @@ def test_torchvision_model_errors(model, args, expected):
 def test_the_spec_knows_the_built_in_model_families():
     """``WorkloadSpec.user_entry_points`` tells built-in families from user code without
     importing torch: its list of family names is the registry's."""
-    from autotune.spec import MODEL_FAMILY_NAMES
+    from autotune.spacefile import MODEL_FAMILY_NAMES
     from autotune.workloads import MODEL_FAMILIES
 
     assert set(MODEL_FAMILY_NAMES) == set(MODEL_FAMILIES)
@@ -453,7 +453,7 @@ def test_a_built_in_is_imported_only_when_a_workload_names_it():
         """
         import sys
         import autotune.worker
-        from autotune.spec import WorkloadSpec
+        from autotune.spacefile import WorkloadSpec
         from autotune.workloads import load
 
         def imported():
@@ -479,7 +479,7 @@ def test_the_language_model_space_scores_next_tokens_with_the_classes_last():
     """search_spaces/language_model.yaml (a GPU space): its model's logits are [batch,
     sequence, vocabulary] for targets [batch, sequence], read classes-last; the sequence (64)
     is not the vocabulary (256), so the axis is never ambiguous."""
-    from autotune.spec import load_spec
+    from autotune.spacefile import load_spec
 
     spaces = Path(__file__).parents[1] / "search_spaces"
     spec = load_spec(spaces / "language_model.yaml")

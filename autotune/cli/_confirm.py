@@ -25,7 +25,7 @@ from autotune.cli._common import (
     study_option,
 )
 from autotune.errors import UserError
-from autotune.spec import DEFAULT_STORAGE
+from autotune.spacefile import DEFAULT_STORAGE
 
 
 def storage_lines(

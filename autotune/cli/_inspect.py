@@ -33,7 +33,7 @@ from autotune.errors import UserError
 if TYPE_CHECKING:
     from autotune.artifacts import ArtifactLocation
 from autotune.files import make_folder_for, write_new_file
-from autotune.spec import DEFAULT_STORAGE
+from autotune.spacefile import DEFAULT_STORAGE
 
 
 @app.command(cls=Command)

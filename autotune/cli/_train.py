@@ -39,7 +39,7 @@ from autotune.cli._scaleout import (
 )
 from autotune.cli._verify import verify
 from autotune.errors import UserError
-from autotune.spec import DEFAULT_STORAGE
+from autotune.spacefile import DEFAULT_STORAGE
 from autotune.turns import TURN_WAIT_ENV, TurnNotTaken
 
 if TYPE_CHECKING:

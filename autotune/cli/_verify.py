@@ -19,7 +19,7 @@ from autotune.cli._common import (
     study_option,
 )
 from autotune.cli._confirm import open_to_train, training
-from autotune.spec import DEFAULT_STORAGE
+from autotune.spacefile import DEFAULT_STORAGE
 
 
 def verify(

@@ -27,7 +27,7 @@ from autotune.display._text import (
     visible,
 )
 from autotune.results import Evaluation
-from autotune.spec import Spec
+from autotune.spacefile import Spec
 from autotune.speed import SpeedTable
 from autotune.study import ConfirmRun
 

@@ -27,7 +27,7 @@ from autotune.display._text import (
     visible,
 )
 from autotune.interference import INTERFERENCE_SHARE
-from autotune.spec import Choice, Spec, knobs_for
+from autotune.spacefile import Choice, Spec, knobs_for
 
 if TYPE_CHECKING:  # torch: the plan is printed by `autotune run` only
     from autotune.hardware import Hardware

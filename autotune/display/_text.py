@@ -12,7 +12,7 @@ from rich.padding import Padding
 from rich.text import Text
 
 from autotune import study as studies
-from autotune.spec import DEFAULT_STORAGE, SCORES, ObjectiveSpec, is_unprintable
+from autotune.spacefile import DEFAULT_STORAGE, SCORES, ObjectiveSpec, is_unprintable
 
 METRIC_UNITS = {
     "samples_per_second": "samples/s",  # the speed stage's studies (NAME.speed)

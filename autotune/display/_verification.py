@@ -14,7 +14,7 @@ from rich.table import Table
 from autotune import study as studies
 from autotune.display._text import fmt
 from autotune.results import Evaluation
-from autotune.spec import Spec
+from autotune.spacefile import Spec
 
 LINES_PER_RUN = 10  # evaluations shown while a run trains: about this many
 

@@ -20,7 +20,7 @@ from autotune import bursts, interference, runner
 from autotune.faults import as_fault, needs_fresh_process, release_memory
 from autotune.results import Evaluation, TrialResult
 from autotune.scaleout import die_with_parent
-from autotune.spec import WorkloadSpec
+from autotune.spacefile import WorkloadSpec
 from autotune.speed import SpeedMeasurement
 from autotune.warmup import Warmth
 

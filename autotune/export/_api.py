@@ -21,7 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import TrialConfig
 from autotune.errors import UserError
 from autotune.export._confirmation import TrialConfirmation, confirmation_text
-from autotune.spec import DEFAULT_STORAGE, Spec, SpecError, parse_spec
+from autotune.spacefile import DEFAULT_STORAGE, Spec, SpecError, parse_spec
 from autotune.study import (
     StudyError,
     StudyRecord,

@@ -24,7 +24,7 @@ from autotune.export._bundle import Import, import_block, literal
 from autotune.export._header import provenance_rows
 from autotune.export._script import template_environment
 from autotune.knobs import CHOICES, DDP_KNOBS, KNOBS
-from autotune.spec import WorkloadSpec
+from autotune.spacefile import WorkloadSpec
 
 FRAMEWORK_FORMATS = ("lightning", "hf")
 

@@ -13,7 +13,7 @@ from autotune.config import TrialConfig
 from autotune.export._api import BestConfig
 from autotune.export._bundle import literal
 from autotune.knobs import DDP_KNOBS, KNOBS, SPEED_KNOBS
-from autotune.spec import WorkloadSpec
+from autotune.spacefile import WorkloadSpec
 
 # Where the script applies each knob (the registry's ``script``): a constant at the top of the
 # script, or the execution summary line and the template code that follows it

@@ -16,7 +16,7 @@ import optuna
 from autotune.export._api import BestConfig, ExportError, study_spec
 from autotune.export._bundle import Import, bundle, import_block, literal
 from autotune.export._header import knob_notes, provenance_rows
-from autotune.spec import SCORES, SpecError, parse_spec
+from autotune.spacefile import SCORES, SpecError, parse_spec
 from autotune.study import StudyRecord
 
 _PLAIN_FILE_NAME = re.compile(r"^[\w.+-]+$", re.ASCII)  # shown as it is in the docstring

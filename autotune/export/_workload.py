@@ -29,7 +29,7 @@ from autotune.export._bundle import (
     static_entry_point,
 )
 from autotune.pipeline import DeviceBatches
-from autotune.spec import WorkloadSpec
+from autotune.spacefile import WorkloadSpec
 from autotune.study import StudyRecord
 from autotune.workloads import WorkloadError, model_kwargs, resolve_data, resolve_model
 from autotune.workloads import load as load_workload

@@ -13,7 +13,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from autotune.spec import Spec
+from autotune.spacefile import Spec
 from autotune.stage1._plan import COMPILE_SECONDS_GUESS
 
 # an eager measurement still running after this many typical ones of the stage is stopped (a

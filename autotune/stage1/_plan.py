@@ -19,7 +19,7 @@ from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.knobs import COMPUTE_KNOBS, DDP_KNOBS, KNOBS, PIPELINE_KNOBS, SPEED_KNOBS
-from autotune.spec import Choice, FloatRange, IntRange, Knob, Spec, SpecError
+from autotune.spacefile import Choice, FloatRange, IntRange, Knob, Spec, SpecError
 from autotune.speed import Extras
 
 FULL_PRODUCT_LIMIT = 12  # settings per cell measured exhaustively; more: in two passes

@@ -14,7 +14,7 @@ from typing import Any
 
 from autotune.faults import FaultKind
 from autotune.knobs import COMPUTE_KNOBS
-from autotune.spec import Spec
+from autotune.spacefile import Spec
 from autotune.speed import SpeedMeasurement
 from autotune.stage1._budget import Budget, TimeLimit
 from autotune.stage1._plan import Cell, Settings

@@ -22,7 +22,7 @@ from autotune.config import TrialConfig
 from autotune.execution import graph_key
 from autotune.executor import TrialExecutor
 from autotune.knobs import COMPUTE_KNOBS
-from autotune.spec import Spec
+from autotune.spacefile import Spec
 from autotune.speed import SpeedTable
 from autotune.stage1._budget import TimeLimit
 from autotune.stage1._plan import Cell, Settings, SpeedPlan, context_key, describe

@@ -27,7 +27,7 @@ from optuna.trial import TrialState
 from autotune.faults import FaultKind
 from autotune.interference import usable_cores
 from autotune.knobs import DDP_KNOBS, KNOBS
-from autotune.spec import Spec
+from autotune.spacefile import Spec
 from autotune.speed import SpeedMeasurement
 from autotune.stage1._plan import Cell, Settings
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from autotune import objective
 from autotune.faults import FaultKind
-from autotune.spec import Spec
+from autotune.spacefile import Spec
 from autotune.speed import SpeedChoice, SpeedMeasurement, SpeedTable
 from autotune.stage1._plan import Cell, Settings, SpeedPlan
 from autotune.stage1._store import Pool

@@ -21,7 +21,7 @@ from autotune.execution import graph_key
 from autotune.executor import TrialExecutor, attempt
 from autotune.faults import FaultKind, TrialFault
 from autotune.interference import interfered
-from autotune.spec import Spec
+from autotune.spacefile import Spec
 from autotune.speed import BurstPlan, SpeedMeasurement
 from autotune.stage1._budget import TimeLimit
 from autotune.stage1._claims import Claims

@@ -29,7 +29,7 @@ from optuna.trial import FrozenTrial
 
 from autotune import faults, objective
 from autotune.results import Evaluation
-from autotune.spec import ObjectiveSpec
+from autotune.spacefile import ObjectiveSpec
 from autotune.storage._queries import feasible_trials, reference_trial, trial_config
 from autotune.storage._records import ConfirmationRecord, ConfirmRun, StudyRecord, TrialRecord
 from autotune.turns import turn

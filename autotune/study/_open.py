@@ -20,7 +20,7 @@ import optuna
 from optuna.exceptions import ExperimentalWarning
 
 from autotune._version import __version__
-from autotune.spec import Spec
+from autotune.spacefile import Spec
 from autotune.storage import adapter
 from autotune.storage._outage import DEFAULT_OUTAGE_SECONDS, Patience
 from autotune.storage._rdb import Access, StudyError, display_url, open_storage

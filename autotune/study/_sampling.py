@@ -18,7 +18,7 @@ from optuna.distributions import (
 from optuna.exceptions import ExperimentalWarning
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.spec import Spec
+from autotune.spacefile import Spec
 
 
 class TrialSeededSampler(optuna.samplers.BaseSampler):

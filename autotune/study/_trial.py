@@ -22,8 +22,8 @@ from autotune.hardware import Hardware
 from autotune.interference import CpuMeter, interfered
 from autotune.knobs import SPEED_KNOBS
 from autotune.results import Evaluation, TrialResult
-from autotune.spec import Spec
-from autotune.spec._sections import ObjectiveSpec
+from autotune.spacefile import Spec
+from autotune.spacefile._sections import ObjectiveSpec
 from autotune.speed import SpeedTable
 from autotune.storage import adapter
 from autotune.storage._liveness import heartbeat

@@ -22,7 +22,7 @@ from autotune.errors import WorkerError
 from autotune.faults import FaultKind, TrialFault, describe_exit, oom_kills, worker_died
 from autotune.interference import CpuMeter
 from autotune.results import Evaluation, Reporter, TrialResult
-from autotune.spec import Spec, WorkloadSpec
+from autotune.spacefile import Spec, WorkloadSpec
 from autotune.speed import BurstPlan, SpeedMeasurement
 from autotune.worker._process import parent_start_method, worker_main
 from autotune.worker._protocol import (

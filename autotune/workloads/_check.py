@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
 from autotune.pipeline import Collate
-from autotune.spec import LOSSES, SCORES
+from autotune.spacefile import LOSSES, SCORES
 from autotune.workloads._registry import DataSplits, WorkloadError
 from autotune.workloads.batches import (
     BatchError,

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map_only
 
-from autotune.spec import SCORES, WorkloadSpec
+from autotune.spacefile import SCORES, WorkloadSpec
 from autotune.workloads._check import (
     Entries,
     batch_of,

@@ -18,7 +18,7 @@ from torch.utils.data import Dataset, default_collate
 
 from autotune.errors import UserError
 from autotune.pipeline import Collate
-from autotune.spec import WorkloadSpec
+from autotune.spacefile import WorkloadSpec
 from autotune.workloads.batches import BatchLayout, ModelInputs, count_tokens
 from autotune.workloads.scoring import (
     LossFn,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.pipeline import Collate
-from autotune.spec import WorkloadSpec
+from autotune.spacefile import WorkloadSpec
 from autotune.workloads._load import call_entry, loss_function
 from autotune.workloads._registry import (
     DataSplits,

@@ -15,11 +15,11 @@ Its modules: ``_knobs`` (the ``space`` section and how a knob's value is read), 
 (``study``, ``workload``, ``objective``) and ``_spec`` (the whole file and its loading).
 """
 
-# re-exports: what other modules import from autotune.spec
+# re-exports: what other modules import from autotune.spacefile
 from autotune.knobs import DDP_KNOBS, KNOBS  # noqa: F401
-from autotune.spec._knobs import Choice, FloatRange, IntRange, Knob, SpecError, knobs_for  # noqa: F401
-from autotune.spec._names import is_unprintable  # noqa: F401
-from autotune.spec._sections import (  # noqa: F401
+from autotune.spacefile._knobs import Choice, FloatRange, IntRange, Knob, SpecError, knobs_for  # noqa: F401
+from autotune.spacefile._names import is_unprintable  # noqa: F401
+from autotune.spacefile._sections import (  # noqa: F401
     DEFAULT_STORAGE,
     LOSSES,
     MODEL_FAMILY_NAMES,
@@ -27,4 +27,4 @@ from autotune.spec._sections import (  # noqa: F401
     ObjectiveSpec,
     WorkloadSpec,
 )
-from autotune.spec._spec import Spec, load_spec, parse_spec  # noqa: F401
+from autotune.spacefile._spec import Spec, load_spec, parse_spec  # noqa: F401

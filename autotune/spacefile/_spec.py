@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
 
 from autotune.knobs import DDP_KNOBS, KNOBS
-from autotune.spec._knobs import (
+from autotune.spacefile._knobs import (
     Choice,
     Frozen,
     IntRange,
@@ -25,7 +25,7 @@ from autotune.spec._knobs import (
     SpecError,
     did_you_mean,
 )
-from autotune.spec._sections import ADDED_LATER, ObjectiveSpec, StudySpec, WorkloadSpec
+from autotune.spacefile._sections import ADDED_LATER, ObjectiveSpec, StudySpec, WorkloadSpec
 
 # A space file is a page of settings. These bounds keep a hostile or broken one (a YAML "billion
 # laughs" of nested aliases, a multi-gigabyte file) from taking the machine's memory and time.

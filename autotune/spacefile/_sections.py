@@ -11,8 +11,8 @@ from typing import Any, Literal
 from pydantic import Field, JsonValue, field_validator, model_validator
 
 from autotune.knobs import DDP_KNOBS, KNOBS, LOADER_KNOBS
-from autotune.spec._knobs import Frozen, Scalar, did_you_mean
-from autotune.spec._names import PrintableName
+from autotune.spacefile._knobs import Frozen, Scalar, did_you_mean
+from autotune.spacefile._names import PrintableName
 
 DEFAULT_STORAGE = "sqlite:///studies/autotune.db"
 

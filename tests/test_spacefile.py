@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.spec import (
+from autotune.spacefile import (
     DDP_KNOBS,
     KNOBS,
     Choice,
