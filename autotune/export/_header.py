@@ -11,6 +11,7 @@ from typing import Any
 from autotune._version import __version__
 from autotune.config import TrialConfig
 from autotune.export._api import BestConfig
+from autotune.export._arguments import searched
 from autotune.export._bundle import literal
 from autotune.knobs import DDP_KNOBS, KNOBS, SPEED_KNOBS
 from autotune.spacefile import WorkloadSpec
@@ -38,11 +39,6 @@ def _shown(config: TrialConfig, name: str) -> bool:
 def knob_notes(best: BestConfig) -> list[tuple[str, Any, str]]:
     """(CONSTANT, value, comment) for every knob the script sets as a constant."""
     config = best.config
-
-    def note(knob: str, text: str = "") -> str:
-        origin = best.origin(knob)
-        return "; ".join(([origin] if origin else []) + ([text] if text else []))
-
     lr_text = "per optimizer step"
     if config.lr_scaling != "none":
         lr_text = (
@@ -76,7 +72,7 @@ def knob_notes(best: BestConfig) -> list[tuple[str, Any, str]]:
         if name == DDP_KNOBS[0]:
             command = f"torchrun --nproc-per-node {config.world_size}"
             rows.append(("PROCESSES", config.world_size, f"the trial's DDP processes: {command}"))
-        rows.append((KNOBS[name].script, values[name], note(name, texts.get(name, ""))))
+        rows.append((KNOBS[name].script, values[name], searched(best, name, texts.get(name, ""))))
     rows.append(("VAL_BATCH_SIZE", config.val_batch_size, ""))
     rows.append(("SEED", config.seed, "the trial's: weights and data order; --seed overrides"))
     sps = best.metrics.get("samples_per_second")
