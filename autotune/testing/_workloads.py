@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import signal
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -110,62 +111,58 @@ class _BlowUpGradient(torch.autograd.Function):
         return grad * float("inf")
 
 
+@dataclass(frozen=True)
+class _FaultPlan:
+    """tiny_mlp's fault hooks (see there); none set: no faults."""
+
+    nan_after_steps: int | None = None
+    oom_at_batch: int | None = None
+    overflow_at_steps: tuple[int, ...] = ()
+    hang_at_step: int | None = None
+    crash_at_step: int | None = None
+    step_delay_seconds: float = 0.0
+    diverge_after_steps: int | None = None
+    cuda_error_at_batch: int | None = None
+    fault_rank: int | None = None
+    hang_after_fault: bool = False
+
+
 class _Faults(nn.Module):
     """Passes logits through, injecting faults at given training forward passes (1-based)."""
 
-    def __init__(
-        self,
-        nan_after_steps: int | None,
-        oom_at_batch: int | None,
-        overflow_at_steps: tuple[int, ...],
-        hang_at_step: int | None,
-        crash_at_step: int | None,
-        step_delay_seconds: float,
-        diverge_after_steps: int | None = None,
-        cuda_error_at_batch: int | None = None,
-        fault_rank: int | None = None,
-        hang_after_fault: bool = False,
-    ) -> None:
+    def __init__(self, plan: _FaultPlan) -> None:
         super().__init__()
-        self.fault_rank = fault_rank
-        self.hang_after_fault = hang_after_fault
-        self.nan_after_steps = nan_after_steps
-        self.oom_at_batch = oom_at_batch
-        self.overflow_at_steps = overflow_at_steps
-        self.hang_at_step = hang_at_step
-        self.crash_at_step = crash_at_step
-        self.step_delay_seconds = step_delay_seconds
-        self.diverge_after_steps = diverge_after_steps
-        self.cuda_error_at_batch = cuda_error_at_batch
+        self.plan = plan
         self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.fault_rank not in (None, ranks.rank()):
+        plan = self.plan
+        if not self.training or plan.fault_rank not in (None, ranks.rank()):
             return x
         self.calls += 1
-        if self.step_delay_seconds:
-            time.sleep(self.step_delay_seconds)
-        if self.oom_at_batch is not None and x.shape[0] >= self.oom_at_batch:
-            if self.hang_after_fault:
+        if plan.step_delay_seconds:
+            time.sleep(plan.step_delay_seconds)
+        if plan.oom_at_batch is not None and x.shape[0] >= plan.oom_at_batch:
+            if plan.hang_after_fault:
                 _hang_in_teardown()
             raise torch.OutOfMemoryError(
                 f"CUDA out of memory. Tried to allocate {x.shape[0] * 4} MiB (injected at batch "
-                f"{x.shape[0]} >= {self.oom_at_batch})"
+                f"{x.shape[0]} >= {plan.oom_at_batch})"
             )
-        if self.hang_at_step is not None and self.calls >= self.hang_at_step:
+        if plan.hang_at_step is not None and self.calls >= plan.hang_at_step:
             while True:  # a deadlock, as far as anyone outside can tell
                 time.sleep(3600)
-        if self.crash_at_step is not None and self.calls >= self.crash_at_step:
+        if plan.crash_at_step is not None and self.calls >= plan.crash_at_step:
             os.kill(os.getpid(), signal.SIGSEGV)  # what a crash in native code looks like
-        if self.cuda_error_at_batch is not None and x.shape[0] >= self.cuda_error_at_batch:
+        if plan.cuda_error_at_batch is not None and x.shape[0] >= plan.cuda_error_at_batch:
             # the text torch gives an asynchronous kernel fault; the context is then unusable
             raise RuntimeError("CUDA error: an illegal memory access was encountered (injected)")
-        if self.diverge_after_steps is not None and self.calls > self.diverge_after_steps:
+        if plan.diverge_after_steps is not None and self.calls > plan.diverge_after_steps:
             # confidently class 0, whatever the input: a loss of ~50 for every other class
             return 0 * x + torch.zeros_like(x).index_fill(1, torch.tensor([0]), 50.0)
-        if self.nan_after_steps is not None and self.calls > self.nan_after_steps:
+        if plan.nan_after_steps is not None and self.calls > plan.nan_after_steps:
             return x * float("nan")
-        if self.calls in self.overflow_at_steps:
+        if self.calls in plan.overflow_at_steps:
             return _BlowUpGradient.apply(x)
         return x
 
@@ -246,6 +243,8 @@ def tiny_mlp(
     ``fault_rank``: the faults happen in that process of a distributed trial only;
     ``hang_after_fault``: after its out of memory, the process hangs in its cleanup.
     """
+    given = {**locals(), "overflow_at_steps": tuple(overflow_at_steps)}
+    faults = _FaultPlan(**{name: given[name] for name in _FaultPlan.__dataclass_fields__})
     if broken_compiler:
         _break_the_compiler()
     # (the hook is process-wide: set in a test's own process it would hang every later
@@ -258,29 +257,8 @@ def tiny_mlp(
         nn.ReLU(),
         nn.Linear(hidden, num_classes),
     ]
-    faults = (
-        nan_after_steps,
-        oom_at_batch,
-        hang_at_step,
-        crash_at_step,
-        diverge_after_steps,
-        cuda_error_at_batch,
-    )
-    if any(f is not None for f in faults) or overflow_at_steps or step_delay_seconds:
-        layers.append(
-            _Faults(
-                nan_after_steps,
-                oom_at_batch,
-                tuple(overflow_at_steps),
-                hang_at_step,
-                crash_at_step,
-                step_delay_seconds,
-                diverge_after_steps,
-                cuda_error_at_batch,
-                fault_rank,
-                hang_after_fault,
-            )
-        )
+    if faults != _FaultPlan(fault_rank=fault_rank, hang_after_fault=hang_after_fault):
+        layers.append(_Faults(faults))
     return nn.Sequential(*layers)
 
 
