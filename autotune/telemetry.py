@@ -20,47 +20,31 @@ from autotune.hardware import Hardware, device_name
 # fp32 is plain FP32 (TF32 off: autotune's fp32-strict); tf32 the tensor-core TF32 rate;
 # bf16/fp16 tensor-core rates. autotune's fp32, PyTorch's defaults, runs convolutions at the
 # TF32 rate and matmuls at the FP32 one: its MFU is against the TF32 peak (``peak_flops``).
-# A GPU that is not listed gets no MFU: a guessed peak would be a made-up number.
-PEAK_FLOPS: dict[str, dict[str, float]] = {
-    "H200": {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989.5e12, "fp16": 989.5e12},
-    "H100 SXM": {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989.5e12, "fp16": 989.5e12},
-    "H100 PCIe": {"fp32": 51.2e12, "tf32": 378e12, "bf16": 756e12, "fp16": 756e12},
-    "H100 NVL": {"fp32": 60e12, "tf32": 417.5e12, "bf16": 835.5e12, "fp16": 835.5e12},
-    "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
-    "L4": {"fp32": 30.3e12, "tf32": 60e12, "bf16": 121e12, "fp16": 121e12},
-    "V100": {"fp32": 15.7e12, "fp16": 125e12},
+# A GPU that is not listed gets no MFU: a guessed peak would be a made-up number. A device's row
+# is the first whose words are all in its name (upper case, a space either side).
+PEAK_FLOPS: dict[tuple[str, ...], dict[str, float]] = {
+    ("H200",): {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989.5e12, "fp16": 989.5e12},
+    ("H100", "NVL"): {"fp32": 60e12, "tf32": 417.5e12, "bf16": 835.5e12, "fp16": 835.5e12},
+    ("H100", "PCIE"): {"fp32": 51.2e12, "tf32": 378e12, "bf16": 756e12, "fp16": 756e12},
+    # the SXM part, "NVIDIA H100 80GB HBM3": the PCIe and NVL cards say so in their names
+    ("H100",): {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989.5e12, "fp16": 989.5e12},
+    ("A100",): {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
+    (" L4 ",): {"fp32": 30.3e12, "tf32": 60e12, "bf16": 121e12, "fp16": 121e12},
+    ("V100",): {"fp32": 15.7e12, "fp16": 125e12},
 }
-
-
-def _peak_key(device_name: str) -> str | None:
-    name = device_name.upper()
-    if " MIG " in f" {name} ":
-        # a MIG slice ("NVIDIA H100 80GB HBM3 MIG 1g.10gb") has a share of the GPU's SMs: an
-        # MFU against the whole GPU's peak would be wrong by that share, so there is none
-        return None
-    if "H200" in name:
-        return "H200"
-    if "H100" in name:
-        # "NVIDIA H100 80GB HBM3" is the SXM part; the PCIe and NVL cards say so in their names
-        if "NVL" in name:
-            return "H100 NVL"
-        return "H100 PCIe" if "PCIE" in name else "H100 SXM"
-    for key in ("A100", "V100"):
-        if key in name:
-            return key
-    if name.endswith(" L4") or name == "L4":
-        return "L4"
-    return None
 
 
 def peak_flops(device_name: str, precision: str) -> float | None:
     """The device's dense peak FLOP/s at ``precision``, or None when it is not known. fp32,
     PyTorch's defaults, may run its convolutions at the TF32 rate: its peak is that rate where
     the device has one (an MFU that cannot pass 100%); fp32-strict's is plain FP32."""
-    key = _peak_key(device_name)
-    if key is None:
+    name = f" {device_name.upper()} "
+    # a MIG slice ("NVIDIA H100 80GB HBM3 MIG 1g.10gb") has a share of the GPU's SMs: an MFU
+    # against the whole GPU's peak would be wrong by that share, so there is none
+    rows = (peaks for words, peaks in PEAK_FLOPS.items() if all(w in name for w in words))
+    peaks = None if " MIG " in name else next(rows, None)
+    if peaks is None:
         return None
-    peaks = PEAK_FLOPS[key]
     if precision == "fp32":
         return peaks.get("tf32", peaks.get("fp32"))
     return peaks.get("fp32" if precision == "fp32-strict" else precision)

@@ -100,6 +100,8 @@ def test_peak_flops_only_for_gpus_we_know():
     assert peak_flops("NVIDIA A100-SXM4-40GB", "fp16") == 312e12
     assert peak_flops("Tesla V100-SXM2-16GB", "bf16") is None
     assert peak_flops("NVIDIA GeForce RTX 4090", "bf16") is None
+    assert peak_flops("NVIDIA L4", "bf16") == 121e12
+    assert peak_flops("NVIDIA L40S", "bf16") is None  # not an L4
     assert peak_flops("AMD EPYC (2 cores)", "fp32") is None
 
 
