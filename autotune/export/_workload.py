@@ -121,7 +121,14 @@ def workload_code(
         except WorkloadError as err:
             raise ExportError(f"cannot export the workload: {err}") from None
         placed.append(code.place(name, fn, kwargs))
-    functions = _functions(code, workload, score, base_dir)
+    functions = {  # the user's loss, score and batch_fn, each (import line, name)
+        key: _place_function(code, entry, base_dir)
+        for key, entry in (
+            ("loss", workload.loss),
+            ("score", score),
+            ("batch_fn", workload.batch_fn or ""),
+        )
+    }
     return _place_workload(code, placed[0], placed[1], functions, device_pipeline)
 
 
@@ -205,17 +212,6 @@ def _place_function(
     import_line, name, directory = static_entry_point(entry, base_dir)
     code.add_folder(entry, directory)
     return import_line, name
-
-
-def _functions(
-    code: _WorkloadCode, workload: WorkloadSpec, score: str, base_dir: Path | None
-) -> dict[str, tuple[str | None, str | None]]:
-    """The user's loss, score and batch_fn, each (import line, name) or (None, None)."""
-    return {
-        "loss": _place_function(code, workload.loss, base_dir),
-        "score": _place_function(code, score, base_dir),
-        "batch_fn": _place_function(code, workload.batch_fn or "", base_dir),
-    }
 
 
 def _place_workload(
