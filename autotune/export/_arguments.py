@@ -45,6 +45,11 @@ def searched(best: BestConfig, knob: str, text: str = "") -> str:
     return "; ".join(([origin] if origin else []) + ([text] if text else []))
 
 
+def tuned(best: BestConfig, keyword: str, knob: str, text: str = "") -> Argument:
+    """``keyword=`` the configuration's value of ``knob``, noting where it came from."""
+    return Argument(keyword, literal(getattr(best.config, knob)), searched(best, knob, text))
+
+
 def lr_comment(best: BestConfig) -> str:
     config = best.config
     if config.lr_scaling == "none":
@@ -64,7 +69,7 @@ def loader_arguments(best: BestConfig, prefix: str = "") -> list[Argument]:
     workers = config.num_workers if config.data_pipeline == "dataloader" else 0
     rows = [
         Argument(f"{prefix}num_workers", literal(workers), searched(best, "num_workers")),
-        Argument(f"{prefix}pin_memory", literal(config.pin_memory), searched(best, "pin_memory")),
+        tuned(best, f"{prefix}pin_memory", "pin_memory"),
     ]
     if workers > 0:
         rows.append(
@@ -74,11 +79,5 @@ def loader_arguments(best: BestConfig, prefix: str = "") -> list[Argument]:
                 searched(best, "prefetch_factor", "batches each worker loads ahead"),
             )
         )
-        rows.append(
-            Argument(
-                f"{prefix}persistent_workers",
-                literal(config.persistent_workers),
-                searched(best, "persistent_workers"),
-            )
-        )
+        rows.append(tuned(best, f"{prefix}persistent_workers", "persistent_workers"))
     return rows

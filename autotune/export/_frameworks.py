@@ -19,6 +19,7 @@ from autotune.export._arguments import (
     loader_arguments,
     lr_comment,
     searched,
+    tuned,
 )
 from autotune.export._bundle import Import, import_block, literal
 from autotune.export._header import provenance_rows
@@ -130,13 +131,13 @@ def _optimizer(best: BestConfig) -> list[Argument]:
     config = best.config
     rows = [
         Argument("lr", literal(config.lr), lr_comment(best)),
-        Argument("weight_decay", literal(config.weight_decay), searched(best, "weight_decay")),
+        tuned(best, "weight_decay", "weight_decay"),
     ]
     if config.optimizer == "sgd":
         rows.insert(
             1, Argument("momentum", literal(config.momentum or 0.0), searched(best, "momentum"))
         )
-        rows.insert(2, Argument("nesterov", literal(config.nesterov), searched(best, "nesterov")))
+        rows.insert(2, tuned(best, "nesterov", "nesterov"))
     if config.precision == "fp16":
         rows.append(
             Argument("fused", "True", "GradScaler's overflow check stays on the GPU: no sync")
@@ -155,21 +156,14 @@ def _lightning(best: BestConfig) -> dict[str, Any]:
             literal(lightning_precision),
             searched(best, "precision", f"autotune's {precision}"),
         ),
-        Argument(
+        tuned(
+            best,
             "accumulate_grad_batches",
-            literal(config.accumulation_steps),
-            searched(
-                best,
-                "accumulation_steps",
-                f"micro-batches per step (effective batch {config.effective_batch_size})",
-            ),
+            "accumulation_steps",
+            f"micro-batches per step (effective batch {config.effective_batch_size})",
         ),
         Argument("max_epochs", literal(best.epochs), "the full run"),
-        Argument(
-            "benchmark",
-            literal(config.cudnn_benchmark),
-            searched(best, "cudnn_benchmark", "cudnn.benchmark"),
-        ),
+        tuned(best, "benchmark", "cudnn_benchmark", "cudnn.benchmark"),
         Argument("accelerator", literal(accelerator), "where the study trained"),
     ]
     if config.distributed:  # the trial's processes: one per device, under DDP
@@ -191,11 +185,7 @@ def _lightning(best: BestConfig) -> dict[str, Any]:
     else:
         trainer.append(Argument("devices", literal(devices)))
     loader = [
-        Argument(
-            "batch_size",
-            literal(config.batch_size),
-            searched(best, "batch_size", "per micro-batch"),
-        ),
+        tuned(best, "batch_size", "batch_size", "per micro-batch"),
         Argument("shuffle", "True"),
         Argument("drop_last", "True", "as the trials: the last partial batch is left out"),
         *loader_arguments(best),
@@ -276,15 +266,12 @@ def _hf(best: BestConfig) -> dict[str, Any]:
     precision_comment = searched(best, "precision", f"autotune's {precision}")
     lightning_precision, matmul, conv_tf32 = _precision(precision)
     arguments = [
-        Argument(
-            "per_device_train_batch_size",
-            literal(config.batch_size),
-            searched(best, "batch_size", "per micro-batch"),
-        ),
-        Argument(
+        tuned(best, "per_device_train_batch_size", "batch_size", "per micro-batch"),
+        tuned(
+            best,
             "gradient_accumulation_steps",
-            literal(config.accumulation_steps),
-            searched(best, "accumulation_steps", f"effective batch {config.effective_batch_size}"),
+            "accumulation_steps",
+            f"effective batch {config.effective_batch_size}",
         ),
         Argument("num_train_epochs", literal(best.epochs), "the full run"),
         Argument("learning_rate", literal(config.lr), lr_comment(best)),
@@ -294,7 +281,7 @@ def _hf(best: BestConfig) -> dict[str, Any]:
         options = f"momentum={config.momentum or 0.0!r},nesterov={config.nesterov}"
         arguments.append(Argument("optim_args", literal(options), searched(best, "momentum")))
     arguments += [
-        Argument("weight_decay", literal(config.weight_decay), searched(best, "weight_decay")),
+        tuned(best, "weight_decay", "weight_decay"),
         Argument("lr_scheduler_type", literal(scheduler), searched(best, "schedule")),
         Argument(
             "warmup_steps",
