@@ -177,20 +177,15 @@ def _string_literal(text: str) -> str:
     """``text`` as a double-quoted Python literal of printable ASCII only: every other character
     is an escape, so that a line separator (U+2028) cannot break a line of a YAML or Python
     file and a lone surrogate (from a file system name) cannot make the file unwritable."""
-    out = []
-    for char in text:
-        code = ord(char)
-        if char in _ESCAPES:
-            out.append(_ESCAPES[char])
-        elif 0x20 <= code < 0x7F:
-            out.append(char)
-        elif code < 0x100:
-            out.append(f"\\x{code:02x}")
-        elif code < 0x10000:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    return '"' + "".join(out) + '"'
+
+    def escaped(char: str) -> str:
+        if char in _ESCAPES or " " <= char <= "~":
+            return _ESCAPES.get(char, char)
+        if char > "\x7f":  # \xNN, \uNNNN or \UNNNNNNNN, as Python writes them
+            return char.encode("ascii", "backslashreplace").decode()
+        return f"\\x{ord(char):02x}"  # a control character
+
+    return '"' + "".join(map(escaped, text)) + '"'
 
 
 def literal(value: Any) -> str:
