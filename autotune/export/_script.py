@@ -126,7 +126,8 @@ def render_script(
         semantics.TrainingSteps,
         batches.to_device,
     ]
-    if config.schedule != "constant" or config.warmup_fraction > 0:
+    has_scheduler = config.schedule != "constant" or config.warmup_fraction > 0
+    if has_scheduler:
         training.append(semantics.make_scheduler)
     if config.compile in CUDA_GRAPH_MODES:
         training.append(semantics.keep_grads_outside_graphs)
@@ -159,9 +160,7 @@ def render_script(
             constants=knob_notes(best),
             **workload_fields,
             training_sources=training_sources,
-            schedule=config.schedule,
-            warmup=config.warmup_fraction > 0,
-            has_scheduler=config.schedule != "constant" or config.warmup_fraction > 0,
+            has_scheduler=has_scheduler,
             optimizer=config.optimizer,
             fp16=config.precision == "fp16",
             compile_mode=compile_mode,
