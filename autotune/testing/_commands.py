@@ -76,13 +76,11 @@ def run_script(
 ) -> subprocess.CompletedProcess[str]:
     """Run an exported script as its user would (``python train.py ARGS`` in its folder);
     ``block_autotune`` (an ``import_blocker`` folder) makes importing autotune fail in it."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    if block_autotune is not None:
-        env["PYTHONPATH"] = str(block_autotune)
+    blocked = {"PYTHONPATH": str(block_autotune)} if block_autotune is not None else None
     return subprocess.run(
         [sys.executable, str(script), *args],
         cwd=script.parent,
-        env=env,
+        env=_environment(blocked),
         capture_output=True,
         text=True,
         timeout=600,
