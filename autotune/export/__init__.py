@@ -11,10 +11,11 @@ steps_per_epoch = len(loader) // best.config.accumulation_steps  # optimizer ste
 trainer = best.make_trainer(model, total_steps=epochs * steps_per_epoch)
 
 ``_api`` holds the Python API (``BestConfig``, ``load_best``, ``load_config``), ``_confirmation``
-the study's answer as the exports carry it for a trial (``TrialConfirmation``), ``_script`` the
-script and YAML/JSON rendering, ``_header`` the script's constants and provenance,
-``_frameworks`` the Lightning and Hugging Face settings files,
-``_bundle`` the source bundler the script is built with.
+the study's answer as the exports carry it for a trial (``TrialConfirmation``), ``_formats``
+the choice of format and YAML/JSON, ``_script`` the script (``_workload`` its data and model,
+``_header`` its constants and provenance), ``_frameworks`` the Lightning and Hugging Face
+settings files (``_arguments`` their keywords), ``_bundle`` the source bundler the script is
+built with; ``templates/head.py.j2`` is the head of every exported Python file.
 """
 
 from autotune.export._api import (
