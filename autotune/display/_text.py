@@ -159,6 +159,11 @@ def params(trial: FrozenTrial, own: bool = False) -> str:
     return " ".join(f"{name}={fmt(shown[name])}" for name in [*first, *rest])
 
 
+def duration(seconds: float) -> str:
+    """Seconds as a person reads an estimate: "95 s", "4 min" (from 120 s, to the nearest)."""
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
 def plural(count: int, noun: str, nouns: str | None = None) -> str:
     """ "1 trial", "2 trials" (``nouns``: an irregular plural)."""
     return f"{count} {noun if count == 1 else nouns or noun + 's'}"
