@@ -29,7 +29,6 @@ from autotune.cli._common import (
 )
 from autotune.cli._confirm import confirm, confirm_round, storage_lines
 from autotune.cli._ending import finish, worker_exit
-from autotune.cli._scaleout import OthersShown, describe_shares
 from autotune.cli._verify import verify
 from autotune.errors import UserError
 from autotune.spacefile import DEFAULT_STORAGE
@@ -187,7 +186,7 @@ def show_plan(prepared: session.Prepared, shares: list[WorkerShare] | None) -> N
     spec, workload = prepared.spec, prepared.workload
     display.print_plan(console, spec, prepared.hardware, prepared.study, list(prepared.dropped))
     if shares is not None and len(shares) > 1:
-        display.print_item(console, "workers", describe_shares(shares))
+        display.print_item(console, "workers", display.describe_shares(shares))
     for line in workload.warnings:  # what the check of the workload found doubtful
         console.print(f"[yellow]warning:[/] {escape(line)}")
     untrained = workload.untrained_score
@@ -245,6 +244,8 @@ class Shown(session.RunHooks):
 
     def trials_start(self, others: Workers | None) -> None:
         if others is not None:
+            from autotune.display import OthersShown
+
             self.showing.enter_context(OthersShown(self.prepared.study, self.observer, others))
 
     def trials_done(self, outcome: Any) -> None:
