@@ -259,17 +259,14 @@ class TrialRunner:
                 result = attempt(lambda: self.executor.run(config, watch.report))
             except ReportFailed as failed:
                 raise failed.error from None  # as if raised here, where the study writes
+        if watch.taken_over:
+            raise TakenOver(None if isinstance(result, TrialFault) else result)
+        TrialRecord(wall_seconds=time.monotonic() - started).store(trial)
         if isinstance(result, TrialFault):
-            if watch.taken_over:
-                raise TakenOver()
-            TrialRecord(wall_seconds=time.monotonic() - started).store(trial)
             if result.kind == FaultKind.OOM:
                 self.walls.add(config, f"trial {trial.number}")
             details = (result.details or None) if result.kind == FaultKind.ERROR else None
             return _fault(trial, result.kind, result.message, details), None
-        if watch.taken_over:
-            raise TakenOver(result)
-        TrialRecord(wall_seconds=time.monotonic() - started).store(trial)
         return self._scored(trial, config, result, watch)
 
     def _scored(
