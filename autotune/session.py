@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import os
 import signal
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from autotune.executor import TrialExecutor
     from autotune.export import BestConfig
     from autotune.hardware import Hardware
+    from autotune.scaleout import Workers, WorkerShare
     from autotune.study import ConfirmationRecord, Patience, RunOutcome, StudyObserver
     from autotune.worker import WorkerExecutor
     from autotune.workloads import Workload
@@ -39,6 +41,7 @@ __all__ = [
     "RunHooks",
     "RunOptions",
     "RunReport",
+    "ScaleOut",
     "confirm_after_run",
     "confirm_answer",
     "executor_for",
@@ -271,12 +274,40 @@ def confirm_after_run(
         return False
 
 
-class RunHooks:
-    """What a caller adds to a run's steps (``train``): ``autotune run`` its live display,
-    the workers of ``--workers`` and ``--gpus``, and SIGTERM as a stop. These defaults add
-    nothing (a library run): ``observer`` is told of each measurement and trial."""
+@dataclass(frozen=True)
+class ScaleOut:
+    """The workers of ``autotune run --workers`` or ``--gpus`` (``autotune.scaleout``), one
+    ``autotune run`` process each: their shares, this process's ``index`` among them (0: the
+    one the user started, which starts the others on ``space_file``), for ``train``."""
 
-    worker: str | None = None  # this process's share of a scaled-out study, as "2/4"
+    shares: list[WorkerShare]
+    index: int
+    space_file: Path
+
+    @property
+    def worker(self) -> str | None:
+        """This process's place, as "2/4"; None for a single worker."""
+        share = self.shares[self.index]
+        return f"{share.index + 1}/{share.count}" if share.count > 1 else None
+
+    def start_others(self, spec: Spec, study: optuna.Study) -> Workers | None:
+        """Worker 0 of several starts the others now (their start-up overlaps stage 1, on their
+        own cores), logging beside a SQLite database, else under studies/; else None."""
+        from autotune import scaleout
+        from autotune import study as studies
+
+        if self.index or len(self.shares) == 1:
+            return None
+        name, path = study.study_name, studies.sqlite_path(spec.study.storage)
+        log_dir = (path.parent if path is not None else Path("studies")) / f"{name}.workers"
+        return scaleout.start_workers(self.shares, self.space_file, spec, name, log_dir)
+
+
+class RunHooks:
+    """What a caller adds to a run's steps (``train``): ``autotune run`` its live display and
+    SIGTERM as a stop. These defaults add nothing (a library run): ``observer`` is told of
+    each measurement and trial."""
+
     sigterm_stops = False  # SIGTERM stops the run as Ctrl-C does (``stopped_by_sigterm``)
 
     def __init__(self, observer: StudyObserver | None = None) -> None:
@@ -289,11 +320,15 @@ class RunHooks:
         """Around stage 1 and the trials: yields the observer told of them."""
         yield self.observer
 
-    def trials_start(self) -> None:
-        """Once stage 1 is measured, before the first trial."""
+    def trials_start(self, others: Workers | None) -> None:
+        """Once stage 1 is measured, before the first trial; ``others``: the workers this
+        process started, told to train."""
 
     def trials_done(self, outcome: RunOutcome) -> None:
-        """After the trials, inside ``training``."""
+        """After the trials, inside ``training``, before the other workers are stopped."""
+
+    def others_ended(self, lines: list[str]) -> None:
+        """The other workers stopped: a line for each that ended badly."""
 
     def confirm(
         self, study: optuna.Study, spec: Spec, executor: TrialExecutor, top: int, repeats: int
@@ -310,14 +345,19 @@ def train(
     verbose: bool = False,
     remeasure: bool = False,
     confirm: bool = True,
+    scale: ScaleOut | None = None,
 ) -> tuple[RunOutcome, bool]:
     """A prepared run's steps: its stages and trials, then (``confirm``, by the rule of
     ``confirm_after_run``) the confirmation round, ``hooks`` told of each; the executor closed
-    in the end. The run's outcome, and whether a confirmation round exists. A storage fault is
-    raised as a StudyError (``storage_faults``)."""
+    in the end. With ``scale``, worker 0 starts the other workers, lets them train once stage 1
+    is measured, stops them and counts their trials; another waits for its word. The run's
+    outcome, and whether a confirmation round exists. A storage fault is raised as a StudyError
+    (``storage_faults``)."""
+    from autotune import scaleout
     from autotune import study as studies
 
     spec, study = prepared.spec, prepared.study
+    began = time.time()  # every trial that starts from here is this run's, any worker's
     with contextlib.ExitStack() as stack:
         stack.enter_context(storage_faults(spec.study.storage))
         if hooks.sigterm_stops:
@@ -327,6 +367,18 @@ def train(
         )
         stack.callback(executor.close)
         with hooks.training(study, executor) as observer:
+            others = scale.start_others(spec, study) if scale is not None else None
+            if others is not None:  # a path that left them running: never leave them behind
+                stack.callback(others.wait, 60)
+                stack.callback(others.interrupt)
+
+            def trials_start() -> None:  # once stage 1 is measured
+                if scale is not None and scale.index:
+                    scaleout.wait_to_go()  # (it measured its share of stage 1 as worker 0 did)
+                if others is not None:
+                    others.go()
+                hooks.trials_start(others)
+
             outcome = studies.run_study(
                 study,
                 spec,
@@ -335,10 +387,15 @@ def train(
                 observer,
                 prepared.workload,
                 remeasure,
-                on_trials_start=hooks.trials_start,
-                worker=hooks.worker,
+                on_trials_start=trials_start,
+                worker=scale.worker if scale is not None else None,
             )
             hooks.trials_done(outcome)
+            if others is not None:  # the study is done, or this worker stopped or gave up
+                stopping = outcome.interrupted or outcome.repeated_error or not others.going
+                stopping = stopping or "trials failed" in outcome.stopped_reason
+                hooks.others_ended(others.stop(bool(stopping), spec.study.trial_timeout or 600))
+                studies.count_states(study, outcome, began)  # the workers' trials
         round_of = functools.partial(hooks.confirm, study, spec, executor)
         confirmed = confirm and confirm_after_run(study, spec, outcome, round_of)
     return outcome, confirmed

@@ -38,6 +38,11 @@ class BurstPlan:
     time_limit_seconds: float | None = None
 
 
+def no_evaluations(evaluation: object) -> bool:
+    """The ``report`` of a speed measurement, which never evaluates."""
+    raise TypeError("a speed measurement does not evaluate")
+
+
 def _median(values: tuple[float, ...]) -> float:
     return statistics.median(values) if values else 0.0
 

@@ -603,3 +603,23 @@ def test_an_error_wraps_between_words_on_a_terminal_and_is_one_line_in_a_log(mon
         assert len(shown) > 1 and all(len(row) <= 80 for row in shown), shown
         assert all(row.startswith("       ") for row in shown[1:]), shown  # under the message
         assert any(url in row for row in shown)  # a URL or a path is never broken
+
+
+def test_durations_and_lists_are_written_one_way_everywhere():
+    """One formatter for an estimate's seconds (the stage-1 plan's and verify's agreed once
+    they shared it) and one for "a, b and c" (trials, the verify plan, the confirmation)."""
+    from autotune.display._text import duration
+
+    assert [duration(s) for s in (0.4, 95, 119, 120, 150, 1800)] == [
+        "0 s",
+        "95 s",
+        "119 s",
+        "2 min",
+        "2 min",
+        "30 min",
+    ]
+    assert studies.listed(["a"]) == "a"
+    assert studies.listed(["a", "b"]) == "a and b"
+    assert studies.listed(iter(["a", "b", "c"])) == "a, b and c"
+    assert studies.trials_named([5]) == "trial 5"
+    assert studies.trials_named([1, 3, 5]) == "trials 1, 3 and 5"

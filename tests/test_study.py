@@ -19,6 +19,7 @@ from rich.console import Console
 
 from autotune import display
 from autotune.config import TrialConfig
+from autotune.errors import WorkerError
 from autotune.executor import InProcessExecutor
 from autotune.faults import FaultKind
 from autotune.interference import CpuShare
@@ -32,9 +33,11 @@ from autotune.study import (
     Answer,
     ConfirmationRecord,
     ConfirmRun,
+    StorageOutage,
     StudyError,
     StudyObserver,
     StudyRecord,
+    Terminated,
     TrialRecord,
     answer_trial,
     best_trial,
@@ -50,6 +53,7 @@ from autotune.study import (
     with_study_strategy,
 )
 from autotune.testing import AMPERE, CPU, TINY_SPACE, make_config, make_evaluation, make_result
+from autotune.turns import TurnNotTaken
 from autotune.workloads import load
 
 RESULT_ATTRS = {
@@ -931,3 +935,41 @@ def test_the_first_trials_spread_over_every_knobs_range():
     batches = [batch for _, batch in trials]
     assert all(batches.count(size) == 2 for size in (16, 32, 64, 128)), batches
     assert draws(0) == trials and draws(1) != trials
+
+
+@pytest.mark.parametrize(
+    ("stop", "kind", "message", "shown"),
+    [
+        (KeyboardInterrupt(), "interrupted", "the study was stopped by Ctrl-C (SIGINT)", True),
+        (Terminated(), "interrupted", "the study was stopped by SIGTERM", True),
+        (StorageOutage("gone"), "interrupted", "did not answer for longer than", True),
+        (TurnNotTaken("busy", by_user=True), "interrupted", "the run stopped: busy", True),
+        (WorkerError("cannot start"), "error", "cannot start", False),
+        (RuntimeError("a bug"), "error", "RuntimeError: a bug", False),
+    ],
+)
+def test_a_trial_that_an_exception_stops_is_recorded_and_told_as_failed(
+    stop: BaseException, kind: str, message: str, shown: bool
+):
+    """No trial is left RUNNING, whatever stops it: why is recorded, the exception goes on,
+    and the live display hears of an interruption (an error is said once the run stops)."""
+    from autotune.study._trial import TrialRunner
+
+    finished: list[int] = []
+
+    class Heard(StudyObserver):
+        def trial_finished(self, trial: optuna.trial.FrozenTrial) -> None:
+            finished.append(trial.number)
+
+    class Stopped(TrialRunner):
+        def train(self, trial: optuna.Trial) -> tuple[TrialState, float | None]:
+            raise stop
+
+    study = optuna.create_study()
+    runner = Stopped(None, None, None, Heard(), None)  # type: ignore[arg-type]
+    with pytest.raises(type(stop)):
+        runner.run(study, study.ask())
+    (trial,) = study.trials
+    assert trial.state == TrialState.FAIL and trial.user_attrs["fail_kind"] == kind
+    assert message in trial.user_attrs["fail_msg"]
+    assert finished == ([0] if shown else [])

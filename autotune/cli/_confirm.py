@@ -94,6 +94,7 @@ def open_to_train(study_name: str | None, storage: str, isolation: str | None) -
 def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) -> bool:
     """Run (or resume) the confirmation round, a line per run; whether one exists now."""
     from autotune import display, session
+    from autotune import study as studies
 
     def other_confirms() -> None:
         console.print(
@@ -106,7 +107,7 @@ def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) 
         named = list(plan.references)
         if leaders:
             named.insert(0, "the best configuration" if leaders == 1 else f"the {leaders} best")
-        beside = ", ".join(named[:-1]) + f" and {named[-1]}" if len(named) > 1 else named[0]
+        beside = studies.listed(named)
         todo = plan.runs_left()  # runs measured again count once: never "-8 runs"
         kept = len(plan.candidates) * plan.repeats - todo
         if not todo:
@@ -169,10 +170,16 @@ def confirm(
     if not confirmed:
         raise fail(f"study '{found.study_name}' has no feasible trial to confirm", EXIT_FAILED)
     display.print_confirmation(console, studies.answer_of(found), spec, found.study_name)
+    write_note(found, storage)
+
+
+def write_note(study: Any, storage: str) -> None:
+    """The study's note in optuna-dashboard, after a command trained: a convenience (what it
+    ran is stored), so a failure to write it is not said."""
     from autotune import notes
 
-    with contextlib.suppress(Exception):  # the note is a convenience; the answer is stored
-        notes.write_note(found, storage)
+    with contextlib.suppress(Exception):
+        notes.write_note(study, storage)
 
 
 @contextlib.contextmanager

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -30,13 +29,6 @@ from autotune.cli._common import (
 )
 from autotune.cli._confirm import confirm, confirm_round, storage_lines
 from autotune.cli._ending import finish, worker_exit
-from autotune.cli._scaleout import (
-    OthersShown,
-    describe_shares,
-    start_workers,
-    stop_workers,
-    worker_log_dir,
-)
 from autotune.cli._verify import verify
 from autotune.errors import UserError
 from autotune.spacefile import DEFAULT_STORAGE
@@ -166,15 +158,16 @@ def run(
         show_plan(prepared, shares)
     else:
         console.print(f"{share.describe()} of study {study.study_name}", markup=False)
-    shown = Shown(prepared, space_file, shares, as_worker)
+    scale = session.ScaleOut(shares, as_worker or 0, space_file) if shares else None
     try:
         outcome, confirmed = session.train(
             prepared,
             space_file.parent,
-            shown,
+            Shown(prepared, as_worker),
             verbose=verbose,
             remeasure=remeasure,
             confirm=as_worker is None,  # worker 0 (or the only one) confirms and sums up
+            scale=scale,
         )
     except UserError as err:  # a worker that cannot start, the disk filled up, ...
         console.print()  # ends the live display's last line: the error gets a line of its own
@@ -193,7 +186,7 @@ def show_plan(prepared: session.Prepared, shares: list[WorkerShare] | None) -> N
     spec, workload = prepared.spec, prepared.workload
     display.print_plan(console, spec, prepared.hardware, prepared.study, list(prepared.dropped))
     if shares is not None and len(shares) > 1:
-        display.print_item(console, "workers", describe_shares(shares))
+        display.print_item(console, "workers", display.describe_shares(shares))
     for line in workload.warnings:  # what the check of the workload found doubtful
         console.print(f"[yellow]warning:[/] {escape(line)}")
     untrained = workload.untrained_score
@@ -209,28 +202,17 @@ def show_plan(prepared: session.Prepared, shares: list[WorkerShare] | None) -> N
 
 
 class Shown(session.RunHooks):
-    """``run``'s live display of the study, and the other workers of ``--workers`` and
-    ``--gpus``: worker 0 starts them, lets them train once stage 1 is measured, and stops them;
-    a worker it started waits for its word. SIGTERM stops the run as Ctrl-C does."""
+    """``run``'s live display of the study and of the other workers' trials (worker 0's); a
+    worker that worker 0 started starts its trial process at once, and stops quietly if told
+    to before it trained. SIGTERM stops the run as Ctrl-C does."""
 
     sigterm_stops = True
 
-    def __init__(
-        self,
-        prepared: session.Prepared,
-        space_file: Path,
-        shares: list[WorkerShare] | None,
-        as_worker: int | None,
-    ) -> None:
+    def __init__(self, prepared: session.Prepared, as_worker: int | None) -> None:
         super().__init__()
-        self.prepared, self.space_file = prepared, space_file
-        self.shares, self.as_worker = shares, as_worker
-        share = shares[as_worker or 0] if shares is not None else None
-        self.worker = f"{share.index + 1}/{share.count}" if share and share.count > 1 else None
-        self.others: Workers | None = None
+        self.prepared, self.as_worker = prepared, as_worker
         self.outcome: Any = None  # the trials' RunOutcome, once they are done
         self.showing = contextlib.ExitStack()
-        self.began = time.time()  # every trial that starts from here is this run's, any worker's
 
     @contextlib.contextmanager
     def training(self, study: Any, executor: Any) -> Iterator[Any]:
@@ -241,67 +223,38 @@ class Shown(session.RunHooks):
 
         spec, patience = self.prepared.spec, self.prepared.patience
         progress = display.live_progress(console)
-        try:
-            with Live(progress, console=console, refresh_per_second=8) as live, self.showing:
-                self.observer = display.LiveObserver(study, spec, live, progress)
-                patience.on_wait = self.observer.storage_waiting
-                patience.on_back = self.observer.storage_back
-                self.showing.callback(setattr, patience, "on_wait", storage_lines(console)[0])
-                self.showing.callback(setattr, patience, "on_back", storage_lines(console)[1])
-                if self.shares is not None and len(self.shares) > 1 and self.as_worker is None:
-                    # started now: their start-up overlaps stage 1, on their own cores
-                    log_dir = worker_log_dir(spec.study.storage, study.study_name)
-                    self.others = start_workers(
-                        self.shares,
-                        self.space_file,
-                        spec,
-                        study.study_name,
-                        log_dir,
-                        spec.study.timeout,
-                    )
-                if self.as_worker is not None and isinstance(executor, WorkerExecutor):
-                    try:  # its start-up (imports, the data) before its first measurement
-                        executor.start()
-                    except KeyboardInterrupt:
-                        console.print("Stopped by worker 1 before any trial.", markup=False)
-                        raise typer.Exit(EXIT_INTERRUPTED) from None
-                yield self.observer
-                live.update(progress)
-            console.print()  # ends the progress line (piped output has no cursor to move)
-            if self.outcome.stopped_reason:
-                stopped = "" if self.outcome.trials_run == 0 else "Stopped: "
-                console.print(Text(f"{stopped}{self.outcome.stopped_reason}.", style="yellow"))
-        finally:
-            if self.others is not None:  # a path that left them running: never leave them behind
-                self.others.interrupt()
-                self.others.wait(60)
+        with Live(progress, console=console, refresh_per_second=8) as live, self.showing:
+            self.observer = display.LiveObserver(study, spec, live, progress)
+            patience.on_wait = self.observer.storage_waiting
+            patience.on_back = self.observer.storage_back
+            self.showing.callback(setattr, patience, "on_wait", storage_lines(console)[0])
+            self.showing.callback(setattr, patience, "on_back", storage_lines(console)[1])
+            if self.as_worker is not None and isinstance(executor, WorkerExecutor):
+                try:  # its start-up (imports, the data) before its first measurement
+                    executor.start()
+                except KeyboardInterrupt:
+                    console.print("Stopped by worker 1 before any trial.", markup=False)
+                    raise typer.Exit(EXIT_INTERRUPTED) from None
+            yield self.observer
+            live.update(progress)
+        console.print()  # ends the progress line (piped output has no cursor to move)
+        if self.outcome.stopped_reason:
+            stopped = "" if self.outcome.trials_run == 0 else "Stopped: "
+            console.print(Text(f"{stopped}{self.outcome.stopped_reason}.", style="yellow"))
 
-    def trials_start(self) -> None:  # once stage 1 is measured
-        if self.as_worker is not None:  # the trials start together, when worker 0 says
-            from autotune import scaleout
+    def trials_start(self, others: Workers | None) -> None:
+        if others is not None:
+            from autotune.display import OthersShown
 
-            scaleout.wait_to_go()  # (it measured its share of stage 1 as this did)
-            return
-        if self.others is not None:
-            self.others.go()
-            shown = OthersShown(self.prepared.study, self.observer, self.others)
-            self.showing.enter_context(shown)
+            self.showing.enter_context(OthersShown(self.prepared.study, self.observer, others))
 
     def trials_done(self, outcome: Any) -> None:
-        from autotune import study as studies
-
         self.outcome = outcome
-        if self.others is None:
-            return
-        # the study is done, or this worker stopped or gave up
-        self.showing.close()  # the display's poll ends first: the exits are said below
-        gave_up = bool(outcome.interrupted or outcome.repeated_error)
-        gave_up = gave_up or "trials failed" in outcome.stopped_reason
-        gave_up = gave_up or not self.others.going  # nothing left to run, or no stage 2
-        patience = self.prepared.spec.study.trial_timeout or 600
-        for line in stop_workers(self.others, gave_up, patience):
+        self.showing.close()  # the display's poll of the others ends first: their exits follow
+
+    def others_ended(self, lines: list[str]) -> None:
+        for line in lines:
             console.print(Text(line, style="yellow"))
-        studies.count_states(self.prepared.study, outcome, self.began)  # the workers' trials
 
     def confirm(self, study: Any, spec: Any, executor: Any, top: int, repeats: int) -> bool:
         return confirm_round(study, spec, executor, top, repeats)

@@ -4,7 +4,6 @@ run, one after another, and who reaches the target first (``study._verify``). Re
 
 from __future__ import annotations
 
-import contextlib
 from typing import Annotated
 
 import typer
@@ -18,7 +17,7 @@ from autotune.cli._common import (
     storage_option,
     study_option,
 )
-from autotune.cli._confirm import open_to_train, training
+from autotune.cli._confirm import open_to_train, training, write_note
 from autotune.spacefile import DEFAULT_STORAGE
 
 
@@ -77,7 +76,4 @@ def verify(
             runner_up=runner_up,
         )
     display.print_verification(console, verified, spec)
-    from autotune import notes
-
-    with contextlib.suppress(Exception):  # the note is a convenience; the runs are stored
-        notes.write_note(found, storage)
+    write_note(found, storage)

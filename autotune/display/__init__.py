@@ -10,6 +10,7 @@ from autotune.display._text import (
     METRIC_NOTES,
     METRIC_UNITS,
     command,
+    describe_shares,
     fmt,
     fmt_metric,
     metric_unit,
@@ -22,11 +23,16 @@ from autotune.display._text import (
 from autotune.display._verification import print_verification, print_verify_plan, verify_progress
 
 if TYPE_CHECKING:
-    from autotune.display._live import LiveObserver, confirmation_progress, live_progress
+    from autotune.display._live import (
+        LiveObserver,
+        OthersShown,
+        confirmation_progress,
+        live_progress,
+    )
 
 # _live observes the run loop (autotune.study._run, which imports the trainer and torch): it is
 # imported on first use, so that the commands that read a study do not load torch.
-_LIVE = {"LiveObserver", "confirmation_progress", "live_progress"}
+_LIVE = {"LiveObserver", "OthersShown", "confirmation_progress", "live_progress"}
 
 
 def __getattr__(name: str) -> Any:

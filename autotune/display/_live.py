@@ -1,11 +1,12 @@
 """What a running study shows: the progress bar, the current trial, each trial and confirmation
-run as it ends."""
+run as it ends, and the trials of the other workers of ``--workers`` and ``--gpus``."""
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -27,6 +28,7 @@ from autotune.display._text import (
     visible,
 )
 from autotune.results import Evaluation
+from autotune.scaleout import Workers
 from autotune.spacefile import Spec
 from autotune.speed import SpeedTable
 from autotune.study import ConfirmRun
@@ -307,3 +309,50 @@ def confirmation_progress(console: Console, spec: Spec) -> Callable[[ConfirmRun,
         print_beside(console, line, Text("; ".join(said), style="yellow"))
 
     return show
+
+
+OTHERS_POLL_SECONDS = 0.5  # how often worker 0 looks for the other workers' finished trials
+
+
+class OthersShown:
+    """While the other workers run, show their trials as the study records them (through the
+    same observer that shows worker 0's own), and say when a worker ends badly."""
+
+    def __init__(self, study: Any, observer: Any, workers: Workers) -> None:
+        self.study, self.observer, self.workers = study, observer, workers
+        self.closed = False
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._poll, name="autotune-others", daemon=True)
+
+    def __enter__(self) -> OthersShown:
+        self.observer.mark_shown(self.study.get_trials(deepcopy=False))  # earlier runs' trials
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop polling, after showing what finished meanwhile (once)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.stop.set()
+        self.thread.join()
+        self.observer.show_finished(self.study.get_trials(deepcopy=False))
+
+    def _poll(self) -> None:
+        while not self.stop.wait(OTHERS_POLL_SECONDS):
+            self._show()
+
+    def _show(self) -> None:
+        try:
+            with studies.unhurried():  # a database that restarts: the next poll shows them
+                trials = self.study.get_trials(deepcopy=False)
+        except Exception:  # a busy database: the next poll shows them
+            return
+        self.observer.show_finished(trials)
+        if self.workers.interrupted:  # their exit statuses are worker 0's to say
+            return
+        for line in self.workers.ended_badly():
+            self.observer.say(Text(line, style="yellow"))

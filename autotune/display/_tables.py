@@ -16,6 +16,7 @@ from rich.text import Text
 from autotune import study as studies
 from autotune.display._text import (
     command,
+    duration,
     fmt,
     metric_unit,
     params,
@@ -91,10 +92,6 @@ def print_plan(
         )
 
 
-def _seconds(seconds: float) -> str:
-    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
-
-
 def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
     """What stage 1 will time and about how long it takes, said before it starts: its
     measurements, cold compiles, an estimate from guessed compile times, its budget, and
@@ -111,14 +108,14 @@ def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
             f"{estimate.graphs_first_cells} to {estimate.graphs} cold compiles (one per "
             f"distinct graph; a mode that cannot pay back is dropped after its first cell)"
         )
-    low, high = _seconds(estimate.low_seconds), _seconds(estimate.high_seconds)
+    low, high = duration(estimate.low_seconds), duration(estimate.high_seconds)
     words.append(f"about {low}" if low == high else f"about {low} to {high}")
     budget = speed.budget_seconds(spec.study.timeout)
     if spec.study.timeout and budget < speed.max_seconds:
         bound = f"half of study.timeout {spec.study.timeout:g} s, which counts stage 1"
     else:
         bound = "study.speed.max_seconds"
-    words.append(f"at most {_seconds(budget)} ({bound})")
+    words.append(f"at most {duration(budget)} ({bound})")
     first = plan.predicted()[0]
     words.append(
         f"each cell timed first with the tuning checklist's {describe(plan.reference(first))}, "

@@ -12,6 +12,7 @@ from rich.padding import Padding
 from rich.text import Text
 
 from autotune import study as studies
+from autotune.scaleout import WorkerShare, unused_cores
 from autotune.spacefile import DEFAULT_STORAGE, SCORES, ObjectiveSpec, is_unprintable
 
 METRIC_UNITS = {
@@ -159,6 +160,20 @@ def params(trial: FrozenTrial, own: bool = False) -> str:
     return " ".join(f"{name}={fmt(shown[name])}" for name in [*first, *rest])
 
 
+def duration(seconds: float) -> str:
+    """Seconds as a person reads an estimate: "95 s", "4 min" (from 120 s, to the nearest)."""
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
 def plural(count: int, noun: str, nouns: str | None = None) -> str:
     """ "1 trial", "2 trials" (``nouns``: an irregular plural)."""
     return f"{count} {noun if count == 1 else nouns or noun + 's'}"
+
+
+def describe_shares(shares: list[WorkerShare]) -> str:
+    """The plan's ``workers`` line: each share, and the cores left idle."""
+    text = "; ".join(share.describe() for share in shares)
+    idle = unused_cores(shares)
+    if idle:
+        text += f"; {len(idle)} core(s) idle (the shares are equal, so that trials compare)"
+    return text

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune import study as studies
-from autotune.display._text import fmt
+from autotune.display._text import duration, fmt, plural
 from autotune.results import Evaluation
 from autotune.spacefile import Spec
 
@@ -37,11 +37,9 @@ def print_verify_plan(
         if record.train_seconds and record.epochs_trained:
             seconds += record.train_seconds / record.epochs_trained * epochs
     names = list(dict.fromkeys(studies.role_name(role, trial.number) for role, trial, _ in left))
-    listed = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
-    took = f"{seconds:.0f} s" if seconds < 90 else f"{math.ceil(seconds / 60)} min"
     console.print(
-        f"Verifying at {epochs:g} epochs: {listed}, {len(left)} run{'s' * (len(left) > 1)} "
-        f"one after another; about {took} of training (from their trials' pace).",
+        f"Verifying at {epochs:g} epochs: {studies.listed(names)}, {plural(len(left), 'run')} "
+        f"one after another; about {duration(seconds)} of training (from their trials' pace).",
         markup=False,
     )
 

@@ -25,8 +25,8 @@ from autotune.distributed._rank import (
 )
 from autotune.faults import FaultKind, TrialFault, describe_exit
 from autotune.hardware import device_name
-from autotune.results import Evaluation, Reporter, TrialResult
-from autotune.speed import BurstPlan, SpeedMeasurement
+from autotune.results import Reporter, TrialResult
+from autotune.speed import BurstPlan, SpeedMeasurement, no_evaluations
 
 POLL_SECONDS = 0.05  # how often the launcher looks at its ranks between messages
 STOP_GRACE_SECONDS = 10.0  # how long closing ranks may take to exit before they are killed
@@ -60,7 +60,7 @@ class RankPool:
 
     def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
         """Time bursts of ``config`` (world_size > 1) on the ranks; rank 0's measurement."""
-        value = self._run(config, plan, _no_evaluations)
+        value = self._run(config, plan, no_evaluations)
         assert isinstance(value, SpeedMeasurement)
         return value
 
@@ -174,10 +174,6 @@ class RankPool:
         assert value is not None
         # the machine the trial ran on, not rank 0's share of it ("(1 core)" of two)
         return dataclasses.replace(value, device_name=device_name(config.device))
-
-
-def _no_evaluations(evaluation: Evaluation) -> bool:
-    raise TypeError("a speed measurement does not evaluate")
 
 
 def _fault_of(

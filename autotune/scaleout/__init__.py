@@ -32,6 +32,7 @@ from autotune.scaleout._workers import (  # noqa: F401
     WorkerGone,
     Workers,
     die_with_parent,
+    start_workers,
     take_share,
     wait_to_go,
 )

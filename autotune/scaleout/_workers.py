@@ -13,12 +13,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from autotune.scaleout._shares import (
     WORKER_CORES_ENV,
     ScaleOutError,
     WorkerShare,
     apply_share,
+    gpus_argument,
     plan_shares,
     unshared_environment,
 )
@@ -86,6 +88,29 @@ class _Started:
     share: WorkerShare
     process: subprocess.Popen[bytes]
     log: Path
+
+
+def start_workers(
+    shares: list[WorkerShare], space_file: Path, spec: Any, study_name: str, log_dir: Path
+) -> Workers:
+    """Start workers 1..N-1 on the study (``autotune run SPACE ... --as-worker K``): the same
+    space file and resolved settings, the study by its name, the seconds worker 0 has, and the
+    storage in their environment (a password stays out of the process list). They start up
+    while worker 0 measures stage 1, then wait for ``Workers.go``."""
+    arguments = [str(space_file), "--study-name", study_name, "--n-trials"]
+    arguments += [str(spec.study.n_trials), "--isolation", spec.study.isolation]
+    arguments += ["--device", spec.workload.device]
+    if spec.study.seed is not None:
+        arguments += ["--seed", str(spec.study.seed)]
+    if spec.study.timeout is not None:
+        arguments += ["--timeout", f"{max(spec.study.timeout, 0.001):.3f}"]
+    if shares[0].gpu is not None:
+        arguments += ["--gpus", gpus_argument(shares)]
+    else:
+        arguments += ["--workers", str(len(shares))]
+    workers = Workers(log_dir, tuple(sorted({c for share in shares for c in share.cores})))
+    workers.start(shares[1:], arguments, {WORKER_STORAGE_ENV: spec.study.storage})
+    return workers
 
 
 class Workers:
@@ -166,6 +191,23 @@ class Workers:
                     self.reported.add(started.share.index)
                     ended.append((started.share, code, started.log))
         return ended
+
+    def ended_badly(self) -> list[str]:
+        """A line for each worker that ended badly since last asked (130 and 143 are not bad
+        once worker 0 interrupted them)."""
+        return [
+            f"{share.describe()} ended with exit status {code}; its log: {log}"
+            for share, code, log in self.exited()
+            if code != 0 and not (self.interrupted and code in (130, 143))
+        ]
+
+    def stop(self, interrupt: bool, timeout: float) -> list[str]:
+        """Wait, ``timeout`` seconds in all, for the workers to end (interrupting them first
+        where worker 0 was interrupted or gave up on the study); ``ended_badly``'s lines."""
+        if interrupt:
+            self.interrupt()  # each records its running trial as interrupted
+        self.wait(timeout)
+        return self.ended_badly()
 
     def interrupt(self) -> None:
         """Stop every worker still running as Ctrl-C stops one (SIGINT: its running trial is

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
         Reference,
         answer_of,
         answer_trial,
+        listed,
         trials_named,
     )
     from autotune.study._confirm import confirm_study, confirmation_plan
@@ -88,6 +89,7 @@ _MODULES = {
     "REFERENCE_NAMES": "autotune.storage._records",
     "answer_of": "autotune.study._answer",
     "trials_named": "autotune.study._answer",
+    "listed": "autotune.study._answer",
     "confirm_study": "autotune.study._confirm",
     "confirmation_plan": "autotune.study._confirm",
     "load_study": "autotune.study._open",
@@ -194,6 +196,7 @@ __all__ = [
     "heartbeat",
     "is_feasible",
     "knob_origin",
+    "listed",
     "load_study",
     "make_pruner",
     "make_sampler",

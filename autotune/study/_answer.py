@@ -465,10 +465,16 @@ def headline(median: float | None, runs: int, value: float | None) -> tuple[floa
     return value, "one trial"
 
 
+def listed(words: Iterable[str]) -> str:
+    """ "a", "a and b", "a, b and c": in the order given."""
+    *rest, last = words
+    return f"{', '.join(rest)} and {last}" if rest else last
+
+
 def trials_named(numbers: Iterable[int]) -> str:
     """ "trial 3", "trials 3 and 5", "trials 1, 3 and 5": in the order given."""
-    *rest, last = map(str, numbers)
-    return f"trials {', '.join(rest)} and {last}" if rest else f"trial {last}"
+    numbers = list(numbers)
+    return f"trial{'s' * (len(numbers) > 1)} {listed(map(str, numbers))}"
 
 
 def answer_of(study: optuna.Study) -> Answer | None:

@@ -259,17 +259,14 @@ class TrialRunner:
                 result = attempt(lambda: self.executor.run(config, watch.report))
             except ReportFailed as failed:
                 raise failed.error from None  # as if raised here, where the study writes
+        if watch.taken_over:
+            raise TakenOver(None if isinstance(result, TrialFault) else result)
+        TrialRecord(wall_seconds=time.monotonic() - started).store(trial)
         if isinstance(result, TrialFault):
-            if watch.taken_over:
-                raise TakenOver()
-            TrialRecord(wall_seconds=time.monotonic() - started).store(trial)
             if result.kind == FaultKind.OOM:
                 self.walls.add(config, f"trial {trial.number}")
             details = (result.details or None) if result.kind == FaultKind.ERROR else None
             return _fault(trial, result.kind, result.message, details), None
-        if watch.taken_over:
-            raise TakenOver(result)
-        TrialRecord(wall_seconds=time.monotonic() - started).store(trial)
         return self._scored(trial, config, result, watch)
 
     def _scored(
@@ -348,39 +345,8 @@ class TrialRunner:
                 return self._taken_over(study, trial, over.result)
             except optuna.exceptions.UpdateFinishedTrialError:  # between two of its writes
                 return self._taken_over(study, trial, None)
-            except KeyboardInterrupt as stop:
-                how = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C (SIGINT)"
-                with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError, ValueError):
-                    TrialRecord(
-                        fail_kind=FaultKind.INTERRUPTED,
-                        fail_msg=f"the study was stopped by {how}",
-                    ).store(trial)
-                    self.observer.trial_finished(study.tell(trial, state=TrialState.FAIL))
-                raise
-            except (StorageOutage, TurnNotTaken) as stop:
-                # the database did not answer for longer than the study waits (recorded now if
-                # it answers, else by the next run's stale recovery), or another process held
-                # the machine past --turn-wait: the run stops, nothing of the configuration
-                why = (
-                    "the study's database did not answer for longer than study.storage_outage"
-                    if isinstance(stop, StorageOutage)
-                    else f"the run stopped: {stop}"
-                )
-                with contextlib.suppress(Exception):
-                    TrialRecord(fail_kind=FaultKind.INTERRUPTED, fail_msg=why).store(trial)
-                    self.observer.trial_finished(study.tell(trial, state=TrialState.FAIL))
-                raise
-            except Exception as error:
-                # a worker that cannot start (the study stops and says why), or a bug outside
-                # training: either way no trial is left RUNNING
-                message = (
-                    str(error)
-                    if isinstance(error, WorkerError)
-                    else (f"{type(error).__name__}: {error}")
-                )
-                with contextlib.suppress(Exception):
-                    _fault(trial, FaultKind.ERROR, message)
-                    study.tell(trial, state=TrialState.FAIL)
+            except (KeyboardInterrupt, Exception) as stop:
+                self._stopped(study, trial, stop)
                 raise
         try:
             if state == TrialState.COMPLETE:
@@ -392,6 +358,34 @@ class TrialRunner:
             if not adapter.get_trial(study, adapter.trial_id(trial)).state.is_finished():
                 raise
             return self._taken_over(study, trial, None)
+
+    def _stopped(
+        self, study: optuna.Study, trial: optuna.Trial, stop: KeyboardInterrupt | Exception
+    ) -> None:
+        """Record why ``stop`` ended ``trial`` and tell it as FAIL, so that no trial is left
+        RUNNING: a Ctrl-C or SIGTERM; a database that did not answer for longer than the study
+        waits (recorded by the next run's stale recovery if it does not answer now) or another
+        process holding the machine past --turn-wait (the run stops, nothing of the
+        configuration); a worker that cannot start or a bug outside training (ERROR, not shown
+        as a finished trial: the run stops and says why)."""
+        kind = FaultKind.INTERRUPTED
+        if isinstance(stop, KeyboardInterrupt):
+            how = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C (SIGINT)"
+            message = f"the study was stopped by {how}"
+        elif isinstance(stop, StorageOutage):
+            message = "the study's database did not answer for longer than study.storage_outage"
+        elif isinstance(stop, TurnNotTaken):
+            message = f"the run stopped: {stop}"
+        else:
+            kind = FaultKind.ERROR
+            message = (
+                str(stop) if isinstance(stop, WorkerError) else f"{type(stop).__name__}: {stop}"
+            )
+        with contextlib.suppress(Exception):
+            TrialRecord(fail_kind=kind, fail_msg=message).store(trial)
+            told = study.tell(trial, state=TrialState.FAIL)
+            if kind == FaultKind.INTERRUPTED:
+                self.observer.trial_finished(told)
 
     def _taken_over(
         self, study: optuna.Study, trial: optuna.Trial, result: TrialResult | None

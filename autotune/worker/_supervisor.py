@@ -21,9 +21,9 @@ from autotune.config import TrialConfig
 from autotune.errors import WorkerError
 from autotune.faults import FaultKind, TrialFault, describe_exit, oom_kills, worker_died
 from autotune.interference import CpuMeter
-from autotune.results import Evaluation, Reporter, TrialResult
+from autotune.results import Reporter, TrialResult
 from autotune.spacefile import Spec, WorkloadSpec
-from autotune.speed import BurstPlan, SpeedMeasurement
+from autotune.speed import BurstPlan, SpeedMeasurement, no_evaluations
 from autotune.worker._process import parent_start_method, worker_main
 from autotune.worker._protocol import (
     Evaluated,
@@ -262,7 +262,7 @@ class WorkerExecutor:
 
     def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
         """Time one configuration in the worker (speed stage); TrialFault as ``run``."""
-        outcome = self._supervise(MeasureSpeed(config, plan), _no_evaluations)
+        outcome = self._supervise(MeasureSpeed(config, plan), no_evaluations)
         assert isinstance(outcome, SpeedMeasurement)
         return outcome
 
@@ -367,7 +367,3 @@ class WorkerExecutor:
                     f"meanwhile, so the timeout is not held against the configuration",
                 )
             raise TrialFault(FaultKind.TRIAL_TIMEOUT, killed)
-
-
-def _no_evaluations(evaluation: Evaluation) -> bool:
-    raise TypeError("a speed measurement does not evaluate")
