@@ -58,6 +58,9 @@ def print_plan(
             f"{processes} per trial under DDP, {each}; batch_size is per process, the "
             f"effective batch is every process's",
         )
+    if spec.space.batch_size_auto:
+        spec, found = _auto_batch(spec, study)
+        print_item(console, "batch_size", found.removeprefix("batch_size "))
     searched = spec.space.searched()
     if spec.study.strategy == "two_stage":
         from autotune.knobs import SPEED_KNOBS, SPLIT_KNOBS
@@ -89,6 +92,21 @@ def print_plan(
         console.print(
             f"[yellow]note:[/] num_workers goes up to {most} on {hardware.cpu_count} CPU cores"
         )
+
+
+def _auto_batch(spec: Spec, study: optuna.Study) -> tuple[Spec, str]:
+    """``batch_size: auto`` as the plan shows it: the study's micro-batches and the probe's
+    line once it ran, else its first doubling and what the probe will do."""
+    from autotune.stage1._probe import MIN_GAIN
+
+    record = studies.StudyRecord.of(study)
+    if record.batch_sizes:
+        return spec.with_batch_sizes(tuple(record.batch_sizes)), record.batch_size_auto or ""
+    start = int(spec.space.batch_size.values[0])  # type: ignore[union-attr]  # auto: a Choice
+    return spec.with_batch_sizes((start, 2 * start)), (
+        f"auto: doubled from {start} before stage 1 until out of memory, a doubling that gains "
+        f"under {MIN_GAIN:.0%} samples/s, or the training set's size"
+    )
 
 
 def _seconds(seconds: float) -> str:
