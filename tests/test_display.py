@@ -480,9 +480,11 @@ def test_an_answer_at_the_largest_batch_still_speeding_up_names_the_next_batch(s
     assert (
         f"The answer trains micro-batches of {batch}, the largest space.batch_size offers, and "
         f"stage 1 ran {batch} 30% faster than {batch // 2}: add {2 * batch} to "
-        "space.batch_size to try larger ones."
+        "space.batch_size to try larger ones (or batch_size: auto to find them)."
     ) in said(1300.0)
     assert "the largest space.batch_size offers" not in said(1050.0)  # flat: the space is enough
+    spec = spec.with_batch_sizes((batch // 2, batch))  # batch_size: auto: its probe said why
+    assert "the largest space.batch_size offers" not in said(1300.0)
     wider = _offering(_spec(study), batch // 2, batch, 2 * batch)
     outcome = studies.RunOutcome(study.study_name, speed_table=SpeedTable())
     console = _console(200)

@@ -288,22 +288,24 @@ def print_summary(
     print_command(console, "Print the winner: ", "autotune", "best", *where)
 
 
-EDGE_GAIN = 0.10  # stage 1 still this much faster at the largest batch: the space is too small
-
-
 def _edge_of_space(
     study: optuna.Study, answer: studies.Answer, spec: Spec, table: SpeedTable | None
 ) -> str | None:
     """One line when the answer's micro-batch is the largest the space offers while stage 1
-    still ran it over ``EDGE_GAIN`` faster than the next smaller, with memory to spare (its
-    trial's peak under half the GPU's): the fastest batch may lie beyond the space."""
+    still ran it over ``MIN_GAIN`` faster than the next smaller (a doubling that paid), with
+    memory to spare (its trial's peak under half the GPU's): the fastest batch may lie beyond
+    the space. None for ``batch_size: auto``: its probe said why it went no further."""
+    from autotune.stage1._probe import MIN_GAIN
+
     offered = spec.space.batch_size
     if table is None or not isinstance(offered, Choice) or len(offered.values) < 2:
+        return None
+    if offered.auto:
         return None
     config = studies.trial_config(answer.trial)
     largest = int(max(offered.values))  # batch sizes: ints
     found = table.gain_at(largest, config.precision)
-    if config.batch_size != largest or found is None or found[1] <= EDGE_GAIN:
+    if config.batch_size != largest or found is None or found[1] <= MIN_GAIN:
         return None
     peak = studies.TrialRecord.of(answer.trial).peak_memory_bytes
     memory = (studies.StudyRecord.of(study).hardware or {}).get("gpu_memory_bytes")
@@ -313,7 +315,7 @@ def _edge_of_space(
     return (
         f"The answer trains micro-batches of {largest}, the largest space.batch_size offers, "
         f"and stage 1 ran {largest} {gain:.0%} faster than {smaller}: add {2 * largest} to "
-        "space.batch_size to try larger ones."
+        "space.batch_size to try larger ones (or batch_size: auto to find them)."
     )
 
 
