@@ -75,6 +75,8 @@ def _probe(timer: SettingTimer, workload: Workload | None) -> tuple[list[int], s
         cell = Cell(batch, precision, extras, world)
         settings = plan.reference(cell)
         timer.measure(cell, settings, 1)
+        if timer.pool(cell, settings).flagged_only():  # taken while others had the cores
+            timer.measure(cell, settings, 2)  # once more: a busy figure would skew the gain
         pool = timer.pool(cell, settings)
         best = pool.combined()
         if best is None:
