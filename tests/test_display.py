@@ -584,6 +584,11 @@ def test_stage_ones_table_marks_a_row_measured_only_on_a_busy_machine():
     rows = {line.split()[1]: line for line in _text(console).splitlines() if "fp32" in line}
     assert "not measured" in rows["128"] and "as the nearest micro-batch measured" in rows["128"]
     assert "not measured" not in rows["32"]
+    assert "batch_size auto" not in _text(console)
+    console = _console(120)
+    found = "batch_size auto: 32 to 64 (128 ran out of memory)"  # what the probe found
+    print_speed_table(console, SpeedTable(choices=(busy,), batch_size_auto=found))
+    assert found in _text(console).splitlines()
 
 
 def test_an_error_wraps_between_words_on_a_terminal_and_is_one_line_in_a_log(monkeypatch):

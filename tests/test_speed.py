@@ -701,7 +701,8 @@ def test_batch_size_auto_is_probed_once_then_stage_one_and_the_references_use_it
     for batch in (8, 16, 32):
         assert rest.count((batch, "dataloader")) == 2
         assert rest.count((batch, "device")) == (batch != 8)  # 8's second round: the probe's
-    assert {c.batch_size for c in outcome.speed_table or ()} == {8, 16, 32}
+    assert outcome.speed_table is not None and outcome.speed_table.batch_size_auto == found
+    assert {c.batch_size for c in outcome.speed_table} == {8, 16, 32}
     # the references queued after it: the baseline at its batch, the checklist at the largest
     (baseline,) = [t for t in study.trials if TrialRecord.of(t).baseline]
     (checklist,) = [t for t in study.trials if TrialRecord.of(t).checklist]

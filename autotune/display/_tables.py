@@ -181,6 +181,8 @@ def print_speed_table(console: Console, table: SpeedTable) -> None:
         seen.add((batch, precision, extras))
         shown.add_row(str(batch), str(precision), "-", "-", Text(why, style="red"))
     console.print(shown)
+    if table.batch_size_auto:
+        console.print(table.batch_size_auto)
 
 
 def _best_table(study: optuna.Study, spec: Spec, limit: int = 5) -> Table | None:

@@ -3,6 +3,7 @@ its total. One trial's life is ``_trial``'s."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from collections.abc import Callable
@@ -183,6 +184,7 @@ def _stage_one(
         outcome.interrupted = True
         outcome.terminated = isinstance(stop, Terminated)
         return None
+    table = dataclasses.replace(table, batch_size_auto=outcome.batch_size_auto)
     outcome.stage_seconds = time.monotonic() - stage_started
     observer.speed_finished(table, outcome.stage_seconds)
     outcome.speed_table = table
