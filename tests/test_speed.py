@@ -649,6 +649,7 @@ def test_batch_size_auto_stops_at_the_wall_a_small_gain_or_the_training_set():
         "batch_size auto: 16 to 32 (64 gained 4%)",
     )
     assert probed({16: 900.0, 32: 1000.0, 64: oom})[0] == [16, 32]  # 11%: paid
+    assert probed({16: 900.0, 32: 600.0})[1] == "batch_size auto: 16 (32 ran 33% slower)"
     # a worker killed on a CPU is its memory wall; any other fault stops it, saying so
     assert probed({16: 900.0, 32: ("killed", "SIGKILL")})[1].endswith("(32 ran out of memory)")
     assert probed({16: 900.0, 32: ("error", "boom")})[1].endswith("(32 failed: boom)")

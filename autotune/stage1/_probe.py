@@ -55,7 +55,8 @@ def doubled(
             why = f"{batch} ran out of memory" if kind in _WALLS else f"{batch} failed: {message}"
             break
         if last is not None and speed < last * (1 + MIN_GAIN):
-            why = f"{batch} gained {speed / last - 1:.0%}"
+            gain = speed / last - 1
+            why = f"{batch} gained {gain:.0%}" if gain >= 0 else f"{batch} ran {-gain:.0%} slower"
             break
         sizes.append(batch)
         last, batch = speed, 2 * batch
