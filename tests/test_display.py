@@ -74,6 +74,28 @@ def test_the_plan_says_a_batch_split_only_where_there_is_one_and_what_a_short_bu
     assert "the split of each effective batch into batch_size x accumulation_steps" in said
 
 
+def test_the_plan_says_what_batch_size_auto_will_do_then_what_it_found():
+    from autotune.spacefile import parse_spec
+    from tests.conftest import SEEN_SPACE
+
+    spec = parse_spec(SEEN_SPACE.replace("batch_size: [16, 32, 64]", "batch_size: auto"))
+    study = optuna.create_study()
+
+    def plan() -> str:
+        console = _console(100)
+        display.print_plan(console, spec, CPU, study, [])
+        return " ".join(_text(console).split())
+
+    said = plan()
+    assert "batch_size auto: doubled from 64 before stage 1 until out of memory" in said
+    assert "(the estimate below counts 64 and 128)" in said and "effective_batch_size" in said
+    found = "batch_size auto: 64 to 256 (512 gained 3%)"
+    studies.StudyRecord(batch_sizes=[64, 128, 256], batch_size_auto=found).store(study)
+    said = plan()
+    assert "batch_size auto: 64 to 256 (512 gained 3%)" in said and "doubled" not in said
+    assert "from batch 256, bf16 down" in said  # stage 1 starts at the largest found
+
+
 @pytest.mark.parametrize("width", [80, 100])
 def test_trial_lines_show_every_knob_precision_first_never_cut(seen, width):
     study, _ = seen
