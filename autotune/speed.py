@@ -148,6 +148,7 @@ class SpeedTable:
     choices: tuple[SpeedChoice, ...] = ()
     # (key, fault kind, why) of every split with no runnable setting
     unrunnable: tuple[tuple[tuple[Any, ...], str, str], ...] = ()
+    batch_size_auto: str | None = None  # batch_size: auto, what its probe found, in one line
     _by_key: dict[tuple[Any, ...], SpeedChoice] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )

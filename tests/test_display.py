@@ -74,6 +74,28 @@ def test_the_plan_says_a_batch_split_only_where_there_is_one_and_what_a_short_bu
     assert "the split of each effective batch into batch_size x accumulation_steps" in said
 
 
+def test_the_plan_says_what_batch_size_auto_will_do_then_what_it_found():
+    from autotune.spacefile import parse_spec
+    from tests.conftest import SEEN_SPACE
+
+    spec = parse_spec(SEEN_SPACE.replace("batch_size: [16, 32, 64]", "batch_size: auto"))
+    study = optuna.create_study()
+
+    def plan() -> str:
+        console = _console(100)
+        display.print_plan(console, spec, CPU, study, [])
+        return " ".join(_text(console).split())
+
+    said = plan()
+    assert "batch_size auto: doubled from 64 before stage 1 until out of memory" in said
+    assert "(the estimate below counts 64 and 128)" in said and "effective_batch_size" in said
+    found = "batch_size auto: 64 to 256 (512 gained 3%)"
+    studies.StudyRecord(batch_sizes=[64, 128, 256], batch_size_auto=found).store(study)
+    said = plan()
+    assert "batch_size auto: 64 to 256 (512 gained 3%)" in said and "doubled" not in said
+    assert "from batch 256, bf16 down" in said  # stage 1 starts at the largest found
+
+
 @pytest.mark.parametrize("width", [80, 100])
 def test_trial_lines_show_every_knob_precision_first_never_cut(seen, width):
     study, _ = seen
@@ -480,9 +502,11 @@ def test_an_answer_at_the_largest_batch_still_speeding_up_names_the_next_batch(s
     assert (
         f"The answer trains micro-batches of {batch}, the largest space.batch_size offers, and "
         f"stage 1 ran {batch} 30% faster than {batch // 2}: add {2 * batch} to "
-        "space.batch_size to try larger ones."
+        "space.batch_size to try larger ones (or batch_size: auto to find them)."
     ) in said(1300.0)
     assert "the largest space.batch_size offers" not in said(1050.0)  # flat: the space is enough
+    spec = spec.with_batch_sizes((batch // 2, batch))  # batch_size: auto: its probe said why
+    assert "the largest space.batch_size offers" not in said(1300.0)
     wider = _offering(_spec(study), batch // 2, batch, 2 * batch)
     outcome = studies.RunOutcome(study.study_name, speed_table=SpeedTable())
     console = _console(200)
@@ -582,6 +606,11 @@ def test_stage_ones_table_marks_a_row_measured_only_on_a_busy_machine():
     rows = {line.split()[1]: line for line in _text(console).splitlines() if "fp32" in line}
     assert "not measured" in rows["128"] and "as the nearest micro-batch measured" in rows["128"]
     assert "not measured" not in rows["32"]
+    assert "batch_size auto" not in _text(console)
+    console = _console(120)
+    found = "batch_size auto: 32 to 64 (128 ran out of memory)"  # what the probe found
+    print_speed_table(console, SpeedTable(choices=(busy,), batch_size_auto=found))
+    assert found in _text(console).splitlines()
 
 
 def test_an_error_wraps_between_words_on_a_terminal_and_is_one_line_in_a_log(monkeypatch):

@@ -340,6 +340,40 @@ def test_fingerprint_covers_the_search_but_not_the_run_settings():
     assert base.search_fingerprint() != other_objective.search_fingerprint()
 
 
+def test_batch_size_auto_starts_at_the_baseline_batch_and_keeps_its_search_when_resolved():
+    pinned = parse_spec(
+        MINIMAL + "study: {baseline: {batch_size: 16}}\nspace: {batch_size: auto}\n"
+    )
+    assert pinned.space.batch_size == Choice(values=(16,), auto=True)
+    assert pinned.space.batch_size_auto and pinned.space.searched() == []
+    unpinned = parse_spec(MINIMAL + "space: {batch_size: auto}\n")
+    assert unpinned.space.batch_size.values == (KNOBS["batch_size"].default,)
+    # the probe's list is the same search (every process and resume), a listed one is not
+    resolved = pinned.with_batch_sizes((16, 32, 64))
+    assert resolved.space.batch_size.values == (16, 32, 64) and resolved.space.batch_size_auto
+    assert resolved.search_fingerprint() == pinned.search_fingerprint()
+    assert resolved.space.searched() == ["batch_size"] and resolved.text == pinned.text
+    listed = parse_spec(MINIMAL + "study: {baseline: {batch_size: 16}}\nspace: {batch_size: 16}\n")
+    assert listed.search_fingerprint() != pinned.search_fingerprint()
+    assert not listed.space.batch_size_auto
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (
+            "study: {strategy: joint}\nspace:\n  batch_size: auto\n",
+            "s.yaml:4: space.batch_size: auto is probed before stage 1 of a two-stage study",
+        ),
+        ("space:\n  lr: 0.1\n  num_workers: auto\n", "s.yaml:4: space.num_workers: auto is only"),
+        ("space:\n  precision: auto\n", "s.yaml:3: space.precision: auto is only for batch_size"),
+        ("space:\n  batch_size: [auto]\n", "s.yaml:3: space.batch_size: item 1: 'auto' is not"),
+    ],
+)
+def test_batch_size_auto_where_it_means_nothing_is_one_line_with_its_place(text: str, said: str):
+    assert one_problem(MINIMAL + text).startswith(said)
+
+
 def test_shipped_space_files_are_valid():
     paths = sorted(Path(__file__).parents[1].glob("search_spaces/*.yaml"))
     assert "quickstart.yaml" in {path.name for path in paths}, "the glob found no space files"

@@ -30,6 +30,7 @@ from autotune.space import restrict
 from autotune.spacefile import SpecError, parse_spec
 from autotune.speed import BurstPlan, SpeedChoice, SpeedMeasurement, SpeedTable
 from autotune.stage1._plan import FULL_PRODUCT_LIMIT, Cell, SpeedPlan
+from autotune.stage1._probe import doubled
 from autotune.study import (
     RunOutcome,
     SpeedRecord,
@@ -347,14 +348,14 @@ def test_a_cell_begins_with_the_cudnn_benchmark_flag_its_worker_process_ran_last
 ):
     """A cell that ends with cudnn.benchmark on leaves a worker process that ran it on: the
     next cell times its settings with it on first, and switches (a fresh process) once."""
-    from autotune.stage1._stage import _stage
+    from autotune.stage1._stage import new_stage
 
     space = two_stage().replace(
         "num_workers: [0, 1]", "num_workers: [0, 1]\n  cudnn_benchmark: [false, true]"
     )
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), AMPERE).spec
-    stage = _stage(study, spec, AMPERE, InProcessExecutor(blobs_workload()), None, None, print)
+    stage = new_stage(study, spec, AMPERE, InProcessExecutor(blobs_workload()), None, None, print)
     cell = Cell(16, "fp32")
     planned = stage.plan.first_round(cell)
     flags = [dict(s)["cudnn_benchmark"] for s in planned]
@@ -630,6 +631,94 @@ def test_a_memory_wall_stops_larger_micro_batches_and_their_trials(tmp_path: Pat
         if effective >= 64:  # no split of it fits under the wall
             assert trial.state == TrialState.PRUNED
             assert TrialRecord.of(trial).fail_kind == FaultKind.OOM
+
+
+def test_batch_size_auto_stops_at_the_wall_a_small_gain_or_the_training_set():
+    # recorded speeds (samples/s, or a fault) by micro-batch, as the probe reads them
+    def probed(speeds: dict[int, float | tuple[str, str]], limit: int | None = None):
+        return doubled(16, limit, lambda batch: speeds[batch])
+
+    oom = ("oom", "CUDA out of memory")
+    assert probed({16: 900.0, 32: 1700.0, 64: 3000.0, 128: oom}) == (
+        [16, 32, 64],
+        "batch_size auto: 16 to 64 (128 ran out of memory)",
+    )
+    # a doubling that adds under 10%: the probe stops, the smaller batch kept
+    assert probed({16: 900.0, 32: 1700.0, 64: 1768.0}) == (
+        [16, 32],
+        "batch_size auto: 16 to 32 (64 gained 4%)",
+    )
+    assert probed({16: 900.0, 32: 1000.0, 64: oom})[0] == [16, 32]  # 11%: paid
+    assert probed({16: 900.0, 32: 600.0})[1] == "batch_size auto: 16 (32 ran 33% slower)"
+    # a worker killed on a CPU is its memory wall; any other fault stops it, saying so
+    assert probed({16: 900.0, 32: ("killed", "SIGKILL")})[1].endswith("(32 ran out of memory)")
+    assert probed({16: 900.0, 32: ("error", "boom")})[1].endswith("(32 failed: boom)")
+    assert probed({16: oom}) == ([16], "batch_size auto: 16 (16 ran out of memory)")
+    # the training set caps it
+    assert probed({16: 900.0, 32: 1800.0, 64: 3600.0}, limit=50) == (
+        [16, 32],
+        "batch_size auto: 16 to 32 (64 is more than the 50 training samples)",
+    )
+
+
+class WallExecutor(SyntheticExecutor):
+    """Stage 1 made up (each step a millisecond: doubling the batch doubles samples/s) with
+    a memory wall at ``wall``."""
+
+    def __init__(self, wall: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.wall = wall
+
+    def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
+        if config.batch_size >= self.wall:
+            self.measured.append(config)
+            raise TrialFault(FaultKind.OOM, "out of memory")
+        return super().measure(config, plan)
+
+
+def test_batch_size_auto_is_probed_once_then_stage_one_and_the_references_use_its_list(
+    tmp_path: Path, prepare_study
+):
+    space = two_stage(
+        n_trials=3,
+        batch_sizes="auto",
+        study_extra="  baseline: {batch_size: 8}",
+        precisions="fp32",
+        workers="[0]",
+    ).replace("  accumulation_steps: [1, 2]\n", "")
+    # its first measurement taken while others had the cores: the probe times it again
+    busy_first = lambda n: (0.0, 0.8 if n == 1 else None)  # noqa: E731
+    probe = WallExecutor(64, workload=_workload(tmp_path, space), load=busy_first)
+    study, _, outcome, _ = prepare_study(space, tmp_path, executor=probe)
+    found = "batch_size auto: 8 to 32 (64 ran out of memory)"
+    assert outcome.batch_size_auto == found
+    record = StudyRecord.of(study)
+    assert (record.batch_sizes, record.batch_size_auto) == ([8, 16, 32], found)
+    measured = [(c.batch_size, c.data_pipeline) for c in probe.measured]
+    # the probe timed each cell's reference (the device pipeline) doubling from the
+    # baseline's batch; stage 1 took those as their first rounds (two rounds each)
+    assert measured[:5] == [(8, "device")] * 2 + [(16, "device"), (32, "device"), (64, "device")]
+    rest = measured[5:]
+    for batch in (8, 16, 32):
+        assert rest.count((batch, "dataloader")) == 2
+        assert rest.count((batch, "device")) == (batch != 8)  # 8's second round: the probe's
+    assert outcome.speed_table is not None and outcome.speed_table.batch_size_auto == found
+    assert {c.batch_size for c in outcome.speed_table} == {8, 16, 32}
+    # the references queued after it: the baseline at its batch, the checklist at the largest
+    (baseline,) = [t for t in study.trials if TrialRecord.of(t).baseline]
+    (checklist,) = [t for t in study.trials if TrialRecord.of(t).checklist]
+    assert baseline.number == 0 and trial_config(baseline).batch_size == 8
+    assert trial_config(checklist).batch_size == 32
+    assert all(t.state == TrialState.COMPLETE for t in study.trials), [
+        (t.state, t.params, t.user_attrs.get("fail_msg")) for t in study.trials
+    ]
+    # resumed, remeasured and on a machine where more would fit: the same list, no probe
+    more = space.replace("n_trials: 3", "n_trials: 4")
+    resumed = WallExecutor(1024, workload=_workload(tmp_path, more))
+    again, _, outcome, _ = prepare_study(more, tmp_path, executor=resumed, remeasure=True)
+    assert StudyRecord.of(again).batch_sizes == [8, 16, 32]
+    assert outcome.batch_size_auto == found and len(again.trials) == 4
+    assert {c.batch_size for c in resumed.measured} == {8, 16, 32}
 
 
 def test_an_interrupted_stage_one_resumes_where_it_stopped(tmp_path: Path, prepare_study):
@@ -1313,7 +1402,7 @@ def test_a_cell_whose_every_setting_compiles_may_take_its_compile_past_the_budge
     tmp_path: Path, prepare_study, clock: FakeClock
 ):
     from autotune.stage1._rules import MEASUREMENT_SLACK_SECONDS
-    from autotune.stage1._stage import _stage
+    from autotune.stage1._stage import new_stage
 
     space = two_stage(workers="[0]", precisions="fp32").replace(
         "num_workers: [0]\n", "num_workers: [0]\n  compile: [default]\n"
@@ -1321,7 +1410,7 @@ def test_a_cell_whose_every_setting_compiles_may_take_its_compile_past_the_budge
     space = space.replace("speed: {bursts: 2,", "speed: {max_seconds: 100, bursts: 2,")
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
-    stage = _stage(study, spec, CPU, InProcessExecutor(blobs_workload()), None, None, print)
+    stage = new_stage(study, spec, CPU, InProcessExecutor(blobs_workload()), None, None, print)
     cell = next(iter(stage.plan.cells()))
     assert not stage._can_fall_back(cell)  # no eager setting in the space, nothing timed
     clock.seconds = 95.0  # 5 s of the budget left

@@ -59,6 +59,9 @@ def print_plan(
             f"{processes} per trial under DDP, {each}; batch_size is per process, the "
             f"effective batch is every process's",
         )
+    if spec.space.batch_size_auto:
+        spec, found = _auto_batch(spec, study)
+        print_item(console, "batch_size", found.removeprefix("batch_size "))
     searched = spec.space.searched()
     if spec.study.strategy == "two_stage":
         from autotune.knobs import SPEED_KNOBS, SPLIT_KNOBS
@@ -90,6 +93,22 @@ def print_plan(
         console.print(
             f"[yellow]note:[/] num_workers goes up to {most} on {hardware.cpu_count} CPU cores"
         )
+
+
+def _auto_batch(spec: Spec, study: optuna.Study) -> tuple[Spec, str]:
+    """``batch_size: auto`` as the plan shows it: the study's micro-batches and the probe's
+    line once it ran, else its first doubling and what the probe will do."""
+    from autotune.stage1._probe import MIN_GAIN
+
+    record = studies.StudyRecord.of(study)
+    if record.batch_sizes:
+        return spec.with_batch_sizes(tuple(record.batch_sizes)), record.batch_size_auto or ""
+    start = int(spec.space.batch_size.values[0])  # type: ignore[union-attr]  # auto: a Choice
+    return spec.with_batch_sizes((start, 2 * start)), (
+        f"auto: doubled from {start} before stage 1 until out of memory, a doubling that gains "
+        f"under {MIN_GAIN:.0%} samples/s, or the training set's size (the estimate below "
+        f"counts {start} and {2 * start})"
+    )
 
 
 def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
@@ -160,6 +179,8 @@ def print_speed_table(console: Console, table: SpeedTable) -> None:
         seen.add((batch, precision, extras))
         shown.add_row(str(batch), str(precision), "-", "-", Text(why, style="red"))
     console.print(shown)
+    if table.batch_size_auto:
+        console.print(table.batch_size_auto)
 
 
 def _best_table(study: optuna.Study, spec: Spec, limit: int = 5) -> Table | None:
@@ -267,22 +288,24 @@ def print_summary(
     print_command(console, "Print the winner: ", "autotune", "best", *where)
 
 
-EDGE_GAIN = 0.10  # stage 1 still this much faster at the largest batch: the space is too small
-
-
 def _edge_of_space(
     study: optuna.Study, answer: studies.Answer, spec: Spec, table: SpeedTable | None
 ) -> str | None:
     """One line when the answer's micro-batch is the largest the space offers while stage 1
-    still ran it over ``EDGE_GAIN`` faster than the next smaller, with memory to spare (its
-    trial's peak under half the GPU's): the fastest batch may lie beyond the space."""
+    still ran it over ``MIN_GAIN`` faster than the next smaller (a doubling that paid), with
+    memory to spare (its trial's peak under half the GPU's): the fastest batch may lie beyond
+    the space. None for ``batch_size: auto``: its probe said why it went no further."""
+    from autotune.stage1._probe import MIN_GAIN
+
     offered = spec.space.batch_size
     if table is None or not isinstance(offered, Choice) or len(offered.values) < 2:
+        return None
+    if offered.auto:
         return None
     config = studies.trial_config(answer.trial)
     largest = int(max(offered.values))  # batch sizes: ints
     found = table.gain_at(largest, config.precision)
-    if config.batch_size != largest or found is None or found[1] <= EDGE_GAIN:
+    if config.batch_size != largest or found is None or found[1] <= MIN_GAIN:
         return None
     peak = studies.TrialRecord.of(answer.trial).peak_memory_bytes
     memory = (studies.StudyRecord.of(study).hardware or {}).get("gpu_memory_bytes")
@@ -292,7 +315,7 @@ def _edge_of_space(
     return (
         f"The answer trains micro-batches of {largest}, the largest space.batch_size offers, "
         f"and stage 1 ran {largest} {gain:.0%} faster than {smaller}: add {2 * largest} to "
-        "space.batch_size to try larger ones."
+        "space.batch_size to try larger ones (or batch_size: auto to find them)."
     )
 
 

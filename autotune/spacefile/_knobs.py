@@ -9,7 +9,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from autotune.errors import UserError
 from autotune.knobs import DDP_KNOBS, KNOBS, KnobInfo, Scalar
@@ -37,6 +37,9 @@ class Choice(Frozen):
     """A categorical knob; a single value means the knob is fixed and not searched."""
 
     values: tuple[Scalar, ...]
+    # batch_size: auto, the micro-batches a probe before stage 1 finds (``stage1._probe``);
+    # until then one value, the baseline's batch. Out of dumps: ``Spec.search_payload`` says it
+    auto: bool = Field(default=False, exclude=True)
 
     @property
     def is_fixed(self) -> bool:
@@ -194,7 +197,15 @@ def _parse_knob(name: str, raw: Any) -> Knob:
         return Choice(values=tuple(values))
     if raw is None:
         raise ValueError("no value given (leave the key out to use the default)")
+    if raw == "auto":  # batch_size's is read with the baseline's batch (``Spec``)
+        raise ValueError(AUTO_ONLY)
     return Choice(values=(_check_scalar(name, info, raw),))
+
+
+AUTO_ONLY = (
+    "auto is only for batch_size (micro-batches doubled up to the memory wall before stage 1); "
+    "list the values"
+)
 
 
 def _default(name: str) -> Choice:
@@ -237,6 +248,11 @@ class SpaceSpec(Frozen):
         """(name, knob) for every knob, in the order of ``KNOBS``."""
         for name in KNOBS:
             yield name, getattr(self, name)
+
+    @property
+    def batch_size_auto(self) -> bool:
+        """Whether the file says ``batch_size: auto``."""
+        return isinstance(self.batch_size, Choice) and self.batch_size.auto
 
     def searched(self) -> list[str]:
         """Names of the knobs that take more than one value."""

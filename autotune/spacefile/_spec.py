@@ -61,6 +61,31 @@ class Spec(Frozen):
                 return {**data, "study": {**study, "strategy": "joint"}}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_batch(cls, data: Any) -> Any:
+        """``batch_size: auto``: one value, the baseline's batch (its pin, else the default),
+        until the probe before stage 1 finds the list (``with_batch_sizes``)."""
+        space = data.get("space") if isinstance(data, dict) else None
+        if not isinstance(space, dict) or space.get("batch_size") != "auto":
+            return data
+        pins = (data.get("study") or {}).get("baseline") if isinstance(data, dict) else None
+        start = pins.get("batch_size") if isinstance(pins, dict) else None
+        start = KNOBS["batch_size"].default if start is None else start
+        if not isinstance(start, int) or isinstance(start, bool) or start < 1:
+            return data  # the baseline's own error says why
+        auto = Choice(values=(start,), auto=True)
+        return {**data, "space": {**space, "batch_size": auto}}
+
+    @model_validator(mode="after")
+    def _auto_batch_two_stage(self) -> Spec:
+        if self.space.batch_size_auto and self.study.strategy != "two_stage":
+            raise ValueError(
+                "space.batch_size: auto is probed before stage 1 of a two-stage study; a joint "
+                "search samples batch_size itself: list the values (e.g. [64, 128, 256])"
+            )
+        return self
+
     @model_validator(mode="after")
     def _two_stage_sizes(self) -> Spec:
         if self.study.strategy != "two_stage":
@@ -131,6 +156,8 @@ class Spec(Frozen):
         """
         payload = self.model_dump(mode="json", include={"workload", "objective", "space"})
         payload["workload"]["device"] = device or payload["workload"]["device"].split(":")[0]
+        if self.space.batch_size_auto:  # the same search before and after the probe
+            payload["space"]["batch_size"] = "auto"
         for section, added in ADDED_LATER.items():  # studies labelled before they existed
             for key, default in added.items():
                 if payload[section].get(key, default) == default:
@@ -145,6 +172,11 @@ class Spec(Frozen):
         """A short hash of ``search_payload()``: equal hashes, the same search."""
         canonical = json.dumps(self.search_payload(), sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def with_batch_sizes(self, sizes: tuple[int, ...]) -> Spec:
+        """``batch_size: auto`` resolved: ``sizes``, the micro-batches the probe found."""
+        space = self.space.model_copy(update={"batch_size": Choice(values=sizes, auto=True)})
+        return self.model_copy(update={"space": space})
 
     def with_overrides(self, **sections: dict[str, Any]) -> Spec:
         """A copy with some fields replaced, e.g. ``with_overrides(study={"n_trials": 5})``.

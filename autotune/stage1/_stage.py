@@ -291,7 +291,7 @@ class _Stage(SettingTimer):
         return speed_table(self.spec, self.plan, self.tried, self.pool)
 
 
-def _stage(
+def new_stage(
     study: optuna.Study,
     spec: Spec,
     hardware: Hardware,
@@ -301,6 +301,8 @@ def _stage(
     on_event: Callable[[SpeedEvent], None],
     on_wait: Callable[[str], None] | None = None,
 ) -> _Stage:
+    """Stage 1 of ``spec`` ready to measure: its plan, its budget from now, the measurements
+    stored since ``since`` (all where None)."""
     from autotune.references import checklist_rules, untuned_config
 
     left_out = LeftOut(spec)  # the budget counts from here, reading the cache included
@@ -325,7 +327,7 @@ def run_speed_stage(
     ``on_event`` hears each setting; ``on_wait``, that a measurement waits for another process
     of this machine (``turns``)."""
     since = datetime.datetime.now() if remeasure else None
-    stage = _stage(
+    stage = new_stage(
         study, spec, hardware, executor, workload, since, on_event or (lambda e: None), on_wait
     )
     cells = stage.plan.predicted()

@@ -326,6 +326,10 @@ class StudyRecord:
     hardware: dict[str, Any] | None = None  # telemetry.fingerprint of the machine
     confirmation: ConfirmationRecord | None = None  # the confirmation round, once it started
     strategy: str | None = None  # two_stage | joint (None: made before there was a choice)
+    # batch_size: auto, as the probe before stage 1 resolved it once for every process and
+    # resume (Optuna refuses a changed distribution): the micro-batches, and its one line
+    batch_sizes: list[int] | None = None
+    batch_size_auto: str | None = None
     # two_stage: execution knobs sampled in stage 2. The last field, so the last attribute a
     # new study's labelling writes: a process joining a study being created waits for it
     # (``_open._settled_record``); it once waited for the fingerprint alone, read no strategy

@@ -277,8 +277,9 @@ def _label(study: optuna.Study, spec: Spec, hardware: Hardware, workload: Worklo
         learning_knobs=list(spec.study.learning_knobs),
     ).store(study)
     # the checklist is queued when trials start (``requeue_lost_references``): after stage 1,
-    # whose memory walls its batch must stay under
-    queue_reference(study, spec, hardware, "baseline")
+    # whose memory walls its batch must stay under; both after batch_size: auto's probe
+    if not spec.space.batch_size_auto:
+        queue_reference(study, spec, hardware, "baseline")
 
 
 def _with_sampler(

@@ -3,6 +3,7 @@ its total. One trial's life is ``_trial``'s."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from collections.abc import Callable
@@ -50,6 +51,7 @@ class RunOutcome:
     taken_over: int = 0  # trials another process failed as stale while this one trained them
     timed_out: bool = False  # study.timeout ended the run
     stage_seconds: float | None = None  # what stage 1 took in this run (two-stage studies)
+    batch_size_auto: str | None = None  # batch_size: auto, what the probe found, in one line
 
 
 def _past(deadline: float | None) -> bool:
@@ -104,12 +106,16 @@ def run_study(
     outcome = RunOutcome(study_name=study.study_name)
     deadline = time.monotonic() + spec.study.timeout if spec.study.timeout else None
     walls = MemoryWalls.from_study(study)
-    trial_runner = TrialRunner(spec, hardware, executor, observer, walls, worker=worker)
+    table = None
     if spec.study.strategy == "two_stage":
-        table = _stage_one(study, spec, hardware, executor, workload, remeasure, outcome, observer)
-        if table is None:  # interrupted, or no setting could train: no trial runs
+        staged = _stage_one(
+            study, spec, hardware, executor, workload, remeasure, outcome, observer
+        )
+        if staged is None:  # interrupted, or no setting could train: no trial runs
             return outcome
-        trial_runner.speed = table
+        spec, table = staged  # batch_size: auto resolved
+    trial_runner = TrialRunner(spec, hardware, executor, observer, walls, worker=worker)
+    trial_runner.speed = table
     try:
         # a stale baseline is retried with its mark, not queued anew
         if recovered := recover_stale_trials(study):
@@ -143,13 +149,27 @@ def _stage_one(
     remeasure: bool,
     outcome: RunOutcome,
     observer: StudyObserver,
-) -> SpeedTable | None:
-    """A two-stage study's speed stage, its time and how it ended in ``outcome``: its table, or
-    None where it was interrupted or could train no setting at all (why, in ``outcome``)."""
+) -> tuple[Spec, SpeedTable] | None:
+    """A two-stage study's speed stage, its time and how it ended in ``outcome``: ``spec``
+    with ``batch_size: auto`` resolved first (``stage1._probe``; what it found, in ``outcome``
+    and said) and its table, or None where it was interrupted or could train no setting at all
+    (why, in ``outcome``)."""
+    from autotune.stage1._probe import resolve_batch_sizes
     from autotune.stage1._stage import run_speed_stage
 
     stage_started = time.monotonic()
     try:
+        if spec.space.batch_size_auto:  # the micro-batches, before the cells and references
+            spec, outcome.batch_size_auto = resolve_batch_sizes(
+                study,
+                spec,
+                hardware,
+                executor,
+                workload,
+                observer.speed_measured,
+                observer.turn_waiting,
+            )
+            observer.turn_waiting(outcome.batch_size_auto)
         table = run_speed_stage(
             study,
             spec,
@@ -164,12 +184,13 @@ def _stage_one(
         outcome.interrupted = True
         outcome.terminated = isinstance(stop, Terminated)
         return None
+    table = dataclasses.replace(table, batch_size_auto=outcome.batch_size_auto)
     outcome.stage_seconds = time.monotonic() - stage_started
     observer.speed_finished(table, outcome.stage_seconds)
     outcome.speed_table = table
     failure = table.failure()
     if failure is None:
-        return table
+        return spec, table
     kind, why = failure  # no trial could train: say why, run none
     if kind == FaultKind.ERROR:  # the same bug everywhere, as trials would show it
         outcome.repeated_error = why

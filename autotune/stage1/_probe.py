@@ -1,0 +1,114 @@
+"""``batch_size: auto``: the micro-batches a study searches, found once before stage 1 by
+doubling from the baseline's batch (Lightning's ``scale_batch_size``, its "power" mode) until
+one runs out of memory (a killed worker on a CPU counts), gains under ``MIN_GAIN`` samples/s over
+the last, or passes the training set. Each size is timed as stage 1 times a cell first: the
+tuning checklist's precision and reference setting (``SpeedPlan.reference``), claimed, timed and
+stored by ``_take``, so stage 1 reuses it and the processes of a study time it once. The list
+and its line are kept in the ``StudyRecord``: every process, resume and ``--remeasure`` of the
+study reads the same list (Optuna refuses a changed distribution).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import optuna
+
+from autotune.faults import FaultKind
+from autotune.spacefile import Spec
+from autotune.stage1._plan import Cell
+from autotune.stage1._stage import new_stage
+from autotune.stage1._store import SpeedEvent
+from autotune.stage1._take import SettingTimer
+from autotune.storage._liveness import study_lock
+from autotune.storage._records import StudyRecord
+
+if TYPE_CHECKING:
+    from autotune.executor import TrialExecutor
+    from autotune.hardware import Hardware
+    from autotune.workloads import Workload
+
+MIN_GAIN = 0.10  # a doubling that adds less samples/s than this does not pay: the probe stops
+_WALLS = (FaultKind.OOM.value, FaultKind.KILLED.value, FaultKind.WORKER_CRASHED.value)
+
+# a micro-batch's samples/s, or why it has none: (fault kind, message)
+Speed = float | tuple[str, str]
+
+
+def doubled(
+    start: int, limit: int | None, speed_of: Callable[[int], Speed]
+) -> tuple[list[int], str]:
+    """The micro-batches from ``start``, doubling while each runs and gains ``MIN_GAIN`` over
+    the last, at most ``limit`` (the training set's samples); and the one line that says what
+    stopped it: "batch_size auto: 32 to 512 (1024 ran out of memory)"."""
+    sizes: list[int] = []
+    last: float | None = None
+    batch = start
+    while True:
+        if limit is not None and batch > limit:
+            why = f"{batch} is more than the {limit} training samples"
+            break
+        speed = speed_of(batch)
+        if isinstance(speed, tuple):
+            kind, message = speed
+            why = f"{batch} ran out of memory" if kind in _WALLS else f"{batch} failed: {message}"
+            break
+        if last is not None and speed < last * (1 + MIN_GAIN):
+            gain = speed / last - 1
+            why = f"{batch} gained {gain:.0%}" if gain >= 0 else f"{batch} ran {-gain:.0%} slower"
+            break
+        sizes.append(batch)
+        last, batch = speed, 2 * batch
+    found = f"{sizes[0]} to {sizes[-1]}" if len(sizes) > 1 else str(sizes[0] if sizes else start)
+    return sizes or [start], f"batch_size auto: {found} ({why})"
+
+
+def _probe(timer: SettingTimer, workload: Workload | None) -> tuple[list[int], str]:
+    """Time the doubling micro-batches in stage 1's first cell group (``doubled``)."""
+    plan = timer.plan
+    groups = list(plan.groups())
+    wanted = plan.checklist.get("precision")
+    precision, extras = next((g for g in groups if g[0] == wanted), groups[0])
+    world = plan.base.world_size
+
+    def speed_of(batch: int) -> Speed:
+        cell = Cell(batch, precision, extras, world)
+        settings = plan.reference(cell)
+        timer.measure(cell, settings, 1)
+        if timer.pool(cell, settings).flagged_only():  # taken while others had the cores
+            timer.measure(cell, settings, 2)  # once more: a busy figure would skew the gain
+        pool = timer.pool(cell, settings)
+        best = pool.combined()
+        if best is None:
+            return pool.fault or (FaultKind.ERROR.value, "no measurement")
+        return best.samples_per_second()
+
+    limit = len(workload.train_set) // world if workload is not None else None  # type: ignore[arg-type]
+    return doubled(int(plan.batch_sizes[0]), limit, speed_of)
+
+
+def resolve_batch_sizes(
+    study: optuna.Study,
+    spec: Spec,
+    hardware: Hardware,
+    executor: TrialExecutor,
+    workload: Workload | None,
+    on_event: Callable[[SpeedEvent], None],
+    on_wait: Callable[[str], None] | None = None,
+) -> tuple[Spec, str]:
+    """``spec`` with ``batch_size: auto`` resolved, and the probe's line: the study's stored
+    list, else the probe's (run once, under the study's lock, and stored)."""
+    record = StudyRecord.of(study)
+    if record.batch_sizes is None:
+        with study_lock(study, purpose="batch_size", held_long=True):
+            record = StudyRecord.of(study)  # another process may have probed meanwhile
+            if record.batch_sizes is None:
+                timer = new_stage(
+                    study, spec, hardware, executor, workload, None, on_event, on_wait
+                )
+                sizes, line = _probe(timer, workload)
+                record = StudyRecord(batch_sizes=sizes, batch_size_auto=line)
+                record.store(study)
+    found = tuple(int(size) for size in record.batch_sizes or ())
+    return spec.with_batch_sizes(found), record.batch_size_auto or ""
