@@ -654,6 +654,21 @@ def test_batch_size_auto_stops_at_the_wall_a_small_gain_or_the_training_set():
     assert probed({16: 900.0, 32: ("killed", "SIGKILL")})[1].endswith("(32 ran out of memory)")
     assert probed({16: 900.0, 32: ("error", "boom")})[1].endswith("(32 failed: boom)")
     assert probed({16: oom}) == ([16], "batch_size auto: 16 (16 ran out of memory)")
+    # a doubling that seems to gain under 10% is measured once more, both sizes: on the
+    # figures pooled with the first (noise, not a wall) it may go on, or stop as it was
+    again = {16: 900.0, 32: 1500.0, 64: 1800.0, 128: 1850.0}
+    remeasured: list[int] = []
+
+    def pooled(batch: int) -> float:
+        remeasured.append(batch)
+        return again[batch]
+
+    first = {16: 900.0, 32: 850.0, 64: 1800.0, 128: 1700.0}
+    assert doubled(16, None, lambda batch: first[batch], pooled) == (
+        [16, 32, 64],
+        "batch_size auto: 16 to 64 (128 gained 3%)",
+    )
+    assert remeasured == [16, 32, 64, 128]
     # the training set caps it
     assert probed({16: 900.0, 32: 1800.0, 64: 3600.0}, limit=50) == (
         [16, 32],

@@ -37,11 +37,16 @@ Speed = float | tuple[str, str]
 
 
 def doubled(
-    start: int, limit: int | None, speed_of: Callable[[int], Speed]
+    start: int,
+    limit: int | None,
+    speed_of: Callable[[int], Speed],
+    again: Callable[[int], Speed] | None = None,
 ) -> tuple[list[int], str]:
     """The micro-batches from ``start``, doubling while each runs and gains ``MIN_GAIN`` over
     the last, at most ``limit`` (the training set's samples); and the one line that says what
-    stopped it: "batch_size auto: 32 to 512 (1024 ran out of memory)"."""
+    stopped it: "batch_size auto: 32 to 512 (1024 ran out of memory)". A doubling that seems to
+    gain less is decided on ``again``'s figures for both sizes (one measurement more each,
+    pooled): one measurement cannot tell a 10% gain from a noisy machine's run-to-run spread."""
     sizes: list[int] = []
     last: float | None = None
     batch = start
@@ -54,6 +59,10 @@ def doubled(
             kind, message = speed
             why = f"{batch} ran out of memory" if kind in _WALLS else f"{batch} failed: {message}"
             break
+        if last is not None and speed < last * (1 + MIN_GAIN) and again is not None:
+            before, now = again(batch // 2), again(batch)
+            if not isinstance(before, tuple) and not isinstance(now, tuple):
+                last, speed = before, now
         if last is not None and speed < last * (1 + MIN_GAIN):
             gain = speed / last - 1
             why = f"{batch} gained {gain:.0%}" if gain >= 0 else f"{batch} ran {-gain:.0%} slower"
@@ -72,10 +81,10 @@ def _probe(timer: SettingTimer, workload: Workload | None) -> tuple[list[int], s
     precision, extras = next((g for g in groups if g[0] == wanted), groups[0])
     world = plan.base.world_size
 
-    def speed_of(batch: int) -> Speed:
+    def speed_of(batch: int, again: bool = False) -> Speed:
         cell = Cell(batch, precision, extras, world)
         settings = plan.reference(cell)
-        timer.measure(cell, settings, 1)
+        timer.measure(cell, settings, len(timer.pool(cell, settings).results) + 1 if again else 1)
         if timer.pool(cell, settings).flagged_only():  # taken while others had the cores
             timer.measure(cell, settings, 2)  # once more: a busy figure would skew the gain
         pool = timer.pool(cell, settings)
@@ -85,7 +94,8 @@ def _probe(timer: SettingTimer, workload: Workload | None) -> tuple[list[int], s
         return best.samples_per_second()
 
     limit = len(workload.train_set) // world if workload is not None else None  # type: ignore[arg-type]
-    return doubled(int(plan.batch_sizes[0]), limit, speed_of)
+    start = int(plan.batch_sizes[0])
+    return doubled(start, limit, speed_of, lambda batch: speed_of(batch, again=True))
 
 
 def resolve_batch_sizes(
