@@ -7,9 +7,9 @@ confirmation round and the one answer.
   implements;
 - ``_run``: the run loop over the stages and the trials, under the study's lock;
 - ``_confirm``: the confirmation round that re-measures the leaders and the references side by
-  side; ``_answer``: what the round concludes, the study's one answer (``answer_of``), which
-  every rendering shows; ``_verify``: the answer and the references trained for the full run
-  (``autotune verify``).
+  side, each configuration's runs in it (``_confirmed``); ``_answer``: what the round
+  concludes, the study's one answer (``answer_of``), which every rendering shows;
+  ``_verify``: the answer and the references trained for the full run (``autotune verify``).
 
 Everything public is re-exported here, with the names of ``autotune.storage`` (where studies
 live) and ``autotune.stage1`` (the speed stage) that other rooms read, each imported on first
@@ -54,9 +54,7 @@ if TYPE_CHECKING:
     )
     from autotune.storage._walls import MemoryWalls
     from autotune.study._answer import (
-        NOISY_SPREAD,
         Answer,
-        Confirmed,
         Reference,
         answer_of,
         answer_trial,
@@ -64,6 +62,7 @@ if TYPE_CHECKING:
         trials_named,
     )
     from autotune.study._confirm import confirm_study, confirmation_plan
+    from autotune.study._confirmed import NOISY_SPREAD, Confirmed
     from autotune.study._open import load_study, open_study, patient_storage, with_study_strategy
     from autotune.study._run import RunOutcome, count_states, run_study
     from autotune.study._sampling import TrialSeededSampler, make_pruner, make_sampler
@@ -81,8 +80,8 @@ if TYPE_CHECKING:
 # Imported on first use: a reader of finished studies (autotune best, studies, export) never
 # loads _run and _confirm, which import the trainer and torch.
 _MODULES = {
-    "Confirmed": "autotune.study._answer",
-    "NOISY_SPREAD": "autotune.study._answer",
+    "Confirmed": "autotune.study._confirmed",
+    "NOISY_SPREAD": "autotune.study._confirmed",
     "answer_trial": "autotune.study._answer",
     "Answer": "autotune.study._answer",
     "Reference": "autotune.study._answer",

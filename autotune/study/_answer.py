@@ -4,11 +4,8 @@ round's winner, its medians, the round's spread and ties, and its ratio over eac
 measured beside it (the untuned baseline, the tuning checklist), or else the best feasible
 trial.
 
-A measurement taken under interference (other processes took more than
-``interference.INTERFERENCE_SHARE`` of its cores) is never compared with a clean one: the round
-ranks its configurations on their clean runs where every one that can be the answer has one,
-else on their flagged runs where every one has one (and says so: ``Confirmed.interfered``),
-else it cannot rank them like for like (``Answer.alike``) and counts as too noisy to rank.
+Each configuration's runs in the round are a ``_confirmed.Confirmed``; which runs the round
+compares (clean, flagged or none alike) is ``_confirmed.compared_runs``.
 
 The rule (``Answer.of_round``):
 
@@ -60,132 +57,11 @@ from autotune.storage._queries import feasible_trials
 from autotune.storage._records import (
     REFERENCE_NAMES,
     ConfirmationRecord,
-    ConfirmRun,
     ReferenceKind,
     StudyRecord,
     TrialRecord,
 )
-
-
-@dataclass(frozen=True)
-class Confirmed:
-    """One configuration's measurements in a confirmation round."""
-
-    trial: int
-    baseline: bool
-    values: tuple[float, ...]  # of the runs that trained, the original first
-    scores: tuple[float, ...]  # the validation scores of the same runs
-    samples_per_second: tuple[float, ...]
-    feasible_runs: int
-    runs: int  # measurements taken, failed ones included
-    interfered: bool = False  # every value was measured under interference
-    # the values of the round's own runs (the original trial left out): the leaders were
-    # chosen for their high original value, so the speed-up is read from these
-    round_values: tuple[float, ...] = ()
-    all_runs: int = 0  # every measurement of it, flagged and failed ones included
-    checklist: bool = False  # the tuning checklist (a reference, which can be the answer)
-    trial_feasible: bool = True  # its own trial met every requirement (min_score)
-
-    @property
-    def reference(self) -> ReferenceKind | None:
-        return "baseline" if self.baseline else "checklist" if self.checklist else None
-
-    @property
-    def label(self) -> str:  # "0 (baseline)", "1 (checklist)", "3"
-        return f"{self.trial}" + (f" ({self.reference})" if self.reference else "")
-
-    @property
-    def round_median(self) -> float:
-        """The median of the round's own runs; of every value when the round has none."""
-        values = self.round_values or self.values
-        return statistics.median(values) if values else float("nan")
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.values) if self.values else float("nan")
-
-    @property
-    def median_score(self) -> float:
-        return statistics.median(self.scores) if self.scores else float("nan")
-
-    @property
-    def median_samples_per_second(self) -> float:
-        return statistics.median(self.samples_per_second) if self.samples_per_second else 0.0
-
-    @property
-    def low(self) -> float:
-        return min(self.values) if self.values else float("nan")
-
-    @property
-    def high(self) -> float:
-        return max(self.values) if self.values else float("nan")
-
-    @property
-    def eligible(self) -> bool:
-        """Whether it can be the answer: its own trial was feasible (a reference's need not
-        be: it is measured whatever it scored; the answer's trial is what ``best`` shows) and
-        most of its measurements were."""
-        return self.trial_feasible and self.feasible_runs * 2 > self.runs
-
-    @property
-    def relative_spread(self) -> float | None:
-        """Half its range relative to its median; None with fewer than two values."""
-        if len(self.values) < 2 or not self.median:
-            return None
-        return (self.high - self.low) / 2 / abs(self.median)
-
-    @classmethod
-    def of(cls, record: ConfirmationRecord, number: int, compared: str) -> Confirmed:
-        """Trial ``number``'s measurements in ``record``, on the runs the round compares."""
-        measured = [run for run in record.runs if run.trial == number]
-        flagged = [run for run in measured if run.interfered]
-        clean = [run for run in measured if not run.interfered]
-        runs = flagged if compared == "flagged" and flagged else clean or measured
-        # the values of feasible runs: a run below min_score (or short of the target) is no
-        # measurement of an answer, and a failed one measured nothing
-        trained = [run for run in runs if run.value is not None and run.feasible]
-        return cls(
-            trial=number,
-            baseline=number == record.baseline,
-            checklist=number == record.checklist,
-            trial_feasible=all(run.feasible for run in measured if run.repeat == 0),
-            values=_values(trained),
-            # every run that trained, feasible or not: the score it really reaches
-            scores=tuple(r.score for r in runs if r.value is not None and r.score),
-            samples_per_second=tuple(
-                r.samples_per_second for r in trained if r.samples_per_second
-            ),
-            feasible_runs=sum(1 for run in runs if run.feasible),
-            runs=len(runs),
-            interfered=bool(runs) and all(run.interfered for run in runs),
-            round_values=_values([run for run in trained if run.repeat > 0]),
-            all_runs=len(measured),
-        )
-
-
-def _values(runs: list[ConfirmRun]) -> tuple[float, ...]:
-    return tuple(run.value for run in runs if run.value is not None)
-
-
-def _compared(record: ConfirmationRecord) -> Literal["clean", "flagged", "mixed"]:
-    """Which runs the round compares: the clean ones where every configuration that can be the
-    answer (its own trial feasible) has a feasible clean run, else the flagged ones where every
-    one has a flagged run, else none alike ("mixed")."""
-    rankable = []
-    for number in record.candidates:
-        runs = [run for run in record.runs if run.trial == number]
-        if all(run.feasible for run in runs if run.repeat == 0):
-            rankable.append([run for run in runs if run.value is not None and run.feasible])
-    rankable = [runs for runs in rankable if runs]
-    if all(any(not run.interfered for run in runs) for runs in rankable):
-        return "clean"
-    if all(any(run.interfered for run in runs) for runs in rankable):
-        return "flagged"
-    return "mixed"
-
-
-# a round whose run-to-run spread is wider than this (relative) cannot rank its leaders
-NOISY_SPREAD = 0.25
+from autotune.study._confirmed import NOISY_SPREAD, Confirmed, compared_runs
 
 
 @dataclass(frozen=True)
@@ -368,7 +244,7 @@ class Answer:
         answer whose state is the round's alone ("confirmed", "no_winner" or "unfinished"):
         ``trial`` stands for its trial, the references and ``search_share`` are left to
         ``answer_of``, which knows the study."""
-        compared = _compared(record)
+        compared = compared_runs(record)
         configurations = tuple(Confirmed.of(record, n, compared) for n in record.candidates)
         own = [run for run in record.runs if run.repeat > 0]
         spreads = [s for c in configurations if (s := c.relative_spread) is not None]
