@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import os
 import signal
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune.ending import Ending, ending
 from autotune.errors import UserError
 from autotune.spacefile import Spec, load_spec
 
@@ -24,10 +21,8 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.executor import TrialExecutor
-    from autotune.export import BestConfig
     from autotune.hardware import Hardware
-    from autotune.scaleout import Workers, WorkerShare
-    from autotune.study import ConfirmationRecord, Patience, RunOutcome, StudyObserver
+    from autotune.study import Patience
     from autotune.worker import WorkerExecutor
     from autotune.workloads import Workload
 
