@@ -74,7 +74,7 @@ class InProcessExecutor:
         if config.distributed:  # its own processes, each warmed before its clock
             return self._ranks().train(config, report)
         try:
-            self.warmth.before(config, self.workload)  # before the trial's clock starts
+            self.warmth.warm_for(config, self.workload)  # before the trial's clock starts
             return runner.train(config, self.workload, report)
         finally:
             release_memory()  # the next trial's peak memory is its own
@@ -83,7 +83,7 @@ class InProcessExecutor:
         if config.distributed:
             return self._ranks().measure(config, plan)
         try:
-            self.warmth.before(config, self.workload)  # before the first burst's clock
+            self.warmth.warm_for(config, self.workload)  # before the first burst's clock
             return bursts.measure(config, self.workload, plan)
         finally:
             release_memory()

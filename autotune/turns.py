@@ -1,31 +1,31 @@
-"""Processes of one machine take turns on what a trial trains with.
+"""A machine-wide lock on the training device: one process of this machine trains on it at a time.
 
 Two ``autotune run`` commands on one machine (many processes on one study, as the README's
 SLURM and Kubernetes examples start them; or two studies side by side) would otherwise train at
 the same moment on the same cores or GPU. Each trial's samples/s then falls by whatever the
 other takes (two quickstarts together trained at 130 samples/s against 7k alone), and trials
 measured so compare nothing. So a trial, a stage-1 measurement and a confirmation run each hold
-the machine's turn on their resources while they run: on the CPU the cores this process may
-use, on a GPU the GPU(s) it trains on. Processes whose resources do not overlap (the workers of
-``--workers`` and ``--gpus``, pinned to their own shares) never wait for each other.
+``device_lock`` on their resources while they run: on the CPU the cores this process may use,
+on a GPU the GPU(s) it trains on. Processes whose resources do not overlap (the workers of
+``--workers`` and ``--gpus``, pinned to their own shares) never wait for each other. The user
+calls a held lock "the machine's turn" (``--turn-wait``, "waiting for its turn").
 
-A turn is an exclusive ``flock`` per resource on ``/tmp/autotune-turn-NAME.lock`` (the folder
+The lock is an exclusive ``flock`` per resource on ``/tmp/autotune-turn-NAME.lock`` (the folder
 is ``$AUTOTUNE_MACHINE_DIR`` where that is set: containers of one host that share a folder
 other than /tmp), taken in sorted order, so two processes that want overlapping resources
-cannot each hold part of them.
-The holder's process id is written into each file it holds, so a process that waits can say
-for whom (its command line, read from /proc). A file that cannot be opened (another user's, a
-read-only /tmp) is not waited for.
+cannot each hold part of them. The holder's process id is written into each file it holds, so
+a process that waits can say for whom (its command line, read from /proc). A file that cannot
+be opened (another user's, a read-only /tmp) is not waited for.
 
 A wait is said when it begins and again as it grows (10 s, 20 s, 40 s ... so far), and it is
 given up after ``$AUTOTUNE_TURN_WAIT`` seconds (``autotune run --turn-wait``; default
-``TURN_WAIT_SECONDS``, half an hour): ``TurnNotTaken``, one line that says how to run anyway.
-Half an hour because a turn is held for one trial, one stage-1 measurement or one confirmation
-run of the other process, and two studies that take turns each wait one of the other's trials:
-a trial longer than that is rare in a study that searches, and a wait that long is a process
-that holds the machine for good (a stuck one, or one that trains for hours), which an unattended
-job should say rather than wait on. ``0`` takes no turn at all: the process trains beside the
-others (each measures the other as interference).
+``TURN_WAIT_SECONDS``, half an hour): ``DeviceLockTimeout``, one line that says how to run
+anyway. Half an hour because the lock is held for one trial, one stage-1 measurement or one
+confirmation run of the other process, and two studies that share a device each wait one of the
+other's trials: a trial longer than that is rare in a study that searches, and a wait that long
+is a process that holds the machine for good (a stuck one, or one that trains for hours), which
+an unattended job should say rather than wait on. ``0`` takes no lock at all: the process trains
+beside the others (each measures the other as interference).
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from autotune.scaleout import core_ranges
 
 MACHINE_DIR_ENV = "AUTOTUNE_MACHINE_DIR"
 TURN_WAIT_ENV = "AUTOTUNE_TURN_WAIT"
-TURN_WAIT_SECONDS = 1800.0  # how long a turn is waited for, unless $AUTOTUNE_TURN_WAIT says
-POLL_SECONDS = 0.05  # how often a held turn is tried again (the holder's gap between turns)
+TURN_WAIT_SECONDS = 1800.0  # how long the lock is waited for, unless $AUTOTUNE_TURN_WAIT says
+POLL_SECONDS = 0.05  # how often a held lock is tried again (the holder's gap between trials)
 FIRST_SAID_AGAIN = 10.0  # seconds: a wait is said again after this, then at each doubling
 
 
@@ -83,8 +83,8 @@ def resources(device: str, world_size: int = 1) -> tuple[str, ...]:
     return tuple(f"core-{core}" for core in own_cores())
 
 
-class TurnNotTaken(UserError):
-    """Another autotune process held this machine's turn for longer than the wait allowed:
+class DeviceLockTimeout(UserError):
+    """Another autotune process held the device lock for longer than the wait allowed:
     the user's bound (``by_user``; the run stops, saying how to run anyway) or the caller's
     (``wait_at_most``: stage 1's budget ran out)."""
 
@@ -93,9 +93,9 @@ class TurnNotTaken(UserError):
         self.by_user = by_user
 
 
-def turn_wait_seconds() -> float:
-    """Seconds a turn is waited for before giving up: ``$AUTOTUNE_TURN_WAIT``, else
-    ``TURN_WAIT_SECONDS``; 0 takes no turn. UserError for a value that is not seconds."""
+def lock_wait_seconds() -> float:
+    """Seconds the device lock is waited for before giving up: ``$AUTOTUNE_TURN_WAIT``, else
+    ``TURN_WAIT_SECONDS``; 0 takes no lock. UserError for a value that is not seconds."""
     given = os.environ.get(TURN_WAIT_ENV, "").strip()
     try:
         seconds = float(given) if given else TURN_WAIT_SECONDS
@@ -166,10 +166,10 @@ def _command(pid: int) -> str:
 
 
 @dataclass
-class _Waiting:
-    """One turn's wait, over all its resources: tried again every ``POLL_SECONDS``, said
-    (who, on what, for how long so far) when it begins and at each doubling of the time, and
-    given up after ``bound`` seconds."""
+class _LockWait:
+    """One wait for the device lock, over all its resources: tried again every
+    ``POLL_SECONDS``, said (who, on what, for how long so far) when it begins and at each
+    doubling of the time, and given up after ``bound`` seconds."""
 
     names: tuple[str, ...]
     on_wait: Callable[[str], None] | None
@@ -198,7 +198,7 @@ class _Waiting:
                 )
                 self.said_at = max(FIRST_SAID_AGAIN, 2 * waited)
             if waited >= self.bound:
-                raise TurnNotTaken(
+                raise DeviceLockTimeout(
                     f"gave up waiting for this machine's turn after {_seconds(waited)}: "
                     f"{self.who(handle)}. To train beside it anyway (each slows the other, and "
                     f"measurements are flagged for interference), run with --turn-wait 0 "
@@ -216,25 +216,25 @@ def _seconds(seconds: float) -> str:
 
 
 @contextlib.contextmanager
-def turn(
+def device_lock(
     device: str,
     world_size: int = 1,
     on_wait: Callable[[str], None] | None = None,
     wait_at_most: float | None = None,
 ) -> Iterator[None]:
-    """Hold this machine's turn on what a trial on ``device`` trains with (``resources``)
+    """Hold the machine-wide lock on what a trial on ``device`` trains with (``resources``)
     while the block runs. Where another process holds part of it, ``on_wait`` hears a line
     saying who, on what and for how long so far, when the wait begins and as it grows; past
-    ``turn_wait_seconds()``, or the caller's ``wait_at_most`` seconds when that is less, the
-    wait is given up: TurnNotTaken. A bound of 0 seconds takes no turn."""
-    patience = turn_wait_seconds()
-    if patience == 0:  # the user runs beside the others
+    ``lock_wait_seconds()``, or the caller's ``wait_at_most`` seconds when that is less, the
+    wait is given up: DeviceLockTimeout. A bound of 0 seconds takes no lock."""
+    wait_bound = lock_wait_seconds()
+    if wait_bound == 0:  # the user runs beside the others
         yield
         return
     names = resources(device, world_size)
-    by_user = wait_at_most is None or patience <= wait_at_most
-    bound = patience if by_user else max(0.0, wait_at_most or 0.0)
-    waiting = _Waiting(names, on_wait, bound, by_user)
+    by_user = wait_at_most is None or wait_bound <= wait_at_most
+    bound = wait_bound if by_user else max(0.0, wait_at_most or 0.0)
+    waiting = _LockWait(names, on_wait, bound, by_user)
     with contextlib.ExitStack() as held:
         for name in names:
             held.enter_context(file_lock(MACHINE_DIR / f"autotune-turn-{name}.lock", wait=waiting))
@@ -242,7 +242,7 @@ def turn(
 
 
 def _describe(names: tuple[str, ...]) -> str:
-    """``cores 0-3`` or ``GPU 1`` for a turn's resource names."""
+    """``cores 0-3`` or ``GPU 1`` for the lock's resource names."""
     gpus = [name[4:] for name in names if name.startswith("gpu-")]
     if gpus:
         return ("GPUs " if len(gpus) > 1 else "GPU ") + ",".join(gpus)

@@ -6,7 +6,7 @@ the first kernels of each kind loaded, pages faulted in. Inside the first trial'
 costs make it look slower than it is, and the first trial is usually the untuned baseline, so
 every "N times faster than untuned" would be inflated by them (23% on the quickstart).
 
-``Warmth.before(config, workload)`` pays them on throwaway copies of the trial's own model and
+``Warmth.warm_for(config, workload)`` pays them on throwaway copies of the trial's own model and
 data, eager, at the trial's precision, batch size and data pipeline, with its loss and batch
 layout: a few training steps and an evaluation batch. The first trial that compiles also gets
 the compiler's own machinery warmed (Dynamo, AOTAutograd and Inductor imported, the C++
@@ -102,7 +102,7 @@ def warm_compiler(device: torch.device) -> None:
 
 
 class Warmth:
-    """What this process has warmed; ``before`` warms what the next trial still needs.
+    """What this process has warmed; ``warm_for`` warms what the next trial still needs.
 
     ``log`` hears each warm-up as it happens ("process", "compiler"), in order.
     """
@@ -113,7 +113,7 @@ class Warmth:
         self.frozen = False  # gc.freeze() was called: close() undoes it
         self._log = log or (lambda event: None)
 
-    def before(self, config: TrialConfig, workload: Workload) -> None:
+    def warm_for(self, config: TrialConfig, workload: Workload) -> None:
         """Warm the process (once) and, for a compiled trial, the compiler (once)."""
         # a failure here is the trial's, raised as such; a later trial tries again
         if not self.process_warm and warm_process(config, workload):

@@ -69,7 +69,7 @@ def main() -> None:
             num_workers=workers,
             prefetch_factor=2 if workers else None,
         )
-        warmth.before(config, workload)
+        warmth.warm_for(config, workload)
         predicted: list[float] = []
         trained: list[float] = []
         for pair in range(args.pairs):

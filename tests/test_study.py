@@ -53,7 +53,7 @@ from autotune.study import (
     with_study_strategy,
 )
 from autotune.testing import AMPERE, CPU, TINY_SPACE, make_config, make_evaluation, make_result
-from autotune.turns import TurnNotTaken
+from autotune.turns import DeviceLockTimeout
 from autotune.workloads import load
 
 RESULT_ATTRS = {
@@ -943,7 +943,7 @@ def test_the_first_trials_spread_over_every_knobs_range():
         (KeyboardInterrupt(), "interrupted", "the study was stopped by Ctrl-C (SIGINT)", True),
         (Terminated(), "interrupted", "the study was stopped by SIGTERM", True),
         (StorageOutage("gone"), "interrupted", "did not answer for longer than", True),
-        (TurnNotTaken("busy", by_user=True), "interrupted", "the run stopped: busy", True),
+        (DeviceLockTimeout("busy", by_user=True), "interrupted", "the run stopped: busy", True),
         (WorkerError("cannot start"), "error", "cannot start", False),
         (RuntimeError("a bug"), "error", "RuntimeError: a bug", False),
     ],

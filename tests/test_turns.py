@@ -41,7 +41,7 @@ HOLDER = textwrap.dedent(
     turns.MACHINE_DIR = Path(sys.argv[1])
     if len(sys.argv) > 2:
         os.sched_setaffinity(0, {int(sys.argv[2])})
-    with turns.turn("cpu"):
+    with turns.device_lock("cpu"):
         print("held", flush=True)
         sys.stdin.read()
         print(f"released {time.monotonic()}", flush=True)
@@ -72,7 +72,7 @@ def test_a_process_waits_for_the_one_training_on_its_cores_and_says_for_whom(
         assert holder.stdin is not None
         holder.stdin.close()  # the holder lets go only once this one waits
 
-    with turns.turn("cpu", on_wait=waiting):
+    with turns.device_lock("cpu", on_wait=waiting):
         got_it = time.monotonic()
     assert holder.stdout is not None
     out = holder.stdout.read()
@@ -80,7 +80,7 @@ def test_a_process_waits_for_the_one_training_on_its_cores_and_says_for_whom(
     released = float(out.split()[-1])
     assert released <= got_it  # this one trained only after the holder let go
     assert len(said) == 1 and f"autotune process {holder.pid} trains on core" in said[0]
-    with turns.turn("cpu", on_wait=said.append):  # nobody holds it now: no wait
+    with turns.device_lock("cpu", on_wait=said.append):  # nobody holds it now: no wait
         pass
     assert len(said) == 1
 
@@ -94,7 +94,7 @@ def test_processes_on_different_cores_do_not_wait_for_each_other(tmp_path: Path,
     os.sched_setaffinity(0, {second})
     try:
         said: list[str] = []
-        with turns.turn("cpu", on_wait=said.append):
+        with turns.device_lock("cpu", on_wait=said.append):
             assert not said
     finally:
         os.sched_setaffinity(0, before)
@@ -107,7 +107,7 @@ RELEASE_AFTER = textwrap.dedent(
     from pathlib import Path
     from autotune import turns
     turns.MACHINE_DIR = Path(sys.argv[1])
-    with turns.turn("cpu"):
+    with turns.device_lock("cpu"):
         print("held", flush=True)
         time.sleep(float(sys.argv[2]))
     """
@@ -167,7 +167,10 @@ def test_a_wait_says_for_how_long_and_gives_up_after_the_users_bound_saying_how_
     said: list[str] = []
     try:
         began = time.monotonic()
-        with pytest.raises(turns.TurnNotTaken) as given_up, turns.turn("cpu", on_wait=said.append):
+        with (
+            pytest.raises(turns.DeviceLockTimeout) as given_up,
+            turns.device_lock("cpu", on_wait=said.append),
+        ):
             pytest.fail("it trained while another process held its turn")
         waited = time.monotonic() - began
     finally:
@@ -194,19 +197,19 @@ def test_a_bound_of_zero_takes_no_turn_and_a_callers_bound_is_its_own(tmp_path: 
     said: list[str] = []
     try:
         with (  # stage 1's budget ends first
-            pytest.raises(turns.TurnNotTaken) as given_up,
-            turns.turn("cpu", on_wait=said.append, wait_at_most=0.2),
+            pytest.raises(turns.DeviceLockTimeout) as given_up,
+            turns.device_lock("cpu", on_wait=said.append, wait_at_most=0.2),
         ):
             pass
         assert not given_up.value.by_user and "--turn-wait" not in said[0]
         monkeypatch.setenv(turns.TURN_WAIT_ENV, "0")  # the user trains beside it
-        with turns.turn("cpu", on_wait=said.append):
+        with turns.device_lock("cpu", on_wait=said.append):
             assert len(said) == 1
     finally:
         holder.communicate(timeout=30)
     monkeypatch.setenv(turns.TURN_WAIT_ENV, "soon")
     with pytest.raises(UserError, match="AUTOTUNE_TURN_WAIT='soon': give the seconds"):
-        turns.turn_wait_seconds()
+        turns.lock_wait_seconds()
 
 
 def test_the_run_command_gives_up_waiting_after_turn_wait_in_one_line(tmp_path: Path, monkeypatch):

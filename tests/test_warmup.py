@@ -63,9 +63,9 @@ def test_a_configuration_with_nothing_to_train_leaves_the_warm_up_to_the_next_tr
     workload = blobs_workload()
     events: list[str] = []
     warmth = Warmth(log=events.append)
-    warmth.before(make_config(batch_size=100_000), workload)  # more than the data set
+    warmth.warm_for(make_config(batch_size=100_000), workload)  # more than the data set
     assert not warmth.process_warm and events == []
-    warmth.before(make_config(), workload)
+    warmth.warm_for(make_config(), workload)
     assert warmth.process_warm and events == ["process"]
 
 

@@ -32,7 +32,7 @@ from autotune.cli._ending import finish, worker_exit
 from autotune.cli._verify import verify
 from autotune.errors import UserError
 from autotune.spacefile import DEFAULT_STORAGE
-from autotune.turns import TURN_WAIT_ENV, TurnNotTaken
+from autotune.turns import TURN_WAIT_ENV, DeviceLockTimeout
 
 if TYPE_CHECKING:
     from autotune.scaleout import Workers, WorkerShare
@@ -171,7 +171,7 @@ def run(
         )
     except UserError as err:  # a worker that cannot start, the disk filled up, ...
         console.print()  # ends the live display's last line: the error gets a line of its own
-        code = EXIT_FAILED if isinstance(err, (WorkerError, TurnNotTaken)) else EXIT_USAGE
+        code = EXIT_FAILED if isinstance(err, (WorkerError, DeviceLockTimeout)) else EXIT_USAGE
         raise fail(str(err), code) from None
     if as_worker is not None:
         worker_exit(outcome)

@@ -133,7 +133,7 @@ def rank_main(
             # what this process has not paid yet, before any clock: torch's first steps (as
             # one process), the compiler; then every rank meets in a collective (the first
             # builds NCCL's communicator), so that no clock starts while a peer is still away
-            warmth.before(config.replace(world_size=1), workload)
+            warmth.warm_for(config.replace(world_size=1), workload)
             dist.all_reduce(torch.zeros(1, device=rank_device))
             if plan is not None:
                 value: TrialResult | SpeedMeasurement = bursts.measure(config, workload, plan)

@@ -38,7 +38,7 @@ from autotune.stage1._store import (
 )
 from autotune.storage import adapter
 from autotune.storage._walls import MemoryWalls
-from autotune.turns import TurnNotTaken, turn
+from autotune.turns import DeviceLockTimeout, device_lock
 
 _TIMEOUTS = (FaultKind.TRIAL_TIMEOUT, FaultKind.TIMEOUT_UNDER_LOAD)
 CLAIM_POLL_SECONDS = 0.5  # how often a process waiting for another's measurement looks
@@ -143,11 +143,13 @@ class SettingTimer:
         why = self.refused()
         if why is None:
             try:
-                with turn(config.device, config.world_size, self.on_wait, self.turn_patience()):
+                with device_lock(
+                    config.device, config.world_size, self.on_wait, self.turn_patience()
+                ):
                     why = self.refused()
                     if why is None:
                         self._take(cell, settings, config, asked)
-            except TurnNotTaken as not_taken:
+            except DeviceLockTimeout as not_taken:
                 if not_taken.by_user:
                     raise
                 why = "not tried: stage 1's time ran out while another process held its turn"

@@ -32,7 +32,7 @@ from autotune.results import Evaluation
 from autotune.spacefile import ObjectiveSpec
 from autotune.storage._queries import feasible_trials, reference_trial, trial_config
 from autotune.storage._records import ConfirmationRecord, ConfirmRun, StudyRecord, TrialRecord
-from autotune.turns import turn
+from autotune.turns import device_lock
 
 if TYPE_CHECKING:
     from autotune.executor import TrialExecutor
@@ -163,7 +163,7 @@ def _measure(
 
     from autotune.executor import attempt  # torch: only a confirmation round needs it
 
-    with turn(config.device, config.world_size, on_wait):  # off the clock, as a trial
+    with device_lock(config.device, config.world_size, on_wait):  # off the clock, as a trial
         started = time.monotonic()
         result = attempt(lambda: executor.run(config.replace(seed=seed), report))
     run = ConfirmRun(trial.number, repeat, seed, None, None, None, False, 0.0)

@@ -31,7 +31,7 @@ from autotune.storage._outage import StorageOutage
 from autotune.storage._queries import best_trial
 from autotune.storage._records import TrialRecord
 from autotune.storage._walls import MemoryWalls
-from autotune.turns import TurnNotTaken, turn
+from autotune.turns import DeviceLockTimeout, device_lock
 
 if TYPE_CHECKING:
     from autotune.stage1._store import SpeedEvent
@@ -250,7 +250,7 @@ class TrialRunner:
         reference = TrialRecord.from_attrs(trial.user_attrs).reference is not None
         # another process of this machine training on the same cores or GPU: wait, off the clock
         asked_turn = time.monotonic()
-        with turn(config.device, config.world_size, self.observer.turn_waiting):
+        with device_lock(config.device, config.world_size, self.observer.turn_waiting):
             started = time.monotonic()
             if started - asked_turn > TURN_WAIT_SAID:
                 TrialRecord(turn_wait_seconds=started - asked_turn).store(trial)
@@ -374,7 +374,7 @@ class TrialRunner:
             message = f"the study was stopped by {how}"
         elif isinstance(stop, StorageOutage):
             message = "the study's database did not answer for longer than study.storage_outage"
-        elif isinstance(stop, TurnNotTaken):
+        elif isinstance(stop, DeviceLockTimeout):
             message = f"the run stopped: {stop}"
         else:
             kind = FaultKind.ERROR

@@ -27,7 +27,7 @@ from autotune.storage._queries import feasible_trials, reference_trial, trial_co
 from autotune.storage._records import REFERENCE_NAMES
 from autotune.study._answer import answer_of
 from autotune.study._confirm import interleaved
-from autotune.turns import turn
+from autotune.turns import device_lock
 
 ATTRIBUTE = "verify"  # the study's user attribute that holds the runs
 # what "better" must exceed before the short trials' ranking is said not to hold: one run each
@@ -256,7 +256,7 @@ def _train(
             on_evaluation(role, trial.number, evaluation)
         return False  # the whole run: that is what is verified
 
-    with turn(config.device, config.world_size, on_wait):
+    with device_lock(config.device, config.world_size, on_wait):
         result = attempt(lambda: executor.run(config, report))
     if isinstance(result, TrialFault):
         fault = f"{result.kind}: {result.message}"

@@ -179,7 +179,7 @@ def _serve(
                 else:
                     result = ranks.train(config, report)
             else:  # what this process pays once is on no clock, the trial's timeout included
-                warmth.before(config, workload)
+                warmth.warm_for(config, workload)
                 connection.send(Warmed())
                 if isinstance(message, MeasureSpeed):
                     measured = bursts.measure(config, workload, message.plan)
