@@ -16,10 +16,11 @@ from torch.utils.data import DataLoader
 from autotune import semantics
 from autotune.faults import FaultKind, TrialFault, classify
 from autotune.pipeline import DeviceBatches
+from autotune.semantics import IGNORE_INDEX, TOP_K, builtin_score
 from autotune.trainer import Trainer
 from autotune.workloads import Workload, user_frame
 from autotune.workloads.batches import call_model
-from autotune.workloads.scoring import IGNORE_INDEX, TOP_K, builtin_score, score_value
+from autotune.workloads.scoring import score_value
 
 
 @torch.no_grad()

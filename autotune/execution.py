@@ -154,11 +154,6 @@ def compile_state(config: TrialConfig, keep: str = "") -> Iterator[CompiledGraph
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def on_device(device: torch.device) -> contextlib.AbstractContextManager:
-    """Make ``device`` the current CUDA device (streams, events, caches follow it)."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
 def reset_peak_memory(device: torch.device) -> None:
     """Start this trial's peak-memory reading: the device's allocator peak, or on a CPU the
     process's resident-set high-water mark (Linux lets a process reset its own)."""
@@ -215,7 +210,8 @@ def guarded(
     device = torch.device(config.device)
     threads = trial_threads()
     with (
-        on_device(device),
+        # the current CUDA device: streams, events and caches follow it
+        torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext(),
         backend_flags(config),
         compile_state(config, keep_compiled) as graph,
         intra_op_threads(threads),

@@ -45,10 +45,6 @@ class Hardware:
     def is_cuda(self) -> bool:
         return self.device.startswith("cuda")
 
-    @property
-    def device_type(self) -> str:
-        return "cuda" if self.is_cuda else "cpu"
-
 
 def _cpuinfo(*keys: str) -> list[str]:
     """The values of the kernel's /proc/cpuinfo lines named ``keys`` ([] where unreadable)."""

@@ -12,11 +12,11 @@ import torch
 
 from autotune.hardware import detect
 from autotune.runner import train
+from autotune.semantics import IGNORE_INDEX, classification_sums
 from autotune.space import restrict
 from autotune.spacefile import WorkloadSpec, parse_spec
 from autotune.testing import make_config, never_stop
 from autotune.workloads import WorkloadError, load
-from autotune.workloads.scoring import IGNORE_INDEX, classification_sums
 
 # Workloads as a new user writes them: each data function returns (train, val), each model
 # function an nn.Module; most of them wrong in one way.

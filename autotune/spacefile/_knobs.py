@@ -7,9 +7,9 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from autotune.errors import UserError
 from autotune.knobs import DDP_KNOBS, KNOBS, KnobInfo, Scalar
@@ -208,36 +208,12 @@ AUTO_ONLY = (
 )
 
 
-def _default(name: str) -> Choice:
-    return Choice(values=(KNOBS[name].default,))
-
-
-class SpaceSpec(Frozen):
+class _Space(Frozen):
     """The knobs. Omitted knobs are fixed at their documented default (``KNOBS``)."""
 
-    lr: Knob = _default("lr")
-    lr_scaling: Knob = _default("lr_scaling")
-    base_batch_size: Knob = _default("base_batch_size")
-    batch_size: Knob = _default("batch_size")
-    accumulation_steps: Knob = _default("accumulation_steps")
-    data_pipeline: Knob = _default("data_pipeline")
-    num_workers: Knob = _default("num_workers")
-    pin_memory: Knob = _default("pin_memory")
-    prefetch_factor: Knob = _default("prefetch_factor")
-    persistent_workers: Knob = _default("persistent_workers")
-    precision: Knob = _default("precision")
-    compile: Knob = _default("compile")
-    optimizer: Knob = _default("optimizer")
-    weight_decay: Knob = _default("weight_decay")
-    momentum: Knob = _default("momentum")
-    nesterov: Knob = _default("nesterov")
-    schedule: Knob = _default("schedule")
-    warmup_fraction: Knob = _default("warmup_fraction")
-    channels_last: Knob = _default("channels_last")
-    cudnn_benchmark: Knob = _default("cudnn_benchmark")
-    ddp_bucket_cap_mb: Knob = _default("ddp_bucket_cap_mb")
-    gradient_as_bucket_view: Knob = _default("gradient_as_bucket_view")
-    static_graph: Knob = _default("static_graph")
+    if TYPE_CHECKING:  # the fields, one per knob, are made from the registry below
+
+        def __getattr__(self, name: str) -> Knob: ...
 
     @field_validator("*", mode="before")
     @classmethod
@@ -259,4 +235,11 @@ class SpaceSpec(Frozen):
         return [name for name, knob in self.knobs() if not knob.is_fixed]
 
 
-assert set(SpaceSpec.model_fields) == set(KNOBS), "SpaceSpec and KNOBS must list the same knobs"
+if TYPE_CHECKING:
+    SpaceSpec = _Space
+else:  # a field per knob of the registry, in its order, its default the knob's
+    SpaceSpec = create_model(
+        "SpaceSpec",
+        __base__=_Space,
+        **{name: (Knob, Choice(values=(info.default,))) for name, info in KNOBS.items()},
+    )

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import sysconfig
 import traceback
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
+from autotune import faults
 from autotune.pipeline import Collate
+from autotune.semantics import IGNORE_INDEX, TOP_K, logits_of
 from autotune.spacefile import LOSSES, SCORES
 from autotune.workloads._registry import DataSplits, WorkloadError
 from autotune.workloads.batches import (
@@ -32,44 +31,18 @@ from autotune.workloads.batches import (
     call_model,
     is_integer,
 )
-from autotune.workloads.scoring import (
-    IGNORE_INDEX,
-    TOP_K,
-    LossFn,
-    ScoreFn,
-    cross_entropy_classes_last,
-    logits_of,
-    score_value,
-)
+from autotune.workloads.scoring import LossFn, ScoreFn, cross_entropy_classes_last, score_value
 
 CHECK_BATCH = 2  # samples per split run through the model before the study
 MIN_SCORED_TARGETS = 100  # fewer validation targets: accuracy moves in steps over 1%
 
-_NOT_USER_CODE = tuple(
-    str(Path(root)) + os.sep
-    for root in {
-        *(sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")),
-        str(Path(__file__).resolve().parents[1]),  # autotune itself
-    }
-)
-
 
 def user_frame(error: BaseException) -> str:
-    """Where ``error`` was raised in the user's code, as `` (at path:line in function)``: the
-    innermost frame outside Python's library, installed packages and autotune, its path relative
-    to the working directory when inside it; empty when no frame is the user's (an error in how
-    torch called their code, such as arguments that do not fit)."""
-    frames = traceback.extract_tb(error.__traceback__)
-    users = [frame for frame in frames if not frame.filename.startswith(_NOT_USER_CODE)]
-    if not users:
-        return ""
-    frame = users[-1]
-    path = Path(frame.filename)
-    try:
-        shown = str(path.relative_to(Path.cwd()))
-    except ValueError:
-        shown = str(path)
-    return f" (at {shown}:{frame.lineno} in {frame.name})"
+    """Where ``error`` was raised in the user's code, as `` (at path:line in function)``
+    (``faults.user_frame``); empty when no frame is the user's (an error in how torch called
+    their code, such as arguments that do not fit)."""
+    where = faults.user_frame("".join(traceback.format_tb(error.__traceback__)))
+    return f" (at {where})" if where else ""
 
 
 @contextlib.contextmanager
@@ -161,7 +134,7 @@ def batch_of(
         ) from None
 
 
-def _classes_last(output: torch.Tensor, targets: torch.Tensor, names: Entries) -> bool:
+def _classes_last(output: torch.Tensor, targets: torch.Tensor, names: WorkloadNames) -> bool:
     """Whether ``output`` holds the classes in its last dimension (``[batch, *d, classes]``, a
     Hugging Face token classifier's) rather than in dimension 1, as ``workload.class_dim`` says
     or else as the shapes say; WorkloadError when neither fits ``targets``, or both do."""
@@ -192,7 +165,7 @@ def _classes_last(output: torch.Tensor, targets: torch.Tensor, names: Entries) -
     )
 
 
-def _logits(output: Any, targets: torch.Tensor, names: Entries) -> tuple[torch.Tensor, bool]:
+def _logits(output: Any, targets: torch.Tensor, names: WorkloadNames) -> tuple[torch.Tensor, bool]:
     """The logits in ``output`` with the classes in dimension 1, and whether the model gives them
     last."""
     entry = names.model
@@ -208,7 +181,7 @@ def _logits(output: Any, targets: torch.Tensor, names: Entries) -> tuple[torch.T
     return (logits.movedim(-1, 1) if last else logits), last
 
 
-def _loss(loss_fn: LossFn, output: Any, targets: Any, split: str, names: Entries) -> float:
+def _loss(loss_fn: LossFn, output: Any, targets: Any, split: str, names: WorkloadNames) -> float:
     what = f"loss '{names.loss}' fails on a {split} batch of model '{names.model}':"
     with failing(what, where=names.loss not in LOSSES):
         loss = loss_fn(output, targets)
@@ -229,7 +202,7 @@ class Checked(NamedTuple):
     untrained_score: float | None = None  # the user's score of the fresh model (None: built-in)
 
 
-class Entries(NamedTuple):
+class WorkloadNames(NamedTuple):
     """The space file's names of the workload's parts, for messages."""
 
     model: str
@@ -262,7 +235,7 @@ def check(
     loss_fn: LossFn,
     score_fn: ScoreFn | None,
     num_classes: int | None,
-    names: Entries,
+    names: WorkloadNames,
 ) -> Checked:
     """Run ``model`` on a small batch of each split and compute the loss and the score as trials
     do. Raises WorkloadError with one line for a workload that cannot train or be scored;
@@ -270,7 +243,7 @@ def check(
     laid out."""
     model.eval()
     warnings: list[str] = []
-    classes_last: bool | None = None
+    classes_last = False
     # the output is read as class logits by the default loss and by every built-in score
     classifies = score_fn is None or names.loss == "cross_entropy"
     for split, dataset in zip(("training", "validation"), splits, strict=True):
@@ -283,16 +256,9 @@ def check(
         with failing(f"model '{names.model}' fails on a {split} batch ({_describe(inputs)}):"):
             output = call_model(model, inputs)
         if classifies:
-            logits, last = _logits(output, targets, names)
-            if classes_last is not None and last != classes_last:
-                raise WorkloadError(
-                    f"model '{names.model}' gives its classes in the "
-                    f"{'last dimension' if last else 'dimension 1'} on a {split} batch but "
-                    f"not on a training batch ({list(logits.shape)})"
-                )
-            classes_last = last
+            logits, classes_last = _logits(output, targets, names)
             _check_classes(logits, targets, split, num_classes, names)
-            if last and names.loss == "cross_entropy":  # as the trials will take it
+            if classes_last and names.loss == "cross_entropy":  # as the trials will take it
                 loss_fn = cross_entropy_classes_last
         loss = _loss(loss_fn, output, targets, split, names)
         # a mean loss over no scored target (every one IGNORE_INDEX) is NaN: not the model's
@@ -314,7 +280,7 @@ def check(
     untrained = None
     if score_fn is not None:
         untrained = _user_score(score_fn, model, splits.val, splits.collate_fn, names.score)
-    return Checked(tuple(warnings), bool(classes_last), untrained)
+    return Checked(tuple(warnings), classes_last, untrained)
 
 
 def _check_classes(
@@ -322,7 +288,7 @@ def _check_classes(
     targets: torch.Tensor,
     split: str,
     num_classes: int | None,
-    names: Entries,
+    names: WorkloadNames,
 ) -> None:
     """The model's class count against the data set's and the labels', and enough classes for
     top5."""

@@ -10,10 +10,10 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from autotune.pipeline import Collate
+from autotune.semantics import IGNORE_INDEX
 from autotune.workloads._check import batch_of, read_sample, split_batch
 from autotune.workloads._registry import DataSplits
 from autotune.workloads.batches import BatchLayout, is_integer
-from autotune.workloads.scoring import IGNORE_INDEX
 
 # Samples read for their labels, both splits together, when the data set does not say how many
 # classes it has. A sample of tensors reads in microseconds (10,000: well under a second), one

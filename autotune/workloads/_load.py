@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_map_only
 
 from autotune.spacefile import SCORES, WorkloadSpec
 from autotune.workloads._check import (
-    Entries,
+    WorkloadNames,
     batch_of,
     check,
     check_labels,
@@ -155,7 +155,7 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accurac
         raise WorkloadError(
             f"model '{spec.model}' returned {type(model).__name__}, not a torch.nn.Module"
         )
-    names = Entries(spec.model, spec.data, spec.loss, score, spec.class_dim)
+    names = WorkloadNames(spec.model, spec.data, spec.loss, score, spec.class_dim)
     checked = check(model, splits, layout, loss_fn, score_fn, num_classes, names)
     if checked.classes_last and loss_fn is cross_entropy_loss:
         loss_fn = cross_entropy_classes_last

@@ -37,6 +37,7 @@ MODELS: dict[str, ModelFn | str] = {}
 DATASETS: dict[str, DataFn | str] = {}
 # "family:name" models: the family's function gets the name as its first argument
 MODEL_FAMILIES: dict[str, ModelFn | str] = {}
+Registry = dict[str, Callable[..., Any] | str]
 
 
 class WorkloadError(UserError):
@@ -106,24 +107,19 @@ class Workload:
         return self.layout.split(batch)
 
 
+def _register(registry: Registry, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    registry[name] = fn
+    return fn
+
+
 def register_model(name: str) -> Callable[[ModelFn], ModelFn]:
     """Decorator: make a model function available as ``model: name`` in space files."""
-
-    def add(fn: ModelFn) -> ModelFn:
-        MODELS[name] = fn
-        return fn
-
-    return add
+    return functools.partial(_register, MODELS, name)
 
 
 def register_dataset(name: str) -> Callable[[DataFn], DataFn]:
     """Decorator: make a data function available as ``data: name`` in space files."""
-
-    def add(fn: DataFn) -> DataFn:
-        DATASETS[name] = fn
-        return fn
-
-    return add
+    return functools.partial(_register, DATASETS, name)
 
 
 def _import_entry_point(entry: str, what: str, search_dirs: list[Path]) -> Callable[..., Any]:
@@ -160,9 +156,6 @@ def _import_entry_point(entry: str, what: str, search_dirs: list[Path]) -> Calla
     if not callable(fn):
         raise WorkloadError(f"{what} '{entry}': {attribute} is not callable")
     return fn
-
-
-Registry = dict[str, Callable[..., Any] | str]
 
 
 def _loaded(entry: Callable[..., Any] | str) -> Callable[..., Any]:

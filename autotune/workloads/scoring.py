@@ -22,27 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.semantics import (
-    IGNORE_INDEX,
-    TOP_K,
-    builtin_score,
-    classification_sums,
-    logits_of,
-)
-
-__all__ = [
-    "IGNORE_INDEX",
-    "TOP_K",
-    "LossFn",
-    "ScoreFn",
-    "builtin_score",
-    "classification_sums",
-    "cross_entropy_classes_last",
-    "cross_entropy_loss",
-    "logits_of",
-    "model_loss",
-    "score_value",
-]
+from autotune.semantics import IGNORE_INDEX, logits_of
 
 LossFn = Callable[[Any, Any], torch.Tensor]  # (model output, target) -> scalar loss
 # (model, validation batches, device) -> the score of the model on them
