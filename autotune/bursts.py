@@ -106,7 +106,7 @@ def _measure(
     per_batch = (time.perf_counter() - started) / CALIBRATION_MICRO_BATCHES
     length = round(plan.burst_seconds / max(per_batch, 1e-6))
     length = max(plan.min_micro_batches, min(plan.max_micro_batches, length, len(loader)))
-    length = ranks.leaders(length, device)  # every process of a distributed run: rank 0's
+    length = ranks.rank_zero_value(length, device)  # every process of a distributed run
 
     # -- the bursts: each a new pass, its start timed apart from its steady steps; bursts
     # during which torch.compile compiled a graph (a recompilation) are timed again

@@ -2,13 +2,8 @@
 knobs derives from it: the space file's ``space`` section (``spec``), sampling and the references
 (``space``, ``references``: a loop over it), what stage 1 times (``speed``), what the compiled
 graph depends on (``execution``), the speed study's axes, the exported script's constants and the
-framework exports. What a value means in training lives in ``semantics``.
-
-A knob's entry says what it is (its type, its legal values and bounds), its default (the untuned
-value: what a script that sets no flag gets), which stage decides it, whether it changes the
-compiled graph, when it means something at all (``only_when``), what hardware each value needs,
-where the exported script applies it, and the names other tools give it. Nothing here imports
-autotune or torch.
+framework exports (``KnobInfo`` says what an entry holds). What a value means in training
+lives in ``semantics``. Nothing here imports autotune or torch.
 """
 
 from __future__ import annotations

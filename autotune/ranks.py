@@ -46,7 +46,7 @@ def is_leader() -> bool:
     return rank() == 0
 
 
-def leaders(value: int, device: torch.device) -> int:
+def rank_zero_value(value: int, device: torch.device) -> int:
     """Rank 0's ``value``, on every rank (a broadcast; the others' arguments are ignored)."""
     if not _joined():
         return value
@@ -57,7 +57,7 @@ def leaders(value: int, device: torch.device) -> int:
 
 def agree(decision: bool, device: torch.device) -> bool:
     """Rank 0's ``decision``, on every rank."""
-    return bool(leaders(int(decision), device))
+    return bool(rank_zero_value(int(decision), device))
 
 
 def sum_over_ranks(values: torch.Tensor) -> torch.Tensor:

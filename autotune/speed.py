@@ -1,12 +1,7 @@
-"""What the speed stage measures and what it hands the learning stage, as plain frozen data.
-
-Most knobs change how fast a step runs, not what the model learns (``SPEED_KNOBS``, and the
-split of an effective batch into micro-batch x accumulation steps: ``SPLIT_KNOBS``; both named by
-the registry, ``autotune.knobs``). The speed stage times short
-bursts of real training steps for each of them (``SpeedMeasurement``, made by
-``autotune.bursts``) and keeps, for every micro-batch split, precision and declared learning
-knob, the fastest settings it measured (``SpeedTable``). The learning stage's trials then train
-with those settings. Nothing here imports torch or Optuna.
+"""What the speed stage measures (``SpeedMeasurement``, timed by ``autotune.bursts``) and what
+it hands the learning stage (``SpeedTable``: the fastest settings of the knobs that change how
+fast a step runs, not what is learned), as plain frozen data. Nothing here imports torch or
+Optuna.
 """
 
 from __future__ import annotations

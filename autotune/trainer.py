@@ -76,14 +76,6 @@ def _matmul_precision() -> tuple[str, str]:
         return "backend", torch.backends.cuda.matmul.fp32_precision
 
 
-def _restore_matmul_precision(previous: tuple[str, str]) -> None:
-    api, value = previous
-    if api == "legacy":
-        torch.set_float32_matmul_precision(value)
-    else:
-        torch.backends.cuda.matmul.fp32_precision = value
-
-
 def set_backend_flags(config: TrialConfig) -> tuple[tuple[str, str], bool, bool]:
     """Set TF32 and cudnn.benchmark as ``config`` says (``semantics.set_cuda_flags``: ``fp32``
     is PyTorch's defaults, ``fp32-strict`` no TF32 at all, ``tf32`` TF32 matmuls too); return
@@ -110,11 +102,14 @@ def backend_flags(config: TrialConfig) -> Iterator[None]:
     if not config.device.startswith("cuda"):
         yield
         return
-    matmul_precision, conv_tf32, benchmark = set_backend_flags(config)
+    (api, matmul_precision), conv_tf32, benchmark = set_backend_flags(config)
     try:
         yield
     finally:
-        _restore_matmul_precision(matmul_precision)
+        if api == "legacy":
+            torch.set_float32_matmul_precision(matmul_precision)
+        else:
+            torch.backends.cuda.matmul.fp32_precision = matmul_precision
         torch.backends.cudnn.allow_tf32 = conv_tf32
         torch.backends.cudnn.benchmark = benchmark
 

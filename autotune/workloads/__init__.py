@@ -1,8 +1,5 @@
-"""Workloads: the model and data a study trains, by built-in name or ``package.module:function``.
-
-Built-in models: ``digits_cnn``, ``mlp``, and any torchvision classification model as
-``torchvision:<name>`` (e.g. ``torchvision:resnet18``). Built-in data sets: ``digits``,
-``shapes`` (generated), ``cifar10`` and ``imagefolder`` (read from disk).
+"""Workloads: the model and data a study trains, by built-in name (registered below) or
+``package.module:function``.
 
 A user's data function is called with ``data_args`` and returns ``(train_dataset, val_dataset)``
 or a ``DataSplits``; a user's model function is called with ``model_args`` (plus ``num_classes``
@@ -12,9 +9,10 @@ and ``input_shape`` when it declares those parameters) and returns an ``nn.Modul
 layout.
 """
 
-from autotune.workloads._check import user_frame
-from autotune.workloads._load import load, loss_function, model_kwargs
-from autotune.workloads._registry import (
+# re-exports: what other modules and the user import from autotune.workloads
+from autotune.workloads._check import user_frame  # noqa: F401
+from autotune.workloads._load import load, loss_function, model_kwargs  # noqa: F401
+from autotune.workloads._registry import (  # noqa: F401
     DATASETS,
     MODEL_FAMILIES,
     MODELS,
@@ -26,7 +24,7 @@ from autotune.workloads._registry import (
     resolve_data,
     resolve_model,
 )
-from autotune.workloads._reuse import (
+from autotune.workloads._reuse import (  # noqa: F401
     data_collate,
     recorded_layout,
     study_loss,
@@ -42,24 +40,3 @@ DATASETS["imagefolder"] = "autotune.workloads.vision:imagefolder"
 MODELS["digits_cnn"] = "autotune.workloads.digits:digits_cnn"
 MODELS["mlp"] = "autotune.workloads.models:mlp"
 MODEL_FAMILIES["torchvision"] = "autotune.workloads.vision:torchvision_model"
-
-__all__ = [
-    "DATASETS",
-    "MODELS",
-    "MODEL_FAMILIES",
-    "DataSplits",
-    "Workload",
-    "WorkloadError",
-    "data_collate",
-    "load",
-    "loss_function",
-    "model_kwargs",
-    "recorded_layout",
-    "register_dataset",
-    "register_model",
-    "resolve_data",
-    "resolve_model",
-    "study_loss",
-    "study_workload",
-    "user_frame",
-]
