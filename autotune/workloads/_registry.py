@@ -23,7 +23,6 @@ from autotune.workloads.batches import BatchLayout, ModelInputs, count_tokens
 from autotune.workloads.scoring import (
     LossFn,
     ScoreFn,
-    cross_entropy_classes_last,
     cross_entropy_loss,
 )
 
@@ -78,15 +77,6 @@ class Workload:
     classes_last: bool = False  # its logits hold the classes last ([batch, *d, classes])
     # the user's score of the fresh model on the first validation samples (None: a built-in)
     untrained_score: float | None = None
-
-    @property
-    def classifies(self) -> bool:
-        """Whether training or scoring reads the model's output as class logits against integer
-        class indices: the default loss (cross-entropy) or a built-in score."""
-        return self.score_fn is None or self.loss_fn in (
-            cross_entropy_loss,
-            cross_entropy_classes_last,
-        )
 
     def build_model(self) -> nn.Module:
         """A new model with fresh weights (seed torch first for reproducible weights)."""
