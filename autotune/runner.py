@@ -8,7 +8,9 @@ Measurement rules (README, "The objective, honestly measured"): the device is sy
 only where a clock is read (warm-up end and evaluations), the loss is read back only at
 evaluations, and evaluation time is not training time. The first optimizer steps are the warm-up
 window: whatever they take beyond the steady-state step time is one-time overhead (compilation,
-cuDNN autotuning, DataLoader worker start-up).
+cuDNN autotuning, persistent DataLoader workers' start-up). An epoch's start recurs every epoch
+(non-persistent workers start again): it is timed (``_Epochs``) and counted once per epoch, as a
+full run pays it and as stage 1 predicts it (``speed.SpeedMeasurement.epoch_seconds``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from itertools import chain, repeat
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -158,13 +160,13 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
     reset_peak_memory(trainer.device)
 
     losses = _Losses(config, trainer.device, workload.counts_tokens)
-    clocks = _Clocks(trainer.device, plan, config.accumulation_steps)
+    clocks = _Clocks(trainer.device, plan, config.accumulation_steps, loader)
     probe = clocks.probe
     evaluations: list[Evaluation] = []
-    # -- the clock starts: DataLoader workers starting (or the data set copied to the device)
-    # are a one-time cost of the trial's pipeline, on the clock, inside the warm-up
+    # -- the clock starts: the first epoch's start (DataLoader workers starting, or the data
+    # set copied to the device) is on the clock, inside the warm-up
     with clocks:
-        batches = chain.from_iterable(repeat(loader))  # epoch after epoch
+        batches = clocks.epochs  # epoch after epoch, each start timed
         while True:
             # one micro-batch: wait for data, copy it, forward and backward
             with probe.phase("data_wait"):
@@ -182,7 +184,7 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
             with probe.phase("optimizer"):
                 trainer.optimizer_step()
             if trainer.steps == plan.warmup_steps:
-                clocks.warmed_up()
+                clocks.warmed_up(trainer.micro_batches)
             if trainer.steps in plan.eval_steps:
                 evaluation, stop = _evaluate_and_report(
                     trainer, val_loader, workload, plan, clocks, losses, report
@@ -233,12 +235,51 @@ def _evaluate_and_report(
     return evaluation, ranks.agree(stop, trainer.device)
 
 
+class _Epochs:
+    """The training batches, epoch after epoch, each epoch's start timed on the host: from
+    asking for its first batch to having it (the last epoch's non-persistent workers stopped
+    and new ones started, the first batch loaded). No synchronization: a GPU may still run
+    queued steps meanwhile, so a start is counted at most in full."""
+
+    def __init__(self, loader: DataLoader | DeviceBatches) -> None:
+        self.loader = loader
+        self.start_seconds: list[float] = []  # per epoch begun, the first one's included
+        self._epoch: Iterator[Any] = iter(())
+
+    def __iter__(self) -> _Epochs:
+        return self
+
+    def __next__(self) -> Any:
+        began = time.perf_counter()
+        batch = next(self._epoch, _END)
+        if batch is _END:
+            self._epoch = iter(self.loader)
+            batch = next(self._epoch)
+            self.start_seconds.append(time.perf_counter() - began)
+        return batch
+
+    def recurring(self) -> float:
+        """What starting an epoch costs each time: the median start after the first (whose
+        one-time share never recurs); 0 until a second epoch has begun."""
+        later = sorted(self.start_seconds[1:])
+        return later[len(later) // 2] if later else 0.0
+
+
+_END = object()
+
+
 class _Clocks:
     """How a trial's training is timed: the training clock (evaluation excluded), the warm-up
     window's end, the phase probe over the first steady micro-batches, and NVML sampling of
     steady-state training only (after the warm-up, outside evaluations)."""
 
-    def __init__(self, device: torch.device, plan: Plan, accumulation: int) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        plan: Plan,
+        accumulation: int,
+        loader: DataLoader | DeviceBatches,
+    ) -> None:
         self.clock = TrainClock(device)
         self.warmup_steps = plan.warmup_steps
         self.probe = PhaseProbe(
@@ -249,7 +290,10 @@ class _Clocks:
         self.sampler = GpuSampler(device)
         self.sampler.paused = True  # until the warm-up ends
         self.warmup_seconds: float | None = None
+        self.warmup_micro_batches = 0
+        self.epochs_in_warmup = 0  # epochs begun by the warm-up's end
         self.breakdown: dict[str, float] | None = None
+        self.epochs = _Epochs(loader)
 
     def __enter__(self) -> _Clocks:
         self.sampler.__enter__()
@@ -259,9 +303,12 @@ class _Clocks:
     def __exit__(self, *exc: object) -> None:
         self.sampler.__exit__(*exc)
 
-    def warmed_up(self) -> None:
-        """The warm-up window ends here: its seconds are read, GPU sampling starts."""
+    def warmed_up(self, micro_batches: int) -> None:
+        """The warm-up window ends here, after ``micro_batches``: its seconds are read, GPU
+        sampling starts."""
         self.warmup_seconds = self.clock.read()
+        self.warmup_micro_batches = micro_batches
+        self.epochs_in_warmup = len(self.epochs.start_seconds)
         self.sampler.paused = False
 
     def pause(self, final: bool) -> float:
@@ -277,12 +324,24 @@ class _Clocks:
         self.clock.resume()
 
     def overhead(self, train_seconds: float, steps: int) -> float:
-        """Warm-up seconds beyond what the same steps take in steady state (0 until known)."""
+        """Warm-up seconds beyond what the same steps take in steady state, the first epoch's
+        start counted as the recurring cost it is (0 until known)."""
         steady_steps = steps - self.warmup_steps
         if self.warmup_seconds is None or steady_steps <= 0:
             return 0.0
         steady_step_seconds = (train_seconds - self.warmup_seconds) / steady_steps
-        return max(0.0, self.warmup_seconds - self.warmup_steps * steady_step_seconds)
+        recurring = self.epochs.recurring()
+        return max(0.0, self.warmup_seconds - self.warmup_steps * steady_step_seconds - recurring)
+
+    def steady_seconds(self, train_seconds: float, micro_batches: int, per_epoch: int) -> float:
+        """The seconds after the warm-up with one epoch start per epoch trained in it (a short
+        window holds more or fewer: from the middle of epoch 1 to the end of epoch 3, two in 2.5
+        epochs)."""
+        assert self.warmup_seconds is not None
+        epochs = (micro_batches - self.warmup_micro_batches) / per_epoch
+        starts = len(self.epochs.start_seconds) - self.epochs_in_warmup
+        recurring = self.epochs.recurring()
+        return train_seconds - self.warmup_seconds + (epochs - starts) * recurring
 
 
 class _Losses:
@@ -388,8 +447,14 @@ def _result(
     last = evaluations[-1]
     warmup = clocks.warmup_seconds if clocks.warmup_seconds is not None else last.train_seconds
     steady_steps = last.optimizer_steps - plan.warmup_steps
-    steady_seconds = last.train_seconds - warmup
-    if steady_steps > 0 and steady_seconds > 0:
+    steady_seconds = (
+        clocks.steady_seconds(
+            last.train_seconds, trainer.micro_batches, plan.micro_batches_per_epoch
+        )
+        if steady_steps > 0
+        else 0.0
+    )
+    if steady_seconds > 0:
         samples_per_second = steady_steps * config.effective_batch_size / steady_seconds
     else:
         samples_per_second = last.samples_seen / last.train_seconds
