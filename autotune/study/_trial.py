@@ -20,7 +20,6 @@ from autotune.executor import TrialExecutor, attempt
 from autotune.faults import FaultKind, TrialFault
 from autotune.hardware import Hardware
 from autotune.interference import CpuMeter, interfered
-from autotune.knobs import SPEED_KNOBS
 from autotune.results import Evaluation, TrialResult
 from autotune.spacefile import Spec
 from autotune.spacefile._sections import ObjectiveSpec
@@ -214,12 +213,8 @@ class TrialRunner:
             table = references.own_table(self.spec, record.config)
         elif table is None or record.reference is not None:  # (a reference queued as joint)
             return space.sample(trial, self.spec, self.hardware)
-        config = space.sample(trial, self.spec, self.hardware, table)
-        declared = self.spec.study.learning_knobs
-        extras = tuple((k, getattr(config, k)) for k in SPEED_KNOBS if k in declared)
-        split = (config.batch_size, config.accumulation_steps, config.precision)
-        choice = table.exact(*split, extras)
-        assert choice is not None  # sample took it from the table
+        pick = space.suggestions(trial)
+        config, choice = space.draw_from_table(pick, self.spec, self.hardware, table, trial.number)
         # the knobs the table chose among several values (fixed ones it only kept)
         chosen = sorted(k for k in choice.knobs() if k in self.spec.space.searched())
         if record.reference is not None:  # its own: nothing predicted
