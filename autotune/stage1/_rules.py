@@ -72,7 +72,7 @@ def _mode(settings: Settings) -> str:
     return str(dict(settings).get("compile", "none"))
 
 
-class LeftOut(Budget):
+class StageRules(Budget):
     """The rules' state over one stage: what the cells timed so far rule out of the rest,
     within its budget."""
 

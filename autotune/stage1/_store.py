@@ -72,7 +72,6 @@ class SpeedRecord:
     measurement: dict[str, Any] | None = None  # SpeedMeasurement's fields (None: it failed)
     interference: bool = False  # others took more than INTERFERENCE_SHARE of its cores
     round: int = 1  # 1: first measurement; 2...: a leader measured again
-    samples_per_second_by_accumulation: dict[str, float] | None = None  # predicted
     fail_kind: str | None = None
     fail_msg: str | None = None
     fail_traceback: str | None = None  # fail_kind error: where it happened

@@ -253,12 +253,8 @@ class SettingTimer:
         result = self._charge_cold_compile(config, result)
         flagged = interfered(result.other_cpu_share)
         self.quiet = not flagged
-        by_accumulation = {str(a): result.samples_per_second(a) for a in self.plan.accumulations}
         done = dataclasses.replace(
-            record,
-            measurement=dataclasses.asdict(result),
-            interference=flagged,
-            samples_per_second_by_accumulation=by_accumulation,
+            record, measurement=dataclasses.asdict(result), interference=flagged
         )
         speed = result.samples_per_second()
         number = self._store(speed_trial(cell, settings, done, speed, self.known))

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from autotune.stage1._stage import run_speed_stage
     from autotune.stage1._store import SpeedEvent, SpeedRecord, speed_study_name
     from autotune.storage._liveness import heartbeat, recover_stale_trials, study_lock
-    from autotune.storage._outage import Patience, StorageOutage, unhurried
+    from autotune.storage._outage import Patience, StorageOutage, no_storage_wait
     from autotune.storage._queries import (
         COUNTED_STATES,
         baseline_trial,
@@ -97,7 +97,7 @@ _MODULES = {
     "patient_storage": "autotune.study._open",
     "Patience": "autotune.storage._outage",
     "StorageOutage": "autotune.storage._outage",
-    "unhurried": "autotune.storage._outage",
+    "no_storage_wait": "autotune.storage._outage",
     "run_speed_stage": "autotune.stage1._stage",
     "SpeedEvent": "autotune.stage1._store",
     "SpeedRecord": "autotune.stage1._store",
@@ -199,6 +199,7 @@ __all__ = [
     "load_study",
     "make_pruner",
     "make_sampler",
+    "no_storage_wait",
     "open_storage",
     "open_study",
     "password_note",
@@ -216,7 +217,6 @@ __all__ = [
     "trial_config",
     "trial_knob_origin",
     "trials_named",
-    "unhurried",
     "verify_candidates",
     "verify_study",
     "with_study_strategy",

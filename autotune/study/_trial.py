@@ -143,7 +143,7 @@ def _fault(
 
 
 @dataclass
-class Watch:
+class TrialReporter:
     """A trial's ``report``: each evaluation told to Optuna and the observer, and whether the
     trial stops there (its target reached; it cannot beat ``leader`` at its pace since a quiet
     window; the pruner; another process took it over), with where and why."""
@@ -249,7 +249,7 @@ class TrialRunner:
             started = time.monotonic()
             if started - asked_turn > TURN_WAIT_SAID:
                 TrialRecord(turn_wait_seconds=started - asked_turn).store(trial)
-            watch = Watch(trial, config, goal, self.observer, leader, reference)
+            watch = TrialReporter(trial, config, goal, self.observer, leader, reference)
             try:
                 result = attempt(lambda: self.executor.run(config, watch.report))
             except ReportFailed as failed:
@@ -269,7 +269,7 @@ class TrialRunner:
         trial: optuna.Trial,
         config: TrialConfig,
         result: TrialResult,
-        watch: Watch,
+        watch: TrialReporter,
     ) -> tuple[TrialState, float | None]:
         """Record what a trial that trained measured, and how it ended: stopped where it could
         not beat the leader, pruned (as ``watch`` decided), or scored (its state and value)."""
