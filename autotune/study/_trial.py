@@ -241,8 +241,11 @@ class TrialRunner:
         if blocked is not None:
             TrialRecord(oom_skipped=True).store(trial)
             return _fault(trial, FaultKind.OOM, blocked), None
-        leader = self._leader(trial)
         reference = TrialRecord.from_attrs(trial.user_attrs).reference is not None
+        # the best answer so far, which the trial is stopped for where it cannot beat it; never
+        # without a pruner, nor a reference (the confirmation measures the answer against it)
+        no_stop = reference or self.spec.study.pruner == "none"
+        leader = None if no_stop else best_trial(trial.study)
         # another process of this machine training on the same cores or GPU: wait, off the clock
         asked_turn = time.monotonic()
         with turn(config.device, config.world_size, self.observer.turn_waiting):
@@ -310,18 +313,6 @@ class TrialRunner:
         ).store(trial)
         return TrialState.COMPLETE, score.value
 
-    def _leader(self, trial: optuna.Trial) -> FrozenTrial | None:
-        """The best answer so far, which ``trial`` is stopped for when it cannot beat it
-        (``objective.cannot_win``); None where no trial is stopped so: a study without a pruner
-        (every trial trains to its end), and the references (the untuned baseline, the tuning
-        checklist: the confirmation measures the answer against them)."""
-        if (
-            self.spec.study.pruner == "none"
-            or TrialRecord.from_attrs(trial.user_attrs).reference is not None
-        ):
-            return None
-        return best_trial(trial.study)
-
     @staticmethod
     def ask(study: optuna.Study) -> optuna.Trial:
         """The next trial: a queued one (the baseline, a retry) first, else a new one."""
@@ -358,11 +349,9 @@ class TrialRunner:
         self, study: optuna.Study, trial: optuna.Trial, stop: KeyboardInterrupt | Exception
     ) -> None:
         """Record why ``stop`` ended ``trial`` and tell it as FAIL, so that no trial is left
-        RUNNING: a Ctrl-C or SIGTERM; a database that did not answer for longer than the study
-        waits (recorded by the next run's stale recovery if it does not answer now) or another
-        process holding the machine past --turn-wait (the run stops, nothing of the
-        configuration); a worker that cannot start or a bug outside training (ERROR, not shown
-        as a finished trial: the run stops and says why)."""
+        RUNNING: INTERRUPTED where it says nothing of the configuration (a stop, a database
+        that did not answer, the machine held past --turn-wait), else ERROR (a worker that
+        cannot start, a bug outside training: not shown as a finished trial)."""
         kind = FaultKind.INTERRUPTED
         if isinstance(stop, KeyboardInterrupt):
             how = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C (SIGINT)"
