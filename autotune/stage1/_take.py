@@ -191,8 +191,8 @@ class SettingTimer:
         return self.rules.refused() if self._measured() else None
 
     def turn_patience(self) -> float | None:
-        """Seconds a measurement may wait for this machine's turn: until the budget's end (the
-        first measurement: as long as the user waits, None)."""
+        """Seconds a measurement may wait for this machine's turn: until the budget's end; the
+        stage's first measurement as long as the user waits (None)."""
         return max(0.0, self.rules.time_left()) if self._measured() else None
 
     def time_limit(self, cell: Cell, config: TrialConfig) -> TimeLimit | None:

@@ -252,12 +252,12 @@ class TrialRunner:
             started = time.monotonic()
             if started - asked_turn > TURN_WAIT_SAID:
                 TrialRecord(turn_wait_seconds=started - asked_turn).store(trial)
-            watch = TrialReporter(trial, config, goal, self.observer, leader, reference)
+            reporter = TrialReporter(trial, config, goal, self.observer, leader, reference)
             try:
-                result = attempt(lambda: self.executor.run(config, watch.report))
+                result = attempt(lambda: self.executor.run(config, reporter.report))
             except ReportFailed as failed:
                 raise failed.error from None  # as if raised here, where the study writes
-        if watch.taken_over:
+        if reporter.taken_over:
             raise TakenOver(None if isinstance(result, TrialFault) else result)
         TrialRecord(wall_seconds=time.monotonic() - started).store(trial)
         if isinstance(result, TrialFault):
@@ -265,23 +265,23 @@ class TrialRunner:
                 self.walls.add(config, f"trial {trial.number}")
             details = (result.details or None) if result.kind == FaultKind.ERROR else None
             return _fault(trial, result.kind, result.message, details), None
-        return self._scored(trial, config, result, watch)
+        return self._scored(trial, config, result, reporter)
 
     def _scored(
         self,
         trial: optuna.Trial,
         config: TrialConfig,
         result: TrialResult,
-        watch: TrialReporter,
+        reporter: TrialReporter,
     ) -> tuple[TrialState, float | None]:
         """Record what a trial that trained measured, and how it ended: stopped where it could
-        not beat the leader, pruned (as ``watch`` decided), or scored (its state and value)."""
+        not beat the leader, pruned (as ``reporter`` decided), or scored (its state and value)."""
         goal = self.spec.objective
         TrialRecord.from_result(result, config.precision).store(trial)
         if off_stage_one(result, TrialRecord.from_attrs(trial.user_attrs)):
             TrialRecord(speed_mismatch=True).store(trial)
-        if watch.lost_at is not None and watch.leader is not None:
-            (at, reachable), leader = watch.lost_at, watch.leader
+        if reporter.lost_at is not None and reporter.leader is not None:
+            (at, reachable), leader = reporter.lost_at, reporter.leader
             message = f"stopped at evaluation {at.index} (epoch {at.epoch:.2f}): " + (
                 f"even at {goal.score_name} {objective.SCORE_CEILINGS[goal.score]:g} it would "
                 f"end at {reachable:.4g} {goal.score_short}/s, and trial {leader.number} has "
@@ -291,11 +291,11 @@ class TrialRunner:
                 f"{goal.target:g}, and trial {leader.number} reached it in "
                 f"{float(leader.value or 0.0):.3g} s"
             )
-            TrialRecord(fail_kind=FaultKind.CANNOT_WIN, fail_msg=message + watch.pace.said).store(
-                trial
-            )
+            TrialRecord(
+                fail_kind=FaultKind.CANNOT_WIN, fail_msg=message + reporter.pace.said
+            ).store(trial)
             return TrialState.PRUNED, None
-        if (pruned_at := watch.pruned_at) is not None:
+        if (pruned_at := reporter.pruned_at) is not None:
             message = (
                 f"pruned at evaluation {pruned_at.index} (epoch {pruned_at.epoch:.2f}, "
                 f"{goal.score_name} {pruned_at.score:.4g}) by the {self.spec.study.pruner} pruner"
