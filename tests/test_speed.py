@@ -348,14 +348,14 @@ def test_a_cell_begins_with_the_cudnn_benchmark_flag_its_worker_process_ran_last
 ):
     """A cell that ends with cudnn.benchmark on leaves a worker process that ran it on: the
     next cell times its settings with it on first, and switches (a fresh process) once."""
-    from autotune.stage1._stage import new_stage
+    from autotune.stage1._stage import Stage
 
     space = two_stage().replace(
         "num_workers: [0, 1]", "num_workers: [0, 1]\n  cudnn_benchmark: [false, true]"
     )
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), AMPERE).spec
-    stage = new_stage(study, spec, AMPERE, InProcessExecutor(blobs_workload()), None, None, print)
+    stage = Stage(study, spec, AMPERE, InProcessExecutor(blobs_workload()), None, None, print)
     cell = Cell(16, "fp32")
     planned = stage.plan.first_round(cell)
     flags = [dict(s)["cudnn_benchmark"] for s in planned]
@@ -1433,7 +1433,7 @@ def test_a_cell_whose_every_setting_compiles_may_take_its_compile_past_the_budge
     tmp_path: Path, prepare_study, clock: FakeClock
 ):
     from autotune.stage1._rules import MEASUREMENT_SLACK_SECONDS
-    from autotune.stage1._stage import new_stage
+    from autotune.stage1._stage import Stage
 
     space = two_stage(workers="[0]", precisions="fp32").replace(
         "num_workers: [0]\n", "num_workers: [0]\n  compile: [default]\n"
@@ -1441,7 +1441,7 @@ def test_a_cell_whose_every_setting_compiles_may_take_its_compile_past_the_budge
     space = space.replace("speed: {bursts: 2,", "speed: {max_seconds: 100, bursts: 2,")
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
-    stage = new_stage(study, spec, CPU, InProcessExecutor(blobs_workload()), None, None, print)
+    stage = Stage(study, spec, CPU, InProcessExecutor(blobs_workload()), None, None, print)
     cell = next(iter(stage.plan.cells()))
     assert not stage._can_fall_back(cell)  # no eager setting in the space, nothing timed
     clock.seconds = 95.0  # 5 s of the budget left

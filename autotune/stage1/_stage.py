@@ -22,12 +22,11 @@ from autotune.executor import TrialExecutor
 from autotune.knobs import COMPUTE_KNOBS
 from autotune.spacefile import Spec
 from autotune.speed import SpeedTable
-from autotune.stage1._plan import Cell, Settings, SpeedPlan, context_key, describe
-from autotune.stage1._rules import CellResult, StageRules
-from autotune.stage1._store import SpeedEvent, context_facts, load_cache
+from autotune.stage1._plan import Cell, Settings, describe
+from autotune.stage1._rules import CellResult
+from autotune.stage1._store import SpeedEvent
 from autotune.stage1._table import speed_table
 from autotune.stage1._take import SettingTimer
-from autotune.storage import adapter
 
 if TYPE_CHECKING:
     from autotune.hardware import Hardware
@@ -38,7 +37,7 @@ CONTENDER_MARGIN = 0.10  # settings within this of a cell's fastest are measured
 MAX_CONTENDERS = 4  # ... at most this many per cell
 
 
-class _Stage(SettingTimer):
+class Stage(SettingTimer):
     """Stage 1 over the cells of its plan: what to measure, and what the cells rule out."""
 
     last_winner: Settings | None = None  # the fastest settings of the last cell
@@ -216,27 +215,6 @@ class _Stage(SettingTimer):
         return speed_table(self.spec, self.plan, self.tried, self.pool)
 
 
-def new_stage(
-    study: optuna.Study,
-    spec: Spec,
-    hardware: Hardware,
-    executor: TrialExecutor,
-    workload: Workload | None,
-    since: datetime.datetime | None,
-    on_event: Callable[[SpeedEvent], None],
-    on_wait: Callable[[str], None] | None = None,
-) -> _Stage:
-    """Stage 1 of ``spec`` ready to measure: its plan, its budget from now, the measurements
-    stored since ``since`` (all where None)."""
-    from autotune.references import checklist_rules, untuned_config
-
-    rules = StageRules(spec)  # the budget counts from here, reading the cache included
-    plan = SpeedPlan(spec, untuned_config(spec, hardware), checklist_rules(hardware))
-    context = context_key(context_facts(spec, hardware, workload))
-    pools = load_cache(adapter.storage_of(study), context, since, study.study_name)
-    return _Stage(study, spec, plan, executor, context, pools, on_event, since, rules, on_wait)
-
-
 def run_speed_stage(
     study: optuna.Study,
     spec: Spec,
@@ -252,7 +230,7 @@ def run_speed_stage(
     ``on_event`` hears each setting; ``on_wait``, that a measurement waits for another process
     of this machine (``turns``)."""
     since = datetime.datetime.now() if remeasure else None
-    stage = new_stage(
+    stage = Stage(
         study, spec, hardware, executor, workload, since, on_event or (lambda e: None), on_wait
     )
     cells = stage.plan.predicted()

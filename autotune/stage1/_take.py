@@ -13,6 +13,7 @@ import datetime
 import time
 import uuid
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import optuna
 
@@ -25,13 +26,14 @@ from autotune.spacefile import Spec
 from autotune.speed import BurstPlan, SpeedMeasurement
 from autotune.stage1._budget import TimeLimit
 from autotune.stage1._claims import Claims
-from autotune.stage1._plan import Cell, Settings, SpeedPlan, config_key, describe
+from autotune.stage1._plan import Cell, Settings, SpeedPlan, config_key, context_key, describe
 from autotune.stage1._rules import MEASUREMENT_SLACK_SECONDS, StageRules
 from autotune.stage1._store import (
     TRANSIENT_FAULTS,
     Pool,
     SpeedEvent,
     SpeedRecord,
+    context_facts,
     known_distributions,
     load_cache,
     open_speed_study,
@@ -40,6 +42,10 @@ from autotune.stage1._store import (
 from autotune.storage import adapter
 from autotune.storage._walls import MemoryWalls
 from autotune.turns import TurnNotTaken, turn
+
+if TYPE_CHECKING:
+    from autotune.hardware import Hardware
+    from autotune.workloads import Workload
 
 _TIMEOUTS = (FaultKind.TRIAL_TIMEOUT, FaultKind.TIMEOUT_UNDER_LOAD)
 CLAIM_POLL_SECONDS = 0.5  # how often a process waiting for another's measurement looks
@@ -53,27 +59,29 @@ class SettingTimer:
         self,
         study: optuna.Study,
         spec: Spec,
-        plan: SpeedPlan,
+        hardware: Hardware,
         executor: TrialExecutor,
-        context: str,
-        pools: dict[str, Pool],
-        on_event: Callable[[SpeedEvent], None],
+        workload: Workload | None,
         since: datetime.datetime | None,
-        rules: StageRules,
+        on_event: Callable[[SpeedEvent], None],
         on_wait: Callable[[str], None] | None = None,
     ) -> None:
-        # what the cells timed so far rule out, and its budget (from when that was made)
-        self.rules = rules
+        """Stage 1 of ``spec`` ready to measure: its plan, its budget from now, the
+        measurements stored since ``since`` (all where None)."""
+        from autotune.references import checklist_rules, untuned_config
+
+        # what the timed cells rule out, and the budget (counted from here: reading the cache too)
+        self.rules = StageRules(spec)
+        self.plan = SpeedPlan(spec, untuned_config(spec, hardware), checklist_rules(hardware))
+        self.context = context_key(context_facts(spec, hardware, workload))
         self.storage = adapter.storage_of(study)
+        self.pools = load_cache(self.storage, self.context, since, study.study_name)
         self.speed_study = open_speed_study(self.storage, study.study_name)
         self.known = known_distributions(self.speed_study)  # its parameters' axes
         self.since = since  # measurements before this are not reused (--remeasure)
         self.study_name = study.study_name
         self.spec = spec
-        self.plan = plan
         self.executor = executor
-        self.context = context
-        self.pools = pools
         self.on_event = on_event
         self.on_wait = on_wait  # hears that a measurement waits for another process
         self.claims = Claims(self.speed_study)  # who times which setting, across machines
