@@ -185,50 +185,41 @@ def score(result: TrialResult, objective: ObjectiveSpec) -> Score:
     last = result.evaluations[-1]
     name = objective.score_name
     if objective.per_second:
-        seconds = _charged(last, objective)
-        bar = objective.bar
+        seconds, bar = _charged(last, objective), objective.bar
         if last.score < 0:  # score / seconds would rank a worse negative score higher
-            return Score(
-                value=0.0,
-                score=last.score,
-                charged_seconds=seconds,
-                constraint=-last.score,
-                constraint_name=objective.bar_name,
-                reason=f"{name} {last.score:.4g} is below 0: {objective.metric} needs a score of "
-                f"0 or more",
+            value, bar = 0.0, 0.0  # a constraint of -score: infeasible
+            why = (
+                f"{name} {last.score:.4g} is below 0: {objective.metric} needs a score of 0 "
+                "or more"
             )
+        else:
+            value = last.score / seconds
+            below = bar is not None and last.score < bar
+            why = f"{name} {last.score:.4g} is below {objective.bar_name} {bar:g}" if below else ""
         return Score(
-            value=last.score / seconds,
+            value=value,
             score=last.score,
             charged_seconds=seconds,
             constraint=None if bar is None else bar - last.score,
             constraint_name=None if bar is None else objective.bar_name,
-            reason=""
-            if bar is None or last.score >= bar
-            else f"{name} {last.score:.4g} is below {objective.bar_name} {bar:g}",
+            reason=why,
         )
     target = objective.target
     assert target is not None
     sign = 1.0 if objective.score_higher_is_better else -1.0
-    # the constraint is how far short of the target a score is, in the score's direction
     reached = next((e for e in result.evaluations if objective.reaches(e.score, target)), None)
     if reached is not None:
-        seconds = _charged(reached, objective)
-        return Score(
-            value=seconds,
-            score=reached.score,
-            charged_seconds=seconds,
-            constraint=sign * (target - reached.score),
-            constraint_name=objective.target_name,
-            reason="",
-        )
-    best = max((e.score for e in result.evaluations), key=lambda value: sign * value)
-    seconds = _charged(last, objective)
+        seconds, shown, why = _charged(reached, objective), reached.score, ""
+    else:  # the time spent without reaching the target; infeasible, so never the answer
+        shown = max((e.score for e in result.evaluations), key=lambda value: sign * value)
+        seconds = _charged(last, objective)
+        why = f"best {name} {shown:.4g} never reached {objective.target_name} {target:g}"
     return Score(
-        value=seconds,  # time spent without reaching the target; infeasible, so never the answer
-        score=best,
+        value=seconds,
+        score=shown,
         charged_seconds=seconds,
-        constraint=sign * (target - best),
+        # how far short of the target a score is, in the score's direction
+        constraint=sign * (target - shown),
         constraint_name=objective.target_name,
-        reason=f"best {name} {best:.4g} never reached {objective.target_name} {target:g}",
+        reason=why,
     )

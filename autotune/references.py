@@ -23,7 +23,7 @@ from typing import Any
 from autotune.config import TrialConfig
 from autotune.hardware import Hardware
 from autotune.knobs import KNOBS, SPEED_KNOBS
-from autotune.space import Pick, draw, fixed_value
+from autotune.space import Pick, draw, draw_from_table, fixed_value
 from autotune.spacefile import Choice, FloatRange, IntRange, Knob, Spec
 from autotune.speed import SpeedChoice, SpeedTable
 
@@ -156,7 +156,7 @@ def checklist_params(
 
 def own_table(spec: Spec, config: TrialConfig) -> SpeedTable:
     """A speed table of one row, ``config``'s own micro-batch split and execution knobs: a
-    reference drawn through it (``space.sample``) samples what a two-stage trial samples
+    reference drawn through it (``space.draw_from_table``) samples what a two-stage trial samples
     (effective_batch_size, precision, the learning knobs), and keeps its own settings."""
     declared = spec.study.learning_knobs
     return SpeedTable(
@@ -191,5 +191,5 @@ def as_two_stage(
     effective = config.batch_size * config.accumulation_steps * config.world_size
     pins = {**config.to_dict(), "lr": config.base_lr, "effective_batch_size": effective}
     own: dict[str, Any] = {}
-    draw(_reference(pins, {}, own), spec, hardware, own_table(spec, config))
+    draw_from_table(_reference(pins, {}, own), spec, hardware, own_table(spec, config))
     return own, config

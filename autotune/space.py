@@ -25,7 +25,7 @@ from autotune.hardware import Hardware
 from autotune.knobs import KNOBS, SPEED_KNOBS, SPLIT_KNOBS
 from autotune.pipeline import ImageTensorDataset
 from autotune.spacefile import Choice, IntRange, Knob, Spec, SpecError
-from autotune.speed import SpeedTable
+from autotune.speed import SpeedChoice, SpeedTable
 from autotune.workloads import Workload
 
 DEVICE_DATA_SHARE = (
@@ -262,9 +262,24 @@ def _listed(knob: Knob) -> tuple[Any, ...]:
     return (knob.low,)
 
 
-def _execution_from_table(pick: Pick, spec: Spec, table: SpeedTable) -> dict[str, Any]:
-    """The micro-batch split and execution knobs of a two-stage trial: the speed stage's
-    fastest for the sampled effective batch, precision and declared learning knobs."""
+def suggestions(trial: optuna.Trial) -> Pick:
+    """Each knob's value in ``trial``: Optuna's suggestion where the space searches it."""
+    return lambda name, knob: _suggest(trial, name, knob)
+
+
+def sample(trial: optuna.Trial, spec: Spec, hardware: Hardware) -> TrialConfig:
+    """Draw one configuration from the whole of ``spec.space`` (already restricted to
+    ``hardware``): a joint study's trial."""
+    return draw(suggestions(trial), spec, hardware, trial.number)
+
+
+def draw_from_table(
+    pick: Pick, spec: Spec, hardware: Hardware, table: SpeedTable, number: int = 0
+) -> tuple[TrialConfig, SpeedChoice]:
+    """A two-stage trial's configuration: ``pick`` chooses what changes learning (see the
+    module); the micro-batch split and execution knobs are the table's choice for the picked
+    effective batch, precision and declared learning knobs, returned with the configuration.
+    NothingFits when the table has no way to train what was picked."""
     declared = spec.study.learning_knobs
     split_sampled = any(name in declared for name in SPLIT_KNOBS)
     space = spec.space
@@ -288,30 +303,23 @@ def _execution_from_table(pick: Pick, spec: Spec, table: SpeedTable) -> dict[str
         choice = table.fastest(effective, precision, extras)
     if choice is None:
         raise NothingFits(*table.why_not(effective, precision, extras))
-    return {"precision": precision, **choice.knobs()}
-
-
-def sample(
-    trial: optuna.Trial, spec: Spec, hardware: Hardware, speed: SpeedTable | None = None
-) -> TrialConfig:
-    """Draw one configuration from ``spec.space`` (already restricted to ``hardware``); with
-    the speed stage's ``speed`` table, only what changes learning is drawn (see the module).
-    NothingFits when the table has no way to train what was drawn."""
-    return draw(
-        lambda name, knob: _suggest(trial, name, knob), spec, hardware, speed, trial.number
-    )
+    execution = {"precision": precision, **choice.knobs()}
+    return draw(pick, spec, hardware, number, execution), choice
 
 
 def draw(
-    pick: Pick, spec: Spec, hardware: Hardware, speed: SpeedTable | None = None, number: int = 0
+    pick: Pick,
+    spec: Spec,
+    hardware: Hardware,
+    number: int = 0,
+    execution: dict[str, Any] | None = None,
 ) -> TrialConfig:
     """The configuration ``pick`` chooses, knob by knob in the registry's order: a knob that
-    means nothing given those before it (its ``only_when``) is not picked. ``number``: the
-    trial's, which its seed follows. What ``sample`` draws, and the references choose."""
+    means nothing given those before it (its ``only_when``) is not picked; ``execution``:
+    knobs chosen already (``draw_from_table``). ``number``: the trial's, which its seed
+    follows. What ``sample`` draws, and the references choose."""
     world = spec.workload.gpus_per_trial  # the global batch is every process's
-    drawn: dict[str, Any] = {"world": world}
-    if speed is not None:
-        drawn.update(_execution_from_table(pick, spec, speed))
+    drawn: dict[str, Any] = {"world": world, **(execution or {})}
     for name, info in KNOBS.items():
         if name not in drawn:
             applies = info.applies(drawn)

@@ -21,7 +21,7 @@ from autotune.results import Evaluation
 from autotune.spacefile import WorkloadSpec
 from autotune.storage import adapter
 from autotune.storage._outage import troubled_within
-from autotune.study import Patience, StorageOutage, TrialRecord, unhurried
+from autotune.study import Patience, StorageOutage, TrialRecord, no_storage_wait
 from autotune.testing import make_config, start_cli, write_space
 from autotune.worker import WorkerExecutor
 
@@ -80,7 +80,7 @@ def test_a_storage_call_waits_for_a_locked_database_and_goes_on(tmp_path: Path):
     # a best-effort write (a claim's renewal) does not wait at all
     released = _hold_lock(path, 1.0)
     started = time.monotonic()
-    with pytest.raises(optuna.exceptions.StorageInternalError), unhurried():
+    with pytest.raises(optuna.exceptions.StorageInternalError), no_storage_wait():
         study.set_user_attr("renewal", 1)
     assert time.monotonic() - started < 0.9 and len(said) == 2
     released.join()

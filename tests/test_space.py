@@ -10,8 +10,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.space import restrict, sample
+from autotune.space import NothingFits, draw_from_table, restrict, sample, suggestions
 from autotune.spacefile import Choice, SpecError, parse_spec
+from autotune.speed import SpeedChoice, SpeedTable
 from autotune.testing import AMPERE, CPU, TEST_CPU, VOLTA
 from autotune.workloads import load
 
@@ -261,3 +262,33 @@ space:
     )
     kept = restrict(in_memory, CPU, load(in_memory.workload))
     assert kept.spec.space.data_pipeline.values == ("dataloader", "device")
+
+
+def test_a_two_stage_draw_returns_the_speed_stage_choice_its_knobs_came_from():
+    """The effective batch is drawn; its split and execution knobs are the table's choice for
+    it (the one a trial finishes soonest with), returned with the configuration."""
+    spec = spec_with(
+        "  batch_size: [16, 32]\n  accumulation_steps: [1, 2]\n  num_workers: [0, 2]\n"
+    )
+
+    def row(batch: int, accumulation: int, workers: int, seconds: float) -> SpeedChoice:
+        settings = (("num_workers", workers),)
+        return SpeedChoice(
+            batch, accumulation, "fp32", (), settings, 100.0, seconds, 0.0, 0.04, 2, (7,)
+        )
+
+    slow, fast = row(32, 1, 0, 9.0), row(16, 2, 2, 5.0)
+    table = SpeedTable(choices=(slow, fast))
+    drawn = {"effective_batch_size": 32, "precision": "fp32"}
+    config, choice = draw_from_table(
+        suggestions(optuna.trial.FixedTrial(drawn)), spec, TEST_CPU, table
+    )
+    assert choice is fast
+    assert (config.batch_size, config.accumulation_steps, config.num_workers) == (16, 2, 2)
+    with pytest.raises(NothingFits, match="effective batch 64"):
+        draw_from_table(
+            suggestions(optuna.trial.FixedTrial({**drawn, "effective_batch_size": 64})),
+            spec,
+            TEST_CPU,
+            table,
+        )

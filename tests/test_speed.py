@@ -348,14 +348,14 @@ def test_a_cell_begins_with_the_cudnn_benchmark_flag_its_worker_process_ran_last
 ):
     """A cell that ends with cudnn.benchmark on leaves a worker process that ran it on: the
     next cell times its settings with it on first, and switches (a fresh process) once."""
-    from autotune.stage1._stage import new_stage
+    from autotune.stage1._stage import Stage
 
     space = two_stage().replace(
         "num_workers: [0, 1]", "num_workers: [0, 1]\n  cudnn_benchmark: [false, true]"
     )
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), AMPERE).spec
-    stage = new_stage(study, spec, AMPERE, InProcessExecutor(blobs_workload()), None, None, print)
+    stage = Stage(study, spec, AMPERE, InProcessExecutor(blobs_workload()), None, None, print)
     cell = Cell(16, "fp32")
     planned = stage.plan.first_round(cell)
     flags = [dict(s)["cudnn_benchmark"] for s in planned]
@@ -764,6 +764,22 @@ def test_an_interrupted_stage_one_resumes_where_it_stopped(tmp_path: Path, prepa
     assert len(stopped.measured) + len(resumed.measured) == len(speed.trials)
 
 
+def test_a_measurement_an_older_autotune_stored_still_reads():
+    """Older speed studies stored each measurement's samples/s by accumulation: nothing reads
+    it, and it is no longer written; such a record still reads."""
+    attrs = {
+        "cache_key": "k",
+        "context": "c",
+        "cell": "batch 64, fp32",
+        "settings": "no workers",
+        "samples_per_second_by_accumulation": {"1": 100.0},
+    }
+    trial = optuna.trial.create_trial(state=TrialState.COMPLETE, value=1.0, user_attrs=attrs)
+    record = SpeedRecord.of(trial)
+    assert record is not None and record.cell == "batch 64, fp32"
+    assert "samples_per_second_by_accumulation" not in record.to_attrs()
+
+
 def test_declared_learning_knobs_are_sampled_in_stage_two(tmp_path: Path, prepare_study):
     space = two_stage(
         n_trials=3,
@@ -1051,14 +1067,14 @@ def test_a_compile_mode_is_worth_measuring_only_where_it_can_pay_back():
 
 
 def test_a_precision_far_behind_at_its_first_cell_times_one_setting_in_the_others():
-    from autotune.stage1._rules import CellResult, LeftOut
+    from autotune.stage1._rules import CellResult, StageRules
 
     spec = restrict(parse_spec(two_stage(), Path("space.yaml")), CPU).spec
-    rules = LeftOut(spec)
+    rules = StageRules(spec)
     device = (("data_pipeline", "device"),)
     loader = (("data_pipeline", "dataloader"),)
 
-    def cell(rules: LeftOut, batch: int, precision: str, *speeds: float) -> None:
+    def cell(rules: StageRules, batch: int, precision: str, *speeds: float) -> None:
         pairs = zip((device, loader), speeds, strict=True)
         rules.learn(Cell(batch, precision), [CellResult(s, v, None, None) for s, v in pairs])
 
@@ -1072,7 +1088,7 @@ def test_a_precision_far_behind_at_its_first_cell_times_one_setting_in_the_other
     assert settings == loader  # its first cell's fastest
     assert why.startswith("not tried: bf16 runs at 30% of fp32 at batch 16")
     # half as fast is behind, not far behind: every cell of it is timed in full
-    close = LeftOut(spec)
+    close = StageRules(spec)
     cell(close, 16, "fp32", 3000.0, 2500.0)
     cell(close, 16, "bf16", 1500.0, 1400.0)
     assert close.far_behind(Cell(32, "bf16")) is None
@@ -1081,10 +1097,10 @@ def test_a_precision_far_behind_at_its_first_cell_times_one_setting_in_the_other
 def test_a_compile_mode_stopped_or_failed_at_a_cell_is_not_tried_after_it_saying_which():
     """A mode stopped at the compile limit was still compiling, not broken: the reason given
     for leaving it out of the later cells says so; one whose compile failed says that."""
-    from autotune.stage1._rules import CellResult, LeftOut
+    from autotune.stage1._rules import CellResult, StageRules
 
     spec = restrict(parse_spec(two_stage(), Path("space.yaml")), CPU).spec
-    rules = LeftOut(spec)
+    rules = StageRules(spec)
     eager = (("compile", "none"),)
     results = [
         CellResult(eager, 1000.0, None, None),
@@ -1100,10 +1116,10 @@ def test_a_compile_mode_stopped_or_failed_at_a_cell_is_not_tried_after_it_saying
 
 
 def test_channels_last_no_faster_under_a_compile_mode_is_not_tried_in_later_cells():
-    from autotune.stage1._rules import CellResult, LeftOut
+    from autotune.stage1._rules import CellResult, StageRules
 
     spec = restrict(parse_spec(two_stage(), Path("space.yaml")), CPU).spec
-    rules = LeftOut(spec)
+    rules = StageRules(spec)
 
     def setting(mode: str, layout: bool) -> tuple[tuple[str, object], ...]:
         return (("compile", mode), ("channels_last", layout))
@@ -1200,21 +1216,21 @@ def test_a_compile_that_cannot_pay_back_is_not_tried_in_the_cells_after_the_firs
 
 
 def test_a_compile_may_take_what_it_could_save_over_the_full_run_or_the_budget_left():
-    from autotune.stage1._rules import MEASUREMENT_SLACK_SECONDS, LeftOut
+    from autotune.stage1._rules import MEASUREMENT_SLACK_SECONDS, StageRules
 
     space = two_stage().replace(
         "objective: {min_accuracy: 0.3}", "objective: {min_accuracy: 0.3, full_run_epochs: 30}"
     )
-    left_out = LeftOut(restrict(parse_spec(space, Path("space.yaml")), CPU).spec)
-    assert left_out.compile_limit("none", 1.0) is None  # eager is bounded by trial_timeout
-    unknown = left_out.compile_limit("default", None)  # no eager epoch timed yet: the budget
+    rules = StageRules(restrict(parse_spec(space, Path("space.yaml")), CPU).spec)
+    assert rules.compile_limit("none", 1.0) is None  # eager is bounded by trial_timeout
+    unknown = rules.compile_limit("default", None)  # no eager epoch timed yet: the budget
     assert unknown is not None and unknown.budget and 890 < unknown.seconds <= 900
-    limit = left_out.compile_limit("max-autotune", 2.0)
+    limit = rules.compile_limit("max-autotune", 2.0)
     assert limit is not None and not limit.budget
     assert limit.seconds == pytest.approx(30 * 2.0 + MEASUREMENT_SLACK_SECONDS)
     assert "compile max-autotune was still compiling after 90 s: it cannot pay back" in limit.why
     assert "(an eager run of 30 epochs trains 60 s)" in limit.why
-    slow = left_out.compile_limit("default", 100.0)  # it could pay back longer than the budget
+    slow = rules.compile_limit("default", 100.0)  # it could pay back longer than the budget
     assert slow is not None and slow.budget and "budget of 900 s ran out" in slow.why
 
 
@@ -1353,71 +1369,71 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
 
 
 def test_the_budget_keeps_one_eager_setting_a_cell_for_the_cells_to_come(clock: FakeClock):
-    from autotune.stage1._rules import LeftOut
+    from autotune.stage1._rules import StageRules
 
     space = two_stage(n_trials=1, workers="[0]").replace(
         "speed: {bursts: 2,", "speed: {max_seconds: 100, bursts: 2,"
     )
-    left_out = LeftOut(restrict(parse_spec(space, Path("space.yaml")), CPU).spec)
-    left_out.cells_after = 2
-    assert left_out.reserve() == 0.0 and left_out.budget_left() == 100.0  # nothing timed yet
-    left_out.took("none", 12.0, None)  # a first measurement, with its worker's start
-    left_out.took("none", 5.0, None)
-    left_out.took("none", 4.0, None)
+    rules = StageRules(restrict(parse_spec(space, Path("space.yaml")), CPU).spec)
+    rules.cells_after = 2
+    assert rules.reserve() == 0.0 and rules.budget_left() == 100.0  # nothing timed yet
+    rules.took("none", 12.0, None)  # a first measurement, with its worker's start
+    rules.took("none", 5.0, None)
+    rules.took("none", 4.0, None)
     # two cells and the measurement running at the budget's end, each a typical (median) one
-    assert left_out.typical() == 5.0 and left_out.reserve() == 15.0
+    assert rules.typical() == 5.0 and rules.reserve() == 15.0
     clock.seconds = 80.0
-    assert left_out.budget_left() == 5.0 and not left_out.over_budget()
-    left_out.cells_after = 3
-    assert left_out.over_budget()  # 80 s spent, and 4 x 5 s kept back
+    assert rules.budget_left() == 5.0 and not rules.over_budget()
+    rules.cells_after = 3
+    assert rules.over_budget()  # 80 s spent, and 4 x 5 s kept back
     # the machine grows busy: a typical measurement is one of the last three, and so grows
     # what is kept back
-    left_out.took("none", 14.0, None)
-    left_out.took("none", 16.0, None)
-    assert left_out.typical() == 14.0 and left_out.reserve() == 56.0
+    rules.took("none", 14.0, None)
+    rules.took("none", 16.0, None)
+    assert rules.typical() == 14.0 and rules.reserve() == 56.0
 
 
 def test_a_compile_is_not_started_when_less_of_the_budget_is_left_than_it_takes(
     clock: FakeClock,
 ):
     from autotune.stage1._plan import COMPILE_SECONDS_GUESS
-    from autotune.stage1._rules import LeftOut
+    from autotune.stage1._rules import StageRules
 
     space = two_stage(n_trials=1, workers="[0]").replace(
         "speed: {bursts: 2,", "speed: {max_seconds: 100, bursts: 2,"
     )
-    left_out = LeftOut(restrict(parse_spec(space, Path("space.yaml")), CPU).spec)
-    cell = next(iter(SpeedPlan(left_out.spec, make_config()).cells()))
+    rules = StageRules(restrict(parse_spec(space, Path("space.yaml")), CPU).spec)
+    cell = next(iter(SpeedPlan(rules.spec, make_config()).cells()))
     autotuned = (("compile", "max-autotune-no-cudagraphs"),)
     # before any compile is measured: the guess
-    assert left_out.expected_compile("default") == COMPILE_SECONDS_GUESS["default"]
-    left_out.took("default", 14.0, 12.0)  # default compiled in 80% of its guess
+    assert rules.expected_compile("default") == COMPILE_SECONDS_GUESS["default"]
+    rules.took("default", 14.0, 12.0)  # default compiled in 80% of its guess
     scale = 12.0 / COMPILE_SECONDS_GUESS["default"]
     guess = COMPILE_SECONDS_GUESS["max-autotune-no-cudagraphs"]
-    assert left_out.expected_compile("max-autotune-no-cudagraphs") == pytest.approx(guess * scale)
-    assert left_out.expected_compile("default") == 12.0  # measured: its own
+    assert rules.expected_compile("max-autotune-no-cudagraphs") == pytest.approx(guess * scale)
+    assert rules.expected_compile("default") == 12.0  # measured: its own
     clock.seconds = 100.0 - 20.0  # 20 s left: default fits, max-autotune does not
-    assert left_out.why(cell, (("compile", "default"),)) is None
-    said = left_out.why(cell, autotuned)
+    assert rules.why(cell, (("compile", "default"),)) is None
+    said = rules.why(cell, autotuned)
     assert said is not None and "20 s of stage 1's budget of 100 s are left" in said
     assert f"takes about {guess * scale:.0f} s" in said
     # an eager setting is still timed in a cell with nothing timed, and left out of one with
     clock.seconds = 100.0
-    assert left_out.why(cell, (("compile", "none"),)) is None
-    assert "is spent" in (left_out.why(cell, (("compile", "none"),), timed=True) or "")
+    assert rules.why(cell, (("compile", "none"),)) is None
+    assert "is spent" in (rules.why(cell, (("compile", "none"),), timed=True) or "")
     # a cell whose every setting compiles, nothing timed: one is timed, or it has no speed
-    assert left_out.why(cell, autotuned, fallback=False) is None
+    assert rules.why(cell, autotuned, fallback=False) is None
     clock.seconds = 80.0
-    assert left_out.why(cell, autotuned, fallback=False) is None
+    assert rules.why(cell, autotuned, fallback=False) is None
     # a graph this stage compiled already costs no cold compile: not refused for the budget
-    assert left_out.why(cell, autotuned, compiled=True) is None
+    assert rules.why(cell, autotuned, compiled=True) is None
 
 
 def test_a_cell_whose_every_setting_compiles_may_take_its_compile_past_the_budget(
     tmp_path: Path, prepare_study, clock: FakeClock
 ):
     from autotune.stage1._rules import MEASUREMENT_SLACK_SECONDS
-    from autotune.stage1._stage import new_stage
+    from autotune.stage1._stage import Stage
 
     space = two_stage(workers="[0]", precisions="fp32").replace(
         "num_workers: [0]\n", "num_workers: [0]\n  compile: [default]\n"
@@ -1425,14 +1441,14 @@ def test_a_cell_whose_every_setting_compiles_may_take_its_compile_past_the_budge
     space = space.replace("speed: {bursts: 2,", "speed: {max_seconds: 100, bursts: 2,")
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
-    stage = new_stage(study, spec, CPU, InProcessExecutor(blobs_workload()), None, None, print)
+    stage = Stage(study, spec, CPU, InProcessExecutor(blobs_workload()), None, None, print)
     cell = next(iter(stage.plan.cells()))
     assert not stage._can_fall_back(cell)  # no eager setting in the space, nothing timed
     clock.seconds = 95.0  # 5 s of the budget left
     config = stage.plan.config(cell, stage.plan.first_round(cell)[0])
     limit = stage.time_limit(cell, config)
     assert limit is not None and limit.budget
-    needs = stage.left_out.expected_compile("default") + MEASUREMENT_SLACK_SECONDS
+    needs = stage.rules.expected_compile("default") + MEASUREMENT_SLACK_SECONDS
     assert limit.seconds == pytest.approx(needs)  # not the 5 s left: the cell needs a speed
 
 

@@ -4,7 +4,7 @@ to come, and how long a cold compile is expected to take. Wall-clock time from t
 start, waits for this machine's turn included; what it keeps back is a *typical* measurement
 (the median of the last ``RECENT``), so a busier machine keeps back more. Past its end no
 measurement starts but the stage's first, and the running one is stopped a typical measurement
-later at most. What the budget leaves out is ``_speed_rules``'s. No Optuna or torch here.
+later at most. What the budget leaves out is ``_rules``'s. No Optuna or torch here.
 """
 
 from __future__ import annotations
@@ -74,10 +74,7 @@ class Budget:
         """Why no measurement may start now (the budget's end has passed), or None."""
         if self.time_left() > 0.0:
             return None
-        return (
-            f"not tried: stage 1's budget of {self.budget:g} s ran out before it "
-            f"(study.speed.max_seconds)"
-        )
+        return f"not tried: {self.said('ran out before it')}"
 
     def eager_limit(self) -> TimeLimit:
         """How long an eager measurement may take: past the budget's end by a typical
@@ -85,7 +82,7 @@ class Budget:
         at least); before one is timed, until the budget's end (``MIN_LIMIT_SECONDS`` at
         least: the stage's first measurement is taken whatever its budget)."""
         typical = self.typical()
-        ran_out = f"stage 1's budget of {self.budget:g} s ran out (study.speed.max_seconds)"
+        ran_out = self.said("ran out")
         if typical is None:
             return TimeLimit(max(MIN_LIMIT_SECONDS, self.time_left()), ran_out, budget=True)
         past = max(1.0, self.time_left()) + typical
@@ -107,9 +104,11 @@ class Budget:
         return self.budget_left() <= 0.0
 
     def budget_spent(self) -> str:
-        return (
-            f"not tried: stage 1's budget of {self.budget:g} s is spent (study.speed.max_seconds)"
-        )
+        return f"not tried: {self.said('is spent')}"
+
+    def said(self, what: str) -> str:
+        """ "stage 1's budget of 600 s ``what`` (study.speed.max_seconds)": where it is set."""
+        return f"stage 1's budget of {self.budget:g} s {what} (study.speed.max_seconds)"
 
     def expected_compile(self, mode: str) -> float:
         """Seconds a cold compile of ``mode`` is expected to take: the longest this stage

@@ -18,7 +18,7 @@ import optuna
 from autotune.faults import FaultKind
 from autotune.spacefile import Spec
 from autotune.stage1._plan import Cell
-from autotune.stage1._stage import new_stage
+from autotune.stage1._stage import Stage
 from autotune.stage1._store import SpeedEvent
 from autotune.stage1._take import SettingTimer
 from autotune.storage._liveness import study_lock
@@ -114,9 +114,7 @@ def resolve_batch_sizes(
         with study_lock(study, purpose="batch_size", held_long=True):
             record = StudyRecord.of(study)  # another process may have probed meanwhile
             if record.batch_sizes is None:
-                timer = new_stage(
-                    study, spec, hardware, executor, workload, None, on_event, on_wait
-                )
+                timer = Stage(study, spec, hardware, executor, workload, None, on_event, on_wait)
                 sizes, line = _probe(timer, workload)
                 record = StudyRecord(batch_sizes=sizes, batch_size_auto=line)
                 record.store(study)

@@ -3,8 +3,8 @@
 Each rule is said in stage 1's table where it leaves a setting out: a pipeline far behind at one
 precision (``SLOW_PIPELINE_SHARE``), a compile mode that cannot pay back (``unpaid_compile``,
 ``compile_limit``) or failed, channels_last no faster under a compile mode, a precision far
-behind (``DOMINATED_SHARE``), and the budget (``_speed_budget``). Nothing here touches Optuna or
-torch; the stage (``_speed``) asks and reports.
+behind (``DOMINATED_SHARE``), and the budget (``_budget``). Nothing here touches Optuna or
+torch; the stage (``_stage``) asks and reports.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _mode(settings: Settings) -> str:
     return str(dict(settings).get("compile", "none"))
 
 
-class LeftOut(Budget):
+class StageRules(Budget):
     """The rules' state over one stage: what the cells timed so far rule out of the rest,
     within its budget."""
 
@@ -111,12 +111,7 @@ class LeftOut(Budget):
         if mode == "none":
             return None
         left = max(1.0, self.budget_left())
-        budget = TimeLimit(
-            left,
-            f"stage 1's budget of {self.budget:g} s ran out while compile {mode} compiled "
-            f"(study.speed.max_seconds)",
-            budget=True,
-        )
+        budget = TimeLimit(left, self.said(f"ran out while compile {mode} compiled"), budget=True)
         epoch = max(eager_epoch_seconds or 0.0, self.slowest_eager_epoch)
         if epoch <= 0.0:
             return budget

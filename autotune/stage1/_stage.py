@@ -1,9 +1,9 @@
 """Stage 1 of the two-stage search: time the execution knobs, keep the fastest per cell.
 
-First every cell (``_speed_plan``) times its reference setting, the cells predicted fastest
+First every cell (``_plan``) times its reference setting, the cells predicted fastest
 first; then, fastest first by what that measured, each cell's other settings, and its leaders
 again in alternating order (A B C, then C B A). Out of memory marks a wall; what the timed cells
-rule out is ``_speed_rules``'s, one measurement ``_speed_take``'s, the cache ``_speed_store``'s.
+rule out is ``_rules``'s, one measurement ``_take``'s, the cache ``_store``'s.
 What a busy machine spoiled is timed again at the end while the budget lasts (``time_again``).
 The answer is a ``SpeedTable``: per micro-batch split and precision, the settings with which a
 trial finishes soonest, charged as the objective charges.
@@ -11,26 +11,22 @@ trial finishes soonest, charged as the objective charges.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import optuna
 
-from autotune.config import TrialConfig
 from autotune.execution import graph_key
 from autotune.executor import TrialExecutor
 from autotune.knobs import COMPUTE_KNOBS
 from autotune.spacefile import Spec
 from autotune.speed import SpeedTable
-from autotune.stage1._budget import TimeLimit
-from autotune.stage1._plan import Cell, Settings, SpeedPlan, context_key, describe
-from autotune.stage1._rules import MEASUREMENT_SLACK_SECONDS, CellResult, LeftOut
-from autotune.stage1._store import Pool, SpeedEvent, context_facts, load_cache
+from autotune.stage1._plan import Cell, Settings, describe
+from autotune.stage1._rules import CellResult
+from autotune.stage1._store import SpeedEvent
 from autotune.stage1._table import speed_table
 from autotune.stage1._take import SettingTimer
-from autotune.storage import adapter
 
 if TYPE_CHECKING:
     from autotune.hardware import Hardware
@@ -41,26 +37,10 @@ CONTENDER_MARGIN = 0.10  # settings within this of a cell's fastest are measured
 MAX_CONTENDERS = 4  # ... at most this many per cell
 
 
-class _Stage(SettingTimer):
+class Stage(SettingTimer):
     """Stage 1 over the cells of its plan: what to measure, and what the cells rule out."""
 
-    def __init__(
-        self,
-        study: optuna.Study,
-        spec: Spec,
-        plan: SpeedPlan,
-        executor: TrialExecutor,
-        context: str,
-        pools: dict[str, Pool],
-        on_event: Callable[[SpeedEvent], None],
-        since: datetime.datetime | None,
-        on_wait: Callable[[str], None] | None = None,
-        left_out: LeftOut | None = None,
-    ) -> None:
-        super().__init__(study, spec, plan, executor, context, pools, on_event, since, on_wait)
-        # what the cells timed so far rule out, and its budget (from when that was made)
-        self.left_out = left_out or LeftOut(spec)
-        self.last_winner: Settings | None = None  # the fastest settings of the last cell
+    last_winner: Settings | None = None  # the fastest settings of the last cell
 
     def measure_all(
         self,
@@ -78,7 +58,7 @@ class _Stage(SettingTimer):
         for settings in candidates:
             if count == 1 and self.skip(cell, settings, compute_pass):
                 continue
-            if count > 1 and self.left_out.over_budget():
+            if count > 1 and self.rules.over_budget():
                 break  # past the budget, leaders are not measured again
             kept.append(settings)
             if self._claim_and_measure(cell, settings, count) is not None:
@@ -100,59 +80,6 @@ class _Stage(SettingTimer):
             candidates, key=lambda s: cudnn_plans_differ(last, self.plan.config(cell, s))
         )
 
-    def _timed(self, cell: Cell) -> bool:
-        """Whether ``cell`` has a measurement (this run's, another process's or the cache's)."""
-        return any(self.pool(cell, s).results for s in self.tried.get(cell, []))
-
-    def _can_fall_back(self, cell: Cell) -> bool:
-        """Whether ``cell`` has a measurement or an eager setting to time: only then may the
-        budget leave its compiled settings out."""
-        return self._timed(cell) or any(
-            dict(s).get("compile", "none") == "none" for s in self.plan.first_round(cell)
-        )
-
-    def time_limit(self, cell: Cell, config: TrialConfig) -> TimeLimit | None:
-        if config.compile == "none":
-            return self.left_out.eager_limit()
-        limit = self.left_out.compile_limit(config.compile, self._eager_epoch(cell))
-        if limit is None or not limit.budget or self._can_fall_back(cell):
-            return limit
-        # every setting of the cell compiles (a declared compile mode, or none eager in the
-        # space) and none is timed: its one measurement may take its cold compile and then
-        # some past the budget, or the cell would have no speed at all
-        needs = self.left_out.expected_compile(config.compile) + MEASUREMENT_SLACK_SECONDS
-        return dataclasses.replace(limit, seconds=max(limit.seconds, needs))
-
-    def stopped(self, cell: Cell, config: TrialConfig, limit: TimeLimit) -> None:
-        self.left_out.stopped(config.compile, limit, cell)
-
-    def _measured(self) -> bool:
-        """Whether the stage has a measurement (this run's or the cache's)."""
-        return any(pool.results for pool in self.pools.values())
-
-    def refused(self) -> str | None:
-        """Past the budget's end, nothing starts but a stage's first measurement: the one
-        measurement a stage may run past its budget, without which no trial can train."""
-        return self.left_out.refused() if self._measured() else None
-
-    def turn_patience(self) -> float | None:
-        """Its turn is waited for until the budget's end (the first measurement: as long as
-        the user waits)."""
-        return max(0.0, self.left_out.time_left()) if self._measured() else None
-
-    def took(self, config: TrialConfig, seconds: float, compile_seconds: float | None) -> None:
-        self.left_out.took(config.compile, seconds, compile_seconds)
-
-    def _eager_epoch(self, cell: Cell) -> float | None:
-        """Seconds of an epoch at ``cell``'s fastest eager setting timed so far (None: none)."""
-        epochs = [
-            measurement.epoch_seconds()
-            for settings in self.tried.get(cell, [])
-            if dict(settings).get("compile", "none") == "none"
-            for _, measurement, _, _ in self.pool(cell, settings).results
-        ]
-        return min(epochs, default=None)
-
     def speed(self, cell: Cell, settings: Settings) -> float | None:
         """Samples/s of the first round, which alone decides: a resumed stage decides alike."""
         return self.pool(cell, settings).first_round()
@@ -163,13 +90,13 @@ class _Stage(SettingTimer):
         return max(ranked, key=lambda pair: pair[0])[1] if ranked else None
 
     def skip(self, cell: Cell, settings: Settings, compute_pass: bool = False) -> bool:
-        """Whether ``settings`` is left out of ``cell`` (``_speed_rules``; said in an event);
+        """Whether ``settings`` is left out of ``cell`` (``_rules``; said in an event);
         never one measured before."""
         if self.pool(cell, settings).results:
             return False
         timed = self._timed(cell)
         compiled = graph_key(self.plan.config(cell, settings)) in self.cold_compiles
-        why = self.left_out.why(
+        why = self.rules.why(
             cell, settings, compute_pass, timed, self._can_fall_back(cell), compiled
         )
         if why is None:
@@ -184,14 +111,11 @@ class _Stage(SettingTimer):
         fallback = dict(self.last_winner or self.plan.reference(cell))
         if "compile" not in dict(cell.extras):  # (a declared compile value is the cell's)
             fallback["compile"] = "none"
-        self._run_cell_reduced(cell, fallback, self.left_out.budget_spent())
+        self.run_cell_reduced(cell, fallback, self.rules.budget_spent())
 
-    def run_cell_far_behind(self, cell: Cell, why: str, settings: Settings) -> None:
-        """``cell``'s precision is far behind another: it keeps what it has measured before
-        (the cache), else times ``settings`` (its first cell's fastest) once."""
-        self._run_cell_reduced(cell, dict(settings), why)
-
-    def _run_cell_reduced(self, cell: Cell, fallback: dict[str, object], why: str) -> None:
+    def run_cell_reduced(self, cell: Cell, fallback: dict[str, object], why: str) -> None:
+        """``cell`` keeps what it has measured before (the cache), else times ``fallback``
+        once; its other settings are left out, ``why``."""
         measured = [s for s in self.plan.first_round(cell) if self.pool(cell, s).results]
         if not measured:
             measured = [self.plan.settings(fallback, {})]
@@ -215,7 +139,7 @@ class _Stage(SettingTimer):
         speed. Those another process of the study holds are waited for last."""
         held = []
         for index, cell in enumerate(cells):
-            self.left_out.cells_after = len(cells) - index - 1
+            self.rules.cells_after = len(cells) - index - 1
             settings = self.plan.reference(cell)
             if self._claim_and_measure(cell, settings, 1) is not None:
                 held.append((cell, settings))
@@ -247,7 +171,7 @@ class _Stage(SettingTimer):
                 compute = {k: v for k, v in best if k in COMPUTE_KNOBS}
                 pipelines = [plan.settings(p, compute) for p in plan.pipeline_settings(cell)]
                 self.measure_all(cell, pipelines)
-        self.left_out.learn(cell, self._results(cell))
+        self.rules.learn(cell, self._results(cell))
         self.last_winner = self.fastest(cell, self.tried.get(cell, []))
         # the leaders again, in alternating order: A B C, then C B A, ...
         tried = self.tried.get(cell, [])
@@ -255,7 +179,7 @@ class _Stage(SettingTimer):
         top = max(speeds.values(), default=0.0) * (1 - CONTENDER_MARGIN)
         close = sorted((s for s in speeds if speeds[s] >= top), key=lambda s: -speeds[s])
         leaders = [s for s in tried if s in close[:MAX_CONTENDERS]]  # in the order first measured
-        if len(leaders) < 2 or self.left_out.over_budget():
+        if len(leaders) < 2 or self.rules.over_budget():
             return  # a clear winner needs no rematch; a spent budget pays for none
         for repeat in range(2, self.spec.study.speed.repeats + 1):
             order = leaders if repeat % 2 == 1 else list(reversed(leaders))
@@ -281,7 +205,7 @@ class _Stage(SettingTimer):
     def _again(self, cell: Cell, settings: Settings) -> bool:
         """Measure ``settings`` once more if a typical measurement fits in the budget left
         (else False)."""
-        if self.left_out.time_left() <= (self.left_out.typical() or 0.0):
+        if self.rules.time_left() <= (self.rules.typical() or 0.0):
             return False
         self.measure(cell, settings, len(self.pool(cell, settings).results) + 1)
         return True
@@ -289,27 +213,6 @@ class _Stage(SettingTimer):
     def table(self) -> SpeedTable:
         """The fastest settings of every micro-batch split, precision and declared value."""
         return speed_table(self.spec, self.plan, self.tried, self.pool)
-
-
-def new_stage(
-    study: optuna.Study,
-    spec: Spec,
-    hardware: Hardware,
-    executor: TrialExecutor,
-    workload: Workload | None,
-    since: datetime.datetime | None,
-    on_event: Callable[[SpeedEvent], None],
-    on_wait: Callable[[str], None] | None = None,
-) -> _Stage:
-    """Stage 1 of ``spec`` ready to measure: its plan, its budget from now, the measurements
-    stored since ``since`` (all where None)."""
-    from autotune.references import checklist_rules, untuned_config
-
-    left_out = LeftOut(spec)  # the budget counts from here, reading the cache included
-    plan = SpeedPlan(spec, untuned_config(spec, hardware), checklist_rules(hardware))
-    context = context_key(context_facts(spec, hardware, workload))
-    pools = load_cache(adapter.storage_of(study), context, since, study_name=study.study_name)
-    return _Stage(study, spec, plan, executor, context, pools, on_event, since, on_wait, left_out)
 
 
 def run_speed_stage(
@@ -327,7 +230,7 @@ def run_speed_stage(
     ``on_event`` hears each setting; ``on_wait``, that a measurement waits for another process
     of this machine (``turns``)."""
     since = datetime.datetime.now() if remeasure else None
-    stage = new_stage(
+    stage = Stage(
         study, spec, hardware, executor, workload, since, on_event or (lambda e: None), on_wait
     )
     cells = stage.plan.predicted()
@@ -335,12 +238,13 @@ def run_speed_stage(
     ranked = stage.ranked(cells)
     for index, cell in enumerate(ranked):
         # the budget keeps back one setting for each cell to come that has none yet
-        stage.left_out.cells_after = sum(not stage._timed(c) for c in ranked[index + 1 :])
-        far_behind = stage.left_out.far_behind(cell)
-        if stage.left_out.over_budget():
+        stage.rules.cells_after = sum(not stage._timed(c) for c in ranked[index + 1 :])
+        far_behind = stage.rules.far_behind(cell)
+        if stage.rules.over_budget():
             stage.run_cell_over_budget(cell)
         elif far_behind is not None:
-            stage.run_cell_far_behind(cell, *far_behind)
+            why, settings = far_behind  # its precision: its first cell's fastest settings
+            stage.run_cell_reduced(cell, dict(settings), why)
         else:
             stage.run_cell(cell)
     stage.time_again()

@@ -72,7 +72,6 @@ class SpeedRecord:
     measurement: dict[str, Any] | None = None  # SpeedMeasurement's fields (None: it failed)
     interference: bool = False  # others took more than INTERFERENCE_SHARE of its cores
     round: int = 1  # 1: first measurement; 2...: a leader measured again
-    samples_per_second_by_accumulation: dict[str, float] | None = None  # predicted
     fail_kind: str | None = None
     fail_msg: str | None = None
     fail_traceback: str | None = None  # fail_kind error: where it happened
@@ -233,11 +232,11 @@ def speed_trial(
     settings: Settings,
     record: SpeedRecord,
     value: float | None,
-    known: dict[str, BaseDistribution] | None = None,
+    known: dict[str, BaseDistribution],
 ) -> optuna.trial.FrozenTrial:
     """A finished speed trial: COMPLETE with ``value`` (samples/s), or FAIL without one; its
     parameters on the axes ``known`` (``known_distributions``) says the study has."""
-    params, distributions = _fitted(speed_params(cell, settings), {} if known is None else known)
+    params, distributions = _fitted(speed_params(cell, settings), known)
     return optuna.trial.create_trial(
         state=TrialState.COMPLETE if value is not None else TrialState.FAIL,
         value=value,
@@ -303,8 +302,8 @@ def load_cache(
     storage: optuna.storages.BaseStorage,
     context: str,
     since: datetime.datetime | None,
+    study_name: str,
     key: str | None = None,
-    study_name: str | None = None,
 ) -> dict[str, Pool]:
     """Every measurement in the storage's speed studies taken in ``context`` (after
     ``since``, when given; of cache key ``key`` only, when given), by cache key.
@@ -316,7 +315,7 @@ def load_cache(
     that --remeasure times it again.
     """
     pools: dict[str, Pool] = {}
-    own = speed_study_name(study_name) if study_name is not None else None
+    own = speed_study_name(study_name)
     for name in optuna.get_all_study_names(storage):
         if not name.endswith(SPEED_SUFFIX):
             continue

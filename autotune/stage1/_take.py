@@ -1,9 +1,9 @@
 """How stage 1 takes one measurement of one setting: claimed in the speed study so that the
 processes of a study time it once (``_claims``), timed on this machine's turn (``turns``)
 through the study's executor, charged with its graph's cold compile, stored in the speed study
-(``_speed_store``) and reported as a ``SpeedEvent``. The stage itself (``_speed``) decides what
-to measure, how long a measurement and its wait for the turn may take, and when none may
-start any more; this module measures it.
+(``_store``) and reported as a ``SpeedEvent``, within what the stage's rules (``_rules``) allow
+it: whether it may start, how long it and its wait for the turn may take. The stage itself
+(``_stage``) decides what to measure.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import datetime
 import time
 import uuid
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import optuna
 
@@ -25,12 +26,14 @@ from autotune.spacefile import Spec
 from autotune.speed import BurstPlan, SpeedMeasurement
 from autotune.stage1._budget import TimeLimit
 from autotune.stage1._claims import Claims
-from autotune.stage1._plan import Cell, Settings, SpeedPlan, config_key, describe
+from autotune.stage1._plan import Cell, Settings, SpeedPlan, config_key, context_key, describe
+from autotune.stage1._rules import MEASUREMENT_SLACK_SECONDS, StageRules
 from autotune.stage1._store import (
     TRANSIENT_FAULTS,
     Pool,
     SpeedEvent,
     SpeedRecord,
+    context_facts,
     known_distributions,
     load_cache,
     open_speed_study,
@@ -39,6 +42,10 @@ from autotune.stage1._store import (
 from autotune.storage import adapter
 from autotune.storage._walls import MemoryWalls
 from autotune.turns import DeviceLockTimeout, device_lock
+
+if TYPE_CHECKING:
+    from autotune.hardware import Hardware
+    from autotune.workloads import Workload
 
 _TIMEOUTS = (FaultKind.TRIAL_TIMEOUT, FaultKind.TIMEOUT_UNDER_LOAD)
 CLAIM_POLL_SECONDS = 0.5  # how often a process waiting for another's measurement looks
@@ -52,24 +59,29 @@ class SettingTimer:
         self,
         study: optuna.Study,
         spec: Spec,
-        plan: SpeedPlan,
+        hardware: Hardware,
         executor: TrialExecutor,
-        context: str,
-        pools: dict[str, Pool],
-        on_event: Callable[[SpeedEvent], None],
+        workload: Workload | None,
         since: datetime.datetime | None,
+        on_event: Callable[[SpeedEvent], None],
         on_wait: Callable[[str], None] | None = None,
     ) -> None:
+        """Stage 1 of ``spec`` ready to measure: its plan, its budget from now, the
+        measurements stored since ``since`` (all where None)."""
+        from autotune.references import checklist_rules, untuned_config
+
+        # what the timed cells rule out, and the budget (counted from here: reading the cache too)
+        self.rules = StageRules(spec)
+        self.plan = SpeedPlan(spec, untuned_config(spec, hardware), checklist_rules(hardware))
+        self.context = context_key(context_facts(spec, hardware, workload))
         self.storage = adapter.storage_of(study)
+        self.pools = load_cache(self.storage, self.context, since, study.study_name)
         self.speed_study = open_speed_study(self.storage, study.study_name)
         self.known = known_distributions(self.speed_study)  # its parameters' axes
         self.since = since  # measurements before this are not reused (--remeasure)
         self.study_name = study.study_name
         self.spec = spec
-        self.plan = plan
         self.executor = executor
-        self.context = context
-        self.pools = pools
         self.on_event = on_event
         self.on_wait = on_wait  # hears that a measurement waits for another process
         self.claims = Claims(self.speed_study)  # who times which setting, across machines
@@ -158,26 +170,54 @@ class SettingTimer:
             self.said.add(key)
             self.on_event(SpeedEvent.left_out(cell.label(), describe(settings), why))
 
+    def _measured(self) -> bool:
+        """Whether the stage has a measurement (this run's or the cache's)."""
+        return any(pool.results for pool in self.pools.values())
+
+    def _timed(self, cell: Cell) -> bool:
+        """Whether ``cell`` has a measurement (this run's, another process's or the cache's)."""
+        return any(self.pool(cell, s).results for s in self.tried.get(cell, []))
+
+    def _can_fall_back(self, cell: Cell) -> bool:
+        """Whether ``cell`` has a measurement or an eager setting to time: only then may the
+        budget leave its compiled settings out."""
+        return self._timed(cell) or any(
+            dict(s).get("compile", "none") == "none" for s in self.plan.first_round(cell)
+        )
+
+    def _eager_epoch(self, cell: Cell) -> float | None:
+        """Seconds of an epoch at ``cell``'s fastest eager setting timed so far (None: none)."""
+        epochs = [
+            measurement.epoch_seconds()
+            for settings in self.tried.get(cell, [])
+            if dict(settings).get("compile", "none") == "none"
+            for _, measurement, _, _ in self.pool(cell, settings).results
+        ]
+        return min(epochs, default=None)
+
     def refused(self) -> str | None:
-        """Why no measurement may start now (the stage's rules say), or None."""
-        return None
+        """Past the budget's end, nothing starts but a stage's first measurement: the one
+        measurement a stage may run past its budget, without which no trial can train."""
+        return self.rules.refused() if self._measured() else None
 
     def turn_patience(self) -> float | None:
-        """Seconds a measurement may wait for this machine's turn (None: the user's bound)."""
-        return None
+        """Seconds a measurement may wait for this machine's turn: until the budget's end; the
+        stage's first measurement as long as the user waits (None)."""
+        return max(0.0, self.rules.time_left()) if self._measured() else None
 
     def time_limit(self, cell: Cell, config: TrialConfig) -> TimeLimit | None:
-        """How long a measurement of ``config`` in ``cell`` may take before it is stopped
-        (the stage's rules say); None: the study's trial_timeout alone."""
-        return None
-
-    def stopped(self, cell: Cell, config: TrialConfig, limit: TimeLimit) -> None:
-        """A measurement of ``config`` in ``cell`` was stopped at ``limit`` (the stage learns
-        from it)."""
-
-    def took(self, config: TrialConfig, seconds: float, compile_seconds: float | None) -> None:
-        """A measurement of ``config`` took ``seconds`` of wall time, ``compile_seconds`` of
-        them compiling (the stage learns what its measurements cost)."""
+        """How long a measurement of ``config`` in ``cell`` may take before it is stopped;
+        None: the study's trial_timeout alone."""
+        if config.compile == "none":
+            return self.rules.eager_limit()
+        limit = self.rules.compile_limit(config.compile, self._eager_epoch(cell))
+        if limit is None or not limit.budget or self._can_fall_back(cell):
+            return limit
+        # every setting of the cell compiles (a declared compile mode, or none eager in the
+        # space) and none is timed: its one measurement may take its cold compile and then
+        # some past the budget, or the cell would have no speed at all
+        needs = self.rules.expected_compile(config.compile) + MEASUREMENT_SLACK_SECONDS
+        return dataclasses.replace(limit, seconds=max(limit.seconds, needs))
 
     def _done(self, cell: Cell, settings: Settings, count: int) -> bool:
         """Whether ``settings`` has ``count`` measurements in ``cell`` already (or a fault);
@@ -207,7 +247,7 @@ class SettingTimer:
         """Read ``settings``' measurements in ``cell`` from the storage again: another process
         may have taken some since the stage started."""
         key = self.key(cell, settings)
-        found = load_cache(self.storage, self.context, self.since, key, self.study_name)
+        found = load_cache(self.storage, self.context, self.since, self.study_name, key)
         if key in found and len(found[key].results) > len(self.pool(cell, settings).results):
             self.pools[key] = found[key]
 
@@ -235,7 +275,7 @@ class SettingTimer:
             kind, message = result.kind, result.message
             self.quiet = kind != FaultKind.TIMEOUT_UNDER_LOAD
             if limit is not None and kind in _TIMEOUTS:  # stopped at the stage's limit
-                self.stopped(cell, config, limit)
+                self.rules.stopped(config.compile, limit, cell)
                 message = f"{limit.why} ({message})"
                 if limit.budget:  # says nothing of the setting: a later stage times it
                     kind = FaultKind.INTERRUPTED
@@ -251,16 +291,12 @@ class SettingTimer:
             self.on_event(SpeedEvent(cell=cell.label(), settings=words, fault=message))
             return
         # as measured, its wait for the turn included: what it cost the stage's budget
-        self.took(config, time.monotonic() - asked, result.compile_seconds)
+        self.rules.took(config.compile, time.monotonic() - asked, result.compile_seconds)
         result = self._charge_cold_compile(config, result)
         flagged = interfered(result.other_cpu_share)
         self.quiet = not flagged
-        by_accumulation = {str(a): result.samples_per_second(a) for a in self.plan.accumulations}
         done = dataclasses.replace(
-            record,
-            measurement=dataclasses.asdict(result),
-            interference=flagged,
-            samples_per_second_by_accumulation=by_accumulation,
+            record, measurement=dataclasses.asdict(result), interference=flagged
         )
         speed = result.samples_per_second()
         number = self._store(speed_trial(cell, settings, done, speed, self.known))

@@ -97,19 +97,19 @@ def troubled_within(url: str | None, seconds: float) -> bool:
     return last is not None and time.monotonic() - last < seconds
 
 
-_unhurried = threading.local()
+_no_storage_wait = threading.local()
 
 
-class unhurried:
+class no_storage_wait:
     """In this block, on this thread, storage calls do not wait for the database: a call the
     database refuses raises at once (a claim's renewal or a best-effort write, which must go
     stale rather than hold anything up)."""
 
     def __enter__(self) -> None:
-        _unhurried.depth = getattr(_unhurried, "depth", 0) + 1
+        _no_storage_wait.depth = getattr(_no_storage_wait, "depth", 0) + 1
 
     def __exit__(self, *exc: object) -> None:
-        _unhurried.depth -= 1
+        _no_storage_wait.depth -= 1
 
 
 @dataclass
@@ -132,7 +132,7 @@ class Patience:
         """``function(*args, **kwargs)``, tried again while the database does not answer, up
         to the bound; StorageOutage past it. A call made inside another (a storage method
         that calls another) is tried by the outer one only."""
-        if getattr(self._calls, "depth", 0) or getattr(_unhurried, "depth", 0):
+        if getattr(self._calls, "depth", 0) or getattr(_no_storage_wait, "depth", 0):
             return function(*args, **kwargs)
         self._calls.depth = 1
         try:

@@ -48,7 +48,7 @@ def _settled_record(study: optuna.Study) -> StudyRecord:
     deadline = time.monotonic() + PEER_CREATION_SECONDS
     while (
         (record.search_fingerprint is None or record.learning_knobs is None)
-        and _is_new(study)
+        and not study.get_trials(deepcopy=False)  # no trials yet: another may be setting up
         and time.monotonic() < deadline
     ):
         time.sleep(0.2)  # another `autotune run` created it a moment ago and is labelling it
@@ -184,11 +184,6 @@ def _json_or_none(value: dict[str, Any]) -> dict[str, Any] | None:
         return dict(json.loads(json.dumps(value)))
     except (TypeError, ValueError):
         return None
-
-
-def _is_new(study: optuna.Study) -> bool:
-    """A study with no trials yet: possibly one another process is still setting up."""
-    return not study.get_trials(deepcopy=False)
 
 
 def _next_free_name(storage: optuna.storages.BaseStorage, name: str) -> str:

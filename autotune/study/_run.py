@@ -114,17 +114,15 @@ def run_study(
         if staged is None:  # interrupted, or no setting could train: no trial runs
             return outcome
         spec, table = staged  # batch_size: auto resolved
-    trial_runner = TrialRunner(spec, hardware, executor, observer, walls, worker=worker)
-    trial_runner.speed = table
+    trial_runner = TrialRunner(spec, hardware, executor, observer, walls, table, worker=worker)
     try:
         # a stale baseline is retried with its mark, not queued anew
         if recovered := recover_stale_trials(study):
             observer.recovered(recovered)
         if len(study.get_trials(deepcopy=False, states=COUNTED_STATES)) < spec.study.n_trials:
-            speed = trial_runner.speed
 
             def fits(config: TrialConfig) -> bool:  # below the walls of trials and stage 1
-                oom = speed is not None and speed.runs_out_of_memory(
+                oom = table is not None and table.runs_out_of_memory(
                     config.batch_size, config.precision
                 )
                 return walls.fits(config) and not oom

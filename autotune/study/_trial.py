@@ -20,7 +20,6 @@ from autotune.executor import TrialExecutor, attempt
 from autotune.faults import FaultKind, TrialFault
 from autotune.hardware import Hardware
 from autotune.interference import CpuMeter, interfered
-from autotune.knobs import SPEED_KNOBS
 from autotune.results import Evaluation, TrialResult
 from autotune.spacefile import Spec
 from autotune.spacefile._sections import ObjectiveSpec
@@ -144,7 +143,7 @@ def _fault(
 
 
 @dataclass
-class Watch:
+class TrialReporter:
     """A trial's ``report``: each evaluation told to Optuna and the observer, and whether the
     trial stops there (its target reached; it cannot beat ``leader`` at its pace since a quiet
     window; the pruner; another process took it over), with where and why."""
@@ -214,12 +213,8 @@ class TrialRunner:
             table = references.own_table(self.spec, record.config)
         elif table is None or record.reference is not None:  # (a reference queued as joint)
             return space.sample(trial, self.spec, self.hardware)
-        config = space.sample(trial, self.spec, self.hardware, table)
-        declared = self.spec.study.learning_knobs
-        extras = tuple((k, getattr(config, k)) for k in SPEED_KNOBS if k in declared)
-        split = (config.batch_size, config.accumulation_steps, config.precision)
-        choice = table.exact(*split, extras)
-        assert choice is not None  # sample took it from the table
+        pick = space.suggestions(trial)
+        config, choice = space.draw_from_table(pick, self.spec, self.hardware, table, trial.number)
         # the knobs the table chose among several values (fixed ones it only kept)
         chosen = sorted(k for k in choice.knobs() if k in self.spec.space.searched())
         if record.reference is not None:  # its own: nothing predicted
@@ -246,20 +241,23 @@ class TrialRunner:
         if blocked is not None:
             TrialRecord(oom_skipped=True).store(trial)
             return _fault(trial, FaultKind.OOM, blocked), None
-        leader = self._leader(trial)
         reference = TrialRecord.from_attrs(trial.user_attrs).reference is not None
+        # the best answer so far, which the trial is stopped for where it cannot beat it; never
+        # without a pruner, nor a reference (the confirmation measures the answer against it)
+        no_stop = reference or self.spec.study.pruner == "none"
+        leader = None if no_stop else best_trial(trial.study)
         # another process of this machine training on the same cores or GPU: wait, off the clock
         asked_turn = time.monotonic()
         with device_lock(config.device, config.world_size, self.observer.turn_waiting):
             started = time.monotonic()
             if started - asked_turn > TURN_WAIT_SAID:
                 TrialRecord(turn_wait_seconds=started - asked_turn).store(trial)
-            watch = Watch(trial, config, goal, self.observer, leader, reference)
+            reporter = TrialReporter(trial, config, goal, self.observer, leader, reference)
             try:
-                result = attempt(lambda: self.executor.run(config, watch.report))
+                result = attempt(lambda: self.executor.run(config, reporter.report))
             except ReportFailed as failed:
                 raise failed.error from None  # as if raised here, where the study writes
-        if watch.taken_over:
+        if reporter.taken_over:
             raise TakenOver(None if isinstance(result, TrialFault) else result)
         TrialRecord(wall_seconds=time.monotonic() - started).store(trial)
         if isinstance(result, TrialFault):
@@ -267,23 +265,23 @@ class TrialRunner:
                 self.walls.add(config, f"trial {trial.number}")
             details = (result.details or None) if result.kind == FaultKind.ERROR else None
             return _fault(trial, result.kind, result.message, details), None
-        return self._scored(trial, config, result, watch)
+        return self._scored(trial, config, result, reporter)
 
     def _scored(
         self,
         trial: optuna.Trial,
         config: TrialConfig,
         result: TrialResult,
-        watch: Watch,
+        reporter: TrialReporter,
     ) -> tuple[TrialState, float | None]:
         """Record what a trial that trained measured, and how it ended: stopped where it could
-        not beat the leader, pruned (as ``watch`` decided), or scored (its state and value)."""
+        not beat the leader, pruned (as ``reporter`` decided), or scored (its state and value)."""
         goal = self.spec.objective
         TrialRecord.from_result(result, config.precision).store(trial)
         if off_stage_one(result, TrialRecord.from_attrs(trial.user_attrs)):
             TrialRecord(speed_mismatch=True).store(trial)
-        if watch.lost_at is not None and watch.leader is not None:
-            (at, reachable), leader = watch.lost_at, watch.leader
+        if reporter.lost_at is not None and reporter.leader is not None:
+            (at, reachable), leader = reporter.lost_at, reporter.leader
             message = f"stopped at evaluation {at.index} (epoch {at.epoch:.2f}): " + (
                 f"even at {goal.score_name} {objective.SCORE_CEILINGS[goal.score]:g} it would "
                 f"end at {reachable:.4g} {goal.score_short}/s, and trial {leader.number} has "
@@ -293,11 +291,11 @@ class TrialRunner:
                 f"{goal.target:g}, and trial {leader.number} reached it in "
                 f"{float(leader.value or 0.0):.3g} s"
             )
-            TrialRecord(fail_kind=FaultKind.CANNOT_WIN, fail_msg=message + watch.pace.said).store(
-                trial
-            )
+            TrialRecord(
+                fail_kind=FaultKind.CANNOT_WIN, fail_msg=message + reporter.pace.said
+            ).store(trial)
             return TrialState.PRUNED, None
-        if (pruned_at := watch.pruned_at) is not None:
+        if (pruned_at := reporter.pruned_at) is not None:
             message = (
                 f"pruned at evaluation {pruned_at.index} (epoch {pruned_at.epoch:.2f}, "
                 f"{goal.score_name} {pruned_at.score:.4g}) by the {self.spec.study.pruner} pruner"
@@ -314,18 +312,6 @@ class TrialRunner:
             infeasible_reason=score.reason or None,
         ).store(trial)
         return TrialState.COMPLETE, score.value
-
-    def _leader(self, trial: optuna.Trial) -> FrozenTrial | None:
-        """The best answer so far, which ``trial`` is stopped for when it cannot beat it
-        (``objective.cannot_win``); None where no trial is stopped so: a study without a pruner
-        (every trial trains to its end), and the references (the untuned baseline, the tuning
-        checklist: the confirmation measures the answer against them)."""
-        if (
-            self.spec.study.pruner == "none"
-            or TrialRecord.from_attrs(trial.user_attrs).reference is not None
-        ):
-            return None
-        return best_trial(trial.study)
 
     @staticmethod
     def ask(study: optuna.Study) -> optuna.Trial:
@@ -363,11 +349,9 @@ class TrialRunner:
         self, study: optuna.Study, trial: optuna.Trial, stop: KeyboardInterrupt | Exception
     ) -> None:
         """Record why ``stop`` ended ``trial`` and tell it as FAIL, so that no trial is left
-        RUNNING: a Ctrl-C or SIGTERM; a database that did not answer for longer than the study
-        waits (recorded by the next run's stale recovery if it does not answer now) or another
-        process holding the machine past --turn-wait (the run stops, nothing of the
-        configuration); a worker that cannot start or a bug outside training (ERROR, not shown
-        as a finished trial: the run stops and says why)."""
+        RUNNING: INTERRUPTED where it says nothing of the configuration (a stop, a database
+        that did not answer, the machine held past --turn-wait), else ERROR (a worker that
+        cannot start, a bug outside training: not shown as a finished trial)."""
         kind = FaultKind.INTERRUPTED
         if isinstance(stop, KeyboardInterrupt):
             how = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C (SIGINT)"
