@@ -1,6 +1,6 @@
 """``confirm``: the confirmation round of a study, run (or resumed) on its own; and what the
 training commands share: running a round, and what they say around their training runs. The
-command is registered by ``_train`` after ``run``, in the order --help lists them."""
+command is registered by ``_run`` after ``run``, in the order --help lists them."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def storage_lines(
     out: Console,
 ) -> tuple[Callable[[str, float], None], Callable[[float], None]]:
     """What a training command prints when its study's database stops answering and when it
-    answers again (a study's ``Patience.on_wait`` and ``on_back``), outside the live display."""
+    answers again (a study's ``OutageRetry.on_wait`` and ``on_back``), outside the live display."""
 
     def waiting(problem: str, seconds: float) -> None:
         out.print(
@@ -73,9 +73,9 @@ def open_to_train(study_name: str | None, storage: str, isolation: str | None) -
             raise studies.StudyError(
                 f"study '{found.study_name}' holds no readable space file: it cannot train again"
             )
-        patience = adapter.patience_of(adapter.storage_of(found))
-        patience.seconds = spec.study.storage_outage  # as long as the study's own runs wait
-        patience.on_wait, patience.on_back = storage_lines(console)
+        retry = adapter.outage_retry_of(adapter.storage_of(found))
+        retry.seconds = spec.study.storage_outage  # as long as the study's own runs wait
+        retry.on_wait, retry.on_back = storage_lines(console)
         record = studies.StudyRecord.of(found)
         base_dir = Path(record.space_file_dir) if record.space_file_dir else None
         hardware = detect(spec.workload.device)

@@ -31,14 +31,14 @@ WORKER_STORAGE_ENV = "AUTOTUNE_WORKER_STORAGE"
 WORKER_PARENT_ENV = "AUTOTUNE_WORKER_PARENT"
 # a file worker 0 makes once stage 1 is measured: the others, which time their share of it
 # on their own cores, wait for it before their first trial
-WORKER_GO_ENV = "AUTOTUNE_WORKER_GO"
+STAGE1_MEASURED_ENV = "AUTOTUNE_STAGE1_MEASURED"
 
 
-def wait_to_go() -> None:
+def wait_for_stage1() -> None:
     """In a worker started by worker 0: wait until worker 0 has measured stage 1 (a SIGINT, as
     when worker 0 stops or dies, ends the wait with KeyboardInterrupt)."""
-    go = os.environ.pop(WORKER_GO_ENV, None)
-    while go is not None and not os.path.exists(go):
+    measured = os.environ.pop(STAGE1_MEASURED_ENV, None)
+    while measured is not None and not os.path.exists(measured):
         time.sleep(0.1)
 
 
@@ -96,7 +96,7 @@ def start_workers(
     """Start workers 1..N-1 on the study (``autotune run SPACE ... --as-worker K``): the same
     space file and resolved settings, the study by its name, the seconds worker 0 has, and the
     storage in their environment (a password stays out of the process list). They start up
-    while worker 0 measures stage 1, then wait for ``Workers.go``."""
+    while worker 0 measures stage 1, then wait for ``Workers.start_trials``."""
     arguments = [str(space_file), "--study-name", study_name, "--n-trials"]
     arguments += [str(spec.study.n_trials), "--isolation", spec.study.isolation]
     arguments += ["--device", spec.workload.device]
@@ -123,8 +123,8 @@ class Workers:
         self.started: list[_Started] = []
         self.reported: set[int] = set()  # workers whose exit was said
         self.interrupted = False  # SIGINT was passed on to them (once: a second cuts short)
-        self.going = False  # told to start training (stage 1 is measured)
-        self.go_file = log_dir / "stage-1-measured"
+        self.trials_started = False  # told to start training (stage 1 is measured)
+        self.stage1_measured = log_dir / "stage-1-measured"
         self._lock = threading.Lock()  # exited() is asked from worker 0's display thread too
 
     def start(
@@ -132,9 +132,10 @@ class Workers:
     ) -> None:
         """Start a worker per share: ``autotune run ARGUMENTS --as-worker K`` with
         ``environment`` added to theirs (not to this process's). If one cannot be started, the
-        ones already started are stopped before the error is raised. They wait for ``go``."""
+        ones already started are stopped before the error is raised. They wait for
+        ``start_trials``."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.go_file.unlink(missing_ok=True)  # an earlier run's
+        self.stage1_measured.unlink(missing_ok=True)  # an earlier run's
         try:
             for share in shares:
                 self._start_one(share, arguments, environment)
@@ -161,7 +162,7 @@ class Workers:
             **environment,
             WORKER_CORES_ENV: ",".join(str(core) for core in self.cores),
             WORKER_PARENT_ENV: str(os.getpid()),
-            WORKER_GO_ENV: str(self.go_file),
+            STAGE1_MEASURED_ENV: str(self.stage1_measured),
         }
         with open(log, "wb") as output:
             process = subprocess.Popen(
@@ -176,10 +177,10 @@ class Workers:
             )
         self.started.append(_Started(share, process, log))
 
-    def go(self) -> None:
+    def start_trials(self) -> None:
         """Let the workers train: stage 1 is measured (they reuse its measurements)."""
-        self.go_file.touch()
-        self.going = True
+        self.stage1_measured.touch()
+        self.trials_started = True
 
     def exited(self) -> list[tuple[WorkerShare, int, Path]]:
         """Workers that ended since last asked: (share, exit code, log)."""

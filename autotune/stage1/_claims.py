@@ -23,7 +23,7 @@ from typing import Any
 import optuna
 
 from autotune.storage._liveness import study_lock
-from autotune.storage._outage import unhurried
+from autotune.storage._outage import without_retry
 
 CLAIMS_ATTR = "stage1_claims"
 CLAIM_BEAT_SECONDS = 5.0  # how often a held claim is renewed
@@ -86,7 +86,7 @@ class Claims:
             while not done.wait(CLAIM_BEAT_SECONDS):
                 # a missed renewal (the database restarts): the next one is due; one that
                 # never comes lets the claim go stale, and another process takes it over
-                with contextlib.suppress(Exception), unhurried():
+                with contextlib.suppress(Exception), without_retry():
                     self._update(name, mine=True)
 
         thread = threading.Thread(target=renew, name="autotune-claim", daemon=True)
@@ -96,5 +96,5 @@ class Claims:
         finally:
             done.set()
             thread.join()
-            with contextlib.suppress(Exception), unhurried():  # else it goes stale by itself
+            with contextlib.suppress(Exception), without_retry():  # else it goes stale by itself
                 self._update(name, mine=False)

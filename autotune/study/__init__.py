@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from autotune.stage1._stage import run_speed_stage
     from autotune.stage1._store import SpeedEvent, SpeedRecord, speed_study_name
     from autotune.storage._liveness import heartbeat, recover_stale_trials, study_lock
-    from autotune.storage._outage import Patience, StorageOutage, unhurried
+    from autotune.storage._outage import OutageRetry, StorageOutage, without_retry
     from autotune.storage._queries import (
         COUNTED_STATES,
         baseline_trial,
@@ -95,9 +95,9 @@ _MODULES = {
     "open_study": "autotune.study._open",
     "with_study_strategy": "autotune.study._open",
     "patient_storage": "autotune.study._open",
-    "Patience": "autotune.storage._outage",
+    "OutageRetry": "autotune.storage._outage",
     "StorageOutage": "autotune.storage._outage",
-    "unhurried": "autotune.storage._outage",
+    "without_retry": "autotune.storage._outage",
     "run_speed_stage": "autotune.stage1._stage",
     "SpeedEvent": "autotune.stage1._store",
     "SpeedRecord": "autotune.stage1._store",
@@ -167,7 +167,7 @@ __all__ = [
     "ConfirmationRecord",
     "Confirmed",
     "MemoryWalls",
-    "Patience",
+    "OutageRetry",
     "Reference",
     "RunOutcome",
     "SpeedEvent",
@@ -216,8 +216,8 @@ __all__ = [
     "trial_config",
     "trial_knob_origin",
     "trials_named",
-    "unhurried",
     "verify_candidates",
     "verify_study",
     "with_study_strategy",
+    "without_retry",
 ]
