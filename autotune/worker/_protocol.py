@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.config import TrialConfig
-from autotune.faults import FaultKind
+from autotune.faults import FaultKind, TrialFault
 from autotune.results import Evaluation, TrialResult
 from autotune.speed import BurstPlan, SpeedMeasurement
 
@@ -77,6 +77,14 @@ class Finished:
 
     result: TrialResult
 
+    @property
+    def needs_fresh_process(self) -> bool:
+        return self.result.memory_left_bytes is not None
+
+    @property
+    def outcome(self) -> TrialResult:
+        return self.result
+
 
 @dataclass(frozen=True)
 class Measured:
@@ -84,6 +92,10 @@ class Measured:
 
     measurement: SpeedMeasurement
     needs_fresh_process: bool = False  # its device memory did not come back: this one exits
+
+    @property
+    def outcome(self) -> SpeedMeasurement:
+        return self.measurement
 
 
 @dataclass(frozen=True)
@@ -97,7 +109,13 @@ class Faulted:
     # after sending it
     needs_fresh_process: bool
 
+    @property
+    def outcome(self) -> TrialFault:
+        return TrialFault(self.kind, self.message, self.details)
+
 
 ToWorker = RunTrial | MeasureSpeed | StopOrGoOn | Exit
-FromWorker = Ready | StartFailed | Warmed | Evaluated | Finished | Measured | Faulted
+Done = Finished | Measured | Faulted  # how a request ended: ``outcome``, and whether the
+# worker exits after sending it (``needs_fresh_process``)
+FromWorker = Ready | StartFailed | Warmed | Evaluated | Done
 Request = RunTrial | MeasureSpeed

@@ -26,12 +26,10 @@ from autotune.spacefile import Spec, WorkloadSpec
 from autotune.speed import BurstPlan, SpeedMeasurement, no_evaluations
 from autotune.worker._process import parent_start_method, worker_main
 from autotune.worker._protocol import (
+    Done,
     Evaluated,
     Exit,
-    Faulted,
-    Finished,
     FromWorker,
-    Measured,
     MeasureSpeed,
     Request,
     RunTrial,
@@ -315,18 +313,10 @@ class WorkerExecutor:
                     # the worker waited for the answer (a database that restarts): not its time
                     started += time.monotonic() - asked
                     connection.send(StopOrGoOn(stop=stop))
-                elif isinstance(message, Finished):
-                    if message.result.memory_left_bytes is not None:
-                        self._kill()  # it leaked device memory and exits: the next is fresh
-                    return message.result
-                elif isinstance(message, Measured):
-                    if message.needs_fresh_process:
-                        self._kill()
-                    return message.measurement
-                elif isinstance(message, Faulted):
-                    if message.needs_fresh_process:  # its CUDA context is broken: it exits;
-                        self._kill()  # the next trial starts a new worker, not a dead one
-                    return TrialFault(message.kind, message.message, message.details)
+                elif isinstance(message, Done):
+                    if message.needs_fresh_process:  # it exits (a leak, a broken CUDA
+                        self._kill()  # context): the next request starts a new worker
+                    return message.outcome
                 else:
                     raise TypeError(f"unexpected message from the worker: {message!r}")
         except (EOFError, OSError):
