@@ -27,7 +27,7 @@ from autotune.cli._common import (
     in_range,
     quiet_libraries,
 )
-from autotune.cli._confirm import confirm, confirm_round, storage_lines
+from autotune.cli._confirm import confirm, confirm_round, say_storage_waits
 from autotune.cli._ending import finish, worker_exit
 from autotune.cli._verify import verify
 from autotune.errors import UserError
@@ -153,7 +153,7 @@ def run(
         code = EXIT_FAILED if isinstance(err, scaleout.WorkerGone) else EXIT_USAGE
         raise fail(str(err).splitlines(), code) from None
     spec, study = prepared.spec, prepared.study
-    prepared.retry.on_wait, prepared.retry.on_back = storage_lines(console)
+    say_storage_waits(prepared.retry)
     if share is None or share.index == 0:  # worker 0 (or the only one) shows the study
         show_plan(prepared, shares)
     else:
@@ -227,8 +227,7 @@ class Shown(session.RunHooks):
             self.observer = display.LiveObserver(study, spec, live, progress)
             retry.on_wait = self.observer.storage_waiting
             retry.on_back = self.observer.storage_back
-            self.showing.callback(setattr, retry, "on_wait", storage_lines(console)[0])
-            self.showing.callback(setattr, retry, "on_back", storage_lines(console)[1])
+            self.showing.callback(say_storage_waits, retry)
             if self.as_worker is not None and isinstance(executor, WorkerExecutor):
                 try:  # its start-up (imports, the data) before its first measurement
                     executor.start()
