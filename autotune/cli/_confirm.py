@@ -45,7 +45,9 @@ def say_storage_waits(retry: Any) -> None:
     retry.on_wait, retry.on_back = waiting, back
 
 
-def open_to_train(study_name: str | None, storage: str, isolation: str | None) -> tuple[Any, ...]:
+def open_to_train(
+    study_name: str | None, storage: str, isolation: str | None
+) -> tuple[Any, Any, Any]:
     """The study (the storage's only one where none is named), its space file as stored, and
     an executor as its runs had (``isolation``: worker or none, default study.isolation); a
     warning where it was created on another device. Exit 1 in one line where it cannot train."""

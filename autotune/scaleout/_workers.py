@@ -69,18 +69,13 @@ def take_share(
         apply_share(shares[as_worker or 0])
     if as_worker is not None:
         os.environ.pop(WORKER_CORES_ENV, None)  # not for what this worker starts
-        if not stop_with_parent():
+        # when worker 0 dies, this one records its running trial as interrupted and stops, as
+        # at a Ctrl-C; where worker 0 died before this worker could ask, it does not run at all
+        die_with_parent(signal.SIGINT)
+        parent = os.environ.pop(WORKER_PARENT_ENV, None)
+        if parent is not None and os.getppid() != int(parent):
             raise WorkerGone("worker 1 of this study is gone: this worker does not start")
     return shares
-
-
-def stop_with_parent() -> bool:
-    """Ask Linux to send this worker SIGINT when worker 0 dies (even by SIGKILL): it records
-    its running trial as interrupted and stops, as at a Ctrl-C. False when worker 0 is gone
-    already (it died before this worker could ask): the worker should not run at all."""
-    die_with_parent(signal.SIGINT)
-    parent = os.environ.pop(WORKER_PARENT_ENV, None)
-    return parent is None or os.getppid() == int(parent)
 
 
 @dataclass

@@ -336,14 +336,13 @@ class WorkerExecutor:
     def _check_alive_and_on_time(
         self, started: float, meter: CpuMeter, limit: float | None, warming: bool
     ) -> None:
+        """Raise how the request ended where the worker died or ran past ``limit`` seconds;
+        ``_exchange`` kills it then."""
         assert self._process is not None
         if not self._process.is_alive():
-            exitcode = self._process.exitcode
-            self._kill()
-            raise worker_died(exitcode, self._oom_kills)
+            raise worker_died(self._process.exitcode, self._oom_kills)
         if limit is not None and time.monotonic() - started > limit:
             share = meter.so_far()  # before the kill: the trial's own processes still count
-            self._kill()
             phase = " (still warming up: the process's first steps)" if warming else ""
             killed = (
                 f"no result after {round(limit, 1):g} s{phase}; the worker and its DataLoader "
