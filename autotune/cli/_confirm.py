@@ -185,8 +185,6 @@ def training(executor: Any, storage: str) -> Iterator[None]:
         stops, faults = session.stopped_by_sigterm(), session.storage_faults(storage)
         with stops, faults, contextlib.closing(executor):
             yield
-    except UserError as err:
-        raise fail(str(err), EXIT_FAILED) from None
     except KeyboardInterrupt as stop:
         terminated = isinstance(stop, studies.Terminated)
         console.print(
