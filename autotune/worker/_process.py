@@ -206,6 +206,6 @@ def _serve(
             result = dataclasses.replace(
                 result, memory_left_bytes=left, printed_lines=lines, first_printed=first
             )
-            connection.send(Finished(result))
+            connection.send(Finished(result, needs_fresh_process=left is not None))
         if left is not None:
             return

@@ -72,30 +72,18 @@ class Evaluated:
 
 @dataclass(frozen=True)
 class Finished:
-    """worker -> study: the running trial trained to its end (or was stopped by a StopOrGoOn);
-    with ``result.memory_left_bytes`` set, the worker exits after sending it (a leak)."""
+    """worker -> study: the running trial trained to its end (or was stopped by a StopOrGoOn)."""
 
-    result: TrialResult
-
-    @property
-    def needs_fresh_process(self) -> bool:
-        return self.result.memory_left_bytes is not None
-
-    @property
-    def outcome(self) -> TrialResult:
-        return self.result
+    outcome: TrialResult
+    needs_fresh_process: bool = False  # it leaked device memory: this worker exits
 
 
 @dataclass(frozen=True)
 class Measured:
     """worker -> study: the speed measurement asked for."""
 
-    measurement: SpeedMeasurement
+    outcome: SpeedMeasurement
     needs_fresh_process: bool = False  # its device memory did not come back: this one exits
-
-    @property
-    def outcome(self) -> SpeedMeasurement:
-        return self.measurement
 
 
 @dataclass(frozen=True)
