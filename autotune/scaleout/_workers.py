@@ -120,7 +120,7 @@ class Workers:
         self.interrupted = False  # SIGINT was passed on to them (once: a second cuts short)
         self.trials_started = False  # told to start training (stage 1 is measured)
         self.stage1_measured = log_dir / "stage-1-measured"
-        self._lock = threading.Lock()  # exited() is asked from worker 0's display thread too
+        self._lock = threading.Lock()  # ended_badly() is asked from worker 0's display thread too
 
     def start(
         self, shares: list[WorkerShare], arguments: list[str], environment: dict[str, str]
@@ -177,25 +177,21 @@ class Workers:
         self.stage1_measured.touch()
         self.trials_started = True
 
-    def exited(self) -> list[tuple[WorkerShare, int, Path]]:
-        """Workers that ended since last asked: (share, exit code, log)."""
-        ended = []
-        with self._lock:
-            for started in self.started:
-                code = started.process.poll()
-                if code is not None and started.share.index not in self.reported:
-                    self.reported.add(started.share.index)
-                    ended.append((started.share, code, started.log))
-        return ended
-
     def ended_badly(self) -> list[str]:
         """A line for each worker that ended badly since last asked (130 and 143 are not bad
         once worker 0 interrupted them)."""
-        return [
-            f"{share.describe()} ended with exit status {code}; its log: {log}"
-            for share, code, log in self.exited()
-            if code != 0 and not (self.interrupted and code in (130, 143))
-        ]
+        lines = []
+        with self._lock:
+            for started in self.started:
+                code, share = started.process.poll(), started.share
+                if code is None or share.index in self.reported:
+                    continue
+                self.reported.add(share.index)
+                if code != 0 and not (self.interrupted and code in (130, 143)):
+                    lines.append(
+                        f"{share.describe()} ended with exit status {code}; its log: {started.log}"
+                    )
+        return lines
 
     def stop(self, interrupt: bool, timeout: float) -> list[str]:
         """Wait, ``timeout`` seconds in all, for the workers to end (interrupting them first
