@@ -49,21 +49,22 @@ def attempt(call: Callable[[], Outcome]) -> Outcome | TrialFault:
 
 
 class InProcessExecutor:
-    """Trials in the study process itself (``--isolation none``): for debugging.
-
-    Nothing is supervised: a crash ends the study and a hang is not timed out.
-    """
+    """Trials in this process: the study process itself (``--isolation none``, for debugging:
+    nothing is supervised, a crash ends the study and a hang is not timed out), or a worker
+    (``autotune.worker``). Memory a failed trial left is released by the caller (``attempt``)."""
 
     def __init__(
         self,
         workload: Workload,
         warmth: Warmth | None = None,
         source: WorkloadSource | None = None,
+        on_warmed: Callable[[], None] | None = None,
     ) -> None:
         self.workload = workload
         self.warmth = warmth or Warmth()
         # the processes of distributed trials (built from the workload's spec), kept between
         self.ranks = distributed.RankPool(source) if source is not None else None
+        self.on_warmed = on_warmed  # told when a request's own work, and its clock, start
 
     def _ranks(self) -> distributed.RankPool:
         if self.ranks is None:
@@ -72,21 +73,26 @@ class InProcessExecutor:
 
     def run(self, config: TrialConfig, report: Reporter) -> TrialResult:
         if config.distributed:  # its own processes, each warmed before its clock
-            return self._ranks().train(config, report)
-        try:
-            self.warmth.warm_for(config, self.workload)  # before the trial's clock starts
-            return runner.train(config, self.workload, report)
-        finally:
-            release_memory()  # the next trial's peak memory is its own
+            result = self._ranks().train(config, report)
+        else:
+            self._warm(config)
+            result = runner.train(config, self.workload, report)
+        release_memory()  # the next trial's peak memory is its own
+        return result
 
     def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
         if config.distributed:
-            return self._ranks().measure(config, plan)
-        try:
-            self.warmth.warm_for(config, self.workload)  # before the first burst's clock
-            return bursts.measure(config, self.workload, plan)
-        finally:
-            release_memory()
+            measured = self._ranks().measure(config, plan)
+        else:
+            self._warm(config)
+            measured = bursts.measure(config, self.workload, plan)
+        release_memory()
+        return measured
+
+    def _warm(self, config: TrialConfig) -> None:
+        self.warmth.warm_for(config, self.workload)  # what this process pays once: on no clock
+        if self.on_warmed is not None:
+            self.on_warmed()
 
     def close(self) -> None:
         self.warmth.close()

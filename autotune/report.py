@@ -16,6 +16,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune._imports import optional
 from autotune._version import __version__
 from autotune.errors import UserError
 from autotune.export import TrialConfirmation, confirmation_text
@@ -374,10 +375,9 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
 
     ReportError when plotly is missing (a bare CUDA image may lack it; studies can be reported
     on any machine that has it)."""
-    try:
-        import plotly.offline
-    except ImportError:
-        raise ReportError("autotune report needs plotly: pip install plotly") from None
+    plotly_offline = optional("plotly.offline")
+    if plotly_offline is None:
+        raise ReportError("autotune report needs plotly: pip install plotly")
     answer = answer_of(study)
     best = answer.trial if answer is not None else None
     baseline = baseline_trial(study)
@@ -431,7 +431,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         bars=_figure_html(bars) if bars is not None else None,
         verified=_figure_html(curves) if curves is not None else None,
         verify_lines=verify_block(study),
-        plotly_js=plotly.offline.get_plotlyjs(),
+        plotly_js=plotly_offline.get_plotlyjs(),
         generated=datetime.datetime.now().isoformat(timespec="seconds"),
         version=__version__,
         storage=display_url(storage_url),  # never the password: it is a file people share

@@ -7,13 +7,13 @@ import contextlib
 import platform
 import threading
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from autotune._imports import optional
 from autotune.hardware import Hardware, device_name
 
 # Dense peak FLOP/s by GPU and precision, from the vendors' data sheets (no sparsity).
@@ -80,14 +80,6 @@ def flops_per_sample(
     return counter.get_total_flops() / samples
 
 
-def _nvml() -> ModuleType | None:
-    try:
-        import pynvml  # nvidia-ml-py
-    except ImportError:
-        return None
-    return pynvml
-
-
 class GpuSampler:
     """Samples a GPU's utilization and memory through NVML in a background thread.
 
@@ -101,7 +93,9 @@ class GpuSampler:
     ) -> None:
         self.device = device
         # pynvml, or None where there is none; Any: nvml-ml-py ships no type information
-        self.nvml: Any = nvml if nvml is not None else (_nvml() if device.type == "cuda" else None)
+        self.nvml: Any = (
+            nvml if nvml is not None else (optional("pynvml") if device.type == "cuda" else None)
+        )
         self.interval_seconds = interval_seconds
         self.utilization: list[float] = []  # percent of time a kernel ran, per sample
         self.memory_used: list[int] = []  # bytes
@@ -181,7 +175,7 @@ def fingerprint(hardware: Hardware) -> dict[str, Any]:
     if hardware.is_cuda:
         facts["gpu_capability"] = ".".join(map(str, hardware.cuda_capability or ()))
         facts["gpu_memory_bytes"] = hardware.memory_bytes
-        nvml = _nvml()
+        nvml = optional("pynvml")
         if nvml is not None:
             with contextlib.suppress(Exception):
                 nvml.nvmlInit()

@@ -13,7 +13,7 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from autotune.storage import adapter
-from autotune.study import Patience, open_storage
+from autotune.study import OutageRetry, open_storage
 from autotune.testing import beat_long_ago
 
 PACKAGE = Path(__file__).resolve().parents[1] / "autotune"
@@ -96,14 +96,14 @@ def test_a_finished_trial_is_added_with_its_number(sqlite_study):
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # the test beats itself
-def test_a_patient_storage_serves_a_study_as_optunas_own_storage_does(tmp_path: Path):
-    """A study through PatientStorage: asked, told, attributes, params, heartbeats, stale
+def test_a_retrying_storage_serves_a_study_as_optunas_own_storage_does(tmp_path: Path):
+    """A study through RetryingStorage: asked, told, attributes, params, heartbeats, stale
     trials failed and retried by Optuna's own functions, and the adapter's lookups."""
     url = f"sqlite:///{tmp_path / 'patient.db'}"
     rdb = optuna.storages.RDBStorage(url, heartbeat_interval=1, grace_period=1)
-    storage = adapter.PatientStorage(rdb, Patience(5, url=url))
+    storage = adapter.RetryingStorage(rdb, OutageRetry(5, url=url))
     study = optuna.create_study(study_name="patient", storage=storage)
-    assert adapter.storage_of(study) is storage and adapter.patience_of(storage).seconds == 5
+    assert adapter.storage_of(study) is storage and adapter.outage_retry_of(storage).seconds == 5
     assert adapter.rdb_storage(storage) is rdb and adapter.storage_url(storage) == url
     assert adapter.heartbeat_interval(storage) == 1
     done = study.ask({"x": FloatDistribution(0.0, 1.0)})
@@ -119,7 +119,7 @@ def test_a_patient_storage_serves_a_study_as_optunas_own_storage_does(tmp_path: 
     again = optuna.load_study(study_name="patient", storage=url).trials[0]
     assert (again.value, again.params, again.user_attrs) == (0.5, done.params, {"note": "kept"})
     assert again.intermediate_values == {0: 0.25}
-    assert adapter.patience_of(adapter.storage_of(optuna.create_study())).seconds == 0
+    assert adapter.outage_retry_of(adapter.storage_of(optuna.create_study())).seconds == 0
 
 
 def test_no_module_but_the_adapter_reads_an_underscored_name_of_an_optuna_object():

@@ -17,8 +17,8 @@ PACKAGE = Path(autotune.__file__).parent
 
 # lowest first
 LAYERS: list[set[str]] = [
-    {"_version", "errors", "knobs", "config", "results", "speed", "semantics"},  # plain data,
-    # names; what training means in plain torch (imports nothing of autotune)
+    {"_version", "_imports", "errors", "knobs", "config", "results", "speed", "semantics"},
+    # plain data, names; what training means in plain torch (imports nothing of autotune)
     {
         "spacefile",
         "faults",

@@ -21,21 +21,21 @@ from autotune.results import Evaluation
 from autotune.spacefile import WorkloadSpec
 from autotune.storage import adapter
 from autotune.storage._outage import troubled_within
-from autotune.study import Patience, StorageOutage, TrialRecord, no_storage_wait
+from autotune.study import OutageRetry, StorageOutage, TrialRecord, without_retry
 from autotune.testing import make_config, start_cli, write_space
 from autotune.worker import WorkerExecutor
 
 
-def _locked_study(tmp_path: Path, patience: Patience) -> tuple[optuna.Study, Path]:
+def _locked_study(tmp_path: Path, retry: OutageRetry) -> tuple[optuna.Study, Path]:
     """A study on a SQLite file whose busy timeout is a tenth of a second, through a
-    PatientStorage with ``patience``."""
+    RetryingStorage with ``retry``."""
     path = tmp_path / "outage.db"
     backend = optuna.storages.RDBStorage(
         f"sqlite:///{path}", engine_kwargs={"connect_args": {"timeout": 0.1}}
     )
-    patience.url = backend.url
+    retry.url = backend.url
     study = optuna.create_study(
-        study_name="outage", storage=adapter.PatientStorage(backend, patience)
+        study_name="outage", storage=adapter.RetryingStorage(backend, retry)
     )
     return study, path
 
@@ -57,12 +57,12 @@ def _hold_lock(path: Path, seconds: float) -> threading.Thread:
 
 def test_a_storage_call_waits_for_a_locked_database_and_goes_on(tmp_path: Path):
     said: list[tuple[str, object]] = []
-    patience = Patience(
+    retry = OutageRetry(
         30,
         on_wait=lambda problem, seconds: said.append(("wait", problem)),
         on_back=lambda seconds: said.append(("back", seconds)),
     )
-    study, path = _locked_study(tmp_path, patience)
+    study, path = _locked_study(tmp_path, retry)
     trial = study.ask()
     released = _hold_lock(path, 1.5)
     trial.set_user_attr("kept", 1)  # waits for the lock, then writes once
@@ -71,7 +71,7 @@ def test_a_storage_call_waits_for_a_locked_database_and_goes_on(tmp_path: Path):
     assert [what for what, _ in said] == ["wait", "back"]  # said once each, however many tries
     assert said[0][1] == "another process holds its lock"
     assert 1.0 < float(said[1][1]) < 20  # type: ignore[arg-type]
-    assert troubled_within(patience.url, 60)  # no trial is judged stale for a while now
+    assert troubled_within(retry.url, 60)  # no trial is judged stale for a while now
     # a fault that trying again cannot mend is raised at once, without waiting
     study.tell(trial, 1.0)
     with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
@@ -80,7 +80,7 @@ def test_a_storage_call_waits_for_a_locked_database_and_goes_on(tmp_path: Path):
     # a best-effort write (a claim's renewal) does not wait at all
     released = _hold_lock(path, 1.0)
     started = time.monotonic()
-    with pytest.raises(optuna.exceptions.StorageInternalError), no_storage_wait():
+    with pytest.raises(optuna.exceptions.StorageInternalError), without_retry():
         study.set_user_attr("renewal", 1)
     assert time.monotonic() - started < 0.9 and len(said) == 2
     released.join()
@@ -88,8 +88,8 @@ def test_a_storage_call_waits_for_a_locked_database_and_goes_on(tmp_path: Path):
 
 def test_past_its_bound_a_storage_call_gives_up_in_one_line_and_waits_no_more(tmp_path: Path):
     waits: list[str] = []
-    patience = Patience(0.5, on_wait=lambda problem, seconds: waits.append(problem))
-    study, path = _locked_study(tmp_path, patience)
+    retry = OutageRetry(0.5, on_wait=lambda problem, seconds: waits.append(problem))
+    study, path = _locked_study(tmp_path, retry)
     released = _hold_lock(path, 1.5)  # past the 0.5 s bound, and the second call after it
     with pytest.raises(StorageOutage) as refused:
         study.set_user_attr("first", 1)
@@ -97,7 +97,7 @@ def test_past_its_bound_a_storage_call_gives_up_in_one_line_and_waits_no_more(tm
         "the study's database did not answer for 0.5 s (another process holds its lock); "
         "study.storage_outage says how long a study waits for it."
     )
-    assert patience.gave_up and waits == ["another process holds its lock"]
+    assert retry.gave_up and waits == ["another process holds its lock"]
     started = time.monotonic()
     with pytest.raises(StorageOutage):  # the process is ending: nothing waits again
         study.set_user_attr("second", 1)

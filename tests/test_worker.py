@@ -18,6 +18,7 @@ import torch
 
 from autotune import distributed
 from autotune.errors import WorkerError
+from autotune.executor import InProcessExecutor
 from autotune.faults import describe_exit
 from autotune.spacefile import WorkloadSpec
 from autotune.testing import (
@@ -26,7 +27,6 @@ from autotune.testing import (
     live_group_members,
     make_config,
 )
-from autotune.warmup import Warmth
 from autotune.worker import WorkerExecutor, _process, _protocol, remove_orphaned_scratch
 
 SPACE = """\
@@ -129,10 +129,11 @@ def test_a_broken_cuda_context_is_reported_before_anything_touches_it(monkeypatc
     monkeypatch.setattr(_process, "release_memory", sticky)
     study_end, worker_end = multiprocessing.Pipe()
     study_end.send(_protocol.RunTrial(make_config()))
-    ranks = distributed.RankPool(
-        distributed.WorkloadSource(WorkloadSpec(model="m", data="d"), None, "accuracy")
+    source = distributed.WorkloadSource(WorkloadSpec(model="m", data="d"), None, "accuracy")
+    executor = InProcessExecutor(
+        workload, source=source, on_warmed=lambda: worker_end.send(_protocol.Warmed())
     )
-    _process._serve(worker_end, workload, Warmth(), ranks, _process.PrintTally())
+    _process._serve(worker_end, executor, _process.PrintTally())
     faulted = study_end.recv()
     assert isinstance(faulted, _protocol.Faulted)
     assert (faulted.kind, faulted.needs_fresh_process) == ("error", True)

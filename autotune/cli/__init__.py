@@ -1,15 +1,15 @@
 """The ``autotune`` command: parses arguments, calls the modules, prints for people.
 
 Heavy modules (torch, Optuna, scikit-learn) are imported inside the commands, so that
-``autotune --help`` and a typo in a space file answer at once. The commands live in two
-modules: those that train (``_train``: run; ``_confirm``: confirm) and those that read a study
-(``_inspect``: best, export, report, dashboard, studies); importing them registers them.
+``autotune --help`` and a typo in a space file answer at once. The commands that train are
+``_run`` (run), ``_confirm`` and ``_verify``; those that read a study are ``_inspect``'s (best,
+export, report, dashboard, studies). Importing them registers them.
 """
 
 from __future__ import annotations
 
 # importing registers the commands, in the order --help lists them
-from autotune.cli import _train  # noqa: F401
+from autotune.cli import _run  # noqa: F401
 
 # isort: split
 from autotune.cli import _inspect  # noqa: F401

@@ -28,7 +28,14 @@ class _PlainHelp:
 
 
 class Group(_PlainHelp, TyperGroup):
-    """The ``autotune`` group: a plain ``--help``."""
+    """The ``autotune`` group: a plain ``--help``; a user error that a command raises is said
+    in one line, exit 1 (a command that exits otherwise catches its own)."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UserError as err:
+            raise fail(str(err), EXIT_FAILED) from None
 
 
 class Command(_PlainHelp, TyperCommand):
@@ -119,17 +126,6 @@ def in_range(flag: str, value: float | None, low: float, high: float | None = No
     if value is not None and (value < low or (high is not None and value > high)):
         bound = f"from {low:g} to {high:g}" if high is not None else f"{low:g} or more"
         raise fail(f"{flag} {value:g}: it must be {bound}")
-
-
-def open_for_reading(storage: str, follow_writers: bool = False) -> Any:  # an RDBStorage
-    """The storage of existing studies, opened read-only; one line and exit 1 when there is
-    none or it cannot be read."""
-    from autotune import study as studies
-
-    try:
-        return studies.open_storage(storage, "read", follow_writers=follow_writers)
-    except UserError as err:
-        raise fail(str(err), EXIT_FAILED) from None
 
 
 def quiet_libraries(verbose: bool) -> None:

@@ -1,16 +1,15 @@
 """``confirm``: the confirmation round of a study, run (or resumed) on its own; and what the
 training commands share: running a round, and what they say around their training runs. The
-command is registered by ``_train`` after ``run``, in the order --help lists them."""
+command is registered by ``_run`` after ``run``, in the order --help lists them."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from autotune.cli._common import (
@@ -28,14 +27,12 @@ from autotune.errors import UserError
 from autotune.spacefile import DEFAULT_STORAGE
 
 
-def storage_lines(
-    out: Console,
-) -> tuple[Callable[[str, float], None], Callable[[float], None]]:
-    """What a training command prints when its study's database stops answering and when it
-    answers again (a study's ``Patience.on_wait`` and ``on_back``), outside the live display."""
+def say_storage_waits(retry: Any) -> None:
+    """Have ``retry`` (an ``OutageRetry``) print, outside the live display, when the study's
+    database stops answering and when it answers again."""
 
     def waiting(problem: str, seconds: float) -> None:
-        out.print(
+        console.print(
             f"The study's database does not answer ({problem}); waiting up to {seconds:g} s "
             f"for it (study.storage_outage).",
             style="yellow",
@@ -43,20 +40,14 @@ def storage_lines(
         )
 
     def back(seconds: float) -> None:
-        out.print(f"The study's database answers again after {seconds:.0f} s.", markup=False)
+        console.print(f"The study's database answers again after {seconds:.0f} s.", markup=False)
 
-    return waiting, back
-
-
-class Trainable(NamedTuple):
-    """A stored study made ready to train again: its spec and an executor for its trials."""
-
-    study: Any  # optuna.Study
-    spec: Any  # Spec
-    executor: Any  # TrialExecutor
+    retry.on_wait, retry.on_back = waiting, back
 
 
-def open_to_train(study_name: str | None, storage: str, isolation: str | None) -> Trainable:
+def open_to_train(
+    study_name: str | None, storage: str, isolation: str | None
+) -> tuple[Any, Any, Any]:
     """The study (the storage's only one where none is named), its space file as stored, and
     an executor as its runs had (``isolation``: worker or none, default study.isolation); a
     warning where it was created on another device. Exit 1 in one line where it cannot train."""
@@ -73,9 +64,9 @@ def open_to_train(study_name: str | None, storage: str, isolation: str | None) -
             raise studies.StudyError(
                 f"study '{found.study_name}' holds no readable space file: it cannot train again"
             )
-        patience = adapter.patience_of(adapter.storage_of(found))
-        patience.seconds = spec.study.storage_outage  # as long as the study's own runs wait
-        patience.on_wait, patience.on_back = storage_lines(console)
+        retry = adapter.outage_retry_of(adapter.storage_of(found))
+        retry.seconds = spec.study.storage_outage  # as long as the study's own runs wait
+        say_storage_waits(retry)
         record = studies.StudyRecord.of(found)
         base_dir = Path(record.space_file_dir) if record.space_file_dir else None
         hardware = detect(spec.workload.device)
@@ -88,7 +79,7 @@ def open_to_train(study_name: str | None, storage: str, isolation: str | None) -
             f"[yellow]warning:[/] this study was created on {escape(record.created_on)}; the "
             f"runs on {escape(hardware.device_name)} will be compared with its trials"
         )
-    return Trainable(found, spec, executor)
+    return found, spec, executor
 
 
 def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) -> bool:
@@ -194,8 +185,6 @@ def training(executor: Any, storage: str) -> Iterator[None]:
         stops, faults = session.stopped_by_sigterm(), session.storage_faults(storage)
         with stops, faults, contextlib.closing(executor):
             yield
-    except UserError as err:
-        raise fail(str(err), EXIT_FAILED) from None
     except KeyboardInterrupt as stop:
         terminated = isinstance(stop, studies.Terminated)
         console.print(

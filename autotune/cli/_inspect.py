@@ -23,7 +23,6 @@ from autotune.cli._common import (
     fail,
     flag,
     in_range,
-    open_for_reading,
     quiet_libraries,
     storage_option,
     study_option,
@@ -50,11 +49,8 @@ def best(
     from autotune import study as studies
 
     quiet_libraries(verbose=False)
-    try:
-        found = studies.load_study(study_name, storage)
-        chosen = export.select_trial(found, trial)
-    except UserError as err:
-        raise fail(str(err), EXIT_FAILED) from None
+    found = studies.load_study(study_name, storage)
+    chosen = export.select_trial(found, trial)
     study_name = found.study_name  # the storage's only study where none was named
     result = export.best_config(found, chosen)
     if as_json:
@@ -169,8 +165,6 @@ def export_command(
         if made:
             notices.print(f"Created {', '.join(map(str, made))}.", markup=False)
         write_new_file(output, text, force=force)
-    except UserError as err:
-        raise fail(str(err), EXIT_FAILED) from None
     except OSError as err:  # the folder could not be made
         raise fail(f"cannot write {output}: {err.strerror}", EXIT_FAILED) from None
     _attach(found, output, storage, location)
@@ -238,13 +232,10 @@ def report_command(
     from autotune import study as studies
 
     quiet_libraries(verbose=False)
-    try:
-        location = stores.locate(storage, artifacts)  # a bad --artifacts: first
-        found = studies.load_study(study_name, storage)
-        study_name = found.study_name  # the storage's only study where none was named
-        write_new_file(output, report.render_html(found, storage), force=force)
-    except UserError as err:
-        raise fail(str(err), EXIT_FAILED) from None
+    location = stores.locate(storage, artifacts)  # a bad --artifacts: first
+    found = studies.load_study(study_name, storage)
+    study_name = found.study_name  # the storage's only study where none was named
+    write_new_file(output, report.render_html(found, storage), force=force)
     _attach(found, output, storage, location)
     console.print(
         f"Wrote {output}: the report of {study_name}. Open it in a browser.", markup=False
@@ -265,15 +256,13 @@ def dashboard(
     import optuna_dashboard
 
     from autotune import artifacts as stores
+    from autotune import study as studies
 
     quiet_libraries(verbose)
     # read-only (notes are edited with `optuna-dashboard URL` itself); no artifact folder made
-    backend = open_for_reading(storage, follow_writers=True)
-    try:
-        location = stores.locate(storage, artifacts)
-        store = stores.open_store(location, create=False) if location is not None else None
-    except UserError as err:
-        raise fail(str(err), EXIT_FAILED) from None
+    backend = studies.open_storage(storage, "read", follow_writers=True)
+    location = stores.locate(storage, artifacts)
+    store = stores.open_store(location, create=False) if location is not None else None
     if artifacts and store is None:
         raise fail(f"--artifacts {location}: no such folder", EXIT_FAILED)
     console.print(
@@ -315,7 +304,7 @@ def list_studies(
     from autotune import study as studies
 
     quiet_libraries(verbose=False)
-    backend = open_for_reading(storage)
+    backend = studies.open_storage(storage, "read")
     summaries = optuna.get_all_study_summaries(backend, include_best_trial=False)
     shown = studies.display_url(storage)
     rows: list[dict[str, Any]] = []

@@ -1,6 +1,6 @@
 """``verify``: the answer, the tuning checklist and the untuned baseline trained for the full
 run, one after another, and who reaches the target first (``study._verify``). Registered by
-``_train`` after ``confirm``."""
+``_run`` after ``confirm``."""
 
 from __future__ import annotations
 

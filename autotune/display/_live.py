@@ -347,7 +347,7 @@ class OthersShown:
 
     def _show(self) -> None:
         try:
-            with studies.no_storage_wait():  # a database that restarts: the next poll shows them
+            with studies.without_retry():  # a database that restarts: the next poll shows them
                 trials = self.study.get_trials(deepcopy=False)
         except Exception:  # a busy database: the next poll shows them
             return

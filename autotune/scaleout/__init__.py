@@ -34,5 +34,5 @@ from autotune.scaleout._workers import (  # noqa: F401
     die_with_parent,
     start_workers,
     take_share,
-    wait_to_go,
+    wait_for_stage1,
 )

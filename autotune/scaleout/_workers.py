@@ -31,14 +31,14 @@ WORKER_STORAGE_ENV = "AUTOTUNE_WORKER_STORAGE"
 WORKER_PARENT_ENV = "AUTOTUNE_WORKER_PARENT"
 # a file worker 0 makes once stage 1 is measured: the others, which time their share of it
 # on their own cores, wait for it before their first trial
-WORKER_GO_ENV = "AUTOTUNE_WORKER_GO"
+STAGE1_MEASURED_ENV = "AUTOTUNE_STAGE1_MEASURED"
 
 
-def wait_to_go() -> None:
+def wait_for_stage1() -> None:
     """In a worker started by worker 0: wait until worker 0 has measured stage 1 (a SIGINT, as
     when worker 0 stops or dies, ends the wait with KeyboardInterrupt)."""
-    go = os.environ.pop(WORKER_GO_ENV, None)
-    while go is not None and not os.path.exists(go):
+    measured = os.environ.pop(STAGE1_MEASURED_ENV, None)
+    while measured is not None and not os.path.exists(measured):
         time.sleep(0.1)
 
 
@@ -69,18 +69,13 @@ def take_share(
         apply_share(shares[as_worker or 0])
     if as_worker is not None:
         os.environ.pop(WORKER_CORES_ENV, None)  # not for what this worker starts
-        if not stop_with_parent():
+        # when worker 0 dies, this one records its running trial as interrupted and stops, as
+        # at a Ctrl-C; where worker 0 died before this worker could ask, it does not run at all
+        die_with_parent(signal.SIGINT)
+        parent = os.environ.pop(WORKER_PARENT_ENV, None)
+        if parent is not None and os.getppid() != int(parent):
             raise WorkerGone("worker 1 of this study is gone: this worker does not start")
     return shares
-
-
-def stop_with_parent() -> bool:
-    """Ask Linux to send this worker SIGINT when worker 0 dies (even by SIGKILL): it records
-    its running trial as interrupted and stops, as at a Ctrl-C. False when worker 0 is gone
-    already (it died before this worker could ask): the worker should not run at all."""
-    die_with_parent(signal.SIGINT)
-    parent = os.environ.pop(WORKER_PARENT_ENV, None)
-    return parent is None or os.getppid() == int(parent)
 
 
 @dataclass
@@ -96,7 +91,7 @@ def start_workers(
     """Start workers 1..N-1 on the study (``autotune run SPACE ... --as-worker K``): the same
     space file and resolved settings, the study by its name, the seconds worker 0 has, and the
     storage in their environment (a password stays out of the process list). They start up
-    while worker 0 measures stage 1, then wait for ``Workers.go``."""
+    while worker 0 measures stage 1, then wait for ``Workers.start_trials``."""
     arguments = [str(space_file), "--study-name", study_name, "--n-trials"]
     arguments += [str(spec.study.n_trials), "--isolation", spec.study.isolation]
     arguments += ["--device", spec.workload.device]
@@ -123,18 +118,19 @@ class Workers:
         self.started: list[_Started] = []
         self.reported: set[int] = set()  # workers whose exit was said
         self.interrupted = False  # SIGINT was passed on to them (once: a second cuts short)
-        self.going = False  # told to start training (stage 1 is measured)
-        self.go_file = log_dir / "stage-1-measured"
-        self._lock = threading.Lock()  # exited() is asked from worker 0's display thread too
+        self.trials_started = False  # told to start training (stage 1 is measured)
+        self.stage1_measured = log_dir / "stage-1-measured"
+        self._lock = threading.Lock()  # ended_badly() is asked from worker 0's display thread too
 
     def start(
         self, shares: list[WorkerShare], arguments: list[str], environment: dict[str, str]
     ) -> None:
         """Start a worker per share: ``autotune run ARGUMENTS --as-worker K`` with
         ``environment`` added to theirs (not to this process's). If one cannot be started, the
-        ones already started are stopped before the error is raised. They wait for ``go``."""
+        ones already started are stopped before the error is raised. They wait for
+        ``start_trials``."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.go_file.unlink(missing_ok=True)  # an earlier run's
+        self.stage1_measured.unlink(missing_ok=True)  # an earlier run's
         try:
             for share in shares:
                 self._start_one(share, arguments, environment)
@@ -161,7 +157,7 @@ class Workers:
             **environment,
             WORKER_CORES_ENV: ",".join(str(core) for core in self.cores),
             WORKER_PARENT_ENV: str(os.getpid()),
-            WORKER_GO_ENV: str(self.go_file),
+            STAGE1_MEASURED_ENV: str(self.stage1_measured),
         }
         with open(log, "wb") as output:
             process = subprocess.Popen(
@@ -176,30 +172,26 @@ class Workers:
             )
         self.started.append(_Started(share, process, log))
 
-    def go(self) -> None:
+    def start_trials(self) -> None:
         """Let the workers train: stage 1 is measured (they reuse its measurements)."""
-        self.go_file.touch()
-        self.going = True
-
-    def exited(self) -> list[tuple[WorkerShare, int, Path]]:
-        """Workers that ended since last asked: (share, exit code, log)."""
-        ended = []
-        with self._lock:
-            for started in self.started:
-                code = started.process.poll()
-                if code is not None and started.share.index not in self.reported:
-                    self.reported.add(started.share.index)
-                    ended.append((started.share, code, started.log))
-        return ended
+        self.stage1_measured.touch()
+        self.trials_started = True
 
     def ended_badly(self) -> list[str]:
         """A line for each worker that ended badly since last asked (130 and 143 are not bad
         once worker 0 interrupted them)."""
-        return [
-            f"{share.describe()} ended with exit status {code}; its log: {log}"
-            for share, code, log in self.exited()
-            if code != 0 and not (self.interrupted and code in (130, 143))
-        ]
+        lines = []
+        with self._lock:
+            for started in self.started:
+                code, share = started.process.poll(), started.share
+                if code is None or share.index in self.reported:
+                    continue
+                self.reported.add(share.index)
+                if code != 0 and not (self.interrupted and code in (130, 143)):
+                    lines.append(
+                        f"{share.describe()} ended with exit status {code}; its log: {started.log}"
+                    )
+        return lines
 
     def stop(self, interrupt: bool, timeout: float) -> list[str]:
         """Wait, ``timeout`` seconds in all, for the workers to end (interrupting them first

@@ -3,9 +3,9 @@ describes, its stages and then its confirmation round, and returns a ``RunReport
 it ended, in the words ``autotune run`` prints.
 
 A notebook or a scheduler calls ``run``; ``autotune run`` calls the same steps
-(``load_run_spec``, ``prepare``, ``train``, ``ending``), its display, its workers and SIGTERM
-passed to ``train`` as ``RunHooks``, its exit statuses around them. Nothing prints. The first
-steps (the space file, ``prepare``, the executor) are ``_prepare``'s.
+(``load_run_spec``, ``prepare``, ``run_prepared``, ``ending``), its display, its workers and
+SIGTERM passed to ``run_prepared`` as ``RunHooks``, its exit statuses around them. Nothing
+prints. The first steps (the space file, ``prepare``, the executor) are ``_prepare``'s.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ __all__ = [
     "load_run_spec",
     "prepare",
     "run",
+    "run_prepared",
     "stopped_by_sigterm",
     "storage_faults",
     "train",
@@ -120,7 +121,7 @@ def confirm_after_run(
 class ScaleOut:
     """The workers of ``autotune run --workers`` or ``--gpus`` (``autotune.scaleout``), one
     ``autotune run`` process each: their shares, this process's ``index`` among them (0: the
-    one the user started, which starts the others on ``space_file``), for ``train``."""
+    one the user started, which starts the others on ``space_file``), for ``run_prepared``."""
 
     shares: list[WorkerShare]
     index: int
@@ -146,9 +147,9 @@ class ScaleOut:
 
 
 class RunHooks:
-    """What a caller adds to a run's steps (``train``): ``autotune run`` its live display and
-    SIGTERM as a stop. These defaults add nothing (a library run): ``observer`` is told of
-    each measurement and trial."""
+    """What a caller adds to a run's steps (``run_prepared``): ``autotune run`` its live
+    display and SIGTERM as a stop. These defaults add nothing (a library run): ``observer`` is
+    told of each measurement and trial."""
 
     sigterm_stops = False  # SIGTERM stops the run as Ctrl-C does (``stopped_by_sigterm``)
 
@@ -179,7 +180,7 @@ class RunHooks:
         return confirm_answer(study, spec, executor, top, repeats)
 
 
-def train(
+def run_prepared(
     prepared: Prepared,
     base_dir: Path,
     hooks: RunHooks,
@@ -209,17 +210,17 @@ def train(
         )
         stack.callback(executor.close)
         with hooks.training(study, executor) as observer:
-            others = scale.start_others(spec, study) if scale is not None else None
-            if others is not None:  # a path that left them running: never leave them behind
-                stack.callback(others.wait, 60)
-                stack.callback(others.interrupt)
+            workers = scale.start_others(spec, study) if scale is not None else None
+            if workers is not None:  # a path that left them running: never leave them behind
+                stack.callback(workers.wait, 60)
+                stack.callback(workers.interrupt)
 
             def trials_start() -> None:  # once stage 1 is measured
                 if scale is not None and scale.index:
-                    scaleout.wait_to_go()  # (it measured its share of stage 1 as worker 0 did)
-                if others is not None:
-                    others.go()
-                hooks.trials_start(others)
+                    scaleout.wait_for_stage1()  # (it measured its share as worker 0 did)
+                if workers is not None:
+                    workers.start_trials()
+                hooks.trials_start(workers)
 
             outcome = studies.run_study(
                 study,
@@ -233,14 +234,18 @@ def train(
                 worker=scale.worker if scale is not None else None,
             )
             hooks.trials_done(outcome)
-            if others is not None:  # the study is done, or this worker stopped or gave up
-                stopping = outcome.interrupted or outcome.repeated_error or not others.going
+            if workers is not None:  # the study is done, or this worker stopped or gave up
+                stopping = bool(outcome.interrupted or outcome.repeated_error)
+                stopping = stopping or not workers.trials_started
                 stopping = stopping or "trials failed" in outcome.stopped_reason
-                hooks.others_ended(others.stop(bool(stopping), spec.study.trial_timeout or 600))
+                hooks.others_ended(workers.stop(stopping, spec.study.trial_timeout or 600))
                 studies.count_states(study, outcome, began)  # the workers' trials
         round_of = functools.partial(hooks.confirm, study, spec, executor)
         confirmed = confirm and confirm_after_run(study, spec, outcome, round_of)
     return outcome, confirmed
+
+
+train = run_prepared  # its name before: kept, as autotune.session's names are public
 
 
 @dataclass(frozen=True)
@@ -319,7 +324,7 @@ def run(
     try:
         prepared = prepare(spec, Path(base_dir), new_study=new_study)
         hooks = RunHooks(observer)
-        outcome, confirmed = train(
+        outcome, confirmed = run_prepared(
             prepared, Path(base_dir), hooks, remeasure=remeasure, confirm=confirm
         )
         spec, study = prepared.spec, prepared.study

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from autotune.executor import TrialExecutor
     from autotune.hardware import Hardware
-    from autotune.study import Patience
+    from autotune.study import OutageRetry
     from autotune.worker import WorkerExecutor
     from autotune.workloads import Workload
 
@@ -74,7 +74,7 @@ class Prepared:
     workload: Workload
     dropped: tuple[str, ...]  # the values dropped for this machine, described
     study: optuna.Study
-    patience: Patience  # how its storage waits for a database that stops answering
+    retry: OutageRetry  # how its storage waits for a database that stops answering
     launched: WorkerExecutor | None = None  # its worker process (isolation: worker), started
 
 
@@ -125,7 +125,7 @@ def prepare(
             launched.close()
         raise
     dropped = tuple(d.describe() for d in restriction.dropped)
-    return Prepared(spec, hardware, workload, dropped, study, storage.patience, launched)
+    return Prepared(spec, hardware, workload, dropped, study, storage.retry, launched)
 
 
 @contextlib.contextmanager

@@ -23,11 +23,15 @@ from typing import Any
 import optuna
 
 from autotune.storage._liveness import study_lock
-from autotune.storage._outage import no_storage_wait
+from autotune.storage._outage import without_retry
 
 CLAIMS_ATTR = "stage1_claims"
 CLAIM_BEAT_SECONDS = 5.0  # how often a held claim is renewed
 CLAIM_STALE_SECONDS = 60.0  # a claim not renewed for this long is taken over
+
+
+def _me() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class Claims:
@@ -35,7 +39,7 @@ class Claims:
 
     def __init__(self, speed_study: optuna.Study) -> None:
         self.study = speed_study
-        self.me = f"{socket.gethostname()}:{os.getpid()}"  # as a claim names its holder
+        self.me = _me()
 
     def _read(self) -> dict[str, dict[str, Any]]:
         claims = self.study.user_attrs.get(CLAIMS_ATTR)
@@ -82,7 +86,7 @@ class Claims:
             while not done.wait(CLAIM_BEAT_SECONDS):
                 # a missed renewal (the database restarts): the next one is due; one that
                 # never comes lets the claim go stale, and another process takes it over
-                with contextlib.suppress(Exception), no_storage_wait():
+                with contextlib.suppress(Exception), without_retry():
                     self._update(name, mine=True)
 
         thread = threading.Thread(target=renew, name="autotune-claim", daemon=True)
@@ -92,5 +96,5 @@ class Claims:
         finally:
             done.set()
             thread.join()
-            with contextlib.suppress(Exception), no_storage_wait():  # else it goes stale by itself
+            with contextlib.suppress(Exception), without_retry():  # else it goes stale by itself
                 self._update(name, mine=False)

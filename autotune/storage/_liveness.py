@@ -162,7 +162,7 @@ def study_lock(  # noqa: C901, PLR0915
         return
     if backend is not None and url is not None and url.startswith("postgresql"):
         key = {"key": f"autotune{':' + purpose if purpose else ''}:{study.study_name}"}
-        patience = adapter.patience_of(adapter.storage_of(study))
+        retry = adapter.outage_retry_of(adapter.storage_of(study))
         waited: list[bool] = []
 
         def lock() -> sqlalchemy.Connection:
@@ -196,9 +196,9 @@ def study_lock(  # noqa: C901, PLR0915
 
         lease = _Lease(study, key["key"]) if held_long else None
         while True:
-            connection = patience.call(lock)  # a database that restarts: wait for it
+            connection = retry.call(lock)  # a database that restarts: wait for it
             try:
-                if lease is None or not patience.call(lease.held_elsewhere):
+                if lease is None or not retry.call(lease.held_elsewhere):
                     break
             except BaseException:
                 unlock(connection)
@@ -211,7 +211,7 @@ def study_lock(  # noqa: C901, PLR0915
             time.sleep(LEASE_INTERVAL)
         try:
             if lease is not None:
-                patience.call(lease.take)
+                retry.call(lease.take)
             yield
         finally:
             try:

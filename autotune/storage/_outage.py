@@ -3,7 +3,7 @@
 A PostgreSQL server restarted for maintenance, a managed database failing over, a SQLite file
 whose lock another process holds past the busy timeout: for a while every call to the storage
 fails, and then it answers again. A study shared by many processes and machines must not end
-for that. ``Patience`` is the rule every storage call of a study process follows: a call that
+for that. ``OutageRetry`` is the rule every storage call of a study process follows: a call that
 fails because the database does not answer waits and tries again, with back-off, for up to the
 study's ``storage_outage`` seconds; whoever shows the study is told once that it waits, and
 once that the database is back. Past the bound the call raises ``StorageOutage`` (one line for
@@ -12,7 +12,7 @@ the user), and the process gives up: its later calls fail at once, so that it en
 A retried call is a whole storage call (one transaction): one that failed was rolled back, so
 trying it again records it once. The one exception is the narrow moment when a commit reached
 the server but its answer was lost; a state change retried then finds the trial already
-finished as asked, and ``adapter.PatientStorage`` takes that as done.
+finished as asked, and ``adapter.RetryingStorage`` takes that as done.
 
 Trials whose process stopped beating are failed as stale by the others (``_liveness``); after
 an outage every live process's beats were refused too, so a process that saw the database fail
@@ -97,23 +97,23 @@ def troubled_within(url: str | None, seconds: float) -> bool:
     return last is not None and time.monotonic() - last < seconds
 
 
-_no_storage_wait = threading.local()
+_no_retry = threading.local()
 
 
-class no_storage_wait:
+class without_retry:
     """In this block, on this thread, storage calls do not wait for the database: a call the
     database refuses raises at once (a claim's renewal or a best-effort write, which must go
     stale rather than hold anything up)."""
 
     def __enter__(self) -> None:
-        _no_storage_wait.depth = getattr(_no_storage_wait, "depth", 0) + 1
+        _no_retry.depth = getattr(_no_retry, "depth", 0) + 1
 
     def __exit__(self, *exc: object) -> None:
-        _no_storage_wait.depth -= 1
+        _no_retry.depth -= 1
 
 
 @dataclass
-class Patience:
+class OutageRetry:
     """How long a process's storage calls wait for a database that stopped answering
     (``seconds``; 0 waits not at all) and who is told: ``on_wait(problem, seconds)`` once when
     a call starts waiting (the problem in a few words, the seconds it may wait),
@@ -132,7 +132,7 @@ class Patience:
         """``function(*args, **kwargs)``, tried again while the database does not answer, up
         to the bound; StorageOutage past it. A call made inside another (a storage method
         that calls another) is tried by the outer one only."""
-        if getattr(self._calls, "depth", 0) or getattr(_no_storage_wait, "depth", 0):
+        if getattr(self._calls, "depth", 0) or getattr(_no_retry, "depth", 0):
             return function(*args, **kwargs)
         self._calls.depth = 1
         try:

@@ -160,11 +160,6 @@ def storage_problem(exc: BaseException) -> str | None:
     return None
 
 
-def _sqlite_header(path: Path) -> bytes:
-    with path.open("rb") as file:
-        return file.read(100)
-
-
 def _check_sqlite_study(path: Path) -> None:
     """Refuse, in one line, a SQLite file that is missing, damaged or holds no Optuna study
     tables; it is read through a read-only connection that changes nothing (immutable)."""
@@ -213,7 +208,8 @@ def _read_only_query(path: Path, follow_writers: bool) -> str:
     removes the journal under this one's connections ("database disk image is malformed")."""
     if follow_writers or path.with_name(path.name + "-wal").exists():
         return "mode=ro"
-    in_wal = _sqlite_header(path)[18:20] == b"\x02\x02"
+    with path.open("rb") as file:
+        in_wal = file.read(20)[18:20] == b"\x02\x02"  # the header's file format versions
     return "mode=ro&immutable=1" if in_wal else "mode=ro"
 
 

@@ -4,7 +4,7 @@ A study process needs a few things Optuna does not offer publicly: the storage a
 through (to beat for a trial, to lock the study, to write on a trial another process owns), the
 ids a storage knows trials by, the trials whose heartbeat stopped, a finished trial added with
 its number returned, and a storage whose every call rides out a database that stops answering
-for a while (``PatientStorage``, which implements Optuna's storage and heartbeat interfaces).
+for a while (``RetryingStorage``, which implements Optuna's storage and heartbeat interfaces).
 Each is small and written against Optuna 5, held by ``tests/test_adapter.py`` (a contract
 test): an Optuna release that moves one of them fails that test, not a study.
 
@@ -21,7 +21,7 @@ from optuna.storages import BaseStorage, RDBStorage
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.storage._outage import Patience
+from autotune.storage._outage import OutageRetry
 
 
 def storage_of(study: optuna.Study) -> BaseStorage:
@@ -36,19 +36,19 @@ def trial_id(trial: optuna.Trial | FrozenTrial) -> int:
 
 def rdb_storage(storage: BaseStorage) -> RDBStorage | None:
     """The SQL storage under ``storage`` (a study wraps it in a cache, and a study process in
-    a ``PatientStorage``), or None for another kind (in memory, a journal)."""
-    if isinstance(storage, PatientStorage):
+    a ``RetryingStorage``), or None for another kind (in memory, a journal)."""
+    if isinstance(storage, RetryingStorage):
         storage = storage.inner
     backend = getattr(storage, "_backend", storage)
     return backend if isinstance(backend, RDBStorage) else None
 
 
-def patience_of(storage: BaseStorage) -> Patience:
+def outage_retry_of(storage: BaseStorage) -> OutageRetry:
     """How long calls to ``storage`` wait for a database that stopped answering: a
-    ``PatientStorage``'s patience, else one that waits not at all."""
-    if isinstance(storage, PatientStorage):
-        return storage.patience
-    return Patience(seconds=0, url=storage_url(storage))
+    ``RetryingStorage``'s retry, else one that waits not at all."""
+    if isinstance(storage, RetryingStorage):
+        return storage.retry
+    return OutageRetry(seconds=0, url=storage_url(storage))
 
 
 def storage_url(storage: BaseStorage) -> str | None:
@@ -110,55 +110,55 @@ def set_study_system_attr(study: optuna.Study, key: str, value: Any) -> None:
     backend.set_study_system_attr(study._study_id, key, value)
 
 
-def _patient(name: str) -> Callable[..., Any]:
-    """The method ``name`` of a PatientStorage: the inner storage's, tried with patience."""
+def _retried(name: str) -> Callable[..., Any]:
+    """The method ``name`` of a RetryingStorage: the inner storage's, retried through an outage."""
 
-    def call(self: PatientStorage, *args: Any, **kwargs: Any) -> Any:
-        return self.patience.call(getattr(self.inner, name), *args, **kwargs)
+    def call(self: RetryingStorage, *args: Any, **kwargs: Any) -> Any:
+        return self.retry.call(getattr(self.inner, name), *args, **kwargs)
 
     call.__name__ = call.__qualname__ = name
     return call
 
 
-class PatientStorage(BaseStorage, BaseHeartbeat):
+class RetryingStorage(BaseStorage, BaseHeartbeat):
     """An RDB storage (behind Optuna's cache, as a study keeps it) whose every call waits
-    for a database that stopped answering, as ``patience`` says (``_outage``).
+    for a database that stopped answering, as ``retry`` says (``_outage``).
 
     Optuna takes any ``BaseStorage`` for a study (``optuna.create_study(storage=...)``); this
     one implements the storage interface and the heartbeat interface by handing each call to
     the storage Optuna would have made of the RDB storage itself."""
 
-    def __init__(self, backend: RDBStorage, patience: Patience) -> None:
+    def __init__(self, backend: RDBStorage, retry: OutageRetry) -> None:
         self.inner = optuna.storages.get_storage(backend)  # the cache a study puts around it
-        self.patience = patience
+        self.retry = retry
 
-    create_new_study = _patient("create_new_study")
-    delete_study = _patient("delete_study")
-    set_study_user_attr = _patient("set_study_user_attr")
-    set_study_system_attr = _patient("set_study_system_attr")
-    get_study_id_from_name = _patient("get_study_id_from_name")
-    get_study_name_from_id = _patient("get_study_name_from_id")
-    get_study_directions = _patient("get_study_directions")
-    get_study_user_attrs = _patient("get_study_user_attrs")
-    get_study_system_attrs = _patient("get_study_system_attrs")
-    get_all_studies = _patient("get_all_studies")
-    create_new_trial = _patient("create_new_trial")
-    set_trial_param = _patient("set_trial_param")
-    get_trial_id_from_study_id_trial_number = _patient("get_trial_id_from_study_id_trial_number")
-    get_trial_number_from_id = _patient("get_trial_number_from_id")
-    get_trial_param = _patient("get_trial_param")
-    set_trial_intermediate_value = _patient("set_trial_intermediate_value")
-    set_trial_user_attr = _patient("set_trial_user_attr")
-    set_trial_system_attr = _patient("set_trial_system_attr")
-    get_trial = _patient("get_trial")
-    get_all_trials = _patient("get_all_trials")
-    get_n_trials = _patient("get_n_trials")
-    get_best_trial = _patient("get_best_trial")
-    get_trial_params = _patient("get_trial_params")
-    get_trial_user_attrs = _patient("get_trial_user_attrs")
-    get_trial_system_attrs = _patient("get_trial_system_attrs")
-    record_heartbeat = _patient("record_heartbeat")
-    _get_stale_trial_ids = _patient("_get_stale_trial_ids")
+    create_new_study = _retried("create_new_study")
+    delete_study = _retried("delete_study")
+    set_study_user_attr = _retried("set_study_user_attr")
+    set_study_system_attr = _retried("set_study_system_attr")
+    get_study_id_from_name = _retried("get_study_id_from_name")
+    get_study_name_from_id = _retried("get_study_name_from_id")
+    get_study_directions = _retried("get_study_directions")
+    get_study_user_attrs = _retried("get_study_user_attrs")
+    get_study_system_attrs = _retried("get_study_system_attrs")
+    get_all_studies = _retried("get_all_studies")
+    create_new_trial = _retried("create_new_trial")
+    set_trial_param = _retried("set_trial_param")
+    get_trial_id_from_study_id_trial_number = _retried("get_trial_id_from_study_id_trial_number")
+    get_trial_number_from_id = _retried("get_trial_number_from_id")
+    get_trial_param = _retried("get_trial_param")
+    set_trial_intermediate_value = _retried("set_trial_intermediate_value")
+    set_trial_user_attr = _retried("set_trial_user_attr")
+    set_trial_system_attr = _retried("set_trial_system_attr")
+    get_trial = _retried("get_trial")
+    get_all_trials = _retried("get_all_trials")
+    get_n_trials = _retried("get_n_trials")
+    get_best_trial = _retried("get_best_trial")
+    get_trial_params = _retried("get_trial_params")
+    get_trial_user_attrs = _retried("get_trial_user_attrs")
+    get_trial_system_attrs = _retried("get_trial_system_attrs")
+    record_heartbeat = _retried("record_heartbeat")
+    _get_stale_trial_ids = _retried("_get_stale_trial_ids")
 
     def set_trial_state_values(self, trial_id: int, state: TrialState, values: Any = None) -> bool:
         """Set the trial's state (and values). A change retried after its commit reached the
@@ -175,7 +175,7 @@ class PatientStorage(BaseStorage, BaseHeartbeat):
                     return True
                 raise
 
-        return self.patience.call(once)
+        return self.retry.call(once)
 
     def remove_session(self) -> None:
         self.inner.remove_session()

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from autotune.stage1._stage import run_speed_stage
     from autotune.stage1._store import SpeedEvent, SpeedRecord, speed_study_name
     from autotune.storage._liveness import heartbeat, recover_stale_trials, study_lock
-    from autotune.storage._outage import Patience, StorageOutage, no_storage_wait
+    from autotune.storage._outage import OutageRetry, StorageOutage, without_retry
     from autotune.storage._queries import (
         COUNTED_STATES,
         baseline_trial,
@@ -84,7 +84,7 @@ _FROM = {
     "autotune.stage1._stage": ("run_speed_stage",),
     "autotune.stage1._store": ("SpeedEvent", "SpeedRecord", "speed_study_name"),
     "autotune.storage._liveness": ("heartbeat", "recover_stale_trials", "study_lock"),
-    "autotune.storage._outage": ("Patience", "StorageOutage", "no_storage_wait"),
+    "autotune.storage._outage": ("OutageRetry", "StorageOutage", "without_retry"),
     "autotune.storage._queries": (
         "COUNTED_STATES",
         "baseline_trial",

@@ -22,7 +22,7 @@ from optuna.exceptions import ExperimentalWarning
 from autotune._version import __version__
 from autotune.spacefile import Spec
 from autotune.storage import adapter
-from autotune.storage._outage import DEFAULT_OUTAGE_SECONDS, Patience
+from autotune.storage._outage import DEFAULT_OUTAGE_SECONDS, OutageRetry
 from autotune.storage._rdb import Access, StudyError, display_url, open_storage
 from autotune.storage._records import ReferenceKind, StudyRecord, TrialRecord
 from autotune.study._sampling import make_pruner, make_sampler
@@ -293,11 +293,11 @@ def patient_storage(
     access: Access = "create",
     heartbeat_interval: int | None = None,
     outage_seconds: float = DEFAULT_OUTAGE_SECONDS,
-) -> adapter.PatientStorage:
+) -> adapter.RetryingStorage:
     """The storage a study process writes through (``open_storage``), whose every call waits
     up to ``outage_seconds`` for a database that stopped answering (``_outage``)."""
     backend = open_storage(url, access, heartbeat_interval=heartbeat_interval)
-    return adapter.PatientStorage(backend, Patience(outage_seconds, url=backend.url))
+    return adapter.RetryingStorage(backend, OutageRetry(outage_seconds, url=backend.url))
 
 
 def load_study(name: str | None, storage_url: str, access: Access = "read") -> optuna.Study:

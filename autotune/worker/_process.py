@@ -35,9 +35,7 @@ from autotune.worker._protocol import (
 )
 
 if TYPE_CHECKING:
-    from autotune import distributed
-    from autotune.warmup import Warmth
-    from autotune.workloads import Workload
+    from autotune.executor import InProcessExecutor
 
 
 def parent_start_method() -> str:
@@ -74,8 +72,9 @@ def worker_main(
 
     # torch and the training code: imported here, in the worker, so that the study process
     # starts it before importing them itself (``WorkerExecutor.launch``)
-    from autotune import distributed, workloads
-    from autotune.warmup import Warmth
+    from autotune import workloads
+    from autotune.distributed import WorkloadSource
+    from autotune.executor import InProcessExecutor
 
     try:
         workload = workloads.load(workload_spec, base_dir, score)
@@ -83,15 +82,16 @@ def worker_main(
         connection.send(StartFailed(f"the worker could not load the workload: {error}"))
         return
     connection.send(Ready())
-    warmth = Warmth()
-    # the processes of distributed trials, kept from one to the next (started at the first)
-    ranks = distributed.RankPool(distributed.WorkloadSource(workload_spec, base_dir, score))
+    source = WorkloadSource(workload_spec, base_dir, score)
+    executor = InProcessExecutor(
+        workload, source=source, on_warmed=lambda: connection.send(Warmed())
+    )
     try:
-        _serve(connection, workload, warmth, ranks, tally)
+        _serve(connection, executor, tally)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the study process left mid-request (it gave up on its database, or was killed)
     finally:
-        ranks.close()
+        executor.close()
 
 
 # Inductor's switches for its autotuning reports (kernels shown per operation; statistics)
@@ -146,16 +146,10 @@ class PrintTally(io.TextIOBase):
         return taken
 
 
-def _serve(
-    connection: Connection,
-    workload: Workload,
-    warmth: Warmth,
-    ranks: distributed.RankPool,
-    tally: PrintTally,
-) -> None:
-    """The worker's loop: one request (a trial, a speed measurement) after another."""
-    from autotune import bursts, runner
-
+def _serve(connection: Connection, executor: InProcessExecutor, tally: PrintTally) -> None:
+    """The worker's loop: one request (a trial, a speed measurement) after another, each
+    answered when the process has paid its one-time costs for it (``Warmed``, from
+    ``executor``), then with its outcome."""
     watch = MemoryWatch()  # device memory back after each request, or a fresh process
     while True:
         try:
@@ -173,18 +167,10 @@ def _serve(
             return verdict.stop
 
         try:
-            if config.distributed:  # its own processes, each warmed before its clock
-                if isinstance(message, MeasureSpeed):
-                    measured = ranks.measure(config, message.plan)
-                else:
-                    result = ranks.train(config, report)
-            else:  # what this process pays once is on no clock, the trial's timeout included
-                warmth.warm_for(config, workload)
-                connection.send(Warmed())
-                if isinstance(message, MeasureSpeed):
-                    measured = bursts.measure(config, workload, message.plan)
-                else:
-                    result = runner.train(config, workload, report)
+            if isinstance(message, MeasureSpeed):
+                measured = executor.measure(config, message.plan)
+            else:
+                result = executor.run(config, report)
         except Exception as error:
             fault, fresh = as_fault(error), needs_fresh_process(error)
             del error
@@ -195,9 +181,8 @@ def _serve(
             if fresh:
                 return
             continue
-        # the next trial starts from an empty CUDA cache, its peak its own; memory that does
-        # not come back is a leak, and the next trial gets a fresh process instead
-        release_memory()
+        # the executor emptied the CUDA cache: memory that did not come back is a leak, and
+        # the next trial gets a fresh process instead
         left = watch.left_after(config.device)
         if isinstance(message, MeasureSpeed):
             connection.send(Measured(measured, needs_fresh_process=left is not None))
@@ -206,6 +191,6 @@ def _serve(
             result = dataclasses.replace(
                 result, memory_left_bytes=left, printed_lines=lines, first_printed=first
             )
-            connection.send(Finished(result))
+            connection.send(Finished(result, needs_fresh_process=left is not None))
         if left is not None:
             return

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.config import TrialConfig
-from autotune.faults import FaultKind
+from autotune.faults import FaultKind, TrialFault
 from autotune.results import Evaluation, TrialResult
 from autotune.speed import BurstPlan, SpeedMeasurement
 
@@ -72,17 +72,17 @@ class Evaluated:
 
 @dataclass(frozen=True)
 class Finished:
-    """worker -> study: the running trial trained to its end (or was stopped by a StopOrGoOn);
-    with ``result.memory_left_bytes`` set, the worker exits after sending it (a leak)."""
+    """worker -> study: the running trial trained to its end (or was stopped by a StopOrGoOn)."""
 
-    result: TrialResult
+    outcome: TrialResult
+    needs_fresh_process: bool = False  # it leaked device memory: this worker exits
 
 
 @dataclass(frozen=True)
 class Measured:
     """worker -> study: the speed measurement asked for."""
 
-    measurement: SpeedMeasurement
+    outcome: SpeedMeasurement
     needs_fresh_process: bool = False  # its device memory did not come back: this one exits
 
 
@@ -97,7 +97,13 @@ class Faulted:
     # after sending it
     needs_fresh_process: bool
 
+    @property
+    def outcome(self) -> TrialFault:
+        return TrialFault(self.kind, self.message, self.details)
+
 
 ToWorker = RunTrial | MeasureSpeed | StopOrGoOn | Exit
-FromWorker = Ready | StartFailed | Warmed | Evaluated | Finished | Measured | Faulted
+Done = Finished | Measured | Faulted  # how a request ended: ``outcome``, and whether the
+# worker exits after sending it (``needs_fresh_process``)
+FromWorker = Ready | StartFailed | Warmed | Evaluated | Done
 Request = RunTrial | MeasureSpeed

@@ -26,12 +26,10 @@ from autotune.spacefile import Spec, WorkloadSpec
 from autotune.speed import BurstPlan, SpeedMeasurement, no_evaluations
 from autotune.worker._process import parent_start_method, worker_main
 from autotune.worker._protocol import (
+    Done,
     Evaluated,
     Exit,
-    Faulted,
-    Finished,
     FromWorker,
-    Measured,
     MeasureSpeed,
     Request,
     RunTrial,
@@ -315,18 +313,10 @@ class WorkerExecutor:
                     # the worker waited for the answer (a database that restarts): not its time
                     started += time.monotonic() - asked
                     connection.send(StopOrGoOn(stop=stop))
-                elif isinstance(message, Finished):
-                    if message.result.memory_left_bytes is not None:
-                        self._kill()  # it leaked device memory and exits: the next is fresh
-                    return message.result
-                elif isinstance(message, Measured):
-                    if message.needs_fresh_process:
-                        self._kill()
-                    return message.measurement
-                elif isinstance(message, Faulted):
-                    if message.needs_fresh_process:  # its CUDA context is broken: it exits;
-                        self._kill()  # the next trial starts a new worker, not a dead one
-                    return TrialFault(message.kind, message.message, message.details)
+                elif isinstance(message, Done):
+                    if message.needs_fresh_process:  # it exits (a leak, a broken CUDA
+                        self._kill()  # context): the next request starts a new worker
+                    return message.outcome
                 else:
                     raise TypeError(f"unexpected message from the worker: {message!r}")
         except (EOFError, OSError):
@@ -346,14 +336,13 @@ class WorkerExecutor:
     def _check_alive_and_on_time(
         self, started: float, meter: CpuMeter, limit: float | None, warming: bool
     ) -> None:
+        """Raise how the request ended where the worker died or ran past ``limit`` seconds;
+        ``_exchange`` kills it then."""
         assert self._process is not None
         if not self._process.is_alive():
-            exitcode = self._process.exitcode
-            self._kill()
-            raise worker_died(exitcode, self._oom_kills)
+            raise worker_died(self._process.exitcode, self._oom_kills)
         if limit is not None and time.monotonic() - started > limit:
             share = meter.so_far()  # before the kill: the trial's own processes still count
-            self._kill()
             phase = " (still warming up: the process's first steps)" if warming else ""
             killed = (
                 f"no result after {round(limit, 1):g} s{phase}; the worker and its DataLoader "

@@ -27,7 +27,7 @@ from autotune.cli._common import (
     in_range,
     quiet_libraries,
 )
-from autotune.cli._confirm import confirm, confirm_round, storage_lines
+from autotune.cli._confirm import confirm, confirm_round, say_storage_waits
 from autotune.cli._ending import finish, worker_exit
 from autotune.cli._verify import verify
 from autotune.errors import UserError
@@ -153,14 +153,14 @@ def run(
         code = EXIT_FAILED if isinstance(err, scaleout.WorkerGone) else EXIT_USAGE
         raise fail(str(err).splitlines(), code) from None
     spec, study = prepared.spec, prepared.study
-    prepared.patience.on_wait, prepared.patience.on_back = storage_lines(console)
+    say_storage_waits(prepared.retry)
     if share is None or share.index == 0:  # worker 0 (or the only one) shows the study
         show_plan(prepared, shares)
     else:
         console.print(f"{share.describe()} of study {study.study_name}", markup=False)
     scale = session.ScaleOut(shares, as_worker or 0, space_file) if shares else None
     try:
-        outcome, confirmed = session.train(
+        outcome, confirmed = session.run_prepared(
             prepared,
             space_file.parent,
             Shown(prepared, as_worker),
@@ -221,14 +221,13 @@ class Shown(session.RunHooks):
         from autotune import display
         from autotune.worker import WorkerExecutor
 
-        spec, patience = self.prepared.spec, self.prepared.patience
+        spec, retry = self.prepared.spec, self.prepared.retry
         progress = display.live_progress(console)
         with Live(progress, console=console, refresh_per_second=8) as live, self.showing:
             self.observer = display.LiveObserver(study, spec, live, progress)
-            patience.on_wait = self.observer.storage_waiting
-            patience.on_back = self.observer.storage_back
-            self.showing.callback(setattr, patience, "on_wait", storage_lines(console)[0])
-            self.showing.callback(setattr, patience, "on_back", storage_lines(console)[1])
+            retry.on_wait = self.observer.storage_waiting
+            retry.on_back = self.observer.storage_back
+            self.showing.callback(say_storage_waits, retry)
             if self.as_worker is not None and isinstance(executor, WorkerExecutor):
                 try:  # its start-up (imports, the data) before its first measurement
                     executor.start()
