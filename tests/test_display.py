@@ -226,6 +226,23 @@ def test_exports_run_hint_wraps_indented_at_80_columns(invoke_cli, seen, tmp_pat
     )
 
 
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (0.0002215, "0.0002215"),  # a learning rate: 4 significant digits, not 2.21e-04
+        (2.78125, "2.781"),
+        (0.0, "0"),
+        (6872.4, "6,872"),  # samples/s from 1,000: whole, thousands separated
+        (27712.3, "27,712"),
+        (128, "128"),
+        (True, "true"),
+        (None, "-"),
+    ],
+)
+def test_one_rule_writes_a_value_for_the_terminal_the_note_and_the_report(value, shown):
+    assert display.fmt(value) == shown
+
+
 def test_a_long_value_goes_on_a_line_of_its_own_and_is_never_broken():
     console = _console(80)
     long_url = "postgresql://autotune:***@db.example.org:5432/" + "x" * 60

@@ -36,14 +36,13 @@ def metric_unit(metric: str) -> str:
 
 
 def fmt(value: Any) -> str:
+    """A value as the terminal, the note and the report show it: a float to 4 significant
+    digits, from 1,000 whole and thousands separated (``0.000221``, ``2.781``, ``6,872``,
+    ``27,712``: a column of samples/s reads alike); a bool as ``true``/``false``, None ``-``."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        if value == 0:
-            return "0"
-        if abs(value) < 1e-2 or abs(value) >= 1e5:
-            return f"{value:.2e}"
-        return f"{value:.4g}"
+        return f"{value:,.0f}" if abs(value) >= 1e3 else f"{value:.4g}"
     return "-" if value is None else str(value)
 
 
