@@ -128,6 +128,8 @@ def _schedule(best: BestConfig) -> dict[str, Any]:
 
 def _optimizer(best: BestConfig) -> list[Argument]:
     """Keywords of the optimizer's constructor after the parameters."""
+    from autotune.semantics import scales_loss  # imports torch: only these files need it
+
     config = best.config
     rows = [
         Argument("lr", literal(config.lr), lr_comment(best)),
@@ -138,7 +140,7 @@ def _optimizer(best: BestConfig) -> list[Argument]:
             1, Argument("momentum", literal(config.momentum or 0.0), searched(best, "momentum"))
         )
         rows.insert(2, tuned(best, "nesterov", "nesterov"))
-    if config.precision == "fp16":
+    if scales_loss(config.precision):
         rows.append(
             Argument("fused", "True", "GradScaler's overflow check stays on the GPU: no sync")
         )
@@ -243,12 +245,15 @@ def _hf_schedule(best: BestConfig) -> tuple[str, list[str]]:
 
 
 def _hf_optimizer(config: TrialConfig) -> str:
-    """TrainingArguments' ``optim`` for the configuration's optimizer: AdamW fused under fp16,
-    as the trials trained it (GradScaler's overflow check then stays on the GPU). The Trainer
-    has no fused SGD: an fp16 SGD trains unfused there, its step reading the check back."""
+    """TrainingArguments' ``optim`` for the configuration's optimizer: AdamW fused where the
+    loss is scaled, as the trials trained it (GradScaler's overflow check then stays on the
+    GPU). The Trainer has no fused SGD: such an SGD trains unfused there, its step reading the
+    check back."""
+    from autotune.semantics import scales_loss
+
     if config.optimizer == "sgd":
         return "sgd"
-    return "adamw_torch_fused" if config.precision == "fp16" else "adamw_torch"
+    return "adamw_torch_fused" if scales_loss(config.precision) else "adamw_torch"
 
 
 def _hf(best: BestConfig) -> dict[str, Any]:

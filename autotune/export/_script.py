@@ -162,7 +162,7 @@ def render_script(
             training_sources=training_sources,
             has_scheduler=has_scheduler,
             optimizer=config.optimizer,
-            fp16=config.precision == "fp16",
+            scales_loss=semantics.scales_loss(config.precision),
             compile_mode=compile_mode,
             train_model="train_model" if compile_mode or config.distributed else "model",
             distributed=config.distributed,
