@@ -314,7 +314,8 @@ def test_knobs_without_a_setting_get_a_comment(best):
         text = render(device, fmt)
         assert "# data_pipeline device: the study kept the training set in device memory" in text
         assert "# lr_scaling linear: the learning rate is already scaled" in text
-        assert "scaled linear to" in text  # on the learning rate's own line too
+        # on the learning rate's own line too, worded as the script words it
+        assert "per 64 examples, scaled linear to the effective batch of" in text
 
 
 @pytest.mark.parametrize("name", HOSTILE_NAMES)

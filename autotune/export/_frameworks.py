@@ -17,7 +17,7 @@ from autotune.export._arguments import (
     Argument,
     comment_text,
     loader_arguments,
-    lr_comment,
+    lr_text,
     searched,
     tuned,
 )
@@ -132,7 +132,7 @@ def _optimizer(best: BestConfig) -> list[Argument]:
 
     config = best.config
     rows = [
-        Argument("lr", literal(config.lr), lr_comment(best)),
+        Argument("lr", literal(config.lr), searched(best, "lr", lr_text(config))),
         tuned(best, "weight_decay", "weight_decay"),
     ]
     if config.optimizer == "sgd":
@@ -279,7 +279,7 @@ def _hf(best: BestConfig) -> dict[str, Any]:
             f"effective batch {config.effective_batch_size}",
         ),
         Argument("num_train_epochs", literal(best.epochs), "the full run"),
-        Argument("learning_rate", literal(config.lr), lr_comment(best)),
+        Argument("learning_rate", literal(config.lr), searched(best, "lr", lr_text(config))),
         Argument("optim", literal(_hf_optimizer(config)), searched(best, "optimizer")),
     ]
     if config.optimizer == "sgd":
