@@ -15,7 +15,6 @@ from autotune.config import TrialConfig
 from autotune.export._api import BestConfig, ExportError
 from autotune.export._arguments import (
     Argument,
-    comment_text,
     loader_arguments,
     lr_text,
     searched,
@@ -355,10 +354,7 @@ def render_framework(best: BestConfig, fmt: str) -> str:
     _check(best)
     fields = _lightning(best) if fmt == "lightning" else _hf(best)
     imports = fields.pop("imports")
-    environment = template_environment()
-    environment.filters["comment"] = comment_text
-    return environment.get_template(f"{fmt}.py.j2").render(
-        provenance=provenance_rows(best, workload),
-        import_block=import_block(imports),
-        **fields,
+    template = template_environment().get_template(f"{fmt}.py.j2")
+    return template.render(
+        provenance=provenance_rows(best, workload), import_block=import_block(imports), **fields
     )
