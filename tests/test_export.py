@@ -27,7 +27,6 @@ from typer.testing import CliRunner
 import autotune
 from autotune.cli import app
 from autotune.export import (
-    SCRIPT_KNOBS,
     BestConfig,
     ExportError,
     TrialConfirmation,
@@ -39,6 +38,7 @@ from autotune.export import (
 )
 from autotune.export._bundle import call, literal
 from autotune.files import write_new_file
+from autotune.knobs import KNOBS
 from autotune.study import TrialRecord, trial_config
 from autotune.testing import (
     blobs,
@@ -302,7 +302,7 @@ def test_every_knob_is_rendered_as_its_code(tiny_study):
     study, _ = tiny_study
     best = best_config(study, select_trial(study))
     # the searched knobs, and the run settings a script carries too
-    assert set(KNOB_CODE) == {*SCRIPT_KNOBS, "device", "val_batch_size", "seed"}
+    assert set(KNOB_CODE) == {*KNOBS, "device", "val_batch_size", "seed"}
     rendered: dict[object, str] = {}  # most knobs change the same configuration: render it once
     for knob, (value, code) in KNOB_CODE.items():
         # the knobs a knob depends on, set so that it matters

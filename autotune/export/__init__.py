@@ -29,12 +29,10 @@ from autotune.export._api import (
 )
 from autotune.export._confirmation import TrialConfirmation, confirmation_text
 from autotune.export._formats import FORMATS, render
-from autotune.export._header import SCRIPT_KNOBS
 from autotune.export._script import render_script
 
 __all__ = [
     "FORMATS",
-    "SCRIPT_KNOBS",
     "BestConfig",
     "ExportError",
     "TrialConfirmation",

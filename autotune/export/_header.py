@@ -16,9 +16,6 @@ from autotune.export._bundle import literal
 from autotune.knobs import DDP_KNOBS, KNOBS, SPEED_KNOBS
 from autotune.spacefile import WorkloadSpec
 
-# Where the script applies each knob (the registry's ``script``): a constant at the top of the
-# script, or the execution summary line and the template code that follows it
-SCRIPT_KNOBS: dict[str, str] = {name: info.script for name, info in KNOBS.items()}
 # the script's constants: what changes learning first, then how it runs (stage 1's knobs)
 _CONSTANTS = sorted(
     (name for name, info in KNOBS.items() if info.script.isidentifier()),
