@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 from autotune.display._tables import config_table, print_confirmation, print_plan, print_summary
 from autotune.display._text import (
     METRIC_NOTES,
-    METRIC_UNITS,
     command,
     describe_shares,
     fmt,

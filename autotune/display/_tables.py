@@ -298,9 +298,7 @@ def _edge_of_space(
     from autotune.stage1._probe import MIN_GAIN
 
     offered = spec.space.batch_size
-    if table is None or not isinstance(offered, Choice) or len(offered.values) < 2:
-        return None
-    if offered.auto:
+    if table is None or not isinstance(offered, Choice) or offered.auto or len(offered.values) < 2:
         return None
     config = studies.trial_config(answer.trial)
     largest = int(max(offered.values))  # batch sizes: ints

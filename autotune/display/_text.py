@@ -15,17 +15,13 @@ from autotune import study as studies
 from autotune.scaleout import WorkerShare, unused_cores
 from autotune.spacefile import DEFAULT_STORAGE, SCORES, ObjectiveSpec, is_unprintable
 
-METRIC_UNITS = {
-    "samples_per_second": "samples/s",  # the speed stage's studies (NAME.speed)
-}
-
 
 def metric_unit(metric: str) -> str:
     """The unit a study's values are shown in, from the metric it records
     (``ObjectiveSpec.metric_name``): ``acc/s``, ``macro_f1/s``, ``s to target``; "" for a metric
     autotune does not know."""
-    if metric in METRIC_UNITS:
-        return METRIC_UNITS[metric]
+    if metric == "samples_per_second":  # the speed stage's studies (NAME.speed)
+        return "samples/s"
     if metric.startswith("time_to_"):
         return "s to target"
     if metric.endswith("_per_second"):
