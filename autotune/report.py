@@ -216,7 +216,7 @@ def trial_rows(study: optuna.Study) -> tuple[list[str], list[TrialRow]]:
             kind = "speed_mismatch"
             message = (
                 f"trained {off:+.0%} off stage 1's prediction of "
-                f"{record.predicted_samples_per_second:.4g} samples/s (interference, or a "
+                f"{fmt(record.predicted_samples_per_second)} samples/s (interference, or a "
                 f"stale speed cache: --remeasure)"
             )
         rows.append(

@@ -243,6 +243,14 @@ def test_one_rule_writes_a_value_for_the_terminal_the_note_and_the_report(value,
     assert display.fmt(value) == shown
 
 
+def test_the_confirmation_line_writes_the_median_by_the_same_rule():
+    """`autotune best`, the note, the report and the exports say how sure the answer is with
+    export.confirmation_text: its median reads as the tables write it (seconds to a target
+    can pass 10,000)."""
+    said = export.confirmation_text(export.TrialConfirmation(median=27712.3, runs=3))
+    assert said.startswith("confirmed: median 27,712 over 3 runs")
+
+
 def test_a_long_value_goes_on_a_line_of_its_own_and_is_never_broken():
     console = _console(80)
     long_url = "postgresql://autotune:***@db.example.org:5432/" + "x" * 60

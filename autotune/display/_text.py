@@ -67,7 +67,7 @@ METRIC_NOTES = {
 def score_text(goal: ObjectiveSpec, value: float | None, short: bool = True) -> str:
     """A validation score with its name: ``acc 0.953`` (``accuracy 0.953`` unless ``short``)."""
     name = goal.score_short if short else goal.score_name
-    return f"{name} {'-' if value is None else f'{value:.4g}'}"
+    return f"{name} {fmt(value)}"
 
 
 def fmt_metric(key: str, value: Any) -> str:

@@ -19,6 +19,7 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import TrialConfig
+from autotune.display import fmt
 from autotune.errors import UserError
 from autotune.export._confirmation import TrialConfirmation, confirmation_text
 from autotune.spacefile import DEFAULT_STORAGE, Spec, SpecError, parse_spec
@@ -102,7 +103,7 @@ class BestConfig:
     def headline(self) -> str:
         """ "accuracy_per_second 4.271: median of 3 confirmed runs" (it is quoted in
         parentheses: none of its own)."""
-        return f"{self.metric} {self.headline_value:.4g}: {self.headline_source}"
+        return f"{self.metric} {fmt(self.headline_value)}: {self.headline_source}"
 
     @property
     def epochs(self) -> int:

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.display import fmt
 from autotune.study import REFERENCE_NAMES, Answer, trials_named
 
 
@@ -88,7 +89,7 @@ def confirmation_text(found: TrialConfirmation | None, interleaved: str = "") ->
     ``interleaved``: what its runs alternated with (the note says it)."""
     if found is None:
         return "not confirmed: one measurement (run `autotune confirm`)"
-    text = f"confirmed: median {found.median:.4g} over {found.runs} run{'s' * (found.runs != 1)}"
+    text = f"confirmed: median {fmt(found.median)} over {found.runs} run{'s' * (found.runs != 1)}"
     if interleaved:
         text += f", interleaved with {interleaved}"
     if found.spread is not None:
