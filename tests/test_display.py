@@ -418,19 +418,18 @@ def test_an_answer_from_single_runs_says_run_not_runs(tmp_path: Path, seen):
     answer = studies.answer_of(copy)
     assert answer is not None and answer.winner is not None
     baseline = Reference("the untuned baseline", 0, 0.6, 1, 1.69, (1.38, 2.06))
-    for runs, said in ((1, "median of 1 run;"), (2, "median of 2 runs;")):
+    for runs, said in ((1, "median 1 over 1 run ("), (2, "median 1 over 2 runs (")):
         values = (1.0,) * runs
         winner = dataclasses.replace(answer.winner, values=values, round_values=values)
-        shown = dataclasses.replace(answer, winner=winner)
+        mine = tuple(winner if c.trial == winner.trial else c for c in answer.configurations)
+        shown = dataclasses.replace(
+            answer, winner=winner, configurations=mine, references=(baseline,)
+        )
         console = _console(200)
-        shown = dataclasses.replace(shown, references=(baseline,))
         display.print_confirmation(console, shown, _spec(study), "once")
         text = " ".join(_text(console).split())
-        assert said in text, text
-        alone = (
-            "from one run of each side by side" if runs == 1 else "from medians of 2 and 1 runs"
-        )
-        assert f"Accuracy per second, {alone}" in text, text
+        assert f"Answer: trial {answer.number}, confirmed: {said}" in text, text
+        assert "; 1.69x the untuned baseline (1.38x to 2.06x);" in text, text
 
 
 def test_a_confirmation_run_short_of_its_target_says_so_not_a_time(seen):

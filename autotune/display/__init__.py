@@ -5,6 +5,7 @@ written (``_text``)."""
 # ruff: noqa: F401  (this package re-exports what its modules define)
 from typing import TYPE_CHECKING, Any
 
+from autotune.display._confirmation import TrialConfirmation, confirmation_text
 from autotune.display._tables import config_table, print_confirmation, print_plan, print_summary
 from autotune.display._text import (
     METRIC_NOTES,

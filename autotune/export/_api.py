@@ -19,9 +19,8 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import TrialConfig
-from autotune.display import fmt
+from autotune.display import TrialConfirmation, confirmation_text, fmt
 from autotune.errors import UserError
-from autotune.export._confirmation import TrialConfirmation, confirmation_text
 from autotune.spacefile import DEFAULT_STORAGE, Spec, SpecError, parse_spec
 from autotune.study import (
     StudyError,

@@ -1,5 +1,6 @@
 """The confirmation round's verdict on one trial, as the Python API and the exports carry it
-(``BestConfig.confirmation``): typed, and plain data in a YAML or JSON export."""
+(``BestConfig.confirmation``): typed, plain data in a YAML or JSON export, and the one line
+that the terminal, the note, the report and the exports say it in."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.display import fmt
+from autotune.display._text import fmt
 from autotune.study import REFERENCE_NAMES, Answer, trials_named
 
 
