@@ -36,7 +36,7 @@ from autotune.export import (
     render_script,
     select_trial,
 )
-from autotune.export._bundle import call, literal
+from autotune.export._bundle import call, entry_point, literal
 from autotune.files import write_new_file
 from autotune.knobs import KNOBS
 from autotune.study import TrialRecord, trial_config
@@ -795,6 +795,35 @@ def test_modules_in_two_folders_put_both_on_the_scripts_sys_path(two_folder_stud
     done = run_script(script, "--epochs", "1", block_autotune=import_blocker(tmp_path, "autotune"))
     assert done.returncode == 0, done.stderr
     assert "epoch 1/1" in done.stdout
+
+
+def test_a_users_module_is_found_beside_the_space_file_else_by_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """One finder for a plain export and --rebuild-workload (``_bundle.entry_point``), which
+    imports nothing: a namespace package (a folder without ``__init__.py``) found on sys.path
+    gets its folder onto the script's sys.path, as a module file does; the plain export
+    once left it out, and the script then failed to import it from any other folder."""
+    beside, elsewhere = tmp_path / "space", tmp_path / "elsewhere"
+    (beside / "s51_beside").mkdir(parents=True)
+    (elsewhere / "s51_spaced").mkdir(parents=True)
+    (elsewhere / "s51_spaced" / "nets.py").write_text("def net():\n    return None\n")
+    (elsewhere / "s51_flat.py").write_text("def net():\n    return None\n")
+    monkeypatch.syspath_prepend(str(elsewhere))
+    found = str(elsewhere.resolve())
+    assert entry_point("s51_beside.nets:net", beside) == (
+        "from s51_beside.nets import net",
+        "net",
+        str(beside),
+    )
+    assert entry_point("s51_spaced.nets:make.net", None) == (
+        "from s51_spaced.nets import make",
+        "make.net",
+        found,
+    )
+    assert entry_point("s51_flat:net", beside)[2] == found
+    assert entry_point("yaml:safe_load", beside)[2] is None  # installed: found by name
+    assert entry_point("s51_nowhere:net", beside)[2] is None  # the script says where it looked
 
 
 def test_rebuilding_says_what_it_imports_first_and_stdout_is_only_the_script(
