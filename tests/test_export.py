@@ -751,7 +751,7 @@ def small_data(count: int = 64):
 def two_folder_study(tmp_path_factory, prepare_study) -> Iterator[tuple[optuna.Study, Path, str]]:
     """A study whose model module lives beside its space file and whose data module lives in
     another folder (on sys.path, as PYTHONPATH would put it)."""
-    root = tmp_path_factory.mktemp("folders")
+    root = tmp_path_factory.mktemp("folders_" * 5)  # the script's lines past 99 columns
     (root / "models").mkdir()
     (root / "data").mkdir()
     (root / "models" / "folder_model.py").write_text(FOLDER_MODEL)
