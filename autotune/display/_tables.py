@@ -356,7 +356,6 @@ def print_confirmation(
             str(counted) + ("" if counted == found.all_runs else f" of {found.all_runs}"),
         )
     console.print(table)
-    spread = f"±{answer.spread:.0%}" if answer.spread is not None else "unknown"
     again = command("autotune", "confirm", *study_options(study_name, spec.study.storage))
     if answer.round_state == "no_winner":
         console.print("[yellow]No configuration was feasible in most of its runs.[/]")
@@ -365,7 +364,7 @@ def print_confirmation(
         why = "trials since have changed the leaders" if stale else "the round is unfinished"
         console.print(f"[yellow]Not confirmed:[/] {why}; confirm again: {again}")
     else:
-        _print_confirmed(console, answer, spread, again)
+        _print_confirmed(console, answer, again)
     if answer.flagged:
         console.print(
             f"{plural(answer.flagged, 'measurement')} {'was' if answer.flagged == 1 else 'were'} "
@@ -382,12 +381,13 @@ def print_confirmation(
     )
 
 
-def _print_confirmed(console: Console, answer: studies.Answer, spread: str, again: str) -> None:
+def _print_confirmed(console: Console, answer: studies.Answer, again: str) -> None:
     """A confirmed answer in the verdict's one wording (``confirmation_text``: the note, the
     report and the exports say it alike) and, for a noisy round, how to confirm it again."""
     said = confirmation_text(TrialConfirmation.of(answer, answer.number))
     console.print(f"[bold]Answer: trial {answer.number}[/], {escape(said)}.")
     if answer.noisy:
+        spread = f"±{answer.spread:.0%}" if answer.spread is not None else "unknown"
         why = (
             f"run-to-run spread {spread}, over ±{studies.NOISY_SPREAD:.0%}"
             if answer.alike
