@@ -519,8 +519,12 @@ def test_yaml_and_json_round_trip_to_the_same_config(tiny_study, tmp_path: Path)
         .confirmation_text()
         .endswith("tied within noise with trials 4, 16 and 18")
     )
-    # the headline is quoted in parentheses (export messages, the script's PROVENANCE)
+    # the headline is quoted in parentheses (export messages, the YAML header)
     assert confirmed.headline == f"{confirmed.metric} 2.5: median of 3 confirmed runs"
+    # the script's PROVENANCE names the median once: its answer says which measurement it is
+    said = provenance(render_script(study, confirmed))
+    assert said["answer"] == confirmed.confirmation_text()
+    assert said["result"].startswith(f"{confirmed.metric} 2.5, validation ")
     once = dataclasses.replace(verdict, runs=1)
     assert dataclasses.replace(best, confirmation=once).headline.endswith(
         ": median of 1 confirmed run"

@@ -10,6 +10,7 @@ from typing import Any
 
 from autotune._version import __version__
 from autotune.config import TrialConfig
+from autotune.display import fmt
 from autotune.export._api import BestConfig
 from autotune.export._arguments import lr_text, searched
 from autotune.export._bundle import literal
@@ -135,8 +136,8 @@ def provenance_rows(best: BestConfig, workload: WorkloadSpec) -> list[tuple[str,
     config, metrics = best.config, best.metrics
     score = metrics.get("score")
     sps = metrics.get("samples_per_second")
-    result = (
-        best.headline
+    result = (  # which measurement it is, the answer below says
+        f"{best.metric} {fmt(best.headline_value)}"
         + (f", validation {best.score_name} {score:.4g}" if score is not None else "")
         + (f", {sps:,.0f} samples/s steady state" if sps is not None else "")
     )
