@@ -121,17 +121,12 @@ def _breakdown_text(trial: FrozenTrial) -> str:
 
 
 def _confirmation_line(answer: Answer, study_name: str) -> str:
-    """How sure the study is of its answer, for the note: the terminal's line, with what the
+    """How sure the study is of its answer, for the note: the verdict's line, with what the
     runs were interleaved with."""
     found = TrialConfirmation.of(answer, answer.number)
-    if found is None:
-        return (
-            "_Not confirmed: the answer rests on one measurement per configuration; "
-            f"`autotune confirm --study {study_name}` re-measures the leaders._"
-        )
     leaders = "the other leaders" + "".join(f" and {r.name}" for r in answer.references)
-    text = confirmation_text(found, interleaved=leaders)
-    return text.replace("confirmed", "**Confirmed**", 1) + "."
+    verdict, _, rest = confirmation_text(found, study_name, interleaved=leaders).partition(":")
+    return f"**{verdict.capitalize()}**:{rest}."
 
 
 NOTE_SPACE_CHARS = 20_000  # the longest space file the note shows whole

@@ -413,7 +413,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         baseline=baseline,
         best=best,
         best_record=TrialRecord.of(best) if best is not None else None,
-        confirmation=confirmation_text(TrialConfirmation.of(answer, best.number))
+        confirmation=confirmation_text(TrialConfirmation.of(answer, best.number), study.study_name)
         if best is not None
         else "",
         config_rows=config_rows,

@@ -247,7 +247,7 @@ def test_the_confirmation_line_writes_the_median_by_the_same_rule():
     """`autotune best`, the note, the report and the exports say how sure the answer is with
     export.confirmation_text: its median reads as the tables write it (seconds to a target
     can pass 10,000)."""
-    said = export.confirmation_text(export.TrialConfirmation(median=27712.3, runs=3))
+    said = export.confirmation_text(export.TrialConfirmation(median=27712.3, runs=3), "s")
     assert said.startswith("confirmed: median 27,712 over 3 runs")
 
 

@@ -364,7 +364,7 @@ def print_confirmation(
         why = "trials since have changed the leaders" if stale else "the round is unfinished"
         console.print(f"[yellow]Not confirmed:[/] {why}; confirm again: {again}")
     else:
-        _print_confirmed(console, answer, again)
+        _print_confirmed(console, answer, study_name, again)
     if answer.flagged:
         console.print(
             f"{plural(answer.flagged, 'measurement')} {'was' if answer.flagged == 1 else 'were'} "
@@ -381,10 +381,12 @@ def print_confirmation(
     )
 
 
-def _print_confirmed(console: Console, answer: studies.Answer, again: str) -> None:
+def _print_confirmed(
+    console: Console, answer: studies.Answer, study_name: str, again: str
+) -> None:
     """A confirmed answer in the verdict's one wording (``confirmation_text``: the note, the
     report and the exports say it alike) and, for a noisy round, how to confirm it again."""
-    said = confirmation_text(TrialConfirmation.of(answer, answer.number))
+    said = confirmation_text(TrialConfirmation.of(answer, answer.number), study_name)
     console.print(f"[bold]Answer: trial {answer.number}[/], {escape(said)}.")
     if answer.noisy:
         spread = f"±{answer.spread:.0%}" if answer.spread is not None else "unknown"

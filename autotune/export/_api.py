@@ -78,7 +78,7 @@ class BestConfig:
 
     def confirmation_text(self) -> str:
         """One line on how sure the study is of this answer."""
-        return confirmation_text(self.confirmation)
+        return confirmation_text(self.confirmation, self.study)
 
     @property
     def headline_value(self) -> float:
