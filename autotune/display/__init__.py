@@ -1,6 +1,7 @@
 """What people see: the live study display (``_live``), the tables printed around it (``_tables``),
-``autotune verify``'s lines and table (``_verification``) and how values and commands are
-written (``_text``)."""
+``autotune verify``'s lines and table (``_verification``), the confirmation's verdict in the one
+wording every rendering says it in (``_confirmation``) and how values and commands are written
+(``_text``)."""
 
 # ruff: noqa: F401  (this package re-exports what its modules define)
 from typing import TYPE_CHECKING, Any
