@@ -9,13 +9,12 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune._version import __version__
-from autotune.display import fmt_metric
+from autotune.display import fmt, fmt_metric
 from autotune.export import TrialConfirmation, confirmation_text
 from autotune.results import PHASES
 from autotune.spacefile import DEFAULT_STORAGE, knobs_for
@@ -90,15 +89,6 @@ def _speed(trial: FrozenTrial) -> float | None:
     return measured(trial, "samples_per_second")
 
 
-def number(value: Any) -> str:
-    """A value as a note or report shows it: 3 significant digits, thousands separated."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 1e3 else f"{value:,.0f}"
-    return "-" if value is None else str(value)
-
-
 def measurements(trial: FrozenTrial) -> list[tuple[str, str]]:
     """(label, formatted value) of a trial's compile, FLOP and memory measurements."""
     record = TrialRecord.of(trial)
@@ -131,17 +121,12 @@ def _breakdown_text(trial: FrozenTrial) -> str:
 
 
 def _confirmation_line(answer: Answer, study_name: str) -> str:
-    """How sure the study is of its answer, for the note: the terminal's line, with what the
+    """How sure the study is of its answer, for the note: the verdict's line, with what the
     runs were interleaved with."""
     found = TrialConfirmation.of(answer, answer.number)
-    if found is None:
-        return (
-            "_Not confirmed: the answer rests on one measurement per configuration; "
-            f"`autotune confirm --study {study_name}` re-measures the leaders._"
-        )
     leaders = "the other leaders" + "".join(f" and {r.name}" for r in answer.references)
-    text = confirmation_text(found, interleaved=leaders)
-    return text.replace("confirmed", "**Confirmed**", 1) + "."
+    verdict, _, rest = confirmation_text(found, study_name, interleaved=leaders).partition(":")
+    return f"**{verdict.capitalize()}**:{rest}."
 
 
 NOTE_SPACE_CHARS = 20_000  # the longest space file the note shows whole
@@ -193,8 +178,8 @@ def verify_block(study: optuna.Study) -> list[str]:
         "|" + "---|" * len(head),
     ]
     for row in verified.rows(higher):
-        cells = [row.name, number(row.final_score), number(row.seconds)]
-        cells += ["never" if row.to_target is None else number(row.to_target)] if reach else []
+        cells = [row.name, fmt(row.final_score), fmt(row.seconds)]
+        cells += ["never" if row.to_target is None else fmt(row.to_target)] if reach else []
         lines.append("| " + " | ".join(cells) + " |")
     losses = verified.losses(higher)
     return [*lines, "", *(f"The short trials' ranking does not hold: {n} {h}." for n, h in losses)]
@@ -215,12 +200,12 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         best, (headline, what) = answer.trial, answer.headline
         record = TrialRecord.of(best)
         lines += [
-            f"**Best: trial {best.number}**, {metric} **{number(headline)}**"
+            f"**Best: trial {best.number}**, {metric} **{fmt(headline)}**"
             + (f" ±{answer.spread:.0%}" if answer.spread is not None else "")
             + f" ({what}; its trial: "
-            f"validation {score_name} {number(record.score)}, "
-            f"{number(record.samples_per_second)} samples/s, "
-            f"{number(record.charged_seconds)} s of training).",
+            f"validation {score_name} {fmt(record.score)}, "
+            f"{fmt(record.samples_per_second)} samples/s, "
+            f"{fmt(record.charged_seconds)} s of training).",
             "",
         ]
         compared = [
@@ -239,14 +224,14 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         for name in knobs_for(config.get("world_size", 1)):
             origin = trial_knob_origin(best, name)
             mark = f" ({origin})" if origin else ""
-            lines.append(f"| {name} | {number(config[name])}{mark} |")
+            lines.append(f"| {name} | {fmt(config[name])}{mark} |")
         lines.append("")
         if StudyRecord.of(study).strategy == "two_stage":
             predicted = record.predicted_samples_per_second
             lines += [
                 "Two stages: the knobs *timed in stage 1* are the fastest of the speed "
                 f"stage's measurements (study `{study_name}.speed`"
-                + (f", which predicted {number(predicted)} samples/s" if predicted else "")
+                + (f", which predicted {fmt(predicted)} samples/s" if predicted else "")
                 + "); the *searched* ones were sampled by this study.",
                 "",
             ]

@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune._imports import optional
 from autotune._version import __version__
+from autotune.display import fmt
 from autotune.errors import UserError
 from autotune.export import TrialConfirmation, confirmation_text
 from autotune.notes import (
@@ -26,7 +27,6 @@ from autotune.notes import (
     measured,
     measurements,
     names,
-    number,
     verify_block,
 )
 from autotune.results import PHASES
@@ -217,18 +217,18 @@ def trial_rows(study: optuna.Study) -> tuple[list[str], list[TrialRow]]:
             kind = "speed_mismatch"
             message = (
                 f"trained {off:+.0%} off stage 1's prediction of "
-                f"{record.predicted_samples_per_second:.4g} samples/s (interference, or a "
+                f"{fmt(record.predicted_samples_per_second)} samples/s (interference, or a "
                 f"stale speed cache: --remeasure)"
             )
         rows.append(
             TrialRow(
                 number=trial.number,
                 state=state,
-                value=number(trial.value),
-                score=number(record.score),
-                samples_per_second=number(record.samples_per_second),
-                tokens_per_second=number(record.tokens_per_second),
-                params=tuple(number(_knob_value(trial, record, k)) for k in names),
+                value=fmt(trial.value),
+                score=fmt(record.score),
+                samples_per_second=fmt(record.samples_per_second),
+                tokens_per_second=fmt(record.tokens_per_second),
+                params=tuple(fmt(_knob_value(trial, record, k)) for k in names),
                 fail_kind=str(kind),
                 fail_msg=message or "",
             )
@@ -259,7 +259,7 @@ def knob_speeds(study: optuna.Study) -> list[KnobSpeed]:
         for name, distribution in trial.distributions.items():
             if isinstance(distribution, CategoricalDistribution) and speed:
                 by_value = speeds.setdefault(name, {})
-                by_value.setdefault(number(trial.params[name]), []).append(speed)
+                by_value.setdefault(fmt(trial.params[name]), []).append(speed)
     found, order = [], list(KNOBS)
     for name in sorted(speeds, key=lambda k: (order.index(k) if k in order else len(order), k)):
         medians = {value: statistics.median(s) for value, s in speeds[name].items()}
@@ -339,7 +339,7 @@ def speed_rows(study: optuna.Study) -> list[SpeedRow]:
             SpeedRow(
                 cell=cell,
                 settings=fastest or "none ran",
-                samples_per_second=number(medians[fastest]) if fastest else "-",
+                samples_per_second=fmt(medians[fastest]) if fastest else "-",
                 measurements=len(settings.get(fastest, [])) if fastest else 0,
                 tried=len(settings) + sum(faults.get(cell, {}).values()),
                 failed=", ".join(f"{k} {n}" for k, n in sorted(faults.get(cell, {}).items())),
@@ -387,7 +387,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         config = trial_config(best).to_dict()
         base = trial_config(baseline).to_dict() if baseline else {}  # the untuned baseline's
         config_rows = [
-            (k, number(config[k]), number(base.get(k)) if base else "", trial_knob_origin(best, k))
+            (k, fmt(config[k]), fmt(base.get(k)) if base else "", trial_knob_origin(best, k))
             for k in knobs_for(config.get("world_size", 1))
         ]
     compared = [
@@ -402,7 +402,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         autoescape=jinja2.select_autoescape(["html", "j2"]),
         undefined=jinja2.StrictUndefined,
     )
-    environment.filters["number"] = number
+    environment.filters["number"] = fmt
     return environment.get_template("report.html.j2").render(
         study=study.study_name,
         metric=metric,
@@ -413,7 +413,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         baseline=baseline,
         best=best,
         best_record=TrialRecord.of(best) if best is not None else None,
-        confirmation=confirmation_text(TrialConfirmation.of(answer, best.number))
+        confirmation=confirmation_text(TrialConfirmation.of(answer, best.number), study.study_name)
         if best is not None
         else "",
         config_rows=config_rows,
@@ -422,7 +422,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         phases=[(p, PHASE_LABELS[p]) for p in PHASES],
         param_names=param_names,
         trial_rows=rows,
-        any_tokens=any(row.tokens_per_second != number(None) for row in rows),
+        any_tokens=any(row.tokens_per_second != fmt(None) for row in rows),
         knob_speeds=knob_speeds(study),
         speed_rows=speed_rows(study),
         hardware=hardware_rows(StudyRecord.of(study).hardware or {}),

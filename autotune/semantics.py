@@ -124,6 +124,12 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
 
+def scales_loss(precision: str) -> bool:
+    """Whether training under ``precision`` scales the loss (GradScaler): float16's narrow
+    range would flush small gradients to zero unless the loss is scaled up first."""
+    return precision == "fp16"
+
+
 def autocast(precision: str, device_type: str) -> contextlib.AbstractContextManager[Any]:
     """The forward passes' precision, in training and evaluation alike (``autocast_dtype``)."""
     dtype = autocast_dtype(precision)

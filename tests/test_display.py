@@ -226,6 +226,31 @@ def test_exports_run_hint_wraps_indented_at_80_columns(invoke_cli, seen, tmp_pat
     )
 
 
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (0.0002215, "0.0002215"),  # a learning rate: 4 significant digits, not 2.21e-04
+        (2.78125, "2.781"),
+        (0.0, "0"),
+        (6872.4, "6,872"),  # samples/s from 1,000: whole, thousands separated
+        (27712.3, "27,712"),
+        (128, "128"),
+        (True, "true"),
+        (None, "-"),
+    ],
+)
+def test_one_rule_writes_a_value_for_the_terminal_the_note_and_the_report(value, shown):
+    assert display.fmt(value) == shown
+
+
+def test_the_confirmation_line_writes_the_median_by_the_same_rule():
+    """`autotune best`, the note, the report and the exports say how sure the answer is with
+    export.confirmation_text: its median reads as the tables write it (seconds to a target
+    can pass 10,000)."""
+    said = export.confirmation_text(export.TrialConfirmation(median=27712.3, runs=3), "s")
+    assert said.startswith("confirmed: median 27,712 over 3 runs")
+
+
 def test_a_long_value_goes_on_a_line_of_its_own_and_is_never_broken():
     console = _console(80)
     long_url = "postgresql://autotune:***@db.example.org:5432/" + "x" * 60
@@ -393,19 +418,18 @@ def test_an_answer_from_single_runs_says_run_not_runs(tmp_path: Path, seen):
     answer = studies.answer_of(copy)
     assert answer is not None and answer.winner is not None
     baseline = Reference("the untuned baseline", 0, 0.6, 1, 1.69, (1.38, 2.06))
-    for runs, said in ((1, "median of 1 run;"), (2, "median of 2 runs;")):
+    for runs, said in ((1, "median 1 over 1 run ("), (2, "median 1 over 2 runs (")):
         values = (1.0,) * runs
         winner = dataclasses.replace(answer.winner, values=values, round_values=values)
-        shown = dataclasses.replace(answer, winner=winner)
+        mine = tuple(winner if c.trial == winner.trial else c for c in answer.configurations)
+        shown = dataclasses.replace(
+            answer, winner=winner, configurations=mine, references=(baseline,)
+        )
         console = _console(200)
-        shown = dataclasses.replace(shown, references=(baseline,))
         display.print_confirmation(console, shown, _spec(study), "once")
         text = " ".join(_text(console).split())
-        assert said in text, text
-        alone = (
-            "from one run of each side by side" if runs == 1 else "from medians of 2 and 1 runs"
-        )
-        assert f"Accuracy per second, {alone}" in text, text
+        assert f"Answer: trial {answer.number}, confirmed: {said}" in text, text
+        assert "; 1.69x the untuned baseline (1.38x to 2.06x);" in text, text
 
 
 def test_a_confirmation_run_short_of_its_target_says_so_not_a_time(seen):

@@ -27,7 +27,6 @@ from typer.testing import CliRunner
 import autotune
 from autotune.cli import app
 from autotune.export import (
-    SCRIPT_KNOBS,
     BestConfig,
     ExportError,
     TrialConfirmation,
@@ -37,8 +36,9 @@ from autotune.export import (
     render_script,
     select_trial,
 )
-from autotune.export._bundle import call, literal
+from autotune.export._bundle import call, entry_point, literal
 from autotune.files import write_new_file
+from autotune.knobs import KNOBS
 from autotune.study import TrialRecord, trial_config
 from autotune.testing import (
     blobs,
@@ -302,7 +302,7 @@ def test_every_knob_is_rendered_as_its_code(tiny_study):
     study, _ = tiny_study
     best = best_config(study, select_trial(study))
     # the searched knobs, and the run settings a script carries too
-    assert set(KNOB_CODE) == {*SCRIPT_KNOBS, "device", "val_batch_size", "seed"}
+    assert set(KNOB_CODE) == {*KNOBS, "device", "val_batch_size", "seed"}
     rendered: dict[object, str] = {}  # most knobs change the same configuration: render it once
     for knob, (value, code) in KNOB_CODE.items():
         # the knobs a knob depends on, set so that it matters
@@ -519,8 +519,12 @@ def test_yaml_and_json_round_trip_to_the_same_config(tiny_study, tmp_path: Path)
         .confirmation_text()
         .endswith("tied within noise with trials 4, 16 and 18")
     )
-    # the headline is quoted in parentheses (export messages, the script's PROVENANCE)
+    # the headline is quoted in parentheses (export messages, the YAML header)
     assert confirmed.headline == f"{confirmed.metric} 2.5: median of 3 confirmed runs"
+    # the script's PROVENANCE names the median once: its answer says which measurement it is
+    said = provenance(render_script(study, confirmed))
+    assert said["answer"] == confirmed.confirmation_text()
+    assert said["result"].startswith(f"{confirmed.metric} 2.5, validation ")
     once = dataclasses.replace(verdict, runs=1)
     assert dataclasses.replace(best, confirmation=once).headline.endswith(
         ": median of 1 confirmed run"
@@ -751,7 +755,7 @@ def small_data(count: int = 64):
 def two_folder_study(tmp_path_factory, prepare_study) -> Iterator[tuple[optuna.Study, Path, str]]:
     """A study whose model module lives beside its space file and whose data module lives in
     another folder (on sys.path, as PYTHONPATH would put it)."""
-    root = tmp_path_factory.mktemp("folders")
+    root = tmp_path_factory.mktemp("folders_" * 5)  # the script's lines past 99 columns
     (root / "models").mkdir()
     (root / "data").mkdir()
     (root / "models" / "folder_model.py").write_text(FOLDER_MODEL)
@@ -795,6 +799,35 @@ def test_modules_in_two_folders_put_both_on_the_scripts_sys_path(two_folder_stud
     done = run_script(script, "--epochs", "1", block_autotune=import_blocker(tmp_path, "autotune"))
     assert done.returncode == 0, done.stderr
     assert "epoch 1/1" in done.stdout
+
+
+def test_a_users_module_is_found_beside_the_space_file_else_by_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """One finder for a plain export and --rebuild-workload (``_bundle.entry_point``), which
+    imports nothing: a namespace package (a folder without ``__init__.py``) found on sys.path
+    gets its folder onto the script's sys.path, as a module file does; the plain export
+    once left it out, and the script then failed to import it from any other folder."""
+    beside, elsewhere = tmp_path / "space", tmp_path / "elsewhere"
+    (beside / "s51_beside").mkdir(parents=True)
+    (elsewhere / "s51_spaced").mkdir(parents=True)
+    (elsewhere / "s51_spaced" / "nets.py").write_text("def net():\n    return None\n")
+    (elsewhere / "s51_flat.py").write_text("def net():\n    return None\n")
+    monkeypatch.syspath_prepend(str(elsewhere))
+    found = str(elsewhere.resolve())
+    assert entry_point("s51_beside.nets:net", beside) == (
+        "from s51_beside.nets import net",
+        "net",
+        str(beside),
+    )
+    assert entry_point("s51_spaced.nets:make.net", None) == (
+        "from s51_spaced.nets import make",
+        "make.net",
+        found,
+    )
+    assert entry_point("s51_flat:net", beside)[2] == found
+    assert entry_point("yaml:safe_load", beside)[2] is None  # installed: found by name
+    assert entry_point("s51_nowhere:net", beside)[2] is None  # the script says where it looked
 
 
 def test_rebuilding_says_what_it_imports_first_and_stdout_is_only_the_script(

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.export import BestConfig, ExportError, best_config, render, select_trial
+from autotune.semantics import scales_loss
 from autotune.testing import blobs, imported_modules, lint, provenance, tiny_mlp
 
 SPACE = """\
@@ -313,7 +314,8 @@ def test_knobs_without_a_setting_get_a_comment(best):
         text = render(device, fmt)
         assert "# data_pipeline device: the study kept the training set in device memory" in text
         assert "# lr_scaling linear: the learning rate is already scaled" in text
-        assert "scaled linear to" in text  # on the learning rate's own line too
+        # on the learning rate's own line too, worded as the script words it
+        assert "per 64 examples, scaled linear to the effective batch of" in text
 
 
 @pytest.mark.parametrize("name", HOSTILE_NAMES)
@@ -442,7 +444,7 @@ def test_hf_training_arguments_build_from_the_file(best, tmp_path: Path, variant
         assert group["momentum"] == expected.momentum and group["nesterov"] is True
     else:
         assert isinstance(optimizer, torch.optim.AdamW)
-        assert bool(optimizer.defaults.get("fused")) == (expected.precision == "fp16")
+        assert bool(optimizer.defaults.get("fused")) == scales_loss(expected.precision)
     # evaluation covers the whole validation split (smaller than one evaluation batch here),
     # as the study scored it: nothing of it is dropped
     evaluated = transformers.Trainer(model=_Scored(), args=args, eval_dataset=_points(600))

@@ -340,16 +340,21 @@ def test_the_scripts_training_loop_matches_the_trainer(
     # autocast: the same dtype (or none) in training and in evaluation
     assert {dtype for _, dtype, _ in training} == set(trainer_dtypes[:-1])
     assert {dtype for _, dtype, _ in evaluation} == {trainer_dtypes[-1]}
-    # GradScaler: fp16 only, scaling every micro-batch's loss and making every optimizer step
+    # GradScaler where the precision scales the loss (fp16), scaling every micro-batch's loss
+    # and making every optimizer step
     scalers = [scaler for scaler in RecordingScaler.made if scaler.is_enabled()]
-    assert bool(scalers) == trainer.scaler.is_enabled() == (precision == "fp16")
+    assert bool(scalers) == trainer.scaler.is_enabled() == semantics.scales_loss(precision)
     if scalers:
         assert len(scalers) == 1
         assert (scalers[0].scaled, scalers[0].stepped) == (steps * accumulation, steps)
-    # the same implementation of the optimizer: fused under fp16 (the overflow check stays on
-    # the device), PyTorch's default otherwise
+    # the same implementation of the optimizer: fused where the loss is scaled (the overflow
+    # check stays on the device), PyTorch's default otherwise
     fused = recorder.optimizer.defaults.get("fused")
-    assert bool(fused) == bool(trainer.optimizer.defaults.get("fused")) == (precision == "fp16")
+    assert (
+        bool(fused)
+        == bool(trainer.optimizer.defaults.get("fused"))
+        == semantics.scales_loss(precision)
+    )
     # the learning rate of every micro-batch is its optimizer step's, as the trainer schedules it
     model = script.make_model()
     optimizer = make_optimizer(model, config)

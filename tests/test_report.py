@@ -9,7 +9,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from autotune import notes, report
+from autotune import display, notes, report
 from autotune.study import ConfirmationRecord, ConfirmRun, TrialRecord, answer_of, answer_trial
 
 
@@ -132,7 +132,7 @@ def test_every_trial_is_in_the_table_with_why_it_failed_escaped(seen):
     assert "fail kind why" in table and "below the median at epoch 1" in table
     for trial in study.trials:
         assert TrialRecord.of(trial).samples_per_second is None or (
-            notes.number(TrialRecord.of(trial).samples_per_second) in table
+            display.fmt(TrialRecord.of(trial).samples_per_second) in table
         )
 
 

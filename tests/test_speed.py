@@ -543,7 +543,7 @@ def test_the_report_shows_the_execution_settings_stage_one_chose_for_each_trial(
 ):
     """A stage-2 trial samples effective_batch_size, precision and lr; its micro-batch and
     pipeline come from stage 1 and show in the report's All trials (issue 44 item 2)."""
-    from autotune import report
+    from autotune import display, report
 
     names, rows = report.trial_rows(two_stage_run.study)
     assert {"batch_size", "data_pipeline"} <= set(names)
@@ -553,7 +553,7 @@ def test_the_report_shows_the_execution_settings_stage_one_chose_for_each_trial(
     for trial in searched:
         config, row = trial_config(trial), by_number[trial.number]
         for name in ("batch_size", "data_pipeline"):
-            assert row.params[names.index(name)] == report.number(getattr(config, name))
+            assert row.params[names.index(name)] == display.fmt(getattr(config, name))
 
 
 def test_the_cache_is_reused_and_missed_on_another_model_or_with_remeasure(

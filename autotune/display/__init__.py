@@ -1,14 +1,15 @@
 """What people see: the live study display (``_live``), the tables printed around it (``_tables``),
-``autotune verify``'s lines and table (``_verification``) and how values and commands are
-written (``_text``)."""
+``autotune verify``'s lines and table (``_verification``), the confirmation's verdict in the one
+wording every rendering says it in (``_confirmation``) and how values and commands are written
+(``_text``)."""
 
 # ruff: noqa: F401  (this package re-exports what its modules define)
 from typing import TYPE_CHECKING, Any
 
+from autotune.display._confirmation import TrialConfirmation, confirmation_text
 from autotune.display._tables import config_table, print_confirmation, print_plan, print_summary
 from autotune.display._text import (
     METRIC_NOTES,
-    METRIC_UNITS,
     command,
     describe_shares,
     fmt,

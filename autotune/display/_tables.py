@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune import study as studies
+from autotune.display._confirmation import TrialConfirmation, confirmation_text
 from autotune.display._text import (
     command,
     duration,
@@ -298,9 +299,7 @@ def _edge_of_space(
     from autotune.stage1._probe import MIN_GAIN
 
     offered = spec.space.batch_size
-    if table is None or not isinstance(offered, Choice) or len(offered.values) < 2:
-        return None
-    if offered.auto:
+    if table is None or not isinstance(offered, Choice) or offered.auto or len(offered.values) < 2:
         return None
     config = studies.trial_config(answer.trial)
     largest = int(max(offered.values))  # batch sizes: ints
@@ -357,7 +356,6 @@ def print_confirmation(
             str(counted) + ("" if counted == found.all_runs else f" of {found.all_runs}"),
         )
     console.print(table)
-    spread = f"±{answer.spread:.0%}" if answer.spread is not None else "unknown"
     again = command("autotune", "confirm", *study_options(study_name, spec.study.storage))
     if answer.round_state == "no_winner":
         console.print("[yellow]No configuration was feasible in most of its runs.[/]")
@@ -366,7 +364,7 @@ def print_confirmation(
         why = "trials since have changed the leaders" if stale else "the round is unfinished"
         console.print(f"[yellow]Not confirmed:[/] {why}; confirm again: {again}")
     else:
-        _print_confirmed(console, answer, spec, spread, again)
+        _print_confirmed(console, answer, study_name, again)
     if answer.flagged:
         console.print(
             f"{plural(answer.flagged, 'measurement')} {'was' if answer.flagged == 1 else 'were'} "
@@ -374,11 +372,6 @@ def print_confirmation(
             f"each was measured again, and the round compares flagged runs only with flagged "
             f"ones.",
             style="yellow",
-        )
-    if answer.interfered:
-        console.print(
-            "[yellow]warning:[/] every run of the answer was measured while other processes "
-            "used the CPU; run `autotune confirm` again on a quiet machine."
         )
     share = answer.search_share
     share_text = f", {share:.0%} of the search" if share is not None else ""
@@ -389,15 +382,14 @@ def print_confirmation(
 
 
 def _print_confirmed(
-    console: Console, answer: studies.Answer, spec: Spec, spread: str, again: str
+    console: Console, answer: studies.Answer, study_name: str, again: str
 ) -> None:
-    """The lines of a confirmed answer: its median, noise, ties and ratios."""
-    console.print(
-        f"[bold]Answer: trial {answer.number}[/], {fmt(answer.median)} "
-        f"{metric_unit(spec.objective.metric_name)} "
-        f"(median of {plural(answer.runs, 'run')}; run-to-run spread {spread})"
-    )
+    """A confirmed answer in the verdict's one wording (``confirmation_text``: the note, the
+    report and the exports say it alike) and, for a noisy round, how to confirm it again."""
+    said = confirmation_text(TrialConfirmation.of(answer, answer.number), study_name)
+    console.print(f"[bold]Answer: trial {answer.number}[/], {escape(said)}.")
     if answer.noisy:
+        spread = f"±{answer.spread:.0%}" if answer.spread is not None else "unknown"
         why = (
             f"run-to-run spread {spread}, over ±{studies.NOISY_SPREAD:.0%}"
             if answer.alike
@@ -408,28 +400,3 @@ def _print_confirmed(
             f"{answer.number} is named for the best median. Confirm again on a quiet machine: "
             f"{again}"
         )
-    if answer.tied:
-        together = studies.trials_named([answer.number, *answer.tied]).capitalize()
-        score = spec.objective.score_name
-        rule = f"better {score}" if answer.tie_rule == "score" else "better median"
-        console.print(
-            f"{together} are tied within measurement noise ({spread}); "
-            f"trial {answer.number} is named for its {rule}."
-        )
-    what = (
-        f"{spec.objective.score_name} per second"
-        if spec.objective.per_second
-        else "time to the target"
-    )
-    if answer.reference is not None:
-        console.print(
-            f"[bold]{answer.reference.capitalize()} is the answer[/]: the search found nothing "
-            "better."
-        )
-    if answer.references:
-        said = "; ".join(r.said for r in answer.references)
-        counts = (answer.runs_side_by_side, *(r.runs for r in answer.references))
-        *most, last = map(str, counts)
-        medians = f"medians of {', '.join(most)} and {last} runs"
-        source = "one run of each" if set(counts) == {1} else medians
-        console.print(f"{what.capitalize()}, from {source} side by side: {escape(said)}.")

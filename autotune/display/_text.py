@@ -15,17 +15,13 @@ from autotune import study as studies
 from autotune.scaleout import WorkerShare, unused_cores
 from autotune.spacefile import DEFAULT_STORAGE, SCORES, ObjectiveSpec, is_unprintable
 
-METRIC_UNITS = {
-    "samples_per_second": "samples/s",  # the speed stage's studies (NAME.speed)
-}
-
 
 def metric_unit(metric: str) -> str:
     """The unit a study's values are shown in, from the metric it records
     (``ObjectiveSpec.metric_name``): ``acc/s``, ``macro_f1/s``, ``s to target``; "" for a metric
     autotune does not know."""
-    if metric in METRIC_UNITS:
-        return METRIC_UNITS[metric]
+    if metric == "samples_per_second":  # the speed stage's studies (NAME.speed)
+        return "samples/s"
     if metric.startswith("time_to_"):
         return "s to target"
     if metric.endswith("_per_second"):
@@ -36,14 +32,13 @@ def metric_unit(metric: str) -> str:
 
 
 def fmt(value: Any) -> str:
+    """A value as the terminal, the note and the report show it: a float to 4 significant
+    digits, from 1,000 whole and thousands separated (``0.000221``, ``2.781``, ``6,872``,
+    ``27,712``: a column of samples/s reads alike); a bool as ``true``/``false``, None ``-``."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        if value == 0:
-            return "0"
-        if abs(value) < 1e-2 or abs(value) >= 1e5:
-            return f"{value:.2e}"
-        return f"{value:.4g}"
+        return f"{value:,.0f}" if abs(value) >= 1e3 else f"{value:.4g}"
     return "-" if value is None else str(value)
 
 
@@ -72,7 +67,7 @@ METRIC_NOTES = {
 def score_text(goal: ObjectiveSpec, value: float | None, short: bool = True) -> str:
     """A validation score with its name: ``acc 0.953`` (``accuracy 0.953`` unless ``short``)."""
     name = goal.score_short if short else goal.score_name
-    return f"{name} {'-' if value is None else f'{value:.4g}'}"
+    return f"{name} {fmt(value)}"
 
 
 def fmt_metric(key: str, value: Any) -> str:

@@ -19,10 +19,6 @@ from autotune.spacefile import Spec
 LINES_PER_RUN = 10  # evaluations shown while a run trains: about this many
 
 
-def _seconds(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds:.3g}"
-
-
 def print_verify_plan(
     console: Console, left: list[tuple[str, optuna.trial.FrozenTrial, int]], epochs: float
 ) -> None:
@@ -75,9 +71,9 @@ def print_verification(console: Console, verified: studies.Verification, spec: S
     if target is not None:
         table.add_column(f"s to {target:g}", justify="right")
     for row in verified.rows(higher):
-        cells = [row.name, fmt(row.final_score), _seconds(row.seconds)]
+        cells = [row.name, fmt(row.final_score), fmt(row.seconds)]
         if target is not None:
-            cells.append("never" if row.to_target is None else _seconds(row.to_target))
+            cells.append("never" if row.to_target is None else fmt(row.to_target))
         table.add_row(*cells)
     console.print(table)
     losses = verified.losses(higher)

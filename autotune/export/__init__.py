@@ -10,14 +10,15 @@ loader = best.make_loader(train_set)
 steps_per_epoch = len(loader) // best.config.accumulation_steps  # optimizer steps
 trainer = best.make_trainer(model, total_steps=epochs * steps_per_epoch)
 
-``_api`` holds the Python API (``BestConfig``, ``load_best``, ``load_config``), ``_confirmation``
-the study's answer as the exports carry it for a trial (``TrialConfirmation``), ``_formats``
-the choice of format and YAML/JSON, ``_script`` the script (``_workload`` its data and model,
+``_api`` holds the Python API (``BestConfig``, ``load_best``, ``load_config``; its
+``TrialConfirmation`` is display's, whose wording every rendering shares), ``_formats`` the
+choice of format and YAML/JSON, ``_script`` the script (``_workload`` its data and model,
 ``_header`` its constants and provenance), ``_frameworks`` the Lightning and Hugging Face
 settings files (``_arguments`` their keywords), ``_bundle`` the source bundler the script is
 built with; ``templates/head.py.j2`` is the head of every exported Python file.
 """
 
+from autotune.display import TrialConfirmation, confirmation_text
 from autotune.export._api import (
     BestConfig,
     ExportError,
@@ -27,14 +28,11 @@ from autotune.export._api import (
     select_trial,
     study_spec,
 )
-from autotune.export._confirmation import TrialConfirmation, confirmation_text
 from autotune.export._formats import FORMATS, render
-from autotune.export._header import SCRIPT_KNOBS
 from autotune.export._script import render_script
 
 __all__ = [
     "FORMATS",
-    "SCRIPT_KNOBS",
     "BestConfig",
     "ExportError",
     "TrialConfirmation",

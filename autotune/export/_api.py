@@ -19,8 +19,8 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import TrialConfig
+from autotune.display import TrialConfirmation, confirmation_text, fmt
 from autotune.errors import UserError
-from autotune.export._confirmation import TrialConfirmation, confirmation_text
 from autotune.spacefile import DEFAULT_STORAGE, Spec, SpecError, parse_spec
 from autotune.study import (
     StudyError,
@@ -78,7 +78,7 @@ class BestConfig:
 
     def confirmation_text(self) -> str:
         """One line on how sure the study is of this answer."""
-        return confirmation_text(self.confirmation)
+        return confirmation_text(self.confirmation, self.study)
 
     @property
     def headline_value(self) -> float:
@@ -102,7 +102,7 @@ class BestConfig:
     def headline(self) -> str:
         """ "accuracy_per_second 4.271: median of 3 confirmed runs" (it is quoted in
         parentheses: none of its own)."""
-        return f"{self.metric} {self.headline_value:.4g}: {self.headline_source}"
+        return f"{self.metric} {fmt(self.headline_value)}: {self.headline_source}"
 
     @property
     def epochs(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotune.config import TrialConfig
 from autotune.export._api import BestConfig
 from autotune.export._bundle import literal
 
@@ -50,15 +51,13 @@ def tuned(best: BestConfig, keyword: str, knob: str, text: str = "") -> Argument
     return Argument(keyword, literal(getattr(best.config, knob)), searched(best, knob, text))
 
 
-def lr_comment(best: BestConfig) -> str:
-    config = best.config
+def lr_text(config: TrialConfig) -> str:
+    """What the learning rate is per, as every exported file's comment says it."""
     if config.lr_scaling == "none":
-        return searched(best, "lr", "per optimizer step")
-    return searched(
-        best,
-        "lr",
-        f"{config.base_lr:.6g} per {config.base_batch_size} examples, scaled {config.lr_scaling} "
-        f"to {config.effective_batch_size}",
+        return "per optimizer step"
+    return (
+        f"{config.base_lr:.6g} per {config.base_batch_size} examples, scaled "
+        f"{config.lr_scaling} to the effective batch of {config.effective_batch_size}"
     )
 
 

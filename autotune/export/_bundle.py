@@ -12,6 +12,7 @@ import math
 import sys
 import sysconfig
 from dataclasses import dataclass
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import Any
 
@@ -143,33 +144,6 @@ def _installed(path: Path) -> bool:
     return any(path.is_relative_to(root) for root in roots)
 
 
-def entry_point(entry: str) -> tuple[str, str, str | None]:
-    """(import line, call expression, directory for sys.path or None) of an imported entry.
-
-    A module that is not installed (a file next to the space file, say) gets its directory put
-    on ``sys.path`` by the script, so the script runs from anywhere.
-    """
-    module, _, attribute = entry.partition(":")
-    import_line = f"from {module} import {attribute.split('.')[0]}"
-    top = sys.modules.get(module.split(".")[0])
-    file = getattr(top, "__file__", None)
-    if file is None:  # a namespace package: its first portion
-        portions = list(getattr(top, "__path__", []))
-        file = str(Path(portions[0]) / "__init__.py") if portions else None
-    if file is None:
-        return import_line, attribute, None
-    return import_line, attribute, _folder_to_add(Path(file))
-
-
-def _folder_to_add(origin: Path) -> str | None:
-    """The folder a script must put on ``sys.path`` to import the module at ``origin`` (a
-    module file or a package's ``__init__.py``); None when it is installed."""
-    origin = origin.resolve()
-    if _installed(origin):
-        return None
-    return str(origin.parent.parent if origin.name == "__init__.py" else origin.parent)
-
-
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -213,10 +187,13 @@ def is_argument_name(key: object) -> bool:
     return isinstance(key, str) and key.isidentifier() and not keyword.iskeyword(key)
 
 
-def static_entry_point(entry: str, search_dir: Path | None) -> tuple[str, str, str | None]:
-    """What ``entry_point`` says, found without importing (so without running) the user's code:
-    its module is beside the space file (``search_dir``: the script puts that on ``sys.path``)
-    or installed (found by name; a top-level name is found without executing anything)."""
+def entry_point(entry: str, search_dir: Path | None) -> tuple[str, str, str | None]:
+    """(import line, call expression, folder the script puts on ``sys.path`` or None) of the
+    user's ``module:function``, found without importing (so without running) it: beside the
+    space file (``search_dir``), else by its top-level name (imported by
+    ``--rebuild-workload``, installed, or on ``sys.path``: finding a top-level name executes
+    nothing). A module that is not installed gets its folder (a namespace package: its first
+    portion's) put on ``sys.path`` by the script, so that the script runs from anywhere."""
     module, _, attribute = entry.partition(":")
     import_line = f"from {module} import {attribute.split('.')[0]}"
     top = module.split(".")[0]
@@ -228,10 +205,22 @@ def static_entry_point(entry: str, search_dir: Path | None) -> tuple[str, str, s
         found = importlib.util.find_spec(top)
     except (ImportError, ValueError):
         found = None
-    origin = getattr(found, "origin", None)
-    if origin is None:  # not found here, or a namespace package: the script finds it or says so
-        return import_line, attribute, None
-    return import_line, attribute, _folder_to_add(Path(origin))
+    return import_line, attribute, _folder_to_add(found) if found is not None else None
+
+
+def _folder_to_add(found: ModuleSpec) -> str | None:
+    """The folder that holds the top-level module ``found`` (a file, a package's folder or a
+    namespace package's first portion); None when it is installed or has no file (the script
+    finds it by name, or says it cannot)."""
+    portions = list(found.submodule_search_locations or [])
+    if portions:
+        where = Path(portions[0])
+    elif found.has_location and found.origin:
+        where = Path(found.origin)
+    else:
+        return None
+    where = where.resolve()
+    return None if _installed(where) else str(where.parent)
 
 
 def call(expression: str, kwargs: dict[str, Any], args: tuple[Any, ...] = ()) -> str:

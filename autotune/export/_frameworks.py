@@ -15,9 +15,8 @@ from autotune.config import TrialConfig
 from autotune.export._api import BestConfig, ExportError
 from autotune.export._arguments import (
     Argument,
-    comment_text,
     loader_arguments,
-    lr_comment,
+    lr_text,
     searched,
     tuned,
 )
@@ -128,9 +127,11 @@ def _schedule(best: BestConfig) -> dict[str, Any]:
 
 def _optimizer(best: BestConfig) -> list[Argument]:
     """Keywords of the optimizer's constructor after the parameters."""
+    from autotune.semantics import scales_loss  # imports torch: only these files need it
+
     config = best.config
     rows = [
-        Argument("lr", literal(config.lr), lr_comment(best)),
+        Argument("lr", literal(config.lr), searched(best, "lr", lr_text(config))),
         tuned(best, "weight_decay", "weight_decay"),
     ]
     if config.optimizer == "sgd":
@@ -138,7 +139,7 @@ def _optimizer(best: BestConfig) -> list[Argument]:
             1, Argument("momentum", literal(config.momentum or 0.0), searched(best, "momentum"))
         )
         rows.insert(2, tuned(best, "nesterov", "nesterov"))
-    if config.precision == "fp16":
+    if scales_loss(config.precision):
         rows.append(
             Argument("fused", "True", "GradScaler's overflow check stays on the GPU: no sync")
         )
@@ -243,12 +244,15 @@ def _hf_schedule(best: BestConfig) -> tuple[str, list[str]]:
 
 
 def _hf_optimizer(config: TrialConfig) -> str:
-    """TrainingArguments' ``optim`` for the configuration's optimizer: AdamW fused under fp16,
-    as the trials trained it (GradScaler's overflow check then stays on the GPU). The Trainer
-    has no fused SGD: an fp16 SGD trains unfused there, its step reading the check back."""
+    """TrainingArguments' ``optim`` for the configuration's optimizer: AdamW fused where the
+    loss is scaled, as the trials trained it (GradScaler's overflow check then stays on the
+    GPU). The Trainer has no fused SGD: such an SGD trains unfused there, its step reading the
+    check back."""
+    from autotune.semantics import scales_loss
+
     if config.optimizer == "sgd":
         return "sgd"
-    return "adamw_torch_fused" if config.precision == "fp16" else "adamw_torch"
+    return "adamw_torch_fused" if scales_loss(config.precision) else "adamw_torch"
 
 
 def _hf(best: BestConfig) -> dict[str, Any]:
@@ -274,7 +278,7 @@ def _hf(best: BestConfig) -> dict[str, Any]:
             f"effective batch {config.effective_batch_size}",
         ),
         Argument("num_train_epochs", literal(best.epochs), "the full run"),
-        Argument("learning_rate", literal(config.lr), lr_comment(best)),
+        Argument("learning_rate", literal(config.lr), searched(best, "lr", lr_text(config))),
         Argument("optim", literal(_hf_optimizer(config)), searched(best, "optimizer")),
     ]
     if config.optimizer == "sgd":
@@ -350,10 +354,7 @@ def render_framework(best: BestConfig, fmt: str) -> str:
     _check(best)
     fields = _lightning(best) if fmt == "lightning" else _hf(best)
     imports = fields.pop("imports")
-    environment = template_environment()
-    environment.filters["comment"] = comment_text
-    return environment.get_template(f"{fmt}.py.j2").render(
-        provenance=provenance_rows(best, workload),
-        import_block=import_block(imports),
-        **fields,
+    template = template_environment().get_template(f"{fmt}.py.j2")
+    return template.render(
+        provenance=provenance_rows(best, workload), import_block=import_block(imports), **fields
     )

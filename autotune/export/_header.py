@@ -10,15 +10,13 @@ from typing import Any
 
 from autotune._version import __version__
 from autotune.config import TrialConfig
+from autotune.display import fmt
 from autotune.export._api import BestConfig
-from autotune.export._arguments import searched
+from autotune.export._arguments import lr_text, searched
 from autotune.export._bundle import literal
 from autotune.knobs import DDP_KNOBS, KNOBS, SPEED_KNOBS
 from autotune.spacefile import WorkloadSpec
 
-# Where the script applies each knob (the registry's ``script``): a constant at the top of the
-# script, or the execution summary line and the template code that follows it
-SCRIPT_KNOBS: dict[str, str] = {name: info.script for name, info in KNOBS.items()}
 # the script's constants: what changes learning first, then how it runs (stage 1's knobs)
 _CONSTANTS = sorted(
     (name for name, info in KNOBS.items() if info.script.isidentifier()),
@@ -39,12 +37,6 @@ def _shown(config: TrialConfig, name: str) -> bool:
 def knob_notes(best: BestConfig) -> list[tuple[str, Any, str]]:
     """(CONSTANT, value, comment) for every knob the script sets as a constant."""
     config = best.config
-    lr_text = "per optimizer step"
-    if config.lr_scaling != "none":
-        lr_text = (
-            f"{config.base_lr:.6g} per {config.base_batch_size} examples, scaled "
-            f"{config.lr_scaling} to the effective batch of {config.effective_batch_size}"
-        )
     epochs_text = "the full run; --epochs overrides"
     if best.full_run_epochs is None and best.epochs != config.epochs:
         epochs_text = f"the trials trained {config.epochs:g}; a script trains whole epochs"
@@ -55,7 +47,7 @@ def knob_notes(best: BestConfig) -> list[tuple[str, Any, str]]:
         "warmup_fraction": config.warmup_fraction or 0.3 if onecycle else config.warmup_fraction,
     }
     texts = {  # a knob's comment after where its value came from
-        "lr": f"{lr_text}; --lr overrides",
+        "lr": f"{lr_text(config)}; --lr overrides",
         "batch_size": "samples per micro-batch",
         "accumulation_steps": f"micro-batches per optimizer step (effective batch "
         f"{config.effective_batch_size})",
@@ -144,8 +136,8 @@ def provenance_rows(best: BestConfig, workload: WorkloadSpec) -> list[tuple[str,
     config, metrics = best.config, best.metrics
     score = metrics.get("score")
     sps = metrics.get("samples_per_second")
-    result = (
-        best.headline
+    result = (  # which measurement it is, the answer below says
+        f"{best.metric} {fmt(best.headline_value)}"
         + (f", validation {best.score_name} {score:.4g}" if score is not None else "")
         + (f", {sps:,.0f} samples/s steady state" if sps is not None else "")
     )

@@ -14,6 +14,7 @@ import jinja2
 import optuna
 
 from autotune.export._api import BestConfig, ExportError, study_spec
+from autotune.export._arguments import comment_text
 from autotune.export._bundle import Import, bundle, import_block, literal
 from autotune.export._header import knob_notes, provenance_rows
 from autotune.spacefile import SCORES, SpecError, parse_spec
@@ -31,11 +32,6 @@ def _infeasible_reason(best: BestConfig, spec: Any) -> str:
     return "it violated a constraint: a fault, or a requirement it missed"
 
 
-def _one_line(text: object) -> str:
-    """Template filter for comments: a line break in ``text`` would end the comment."""
-    return " ".join(str(text).splitlines())
-
-
 def template_environment() -> jinja2.Environment:
     environment = jinja2.Environment(
         loader=jinja2.PackageLoader("autotune", "templates"),
@@ -46,7 +42,7 @@ def template_environment() -> jinja2.Environment:
         autoescape=False,  # Python source, not HTML
     )
     environment.filters["literal"] = literal
-    environment.filters["one_line"] = _one_line
+    environment.filters["comment"] = comment_text  # one line of printable ASCII
     return environment
 
 
@@ -162,7 +158,7 @@ def render_script(
             training_sources=training_sources,
             has_scheduler=has_scheduler,
             optimizer=config.optimizer,
-            fp16=config.precision == "fp16",
+            scales_loss=semantics.scales_loss(config.precision),
             compile_mode=compile_mode,
             train_model="train_model" if compile_mode or config.distributed else "model",
             distributed=config.distributed,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,6 @@ from autotune.export._bundle import (
     call,
     entry_point,
     literal,
-    static_entry_point,
 )
 from autotune.pipeline import DeviceBatches
 from autotune.spacefile import WorkloadSpec
@@ -44,6 +43,7 @@ class _WorkloadCode:
     # the user's top-level modules and the folders the study found them in, in the order placed
     modules: dict[str, str] = field(default_factory=dict)
     script_dir: Path | None = None  # where the script is written, when known
+    search_dir: Path | None = None  # the space file's folder, where the study looked first
 
     def module_entries(self) -> list[tuple[str, str, str]]:
         """Python literals (module, its folder relative to the script or "", the folder where
@@ -57,12 +57,14 @@ class _WorkloadCode:
             entries.append((literal(module), literal(relative), literal(folder)))
         return entries
 
-    def add_folder(self, entry: str, directory: str | None) -> None:
-        """Look for the module of ``entry`` where the study found it (``directory``; None: an
-        installed module, found by name)."""
+    def imported(self, entry: str) -> tuple[str, str]:
+        """(import line, the name it imports) of the user's ``entry``; the script looks for
+        its module where the study found it (an installed one, by name)."""
+        import_line, expression, directory = entry_point(entry, self.search_dir)
         module = entry.partition(":")[0].split(".")[0]
         if directory and module not in self.modules:
             self.modules[module] = directory
+        return import_line, expression
 
     def place(
         self, name: str, fn: Callable[..., Any], kwargs: dict[str, Any]
@@ -73,8 +75,7 @@ class _WorkloadCode:
             self.builtins.append(builtin)
             args = fn.args if isinstance(fn, functools.partial) else ()
             return None, call(builtin.__name__, kwargs, args)
-        import_line, expression, directory = entry_point(name)
-        self.add_folder(name, directory)
+        import_line, expression = self.imported(name)
         return import_line, call(expression, kwargs)
 
 
@@ -101,13 +102,12 @@ def workload_code(
                 f"{' and '.join(user_code)}: add --rebuild-workload if you trust this study"
             )
         recorded = _checked_model_kwargs(study.study_name, workload, record.model_kwargs)
-    code = _WorkloadCode(script_dir=script_dir)
+    code = _WorkloadCode(script_dir=script_dir, search_dir=base_dir)
     placed: list[tuple[str | None, str]] = []
     for name, resolve in ((workload.data, resolve_data), (workload.model, resolve_model)):
         is_model = resolve is resolve_model
         if by_name and name in user_code:
-            import_line, expression, directory = static_entry_point(name, base_dir)
-            code.add_folder(name, directory)
+            import_line, expression = code.imported(name)
             kwargs = recorded if is_model else dict(workload.data_args)
             placed.append((import_line, call(expression, kwargs)))
             continue
@@ -121,8 +121,9 @@ def workload_code(
         except WorkloadError as err:
             raise ExportError(f"cannot export the workload: {err}") from None
         placed.append(code.place(name, fn, kwargs))
-    functions = {  # the user's loss, score and batch_fn, each (import line, name)
-        key: _place_function(code, entry, base_dir)
+    functions = {  # the user's loss, score and batch_fn, each (import line, name); a built-in
+        # (None, None): the template writes it
+        key: code.imported(entry) if ":" in entry else (None, None)
         for key, entry in (
             ("loss", workload.loss),
             ("score", score),
@@ -202,23 +203,11 @@ def _checked_model_kwargs(
     return dict(checked.model_args)
 
 
-def _place_function(
-    code: _WorkloadCode, entry: str, base_dir: Path | None
-) -> tuple[str | None, str | None]:
-    """(import line, name) of the user's loss or score function, found by name (never imported
-    here); (None, None) for a built-in, which the template writes itself."""
-    if ":" not in entry:
-        return None, None
-    import_line, name, directory = static_entry_point(entry, base_dir)
-    code.add_folder(entry, directory)
-    return import_line, name
-
-
 def _place_workload(
     code: _WorkloadCode,
     data: tuple[str | None, str],
     model: tuple[str | None, str],
-    functions: dict[str, tuple[str | None, str | None]],
+    functions: Mapping[str, tuple[str | None, str | None]],
     device_pipeline: bool,
 ) -> tuple[set[Import], dict[str, Any]]:
     """The imports and template fields for the data and model (import line, call) placed."""

@@ -15,6 +15,7 @@ machine and described ones, a plain TrialConfig, a tiny space file, the real ``a
 command in a subprocess.
 """
 
+# ruff: noqa: F401  (this package re-exports what its modules define)
 from autotune.testing._commands import (
     TINY_SPACE,
     import_blocker,
@@ -42,7 +43,6 @@ from autotune.testing._trials import (
     never_stop,
 )
 from autotune.testing._workloads import (
-    FaultyDataset,
     SlowDataset,
     blobs,
     blobs_workload,
@@ -51,36 +51,3 @@ from autotune.testing._workloads import (
     tiny_cnn,
     tiny_mlp,
 )
-
-__all__ = [
-    "AMPERE",
-    "CPU",
-    "TEST_CPU",
-    "TINY_SPACE",
-    "VOLTA",
-    "FaultyDataset",
-    "SlowDataset",
-    "assert_trials_recorded",
-    "beat_long_ago",
-    "blobs",
-    "blobs_workload",
-    "broken_model",
-    "cuda_flags",
-    "import_blocker",
-    "imported_modules",
-    "leaky_cnn",
-    "learning_rates",
-    "lint",
-    "live_group_members",
-    "make_config",
-    "make_evaluation",
-    "make_result",
-    "never_stop",
-    "provenance",
-    "run_cli",
-    "run_script",
-    "start_cli",
-    "tiny_cnn",
-    "tiny_mlp",
-    "write_space",
-]

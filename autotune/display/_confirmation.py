@@ -1,13 +1,16 @@
 """The confirmation round's verdict on one trial, as the Python API and the exports carry it
-(``BestConfig.confirmation``): typed, and plain data in a YAML or JSON export."""
+(``BestConfig.confirmation``): typed, plain data in a YAML or JSON export, and the one line
+that the terminal, the note, the report and the exports say it in."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.display._text import fmt, visible
 from autotune.study import REFERENCE_NAMES, Answer, trials_named
 
 
@@ -83,12 +86,13 @@ class TrialConfirmation:
         return cls(**fields)
 
 
-def confirmation_text(found: TrialConfirmation | None, interleaved: str = "") -> str:
-    """One line on how sure the study is of a trial: its ``TrialConfirmation``, or None;
+def confirmation_text(found: TrialConfirmation | None, study: str, interleaved: str = "") -> str:
+    """One line on how sure ``study`` is of a trial: its ``TrialConfirmation``, or None;
     ``interleaved``: what its runs alternated with (the note says it)."""
     if found is None:
-        return "not confirmed: one measurement (run `autotune confirm`)"
-    text = f"confirmed: median {found.median:.4g} over {found.runs} run{'s' * (found.runs != 1)}"
+        again = shlex.join(visible(word) for word in ("autotune", "confirm", "--study", study))
+        return f"not confirmed: one measurement (run `{again}`)"
+    text = f"confirmed: median {fmt(found.median)} over {found.runs} run{'s' * (found.runs != 1)}"
     if interleaved:
         text += f", interleaved with {interleaved}"
     if found.spread is not None:
