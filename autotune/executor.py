@@ -6,14 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from autotune import bursts, distributed, runner
+from autotune import distributed
 from autotune.config import TrialConfig
 from autotune.distributed import WorkloadSource
 from autotune.errors import ReportFailed, UserError, WorkerError
 from autotune.faults import TrialFault, as_fault, needs_fresh_process, release_memory
 from autotune.results import Reporter, TrialResult
 from autotune.speed import BurstPlan, SpeedMeasurement
-from autotune.warmup import Warmth
+from autotune.training import bursts, runner
+from autotune.training.warmup import Warmth
 from autotune.workloads import Workload
 
 

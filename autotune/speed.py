@@ -1,7 +1,6 @@
-"""What the speed stage measures (``SpeedMeasurement``, timed by ``autotune.bursts``) and what
-it hands the learning stage (``SpeedTable``: the fastest settings of the knobs that change how
-fast a step runs, not what is learned), as plain frozen data. Nothing here imports torch or
-Optuna.
+"""What the speed stage measures (``SpeedMeasurement``, timed by ``autotune.training.bursts``) and
+what it hands the learning stage (``SpeedTable``: the fastest settings of the knobs that change how
+fast a step runs, not what is learned), as plain frozen data. Nothing here imports torch or Optuna.
 """
 
 from __future__ import annotations

@@ -31,11 +31,11 @@ from pathlib import Path
 import optuna
 from _stats import spearman  # benchmarks/_stats.py, beside this script
 
-from autotune import objective
 from autotune.executor import InProcessExecutor
-from autotune.hardware import detect
-from autotune.interference import interfered
-from autotune.space import restrict
+from autotune.machine.hardware import detect
+from autotune.machine.interference import interfered
+from autotune.search import objective
+from autotune.search.space import restrict
 from autotune.spacefile import Spec, load_spec
 from autotune.study import (
     Answer,
@@ -50,7 +50,7 @@ from autotune.study import (
     run_study,
     trial_config,
 )
-from autotune.telemetry import fingerprint
+from autotune.training.telemetry import fingerprint
 from autotune.worker import WorkerExecutor
 from autotune.workloads import load
 

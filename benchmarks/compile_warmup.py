@@ -1,12 +1,12 @@
 """Does the first compiled trial of a fresh worker pay for loading the compiler? It must not.
 
-In a fresh process the first cold ``torch.compile`` also loads Dynamo, AOTAutograd, Inductor
-and the C++ toolchain (18.8 s against 2.8 s for the next, measured once on a 2-core CPU). A
-worker warms the compiler's own machinery before its first compiled trial (autotune.warmup),
-while the trial's own graphs stay cold. This benchmark trains the same compiled configuration
-three times in each of ``--rounds`` fresh worker processes and compares the compile time charged
-to the first trial with the later ones; as a control it does the same in fresh processes that
-skip the warm-up (runner.train called directly).
+In a fresh process the first cold ``torch.compile`` also loads Dynamo, AOTAutograd, Inductor and
+the C++ toolchain (18.8 s against 2.8 s for the next, measured once on a 2-core CPU). A worker
+warms the compiler's own machinery before its first compiled trial (autotune.training.warmup),
+while the trial's own graphs stay cold. This benchmark trains the same compiled configuration three
+times in each of ``--rounds`` fresh worker processes and compares the compile time charged to the
+first trial with the later ones; as a control it does the same in fresh processes that skip the
+warm-up (runner.train called directly).
 
     python benchmarks/compile_warmup.py [SPACE] [--rounds 3]   (SPACE: the quickstart)
 
@@ -26,11 +26,11 @@ from pathlib import Path
 import optuna
 
 from autotune.config import TrialConfig
-from autotune.hardware import detect
-from autotune.references import baseline_params
-from autotune.space import restrict, sample
+from autotune.machine.hardware import detect
+from autotune.search.references import baseline_params
+from autotune.search.space import restrict, sample
 from autotune.spacefile import WorkloadSpec, load_spec
-from autotune.telemetry import fingerprint
+from autotune.training.telemetry import fingerprint
 from autotune.worker import WorkerExecutor
 
 TRIALS = 3  # compiled trials per fresh process
@@ -40,7 +40,7 @@ COLD = """\
 import json, sys
 from pathlib import Path
 from autotune.config import TrialConfig
-from autotune.runner import train
+from autotune.training.runner import train
 from autotune.spacefile import WorkloadSpec
 from autotune.workloads import load
 workload = load(WorkloadSpec.model_validate_json(sys.argv[1]), base_dir=Path(sys.argv[2]))

@@ -21,13 +21,13 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from autotune.config import TrialConfig
-from autotune.hardware import detect
+from autotune.machine.hardware import detect
 from autotune.pipeline import make_train_loader
 from autotune.results import Evaluation
-from autotune.runner import MAX_WARMUP_STEPS, train
 from autotune.spacefile import WorkloadSpec
-from autotune.timing import synchronize
-from autotune.trainer import backend_flags
+from autotune.training.runner import MAX_WARMUP_STEPS, train
+from autotune.training.timing import synchronize
+from autotune.training.trainer import backend_flags
 from autotune.workloads import Workload, load
 
 

@@ -70,20 +70,20 @@ import optuna
 from _stats import spearman  # benchmarks/_stats.py, beside this script
 from optuna.trial import TrialState
 
-from autotune import objective, space
 from autotune.config import TrialConfig, scaled_lr
 from autotune.executor import InProcessExecutor
 from autotune.faults import TrialFault, classify
-from autotune.hardware import Hardware, detect
-from autotune.references import untuned_config
+from autotune.machine.hardware import Hardware, detect
 from autotune.results import Evaluation
+from autotune.search import objective, space
+from autotune.search.references import untuned_config
 from autotune.spacefile import Choice, FloatRange, Spec, load_spec
 from autotune.speed import SPEED_KNOBS, BurstPlan, SpeedChoice, SpeedMeasurement, SpeedTable
 from autotune.stage1._plan import SpeedPlan, describe
 from autotune.stage1._stage import run_speed_stage
 from autotune.study._sampling import make_pruner, make_sampler
-from autotune.telemetry import fingerprint
 from autotune.testing import never_stop
+from autotune.training.telemetry import fingerprint
 from autotune.workloads import load
 
 STRATEGIES = ("two_stage", "joint", "random")

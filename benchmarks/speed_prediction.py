@@ -19,14 +19,14 @@ import argparse
 import statistics
 from pathlib import Path
 
-from autotune import bursts, runner
-from autotune.hardware import detect
-from autotune.references import untuned_config
-from autotune.space import restrict
+from autotune.machine.hardware import detect
+from autotune.search.references import untuned_config
+from autotune.search.space import restrict
 from autotune.spacefile import load_spec
 from autotune.speed import BurstPlan
 from autotune.testing import never_stop
-from autotune.warmup import Warmth
+from autotune.training import bursts, runner
+from autotune.training.warmup import Warmth
 from autotune.workloads import load
 
 # (batch_size, accumulation_steps, precision, data_pipeline, num_workers)

@@ -29,12 +29,12 @@ from pathlib import Path
 import optuna
 
 from autotune.config import TrialConfig
-from autotune.execution import graph_key
-from autotune.hardware import Hardware, detect
-from autotune.space import restrict
+from autotune.machine.hardware import Hardware, detect
+from autotune.search.space import restrict
 from autotune.spacefile import Spec, load_spec, parse_spec
 from autotune.stage1._stage import run_speed_stage
 from autotune.study import SpeedEvent, SpeedRecord, open_storage, open_study, speed_study_name
+from autotune.training.context import graph_key
 from autotune.worker import WorkerExecutor
 from autotune.workloads import load
 
@@ -81,7 +81,7 @@ def stage_one(spec: Spec, hardware: Hardware, directory: Path) -> dict[str, floa
 
 def _config_of(trial: optuna.trial.FrozenTrial, spec: Spec, hardware: Hardware) -> TrialConfig:
     """The configuration a speed trial timed: its parameters over the untuned baseline."""
-    from autotune.references import untuned_config
+    from autotune.search.references import untuned_config
 
     base = untuned_config(spec, hardware)
     fields = {f.name for f in dataclasses.fields(base)}

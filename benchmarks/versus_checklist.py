@@ -1,12 +1,12 @@
 """The study's answer against both references, measured side by side in one process.
 
 Runs the study a space file describes (``autotune run``), then trains three configurations in
-rotating order (A B C, then C B A, ...), ``--repeats`` times each, in this process: the
-untuned baseline (what a script that sets no flag gets), the tuning checklist (what PyTorch's
-performance tuning guide sets: ``autotune.references.checklist_rules``) and the study's answer.
-Prints samples/s, the score and the score per second of each (medians), the answer's ratios
-over both references, the knobs where they differ, optionally the compile seconds of compile
-modes, and the machine:
+rotating order (A B C, then C B A, ...), ``--repeats`` times each, in this process: the untuned
+baseline (what a script that sets no flag gets), the tuning checklist (what PyTorch's performance
+tuning guide sets: ``autotune.search.references.checklist_rules``) and the study's answer. Prints
+samples/s, the score and the score per second of each (medians), the answer's ratios over both
+references, the knobs where they differ, optionally the compile seconds of compile modes, and the
+machine:
 
     python benchmarks/versus_checklist.py search_spaces/quickstart.yaml --repeats 3
     python benchmarks/versus_checklist.py search_spaces/cifar10_resnet18.yaml --timeout 180
@@ -29,16 +29,16 @@ import torch
 
 from autotune.config import TrialConfig
 from autotune.faults import release_memory
-from autotune.hardware import detect
-from autotune.objective import charged_seconds
-from autotune.references import checklist_params, untuned_config
+from autotune.machine.hardware import detect
 from autotune.results import TrialResult
-from autotune.runner import train
-from autotune.space import restrict, sample
+from autotune.search.objective import charged_seconds
+from autotune.search.references import checklist_params, untuned_config
+from autotune.search.space import restrict, sample
 from autotune.spacefile import Choice, Spec, load_spec
 from autotune.study import answer_trial, reference_trial, trial_config
-from autotune.telemetry import fingerprint
-from autotune.warmup import warm_process
+from autotune.training.runner import train
+from autotune.training.telemetry import fingerprint
+from autotune.training.warmup import warm_process
 from autotune.workloads import Workload, load
 
 NAMES = ("baseline", "checklist", "answer")

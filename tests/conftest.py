@@ -23,8 +23,8 @@ import pytest
 from PIL import Image
 
 from autotune.executor import InProcessExecutor, TrialExecutor
-from autotune.hardware import Hardware
-from autotune.space import restrict
+from autotune.machine.hardware import Hardware
+from autotune.search.space import restrict
 from autotune.spacefile import Spec, parse_spec
 from autotune.study import (
     RunOutcome,

@@ -11,8 +11,9 @@ import optuna
 import pytest
 from rich.console import Console
 
-from autotune import display, export, notes, report
+from autotune import display, export
 from autotune.config import TrialConfig
+from autotune.outputs import notes, report
 from autotune.spacefile import parse_spec
 from autotune.study import (
     REFERENCE_NAMES,

@@ -18,35 +18,21 @@ PACKAGE = Path(autotune.__file__).parent
 # lowest first
 LAYERS: list[set[str]] = [
     {"_version", "_imports", "errors", "knobs", "config", "results", "speed", "semantics"},
-    # plain data, names; what training means in plain torch (imports nothing of autotune)
-    {
-        "spacefile",
-        "faults",
-        "hardware",
-        "timing",
-        "interference",
-        "files",
-        "scaleout",
-        "turns",
-        "ranks",
-    },  # what the
-    # user asked; the machine, what else runs on it, its shares among workers, and the turns
-    # its processes take on it
-    {"telemetry", "pipeline"},  # measuring the device; batches reaching it
-    {"workloads", "trainer", "execution"},  # models and data; a model under a configuration;
-    # the context a training run executes in
-    {"evaluation"},  # a trained model judged on the validation split
-    {"testing", "space", "runner", "bursts", "objective", "warmup"},  # sampling; a measured
-    # trial; timed bursts of one configuration; its score; what a process pays once
-    {"references", "distributed"},  # the untuned baseline and the checklist, drawn through space
-    # trained by several processes (DDP)
+    # plain data, names, optional packages; what training means in plain torch
+    {"spacefile", "faults", "machine", "files"},  # what the user asked; how a failure is told;
+    # the machine, what else runs on it, its turns and its shares among workers; files written
+    {"pipeline"},  # batches reaching the device
+    {"workloads"},  # models and data
+    {"training", "search", "testing"},  # one training run, measured; what the study samples
+    # and judges by (the space, the references, the objective); helpers for tests
+    {"distributed"},  # a trial trained by several processes (DDP)
     {"executor"},  # how the study runs a trial
     {"storage"},  # where studies live: Optuna storages, records, queries, liveness
     {"stage1"},  # stage 1: the speed of execution settings, planned, timed and cached
     {"worker", "study"},  # trials in a supervised process; the study and its records
     {"display", "export"},  # what people see; the answer as a script, file or object
-    {"notes", "artifacts", "report", "ending"},  # the dashboard note; files attached; the HTML
-    # report; how a run ended (its exit rule)
+    {"outputs", "ending"},  # the dashboard note, files attached, the HTML report; how a run
+    # ended (its exit rule)
     {"session"},  # the run as a library call: its steps, its ending, autotune.run
     {"cli", "__init__", "__main__"},  # the command line and the Python API's entrance
 ]
@@ -85,10 +71,12 @@ def _imports(path: Path) -> set[str]:
                 module = node.module or ""
             if not module.startswith("autotune"):
                 continue
-            if module == "autotune":  # from autotune import study, export: those modules
-                found |= {f"autotune.{alias.name}" for alias in node.names}
-            else:
+            if module != "autotune":  # from autotune import study, export: those modules
                 found.add(module)
+            for alias in node.names:  # from autotune.search import space: a module of its own
+                named = PACKAGE.parent / f"{module}.{alias.name}".replace(".", "/")
+                if named.with_suffix(".py").exists() or named.is_dir():
+                    found.add(f"{module}.{alias.name}")
     return found
 
 
@@ -160,8 +148,11 @@ def test_no_module_imports_another_modules_private_names():
 def test_the_checks_see_real_imports():
     """The import reader finds what a module really imports (the oracle of the tests above)."""
     found = _imports(PACKAGE / "study" / "_trial.py")
-    assert {"autotune.executor", "autotune.storage._records", "autotune.objective"} <= found
-    assert "autotune.notes" in _imports(PACKAGE / "cli" / "_inspect.py")  # inside a function
+    assert {"autotune.executor", "autotune.storage._records", "autotune.search.objective"} <= (
+        found
+    )
+    inspect = _imports(PACKAGE / "cli" / "_inspect.py")
+    assert "autotune.outputs.notes" in inspect  # imported inside a function
 
 
 def test_a_lazy_packages_three_lists_of_names_agree():

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune.hardware import detect
-from autotune.runner import train
-from autotune.space import restrict
+from autotune.machine.hardware import detect
+from autotune.search.space import restrict
 from autotune.spacefile import Spec, WorkloadSpec, parse_spec
 from autotune.testing import make_config, never_stop
+from autotune.training.runner import train
 from autotune.workloads import WorkloadError, load
 from autotune.workloads.batches import BatchLayout, ModelInputs, to_device
 

@@ -58,7 +58,7 @@ def test_the_dashboard_shows_the_study_its_trials_and_the_note(seen, browser_pat
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from autotune import notes
+    from autotune.outputs import notes
     from autotune.study import answer_trial
 
     study, url = seen

@@ -29,7 +29,7 @@ from autotune.faults import FaultKind, TrialFault
 from autotune.spacefile import WorkloadSpec
 from autotune.study import TrialRecord
 from autotune.testing import make_config, tiny_mlp, write_space
-from autotune.trainer import Trainer
+from autotune.training.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="torch built without gloo")
 
@@ -331,7 +331,7 @@ def test_each_process_of_a_group_gets_its_own_gpu(tmp_path: Path, monkeypatch: p
     """Under torchrun every process is given the trial's device (``cuda:0``); in a group, the
     API and the loaders put process LOCAL_RANK on ``cuda:LOCAL_RANK`` instead (the CPU stays
     the CPU, and outside a group nothing changes)."""
-    from autotune import ranks
+    from autotune.machine import ranks
 
     monkeypatch.setenv("LOCAL_RANK", "3")
     assert ranks.local_device("cuda:0") == "cuda:0"  # not in a group yet

@@ -50,7 +50,7 @@ from autotune.testing import (
     run_script,
     tiny_mlp,
 )
-from autotune.trainer import Trainer
+from autotune.training.trainer import Trainer
 
 
 def autotune_here(

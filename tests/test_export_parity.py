@@ -31,7 +31,7 @@ from autotune.config import TrialConfig
 from autotune.export import best_config, render_script, select_trial
 from autotune.study import load_study
 from autotune.testing import cuda_flags, learning_rates, write_space
-from autotune.trainer import Trainer, backend_flags, make_optimizer, make_scheduler
+from autotune.training.trainer import Trainer, backend_flags, make_optimizer, make_scheduler
 
 # 148 training samples in micro-batches of 4: one epoch is 37 optimizer steps
 SPACE = """\

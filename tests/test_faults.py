@@ -703,7 +703,7 @@ def test_the_owner_of_a_trial_failed_as_stale_elsewhere_stops_it_and_goes_on(
     tmp_path: Path, prepare_study
 ):
     from autotune.executor import InProcessExecutor
-    from autotune.space import restrict
+    from autotune.search.space import restrict
     from autotune.spacefile import parse_spec
     from autotune.testing import TINY_SPACE
     from autotune.workloads import load

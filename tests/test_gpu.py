@@ -19,10 +19,10 @@ from optuna.trial import TrialState
 from autotune.config import TrialConfig
 from autotune.pipeline import DeviceBatches
 from autotune.results import TrialResult
-from autotune.runner import train
 from autotune.spacefile import WorkloadSpec
 from autotune.testing import cuda_flags, make_config, never_stop, run_cli, write_space
-from autotune.timing import PHASES
+from autotune.training.runner import train
+from autotune.training.timing import PHASES
 from autotune.workloads import load
 
 pytestmark = [
@@ -205,7 +205,7 @@ RESNET18 = WorkloadSpec(
 
 
 def _steady_steps_never_wait(spec: WorkloadSpec, precision: str) -> None:
-    from autotune.trainer import Trainer
+    from autotune.training.trainer import Trainer
 
     workload = load(spec)
     config = cuda_config(precision=precision, data_pipeline="device", channels_last=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.hardware import detect
+from autotune.machine.hardware import detect
 
 
 def test_detect_cpu_describes_this_machine():
@@ -25,7 +25,7 @@ def test_compile_on_cuda_needs_triton_a_c_compiler_and_pythons_headers(
     compiled trial would fail, so the modes are left out of the plan with one line."""
     import importlib.util
 
-    from autotune import hardware
+    from autotune.machine import hardware
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # Triton is here
     assert hardware._compile_problem("cuda") is None  # and so are gcc and Python.h

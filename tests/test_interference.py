@@ -18,10 +18,9 @@ from torch import nn
 
 from autotune.config import TrialConfig
 from autotune.executor import InProcessExecutor
-from autotune.interference import INTERFERENCE_SHARE, CpuMeter, trial_threads, usable_cores
+from autotune.machine.interference import INTERFERENCE_SHARE, CpuMeter, trial_threads, usable_cores
 from autotune.results import Reporter, TrialResult
-from autotune.runner import train
-from autotune.space import restrict
+from autotune.search.space import restrict
 from autotune.spacefile import parse_spec
 from autotune.study import (
     Answer,
@@ -34,6 +33,7 @@ from autotune.study import (
     run_study,
 )
 from autotune.testing import CPU, blobs, make_config
+from autotune.training.runner import train
 from autotune.workloads import Workload, load
 
 pytestmark = pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads Linux's /proc")
@@ -80,7 +80,7 @@ def test_the_meter_charges_a_process_outside_the_tree_to_others(tmp_path: Path):
 RANK = """\
 import os, sys, time
 from pathlib import Path
-from autotune.interference import CpuMeter, count_tree_as_own
+from autotune.machine.interference import CpuMeter, count_tree_as_own
 folder = Path(sys.argv[1])
 own = CpuMeter()
 count_tree_as_own(os.getppid())

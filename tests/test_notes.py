@@ -11,8 +11,8 @@ import optuna_dashboard
 import pytest
 from optuna.artifacts import FileSystemArtifactStore, download_artifact, get_all_artifact_meta
 
-from autotune import artifacts, notes
 from autotune.errors import UserError
+from autotune.outputs import artifacts, notes
 from autotune.study import StudyRecord, TrialRecord, answer_of, answer_trial
 
 
@@ -120,7 +120,7 @@ def test_the_note_is_written_by_optuna_dashboards_own_code_without_its_web_app(t
     optuna.create_study(study_name="noted", storage=url)
     code = (
         "import sys, optuna\n"
-        "from autotune.notes import dashboard_save_note\n"
+        "from autotune.outputs.notes import dashboard_save_note\n"
         f"study = optuna.load_study(study_name='noted', storage='{url}')\n"
         "dashboard_save_note()(study, '# A note\\n\\nwith **two** lines')\n"
         "print(sorted(m for m in ('optuna_dashboard', 'sklearn') if m in sys.modules))\n"

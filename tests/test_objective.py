@@ -7,7 +7,7 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from autotune.objective import (
+from autotune.search.objective import (
     best_reachable,
     cannot_win,
     charged_seconds,

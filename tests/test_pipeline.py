@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from autotune.pipeline import CROP_PADDING, DeviceBatches, ImageTensorDataset, make_train_loader
-from autotune.runner import train
 from autotune.spacefile import WorkloadSpec
 from autotune.testing import make_config, never_stop
+from autotune.training.runner import train
 from autotune.workloads import load
 
 DEVICE = torch.device("cpu")

@@ -1,4 +1,4 @@
-"""The two references every answer is measured against (autotune/references.py): the untuned
+"""The two references every answer is measured against (autotune/search/references.py): the untuned
 baseline and the tuning checklist, whose rules follow the device, and which the study queues,
 confirms beside its leaders and names when one of them wins."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.references import baseline_params, checklist_params, untuned_config
-from autotune.space import restrict, sample
+from autotune.search.references import baseline_params, checklist_params, untuned_config
+from autotune.search.space import restrict, sample
 from autotune.spacefile import parse_spec
 from autotune.testing import AMPERE, TEST_CPU, VOLTA
 

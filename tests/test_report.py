@@ -9,7 +9,8 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from autotune import display, notes, report
+from autotune import display
+from autotune.outputs import notes, report
 from autotune.study import ConfirmationRecord, ConfirmRun, TrialRecord, answer_of, answer_trial
 
 

@@ -14,11 +14,11 @@ import torch
 from torch import nn
 from torch._inductor.utils import fresh_inductor_cache
 
-from autotune import ranks
 from autotune.faults import TrialFault
+from autotune.machine import ranks
 from autotune.results import Evaluation
-from autotune.runner import make_plan, train, train_loader
 from autotune.testing import blobs, blobs_workload, make_config, never_stop, tiny_mlp
+from autotune.training.runner import make_plan, train, train_loader
 from autotune.workloads import Workload
 
 
@@ -265,7 +265,7 @@ class _MeanEmbedding(nn.Module):
 def test_counting_tokens_reads_nothing_back_in_the_loop(monkeypatch: pytest.MonkeyPatch):
     from torch.utils.data import TensorDataset
 
-    from autotune import runner
+    from autotune.training import runner
 
     ids = torch.randint(0, 20, (128, 6))
     data = TensorDataset(ids, (ids[:, 0] > 9).long())
@@ -281,8 +281,8 @@ def test_under_cuda_graphs_gradients_live_outside_the_graphs_pool():
     """The trainer of a CUDA-graph compile mode allocates every gradient before the first
     backward and zeroes them in place (the same tensors, accumulated into), and counting FLOPs
     keeps them; other modes free them at every step, as before."""
-    from autotune.telemetry import flops_per_sample
-    from autotune.trainer import Trainer
+    from autotune.training.telemetry import flops_per_sample
+    from autotune.training.trainer import Trainer
 
     workload = blobs_workload()
     graphs = Trainer(workload.build_model(), make_config(compile="reduce-overhead"), 10)

@@ -16,7 +16,7 @@ import torch
 from optuna.artifacts import get_all_artifact_meta
 from optuna.trial import TrialState
 
-from autotune.scaleout import (
+from autotune.machine.scaleout import (
     VISIBLE_BEFORE_ENV,
     WORKER_CORES_ENV,
     WORKER_PARENT_ENV,
@@ -112,7 +112,7 @@ def test_trials_of_several_gpus_get_a_group_each_of_one_model(monkeypatch: pytes
 def test_gpus_that_do_not_answer_are_one_line(monkeypatch: pytest.MonkeyPatch):
     """The GPUs' models are read in a child process; one that does not answer in time (a hung
     driver; here, a limit no interpreter starts within) is a ScaleOutError, not a traceback."""
-    from autotune.scaleout import _shares
+    from autotune.machine.scaleout import _shares
 
     monkeypatch.setattr(_shares, "GPU_QUERY_SECONDS", 0.001)
     with pytest.raises(ScaleOutError, match="cannot read the GPUs' models: torch did not answer"):

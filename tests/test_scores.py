@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from autotune import objective
 from autotune.export import best_config, render, select_trial
 from autotune.files import write_new_file
 from autotune.results import TrialResult
+from autotune.search import objective
 from autotune.spacefile import ObjectiveSpec, SpecError, WorkloadSpec, parse_spec
 from autotune.study import StudyRecord, TrialRecord
 from autotune.testing import import_blocker, make_evaluation, make_result, run_script

@@ -10,7 +10,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.space import NothingFits, draw_from_table, restrict, sample, suggestions
+from autotune.search.space import NothingFits, draw_from_table, restrict, sample, suggestions
 from autotune.spacefile import Choice, SpecError, parse_spec
 from autotune.speed import SpeedChoice, SpeedTable
 from autotune.testing import AMPERE, CPU, TEST_CPU, VOLTA

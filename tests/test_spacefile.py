@@ -431,7 +431,7 @@ def test_every_knob_reaches_the_configuration_and_the_script(name: str):
     import yaml
 
     from autotune.config import TrialConfig
-    from autotune.space import sample
+    from autotune.search.space import sample
     from autotune.testing import CPU
 
     info = KNOBS[name]

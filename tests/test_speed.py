@@ -20,13 +20,12 @@ import pytest
 from optuna.trial import TrialState
 from typer.testing import Result
 
-from autotune import bursts
 from autotune.config import TrialConfig
 from autotune.executor import InProcessExecutor
 from autotune.faults import FaultKind, TrialFault
-from autotune.references import untuned_config
 from autotune.results import Reporter, TrialResult
-from autotune.space import restrict
+from autotune.search.references import untuned_config
+from autotune.search.space import restrict
 from autotune.spacefile import SpecError, parse_spec
 from autotune.speed import BurstPlan, SpeedChoice, SpeedMeasurement, SpeedTable
 from autotune.stage1._plan import FULL_PRODUCT_LIMIT, Cell, SpeedPlan
@@ -42,6 +41,7 @@ from autotune.study import (
     trial_config,
 )
 from autotune.testing import AMPERE, CPU, blobs_workload, make_config, start_cli
+from autotune.training import bursts
 from autotune.workloads import Workload
 
 QUICK = BurstPlan(warmup_micro_batches=2, bursts=2, burst_seconds=0.02)
@@ -307,7 +307,7 @@ def test_a_precision_the_gpu_order_does_not_name_is_timed_last(monkeypatch):
 def test_stage_one_predicts_the_checklist_precision_at_the_largest_micro_batch_fastest():
     import dataclasses
 
-    from autotune.references import checklist_rules
+    from autotune.search.references import checklist_rules
     from autotune.testing import TEST_CPU
 
     def predicted(space: str, hardware) -> list[tuple[str, int]]:
@@ -543,7 +543,8 @@ def test_the_report_shows_the_execution_settings_stage_one_chose_for_each_trial(
 ):
     """A stage-2 trial samples effective_batch_size, precision and lr; its micro-batch and
     pipeline come from stage 1 and show in the report's All trials (issue 44 item 2)."""
-    from autotune import display, report
+    from autotune import display
+    from autotune.outputs import report
 
     names, rows = report.trial_rows(two_stage_run.study)
     assert {"batch_size", "data_pipeline"} <= set(names)
@@ -975,7 +976,7 @@ def test_a_measurement_taken_under_interference_is_its_studys_only(
 def test_stage_one_keeps_a_compiled_graph_for_the_settings_that_share_it():
     """Settings that differ only in how batches are fed run the graph their first setting
     compiled (no new graph, no compile), until a trial (or another stage) compiles cold."""
-    from autotune.execution import compiled_graphs
+    from autotune.training.context import compiled_graphs
 
     workload = blobs_workload()
     plan = BurstPlan(warmup_micro_batches=2, bursts=2, burst_seconds=0.02, keep_compiled="s1")
@@ -1000,8 +1001,8 @@ def test_stage_one_keeps_a_compiled_graph_for_the_settings_that_share_it():
 def test_stage_one_compiles_each_distinct_graph_once_and_charges_its_cold_compile(
     tmp_path: Path, prepare_study
 ):
-    from autotune.execution import compiled_graphs, graph_key
     from autotune.study import run_speed_stage
+    from autotune.training.context import compiled_graphs, graph_key
 
     space = two_stage(n_trials=1, batch_sizes="[32]", precisions="fp32", workers="[0]")
     space = space.replace("num_workers: [0]\n", "num_workers: [0]\n  compile: [none, default]\n")
@@ -1810,7 +1811,7 @@ def test_stage_one_waits_for_its_turn_within_its_budget_and_says_for_whom(
     """After the stage's first measurement another autotune process takes this machine's
     turn and keeps it: the stage waits for it until its budget (4 s) runs out, saying who and
     for how long, and leaves the rest out rather than run past its budget."""
-    from autotune import turns
+    from autotune.machine import turns
     from autotune.study import run_speed_stage
 
     monkeypatch.setattr(turns, "MACHINE_DIR", tmp_path)

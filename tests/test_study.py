@@ -22,9 +22,10 @@ from autotune.config import TrialConfig
 from autotune.errors import WorkerError
 from autotune.executor import InProcessExecutor
 from autotune.faults import FaultKind
-from autotune.interference import CpuShare
+from autotune.machine.interference import CpuShare
+from autotune.machine.turns import DeviceLockTimeout
 from autotune.results import Evaluation, TrialResult
-from autotune.space import restrict
+from autotune.search.space import restrict
 from autotune.spacefile import parse_spec
 from autotune.storage import adapter
 from autotune.study import (
@@ -53,7 +54,6 @@ from autotune.study import (
     with_study_strategy,
 )
 from autotune.testing import AMPERE, CPU, TINY_SPACE, make_config, make_evaluation, make_result
-from autotune.turns import DeviceLockTimeout
 from autotune.workloads import load
 
 RESULT_ATTRS = {

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from autotune.telemetry import GpuSampler, flops_per_sample, peak_flops
+from autotune.training.telemetry import GpuSampler, flops_per_sample, peak_flops
 
 
 class FakeNVML:

@@ -7,11 +7,11 @@ import time
 
 import torch
 
-from autotune.runner import train
 from autotune.spacefile import WorkloadSpec
 from autotune.study import TrialRecord
 from autotune.testing import make_config, never_stop
-from autotune.timing import PHASES, PhaseProbe, bottleneck
+from autotune.training.runner import train
+from autotune.training.timing import PHASES, PhaseProbe, bottleneck
 from autotune.workloads import load
 
 

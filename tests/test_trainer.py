@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from autotune.testing import cuda_flags, learning_rates, make_config
-from autotune.trainer import backend_flags, make_scheduler
+from autotune.training.trainer import backend_flags, make_scheduler
 
 
 def _lrs(config, total_steps: int) -> list[float]:
@@ -76,7 +76,7 @@ def test_tf32_flags_leave_compile_working():
 
 
 def test_cudnn_benchmark_on_and_off_need_processes_of_their_own_on_cuda():
-    from autotune.trainer import cudnn_plans_differ
+    from autotune.training.trainer import cudnn_plans_differ
 
     off = make_config(device="cuda:0", cudnn_benchmark=False)
     on = off.replace(cudnn_benchmark=True)
@@ -109,7 +109,7 @@ def test_fp16_steps_never_read_the_overflow_check_back_and_still_count_skips(mon
     instead of reading it back each step (a synchronization on a GPU: 1.4 ms a step of a
     ResNet-18 at batch 512 on an H200, against 0.2 ms under bf16). Skipped steps are counted
     on the device and read at evaluations."""
-    from autotune.trainer import Trainer
+    from autotune.training.trainer import Trainer
 
     def read_back(*_args, **_kwargs):
         raise AssertionError("GradScaler read its overflow check back (an unfused step)")
@@ -138,7 +138,7 @@ def test_fp16_steps_never_read_the_overflow_check_back_and_still_count_skips(mon
 
 
 def test_other_precisions_keep_pytorchs_default_optimizer_and_count_no_skips():
-    from autotune.trainer import Trainer
+    from autotune.training.trainer import Trainer
 
     trainer = Trainer(nn.Linear(4, 3), make_config(precision="fp32"), total_steps=10)
     assert not trainer.optimizer.defaults.get("fused")  # the untuned baseline's own

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune import turns
 from autotune.errors import UserError
+from autotune.machine import turns
 
 
 def test_a_cpu_trial_takes_the_cores_this_process_may_use():
@@ -37,7 +37,7 @@ HOLDER = textwrap.dedent(
     """
     import os, sys, time
     from pathlib import Path
-    from autotune import turns
+    from autotune.machine import turns
     turns.MACHINE_DIR = Path(sys.argv[1])
     if len(sys.argv) > 2:
         os.sched_setaffinity(0, {int(sys.argv[2])})
@@ -105,7 +105,7 @@ RELEASE_AFTER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from autotune import turns
+    from autotune.machine import turns
     turns.MACHINE_DIR = Path(sys.argv[1])
     with turns.device_lock("cpu"):
         print("held", flush=True)

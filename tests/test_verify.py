@@ -10,8 +10,9 @@ import optuna
 import pytest
 from rich.console import Console
 
-from autotune import display, notes, report
+from autotune import display
 from autotune.executor import InProcessExecutor
+from autotune.outputs import notes, report
 from autotune.spacefile import parse_spec
 from autotune.study import Verification, VerifyRun, verify_candidates, verify_study
 from autotune.workloads import load

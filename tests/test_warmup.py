@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from autotune import timing
 from autotune.executor import InProcessExecutor
-from autotune.runner import train
 from autotune.testing import blobs_workload, make_config, never_stop
-from autotune.warmup import Warmth, warm_process
+from autotune.training import timing
+from autotune.training.runner import train
+from autotune.training.warmup import Warmth, warm_process
 from autotune.workloads import Workload
 from autotune.workloads.scoring import cross_entropy_classes_last
 

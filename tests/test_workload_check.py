@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import torch
 
-from autotune.hardware import detect
-from autotune.runner import train
+from autotune.machine.hardware import detect
+from autotune.search.space import restrict
 from autotune.semantics import IGNORE_INDEX, classification_sums
-from autotune.space import restrict
 from autotune.spacefile import WorkloadSpec, parse_spec
 from autotune.testing import make_config, never_stop
+from autotune.training.runner import train
 from autotune.workloads import WorkloadError, load
 
 # Workloads as a new user writes them: each data function returns (train, val), each model

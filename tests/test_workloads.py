@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch import nn
 
-from autotune.runner import train
 from autotune.spacefile import WorkloadSpec
 from autotune.testing import make_config, never_stop
+from autotune.training.runner import train
 from autotune.workloads import DataSplits, WorkloadError, load
 from autotune.workloads.vision import SHAPES, shapes
 

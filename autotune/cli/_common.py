@@ -60,7 +60,8 @@ def study_option() -> Any:
 
 
 def artifacts_option() -> Any:
-    """``--artifacts DIR|s3://bucket``, by default $AUTOTUNE_ARTIFACTS (see autotune.artifacts)."""
+    """``--artifacts DIR|s3://bucket``, by default $AUTOTUNE_ARTIFACTS (see
+    autotune.outputs.artifacts)."""
     return typer.Option(
         "--artifacts",
         envvar="AUTOTUNE_ARTIFACTS",

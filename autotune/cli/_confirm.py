@@ -53,7 +53,7 @@ def open_to_train(
     warning where it was created on another device. Exit 1 in one line where it cannot train."""
     from autotune import export, session
     from autotune import study as studies
-    from autotune.hardware import detect
+    from autotune.machine.hardware import detect
     from autotune.storage import adapter
 
     quiet_libraries(verbose=False)
@@ -167,7 +167,7 @@ def confirm(
 def write_note(study: Any, storage: str) -> None:
     """The study's note in optuna-dashboard, after a command trained: a convenience (what it
     ran is stored), so a failure to write it is not said."""
-    from autotune import notes
+    from autotune.outputs import notes
 
     with contextlib.suppress(Exception):
         notes.write_note(study, storage)

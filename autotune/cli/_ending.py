@@ -30,7 +30,7 @@ def finish(
     if studies.password_note(spec.study.storage):
         console.print(studies.password_note(spec.study.storage), markup=False)
     if outcome.trials_run:
-        from autotune import notes
+        from autotune.outputs import notes
 
         try:
             with session.storage_faults(spec.study.storage):

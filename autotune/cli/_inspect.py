@@ -30,7 +30,7 @@ from autotune.cli._common import (
 from autotune.errors import UserError
 
 if TYPE_CHECKING:
-    from autotune.artifacts import ArtifactLocation
+    from autotune.outputs.artifacts import ArtifactLocation
 from autotune.files import make_folder_for, write_new_file
 from autotune.spacefile import DEFAULT_STORAGE
 
@@ -125,9 +125,9 @@ def export_command(
     settings of a Lightning or Hugging Face Trainer."""
     if fmt not in _FORMATS:
         raise fail(f"--format must be one of {', '.join(_FORMATS)}, not '{fmt}'")
-    from autotune import artifacts as stores
     from autotune import display, export
     from autotune import study as studies
+    from autotune.outputs import artifacts as stores
 
     quiet_libraries(verbose=False)
     notices = console if output is not None else errors  # stdout may be the script itself
@@ -188,9 +188,9 @@ def _attach(study: Any, output: Path, storage: str, location: ArtifactLocation |
     """Refresh the study's note and upload ``output`` as its artifact, for optuna-dashboard
     (the study was read read-only: a storage opened for writing). The file is written
     already: a failure here is a warning of one line."""
-    from autotune import artifacts as stores
-    from autotune import notes
     from autotune import study as studies
+    from autotune.outputs import artifacts as stores
+    from autotune.outputs import notes
 
     try:
         writable = studies.load_study(study.study_name, storage, "write")
@@ -227,9 +227,9 @@ def report_command(
     force: Annotated[bool, flag("--force", help="Replace an existing file.")] = False,
 ) -> None:
     """Write a self-contained HTML report of a study (opens offline)."""
-    from autotune import artifacts as stores
-    from autotune import report
     from autotune import study as studies
+    from autotune.outputs import artifacts as stores
+    from autotune.outputs import report
 
     quiet_libraries(verbose=False)
     location = stores.locate(storage, artifacts)  # a bad --artifacts: first
@@ -255,8 +255,8 @@ def dashboard(
     import bottle
     import optuna_dashboard
 
-    from autotune import artifacts as stores
     from autotune import study as studies
+    from autotune.outputs import artifacts as stores
 
     quiet_libraries(verbose)
     # read-only (notes are edited with `optuna-dashboard URL` itself); no artifact folder made

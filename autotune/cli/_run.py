@@ -31,11 +31,11 @@ from autotune.cli._confirm import confirm, confirm_round, say_storage_waits
 from autotune.cli._ending import finish, worker_exit
 from autotune.cli._verify import verify
 from autotune.errors import UserError
+from autotune.machine.turns import TURN_WAIT_ENV, DeviceLockTimeout
 from autotune.spacefile import DEFAULT_STORAGE
-from autotune.turns import TURN_WAIT_ENV, DeviceLockTimeout
 
 if TYPE_CHECKING:
-    from autotune.scaleout import Workers, WorkerShare
+    from autotune.machine.scaleout import Workers, WorkerShare
 
 
 @app.command(cls=Command)
@@ -112,8 +112,8 @@ def run(
     verbose: Annotated[bool, flag("--verbose", "-v", help="Show Optuna's logs.")] = False,
 ) -> None:
     """Run (or resume) the study a space file describes and print the best configuration."""
-    from autotune import scaleout
     from autotune.errors import WorkerError
+    from autotune.machine import scaleout
 
     in_range("--workers", workers, 1)
     in_range("--turn-wait", turn_wait, 0)

@@ -27,8 +27,8 @@ from autotune.display._text import (
     si,
     visible,
 )
+from autotune.machine.scaleout import Workers
 from autotune.results import Evaluation
-from autotune.scaleout import Workers
 from autotune.spacefile import Spec
 from autotune.speed import SpeedTable
 from autotune.study import ConfirmRun

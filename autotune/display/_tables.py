@@ -28,11 +28,11 @@ from autotune.display._text import (
     study_options,
     visible,
 )
-from autotune.interference import INTERFERENCE_SHARE
+from autotune.machine.interference import INTERFERENCE_SHARE
 from autotune.spacefile import Choice, Spec, knobs_for
 
 if TYPE_CHECKING:  # torch: the plan is printed by `autotune run` only
-    from autotune.hardware import Hardware
+    from autotune.machine.hardware import Hardware
     from autotune.speed import SpeedTable
 
 
@@ -116,7 +116,7 @@ def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
     """What stage 1 will time and about how long it takes, said before it starts: its
     measurements, cold compiles, an estimate from guessed compile times, its budget, and
     what it times first (``SpeedPlan.predicted``, ``SpeedPlan.reference``)."""
-    from autotune.references import checklist_rules, untuned_config
+    from autotune.search.references import checklist_rules, untuned_config
     from autotune.stage1._plan import SpeedPlan, describe
 
     speed = spec.study.speed

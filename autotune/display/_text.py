@@ -12,7 +12,7 @@ from rich.padding import Padding
 from rich.text import Text
 
 from autotune import study as studies
-from autotune.scaleout import WorkerShare, unused_cores
+from autotune.machine.scaleout import WorkerShare, unused_cores
 from autotune.spacefile import DEFAULT_STORAGE, SCORES, ObjectiveSpec, is_unprintable
 
 

@@ -24,7 +24,7 @@ from autotune.distributed._rank import (
     rank_main,
 )
 from autotune.faults import FaultKind, TrialFault, describe_exit
-from autotune.hardware import device_name
+from autotune.machine.hardware import device_name
 from autotune.results import Reporter, TrialResult
 from autotune.speed import BurstPlan, SpeedMeasurement, no_evaluations
 

@@ -16,13 +16,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autotune import bursts, interference, runner
 from autotune.faults import as_fault, needs_fresh_process, release_memory
+from autotune.machine import interference
+from autotune.machine.scaleout import die_with_parent
 from autotune.results import Evaluation, TrialResult
-from autotune.scaleout import die_with_parent
 from autotune.spacefile import WorkloadSpec
 from autotune.speed import SpeedMeasurement
-from autotune.warmup import Warmth
+from autotune.training import bursts, runner
+from autotune.training.warmup import Warmth
 
 GROUP_TIMEOUT = datetime.timedelta(minutes=10)  # a collective that waits longer has failed
 

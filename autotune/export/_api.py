@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # torch: only the building blocks need it, not reading a stud
     from torch.utils.data import DataLoader, Dataset
 
     from autotune.pipeline import Collate, DeviceBatches
-    from autotune.trainer import LossFn, Trainer
+    from autotune.training.trainer import LossFn, Trainer
 
 
 EXPORT_FORMAT_VERSION = 2  # 2: metrics hold "score" (named by score_name), not "accuracy"
@@ -176,7 +176,7 @@ class BestConfig:
         """A shuffled training DataLoader with the tuned batch size and loader knobs (in a
         process group, of this process's share of every epoch); its ``collate_fn`` is the
         study's (``study_collate_fn``) unless you pass one."""
-        from autotune import ranks
+        from autotune.machine import ranks
         from autotune.pipeline import make_train_loader
 
         if ranks.world_size() != self.config.world_size:  # 1/N of each epoch, unannounced
@@ -205,7 +205,7 @@ class BestConfig:
         (``cuda:LOCAL_RANK``, made the current device), not the trial's ``cuda:0`` for all."""
         import torch
 
-        from autotune import ranks
+        from autotune.machine import ranks
 
         device = ranks.local_device(self.config.device)
         if device == self.config.device:
@@ -228,7 +228,7 @@ class BestConfig:
         process of a group of that size (torchrun, then init_process_group); on CUDA each
         process trains on its own GPU, ``cuda:LOCAL_RANK``, as do its loaders.
         """
-        from autotune.trainer import Trainer, set_backend_flags
+        from autotune.training.trainer import Trainer, set_backend_flags
         from autotune.workloads import WorkloadError, recorded_layout, study_loss, study_workload
 
         try:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from autotune.executor import TrialExecutor
     from autotune.export import BestConfig
-    from autotune.scaleout import Workers, WorkerShare
+    from autotune.machine.scaleout import Workers, WorkerShare
     from autotune.study import ConfirmationRecord, RunOutcome, StudyObserver
 
 from autotune.session._prepare import (
@@ -119,7 +119,7 @@ def confirm_after_run(
 
 @dataclass(frozen=True)
 class ScaleOut:
-    """The workers of ``autotune run --workers`` or ``--gpus`` (``autotune.scaleout``), one
+    """The workers of ``autotune run --workers`` or ``--gpus`` (``autotune.machine.scaleout``), one
     ``autotune run`` process each: their shares, this process's ``index`` among them (0: the
     one the user started, which starts the others on ``space_file``), for ``run_prepared``."""
 
@@ -136,8 +136,8 @@ class ScaleOut:
     def start_others(self, spec: Spec, study: optuna.Study) -> Workers | None:
         """Worker 0 of several starts the others now (their start-up overlaps stage 1, on their
         own cores), logging beside a SQLite database, else under studies/; else None."""
-        from autotune import scaleout
         from autotune import study as studies
+        from autotune.machine import scaleout
 
         if self.index or len(self.shares) == 1:
             return None
@@ -196,8 +196,8 @@ def run_prepared(
     is measured, stops them and counts their trials; another waits for its word. The run's
     outcome, and whether a confirmation round exists. A storage fault is raised as a StudyError
     (``storage_faults``)."""
-    from autotune import scaleout
     from autotune import study as studies
+    from autotune.machine import scaleout
 
     spec, study = prepared.spec, prepared.study
     began = time.time()  # every trial that starts from here is this run's, any worker's
@@ -304,8 +304,8 @@ def run(
     """
     import optuna
 
-    from autotune import notes
     from autotune import study as studies
+    from autotune.outputs import notes
 
     options = RunOptions(
         n_trials=n_trials,

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.executor import TrialExecutor
-    from autotune.hardware import Hardware
+    from autotune.machine.hardware import Hardware
     from autotune.study import OutageRetry
     from autotune.worker import WorkerExecutor
     from autotune.workloads import Workload
@@ -101,8 +101,8 @@ def prepare(
         if meanwhile is not None:
             meanwhile()
         from autotune import study as studies
-        from autotune.hardware import detect
-        from autotune.space import restrict
+        from autotune.machine.hardware import detect
+        from autotune.search.space import restrict
         from autotune.workloads import load as load_workload
 
         hardware = detect(spec.workload.device)

@@ -66,7 +66,7 @@ class StudySpec(Frozen):
     # trial 0 trains the untuned configuration (PyTorch's defaults where the space allows), so
     # every study says how much faster its answer is; a mapping pins some of its knobs
     baseline: bool | dict[str, Scalar] = True
-    # the trial after it trains the tuning checklist (autotune.references), the second
+    # the trial after it trains the tuning checklist (autotune.search.references), the second
     # reference the answer is confirmed against and must beat
     checklist: bool = True
     confirm: ConfirmSpec = Field(default_factory=ConfirmSpec)

@@ -26,7 +26,7 @@ from autotune.storage._records import StudyRecord
 
 if TYPE_CHECKING:
     from autotune.executor import TrialExecutor
-    from autotune.hardware import Hardware
+    from autotune.machine.hardware import Hardware
     from autotune.workloads import Workload
 
 MIN_GAIN = 0.10  # a doubling that adds less samples/s than this does not pay: the probe stops

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from autotune.execution import graph_key
 from autotune.executor import TrialExecutor
 from autotune.knobs import COMPUTE_KNOBS
 from autotune.spacefile import Spec
@@ -27,9 +26,10 @@ from autotune.stage1._rules import CellResult
 from autotune.stage1._store import SpeedEvent
 from autotune.stage1._table import speed_table
 from autotune.stage1._take import SettingTimer
+from autotune.training.context import graph_key
 
 if TYPE_CHECKING:
-    from autotune.hardware import Hardware
+    from autotune.machine.hardware import Hardware
     from autotune.workloads import Workload
 
 
@@ -71,7 +71,7 @@ class Stage(SettingTimer):
         """``candidates``, those the worker can time in its current process first: a switch
         of cudnn.benchmark takes a new worker process (``cudnn_plans_differ``; 10-13 s on an
         H100), so a cell switches once, not twice."""
-        from autotune.trainer import cudnn_plans_differ  # torch: imported by now
+        from autotune.training.trainer import cudnn_plans_differ  # torch: imported by now
 
         last = self.last_measured
         if last is None:

@@ -25,14 +25,14 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.trial import TrialState
 
 from autotune.faults import FaultKind
-from autotune.interference import usable_cores
 from autotune.knobs import DDP_KNOBS, KNOBS
+from autotune.machine.interference import usable_cores
 from autotune.spacefile import Spec
 from autotune.speed import SpeedMeasurement
 from autotune.stage1._plan import Cell, Settings
 
 if TYPE_CHECKING:
-    from autotune.hardware import Hardware
+    from autotune.machine.hardware import Hardware
     from autotune.workloads import Workload
 
 
@@ -136,7 +136,7 @@ def context_facts(spec: Spec, hardware: Hardware, workload: Workload | None) -> 
     """What every measurement of this study depends on: the machine and torch, the threads a
     trial gets, the workload as the space file names it, the code of its entry points, and
     the data's size and shape."""
-    from autotune import telemetry
+    from autotune.training import telemetry
 
     machine = telemetry.fingerprint(hardware)
     machine.pop("platform", None)  # a kernel update does not change a step's speed

@@ -10,8 +10,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from autotune import objective
 from autotune.faults import FaultKind
+from autotune.search import objective
 from autotune.spacefile import Spec
 from autotune.speed import SpeedChoice, SpeedMeasurement, SpeedTable
 from autotune.stage1._plan import Cell, Settings, SpeedPlan

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 import optuna
 
 from autotune.config import TrialConfig
-from autotune.execution import graph_key
 from autotune.executor import TrialExecutor, attempt
 from autotune.faults import FaultKind, TrialFault
-from autotune.interference import interfered
+from autotune.machine.interference import interfered
+from autotune.machine.turns import DeviceLockTimeout, device_lock
 from autotune.spacefile import Spec
 from autotune.speed import BurstPlan, SpeedMeasurement
 from autotune.stage1._budget import TimeLimit
@@ -41,10 +41,10 @@ from autotune.stage1._store import (
 )
 from autotune.storage import adapter
 from autotune.storage._walls import MemoryWalls
-from autotune.turns import DeviceLockTimeout, device_lock
+from autotune.training.context import graph_key
 
 if TYPE_CHECKING:
-    from autotune.hardware import Hardware
+    from autotune.machine.hardware import Hardware
     from autotune.workloads import Workload
 
 _TIMEOUTS = (FaultKind.TRIAL_TIMEOUT, FaultKind.TIMEOUT_UNDER_LOAD)
@@ -68,7 +68,7 @@ class SettingTimer:
     ) -> None:
         """Stage 1 of ``spec`` ready to measure: its plan, its budget from now, the
         measurements stored since ``since`` (all where None)."""
-        from autotune.references import checklist_rules, untuned_config
+        from autotune.search.references import checklist_rules, untuned_config
 
         # what the timed cells rule out, and the budget (counted from here: reading the cache too)
         self.rules = StageRules(spec)

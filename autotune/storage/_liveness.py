@@ -20,11 +20,11 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.trial import TrialState
 
 from autotune.faults import FaultKind
+from autotune.machine.turns import file_lock
 from autotune.storage import adapter
 from autotune.storage._outage import is_outage, note_trouble, troubled_within
 from autotune.storage._rdb import sqlite_path
 from autotune.storage._records import TrialRecord
-from autotune.turns import file_lock
 
 
 @contextlib.contextmanager

@@ -19,10 +19,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import TrialConfig
 from autotune.faults import FaultKind
-from autotune.interference import interfered
+from autotune.machine.interference import interfered
 from autotune.results import TrialResult
 
-# the configurations every study measures its answer against (autotune.references), in the
+# the configurations every study measures its answer against (autotune.search.references), in the
 # order they are queued: the untuned baseline, then the tuning checklist
 ReferenceKind = Literal["baseline", "checklist"]
 REFERENCES: tuple[ReferenceKind, ...] = ("baseline", "checklist")
@@ -164,7 +164,10 @@ class TrialRecord:
     @classmethod
     def from_result(cls, result: TrialResult, precision: str) -> TrialRecord:
         """What a trial that trained stores of its measurements."""
-        from autotune import telemetry, timing  # torch: only the writer of a trial needs it
+        from autotune.training import (  # torch: only the writer of a trial needs it
+            telemetry,
+            timing,
+        )
 
         breakdown: dict[str, Any] = {}
         if result.time_breakdown:

@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING, TypeVar
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune import faults, objective
+from autotune import faults
+from autotune.machine.turns import device_lock
 from autotune.results import Evaluation
+from autotune.search import objective
 from autotune.spacefile import ObjectiveSpec
 from autotune.storage._queries import feasible_trials, reference_trial, trial_config
 from autotune.storage._records import ConfirmationRecord, ConfirmRun, StudyRecord, TrialRecord
-from autotune.turns import device_lock
 
 if TYPE_CHECKING:
     from autotune.executor import TrialExecutor

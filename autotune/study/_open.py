@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # torch: only creating a study needs it, not loading one
     from collections.abc import Callable
 
     from autotune.config import TrialConfig
-    from autotune.hardware import Hardware
+    from autotune.machine.hardware import Hardware
     from autotune.workloads import Workload
 
 PEER_CREATION_SECONDS = 5.0  # how long a study another process is creating may lack its attrs
@@ -158,7 +158,7 @@ def queue_reference(
     (``study.baseline``) or the tuning checklist (``study.checklist``, its batch the largest
     that ``fits`` under the memory walls); False when the study has none (switched off, or a
     checklist that would train the baseline again)."""
-    from autotune import references
+    from autotune.search import references
 
     if reference == "baseline":
         wanted = spec.study.baseline is not False  # a mapping of pins ({} too) wants one
@@ -240,7 +240,7 @@ def open_study(
 def _label(study: optuna.Study, spec: Spec, hardware: Hardware, workload: Workload | None) -> None:
     """Write what a new study records (its search, space file, machine) and queue its
     baseline."""
-    from autotune import telemetry
+    from autotune.training import telemetry
 
     StudyRecord(autotune_version=__version__).store(study)  # first: a half-made one says so
     with warnings.catch_warnings():

@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 
 from autotune.executor import TrialExecutor
 from autotune.faults import FaultKind
-from autotune.hardware import Hardware
+from autotune.machine.hardware import Hardware
 from autotune.spacefile import Spec
 from autotune.speed import SpeedTable
 from autotune.storage._liveness import recover_stale_trials, study_lock

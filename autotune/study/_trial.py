@@ -13,14 +13,15 @@ from typing import TYPE_CHECKING
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import objective, references, space
 from autotune.config import TrialConfig
 from autotune.errors import ReportFailed, WorkerError
 from autotune.executor import TrialExecutor, attempt
 from autotune.faults import FaultKind, TrialFault
-from autotune.hardware import Hardware
-from autotune.interference import CpuMeter, interfered
+from autotune.machine.hardware import Hardware
+from autotune.machine.interference import CpuMeter, interfered
+from autotune.machine.turns import DeviceLockTimeout, device_lock
 from autotune.results import Evaluation, TrialResult
+from autotune.search import objective, references, space
 from autotune.spacefile import Spec
 from autotune.spacefile._sections import ObjectiveSpec
 from autotune.speed import SpeedTable
@@ -30,7 +31,6 @@ from autotune.storage._outage import StorageOutage
 from autotune.storage._queries import best_trial
 from autotune.storage._records import TrialRecord
 from autotune.storage._walls import MemoryWalls
-from autotune.turns import DeviceLockTimeout, device_lock
 
 if TYPE_CHECKING:
     from autotune.stage1._store import SpeedEvent

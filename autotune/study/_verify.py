@@ -22,12 +22,12 @@ import optuna
 
 from autotune.executor import TrialExecutor, attempt
 from autotune.faults import TrialFault
+from autotune.machine.turns import device_lock
 from autotune.results import Evaluation
 from autotune.storage._queries import feasible_trials, reference_trial, trial_config
 from autotune.storage._records import REFERENCE_NAMES
 from autotune.study._answer import answer_of
 from autotune.study._confirm import interleaved
-from autotune.turns import device_lock
 
 ATTRIBUTE = "verify"  # the study's user attribute that holds the runs
 # what "better" must exceed before the short trials' ranking is said not to hold: one run each

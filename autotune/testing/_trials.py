@@ -13,8 +13,8 @@ import torch
 
 from autotune.config import TrialConfig
 from autotune.faults import KINDS
-from autotune.hardware import Hardware, detect
 from autotune.knobs import KNOBS
+from autotune.machine.hardware import Hardware, detect
 from autotune.results import Evaluation, TrialResult
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset, get_worker_info
 
-from autotune import ranks
+from autotune.machine import ranks
 from autotune.workloads import DataSplits, Workload
 
 

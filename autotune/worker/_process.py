@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune.faults import MemoryWatch, as_fault, needs_fresh_process, release_memory
+from autotune.machine.scaleout import die_with_parent
 from autotune.results import Evaluation
-from autotune.scaleout import die_with_parent
 from autotune.spacefile import WorkloadSpec
 from autotune.worker._protocol import (
     Evaluated,

@@ -20,7 +20,7 @@ from types import FrameType
 from autotune.config import TrialConfig
 from autotune.errors import WorkerError
 from autotune.faults import FaultKind, TrialFault, describe_exit, oom_kills, worker_died
-from autotune.interference import CpuMeter
+from autotune.machine.interference import CpuMeter
 from autotune.results import Reporter, TrialResult
 from autotune.spacefile import Spec, WorkloadSpec
 from autotune.speed import BurstPlan, SpeedMeasurement, no_evaluations
@@ -265,7 +265,9 @@ class WorkerExecutor:
         return outcome
 
     def _supervise(self, request: Request, report: Reporter) -> TrialResult | SpeedMeasurement:
-        from autotune.trainer import cudnn_plans_differ  # torch: not before the worker starts
+        from autotune.training.trainer import (
+            cudnn_plans_differ,  # torch: not before the worker starts
+        )
 
         if self._ran is not None and cudnn_plans_differ(self._ran, request.config):
             self._kill()  # a fresh process: a cuDNN plan cache of its own

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from autotune import semantics
 from autotune.config import TrialConfig
-from autotune.ranks import world_size
+from autotune.machine.ranks import world_size
 from autotune.semantics import CUDA_GRAPH_MODES
 from autotune.workloads.batches import (
     BatchError,

@@ -20,21 +20,21 @@ from typing import Any
 
 import torch
 
-from autotune import ranks
 from autotune.config import TrialConfig
-from autotune.execution import (
+from autotune.faults import TrialFault
+from autotune.machine import ranks
+from autotune.machine.hardware import device_name
+from autotune.speed import BurstPlan, SpeedMeasurement
+from autotune.training.context import (
     compiled_graphs,
     guarded,
     kept_graph,
     peak_memory_bytes,
     reset_peak_memory,
 )
-from autotune.faults import TrialFault
-from autotune.hardware import device_name
-from autotune.runner import Compiles, train_loader
-from autotune.speed import BurstPlan, SpeedMeasurement
-from autotune.timing import PhaseProbe, TrainClock, synchronize
-from autotune.trainer import Trainer
+from autotune.training.runner import Compiles, train_loader
+from autotune.training.timing import PhaseProbe, TrainClock, synchronize
+from autotune.training.trainer import Trainer
 from autotune.workloads import Workload
 
 CALIBRATION_MICRO_BATCHES = 4  # an untimed burst that sizes the timed ones

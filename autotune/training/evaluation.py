@@ -17,7 +17,7 @@ from autotune import semantics
 from autotune.faults import FaultKind, TrialFault, classify
 from autotune.pipeline import DeviceBatches
 from autotune.semantics import IGNORE_INDEX, TOP_K, builtin_score
-from autotune.trainer import Trainer
+from autotune.training.trainer import Trainer
 from autotune.workloads import Workload, user_frame
 from autotune.workloads.batches import call_model
 from autotune.workloads.scoring import score_value

@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from autotune.config import TrialConfig
-from autotune.hardware import Hardware
 from autotune.knobs import KNOBS, SPEED_KNOBS
-from autotune.space import Pick, draw, draw_from_table, fixed_value
+from autotune.machine.hardware import Hardware
+from autotune.search.space import Pick, draw, draw_from_table, fixed_value
 from autotune.spacefile import Choice, FloatRange, IntRange, Knob, Spec
 from autotune.speed import SpeedChoice, SpeedTable
 

@@ -21,8 +21,8 @@ import optuna
 from torch.utils.data import TensorDataset
 
 from autotune.config import TrialConfig, scaled_lr
-from autotune.hardware import Hardware
 from autotune.knobs import KNOBS, SPEED_KNOBS, SPLIT_KNOBS
+from autotune.machine.hardware import Hardware
 from autotune.pipeline import ImageTensorDataset
 from autotune.spacefile import Choice, IntRange, Knob, Spec, SpecError
 from autotune.speed import SpeedChoice, SpeedTable

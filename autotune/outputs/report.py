@@ -21,7 +21,7 @@ from autotune._version import __version__
 from autotune.display import fmt
 from autotune.errors import UserError
 from autotune.export import TrialConfirmation, confirmation_text
-from autotune.notes import (
+from autotune.outputs.notes import (
     PHASE_LABELS,
     comparisons,
     measured,

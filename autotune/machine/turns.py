@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import IO
 
 from autotune.errors import UserError
-from autotune.interference import own_cores
-from autotune.scaleout import core_ranges
+from autotune.machine.interference import own_cores
+from autotune.machine.scaleout import core_ranges
 
 MACHINE_DIR_ENV = "AUTOTUNE_MACHINE_DIR"
 TURN_WAIT_ENV = "AUTOTUNE_TURN_WAIT"

@@ -2,8 +2,8 @@
 its intra-op threads, the load of other processes meanwhile, and the readings of its memory peak
 and compile work.
 
-A trial (``autotune.runner``) and a speed measurement (``autotune.bursts``) run through
-``guarded``, so that the two measure the same thing the same way and fail the same way.
+A trial (``autotune.training.runner``) and a speed measurement (``autotune.training.bursts``) run
+through ``guarded``, so that the two measure the same thing the same way and fail the same way.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import torch
 from autotune.config import TrialConfig
 from autotune.errors import ReportFailed
 from autotune.faults import as_fault
-from autotune.interference import CpuMeter, trial_threads
 from autotune.knobs import GRAPH_KNOBS
-from autotune.trainer import backend_flags
+from autotune.machine.interference import CpuMeter, trial_threads
+from autotune.training.trainer import backend_flags
 
 
 def compiled_graphs() -> int:

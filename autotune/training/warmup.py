@@ -26,11 +26,11 @@ from collections.abc import Callable
 import torch
 
 from autotune.config import TrialConfig
-from autotune.execution import fresh_inductor_cache
 from autotune.faults import release_memory
 from autotune.pipeline import make_train_loader, make_val_loader
-from autotune.timing import synchronize
-from autotune.trainer import Trainer, backend_flags, seed_everything
+from autotune.training.context import fresh_inductor_cache
+from autotune.training.timing import synchronize
+from autotune.training.trainer import Trainer, backend_flags, seed_everything
 from autotune.workloads import Workload
 from autotune.workloads.batches import call_model
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from autotune.errors import UserError
-from autotune.interference import own_cores
+from autotune.machine.interference import own_cores
 
 # the cores the shares were made of: a worker starts pinned to worker 0's share and widens
 WORKER_CORES_ENV = "AUTOTUNE_WORKER_CORES"
@@ -214,7 +214,7 @@ def refuse_cuda_workers(device: str) -> None:
     """--workers runs its workers on the CPU: ScaleOutError where the study trains on a GPU
     (``device``: workload.device; a cuda one refused before any CUDA call, auto detected)."""
     if device == "auto":
-        from autotune.hardware import detect
+        from autotune.machine.hardware import detect
 
         device = detect(device).device
     if device.startswith("cuda"):

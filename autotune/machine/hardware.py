@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from autotune.errors import UserError
-from autotune.interference import usable_cores
+from autotune.machine.interference import usable_cores
 
 
 class DeviceError(UserError):

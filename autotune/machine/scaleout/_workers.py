@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.scaleout._shares import (
+from autotune.machine.scaleout._shares import (
     WORKER_CORES_ENV,
     ScaleOutError,
     WorkerShare,

@@ -24,23 +24,23 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from autotune import ranks
 from autotune.config import TrialConfig
-from autotune.evaluation import evaluate
-from autotune.execution import (
+from autotune.faults import TrialFault
+from autotune.machine import ranks
+from autotune.machine.hardware import device_name
+from autotune.pipeline import DeviceBatches, make_train_loader, make_val_loader
+from autotune.results import Evaluation, Plan, Reporter, TrialResult
+from autotune.training.context import (
     compile_seconds,
     compiled_graphs,
     guarded,
     peak_memory_bytes,
     reset_peak_memory,
 )
-from autotune.faults import TrialFault
-from autotune.hardware import device_name
-from autotune.pipeline import DeviceBatches, make_train_loader, make_val_loader
-from autotune.results import Evaluation, Plan, Reporter, TrialResult
-from autotune.telemetry import GpuSampler, flops_per_sample
-from autotune.timing import PhaseProbe, TrainClock
-from autotune.trainer import Trainer, seed_everything
+from autotune.training.evaluation import evaluate
+from autotune.training.telemetry import GpuSampler, flops_per_sample
+from autotune.training.timing import PhaseProbe, TrainClock
+from autotune.training.trainer import Trainer, seed_everything
 from autotune.workloads import Workload
 from autotune.workloads.batches import ModelInputs, call_model, count_samples, count_tokens
 

@@ -13,7 +13,7 @@ oversubscribe the host) and sees its GPU as ``cuda:0`` (``CUDA_VISIBLE_DEVICES``
 its own log; worker 0 shows every worker's trials as the study records them.
 """
 
-from autotune.scaleout._shares import (  # noqa: F401
+from autotune.machine.scaleout._shares import (  # noqa: F401
     VISIBLE_BEFORE_ENV,
     WORKER_CORES_ENV,
     ScaleOutError,
@@ -26,7 +26,7 @@ from autotune.scaleout._shares import (  # noqa: F401
     unshared_environment,
     unused_cores,
 )
-from autotune.scaleout._workers import (  # noqa: F401
+from autotune.machine.scaleout._workers import (  # noqa: F401
     WORKER_PARENT_ENV,
     WORKER_STORAGE_ENV,
     WorkerGone,

@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from autotune._imports import optional
-from autotune.hardware import Hardware, device_name
+from autotune.machine.hardware import Hardware, device_name
 
 # Dense peak FLOP/s by GPU and precision, from the vendors' data sheets (no sparsity).
 # fp32 is plain FP32 (TF32 off: autotune's fp32-strict); tf32 the tensor-core TF32 rate;
