@@ -57,7 +57,6 @@ __all__ = [
     "run_prepared",
     "stopped_by_sigterm",
     "storage_faults",
-    "train",
 ]
 
 
@@ -243,9 +242,6 @@ def run_prepared(
         round_of = functools.partial(hooks.confirm, study, spec, executor)
         confirmed = confirm and confirm_after_run(study, spec, outcome, round_of)
     return outcome, confirmed
-
-
-train = run_prepared  # its name before: kept, as autotune.session's names are public
 
 
 @dataclass(frozen=True)
