@@ -172,9 +172,8 @@ def main() -> None:
         # the study's order of the re-measured leaders: confirmed medians where confirmed
         ranked = [c for c in verdict.configurations if c.eligible and c.values] if verdict else []
         confirmed = {c.trial: c.median for c in ranked}
-        study_values = [
-            confirmed.get(n, next(t.value for t in study.trials if t.number == n)) for n in leaders
-        ]
+        trial_values = {t.number: t.value for t in study.trials if t.value is not None}
+        study_values = [confirmed.get(n, trial_values[n]) for n in leaders]
         rho = spearman([sign * v for v in study_values], [sign * medians[n] for n in leaders])
         reported = (
             verdict.measured_ratio(verdict.configuration_of("baseline")) if verdict else None

@@ -21,8 +21,9 @@ import statistics
 import time
 
 from autotune import distributed, workloads
+from autotune.config import TrialConfig
 from autotune.executor import InProcessExecutor
-from autotune.results import Evaluation
+from autotune.results import Evaluation, TrialResult
 from autotune.spacefile import WorkloadSpec
 from autotune.testing import make_config
 
@@ -31,6 +32,15 @@ SPEC = WorkloadSpec(model="digits_cnn", data="digits", epochs=1, eval_every=1, d
 
 def never_stop(evaluation: Evaluation) -> bool:
     return False
+
+
+def _fresh(source: distributed.WorkloadSource, config: TrialConfig) -> TrialResult:
+    """One trial on a pool started for it alone: its processes start and stop with it."""
+    pool = distributed.RankPool(source)
+    try:
+        return pool.train(config, never_stop)
+    finally:
+        pool.close()
 
 
 def main() -> None:
@@ -47,7 +57,7 @@ def main() -> None:
     arms = {
         "1 process": lambda: one.run(config, never_stop),
         "2, kept": lambda: pool.train(two, never_stop),
-        "2, fresh": lambda: distributed.train(two, source, never_stop),
+        "2, fresh": lambda: _fresh(source, two),
     }
     wall: dict[str, list[float]] = {name: [] for name in arms}
     train: dict[str, list[float]] = {name: [] for name in arms}

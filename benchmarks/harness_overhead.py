@@ -18,7 +18,6 @@ import time
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
 from autotune.config import TrialConfig
 from autotune.machine.hardware import detect
@@ -83,7 +82,7 @@ def _minimal_loop(config: TrialConfig, workload: Workload) -> float:
     torch.manual_seed(config.seed)
     model = workload.build_model().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
-    loader: DataLoader = make_train_loader(workload.train_set, config, config.seed)
+    loader = make_train_loader(workload.train_set, config, config.seed)
     total_steps = int(config.epochs * len(loader))
     warmup = min(MAX_WARMUP_STEPS, max(1, total_steps // 2))
     step = 0

@@ -73,12 +73,13 @@ from optuna.trial import TrialState
 from autotune.config import TrialConfig, scaled_lr
 from autotune.executor import InProcessExecutor
 from autotune.faults import TrialFault, classify
+from autotune.knobs import SPEED_KNOBS
 from autotune.machine.hardware import Hardware, detect
 from autotune.results import Evaluation
 from autotune.search import objective, space
 from autotune.search.references import untuned_config
 from autotune.spacefile import Choice, FloatRange, Spec, load_spec
-from autotune.speed import SPEED_KNOBS, BurstPlan, SpeedChoice, SpeedMeasurement, SpeedTable
+from autotune.speed import BurstPlan, SpeedChoice, SpeedMeasurement, SpeedTable
 from autotune.stage1._plan import SpeedPlan, describe
 from autotune.stage1._stage import run_speed_stage
 from autotune.study._sampling import make_pruner, make_sampler
@@ -469,7 +470,13 @@ class Replay:
         for number in range(1, budget + 1):
             trial = study.ask()
             try:
-                config = space.sample(trial, spec, self.hardware, table)
+                config = (
+                    space.sample(trial, spec, self.hardware)
+                    if table is None
+                    else space.draw_from_table(
+                        space.suggestions(trial), spec, self.hardware, table, trial.number
+                    )[0]
+                )
             except space.NothingFits:
                 trial.set_constraint("fault", 1.0)
                 study.tell(trial, state=TrialState.PRUNED)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import optuna
 import torch
+from optuna.trial import TrialState
 
 from autotune.config import TrialConfig
 from autotune.faults import release_memory
@@ -35,7 +36,7 @@ from autotune.search.objective import charged_seconds
 from autotune.search.references import checklist_params, untuned_config
 from autotune.search.space import restrict, sample
 from autotune.spacefile import Choice, Spec, load_spec
-from autotune.study import answer_trial, reference_trial, trial_config
+from autotune.study import TrialRecord, answer_trial, reference_trial, trial_config
 from autotune.training.runner import train
 from autotune.training.telemetry import fingerprint
 from autotune.training.warmup import warm_process
@@ -71,6 +72,22 @@ def run_study(args: argparse.Namespace, spec: Spec, storage: str) -> None:
     if args.device:
         command += ["--device", args.device]
     subprocess.run(command, check=True)
+
+
+def print_prediction(study: optuna.Study) -> None:
+    """Stage 1 against the trials (issue 38 item 3): the median over the study's complete
+    trials of each trial's steady samples/s over what stage 1 predicted for its settings."""
+    ratios = sorted(
+        record.samples_per_second / record.predicted_samples_per_second
+        for record in map(TrialRecord.of, study.get_trials(states=[TrialState.COMPLETE]))
+        if record.samples_per_second and record.predicted_samples_per_second
+    )
+    if ratios:
+        print(
+            f"stage 1 against the trials: trial / predicted samples/s, median "
+            f"{statistics.median(ratios):.3f} over {len(ratios)} complete trials "
+            f"({ratios[0]:.2f} .. {ratios[-1]:.2f})"
+        )
 
 
 def configurations(study: optuna.Study, spec: Spec, device: str) -> dict[str, TrialConfig]:
@@ -141,7 +158,9 @@ def main() -> None:
             runs[name].append(measure(config, workload, spec))
             print(f"  {name} run {repeat + 1}: {runs[name][-1]}", flush=True)
 
-    print(f"\nstudy {spec.study_name} ({args.space}), answer trial {answer_trial(study).number}")
+    answer = answer_trial(study)
+    print(f"\nstudy {spec.study_name} ({args.space}), answer trial {answer and answer.number}")
+    print_prediction(study)
     print_table(runs, spec.objective.score_name)
     print("\n| knob | " + " | ".join(chosen) + " |\n|---|" + "---|" * len(chosen))
     knobs = {name: config.to_dict() for name, config in chosen.items()}

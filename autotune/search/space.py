@@ -237,7 +237,7 @@ def fixed_value(knob: Knob) -> Any:
     return knob.values[0] if isinstance(knob, Choice) else knob.low
 
 
-def _suggest(trial: optuna.Trial, name: str, knob: Knob) -> Any:
+def _suggest(trial: optuna.trial.BaseTrial, name: str, knob: Knob) -> Any:
     """The value of one knob: fixed values directly, searched ones through Optuna."""
     if knob.is_fixed:
         return fixed_value(knob)
@@ -262,12 +262,12 @@ def _listed(knob: Knob) -> tuple[Any, ...]:
     return (knob.low,)
 
 
-def suggestions(trial: optuna.Trial) -> Pick:
+def suggestions(trial: optuna.trial.BaseTrial) -> Pick:
     """Each knob's value in ``trial``: Optuna's suggestion where the space searches it."""
     return lambda name, knob: _suggest(trial, name, knob)
 
 
-def sample(trial: optuna.Trial, spec: Spec, hardware: Hardware) -> TrialConfig:
+def sample(trial: optuna.trial.BaseTrial, spec: Spec, hardware: Hardware) -> TrialConfig:
     """Draw one configuration from the whole of ``spec.space`` (already restricted to
     ``hardware``): a joint study's trial."""
     return draw(suggestions(trial), spec, hardware, trial.number)
