@@ -5,6 +5,7 @@ fast a step runs, not what is learned), as plain frozen data. Nothing here impor
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -100,12 +101,13 @@ class SpeedChoice:
     precision: str
     extras: Extras  # declared learning knobs among the speed knobs, fixed for this choice
     settings: tuple[tuple[str, Any], ...]  # the speed knobs stage 1 chose, by name
-    samples_per_second: float  # predicted, steady, epoch starts included
-    charged_seconds: float  # predicted charged seconds of one trial (see objective)
-    one_time_seconds: float
-    spread: float  # of the measurements behind it
-    measurements: int
-    speed_trials: tuple[int, ...]  # the speed study's trial numbers behind it
+    # the defaults are a choice stage 1 left unmeasured (``measured``)
+    samples_per_second: float = 0.0  # predicted, steady, epoch starts included
+    charged_seconds: float = math.inf  # predicted charged seconds of one trial (see objective)
+    one_time_seconds: float = 0.0
+    spread: float = 0.0  # of the measurements behind it
+    measurements: int = 0
+    speed_trials: tuple[int, ...] = ()  # the speed study's trial numbers behind it
     # the next-best settings' samples/s in this cell, as charged (the ranking's terms: its
     # one-time costs spread over the trial), so never above the choice's own
     runner_up: float | None = None
@@ -113,8 +115,9 @@ class SpeedChoice:
 
     @property
     def measured(self) -> bool:
-        """Whether stage 1 measured it; one it left out (its budget ran out) has the settings
-        of the nearest micro-batch measured, no measurement (0) and no speed (0 samples/s)."""
+        """Whether stage 1 measured it; one it left out (its budget ran out, or a reference's
+        own row) has settings from elsewhere, no speed, and comes after any measured split of
+        its effective batch (``SpeedTable.fastest``)."""
         return self.measurements > 0
 
     @property

@@ -167,12 +167,6 @@ def own_table(spec: Spec, config: TrialConfig) -> SpeedTable:
                 precision=config.precision,
                 extras=tuple((k, getattr(config, k)) for k in SPEED_KNOBS if k in declared),
                 settings=tuple((k, getattr(config, k)) for k in SPEED_KNOBS),
-                samples_per_second=0.0,
-                charged_seconds=0.0,
-                one_time_seconds=0.0,
-                spread=0.0,
-                measurements=0,
-                speed_trials=(),
             ),
         )
     )

@@ -119,12 +119,6 @@ def _borrowed(cell: Cell, plan: SpeedPlan, measured: list[SpeedChoice]) -> list[
             precision=cell.precision,
             extras=cell.extras,
             settings=nearest.settings,
-            samples_per_second=0.0,
-            charged_seconds=math.inf,  # a measured split of its effective batch comes first
-            one_time_seconds=0.0,
-            spread=0.0,
-            measurements=0,
-            speed_trials=(),
         )
         for accumulation in plan.accumulations
     ]
