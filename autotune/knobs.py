@@ -275,6 +275,11 @@ KNOBS: dict[str, KnobInfo] = {
 }
 
 
+def as_written(value: Any) -> str:
+    """A knob's value as the space file writes it (YAML's ``true``, not Python's ``True``)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def _named(stage: str) -> tuple[str, ...]:
     return tuple(name for name, info in KNOBS.items() if info.stage == stage)
 

@@ -21,7 +21,7 @@ import optuna
 from torch.utils.data import TensorDataset
 
 from autotune.config import TrialConfig, scaled_lr
-from autotune.knobs import KNOBS, SPEED_KNOBS, SPLIT_KNOBS
+from autotune.knobs import KNOBS, SPEED_KNOBS, SPLIT_KNOBS, as_written
 from autotune.machine.hardware import Hardware
 from autotune.pipeline import ImageTensorDataset
 from autotune.spacefile import Choice, IntRange, Knob, Spec, SpecError
@@ -55,7 +55,7 @@ class Dropped:
     reason: str
 
     def describe(self) -> str:
-        shown = ", ".join(_show(v) for v in self.values)
+        shown = ", ".join(as_written(v) for v in self.values)
         return f"{self.knob} {shown}: {self.reason}"
 
 
@@ -65,10 +65,6 @@ class Restriction:
 
     spec: Spec
     dropped: tuple[Dropped, ...]
-
-
-def _show(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _in_memory_bytes(dataset: Any) -> int | None:
@@ -211,7 +207,7 @@ def restrict(spec: Spec, hardware: Hardware, workload: Workload | None = None) -
                 reasons.setdefault(reason, []).append(value)
         if not keep:
             listed = "; ".join(
-                f"{', '.join(map(_show, vs))} ({reason})" for reason, vs in reasons.items()
+                f"{', '.join(map(as_written, vs))} ({reason})" for reason, vs in reasons.items()
             )
             problems.append(f"space.{name}: no value can run on {hardware.device}: {listed}")
             continue

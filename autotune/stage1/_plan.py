@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.config import TrialConfig
-from autotune.knobs import COMPUTE_KNOBS, DDP_KNOBS, KNOBS, PIPELINE_KNOBS, SPEED_KNOBS
+from autotune.knobs import (
+    COMPUTE_KNOBS,
+    DDP_KNOBS,
+    KNOBS,
+    PIPELINE_KNOBS,
+    SPEED_KNOBS,
+    as_written,
+)
 from autotune.spacefile import Choice, FloatRange, IntRange, Knob, Spec, SpecError
 from autotune.speed import Extras
 
@@ -81,12 +88,8 @@ class Cell:
         return self.world_size > 1
 
     def label(self) -> str:
-        extra = "".join(f", {name} {_show(value)}" for name, value in self.extras)
+        extra = "".join(f", {name} {as_written(value)}" for name, value in self.extras)
         return f"batch {self.batch_size}, {self.precision}{extra}"
-
-
-def _show(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def describe(settings: Settings) -> str:
