@@ -163,13 +163,14 @@ class TrialRecord:
 
     @classmethod
     def from_result(cls, result: TrialResult, precision: str) -> TrialRecord:
-        """What a trial that trained stores of its measurements."""
+        """What a trial that trained stores of its measurements: each field of both as measured,
+        but for those derived here."""
         from autotune.training import (  # torch: only the writer of a trial needs it
             telemetry,
             timing,
         )
 
-        breakdown: dict[str, Any] = {}
+        breakdown: dict[str, Any] = {"time_breakdown": None}  # seconds in, shares stored
         if result.time_breakdown:
             total = sum(result.time_breakdown.values())
             if total > 0:
@@ -181,7 +182,7 @@ class TrialRecord:
                     "data_wait_fraction": fractions["data_wait"],
                     "bottleneck": timing.bottleneck(fractions, result.gpu.get("gpu_utilization")),
                 }
-        flops: dict[str, Any] = {}
+        flops: dict[str, Any] = {"flops_per_sample": None}
         if result.flops_per_sample:
             achieved = result.flops_per_sample * result.samples_per_second
             peak = telemetry.peak_flops(result.device_name, precision)
@@ -190,40 +191,25 @@ class TrialRecord:
                 "achieved_flops": achieved,  # FLOP/s, steady state, every process together
                 "mfu": achieved / (peak * result.world_size) if peak is not None else None,
             }
-        return cls(
-            score=result.score,
-            train_seconds=result.train_seconds,
-            overhead_seconds=result.overhead_seconds,
-            warmup_seconds=result.warmup_seconds,
-            samples_per_second=result.samples_per_second,
-            tokens_per_second=result.tokens_per_second,
-            effective_batch_size=result.effective_batch_size,
-            samples_seen=result.samples_seen,
-            optimizer_steps=result.optimizer_steps,
-            epochs_trained=result.evaluations[-1].epoch,
-            peak_memory_bytes=result.peak_memory_bytes,
-            compiled_graphs=result.compiled_graphs,
-            device_name=result.device_name,
-            torch_version=result.torch_version,
-            score_curve=[[round(e.epoch, 4), e.score] for e in result.evaluations],
-            loss_scale=result.loss_scale,
-            skipped_steps=result.skipped_steps if result.loss_scale is not None else None,
-            compile_seconds=result.compile_seconds,
-            gpu_utilization=result.gpu.get("gpu_utilization"),
-            gpu_memory_used_bytes=result.gpu.get("gpu_memory_used_bytes"),
-            intra_op_threads=result.intra_op_threads or None,
-            processes=result.world_size if result.world_size > 1 else None,
-            other_cpu_share=result.other_cpu_share,
-            interference=interfered(result.other_cpu_share),
-            memory_left_bytes=result.memory_left_bytes,
-            printed_lines=result.printed_lines or None,
-            first_printed=result.first_printed,
+        measured = {name: getattr(result, name) for name in _TRIAL_FIELDS & _RESULT_FIELDS}
+        return dataclasses.replace(
+            cls(**measured),
             **breakdown,
             **flops,
+            epochs_trained=result.evaluations[-1].epoch,
+            score_curve=[[round(e.epoch, 4), e.score] for e in result.evaluations],
+            skipped_steps=result.skipped_steps if result.loss_scale is not None else None,
+            gpu_utilization=result.gpu.get("gpu_utilization"),
+            gpu_memory_used_bytes=result.gpu.get("gpu_memory_used_bytes"),
+            intra_op_threads=result.intra_op_threads or None,  # 0: not recorded
+            processes=result.world_size if result.world_size > 1 else None,
+            interference=interfered(result.other_cpu_share),
+            printed_lines=result.printed_lines or None,
         )
 
 
 _TRIAL_FIELDS = frozenset(f.name for f in dataclasses.fields(TrialRecord))
+_RESULT_FIELDS = frozenset(f.name for f in dataclasses.fields(TrialResult))
 # stored attribute names that changed: old -> new (the score was accuracy before any other)
 _RENAMED = {"accuracy": "score", "accuracy_curve": "score_curve"}
 METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(TrialRecord) if f.metadata.get("metric"))
