@@ -21,8 +21,6 @@ class BurstPlan:
     warmup_micro_batches: int = 3  # compile, cuDNN autotuning, worker start: one-time costs
     bursts: int = 3  # timed bursts, each starting a new pass over the data
     burst_seconds: float = 0.25  # each burst's target length (its micro-batches follow)
-    min_micro_batches: int = 4  # per burst, however slow a step is
-    max_micro_batches: int = 400  # per burst, however fast
     # stage 1's id: each distinct compiled graph compiled once in the process for the stage
     # and reused by the settings that share it (``execution.compile_state``), the stage
     # charging the cold compile; "": a cold compile for every measurement
@@ -232,8 +230,3 @@ class SpeedTable:
             return None
         reasons = [(kind, why.partition(": ")[2] or why) for _, kind, why in self.unrunnable]
         return max(set(reasons), key=reasons.count)
-
-    @property
-    def precisions(self) -> tuple[str, ...]:
-        """Precisions with at least one runnable choice."""
-        return tuple(dict.fromkeys(c.precision for c in self.choices))

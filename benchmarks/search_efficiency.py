@@ -434,7 +434,7 @@ class Replay:
         found = []
         for lr in self.spec.space.lr.values:  # type: ignore[union-attr]  # a Choice here
             for effective in space.effective_batch_sizes(self.spec):
-                for precision in self.table.precisions:
+                for precision in dict.fromkeys(c.precision for c in self.table):
                     choice = self.table.fastest(effective, precision)
                     if choice is None:
                         continue

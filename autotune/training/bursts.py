@@ -39,6 +39,8 @@ from autotune.workloads import Workload
 
 CALIBRATION_MICRO_BATCHES = 4  # an untimed burst that sizes the timed ones
 RECOMPILE_ATTEMPTS = 2  # timed measurements, while torch.compile compiles during them
+MIN_BURST_MICRO_BATCHES = 4  # micro-batches a burst times, however slow a step is
+MAX_BURST_MICRO_BATCHES = 400  # and however fast
 
 
 def measure(
@@ -105,7 +107,7 @@ def _measure(
     synchronize(device)
     per_batch = (time.perf_counter() - started) / CALIBRATION_MICRO_BATCHES
     length = round(plan.burst_seconds / max(per_batch, 1e-6))
-    length = max(plan.min_micro_batches, min(plan.max_micro_batches, length, len(loader)))
+    length = max(MIN_BURST_MICRO_BATCHES, min(MAX_BURST_MICRO_BATCHES, length, len(loader)))
     length = ranks.rank_zero_value(length, device)  # every process of a distributed run
 
     # -- the bursts: each a new pass, its start timed apart from its steady steps; bursts
