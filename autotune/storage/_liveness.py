@@ -5,6 +5,7 @@ beating, and the study's lock under which a process counts the trials and starts
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import threading
@@ -135,7 +136,7 @@ class _Lease:
 
 
 @contextlib.contextmanager
-def study_lock(  # noqa: C901, PLR0915
+def study_lock(
     study: optuna.Study,
     purpose: str = "",
     on_wait: Callable[[], None] | None = None,
@@ -159,68 +160,84 @@ def study_lock(  # noqa: C901, PLR0915
         waiting = (lambda pid: on_wait()) if on_wait is not None else None
         with file_lock(path.with_name(f"{path.name}{suffix}.lock"), waiting):
             yield
-        return
-    if backend is not None and url is not None and url.startswith("postgresql"):
-        key = {"key": f"autotune{':' + purpose if purpose else ''}:{study.study_name}"}
-        retry = adapter.outage_retry_of(adapter.storage_of(study))
-        waited: list[bool] = []
+    elif backend is not None and url is not None and url.startswith("postgresql"):
+        key = f"autotune{':' + purpose if purpose else ''}:{study.study_name}"
+        with _advisory_lock(study, backend, key, on_wait, held_long):
+            yield
+    else:
+        yield
 
-        def lock() -> sqlalchemy.Connection:
-            connection = backend.engine.connect()
-            try:
-                taken = connection.execute(
-                    sqlalchemy.text("SELECT pg_try_advisory_lock(hashtext(:key))"), key
-                ).scalar()
-                if not taken:
-                    if on_wait is not None and not waited:
-                        waited.append(True)
-                        on_wait()
-                    connection.execute(
-                        sqlalchemy.text("SELECT pg_advisory_lock(hashtext(:key))"), key
-                    )
-            except BaseException:
-                connection.close()
-                raise
-            return connection
 
-        def unlock(connection: sqlalchemy.Connection) -> None:
-            try:
-                connection.execute(
-                    sqlalchemy.text("SELECT pg_advisory_unlock(hashtext(:key))"), key
-                )
-            except sqlalchemy.exc.SQLAlchemyError as error:
-                if not is_outage(error):  # its connection was lost: the lock went with it
-                    raise
-            finally:
-                connection.close()
-
-        lease = _Lease(study, key["key"]) if held_long else None
-        while True:
-            connection = retry.call(lock)  # a database that restarts: wait for it
-            try:
-                if lease is None or not retry.call(lease.held_elsewhere):
-                    break
-            except BaseException:
-                unlock(connection)
-                raise
-            # its holder lost the lock with its connection and works on: wait for it
-            unlock(connection)
-            if on_wait is not None and not waited:
-                waited.append(True)
-                on_wait()
-            time.sleep(LEASE_INTERVAL)
+@contextlib.contextmanager
+def _advisory_lock(
+    study: optuna.Study,
+    backend: optuna.storages.RDBStorage,
+    key: str,
+    on_wait: Callable[[], None] | None,
+    held_long: bool,
+) -> Iterator[None]:
+    """``study_lock`` on PostgreSQL: an advisory lock on ``key``, held by a connection of its
+    own, and a lease beside it where ``held_long``."""
+    retry = adapter.outage_retry_of(adapter.storage_of(study))
+    waiting = functools.cache(on_wait or (lambda: None))  # said once, however often it waits
+    lease = _Lease(study, key) if held_long else None
+    while True:
+        # a database that restarts: wait for it
+        connection = retry.call(_locked_connection, backend, key, waiting)
+        try:
+            if lease is None or not retry.call(lease.held_elsewhere):
+                break
+        except BaseException:
+            _unlock(connection, key)
+            raise
+        # its holder lost the lock with its connection and works on: wait for it
+        _unlock(connection, key)
+        waiting()
+        time.sleep(LEASE_INTERVAL)
+    try:
+        if lease is not None:
+            retry.call(lease.take)
+        yield
+    finally:
         try:
             if lease is not None:
-                retry.call(lease.take)
-            yield
+                lease.release()
         finally:
-            try:
-                if lease is not None:
-                    lease.release()
-            finally:
-                unlock(connection)
-        return
-    yield
+            _unlock(connection, key)
+
+
+def _locked_connection(
+    backend: optuna.storages.RDBStorage, key: str, waiting: Callable[[], None]
+) -> sqlalchemy.Connection:
+    """A new connection holding the advisory lock on ``key``; ``waiting`` called before it
+    waits for another holder."""
+    connection = backend.engine.connect()
+    try:
+        taken = connection.execute(
+            sqlalchemy.text("SELECT pg_try_advisory_lock(hashtext(:key))"), {"key": key}
+        ).scalar()
+        if not taken:
+            waiting()
+            connection.execute(
+                sqlalchemy.text("SELECT pg_advisory_lock(hashtext(:key))"), {"key": key}
+            )
+    except BaseException:
+        connection.close()
+        raise
+    return connection
+
+
+def _unlock(connection: sqlalchemy.Connection, key: str) -> None:
+    """Release the advisory lock on ``key`` and close its connection."""
+    try:
+        connection.execute(
+            sqlalchemy.text("SELECT pg_advisory_unlock(hashtext(:key))"), {"key": key}
+        )
+    except sqlalchemy.exc.SQLAlchemyError as error:
+        if not is_outage(error):  # its connection was lost: the lock went with it
+            raise
+    finally:
+        connection.close()
 
 
 _BEAT_STORAGES: dict[str, optuna.storages.RDBStorage] = {}
