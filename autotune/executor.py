@@ -19,10 +19,10 @@ from autotune.workloads import Workload
 
 
 class TrialExecutor(Protocol):
-    """Runs one trial: ``run(config, report) -> TrialResult``, or times one configuration:
+    """Trains one trial: ``train(config, report) -> TrialResult``, or times one configuration:
     ``measure(config, plan) -> SpeedMeasurement``; both raise on faults."""
 
-    def run(self, config: TrialConfig, report: Reporter) -> TrialResult: ...
+    def train(self, config: TrialConfig, report: Reporter) -> TrialResult: ...
 
     def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement: ...
 
@@ -72,7 +72,7 @@ class InProcessExecutor:
             raise UserError("a distributed trial needs the workload's spec to start its ranks")
         return self.ranks
 
-    def run(self, config: TrialConfig, report: Reporter) -> TrialResult:
+    def train(self, config: TrialConfig, report: Reporter) -> TrialResult:
         if config.distributed:  # its own processes, each warmed before its clock
             result = self._ranks().train(config, report)
         else:

@@ -113,7 +113,7 @@ def remeasure(
             for trial in order:
                 config = trial_config(trial)
                 config = config.replace(seed=config.seed + SEED_OFFSET + repeat)
-                result = executor.run(
+                result = executor.train(
                     config, lambda e: objective.target_reached(e, spec.objective)
                 )
                 value = objective.score(result, spec.objective).value

@@ -64,7 +64,7 @@ def warmed(workload: WorkloadSpec, base_dir: Path, config: TrialConfig) -> list[
     executor = WorkerExecutor(workload, base_dir)
     try:
         return [
-            executor.run(config, lambda e: False).compile_seconds or 0.0 for _ in range(TRIALS)
+            executor.train(config, lambda e: False).compile_seconds or 0.0 for _ in range(TRIALS)
         ]
     finally:
         executor.close()

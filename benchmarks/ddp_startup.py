@@ -49,13 +49,13 @@ def main() -> None:
     args = parser.parse_args()
     config = make_config(batch_size=32, epochs=1.0, eval_every=1.0)
     one = InProcessExecutor(workloads.load(SPEC, None, "accuracy"))
-    one.run(config, never_stop)  # this process's first work, paid before the rounds
+    one.train(config, never_stop)  # this process's first work, paid before the rounds
     source = distributed.WorkloadSource(SPEC, None, "accuracy")
     two = config.replace(world_size=2)
     pool = distributed.RankPool(source)
     pool.train(two, never_stop)  # the kept ranks' start-up, paid before the rounds
     arms = {
-        "1 process": lambda: one.run(config, never_stop),
+        "1 process": lambda: one.train(config, never_stop),
         "2, kept": lambda: pool.train(two, never_stop),
         "2, fresh": lambda: _fresh(source, two),
     }

@@ -146,8 +146,8 @@ class TimedExecutor:
         self.accumulations: tuple[int, ...] = ()
         self.measurements: list[dict[str, Any]] = []
 
-    def run(self, config: TrialConfig, report: Any) -> Any:
-        return self.inner.run(config, report)
+    def train(self, config: TrialConfig, report: Any) -> Any:
+        return self.inner.train(config, report)
 
     def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
         settings = tuple((name, getattr(config, name)) for name in SPEED_KNOBS)
@@ -241,7 +241,7 @@ def train_point(executor: InProcessExecutor, config: TrialConfig, spec: Spec) ->
     }
     started = time.monotonic()
     try:
-        result = executor.run(config, never_stop)
+        result = executor.train(config, never_stop)
     except Exception as error:
         kind, message = classify(error)
         if isinstance(error, TrialFault):

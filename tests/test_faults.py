@@ -679,7 +679,7 @@ class _FailedElsewhereAtFirstEvaluation:
         self.inner, self.url, self.study_name = inner, url, study_name
         self.done = False
 
-    def run(self, config, report):
+    def train(self, config, report):
         def first_evaluation_elsewhere(evaluation):
             if not self.done:
                 self.done = True
@@ -690,7 +690,7 @@ class _FailedElsewhereAtFirstEvaluation:
                 )
             return report(evaluation)
 
-        return self.inner.run(config, first_evaluation_elsewhere)
+        return self.inner.train(config, first_evaluation_elsewhere)
 
     def measure(self, config, plan):
         return self.inner.measure(config, plan)

@@ -185,7 +185,7 @@ def test_a_worker_whose_device_memory_does_not_come_back_is_replaced(tmp_path: P
     )
     executor = WorkerExecutor(leaky, tmp_path)
     try:
-        results = [executor.run(cuda_config(), never_stop) for _ in range(3)]
+        results = [executor.train(cuda_config(), never_stop) for _ in range(3)]
     finally:
         executor.close()
     left = [result.memory_left_bytes for result in results]
@@ -249,8 +249,8 @@ def _a_fault_then_a_trial(
     executor = WorkerExecutor(spec, folder)
     try:
         with pytest.raises(Exception) as raised:
-            executor.run(failing, never_stop)
-        result = executor.run(healthy, never_stop)
+            executor.train(failing, never_stop)
+        result = executor.train(healthy, never_stop)
     finally:
         executor.close()
     return raised.value, result, len(executor.started_pids)
@@ -353,7 +353,7 @@ def test_a_dozen_trials_in_one_worker_give_their_device_memory_back(tmp_path: Pa
         for batch_size in (64, 256, 1024)
     ]
     try:
-        results = [executor.run(config, never_stop) for config in configs]
+        results = [executor.train(config, never_stop) for config in configs]
     finally:
         executor.close()
     assert [r.memory_left_bytes for r in results] == [None] * len(configs)

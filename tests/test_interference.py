@@ -218,8 +218,8 @@ class Interfering(InProcessExecutor):
         super().__init__(workload)
         self.flagged = flagged
 
-    def run(self, config: TrialConfig, report: Reporter) -> TrialResult:
-        result = super().run(config, report)
+    def train(self, config: TrialConfig, report: Reporter) -> TrialResult:
+        result = super().train(config, report)
         share = 0.8 if self.flagged > 0 else 0.0
         self.flagged -= 1
         return dataclasses.replace(result, other_cpu_share=share)

@@ -125,7 +125,7 @@ def test_the_time_a_trial_waits_for_the_study_to_record_an_evaluation_is_not_its
         return False
 
     try:
-        result = executor.run(make_config(epochs=1.0, eval_every=0.5), slow_report)
+        result = executor.train(make_config(epochs=1.0, eval_every=0.5), slow_report)
     finally:
         executor.close()
     assert len(answered) == 2 and result.evaluations[-1].final

@@ -162,9 +162,9 @@ class SyntheticExecutor:
             other_cpu_share=others,
         )
 
-    def run(self, config: TrialConfig, report: Reporter) -> TrialResult:
+    def train(self, config: TrialConfig, report: Reporter) -> TrialResult:
         assert self.trials is not None, "given no workload, it trains no trial"
-        return self.trials.run(config, report)
+        return self.trials.train(config, report)
 
     def close(self) -> None:
         if self.trials is not None:

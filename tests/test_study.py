@@ -398,7 +398,7 @@ class Paced:
     def __init__(self, seconds_per_epoch: dict[int, list[float]]) -> None:
         self.seconds_per_epoch = seconds_per_epoch
 
-    def run(self, config: TrialConfig, report) -> TrialResult:
+    def train(self, config: TrialConfig, report) -> TrialResult:
         evaluations, seconds = [], 0.0
         for index, epoch_seconds in enumerate(self.seconds_per_epoch[config.batch_size], 1):
             seconds += epoch_seconds

@@ -40,10 +40,10 @@ def test_a_fresh_process_warms_before_the_first_clock_and_the_compiler_before_co
     workload = blobs_workload()
     executor = InProcessExecutor(workload, Warmth(log=clock_starts.append))
     eager = make_config(epochs=1)
-    executor.run(eager, never_stop)
-    executor.run(eager, never_stop)
-    executor.run(eager.replace(compile="default"), never_stop)
-    executor.run(eager.replace(compile="default"), never_stop)
+    executor.train(eager, never_stop)
+    executor.train(eager, never_stop)
+    executor.train(eager.replace(compile="default"), never_stop)
+    executor.train(eager.replace(compile="default"), never_stop)
     # once each, and each before the clock of the first trial that needs it
     assert clock_starts == ["process", "clock", "clock", "compiler", "clock", "clock"]
 
@@ -74,7 +74,7 @@ def test_a_warm_process_keeps_its_objects_out_of_collections_until_it_closes():
 
     executor = InProcessExecutor(blobs_workload())
     try:
-        executor.run(make_config(epochs=1.0), never_stop)
+        executor.train(make_config(epochs=1.0), never_stop)
         assert gc.get_freeze_count() > 0  # torch's objects are not walked after every trial
     finally:
         executor.close()

@@ -69,7 +69,7 @@ def test_a_fresh_workers_warm_up_is_timed_apart_from_the_trials_timeout():
     try:
         executor.start()  # imports and the workload: before any clock
         started = time.monotonic()
-        result = executor.run(make_config(epochs=1.0), lambda evaluation: False)
+        result = executor.train(make_config(epochs=1.0), lambda evaluation: False)
         took = time.monotonic() - started
     finally:
         executor.close()
@@ -82,7 +82,7 @@ def test_a_worker_that_cannot_load_the_workload_says_why(tmp_path: Path):
     executor = WorkerExecutor(WorkloadSpec(model="tiny_mlp", data="no_such_data"), tmp_path)
     try:
         with pytest.raises(WorkerError, match="could not load the workload: unknown data set"):
-            executor.run(make_config(), lambda evaluation: False)
+            executor.train(make_config(), lambda evaluation: False)
     finally:
         executor.close()
     assert all(live_group_members(pid) == [] for pid in executor.started_pids)
@@ -207,8 +207,8 @@ def test_what_the_users_code_prints_in_a_worker_is_counted_not_shown(
     workload = WorkloadSpec(model="chatty_model:chatty", data="autotune.testing:blobs")
     executor = WorkerExecutor(workload, tmp_path)
     try:
-        result = executor.run(make_config(epochs=1.0, batch_size=16), lambda evaluation: False)
-        again = executor.run(make_config(epochs=1.0, batch_size=16), lambda evaluation: False)
+        result = executor.train(make_config(epochs=1.0, batch_size=16), lambda evaluation: False)
+        again = executor.train(make_config(epochs=1.0, batch_size=16), lambda evaluation: False)
     finally:
         executor.close()
     # every training and validation batch printed once: more lines than optimizer steps
@@ -240,7 +240,7 @@ def test_a_worker_killed_from_outside_is_not_the_configurations_fault():
             killer = threading.Timer(1.5, os.kill, (pid, sent))
             killer.start()
             with pytest.raises(TrialFault) as caught:
-                executor.run(make_config(epochs=1.0), lambda evaluation: False)
+                executor.train(make_config(epochs=1.0), lambda evaluation: False)
             killer.join()
             kinds.append(caught.value.kind)
             said = str(caught.value)

@@ -166,7 +166,7 @@ def _measure(
 
     with device_lock(config.device, config.world_size, on_wait):  # off the clock, as a trial
         started = time.monotonic()
-        result = attempt(lambda: executor.run(config.replace(seed=seed), report))
+        result = attempt(lambda: executor.train(config.replace(seed=seed), report))
     run = ConfirmRun(trial.number, repeat, seed, None, None, None, False, 0.0)
     if isinstance(result, faults.TrialFault):
         fault = f"{result.kind}: {result.message}"

@@ -254,7 +254,7 @@ class TrialRunner:
                 TrialRecord(turn_wait_seconds=started - asked_turn).store(trial)
             reporter = TrialReporter(trial, config, goal, self.observer, leader, reference)
             try:
-                result = attempt(lambda: self.executor.run(config, reporter.report))
+                result = attempt(lambda: self.executor.train(config, reporter.report))
             except ReportFailed as failed:
                 raise failed.error from None  # as if raised here, where the study writes
         if reporter.taken_over:

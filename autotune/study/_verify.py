@@ -257,7 +257,7 @@ def _train(
         return False  # the whole run: that is what is verified
 
     with device_lock(config.device, config.world_size, on_wait):
-        result = attempt(lambda: executor.run(config, report))
+        result = attempt(lambda: executor.train(config, report))
     if isinstance(result, TrialFault):
         fault = f"{result.kind}: {result.message}"
         return VerifyRun(trial.number, role, repeat, tuple(curve), fault=fault)

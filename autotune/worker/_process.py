@@ -170,7 +170,7 @@ def _serve(connection: Connection, executor: InProcessExecutor, tally: PrintTall
             if isinstance(message, MeasureSpeed):
                 measured = executor.measure(config, message.plan)
             else:
-                result = executor.run(config, report)
+                result = executor.train(config, report)
         except Exception as error:
             fault, fresh = as_fault(error), needs_fresh_process(error)
             del error

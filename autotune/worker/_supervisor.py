@@ -252,14 +252,14 @@ class WorkerExecutor:
 
     # -- one trial ----------------------------------------------------------------------------
 
-    def run(self, config: TrialConfig, report: Reporter) -> TrialResult:
-        """Run one trial in the worker; TrialFault for every way it can end badly."""
+    def train(self, config: TrialConfig, report: Reporter) -> TrialResult:
+        """Train one trial in the worker; TrialFault for every way it can end badly."""
         outcome = self._supervise(RunTrial(config), report)
         assert isinstance(outcome, TrialResult)
         return outcome
 
     def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
-        """Time one configuration in the worker (speed stage); TrialFault as ``run``."""
+        """Time one configuration in the worker (speed stage); TrialFault as ``train``."""
         outcome = self._supervise(MeasureSpeed(config, plan), no_evaluations)
         assert isinstance(outcome, SpeedMeasurement)
         return outcome
