@@ -100,7 +100,7 @@ def test_a_clear_winner_carries_its_medians_the_rounds_facts_and_its_ratio_over_
     assert answer.confirmed and answer.round_state == "confirmed"
     assert answer.number == 2 and answer.trial.value == 2.6
     assert answer_trial(study) == answer.trial
-    assert answer.median == 2.65 and answer.runs == 3 and answer.runs_side_by_side == 2
+    assert answer.median == 2.65 and answer.runs == 3 and len(answer.winner.round_values) == 2
     assert answer.headline == (2.65, "median of 3 confirmed runs")  # not its trial's 2.6
     assert answer.winner is not None and answer.winner.median_score == 0.9
     assert answer.winner.median_samples_per_second == pytest.approx(265)
@@ -251,7 +251,7 @@ def test_one_clean_run_is_never_compared_with_six_flagged_ones():
     record = dataclasses.replace(record, runs=(*answer_runs, *baseline_runs))
     answer = _answer(study, record)
     assert answer.number == 1 and answer.interfered  # its flagged runs are what it is ranked on
-    assert answer.median == 0.8 and answer.runs == 6 and answer.runs_side_by_side == 5
+    assert answer.median == 0.8 and answer.runs == 6 and len(answer.winner.round_values) == 5
     (baseline,) = answer.references
     assert baseline.runs == 6 and baseline.ratio == pytest.approx(0.8 / 0.1)  # not 2.86 / 0.1
     assert baseline.interval == (pytest.approx(0.7 / 0.112), pytest.approx(0.9 / 0.096))

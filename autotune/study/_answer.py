@@ -148,12 +148,6 @@ class Answer:
         return len(self.winner.values) if self.winner is not None else 0
 
     @property
-    def runs_side_by_side(self) -> int:
-        """The round's own runs behind its ratios (no original)."""
-        winner = self.winner
-        return len(winner.round_values or winner.values) if winner is not None else 0
-
-    @property
     def interfered(self) -> bool:  # every run of it was measured under interference
         return self.winner is not None and self.winner.interfered
 
