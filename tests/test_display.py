@@ -88,7 +88,8 @@ def test_the_plan_says_what_batch_size_auto_will_do_then_what_it_found():
 
     said = plan()
     assert "batch_size auto: doubled from 64 before stage 1 until out of memory" in said
-    assert "(the estimate below counts 64 and 128)" in said and "effective_batch_size" in said
+    assert "(the estimate below counts 64 and 128; the budget counts the whole probe)" in said
+    assert "effective_batch_size" in said
     found = "batch_size auto: 64 to 256 (512 gained 3%)"
     studies.StudyRecord(batch_sizes=[64, 128, 256], batch_size_auto=found).store(study)
     said = plan()

@@ -1347,6 +1347,24 @@ def test_past_its_budget_stage_one_starts_nothing_but_its_first_measurement(
     assert table.fastest(64, "fp32") == table.exact(32, 2, "fp32")
 
 
+def test_what_batch_size_auto_spent_before_stage_one_counts_in_its_budget(
+    tmp_path: Path, prepare_study, clock: FakeClock
+):
+    """The probe's measurements are stage 1's first rounds: its seconds come off the budget."""
+    from autotune.study import run_speed_stage
+
+    space = two_stage(n_trials=1, batch_sizes="[16, 32]", precisions="fp32", workers="[0, 1]")
+    space = space.replace("speed: {bursts: 2,", "speed: {max_seconds: 100, bursts: 2,")
+    study, _, _, _ = prepare_study(space, tmp_path, run=False)
+    spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
+    within = SyntheticExecutor(clock=clock, seconds_each=1.0)
+    run_speed_stage(study, spec, CPU, within, spent=90.0)
+    assert len(within.measured) > 1  # 10 s left: room for more than one
+    spent = SyntheticExecutor(clock=clock, seconds_each=1.0)
+    run_speed_stage(study, spec, CPU, spent, remeasure=True, spent=100.5)
+    assert len(spent.measured) == 1  # the stage's first measurement, and nothing after
+
+
 class FakeClock:
     """``time`` for stage 1's rules and measurements: ``monotonic`` moves only when told."""
 

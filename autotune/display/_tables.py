@@ -108,7 +108,7 @@ def _auto_batch(spec: Spec, study: optuna.Study) -> tuple[Spec, str]:
     return spec.with_batch_sizes((start, 2 * start)), (
         f"auto: doubled from {start} before stage 1 until out of memory, a doubling that gains "
         f"under {MIN_GAIN:.0%} samples/s, or the training set's size (the estimate below "
-        f"counts {start} and {2 * start})"
+        f"counts {start} and {2 * start}; the budget counts the whole probe)"
     )
 
 

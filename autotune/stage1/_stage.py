@@ -224,15 +224,18 @@ def run_speed_stage(
     remeasure: bool = False,
     on_event: Callable[[SpeedEvent], None] | None = None,
     on_wait: Callable[[str], None] | None = None,
+    spent: float = 0.0,
 ) -> SpeedTable:
     """Time every cell's execution settings (reusing matching measurements unless
     ``remeasure``) and return the fastest of each micro-batch split and precision.
     ``on_event`` hears each setting; ``on_wait``, that a measurement waits for another process
-    of this machine (``turns``)."""
+    of this machine (``turns``); ``spent``: seconds of its budget gone before it (the probe of
+    ``batch_size: auto``, whose measurements are its first rounds)."""
     since = datetime.datetime.now() if remeasure else None
     stage = Stage(
         study, spec, hardware, executor, workload, since, on_event or (lambda e: None), on_wait
     )
+    stage.rules.deadline -= spent
     cells = stage.plan.predicted()
     stage.time_references(cells)
     ranked = stage.ranked(cells)

@@ -168,6 +168,7 @@ def _stage_one(
                 observer.turn_waiting,
             )
             observer.turn_waiting(outcome.batch_size_auto)
+        spent = time.monotonic() - stage_started  # the probe's: stage 1's budget counts them
         table = run_speed_stage(
             study,
             spec,
@@ -177,6 +178,7 @@ def _stage_one(
             remeasure,
             observer.speed_measured,
             observer.turn_waiting,
+            spent,
         )
     except KeyboardInterrupt as stop:
         outcome.interrupted = True
