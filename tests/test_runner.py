@@ -265,14 +265,14 @@ class _MeanEmbedding(nn.Module):
 def test_counting_tokens_reads_nothing_back_in_the_loop(monkeypatch: pytest.MonkeyPatch):
     from torch.utils.data import TensorDataset
 
-    from autotune.training import runner
+    from autotune.training import losses
 
     ids = torch.randint(0, 20, (128, 6))
     data = TensorDataset(ids, (ids[:, 0] > 9).long())
     workload = Workload("tokens", data, data, 2, (6,), _MeanEmbedding)
     assert workload.counts_tokens
-    counted = runner.count_tokens
-    monkeypatch.setattr(runner, "count_tokens", lambda inputs: _DeviceCount(counted(inputs)))
+    counted = losses.count_tokens  # where the loop's losses count them
+    monkeypatch.setattr(losses, "count_tokens", lambda inputs: _DeviceCount(counted(inputs)))
     result = train(make_config(batch_size=16, epochs=1.0), workload, never_stop)
     assert result.tokens_per_second == pytest.approx(6 * result.samples_per_second)
 

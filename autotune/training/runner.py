@@ -9,8 +9,9 @@ only where a clock is read (warm-up end and evaluations), the loss is read back 
 evaluations, and evaluation time is not training time. The first optimizer steps are the warm-up
 window: whatever they take beyond the steady-state step time is one-time overhead (compilation,
 cuDNN autotuning, persistent DataLoader workers' start-up). An epoch's start recurs every epoch
-(non-persistent workers start again): it is timed (``_Epochs``) and counted once per epoch, as a
-full run pays it and as stage 1 predicts it (``speed.SpeedMeasurement.epoch_seconds``).
+(non-persistent workers start again): it is timed (``clocks.Epochs``) and counted once per
+epoch, as a full run pays it and as stage 1 predicts it (``speed.SpeedMeasurement.epoch_seconds``).
+The clocks are ``clocks.TrialClocks``; the training loss and its faults, ``losses``.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterator
-from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -30,6 +29,7 @@ from autotune.machine import ranks
 from autotune.machine.hardware import device_name
 from autotune.pipeline import DeviceBatches, make_train_loader, make_val_loader
 from autotune.results import Evaluation, Plan, Reporter, TrialResult
+from autotune.training.clocks import TrialClocks
 from autotune.training.context import (
     compile_seconds,
     compiled_graphs,
@@ -38,18 +38,13 @@ from autotune.training.context import (
     reset_peak_memory,
 )
 from autotune.training.evaluation import evaluate
-from autotune.training.telemetry import GpuSampler, flops_per_sample
-from autotune.training.timing import PhaseProbe, TrainClock
+from autotune.training.losses import TrainingLosses
+from autotune.training.telemetry import flops_per_sample
 from autotune.training.trainer import Trainer, seed_everything
 from autotune.workloads import Workload
-from autotune.workloads.batches import ModelInputs, call_model, count_samples, count_tokens
+from autotune.workloads.batches import call_model, count_samples
 
 MAX_WARMUP_STEPS = 5  # optimizer steps timed as warm-up (at most half the first evaluation span)
-DIVERGENCE_FACTOR = 10.0  # a mean training loss this many times the lowest seen has diverged
-DIVERGENCE_MIN_RISE = 1.0  # ... and risen by this much (nats): 0.001 -> 0.011 is still healthy
-MAX_SKIPPED_IN_A_ROW = 25  # fp16 steps skipped for overflow in a row (scale / 2**25): a fault
-MIN_SPAN_FOR_ALL_SKIPPED = 8  # ... or every step between two evaluations, if there were this many
-PROBE_MICRO_BATCHES = 32  # the window of steady-state micro-batches whose phases are timed
 
 
 def train_loader(config: TrialConfig, workload: Workload) -> DataLoader | DeviceBatches:
@@ -159,8 +154,8 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
     flops = _flops_per_sample(trainer, workload)
     reset_peak_memory(trainer.device)
 
-    losses = _Losses(config, trainer.device, workload.counts_tokens)
-    clocks = _Clocks(trainer.device, plan, config.accumulation_steps, loader)
+    losses = TrainingLosses(config, trainer.device, workload.counts_tokens)
+    clocks = TrialClocks(trainer.device, plan, config.accumulation_steps, loader)
     probe = clocks.probe
     evaluations: list[Evaluation] = []
     # -- the clock starts: the first epoch's start (DataLoader workers starting, or the data
@@ -201,8 +196,8 @@ def _evaluate_and_report(
     val_loader: DataLoader | DeviceBatches,
     workload: Workload,
     plan: Plan,
-    clocks: _Clocks,
-    losses: _Losses,
+    clocks: TrialClocks,
+    losses: TrainingLosses,
     report: Reporter,
 ) -> tuple[Evaluation, bool]:
     """An evaluation after this optimizer step, and whether the trial stops here (its last
@@ -235,210 +230,13 @@ def _evaluate_and_report(
     return evaluation, ranks.agree(stop, trainer.device)
 
 
-class _Epochs:
-    """The training batches, epoch after epoch, each epoch's start timed on the host: from
-    asking for its first batch to having it (the last epoch's non-persistent workers stopped
-    and new ones started, the first batch loaded). No synchronization: a GPU may still run
-    queued steps meanwhile, so a start is counted at most in full."""
-
-    def __init__(self, loader: DataLoader | DeviceBatches) -> None:
-        self.loader = loader
-        self.start_seconds: list[float] = []  # per epoch begun, the first one's included
-        self._epoch: Iterator[Any] = iter(())
-
-    def __iter__(self) -> _Epochs:
-        return self
-
-    def __next__(self) -> Any:
-        began = time.perf_counter()
-        batch = next(self._epoch, _END)
-        if batch is _END:
-            self._epoch = iter(self.loader)
-            batch = next(self._epoch)
-            self.start_seconds.append(time.perf_counter() - began)
-        return batch
-
-    def recurring(self) -> float:
-        """What starting an epoch costs each time: the median start after the first (whose
-        one-time share never recurs); 0 until a second epoch has begun."""
-        later = sorted(self.start_seconds[1:])
-        return later[len(later) // 2] if later else 0.0
-
-
-_END = object()
-
-
-class _Clocks:
-    """How a trial's training is timed: the training clock (evaluation excluded), the warm-up
-    window's end, the phase probe over the first steady micro-batches, and NVML sampling of
-    steady-state training only (after the warm-up, outside evaluations)."""
-
-    def __init__(
-        self,
-        device: torch.device,
-        plan: Plan,
-        accumulation: int,
-        loader: DataLoader | DeviceBatches,
-    ) -> None:
-        self.clock = TrainClock(device)
-        self.warmup_steps = plan.warmup_steps
-        self.probe = PhaseProbe(
-            device,
-            first_micro_batch=plan.warmup_steps * accumulation + 1,
-            micro_batches=PROBE_MICRO_BATCHES,
-        )
-        self.sampler = GpuSampler(device)
-        self.sampler.paused = True  # until the warm-up ends
-        self.warmup_seconds: float | None = None
-        self.warmup_micro_batches = 0
-        self.epochs_in_warmup = 0  # epochs begun by the warm-up's end
-        self.breakdown: dict[str, float] | None = None
-        self.epochs = _Epochs(loader)
-
-    def __enter__(self) -> _Clocks:
-        self.sampler.__enter__()
-        self.clock.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.sampler.__exit__(*exc)
-
-    def warmed_up(self, micro_batches: int) -> None:
-        """The warm-up window ends here, after ``micro_batches``: its seconds are read, GPU
-        sampling starts."""
-        self.warmup_seconds = self.clock.read()
-        self.warmup_micro_batches = micro_batches
-        self.epochs_in_warmup = len(self.epochs.start_seconds)
-        self.sampler.paused = False
-
-    def pause(self, final: bool) -> float:
-        """Stop the clock and the sampling for an evaluation; the training seconds so far."""
-        train_seconds = self.clock.pause()
-        self.sampler.paused = True
-        self.breakdown = self.breakdown or self.probe.result(final=final)
-        return train_seconds
-
-    def resume(self) -> None:
-        """Training goes on after an evaluation."""
-        self.sampler.paused = False
-        self.clock.resume()
-
-    def overhead(self, train_seconds: float, steps: int) -> float:
-        """Warm-up seconds beyond what the same steps take in steady state, the first epoch's
-        start counted as the recurring cost it is (0 until known)."""
-        steady_steps = steps - self.warmup_steps
-        if self.warmup_seconds is None or steady_steps <= 0:
-            return 0.0
-        steady_step_seconds = (train_seconds - self.warmup_seconds) / steady_steps
-        recurring = self.epochs.recurring()
-        return max(0.0, self.warmup_seconds - self.warmup_steps * steady_step_seconds - recurring)
-
-    def steady_seconds(self, train_seconds: float, micro_batches: int, per_epoch: int) -> float:
-        """The seconds after the warm-up with one epoch start per epoch trained in it (a short
-        window holds more or fewer: from the middle of epoch 1 to the end of epoch 3, two in 2.5
-        epochs)."""
-        assert self.warmup_seconds is not None
-        epochs = (micro_batches - self.warmup_micro_batches) / per_epoch
-        starts = len(self.epochs.start_seconds) - self.epochs_in_warmup
-        recurring = self.epochs.recurring()
-        return train_seconds - self.warmup_seconds + (epochs - starts) * recurring
-
-
-class _Losses:
-    """The training loss since the last evaluation and the tokens trained on, summed on the
-    device and read back only at evaluations (no per-step host-device synchronization).
-
-    Under fp16 a non-finite loss is an overflow GradScaler recovers from (it skips that step),
-    so only finite losses are averaged; elsewhere a non-finite loss is a fault.
-    """
-
-    def __init__(self, config: TrialConfig, device: torch.device, counts_tokens: bool) -> None:
-        self.config = config
-        self.fp16 = config.precision == "fp16"
-        self.sum = torch.zeros((), dtype=torch.float32, device=device)
-        # the losses summed: counted on the device under fp16 (only finite ones), else an int
-        self.count: torch.Tensor | int = torch.zeros_like(self.sum) if self.fp16 else 0
-        # tokens in the batches trained on, for token inputs (a device tensor when masks count)
-        self.tokens: torch.Tensor | int | None = 0 if counts_tokens else None
-        self.lowest = math.inf
-        self.evaluations = 0  # evaluations so far
-        self.skipped_before = 0  # GradScaler's skipped steps at the previous evaluation
-        self.steps_before = 0
-
-    def count_tokens(self, inputs: Any) -> None:
-        if self.tokens is not None and isinstance(inputs, ModelInputs):
-            counted = count_tokens(inputs)  # a device tensor: added, never read here
-            if counted is not None:  # (``counted or 0`` would wait for the device)
-                self.tokens = self.tokens + counted
-
-    def add(self, loss: torch.Tensor) -> None:
-        if self.fp16:
-            finite = torch.isfinite(loss)
-            self.sum += torch.where(finite, loss, 0.0)
-            self.count += finite
-        else:
-            self.sum += loss
-            self.count += 1
-
-    def since_last_evaluation(self, trainer: Trainer, epoch: float) -> float:
-        """The mean training loss since the last evaluation, over every process of a
-        distributed trial (reads the device once); TrialFault when training went astray."""
-        if isinstance(self.count, torch.Tensor):  # fp16: only finite losses were summed
-            counted = self.count.float()
-        else:
-            counted = torch.full((), float(self.count), device=self.sum.device)
-        total, count = ranks.sum_over_ranks(torch.stack([self.sum, counted])).tolist()
-        loss = self._checked(trainer, total, count, epoch)
-        self.lowest = min(self.lowest, loss)
-        self.evaluations += 1
-        self.skipped_before, self.steps_before = trainer.skipped_steps, trainer.steps
-        self.sum.zero_()
-        self.count = self.count.zero_() if isinstance(self.count, torch.Tensor) else 0
-        return loss
-
-    def _checked(self, trainer: Trainer, total: float, count: float, epoch: float) -> float:
-        """The mean loss ``total / count``; TrialFault when training went astray since the
-        previous evaluation.
-
-        Under fp16 GradScaler skips steps whose gradients overflow and lowers its scale; a few
-        such steps are normal. A long run of them, or a whole span between evaluations without
-        one applied step, means the model is no longer training. A loss far above its lowest
-        (10x, and by more than one nat, so that a near-zero loss wobbling is not divergence)
-        has diverged.
-        """
-        lr, precision = f"lr {self.config.lr:.3g}", self.config.precision
-        if count == 0 or not math.isfinite(total):
-            shown = "inf or nan at every step" if count == 0 else f"{total / count}"
-            raise TrialFault(
-                "nonfinite_loss",
-                f"training loss is {shown} after {epoch:.2f} epochs ({lr}, {precision})",
-            )
-        skipped = trainer.skipped_steps - self.skipped_before
-        attempted = trainer.steps - self.steps_before
-        whole_span = attempted >= MIN_SPAN_FOR_ALL_SKIPPED and skipped == attempted
-        if trainer.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW or whole_span:
-            raise TrialFault(
-                "nonfinite_loss",
-                f"fp16 gradients overflowed in {trainer.skipped_in_a_row} optimizer steps in a "
-                f"row after {epoch:.2f} epochs: GradScaler cannot recover ({lr})",
-            )
-        loss, lowest = total / count, self.lowest
-        if loss > DIVERGENCE_FACTOR * lowest and loss - lowest > DIVERGENCE_MIN_RISE:
-            raise TrialFault(
-                "diverged",
-                f"training loss {loss:.4g} after {epoch:.2f} epochs is over "
-                f"{DIVERGENCE_FACTOR:g}x its lowest, {lowest:.4g} ({lr})",
-            )
-        return loss
-
-
 def _result(
     config: TrialConfig,
     trainer: Trainer,
     evaluations: tuple[Evaluation, ...],
     plan: Plan,
-    clocks: _Clocks,
-    losses: _Losses,
+    clocks: TrialClocks,
+    losses: TrainingLosses,
     compiles: Compiles,
     flops: float | None,
 ) -> TrialResult:
