@@ -25,6 +25,7 @@ LAYERS: list[set[str]] = [
     {"workloads"},  # models and data
     {"training", "search", "testing"},  # one training run, measured; what the study samples
     # and judges by (the space, the references, the objective); helpers for tests
+    {"supervision"},  # the child processes a trial runs in: started, spoken to, killed
     {"distributed"},  # a trial trained by several processes (DDP)
     {"executor"},  # how the study runs a trial
     {"storage"},  # where studies live: Optuna storages, records, queries, liveness

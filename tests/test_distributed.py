@@ -199,10 +199,10 @@ def test_the_ranks_are_kept_between_trials_and_started_anew_after_a_fault():
     try:
         config = make_config(world_size=2, batch_size=16)
         first = pool.train(config, lambda evaluation: False)
-        ranks = [process.pid for process in pool._context.processes]
+        ranks = [rank.process.pid for rank in pool.ranks]
         second = pool.train(config.replace(seed=1), lambda evaluation: False)
         assert pool.started == 1  # no new processes: the same ranks trained it
-        assert [process.pid for process in pool._context.processes] == ranks
+        assert [rank.process.pid for rank in pool.ranks] == ranks
         assert first.world_size == second.world_size == 2 and second.score > 0.5
         with pytest.raises(
             TrialFault, match=r"rank [01] of 2: batch_size 100000 \(per process\) is larger"
@@ -211,8 +211,8 @@ def test_the_ranks_are_kept_between_trials_and_started_anew_after_a_fault():
         assert pool.started == 1
         assert pool.train(config, lambda evaluation: False).score > 0.5
         assert pool.started == 2  # the failed trial's ranks were stopped, new ones started
-        os.kill(pool._context.processes[1].pid, signal.SIGKILL)  # a rank dies between trials
-        pool._context.processes[1].join()
+        os.kill(pool.ranks[1].process.pid, signal.SIGKILL)  # a rank dies between trials
+        pool.ranks[1].process.join()
         assert pool.train(config, lambda evaluation: False).score > 0.5
         assert pool.started == 3  # not a BrokenPipeError charged to the configuration
     finally:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune import distributed
+from autotune import distributed, supervision
 from autotune.errors import WorkerError
 from autotune.executor import InProcessExecutor
 from autotune.faults import describe_exit
@@ -128,7 +128,7 @@ def test_a_broken_cuda_context_is_reported_before_anything_touches_it(monkeypatc
 
     monkeypatch.setattr(_process, "release_memory", sticky)
     study_end, worker_end = multiprocessing.Pipe()
-    study_end.send(_protocol.RunTrial(make_config()))
+    study_end.send(supervision.RunTrial(make_config()))
     source = distributed.WorkloadSource(WorkloadSpec(model="m", data="d"), None, "accuracy")
     executor = InProcessExecutor(
         workload, source=source, on_warmed=lambda: worker_end.send(_protocol.Warmed())

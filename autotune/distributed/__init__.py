@@ -1,8 +1,8 @@
 """Distributed trials: one trial trained by several processes under torch.distributed (DDP).
 
 A configuration with ``world_size`` N > 1 (``workload.gpus_per_trial``) is trained by N rank
-processes, a ``RankPool``: started with torch's own ``torch.multiprocessing.start_processes``
-(spawn) and joined in a process group (NCCL on GPUs, gloo on a CPU) through a file store in this
+processes, a ``RankPool``: started as ``supervision`` starts a worker (spawned, a pipe each)
+and joined in a process group (NCCL on GPUs, gloo on a CPU) through a file store in this
 process's temporary directory, so that no port is chosen and none can be taken. Rank r trains
 on ``cuda:r`` of the GPUs this process sees, or, on a CPU, on its own equal share of this
 process's cores. Each rank loads the workload from its spec once (nothing large is sent to it)

@@ -1,5 +1,5 @@
-"""A rank process of a distributed trial (``rank_main``, its body), and what it and its launcher
-(``_pool.RankPool``) say to each other."""
+"""A rank process of a distributed trial (``rank_main``, its body); it and its launcher
+(``_pool.RankPool``) speak ``supervision``'s messages, and ``RankFault``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import signal
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -19,9 +18,9 @@ import torch.distributed as dist
 from autotune.faults import as_fault, needs_fresh_process, release_memory
 from autotune.machine import interference
 from autotune.machine.scaleout import die_with_parent
-from autotune.results import Evaluation, TrialResult
+from autotune.results import Evaluation
 from autotune.spacefile import WorkloadSpec
-from autotune.speed import SpeedMeasurement
+from autotune.supervision import Exit, Finished, Measured, MeasureSpeed, reporter
 from autotune.training import bursts, runner
 from autotune.training.warmup import Warmth
 
@@ -38,18 +37,7 @@ class WorkloadSource:
 
 
 @dataclass(frozen=True)
-class RankEvaluated:  # rank 0 -> launcher: an evaluation to answer (with a bool: stop or not)
-    evaluation: Evaluation
-
-
-@dataclass(frozen=True)
-class RankDone:  # a rank -> launcher: done with the trial (rank 0: what it came to)
-    value: TrialResult | SpeedMeasurement | None
-
-
-@dataclass(frozen=True)
 class RankFault:  # any rank -> launcher: why it stopped
-    rank: int
     kind: str
     message: str
     details: str
@@ -84,12 +72,11 @@ def _lost_peer(error: BaseException) -> bool:
 
 
 def rank_main(
+    pipe: Connection,
     rank: int,
     world: int,
     device: str,
     source: WorkloadSource,
-    pipes: list[Connection],
-    faults: Any,
     rendezvous: str,
     shares: list[list[int]],
 ) -> None:
@@ -99,10 +86,6 @@ def rank_main(
         os.sched_setaffinity(0, shares[rank])  # the trial's threads follow (trial_threads)
         if len({core for share in shares for core in share}) < sum(map(len, shares)):
             interference.count_tree_as_own(os.getppid())  # peers on these cores: the trial
-    pipe = pipes[rank]
-    for other in pipes:  # the other ranks' ends, inherited: not this rank's to hold open
-        if other is not pipe:
-            other.close()
     rank_device = rank_devices(device, world)[rank]
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this machine
     try:
@@ -120,36 +103,26 @@ def rank_main(
         )
         workload = workloads.load(source.spec, source.base_dir, source.score)
         warmth = Warmth()
-
-        def report(evaluation: Evaluation) -> bool:
-            pipe.send(RankEvaluated(evaluation))
-            return bool(pipe.recv())
-
-        while True:
-            job = pipe.recv()
-            if job is None:  # the pool is closing
-                return
-            config, plan = job
-            config = config.replace(device=rank_device)
+        while not isinstance(request := pipe.recv(), Exit):  # until the pool closes
+            config = request.config.replace(device=rank_device)
             # what this process has not paid yet, before any clock: torch's first steps (as
             # one process), the compiler; then every rank meets in a collective (the first
             # builds NCCL's communicator), so that no clock starts while a peer is still away
             warmth.warm_for(config.replace(world_size=1), workload)
             dist.all_reduce(torch.zeros(1, device=rank_device))
-            if plan is not None:
-                value: TrialResult | SpeedMeasurement = bursts.measure(config, workload, plan)
+            if isinstance(request, MeasureSpeed):
+                pipe.send(Measured(bursts.measure(config, workload, request.plan)))
             else:
-                value = runner.train(config, workload, report if rank == 0 else _not_leader)
-            pipe.send(RankDone(value if rank == 0 else None))
+                report = reporter(pipe) if rank == 0 else _not_leader
+                pipe.send(Finished(runner.train(config, workload, report)))
             release_memory()  # the next trial's peak memory is its own
     except Exception as error:
         fault = as_fault(error)
-        said = RankFault(rank, str(fault.kind), fault.message, fault.details, _lost_peer(error))
-        # the launcher first, through the pipe it listens to: what follows (freeing memory,
-        # NCCL's teardown) may hang, and the peers with it; the queue keeps it for the count
-        with contextlib.suppress(OSError, ValueError):
+        said = RankFault(str(fault.kind), fault.message, fault.details, _lost_peer(error))
+        # the launcher first: what follows (freeing memory, NCCL's teardown) may hang, and
+        # the peers with it
+        with contextlib.suppress(OSError):
             pipe.send(said)
-        faults.put(said)
         # told first: after a CUDA fault the context is broken and releasing memory raises
         if not needs_fresh_process(error):
             release_memory()

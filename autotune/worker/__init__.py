@@ -9,7 +9,8 @@ GPU memory is released between such trials by construction.
 
 Three modules, one per end of the pipe and the pipe itself: ``_protocol`` (the frozen messages,
 pickled, and nothing else crosses), ``_supervisor`` (``WorkerExecutor`` in the study process:
-start, timeouts, kills, scratch folders) and ``_process`` (the worker process's loop).
+start, timeouts, scratch folders; ``supervision`` spawns, listens and kills, as it does for
+the ranks of a distributed trial) and ``_process`` (the worker process's loop).
 """
 
 from autotune.worker._supervisor import WorkerExecutor, remove_orphaned_scratch  # noqa: F401

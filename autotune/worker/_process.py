@@ -18,21 +18,9 @@ from typing import TYPE_CHECKING
 
 from autotune.faults import MemoryWatch, as_fault, needs_fresh_process, release_memory
 from autotune.machine.scaleout import die_with_parent
-from autotune.results import Evaluation
 from autotune.spacefile import WorkloadSpec
-from autotune.worker._protocol import (
-    Evaluated,
-    Faulted,
-    Finished,
-    Measured,
-    MeasureSpeed,
-    Ready,
-    RunTrial,
-    StartFailed,
-    StopOrGoOn,
-    ToWorker,
-    Warmed,
-)
+from autotune.supervision import Finished, Measured, MeasureSpeed, RunTrial, reporter
+from autotune.worker._protocol import Faulted, Ready, StartFailed, Warmed
 
 if TYPE_CHECKING:
     from autotune.executor import InProcessExecutor
@@ -153,24 +141,18 @@ def _serve(connection: Connection, executor: InProcessExecutor, tally: PrintTall
     watch = MemoryWatch()  # device memory back after each request, or a fresh process
     while True:
         try:
-            message: ToWorker = connection.recv()
+            message = connection.recv()
         except (EOFError, OSError):
             return  # the study process is gone
         if not isinstance(message, RunTrial | MeasureSpeed):  # Exit
             return
         config = message.config
         tally.taken()  # what was printed before this request is not its
-
-        def report(evaluation: Evaluation) -> bool:
-            connection.send(Evaluated(evaluation))
-            verdict: StopOrGoOn = connection.recv()
-            return verdict.stop
-
         try:
             if isinstance(message, MeasureSpeed):
                 measured = executor.measure(config, message.plan)
             else:
-                result = executor.train(config, report)
+                result = executor.train(config, reporter(connection))
         except Exception as error:
             fault, fresh = as_fault(error), needs_fresh_process(error)
             del error

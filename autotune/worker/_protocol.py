@@ -1,5 +1,5 @@
 """The pipe between the study process and its worker: the frozen message types (pickled), and
-nothing else crosses it.
+nothing else crosses it. Those a distributed trial's ranks speak too are ``supervision``'s.
 
     study -> worker   RunTrial, then a StopOrGoOn after each Evaluated; or MeasureSpeed;
                       Exit when idle
@@ -11,37 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.config import TrialConfig
 from autotune.faults import FaultKind, TrialFault
-from autotune.results import Evaluation, TrialResult
-from autotune.speed import BurstPlan, SpeedMeasurement
-
-
-@dataclass(frozen=True)
-class RunTrial:
-    """study -> worker: train this configuration."""
-
-    config: TrialConfig
-
-
-@dataclass(frozen=True)
-class MeasureSpeed:
-    """study -> worker: time bursts of this configuration's training steps (speed stage)."""
-
-    config: TrialConfig
-    plan: BurstPlan
-
-
-@dataclass(frozen=True)
-class StopOrGoOn:
-    """study -> worker: the answer to an evaluation (the pruner's, or a reached target)."""
-
-    stop: bool
-
-
-@dataclass(frozen=True)
-class Exit:
-    """study -> worker: no more trials; exit."""
+from autotune.supervision import Finished, Measured
 
 
 @dataclass(frozen=True)
@@ -64,29 +35,6 @@ class Warmed:
 
 
 @dataclass(frozen=True)
-class Evaluated:
-    """worker -> study: an evaluation of the running trial; a StopOrGoOn must answer it."""
-
-    evaluation: Evaluation
-
-
-@dataclass(frozen=True)
-class Finished:
-    """worker -> study: the running trial trained to its end (or was stopped by a StopOrGoOn)."""
-
-    outcome: TrialResult
-    needs_fresh_process: bool = False  # it leaked device memory: this worker exits
-
-
-@dataclass(frozen=True)
-class Measured:
-    """worker -> study: the speed measurement asked for."""
-
-    outcome: SpeedMeasurement
-    needs_fresh_process: bool = False  # its device memory did not come back: this one exits
-
-
-@dataclass(frozen=True)
 class Faulted:
     """worker -> study: the running trial could not finish."""
 
@@ -102,8 +50,5 @@ class Faulted:
         return TrialFault(self.kind, self.message, self.details)
 
 
-ToWorker = RunTrial | MeasureSpeed | StopOrGoOn | Exit
 Done = Finished | Measured | Faulted  # how a request ended: ``outcome``, and whether the
 # worker exits after sending it (``needs_fresh_process``)
-FromWorker = Ready | StartFailed | Warmed | Evaluated | Done
-Request = RunTrial | MeasureSpeed

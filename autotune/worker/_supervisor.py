@@ -6,17 +6,15 @@ from __future__ import annotations
 import ast
 import contextlib
 import math
-import multiprocessing
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
-from multiprocessing.connection import Connection
 from pathlib import Path
 from types import FrameType
 
+from autotune import supervision
 from autotune.config import TrialConfig
 from autotune.errors import WorkerError
 from autotune.faults import FaultKind, TrialFault, describe_exit, oom_kills, worker_died
@@ -24,23 +22,11 @@ from autotune.machine.interference import CpuMeter
 from autotune.results import Reporter, TrialResult
 from autotune.spacefile import Spec, WorkloadSpec
 from autotune.speed import BurstPlan, SpeedMeasurement, no_evaluations
+from autotune.supervision import Child, Evaluated, MeasureSpeed, Request, RunTrial
 from autotune.worker._process import parent_start_method, worker_main
-from autotune.worker._protocol import (
-    Done,
-    Evaluated,
-    Exit,
-    FromWorker,
-    MeasureSpeed,
-    Request,
-    RunTrial,
-    StartFailed,
-    StopOrGoOn,
-    Warmed,
-)
+from autotune.worker._protocol import Done, StartFailed, Warmed
 
-POLL_SECONDS = 0.2  # how often the supervisor checks the worker between messages
 START_TIMEOUT_SECONDS = 600.0  # importing torch and loading the data; generous for big data
-EXIT_REPORT_SECONDS = 5.0  # how long a worker whose pipe closed may take to exit
 
 
 SCRATCH_PREFIX = "autotune-worker-"
@@ -116,54 +102,38 @@ class WorkerExecutor:
         self.base_dir = base_dir
         self.trial_timeout = trial_timeout
         self.verbose = verbose
-        self._context = multiprocessing.get_context("spawn")  # no fork of a threaded process
-        self._process: multiprocessing.process.BaseProcess | None = None
-        self._connection: Connection | None = None
+        self._worker: Child | None = None
         self.started_pids: list[int] = []  # every worker started, in order
         self._scratch: str | None = None  # the current worker's temporary directory
         self.scratch_dirs: list[str] = []  # every worker's, in order (removed with it)
         self._ran: TrialConfig | None = None  # what the current worker ran last
         self._starting = False  # launched, and not yet known to be ready
-        self._oom_kills: int | None = None  # the kernel's count as the request started
 
     # -- the worker's life ------------------------------------------------------------------
 
     def _launch(self) -> None:
         """Start the worker process; it imports torch and loads the workload meanwhile."""
         refuse_unguarded_main()
-        parent, child = self._context.Pipe()
-        process = self._context.Process(
-            target=worker_main,
-            # DataLoader workers must start in the worker as they would in this process
-            args=(
-                child,
-                self.workload,
-                self.score,
-                self.base_dir,
-                self.verbose,
-                parent_start_method(),
-                self._new_scratch(),
-            ),
-            name="autotune-worker",
-        )
+        # DataLoader workers must start in the worker as they would in this process
+        args = (self.workload, self.score, self.base_dir, self.verbose, parent_start_method())
         try:
-            process.start()
+            (worker,) = supervision.start(
+                worker_main, [(*args, self._new_scratch())], "autotune-worker"
+            )
         except BaseException:
             self._kill()  # removes the scratch directory made for it
             raise
-        child.close()
-        if process.pid is not None:
-            self.started_pids.append(process.pid)
-        self._process, self._connection = process, parent
-        self._starting = True
+        if worker.process.pid is not None:
+            self.started_pids.append(worker.process.pid)
+        self._worker, self._starting = worker, True
 
     def _await_start(self) -> None:
         """Wait for the launched worker to say it is ready; WorkerError when it cannot be."""
-        process, parent = self._process, self._connection
-        assert process is not None and parent is not None
+        assert self._worker is not None
+        process = self._worker.process
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
         try:
-            deadline = time.monotonic() + START_TIMEOUT_SECONDS
-            while not parent.poll(POLL_SECONDS):
+            while (heard := supervision.next_message([self._worker])) is None:
                 if not process.is_alive():
                     raise WorkerError(
                         f"the worker process died while starting "
@@ -171,9 +141,8 @@ class WorkerExecutor:
                     )
                 if time.monotonic() > deadline:
                     raise WorkerError(f"the worker did not start in {START_TIMEOUT_SECONDS:g} s")
-            message: FromWorker = parent.recv()
-            if isinstance(message, StartFailed):
-                raise WorkerError(message.message)
+            if isinstance(heard[1], StartFailed):
+                raise WorkerError(heard[1].message)
             self._starting = False
         except BaseException:  # including Ctrl-C while torch imports in the worker
             self._kill()
@@ -191,37 +160,24 @@ class WorkerExecutor:
         return self._scratch
 
     def _kill(self) -> None:
-        """Kill the worker and everything it started (its process group), then reap it and
-        remove its temporary directory."""
-        process, self._process = self._process, None
-        self._ran = None
-        self._starting = False
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
-        if process is not None:
-            if process.pid is not None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError, PermissionError, AttributeError):
-                process.kill()  # one killed before its setsid() has no process group yet
-            process.join(timeout=10)
+        """Kill the worker and everything it started, then remove its temporary directory."""
+        if self._worker is not None:
+            supervision.kill([self._worker])
+        self._worker, self._ran, self._starting = None, None, False
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
 
     def close(self) -> None:
         """Ask an idle worker to exit; kill it if it does not (or is still starting)."""
-        if self._process is not None and self._connection is not None and not self._starting:
-            with contextlib.suppress(OSError):
-                self._connection.send(Exit())
-            self._process.join(timeout=5)
+        if self._worker is not None and not self._starting:
+            supervision.ask_to_exit([self._worker])
         self._kill()
 
     def start(self) -> None:
         """Start the worker process now (it imports torch and loads the workload) rather than
         at the first trial; nothing when one is running. WorkerError when it cannot start."""
-        if self._process is None or not self._process.is_alive():
+        if self._worker is None or not self._worker.process.is_alive():
             self._kill()
             self._launch()
         if self._starting:  # launched ahead (``launch``): ready by now, or soon
@@ -247,7 +203,7 @@ class WorkerExecutor:
         """Start the worker process and return at once: its imports and its copy of the
         workload overlap what this process does meanwhile (``prepare``: loading and checking
         the same workload). The first request, or ``start``, waits for it to be ready."""
-        if self._process is None:
+        if self._worker is None:
             self._launch()
 
     # -- one trial ----------------------------------------------------------------------------
@@ -272,89 +228,64 @@ class WorkerExecutor:
         if self._ran is not None and cudnn_plans_differ(self._ran, request.config):
             self._kill()  # a fresh process: a cuDNN plan cache of its own
         self.start()
-        assert self._process is not None and self._connection is not None
+        assert self._worker is not None
         self._ran = request.config
-        started = time.monotonic()
         limit = self.trial_timeout
         if isinstance(request, MeasureSpeed) and request.plan.time_limit_seconds is not None:
             limit = min(limit or math.inf, request.plan.time_limit_seconds)
-        with CpuMeter() as meter:  # whether a timeout is the machine's or the trial's
-            outcome = self._exchange(request, report, started, meter, limit)
-        if isinstance(outcome, TrialFault):
-            raise outcome  # the worker survived it and waits for the next request
-        return outcome
-
-    def _exchange(
-        self,
-        request: Request,
-        report: Reporter,
-        started: float,
-        meter: CpuMeter,
-        limit: float | None,
-    ) -> TrialResult | SpeedMeasurement | TrialFault:
-        """Send the request, answer its evaluations, and return how it ended; past ``limit``
-        seconds it is killed. Neither the process's one-time warm-up (which has a ``limit`` of
-        its own) nor the time it waited for its evaluations' answers is counted."""
-        assert self._connection is not None
-        connection = self._connection
-        self._oom_kills = oom_kills()  # a death by SIGKILL: the OOM killer's, or another's
-        warming = True  # until Warmed: the warm-up is timed apart, against the same limit
         try:
-            connection.send(request)
-            while True:
-                if not connection.poll(POLL_SECONDS):
-                    self._check_alive_and_on_time(started, meter, limit, warming)
-                    continue
-                message: FromWorker = connection.recv()
-                if isinstance(message, Warmed):
-                    warming = False
-                    started = time.monotonic()  # the process's one-time costs: not the trial's
-                elif isinstance(message, Evaluated):
-                    asked = time.monotonic()
-                    stop = report(message.evaluation)
-                    # the worker waited for the answer (a database that restarts): not its time
-                    started += time.monotonic() - asked
-                    connection.send(StopOrGoOn(stop=stop))
-                elif isinstance(message, Done):
-                    if message.needs_fresh_process:  # it exits (a leak, a broken CUDA
-                        self._kill()  # context): the next request starts a new worker
-                    return message.outcome
-                else:
-                    raise TypeError(f"unexpected message from the worker: {message!r}")
-        except (EOFError, OSError):
-            # the pipe closed: the worker is dying; give it a moment to report how
-            exitcode = None
-            if self._process is not None:
-                self._process.join(timeout=EXIT_REPORT_SECONDS)
-                exitcode = self._process.exitcode
-            self._kill()
-            raise worker_died(exitcode, self._oom_kills) from None
+            with CpuMeter() as meter:  # whether a timeout is the machine's or the trial's
+                done = self._exchange(self._worker, request, report, meter, limit)
         except BaseException:
-            # a crash or timeout found above, an interruption (Ctrl-C, SIGTERM), or a failing
+            # a crash or timeout found there, an interruption (Ctrl-C, SIGTERM), or a failing
             # reporter: the worker may be mid-trial, so it goes, with its DataLoader workers
             self._kill()
             raise
+        if done.needs_fresh_process:  # it exits (a leak, a broken CUDA context): the next
+            self._kill()  # request starts a new worker
+        if isinstance(done.outcome, TrialFault):
+            raise done.outcome  # the worker survived it and waits for the next request
+        return done.outcome
 
-    def _check_alive_and_on_time(
-        self, started: float, meter: CpuMeter, limit: float | None, warming: bool
-    ) -> None:
-        """Raise how the request ended where the worker died or ran past ``limit`` seconds;
-        ``_exchange`` kills it then."""
-        assert self._process is not None
-        if not self._process.is_alive():
-            raise worker_died(self._process.exitcode, self._oom_kills)
-        if limit is not None and time.monotonic() - started > limit:
-            share = meter.so_far()  # before the kill: the trial's own processes still count
-            phase = " (still warming up: the process's first steps)" if warming else ""
-            killed = (
-                f"no result after {round(limit, 1):g} s{phase}; the worker and its DataLoader "
-                f"workers were killed"
-            )
-            if share is not None and share.interfered:
-                # a busy machine is not a wall of this configuration: not a constraint
-                raise TrialFault(
-                    FaultKind.TIMEOUT_UNDER_LOAD,
-                    f"{killed}; other processes took {share.other_share:.0%} of its cores "
-                    f"meanwhile, so the timeout is not held against the configuration",
-                )
-            raise TrialFault(FaultKind.TRIAL_TIMEOUT, killed)
+    @staticmethod
+    def _exchange(
+        worker: Child, request: Request, report: Reporter, meter: CpuMeter, limit: float | None
+    ) -> Done:
+        """Send the request, answer its evaluations, and return how it ended; TrialFault when
+        the worker died, or ran past ``limit`` seconds. Neither the process's one-time warm-up
+        (which has a ``limit`` of its own) nor the time it waited for its evaluations' answers
+        is counted."""
+        killed_before = oom_kills()  # a death by SIGKILL: the OOM killer's, or another's
+        started, warming = time.monotonic(), True  # until Warmed: the warm-up is timed apart
+        supervision.tell([worker], request)
+        while True:
+            heard = supervision.next_message([worker])
+            if heard is None:
+                if not worker.process.is_alive():
+                    raise worker_died(worker.process.exitcode, killed_before)
+                if limit is not None and time.monotonic() - started > limit:
+                    raise _timed_out(limit, warming, meter)
+            elif isinstance(heard[1], Warmed):  # the process's one-time costs: not the trial's
+                started, warming = time.monotonic(), False
+            elif isinstance(heard[1], Evaluated):
+                started += supervision.answer(worker, heard[1], report)
+            else:
+                return heard[1]
+
+
+def _timed_out(limit: float, warming: bool, meter: CpuMeter) -> TrialFault:
+    """The fault of a request that ran past ``limit`` seconds; killed after this is read."""
+    share = meter.so_far()  # before the kill: the trial's own processes still count
+    phase = " (still warming up: the process's first steps)" if warming else ""
+    killed = (
+        f"no result after {round(limit, 1):g} s{phase}; the worker and its DataLoader "
+        f"workers were killed"
+    )
+    if share is not None and share.interfered:
+        # a busy machine is not a wall of this configuration: not a constraint
+        return TrialFault(
+            FaultKind.TIMEOUT_UNDER_LOAD,
+            f"{killed}; other processes took {share.other_share:.0%} of its cores "
+            f"meanwhile, so the timeout is not held against the configuration",
+        )
+    return TrialFault(FaultKind.TRIAL_TIMEOUT, killed)
