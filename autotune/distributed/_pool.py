@@ -67,7 +67,7 @@ class RankPool:
             cores = sorted(os.sched_getaffinity(0))
         except AttributeError:  # not Linux: no pinning
             cores = []
-        shares = rank_cores(cores, world) if cores else [[]] * world
+        shares = rank_cores(cores, world)
         ranks = [
             (rank, world, device, self.source, self._rendezvous, shares) for rank in range(world)
         ]

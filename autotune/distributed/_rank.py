@@ -44,12 +44,11 @@ class RankFault:  # any rank -> launcher: why it stopped
     lost_peer: bool  # a collective failed because another rank went away
 
 
-def rank_devices(device: str, world: int) -> list[str]:
-    """The device of each rank: ``cuda:i+r`` from the trial's ``cuda:i``; ``cpu`` for all."""
+def device_of_rank(device: str, rank: int) -> str:
+    """The device of rank r: ``cuda:i+r`` from the trial's ``cuda:i``; ``cpu`` on a CPU."""
     if not device.startswith("cuda"):
-        return ["cpu"] * world
-    first = torch.device(device).index or 0
-    return [f"cuda:{first + r}" for r in range(world)]
+        return "cpu"
+    return f"cuda:{(torch.device(device).index or 0) + rank}"
 
 
 def rank_cores(cores: list[int], world: int) -> list[list[int]]:
@@ -86,7 +85,7 @@ def rank_main(
         os.sched_setaffinity(0, shares[rank])  # the trial's threads follow (trial_threads)
         if len({core for share in shares for core in share}) < sum(map(len, shares)):
             interference.count_tree_as_own(os.getppid())  # peers on these cores: the trial
-    rank_device = rank_devices(device, world)[rank]
+    rank_device = device_of_rank(device, rank)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this machine
     try:
         from autotune import workloads
