@@ -19,6 +19,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from autotune.config import TrialConfig
+from autotune.faults import FaultKind, TrialFault
 from autotune.results import Evaluation, Reporter, TrialResult
 from autotune.speed import BurstPlan, SpeedMeasurement
 
@@ -77,7 +78,26 @@ class Measured:
     needs_fresh_process: bool = False  # its device memory did not come back: this one exits
 
 
+@dataclass(frozen=True)
+class Faulted:
+    """child -> supervisor: the running trial could not finish."""
+
+    kind: FaultKind
+    message: str
+    details: str  # the traceback, for unexpected errors
+    # a broken CUDA context, or device memory that did not come back: this worker exits
+    # after sending it (a rank always exits after its fault)
+    needs_fresh_process: bool
+    lost_peer: bool = False  # a rank's collective failed because another rank went away
+
+    @property
+    def outcome(self) -> TrialFault:
+        return TrialFault(self.kind, self.message, self.details)
+
+
 Request = RunTrial | MeasureSpeed
+Done = Finished | Measured | Faulted  # how a request ended: ``outcome``, and whether the
+# worker exits after sending it (``needs_fresh_process``)
 
 
 def reporter(pipe: Connection) -> Reporter:

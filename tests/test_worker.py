@@ -135,7 +135,7 @@ def test_a_broken_cuda_context_is_reported_before_anything_touches_it(monkeypatc
     )
     _process._serve(worker_end, executor, _process.PrintTally())
     faulted = study_end.recv()
-    assert isinstance(faulted, _protocol.Faulted)
+    assert isinstance(faulted, supervision.Faulted)
     assert (faulted.kind, faulted.needs_fresh_process) == ("error", True)
     assert "illegal memory access" in faulted.message
 

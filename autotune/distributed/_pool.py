@@ -11,12 +11,12 @@ import time
 
 from autotune import supervision
 from autotune.config import TrialConfig
-from autotune.distributed._rank import RankFault, WorkloadSource, rank_cores, rank_main
+from autotune.distributed._rank import WorkloadSource, rank_cores, rank_main
 from autotune.faults import FaultKind, TrialFault, describe_exit
 from autotune.machine.hardware import device_name
 from autotune.results import Reporter, TrialResult
 from autotune.speed import BurstPlan, SpeedMeasurement, no_evaluations
-from autotune.supervision import Child, Evaluated, MeasureSpeed, Request, RunTrial
+from autotune.supervision import Child, Evaluated, Faulted, MeasureSpeed, Request, RunTrial
 
 # after a rank reports its fault, how long the others may take to report theirs (the first
 # report may be a peer's view of it) before the trial fails and every rank is killed
@@ -97,7 +97,7 @@ class RankPool:
         busy = set(range(len(self.ranks)))  # ranks not done with this trial
         # faults the ranks sent, told at once: a rank that failed may hang in its teardown
         # (NCCL's), and its peers in a collective until a timeout
-        reported: dict[int, RankFault] = {}
+        reported: dict[int, Faulted] = {}
         failed_at: float | None = None
         value = None
         while busy:
@@ -113,7 +113,7 @@ class RankPool:
             rank, message = heard
             if isinstance(message, Evaluated):
                 supervision.answer(self.ranks[rank], message, report)
-            elif isinstance(message, RankFault):
+            elif isinstance(message, Faulted):
                 reported[rank] = message
                 failed_at = failed_at or time.monotonic()
             else:  # Finished or Measured
@@ -123,7 +123,7 @@ class RankPool:
         return value
 
 
-def _fault_of(codes: list[int | None], reported: dict[int, RankFault]) -> TrialFault:
+def _fault_of(codes: list[int | None], reported: dict[int, Faulted]) -> TrialFault:
     """The one fault a distributed trial ends with, from the ranks' exit codes at the first
     failure and the faults they sent (rank: fault, in the order they came). A rank's own fault
     comes first; then a rank that died by a signal (a crash: it sent nothing); then a rank that

@@ -1,5 +1,5 @@
 """A rank process of a distributed trial (``rank_main``, its body); it and its launcher
-(``_pool.RankPool``) speak ``supervision``'s messages, and ``RankFault``."""
+(``_pool.RankPool``) speak ``supervision``'s messages."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from autotune.machine import interference
 from autotune.machine.scaleout import die_with_parent
 from autotune.results import Evaluation
 from autotune.spacefile import WorkloadSpec
-from autotune.supervision import Exit, Finished, Measured, MeasureSpeed, reporter
+from autotune.supervision import Exit, Faulted, Finished, Measured, MeasureSpeed, reporter
 from autotune.training import bursts, runner
 from autotune.training.warmup import Warmth
 
@@ -34,14 +34,6 @@ class WorkloadSource:
     spec: WorkloadSpec
     base_dir: Path | None
     score: str
-
-
-@dataclass(frozen=True)
-class RankFault:  # any rank -> launcher: why it stopped
-    kind: str
-    message: str
-    details: str
-    lost_peer: bool  # a collective failed because another rank went away
 
 
 def device_of_rank(device: str, rank: int) -> str:
@@ -117,7 +109,7 @@ def rank_main(
             release_memory()  # the next trial's peak memory is its own
     except Exception as error:
         fault = as_fault(error)
-        said = RankFault(str(fault.kind), fault.message, fault.details, _lost_peer(error))
+        said = Faulted(fault.kind, fault.message, fault.details, True, _lost_peer(error))
         # the launcher first: what follows (freeing memory, NCCL's teardown) may hang, and
         # the peers with it
         with contextlib.suppress(OSError):

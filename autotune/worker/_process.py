@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 from autotune.faults import MemoryWatch, as_fault, needs_fresh_process, release_memory
 from autotune.machine.scaleout import die_with_parent
 from autotune.spacefile import WorkloadSpec
-from autotune.supervision import Finished, Measured, MeasureSpeed, RunTrial, reporter
-from autotune.worker._protocol import Faulted, Ready, StartFailed, Warmed
+from autotune.supervision import Faulted, Finished, Measured, MeasureSpeed, RunTrial, reporter
+from autotune.worker._protocol import Ready, StartFailed, Warmed
 
 if TYPE_CHECKING:
     from autotune.executor import InProcessExecutor

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.faults import FaultKind, TrialFault
-from autotune.supervision import Finished, Measured
-
 
 @dataclass(frozen=True)
 class Ready:
@@ -32,23 +29,3 @@ class Warmed:
     """worker -> study: the process has paid its one-time costs for the request (``Warmth``:
     its first kernels, the compiler's machinery); the request's own work, and its clock, start
     now."""
-
-
-@dataclass(frozen=True)
-class Faulted:
-    """worker -> study: the running trial could not finish."""
-
-    kind: FaultKind
-    message: str
-    details: str  # the traceback, for unexpected errors
-    # a broken CUDA context, or device memory that did not come back: this worker exits
-    # after sending it
-    needs_fresh_process: bool
-
-    @property
-    def outcome(self) -> TrialFault:
-        return TrialFault(self.kind, self.message, self.details)
-
-
-Done = Finished | Measured | Faulted  # how a request ended: ``outcome``, and whether the
-# worker exits after sending it (``needs_fresh_process``)

@@ -22,9 +22,9 @@ from autotune.machine.interference import CpuMeter
 from autotune.results import Reporter, TrialResult
 from autotune.spacefile import Spec, WorkloadSpec
 from autotune.speed import BurstPlan, SpeedMeasurement, no_evaluations
-from autotune.supervision import Child, Evaluated, MeasureSpeed, Request, RunTrial
+from autotune.supervision import Child, Done, Evaluated, MeasureSpeed, Request, RunTrial
 from autotune.worker._process import parent_start_method, worker_main
-from autotune.worker._protocol import Done, StartFailed, Warmed
+from autotune.worker._protocol import StartFailed, Warmed
 
 START_TIMEOUT_SECONDS = 600.0  # importing torch and loading the data; generous for big data
 
