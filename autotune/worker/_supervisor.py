@@ -27,6 +27,7 @@ from autotune.worker._process import parent_start_method, worker_main
 from autotune.worker._protocol import StartFailed, Warmed
 
 START_TIMEOUT_SECONDS = 600.0  # importing torch and loading the data; generous for big data
+EXIT_REPORT_SECONDS = 5.0  # how long a worker whose pipe closed may take to exit
 
 
 SCRATCH_PREFIX = "autotune-worker-"
@@ -261,7 +262,8 @@ class WorkerExecutor:
         while True:
             heard = supervision.next_message([worker])
             if heard is None:
-                if not worker.process.is_alive():
+                if worker.pipe.closed or not worker.process.is_alive():
+                    worker.process.join(EXIT_REPORT_SECONDS)  # its pipe closed as it dies
                     raise worker_died(worker.process.exitcode, killed_before)
                 if limit is not None and time.monotonic() - started > limit:
                     raise _timed_out(limit, warming, meter)
