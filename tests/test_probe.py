@@ -4,6 +4,7 @@ between the last that ran and the wall (Lightning's "binsearch"), in a study and
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -123,6 +124,7 @@ def test_a_study_searches_the_largest_batch_the_bisection_found_under_the_wall(
     assert checklist.state == TrialState.COMPLETE
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="2 workers need 2 cores")
 @pytest.mark.slow
 def test_under_workers_one_process_probes_while_the_other_waits_and_both_search_its_list(
     tmp_path: Path, prepare_study
