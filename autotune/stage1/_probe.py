@@ -12,6 +12,7 @@ distribution).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -74,20 +75,22 @@ def _tried(
     speed_of: Callable[[int], Speed],
     again: Callable[[int], Speed] | None,
 ) -> float | tuple[bool, str]:
-    """``batch``'s samples/s where it runs and gains ``MIN_GAIN`` over ``last`` (the samples/s
-    of ``sizes[-1]``, the last size kept); else (whether it ran out of memory, why not). A size
+    """``batch``'s samples/s where it runs and gains over ``last`` (the samples/s of
+    ``sizes[-1]``, the last size kept) ``MIN_GAIN`` per doubling (a bisected size a share of it:
+    1.5 times the batch needs 5.7%); else (whether it ran out of memory, why not). A size
     that seems to gain less is decided on ``again``'s figures for both sizes (one measurement
     more each, pooled): one measurement cannot tell a 10% gain from a noisy machine's spread."""
     speed = speed_of(batch)
+    needed = (batch / sizes[-1]) ** math.log2(1 + MIN_GAIN) if sizes else 1.0
     if isinstance(speed, tuple):
         kind, message = speed
         wall = kind in _WALLS
         return wall, f"{batch} ran out of memory" if wall else f"{batch} failed: {message}"
-    if last is not None and speed < last * (1 + MIN_GAIN) and again is not None:
+    if last is not None and speed < last * needed and again is not None:
         before, now = again(sizes[-1]), again(batch)
         if not isinstance(before, tuple) and not isinstance(now, tuple):
             last, speed = before, now
-    if last is None or speed >= last * (1 + MIN_GAIN):
+    if last is None or speed >= last * needed:
         return float(speed)
     gain = speed / last - 1
     return False, f"{batch} gained {gain:.0%}" if gain >= 0 else f"{batch} ran {-gain:.0%} slower"
