@@ -635,14 +635,16 @@ def test_a_memory_wall_stops_larger_micro_batches_and_their_trials(tmp_path: Pat
 
 
 def test_batch_size_auto_stops_at_the_wall_a_small_gain_or_the_training_set():
-    # recorded speeds (samples/s, or a fault) by micro-batch, as the probe reads them
-    def probed(speeds: dict[int, float | tuple[str, str]], limit: int | None = None):
-        return doubled(16, limit, lambda batch: speeds[batch])
-
     oom = ("oom", "CUDA out of memory")
+
+    # recorded speeds (samples/s, or a fault) by micro-batch, as the probe reads them; a size
+    # not listed runs out of memory
+    def probed(speeds: dict[int, float | tuple[str, str]], limit: int | None = None):
+        return doubled(16, limit, lambda batch: speeds.get(batch, oom))
+
     assert probed({16: 900.0, 32: 1700.0, 64: 3000.0, 128: oom}) == (
         [16, 32, 64],
-        "batch_size auto: 16 to 64 (128 ran out of memory)",
+        "batch_size auto: 16 to 64 (128 ran out of memory; 96, 80, 72 too)",
     )
     # a doubling that adds under 10%: the probe stops, the smaller batch kept
     assert probed({16: 900.0, 32: 1700.0, 64: 1768.0}) == (
@@ -652,7 +654,8 @@ def test_batch_size_auto_stops_at_the_wall_a_small_gain_or_the_training_set():
     assert probed({16: 900.0, 32: 1000.0, 64: oom})[0] == [16, 32]  # 11%: paid
     assert probed({16: 900.0, 32: 600.0})[1] == "batch_size auto: 16 (32 ran 33% slower)"
     # a worker killed on a CPU is its memory wall; any other fault stops it, saying so
-    assert probed({16: 900.0, 32: ("killed", "SIGKILL")})[1].endswith("(32 ran out of memory)")
+    killed = probed({16: 900.0, 32: ("killed", "SIGKILL")})[1]
+    assert killed.endswith("(32 ran out of memory; 24 too)")  # halfway to it: bisected
     assert probed({16: 900.0, 32: ("error", "boom")})[1].endswith("(32 failed: boom)")
     assert probed({16: oom}) == ([16], "batch_size auto: 16 (16 ran out of memory)")
     # a doubling that seems to gain under 10% is measured once more, both sizes: on the
@@ -704,17 +707,18 @@ def test_batch_size_auto_is_probed_once_then_stage_one_and_the_references_use_it
     ).replace("  accumulation_steps: [1, 2]\n", "")
     # its first measurement taken while others had the cores: the probe times it again
     busy_first = lambda n: (0.0, 0.8 if n == 1 else None)  # noqa: E731
-    probe = WallExecutor(64, workload=_workload(tmp_path, space), load=busy_first)
+    probe = WallExecutor(40, workload=_workload(tmp_path, space), load=busy_first)
     study, _, outcome, _ = prepare_study(space, tmp_path, executor=probe)
-    found = "batch_size auto: 8 to 32 (64 ran out of memory)"
+    found = "batch_size auto: 8 to 32 (64 ran out of memory; 48, 40 too)"
     assert outcome.batch_size_auto == found
     record = StudyRecord.of(study)
     assert (record.batch_sizes, record.batch_size_auto) == ([8, 16, 32], found)
     measured = [(c.batch_size, c.data_pipeline) for c in probe.measured]
     # the probe timed each cell's reference (the device pipeline) doubling from the
-    # baseline's batch; stage 1 took those as their first rounds (two rounds each)
-    assert measured[:5] == [(8, "device")] * 2 + [(16, "device"), (32, "device"), (64, "device")]
-    rest = measured[5:]
+    # baseline's batch, then halfway to the wall; stage 1 took those as their first rounds
+    doubling = [(8, "device")] * 2 + [(16, "device"), (32, "device"), (64, "device")]
+    assert measured[:7] == [*doubling, (48, "device"), (40, "device")]
+    rest = measured[7:]
     for batch in (8, 16, 32):
         assert rest.count((batch, "dataloader")) == 2
         assert rest.count((batch, "device")) == (batch != 8)  # 8's second round: the probe's

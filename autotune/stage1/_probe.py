@@ -1,15 +1,19 @@
 """``batch_size: auto``: the micro-batches a study searches, found once before stage 1 by
-doubling from the baseline's batch (Lightning's ``scale_batch_size``, its "power" mode) until
-one runs out of memory (a killed worker on a CPU counts), gains under ``MIN_GAIN`` samples/s over
-the last, or passes the training set. Each size is timed as stage 1 times a cell first: the
-tuning checklist's precision and reference setting (``SpeedPlan.reference``), claimed, timed and
-stored by ``_take``, so stage 1 reuses it and the processes of a study time it once. The list
-and its line are kept in the ``StudyRecord``: every process, resume and ``--remeasure`` of the
-study reads the same list (Optuna refuses a changed distribution).
+doubling from the baseline's batch (Lightning's ``scale_batch_size``) until one runs out of
+memory (a killed worker on a CPU counts), gains under ``MIN_GAIN`` samples/s over the last, or
+passes the training set; after a memory wall, halfway to it and halfway again (its "binsearch"
+mode: on a GPU the largest batch that fits is often the fastest). Each size is timed as stage 1
+times a cell first: the tuning checklist's precision and reference setting
+(``SpeedPlan.reference``), claimed, timed and stored by ``_take``, so stage 1 reuses it and the
+processes of a study time it once. The list and its line are kept in the ``StudyRecord``: every
+process, resume and ``--remeasure`` of the study reads the same list (Optuna refuses a changed
+distribution).
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -42,39 +46,88 @@ def doubled(
     speed_of: Callable[[int], Speed],
     again: Callable[[int], Speed] | None = None,
 ) -> tuple[list[int], str]:
-    """The micro-batches from ``start``, doubling while each runs and gains ``MIN_GAIN`` over
-    the last, at most ``limit`` (the training set's samples); and the one line that says what
-    stopped it: "batch_size auto: 32 to 512 (1024 ran out of memory)". A doubling that seems to
-    gain less is decided on ``again``'s figures for both sizes (one measurement more each,
-    pooled): one measurement cannot tell a 10% gain from a noisy machine's run-to-run spread."""
+    """The micro-batches from ``start``, doubling while each runs and gains (``_tried``), at
+    most ``limit`` (the training set's samples); after a memory wall, the sizes between the last
+    that ran and the wall (``_bisected``); and the one line that says what stopped it:
+    "batch_size auto: 32 to 768 (1024 ran out of memory; 896 too)"."""
     sizes: list[int] = []
     last: float | None = None
     batch = start
-    while True:
-        if limit is not None and batch > limit:
-            why = f"{batch} is more than the {limit} training samples"
-            break
-        speed = speed_of(batch)
-        if isinstance(speed, tuple):
-            kind, message = speed
-            why = f"{batch} ran out of memory" if kind in _WALLS else f"{batch} failed: {message}"
-            break
-        if last is not None and speed < last * (1 + MIN_GAIN) and again is not None:
-            before, now = again(batch // 2), again(batch)
-            if not isinstance(before, tuple) and not isinstance(now, tuple):
-                last, speed = before, now
-        if last is not None and speed < last * (1 + MIN_GAIN):
-            gain = speed / last - 1
-            why = f"{batch} gained {gain:.0%}" if gain >= 0 else f"{batch} ran {-gain:.0%} slower"
+    while limit is None or batch <= limit:
+        tried = _tried(batch, sizes, last, speed_of, again)
+        if not isinstance(tried, float):
+            wall, why = tried
+            if wall and sizes:
+                why += _bisected(sizes, batch, speed_of, again, last)
             break
         sizes.append(batch)
-        last, batch = speed, 2 * batch
+        last, batch = tried, 2 * batch
+    else:
+        why = f"{batch} is more than the {limit} training samples"
     found = f"{sizes[0]} to {sizes[-1]}" if len(sizes) > 1 else str(sizes[0] if sizes else start)
     return sizes or [start], f"batch_size auto: {found} ({why})"
 
 
+def _tried(
+    batch: int,
+    sizes: list[int],
+    last: float | None,
+    speed_of: Callable[[int], Speed],
+    again: Callable[[int], Speed] | None,
+) -> float | tuple[bool, str]:
+    """``batch``'s samples/s where it runs and gains over ``last`` (the samples/s of
+    ``sizes[-1]``, the last size kept) ``MIN_GAIN`` per doubling (a bisected size a share of it:
+    1.5 times the batch needs 5.7%); else (whether it ran out of memory, why not). A size
+    that seems to gain less is decided on ``again``'s figures for both sizes (one measurement
+    more each, pooled): one measurement cannot tell a 10% gain from a noisy machine's spread."""
+    speed = speed_of(batch)
+    needed = (batch / sizes[-1]) ** math.log2(1 + MIN_GAIN) if sizes else 1.0
+    if isinstance(speed, tuple):
+        kind, message = speed
+        wall = kind in _WALLS
+        return wall, f"{batch} ran out of memory" if wall else f"{batch} failed: {message}"
+    if last is not None and speed < last * needed and again is not None:
+        before, now = again(sizes[-1]), again(batch)
+        if not isinstance(before, tuple) and not isinstance(now, tuple):
+            last, speed = before, now
+    if last is None or speed >= last * needed:
+        return float(speed)
+    gain = speed / last - 1
+    return False, f"{batch} gained {gain:.0%}" if gain >= 0 else f"{batch} ran {-gain:.0%} slower"
+
+
+def _bisected(
+    sizes: list[int],
+    wall: int,
+    speed_of: Callable[[int], Speed],
+    again: Callable[[int], Speed] | None,
+    last: float | None,
+) -> str:
+    """After a memory wall at ``wall`` (Lightning's "binsearch" mode): the size halfway between
+    the last that ran and the wall, in multiples of 8 (tensor cores), while the gap is over an
+    eighth of the last that ran (about three sizes); one that runs and gains (``_tried``) is
+    appended to ``sizes``, one that does not stops it. What it saw, for the probe's line."""
+    walls: list[str] = []
+    why = ""
+    while wall - sizes[-1] > sizes[-1] // 8:
+        batch = (sizes[-1] + wall) // 16 * 8  # halfway, down to a multiple of 8
+        if batch <= sizes[-1]:
+            break
+        tried = _tried(batch, sizes, last, speed_of, again)
+        if isinstance(tried, float):
+            sizes.append(batch)
+            last = tried
+        elif tried[0]:
+            walls.append(str(batch))
+            wall = batch
+        else:
+            why = f"; {tried[1]}"
+            break
+    return (f"; {', '.join(walls)} too" if walls else "") + why
+
+
 def _probe(timer: SettingTimer, workload: Workload | None) -> tuple[list[int], str]:
-    """Time the doubling micro-batches in stage 1's first cell group (``doubled``)."""
+    """Time the micro-batches ``doubled`` asks for in stage 1's first cell group."""
     plan = timer.plan
     groups = list(plan.groups())
     wanted = plan.checklist.get("precision")
@@ -84,6 +137,8 @@ def _probe(timer: SettingTimer, workload: Workload | None) -> tuple[list[int], s
     def speed_of(batch: int, again: bool = False) -> Speed:
         cell = Cell(batch, precision, extras, world)
         settings = plan.reference(cell)
+        # the probe always finishes (the space needs its list), past stage 1's budget too
+        timer.rules.deadline = time.monotonic() + timer.rules.budget
         timer.measure(cell, settings, len(timer.pool(cell, settings).results) + 1 if again else 1)
         if timer.pool(cell, settings).flagged_only():  # taken while others had the cores
             timer.measure(cell, settings, 2)  # once more: a busy figure would skew the gain
