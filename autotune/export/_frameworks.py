@@ -13,18 +13,17 @@ from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.export._api import BestConfig, ExportError
-from autotune.export._arguments import (
+from autotune.export._bundle import Import, import_block, literal
+from autotune.export._header import (
     Argument,
     loader_arguments,
     lr_text,
+    provenance_rows,
     searched,
     tuned,
 )
-from autotune.export._bundle import Import, import_block, literal
-from autotune.export._header import provenance_rows
 from autotune.export._script import template_environment
 from autotune.knobs import CHOICES, DDP_KNOBS, KNOBS
-from autotune.spacefile import WorkloadSpec
 
 FRAMEWORK_FORMATS = ("lightning", "hf")
 
@@ -347,14 +346,11 @@ def render_framework(best: BestConfig, fmt: str) -> str:
     to paste into a LightningModule and Trainer, or into TrainingArguments."""
     if fmt not in FRAMEWORK_FORMATS:
         raise ValueError(f"unknown framework format {fmt!r}")
-    workload = WorkloadSpec.model_construct(
-        model=str(best.workload.get("model", "unknown")),
-        data=str(best.workload.get("data", "unknown")),
-    )
+    model, data = (str(best.workload.get(key, "unknown")) for key in ("model", "data"))
     _check(best)
     fields = _lightning(best) if fmt == "lightning" else _hf(best)
     imports = fields.pop("imports")
     template = template_environment().get_template(f"{fmt}.py.j2")
     return template.render(
-        provenance=provenance_rows(best, workload), import_block=import_block(imports), **fields
+        provenance=provenance_rows(best, model, data), import_block=import_block(imports), **fields
     )
