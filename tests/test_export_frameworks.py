@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,8 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.export import BestConfig, ExportError, best_config, render, select_trial
-from autotune.semantics import scales_loss
-from autotune.testing import blobs, imported_modules, lint, provenance, tiny_mlp
+from autotune.semantics import make_optimizer, make_scheduler, scales_loss
+from autotune.testing import blobs, imported_modules, learning_rates, lint, provenance, tiny_mlp
 
 SPACE = """\
 study: {name: frameworks, n_trials: 1, pruner: none, strategy: joint, confirm: false}
@@ -186,10 +188,8 @@ def test_lightning_maps_every_knob(best):
     optimizers = function_source(text, "configure_optimizers")
     assert "torch.optim.SGD(module.parameters(), lr=0.02, momentum=0.875, nesterov=True, " \
         "weight_decay=0.125)" in optimizers  # fmt: skip
-    assert (
-        "LambdaLR(optimizer, factor)" in optimizers and "round(0.25 * total_steps)" in optimizers
-    )
-    assert "math.cos" in optimizers and "'interval': 'step'" in optimizers
+    assert "make_scheduler(optimizer, 'cosine', 0.25, total_steps)" in optimizers
+    assert "'interval': 'step'" in optimizers
     assert "L.seed_everything(4242, workers=True)" in function_source(text, "set_up")
 
     plain = render(best, "lightning")  # the study: AdamW, constant, eager, in-process loading
@@ -203,7 +203,7 @@ def test_lightning_maps_every_knob(best):
 
     onecycle = render(changed(best, schedule="onecycle", compile="default"), "lightning")
     optimizers = function_source(onecycle, "configure_optimizers")
-    assert "OneCycleLR(" in optimizers and "pct_start=0.3" in optimizers
+    assert "make_scheduler(optimizer, 'onecycle', 0.0, total_steps)" in optimizers
     assert "torch.compile(model)" in function_source(onecycle, "prepare_model")
 
 
@@ -372,6 +372,26 @@ def _exec(text: str) -> dict[str, Any]:
 
 
 CONSTRUCTED = ["study", "bf16-sgd-cosine-workers", "fp16-onecycle"]
+
+
+@pytest.mark.parametrize("variant", [*CONSTRUCTED, "tf32-warmup-device"])
+def test_lightnings_schedule_is_the_trials(best, monkeypatch, variant):
+    """configure_optimizers steps the learning rate as a trial of the run's optimizer steps
+    does (semantics.make_scheduler); Lightning itself stubbed: only its names are read."""
+    stub = types.ModuleType("lightning")
+    stub.LightningModule = stub.Trainer = object  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "lightning", stub)
+    settings = _exec(render(changed(best, **VARIANTS[variant]), "lightning"))
+    module = torch.nn.Linear(4, 2)
+    module.trainer = types.SimpleNamespace(estimated_stepping_batches=40)  # type: ignore[assignment]
+    returned = settings["configure_optimizers"](module)
+    config = best.config.replace(**VARIANTS[variant])
+    trial = make_optimizer(torch.nn.Linear(4, 2), config.optimizer, config.lr, 0.0)
+    expected = learning_rates(
+        trial, make_scheduler(trial, config.schedule, config.warmup_fraction, 40), 40
+    )
+    scheduler = returned.get("lr_scheduler", {}).get("scheduler")
+    assert learning_rates(returned["optimizer"], scheduler, 40) == expected
 
 
 @pytest.mark.parametrize("variant", CONSTRUCTED)

@@ -10,12 +10,7 @@ loader = best.make_loader(train_set)
 steps_per_epoch = len(loader) // best.config.accumulation_steps  # optimizer steps
 trainer = best.make_trainer(model, total_steps=epochs * steps_per_epoch)
 
-``_api`` holds the Python API (``BestConfig``, ``load_best``, ``load_config``; its
-``TrialConfirmation`` is display's, whose wording every rendering shares), ``_formats`` the
-choice of format and YAML/JSON, ``_script`` the script (``_workload`` its data and model,
-``_header`` its constants and provenance), ``_frameworks`` the Lightning and Hugging Face
-settings files (``_arguments`` their keywords), ``_bundle`` the source bundler the script is
-built with; ``templates/head.py.j2`` is the head of every exported Python file.
+Its modules: ARCHITECTURE.md.
 """
 
 from autotune.display import TrialConfirmation, confirmation_text

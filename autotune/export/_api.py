@@ -8,6 +8,7 @@ its collate function, its loss and where its batches hold the inputs and the tar
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass, field
@@ -48,7 +49,7 @@ class ExportError(UserError):
     """A configuration that cannot be exported as asked (a user error): one line."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BestConfig:
     """A study's chosen trial: its full configuration, where it came from, what it measured."""
 
@@ -56,8 +57,8 @@ class BestConfig:
     trial: int
     metric: str
     value: float
-    config: TrialConfig
     params: dict[str, Any] = field(default_factory=dict)  # the searched knobs' values
+    config: TrialConfig
     metrics: dict[str, Any] = field(default_factory=dict)  # score, samples_per_second, ...
     full_run_epochs: float | None = None  # objective.full_run_epochs, if the space file set it
     workload: dict[str, Any] = field(default_factory=dict)  # the space file's workload section
@@ -111,27 +112,13 @@ class BestConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data: what ``autotune best --json`` prints and the YAML/JSON export holds."""
-        return {
-            "autotune_export": EXPORT_FORMAT_VERSION,
-            "study": self.study,
-            "trial": self.trial,
-            "metric": self.metric,
-            "value": self.value,
-            "params": dict(self.params),
-            "config": self.config.to_dict(),
-            "metrics": dict(self.metrics),
-            "full_run_epochs": self.full_run_epochs,
-            "workload": dict(self.workload),
-            "confirmation": self.confirmation.to_dict() if self.confirmation else {},
-            "feasible": self.feasible,
-            "speed_knobs": list(self.speed_knobs),
-            "reference": self.reference,
-            "baseline": self.reference == "baseline",  # as exports before the checklist said
-            "score_name": self.score_name,
-            "batch_layout": self.batch_layout,
-            "classes_last": self.classes_last,
-            "workload_dir": self.workload_dir,
-        }
+        plain: dict[str, Any] = {"autotune_export": EXPORT_FORMAT_VERSION}
+        for name, value in dataclasses.asdict(self).items():
+            plain[name] = value
+            if name == "reference":  # as exports before the checklist said
+                plain["baseline"] = value == "baseline"
+        confirmation = self.confirmation.to_dict() if self.confirmation else {}
+        return {**plain, "confirmation": confirmation, "speed_knobs": list(self.speed_knobs)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BestConfig:

@@ -59,17 +59,13 @@ def import_block(imports: set[Import]) -> str:
 
 def _module_imports(tree: ast.Module) -> dict[str, Import]:
     """Top-level imports of a module, by the name each binds."""
-    bound: dict[str, Import] = {}
+    found: list[Import] = []
     for node in tree.body:
         if isinstance(node, ast.Import):
-            for item in node.names:
-                found = Import(item.name, None, item.asname)
-                bound[found.bound] = found
+            found += [Import(item.name, None, item.asname) for item in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.module != "__future__":
-            for item in node.names:
-                found = Import(node.module, item.name, item.asname)
-                bound[found.bound] = found
-    return bound
+            found += [Import(node.module, item.name, item.asname) for item in node.names]
+    return {each.bound: each for each in found}
 
 
 def _top_level_names(node: ast.stmt) -> list[str]:

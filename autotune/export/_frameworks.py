@@ -13,20 +13,17 @@ from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.export._api import BestConfig, ExportError
-from autotune.export._arguments import (
+from autotune.export._bundle import Import, bundle, import_block, literal
+from autotune.export._header import (
     Argument,
     loader_arguments,
     lr_text,
+    provenance_rows,
     searched,
     tuned,
 )
-from autotune.export._bundle import Import, import_block, literal
-from autotune.export._header import provenance_rows
 from autotune.export._script import template_environment
 from autotune.knobs import CHOICES, DDP_KNOBS, KNOBS
-from autotune.spacefile import WorkloadSpec
-
-FRAMEWORK_FORMATS = ("lightning", "hf")
 
 _CUDA_INDEX = re.compile(r"^cuda:(\d+)$", re.ASCII)
 # the TrialConfig fields these files write, by kind (_check): the registry's, and the run's
@@ -53,13 +50,13 @@ def _precision(precision: str) -> tuple[str, str, bool]:
     return mixed.get(dtype, "32-true"), *semantics.cuda_flags(precision)
 
 
-# TrainingArguments(tf32=...) by CUDA flags: True turns TF32 on for matmuls and convolutions,
-# False off for both, None leaves PyTorch's defaults (TF32 convolutions only)
+# TrainingArguments(tf32=...) by CUDA flags (semantics.cuda_flags: no precision has TF32 matmuls
+# alone): True turns TF32 on for matmuls and convolutions, False off for both, None leaves
+# PyTorch's defaults (TF32 convolutions only)
 _HF_TF32 = {
     ("high", True): ("True", "TF32 matmuls and convolutions (CUDA)"),
     ("highest", False): ("False", "no TF32 for matmuls or convolutions (CUDA)"),
     ("highest", True): ("None", "PyTorch's defaults: TF32 convolutions only (CUDA)"),
-    ("high", False): ("None", "none for TF32 matmuls alone: set_float32_matmul_precision('high')"),
 }
 
 
@@ -101,44 +98,19 @@ def _check(best: BestConfig) -> None:
             raise ExportError(f"{name} {getattr(config, name)!r} is not true or false")
 
 
-def _lightning_device(device: str) -> tuple[str, Any]:
-    """(accelerator, devices) of Lightning's Trainer for autotune's device string."""
-    if device == "cpu":
-        return "cpu", 1
-    if device == "cuda":
-        return "gpu", 1
-    found = _CUDA_INDEX.match(device)
-    if found:
-        return "gpu", [int(found.group(1))]
-    raise AssertionError(device)  # _check refused it
-
-
-def _schedule(best: BestConfig) -> dict[str, Any]:
-    config = best.config
-    return {
-        "schedule": config.schedule,
-        "warmup": literal(config.warmup_fraction),
-        "onecycle_rise": literal(config.warmup_fraction or 0.3),
-        "has_warmup": config.warmup_fraction > 0,
-        "schedule_comment": searched(best, "schedule"),
-        "warmup_comment": searched(best, "warmup_fraction", "of the optimizer steps"),
-    }
-
-
 def _optimizer(best: BestConfig) -> list[Argument]:
     """Keywords of the optimizer's constructor after the parameters."""
     from autotune.semantics import scales_loss  # imports torch: only these files need it
 
     config = best.config
-    rows = [
-        Argument("lr", literal(config.lr), searched(best, "lr", lr_text(config))),
-        tuned(best, "weight_decay", "weight_decay"),
-    ]
+    rows = [Argument("lr", literal(config.lr), searched(best, "lr", lr_text(config)))]
     if config.optimizer == "sgd":
-        rows.insert(
-            1, Argument("momentum", literal(config.momentum or 0.0), searched(best, "momentum"))
-        )
-        rows.insert(2, tuned(best, "nesterov", "nesterov"))
+        momentum = literal(config.momentum or 0.0)
+        rows += [
+            Argument("momentum", momentum, searched(best, "momentum")),
+            tuned(best, "nesterov", "nesterov"),
+        ]
+    rows.append(tuned(best, "weight_decay", "weight_decay"))
     if scales_loss(config.precision):
         rows.append(
             Argument("fused", "True", "GradScaler's overflow check stays on the GPU: no sync")
@@ -147,10 +119,14 @@ def _optimizer(best: BestConfig) -> list[Argument]:
 
 
 def _lightning(best: BestConfig) -> dict[str, Any]:
+    from autotune.semantics import make_scheduler  # imports torch: only these files need it
+
     config = best.config
     precision = config.precision
     lightning_precision, matmul, conv_tf32 = _precision(precision)
-    accelerator, devices = _lightning_device(config.device)
+    accelerator = "cpu" if config.device == "cpu" else "gpu"
+    index = _CUDA_INDEX.match(config.device)  # cuda:N; _check refused any other device
+    first = int(index.group(1)) if index else 0
     trainer = [
         Argument(
             "precision",
@@ -168,9 +144,10 @@ def _lightning(best: BestConfig) -> dict[str, Any]:
         Argument("accelerator", literal(accelerator), "where the study trained"),
     ]
     if config.distributed:  # the trial's processes: one per device, under DDP
-        first, processes = devices[0] if isinstance(devices, list) else 0, config.world_size
-        gpus = list(range(first, first + processes))
-        shown = literal(gpus if accelerator == "gpu" else processes)
+        processes = config.world_size
+        shown = literal(
+            list(range(first, first + processes)) if accelerator == "gpu" else processes
+        )
         trainer.append(Argument("devices", shown, f"the trial's {processes} DDP processes"))
         values = "".join(  # DDPStrategy passes them on to DistributedDataParallel
             f"    {name.removeprefix('ddp_')}={literal(getattr(config, name))},\n"
@@ -184,7 +161,7 @@ def _lightning(best: BestConfig) -> dict[str, Any]:
             )
         )
     else:
-        trainer.append(Argument("devices", literal(devices)))
+        trainer.append(Argument("devices", literal([first] if index else 1)))
     loader = [
         tuned(best, "batch_size", "batch_size", "per micro-batch"),
         Argument("shuffle", "True"),
@@ -202,8 +179,9 @@ def _lightning(best: BestConfig) -> dict[str, Any]:
         Import("torch.utils.data", "DataLoader"),
         Import("torch.utils.data", "Dataset"),
     }
-    if config.schedule == "cosine":
-        imports.add(Import("math"))
+    scheduled = config.schedule != "constant" or config.warmup_fraction > 0
+    schedule_sources, schedule_imports = bundle([make_scheduler] if scheduled else [])
+    imports |= schedule_imports
     if config.distributed:
         imports.add(Import("lightning.pytorch.strategies", "DDPStrategy"))
     compile_mode = None if config.compile in ("none", "default") else literal(config.compile)
@@ -224,7 +202,12 @@ def _lightning(best: BestConfig) -> dict[str, Any]:
         "channels_last": config.channels_last,
         "channels_last_comment": searched(best, "channels_last"),
         "notes": _not_applicable(best, "Lightning"),
-        **_schedule(best),
+        "scheduled": scheduled,
+        "schedule": literal(config.schedule),
+        "warmup": literal(config.warmup_fraction),
+        "schedule_sources": schedule_sources,
+        "schedule_comment": searched(best, "schedule"),
+        "warmup_comment": searched(best, "warmup_fraction"),
     }
 
 
@@ -315,6 +298,11 @@ def _hf(best: BestConfig) -> dict[str, Any]:
             )
         )
     outside = []
+    if config.weight_decay > 0:
+        outside.append(
+            "weight decay: the Trainer exempts biases and norm weights; the study decayed every "
+            "parameter."
+        )
     if config.channels_last:
         outside.append(
             "channels_last: model = model.to(memory_format=torch.channels_last) before Trainer"
@@ -336,25 +324,18 @@ def _hf(best: BestConfig) -> dict[str, Any]:
     return {
         "imports": {Import("typing", "Any"), Import("transformers", "TrainingArguments")},
         "arguments": arguments,
-        "outside": outside,
-        "weight_decay": config.weight_decay > 0,
-        "notes": notes + _not_applicable(best, "the Trainer"),
+        "notes": outside + notes + _not_applicable(best, "the Trainer"),
     }
 
 
 def render_framework(best: BestConfig, fmt: str) -> str:
     """The text of a ``lightning`` or ``hf`` export of ``best``: a Python file of the settings
     to paste into a LightningModule and Trainer, or into TrainingArguments."""
-    if fmt not in FRAMEWORK_FORMATS:
-        raise ValueError(f"unknown framework format {fmt!r}")
-    workload = WorkloadSpec.model_construct(
-        model=str(best.workload.get("model", "unknown")),
-        data=str(best.workload.get("data", "unknown")),
-    )
+    model, data = (str(best.workload.get(key, "unknown")) for key in ("model", "data"))
     _check(best)
     fields = _lightning(best) if fmt == "lightning" else _hf(best)
     imports = fields.pop("imports")
     template = template_environment().get_template(f"{fmt}.py.j2")
     return template.render(
-        provenance=provenance_rows(best, workload), import_block=import_block(imports), **fields
+        provenance=provenance_rows(best, model, data), import_block=import_block(imports), **fields
     )

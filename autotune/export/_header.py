@@ -1,21 +1,97 @@
-"""The head of the exported script: the configuration as constants, each with a note of where
-its value came from (searched, or fixed in the space file), and PROVENANCE, where the
+"""What every exported Python file is made of: lines of code with a comment saying where their
+value came from (the study's search, stage 1, or the space file's one value): the script's
+constants and the framework files' keywords (``Argument``); and PROVENANCE, where the
 configuration comes from. Every value is written as a literal (``_bundle.literal``): study and
 device names are the user's strings, data and never code."""
 
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass
 from typing import Any
 
 from autotune._version import __version__
 from autotune.config import TrialConfig
 from autotune.display import fmt
 from autotune.export._api import BestConfig
-from autotune.export._arguments import lr_text, searched
 from autotune.export._bundle import literal
 from autotune.knobs import DDP_KNOBS, KNOBS, SPEED_KNOBS
-from autotune.spacefile import WorkloadSpec
+
+LINE_LENGTH = 99  # what the generated files are linted to (ruff's E501, this project's width)
+ARGUMENT_INDENT = 8  # the templates' indentation of a call's keywords
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One keyword of a generated call: ``name=value,  # comment``."""
+
+    name: str  # a Python argument name, autotune's own
+    value: str  # Python source of the value: a literal (or a call of literals)
+    comment: str = ""  # autotune's words and numbers only
+
+    @property
+    def line(self) -> str:
+        """The call's line(s) for it, the template indenting them by ARGUMENT_INDENT."""
+        return commented(f"{self.name}={self.value},", self.comment, ARGUMENT_INDENT)
+
+
+def commented(code: str, comment: str, indent: int = 0) -> str:
+    """``code`` with ``comment`` after it, or above it when both would not fit in a line
+    ``indent`` columns in (or the code has several lines)."""
+    if not comment:
+        return code
+    note = f"# {comment_text(comment)}"
+    if "\n" in code or indent + len(f"{code}  {note}") > LINE_LENGTH:
+        return f"{note}\n{code}"
+    return f"{code}  {note}"
+
+
+def comment_text(text: str) -> str:
+    """``text`` safe in a ``#`` comment: printable ASCII on one line (others escaped), even
+    if a value that reached it was not what autotune wrote."""
+    return literal(str(text))[1:-1]
+
+
+def searched(best: BestConfig, knob: str, text: str = "") -> str:
+    origin = best.origin(knob)
+    return "; ".join(([origin] if origin else []) + ([text] if text else []))
+
+
+def tuned(best: BestConfig, keyword: str, knob: str, text: str = "") -> Argument:
+    """``keyword=`` the configuration's value of ``knob``, noting where it came from."""
+    return Argument(keyword, literal(getattr(best.config, knob)), searched(best, knob, text))
+
+
+def lr_text(config: TrialConfig) -> str:
+    """What the learning rate is per, as every exported file's comment says it."""
+    if config.lr_scaling == "none":
+        return "per optimizer step"
+    return (
+        f"{config.base_lr:.6g} per {config.base_batch_size} examples, scaled "
+        f"{config.lr_scaling} to the effective batch of {config.effective_batch_size}"
+    )
+
+
+def loader_arguments(best: BestConfig, prefix: str = "") -> list[Argument]:
+    """The DataLoader's tuned settings (keywords of DataLoader, or TrainingArguments'
+    ``dataloader_*`` fields with ``prefix``)."""
+    config = best.config
+    workers = config.num_workers if config.data_pipeline == "dataloader" else 0
+    rows = [
+        Argument(f"{prefix}num_workers", literal(workers), searched(best, "num_workers")),
+        tuned(best, f"{prefix}pin_memory", "pin_memory"),
+    ]
+    if workers > 0:
+        rows.append(
+            Argument(
+                f"{prefix}prefetch_factor",
+                literal(config.prefetch_factor or 2),
+                searched(best, "prefetch_factor", "batches each worker loads ahead"),
+            )
+        )
+        rows.append(tuned(best, f"{prefix}persistent_workers", "persistent_workers"))
+    return rows
+
 
 # the script's constants: what changes learning first, then how it runs (stage 1's knobs)
 _CONSTANTS = sorted(
@@ -34,8 +110,9 @@ def _shown(config: TrialConfig, name: str) -> bool:
     return KNOBS[name].applies({**config.to_dict(), "world": config.world_size})
 
 
-def knob_notes(best: BestConfig) -> list[tuple[str, Any, str]]:
-    """(CONSTANT, value, comment) for every knob the script sets as a constant."""
+def knob_notes(best: BestConfig) -> list[str]:
+    """The line of every constant the script sets, with its comment: where its value came
+    from."""
     config = best.config
     epochs_text = "the full run; --epochs overrides"
     if best.full_run_epochs is None and best.epochs != config.epochs:
@@ -65,20 +142,19 @@ def knob_notes(best: BestConfig) -> list[tuple[str, Any, str]]:
             command = f"torchrun --nproc-per-node {config.world_size}"
             rows.append(("PROCESSES", config.world_size, f"the trial's DDP processes: {command}"))
         rows.append((KNOBS[name].script, values[name], searched(best, name, texts.get(name, ""))))
-    rows.append(("VAL_BATCH_SIZE", config.val_batch_size, ""))
-    rows.append(("SEED", config.seed, "the trial's: weights and data order; --seed overrides"))
     sps = best.metrics.get("samples_per_second")
-    rows.append(
+    rows += [
+        ("VAL_BATCH_SIZE", config.val_batch_size, ""),
+        ("SEED", config.seed, "the trial's: weights and data order; --seed overrides"),
         (
             "TRIAL_SAMPLES_PER_SECOND",
-            round(float(sps), 1) if sps is not None else None,
+            None if sps is None else round(float(sps), 1),
             f"steady state, measured in trial {best.trial}",
-        )
-    )
-
+        ),
+    ]
     # every digit: the script must train with the trial's values, not rounded neighbours (a
     # rounded warm-up fraction can lose a whole warm-up step; tests/test_export_parity.py)
-    return [(name, literal(value), comment) for name, value, comment in rows]
+    return [commented(f"{name} = {literal(value)}", comment) for name, value, comment in rows]
 
 
 def _execution_summary(best: BestConfig) -> str:
@@ -129,7 +205,7 @@ def _wrapped_literal(text: str, room: int) -> str:
     return "(\n" + "".join(f"        {literal(piece)}\n" for piece in pieces) + "    )"
 
 
-def provenance_rows(best: BestConfig, workload: WorkloadSpec) -> list[tuple[str, str]]:
+def provenance_rows(best: BestConfig, model: str, data: str) -> list[tuple[str, str]]:
     """(key, Python source of its value) of the script's PROVENANCE: where the configuration
     comes from. Study names, device names and the like are the user's (or a shared study's)
     strings: they are data, written as literals, never pasted into code or the docstring."""
@@ -145,8 +221,8 @@ def provenance_rows(best: BestConfig, workload: WorkloadSpec) -> list[tuple[str,
     items: list[tuple[str, Any]] = [
         ("study", best.study),
         ("trial", best.trial),
-        ("model", workload.model),
-        ("data", workload.data),
+        ("model", model),
+        ("data", data),
         ("result", result),
         ("measured_on", f"{device} with torch {metrics.get('torch_version', '?')}"),
         ("execution", _execution_summary(best)),

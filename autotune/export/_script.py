@@ -14,9 +14,8 @@ import jinja2
 import optuna
 
 from autotune.export._api import BestConfig, ExportError, study_spec
-from autotune.export._arguments import comment_text
 from autotune.export._bundle import Import, bundle, import_block, literal
-from autotune.export._header import knob_notes, provenance_rows
+from autotune.export._header import comment_text, knob_notes, provenance_rows
 from autotune.spacefile import SCORES, SpecError, parse_spec
 from autotune.study import StudyRecord
 
@@ -70,8 +69,7 @@ def render_script(
     # the workload's layout and the bundled code import torch: YAML and JSON need neither
     from autotune import semantics
     from autotune.export._workload import recorded_layout, split_return, workload_code
-    from autotune.semantics import CUDA_GRAPH_MODES
-    from autotune.workloads import batches, scoring
+    from autotune.workloads import batches, loss_function
 
     spec = study_spec(study)
     if spec is None:
@@ -86,29 +84,18 @@ def render_script(
     config = best.config
     goal = spec.objective
     workload_imports, workload_fields = workload_code(
-        study,
-        spec.workload,
-        config.data_pipeline == "device",
-        rebuild_workload,
-        goal.score,
-        script_dir,
+        study, spec, config.data_pipeline == "device", rebuild_workload, script_dir
     )
     imports = {
-        Import("argparse"),
-        Import("json"),
-        Import("statistics"),
-        Import("time"),
+        *map(Import, ("argparse", "json", "statistics", "time", "torch")),
         Import("pathlib", "Path"),
-        Import("torch"),
         *workload_imports,
     }
     if config.data_pipeline == "dataloader":
         imports.add(Import("torch.utils.data", "DataLoader"))
     if config.distributed:  # torchrun's processes
         imports |= {
-            Import("gc"),
-            Import("os"),
-            Import("sys"),
+            *map(Import, ("gc", "os", "sys")),
             Import("torch.distributed", alias="dist"),
             Import("torch.nn.parallel", "DistributedDataParallel"),
         }
@@ -125,50 +112,38 @@ def render_script(
     has_scheduler = config.schedule != "constant" or config.warmup_fraction > 0
     if has_scheduler:
         training.append(semantics.make_scheduler)
-    if config.compile in CUDA_GRAPH_MODES:
+    if config.compile in semantics.CUDA_GRAPH_MODES:
         training.append(semantics.keep_grads_outside_graphs)
     if goal.score in SCORES:
         training += [semantics.validation_sums, semantics.builtin_score]
     if not workload_fields["loss_import"]:  # a built-in loss
-        loss = {
-            "model": scoring.model_loss,
-            "cross_entropy": scoring.cross_entropy_classes_last
-            if classes_last
-            else scoring.cross_entropy_loss,
-        }[spec.workload.loss]
+        loss = loss_function(spec.workload.loss, classes_last=classes_last)
         training.append(loss)
         workload_fields["loss_function"] = loss.__name__
     training_sources, training_imports = bundle(training)
     imports |= training_imports
-    provenance = provenance_rows(best, spec.workload)
     compile_mode = None if config.compile == "none" else config.compile
-    text = (
+    return (
         template_environment()
         .get_template("train.py.j2")
         .render(
             # model and data are dotted names (spec checks them), safe in a docstring
             title=f"Train {spec.workload.model} on {spec.workload.data} with the configuration "
             f"autotune found.",
-            provenance=provenance,
+            provenance=provenance_rows(best, spec.workload.model, spec.workload.data),
             script_name=script_name if _PLAIN_FILE_NAME.match(script_name) else "<this file>",
-            epochs=best.epochs,
             import_block=import_block(imports),
+            best=best,
+            config=config,
             constants=knob_notes(best),
             **workload_fields,
             training_sources=training_sources,
             has_scheduler=has_scheduler,
-            optimizer=config.optimizer,
             scales_loss=semantics.scales_loss(config.precision),
             compile_mode=compile_mode,
             train_model="train_model" if compile_mode or config.distributed else "model",
-            distributed=config.distributed,
-            processes=config.world_size,
-            channels_last=config.channels_last,
-            grads_in_place=config.compile in CUDA_GRAPH_MODES,
-            workers=config.num_workers > 0,
-            device_pipeline=config.data_pipeline == "device",
+            grads_in_place=config.compile in semantics.CUDA_GRAPH_MODES,
             structured=structured,
-            feasible=best.feasible,
             infeasible_reason=_infeasible_reason(best, spec),
             split_return=split_return(layout) if structured and not layout.batch_fn_name else None,
             score_kind=goal.score if goal.score in SCORES else "function",
@@ -177,4 +152,3 @@ def render_script(
             score_label=goal.score_name,
         )
     )
-    return text

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,15 +20,9 @@ import optuna
 from pydantic import ValidationError
 
 from autotune.export._api import ExportError, space_file_dir
-from autotune.export._bundle import (
-    Import,
-    bundle,
-    call,
-    entry_point,
-    literal,
-)
+from autotune.export._bundle import Import, bundle, call, entry_point, literal
 from autotune.pipeline import DeviceBatches
-from autotune.spacefile import WorkloadSpec
+from autotune.spacefile import Spec, WorkloadSpec
 from autotune.study import StudyRecord
 from autotune.workloads import WorkloadError, model_kwargs, resolve_data, resolve_model
 from autotune.workloads import load as load_workload
@@ -66,34 +60,19 @@ class _WorkloadCode:
             self.modules[module] = directory
         return import_line, expression
 
-    def place(
-        self, name: str, fn: Callable[..., Any], kwargs: dict[str, Any]
-    ) -> tuple[str | None, str]:
-        """(function-local import line or None, call expression) for one workload function."""
-        builtin = fn.func if isinstance(fn, functools.partial) else fn
-        if ":" not in name or isinstance(fn, functools.partial):  # built-in: paste its source
-            self.builtins.append(builtin)
-            args = fn.args if isinstance(fn, functools.partial) else ()
-            return None, call(builtin.__name__, kwargs, args)
-        import_line, expression = self.imported(name)
-        return import_line, call(expression, kwargs)
-
 
 def workload_code(
-    study: optuna.Study,
-    workload: WorkloadSpec,
-    device_pipeline: bool,
-    rebuild: bool = False,
-    score: str = "accuracy",
-    script_dir: Path | None = None,
+    study: optuna.Study, spec: Spec, device_pipeline: bool, rebuild: bool, script_dir: Path | None
 ) -> tuple[set[Import], dict[str, Any]]:
     """The imports the script's workload code needs, and the template fields that place it
     (the user's entries imported and called only when ``rebuild``: see the module's docstring)."""
+    workload, score = spec.workload, spec.objective.score
     record = StudyRecord.of(study)
     search_dir = space_file_dir(record)
     base_dir = Path(search_dir) if search_dir else None
     user_code = workload.user_entry_points()
     by_name = bool(user_code) and not rebuild  # the user's entries placed, never imported
+    recorded: dict[str, Any] = {}
     if by_name:
         if record.model_kwargs is None:
             raise ExportError(
@@ -103,34 +82,42 @@ def workload_code(
             )
         recorded = _checked_model_kwargs(study.study_name, workload, record.model_kwargs)
     code = _WorkloadCode(script_dir=script_dir, search_dir=base_dir)
-    placed: list[tuple[str | None, str]] = []
-    for name, resolve in ((workload.data, resolve_data), (workload.model, resolve_model)):
-        is_model = resolve is resolve_model
-        if by_name and name in user_code:
+    fields: dict[str, Any] = {}
+    for key, name, resolve in (
+        ("data", workload.data, resolve_data),
+        ("model", workload.model, resolve_model),
+    ):
+        kwargs = recorded if key == "model" else dict(workload.data_args)
+        fn: Callable[..., Any] | None = None  # the user's entry by name: never imported
+        placed: tuple[str | None, str | None]
+        if not (by_name and name in user_code):
+            try:
+                fn = resolve(workload, base_dir)
+                if key == "model" and not by_name:
+                    kwargs = _model_kwargs(workload, fn, record, base_dir)
+            except WorkloadError as err:
+                raise ExportError(f"cannot export the workload: {err}") from None
+        if fn is not None and (":" not in name or isinstance(fn, functools.partial)):
+            builtin = fn.func if isinstance(fn, functools.partial) else fn  # pasted
+            code.builtins.append(builtin)
+            args = fn.args if isinstance(fn, functools.partial) else ()
+            placed = None, call(builtin.__name__, kwargs, args)
+        else:
             import_line, expression = code.imported(name)
-            kwargs = recorded if is_model else dict(workload.data_args)
-            placed.append((import_line, call(expression, kwargs)))
-            continue
-        try:
-            fn = resolve(workload, base_dir)
-            kwargs = (
-                (recorded if by_name else _model_kwargs(workload, fn, record, base_dir))
-                if is_model
-                else dict(workload.data_args)
-            )
-        except WorkloadError as err:
-            raise ExportError(f"cannot export the workload: {err}") from None
-        placed.append(code.place(name, fn, kwargs))
-    functions = {  # the user's loss, score and batch_fn, each (import line, name); a built-in
-        # (None, None): the template writes it
-        key: code.imported(entry) if ":" in entry else (None, None)
-        for key, entry in (
-            ("loss", workload.loss),
-            ("score", score),
-            ("batch_fn", workload.batch_fn or ""),
-        )
-    }
-    return _place_workload(code, placed[0], placed[1], functions, device_pipeline)
+            placed = import_line, call(expression, kwargs)
+        fields[f"{key}_import"], fields[f"{key}_call"] = placed
+    # the user's loss, score and batch_fn, each (import line, name); a built-in (None, None):
+    # the template writes it
+    for key, entry in (("loss", workload.loss), ("score", score), ("batch_fn", workload.batch_fn)):
+        placed = code.imported(entry) if entry and ":" in entry else (None, None)
+        fields[f"{key}_import"], fields[f"{key}_function"] = placed
+    if device_pipeline:
+        code.builtins.append(DeviceBatches)
+    sources, imports = bundle(code.builtins)
+    modules = code.module_entries()
+    if modules:
+        imports |= {Import("sys"), Import("importlib.util")}
+    return imports, {**fields, "workload_modules": modules, "workload_sources": sources}
 
 
 def _model_kwargs(
@@ -201,30 +188,3 @@ def _checked_model_kwargs(
             f"({where}: {problem}); was its database edited?"
         ) from None
     return dict(checked.model_args)
-
-
-def _place_workload(
-    code: _WorkloadCode,
-    data: tuple[str | None, str],
-    model: tuple[str | None, str],
-    functions: Mapping[str, tuple[str | None, str | None]],
-    device_pipeline: bool,
-) -> tuple[set[Import], dict[str, Any]]:
-    """The imports and template fields for the data and model (import line, call) placed."""
-    if device_pipeline:
-        code.builtins.append(DeviceBatches)
-    sources, imports = bundle(code.builtins)
-    modules = code.module_entries()
-    if modules:
-        imports |= {Import("sys"), Import("importlib.util")}
-    fields = {
-        "data_import": data[0],
-        "data_call": data[1],
-        "model_import": model[0],
-        "model_call": model[1],
-        **{f"{key}_import": placed[0] for key, placed in functions.items()},
-        **{f"{key}_function": placed[1] for key, placed in functions.items()},
-        "workload_modules": modules,
-        "workload_sources": sources,
-    }
-    return imports, fields

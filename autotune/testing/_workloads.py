@@ -113,18 +113,23 @@ class _BlowUpGradient(torch.autograd.Function):
 
 @dataclass(frozen=True)
 class _FaultPlan:
-    """tiny_mlp's fault hooks (see there); none set: no faults."""
+    """tiny_mlp's fault hooks, counted in training forward passes; none set: no faults."""
 
-    nan_after_steps: int | None = None
-    oom_at_batch: int | None = None
-    overflow_at_steps: tuple[int, ...] = ()
-    hang_at_step: int | None = None
-    crash_at_step: int | None = None
-    step_delay_seconds: float = 0.0
+    nan_after_steps: int | None = None  # the logits become NaN
+    oom_at_batch: int | None = None  # torch.OutOfMemoryError for batches this large
+    overflow_at_steps: tuple[int, ...] = ()  # infinite gradients, as an fp16 overflow
+    hang_at_step: int | None = None  # sleep forever
+    crash_at_step: int | None = None  # SIGSEGV
+    step_delay_seconds: float = 0.0  # every step that slow
+    # confident constant logits: a finite loss far above its lowest
     diverge_after_steps: int | None = None
+    # the RuntimeError a broken CUDA context raises, for batches this large
     cuda_error_at_batch: int | None = None
-    fault_rank: int | None = None
-    hang_after_fault: bool = False
+    fault_rank: int | None = None  # the faults happen in that process of a distributed trial only
+    hang_after_fault: bool = False  # after its out of memory, the process hangs in its cleanup
+
+    def __post_init__(self) -> None:  # a space file gives a list
+        object.__setattr__(self, "overflow_at_steps", tuple(self.overflow_at_steps))
 
 
 class _Faults(nn.Module):
@@ -215,36 +220,20 @@ def tiny_mlp(
     num_classes: int,
     input_shape: tuple[int, ...],
     hidden: int = 32,
-    nan_after_steps: int | None = None,
-    oom_at_batch: int | None = None,
-    overflow_at_steps: tuple[int, ...] | list[int] = (),
-    hang_at_step: int | None = None,
-    crash_at_step: int | None = None,
-    step_delay_seconds: float = 0.0,
     broken_compiler: bool = False,
     endless_compile: bool = False,
-    diverge_after_steps: int | None = None,
-    cuda_error_at_batch: int | None = None,
-    fault_rank: int | None = None,
-    hang_after_fault: bool = False,
+    **faults: Any,
 ) -> nn.Module:
-    """Flatten, one hidden ReLU layer, a linear classifier; plus optional injected faults.
-
-    Fault hooks, counted in training forward passes: ``nan_after_steps`` (logits become NaN),
-    ``oom_at_batch`` (torch.OutOfMemoryError for batches this large), ``overflow_at_steps``
-    (infinite gradients at those steps, as an fp16 overflow), ``hang_at_step`` (sleep forever),
-    ``crash_at_step`` (SIGSEGV), ``step_delay_seconds`` (every step that slow),
-    ``diverge_after_steps`` (confident constant logits: a finite loss far above its lowest),
-    ``cuda_error_at_batch`` (the RuntimeError a broken CUDA context raises, for batches this
-    large),
-    ``broken_compiler`` (torch.compile's C++ compiler is missing in this process) and
-    ``endless_compile`` (a torch.compile in a worker process never finishes; the process
-    that starts workers, which builds the model to check the workload, compiles as ever).
-    ``fault_rank``: the faults happen in that process of a distributed trial only;
-    ``hang_after_fault``: after its out of memory, the process hangs in its cleanup.
+    """Flatten, one hidden ReLU layer, a linear classifier; plus optional injected faults:
+    ``faults`` are ``_FaultPlan``'s, ``broken_compiler``: torch.compile's C++ compiler is
+    missing in this process; ``endless_compile``: a torch.compile in a worker process never
+    finishes (the process that starts workers, which builds the model to check the workload,
+    compiles as ever).
     """
-    given = {**locals(), "overflow_at_steps": tuple(overflow_at_steps)}
-    faults = _FaultPlan(**{name: given[name] for name in _FaultPlan.__dataclass_fields__})
+    unknown = sorted(set(faults) - set(_FaultPlan.__dataclass_fields__))
+    if unknown:  # the space file's model_args, in one line
+        raise ValueError(f"tiny_mlp has no fault hook {', '.join(unknown)}")
+    plan = _FaultPlan(**faults)
     if broken_compiler:
         _break_the_compiler()
     # (the hook is process-wide: set in a test's own process it would hang every later
@@ -257,8 +246,8 @@ def tiny_mlp(
         nn.ReLU(),
         nn.Linear(hidden, num_classes),
     ]
-    if faults != _FaultPlan(fault_rank=fault_rank, hang_after_fault=hang_after_fault):
-        layers.append(_Faults(faults))
+    if plan != _FaultPlan(fault_rank=plan.fault_rank, hang_after_fault=plan.hang_after_fault):
+        layers.append(_Faults(plan))
     return nn.Sequential(*layers)
 
 
