@@ -8,7 +8,8 @@ import warnings
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, ConsoleRenderable, RenderHook, RenderResult
+from rich.segment import Segment
 from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
@@ -79,8 +80,43 @@ app = typer.Typer(
     pretty_exceptions_enable=False,  # a bug gets a plain traceback; user errors get one line
     help="Find the PyTorch training configuration with the most accuracy per second.",
 )
+
+
+class _Trimmed:
+    """A renderable whose lines end without the spaces rich pads them with (a table's cells,
+    titles and captions, ``Padding``, a line wrapped between words): a copy of the output
+    carries none. A space with a background colour is seen: it stays."""
+
+    def __init__(self, renderable: ConsoleRenderable) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        segments = console.render(self.renderable, options)
+        for line, ended in Segment.split_lines_terminator(segments):
+            while ended and line and not line[-1].control:
+                last = line[-1]
+                if last.style is not None and last.style.bgcolor is not None:
+                    break
+                if last.text.rstrip(" "):
+                    line[-1] = last._replace(text=last.text.rstrip(" "))
+                    break
+                line.pop()
+            yield from line
+            if ended:
+                yield Segment.line()
+
+
+class _TrimLines(RenderHook):
+    """Every line a console prints, trimmed (``_Trimmed``); the live display's own lines,
+    which it redraws, are added after this hook and left as they are."""
+
+    def process_renderables(self, renderables: list[ConsoleRenderable]) -> list[ConsoleRenderable]:
+        return [_Trimmed(renderable) for renderable in renderables]
+
+
 # emoji=False: a name or value with ":fire:" in it is shown as it is, not as an emoji
 console = Console(emoji=False)
+console.push_render_hook(_TrimLines())
 errors = Console(stderr=True, soft_wrap=True, emoji=False)  # one line at any width
 
 
