@@ -14,7 +14,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune._version import __version__
-from autotune.display import fmt, fmt_metric
+from autotune.display import fmt, fmt_metric, verification_rows
 from autotune.export import TrialConfirmation, confirmation_text
 from autotune.results import PHASES
 from autotune.spacefile import DEFAULT_STORAGE, knobs_for
@@ -155,6 +155,14 @@ def _space_file_block(study: optuna.Study) -> list[str]:
     return lines
 
 
+def knob_rows(trial: FrozenTrial) -> list[tuple[str, str, str]]:
+    """(knob, value, where the value came from) of a trial's configuration, as the note and
+    the report show it."""
+    config = trial_config(trial).to_dict()
+    knobs = knobs_for(config.get("world_size", 1))
+    return [(name, fmt(config[name]), trial_knob_origin(trial, name)) for name in knobs]
+
+
 def names(study: optuna.Study) -> tuple[str, str, bool]:
     """The study's metric, its score's name and whether a higher score is better."""
     record = StudyRecord.of(study)
@@ -169,20 +177,16 @@ def verify_block(study: optuna.Study) -> list[str]:
     if verified is None or not verified.runs:
         return []
     _, score_name, higher = names(study)
-    reach = [f"s to {verified.target:g}"] if verified.target is not None else []
-    head = ["configuration", f"final {score_name}", "training s", *reach]
-    lines = [
+    (head, *rows), losses = verification_rows(verified, score_name, higher)
+    return [
         f"**At full length** (`autotune verify`, {verified.epochs:g} epochs):",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
+        *("| " + " | ".join(cells) + " |" for cells in rows),
+        "",
+        *losses,
     ]
-    for row in verified.rows(higher):
-        cells = [row.name, fmt(row.final_score), fmt(row.seconds)]
-        cells += ["never" if row.to_target is None else fmt(row.to_target)] if reach else []
-        lines.append("| " + " | ".join(cells) + " |")
-    losses = verified.losses(higher)
-    return [*lines, "", *(f"The short trials' ranking does not hold: {n} {h}." for n, h in losses)]
 
 
 def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
@@ -220,11 +224,8 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         if bottlenecks := _bottlenecks(study):
             lines.append(f"Bottlenecks of the completed trials: {bottlenecks}.")
         lines += ["", "| knob | value |", "|---|---|"]
-        config = trial_config(best).to_dict()
-        for name in knobs_for(config.get("world_size", 1)):
-            origin = trial_knob_origin(best, name)
-            mark = f" ({origin})" if origin else ""
-            lines.append(f"| {name} | {fmt(config[name])}{mark} |")
+        for name, value, origin in knob_rows(best):
+            lines.append(f"| {name} | {value}{f' ({origin})' if origin else ''} |")
         lines.append("")
         if StudyRecord.of(study).strategy == "two_stage":
             predicted = record.predicted_samples_per_second
