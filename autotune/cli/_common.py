@@ -30,13 +30,14 @@ class _PlainHelp:
 
 class Group(_PlainHelp, TyperGroup):
     """The ``autotune`` group: a plain ``--help``; a user error that a command raises is said
-    in one line, exit 1 (a command that exits otherwise catches its own)."""
+    in a line (a line each of its lines), exit 1 (a command that exits otherwise catches its
+    own)."""
 
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except UserError as err:
-            raise fail(str(err), EXIT_FAILED) from None
+            raise fail(str(err).splitlines(), EXIT_FAILED) from None
 
 
 class Command(_PlainHelp, TyperCommand):

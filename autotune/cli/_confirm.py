@@ -23,7 +23,6 @@ from autotune.cli._common import (
     storage_option,
     study_option,
 )
-from autotune.errors import UserError
 from autotune.spacefile import DEFAULT_STORAGE
 
 
@@ -50,30 +49,27 @@ def open_to_train(
 ) -> tuple[Any, Any, Any]:
     """The study (the storage's only one where none is named), its space file as stored, and
     an executor as its runs had (``isolation``: worker or none, default study.isolation); a
-    warning where it was created on another device. Exit 1 in one line where it cannot train."""
+    warning where it was created on another device. A UserError where it cannot train."""
     from autotune import export, session
     from autotune import study as studies
     from autotune.machine.hardware import detect
     from autotune.storage import adapter
 
     quiet_libraries(verbose=False)
-    try:
-        found = studies.load_study(study_name, storage, "write")
-        spec = export.study_spec(found)
-        if spec is None:
-            raise studies.StudyError(
-                f"study '{found.study_name}' holds no readable space file: it cannot train again"
-            )
-        retry = adapter.outage_retry_of(adapter.storage_of(found))
-        retry.seconds = spec.study.storage_outage  # as long as the study's own runs wait
-        say_storage_waits(retry)
-        record = studies.StudyRecord.of(found)
-        base_dir = Path(record.space_file_dir) if record.space_file_dir else None
-        hardware = detect(spec.workload.device)
-        trains = spec.with_overrides(study={"isolation": isolation})  # as its runs, or told
-        executor = session.executor_for(trains, base_dir)
-    except UserError as err:
-        raise fail(str(err).splitlines(), EXIT_FAILED) from None
+    found = studies.load_study(study_name, storage, "write")
+    spec = export.study_spec(found)
+    if spec is None:
+        raise studies.StudyError(
+            f"study '{found.study_name}' holds no readable space file: it cannot train again"
+        )
+    retry = adapter.outage_retry_of(adapter.storage_of(found))
+    retry.seconds = spec.study.storage_outage  # as long as the study's own runs wait
+    say_storage_waits(retry)
+    record = studies.StudyRecord.of(found)
+    base_dir = Path(record.space_file_dir) if record.space_file_dir else None
+    hardware = detect(spec.workload.device)
+    trains = spec.with_overrides(study={"isolation": isolation})  # as its runs, or told
+    executor = session.executor_for(trains, base_dir)
     if record.created_on and record.created_on != hardware.device_name:
         console.print(
             f"[yellow]warning:[/] this study was created on {escape(record.created_on)}; the "
@@ -86,12 +82,6 @@ def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) 
     """Run (or resume) the confirmation round, a line per run; whether one exists now."""
     from autotune import display, session
     from autotune import study as studies
-
-    def other_confirms() -> None:
-        console.print(
-            "Waiting for another process of this study, which runs its confirmation round.",
-            style="dim",
-        )
 
     def starting(plan: Any) -> None:  # a ConfirmationRecord: what it keeps, what it runs
         leaders = len(plan.candidates) - len(plan.references)  # 0: a reference leads
@@ -119,7 +109,10 @@ def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) 
         on_start=starting,
         on_run=display.confirmation_progress(console, spec),
         on_wait=lambda line: console.print(f"  {line}", style="dim", markup=False),
-        on_other=other_confirms,
+        on_other=lambda: console.print(
+            "Waiting for another process of this study, which runs its confirmation round.",
+            style="dim",
+        ),
     )
 
 

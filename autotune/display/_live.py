@@ -313,7 +313,6 @@ class OthersShown:
 
     def __init__(self, study: Any, observer: Any, workers: Workers) -> None:
         self.study, self.observer, self.workers = study, observer, workers
-        self.closed = False
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._poll, name="autotune-others", daemon=True)
 
@@ -323,13 +322,7 @@ class OthersShown:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop polling, after showing what finished meanwhile (once)."""
-        if self.closed:
-            return
-        self.closed = True
+        """Stop polling, after showing what finished meanwhile."""
         self.stop.set()
         self.thread.join()
         self.observer.show_finished(self.study.get_trials(deepcopy=False))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import math
 import re
 from collections import Counter
@@ -68,13 +69,14 @@ def comparisons(study: optuna.Study, answer: Answer | None) -> list[Comparison]:
     confirmation round), never one measurement's: None here."""
     if answer is None:
         return []
-    by_speed = sorted(feasible_trials(study), key=lambda t: _speed(t) or 0.0)  # answer's too
+    speed = functools.partial(measured, key="samples_per_second")
+    by_speed = sorted(feasible_trials(study), key=lambda t: speed(t) or 0.0)  # answer's too
     found, shown = [], {answer.number}
     for label, other in (
         (REFERENCE_NAMES["baseline"], baseline_trial(study)),
         (REFERENCE_NAMES["checklist"], reference_trial(study, "checklist")),
         ("the median feasible trial", by_speed[len(by_speed) // 2]),
-        ("the slowest feasible trial", min(by_speed, key=lambda t: _speed(t) or math.inf)),
+        ("the slowest feasible trial", min(by_speed, key=lambda t: speed(t) or math.inf)),
     ):
         faster = _over(answer.trial, other, "samples_per_second") if other else None
         if other is None or other.number in shown or not faster:
@@ -83,10 +85,6 @@ def comparisons(study: optuna.Study, answer: Answer | None) -> list[Comparison]:
         value = None if label in REFERENCE_NAMES.values() else _over(answer.trial, other, "value")
         found.append((label, other, faster, value))
     return found
-
-
-def _speed(trial: FrozenTrial) -> float | None:
-    return measured(trial, "samples_per_second")
 
 
 def measurements(trial: FrozenTrial) -> list[tuple[str, str]]:
