@@ -690,6 +690,30 @@ def test_printed_lines_end_without_the_spaces_rich_pads_them_with(seen, invoke_c
     assert plain[-1] == "seen " and plain[0] == "short"
 
 
+def test_verifys_table_is_built_once_for_the_terminal_and_the_note():
+    """display.verification_rows: the header, a row per configuration (never: the target not
+    reached; no target, no column) and a line per reference the answer loses to at full length,
+    which the terminal prints and the note writes (test_verify shows both)."""
+    from autotune.study import Verification, VerifyRun
+
+    runs = (
+        VerifyRun(5, "answer", 1, ((1.0, 0.80), (2.0, 0.90), (3.0, 0.91))),
+        VerifyRun(0, "baseline", 1, ((2.0, 0.70), (4.0, 0.92), (6.0, 0.97))),
+        VerifyRun(1, "checklist", 1, ((2.0, 0.50), (4.0, 0.85), (6.0, 0.88))),
+    )
+    (head, *rows), losses = display.verification_rows(Verification(30, 0.9, runs), "acc", True)
+    assert head == ["configuration", "final acc", "training s", "s to 0.9"]
+    assert rows == [
+        ["the answer (trial 5)", "0.91", "3", "2"],
+        ["the untuned baseline (trial 0)", "0.97", "6", "3.818"],
+        ["the tuning checklist (trial 1)", "0.88", "6", "never"],
+    ]
+    said = "The short trials' ranking does not hold: the untuned baseline ends at 0.97"
+    assert losses == [f"{said} against the answer's 0.91."]
+    (head, *rows), _ = display.verification_rows(Verification(30, None, runs), "acc", True)
+    assert len(head) == 3 and all(len(row) == 3 for row in rows)
+
+
 def test_durations_and_lists_are_written_one_way_everywhere():
     """One formatter for an estimate's seconds (the stage-1 plan's and verify's agreed once
     they shared it) and one for "a, b and c" (trials, the verify plan, the confirmation)."""
