@@ -15,7 +15,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune._version import __version__
-from autotune.display import fmt, fmt_metric, verification_rows
+from autotune.display import fmt, verification_rows
 from autotune.export import TrialConfirmation, confirmation_text
 from autotune.results import PHASES
 from autotune.spacefile import DEFAULT_STORAGE, knobs_for
@@ -85,24 +85,6 @@ def comparisons(study: optuna.Study, answer: Answer | None) -> list[Comparison]:
         value = None if label in REFERENCE_NAMES.values() else _over(answer.trial, other, "value")
         found.append((label, other, faster, value))
     return found
-
-
-def measurements(trial: FrozenTrial) -> list[tuple[str, str]]:
-    """(label, formatted value) of a trial's compile, FLOP and memory measurements."""
-    record = TrialRecord.of(trial)
-    shown = []
-    for key, label in (
-        ("compile_seconds", "torch.compile time"),
-        ("achieved_flops", "achieved FLOP/s"),
-        ("mfu", "model FLOP utilization"),
-        ("gpu_utilization", "GPU utilization (NVML)"),
-        ("gpu_memory_used_bytes", "GPU memory used (NVML)"),
-        ("peak_memory_bytes", "peak memory"),
-    ):
-        value = getattr(record, key)
-        if isinstance(value, int | float):
-            shown.append((label, fmt_metric(key, value)))
-    return shown
 
 
 def _bottlenecks(study: optuna.Study) -> str:

@@ -18,7 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune._imports import optional
 from autotune._version import __version__
-from autotune.display import fmt
+from autotune.display import fmt, fmt_metric
 from autotune.errors import UserError
 from autotune.export import TrialConfirmation, confirmation_text
 from autotune.outputs.notes import (
@@ -26,7 +26,6 @@ from autotune.outputs.notes import (
     comparisons,
     knob_rows,
     measured,
-    measurements,
     names,
     verify_block,
 )
@@ -142,6 +141,24 @@ def _verified_curves(study: optuna.Study) -> go.Figure | None:
         yaxis_title=f"validation {score_name}",
     )
     return figure
+
+
+def measurements(trial: FrozenTrial) -> list[tuple[str, str]]:
+    """(label, formatted value) of a trial's compile, FLOP and memory measurements."""
+    record = TrialRecord.of(trial)
+    shown = []
+    for key, label in (
+        ("compile_seconds", "torch.compile time"),
+        ("achieved_flops", "achieved FLOP/s"),
+        ("mfu", "model FLOP utilization"),
+        ("gpu_utilization", "GPU utilization (NVML)"),
+        ("gpu_memory_used_bytes", "GPU memory used (NVML)"),
+        ("peak_memory_bytes", "peak memory"),
+    ):
+        value = getattr(record, key)
+        if isinstance(value, int | float):
+            shown.append((label, fmt_metric(key, value)))
+    return shown
 
 
 def _breakdown_bars(study: optuna.Study, baseline: FrozenTrial | None) -> go.Figure | None:
