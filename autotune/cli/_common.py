@@ -49,29 +49,22 @@ def flag(*names: str, help: str) -> Any:
     return typer.Option(*names, metavar="", help=help)
 
 
-def storage_option() -> Any:
-    """``--storage URL``, by default $AUTOTUNE_STORAGE, else the SQLite file under studies/."""
-    return typer.Option(envvar=STORAGE_ENV, help="Optuna storage URL.")
-
-
-def study_option() -> Any:
-    """``--study NAME``; left out, the storage's only study (its speed study aside)."""
-    return typer.Option(
-        "--study", metavar="NAME", help="Study name. Default: the storage's only study."
-    )
-
-
-def artifacts_option() -> Any:
-    """``--artifacts DIR|s3://bucket``, by default $AUTOTUNE_ARTIFACTS (see
-    autotune.outputs.artifacts)."""
-    return typer.Option(
-        "--artifacts",
-        envvar="AUTOTUNE_ARTIFACTS",
-        metavar="DIR|s3://BUCKET",
-        help="Where exported scripts and reports are attached for optuna-dashboard: a folder, "
-        "or s3://bucket (needs boto3). Default: artifacts/ beside a SQLite database; other "
-        "storages attach only where this names.",
-    )
+# the options the commands share (Typer copies an option for each command that names it):
+# --storage URL, by default $AUTOTUNE_STORAGE, else the SQLite file under studies/
+STORAGE_OPTION = typer.Option(envvar=STORAGE_ENV, help="Optuna storage URL.")
+# --study NAME; left out, the storage's only study (its speed study aside)
+STUDY_OPTION = typer.Option(
+    "--study", metavar="NAME", help="Study name. Default: the storage's only study."
+)
+# --artifacts DIR|s3://bucket, by default $AUTOTUNE_ARTIFACTS (see autotune.outputs.artifacts)
+ARTIFACTS_OPTION = typer.Option(
+    "--artifacts",
+    envvar="AUTOTUNE_ARTIFACTS",
+    metavar="DIR|s3://BUCKET",
+    help="Where exported scripts and reports are attached for optuna-dashboard: a folder, "
+    "or s3://bucket (needs boto3). Default: artifacts/ beside a SQLite database; other "
+    "storages attach only where this names.",
+)
 
 
 app = typer.Typer(

@@ -19,13 +19,13 @@ from autotune.cli._common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
+    STORAGE_OPTION,
+    STUDY_OPTION,
     console,
     fail,
     flag,
     in_range,
     quiet_libraries,
-    storage_option,
-    study_option,
 )
 from autotune.spacefile import DEFAULT_STORAGE
 
@@ -121,8 +121,8 @@ def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) 
 
 
 def confirm(
-    study_name: Annotated[str | None, study_option()] = None,
-    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
+    study_name: Annotated[str | None, STUDY_OPTION] = None,
+    storage: Annotated[str, STORAGE_OPTION] = DEFAULT_STORAGE,
     top: Annotated[
         int | None,
         typer.Option(help="Confirm this many leaders. Default: study.confirm.top."),
@@ -191,8 +191,8 @@ def training(executor: Any, storage: str) -> Iterator[None]:
 
 
 def verify(
-    study_name: Annotated[str | None, study_option()] = None,
-    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
+    study_name: Annotated[str | None, STUDY_OPTION] = None,
+    storage: Annotated[str, STORAGE_OPTION] = DEFAULT_STORAGE,
     epochs: Annotated[
         float | None,
         typer.Option(help="Epochs of each run. Default: objective.full_run_epochs."),
