@@ -659,6 +659,61 @@ def test_an_error_wraps_between_words_on_a_terminal_and_is_one_line_in_a_log(mon
         assert any(url in row for row in shown)  # a URL or a path is never broken
 
 
+def test_printed_lines_end_without_the_spaces_rich_pads_them_with(seen, invoke_cli, tmp_path):
+    """A copy of the output carries no trailing spaces (tables, titles, lines wrapped between
+    words), on a terminal too; the words are those rich lays out, and a space with a background
+    colour, which is seen, stays."""
+    from rich.table import Table
+
+    from autotune.cli import _common
+
+    _, url = seen
+    shown = invoke_cli("best", "--storage", url, cwd=tmp_path, columns=60)
+    lines = shown.stdout.splitlines()
+    assert shown.returncode == 0 and len(lines) > 20, shown.stderr
+    assert [line for line in lines if line.endswith(" ")] == []
+    for trimmed in (False, True):
+        console = Console(file=io.StringIO(), width=40, force_terminal=True, emoji=False)
+        if trimmed:
+            console.push_render_hook(_common._TrimLines())
+        table = Table(title="short", title_justify="left")
+        table.add_column("knob")
+        table.add_row("lr")
+        console.print(table)
+        console.print("a few words, wrapped " * 3, style="bold")
+        console.print(Text("seen ", style="on red"))
+        plain = Text.from_ansi(_text(console)).plain.splitlines()
+        if not trimmed:
+            assert plain[0].startswith("short ")  # rich pads the title to the table's width
+            untrimmed = plain
+    assert plain[:-1] == [line.rstrip() for line in untrimmed[:-1]]
+    assert plain[-1] == "seen " and plain[0] == "short"
+
+
+def test_verifys_table_is_built_once_for_the_terminal_and_the_note():
+    """display.verification_rows: the header, a row per configuration (never: the target not
+    reached; no target, no column) and a line per reference the answer loses to at full length,
+    which the terminal prints and the note writes (test_verify shows both)."""
+    from autotune.study import Verification, VerifyRun
+
+    runs = (
+        VerifyRun(5, "answer", 1, ((1.0, 0.80), (2.0, 0.90), (3.0, 0.91))),
+        VerifyRun(0, "baseline", 1, ((2.0, 0.70), (4.0, 0.92), (6.0, 0.97))),
+        VerifyRun(1, "checklist", 1, ((2.0, 0.50), (4.0, 0.85), (6.0, 0.88))),
+    )
+    (head, *rows), losses = display.verification_rows(Verification(30, 0.9, runs), "acc", True)
+    assert head == ["configuration", "final acc", "training s", "s to 0.9"]
+    assert rows == [
+        ["the answer (trial 5)", "0.91", "3", "2"],
+        ["the untuned baseline (trial 0)", "0.97", "6", "3.818"],
+        ["the tuning checklist (trial 1)", "0.88", "6", "never"],
+    ]
+    said = "The short trials' ranking does not hold: the untuned baseline ends at 0.97"
+    assert losses == [f"{said} against the answer's 0.91."]
+    (head, *rows), _ = display.verification_rows(Verification(30, None, runs), "acc", True)
+    assert len(head) == 3 and all(len(row) == 3 for row in rows)
+
+
 def test_durations_and_lists_are_written_one_way_everywhere():
     """One formatter for an estimate's seconds (the stage-1 plan's and verify's agreed once
     they shared it) and one for "a, b and c" (trials, the verify plan, the confirmation)."""

@@ -8,7 +8,8 @@ import warnings
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, ConsoleRenderable, RenderHook, RenderResult
+from rich.segment import Segment
 from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
@@ -29,13 +30,14 @@ class _PlainHelp:
 
 class Group(_PlainHelp, TyperGroup):
     """The ``autotune`` group: a plain ``--help``; a user error that a command raises is said
-    in one line, exit 1 (a command that exits otherwise catches its own)."""
+    in a line (a line each of its lines), exit 1 (a command that exits otherwise catches its
+    own)."""
 
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except UserError as err:
-            raise fail(str(err), EXIT_FAILED) from None
+            raise fail(str(err).splitlines(), EXIT_FAILED) from None
 
 
 class Command(_PlainHelp, TyperCommand):
@@ -47,29 +49,22 @@ def flag(*names: str, help: str) -> Any:
     return typer.Option(*names, metavar="", help=help)
 
 
-def storage_option() -> Any:
-    """``--storage URL``, by default $AUTOTUNE_STORAGE, else the SQLite file under studies/."""
-    return typer.Option(envvar=STORAGE_ENV, help="Optuna storage URL.")
-
-
-def study_option() -> Any:
-    """``--study NAME``; left out, the storage's only study (its speed study aside)."""
-    return typer.Option(
-        "--study", metavar="NAME", help="Study name. Default: the storage's only study."
-    )
-
-
-def artifacts_option() -> Any:
-    """``--artifacts DIR|s3://bucket``, by default $AUTOTUNE_ARTIFACTS (see
-    autotune.outputs.artifacts)."""
-    return typer.Option(
-        "--artifacts",
-        envvar="AUTOTUNE_ARTIFACTS",
-        metavar="DIR|s3://BUCKET",
-        help="Where exported scripts and reports are attached for optuna-dashboard: a folder, "
-        "or s3://bucket (needs boto3). Default: artifacts/ beside a SQLite database; other "
-        "storages attach only where this names.",
-    )
+# the options the commands share (Typer copies an option for each command that names it):
+# --storage URL, by default $AUTOTUNE_STORAGE, else the SQLite file under studies/
+STORAGE_OPTION = typer.Option(envvar=STORAGE_ENV, help="Optuna storage URL.")
+# --study NAME; left out, the storage's only study (its speed study aside)
+STUDY_OPTION = typer.Option(
+    "--study", metavar="NAME", help="Study name. Default: the storage's only study."
+)
+# --artifacts DIR|s3://bucket, by default $AUTOTUNE_ARTIFACTS (see autotune.outputs.artifacts)
+ARTIFACTS_OPTION = typer.Option(
+    "--artifacts",
+    envvar="AUTOTUNE_ARTIFACTS",
+    metavar="DIR|s3://BUCKET",
+    help="Where exported scripts and reports are attached for optuna-dashboard: a folder, "
+    "or s3://bucket (needs boto3). Default: artifacts/ beside a SQLite database; other "
+    "storages attach only where this names.",
+)
 
 
 app = typer.Typer(
@@ -79,8 +74,43 @@ app = typer.Typer(
     pretty_exceptions_enable=False,  # a bug gets a plain traceback; user errors get one line
     help="Find the PyTorch training configuration with the most accuracy per second.",
 )
+
+
+class _Trimmed:
+    """A renderable whose lines end without the spaces rich pads them with (a table's cells,
+    titles and captions, ``Padding``, a line wrapped between words): a copy of the output
+    carries none. A space with a background colour is seen: it stays."""
+
+    def __init__(self, renderable: ConsoleRenderable) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        segments = console.render(self.renderable, options)
+        for line, ended in Segment.split_lines_terminator(segments):
+            while ended and line and not line[-1].control:
+                last = line[-1]
+                if last.style is not None and last.style.bgcolor is not None:
+                    break
+                if last.text.rstrip(" "):
+                    line[-1] = last._replace(text=last.text.rstrip(" "))
+                    break
+                line.pop()
+            yield from line
+            if ended:
+                yield Segment.line()
+
+
+class _TrimLines(RenderHook):
+    """Every line a console prints, trimmed (``_Trimmed``); the live display's own lines,
+    which it redraws, are added after this hook and left as they are."""
+
+    def process_renderables(self, renderables: list[ConsoleRenderable]) -> list[ConsoleRenderable]:
+        return [_Trimmed(renderable) for renderable in renderables]
+
+
 # emoji=False: a name or value with ":fire:" in it is shown as it is, not as an emoji
 console = Console(emoji=False)
+console.push_render_hook(_TrimLines())
 errors = Console(stderr=True, soft_wrap=True, emoji=False)  # one line at any width
 
 

@@ -1,6 +1,9 @@
-"""``confirm``: the confirmation round of a study, run (or resumed) on its own; and what the
-training commands share: running a round, and what they say around their training runs. The
-command is registered by ``_run`` after ``run``, in the order --help lists them."""
+"""The commands that train a stored study's configurations again: ``confirm`` (the
+confirmation round, run or resumed on its own) and ``verify`` (the answer, the tuning checklist
+and the untuned baseline trained for the full run, one after another, and who reaches the
+target first: ``study._verify``); what they share: the study opened to train, running a round,
+and what they say around their training runs. The commands are registered by ``_run`` after
+``run``, in the order --help lists them."""
 
 from __future__ import annotations
 
@@ -16,14 +19,14 @@ from autotune.cli._common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
+    STORAGE_OPTION,
+    STUDY_OPTION,
     console,
     fail,
+    flag,
     in_range,
     quiet_libraries,
-    storage_option,
-    study_option,
 )
-from autotune.errors import UserError
 from autotune.spacefile import DEFAULT_STORAGE
 
 
@@ -50,30 +53,27 @@ def open_to_train(
 ) -> tuple[Any, Any, Any]:
     """The study (the storage's only one where none is named), its space file as stored, and
     an executor as its runs had (``isolation``: worker or none, default study.isolation); a
-    warning where it was created on another device. Exit 1 in one line where it cannot train."""
+    warning where it was created on another device. A UserError where it cannot train."""
     from autotune import export, session
     from autotune import study as studies
     from autotune.machine.hardware import detect
     from autotune.storage import adapter
 
     quiet_libraries(verbose=False)
-    try:
-        found = studies.load_study(study_name, storage, "write")
-        spec = export.study_spec(found)
-        if spec is None:
-            raise studies.StudyError(
-                f"study '{found.study_name}' holds no readable space file: it cannot train again"
-            )
-        retry = adapter.outage_retry_of(adapter.storage_of(found))
-        retry.seconds = spec.study.storage_outage  # as long as the study's own runs wait
-        say_storage_waits(retry)
-        record = studies.StudyRecord.of(found)
-        base_dir = Path(record.space_file_dir) if record.space_file_dir else None
-        hardware = detect(spec.workload.device)
-        trains = spec.with_overrides(study={"isolation": isolation})  # as its runs, or told
-        executor = session.executor_for(trains, base_dir)
-    except UserError as err:
-        raise fail(str(err).splitlines(), EXIT_FAILED) from None
+    found = studies.load_study(study_name, storage, "write")
+    spec = export.study_spec(found)
+    if spec is None:
+        raise studies.StudyError(
+            f"study '{found.study_name}' holds no readable space file: it cannot train again"
+        )
+    retry = adapter.outage_retry_of(adapter.storage_of(found))
+    retry.seconds = spec.study.storage_outage  # as long as the study's own runs wait
+    say_storage_waits(retry)
+    record = studies.StudyRecord.of(found)
+    base_dir = Path(record.space_file_dir) if record.space_file_dir else None
+    hardware = detect(spec.workload.device)
+    trains = spec.with_overrides(study={"isolation": isolation})  # as its runs, or told
+    executor = session.executor_for(trains, base_dir)
     if record.created_on and record.created_on != hardware.device_name:
         console.print(
             f"[yellow]warning:[/] this study was created on {escape(record.created_on)}; the "
@@ -86,12 +86,6 @@ def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) 
     """Run (or resume) the confirmation round, a line per run; whether one exists now."""
     from autotune import display, session
     from autotune import study as studies
-
-    def other_confirms() -> None:
-        console.print(
-            "Waiting for another process of this study, which runs its confirmation round.",
-            style="dim",
-        )
 
     def starting(plan: Any) -> None:  # a ConfirmationRecord: what it keeps, what it runs
         leaders = len(plan.candidates) - len(plan.references)  # 0: a reference leads
@@ -119,13 +113,16 @@ def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) 
         on_start=starting,
         on_run=display.confirmation_progress(console, spec),
         on_wait=lambda line: console.print(f"  {line}", style="dim", markup=False),
-        on_other=other_confirms,
+        on_other=lambda: console.print(
+            "Waiting for another process of this study, which runs its confirmation round.",
+            style="dim",
+        ),
     )
 
 
 def confirm(
-    study_name: Annotated[str | None, study_option()] = None,
-    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
+    study_name: Annotated[str | None, STUDY_OPTION] = None,
+    storage: Annotated[str, STORAGE_OPTION] = DEFAULT_STORAGE,
     top: Annotated[
         int | None,
         typer.Option(help="Confirm this many leaders. Default: study.confirm.top."),
@@ -191,3 +188,61 @@ def training(executor: Any, storage: str) -> Iterator[None]:
             "[yellow]Interrupted.[/] The finished runs are saved; run the same command to resume."
         )
         raise typer.Exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
+
+
+def verify(
+    study_name: Annotated[str | None, STUDY_OPTION] = None,
+    storage: Annotated[str, STORAGE_OPTION] = DEFAULT_STORAGE,
+    epochs: Annotated[
+        float | None,
+        typer.Option(help="Epochs of each run. Default: objective.full_run_epochs."),
+    ] = None,
+    target: Annotated[
+        float | None,
+        typer.Option(help="The score to reach. Default: the study's min_score or target_score."),
+    ] = None,
+    repeats: Annotated[int, typer.Option(help="Runs of each configuration.")] = 1,
+    runner_up: Annotated[
+        bool, flag("--runner-up", help="Also the best other feasible trial.")
+    ] = False,
+    isolation: Annotated[
+        str | None, typer.Option(help="worker or none. Default: study.isolation.")
+    ] = None,
+) -> None:
+    """Train the answer and the references for the full run and show who reaches the target
+    first, and whether the short trials' ranking holds.
+
+    It trains, so it imports the workload's model and data functions named in the study's space
+    file. Finished runs are stored with the study: the same command resumes.
+    """
+    in_range("--epochs", epochs, 1e-3, 100_000)
+    in_range("--repeats", repeats, 1, 1000)
+    from autotune import display
+    from autotune import study as studies
+
+    found, spec, executor = open_to_train(study_name, storage, isolation)
+    goal = spec.objective
+    epochs = epochs or goal.full_run_epochs
+    with training(executor, storage):  # which closes the executor however it ends
+        if epochs is None:
+            raise fail(
+                f"study '{found.study_name}' sets no objective.full_run_epochs: say how long "
+                f"the real run is with --epochs",
+                EXIT_FAILED,
+            )
+        if not studies.verify_candidates(found):
+            raise fail(f"study '{found.study_name}' has no feasible trial to verify", EXIT_FAILED)
+        left = studies.runs_left(found, epochs, repeats, runner_up)
+        display.print_verify_plan(console, left, epochs)
+        verified = studies.verify_study(
+            found,
+            executor,
+            epochs,
+            target if target is not None else goal.goal,
+            repeats,
+            on_evaluation=display.verify_progress(console, spec, epochs),
+            on_wait=lambda line: console.print(f"  {line}", style="dim", markup=False),
+            runner_up=runner_up,
+        )
+    display.print_verification(console, verified, spec)
+    write_note(found, storage)

@@ -75,15 +75,11 @@ def last_traceback(study: Any, where: str) -> str | None:
     from autotune import study as studies
     from autotune.storage import adapter
 
-    if where == "stage 1":
+    if where == "stage 1":  # its measurements' study
         name = studies.speed_study_name(study.study_name)
-        speed = optuna.load_study(study_name=name, storage=adapter.storage_of(study))
-        records = [studies.SpeedRecord.of(t) for t in speed.get_trials(deepcopy=False)]
-        kept = [r.fail_traceback for r in records if r is not None and r.fail_traceback]
-    else:
-        trials = study.get_trials(deepcopy=False)
-        kept = [t.user_attrs.get("fail_traceback") for t in trials]
-        kept = [text for text in kept if text]
+        study = optuna.load_study(study_name=name, storage=adapter.storage_of(study))
+    trials = study.get_trials(deepcopy=False)
+    kept = [t.user_attrs["fail_traceback"] for t in trials if t.user_attrs.get("fail_traceback")]
     return str(kept[-1]) if kept else None
 
 

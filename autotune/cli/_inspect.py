@@ -14,18 +14,18 @@ from rich.padding import Padding
 from rich.text import Text
 
 from autotune.cli._common import (
+    ARTIFACTS_OPTION,
     EXIT_FAILED,
+    STORAGE_OPTION,
+    STUDY_OPTION,
     Command,
     app,
-    artifacts_option,
     console,
     errors,
     fail,
     flag,
     in_range,
     quiet_libraries,
-    storage_option,
-    study_option,
 )
 from autotune.errors import UserError
 
@@ -37,8 +37,8 @@ from autotune.spacefile import DEFAULT_STORAGE
 
 @app.command(cls=Command)
 def best(
-    study_name: Annotated[str | None, study_option()] = None,
-    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
+    study_name: Annotated[str | None, STUDY_OPTION] = None,
+    storage: Annotated[str, STORAGE_OPTION] = DEFAULT_STORAGE,
     trial: Annotated[
         int | None, typer.Option(help="Show this trial instead of the best feasible one.")
     ] = None,
@@ -93,7 +93,7 @@ _FORMATS = {
 
 @app.command("export", cls=Command)
 def export_command(
-    study_name: Annotated[str | None, study_option()] = None,
+    study_name: Annotated[str | None, STUDY_OPTION] = None,
     output: Annotated[
         Path | None,
         typer.Option("--output", "-o", help="File to write. Default: print to the terminal."),
@@ -106,8 +106,8 @@ def export_command(
             "optimizer settings) or hf (Hugging Face TrainingArguments).",
         ),
     ] = "script",
-    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
-    artifacts: Annotated[str | None, artifacts_option()] = None,
+    storage: Annotated[str, STORAGE_OPTION] = DEFAULT_STORAGE,
+    artifacts: Annotated[str | None, ARTIFACTS_OPTION] = None,
     trial: Annotated[
         int | None, typer.Option(help="Export this trial instead of the best feasible one.")
     ] = None,
@@ -218,12 +218,12 @@ def _attach(study: Any, output: Path, storage: str, location: ArtifactLocation |
 
 @app.command("report", cls=Command)
 def report_command(
-    study_name: Annotated[str | None, study_option()] = None,
+    study_name: Annotated[str | None, STUDY_OPTION] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path(
         "report.html"
     ),
-    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
-    artifacts: Annotated[str | None, artifacts_option()] = None,
+    storage: Annotated[str, STORAGE_OPTION] = DEFAULT_STORAGE,
+    artifacts: Annotated[str | None, ARTIFACTS_OPTION] = None,
     force: Annotated[bool, flag("--force", help="Replace an existing file.")] = False,
 ) -> None:
     """Write a self-contained HTML report of a study (opens offline)."""
@@ -244,8 +244,8 @@ def report_command(
 
 @app.command(cls=Command)
 def dashboard(
-    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
-    artifacts: Annotated[str | None, artifacts_option()] = None,
+    storage: Annotated[str, STORAGE_OPTION] = DEFAULT_STORAGE,
+    artifacts: Annotated[str | None, ARTIFACTS_OPTION] = None,
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     verbose: Annotated[bool, flag("--verbose", "-v", help="Log every HTTP request.")] = False,
@@ -291,7 +291,7 @@ _COUNTED = {"complete": "COMPLETE", "pruned": "PRUNED", "failed": "FAIL", "runni
 
 @app.command("studies", cls=Command)
 def list_studies(
-    storage: Annotated[str, storage_option()] = DEFAULT_STORAGE,
+    storage: Annotated[str, STORAGE_OPTION] = DEFAULT_STORAGE,
     as_json: Annotated[bool, flag("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """List the studies in a storage with their trial counts and best values."""

@@ -27,9 +27,8 @@ from autotune.cli._common import (
     in_range,
     quiet_libraries,
 )
-from autotune.cli._confirm import confirm, confirm_round, say_storage_waits
+from autotune.cli._confirm import confirm, confirm_round, say_storage_waits, verify
 from autotune.cli._ending import finish, worker_exit
-from autotune.cli._verify import verify
 from autotune.errors import UserError
 from autotune.machine.turns import TURN_WAIT_ENV, DeviceLockTimeout
 from autotune.spacefile import DEFAULT_STORAGE

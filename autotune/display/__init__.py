@@ -21,7 +21,12 @@ from autotune.display._text import (
     study_options,
     visible,
 )
-from autotune.display._verification import print_verification, print_verify_plan, verify_progress
+from autotune.display._verification import (
+    print_verification,
+    print_verify_plan,
+    verification_rows,
+    verify_progress,
+)
 
 if TYPE_CHECKING:
     from autotune.display._live import (

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from autotune import study as studies
 from autotune.config import TrialConfig
+from autotune.display._tables import print_speed_table
 from autotune.display._text import (
     fmt,
     metric_unit,
@@ -61,15 +62,9 @@ class LiveObserver(studies.StudyObserver):
         best = studies.best_trial(self.study)
         if best is None:
             return "best: -"
-        return f"best: {fmt(best.value)} {self.unit}{self.noise} (trial {best.number})"
-
-    @property
-    def noise(self) -> str:
-        """ " ±6%": the run-to-run spread a confirmation round of this study measured, once
-        one has (a resumed study's earlier round); "" before. A value is read with it."""
-        answer = studies.answer_of(self.study)
-        spread = answer.spread if answer is not None else None
-        return f" ±{spread:.0%}" if spread else ""
+        answer = studies.answer_of(self.study)  # an earlier round's run-to-run spread: " ±6%"
+        noise = f" ±{answer.spread:.0%}" if answer is not None and answer.spread else ""
+        return f"best: {fmt(best.value)} {self.unit}{noise} (trial {best.number})"
 
     def _render(self) -> None:
         self.live.update(Group(self.progress, self.status))
@@ -95,8 +90,6 @@ class LiveObserver(studies.StudyObserver):
         )
 
     def speed_finished(self, table: SpeedTable, seconds: float) -> None:
-        from autotune.display._tables import print_speed_table
-
         console = self.live.console
         print_speed_table(console, table)
         name = studies.speed_study_name(self.study.study_name)
@@ -320,7 +313,6 @@ class OthersShown:
 
     def __init__(self, study: Any, observer: Any, workers: Workers) -> None:
         self.study, self.observer, self.workers = study, observer, workers
-        self.closed = False
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._poll, name="autotune-others", daemon=True)
 
@@ -330,13 +322,7 @@ class OthersShown:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop polling, after showing what finished meanwhile (once)."""
-        if self.closed:
-            return
-        self.closed = True
+        """Stop polling, after showing what finished meanwhile."""
         self.stop.set()
         self.thread.join()
         self.observer.show_finished(self.study.get_trials(deepcopy=False))

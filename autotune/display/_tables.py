@@ -173,19 +173,18 @@ def print_speed_table(console: Console, table: SpeedTable) -> None:
             speed = Text("not measured", style="yellow")
             settings.append(" (as the nearest micro-batch measured)", style="dim")
         shown.add_row(str(choice.batch_size), choice.precision + extra, speed, runner_up, settings)
-    seen: set[tuple[object, ...]] = set()
+    unrunnable: dict[tuple[object, ...], str] = {}  # a row a cell: its first fault
     for (batch, _, precision, extras), _, why in table.unrunnable:
-        if (batch, precision, extras) in seen:
-            continue
-        seen.add((batch, precision, extras))
+        unrunnable.setdefault((batch, precision, extras), why)
+    for (batch, precision, _), why in unrunnable.items():
         shown.add_row(str(batch), str(precision), "-", "-", Text(why, style="red"))
     console.print(shown)
     if table.batch_size_auto:
         console.print(table.batch_size_auto)
 
 
-def _best_table(study: optuna.Study, spec: Spec, limit: int = 5) -> Table | None:
-    trials = studies.feasible_trials(study)[:limit]
+def _best_table(study: optuna.Study, spec: Spec) -> Table | None:
+    trials = studies.feasible_trials(study)[:5]
     if not trials:
         return None
     unit = metric_unit(spec.objective.metric_name)

@@ -12,6 +12,7 @@ from rich.padding import Padding
 from rich.text import Text
 
 from autotune import study as studies
+from autotune.knobs import as_written
 from autotune.machine.scaleout import WorkerShare, unused_cores
 from autotune.spacefile import DEFAULT_STORAGE, SCORES, ObjectiveSpec, is_unprintable
 
@@ -35,11 +36,9 @@ def fmt(value: Any) -> str:
     """A value as the terminal, the note and the report show it: a float to 4 significant
     digits, from 1,000 whole and thousands separated (``0.000221``, ``2.781``, ``6,872``,
     ``27,712``: a column of samples/s reads alike); a bool as ``true``/``false``, None ``-``."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
     if isinstance(value, float):
         return f"{value:,.0f}" if abs(value) >= 1e3 else f"{value:.4g}"
-    return "-" if value is None else str(value)
+    return "-" if value is None else as_written(value)
 
 
 _METRIC_FORMATS: dict[str, Any] = {
@@ -101,11 +100,11 @@ def print_item(console: Console, label: str, value: str, *, copy: bool = False) 
     line = Text.assemble((label, "bold"), " ", value)  # Text: the value is data, never markup
     if line.cell_len <= console.width:
         console.print(line, soft_wrap=True, highlight=False)
-    elif copy:
-        console.print(Text(label, style="bold"))
+        return
+    console.print(Text(label, style="bold"))
+    if copy:
         console.print(Text(f"  {value}"), soft_wrap=True, highlight=False)
     else:
-        console.print(Text(label, style="bold"))
         console.print(Padding(Text(value), (0, 0, 0, 2)), highlight=False)
 
 
@@ -115,7 +114,6 @@ def print_beside(console: Console, line: Text, rest: Text) -> None:
     if line.cell_len + rest.cell_len <= console.width:
         console.print(line + rest)
     else:
-        line.rstrip()
         console.print(line)
         console.print(Padding(rest, (0, 0, 0, 8)))
 
@@ -160,9 +158,9 @@ def duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
 
 
-def plural(count: int, noun: str, nouns: str | None = None) -> str:
-    """ "1 trial", "2 trials" (``nouns``: an irregular plural)."""
-    return f"{count} {noun if count == 1 else nouns or noun + 's'}"
+def plural(count: int, noun: str) -> str:
+    """ "1 trial", "2 trials"."""
+    return f"{count} {noun if count == 1 else noun + 's'}"
 
 
 def describe_shares(shares: list[WorkerShare]) -> str:

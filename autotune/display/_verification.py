@@ -59,30 +59,34 @@ def verify_progress(console: Console, spec: Spec, epochs: float) -> Callable[...
     return heard
 
 
-def print_verification(console: Console, verified: studies.Verification, spec: Spec) -> None:
-    """The table (final score, training time, time to the target) and the answer's speed-up in
-    time to the target over each reference, or where the short trials' ranking does not hold."""
-    higher = spec.objective.score_higher_is_better
-    target = verified.target
-    table = Table(title=f"At {verified.epochs:g} epochs", title_justify="left")
-    table.add_column("configuration")
-    table.add_column(f"final {spec.objective.score_name}", justify="right")
-    table.add_column("training s", justify="right")
-    if target is not None:
-        table.add_column(f"s to {target:g}", justify="right")
+def verification_rows(
+    verified: studies.Verification, score_name: str, higher: bool
+) -> tuple[list[list[str]], list[str]]:
+    """verify's table as the terminal and the note show it, its header first (final score,
+    training seconds, seconds to the target: a row per configuration), and a line per
+    reference the answer does not beat at full length."""
+    reach = [f"s to {verified.target:g}"] if verified.target is not None else []
+    rows = [["configuration", f"final {score_name}", "training s", *reach]]
     for row in verified.rows(higher):
-        cells = [row.name, fmt(row.final_score), fmt(row.seconds)]
-        if target is not None:
-            cells.append("never" if row.to_target is None else fmt(row.to_target))
+        reached = ["never" if row.to_target is None else fmt(row.to_target)] if reach else []
+        rows.append([row.name, fmt(row.final_score), fmt(row.seconds), *reached])
+    said = "The short trials' ranking does not hold"
+    return rows, [f"{said}: {name} {how}." for name, how in verified.losses(higher)]
+
+
+def print_verification(console: Console, verified: studies.Verification, spec: Spec) -> None:
+    """The table and the answer's speed-up in time to the target over each reference, or where
+    the short trials' ranking does not hold."""
+    higher, target = spec.objective.score_higher_is_better, verified.target
+    (head, *rows), losses = verification_rows(verified, spec.objective.score_name, higher)
+    table = Table(title=f"At {verified.epochs:g} epochs", title_justify="left")
+    for column, name in enumerate(head):
+        table.add_column(name, justify="right" if column else "left")
+    for cells in rows:
         table.add_row(*cells)
     console.print(table)
-    losses = verified.losses(higher)
-    for name, how in losses:
-        console.print(
-            f"The short trials' ranking does not hold: {name} {how}.",
-            style="yellow",
-            markup=False,
-        )
+    for line in losses:
+        console.print(line, style="yellow", markup=False)
     if losses:
         console.print(
             f"Lengthen the trials (workload.epochs) toward the real run, or run a study with "

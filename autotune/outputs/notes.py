@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import math
 import re
 from collections import Counter
@@ -14,7 +15,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune._version import __version__
-from autotune.display import fmt, fmt_metric
+from autotune.display import fmt, verification_rows
 from autotune.export import TrialConfirmation, confirmation_text
 from autotune.results import PHASES
 from autotune.spacefile import DEFAULT_STORAGE, knobs_for
@@ -68,13 +69,14 @@ def comparisons(study: optuna.Study, answer: Answer | None) -> list[Comparison]:
     confirmation round), never one measurement's: None here."""
     if answer is None:
         return []
-    by_speed = sorted(feasible_trials(study), key=lambda t: _speed(t) or 0.0)  # answer's too
+    speed = functools.partial(measured, key="samples_per_second")
+    by_speed = sorted(feasible_trials(study), key=lambda t: speed(t) or 0.0)  # answer's too
     found, shown = [], {answer.number}
     for label, other in (
         (REFERENCE_NAMES["baseline"], baseline_trial(study)),
         (REFERENCE_NAMES["checklist"], reference_trial(study, "checklist")),
         ("the median feasible trial", by_speed[len(by_speed) // 2]),
-        ("the slowest feasible trial", min(by_speed, key=lambda t: _speed(t) or math.inf)),
+        ("the slowest feasible trial", min(by_speed, key=lambda t: speed(t) or math.inf)),
     ):
         faster = _over(answer.trial, other, "samples_per_second") if other else None
         if other is None or other.number in shown or not faster:
@@ -83,28 +85,6 @@ def comparisons(study: optuna.Study, answer: Answer | None) -> list[Comparison]:
         value = None if label in REFERENCE_NAMES.values() else _over(answer.trial, other, "value")
         found.append((label, other, faster, value))
     return found
-
-
-def _speed(trial: FrozenTrial) -> float | None:
-    return measured(trial, "samples_per_second")
-
-
-def measurements(trial: FrozenTrial) -> list[tuple[str, str]]:
-    """(label, formatted value) of a trial's compile, FLOP and memory measurements."""
-    record = TrialRecord.of(trial)
-    shown = []
-    for key, label in (
-        ("compile_seconds", "torch.compile time"),
-        ("achieved_flops", "achieved FLOP/s"),
-        ("mfu", "model FLOP utilization"),
-        ("gpu_utilization", "GPU utilization (NVML)"),
-        ("gpu_memory_used_bytes", "GPU memory used (NVML)"),
-        ("peak_memory_bytes", "peak memory"),
-    ):
-        value = getattr(record, key)
-        if isinstance(value, int | float):
-            shown.append((label, fmt_metric(key, value)))
-    return shown
 
 
 def _bottlenecks(study: optuna.Study) -> str:
@@ -155,6 +135,14 @@ def _space_file_block(study: optuna.Study) -> list[str]:
     return lines
 
 
+def knob_rows(trial: FrozenTrial) -> list[tuple[str, str, str]]:
+    """(knob, value, where the value came from) of a trial's configuration, as the note and
+    the report show it."""
+    config = trial_config(trial).to_dict()
+    knobs = knobs_for(config.get("world_size", 1))
+    return [(name, fmt(config[name]), trial_knob_origin(trial, name)) for name in knobs]
+
+
 def names(study: optuna.Study) -> tuple[str, str, bool]:
     """The study's metric, its score's name and whether a higher score is better."""
     record = StudyRecord.of(study)
@@ -169,20 +157,16 @@ def verify_block(study: optuna.Study) -> list[str]:
     if verified is None or not verified.runs:
         return []
     _, score_name, higher = names(study)
-    reach = [f"s to {verified.target:g}"] if verified.target is not None else []
-    head = ["configuration", f"final {score_name}", "training s", *reach]
-    lines = [
+    (head, *rows), losses = verification_rows(verified, score_name, higher)
+    return [
         f"**At full length** (`autotune verify`, {verified.epochs:g} epochs):",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
+        *("| " + " | ".join(cells) + " |" for cells in rows),
+        "",
+        *losses,
     ]
-    for row in verified.rows(higher):
-        cells = [row.name, fmt(row.final_score), fmt(row.seconds)]
-        cells += ["never" if row.to_target is None else fmt(row.to_target)] if reach else []
-        lines.append("| " + " | ".join(cells) + " |")
-    losses = verified.losses(higher)
-    return [*lines, "", *(f"The short trials' ranking does not hold: {n} {h}." for n, h in losses)]
 
 
 def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
@@ -220,11 +204,8 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         if bottlenecks := _bottlenecks(study):
             lines.append(f"Bottlenecks of the completed trials: {bottlenecks}.")
         lines += ["", "| knob | value |", "|---|---|"]
-        config = trial_config(best).to_dict()
-        for name in knobs_for(config.get("world_size", 1)):
-            origin = trial_knob_origin(best, name)
-            mark = f" ({origin})" if origin else ""
-            lines.append(f"| {name} | {fmt(config[name])}{mark} |")
+        for name, value, origin in knob_rows(best):
+            lines.append(f"| {name} | {value}{f' ({origin})' if origin else ''} |")
         lines.append("")
         if StudyRecord.of(study).strategy == "two_stage":
             predicted = record.predicted_samples_per_second

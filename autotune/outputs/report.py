@@ -18,19 +18,19 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune._imports import optional
 from autotune._version import __version__
-from autotune.display import fmt
+from autotune.display import fmt, fmt_metric
 from autotune.errors import UserError
 from autotune.export import TrialConfirmation, confirmation_text
 from autotune.outputs.notes import (
     PHASE_LABELS,
     comparisons,
+    knob_rows,
     measured,
-    measurements,
     names,
     verify_block,
 )
 from autotune.results import PHASES
-from autotune.spacefile import DEFAULT_STORAGE, KNOBS, knobs_for
+from autotune.spacefile import DEFAULT_STORAGE, KNOBS
 from autotune.storage import adapter
 from autotune.study import (
     SpeedRecord,
@@ -43,7 +43,6 @@ from autotune.study import (
     feasible_trials,
     speed_study_name,
     trial_config,
-    trial_knob_origin,
 )
 
 if TYPE_CHECKING:  # plotly is imported where a report is drawn: run and export need none
@@ -142,6 +141,24 @@ def _verified_curves(study: optuna.Study) -> go.Figure | None:
         yaxis_title=f"validation {score_name}",
     )
     return figure
+
+
+def measurements(trial: FrozenTrial) -> list[tuple[str, str]]:
+    """(label, formatted value) of a trial's compile, FLOP and memory measurements."""
+    record = TrialRecord.of(trial)
+    shown = []
+    for key, label in (
+        ("compile_seconds", "torch.compile time"),
+        ("achieved_flops", "achieved FLOP/s"),
+        ("mfu", "model FLOP utilization"),
+        ("gpu_utilization", "GPU utilization (NVML)"),
+        ("gpu_memory_used_bytes", "GPU memory used (NVML)"),
+        ("peak_memory_bytes", "peak memory"),
+    ):
+        value = getattr(record, key)
+        if isinstance(value, int | float):
+            shown.append((label, fmt_metric(key, value)))
+    return shown
 
 
 def _breakdown_bars(study: optuna.Study, baseline: FrozenTrial | None) -> go.Figure | None:
@@ -382,14 +399,11 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     best = answer.trial if answer is not None else None
     baseline = baseline_trial(study)
     metric, score_name, _ = names(study)
-    config_rows: list[tuple[str, str, str, str]] = []
-    if best is not None:
-        config = trial_config(best).to_dict()
-        base = trial_config(baseline).to_dict() if baseline else {}  # the untuned baseline's
-        config_rows = [
-            (k, fmt(config[k]), fmt(base.get(k)) if base else "", trial_knob_origin(best, k))
-            for k in knobs_for(config.get("world_size", 1))
-        ]
+    base = trial_config(baseline).to_dict() if baseline else {}  # the untuned baseline's
+    config_rows = [
+        (name, value, fmt(base.get(name)) if base else "", origin)
+        for name, value, origin in (knob_rows(best) if best is not None else [])
+    ]
     compared = [
         (label.removeprefix("the "), other.number, speed, value, TrialRecord.of(other))
         for label, other, speed, value in comparisons(study, answer)
