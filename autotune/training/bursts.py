@@ -1,16 +1,11 @@
 """Timed bursts of real training steps: the speed stage's measurement of one configuration.
 
-``measure(config, workload, plan)`` builds the trial's model, optimizer and data pipeline
-under ``config`` (accumulation 1), pays the one-time costs in a warm-up (DataLoader workers
-start, the data set is copied to the device, torch.compile compiles, cuDNN autotunes), then
-times ``plan.bursts`` bursts of steady steps. Each burst starts a new pass over the training
-data, as an epoch does, so the cost of starting a pass (non-persistent workers start again) is
-measured too. No evaluation, no convergence: a few seconds per configuration.
-
-It runs in the same execution context as a trial (``execution.guarded``) and uses the same
-clocks: the device is synchronized where a clock is read, at burst boundaries only, and the
-phases of each step (the optimizer step's share among them) come from the trial's PhaseProbe.
-"""
+``measure`` builds the trial's model, optimizer and data pipeline under ``config`` (accumulation
+1), pays the one-time costs in a warm-up (workers start, data copied to the device, compile,
+cuDNN autotuning), then times ``plan.bursts`` bursts of steady steps, each starting a new pass
+over the data as an epoch does (so a pass's start is measured too). No evaluation: a few seconds
+per configuration, in a trial's context (``context.guarded``) with a trial's clocks, the device
+synchronized at burst boundaries only."""
 
 from __future__ import annotations
 
@@ -147,8 +142,9 @@ def _measure(
 def _bursts(
     trainer: Trainer, batches: _Batches, plan: BurstPlan, length: int
 ) -> tuple[list[float], list[float], list[float]]:
-    """Time ``plan.bursts`` bursts of ``length`` micro-batches, each starting a new pass: per
-    burst the steady seconds per micro-batch, the optimizer step's share and the pass's start."""
+    """Per burst of ``length`` micro-batches, each a new pass: the steady seconds per
+    micro-batch, the optimizer step's share and the pass's start."""
+
     device = trainer.device
     steps: list[float] = []
     optimizer: list[float] = []

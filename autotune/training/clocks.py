@@ -1,7 +1,4 @@
-"""How a trial's training is timed: the training clock (evaluation excluded), the warm-up
-window's end, each epoch's start (``Epochs``: a recurring cost, counted once per epoch as a full
-run pays it), the phase probe over the first steady micro-batches, and NVML sampling of
-steady-state training only."""
+"""How a trial's training is timed (``TrialClocks``), each epoch's start included (``Epochs``)."""
 
 from __future__ import annotations
 

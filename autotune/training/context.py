@@ -1,10 +1,6 @@
-"""The context one training run executes in: its device, backend flags, a cold compiler,
-its intra-op threads, the load of other processes meanwhile, and the readings of its memory peak
-and compile work.
-
-A trial (``autotune.training.runner``) and a speed measurement (``autotune.training.bursts``) run
-through ``guarded``, so that the two measure the same thing the same way and fail the same way.
-"""
+"""The context one training run executes in (``guarded``: device, backend flags, a cold
+compiler, intra-op threads, others' load meanwhile), and its memory peak and compile work. A
+trial and a stage-1 burst both run in it: they measure the same way and fail the same way."""
 
 from __future__ import annotations
 
@@ -35,9 +31,8 @@ def compiled_graphs() -> int:
 
 
 def compile_seconds() -> float:
-    """Seconds torch.compile has spent compiling in this process (its own tally): the forward
-    graphs (Dynamo, AOTAutograd, Inductor) and the backward graphs, compiled lazily at the
-    first ``backward()``. CUDA-graph recording happens while running and counts as warm-up."""
+    """Seconds torch.compile has spent compiling in this process: the forward graphs and the
+    backward ones (compiled at the first ``backward()``); CUDA-graph recording is warm-up."""
     metrics = getattr(torch._dynamo.utils, "compilation_time_metrics", {})
     return float(
         sum(metrics.get("_compile.compile_inner", ()))
@@ -52,8 +47,7 @@ GRAPH_FIELDS = (*GRAPH_KNOBS, "device", "world_size")
 
 
 def graph_key(config: TrialConfig) -> str:
-    """Which compiled graph ``config`` trains with: configurations with the same key compile
-    the same graph (they differ in the data pipeline, cudnn_benchmark or what is learned)."""
+    """Which compiled graph ``config`` trains with: the same key, the same graph."""
     return json.dumps({name: getattr(config, name) for name in GRAPH_FIELDS}, sort_keys=True)
 
 
@@ -87,14 +81,28 @@ class _Kept:
 atexit.register(_Kept.drop)
 
 
-def fresh_inductor_cache() -> Callable[..., contextlib.AbstractContextManager]:
-    """Inductor's context manager that points its on-disk caches at a directory of one's own
-    (``fresh_cache(dir=..., delete=...)``), under its name in this torch."""
+def _inductor_cache(directory: str) -> contextlib.AbstractContextManager:
+    """Inductor's on-disk caches pointed at ``directory`` while the block runs."""
     from torch._inductor import utils as inductor_utils
 
     # fresh_cache since torch 2.8; fresh_inductor_cache, its old name, is kept as an alias
     fresh_cache = getattr(inductor_utils, "fresh_cache", None)
-    return fresh_cache or inductor_utils.fresh_inductor_cache
+    return (fresh_cache or inductor_utils.fresh_inductor_cache)(dir=directory, delete=False)
+
+
+@contextlib.contextmanager
+def cold_compiler(prefix: str) -> Iterator[None]:
+    """Dynamo reset and Inductor's on-disk caches (FX graphs, AOTAutograd, autotuning, kernels)
+    in a fresh directory while the block runs; both dropped afterwards (compiled graphs and
+    CUDA-graph memory pools included), also when it fails or is interrupted."""
+    scratch = tempfile.mkdtemp(prefix=prefix)
+    torch.compiler.reset()
+    try:
+        with _inductor_cache(scratch):
+            yield
+    finally:
+        torch.compiler.reset()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def kept_graph(config: TrialConfig, stage: str) -> bool:
@@ -110,17 +118,14 @@ def kept_graph(config: TrialConfig, stage: str) -> bool:
 
 @contextlib.contextmanager
 def compile_state(config: TrialConfig, keep: str = "") -> Iterator[CompiledGraph]:
-    """For a compiled trial, a cold compiler: Dynamo reset and Inductor's on-disk caches (FX
-    graphs, AOTAutograd, autotuning, kernels) in a fresh directory, removed afterwards (also
-    when the trial fails or is interrupted), so the compile time a trial pays does not depend
-    on which trials or studies ran before it; and the compiled graphs (CUDA-graph memory pools
-    included) dropped when it ends.
+    """For a compiled trial, a cold compiler (``cold_compiler``), so the compile time a trial
+    pays does not depend on which trials or studies ran before it.
 
     ``keep`` (stage 1, its id): each distinct graph is compiled cold once in this process and
     kept for that stage, its Dynamo state live until another graph runs and its caches until
     a run without ``keep``; a later run of the same graph (another pipeline, cudnn_benchmark,
-    a rematch) reuses it (``kept_graph`` says so beforehand), so that its one-time cost is
-    charged from the cold compile. A run that fails drops its graph."""
+    a rematch) reuses it (``kept_graph``), its one-time cost charged from the cold compile. A
+    run that fails drops its graph."""
     graph = CompiledGraph()
     if keep != _Kept.stage:  # another stage, or a trial: nothing kept helps it or holds memory
         _Kept.drop()
@@ -136,7 +141,7 @@ def compile_state(config: TrialConfig, keep: str = "") -> Iterator[CompiledGraph
         if key not in _Kept.directories:
             _Kept.directories[key] = tempfile.mkdtemp(prefix="autotune-graph-")
         try:
-            with fresh_inductor_cache()(dir=_Kept.directories[key], delete=False):
+            with _inductor_cache(_Kept.directories[key]):
                 yield graph
         finally:
             if graph.failed:
@@ -144,14 +149,8 @@ def compile_state(config: TrialConfig, keep: str = "") -> Iterator[CompiledGraph
             else:
                 _Kept.live = key
         return
-    scratch = tempfile.mkdtemp(prefix="autotune-compile-")
-    torch.compiler.reset()
-    try:
-        with fresh_inductor_cache()(dir=scratch, delete=False):  # removed below, whatever happens
-            yield graph
-    finally:
-        torch.compiler.reset()
-        shutil.rmtree(scratch, ignore_errors=True)
+    with cold_compiler("autotune-compile-"):
+        yield graph
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -203,10 +202,10 @@ class Guarded(Generic[Result]):
 def guarded(
     config: TrialConfig, body: Callable[[], Result], keep_compiled: str = ""
 ) -> Guarded[Result]:
-    """Run ``body`` (training under ``config``) on its device, with its backend flags, a cold
-    compiler (or, with ``keep_compiled``, stage 1's kept graph: ``compile_state``) and explicit
-    intra-op threads, metering other processes' load; every failure is raised as a TrialFault
-    (kind, one-line message, and the traceback as ``details`` for unexpected errors)."""
+    """Run ``body`` (training under ``config``) in its context (``keep_compiled``: stage 1's
+    kept graph, ``compile_state``); every failure raised as a TrialFault (kind, one line, and
+    the traceback as ``details`` for unexpected errors)."""
+
     device = torch.device(config.device)
     threads = trial_threads()
     with (

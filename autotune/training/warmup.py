@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import shutil
-import tempfile
 from collections.abc import Callable
 
 import torch
@@ -28,7 +26,7 @@ import torch
 from autotune.config import TrialConfig
 from autotune.faults import release_memory
 from autotune.pipeline import make_train_loader, make_val_loader
-from autotune.training.context import fresh_inductor_cache
+from autotune.training.context import cold_compiler
 from autotune.training.timing import synchronize
 from autotune.training.trainer import Trainer, backend_flags, seed_everything
 from autotune.workloads import Workload
@@ -86,19 +84,12 @@ def warm_compiler(device: torch.device) -> None:
     """Compile and run (forward and backward, with a loss) a tiny network unrelated to any
     trial, in a throwaway Inductor cache, then forget it: the compiler is loaded, no trial graph
     is cached."""
-    fresh_cache = fresh_inductor_cache()
-    scratch = tempfile.mkdtemp(prefix="autotune-warm-compiler-")
-    torch.compiler.reset()
-    try:
-        with fresh_cache(dir=scratch, delete=False):
-            compiled = torch.compile(_warm_model().to(device))
-            inputs = torch.randn(8, 1, 6, 6, device=device)
-            targets = torch.randint(0, 3, (8,), device=device)
-            torch.nn.functional.cross_entropy(compiled(inputs), targets).backward()
-            synchronize(device)
-    finally:
-        torch.compiler.reset()
-        shutil.rmtree(scratch, ignore_errors=True)
+    with cold_compiler("autotune-warm-compiler-"):
+        compiled = torch.compile(_warm_model().to(device))
+        inputs = torch.randn(8, 1, 6, 6, device=device)
+        targets = torch.randint(0, 3, (8,), device=device)
+        torch.nn.functional.cross_entropy(compiled(inputs), targets).backward()
+        synchronize(device)
 
 
 class Warmth:
