@@ -10,7 +10,6 @@ synchronized at burst boundaries only."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -20,6 +19,7 @@ from autotune.faults import TrialFault
 from autotune.machine import ranks
 from autotune.machine.hardware import device_name
 from autotune.speed import BurstPlan, SpeedMeasurement
+from autotune.training.clocks import Epochs
 from autotune.training.context import (
     compiled_graphs,
     guarded,
@@ -41,8 +41,7 @@ MAX_BURST_MICRO_BATCHES = 400  # and however fast
 def measure(
     config: TrialConfig, workload: Workload, plan: BurstPlan | None = None
 ) -> SpeedMeasurement:
-    """Time ``config``'s training steps (at accumulation 1); TrialFault when it cannot train
-    (out of memory, a failed compile, a batch larger than the data set)."""
+    """Time ``config``'s training steps (at accumulation 1); TrialFault when it cannot train."""
     plan = plan or BurstPlan()
     config = config.replace(accumulation_steps=1)  # the optimizer's share is timed apart
     warm = kept_graph(config, plan.keep_compiled)  # compiled earlier in this stage
@@ -57,26 +56,6 @@ def measure(
     )
 
 
-class _Batches:
-    """The training batches, one pass at a time, each burst starting a new pass."""
-
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-        self._pass: Iterator[Any] | None = None
-
-    def new_pass(self) -> Any:
-        """Start a new pass (the previous one is abandoned) and return its first batch."""
-        self._pass = None  # a non-persistent DataLoader's workers stop here, as at an epoch end
-        self._pass = iter(self.loader)
-        return next(self._pass)
-
-    def next(self) -> Any:
-        """The next batch of this pass; a new pass when it is exhausted."""
-        assert self._pass is not None
-        batch = next(self._pass, None)
-        return self.new_pass() if batch is None else batch
-
-
 def _measure(
     config: TrialConfig, workload: Workload, plan: BurstPlan, warm: bool
 ) -> dict[str, Any]:
@@ -84,21 +63,20 @@ def _measure(
     compiles = Compiles(config)
     trainer = Trainer(workload.build_model(), config, 1_000_000, workload.loss_fn, workload.layout)
     device = trainer.device
-    batches = _Batches(loader)
+    batches = Epochs(loader)
     reset_peak_memory(device)
 
     # -- warm-up: the first pass starts, the model compiles, kernels are chosen
     clock = TrainClock(device)
     clock.start()
-    trainer.train_step(batches.new_pass())
-    for _ in range(plan.warmup_micro_batches - 1):
-        trainer.train_step(batches.next())
+    for _ in range(plan.warmup_micro_batches):
+        trainer.train_step(next(batches))
     warmup_seconds = clock.pause()
 
     # -- an untimed burst that sizes the timed ones to about plan.burst_seconds each
     started = time.perf_counter()
     for _ in range(CALIBRATION_MICRO_BATCHES):
-        trainer.train_step(batches.next())
+        trainer.train_step(next(batches))
     synchronize(device)
     per_batch = (time.perf_counter() - started) / CALIBRATION_MICRO_BATCHES
     length = round(plan.burst_seconds / max(per_batch, 1e-6))
@@ -140,11 +118,10 @@ def _measure(
 
 
 def _bursts(
-    trainer: Trainer, batches: _Batches, plan: BurstPlan, length: int
+    trainer: Trainer, batches: Epochs, plan: BurstPlan, length: int
 ) -> tuple[list[float], list[float], list[float]]:
     """Per burst of ``length`` micro-batches, each a new pass: the steady seconds per
     micro-batch, the optimizer step's share and the pass's start."""
-
     device = trainer.device
     steps: list[float] = []
     optimizer: list[float] = []
@@ -153,12 +130,13 @@ def _bursts(
         probe = PhaseProbe(device, first_micro_batch=1, micro_batches=length - 1)
         synchronize(device)
         began = time.perf_counter()
-        first = batches.new_pass()  # host work: worker start-up and the first batch's loading
+        batches.end_pass()  # a non-persistent DataLoader's workers stop, as at an epoch's end
+        first = next(batches)  # host work: worker start-up and the first batch's loading
         ready = time.perf_counter()
         trainer.train_step(first)
         for _ in range(length - 1):
             with probe.phase("data_wait"):
-                batch = batches.next()
+                batch = next(batches)
             with probe.phase("host_to_device"):
                 inputs, targets = trainer.split(batch)
             with probe.phase("forward_backward"):

@@ -59,8 +59,8 @@ class CompiledGraph:
 
 
 class _Kept:
-    """Stage 1's compiled graphs in this process: each graph's Inductor caches in a directory
-    of its own, and the graph whose Dynamo state is live (kept from the run before)."""
+    """Stage 1's compiled graphs in this process: each one's Inductor caches, by graph key, and
+    the graph whose Dynamo state is live."""
 
     directories: dict[str, str] = {}  # noqa: RUF012  # one per process, by graph key
     live: str | None = None
@@ -106,8 +106,7 @@ def cold_compiler(prefix: str) -> Iterator[None]:
 
 
 def kept_graph(config: TrialConfig, stage: str) -> bool:
-    """Whether ``config``'s compiled graph was compiled earlier in this process for ``stage``
-    and kept (``compile_state(config, keep=stage)``): a run of it compiles nothing new."""
+    """Whether ``config``'s graph was compiled and kept for ``stage`` in this process."""
     return (
         bool(stage)
         and config.compile != "none"
@@ -154,8 +153,7 @@ def compile_state(config: TrialConfig, keep: str = "") -> Iterator[CompiledGraph
 
 
 def reset_peak_memory(device: torch.device) -> None:
-    """Start this trial's peak-memory reading: the device's allocator peak, or on a CPU the
-    process's resident-set high-water mark (Linux lets a process reset its own)."""
+    """Start this trial's peak-memory reading (a CPU's: the resident-set high-water mark)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
@@ -177,8 +175,8 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 @contextlib.contextmanager
 def intra_op_threads(threads: int) -> Iterator[None]:
-    """torch's intra-op threads set to ``threads`` for the trial, restored after: explicit, so
-    that neither a library default nor an earlier trial decides how many cores it uses."""
+    """torch's intra-op threads set to ``threads`` for the block (explicit: neither a library
+    default nor an earlier trial decides), restored after."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -205,7 +203,6 @@ def guarded(
     """Run ``body`` (training under ``config``) in its context (``keep_compiled``: stage 1's
     kept graph, ``compile_state``); every failure raised as a TrialFault (kind, one line, and
     the traceback as ``details`` for unexpected errors)."""
-
     device = torch.device(config.device)
     threads = trial_threads()
     with (

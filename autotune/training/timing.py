@@ -119,7 +119,6 @@ def bottleneck(fractions: dict[str, float], busy: float | None = None) -> str:
     of the time, else ``overhead`` (Python, launches, small ops) when it is busy less than 80%.
     Without ``busy`` (a CPU, a GPU without NVML) the phase spans cannot tell a GPU's idle gaps
     from its work, so only ``data`` or ``compute`` is said."""
-
     if fractions["data_wait"] >= DATA_STARVED_SHARE:
         return "data"
     if busy is None or busy >= BUSY_SHARE:
