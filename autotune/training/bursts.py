@@ -10,7 +10,6 @@ synchronized at burst boundaries only."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import torch
 
@@ -45,20 +44,12 @@ def measure(
     plan = plan or BurstPlan()
     config = config.replace(accumulation_steps=1)  # the optimizer's share is timed apart
     warm = kept_graph(config, plan.keep_compiled)  # compiled earlier in this stage
-    run = guarded(config, lambda: _measure(config, workload, plan, warm), plan.keep_compiled)
-    return SpeedMeasurement(
-        **{
-            **run.value,
-            "intra_op_threads": run.intra_op_threads,
-            "other_cpu_share": run.other_cpu_share,
-            "compile_warm": warm,
-        }
-    )
+    return guarded(config, lambda: _measure(config, workload, plan, warm), plan.keep_compiled)
 
 
 def _measure(
     config: TrialConfig, workload: Workload, plan: BurstPlan, warm: bool
-) -> dict[str, Any]:
+) -> SpeedMeasurement:
     loader = train_loader(config, workload)
     compiles = Compiles(config)
     trainer = Trainer(workload.build_model(), config, 1_000_000, workload.loss_fn, workload.layout)
@@ -102,19 +93,20 @@ def _measure(
     one_time = warmup_seconds - plan.warmup_micro_batches * steady - epoch_start
     if not warm:  # a warm run reuses the graph its cold run compiled, and checked
         compiles.graphs()
-    return {
-        "batch_size": config.batch_size,
-        "micro_batches_per_epoch": len(loader),
-        "step_seconds": tuple(steps),
-        "optimizer_seconds": tuple(optimizer),
-        "epoch_start_seconds": tuple(epoch_starts),
-        "one_time_seconds": max(0.0, one_time),
-        "compile_seconds": compiles.seconds(),
-        "peak_memory_bytes": peak_memory_bytes(device),
-        "device_name": device_name(config.device),
-        "torch_version": torch.__version__,
-        "world_size": config.world_size,
-    }
+    return SpeedMeasurement(
+        batch_size=config.batch_size,
+        micro_batches_per_epoch=len(loader),
+        step_seconds=tuple(steps),
+        optimizer_seconds=tuple(optimizer),
+        epoch_start_seconds=tuple(epoch_starts),
+        one_time_seconds=max(0.0, one_time),
+        compile_seconds=compiles.seconds(),
+        peak_memory_bytes=peak_memory_bytes(device),
+        device_name=device_name(config.device),
+        torch_version=torch.__version__,
+        world_size=config.world_size,
+        compile_warm=warm,
+    )
 
 
 def _bursts(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import json
 import resource
 import shutil
@@ -13,7 +14,7 @@ import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 import torch
 
@@ -22,6 +23,8 @@ from autotune.errors import ReportFailed
 from autotune.faults import as_fault
 from autotune.knobs import GRAPH_KNOBS
 from autotune.machine.interference import CpuMeter, trial_threads
+from autotune.results import TrialResult
+from autotune.speed import SpeedMeasurement
 from autotune.training.trainer import backend_flags
 
 
@@ -185,24 +188,16 @@ def intra_op_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-Result = TypeVar("Result")
-
-
-@dataclass(frozen=True)
-class Guarded(Generic[Result]):
-    """What ``body`` returned, with the threads it ran on and the load beside it."""
-
-    value: Result
-    intra_op_threads: int
-    other_cpu_share: float | None  # others' share of its cores meanwhile; None: unreadable
+Measured = TypeVar("Measured", TrialResult, SpeedMeasurement)
 
 
 def guarded(
-    config: TrialConfig, body: Callable[[], Result], keep_compiled: str = ""
-) -> Guarded[Result]:
+    config: TrialConfig, body: Callable[[], Measured], keep_compiled: str = ""
+) -> Measured:
     """Run ``body`` (training under ``config``) in its context (``keep_compiled``: stage 1's
-    kept graph, ``compile_state``); every failure raised as a TrialFault (kind, one line, and
-    the traceback as ``details`` for unexpected errors)."""
+    kept graph, ``compile_state``): what it measured, with the intra-op threads it ran on and
+    others' share of its cores meanwhile; every failure raised as a TrialFault (kind, one line,
+    and the traceback as ``details`` for unexpected errors)."""
     device = torch.device(config.device)
     threads = trial_threads()
     with (
@@ -220,7 +215,7 @@ def guarded(
             with CpuMeter() as meter:  # what else ran on these cores meanwhile
                 value = body()
             share = meter.share.other_share if meter.share is not None else None
-            return Guarded(value, threads, share)
+            return dataclasses.replace(value, intra_op_threads=threads, other_cpu_share=share)
         except BaseException as error:
             graph.failed = True  # a graph that failed (or was interrupted) is not kept
             if not isinstance(error, Exception) or isinstance(error, ReportFailed):

@@ -15,7 +15,6 @@ epoch, as a full run pays it and as stage 1 predicts it (``speed.SpeedMeasuremen
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 
@@ -126,10 +125,7 @@ def _flops_per_sample(trainer: Trainer, workload: Workload) -> float | None:
 
 def train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialResult:
     """Train one trial; TrialFault when it cannot finish."""
-    run = guarded(config, lambda: _train(config, workload, report))
-    return dataclasses.replace(
-        run.value, intra_op_threads=run.intra_op_threads, other_cpu_share=run.other_cpu_share
-    )
+    return guarded(config, lambda: _train(config, workload, report))
 
 
 # ---------------------------------------------------------------------------------------------
