@@ -37,11 +37,8 @@ MIN_BURST_MICRO_BATCHES = 4  # micro-batches a burst times, however slow a step 
 MAX_BURST_MICRO_BATCHES = 400  # and however fast
 
 
-def measure(
-    config: TrialConfig, workload: Workload, plan: BurstPlan | None = None
-) -> SpeedMeasurement:
+def measure(config: TrialConfig, workload: Workload, plan: BurstPlan) -> SpeedMeasurement:
     """Time ``config``'s training steps (at accumulation 1); TrialFault when it cannot train."""
-    plan = plan or BurstPlan()
     config = config.replace(accumulation_steps=1)  # the optimizer's share is timed apart
     warm = kept_graph(config, plan.keep_compiled)  # compiled earlier in this stage
     return guarded(config, lambda: _measure(config, workload, plan, warm), plan.keep_compiled)

@@ -61,10 +61,9 @@ def set_backend_flags(config: TrialConfig) -> tuple[tuple[str, str], bool, bool]
 
 def cudnn_plans_differ(previous: TrialConfig, config: TrialConfig) -> bool:
     """Whether ``config`` must run in a process that has not run ``previous`` to be timed
-    honestly: cuDNN's plan cache lives as long as the process and its key leaves out
-    ``cudnn.benchmark``, so a CUDA run with benchmark on after one with it off reuses the
-    heuristic's plans and never benchmarks (and one with it off after one with it on runs the
-    benchmarked plans)."""
+    honestly: cuDNN's plan cache outlives a run and its key leaves out ``cudnn.benchmark``, so
+    a CUDA run with it on after one with it off would reuse the heuristic's plans (and off
+    after on, the benchmarked ones)."""
     on_cuda = previous.device.startswith("cuda") and config.device.startswith("cuda")
     return on_cuda and previous.cudnn_benchmark != config.cudnn_benchmark
 
