@@ -16,17 +16,17 @@ import torch
 from optuna.artifacts import get_all_artifact_meta
 from optuna.trial import TrialState
 
-from autotune.machine.scaleout import (
+from autotune.machine.scaleout import unused_cores
+from autotune.machine.scaleout._shares import (
     VISIBLE_BEFORE_ENV,
     WORKER_CORES_ENV,
-    WORKER_PARENT_ENV,
     ScaleOutError,
     apply_share,
     gpus_argument,
     plan_shares,
     unshared_environment,
-    unused_cores,
 )
+from autotune.machine.scaleout._workers import WORKER_PARENT_ENV
 from autotune.study import SpeedRecord, TrialRecord, load_study
 from autotune.testing import run_cli, start_cli, write_space
 

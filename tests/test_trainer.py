@@ -10,14 +10,12 @@ import torch
 from torch import nn
 
 from autotune.testing import cuda_flags, learning_rates, make_config
-from autotune.training.trainer import backend_flags, make_scheduler
+from autotune.training.trainer import Trainer, backend_flags
 
 
 def _lrs(config, total_steps: int) -> list[float]:
-    model = nn.Linear(2, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    scheduler = make_scheduler(optimizer, config, total_steps)
-    return learning_rates(optimizer, scheduler, total_steps)
+    trainer = Trainer(nn.Linear(2, 2), config, total_steps)
+    return learning_rates(trainer.optimizer, trainer.scheduler, total_steps)
 
 
 def test_schedules_follow_the_trial_steps():

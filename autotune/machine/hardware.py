@@ -55,29 +55,14 @@ def _cpuinfo(*keys: str) -> list[str]:
     return [line.split(":", 1)[1].strip() for line in lines if line.startswith(keys)]
 
 
-def _cpu_name() -> str:
-    named = _cpuinfo("model name")
-    return named[0] if named else platform.processor() or platform.machine() or "CPU"
-
-
 def _cpu_native_bf16() -> bool:
-    """Whether this CPU computes in bfloat16 in hardware (x86 AVX512-BF16 or AMX, Arm BF16),
-    from the kernel's CPU flags; False where they cannot be read."""
+    """Whether this CPU computes in bfloat16 in hardware (x86 AVX512-BF16 or AMX, Arm BF16)."""
     flags = {flag for line in _cpuinfo("flags", "Features") for flag in line.split()}
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
-def _python_headers() -> bool:
-    """Whether this Python's headers (Python.h) are installed."""
-    include = sysconfig.get_paths().get("include")
-    return include is not None and (Path(include) / "Python.h").is_file()
-
-
 def _compile_problem(device_type: str) -> str | None:
-    """Why Inductor (torch.compile's default backend) cannot build kernels here, or None.
-
-    On CUDA Inductor writes Triton kernels, and Triton builds a small C launcher for each with
-    the C compiler and this Python's headers: without them every compiled trial would fail."""
+    """Why Inductor (torch.compile's default backend) cannot build kernels here, or None."""
     if device_type == "cuda":
         if importlib.util.find_spec("triton") is None:
             return "torch.compile on CUDA needs Triton, which is not installed"
@@ -88,7 +73,8 @@ def _compile_problem(device_type: str) -> str | None:
                 "torch.compile on CUDA needs a C compiler (gcc or clang, or $CC) on PATH: "
                 "Triton builds its kernel launchers with it"
             )
-        if not _python_headers():
+        include = sysconfig.get_paths().get("include")  # this Python's headers, Python.h
+        if include is None or not (Path(include) / "Python.h").is_file():
             return (
                 "torch.compile on CUDA needs this Python's headers (Python.h; the python3-dev "
                 "package on Debian and Ubuntu): Triton builds its kernel launchers with them"
@@ -106,8 +92,10 @@ def device_name(device: str) -> str:
     """A person-readable name of a device: the GPU model, or the CPU model and core count."""
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
+    named = _cpuinfo("model name")
+    cpu = named[0] if named else platform.processor() or platform.machine() or "CPU"
     cores = usable_cores()
-    return f"{_cpu_name()} ({cores} core{'' if cores == 1 else 's'})"
+    return f"{cpu} ({cores} core{'' if cores == 1 else 's'})"
 
 
 def detect(device: str = "auto") -> Hardware:

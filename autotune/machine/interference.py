@@ -2,15 +2,12 @@
 
 On a shared machine another process's threads take cores from a trial, and its samples/s drops
 by whatever they took (a study saw one configuration at 290 and at 843 samples/s). A trial
-therefore trains with its intra-op threads set explicitly, to the cores it may use that others
-do not keep busy as it starts (``trial_threads``), and measures, with ``CpuMeter``, how much
-of those cores' time went to processes outside its own process tree (its DataLoader workers
-are its own): the CPU time the kernel accounts to those cores (``/proc/stat``, hypervisor
-steal included) minus the CPU time of the trial's process tree (``/proc/PID/stat``). More than
-``INTERFERENCE_SHARE`` of the cores' capacity flags the measurement: the study shows it, and
-the confirmation round measures such a run again rather than naming an answer from it.
-
-Linux only: elsewhere the meter reads nothing (``None``) and no measurement is flagged.
+therefore trains on the cores others do not keep busy as it starts (``trial_threads``), and
+``CpuMeter`` measures how much of those cores' time went to processes outside its own process
+tree: the CPU time the kernel accounts to the cores (``/proc/stat``, hypervisor steal included)
+minus the trial tree's (``/proc/PID/stat``). More than ``INTERFERENCE_SHARE`` of the cores'
+capacity flags the measurement, which the confirmation round measures again rather than naming
+an answer from it. Linux only: elsewhere nothing is read and nothing flagged.
 """
 
 from __future__ import annotations
@@ -53,12 +50,11 @@ def usable_cores() -> int:
 
 def trial_threads() -> int:
     """Intra-op threads for a trial: the cores this process may run on, less those other
-    processes keep busy now (read over ``BUSY_WINDOW_SECONDS``; at least one). A pool larger
-    than the idle cores waits at every parallel region for a thread the scheduler gave to
-    another process: beside two spinning processes on a 2-core VM, the quickstart's CNN at
-    micro-batch 16 trained 156-611 samples/s on 2 threads and 4.7-5.1k on 1 (quiet: 10k and
-    7.8k; 2026-11-27). A quiet machine gets every core, after ``QUIET_WINDOW_SECONDS`` in
-    which others ran nothing (a look before every trial and measurement: hundreds a study)."""
+    processes keep busy now (at least one; a quiet machine's are known after
+    ``QUIET_WINDOW_SECONDS``). A pool larger than the idle cores waits at every parallel region
+    for a thread the scheduler gave to another process: beside two spinning processes on a
+    2-core VM, the quickstart's CNN at micro-batch 16 trained 156-611 samples/s on 2 threads and
+    4.7-5.1k on 1 (quiet: 10k and 7.8k; 2026-11-27)."""
     cores = usable_cores()
     with CpuMeter() as meter:
         time.sleep(QUIET_WINDOW_SECONDS)
@@ -116,12 +112,10 @@ _SCANS = 3  # reads of /proc before one in which a process vanished mid-read is 
 
 
 def _tree_ticks(root: int) -> int | None:
-    """CPU ticks of process ``root`` and its descendants, children already reaped included
-    (their time is in the parent's cutime and cstime).
-
-    A child reaped while /proc is read, after its parent's line and before its own, would be
-    counted nowhere (a rank that sees its peer's last write reads at just that moment): a scan
-    in which a listed process vanished is read again, up to ``_SCANS`` times."""
+    """CPU ticks of process ``root`` and its descendants, reaped children included (in the
+    parent's cutime and cstime). A child reaped mid-scan, after its parent's line and before its
+    own, would be counted nowhere (a rank that sees its peer's last write reads at just that
+    moment): a scan in which a listed process vanished is read again, up to ``_SCANS`` times."""
     for _ in range(_SCANS):
         scanned = _scan()
         if scanned is None:
@@ -178,8 +172,7 @@ def count_tree_as_own(pid: int) -> None:
 
 
 class CpuMeter:
-    """Measures, over a ``with`` block, the CPU time this process tree and everything else
-    spent on the cores this process may use; ``share`` is None where /proc is not there."""
+    """Where the cores this process may use spent a ``with`` block: ``share`` (None: no /proc)."""
 
     def __init__(self) -> None:
         self._cores = set(own_cores())

@@ -1,12 +1,9 @@
 """Which process of a distributed trial this is, and what its processes agree on.
 
-A distributed trial (``TrialConfig.world_size`` > 1) trains as that many processes joined in a
-``torch.distributed`` process group (``autotune.distributed`` starts them). Rank 0 measures,
-evaluates and reports; every rank must still stop at the same step and raise the same faults,
-so the few decisions a trial makes are agreed here, through torch.distributed's own
-collectives, and only at evaluations, never in the hot loop. Outside a process group every
-function is the one-process answer.
-"""
+Rank 0 measures, evaluates and reports; every rank must still stop at the same step and raise
+the same faults, so the few decisions a trial makes are agreed here, through torch.distributed's
+collectives, only at evaluations. Outside a process group every function is the one-process
+answer."""
 
 from __future__ import annotations
 
@@ -39,11 +36,6 @@ def local_device(device: str) -> str:
     local = os.environ.get("LOCAL_RANK")
     index = int(local) if local is not None else rank() % max(torch.cuda.device_count(), 1)
     return f"cuda:{index}"
-
-
-def is_leader() -> bool:
-    """Whether this process measures, evaluates and reports for the trial (rank 0)."""
-    return rank() == 0
 
 
 def rank_zero_value(value: int, device: torch.device) -> int:

@@ -2,30 +2,19 @@
 
 Two ``autotune run`` commands on one machine (many processes on one study, as the README's
 SLURM and Kubernetes examples start them; or two studies side by side) would otherwise train at
-the same moment on the same cores or GPU. Each trial's samples/s then falls by whatever the
-other takes (two quickstarts together trained at 130 samples/s against 7k alone), and trials
-measured so compare nothing. So a trial, a stage-1 measurement and a confirmation run each hold
-``device_lock`` on their resources while they run: on the CPU the cores this process may use,
-on a GPU the GPU(s) it trains on. Processes whose resources do not overlap (the workers of
-``--workers`` and ``--gpus``, pinned to their own shares) never wait for each other. The user
-calls a held lock "the machine's turn" (``--turn-wait``, "waiting for its turn").
+the same moment on the same cores or GPU, and each trial's samples/s would fall by whatever the
+other takes (two quickstarts together trained at 130 samples/s against 7k alone). So a trial, a
+stage-1 measurement and a confirmation run each hold ``device_lock`` on their ``resources``
+while they run; processes pinned to shares that do not overlap (``--workers``, ``--gpus``) never
+wait for each other. The user calls a held lock "the machine's turn".
 
-The lock is an exclusive ``flock`` per resource on ``/tmp/autotune-turn-NAME.lock`` (the folder
-is ``$AUTOTUNE_MACHINE_DIR`` where that is set: containers of one host that share a folder
-other than /tmp), taken in sorted order, so two processes that want overlapping resources
-cannot each hold part of them. The holder's process id is written into each file it holds, so
-a process that waits can say for whom (its command line, read from /proc). A file that cannot
-be opened (another user's, a read-only /tmp) is not waited for.
-
-A wait is said when it begins and again as it grows (10 s, 20 s, 40 s ... so far), and it is
-given up after ``$AUTOTUNE_TURN_WAIT`` seconds (``autotune run --turn-wait``; default
-``TURN_WAIT_SECONDS``, half an hour): ``DeviceLockTimeout``, one line that says how to run
-anyway. Half an hour because the lock is held for one trial, one stage-1 measurement or one
-confirmation run of the other process, and two studies that share a device each wait one of the
-other's trials: a trial longer than that is rare in a study that searches, and a wait that long
-is a process that holds the machine for good (a stuck one, or one that trains for hours), which
-an unattended job should say rather than wait on. ``0`` takes no lock at all: the process trains
-beside the others (each measures the other as interference).
+The lock is an exclusive ``flock`` per resource in ``/tmp`` (or ``$AUTOTUNE_MACHINE_DIR``: a
+folder containers of one host share), taken in sorted order. A wait is given up after
+``$AUTOTUNE_TURN_WAIT`` seconds (``--turn-wait``), half an hour by default: the lock is held for
+one trial, stage-1 measurement or confirmation run of the other process, and a longer wait is a
+process that holds the machine for good, which an unattended job should say rather than wait on.
+``0`` takes no lock: the process trains beside the others, each measuring the other as
+interference.
 """
 
 from __future__ import annotations
@@ -67,10 +56,9 @@ MACHINE_DIR = _machine_dir()
 
 
 def resources(device: str, world_size: int = 1) -> tuple[str, ...]:
-    """What a trial on ``device`` (``cpu``, ``cuda:N``) with ``world_size`` processes trains
-    with, named machine-wide: ``gpu-ID`` for each of its GPUs (their entries in
-    CUDA_VISIBLE_DEVICES where it is set, an index or a UUID), else ``core-N`` for each core this
-    process may use (the ranks of a distributed CPU trial share them)."""
+    """What a trial on ``device`` with ``world_size`` processes trains with, named machine-wide:
+    ``gpu-ID`` for each of its GPUs (as CUDA_VISIBLE_DEVICES names them, where it is set), else
+    ``core-N`` for each core this process may use."""
     if device.startswith("cuda"):
         first = int(device.partition(":")[2] or 0)
         visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
@@ -84,9 +72,8 @@ def resources(device: str, world_size: int = 1) -> tuple[str, ...]:
 
 
 class DeviceLockTimeout(UserError):
-    """Another autotune process held the device lock for longer than the wait allowed:
-    the user's bound (``by_user``; the run stops, saying how to run anyway) or the caller's
-    (``wait_at_most``: stage 1's budget ran out)."""
+    """Another process held the device lock longer than the user's bound (``by_user``: the run
+    stops) or the caller's (``wait_at_most``: stage 1's budget ran out)."""
 
     def __init__(self, message: str, by_user: bool) -> None:
         super().__init__(message)
@@ -94,8 +81,8 @@ class DeviceLockTimeout(UserError):
 
 
 def lock_wait_seconds() -> float:
-    """Seconds the device lock is waited for before giving up: ``$AUTOTUNE_TURN_WAIT``, else
-    ``TURN_WAIT_SECONDS``; 0 takes no lock. UserError for a value that is not seconds."""
+    """Seconds the device lock is waited for: ``$AUTOTUNE_TURN_WAIT``, else
+    ``TURN_WAIT_SECONDS``; UserError for a value that is not seconds."""
     given = os.environ.get(TURN_WAIT_ENV, "").strip()
     try:
         seconds = float(given) if given else TURN_WAIT_SECONDS
@@ -112,10 +99,10 @@ def file_lock(
     on_wait: Callable[[int | None], None] | None = None,
     wait: Callable[[IO[str]], None] | None = None,
 ) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path`` (made if missing) while held, with this process's id
-    written into it; none where the file cannot be opened. Where another process holds it,
-    ``on_wait`` is called with that process's id (None: unknown) before waiting, or ``wait``,
-    where given, waits instead (it returns holding the lock, or raises)."""
+    """An exclusive ``flock`` on ``path`` while held, this process's id written into it (none
+    where the file cannot be opened). Where another process holds it, ``on_wait`` hears that
+    process's id (None: unknown) before waiting, or ``wait`` waits instead (returns holding the
+    lock, or raises)."""
     import fcntl
 
     try:
@@ -167,9 +154,7 @@ def _command(pid: int) -> str:
 
 @dataclass
 class _LockWait:
-    """One wait for the device lock, over all its resources: tried again every
-    ``POLL_SECONDS``, said (who, on what, for how long so far) when it begins and at each
-    doubling of the time, and given up after ``bound`` seconds."""
+    """One wait for the device lock, over all its resources (``device_lock`` says how)."""
 
     names: tuple[str, ...]
     on_wait: Callable[[str], None] | None
@@ -222,11 +207,11 @@ def device_lock(
     on_wait: Callable[[str], None] | None = None,
     wait_at_most: float | None = None,
 ) -> Iterator[None]:
-    """Hold the machine-wide lock on what a trial on ``device`` trains with (``resources``)
-    while the block runs. Where another process holds part of it, ``on_wait`` hears a line
-    saying who, on what and for how long so far, when the wait begins and as it grows; past
-    ``lock_wait_seconds()``, or the caller's ``wait_at_most`` seconds when that is less, the
-    wait is given up: DeviceLockTimeout. A bound of 0 seconds takes no lock."""
+    """Hold the machine-wide lock on ``resources(device, world_size)`` while the block runs.
+    Where another process holds part of it, ``on_wait`` hears who, on what and for how long so
+    far, when the wait begins and at each doubling; past ``lock_wait_seconds()``, or the
+    caller's ``wait_at_most`` seconds when that is less: DeviceLockTimeout. A bound of 0 takes
+    no lock."""
     wait_bound = lock_wait_seconds()
     if wait_bound == 0:  # the user runs beside the others
         yield

@@ -1,22 +1,15 @@
 """Timed bursts of real training steps: the speed stage's measurement of one configuration.
 
-``measure(config, workload, plan)`` builds the trial's model, optimizer and data pipeline
-under ``config`` (accumulation 1), pays the one-time costs in a warm-up (DataLoader workers
-start, the data set is copied to the device, torch.compile compiles, cuDNN autotunes), then
-times ``plan.bursts`` bursts of steady steps. Each burst starts a new pass over the training
-data, as an epoch does, so the cost of starting a pass (non-persistent workers start again) is
-measured too. No evaluation, no convergence: a few seconds per configuration.
-
-It runs in the same execution context as a trial (``execution.guarded``) and uses the same
-clocks: the device is synchronized where a clock is read, at burst boundaries only, and the
-phases of each step (the optimizer step's share among them) come from the trial's PhaseProbe.
-"""
+``measure`` builds the trial's model, optimizer and data pipeline under ``config`` (accumulation
+1), pays the one-time costs in a warm-up (workers start, data copied to the device, compile,
+cuDNN autotuning), then times ``plan.bursts`` bursts of steady steps, each starting a new pass
+over the data as an epoch does (so a pass's start is measured too). No evaluation: a few seconds
+per configuration, in a trial's context (``context.guarded``) with a trial's clocks, the device
+synchronized at burst boundaries only."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import Any
 
 import torch
 
@@ -25,6 +18,7 @@ from autotune.faults import TrialFault
 from autotune.machine import ranks
 from autotune.machine.hardware import device_name
 from autotune.speed import BurstPlan, SpeedMeasurement
+from autotune.training.clocks import Epochs
 from autotune.training.context import (
     compiled_graphs,
     guarded,
@@ -43,67 +37,34 @@ MIN_BURST_MICRO_BATCHES = 4  # micro-batches a burst times, however slow a step 
 MAX_BURST_MICRO_BATCHES = 400  # and however fast
 
 
-def measure(
-    config: TrialConfig, workload: Workload, plan: BurstPlan | None = None
-) -> SpeedMeasurement:
-    """Time ``config``'s training steps (at accumulation 1); TrialFault when it cannot train
-    (out of memory, a failed compile, a batch larger than the data set)."""
-    plan = plan or BurstPlan()
+def measure(config: TrialConfig, workload: Workload, plan: BurstPlan) -> SpeedMeasurement:
+    """Time ``config``'s training steps (at accumulation 1); TrialFault when it cannot train."""
     config = config.replace(accumulation_steps=1)  # the optimizer's share is timed apart
     warm = kept_graph(config, plan.keep_compiled)  # compiled earlier in this stage
-    run = guarded(config, lambda: _measure(config, workload, plan, warm), plan.keep_compiled)
-    return SpeedMeasurement(
-        **{
-            **run.value,
-            "intra_op_threads": run.intra_op_threads,
-            "other_cpu_share": run.other_cpu_share,
-            "compile_warm": warm,
-        }
-    )
-
-
-class _Batches:
-    """The training batches, one pass at a time, each burst starting a new pass."""
-
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-        self._pass: Iterator[Any] | None = None
-
-    def new_pass(self) -> Any:
-        """Start a new pass (the previous one is abandoned) and return its first batch."""
-        self._pass = None  # a non-persistent DataLoader's workers stop here, as at an epoch end
-        self._pass = iter(self.loader)
-        return next(self._pass)
-
-    def next(self) -> Any:
-        """The next batch of this pass; a new pass when it is exhausted."""
-        assert self._pass is not None
-        batch = next(self._pass, None)
-        return self.new_pass() if batch is None else batch
+    return guarded(config, lambda: _measure(config, workload, plan, warm), plan.keep_compiled)
 
 
 def _measure(
     config: TrialConfig, workload: Workload, plan: BurstPlan, warm: bool
-) -> dict[str, Any]:
+) -> SpeedMeasurement:
     loader = train_loader(config, workload)
     compiles = Compiles(config)
     trainer = Trainer(workload.build_model(), config, 1_000_000, workload.loss_fn, workload.layout)
     device = trainer.device
-    batches = _Batches(loader)
+    batches = Epochs(loader)
     reset_peak_memory(device)
 
     # -- warm-up: the first pass starts, the model compiles, kernels are chosen
     clock = TrainClock(device)
     clock.start()
-    trainer.train_step(batches.new_pass())
-    for _ in range(plan.warmup_micro_batches - 1):
-        trainer.train_step(batches.next())
+    for _ in range(plan.warmup_micro_batches):
+        trainer.train_step(next(batches))
     warmup_seconds = clock.pause()
 
     # -- an untimed burst that sizes the timed ones to about plan.burst_seconds each
     started = time.perf_counter()
     for _ in range(CALIBRATION_MICRO_BATCHES):
-        trainer.train_step(batches.next())
+        trainer.train_step(next(batches))
     synchronize(device)
     per_batch = (time.perf_counter() - started) / CALIBRATION_MICRO_BATCHES
     length = round(plan.burst_seconds / max(per_batch, 1e-6))
@@ -129,26 +90,27 @@ def _measure(
     one_time = warmup_seconds - plan.warmup_micro_batches * steady - epoch_start
     if not warm:  # a warm run reuses the graph its cold run compiled, and checked
         compiles.graphs()
-    return {
-        "batch_size": config.batch_size,
-        "micro_batches_per_epoch": len(loader),
-        "step_seconds": tuple(steps),
-        "optimizer_seconds": tuple(optimizer),
-        "epoch_start_seconds": tuple(epoch_starts),
-        "one_time_seconds": max(0.0, one_time),
-        "compile_seconds": compiles.seconds(),
-        "peak_memory_bytes": peak_memory_bytes(device),
-        "device_name": device_name(config.device),
-        "torch_version": torch.__version__,
-        "world_size": config.world_size,
-    }
+    return SpeedMeasurement(
+        batch_size=config.batch_size,
+        micro_batches_per_epoch=len(loader),
+        step_seconds=tuple(steps),
+        optimizer_seconds=tuple(optimizer),
+        epoch_start_seconds=tuple(epoch_starts),
+        one_time_seconds=max(0.0, one_time),
+        compile_seconds=compiles.seconds(),
+        peak_memory_bytes=peak_memory_bytes(device),
+        device_name=device_name(config.device),
+        torch_version=torch.__version__,
+        world_size=config.world_size,
+        compile_warm=warm,
+    )
 
 
 def _bursts(
-    trainer: Trainer, batches: _Batches, plan: BurstPlan, length: int
+    trainer: Trainer, batches: Epochs, plan: BurstPlan, length: int
 ) -> tuple[list[float], list[float], list[float]]:
-    """Time ``plan.bursts`` bursts of ``length`` micro-batches, each starting a new pass: per
-    burst the steady seconds per micro-batch, the optimizer step's share and the pass's start."""
+    """Per burst of ``length`` micro-batches, each a new pass: the steady seconds per
+    micro-batch, the optimizer step's share and the pass's start."""
     device = trainer.device
     steps: list[float] = []
     optimizer: list[float] = []
@@ -157,12 +119,13 @@ def _bursts(
         probe = PhaseProbe(device, first_micro_batch=1, micro_batches=length - 1)
         synchronize(device)
         began = time.perf_counter()
-        first = batches.new_pass()  # host work: worker start-up and the first batch's loading
+        batches.end_pass()  # a non-persistent DataLoader's workers stop, as at an epoch's end
+        first = next(batches)  # host work: worker start-up and the first batch's loading
         ready = time.perf_counter()
         trainer.train_step(first)
         for _ in range(length - 1):
             with probe.phase("data_wait"):
-                batch = batches.next()
+                batch = next(batches)
             with probe.phase("host_to_device"):
                 inputs, targets = trainer.split(batch)
             with probe.phase("forward_backward"):

@@ -1,7 +1,4 @@
-"""How a trial's training is timed: the training clock (evaluation excluded), the warm-up
-window's end, each epoch's start (``Epochs``: a recurring cost, counted once per epoch as a full
-run pays it), the phase probe over the first steady micro-batches, and NVML sampling of
-steady-state training only."""
+"""How a trial's training is timed (``TrialClocks``), each epoch's start included (``Epochs``)."""
 
 from __future__ import annotations
 
@@ -21,10 +18,9 @@ PROBE_MICRO_BATCHES = 32  # the window of steady-state micro-batches whose phase
 
 
 class Epochs:
-    """The training batches, epoch after epoch, each epoch's start timed on the host: from
-    asking for its first batch to having it (the last epoch's non-persistent workers stopped
-    and new ones started, the first batch loaded). No synchronization: a GPU may still run
-    queued steps meanwhile, so a start is counted at most in full."""
+    """The training batches, epoch after epoch, each epoch's start timed on the host (the last
+    epoch's workers stopped, new ones started, the first batch loaded); no synchronization, so
+    a start is counted at most in full."""
 
     def __init__(self, loader: DataLoader | DeviceBatches) -> None:
         self.loader = loader
@@ -43,9 +39,13 @@ class Epochs:
             self.start_seconds.append(time.perf_counter() - began)
         return batch
 
+    def end_pass(self) -> None:
+        """Abandon this epoch: the next batch begins another (a stage-1 burst's)."""
+        self._epoch = iter(())
+
     def recurring(self) -> float:
-        """What starting an epoch costs each time: the median start after the first (whose
-        one-time share never recurs); 0 until a second epoch has begun."""
+        """What starting an epoch costs each time: the median start after the first; 0 until a
+        second epoch has begun."""
         later = sorted(self.start_seconds[1:])
         return later[len(later) // 2] if later else 0.0
 
@@ -89,8 +89,7 @@ class TrialClocks:
         self.sampler.__exit__(*exc)
 
     def warmed_up(self, micro_batches: int) -> None:
-        """The warm-up window ends here, after ``micro_batches``: its seconds are read, GPU
-        sampling starts."""
+        """The warm-up window ends here, after ``micro_batches``; GPU sampling starts."""
         self.warmup_seconds = self.clock.read()
         self.warmup_micro_batches = micro_batches
         self.epochs_in_warmup = len(self.epochs.start_seconds)

@@ -1,15 +1,12 @@
-"""The context one training run executes in: its device, backend flags, a cold compiler,
-its intra-op threads, the load of other processes meanwhile, and the readings of its memory peak
-and compile work.
-
-A trial (``autotune.training.runner``) and a speed measurement (``autotune.training.bursts``) run
-through ``guarded``, so that the two measure the same thing the same way and fail the same way.
-"""
+"""The context one training run executes in (``guarded``: device, backend flags, a cold
+compiler, intra-op threads, others' load meanwhile), and its memory peak and compile work. A
+trial and a stage-1 burst both run in it: they measure the same way and fail the same way."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import json
 import resource
 import shutil
@@ -17,7 +14,7 @@ import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 import torch
 
@@ -26,6 +23,8 @@ from autotune.errors import ReportFailed
 from autotune.faults import as_fault
 from autotune.knobs import GRAPH_KNOBS
 from autotune.machine.interference import CpuMeter, trial_threads
+from autotune.results import TrialResult
+from autotune.speed import SpeedMeasurement
 from autotune.training.trainer import backend_flags
 
 
@@ -35,9 +34,8 @@ def compiled_graphs() -> int:
 
 
 def compile_seconds() -> float:
-    """Seconds torch.compile has spent compiling in this process (its own tally): the forward
-    graphs (Dynamo, AOTAutograd, Inductor) and the backward graphs, compiled lazily at the
-    first ``backward()``. CUDA-graph recording happens while running and counts as warm-up."""
+    """Seconds torch.compile has spent compiling in this process: the forward graphs and the
+    backward ones (compiled at the first ``backward()``); CUDA-graph recording is warm-up."""
     metrics = getattr(torch._dynamo.utils, "compilation_time_metrics", {})
     return float(
         sum(metrics.get("_compile.compile_inner", ()))
@@ -52,8 +50,7 @@ GRAPH_FIELDS = (*GRAPH_KNOBS, "device", "world_size")
 
 
 def graph_key(config: TrialConfig) -> str:
-    """Which compiled graph ``config`` trains with: configurations with the same key compile
-    the same graph (they differ in the data pipeline, cudnn_benchmark or what is learned)."""
+    """Which compiled graph ``config`` trains with: the same key, the same graph."""
     return json.dumps({name: getattr(config, name) for name in GRAPH_FIELDS}, sort_keys=True)
 
 
@@ -65,8 +62,8 @@ class CompiledGraph:
 
 
 class _Kept:
-    """Stage 1's compiled graphs in this process: each graph's Inductor caches in a directory
-    of its own, and the graph whose Dynamo state is live (kept from the run before)."""
+    """Stage 1's compiled graphs in this process: each one's Inductor caches, by graph key, and
+    the graph whose Dynamo state is live."""
 
     directories: dict[str, str] = {}  # noqa: RUF012  # one per process, by graph key
     live: str | None = None
@@ -87,19 +84,32 @@ class _Kept:
 atexit.register(_Kept.drop)
 
 
-def fresh_inductor_cache() -> Callable[..., contextlib.AbstractContextManager]:
-    """Inductor's context manager that points its on-disk caches at a directory of one's own
-    (``fresh_cache(dir=..., delete=...)``), under its name in this torch."""
+def _inductor_cache(directory: str) -> contextlib.AbstractContextManager:
+    """Inductor's on-disk caches pointed at ``directory`` while the block runs."""
     from torch._inductor import utils as inductor_utils
 
     # fresh_cache since torch 2.8; fresh_inductor_cache, its old name, is kept as an alias
     fresh_cache = getattr(inductor_utils, "fresh_cache", None)
-    return fresh_cache or inductor_utils.fresh_inductor_cache
+    return (fresh_cache or inductor_utils.fresh_inductor_cache)(dir=directory, delete=False)
+
+
+@contextlib.contextmanager
+def cold_compiler(prefix: str) -> Iterator[None]:
+    """Dynamo reset and Inductor's on-disk caches (FX graphs, AOTAutograd, autotuning, kernels)
+    in a fresh directory while the block runs; both dropped afterwards (compiled graphs and
+    CUDA-graph memory pools included), also when it fails or is interrupted."""
+    scratch = tempfile.mkdtemp(prefix=prefix)
+    torch.compiler.reset()
+    try:
+        with _inductor_cache(scratch):
+            yield
+    finally:
+        torch.compiler.reset()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def kept_graph(config: TrialConfig, stage: str) -> bool:
-    """Whether ``config``'s compiled graph was compiled earlier in this process for ``stage``
-    and kept (``compile_state(config, keep=stage)``): a run of it compiles nothing new."""
+    """Whether ``config``'s graph was compiled and kept for ``stage`` in this process."""
     return (
         bool(stage)
         and config.compile != "none"
@@ -110,17 +120,14 @@ def kept_graph(config: TrialConfig, stage: str) -> bool:
 
 @contextlib.contextmanager
 def compile_state(config: TrialConfig, keep: str = "") -> Iterator[CompiledGraph]:
-    """For a compiled trial, a cold compiler: Dynamo reset and Inductor's on-disk caches (FX
-    graphs, AOTAutograd, autotuning, kernels) in a fresh directory, removed afterwards (also
-    when the trial fails or is interrupted), so the compile time a trial pays does not depend
-    on which trials or studies ran before it; and the compiled graphs (CUDA-graph memory pools
-    included) dropped when it ends.
+    """For a compiled trial, a cold compiler (``cold_compiler``), so the compile time a trial
+    pays does not depend on which trials or studies ran before it.
 
     ``keep`` (stage 1, its id): each distinct graph is compiled cold once in this process and
     kept for that stage, its Dynamo state live until another graph runs and its caches until
     a run without ``keep``; a later run of the same graph (another pipeline, cudnn_benchmark,
-    a rematch) reuses it (``kept_graph`` says so beforehand), so that its one-time cost is
-    charged from the cold compile. A run that fails drops its graph."""
+    a rematch) reuses it (``kept_graph``), its one-time cost charged from the cold compile. A
+    run that fails drops its graph."""
     graph = CompiledGraph()
     if keep != _Kept.stage:  # another stage, or a trial: nothing kept helps it or holds memory
         _Kept.drop()
@@ -136,7 +143,7 @@ def compile_state(config: TrialConfig, keep: str = "") -> Iterator[CompiledGraph
         if key not in _Kept.directories:
             _Kept.directories[key] = tempfile.mkdtemp(prefix="autotune-graph-")
         try:
-            with fresh_inductor_cache()(dir=_Kept.directories[key], delete=False):
+            with _inductor_cache(_Kept.directories[key]):
                 yield graph
         finally:
             if graph.failed:
@@ -144,19 +151,12 @@ def compile_state(config: TrialConfig, keep: str = "") -> Iterator[CompiledGraph
             else:
                 _Kept.live = key
         return
-    scratch = tempfile.mkdtemp(prefix="autotune-compile-")
-    torch.compiler.reset()
-    try:
-        with fresh_inductor_cache()(dir=scratch, delete=False):  # removed below, whatever happens
-            yield graph
-    finally:
-        torch.compiler.reset()
-        shutil.rmtree(scratch, ignore_errors=True)
+    with cold_compiler("autotune-compile-"):
+        yield graph
 
 
 def reset_peak_memory(device: torch.device) -> None:
-    """Start this trial's peak-memory reading: the device's allocator peak, or on a CPU the
-    process's resident-set high-water mark (Linux lets a process reset its own)."""
+    """Start this trial's peak-memory reading (a CPU's: the resident-set high-water mark)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
@@ -178,8 +178,8 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 @contextlib.contextmanager
 def intra_op_threads(threads: int) -> Iterator[None]:
-    """torch's intra-op threads set to ``threads`` for the trial, restored after: explicit, so
-    that neither a library default nor an earlier trial decides how many cores it uses."""
+    """torch's intra-op threads set to ``threads`` for the block (explicit: neither a library
+    default nor an earlier trial decides), restored after."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -188,25 +188,16 @@ def intra_op_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-Result = TypeVar("Result")
-
-
-@dataclass(frozen=True)
-class Guarded(Generic[Result]):
-    """What ``body`` returned, with the threads it ran on and the load beside it."""
-
-    value: Result
-    intra_op_threads: int
-    other_cpu_share: float | None  # others' share of its cores meanwhile; None: unreadable
+Measured = TypeVar("Measured", TrialResult, SpeedMeasurement)
 
 
 def guarded(
-    config: TrialConfig, body: Callable[[], Result], keep_compiled: str = ""
-) -> Guarded[Result]:
-    """Run ``body`` (training under ``config``) on its device, with its backend flags, a cold
-    compiler (or, with ``keep_compiled``, stage 1's kept graph: ``compile_state``) and explicit
-    intra-op threads, metering other processes' load; every failure is raised as a TrialFault
-    (kind, one-line message, and the traceback as ``details`` for unexpected errors)."""
+    config: TrialConfig, body: Callable[[], Measured], keep_compiled: str = ""
+) -> Measured:
+    """Run ``body`` (training under ``config``) in its context (``keep_compiled``: stage 1's
+    kept graph, ``compile_state``): what it measured, with the intra-op threads it ran on and
+    others' share of its cores meanwhile; every failure raised as a TrialFault (kind, one line,
+    and the traceback as ``details`` for unexpected errors)."""
     device = torch.device(config.device)
     threads = trial_threads()
     with (
@@ -224,7 +215,7 @@ def guarded(
             with CpuMeter() as meter:  # what else ran on these cores meanwhile
                 value = body()
             share = meter.share.other_share if meter.share is not None else None
-            return Guarded(value, threads, share)
+            return dataclasses.replace(value, intra_op_threads=threads, other_cpu_share=share)
         except BaseException as error:
             graph.failed = True  # a graph that failed (or was interrupted) is not kept
             if not isinstance(error, Exception) or isinstance(error, ReportFailed):

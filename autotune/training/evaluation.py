@@ -1,8 +1,6 @@
 """A trained model judged on the validation split, as the study's score asks: a built-in score
-(accuracy, top-5 accuracy, validation loss, perplexity) summed on the device with one
-synchronization at the end (``semantics.validation_sums``, which the exported script carries),
-or the user's score function called on the eager model in eval mode. Evaluation time is not
-training time: the runner stops its clock first."""
+summed on the device with one synchronization at the end (``semantics.validation_sums``), or the
+user's score function on the eager model in eval mode. The runner stops its clock first."""
 
 from __future__ import annotations
 

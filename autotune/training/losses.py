@@ -22,11 +22,8 @@ MIN_SPAN_FOR_ALL_SKIPPED = 8  # ... or every step between two evaluations, if th
 
 class TrainingLosses:
     """The training loss since the last evaluation and the tokens trained on, summed on the
-    device and read back only at evaluations (no per-step host-device synchronization).
-
-    Under fp16 a non-finite loss is an overflow GradScaler recovers from (it skips that step),
-    so only finite losses are averaged; elsewhere a non-finite loss is a fault.
-    """
+    device and read back only at evaluations. Under fp16 a non-finite loss is an overflow
+    GradScaler recovers from (it skips that step), so only finite losses are averaged."""
 
     def __init__(self, config: TrialConfig, device: torch.device, counts_tokens: bool) -> None:
         self.config = config
@@ -74,14 +71,8 @@ class TrainingLosses:
 
     def _checked(self, trainer: Trainer, total: float, count: float, epoch: float) -> float:
         """The mean loss ``total / count``; TrialFault when training went astray since the
-        previous evaluation.
-
-        Under fp16 GradScaler skips steps whose gradients overflow and lowers its scale; a few
-        such steps are normal. A long run of them, or a whole span between evaluations without
-        one applied step, means the model is no longer training. A loss far above its lowest
-        (10x, and by more than one nat, so that a near-zero loss wobbling is not divergence)
-        has diverged.
-        """
+        previous evaluation: not finite, fp16 steps skipped for overflow without end (a few are
+        normal), or far above its lowest (``DIVERGENCE_FACTOR`` and ``DIVERGENCE_MIN_RISE``)."""
         lr, precision = f"lr {self.config.lr:.3g}", self.config.precision
         if count == 0 or not math.isfinite(total):
             shown = "inf or nan at every step" if count == 0 else f"{total / count}"

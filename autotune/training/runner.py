@@ -11,12 +11,10 @@ window: whatever they take beyond the steady-state step time is one-time overhea
 cuDNN autotuning, persistent DataLoader workers' start-up). An epoch's start recurs every epoch
 (non-persistent workers start again): it is timed (``clocks.Epochs``) and counted once per
 epoch, as a full run pays it and as stage 1 predicts it (``speed.SpeedMeasurement.epoch_seconds``).
-The clocks are ``clocks.TrialClocks``; the training loss and its faults, ``losses``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 
@@ -48,8 +46,8 @@ MAX_WARMUP_STEPS = 5  # optimizer steps timed as warm-up (at most half the first
 
 
 def train_loader(config: TrialConfig, workload: Workload) -> DataLoader | DeviceBatches:
-    """This process's training batches, everything seeded by ``config.seed`` (weights, data
-    order, DataLoader workers); TrialFault when a batch is larger than its share of the data."""
+    """This process's training batches, everything seeded by ``config.seed``; TrialFault when a
+    batch is larger than its share of the data."""
     seed_everything(config.seed)
     loader = make_train_loader(
         workload.train_set, config, config.seed, workload.collate_fn, ranks.rank()
@@ -126,12 +124,8 @@ def _flops_per_sample(trainer: Trainer, workload: Workload) -> float | None:
 
 
 def train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialResult:
-    """Train one trial; raise TrialFault (kind and one-line message, and the traceback as
-    ``details`` for unexpected errors) when it cannot finish."""
-    run = guarded(config, lambda: _train(config, workload, report))
-    return dataclasses.replace(
-        run.value, intra_op_threads=run.intra_op_threads, other_cpu_share=run.other_cpu_share
-    )
+    """Train one trial; TrialFault when it cannot finish."""
+    return guarded(config, lambda: _train(config, workload, report))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,17 +194,15 @@ def _evaluate_and_report(
     losses: TrainingLosses,
     report: Reporter,
 ) -> tuple[Evaluation, bool]:
-    """An evaluation after this optimizer step, and whether the trial stops here (its last
-    evaluation, or the reporter says so). The clock stops (evaluation time is not training
-    time), the training loss is read back and checked; rank 0 of a distributed trial evaluates
-    (the whole validation split, on its replica: the same score as one process) and reports,
-    and the others wait for its verdict, so that every rank stops at the same step."""
+    """An evaluation after this optimizer step, the clock stopped, and whether the trial stops
+    here (its last evaluation, or the reporter says so). Rank 0 of a distributed trial evaluates
+    (the whole split, on its replica) and reports; every rank stops at the step it says."""
     steps, final = trainer.steps, trainer.steps == plan.optimizer_steps
     train_seconds = clocks.pause(final)
     epoch = trainer.micro_batches / plan.micro_batches_per_epoch
     train_loss = losses.since_last_evaluation(trainer, epoch)  # every rank's
     eval_started = time.perf_counter()
-    leader = ranks.is_leader()
+    leader = ranks.rank() == 0
     score, val_loss = evaluate(trainer, val_loader, workload) if leader else (0.0, 0.0)
     config = trainer.config
     evaluation = Evaluation(
@@ -241,7 +233,7 @@ def _result(
     flops: float | None,
 ) -> TrialResult:
     """What the trial measured: steady-state speed after the warm-up window (the whole run's
-    when it ended inside it), its one-time costs apart."""
+    when it ended inside it), one-time costs apart."""
     last = evaluations[-1]
     warmup = clocks.warmup_seconds if clocks.warmup_seconds is not None else last.train_seconds
     steady_steps = last.optimizer_steps - plan.warmup_steps

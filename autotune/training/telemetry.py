@@ -53,12 +53,10 @@ def peak_flops(device_name: str, precision: str) -> float | None:
 def flops_per_sample(
     model: nn.Module, training_loss: Callable[[], torch.Tensor], samples: int
 ) -> float | None:
-    """FLOPs of one training step (forward and backward) per sample, counted while
-    ``training_loss()`` computes the loss of a batch of ``samples`` samples, back-propagated.
-
-    The model runs in eval mode (batch norm statistics are left alone) and its gradients are
-    cleared afterwards, so the trial trains exactly as it would without the count: those that
-    existed before (a trainer under CUDA graphs allocates them up front) zeroed in place.
+    """FLOPs of one training step per sample, counted while ``training_loss()`` computes the
+    loss of a batch of ``samples`` samples, back-propagated. The model runs in eval mode (batch
+    norm statistics left alone) and its gradients are cleared afterwards (those allocated up
+    front, under CUDA graphs, zeroed in place): the trial trains as it would without the count.
     """
     allocated = {id(p) for p in model.parameters() if p.grad is not None}
     was_training = model.training
@@ -81,11 +79,8 @@ def flops_per_sample(
 
 
 class GpuSampler:
-    """Samples a GPU's utilization and memory through NVML in a background thread.
-
-    ``nvml`` is the pynvml module (nvidia-ml-py) or anything with its functions. Where NVML is
-    missing or fails, the sampler records nothing and ``summary()`` is empty: telemetry never
-    fails a trial.
+    """Samples a GPU's utilization and memory through NVML (``nvml``: pynvml, or a stand-in) in
+    a background thread; where NVML is missing or fails, nothing: telemetry never fails a trial.
     """
 
     def __init__(
@@ -115,18 +110,15 @@ class GpuSampler:
             )
         return nvml.nvmlDeviceGetHandleByIndex(index)
 
-    def _sample(self) -> None:
-        rates = self.nvml.nvmlDeviceGetUtilizationRates(self._handle)
-        memory = self.nvml.nvmlDeviceGetMemoryInfo(self._handle)
-        self.utilization.append(float(rates.gpu))
-        self.memory_used.append(int(memory.used))
-
     def _run(self) -> None:
         while not self._stop.wait(self.interval_seconds):
             if self.paused:
                 continue
             try:
-                self._sample()
+                rates = self.nvml.nvmlDeviceGetUtilizationRates(self._handle)
+                memory = self.nvml.nvmlDeviceGetMemoryInfo(self._handle)
+                self.utilization.append(float(rates.gpu))
+                self.memory_used.append(int(memory.used))
             except Exception:
                 return
 

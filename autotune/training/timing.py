@@ -16,11 +16,8 @@ def synchronize(device: torch.device) -> None:
 
 
 class TrainClock:
-    """Accumulates training wall-clock seconds; time while paused (evaluation) is not counted.
-
-    Every reading synchronizes the device first, so the seconds include the GPU work that the
-    host has queued but the GPU has not yet finished.
-    """
+    """Training wall-clock seconds, time while paused (evaluation) left out; every reading
+    synchronizes the device first, so the seconds include the GPU work the host has queued."""
 
     def __init__(self, device: torch.device) -> None:
         self._device = device
@@ -52,18 +49,13 @@ DATA_STARVED_SHARE = 0.2  # waiting for batches this share of the time: starved 
 
 
 class PhaseProbe:
-    """Where a window of training steps spends its time: waiting for data, copying it to the
-    device, forward and backward, the optimizer step.
+    """Where a window of training steps spends its time, phase by phase (PHASES, in order:
+    ``with probe.phase(name)`` around each one's work; the first begins the next micro-batch).
 
     Outside its window every call is a cheap no-op. Inside it, boundaries are timestamped
-    without synchronizing: CUDA events on a GPU (each event completes when the GPU reaches it,
-    so the span between two events is the GPU's time on that phase, including any time it
-    sat idle waiting for the host), the host clock on a CPU (which runs synchronously). The
-    events are read only in ``result()``, which the runner calls at an evaluation, where the
-    device is synchronized anyway.
-
-    ``with probe.phase(name)`` around each phase's work, in the order of PHASES, times them
-    back to back: the first begins the next micro-batch, each ends where its work was issued.
+    without synchronizing: CUDA events on a GPU (the span between two is the GPU's time on that
+    phase, idle waits for the host included), the host clock on a CPU. The events are read only
+    in ``result()``, at an evaluation, where the device is synchronized anyway.
     """
 
     def __init__(self, device: torch.device, first_micro_batch: int, micro_batches: int) -> None:
@@ -84,8 +76,8 @@ class PhaseProbe:
         return time.perf_counter()
 
     def phase(self, phase: str) -> PhaseProbe:
-        """``with probe.phase(phase):`` around that phase's work (one of PHASES; the first
-        begins the next micro-batch). A plain context manager: cheap on every micro-batch."""
+        """``with probe.phase(phase):`` around that phase's work (a plain context manager:
+        cheap on every micro-batch)."""
         self._phase = phase
         return self
 
@@ -122,15 +114,11 @@ class PhaseProbe:
 
 
 def bottleneck(fractions: dict[str, float], busy: float | None = None) -> str:
-    """One word for what limits a training step: data, compute or overhead.
-
-    ``fractions`` are the shares of PHASES in a window of steps; ``busy`` is the device's
-    measured utilization (0..1, from NVML). A device busy less than ~80% of the time is
-    starved: by data when it waits for batches at least a fifth of the time, otherwise by
-    overhead (Python, kernel launches, small ops). Without a measured utilization (a CPU, or a
-    GPU without NVML) every moment not spent waiting for data counts as busy: the phase spans
-    cannot tell a GPU's idle gaps from its work, so only ``data`` or ``compute`` is said.
-    """
+    """One word for what limits a training step, from the shares of PHASES (``fractions``) and
+    the device's NVML utilization (``busy``, 0..1): ``data`` when it waits for batches a fifth
+    of the time, else ``overhead`` (Python, launches, small ops) when it is busy less than 80%.
+    Without ``busy`` (a CPU, a GPU without NVML) the phase spans cannot tell a GPU's idle gaps
+    from its work, so only ``data`` or ``compute`` is said."""
     if fractions["data_wait"] >= DATA_STARVED_SHARE:
         return "data"
     if busy is None or busy >= BUSY_SHARE:

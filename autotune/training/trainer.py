@@ -40,36 +40,10 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed % 2**32)
 
 
-def make_optimizer(model: nn.Module, config: TrialConfig) -> torch.optim.Optimizer:
-    """The configuration's optimizer over ``model``'s parameters (``semantics.make_optimizer``:
-    SGD with momentum, Nesterov and L2 weight decay, or AdamW), fused under fp16 so that
-    GradScaler's overflow check stays on the device."""
-    return semantics.make_optimizer(
-        model,
-        config.optimizer,
-        config.lr,
-        config.weight_decay,
-        config.momentum or 0.0,
-        config.nesterov,
-        fused=config.precision == "fp16",
-    )
-
-
-def make_scheduler(
-    optimizer: torch.optim.Optimizer, config: TrialConfig, total_steps: int
-) -> torch.optim.lr_scheduler.LRScheduler | None:
-    """The configuration's learning-rate schedule over ``total_steps`` optimizer steps
-    (``semantics.make_scheduler``; None: a constant rate)."""
-    return semantics.make_scheduler(
-        optimizer, config.schedule, config.warmup_fraction, total_steps
-    )
-
-
 def _matmul_precision() -> tuple[str, str]:
-    """How fp32 matmuls are set now, to be put back: ("legacy", highest|high|medium) through
-    ``torch.set_float32_matmul_precision``, or ("backend", ieee|tf32) where code before the
-    trial (the user's, Lightning) used the per-backend ``fp32_precision`` API, after which
-    ``torch.get_float32_matmul_precision()`` raises."""
+    """How fp32 matmuls are set now: ("legacy", highest|high|medium), or ("backend", ieee|tf32)
+    where earlier code (the user's, Lightning) used the per-backend ``fp32_precision`` API,
+    after which ``torch.get_float32_matmul_precision()`` raises."""
     try:
         return "legacy", torch.get_float32_matmul_precision()
     except RuntimeError:
@@ -77,9 +51,8 @@ def _matmul_precision() -> tuple[str, str]:
 
 
 def set_backend_flags(config: TrialConfig) -> tuple[tuple[str, str], bool, bool]:
-    """Set TF32 and cudnn.benchmark as ``config`` says (``semantics.set_cuda_flags``: ``fp32``
-    is PyTorch's defaults, ``fp32-strict`` no TF32 at all, ``tf32`` TF32 matmuls too); return
-    the previous values, set through either of torch's APIs, to be put back afterwards."""
+    """Set TF32 and cudnn.benchmark as ``config`` says (``semantics.set_cuda_flags``); return
+    the previous values, to be put back afterwards."""
     cudnn = torch.backends.cudnn
     previous = (_matmul_precision(), cudnn.allow_tf32, cudnn.benchmark)
     semantics.set_cuda_flags(config.precision, config.cudnn_benchmark)
@@ -88,10 +61,9 @@ def set_backend_flags(config: TrialConfig) -> tuple[tuple[str, str], bool, bool]
 
 def cudnn_plans_differ(previous: TrialConfig, config: TrialConfig) -> bool:
     """Whether ``config`` must run in a process that has not run ``previous`` to be timed
-    honestly: cuDNN's plan cache lives as long as the process and its key leaves out
-    ``cudnn.benchmark``, so a CUDA run with benchmark on after one with it off reuses the
-    heuristic's plans and never benchmarks (and one with it off after one with it on runs the
-    benchmarked plans)."""
+    honestly: cuDNN's plan cache outlives a run and its key leaves out ``cudnn.benchmark``, so
+    a CUDA run with it on after one with it off would reuse the heuristic's plans (and off
+    after on, the benchmarked ones)."""
     on_cuda = previous.device.startswith("cuda") and config.device.startswith("cuda")
     return on_cuda and previous.cudnn_benchmark != config.cudnn_benchmark
 
@@ -143,12 +115,8 @@ def distributed_model(
 class Trainer:
     """One model trained under one configuration: ``train_step(batch)`` runs one micro-batch
     and, every ``accumulation_steps``, an optimizer step (``semantics.TrainingSteps``), never
-    synchronizing the device (the returned loss stays there).
-
-    ``layout`` says where a batch holds the model's inputs and the target; None: found from
-    the first batch with what ``workload`` declares (a configuration from before layouts were
-    recorded), as the study found it from its first sample.
-    """
+    synchronizing the device. ``layout`` None: found from the first batch with what
+    ``workload`` declares (a configuration from before layouts were recorded)."""
 
     def __init__(
         self,
@@ -177,7 +145,16 @@ class Trainer:
             mode = None if config.compile == "default" else config.compile
             # torch.compile is typed as returning a callable; for a module it is a module
             self.step_model = torch.compile(self.step_model, mode=mode)  # type: ignore[assignment]
-        self.optimizer = make_optimizer(model, config)
+        # fused under fp16, so that GradScaler's overflow check stays on the device
+        self.optimizer = semantics.make_optimizer(
+            model,
+            config.optimizer,
+            config.lr,
+            config.weight_decay,
+            config.momentum or 0.0,
+            config.nesterov,
+            fused=config.precision == "fp16",
+        )
         if config.compile in CUDA_GRAPH_MODES:
             semantics.keep_grads_outside_graphs(model)
         # micro-batches into optimizer steps: autocast, GradScaler, accumulation, no_sync
@@ -186,7 +163,9 @@ class Trainer:
             config.precision,
             self.device.type,
             config.accumulation_steps,
-            make_scheduler(self.optimizer, config, total_steps),
+            semantics.make_scheduler(
+                self.optimizer, config.schedule, config.warmup_fraction, total_steps
+            ),
             total_steps,
             self.ddp,
             grads_in_place=config.compile in CUDA_GRAPH_MODES,
@@ -204,8 +183,7 @@ class Trainer:
         self.optimizer.register_step_post_hook(self._count_step)
 
     def _count_step(self, optimizer: torch.optim.Optimizer, *_: object) -> None:
-        """After each optimizer step: under fp16, count it skipped when its gradients
-        overflowed (the flag GradScaler hands the fused optimizer, 1.0 or 0.0, on the device)."""
+        """Count the step skipped when GradScaler's flag (1.0 or 0.0, on the device) says so."""
         skipped = getattr(optimizer, "found_inf", None)
         if skipped is not None:
             self._skipped.add_(skipped)
@@ -222,7 +200,7 @@ class Trainer:
         return int(self._skipped_in_a_row.item())
 
     def to_device(self, inputs: Batch, targets: Any) -> tuple[Batch, Any]:
-        """A split batch on the device (``batches.to_device``), image inputs NHWC if asked."""
+        """A split batch on the device, image inputs NHWC if asked."""
         channels_last = self.config.channels_last
         return to_device(inputs, self.device, channels_last), to_device(targets, self.device)
 
@@ -241,9 +219,8 @@ class Trainer:
         return self.training_steps.steps
 
     def split(self, batch: Any) -> tuple[Batch, Any]:
-        """(what the model is called with, the target) of a batch as the DataLoader gives it,
-        on the device; ValueError naming what the batch holds when the layout does not fit it.
-        ``model(*inputs.args, **inputs.kwargs)`` calls the model with them."""
+        """(model inputs, target) of a batch as the DataLoader gives it, on the device;
+        ValueError naming what the batch holds when the layout does not fit it."""
         if self.layout is None:
             spec = self.workload
             try:
@@ -267,22 +244,21 @@ class Trainer:
         return self.to_device(inputs, targets)
 
     def train_step(self, inputs: Any, targets: Any = _WHOLE) -> torch.Tensor:
-        """One micro-batch, an optimizer step when it completes an accumulation group; its
-        (detached, on-device) loss. ``train_step(batch)``: the batch as the DataLoader gives it;
-        ``train_step(inputs, targets)``: already split and on the device."""
+        """One micro-batch (``train_step(batch)``, or split and on the device), an optimizer
+        step when it completes an accumulation group; its detached, on-device loss."""
         if targets is _WHOLE:
             inputs, targets = self.split(inputs)
         return self.training_steps.train(self._loss, inputs, targets)
 
     def forward_backward(self, inputs: Batch, targets: Any) -> torch.Tensor:
-        """Forward and backward of one micro-batch, no optimizer step (``TrainingSteps``)."""
+        """Forward and backward of one micro-batch, no optimizer step."""
         return self.training_steps.forward_backward(self._loss, inputs, targets)
 
     def _loss(self, inputs: Batch, targets: Any) -> torch.Tensor:
         return self.loss_fn(call_model(self.step_model, inputs), targets)
 
     def optimizer_step(self) -> None:
-        """Apply the accumulated gradients, zero them, advance the schedule (``TrainingSteps``)."""
+        """Apply the accumulated gradients, zero them, advance the schedule."""
         self.training_steps.step()
 
     @property

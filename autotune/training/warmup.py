@@ -7,20 +7,16 @@ costs make it look slower than it is, and the first trial is usually the untuned
 every "N times faster than untuned" would be inflated by them (23% on the quickstart).
 
 ``Warmth.warm_for(config, workload)`` pays them on throwaway copies of the trial's own model and
-data, eager, at the trial's precision, batch size and data pipeline, with its loss and batch
-layout: a few training steps and an evaluation batch. The first trial that compiles also gets
-the compiler's own machinery warmed (Dynamo, AOTAutograd and Inductor imported, the C++
-toolchain found and loaded) by compiling a small unrelated function in a throwaway cache; the
-trial's own graphs stay cold, so every compiled trial still pays its whole compile. A trial
-trains and measures the same whether a warm-up ran before it or not: it seeds everything itself.
+data, eager, as the trial trains (a few steps and an evaluation batch). The first trial that
+compiles also gets the compiler's machinery loaded by compiling a small unrelated network in a
+throwaway cache: the trial's own graphs stay cold, so every compiled trial pays its whole
+compile. A trial trains the same whether a warm-up ran before it or not: it seeds everything.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import shutil
-import tempfile
 from collections.abc import Callable
 
 import torch
@@ -28,7 +24,7 @@ import torch
 from autotune.config import TrialConfig
 from autotune.faults import release_memory
 from autotune.pipeline import make_train_loader, make_val_loader
-from autotune.training.context import fresh_inductor_cache
+from autotune.training.context import cold_compiler
 from autotune.training.timing import synchronize
 from autotune.training.trainer import Trainer, backend_flags, seed_everything
 from autotune.workloads import Workload
@@ -39,7 +35,7 @@ WARMUP_MICRO_BATCHES = 3  # eager training steps that load every kernel a step u
 
 def warm_process(config: TrialConfig, workload: Workload) -> bool:
     """A few eager training steps and one evaluation batch, as ``config`` trains, discarded;
-    False when the configuration has no batch to train on (the trial says why)."""
+    False when there is no batch to train on (the trial says why)."""
     eager = config.replace(
         compile="none",  # the trial's graphs must compile cold in the trial
         accumulation_steps=1,  # every micro-batch an optimizer step: its kernels load too
@@ -83,29 +79,19 @@ def _warm_model() -> torch.nn.Module:
 
 
 def warm_compiler(device: torch.device) -> None:
-    """Compile and run (forward and backward, with a loss) a tiny network unrelated to any
-    trial, in a throwaway Inductor cache, then forget it: the compiler is loaded, no trial graph
-    is cached."""
-    fresh_cache = fresh_inductor_cache()
-    scratch = tempfile.mkdtemp(prefix="autotune-warm-compiler-")
-    torch.compiler.reset()
-    try:
-        with fresh_cache(dir=scratch, delete=False):
-            compiled = torch.compile(_warm_model().to(device))
-            inputs = torch.randn(8, 1, 6, 6, device=device)
-            targets = torch.randint(0, 3, (8,), device=device)
-            torch.nn.functional.cross_entropy(compiled(inputs), targets).backward()
-            synchronize(device)
-    finally:
-        torch.compiler.reset()
-        shutil.rmtree(scratch, ignore_errors=True)
+    """Compile and train one step of a tiny network unrelated to any trial, in a throwaway
+    cache: the compiler is loaded, no trial graph is cached."""
+    with cold_compiler("autotune-warm-compiler-"):
+        compiled = torch.compile(_warm_model().to(device))
+        inputs = torch.randn(8, 1, 6, 6, device=device)
+        targets = torch.randint(0, 3, (8,), device=device)
+        torch.nn.functional.cross_entropy(compiled(inputs), targets).backward()
+        synchronize(device)
 
 
 class Warmth:
-    """What this process has warmed; ``warm_for`` warms what the next trial still needs.
-
-    ``log`` hears each warm-up as it happens ("process", "compiler"), in order.
-    """
+    """What this process has warmed; ``warm_for`` warms what the next trial still needs, and
+    ``log`` hears each warm-up ("process", "compiler")."""
 
     def __init__(self, log: Callable[[str], None] | None = None) -> None:
         self.process_warm = False

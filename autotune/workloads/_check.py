@@ -1,11 +1,6 @@
-"""One real batch through the model before any trial is spent on it.
-
-A model with the wrong number of outputs, labels the loss cannot read, shapes that do not line up
-or a forward pass that raises would otherwise burn trials and end in raw PyTorch errors, or worse,
-train and be scored wrongly. ``check`` runs the fresh model (eval mode, no gradients, on the CPU)
-on a small batch of each split, computes the loss and the score as the trials will, and turns
-each problem into one line that says what to change.
-"""
+"""One real batch through the model before any trial is spent on it: a workload that would burn
+trials in raw PyTorch errors, or train and be scored wrongly, is refused with one line that says
+what to change."""
 
 from __future__ import annotations
 
@@ -24,13 +19,7 @@ from autotune.pipeline import Collate
 from autotune.semantics import IGNORE_INDEX, TOP_K, logits_of
 from autotune.spacefile import LOSSES, SCORES
 from autotune.workloads._registry import DataSplits, WorkloadError
-from autotune.workloads.batches import (
-    BatchError,
-    BatchLayout,
-    ModelInputs,
-    call_model,
-    is_integer,
-)
+from autotune.workloads.batches import BatchError, BatchLayout, ModelInputs, call_model, is_integer
 from autotune.workloads.scoring import LossFn, ScoreFn, cross_entropy_classes_last, score_value
 
 CHECK_BATCH = 2  # samples per split run through the model before the study
@@ -38,9 +27,8 @@ MIN_SCORED_TARGETS = 100  # fewer validation targets: accuracy moves in steps ov
 
 
 def user_frame(error: BaseException) -> str:
-    """Where ``error`` was raised in the user's code, as `` (at path:line in function)``
-    (``faults.user_frame``); empty when no frame is the user's (an error in how torch called
-    their code, such as arguments that do not fit)."""
+    """`` (at path:line in function)``: where ``error`` was raised in the user's code; empty
+    when no frame is the user's."""
     where = faults.user_frame("".join(traceback.format_tb(error.__traceback__)))
     return f" (at {where})" if where else ""
 
@@ -80,8 +68,7 @@ _FOR_OTHER_TARGETS = (
 
 
 def check_labels(label: Any, data: str, loss: str, score: str) -> None:
-    """Refuse labels that the loss (cross-entropy) or a built-in score, reading class indices,
-    cannot read."""
+    """Refuse labels that cross-entropy or a built-in score cannot read as class indices."""
     reading = [f"the loss ({loss})"] if loss == "cross_entropy" else []
     readers = " and ".join([*reading, *([f"the score ({score})"] if score in SCORES else [])])
     floats = isinstance(label, torch.Tensor) and label.is_floating_point()
@@ -106,8 +93,7 @@ def read_sample(split: Dataset, name: str, data: str, index: int = 0) -> Any:
 
 
 def split_batch(layout: BatchLayout, batch: Any) -> tuple[ModelInputs, Any]:
-    """``layout.split(batch)``; WorkloadError naming the user's batch_fn (and where it raised)
-    when it fails."""
+    """``layout.split(batch)``; WorkloadError when the user's batch_fn fails."""
     try:
         return layout.split(batch)
     except BatchError as error:
@@ -119,8 +105,7 @@ def split_batch(layout: BatchLayout, batch: Any) -> tuple[ModelInputs, Any]:
 def batch_of(
     samples: list[Any], collate: Collate | None, data: str, name: str = "training"
 ) -> Any:
-    """``samples`` collated into a batch as the trials' DataLoaders will; WorkloadError when they
-    cannot be."""
+    """``samples`` collated as the trials' DataLoaders will; WorkloadError when they cannot be."""
     if collate is not None:
         with failing(f"data set '{data}': its collate_fn fails on {name} samples:"):
             return collate(samples)
@@ -135,9 +120,9 @@ def batch_of(
 
 
 def _classes_last(output: torch.Tensor, targets: torch.Tensor, names: WorkloadNames) -> bool:
-    """Whether ``output`` holds the classes in its last dimension (``[batch, *d, classes]``, a
-    Hugging Face token classifier's) rather than in dimension 1, as ``workload.class_dim`` says
-    or else as the shapes say; WorkloadError when neither fits ``targets``, or both do."""
+    """Whether ``output`` holds the classes last (``[batch, *d, classes]``) rather than in
+    dimension 1, as ``workload.class_dim`` or else the shapes say; WorkloadError when neither
+    fits ``targets``, or both do."""
     shapes = f"output {list(output.shape)} against targets {list(targets.shape)}"
     fits_first = output.dim() >= 2 and output.shape[0] == targets.shape[0]
     fits_first = fits_first and output.shape[2:] == targets.shape[1:]
@@ -166,8 +151,7 @@ def _classes_last(output: torch.Tensor, targets: torch.Tensor, names: WorkloadNa
 
 
 def _logits(output: Any, targets: torch.Tensor, names: WorkloadNames) -> tuple[torch.Tensor, bool]:
-    """The logits in ``output`` with the classes in dimension 1, and whether the model gives them
-    last."""
+    """The logits in ``output``, classes in dimension 1, and whether the model gives them last."""
     entry = names.model
     try:
         logits = logits_of(output)
@@ -215,8 +199,8 @@ class WorkloadNames(NamedTuple):
 def _user_score(
     score_fn: ScoreFn, model: nn.Module, dataset: Dataset, collate: Collate | None, entry: str
 ) -> float:
-    """The user's score of ``model`` on the first samples of the validation split, as a trial
-    will compute it on all of them; WorkloadError when it raises or returns no number."""
+    """The user's score of ``model`` on the first validation samples; WorkloadError when it
+    raises or returns no number."""
     size = min(2 * CHECK_BATCH, len(dataset))  # type: ignore[arg-type]  # map-style: sized
     loader = DataLoader(Subset(dataset, range(size)), batch_size=CHECK_BATCH, collate_fn=collate)
     with failing(f"score '{entry}' fails on the validation split:"):
@@ -237,10 +221,9 @@ def check(
     num_classes: int | None,
     names: WorkloadNames,
 ) -> Checked:
-    """Run ``model`` on a small batch of each split and compute the loss and the score as trials
-    do. Raises WorkloadError with one line for a workload that cannot train or be scored;
-    returns warnings (one line each) for one that can, but not well, and how its logits are
-    laid out."""
+    """Run the fresh ``model`` (eval mode, no gradients, on the CPU) on a small batch of each
+    split, with the loss and the score as trials compute them: WorkloadError, one line, for a
+    workload that cannot train or be scored; warnings for one that can, but not well."""
     model.eval()
     warnings: list[str] = []
     classes_last = False
@@ -290,8 +273,7 @@ def _check_classes(
     num_classes: int | None,
     names: WorkloadNames,
 ) -> None:
-    """The model's class count against the data set's and the labels', and enough classes for
-    top5."""
+    """The model's class count against the data set's and the labels', and enough for top5."""
     classes = logits.shape[1]
     if num_classes is not None and classes != num_classes:
         raise WorkloadError(

@@ -31,8 +31,7 @@ class _NotClassIndices(Exception):
 
 
 def _largest(targets: Any) -> int | None:
-    """The largest class index among ``targets`` (a batch's), ``IGNORE_INDEX`` left out; None
-    when every target is ignored."""
+    """The largest class index among ``targets``, ``IGNORE_INDEX`` left out (None: all are)."""
     if not isinstance(targets, torch.Tensor) or not is_integer(targets):
         raise _NotClassIndices
     scored = targets[targets != IGNORE_INDEX]
@@ -40,8 +39,7 @@ def _largest(targets: Any) -> int | None:
 
 
 def _tensor_labels(split: Dataset, layout: BatchLayout) -> torch.Tensor | None:
-    """A TensorDataset's labels, read as one tensor (no sample read): None when the split is no
-    TensorDataset or the layout does not find its target by index."""
+    """A TensorDataset's labels as one tensor, no sample read (None: not found so)."""
     if not isinstance(split, TensorDataset) or layout.batch_fn is not None or layout.is_dict:
         return None
     target = layout.target
@@ -69,13 +67,10 @@ def _read_largest(
 def count_classes(
     splits: DataSplits, layout: BatchLayout, data: str, declared: Any = None
 ) -> int | None:
-    """How many classes ``splits`` hold: as the data function says; else ``declared`` (the
-    space file's ``model_args.num_classes``: the user says it); else one more than the largest
-    integer label of the training split (and of the validation split, when both fit in
-    ``LABEL_READ_LIMIT`` samples); None when nothing tells (no integer labels, or too many
-    samples to read). Raises WorkloadError when reading a sample raises.
-
-    Reading samples draws no number from torch's random state (augmentations draw from it)."""
+    """How many classes ``splits`` hold: as the data function says; else ``declared``
+    (``model_args.num_classes``); else one more than the largest integer label of the training
+    split (and the validation split, when both fit in ``LABEL_READ_LIMIT`` samples); None when
+    nothing tells. Draws nothing from torch's random state (augmentations draw from it)."""
     if splits.num_classes:
         return splits.num_classes
     classes = getattr(splits.train, "classes", None)

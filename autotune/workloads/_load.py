@@ -1,12 +1,9 @@
-"""Building the workload a space file names: data loaded, model built and run once on real batches.
-
-Everything that can go wrong here is the user's to fix (a missing file, a data function that
-raises, a model that does not fit its data) and is raised as one WorkloadError line naming the
-workload entry and, for an exception in the user's code, where it was raised.
-"""
+"""Building the workload a space file names: data loaded, model built and run once on real
+batches; what goes wrong is the user's to fix, one WorkloadError line naming the entry."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from pathlib import Path
@@ -47,8 +44,8 @@ from autotune.workloads.scoring import (
 
 
 def call_entry(fn: Callable[..., Any], kwargs: dict[str, Any], what: str, entry: str) -> Any:
-    """``fn(**kwargs)``, the workload's ``what`` named ``entry``; WorkloadError, one line naming
-    it (and where in the user's code it raised), when it cannot be called or raises."""
+    """``fn(**kwargs)``, the workload's ``what`` named ``entry``; WorkloadError when it cannot
+    be called or raises."""
     try:
         inspect.signature(fn).bind(**kwargs)
     except TypeError as err:
@@ -73,9 +70,8 @@ def call_entry(fn: Callable[..., Any], kwargs: dict[str, Any], what: str, entry:
 def model_kwargs(
     fn: ModelFn, args: dict[str, Any], num_classes: int | None, input_shape: tuple[int, ...]
 ) -> dict[str, Any]:
-    """The keyword arguments a model function gets: ``args`` (the space file's model_args), plus
-    ``num_classes`` and ``input_shape`` where the function declares them; ``num_classes`` is
-    left to the function's default when ``num_classes`` is None (the data set does not say)."""
+    """``args`` (model_args), plus ``num_classes`` and ``input_shape`` where the model function
+    declares them (``num_classes`` None: the function's default stands)."""
     try:
         parameters = inspect.signature(fn).parameters
     except ValueError:
@@ -98,10 +94,8 @@ def model_kwargs(
 
 
 def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accuracy") -> Workload:
-    """Build the workload a spec names, judged by ``score`` (objective.score: a built-in's name
-    or the user's ``package.module:function``), checked on real batches (``_check``). Entries
-    are imported from the working directory, then from ``base_dir`` (the space file's folder).
-    """
+    """Build the workload a spec names, judged by ``score`` (objective.score), checked on real
+    batches; entries imported from the working directory, then ``base_dir`` (the space file's)."""
     data_fn = resolve_data(spec, base_dir)
     model_fn = resolve_model(spec, base_dir)
 
@@ -146,10 +140,6 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accurac
     num_classes = count_classes(splits, layout, spec.data, given)
 
     kwargs = model_kwargs(model_fn, dict(spec.model_args), num_classes, input_shape)
-
-    def build() -> nn.Module:
-        return model_fn(**kwargs)
-
     model = call_entry(model_fn, kwargs, "model", spec.model)
     if not isinstance(model, nn.Module):
         raise WorkloadError(
@@ -166,7 +156,7 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accurac
         val_set=splits.val,
         num_classes=num_classes,
         input_shape=input_shape,
-        model_fn=build,
+        model_fn=functools.partial(model_fn, **kwargs),
         model_kwargs=kwargs,
         warnings=checked.warnings,
         layout=layout,
@@ -180,9 +170,8 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accurac
 
 
 def loss_function(name: str, base_dir: Path | None = None, classes_last: bool = False) -> LossFn:
-    """The loss ``workload.loss`` names: cross-entropy (of logits with the classes last when
-    ``classes_last``), the model's own, or the user's ``package.module:function`` (imported from
-    the working directory, then ``base_dir``)."""
+    """The loss ``workload.loss`` names: cross-entropy (classes last when ``classes_last``), the
+    model's own, or the user's ``package.module:function``."""
     if name == "cross_entropy":
         return cross_entropy_classes_last if classes_last else cross_entropy_loss
     if name == "model":

@@ -1,5 +1,5 @@
-"""Name -> model and data-set functions, and resolution of ``package.module:function`` entries;
-the types a loaded workload is made of."""
+"""Name -> model and data-set functions, ``package.module:function`` entries, and the types a
+loaded workload is made of."""
 
 from __future__ import annotations
 
@@ -20,23 +20,26 @@ from autotune.errors import UserError
 from autotune.pipeline import Collate
 from autotune.spacefile import WorkloadSpec
 from autotune.workloads.batches import BatchLayout, ModelInputs, count_tokens
-from autotune.workloads.scoring import (
-    LossFn,
-    ScoreFn,
-    cross_entropy_loss,
-)
+from autotune.workloads.scoring import LossFn, ScoreFn, cross_entropy_loss
 
 ModelFn = Callable[..., nn.Module]
 DataFn = Callable[..., Any]
 
-# A registry maps a name to its function, or, for autotune's built-ins, to the function's
-# "module:name", imported the first time a workload names it: scikit-learn and torchvision take
-# seconds to import, and a process that trains a user's model (every worker) need not pay them.
-MODELS: dict[str, ModelFn | str] = {}
-DATASETS: dict[str, DataFn | str] = {}
+# The built-ins by name: their functions' "module:name", imported the first time a workload names
+# one (digits needs scikit-learn, the image workloads torchvision: seconds of imports that a
+# process training a user's model, every worker, need not pay).
+DATASETS = {
+    "digits": "autotune.workloads.digits:digits",
+    "shapes": "autotune.workloads.vision:shapes",
+    "cifar10": "autotune.workloads.vision:cifar10",
+    "imagefolder": "autotune.workloads.vision:imagefolder",
+}
+MODELS = {
+    "digits_cnn": "autotune.workloads.digits:digits_cnn",
+    "mlp": "autotune.workloads.models:mlp",
+}
 # "family:name" models: the family's function gets the name as its first argument
-MODEL_FAMILIES: dict[str, ModelFn | str] = {}
-Registry = dict[str, Callable[..., Any] | str]
+MODEL_FAMILIES = {"torchvision": "autotune.workloads.vision:torchvision_model"}
 
 
 class WorkloadError(UserError):
@@ -53,7 +56,7 @@ class DataSplits:
     collate_fn: Collate | None = None  # how samples become a batch (DataLoader's collate_fn)
 
     def __iter__(self) -> Iterator[Dataset]:
-        """Unpacks like the (train, val) pair a data function may return instead."""
+        """Unpacks as (train, val)."""
         return iter((self.train, self.val))
 
 
@@ -84,32 +87,17 @@ class Workload:
 
     @property
     def counts_tokens(self) -> bool:
-        """Whether its inputs are token sequences, whose throughput is also counted in tokens."""
+        """Whether its inputs are token sequences (throughput is counted in tokens too)."""
         return count_tokens(self.example_batch()[0]) is not None
 
     def example_batch(self, size: int = 2) -> tuple[ModelInputs, Any]:
-        """The first ``size`` training samples as one batch, split into the model's inputs and
-        the target; torch's random state is left as it was (augmentations draw from it)."""
+        """The first ``size`` training samples as one split batch; torch's random state is left
+        as it was (augmentations draw from it)."""
         count = min(size, len(self.train_set))  # type: ignore[arg-type]  # map-style: sized
         collate = self.collate_fn or default_collate
         with torch.random.fork_rng(devices=[]):
             batch = collate([self.train_set[index] for index in range(count)])
         return self.layout.split(batch)
-
-
-def _register(registry: Registry, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    registry[name] = fn
-    return fn
-
-
-def register_model(name: str) -> Callable[[ModelFn], ModelFn]:
-    """Decorator: make a model function available as ``model: name`` in space files."""
-    return functools.partial(_register, MODELS, name)
-
-
-def register_dataset(name: str) -> Callable[[DataFn], DataFn]:
-    """Decorator: make a data function available as ``data: name`` in space files."""
-    return functools.partial(_register, DATASETS, name)
 
 
 def _import_entry_point(entry: str, what: str, search_dirs: list[Path]) -> Callable[..., Any]:
@@ -148,29 +136,21 @@ def _import_entry_point(entry: str, what: str, search_dirs: list[Path]) -> Calla
     return fn
 
 
-def _loaded(entry: Callable[..., Any] | str) -> Callable[..., Any]:
-    """A registry's entry as its function: a built-in's "module:function" imported."""
-    return entry if callable(entry) else _import_entry_point(entry, "built-in", [])
-
-
-def builtin_family(name: str, registry: Registry) -> tuple[Any, str] | None:
-    """(family function, member name) when ``name`` is a built-in ``family:member`` model."""
-    family, _, member = name.partition(":")
-    if registry is MODELS and family in MODEL_FAMILIES and member:
-        return _loaded(MODEL_FAMILIES[family]), member
-    return None
+def _builtin(entry: str) -> Callable[..., Any]:
+    """A built-in's "module:function", imported."""
+    return _import_entry_point(entry, "built-in", [])
 
 
 def _resolve(
-    name: str, registry: Registry, what: str, search_dirs: list[Path]
+    name: str, registry: dict[str, str], what: str, search_dirs: list[Path]
 ) -> Callable[..., Any]:
-    found = builtin_family(name, registry)
-    if found is not None:
-        return functools.partial(found[0], found[1])
+    family, _, member = name.partition(":")
+    if registry is MODELS and family in MODEL_FAMILIES and member:  # a built-in family:member
+        return functools.partial(_builtin(MODEL_FAMILIES[family]), member)
     if ":" in name:
         return _import_entry_point(name, what, search_dirs)
     if name in registry:
-        return _loaded(registry[name])
+        return _builtin(registry[name])
     close = difflib.get_close_matches(name, list(registry), n=1)
     hint = f"did you mean '{close[0]}'? " if close else ""
     families = [f"{family}:<name>" for family in MODEL_FAMILIES] if registry is MODELS else []
@@ -184,15 +164,11 @@ def is_builtin(fn: Callable[..., Any]) -> bool:
     """Whether ``fn`` is one of autotune's own model or data functions (not the user's code)."""
     target = fn.func if isinstance(fn, functools.partial) else fn
     where = f"{getattr(target, '__module__', '')}:{getattr(target, '__qualname__', '')}"
-    return any(
-        target is entry or where == entry
-        for entry in (*MODELS.values(), *DATASETS.values(), *MODEL_FAMILIES.values())
-    )
+    return where in (*MODELS.values(), *DATASETS.values(), *MODEL_FAMILIES.values())
 
 
 def _search_dirs(base_dir: Path | None) -> list[Path]:
-    """Where a user's module is looked for: the working directory, then ``base_dir`` (the
-    space file's folder) where that is another."""
+    """Where a user's module is looked for: the working directory, then ``base_dir``."""
     here = Path.cwd().resolve()
     return [here] + ([base_dir.resolve()] if base_dir and base_dir.resolve() != here else [])
 

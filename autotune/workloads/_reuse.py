@@ -1,7 +1,5 @@
-"""A study's workload again, in the user's own training loop (the Python API): the collate
-function its data function gave, its loss, and where its batches hold the inputs and the target
-(a ``Trainer`` splits them with it).
-"""
+"""A study's workload again, in the user's own training loop (the Python API): its collate
+function, its loss, and its batch layout."""
 
 from __future__ import annotations
 
@@ -25,9 +23,8 @@ from autotune.workloads.scoring import LossFn
 def study_workload(
     section: Mapping[str, Any], folder: str | None
 ) -> tuple[WorkloadSpec | None, Path | None]:
-    """A study's workload section (None when empty: a configuration that holds none) and the
-    folder its ``package.module:function`` entries were found in; WorkloadError, one line, for
-    a section no space file could hold (an edited export)."""
+    """A study's workload section (None when empty) and the folder its entries were found in;
+    WorkloadError for a section no space file could hold (an edited export)."""
     try:
         spec = WorkloadSpec.model_validate(dict(section)) if section else None
     except ValueError as err:  # pydantic's lines, made one
@@ -45,10 +42,8 @@ def study_loss(spec: WorkloadSpec | None, folder: Path | None, classes_last: boo
 
 
 def data_collate(spec: WorkloadSpec | None, base_dir: Path | None = None) -> Collate | None:
-    """The collate function ``spec``'s data function returns (``DataSplits.collate_fn``), or
-    None: the user's data function is called (with ``data_args``) to learn it; autotune's own
-    data sets have none, nor has a configuration without a workload (``spec`` None). Raises
-    WorkloadError when it cannot be called."""
+    """The collate function the user's data function returns (it is called to learn it), or
+    None (autotune's own data sets, no workload); WorkloadError when it cannot be called."""
     if spec is None or ":" not in spec.data:
         return None
     try:
@@ -64,9 +59,8 @@ def data_collate(spec: WorkloadSpec | None, base_dir: Path | None = None) -> Col
 def recorded_layout(
     record: Mapping[str, Any] | None, base_dir: Path | None = None
 ) -> BatchLayout | None:
-    """The batch layout a study recorded, its batch_fn imported (from the working directory,
-    then ``base_dir``); None when it recorded none. WorkloadError for a record that is not one
-    (an edited export), or a batch_fn that cannot be imported."""
+    """The batch layout a study recorded (None: none), its batch_fn imported; WorkloadError for
+    a record that is not one (an edited export), or a batch_fn that cannot be imported."""
     if record is None:
         return None
     try:

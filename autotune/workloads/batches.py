@@ -1,13 +1,6 @@
-"""Where a batch holds the model's inputs and the target, and how the model is called with them.
-
-A sample (and so a batch, once collated) may be an ``(input, label)`` pair, a longer tuple, a
-dict such as a Hugging Face tokenizer's ``{"input_ids": ..., "attention_mask": ..., "labels":
-...}``, or any nesting of those. The space file declares where the inputs and the target are
-(``workload.inputs`` / ``workload.target``); the defaults cover a pair (input 0, target 1) and
-a dict (target ``"labels"`` or ``"label"``, every other key an input). Inputs found by index are
-passed to the model positionally, inputs found by key as keyword arguments; with
-``loss: model`` the target is passed too, as Hugging Face models compute their loss from it.
-"""
+"""Where a batch holds the model's inputs and the target (``BatchLayout``: a pair, a longer tuple,
+a dict such as a Hugging Face tokenizer's, or the user's ``batch_fn``), and how the model is
+called with them."""
 
 from __future__ import annotations
 
@@ -72,10 +65,9 @@ def count_samples(target: Any) -> int:
 
 
 def count_tokens(inputs: ModelInputs) -> torch.Tensor | int | None:
-    """The tokens a batch of token sequences really holds, read nothing back from the device:
-    the ones of its ``attention_mask`` (padding excluded; a device tensor), else every id of its
-    ``input_ids`` or of a lone 2-D integer input ``[batch, length]`` (an int); None for inputs
-    that are not token sequences."""
+    """The tokens a batch of token sequences holds, nothing read back from the device: the ones
+    of its ``attention_mask`` (a device tensor), else every id of its ``input_ids`` or of a lone
+    2-D integer input (an int); None for inputs that are not token sequences."""
     mask = inputs.kwargs.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 2:
         return mask.sum()
@@ -104,8 +96,7 @@ class LayoutError(ValueError):
 
 
 class BatchError(TypeError):
-    """The user's batch_fn raised, or returned something other than (args, kwargs, target);
-    the message names it (``__cause__`` is what it raised)."""
+    """The user's batch_fn raised (``__cause__``) or returned no (args, kwargs, target)."""
 
 
 def _user_split(fn: BatchFn, name: str, batch: Any) -> tuple[ModelInputs, Any]:
@@ -130,13 +121,11 @@ def _user_split(fn: BatchFn, name: str, batch: Any) -> tuple[ModelInputs, Any]:
 
 @dataclass(frozen=True)
 class BatchLayout:
-    """Where the inputs and the target are in a sample, and so in a batch.
-
-    ``inputs`` are indices of a tuple sample or keys of a dict sample (``None``: every key but
-    the target's); ``target`` is one index or key; with ``target_to_model`` the target is passed
-    to the model as well (last positionally, or under its key). A ``batch_fn`` (the user's,
-    named ``batch_fn_name``) replaces all three: it splits a batch itself.
-    """
+    """Where the inputs and the target are in a sample, and so in a batch: ``inputs`` are
+    indices of a tuple sample (passed positionally) or keys of a dict sample (as keywords;
+    ``None``: every key but the target's); ``target`` is one index or key; with
+    ``target_to_model`` the target is passed to the model too (as Hugging Face models take
+    their labels). A ``batch_fn`` (the user's) replaces all three: it splits a batch itself."""
 
     inputs: tuple[Place, ...] | None = (0,)
     target: Place = 1
@@ -160,15 +149,15 @@ class BatchLayout:
         return self.inputs is None or any(isinstance(p, str) for p in (*self.inputs, self.target))
 
     def to_record(self) -> dict[str, Any]:
-        """The layout as JSON values, for a study to record (exports read it back)."""
+        """The layout as JSON values, for a study to record."""
         inputs = None if self.inputs is None else list(self.inputs)
         record = {"inputs": inputs, "target": self.target, "target_to_model": self.target_to_model}
         return record | ({"batch_fn": self.batch_fn_name} if self.batch_fn_name else {})
 
     @classmethod
     def from_record(cls, record: dict[str, Any] | None) -> BatchLayout:
-        """The layout a study recorded; a pair's when it recorded none (it predates layouts,
-        when every sample was a pair). ValueError (or KeyError) for a record that is not one."""
+        """The layout a study recorded (a pair's when it predates layouts); ValueError or
+        KeyError for a record that is not one."""
         if record is None:
             return cls()
         inputs, target, to_model = record["inputs"], record["target"], record["target_to_model"]
@@ -184,8 +173,7 @@ class BatchLayout:
         return cls(None if inputs is None else tuple(inputs), target, to_model, None, name)
 
     def split(self, batch: Any) -> tuple[ModelInputs, Any]:
-        """(what the model is called with, the target) of a sample or batch (a batch only, with
-        a batch_fn); BatchError when the batch_fn fails."""
+        """(model inputs, target) of a sample or batch (a batch only, with a batch_fn)."""
         if self.batch_fn is not None:
             return _user_split(self.batch_fn, self.batch_fn_name or "batch_fn", batch)
         if isinstance(batch, Mapping):
@@ -207,8 +195,8 @@ class BatchLayout:
         target: Place | None,
         target_to_model: bool,
     ) -> BatchLayout:
-        """The layout of ``sample`` given what the space file declares; LayoutError naming what
-        the sample holds when it has no such place."""
+        """The layout of ``sample`` given what the space file declares (defaults: a pair's, or a
+        dict's ``labels``); LayoutError naming what the sample holds when it has no such place."""
         listed = (
             None if inputs is None else tuple(inputs if isinstance(inputs, list) else [inputs])
         )

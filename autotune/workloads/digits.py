@@ -1,11 +1,5 @@
-"""scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes), and a small CNN.
-
-Real data that ships inside scikit-learn, so it needs no download. The validation split is
-stratified and fixed (the same 20% every time), so no validation image is ever trained on.
-
-The functions here depend only on torch and scikit-learn: ``autotune export`` copies their
-source into standalone training scripts.
-"""
+"""scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes, no download), and a
+small CNN; the validation split is stratified and fixed. ``autotune export`` copies this source."""
 
 from __future__ import annotations
 

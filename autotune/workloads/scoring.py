@@ -1,17 +1,8 @@
-"""How a batch is scored and its loss taken: the built-in scores (accuracy, top-5 accuracy,
-validation loss and perplexity) and cross-entropy over every target element, and the user's score.
-
-A target is one class index per sample (``[batch]``, image classification) or per element
-(``[batch, *d]``: a class per pixel in segmentation, per token in a language model); the model's
-logits carry the classes in dimension 1 (``[batch, classes, *d]``), as ``cross_entropy`` reads
-them; logits with the classes last (``[batch, *d, classes]``, a Hugging Face token classifier's)
-are read as such when the check before the study finds them so. Accuracy is the share of scored
-target elements predicted right, in [0, 1] for any target shape. Targets equal to
-``IGNORE_INDEX`` (Hugging Face's padding label) are neither trained on nor scored.
-
-The built-in scores' sums and the logits of an output are ``semantics``' (the exported script
-carries them); this module adds the training losses and the user's score.
-"""
+"""The training losses (cross-entropy over every scored target element, the model's own) and the
+user's score. A target is a class index per sample or per element (``[batch, *d]``); logits
+hold the classes in dimension 1, or last where the check before the study finds them so;
+targets equal to ``IGNORE_INDEX`` are neither trained on nor scored. The built-in scores are
+``semantics``' (the exported script carries them)."""
 
 from __future__ import annotations
 

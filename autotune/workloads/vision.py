@@ -1,12 +1,7 @@
 """Image workloads: torchvision models, CIFAR-10 and ImageFolder from disk, generated shapes.
 
-The data sets are ``ImageTensorDataset``s (``autotune.pipeline``): uint8 images in memory,
-augmented as CIFAR-10 training records do it, by either data pipeline.
-
 Everything here depends only on torch, torchvision, NumPy and ``autotune.pipeline``:
-``autotune export`` copies this source (and what it uses of the pipeline) into standalone
-training scripts.
-"""
+``autotune export`` copies this source into standalone training scripts."""
 
 from __future__ import annotations
 

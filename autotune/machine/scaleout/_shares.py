@@ -1,5 +1,4 @@
-"""What each worker of a study on one machine may use (``plan_shares``): its share of the
-cores, and its GPU(s); ``apply_share`` pins a process to its share."""
+"""What each worker of a study on one machine may use: its cores and its GPU(s)."""
 
 from __future__ import annotations
 
@@ -103,8 +102,7 @@ def _gpus(spec: str, gpu_names: Callable[[list[str] | None], list[str]]) -> list
 
 
 def _gpu_groups(devices: list[str], per_trial: int, spec: str) -> list[str]:
-    """``devices`` in groups of ``per_trial`` (a worker's GPUs, comma-separated); GPUs left
-    over idle, as cores are. ScaleOutError when there are fewer than one group."""
+    """``devices`` in groups of ``per_trial``, comma-separated (GPUs left over idle)."""
     count = len(devices) // per_trial
     if count == 0:
         raise ScaleOutError(
@@ -134,9 +132,8 @@ GPU_QUERY_SECONDS = 120.0  # for a child process to start torch and name the GPU
 
 
 def _gpu_names(devices: list[str] | None) -> list[str]:
-    """The model name of each of ``devices`` (None: of every GPU visible), asked of torch in a
-    short process of its own: in this one, CUDA would start with every GPU visible, and a
-    worker's share (its CUDA_VISIBLE_DEVICES) would no longer apply to it."""
+    """The model name of each of ``devices`` (None: every GPU visible), asked of torch in a
+    process of its own: in this one CUDA would start, and a share could no longer apply."""
     query = (
         "import torch\n"
         "for index in range(torch.cuda.device_count()):\n"
@@ -170,10 +167,8 @@ def plan_shares(
     gpu_names: Callable[[list[str] | None], list[str]] = _gpu_names,
 ) -> list[WorkerShare]:
     """One share per worker: ``workers`` CPU workers, or one per ``gpus_per_trial`` GPUs of
-    ``gpus``; the cores this process may use divided among them in equal, contiguous blocks.
-    ScaleOutError when they cannot be (more workers than cores, --workers and --gpus that
-    disagree, fewer GPUs than a trial needs, GPUs of different models). ``gpu_names`` reads
-    the GPUs' models (a machine without GPUs can describe one it has not)."""
+    ``gpus``, the cores divided among them in equal, contiguous blocks; ScaleOutError when they
+    cannot be. ``gpu_names`` reads the GPUs' models (tests describe GPUs a machine has not)."""
     devices = _gpus(gpus, gpu_names) if gpus is not None else []
     if len(devices) > 1:
         one_gpu_model(devices, gpu_names(devices))
@@ -211,8 +206,8 @@ def unused_cores(shares: list[WorkerShare]) -> tuple[int, ...]:
 
 
 def refuse_cuda_workers(device: str) -> None:
-    """--workers runs its workers on the CPU: ScaleOutError where the study trains on a GPU
-    (``device``: workload.device; a cuda one refused before any CUDA call, auto detected)."""
+    """ScaleOutError where the study trains on a GPU (``device``: workload.device): --workers
+    runs its workers on the CPU."""
     if device == "auto":
         from autotune.machine.hardware import detect
 
@@ -226,8 +221,7 @@ def refuse_cuda_workers(device: str) -> None:
 
 
 def apply_share(share: WorkerShare) -> None:
-    """Pin this process to ``share``: its cores (which the processes it starts inherit) and its
-    GPU, seen as cuda:0. Call before torch initialises CUDA."""
+    """Pin this process to ``share``'s cores and GPU(s); before torch initialises CUDA."""
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, share.cores)
     if share.gpu is not None:
@@ -236,8 +230,7 @@ def apply_share(share: WorkerShare) -> None:
 
 
 def unshared_environment(environment: dict[str, str]) -> dict[str, str]:
-    """``environment`` (worker 0's) with CUDA_VISIBLE_DEVICES as worker 0 was given it, before
-    its share replaced it: what a worker it starts needs to find its own share."""
+    """``environment`` with CUDA_VISIBLE_DEVICES as worker 0 was given it, before its share."""
     environment = dict(environment)
     before = environment.pop(VISIBLE_BEFORE_ENV, None)
     if before is not None:

@@ -1,5 +1,5 @@
-"""The workers 1..N-1 that worker 0 starts, and what a started worker waits for: worker 0's word
-that stage 1 is measured, before its trials; and it stops with worker 0."""
+"""The workers 1..N-1 that worker 0 starts; a started worker waits for stage 1 and stops with
+worker 0."""
 
 from __future__ import annotations
 
@@ -35,8 +35,7 @@ STAGE1_MEASURED_ENV = "AUTOTUNE_STAGE1_MEASURED"
 
 
 def wait_for_stage1() -> None:
-    """In a worker started by worker 0: wait until worker 0 has measured stage 1 (a SIGINT, as
-    when worker 0 stops or dies, ends the wait with KeyboardInterrupt)."""
+    """In a worker started by worker 0: wait until worker 0 has measured stage 1."""
     measured = os.environ.pop(STAGE1_MEASURED_ENV, None)
     while measured is not None and not os.path.exists(measured):
         time.sleep(0.1)
@@ -58,10 +57,9 @@ class WorkerGone(ScaleOutError):
 def take_share(
     gpus_per_trial: int, workers: int | None, gpus: str | None, as_worker: int | None
 ) -> list[WorkerShare] | None:
-    """The workers' shares of the machine (None without --workers or --gpus), this process's
-    (``as_worker``, else 0) applied before torch sees a GPU or sizes its thread pools.
-    ScaleOutError where they cannot be had or ``as_worker`` was not started by autotune;
-    WorkerGone where worker 0 died before this worker it started."""
+    """The workers' shares (None without --workers or --gpus), this process's (``as_worker``,
+    else 0) applied before torch sees a GPU; ScaleOutError where they cannot be had, WorkerGone
+    where worker 0 died before this worker it started."""
     shares = plan_shares(workers, gpus, gpus_per_trial) if workers or gpus else None
     if as_worker is not None and (shares is None or not 0 < as_worker < len(shares)):
         raise ScaleOutError("--as-worker is for the workers autotune starts itself")
@@ -88,10 +86,9 @@ class _Started:
 def start_workers(
     shares: list[WorkerShare], space_file: Path, spec: Any, study_name: str, log_dir: Path
 ) -> Workers:
-    """Start workers 1..N-1 on the study (``autotune run SPACE ... --as-worker K``): the same
-    space file and resolved settings, the study by its name, the seconds worker 0 has, and the
-    storage in their environment (a password stays out of the process list). They start up
-    while worker 0 measures stage 1, then wait for ``Workers.start_trials``."""
+    """Start workers 1..N-1 on the study (``autotune run SPACE ... --as-worker K``) with the
+    same resolved settings and the storage in their environment; they wait for
+    ``Workers.start_trials``."""
     arguments = [str(space_file), "--study-name", study_name, "--n-trials"]
     arguments += [str(spec.study.n_trials), "--isolation", spec.study.isolation]
     arguments += ["--device", spec.workload.device]
@@ -109,8 +106,7 @@ def start_workers(
 
 
 class Workers:
-    """The workers 1..N-1 that worker 0 starts: ``autotune run`` processes, each with its share
-    and a log file of its own."""
+    """The workers 1..N-1 that worker 0 starts, each with its share and a log file."""
 
     def __init__(self, log_dir: Path, cores: tuple[int, ...]) -> None:
         self.log_dir = log_dir
@@ -125,10 +121,8 @@ class Workers:
     def start(
         self, shares: list[WorkerShare], arguments: list[str], environment: dict[str, str]
     ) -> None:
-        """Start a worker per share: ``autotune run ARGUMENTS --as-worker K`` with
-        ``environment`` added to theirs (not to this process's). If one cannot be started, the
-        ones already started are stopped before the error is raised. They wait for
-        ``start_trials``."""
+        """Start a worker per share, ``environment`` added to theirs; if one cannot be started,
+        those already started are stopped before the error is raised."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.stage1_measured.unlink(missing_ok=True)  # an earlier run's
         try:
@@ -143,15 +137,8 @@ class Workers:
         self, share: WorkerShare, arguments: list[str], environment: dict[str, str]
     ) -> None:
         log = self.log_dir / f"worker-{share.index + 1}.log"
-        command = [
-            sys.executable,
-            "-m",
-            "autotune",
-            "run",
-            *arguments,
-            "--as-worker",
-            str(share.index),
-        ]
+        command = [sys.executable, "-m", "autotune", "run", *arguments]
+        command += ["--as-worker", str(share.index)]
         full = {
             **unshared_environment(dict(os.environ)),  # the GPUs worker 0 had, not its share
             **environment,
@@ -194,16 +181,15 @@ class Workers:
         return lines
 
     def stop(self, interrupt: bool, timeout: float) -> list[str]:
-        """Wait, ``timeout`` seconds in all, for the workers to end (interrupting them first
-        where worker 0 was interrupted or gave up on the study); ``ended_badly``'s lines."""
+        """Wait, ``timeout`` seconds in all, for the workers to end (interrupted first, where
+        ``interrupt``); ``ended_badly``'s lines."""
         if interrupt:
             self.interrupt()  # each records its running trial as interrupted
         self.wait(timeout)
         return self.ended_badly()
 
     def interrupt(self) -> None:
-        """Stop every worker still running as Ctrl-C stops one (SIGINT: its running trial is
-        recorded as interrupted); once, however often asked."""
+        """SIGINT every worker still running, as Ctrl-C (once, however often asked)."""
         if self.interrupted:
             return
         self.interrupted = True
@@ -212,8 +198,8 @@ class Workers:
                 started.process.send_signal(signal.SIGINT)
 
     def wait(self, timeout: float) -> None:
-        """Wait, ``timeout`` seconds in all, for every worker to end; then interrupt those still
-        running, and kill them a minute later."""
+        """Wait ``timeout`` seconds for the workers to end; interrupt the rest, kill them a
+        minute later."""
         deadline = time.monotonic() + timeout
         for started in self.started:
             with contextlib.suppress(subprocess.TimeoutExpired):
