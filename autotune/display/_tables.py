@@ -106,9 +106,9 @@ def _auto_batch(spec: Spec, study: optuna.Study) -> tuple[Spec, str]:
         return spec.with_batch_sizes(tuple(record.batch_sizes)), record.batch_size_auto or ""
     start = int(spec.space.batch_size.values[0])  # type: ignore[union-attr]  # auto: a Choice
     return spec.with_batch_sizes((start, 2 * start)), (
-        f"auto: doubled from {start} before stage 1 until out of memory, a doubling that gains "
-        f"under {MIN_GAIN:.0%} samples/s, or the training set's size (the estimate below "
-        f"counts {start} and {2 * start}; the budget counts the whole probe)"
+        f"auto: doubled from {start} before stage 1 until out of memory (then halfway to it), "
+        f"a doubling that gains under {MIN_GAIN:.0%} samples/s, or the training set's size (the "
+        f"estimate below counts {start} and {2 * start}; the budget counts the whole probe)"
     )
 
 

@@ -7,7 +7,7 @@ and ``input_shape`` when it declares those parameters) and returns an ``nn.Modul
 
 # re-exports: what other modules and the user import from autotune.workloads
 from autotune.workloads._check import user_frame  # noqa: F401
-from autotune.workloads._load import load, model_kwargs  # noqa: F401
+from autotune.workloads._load import load, loss_function, model_kwargs  # noqa: F401
 from autotune.workloads._registry import (  # noqa: F401
     MODEL_FAMILIES,
     DataSplits,
