@@ -31,7 +31,7 @@ from autotune.config import TrialConfig
 from autotune.export import best_config, render_script, select_trial
 from autotune.study import load_study
 from autotune.testing import cuda_flags, learning_rates, write_space
-from autotune.training.trainer import Trainer, backend_flags, make_optimizer, make_scheduler
+from autotune.training.trainer import Trainer, backend_flags
 
 # 148 training samples in micro-batches of 4: one epoch is 37 optimizer steps
 SPACE = """\
@@ -180,12 +180,10 @@ def test_the_script_schedules_the_learning_rate_with_the_trainers_own_functions(
             assert inspect.getsource(getattr(semantics, name)) in text, name
     model = script.make_model()
     ours = script_optimizer(script, model)
-    theirs = make_optimizer(model, config)
-    assert type(ours) is type(theirs)
-    assert settings(ours) == settings(theirs)  # before any schedule touches them
-
-    trainer_scheduler = make_scheduler(theirs, config, TOTAL_STEPS)
+    trainer = Trainer(script.make_model(), config, TOTAL_STEPS)
+    theirs, trainer_scheduler = trainer.optimizer, trainer.scheduler
     script_schedule = script_scheduler(script, ours)
+    assert type(ours) is type(theirs)
     # a constant learning rate: the script has no schedule (and pastes none)
     assert type(script_schedule) is type(trainer_scheduler)
     assert settings(ours) == settings(theirs)  # OneCycleLR rewrites lr and adds its own keys
@@ -356,9 +354,8 @@ def test_the_scripts_training_loop_matches_the_trainer(
         == semantics.scales_loss(precision)
     )
     # the learning rate of every micro-batch is its optimizer step's, as the trainer schedules it
-    model = script.make_model()
-    optimizer = make_optimizer(model, config)
-    expected = learning_rates(optimizer, make_scheduler(optimizer, config, steps), steps)
+    fresh = Trainer(script.make_model(), config, total_steps=steps)
+    expected = learning_rates(fresh.optimizer, fresh.scheduler, steps)
     per_micro_batch = [lr for lr in expected for _ in range(accumulation)]
     assert_same_rates([lr for _, _, lr in training], per_micro_batch)
 
@@ -373,9 +370,9 @@ def test_the_script_trains_with_the_tuned_values_to_the_last_digit(export: Expor
         warmup_fraction=0.5000000067 / TOTAL_STEPS,
         **OPTIMIZERS["adamw"],
     )
-    model = script.make_model()
-    ours, theirs = script_optimizer(script, model), make_optimizer(model, config)
+    ours = script_optimizer(script, script.make_model())
+    theirs = Trainer(script.make_model(), config, TOTAL_STEPS)
     assert_same_rates(
         learning_rates(ours, script_scheduler(script, ours), TOTAL_STEPS),
-        learning_rates(theirs, make_scheduler(theirs, config, TOTAL_STEPS), TOTAL_STEPS),
+        learning_rates(theirs.optimizer, theirs.scheduler, TOTAL_STEPS),
     )
