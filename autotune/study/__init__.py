@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from autotune.stage1._stage import run_speed_stage
     from autotune.stage1._store import SpeedEvent, SpeedRecord, speed_study_name
-    from autotune.storage._liveness import heartbeat, recover_stale_trials, study_lock
+    from autotune.storage._liveness import recover_stale_trials, study_lock
     from autotune.storage._outage import OutageRetry, StorageOutage, without_retry
     from autotune.storage._queries import (
         COUNTED_STATES,
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
         trial_knob_origin,
     )
     from autotune.storage._rdb import (
-        Access,
         StudyError,
         display_url,
         open_storage,
@@ -61,11 +60,10 @@ if TYPE_CHECKING:
     from autotune.study._confirmed import NOISY_SPREAD, Confirmed
     from autotune.study._open import load_study, open_study, patient_storage, with_study_strategy
     from autotune.study._run import RunOutcome, count_states, run_study
-    from autotune.study._sampling import TrialSeededSampler, make_pruner, make_sampler
+    from autotune.study._sampling import make_sampler
     from autotune.study._trial import StudyObserver, Terminated
     from autotune.study._verify import (
         Verification,
-        VerifiedRow,
         VerifyRun,
         role_name,
         runs_left,
