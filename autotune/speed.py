@@ -22,7 +22,7 @@ class BurstPlan:
     bursts: int = 3  # timed bursts, each starting a new pass over the data
     burst_seconds: float = 0.25  # each burst's target length (its micro-batches follow)
     # stage 1's id: each distinct compiled graph compiled once in the process for the stage
-    # and reused by the settings that share it (``execution.compile_state``), the stage
+    # and reused by the settings that share it (``context.compile_state``), the stage
     # charging the cold compile; "": a cold compile for every measurement
     keep_compiled: str = ""
     # seconds the whole measurement (compile included) may take before its worker is killed
