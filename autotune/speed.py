@@ -22,7 +22,7 @@ class BurstPlan:
     bursts: int = 3  # timed bursts, each starting a new pass over the data
     burst_seconds: float = 0.25  # each burst's target length (its micro-batches follow)
     # stage 1's id: each distinct compiled graph compiled once in the process for the stage
-    # and reused by the settings that share it (``execution.compile_state``), the stage
+    # and reused by the settings that share it (``context.compile_state``), the stage
     # charging the cold compile; "": a cold compile for every measurement
     keep_compiled: str = ""
     # seconds the whole measurement (compile included) may take before its worker is killed
@@ -131,7 +131,10 @@ class SpeedChoice:
         }
 
 
-def _key(batch_size: int, accumulation: int, precision: str, extras: Extras) -> tuple[Any, ...]:
+def cell_key(
+    batch_size: int, accumulation: int, precision: str, extras: Extras
+) -> tuple[Any, ...]:
+    """A micro-batch split's key, in the table and in its ``unrunnable``."""
     return batch_size, accumulation, precision, tuple(sorted(extras))
 
 
@@ -149,11 +152,8 @@ class SpeedTable:
     )
 
     def __post_init__(self) -> None:
-        for choice in self.choices:
-            key = _key(
-                choice.batch_size, choice.accumulation_steps, choice.precision, choice.extras
-            )
-            self._by_key[key] = choice
+        for c in self.choices:
+            self._by_key[cell_key(c.batch_size, c.accumulation_steps, c.precision, c.extras)] = c
 
     def __iter__(self) -> Iterator[SpeedChoice]:
         return iter(self.choices)
@@ -162,7 +162,7 @@ class SpeedTable:
         self, batch_size: int, accumulation_steps: int, precision: str, extras: Extras = ()
     ) -> SpeedChoice | None:
         """The choice for this micro-batch split, or None when none of it ran."""
-        return self._by_key.get(_key(batch_size, accumulation_steps, precision, extras))
+        return self._by_key.get(cell_key(batch_size, accumulation_steps, precision, extras))
 
     def fastest(
         self, effective_batch_size: int, precision: str, extras: Extras = ()

@@ -342,7 +342,7 @@ def print_confirmation(
     table.caption_justify = "left"
     for found in answer.configurations:
         label = found.label
-        if not found.values or not (found.eligible or found.baseline or found.checklist):
+        if not found.values or not (found.eligible or found.reference):
             score = fmt(found.median_score) if found.scores else "-"
             table.add_row(label, "-", "-", score, f"{len(found.values)} of {found.all_runs}")
             continue

@@ -23,7 +23,7 @@ from typing import Any
 from autotune.config import TrialConfig
 from autotune.knobs import KNOBS, SPEED_KNOBS
 from autotune.machine.hardware import Hardware
-from autotune.search.space import Pick, draw, draw_from_table, fixed_value
+from autotune.search.space import Pick, draw, draw_from_table, fixed_value, offered
 from autotune.spacefile import Choice, FloatRange, IntRange, Knob, Spec
 from autotune.speed import SpeedChoice, SpeedTable
 
@@ -80,17 +80,12 @@ def _chosen(knob: Knob, rule: Rule | None, untuned: Any) -> Any:
     """The reference's value of a searched knob: its rule's where the space offers that value,
     else the untuned value where the space holds it, else the first listed value or the middle
     of the range."""
-    if isinstance(knob, Choice):
-        offered: Sequence[Any] = knob.values
-    elif isinstance(knob, IntRange):
-        offered = range(knob.low, knob.high + 1, knob.step)
-    else:
-        offered = (knob.low, knob.high)
-    wanted = rule(offered) if callable(rule) else rule
-    if rule is None or wanted not in offered:
+    values = offered(knob)
+    wanted = rule(values) if callable(rule) else rule
+    if rule is None or wanted not in values:
         wanted = untuned
     if isinstance(knob, Choice):
-        return wanted if wanted in offered else offered[0]
+        return wanted if wanted in values else values[0]
     value = _in_range(knob, wanted)
     if isinstance(knob, IntRange):
         value = round(value)

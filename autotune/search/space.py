@@ -13,7 +13,7 @@ from the speed stage's table (``autotune.speed.SpeedTable``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,34 +233,35 @@ def fixed_value(knob: Knob) -> Any:
     return knob.values[0] if isinstance(knob, Choice) else knob.low
 
 
-def _suggest(trial: optuna.trial.BaseTrial, name: str, knob: Knob) -> Any:
-    """The value of one knob: fixed values directly, searched ones through Optuna."""
-    if knob.is_fixed:
-        return fixed_value(knob)
+def offered(knob: Knob) -> Sequence[Any]:
+    """The values a knob offers, in order: a float range's two ends."""
     if isinstance(knob, Choice):
-        return trial.suggest_categorical(name, list(knob.values))
+        return knob.values
     if isinstance(knob, IntRange):
-        return trial.suggest_int(name, knob.low, knob.high, step=knob.step, log=knob.log)
-    return trial.suggest_float(name, knob.low, knob.high, step=knob.step, log=knob.log)
+        return range(knob.low, knob.high + 1, knob.step)
+    return (knob.low, knob.high)
 
 
 def effective_batch_sizes(spec: Spec) -> list[int]:
-    """Every batch_size x accumulation_steps the space offers, ascending (listed values)."""
-    sizes = _listed(spec.space.batch_size)
-    steps = _listed(spec.space.accumulation_steps)
+    """Every batch_size x accumulation_steps the space offers, ascending."""
+    sizes, steps = offered(spec.space.batch_size), offered(spec.space.accumulation_steps)
     return sorted({size * step for size in sizes for step in steps})
 
 
-def _listed(knob: Knob) -> tuple[Any, ...]:
-    if isinstance(knob, Choice):
-        return knob.values
-    assert isinstance(knob, IntRange) and knob.is_fixed, "two_stage needs listed batch sizes"
-    return (knob.low,)
-
-
 def suggestions(trial: optuna.trial.BaseTrial) -> Pick:
-    """Each knob's value in ``trial``: Optuna's suggestion where the space searches it."""
-    return lambda name, knob: _suggest(trial, name, knob)
+    """Each knob's value in ``trial``: a fixed one directly, Optuna's suggestion where the
+    space searches it."""
+
+    def pick(name: str, knob: Knob) -> Any:
+        if knob.is_fixed:
+            return fixed_value(knob)
+        if isinstance(knob, Choice):
+            return trial.suggest_categorical(name, list(knob.values))
+        if isinstance(knob, IntRange):
+            return trial.suggest_int(name, knob.low, knob.high, step=knob.step, log=knob.log)
+        return trial.suggest_float(name, knob.low, knob.high, step=knob.step, log=knob.log)
+
+    return pick
 
 
 def sample(trial: optuna.trial.BaseTrial, spec: Spec, hardware: Hardware) -> TrialConfig:

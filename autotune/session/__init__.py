@@ -75,23 +75,16 @@ def confirm_answer(
     """Run (or resume) the confirmation round of the study's ``top`` leaders and references,
     ``repeats`` runs each, interleaved; whether a round exists now (False: no feasible trial to
     confirm). One process at a time runs a study's round: another that finishes beside it waits
-    (``on_other`` is called) and then finds the round done. ``on_start(plan)`` hears the round
-    before it runs (what it keeps, what is left: ``runs_left``, none where it is complete);
-    ``on_run`` and ``on_wait`` as ``confirm_study`` calls them."""
+    (``on_other`` is called) and then finds the round done. ``on_start``, ``on_run`` and
+    ``on_wait`` as ``confirm_study`` calls them."""
     from autotune import study as studies
 
     with studies.study_lock(study, "confirm", on_other, held_long=True):
-        plan = studies.confirmation_plan(
-            study, top, repeats, spec.objective.score_higher_is_better
+        goal = spec.objective
+        record = studies.confirm_study(
+            study, goal, executor, top, repeats, on_run, on_start=on_start, on_wait=on_wait
         )
-        if plan is None:
-            return False
-        if on_start is not None:
-            on_start(plan)
-        studies.confirm_study(
-            study, spec.objective, executor, top, repeats, on_run=on_run, on_wait=on_wait
-        )
-    return True
+    return record is not None
 
 
 def confirm_after_run(

@@ -30,16 +30,12 @@ CLAIM_BEAT_SECONDS = 5.0  # how often a held claim is renewed
 CLAIM_STALE_SECONDS = 60.0  # a claim not renewed for this long is taken over
 
 
-def _me() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
 class Claims:
     """The claims of one speed study."""
 
     def __init__(self, speed_study: optuna.Study) -> None:
         self.study = speed_study
-        self.me = _me()
+        self.me = f"{socket.gethostname()}:{os.getpid()}"
 
     def _read(self) -> dict[str, dict[str, Any]]:
         claims = self.study.user_attrs.get(CLAIMS_ATTR)

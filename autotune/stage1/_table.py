@@ -13,15 +13,14 @@ from typing import Any
 from autotune.faults import FaultKind
 from autotune.search import objective
 from autotune.spacefile import Spec
-from autotune.speed import SpeedChoice, SpeedMeasurement, SpeedTable
+from autotune.speed import SpeedChoice, SpeedMeasurement, SpeedTable, cell_key
 from autotune.stage1._plan import Cell, Settings, SpeedPlan
 from autotune.stage1._store import Pool
 
 # a cell with neither a measurement nor a fault, and no cell measured to borrow settings from:
-# not an error, so that trials drawn there fail without counting as the same bug
+# interrupted, not an error, so that trials drawn there fail without counting as the same bug
 _NOT_MEASURED = (
-    FaultKind.INTERRUPTED.value,
-    "not measured in this run's stage 1 (its budget, a busy machine or its rules left it out)",
+    "not measured in this run's stage 1 (its budget, a busy machine or its rules left it out)"
 )
 
 
@@ -48,9 +47,8 @@ def speed_table(
                 runs.append((settings, combined, numbers, pool.flagged_only()))
             elif pool.fault is not None:
                 faults.append(pool.fault)
-        extras = tuple(sorted(cell.extras))
         for accumulation in plan.accumulations:
-            key = (cell.batch_size, accumulation, cell.precision, extras)
+            key = cell_key(cell.batch_size, accumulation, cell.precision, cell.extras)
             if not runs and not faults:
                 unmeasured.append(cell)
                 break
@@ -95,7 +93,10 @@ def speed_table(
     for cell in unmeasured:
         borrowed = _borrowed(cell, plan, measured)
         if not borrowed:
-            unrunnable += [_unmeasured(cell, a) for a in plan.accumulations]
+            why = f"batch {cell.batch_size}: {_NOT_MEASURED}"
+            for a in plan.accumulations:
+                key = cell_key(cell.batch_size, a, cell.precision, cell.extras)
+                unrunnable.append((key, FaultKind.INTERRUPTED.value, why))
         choices += borrowed
     return SpeedTable(choices=tuple(choices), unrunnable=tuple(unrunnable))
 
@@ -122,8 +123,3 @@ def _borrowed(cell: Cell, plan: SpeedPlan, measured: list[SpeedChoice]) -> list[
         )
         for accumulation in plan.accumulations
     ]
-
-
-def _unmeasured(cell: Cell, accumulation: int) -> tuple[tuple[Any, ...], str, str]:
-    key = (cell.batch_size, accumulation, cell.precision, tuple(sorted(cell.extras)))
-    return key, _NOT_MEASURED[0], f"batch {cell.batch_size}: {_NOT_MEASURED[1]}"

@@ -89,7 +89,7 @@ class SettingTimer:
         self.burst_plan = BurstPlan(
             bursts=spec.study.speed.bursts,
             burst_seconds=spec.study.speed.burst_seconds,
-            # each distinct graph compiled once in this stage (execution.compile_state)
+            # each distinct graph compiled once in this stage (training.context.compile_state)
             keep_compiled=uuid.uuid4().hex,
         )
         # graph_key -> the cold compile's seconds, charged to every setting that reuses it
@@ -223,7 +223,6 @@ class SettingTimer:
         """Whether ``settings`` has ``count`` measurements in ``cell`` already (or a fault);
         reported, at its first round, as reused."""
         pool = self.pool(cell, settings)
-        words = describe(settings)
         if pool.fault is not None or len(pool.results) >= count:
             key = self.key(cell, settings)
             if count == 1 and key not in self.said:  # reported once, not at every look
@@ -233,7 +232,7 @@ class SettingTimer:
                 self.on_event(
                     SpeedEvent(
                         cell=cell.label(),
-                        settings=words,
+                        settings=describe(settings),
                         samples_per_second=best.samples_per_second() if best else None,
                         spread=best.spread if best else None,
                         cached=True,
@@ -285,7 +284,9 @@ class SettingTimer:
             failed = dataclasses.replace(
                 record, fail_kind=kind.value, fail_msg=message, fail_traceback=details
             )
-            self._store(speed_trial(cell, settings, failed, None, self.known))
+            adapter.add_finished_trial(
+                self.speed_study, speed_trial(cell, settings, failed, None, self.known)
+            )
             if kind.value not in TRANSIENT_FAULTS:  # measured again next time
                 pool.fault = (kind.value, message)
             self.on_event(SpeedEvent(cell=cell.label(), settings=words, fault=message))
@@ -298,8 +299,8 @@ class SettingTimer:
         done = dataclasses.replace(
             record, measurement=dataclasses.asdict(result), interference=flagged
         )
-        speed = result.samples_per_second()
-        number = self._store(speed_trial(cell, settings, done, speed, self.known))
+        trial = speed_trial(cell, settings, done, result.samples_per_second(), self.known)
+        number = adapter.add_finished_trial(self.speed_study, trial)
         pool.results.append((number, result, flagged, round_number))
         self.on_event(
             SpeedEvent(
@@ -332,7 +333,3 @@ class SettingTimer:
             one_time_seconds=result.one_time_seconds + max(0.0, cold - warm),
             compile_seconds=cold,
         )
-
-    def _store(self, trial: optuna.trial.FrozenTrial) -> int:
-        """Add a finished measurement to the speed study; its trial number."""
-        return adapter.add_finished_trial(self.speed_study, trial)

@@ -4,9 +4,6 @@ round's winner, its medians, the round's spread and ties, and its ratio over eac
 measured beside it (the untuned baseline, the tuning checklist), or else the best feasible
 trial.
 
-Each configuration's runs in the round are a ``_confirmed.Confirmed``; which runs the round
-compares (clean, flagged or none alike) is ``_confirmed.compared_runs``.
-
 The rule (``Answer.of_round``):
 
 - a configuration's confirmed value is the median of its measurements; one whose runs are
@@ -83,12 +80,11 @@ class Reference:
         """The answer over it, as every rendering says it: "2.05x the untuned baseline (1.91x
         to 2.20x)", or "over the untuned baseline, no measurable speed-up on ..." and why."""
         if self.ratio is None or self.interval is None:
-            return f"over {self.name}, {NO_SPEEDUP} ({self.why})"
+            return (
+                f"over {self.name}, no measurable speed-up on this machine as it was ({self.why})"
+            )
         learning = ", from learning alone: the same execution settings" * self.learning_only
         return f"{self.ratio:.2f}x {self.name} ({_between(*self.interval)}){learning}"
-
-
-NO_SPEEDUP = "no measurable speed-up on this machine as it was"
 
 
 def _between(low: float, high: float) -> str:

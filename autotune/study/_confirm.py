@@ -113,14 +113,19 @@ def confirm_study(
     on_run: Callable[[ConfirmRun, int, int], None] | None = None,
     remeasures: int = REMEASURES,
     on_wait: Callable[[str], None] | None = None,
+    on_start: Callable[[ConfirmationRecord], None] | None = None,
 ) -> ConfirmationRecord | None:
     """Run (or resume) the confirmation round of ``study``; its record, stored in the study
-    after every run. ``on_run(run, done, total)`` hears each finished run (one measured again
-    is heard again at the same place); ``on_wait``, that a run waits for its turn (``turns``).
-    None when there is nothing to confirm. An interruption propagates; what ran is kept."""
+    after every run. ``on_start(plan)`` hears the round before it runs (what it keeps, what is
+    left: ``runs_left``, none where it is complete); ``on_run(run, done, total)`` each finished
+    run (one measured again is heard again at the same place); ``on_wait``, that a run waits
+    for its turn (``turns``). None when there is nothing to confirm. An interruption
+    propagates; what ran is kept."""
     record = confirmation_plan(study, top, repeats, goal.score_higher_is_better)
     if record is None:
         return None
+    if on_start is not None:
+        on_start(record)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     order = interleaved(record.candidates, record.repeats)
     for position, (number, repeat) in enumerate(order, start=1):

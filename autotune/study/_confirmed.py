@@ -22,7 +22,7 @@ class Confirmed:
     """One configuration's measurements in a confirmation round."""
 
     trial: int
-    baseline: bool
+    reference: ReferenceKind | None  # the untuned baseline or the tuning checklist (it can win)
     values: tuple[float, ...]  # of the runs that trained, the original first
     scores: tuple[float, ...]  # the validation scores of the same runs
     samples_per_second: tuple[float, ...]
@@ -33,12 +33,7 @@ class Confirmed:
     # chosen for their high original value, so the speed-up is read from these
     round_values: tuple[float, ...] = ()
     all_runs: int = 0  # every measurement of it, flagged and failed ones included
-    checklist: bool = False  # the tuning checklist (a reference, which can be the answer)
     trial_feasible: bool = True  # its own trial met every requirement (min_score)
-
-    @property
-    def reference(self) -> ReferenceKind | None:
-        return "baseline" if self.baseline else "checklist" if self.checklist else None
 
     @property
     def label(self) -> str:  # "0 (baseline)", "1 (checklist)", "3"
@@ -94,10 +89,13 @@ class Confirmed:
         # the values of feasible runs: a run below min_score (or short of the target) is no
         # measurement of an answer, and a failed one measured nothing
         trained = [run for run in runs if run.value is not None and run.feasible]
+        references: dict[int | None, ReferenceKind] = {
+            record.baseline: "baseline",
+            record.checklist: "checklist",
+        }
         return cls(
             trial=number,
-            baseline=number == record.baseline,
-            checklist=number == record.checklist,
+            reference=references.get(number),
             trial_feasible=all(run.feasible for run in measured if run.repeat == 0),
             values=_values(trained),
             # every run that trained, feasible or not: the score it really reaches

@@ -51,7 +51,6 @@ class RunOutcome:
     taken_over: int = 0  # trials another process failed as stale while this one trained them
     timed_out: bool = False  # study.timeout ended the run
     stage_seconds: float | None = None  # what stage 1 took in this run (two-stage studies)
-    batch_size_auto: str | None = None  # batch_size: auto, what the probe found, in one line
 
 
 def _past(deadline: float | None) -> bool:
@@ -149,16 +148,17 @@ def _stage_one(
     observer: StudyObserver,
 ) -> tuple[Spec, SpeedTable] | None:
     """A two-stage study's speed stage, its time and how it ended in ``outcome``: ``spec``
-    with ``batch_size: auto`` resolved first (``stage1._probe``; what it found, in ``outcome``
-    and said) and its table, or None where it was interrupted or could train no setting at all
+    with ``batch_size: auto`` resolved first (``stage1._probe``; what it found, said and in
+    the table) and its table, or None where it was interrupted or could train no setting at all
     (why, in ``outcome``)."""
     from autotune.stage1._probe import resolve_batch_sizes
     from autotune.stage1._stage import run_speed_stage
 
+    found: str | None = None  # batch_size: auto, what its probe found, in one line
     stage_started = time.monotonic()
     try:
         if spec.space.batch_size_auto:  # the micro-batches, before the cells and references
-            spec, outcome.batch_size_auto = resolve_batch_sizes(
+            spec, found = resolve_batch_sizes(
                 study,
                 spec,
                 hardware,
@@ -167,7 +167,7 @@ def _stage_one(
                 observer.speed_measured,
                 observer.turn_waiting,
             )
-            observer.turn_waiting(outcome.batch_size_auto)
+            observer.turn_waiting(found)
         spent = time.monotonic() - stage_started  # the probe's: stage 1's budget counts them
         table = run_speed_stage(
             study,
@@ -184,7 +184,7 @@ def _stage_one(
         outcome.interrupted = True
         outcome.terminated = isinstance(stop, Terminated)
         return None
-    table = dataclasses.replace(table, batch_size_auto=outcome.batch_size_auto)
+    table = dataclasses.replace(table, batch_size_auto=found)
     outcome.stage_seconds = time.monotonic() - stage_started
     observer.speed_finished(table, outcome.stage_seconds)
     outcome.speed_table = table
