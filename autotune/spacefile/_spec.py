@@ -78,17 +78,13 @@ class Spec(Frozen):
         return {**data, "space": {**space, "batch_size": auto}}
 
     @model_validator(mode="after")
-    def _auto_batch_two_stage(self) -> Spec:
-        if self.space.batch_size_auto and self.study.strategy != "two_stage":
-            raise ValueError(
-                "space.batch_size: auto is probed before stage 1 of a two-stage study; a joint "
-                "search samples batch_size itself: list the values (e.g. [64, 128, 256])"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _two_stage_sizes(self) -> Spec:
         if self.study.strategy != "two_stage":
+            if self.space.batch_size_auto:
+                raise ValueError(
+                    "space.batch_size: auto is probed before stage 1 of a two-stage study; a "
+                    "joint search samples batch_size itself: list the values (e.g. [64, 128, 256])"
+                )
             return self
         for name in ("batch_size", "accumulation_steps"):
             knob = getattr(self.space, name)
