@@ -101,11 +101,8 @@ class TrialConfig:
         unknown = sorted(set(data) - names)
         missing = sorted(required - set(data))
         if unknown or missing:
-            parts = []
-            if unknown:
-                parts.append(f"unknown keys {', '.join(unknown)}")
-            if missing:
-                parts.append(f"missing keys {', '.join(missing)}")
+            parts = [f"unknown keys {', '.join(unknown)}"] if unknown else []
+            parts += [f"missing keys {', '.join(missing)}"] if missing else []
             raise ValueError(f"not a trial configuration: {'; '.join(parts)}")
         for name, allowed in CHOICES.items():
             if name in data and data[name] not in allowed:
