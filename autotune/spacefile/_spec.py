@@ -267,9 +267,8 @@ def _index_lines(node: yaml.Node | None, path: tuple[Any, ...], lines: _Lines) -
             if key in seen:
                 lines.duplicates.append(((*path, key), seen[key], line))
             seen[key] = line
-            lines.by_path[(*path, key)] = line
+            lines.by_path[(*path, key)] = line  # the key's line, not its value's
             _index_lines(value_node, (*path, key), lines)
-            lines.by_path[(*path, key)] = line
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             _index_lines(item, (*path, index), lines)

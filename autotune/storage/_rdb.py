@@ -144,8 +144,8 @@ def wrapped(exc: BaseException) -> Iterator[BaseException]:
 
 def storage_problem(exc: BaseException) -> str | None:
     """What went wrong with the storage, in a few words ("the disk is full", "it is read-only",
-    "the database file is damaged ..."), read from ``exc`` and everything it wraps (causes,
-    contexts, SQLAlchemy's ``.orig``); None when it is not a storage fault."""
+    "the database file is damaged ..."), read from ``exc`` and everything it ``wrapped``; None
+    when it is not a storage fault."""
     for current in wrapped(exc):
         if isinstance(current, OSError) and current.errno == errno.ENOSPC:
             return "the disk is full"

@@ -130,12 +130,9 @@ def _retrying_interfaces() -> type:
 
 
 class RetryingStorage(_retrying_interfaces()):  # type: ignore[misc]  # made from Optuna's lists
-    """An RDB storage (behind Optuna's cache, as a study keeps it) whose every call waits
-    for a database that stopped answering, as ``retry`` says (``_outage``).
-
-    Optuna takes any ``BaseStorage`` for a study (``optuna.create_study(storage=...)``); this
-    one implements the storage interface and the heartbeat interface by handing each call to
-    the storage Optuna would have made of the RDB storage itself."""
+    """An RDB storage (behind Optuna's cache, as a study keeps it: ``inner``) whose every call
+    waits for a database that stopped answering, as ``retry`` says (``_outage``); Optuna takes
+    it for a study as any ``BaseStorage`` (``optuna.create_study(storage=...)``)."""
 
     def __init__(self, backend: RDBStorage, retry: OutageRetry) -> None:
         self.inner = optuna.storages.get_storage(backend)  # the cache a study puts around it
