@@ -40,11 +40,9 @@ def ending(study: optuna.Study, spec: Spec, outcome: RunOutcome) -> Ending:
             (f"stage 1 could not train any configuration of the space: {outcome.stage_failed}",),
         )
     if outcome.timed_out and outcome.trials_run == 0:
-        took = (
-            f" (stage 1 took {outcome.stage_seconds:.0f} s of it)"
-            if outcome.stage_seconds is not None
-            else ""
-        )
+        took = ""
+        if outcome.stage_seconds is not None:
+            took = f" (stage 1 took {outcome.stage_seconds:.0f} s of it)"
         return Ending(
             "failed",
             (
@@ -54,12 +52,9 @@ def ending(study: optuna.Study, spec: Spec, outcome: RunOutcome) -> Ending:
             ),
         )
     if outcome.repeated_error:
-        speed = studies.speed_study_name(study.study_name)
-        kept = (
-            f"the failed trials of study {speed}"
-            if outcome.repeated_in == "stage 1"
-            else "each failed trial"
-        )
+        kept = "each failed trial"
+        if outcome.repeated_in == "stage 1":
+            kept = f"the failed trials of study {studies.speed_study_name(study.study_name)}"
         return Ending(
             "failed",
             (

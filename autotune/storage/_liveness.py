@@ -268,8 +268,8 @@ def _beat_storage(storage: optuna.storages.BaseStorage, interval: int) -> Any:
         else:
             connect_args = {}
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeat_interval
+            # heartbeat_interval: experimental in Optuna
+            with warnings.catch_warnings(action="ignore", category=ExperimentalWarning):
                 _BEAT_STORAGES[url] = optuna.storages.RDBStorage(
                     url,
                     engine_kwargs={"connect_args": connect_args},
@@ -306,8 +306,7 @@ def recover_stale_trials(study: optuna.Study) -> int:
             )
             for key, value in record.to_attrs().items():
                 adapter.set_trial_user_attr(study, trial_id, key, value)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ExperimentalWarning)
+    with warnings.catch_warnings(action="ignore", category=ExperimentalWarning):
         optuna.storages.fail_stale_trials(study)
     failed = 0
     # a trial whose beat came back between the two queries (a slow process, not a dead one)

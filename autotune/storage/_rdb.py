@@ -46,8 +46,8 @@ class _RetryOnce:
     KEPT_SYSTEM_ATTRS = ("failed_trial", "retry_history", "fixed_params")
 
     def __init__(self) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ExperimentalWarning)  # stable since Optuna 2.8
+        # experimental, but stable since Optuna 2.8
+        with warnings.catch_warnings(action="ignore", category=ExperimentalWarning):
             self._retry = RetryHeartbeatStaleTrialCallback(max_retry=1)
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
@@ -265,8 +265,8 @@ def open_storage(  # noqa: C901, PLR0912
         }
     for attempt in range(STORAGE_OPEN_ATTEMPTS):
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeat_interval
+            # heartbeat_interval: experimental in Optuna
+            with warnings.catch_warnings(action="ignore", category=ExperimentalWarning):
                 storage = optuna.storages.RDBStorage(
                     target,
                     engine_kwargs=engine_kwargs,
