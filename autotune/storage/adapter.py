@@ -122,9 +122,9 @@ def _retried(name: str) -> Callable[..., Any]:
 
 def _retrying_interfaces() -> type:
     """Optuna's storage and heartbeat interfaces, every call of them handed to the inner
-    storage through ``_retried`` (RetryingStorage writes out those that differ)."""
-    names = [name for name in dir(BaseStorage) if not name.startswith("_")]
-    names += ["record_heartbeat", "_get_stale_trial_ids"]
+    storage through ``_retried`` (RetryingStorage writes out the one that differs)."""
+    names = [name for name in (*dir(BaseStorage), *dir(BaseHeartbeat)) if name[0] != "_"]
+    names.append("_get_stale_trial_ids")  # what optuna.storages.fail_stale_trials asks
     methods = {name: _retried(name) for name in names}
     return type("RetryingInterfaces", (BaseStorage, BaseHeartbeat), methods)
 
@@ -154,13 +154,3 @@ class RetryingStorage(_retrying_interfaces()):  # type: ignore[misc]  # made fro
                 raise
 
         return self.retry.call(once)
-
-    def remove_session(self) -> None:
-        self.inner.remove_session()
-
-    def get_heartbeat_interval(self) -> int | None:
-        return heartbeat_interval(self.inner)
-
-    def get_heartbeat_stale_trial_callback(self) -> Callable[..., None] | None:
-        callback = getattr(self.inner, "get_heartbeat_stale_trial_callback", None)
-        return callback() if callback is not None else None
