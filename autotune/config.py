@@ -19,11 +19,9 @@ from autotune.knobs import (
 
 
 def scaled_lr(base_lr: float, effective_batch_size: int, base_batch_size: int, rule: str) -> float:
-    """The learning rate applied at ``effective_batch_size`` under a scaling rule.
-
-    ``base_lr`` is the rate for ``base_batch_size`` examples per optimizer step; ``linear``
-    scales it in proportion to the batch (Goyal et al., 2017), ``sqrt`` by the square root.
-    """
+    """The learning rate applied at ``effective_batch_size`` under a scaling rule: ``base_lr``
+    is the rate for ``base_batch_size`` examples per optimizer step; ``linear`` scales it in
+    proportion to the batch (Goyal et al., 2017), ``sqrt`` by the square root."""
     ratio = effective_batch_size / base_batch_size
     if rule == "linear":
         return base_lr * ratio

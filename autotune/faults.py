@@ -206,13 +206,10 @@ def user_frame(details: str) -> str | None:
 
 
 def needs_fresh_process(error: BaseException) -> bool:
-    """Whether the process that raised ``error`` should not run another trial.
-
-    A CUDA error (an illegal memory access, a device-side assert) leaves the CUDA context
-    unusable; only a new process gets a working device back.
-    """
-    text = str(error)
-    return type(error).__name__ == "AcceleratorError" or "CUDA error" in text
+    """Whether the process that raised ``error`` should not run another trial: a CUDA error (an
+    illegal memory access, a device-side assert) leaves the CUDA context unusable, and only a
+    new process gets a working device back."""
+    return type(error).__name__ == "AcceleratorError" or "CUDA error" in str(error)
 
 
 def describe_exit(exitcode: int | None) -> str:

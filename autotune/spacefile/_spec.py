@@ -175,11 +175,8 @@ class Spec(Frozen):
         return self.model_copy(update={"space": space})
 
     def with_overrides(self, **sections: dict[str, Any]) -> Spec:
-        """A copy with some fields replaced, e.g. ``with_overrides(study={"n_trials": 5})``.
-
-        ``None`` values are ignored. Changed sections are validated again, so an override is
-        held to the same rules as the file.
-        """
+        """A copy with some fields replaced, e.g. ``with_overrides(study={"n_trials": 5})``
+        (a None leaves its field as it is), held to the same rules as the file."""
         updated: dict[str, Any] = {}
         try:
             for section, values in sections.items():

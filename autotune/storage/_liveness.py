@@ -30,11 +30,9 @@ from autotune.storage._records import TrialRecord
 
 @contextlib.contextmanager
 def heartbeat(study: optuna.Study, trial_id: int) -> Iterator[None]:
-    """Record the trial's heartbeat every interval while it runs (RDB storages with heartbeat).
-
-    A study process that dies (SIGKILL, power loss) stops beating; the next ``autotune run``
-    finds the trial stale, records it as interrupted and queues its parameters once more.
-    """
+    """Record the trial's heartbeat every interval while it runs (RDB storages with heartbeat):
+    a study process that dies (SIGKILL, power loss) stops beating, and the next ``autotune
+    run`` finds its trial stale (``recover_stale_trials``)."""
     interval = adapter.heartbeat_interval(adapter.storage_of(study))
     if interval is None:
         yield
