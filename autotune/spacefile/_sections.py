@@ -303,8 +303,7 @@ class ObjectiveSpec(Frozen):
             if self.full_run_epochs is not None:
                 raise ValueError(
                     f"full_run_epochs: applies only to {_PER_SECOND[self.metric == _TIME_TO[1]]} "
-                    f"(a run to the target "
-                    f"pays its one-time costs once, as the trial does)"
+                    f"(a run to the target pays its one-time costs once, as the trial does)"
                 )
             return self
         if self.target is not None:
