@@ -56,8 +56,7 @@ class _Record:
     @classmethod
     def _known(cls, attrs: dict[str, Any]) -> dict[str, Any]:
         """The attributes that are fields of the record (a user's, another tool's are not)."""
-        names = {item.name for item in dataclasses.fields(cls)}
-        return {name: value for name, value in attrs.items() if name in names}
+        return {name: value for name, value in attrs.items() if name in cls.__dataclass_fields__}
 
     def store(self, holder: optuna.Trial | optuna.Study) -> None:
         """Write this record's attributes on a running trial or a study, one transaction
