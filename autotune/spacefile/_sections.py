@@ -227,12 +227,9 @@ class WorkloadSpec(Frozen):
     def user_entry_points(self) -> list[str]:
         """The ``package.module:function`` entries that are the user's code (not autotune's
         built-ins): what building the workload, or running an exported script, imports."""
-        family, _, member = self.model.partition(":")
-        model_is_builtin = family in MODEL_FAMILY_NAMES and bool(member)
-        entries = [self.model] if ":" in self.model and not model_is_builtin else []
-        entries += [self.data] if ":" in self.data else []
-        entries += [self.loss] if ":" in self.loss else []
-        return entries + ([self.batch_fn] if self.batch_fn else [])
+        builtin = self.model.partition(":")[0] in MODEL_FAMILY_NAMES  # torchvision:resnet18
+        entries = ([] if builtin else [self.model]) + [self.data, self.loss, self.batch_fn or ""]
+        return [entry for entry in entries if ":" in entry]
 
 
 # built-in scores: whether higher is better, and the short name per-second values are shown in
