@@ -278,12 +278,11 @@ class ConfirmationRecord:
     @classmethod
     def from_attrs(cls, data: dict[str, Any]) -> ConfirmationRecord:
         """Inverse of ``to_attrs`` (a round stored before a field existed gets its default)."""
-        known = {f.name for f in dataclasses.fields(cls)}
         runs = (
             ConfirmRun(**{_RENAMED.get(key, key): value for key, value in run.items()})
             for run in data.get("runs", ())
         )
-        stored = {key: value for key, value in data.items() if key in known}
+        stored = {key: value for key, value in data.items() if key in cls.__dataclass_fields__}
         return cls(**{**stored, "candidates": tuple(data["candidates"]), "runs": tuple(runs)})
 
     @property
