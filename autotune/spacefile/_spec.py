@@ -198,9 +198,7 @@ class Spec(Frozen):
         return spec
 
 
-# --------------------------------------------------------------------------------------------
-# Loading: YAML -> Spec, with every problem reported against the file and line it came from
-# --------------------------------------------------------------------------------------------
+# Loading: YAML -> Spec (the module's docstring says how)
 
 
 @dataclass
