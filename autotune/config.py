@@ -19,11 +19,9 @@ from autotune.knobs import (
 
 
 def scaled_lr(base_lr: float, effective_batch_size: int, base_batch_size: int, rule: str) -> float:
-    """The learning rate applied at ``effective_batch_size`` under a scaling rule.
-
-    ``base_lr`` is the rate for ``base_batch_size`` examples per optimizer step; ``linear``
-    scales it in proportion to the batch (Goyal et al., 2017), ``sqrt`` by the square root.
-    """
+    """The learning rate applied at ``effective_batch_size`` under a scaling rule: ``base_lr``
+    is the rate for ``base_batch_size`` examples per optimizer step; ``linear`` scales it in
+    proportion to the batch (Goyal et al., 2017), ``sqrt`` by the square root."""
     ratio = effective_batch_size / base_batch_size
     if rule == "linear":
         return base_lr * ratio
@@ -101,11 +99,8 @@ class TrialConfig:
         unknown = sorted(set(data) - names)
         missing = sorted(required - set(data))
         if unknown or missing:
-            parts = []
-            if unknown:
-                parts.append(f"unknown keys {', '.join(unknown)}")
-            if missing:
-                parts.append(f"missing keys {', '.join(missing)}")
+            parts = [f"unknown keys {', '.join(unknown)}"] if unknown else []
+            parts += [f"missing keys {', '.join(missing)}"] if missing else []
             raise ValueError(f"not a trial configuration: {'; '.join(parts)}")
         for name, allowed in CHOICES.items():
             if name in data and data[name] not in allowed:

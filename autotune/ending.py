@@ -3,9 +3,14 @@ report (``ending``)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from optuna.trial import TrialState
+
+from autotune import study as studies
+from autotune.faults import FaultKind
 from autotune.spacefile import Spec
 
 if TYPE_CHECKING:
@@ -30,8 +35,6 @@ def ending(study: optuna.Study, spec: Spec, outcome: RunOutcome) -> Ending:
     """The one rule for how a run ended (said in the README): interrupted or terminated;
     failed when stage 1 could train nothing, the timeout came before the first trial, the
     same error ended every trial, or no trial of the study trained to its end; else ok."""
-    from autotune import study as studies
-
     if outcome.interrupted:
         return Ending("terminated" if outcome.terminated else "interrupted")
     if outcome.stage_failed:
@@ -40,11 +43,9 @@ def ending(study: optuna.Study, spec: Spec, outcome: RunOutcome) -> Ending:
             (f"stage 1 could not train any configuration of the space: {outcome.stage_failed}",),
         )
     if outcome.timed_out and outcome.trials_run == 0:
-        took = (
-            f" (stage 1 took {outcome.stage_seconds:.0f} s of it)"
-            if outcome.stage_seconds is not None
-            else ""
-        )
+        took = ""
+        if outcome.stage_seconds is not None:
+            took = f" (stage 1 took {outcome.stage_seconds:.0f} s of it)"
         return Ending(
             "failed",
             (
@@ -54,12 +55,9 @@ def ending(study: optuna.Study, spec: Spec, outcome: RunOutcome) -> Ending:
             ),
         )
     if outcome.repeated_error:
-        speed = studies.speed_study_name(study.study_name)
-        kept = (
-            f"the failed trials of study {speed}"
-            if outcome.repeated_in == "stage 1"
-            else "each failed trial"
-        )
+        kept = "each failed trial"
+        if outcome.repeated_in == "stage 1":
+            kept = f"the failed trials of study {studies.speed_study_name(study.study_name)}"
         return Ending(
             "failed",
             (
@@ -80,13 +78,6 @@ def none_trained(study: optuna.Study, loss: str = "cross_entropy") -> str | None
     stopped): its trials' commonest kind of failure, how many of them it ended, and one of its
     messages; for a loss that was not finite, what to look at (``loss``: workload.loss, named
     when it is the user's). None when a trial trained to its end."""
-    from collections import Counter
-
-    from optuna.trial import TrialState
-
-    from autotune import study as studies
-    from autotune.faults import FaultKind
-
     if study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         return None
     kinds: Counter[str] = Counter()

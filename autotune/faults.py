@@ -1,6 +1,6 @@
 """Why a trial did not complete: exceptions classified into named fault kinds.
 
-Every trial that does not complete is stored with ``fail_kind`` (one of ``KINDS``) and a one-line
+Every trial that does not complete is stored with ``fail_kind`` (a ``FaultKind``) and a one-line
 ``fail_msg``. Configuration faults (this configuration cannot train here: out of memory, a loss
 that is not finite, a compile that fails, a worker that hangs or dies) are recorded as PRUNED with
 a violated constraint so the sampler learns to avoid them; a bare FAIL would be ignored by TPE.
@@ -24,21 +24,26 @@ from pathlib import Path
 class FaultKind(StrEnum):
     """Why a trial did not complete; stored as the trial's ``fail_kind`` attribute (its value)."""
 
-    PRUNED = "pruned"
+    PRUNED = "pruned"  # stopped early by the pruner: behind other trials at the same point
+    # stopped early: even a perfect score at the pace it trained could not beat the best answer
     CANNOT_WIN = "cannot_win"
-    OOM = "oom"
-    NONFINITE_LOSS = "nonfinite_loss"
-    DIVERGED = "diverged"
-    COMPILE_ERROR = "compile_error"
-    INVALID_CONFIG = "invalid_config"
-    DATALOADER_WORKER_DIED = "dataloader_worker_died"
-    DATALOADER_TIMEOUT = "dataloader_timeout"
-    TRIAL_TIMEOUT = "trial_timeout"
+    OOM = "oom"  # ran out of memory at this batch size, precision and compile mode
+    NONFINITE_LOSS = "nonfinite_loss"  # the loss became NaN or infinite, or fp16 grads overflowed
+    DIVERGED = "diverged"  # the training loss rose far above the lowest it had reached
+    COMPILE_ERROR = "compile_error"  # torch.compile failed for this model and mode
+    INVALID_CONFIG = "invalid_config"  # cannot run on this workload (batch > data set)
+    DATALOADER_WORKER_DIED = "dataloader_worker_died"  # killed, or out of memory
+    DATALOADER_TIMEOUT = "dataloader_timeout"  # a worker delivered no batch within the timeout
+    TRIAL_TIMEOUT = "trial_timeout"  # past study.trial_timeout; its processes were killed
+    # the same while other processes took its cores: the machine was busy, which says nothing of
+    # the configuration
     TIMEOUT_UNDER_LOAD = "timeout_under_load"
-    WORKER_CRASHED = "worker_crashed"
+    WORKER_CRASHED = "worker_crashed"  # the process running the trial died (a crash or a signal)
+    # the process running the trial was killed by another (an operator, a scheduler): it says
+    # nothing of the configuration
     KILLED = "killed"
-    INTERRUPTED = "interrupted"
-    ERROR = "error"
+    INTERRUPTED = "interrupted"  # the study was stopped (Ctrl-C, SIGTERM, its process was lost)
+    ERROR = "error"  # an unexpected exception, most likely a bug in the model or data code
 
     @property
     def is_configuration_fault(self) -> bool:
@@ -46,27 +51,6 @@ class FaultKind(StrEnum):
         violated constraint, so the sampler learns to avoid it)."""
         return self in CONFIGURATION_FAULTS
 
-
-KINDS: dict[FaultKind, str] = {
-    FaultKind.PRUNED: "stopped early by the pruner: it was behind other trials at the same point",
-    FaultKind.CANNOT_WIN: "stopped early: even a perfect score at the pace it trained could not "
-    "beat the best answer so far",
-    FaultKind.OOM: "ran out of memory at this batch size, precision and compile mode",
-    FaultKind.NONFINITE_LOSS: "the loss became NaN or infinite, or fp16 gradients overflowed",
-    FaultKind.DIVERGED: "the training loss rose far above the lowest it had reached",
-    FaultKind.COMPILE_ERROR: "torch.compile failed for this model and mode",
-    FaultKind.INVALID_CONFIG: "the configuration cannot run on this workload (batch > data set)",
-    FaultKind.DATALOADER_WORKER_DIED: "a DataLoader worker died (killed, or out of memory)",
-    FaultKind.DATALOADER_TIMEOUT: "a DataLoader worker did not deliver a batch within the timeout",
-    FaultKind.TRIAL_TIMEOUT: "the trial ran past study.trial_timeout; its processes were killed",
-    FaultKind.TIMEOUT_UNDER_LOAD: "the trial ran past study.trial_timeout while other processes "
-    "took its cores: the machine was busy, which says nothing of the configuration",
-    FaultKind.WORKER_CRASHED: "the process running the trial died (a crash or a signal)",
-    FaultKind.KILLED: "the process running the trial was killed by another process (an "
-    "operator, a scheduler): it says nothing of the configuration",
-    FaultKind.INTERRUPTED: "the study was stopped (Ctrl-C, SIGTERM, or its process was lost)",
-    FaultKind.ERROR: "an unexpected exception, most likely a bug in the model or data code",
-}
 
 CONFIGURATION_FAULTS = frozenset(
     {
@@ -84,10 +68,8 @@ CONFIGURATION_FAULTS = frozenset(
 
 
 class TrialFault(Exception):
-    """A trial cannot go on, for a reason of a named kind (see ``KINDS``).
-
-    ``details`` carries a traceback when the fault came from another process.
-    """
+    """A trial cannot go on, for a reason of a named kind; ``details`` carries a traceback
+    when the fault came from another process."""
 
     def __init__(self, kind: FaultKind | str, message: str, details: str = "") -> None:
         super().__init__(message)
@@ -96,9 +78,9 @@ class TrialFault(Exception):
         self.details = details
 
 
-def _first_line(text: str, limit: int = 300) -> str:
+def _first_line(text: str) -> str:
     line = next((part.strip() for part in text.splitlines() if part.strip()), "")
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    return line if len(line) <= 300 else line[:297] + "..."
 
 
 def _is_compile_error(error: BaseException) -> bool:
@@ -224,13 +206,10 @@ def user_frame(details: str) -> str | None:
 
 
 def needs_fresh_process(error: BaseException) -> bool:
-    """Whether the process that raised ``error`` should not run another trial.
-
-    A CUDA error (an illegal memory access, a device-side assert) leaves the CUDA context
-    unusable; only a new process gets a working device back.
-    """
-    text = str(error)
-    return type(error).__name__ == "AcceleratorError" or "CUDA error" in text
+    """Whether the process that raised ``error`` should not run another trial: a CUDA error (an
+    illegal memory access, a device-side assert) leaves the CUDA context unusable, and only a
+    new process gets a working device back."""
+    return type(error).__name__ == "AcceleratorError" or "CUDA error" in str(error)
 
 
 def describe_exit(exitcode: int | None) -> str:

@@ -31,10 +31,8 @@ def make_folder_for(path: Path, parents: bool = False) -> list[Path]:
 
 
 def write_new_file(path: Path, text: str, force: bool = False) -> None:
-    """Write ``text`` to ``path`` all at once (temporary file, then rename): never half-written.
-
-    An existing file is kept unless ``force``. OutputFileError when the path cannot be written.
-    """
+    """Write ``text`` to ``path`` all at once (temporary file, then rename): never half-written;
+    an existing file is kept unless ``force``. OutputFileError when it cannot be written."""
     if path.is_dir():
         raise OutputFileError(f"cannot write {path}: it is a directory")
     if path.exists() and not force:

@@ -176,15 +176,14 @@ def _parse_knob(name: str, raw: Any) -> Knob:
     if isinstance(raw, Choice | IntRange | FloatRange):
         return raw
     info = KNOBS[name]
+    several = isinstance(raw, dict) or (isinstance(raw, list | tuple) and len(raw) > 1)
+    if not info.searchable and several:
+        raise ValueError("this is a setting, not a searchable knob: give one value")
     if isinstance(raw, dict):
-        if not info.searchable:
-            raise ValueError("this is a setting, not a searchable knob: give one value")
         return _parse_range(name, info, raw)
     if isinstance(raw, list | tuple):
         if not raw:
             raise ValueError("empty list: give at least one value")
-        if not info.searchable and len(raw) > 1:
-            raise ValueError("this is a setting, not a searchable knob: give one value")
         values = []
         for position, item in enumerate(raw):
             try:

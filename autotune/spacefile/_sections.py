@@ -80,8 +80,7 @@ class StudySpec(Frozen):
     @classmethod
     def _learning_knobs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for name in value:
-            if name not in KNOBS:
-                raise ValueError(f"unknown knob '{name}'{did_you_mean(name, list(KNOBS))}")
+            _known_knob(name, "")
             if name in LOADER_KNOBS:  # how batches are loaded: never what is learned
                 raise ValueError(
                     f"{name} only says how batches are loaded, never what is learned; "
@@ -97,13 +96,14 @@ class StudySpec(Frozen):
     @field_validator("baseline")
     @classmethod
     def _baseline_knobs(cls, value: bool | dict[str, Scalar]) -> bool | dict[str, Scalar]:
-        if isinstance(value, dict):
-            for name in value:
-                if name not in KNOBS:
-                    raise ValueError(
-                        f"unknown knob '{name}' in the baseline{did_you_mean(name, list(KNOBS))}"
-                    )
+        for name in value if isinstance(value, dict) else ():
+            _known_knob(name, " in the baseline")
         return value
+
+
+def _known_knob(name: str, where: str) -> None:
+    if name not in KNOBS:
+        raise ValueError(f"unknown knob '{name}'{where}{did_you_mean(name, list(KNOBS))}")
 
 
 LOSSES = ("cross_entropy", "model")  # built-in losses; or the user's package.module:function
@@ -115,8 +115,16 @@ _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 ENTRY_POINT = re.compile(rf"{_DOTTED}(?::{_DOTTED})?", re.ASCII)  # fullmatch: no trailing newline
 
 
+def _is_function(value: str) -> bool:  # package.module:function
+    return ":" in value and ENTRY_POINT.fullmatch(value) is not None
+
+
+def _is_argument_name(key: Any) -> bool:  # a keyword argument, in the study and in scripts
+    return isinstance(key, str) and key.isidentifier() and not keyword.iskeyword(key)
+
+
 def _builtin_or_function(value: str, builtins: tuple[str, ...], what: str) -> str:
-    if value not in builtins and not (":" in value and ENTRY_POINT.fullmatch(value)):
+    if value not in builtins and not _is_function(value):
         raise ValueError(
             f"'{value}' is not a {what}: use {', '.join(builtins)} or 'package.module:function'"
         )
@@ -162,22 +170,18 @@ class WorkloadSpec(Frozen):
     @field_validator("model_args", "data_args")
     @classmethod
     def _keyword_names(cls, value: dict[str, Any]) -> dict[str, Any]:
-        # passed as keyword arguments, in the study and in exported scripts
         for key in value:
-            if not (isinstance(key, str) and key.isidentifier() and not keyword.iskeyword(key)):
+            if not _is_argument_name(key):
                 raise ValueError(f"{key!r} is not a Python argument name")
         return value
 
     @field_validator("inputs", "target")
     @classmethod
     def _places(cls, value: Any) -> Any:
-        # a key becomes a keyword argument (in the study and in exported scripts)
         for place in value if isinstance(value, list) else [value]:
             if isinstance(place, int) and place < 0:
                 raise ValueError(f"{place} is not an index of a sample: use 0, 1, ...")
-            if isinstance(place, str) and not (
-                place.isidentifier() and not keyword.iskeyword(place)
-            ):
+            if isinstance(place, str) and not _is_argument_name(place):
                 raise ValueError(f"{place!r} is not a key a model can take as an argument")
         if isinstance(value, list) and len(set(map(repr, value))) != len(value):
             raise ValueError("lists a place twice")
@@ -186,7 +190,7 @@ class WorkloadSpec(Frozen):
     @field_validator("batch_fn")
     @classmethod
     def _batch_fn(cls, value: str | None) -> str | None:
-        if value is not None and not (":" in value and ENTRY_POINT.fullmatch(value)):
+        if value is not None and not _is_function(value):
             raise ValueError(f"'{value}' is not 'package.module:function'")
         return value
 
@@ -223,12 +227,9 @@ class WorkloadSpec(Frozen):
     def user_entry_points(self) -> list[str]:
         """The ``package.module:function`` entries that are the user's code (not autotune's
         built-ins): what building the workload, or running an exported script, imports."""
-        family, _, member = self.model.partition(":")
-        model_is_builtin = family in MODEL_FAMILY_NAMES and bool(member)
-        entries = [self.model] if ":" in self.model and not model_is_builtin else []
-        entries += [self.data] if ":" in self.data else []
-        entries += [self.loss] if ":" in self.loss else []
-        return entries + ([self.batch_fn] if self.batch_fn else [])
+        builtin = self.model.partition(":")[0] in MODEL_FAMILY_NAMES  # torchvision:resnet18
+        entries = ([] if builtin else [self.model]) + [self.data, self.loss, self.batch_fn or ""]
+        return [entry for entry in entries if ":" in entry]
 
 
 # built-in scores: whether higher is better, and the short name per-second values are shown in
@@ -299,8 +300,7 @@ class ObjectiveSpec(Frozen):
             if self.full_run_epochs is not None:
                 raise ValueError(
                     f"full_run_epochs: applies only to {_PER_SECOND[self.metric == _TIME_TO[1]]} "
-                    f"(a run to the target "
-                    f"pays its one-time costs once, as the trial does)"
+                    f"(a run to the target pays its one-time costs once, as the trial does)"
                 )
             return self
         if self.target is not None:

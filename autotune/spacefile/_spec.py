@@ -78,17 +78,13 @@ class Spec(Frozen):
         return {**data, "space": {**space, "batch_size": auto}}
 
     @model_validator(mode="after")
-    def _auto_batch_two_stage(self) -> Spec:
-        if self.space.batch_size_auto and self.study.strategy != "two_stage":
-            raise ValueError(
-                "space.batch_size: auto is probed before stage 1 of a two-stage study; a joint "
-                "search samples batch_size itself: list the values (e.g. [64, 128, 256])"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _two_stage_sizes(self) -> Spec:
         if self.study.strategy != "two_stage":
+            if self.space.batch_size_auto:
+                raise ValueError(
+                    "space.batch_size: auto is probed before stage 1 of a two-stage study; a "
+                    "joint search samples batch_size itself: list the values (e.g. [64, 128, 256])"
+                )
             return self
         for name in ("batch_size", "accumulation_steps"):
             knob = getattr(self.space, name)
@@ -179,11 +175,8 @@ class Spec(Frozen):
         return self.model_copy(update={"space": space})
 
     def with_overrides(self, **sections: dict[str, Any]) -> Spec:
-        """A copy with some fields replaced, e.g. ``with_overrides(study={"n_trials": 5})``.
-
-        ``None`` values are ignored. Changed sections are validated again, so an override is
-        held to the same rules as the file.
-        """
+        """A copy with some fields replaced, e.g. ``with_overrides(study={"n_trials": 5})``
+        (a None leaves its field as it is), held to the same rules as the file."""
         updated: dict[str, Any] = {}
         try:
             for section, values in sections.items():
@@ -205,9 +198,7 @@ class Spec(Frozen):
         return spec
 
 
-# --------------------------------------------------------------------------------------------
-# Loading: YAML -> Spec, with every problem reported against the file and line it came from
-# --------------------------------------------------------------------------------------------
+# Loading: YAML -> Spec (the module's docstring says how)
 
 
 @dataclass
@@ -271,9 +262,8 @@ def _index_lines(node: yaml.Node | None, path: tuple[Any, ...], lines: _Lines) -
             if key in seen:
                 lines.duplicates.append(((*path, key), seen[key], line))
             seen[key] = line
-            lines.by_path[(*path, key)] = line
+            lines.by_path[(*path, key)] = line  # the key's line, not its value's
             _index_lines(value_node, (*path, key), lines)
-            lines.by_path[(*path, key)] = line
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             _index_lines(item, (*path, index), lines)

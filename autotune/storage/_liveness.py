@@ -30,11 +30,9 @@ from autotune.storage._records import TrialRecord
 
 @contextlib.contextmanager
 def heartbeat(study: optuna.Study, trial_id: int) -> Iterator[None]:
-    """Record the trial's heartbeat every interval while it runs (RDB storages with heartbeat).
-
-    A study process that dies (SIGKILL, power loss) stops beating; the next ``autotune run``
-    finds the trial stale, records it as interrupted and queues its parameters once more.
-    """
+    """Record the trial's heartbeat every interval while it runs (RDB storages with heartbeat):
+    a study process that dies (SIGKILL, power loss) stops beating, and the next ``autotune
+    run`` finds its trial stale (``recover_stale_trials``)."""
     interval = adapter.heartbeat_interval(adapter.storage_of(study))
     if interval is None:
         yield
@@ -268,8 +266,8 @@ def _beat_storage(storage: optuna.storages.BaseStorage, interval: int) -> Any:
         else:
             connect_args = {}
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeat_interval
+            # heartbeat_interval: experimental in Optuna
+            with warnings.catch_warnings(action="ignore", category=ExperimentalWarning):
                 _BEAT_STORAGES[url] = optuna.storages.RDBStorage(
                     url,
                     engine_kwargs={"connect_args": connect_args},
@@ -306,8 +304,7 @@ def recover_stale_trials(study: optuna.Study) -> int:
             )
             for key, value in record.to_attrs().items():
                 adapter.set_trial_user_attr(study, trial_id, key, value)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ExperimentalWarning)
+    with warnings.catch_warnings(action="ignore", category=ExperimentalWarning):
         optuna.storages.fail_stale_trials(study)
     failed = 0
     # a trial whose beat came back between the two queries (a slow process, not a dead one)

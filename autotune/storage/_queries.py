@@ -25,11 +25,7 @@ def is_feasible(trial: FrozenTrial) -> bool:
 
 def feasible_trials(study: optuna.Study) -> list[FrozenTrial]:
     """COMPLETE trials that satisfy every constraint, best first."""
-    trials = [
-        t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if is_feasible(t)
-    ]
+    trials = [t for t in study.get_trials(deepcopy=False) if is_feasible(t)]
     maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
     return sorted(trials, key=lambda t: float(t.value or 0.0), reverse=maximize)  # COMPLETE: set
 
@@ -42,14 +38,10 @@ def best_trial(study: optuna.Study) -> FrozenTrial | None:
 
 def reference_trial(study: optuna.Study, kind: str) -> FrozenTrial | None:
     """The trial of the reference ``kind`` ("baseline", "checklist"), if it completed."""
-    return next(
-        (
-            t
-            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if TrialRecord.of(t).reference == kind
-        ),
-        None,
-    )
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if TrialRecord.of(trial).reference == kind:
+            return trial
+    return None
 
 
 def baseline_trial(study: optuna.Study) -> FrozenTrial | None:

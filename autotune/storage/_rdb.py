@@ -46,8 +46,8 @@ class _RetryOnce:
     KEPT_SYSTEM_ATTRS = ("failed_trial", "retry_history", "fixed_params")
 
     def __init__(self) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ExperimentalWarning)  # stable since Optuna 2.8
+        # experimental, but stable since Optuna 2.8
+        with warnings.catch_warnings(action="ignore", category=ExperimentalWarning):
             self._retry = RetryHeartbeatStaleTrialCallback(max_retry=1)
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
@@ -144,8 +144,8 @@ def wrapped(exc: BaseException) -> Iterator[BaseException]:
 
 def storage_problem(exc: BaseException) -> str | None:
     """What went wrong with the storage, in a few words ("the disk is full", "it is read-only",
-    "the database file is damaged ..."), read from ``exc`` and everything it wraps (causes,
-    contexts, SQLAlchemy's ``.orig``); None when it is not a storage fault."""
+    "the database file is damaged ..."), read from ``exc`` and everything it ``wrapped``; None
+    when it is not a storage fault."""
     for current in wrapped(exc):
         if isinstance(current, OSError) and current.errno == errno.ENOSPC:
             return "the disk is full"
@@ -265,8 +265,8 @@ def open_storage(  # noqa: C901, PLR0912
         }
     for attempt in range(STORAGE_OPEN_ATTEMPTS):
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeat_interval
+            # heartbeat_interval: experimental in Optuna
+            with warnings.catch_warnings(action="ignore", category=ExperimentalWarning):
                 storage = optuna.storages.RDBStorage(
                     target,
                     engine_kwargs=engine_kwargs,

@@ -33,13 +33,45 @@ REFERENCE_NAMES: dict[ReferenceKind, str] = {
 }
 
 
+@dataclass(frozen=True)
+class _Record:
+    """A record stored as user attributes of a trial or a study: a field each, as JSON."""
+
+    def to_attrs(self) -> dict[str, Any]:
+        """The user attributes to store: every field that differs from its default, as JSON."""
+        attrs: dict[str, Any] = {}
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if value == item.default:
+                continue
+            if isinstance(value, TrialConfig):
+                value = value.to_dict()
+            elif isinstance(value, ConfirmationRecord):
+                value = value.to_attrs()
+            elif isinstance(value, FaultKind):
+                value = value.value
+            attrs[item.name] = value
+        return attrs
+
+    @classmethod
+    def _known(cls, attrs: dict[str, Any]) -> dict[str, Any]:
+        """The attributes that are fields of the record (a user's, another tool's are not)."""
+        return {name: value for name, value in attrs.items() if name in cls.__dataclass_fields__}
+
+    def store(self, holder: optuna.Trial | optuna.Study) -> None:
+        """Write this record's attributes on a running trial or a study, one transaction
+        each, in field order."""
+        for key, value in self.to_attrs().items():
+            holder.set_user_attr(key, value)
+
+
 def _metric() -> Any:
     """A field that ``autotune best`` and exports show among a trial's metrics."""
     return field(default=None, metadata={"metric": True})
 
 
 @dataclass(frozen=True)
-class TrialRecord:
+class TrialRecord(_Record):
     """Every user attribute autotune stores on a trial; None (or False) when it has not.
 
     Fields marked as metrics are what ``autotune best`` and the exports show, in this order.
@@ -107,25 +139,10 @@ class TrialRecord:
     speed_tolerance: float | None = None  # how far off the prediction is still expected
     speed_mismatch: bool = False  # trained further off the prediction than that
 
-    def to_attrs(self) -> dict[str, Any]:
-        """The user attributes to store: every field that differs from its default, as JSON."""
-        attrs: dict[str, Any] = {}
-        for item in dataclasses.fields(self):
-            value = getattr(self, item.name)
-            if value == item.default:
-                continue
-            if isinstance(value, TrialConfig):
-                value = value.to_dict()
-            elif isinstance(value, FaultKind):
-                value = value.value
-            attrs[item.name] = value
-        return attrs
-
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any]) -> TrialRecord:
-        """The record in a trial's user attributes; attributes autotune does not know (a
-        user's, another tool's) are left out."""
-        known = {name: attrs[name] for name in _TRIAL_FIELDS if name in attrs}
+        """The record in a trial's user attributes."""
+        known = cls._known(attrs)
         for old, new in _RENAMED.items():  # trials stored before the names changed
             if old in attrs and new not in known:
                 known[new] = attrs[old]
@@ -149,11 +166,6 @@ class TrialRecord:
         if trial.state == TrialState.COMPLETE and record.fail_kind is not None:
             return dataclasses.replace(record, fail_kind=None, fail_msg=None, fail_traceback=None)
         return record
-
-    def store(self, trial: optuna.Trial) -> None:
-        """Write this record's attributes on a running trial."""
-        for key, value in self.to_attrs().items():
-            trial.set_user_attr(key, value)
 
     def metrics(self) -> dict[str, Any]:
         """The metric fields this trial has, in their order (what ``autotune best`` shows)."""
@@ -266,12 +278,11 @@ class ConfirmationRecord:
     @classmethod
     def from_attrs(cls, data: dict[str, Any]) -> ConfirmationRecord:
         """Inverse of ``to_attrs`` (a round stored before a field existed gets its default)."""
-        known = {f.name for f in dataclasses.fields(cls)}
         runs = (
             ConfirmRun(**{_RENAMED.get(key, key): value for key, value in run.items()})
             for run in data.get("runs", ())
         )
-        stored = {key: value for key, value in data.items() if key in known}
+        stored = {key: value for key, value in data.items() if key in cls.__dataclass_fields__}
         return cls(**{**stored, "candidates": tuple(data["candidates"]), "runs": tuple(runs)})
 
     @property
@@ -292,7 +303,7 @@ class ConfirmationRecord:
 
 
 @dataclass(frozen=True)
-class StudyRecord:
+class StudyRecord(_Record):
     """Every user attribute autotune stores on a study when it creates it."""
 
     space_file: str | None = None  # the space file's text
@@ -325,21 +336,10 @@ class StudyRecord:
     # and ran a joint search in a two-stage study
     learning_knobs: list[str] | None = None
 
-    def to_attrs(self) -> dict[str, Any]:
-        """The user attributes to store: every field that is set."""
-        attrs = {
-            item.name: getattr(self, item.name)
-            for item in dataclasses.fields(self)
-            if getattr(self, item.name) is not None
-        }
-        if self.confirmation is not None:
-            attrs["confirmation"] = self.confirmation.to_attrs()
-        return attrs
-
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any]) -> StudyRecord:
-        """The record in a study's user attributes (others are left out)."""
-        known = {name: attrs[name] for name in _STUDY_FIELDS if name in attrs}
+        """The record in a study's user attributes."""
+        known = cls._known(attrs)
         if isinstance(known.get("confirmation"), dict):
             known["confirmation"] = ConfirmationRecord.from_attrs(known["confirmation"])
         return cls(**known)
@@ -348,11 +348,3 @@ class StudyRecord:
     def of(cls, study: optuna.Study) -> StudyRecord:
         """The record of a stored study."""
         return cls.from_attrs(study.user_attrs)
-
-    def store(self, study: optuna.Study) -> None:
-        """Write this record's attributes on a study, one transaction each, in field order."""
-        for key, value in self.to_attrs().items():
-            study.set_user_attr(key, value)
-
-
-_STUDY_FIELDS = frozenset(f.name for f in dataclasses.fields(StudyRecord))

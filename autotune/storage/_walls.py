@@ -79,11 +79,8 @@ class MemoryWalls:
         walls = cls()
         for trial in study.get_trials(deepcopy=False):
             record = TrialRecord.of(trial)
-            if (
-                record.fail_kind == FaultKind.OOM
-                and not record.oom_skipped
-                and record.config is not None
-            ):
+            ran_out = record.fail_kind == FaultKind.OOM and not record.oom_skipped
+            if ran_out and record.config is not None:
                 walls.add(record.config, f"trial {trial.number}")
         walls.inherited = set(walls.walls)
         return walls

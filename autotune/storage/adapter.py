@@ -120,45 +120,23 @@ def _retried(name: str) -> Callable[..., Any]:
     return call
 
 
-class RetryingStorage(BaseStorage, BaseHeartbeat):
-    """An RDB storage (behind Optuna's cache, as a study keeps it) whose every call waits
-    for a database that stopped answering, as ``retry`` says (``_outage``).
+def _retrying_interfaces() -> type:
+    """Optuna's storage and heartbeat interfaces, every call of them handed to the inner
+    storage through ``_retried`` (RetryingStorage writes out the one that differs)."""
+    names = [name for name in (*dir(BaseStorage), *dir(BaseHeartbeat)) if name[0] != "_"]
+    names.append("_get_stale_trial_ids")  # what optuna.storages.fail_stale_trials asks
+    methods = {name: _retried(name) for name in names}
+    return type("RetryingInterfaces", (BaseStorage, BaseHeartbeat), methods)
 
-    Optuna takes any ``BaseStorage`` for a study (``optuna.create_study(storage=...)``); this
-    one implements the storage interface and the heartbeat interface by handing each call to
-    the storage Optuna would have made of the RDB storage itself."""
+
+class RetryingStorage(_retrying_interfaces()):  # type: ignore[misc]  # made from Optuna's lists
+    """An RDB storage (behind Optuna's cache, as a study keeps it: ``inner``) whose every call
+    waits for a database that stopped answering, as ``retry`` says (``_outage``); Optuna takes
+    it for a study as any ``BaseStorage`` (``optuna.create_study(storage=...)``)."""
 
     def __init__(self, backend: RDBStorage, retry: OutageRetry) -> None:
         self.inner = optuna.storages.get_storage(backend)  # the cache a study puts around it
         self.retry = retry
-
-    create_new_study = _retried("create_new_study")
-    delete_study = _retried("delete_study")
-    set_study_user_attr = _retried("set_study_user_attr")
-    set_study_system_attr = _retried("set_study_system_attr")
-    get_study_id_from_name = _retried("get_study_id_from_name")
-    get_study_name_from_id = _retried("get_study_name_from_id")
-    get_study_directions = _retried("get_study_directions")
-    get_study_user_attrs = _retried("get_study_user_attrs")
-    get_study_system_attrs = _retried("get_study_system_attrs")
-    get_all_studies = _retried("get_all_studies")
-    create_new_trial = _retried("create_new_trial")
-    set_trial_param = _retried("set_trial_param")
-    get_trial_id_from_study_id_trial_number = _retried("get_trial_id_from_study_id_trial_number")
-    get_trial_number_from_id = _retried("get_trial_number_from_id")
-    get_trial_param = _retried("get_trial_param")
-    set_trial_intermediate_value = _retried("set_trial_intermediate_value")
-    set_trial_user_attr = _retried("set_trial_user_attr")
-    set_trial_system_attr = _retried("set_trial_system_attr")
-    get_trial = _retried("get_trial")
-    get_all_trials = _retried("get_all_trials")
-    get_n_trials = _retried("get_n_trials")
-    get_best_trial = _retried("get_best_trial")
-    get_trial_params = _retried("get_trial_params")
-    get_trial_user_attrs = _retried("get_trial_user_attrs")
-    get_trial_system_attrs = _retried("get_trial_system_attrs")
-    record_heartbeat = _retried("record_heartbeat")
-    _get_stale_trial_ids = _retried("_get_stale_trial_ids")
 
     def set_trial_state_values(self, trial_id: int, state: TrialState, values: Any = None) -> bool:
         """Set the trial's state (and values). A change retried after its commit reached the
@@ -176,13 +154,3 @@ class RetryingStorage(BaseStorage, BaseHeartbeat):
                 raise
 
         return self.retry.call(once)
-
-    def remove_session(self) -> None:
-        self.inner.remove_session()
-
-    def get_heartbeat_interval(self) -> int | None:
-        return heartbeat_interval(self.inner)
-
-    def get_heartbeat_stale_trial_callback(self) -> Callable[..., None] | None:
-        callback = getattr(self.inner, "get_heartbeat_stale_trial_callback", None)
-        return callback() if callback is not None else None

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from autotune.config import TrialConfig
-from autotune.faults import KINDS
+from autotune.faults import FaultKind
 from autotune.knobs import KNOBS
 from autotune.machine.hardware import Hardware, detect
 from autotune.results import Evaluation, TrialResult
@@ -151,7 +151,7 @@ def assert_trials_recorded(study: optuna.Study) -> None:
         if trial.state == TrialState.COMPLETE:
             assert trial.value is not None and math.isfinite(trial.value)
         elif trial.state in (TrialState.PRUNED, TrialState.FAIL):
-            assert trial.user_attrs.get("fail_kind") in KINDS, trial.number
+            assert trial.user_attrs.get("fail_kind") in tuple(FaultKind), trial.number
             assert trial.user_attrs.get("fail_msg"), trial.number
 
 
