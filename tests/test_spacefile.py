@@ -326,6 +326,14 @@ def test_overrides_are_validated_and_keep_the_source():
         spec.with_overrides(study={"isolation": "thread"})
     with pytest.raises(SpecError, match=r"^study\.seed: must be less than or equal to 4294967295"):
         spec.with_overrides(study={"seed": 2**32})  # --seed 4294967296
+    with pytest.raises(SpecError) as caught:
+        spec.with_overrides(study={"n_trial": 5})
+    assert caught.value.problems == ["unknown key 'n_trial' in study; did you mean 'n_trials'?"]
+    # a check across sections names its own place, not the section last overridden
+    auto = parse_spec(MINIMAL + "space: {batch_size: auto}\n")
+    with pytest.raises(SpecError) as caught:
+        auto.with_overrides(study={"strategy": "joint"})
+    assert caught.value.problems[0].startswith("space.batch_size: auto is probed before stage 1")
 
 
 def test_fingerprint_covers_the_search_but_not_the_run_settings():

@@ -178,21 +178,23 @@ class Spec(Frozen):
         """A copy with some fields replaced, e.g. ``with_overrides(study={"n_trials": 5})``
         (a None leaves its field as it is), held to the same rules as the file."""
         updated: dict[str, Any] = {}
+        within: tuple[str, ...] = ()  # the section being checked; () for the whole spec
         try:
             for section, values in sections.items():
+                within = (section,)
                 current: BaseModel = getattr(self, section)
                 changes = {k: v for k, v in values.items() if v is not None}
                 # what the file set, and the overrides: the rest stays a default, so that
                 # "was this set?" (model_fields_set) keeps its answer
                 merged = {**current.model_dump(exclude_unset=True), **changes}
                 updated[section] = type(current).model_validate(merged)
+            within = ()
             spec = Spec.model_validate({**dict(self), **updated})
         except ValidationError as err:
             problems = []
             for error in err.errors():
-                loc, message = _locate(error)
-                where = ".".join(str(part) for part in (section, *loc) if part != "")
-                problems.append(_describe(error, (where,), message))
+                loc, message = _locate({**error, "loc": (*within, *error["loc"])})
+                problems.append(_describe(error, loc, message))
             raise SpecError(problems) from None
         spec._path, spec._text = self._path, self._text
         return spec
