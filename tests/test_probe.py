@@ -114,7 +114,7 @@ def test_a_study_searches_the_largest_batch_the_bisection_found_under_the_wall(
 ):
     space = AUTO_SPACE.format(n_trials=2, delay=0.005)
     study, url, outcome, _ = prepare_study(space, tmp_path)
-    assert outcome.batch_size_auto == FOUND
+    assert outcome.speed_table is not None and outcome.speed_table.batch_size_auto == FOUND
     assert StudyRecord.of(study).batch_sizes == [8, 16, 32, 48]
     # the probe's sizes stored (each round once): stage 1 took them, its table has 48
     speed = optuna.load_study(study_name=speed_study_name("auto"), storage=url)
