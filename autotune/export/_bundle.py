@@ -7,7 +7,6 @@ import ast
 import importlib
 import importlib.util
 import inspect
-import keyword
 import math
 import sys
 import sysconfig
@@ -15,6 +14,8 @@ from dataclasses import dataclass
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import Any
+
+from autotune.spacefile import is_argument_name
 
 _STDLIB = sys.stdlib_module_names
 
@@ -176,11 +177,6 @@ def literal(value: Any) -> str:
     if value is None or isinstance(value, bool | int | float):
         return repr(value)
     raise TypeError(f"{type(value).__name__} is not plain data: {value!r}")
-
-
-def is_argument_name(key: object) -> bool:
-    """Whether ``key`` can be written as ``key=`` in a call: an identifier, not a keyword."""
-    return isinstance(key, str) and key.isidentifier() and not keyword.iskeyword(key)
 
 
 def entry_point(entry: str, search_dir: Path | None) -> tuple[str, str, str | None]:

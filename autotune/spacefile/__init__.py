@@ -26,5 +26,6 @@ from autotune.spacefile._sections import (  # noqa: F401
     SCORES,
     ObjectiveSpec,
     WorkloadSpec,
+    is_argument_name,
 )
 from autotune.spacefile._spec import Spec, load_spec, parse_spec  # noqa: F401

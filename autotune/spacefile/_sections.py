@@ -119,7 +119,8 @@ def _is_function(value: str) -> bool:  # package.module:function
     return ":" in value and ENTRY_POINT.fullmatch(value) is not None
 
 
-def _is_argument_name(key: Any) -> bool:  # a keyword argument, in the study and in scripts
+def is_argument_name(key: object) -> bool:
+    """Whether ``key`` can be written as ``key=`` in a call: an identifier, not a keyword."""
     return isinstance(key, str) and key.isidentifier() and not keyword.iskeyword(key)
 
 
@@ -171,7 +172,7 @@ class WorkloadSpec(Frozen):
     @classmethod
     def _keyword_names(cls, value: dict[str, Any]) -> dict[str, Any]:
         for key in value:
-            if not _is_argument_name(key):
+            if not is_argument_name(key):
                 raise ValueError(f"{key!r} is not a Python argument name")
         return value
 
@@ -181,7 +182,7 @@ class WorkloadSpec(Frozen):
         for place in value if isinstance(value, list) else [value]:
             if isinstance(place, int) and place < 0:
                 raise ValueError(f"{place} is not an index of a sample: use 0, 1, ...")
-            if isinstance(place, str) and not _is_argument_name(place):
+            if isinstance(place, str) and not is_argument_name(place):
                 raise ValueError(f"{place!r} is not a key a model can take as an argument")
         if isinstance(value, list) and len(set(map(repr, value))) != len(value):
             raise ValueError("lists a place twice")
