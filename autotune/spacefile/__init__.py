@@ -18,7 +18,6 @@ Its modules: ``_knobs`` (the ``space`` section and how a knob's value is read), 
 # re-exports: what other modules import from autotune.spacefile
 from autotune.knobs import DDP_KNOBS, KNOBS  # noqa: F401
 from autotune.spacefile._knobs import Choice, FloatRange, IntRange, Knob, SpecError, knobs_for  # noqa: F401
-from autotune.spacefile._names import is_unprintable  # noqa: F401
 from autotune.spacefile._sections import (  # noqa: F401
     DEFAULT_STORAGE,
     LOSSES,
@@ -27,5 +26,6 @@ from autotune.spacefile._sections import (  # noqa: F401
     ObjectiveSpec,
     WorkloadSpec,
     is_argument_name,
+    is_unprintable,
 )
 from autotune.spacefile._spec import Spec, load_spec, parse_spec  # noqa: F401

@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import keyword
 import re
+import unicodedata
 from typing import Any, Literal
 
 from pydantic import Field, JsonValue, field_validator, model_validator
 
 from autotune.knobs import DDP_KNOBS, KNOBS, LOADER_KNOBS
 from autotune.spacefile._knobs import Frozen, Scalar, did_you_mean
-from autotune.spacefile._names import PrintableName
 
 DEFAULT_STORAGE = "sqlite:///studies/autotune.db"
+
+
+def is_unprintable(char: str) -> bool:
+    """A control or format character (an escape, a newline, NUL, a bidi override, a line or
+    paragraph separator): a terminal obeys it rather than showing it."""
+    return unicodedata.category(char)[0] == "C" or char in "\u2028\u2029"
 
 
 class ConfirmSpec(Frozen):
@@ -47,7 +53,7 @@ class SpeedSpec(Frozen):
 class StudySpec(Frozen):
     """How the search runs: where trials are stored, how many, which sampler and pruner."""
 
-    name: PrintableName | None = Field(default=None, min_length=1)  # default: the file's stem
+    name: str | None = Field(default=None, min_length=1)  # default: the file's stem
     storage: str = DEFAULT_STORAGE
     # the study's total, not "this many more"; a million is past any search (1e23 was taken)
     n_trials: int = Field(default=20, ge=1, le=1_000_000)
@@ -75,6 +81,17 @@ class StudySpec(Frozen):
     strategy: Literal["two_stage", "joint"] = "two_stage"
     learning_knobs: tuple[str, ...] = ()  # execution knobs that change learning here: stage 2
     speed: SpeedSpec = Field(default_factory=SpeedSpec)
+
+    @field_validator("name")
+    @classmethod
+    def _printable(cls, value: str | None) -> str | None:
+        # shown by run, studies and best, and in every command offered to copy
+        if value is not None and any(map(is_unprintable, value)):
+            raise ValueError(
+                "a study name cannot hold control or format characters (escape sequences, "
+                "newlines, tabs, bidi overrides, NUL): it is printed on terminals"
+            )
+        return value
 
     @field_validator("learning_knobs")
     @classmethod
