@@ -451,9 +451,14 @@ def test_a_study_whose_recorded_arguments_or_names_were_edited_is_refused(
     assert "is not a Python argument name); was its database edited?" in refused.stderr
     assert not (tmp_path / "t.py").exists()
 
-    for edited in ([1, 2], "width=2", {"class": 1}):
+    mapping = "must be a mapping of keys to values, got"  # worded as a space file's problem
+    for edited, problem in (
+        ([1, 2], f"{mapping} [1, 2]"),
+        ("width=2", f"{mapping} 'width=2'"),
+        ({"class": 1}, "'class' is not a Python argument name"),
+    ):
         study.set_user_attr("model_kwargs", edited)
-        with pytest.raises(ExportError, match="no space file could hold"):
+        with pytest.raises(ExportError, match=re.escape(f"could hold (model_args: {problem});")):
             render(best_config(study, select_trial(study)), "script", study)
     study.set_user_attr("model_kwargs", recorded)
     space = study.user_attrs["space_file"]

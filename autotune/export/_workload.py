@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from autotune.export._api import ExportError, space_file_dir
 from autotune.export._bundle import Import, bundle, call, entry_point, literal
 from autotune.pipeline import DeviceBatches
-from autotune.spacefile import Spec, WorkloadSpec
+from autotune.spacefile import Spec, WorkloadSpec, error_line
 from autotune.study import StudyRecord
 from autotune.workloads import WorkloadError, model_kwargs, resolve_data, resolve_model
 from autotune.workloads import load as load_workload
@@ -180,11 +180,8 @@ def _checked_model_kwargs(
     try:
         checked = WorkloadSpec.model_validate({**workload.model_dump(), "model_args": recorded})
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        problem = str(first["msg"]).removeprefix("Value error, ")
         raise ExportError(
             f"study '{study_name}' records model arguments that no space file could hold "
-            f"({where}: {problem}); was its database edited?"
+            f"({error_line(err.errors()[0])}); was its database edited?"
         ) from None
     return dict(checked.model_args)

@@ -28,4 +28,4 @@ from autotune.spacefile._sections import (  # noqa: F401
     is_argument_name,
     is_unprintable,
 )
-from autotune.spacefile._spec import Spec, load_spec, parse_spec  # noqa: F401
+from autotune.spacefile._spec import Spec, error_line, load_spec, parse_spec  # noqa: F401

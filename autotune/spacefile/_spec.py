@@ -191,11 +191,7 @@ class Spec(Frozen):
             within = ()
             spec = Spec.model_validate({**dict(self), **updated})
         except ValidationError as err:
-            problems = []
-            for error in err.errors():
-                loc, message = _locate({**error, "loc": (*within, *error["loc"])})
-                problems.append(_describe(error, loc, message))
-            raise SpecError(problems) from None
+            raise SpecError([error_line(error, within) for error in err.errors()]) from None
         spec._path, spec._text = self._path, self._text
         return spec
 
@@ -314,6 +310,13 @@ def _locate(error: Mapping[str, Any]) -> tuple[tuple[Any, ...], str]:
         if path[0] in _keys_at(loc):
             return (*loc, *path), keyed.group(2)
     return loc, message
+
+
+def error_line(error: Mapping[str, Any], within: tuple[str, ...] = ()) -> str:
+    """One pydantic error of the space file's models in the words of a space file's problem
+    (``study.n_trials: must be ...``), its key path under ``within`` (the section validated)."""
+    loc, message = _locate({**error, "loc": (*within, *error["loc"])})
+    return _describe(error, loc, message)
 
 
 def _describe(error: Mapping[str, Any], loc: tuple[Any, ...], message: str) -> str:
