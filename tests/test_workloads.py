@@ -111,7 +111,7 @@ def test_user_entry_points_next_to_the_space_file(tmp_path: Path):
             {"val_fraction": 0.2, "colour": 1},
             "cannot be called with val_fraction, colour",
         ),
-        ("autotune.testing:SlowDataset", "digits", {}, "cannot be called with"),
+        ("autotune.testing:FaultyDataset", "digits", {}, "cannot be called with"),
         ("autotune.spacefile:parse_spec", "digits", {}, "cannot be called with"),
         ("digits_cnn", "autotune.testing:tiny_mlp", {}, "cannot be called with"),
     ],

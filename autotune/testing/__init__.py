@@ -43,7 +43,7 @@ from autotune.testing._trials import (
     never_stop,
 )
 from autotune.testing._workloads import (
-    SlowDataset,
+    FaultyDataset,
     blobs,
     blobs_workload,
     broken_model,

@@ -55,47 +55,34 @@ def blobs(
 
     train: Dataset = TensorDataset(*draw(n_train))
     val: Dataset = TensorDataset(*draw(n_val))
-    if train_delay_seconds > 0:
-        train = SlowDataset(train, train_delay_seconds)
-    if kill_worker_at_item is not None:
-        train = FaultyDataset(train, kill_worker_at_item)
+    if train_delay_seconds > 0 or kill_worker_at_item is not None:
+        train = FaultyDataset(train, train_delay_seconds, kill_worker_at_item)
     if val_delay_seconds > 0:
-        val = SlowDataset(val, val_delay_seconds)
+        val = FaultyDataset(val, val_delay_seconds)
     return DataSplits(train=train, val=val, num_classes=n_classes)
 
 
-class SlowDataset(Dataset):
-    """Wraps a data set so that every item takes ``delay_seconds`` to load."""
-
-    def __init__(self, inner: Dataset, delay_seconds: float) -> None:
-        self.inner, self.delay_seconds = inner, delay_seconds
-
-    def __len__(self) -> int:
-        return len(self.inner)  # type: ignore[arg-type]  # map-style: sized
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        time.sleep(self.delay_seconds)
-        return self.inner[index]
-
-
 class FaultyDataset(Dataset):
-    """Wraps a data set so that a DataLoader worker SIGKILLs itself at its k-th item.
+    """Wraps a data set so that every item takes ``delay_seconds`` to load and, with
+    ``kill_at_item``, a DataLoader worker SIGKILLs itself at its k-th item (in the main process,
+    ``num_workers: 0``, it does not: the fault is the worker's)."""
 
-    In the main process (``num_workers: 0``) nothing happens: the fault is the worker's.
-    """
-
-    def __init__(self, inner: Dataset, kill_at_item: int) -> None:
-        self.inner, self.kill_at_item = inner, kill_at_item
+    def __init__(
+        self, inner: Dataset, delay_seconds: float = 0.0, kill_at_item: int | None = None
+    ) -> None:
+        self.inner, self.delay_seconds, self.kill_at_item = inner, delay_seconds, kill_at_item
         self.loaded = 0
 
     def __len__(self) -> int:
         return len(self.inner)  # type: ignore[arg-type]  # map-style: sized
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if get_worker_info() is not None:
+        if self.kill_at_item is not None and get_worker_info() is not None:
             self.loaded += 1
             if self.loaded >= self.kill_at_item:
                 os.kill(os.getpid(), signal.SIGKILL)
+        if self.delay_seconds > 0:
+            time.sleep(self.delay_seconds)
         return self.inner[index]
 
 
