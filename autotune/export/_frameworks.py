@@ -16,6 +16,7 @@ from autotune.export._api import BestConfig, ExportError
 from autotune.export._bundle import Import, bundle, import_block, literal
 from autotune.export._header import (
     Argument,
+    has_schedule,
     loader_arguments,
     lr_text,
     provenance_rows,
@@ -179,7 +180,7 @@ def _lightning(best: BestConfig) -> dict[str, Any]:
         Import("torch.utils.data", "DataLoader"),
         Import("torch.utils.data", "Dataset"),
     }
-    scheduled = config.schedule != "constant" or config.warmup_fraction > 0
+    scheduled = has_schedule(config)
     schedule_sources, schedule_imports = bundle([make_scheduler] if scheduled else [])
     imports |= schedule_imports
     if config.distributed:

@@ -100,13 +100,18 @@ _CONSTANTS = sorted(
 )
 
 
+def has_schedule(config: TrialConfig) -> bool:
+    """Whether the learning rate changes over the run (a schedule, a warm-up): a scheduler."""
+    return config.schedule != "constant" or config.warmup_fraction > 0
+
+
 def _shown(config: TrialConfig, name: str) -> bool:
     """Whether the script sets ``name``'s constant: where it means something (the registry's
     ``only_when``); NESTEROV for every SGD, the warm-up with a schedule that has one."""
     if name == "nesterov":
         return config.optimizer == "sgd"
     if name == "warmup_fraction":
-        return config.schedule != "constant" or config.warmup_fraction > 0
+        return has_schedule(config)
     return KNOBS[name].applies({**config.to_dict(), "world": config.world_size})
 
 

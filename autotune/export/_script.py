@@ -15,7 +15,7 @@ import optuna
 
 from autotune.export._api import BestConfig, ExportError, study_spec
 from autotune.export._bundle import Import, bundle, import_block, literal
-from autotune.export._header import comment_text, knob_notes, provenance_rows
+from autotune.export._header import comment_text, has_schedule, knob_notes, provenance_rows
 from autotune.spacefile import SCORES, SpecError, parse_spec
 from autotune.study import StudyRecord
 
@@ -109,7 +109,7 @@ def render_script(
         semantics.TrainingSteps,
         batches.to_device,
     ]
-    has_scheduler = config.schedule != "constant" or config.warmup_fraction > 0
+    has_scheduler = has_schedule(config)
     if has_scheduler:
         training.append(semantics.make_scheduler)
     if config.compile in semantics.CUDA_GRAPH_MODES:
