@@ -197,14 +197,11 @@ def _parse_knob(name: str, raw: Any) -> Knob:
     if raw is None:
         raise ValueError("no value given (leave the key out to use the default)")
     if raw == "auto":  # batch_size's is read with the baseline's batch (``Spec``)
-        raise ValueError(AUTO_ONLY)
+        raise ValueError(
+            "auto is only for batch_size (micro-batches doubled up to the memory wall before "
+            "stage 1); list the values"
+        )
     return Choice(values=(_check_scalar(name, info, raw),))
-
-
-AUTO_ONLY = (
-    "auto is only for batch_size (micro-batches doubled up to the memory wall before stage 1); "
-    "list the values"
-)
 
 
 class _Space(Frozen):
