@@ -155,9 +155,10 @@ def confirm(
             top or spec.study.confirm.top,
             repeats or spec.study.confirm.repeats,
         )
-    if not confirmed:
+    answer = studies.answer_of(found)
+    if not confirmed or answer is None:
         raise fail(f"study '{found.study_name}' has no feasible trial to confirm", EXIT_FAILED)
-    display.print_confirmation(console, studies.answer_of(found), spec, found.study_name)
+    display.print_confirmation(console, answer, spec, found.study_name)
     write_note(found, storage)
 
 

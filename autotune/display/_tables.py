@@ -318,14 +318,11 @@ def _edge_of_space(
 
 
 def print_confirmation(
-    console: Console, answer: studies.Answer | None, spec: Spec, study_name: str
+    console: Console, answer: studies.Answer, spec: Spec, study_name: str
 ) -> None:
-    """The confirmation round behind the study's answer (``studies.answer_of``): each
-    configuration's median and range, the answer, ties, its ratio over each reference the round
-    measured beside it, and what the round cost."""
-    if answer is None or answer.round_state == "none":
-        console.print("[yellow]Not confirmed:[/] no feasible trial to confirm.")
-        return
+    """The confirmation round behind the study's answer (``studies.answer_of``, once a round
+    exists): each configuration's median and range, the answer, ties, its ratio over each
+    reference the round measured beside it, and what the round cost."""
     unit = metric_unit(spec.objective.metric_name)
     table = Table(
         title=f"Confirmation ({answer.repeats} more runs each, interleaved)", title_justify="left"
