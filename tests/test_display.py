@@ -172,6 +172,32 @@ def test_a_trial_off_stage_one_and_on_tokens_says_so(seen):
     assert "1.2M tokens/s" in text and "-30% off stage 1" in text
 
 
+def test_a_database_outage_is_said_alike_in_the_live_display_and_outside_it(seen, monkeypatch):
+    import types
+
+    from autotune.cli import _confirm
+
+    study, _ = seen
+    outside = _console(200)
+    monkeypatch.setattr(_confirm, "console", outside)
+    retry = types.SimpleNamespace()
+    _confirm.say_storage_waits(retry)  # outside the live display: confirm, verify, run's ends
+    retry.on_wait("no server answers", 180.0)
+    retry.on_back(4.2)
+    live = _console(200)
+    progress = display.live_progress(live)
+    observer = display.LiveObserver(study, _spec(study), Live(progress, console=live), progress)
+    observer.storage_waiting("no server answers", 180.0)
+    observer.storage_back(4.2)
+    said = [
+        "the study's database does not answer (no server answers); waiting up to 180 s for it "
+        "(study.storage_outage)",
+        "the study's database answers again after 4 s",
+    ]
+    assert _text(outside).splitlines() == said
+    assert [line for line in _text(live).splitlines() if "database" in line] == said
+
+
 def test_a_study_with_all_its_trials_shows_no_full_bar(seen):
     """``run --n-trials 5`` on a study of 5 showed a 5/5 bar for a run that ran nothing."""
     study, _ = seen

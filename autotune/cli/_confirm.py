@@ -33,19 +33,12 @@ from autotune.spacefile import DEFAULT_STORAGE
 def say_storage_waits(retry: Any) -> None:
     """Have ``retry`` (an ``OutageRetry``) print, outside the live display, when the study's
     database stops answering and when it answers again."""
+    from autotune import display
 
-    def waiting(problem: str, seconds: float) -> None:
-        console.print(
-            f"The study's database does not answer ({problem}); waiting up to {seconds:g} s "
-            f"for it (study.storage_outage).",
-            style="yellow",
-            markup=False,
-        )
-
-    def back(seconds: float) -> None:
-        console.print(f"The study's database answers again after {seconds:.0f} s.", markup=False)
-
-    retry.on_wait, retry.on_back = waiting, back
+    retry.on_wait = lambda problem, seconds: console.print(
+        display.storage_waiting(problem, seconds)
+    )
+    retry.on_back = lambda seconds: console.print(display.storage_back(seconds))
 
 
 def open_to_train(

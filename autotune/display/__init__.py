@@ -18,6 +18,8 @@ from autotune.display._text import (
     print_command,
     print_item,
     si,
+    storage_back,
+    storage_waiting,
     study_options,
     visible,
 )

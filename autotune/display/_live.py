@@ -26,6 +26,8 @@ from autotune.display._text import (
     print_beside,
     score_text,
     si,
+    storage_back,
+    storage_waiting,
     visible,
 )
 from autotune.machine.scaleout import Workers
@@ -139,14 +141,10 @@ class LiveObserver(studies.StudyObserver):
         )
 
     def storage_waiting(self, problem: str, seconds: float) -> None:
-        self.say(
-            f"the study's database does not answer ({problem}); waiting up to {seconds:g} s "
-            f"for it (study.storage_outage) while the running trial trains on",
-            "yellow",
-        )
+        self.say(storage_waiting(problem, seconds))
 
     def storage_back(self, seconds: float) -> None:
-        self.say(f"the study's database answers again after {seconds:.0f} s", "dim")
+        self.say(storage_back(seconds))
 
     def taken_over(self, number: int, kept_on: str | None) -> None:
         kept = f"; what it measured is kept on {kept_on} (earlier_attempt)" if kept_on else ""

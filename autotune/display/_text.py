@@ -76,6 +76,20 @@ def fmt_metric(key: str, value: Any) -> str:
     return fmt(value)
 
 
+def storage_waiting(problem: str, seconds: float) -> Text:
+    """What is said when the study's database stops answering (``OutageRetry.on_wait``)."""
+    return Text(
+        f"the study's database does not answer ({problem}); waiting up to {seconds:g} s for it "
+        f"(study.storage_outage)",
+        style="yellow",
+    )
+
+
+def storage_back(seconds: float) -> Text:
+    """What is said when the study's database answers again (``OutageRetry.on_back``)."""
+    return Text(f"the study's database answers again after {seconds:.0f} s", style="dim")
+
+
 def visible(text: str) -> str:
     """``text`` with its control and format characters (escape sequences, newlines, carriage
     returns, bidi overrides, NUL) written as escapes (``\\x1b``, ``\\u202e``): a study name
