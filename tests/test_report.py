@@ -50,7 +50,9 @@ def test_the_report_is_one_valid_offline_html_file(seen):
     assert parser.problems == [] and parser.stack == []
     assert page.startswith("<!DOCTYPE html>") and {"html", "head", "body", "table"} <= parser.seen
     best = answer_trial(study)
-    assert f"Best: trial {best.number}" in " ".join("".join(parser.text).split())
+    headline = notes.study_note(study, url).splitlines()[2].replace("**", "")
+    assert headline.startswith(f"Best: trial {best.number}, ")  # the note's, word for word
+    assert headline in " ".join("".join(parser.text).split())
     assert "Plotly" in page and 'src="http' not in page  # plotly is inlined: opens offline
     for heading in ("Where the time goes", "Accuracy and speed", "Optimization history"):
         assert heading in page

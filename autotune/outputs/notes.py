@@ -169,6 +169,19 @@ def verify_block(study: optuna.Study) -> list[str]:
     ]
 
 
+def best_headline(answer: Answer, metric: str, score_name: str) -> str:
+    """The sentence the note and the report open with, in markdown (``**`` for what stands out:
+    ``<strong>`` in the report)."""
+    record = TrialRecord.of(answer.trial)
+    value, what = answer.headline
+    spread = f" ±{answer.spread:.0%}" if answer.spread is not None else ""
+    return (
+        f"**Best: trial {answer.number}**, {metric} **{fmt(value)}**{spread} ({what}; its trial: "
+        f"validation {score_name} {fmt(record.score)}, {fmt(record.samples_per_second)} "
+        f"samples/s, {fmt(record.charged_seconds)} s of training)."
+    )
+
+
 def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     """The markdown note autotune keeps on a study in optuna-dashboard."""
     answer = answer_of(study)
@@ -181,17 +194,8 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     if answer is None:
         lines += ["No trial has completed feasibly yet.", ""]
     else:
-        best, (headline, what) = answer.trial, answer.headline
-        record = TrialRecord.of(best)
-        lines += [
-            f"**Best: trial {best.number}**, {metric} **{fmt(headline)}**"
-            + (f" ±{answer.spread:.0%}" if answer.spread is not None else "")
-            + f" ({what}; its trial: "
-            f"validation {score_name} {fmt(record.score)}, "
-            f"{fmt(record.samples_per_second)} samples/s, "
-            f"{fmt(record.charged_seconds)} s of training).",
-            "",
-        ]
+        best, record = answer.trial, TrialRecord.of(answer.trial)
+        lines += [best_headline(answer, metric, score_name), ""]
         compared = [
             f"- {speed:.2f}x the samples/s of {label} (trial {other.number})"
             + (f", {value:.2f}x its {metric}" if value else "")

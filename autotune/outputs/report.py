@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import html
+import re
 import statistics
 import warnings
 from collections import Counter, defaultdict
@@ -23,6 +24,7 @@ from autotune.errors import UserError
 from autotune.export import TrialConfirmation, confirmation_text
 from autotune.outputs.notes import (
     PHASE_LABELS,
+    best_headline,
     comparisons,
     knob_rows,
     measured,
@@ -408,6 +410,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         (label.removeprefix("the "), other.number, speed, value, TrialRecord.of(other))
         for label, other, speed, value in comparisons(study, answer)
     ]
+    said = html.escape(best_headline(answer, metric, score_name)) if answer is not None else ""
     bars = _breakdown_bars(study, baseline)
     curves = _verified_curves(study)
     param_names, rows = trial_rows(study)
@@ -427,6 +430,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         baseline=baseline,
         best=best,
         best_record=TrialRecord.of(best) if best is not None else None,
+        headline=re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", said),  # the note's: ** as HTML
         confirmation=confirmation_text(TrialConfirmation.of(answer, best.number), study.study_name)
         if best is not None
         else "",
