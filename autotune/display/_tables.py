@@ -144,16 +144,25 @@ def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
     return "; ".join(words)
 
 
-def print_speed_table(console: Console, table: SpeedTable) -> None:
-    """Stage 1's answer: the fastest settings of each micro-batch and precision."""
+# stage 1's table, as the terminal and the report show it: (column, right-justified)
+SPEED_COLUMNS = (
+    ("micro-batch", True),
+    ("precision", False),
+    ("samples/s", True),
+    ("next best", True),
+    ("settings", False),
+)
+BUSY = "busy: measured only while other processes took its cores"
+
+
+def speed_rows(table: SpeedTable) -> tuple[list[tuple[str | Text, ...]], str | None]:
+    """Stage 1's answer in ``SPEED_COLUMNS``: the fastest settings of each micro-batch and
+    precision, then a row for each cell where nothing ran, with its first fault; and the
+    caption under them (``BUSY``, where a row was measured only on a busy machine)."""
     from autotune.stage1._plan import describe
 
-    shown = Table(title="Stage 1: the fastest settings per micro-batch", title_justify="left")
-    shown.add_column("micro-batch", justify="right")
-    shown.add_column("precision")
-    shown.add_column("samples/s", justify="right")
-    shown.add_column("next best", justify="right")
-    shown.add_column("settings")
+    rows: list[tuple[str | Text, ...]] = []
+    caption = None
     for choice in table:
         if choice.accumulation_steps != min(
             c.accumulation_steps for c in table if c.batch_size == choice.batch_size
@@ -167,17 +176,31 @@ def print_speed_table(console: Console, table: SpeedTable) -> None:
         settings = Text(describe(choice.settings))
         if choice.interference:  # measured only while others took its cores: said under it
             speed.append(" busy", style="yellow")
-            shown.caption = "busy: measured only while other processes took its cores"
-            shown.caption_justify = "left"
+            caption = BUSY
         if not choice.measured:  # left out as stage 1's budget ran out: its trials measure it
             speed = Text("not measured", style="yellow")
             settings.append(" (as the nearest micro-batch measured)", style="dim")
-        shown.add_row(str(choice.batch_size), choice.precision + extra, speed, runner_up, settings)
+        rows.append((str(choice.batch_size), choice.precision + extra, speed, runner_up, settings))
     unrunnable: dict[tuple[object, ...], str] = {}  # a row a cell: its first fault
     for (batch, _, precision, extras), _, why in table.unrunnable:
         unrunnable.setdefault((batch, precision, extras), why)
     for (batch, precision, _), why in unrunnable.items():
-        shown.add_row(str(batch), str(precision), "-", "-", Text(why, style="red"))
+        rows.append((str(batch), str(precision), "-", "-", Text(why, style="red")))
+    return rows, caption
+
+
+def print_speed_table(console: Console, table: SpeedTable) -> None:
+    """Stage 1's answer (``speed_rows``), and what the probe of ``batch_size: auto`` found."""
+    shown = Table(
+        title="Stage 1: the fastest settings per micro-batch",
+        title_justify="left",
+        caption_justify="left",
+    )
+    for name, right in SPEED_COLUMNS:
+        shown.add_column(name, justify="right" if right else "left")
+    rows, shown.caption = speed_rows(table)
+    for row in rows:
+        shown.add_row(*row)
     console.print(shown)
     if table.batch_size_auto:
         console.print(table.batch_size_auto)
