@@ -638,6 +638,15 @@ def test_trials_that_all_end_at_one_score_are_warned_about(seen):
     assert "Every trial ended" not in summary(1.0)  # an easy data set learnt by every trial
 
 
+def test_samples_per_second_is_written_one_way_outside_the_live_lines():
+    """best, the note, the report, the tables and studies write it as fmt does; only the live
+    lines, which must fit 80 columns, in SI (7.8k)."""
+    for value in (812.345, 7812.4, 221_900.0):
+        assert display.fmt_metric("samples_per_second", value) == display.fmt(value)
+    (row,), _ = display.speed_rows(SpeedTable(choices=(_speed(32, 7812.4, "fp32"),)))
+    assert str(row[2]).startswith("7,812 ±")  # stage 1's table, in the terminal and the report
+
+
 def test_stage_ones_table_marks_a_row_measured_only_on_a_busy_machine():
     """Issue 39: "8.6k ±3619%" was shown beside clean rows with nothing to tell them apart."""
     from dataclasses import replace
@@ -648,7 +657,7 @@ def test_stage_ones_table_marks_a_row_measured_only_on_a_busy_machine():
     console = _console(120)
     print_speed_table(console, SpeedTable(choices=(_speed(32, 5200.0, "fp32"), busy)))
     rows = {line.split()[1]: line for line in _text(console).splitlines() if "fp32" in line}
-    assert "8.6k ±3619% busy" in rows["64"] and "busy" not in rows["32"]
+    assert "8,600 ±3619% busy" in rows["64"] and "busy" not in rows["32"]
     assert "busy: measured only while other processes took its cores" in _text(console)
     console = _console(120)
     unmeasured = replace(_speed(128, 0.0, "fp32"), measurements=0, speed_trials=())

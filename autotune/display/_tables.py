@@ -24,7 +24,6 @@ from autotune.display._text import (
     plural,
     print_command,
     print_item,
-    si,
     study_options,
     visible,
 )
@@ -172,7 +171,7 @@ def speed_rows(table: SpeedTable) -> tuple[list[tuple[str | Text, ...]], str | N
         runner_up = (
             f"{choice.runner_up / choice.samples_per_second - 1:+.0%}" if choice.runner_up else "-"
         )
-        speed = Text(f"{si(choice.samples_per_second)} ±{choice.spread / 2:.0%}")
+        speed = Text(f"{fmt(choice.samples_per_second)} ±{choice.spread / 2:.0%}")
         settings = Text(describe(choice.settings))
         if choice.interference:  # measured only while others took its cores: said under it
             speed.append(" busy", style="yellow")
@@ -225,7 +224,7 @@ def _best_table(study: optuna.Study, spec: Spec) -> Table | None:
             fmt(trial.value),
             fmt(record.score),
             f"{record.charged_seconds if record.charged_seconds is not None else math.nan:.2f}",
-            si(record.samples_per_second or 0),
+            fmt(record.samples_per_second),
             Text(params(trial)),  # categorical values are the user's strings
         )
     return table

@@ -44,7 +44,6 @@ def fmt(value: Any) -> str:
 _METRIC_FORMATS: dict[str, Any] = {
     **dict.fromkeys(("charged_seconds", "train_seconds", "overhead_seconds"), "{:.3g} s".format),
     "compile_seconds": lambda v: f"{v:.1f} s",
-    **dict.fromkeys(("samples_per_second", "tokens_per_second"), "{:,.0f}".format),
     "achieved_flops": lambda v: f"{v / 1e9:,.1f} GFLOP/s",
     "mfu": lambda v: f"{v:.1%}",
     "gpu_utilization": lambda v: f"{v:.0%}",
@@ -144,6 +143,8 @@ def study_options(study_name: str, storage: str) -> list[str]:
 
 
 def si(value: float) -> str:
+    """A rate or a size to one decimal of a unit prefix (``7.8k``, ``1.2M``), for the live lines
+    alone: a trial's line must fit 80 columns. Everywhere else, ``fmt``."""
     for unit, scale in (("M", 1e6), ("k", 1e3)):
         if abs(value) >= scale:
             return f"{value / scale:.1f}{unit}"
