@@ -19,7 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune._imports import optional
 from autotune._version import __version__
-from autotune.display import SPEED_COLUMNS, fmt, fmt_metric, speed_rows
+from autotune.display import SPEED_COLUMNS, fmt, fmt_metric, speed_rows, study_options
 from autotune.errors import UserError
 from autotune.export import TrialConfirmation, confirmation_text, study_spec
 from autotune.outputs.notes import (
@@ -45,7 +45,6 @@ from autotune.study import (
     Verification,
     answer_of,
     baseline_trial,
-    display_url,
     feasible_trials,
     speed_study_name,
     trial_config,
@@ -451,5 +450,5 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         plotly_js=plotly_offline.get_plotlyjs(),
         generated=datetime.datetime.now().isoformat(timespec="seconds"),
         version=__version__,
-        storage=display_url(storage_url),  # never the password: it is a file people share
+        where=" ".join(study_options(study.study_name, storage_url)),  # a password as ***
     )
