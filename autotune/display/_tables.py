@@ -27,8 +27,10 @@ from autotune.display._text import (
     study_options,
     visible,
 )
+from autotune.knobs import SPEED_KNOBS, SPLIT_KNOBS
 from autotune.machine.interference import INTERFERENCE_SHARE
 from autotune.spacefile import Choice, Spec, knobs_for
+from autotune.stage1._plan import SpeedPlan, describe
 
 if TYPE_CHECKING:  # torch: the plan is printed by `autotune run` only
     from autotune.machine.hardware import Hardware
@@ -64,8 +66,6 @@ def print_plan(
         print_item(console, "batch_size", found.removeprefix("batch_size "))
     searched = spec.space.searched()
     if spec.study.strategy == "two_stage":
-        from autotune.knobs import SPEED_KNOBS, SPLIT_KNOBS
-
         declared = spec.study.learning_knobs
         timed = [k for k in searched if k in SPEED_KNOBS and k not in declared]
         split = [k for k in searched if k in SPLIT_KNOBS and k not in declared]
@@ -116,7 +116,6 @@ def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
     measurements, cold compiles, an estimate from guessed compile times, its budget, and
     what it times first (``SpeedPlan.predicted``, ``SpeedPlan.reference``)."""
     from autotune.search.references import checklist_rules, untuned_config
-    from autotune.stage1._plan import SpeedPlan, describe
 
     speed = spec.study.speed
     plan = SpeedPlan(spec, untuned_config(spec, hardware), checklist_rules(hardware))
@@ -158,8 +157,6 @@ def speed_rows(table: SpeedTable) -> tuple[list[tuple[str | Text, ...]], str | N
     """Stage 1's answer in ``SPEED_COLUMNS``: the fastest settings of each micro-batch and
     precision, then a row for each cell where nothing ran, with its first fault; and the
     caption under them (``BUSY``, where a row was measured only on a busy machine)."""
-    from autotune.stage1._plan import describe
-
     rows: list[tuple[str | Text, ...]] = []
     caption = None
     for choice in table:
