@@ -150,13 +150,12 @@ SPEED_COLUMNS = (
     ("next best", True),
     ("settings", False),
 )
-BUSY = "busy: measured only while other processes took its cores"
 
 
 def speed_rows(table: SpeedTable) -> tuple[list[tuple[str | Text, ...]], str | None]:
     """Stage 1's answer in ``SPEED_COLUMNS``: the fastest settings of each micro-batch and
     precision, then a row for each cell where nothing ran, with its first fault; and the
-    caption under them (``BUSY``, where a row was measured only on a busy machine)."""
+    caption under them, where a row was measured only on a busy machine."""
     rows: list[tuple[str | Text, ...]] = []
     caption = None
     for choice in table:
@@ -172,7 +171,7 @@ def speed_rows(table: SpeedTable) -> tuple[list[tuple[str | Text, ...]], str | N
         settings = Text(describe(choice.settings))
         if choice.interference:  # measured only while others took its cores: said under it
             speed.append(" busy", style="yellow")
-            caption = BUSY
+            caption = "busy: measured only while other processes took its cores"
         if not choice.measured:  # left out as stage 1's budget ran out: its trials measure it
             speed = Text("not measured", style="yellow")
             settings.append(" (as the nearest micro-batch measured)", style="dim")
