@@ -478,7 +478,7 @@ def test_every_rendering_names_the_same_answer_and_ratio(seen):
         "**Confirmed**: median 4.1 over 3 runs, interleaved with the other leaders" in said["note"]
     )
     assert f"(spread ±2%); {over}." in said["note"]  # the terminal's clauses
-    assert f"Best: <strong>trial {winner}</strong>" in said["report"]
+    assert f"<strong>Best: trial {winner}</strong>" in said["report"]
     assert f"The answer is {confirmed}." in said["report"]
     assert re.search(r'<td>tuning checklist</td><td class="num">\d+</td>', said["report"])
     assert said["best"] == f"trial {winner}: {confirmed}"

@@ -172,6 +172,32 @@ def test_a_trial_off_stage_one_and_on_tokens_says_so(seen):
     assert "1.2M tokens/s" in text and "-30% off stage 1" in text
 
 
+def test_a_database_outage_is_said_alike_in_the_live_display_and_outside_it(seen, monkeypatch):
+    import types
+
+    from autotune.cli import _confirm
+
+    study, _ = seen
+    outside = _console(200)
+    monkeypatch.setattr(_confirm, "console", outside)
+    retry = types.SimpleNamespace()
+    _confirm.say_storage_waits(retry)  # outside the live display: confirm, verify, run's ends
+    retry.on_wait("no server answers", 180.0)
+    retry.on_back(4.2)
+    live = _console(200)
+    progress = display.live_progress(live)
+    observer = display.LiveObserver(study, _spec(study), Live(progress, console=live), progress)
+    observer.storage_waiting("no server answers", 180.0)
+    observer.storage_back(4.2)
+    said = [
+        "the study's database does not answer (no server answers); waiting up to 180 s for it "
+        "(study.storage_outage)",
+        "the study's database answers again after 4 s",
+    ]
+    assert _text(outside).splitlines() == said
+    assert [line for line in _text(live).splitlines() if "database" in line] == said
+
+
 def test_a_study_with_all_its_trials_shows_no_full_bar(seen):
     """``run --n-trials 5`` on a study of 5 showed a 5/5 bar for a run that ran nothing."""
     study, _ = seen
@@ -612,6 +638,15 @@ def test_trials_that_all_end_at_one_score_are_warned_about(seen):
     assert "Every trial ended" not in summary(1.0)  # an easy data set learnt by every trial
 
 
+def test_samples_per_second_is_written_one_way_outside_the_live_lines():
+    """best, the note, the report, the tables and studies write it as fmt does; only the live
+    lines, which must fit 80 columns, in SI (7.8k)."""
+    for value in (812.345, 7812.4, 221_900.0):
+        assert display.fmt_metric("samples_per_second", value) == display.fmt(value)
+    (row,), _ = display.speed_rows(SpeedTable(choices=(_speed(32, 7812.4, "fp32"),)))
+    assert str(row[2]).startswith("7,812 ±")  # stage 1's table, in the terminal and the report
+
+
 def test_stage_ones_table_marks_a_row_measured_only_on_a_busy_machine():
     """Issue 39: "8.6k ±3619%" was shown beside clean rows with nothing to tell them apart."""
     from dataclasses import replace
@@ -622,7 +657,7 @@ def test_stage_ones_table_marks_a_row_measured_only_on_a_busy_machine():
     console = _console(120)
     print_speed_table(console, SpeedTable(choices=(_speed(32, 5200.0, "fp32"), busy)))
     rows = {line.split()[1]: line for line in _text(console).splitlines() if "fp32" in line}
-    assert "8.6k ±3619% busy" in rows["64"] and "busy" not in rows["32"]
+    assert "8,600 ±3619% busy" in rows["64"] and "busy" not in rows["32"]
     assert "busy: measured only while other processes took its cores" in _text(console)
     console = _console(120)
     unmeasured = replace(_speed(128, 0.0, "fp32"), measurements=0, speed_trials=())

@@ -50,7 +50,9 @@ def test_the_report_is_one_valid_offline_html_file(seen):
     assert parser.problems == [] and parser.stack == []
     assert page.startswith("<!DOCTYPE html>") and {"html", "head", "body", "table"} <= parser.seen
     best = answer_trial(study)
-    assert f"Best: trial {best.number}" in " ".join("".join(parser.text).split())
+    headline = notes.study_note(study, url).splitlines()[2].replace("**", "")
+    assert headline.startswith(f"Best: trial {best.number}, ")  # the note's, word for word
+    assert headline in " ".join("".join(parser.text).split())
     assert "Plotly" in page and 'src="http' not in page  # plotly is inlined: opens offline
     for heading in ("Where the time goes", "Accuracy and speed", "Optimization history"):
         assert heading in page
@@ -165,13 +167,31 @@ def test_importances_say_what_they_measure_beside_each_knobs_speed(seen):
 
 def test_a_two_stage_report_shows_stage_one_and_where_each_knob_came_from(seen):
     study, url = seen  # a two-stage study: batch size and workers are timed in stage 1
-    rows = report.speed_rows(study)
-    cells = {row.cell for row in rows}
-    assert {"batch 16, fp32", "batch 64, bf16"} <= cells
-    assert all(row.tried >= 1 and row.settings for row in rows)
+    table = report.stored_speed_table(study)
+    assert table is not None
+    assert {(16, "fp32"), (64, "bf16")} <= {(c.batch_size, c.precision) for c in table}
     page = _text(report.render_html(study, url))
     assert "Stage 1: the fastest settings per micro-batch" in page
     assert "timed in stage 1" in page and "searched" in page
+
+
+def test_the_reports_stage_one_table_is_the_one_the_run_printed(prepare_study, tmp_path):
+    """The report rebuilds stage 1's table from the speed study: the rows the terminal
+    printed at the end of stage 1, cell for cell, in the report."""
+    from tests.conftest import SEEN_SPACE
+
+    space = SEEN_SPACE.replace("n_trials: 5", "n_trials: 1") + "  accumulation_steps: [1, 2]\n"
+    run = prepare_study(space, tmp_path)
+    printed, _ = display.speed_rows(run.outcome.speed_table)
+    stored = report.stored_speed_table(run.study)
+    assert stored is not None
+    assert [[str(c) for c in row] for row in display.speed_rows(stored)[0]] == [
+        [str(c) for c in row] for row in printed
+    ]
+    page = report.render_html(run.study, run.url)
+    shown = page[page.index('<table id="stage-1">') : page.index("Where the time goes")]
+    for row in printed:
+        assert " ".join(str(c) for c in row) in _text(shown)
 
 
 def test_values_carry_the_run_to_run_spread_once_a_confirmation_round_measured_it(seen):

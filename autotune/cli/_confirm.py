@@ -33,19 +33,12 @@ from autotune.spacefile import DEFAULT_STORAGE
 def say_storage_waits(retry: Any) -> None:
     """Have ``retry`` (an ``OutageRetry``) print, outside the live display, when the study's
     database stops answering and when it answers again."""
+    from autotune import display
 
-    def waiting(problem: str, seconds: float) -> None:
-        console.print(
-            f"The study's database does not answer ({problem}); waiting up to {seconds:g} s "
-            f"for it (study.storage_outage).",
-            style="yellow",
-            markup=False,
-        )
-
-    def back(seconds: float) -> None:
-        console.print(f"The study's database answers again after {seconds:.0f} s.", markup=False)
-
-    retry.on_wait, retry.on_back = waiting, back
+    retry.on_wait = lambda problem, seconds: console.print(
+        display.storage_waiting(problem, seconds)
+    )
+    retry.on_back = lambda seconds: console.print(display.storage_back(seconds))
 
 
 def open_to_train(
@@ -155,9 +148,10 @@ def confirm(
             top or spec.study.confirm.top,
             repeats or spec.study.confirm.repeats,
         )
-    if not confirmed:
+    answer = studies.answer_of(found)
+    if not confirmed or answer is None:
         raise fail(f"study '{found.study_name}' has no feasible trial to confirm", EXIT_FAILED)
-    display.print_confirmation(console, studies.answer_of(found), spec, found.study_name)
+    display.print_confirmation(console, answer, spec, found.study_name)
     write_note(found, storage)
 
 

@@ -344,12 +344,10 @@ def list_studies(
     for row in rows:
         metric = str(row["metric"] or "-")
         unit = display.metric_unit(metric) or metric
-        value = row["best_value"]  # samples/s (a speed study) in SI: 20.8k
-        written = display.si if metric == "samples_per_second" else display.fmt
         table.add_row(
             Text(display.visible(str(row["study"]))),  # stored values are data, never markup
             *(str(row[state]) for state in _COUNTED),
-            Text(f"{'-' if value is None else written(value)} {unit}"),
+            Text(f"{display.fmt(row['best_value'])} {unit}"),
             str(row["best_trial"]) if row["best_trial"] is not None else "-",
         )
     console.print(table)

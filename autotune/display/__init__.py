@@ -7,7 +7,14 @@ wording every rendering says it in (``_confirmation``) and how values and comman
 from typing import TYPE_CHECKING, Any
 
 from autotune.display._confirmation import TrialConfirmation, confirmation_text
-from autotune.display._tables import config_table, print_confirmation, print_plan, print_summary
+from autotune.display._tables import (
+    SPEED_COLUMNS,
+    config_table,
+    print_confirmation,
+    print_plan,
+    print_summary,
+    speed_rows,
+)
 from autotune.display._text import (
     METRIC_NOTES,
     command,
@@ -18,6 +25,8 @@ from autotune.display._text import (
     print_command,
     print_item,
     si,
+    storage_back,
+    storage_waiting,
     study_options,
     visible,
 )

@@ -26,6 +26,8 @@ from autotune.display._text import (
     print_beside,
     score_text,
     si,
+    storage_back,
+    storage_waiting,
     visible,
 )
 from autotune.machine.scaleout import Workers
@@ -139,14 +141,10 @@ class LiveObserver(studies.StudyObserver):
         )
 
     def storage_waiting(self, problem: str, seconds: float) -> None:
-        self.say(
-            f"the study's database does not answer ({problem}); waiting up to {seconds:g} s "
-            f"for it (study.storage_outage) while the running trial trains on",
-            "yellow",
-        )
+        self.say(storage_waiting(problem, seconds))
 
     def storage_back(self, seconds: float) -> None:
-        self.say(f"the study's database answers again after {seconds:.0f} s", "dim")
+        self.say(storage_back(seconds))
 
     def taken_over(self, number: int, kept_on: str | None) -> None:
         kept = f"; what it measured is kept on {kept_on} (earlier_attempt)" if kept_on else ""
@@ -202,38 +200,45 @@ class LiveObserver(studies.StudyObserver):
                 )
             )
 
-    def _trial_line(self, trial: FrozenTrial, own: bool = True) -> None:  # noqa: PLR0912
+    def _completed(self, trial: FrozenTrial, record: studies.TrialRecord) -> tuple[Text, Text]:
+        """A complete trial's measurements on its line, and its flags (infeasible,
+        interference, a leak, off stage 1's prediction)."""
+        line, flags = Text(), Text()
+        feasible = studies.is_feasible(trial)
+        if feasible or self.spec.objective.per_second:
+            line.append(
+                f"{fmt(trial.value):>9} {self.unit}", style="bold green" if feasible else "yellow"
+            )
+        else:  # its value is a penalty, not a time to the target
+            line.append(f"{'target not reached':>21}", style="yellow")
+        line.append(
+            f"  {score_text(self.spec.objective, record.score)}  "
+            f"{record.charged_seconds or 0:.2f} s"
+            f"  {si(record.samples_per_second or 0)} samples/s  "
+        )
+        if record.tokens_per_second:  # token inputs: the unit that fits them
+            line.append(f"{si(record.tokens_per_second)} tokens/s  ")
+        if not feasible and self.spec.objective.per_second:
+            flags.append("infeasible  ", style="yellow")
+        if record.interference:
+            flags.append(f"interference {record.other_cpu_share or 0:.0%}  ", style="yellow")
+        if record.memory_left_bytes:  # a leak: the next trial got a fresh worker
+            left = si(record.memory_left_bytes)
+            flags.append(f"{left}B of device memory not freed  ", style="yellow")
+        if record.speed_mismatch and record.predicted_samples_per_second:
+            off = (record.samples_per_second or 0) / record.predicted_samples_per_second - 1
+            flags.append(f"{off:+.0%} off stage 1  ", style="yellow")
+        return line, flags
+
+    def _trial_line(self, trial: FrozenTrial, own: bool = True) -> None:
         record = studies.TrialRecord.of(trial)
-        line = Text(f"trial {trial.number:>3} ")
-        if record.worker:  # a --workers / --gpus run: which worker trained it
-            line = Text(f"w{record.worker.split('/')[0]} trial {trial.number:>3} ")
+        # a --workers / --gpus run: which worker trained it
+        worker = f"w{record.worker.split('/')[0]} " if record.worker else ""
+        line = Text(f"{worker}trial {trial.number:>3} ")
         flags = Text()  # infeasible, interference: with the knobs when the line has no room
         if trial.state == TrialState.COMPLETE:
-            feasible = studies.is_feasible(trial)
-            if feasible or self.spec.objective.per_second:
-                line.append(
-                    f"{fmt(trial.value):>9} {self.unit}",
-                    style="bold green" if feasible else "yellow",
-                )
-            else:  # its value is a penalty, not a time to the target
-                line.append(f"{'target not reached':>21}", style="yellow")
-            line.append(
-                f"  {score_text(self.spec.objective, record.score)}  "
-                f"{record.charged_seconds or 0:.2f} s"
-                f"  {si(record.samples_per_second or 0)} samples/s  "
-            )
-            if record.tokens_per_second:  # token inputs: the unit that fits them
-                line.append(f"{si(record.tokens_per_second)} tokens/s  ")
-            if not feasible and self.spec.objective.per_second:
-                flags.append("infeasible  ", style="yellow")
-            if record.interference:
-                flags.append(f"interference {record.other_cpu_share or 0:.0%}  ", style="yellow")
-            if record.memory_left_bytes:  # a leak: the next trial got a fresh worker
-                left = si(record.memory_left_bytes)
-                flags.append(f"{left}B of device memory not freed  ", style="yellow")
-            if record.speed_mismatch and record.predicted_samples_per_second:
-                off = (record.samples_per_second or 0) / record.predicted_samples_per_second - 1
-                flags.append(f"{off:+.0%} off stage 1  ", style="yellow")
+            measured, flags = self._completed(trial, record)
+            line.append_text(measured)
         else:
             kind = record.fail_kind or trial.state.name.lower()
             if kind in ("pruned", "cannot_win"):  # stopped early, no fault: its knobs say more

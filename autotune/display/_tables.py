@@ -24,12 +24,13 @@ from autotune.display._text import (
     plural,
     print_command,
     print_item,
-    si,
     study_options,
     visible,
 )
+from autotune.knobs import SPEED_KNOBS, SPLIT_KNOBS
 from autotune.machine.interference import INTERFERENCE_SHARE
 from autotune.spacefile import Choice, Spec, knobs_for
+from autotune.stage1._plan import SpeedPlan, describe
 
 if TYPE_CHECKING:  # torch: the plan is printed by `autotune run` only
     from autotune.machine.hardware import Hardware
@@ -65,8 +66,6 @@ def print_plan(
         print_item(console, "batch_size", found.removeprefix("batch_size "))
     searched = spec.space.searched()
     if spec.study.strategy == "two_stage":
-        from autotune.knobs import SPEED_KNOBS, SPLIT_KNOBS
-
         declared = spec.study.learning_knobs
         timed = [k for k in searched if k in SPEED_KNOBS and k not in declared]
         split = [k for k in searched if k in SPLIT_KNOBS and k not in declared]
@@ -117,7 +116,6 @@ def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
     measurements, cold compiles, an estimate from guessed compile times, its budget, and
     what it times first (``SpeedPlan.predicted``, ``SpeedPlan.reference``)."""
     from autotune.search.references import checklist_rules, untuned_config
-    from autotune.stage1._plan import SpeedPlan, describe
 
     speed = spec.study.speed
     plan = SpeedPlan(spec, untuned_config(spec, hardware), checklist_rules(hardware))
@@ -144,16 +142,22 @@ def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
     return "; ".join(words)
 
 
-def print_speed_table(console: Console, table: SpeedTable) -> None:
-    """Stage 1's answer: the fastest settings of each micro-batch and precision."""
-    from autotune.stage1._plan import describe
+# stage 1's table, as the terminal and the report show it: (column, right-justified)
+SPEED_COLUMNS = (
+    ("micro-batch", True),
+    ("precision", False),
+    ("samples/s", True),
+    ("next best", True),
+    ("settings", False),
+)
 
-    shown = Table(title="Stage 1: the fastest settings per micro-batch", title_justify="left")
-    shown.add_column("micro-batch", justify="right")
-    shown.add_column("precision")
-    shown.add_column("samples/s", justify="right")
-    shown.add_column("next best", justify="right")
-    shown.add_column("settings")
+
+def speed_rows(table: SpeedTable) -> tuple[list[tuple[str | Text, ...]], str | None]:
+    """Stage 1's answer in ``SPEED_COLUMNS``: the fastest settings of each micro-batch and
+    precision, then a row for each cell where nothing ran, with its first fault; and the
+    caption under them, where a row was measured only on a busy machine."""
+    rows: list[tuple[str | Text, ...]] = []
+    caption = None
     for choice in table:
         if choice.accumulation_steps != min(
             c.accumulation_steps for c in table if c.batch_size == choice.batch_size
@@ -163,21 +167,35 @@ def print_speed_table(console: Console, table: SpeedTable) -> None:
         runner_up = (
             f"{choice.runner_up / choice.samples_per_second - 1:+.0%}" if choice.runner_up else "-"
         )
-        speed = Text(f"{si(choice.samples_per_second)} ±{choice.spread / 2:.0%}")
+        speed = Text(f"{fmt(choice.samples_per_second)} ±{choice.spread / 2:.0%}")
         settings = Text(describe(choice.settings))
         if choice.interference:  # measured only while others took its cores: said under it
             speed.append(" busy", style="yellow")
-            shown.caption = "busy: measured only while other processes took its cores"
-            shown.caption_justify = "left"
+            caption = "busy: measured only while other processes took its cores"
         if not choice.measured:  # left out as stage 1's budget ran out: its trials measure it
             speed = Text("not measured", style="yellow")
             settings.append(" (as the nearest micro-batch measured)", style="dim")
-        shown.add_row(str(choice.batch_size), choice.precision + extra, speed, runner_up, settings)
+        rows.append((str(choice.batch_size), choice.precision + extra, speed, runner_up, settings))
     unrunnable: dict[tuple[object, ...], str] = {}  # a row a cell: its first fault
     for (batch, _, precision, extras), _, why in table.unrunnable:
         unrunnable.setdefault((batch, precision, extras), why)
     for (batch, precision, _), why in unrunnable.items():
-        shown.add_row(str(batch), str(precision), "-", "-", Text(why, style="red"))
+        rows.append((str(batch), str(precision), "-", "-", Text(why, style="red")))
+    return rows, caption
+
+
+def print_speed_table(console: Console, table: SpeedTable) -> None:
+    """Stage 1's answer (``speed_rows``), and what the probe of ``batch_size: auto`` found."""
+    shown = Table(
+        title="Stage 1: the fastest settings per micro-batch",
+        title_justify="left",
+        caption_justify="left",
+    )
+    for name, right in SPEED_COLUMNS:
+        shown.add_column(name, justify="right" if right else "left")
+    rows, shown.caption = speed_rows(table)
+    for row in rows:
+        shown.add_row(*row)
     console.print(shown)
     if table.batch_size_auto:
         console.print(table.batch_size_auto)
@@ -202,7 +220,7 @@ def _best_table(study: optuna.Study, spec: Spec) -> Table | None:
             fmt(trial.value),
             fmt(record.score),
             f"{record.charged_seconds if record.charged_seconds is not None else math.nan:.2f}",
-            si(record.samples_per_second or 0),
+            fmt(record.samples_per_second),
             Text(params(trial)),  # categorical values are the user's strings
         )
     return table
@@ -318,14 +336,11 @@ def _edge_of_space(
 
 
 def print_confirmation(
-    console: Console, answer: studies.Answer | None, spec: Spec, study_name: str
+    console: Console, answer: studies.Answer, spec: Spec, study_name: str
 ) -> None:
-    """The confirmation round behind the study's answer (``studies.answer_of``): each
-    configuration's median and range, the answer, ties, its ratio over each reference the round
-    measured beside it, and what the round cost."""
-    if answer is None or answer.round_state == "none":
-        console.print("[yellow]Not confirmed:[/] no feasible trial to confirm.")
-        return
+    """The confirmation round behind the study's answer (``studies.answer_of``, once a round
+    exists): each configuration's median and range, the answer, ties, its ratio over each
+    reference the round measured beside it, and what the round cost."""
     unit = metric_unit(spec.objective.metric_name)
     table = Table(
         title=f"Confirmation ({answer.repeats} more runs each, interleaved)", title_justify="left"

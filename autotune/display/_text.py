@@ -44,7 +44,6 @@ def fmt(value: Any) -> str:
 _METRIC_FORMATS: dict[str, Any] = {
     **dict.fromkeys(("charged_seconds", "train_seconds", "overhead_seconds"), "{:.3g} s".format),
     "compile_seconds": lambda v: f"{v:.1f} s",
-    **dict.fromkeys(("samples_per_second", "tokens_per_second"), "{:,.0f}".format),
     "achieved_flops": lambda v: f"{v / 1e9:,.1f} GFLOP/s",
     "mfu": lambda v: f"{v:.1%}",
     "gpu_utilization": lambda v: f"{v:.0%}",
@@ -74,6 +73,20 @@ def fmt_metric(key: str, value: Any) -> str:
     if isinstance(value, int | float) and not isinstance(value, bool) and key in _METRIC_FORMATS:
         return _METRIC_FORMATS[key](value)
     return fmt(value)
+
+
+def storage_waiting(problem: str, seconds: float) -> Text:
+    """What is said when the study's database stops answering (``OutageRetry.on_wait``)."""
+    return Text(
+        f"the study's database does not answer ({problem}); waiting up to {seconds:g} s for it "
+        f"(study.storage_outage)",
+        style="yellow",
+    )
+
+
+def storage_back(seconds: float) -> Text:
+    """What is said when the study's database answers again (``OutageRetry.on_back``)."""
+    return Text(f"the study's database answers again after {seconds:.0f} s", style="dim")
 
 
 def visible(text: str) -> str:
@@ -130,6 +143,8 @@ def study_options(study_name: str, storage: str) -> list[str]:
 
 
 def si(value: float) -> str:
+    """A rate or a size to one decimal of a unit prefix (``7.8k``, ``1.2M``), for the live lines
+    alone: a trial's line must fit 80 columns. Everywhere else, ``fmt``."""
     for unit, scale in (("M", 1e6), ("k", 1e3)):
         if abs(value) >= scale:
             return f"{value / scale:.1f}{unit}"

@@ -15,7 +15,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune._version import __version__
-from autotune.display import fmt, verification_rows
+from autotune.display import fmt, study_options, verification_rows
 from autotune.export import TrialConfirmation, confirmation_text
 from autotune.results import PHASES
 from autotune.spacefile import DEFAULT_STORAGE, knobs_for
@@ -28,7 +28,6 @@ from autotune.study import (
     Verification,
     answer_of,
     baseline_trial,
-    display_url,
     feasible_trials,
     reference_trial,
     speed_study_name,
@@ -169,29 +168,31 @@ def verify_block(study: optuna.Study) -> list[str]:
     ]
 
 
+def best_headline(answer: Answer, metric: str, score_name: str) -> str:
+    """The sentence the note and the report open with, in markdown (``**`` for what stands out:
+    ``<strong>`` in the report)."""
+    record = TrialRecord.of(answer.trial)
+    value, what = answer.headline
+    spread = f" ±{answer.spread:.0%}" if answer.spread is not None else ""
+    return (
+        f"**Best: trial {answer.number}**, {metric} **{fmt(value)}**{spread} ({what}; its trial: "
+        f"validation {score_name} {fmt(record.score)}, {fmt(record.samples_per_second)} "
+        f"samples/s, {fmt(record.charged_seconds)} s of training)."
+    )
+
+
 def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     """The markdown note autotune keeps on a study in optuna-dashboard."""
     answer = answer_of(study)
     metric, score_name, _ = names(study)
     study_name = study.study_name
-    # the password never goes into the study: the command shows *** in its place
-    shown = display_url(storage_url)
-    storage = "" if storage_url == DEFAULT_STORAGE else f" --storage {shown}"
+    where = " ".join(study_options(study_name, storage_url))  # a password as ***: it is shared
     lines = [f"## autotune: {study_name}", ""]
     if answer is None:
         lines += ["No trial has completed feasibly yet.", ""]
     else:
-        best, (headline, what) = answer.trial, answer.headline
-        record = TrialRecord.of(best)
-        lines += [
-            f"**Best: trial {best.number}**, {metric} **{fmt(headline)}**"
-            + (f" ±{answer.spread:.0%}" if answer.spread is not None else "")
-            + f" ({what}; its trial: "
-            f"validation {score_name} {fmt(record.score)}, "
-            f"{fmt(record.samples_per_second)} samples/s, "
-            f"{fmt(record.charged_seconds)} s of training).",
-            "",
-        ]
+        best, record = answer.trial, TrialRecord.of(answer.trial)
+        lines += [best_headline(answer, metric, score_name), ""]
         compared = [
             f"- {speed:.2f}x the samples/s of {label} (trial {other.number})"
             + (f", {value:.2f}x its {metric}" if value else "")
@@ -219,9 +220,8 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     lines += verify_block(study)
     lines += _space_file_block(study)
     lines += [
-        f"Export it: `autotune export --study {study_name}{storage} -o train.py` "
-        f"(or `--format yaml`).  ",
-        f"Report: `autotune report --study {study_name}{storage} -o report.html`.",
+        f"Export it: `autotune export {where} -o train.py` (or `--format yaml`).  ",
+        f"Report: `autotune report {where} -o report.html`.",
         "",
         f"_Updated {datetime.datetime.now().isoformat(timespec='seconds')} by autotune "
         f"{__version__}._",

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import datetime
 import html
+import re
 import statistics
 import warnings
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,11 +19,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune._imports import optional
 from autotune._version import __version__
-from autotune.display import fmt, fmt_metric
+from autotune.display import SPEED_COLUMNS, fmt, fmt_metric, speed_rows, study_options
 from autotune.errors import UserError
-from autotune.export import TrialConfirmation, confirmation_text
+from autotune.export import TrialConfirmation, confirmation_text, study_spec
 from autotune.outputs.notes import (
     PHASE_LABELS,
+    best_headline,
     comparisons,
     knob_rows,
     measured,
@@ -31,6 +33,10 @@ from autotune.outputs.notes import (
 )
 from autotune.results import PHASES
 from autotune.spacefile import DEFAULT_STORAGE, KNOBS
+from autotune.speed import Extras, SpeedTable
+from autotune.stage1._plan import Cell, Settings, SpeedPlan
+from autotune.stage1._store import TRANSIENT_FAULTS, Pool
+from autotune.stage1._table import speed_table
 from autotune.storage import adapter
 from autotune.study import (
     SpeedRecord,
@@ -39,7 +45,6 @@ from autotune.study import (
     Verification,
     answer_of,
     baseline_trial,
-    display_url,
     feasible_trials,
     speed_study_name,
     trial_config,
@@ -319,56 +324,46 @@ def hardware_rows(hardware: dict[str, object]) -> list[tuple[str, str]]:
     return rows
 
 
-@dataclass(frozen=True)
-class SpeedRow:
-    """One cell of stage 1 (a micro-batch at a precision) as the report shows it."""
-
-    cell: str  # "batch 64, bf16"
-    settings: str  # the fastest, in words
-    samples_per_second: str  # its median over its measurements
-    measurements: int
-    tried: int  # settings measured in the cell
-    failed: str  # the faults of the others, counted: "oom 2"
-
-
-def speed_rows(study: optuna.Study) -> list[SpeedRow]:
-    """Stage 1's fastest settings per cell, from the study's ``NAME.speed`` ([] without)."""
-    name = speed_study_name(study.study_name)
-    storage = adapter.storage_of(study)
-    if name not in optuna.get_all_study_names(storage):
-        return []
-    by_cell: dict[str, dict[str, list[float]]] = {}
-    faults: dict[str, Counter[str]] = defaultdict(Counter)
+def stored_speed_table(study: optuna.Study) -> SpeedTable | None:
+    """Stage 1's table as the run showed it (``stage1._table``'s rule), from the measurements
+    in the study's speed study (``NAME.speed``) and its stored space file; None without them.
+    The cells of the space file that speed study never measured are left out (a precision the
+    machine lacks), and measurements reused from another study's are not in it."""
+    name, storage = speed_study_name(study.study_name), adapter.storage_of(study)
+    spec = study_spec(study)
+    base = next(
+        (c for t in study.get_trials(deepcopy=False) if (c := TrialRecord.of(t).config)), None
+    )
+    if spec is None or base is None or name not in optuna.get_all_study_names(storage):
+        return None
+    record = StudyRecord.of(study)
+    plan = SpeedPlan(
+        spec.with_batch_sizes(tuple(record.batch_sizes)) if record.batch_sizes else spec, base
+    )
+    pools: dict[tuple[str, Settings], Pool] = {}  # by cell and settings, as stage 1 had them
     for trial in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False):
-        record = SpeedRecord.of(trial)
-        if record is None:
+        speed = SpeedRecord.of(trial)
+        if speed is None:
             continue
-        if trial.state == TrialState.COMPLETE and trial.value is not None:
-            by_cell.setdefault(record.cell, {}).setdefault(record.settings, []).append(trial.value)
-        elif record.fail_kind:
-            faults[record.cell][record.fail_kind] += 1
-    rows = []
-    for cell in sorted(set(by_cell) | set(faults), key=_cell_order):
-        settings = by_cell.get(cell, {})
-        medians = {words: statistics.median(values) for words, values in settings.items()}
-        fastest = max(medians, key=lambda words: medians[words], default=None)
-        rows.append(
-            SpeedRow(
-                cell=cell,
-                settings=fastest or "none ran",
-                samples_per_second=fmt(medians[fastest]) if fastest else "-",
-                measurements=len(settings.get(fastest, [])) if fastest else 0,
-                tried=len(settings) + sum(faults.get(cell, {}).values()),
-                failed=", ".join(f"{k} {n}" for k, n in sorted(faults.get(cell, {}).items())),
-            )
-        )
-    return rows
+        cell = ("batch_size", "precision", *plan.declared)
+        settings = tuple((k, v) for k, v in trial.params.items() if k not in cell)
+        pool = pools.setdefault((speed.cell, settings), Pool())
+        if trial.state == TrialState.COMPLETE and (result := speed.result()) is not None:
+            pool.results.append((trial.number, result, speed.interference, speed.round))
+        elif speed.fail_kind and speed.fail_kind not in TRANSIENT_FAULTS:
+            pool.fault = (speed.fail_kind, speed.fail_msg or speed.fail_kind)
+    tried = {c: [s for label, s in pools if label == c.label()] for c in plan.cells()}
+    table = speed_table(plan.spec, plan, tried, lambda c, s: pools[(c.label(), s)])
+    measured = {label for label, _ in pools}
 
+    def seen(batch_size: int, precision: str, extras: Extras) -> bool:
+        return Cell(batch_size, precision, extras).label() in measured
 
-def _cell_order(cell: str) -> tuple[str, int]:
-    """'batch 64, bf16' sorts by precision, then micro-batch."""
-    batch, _, rest = cell.removeprefix("batch ").partition(", ")
-    return rest, int(batch) if batch.isdigit() else 0
+    return SpeedTable(
+        choices=tuple(c for c in table if seen(c.batch_size, c.precision, c.extras)),
+        unrunnable=tuple(u for u in table.unrunnable if seen(u[0][0], u[0][2], u[0][3])),
+        batch_size_auto=record.batch_size_auto,
+    )
 
 
 def _optuna_figures(study: optuna.Study) -> list[tuple[str, str]]:
@@ -408,6 +403,9 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         (label.removeprefix("the "), other.number, speed, value, TrialRecord.of(other))
         for label, other, speed, value in comparisons(study, answer)
     ]
+    said = html.escape(best_headline(answer, metric, score_name)) if answer is not None else ""
+    table = stored_speed_table(study)
+    stage_one, caption = speed_rows(table) if table is not None else ([], None)
     bars = _breakdown_bars(study, baseline)
     curves = _verified_curves(study)
     param_names, rows = trial_rows(study)
@@ -427,6 +425,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         baseline=baseline,
         best=best,
         best_record=TrialRecord.of(best) if best is not None else None,
+        headline=re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", said),  # the note's: ** as HTML
         confirmation=confirmation_text(TrialConfirmation.of(answer, best.number), study.study_name)
         if best is not None
         else "",
@@ -438,7 +437,10 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         trial_rows=rows,
         any_tokens=any(row.tokens_per_second != fmt(None) for row in rows),
         knob_speeds=knob_speeds(study),
-        speed_rows=speed_rows(study),
+        speed_columns=SPEED_COLUMNS,
+        speed_rows=[[str(cell) for cell in row] for row in stage_one],
+        speed_caption=caption,
+        batch_size_auto=table.batch_size_auto if table else None,
         hardware=hardware_rows(StudyRecord.of(study).hardware or {}),
         figures=_optuna_figures(study),
         scatter=_figure_html(_scatter(study)),
@@ -448,5 +450,5 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         plotly_js=plotly_offline.get_plotlyjs(),
         generated=datetime.datetime.now().isoformat(timespec="seconds"),
         version=__version__,
-        storage=display_url(storage_url),  # never the password: it is a file people share
+        where=" ".join(study_options(study.study_name, storage_url)),  # a password as ***
     )
