@@ -14,7 +14,9 @@ from multiprocessing.connection import Connection
 import pytest
 
 from autotune import supervision
-from autotune.results import Evaluation
+from autotune.faults import TrialFault
+from autotune.results import Evaluation, TrialResult
+from autotune.worker._protocol import Warmed
 
 EVALUATION = Evaluation(1, 1.0, 10, 320, 0.5, 0.7, 0.9, 1.5, 0.0, 0.1, final=False)
 
@@ -47,6 +49,17 @@ def _ignore_exit(pipe: Connection) -> None:
     """Say it is ready, then never read the pipe again."""
     pipe.send("ready")
     time.sleep(60)
+
+
+def _answer_as_a_worker(pipe: Connection, own_seconds: float, result: TrialResult) -> None:
+    """Say it is ready; then answer a request as a worker does: warmed, one evaluation, and
+    after ``own_seconds`` of its own work, finished."""
+    pipe.send("ready")
+    pipe.recv()
+    pipe.send(Warmed())
+    supervision.reporter(pipe)(EVALUATION)
+    time.sleep(own_seconds)
+    pipe.send(supervision.Finished(result))
 
 
 def _heard(children: list[supervision.Child], within: float = 10.0) -> tuple[int, object]:
@@ -152,3 +165,35 @@ def test_a_child_that_ignores_exit_is_waited_for_its_grace_and_no_longer(
     finally:
         supervision.kill(children)
     assert all(child.process.exitcode == -signal.SIGKILL for child in children)
+
+
+@pytest.mark.parametrize("own_seconds", [0.3, 0.8])
+def test_the_time_a_trial_waits_for_the_study_to_record_an_evaluation_is_not_its_timeout(
+    own_seconds: float,
+):
+    """The worker trains on while the study process waits for its database (a restart, say):
+    the seconds the answer to an evaluation takes are not held against the trial's timeout;
+    its own seconds are (0.3 s within its 0.5 s, 0.8 s past it). Its own work is a sleep: a busy
+    machine changes nothing here."""
+    from autotune.machine.interference import CpuMeter
+    from autotune.testing import make_config, make_result
+    from autotune.worker._supervisor import WorkerExecutor
+
+    def slow_report(evaluation: Evaluation) -> bool:
+        time.sleep(0.8)  # past the trial's timeout
+        return False
+
+    result = make_result(EVALUATION)
+    (child,) = supervision.start(_answer_as_a_worker, [(own_seconds, result)], "autotune-test")
+    try:
+        assert _heard([child]) == (0, "ready")
+        with CpuMeter() as meter:
+            request = supervision.RunTrial(make_config())
+            if own_seconds > 0.5:
+                with pytest.raises(TrialFault, match=r"^no result after 0\.5 s; the worker"):
+                    WorkerExecutor._exchange(child, request, slow_report, meter, 0.5)
+            else:
+                done = WorkerExecutor._exchange(child, request, slow_report, meter, 0.5)
+                assert done == supervision.Finished(result)
+    finally:
+        supervision.kill([child])
