@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -119,10 +120,23 @@ SPEC = WorkloadSpec(
 )
 
 
-def test_a_distributed_trial_trains_as_its_processes_and_stops_together():
+@pytest.fixture(scope="module")
+def pool() -> Iterator[distributed.RankPool]:
+    """One pool of ranks for this module's trials of SPEC (a start-up costs seconds, a trial
+    milliseconds): closing it at the end leaves no process."""
+    ranks = distributed.RankPool(distributed.WorkloadSource(SPEC, None, "accuracy"))
+    try:
+        yield ranks
+    finally:
+        ranks.close()
+    assert _children() == []
+
+
+def test_a_distributed_trial_trains_as_its_processes_and_stops_together(
+    pool: distributed.RankPool,
+):
     """Rank 0 reports each evaluation here; its verdict stops every rank at the same step.
-    Rates and samples are the processes' together; the global batch is theirs together. (One
-    pool of ranks for the trials: a start-up costs seconds, a trial milliseconds.)"""
+    Rates and samples are the processes' together; the global batch is theirs together."""
     seen = []
 
     def report(evaluation):
@@ -135,24 +149,20 @@ def test_a_distributed_trial_trains_as_its_processes_and_stops_together():
         stopped.append(evaluation)
         return True
 
-    pool = distributed.RankPool(distributed.WorkloadSource(SPEC, None, "accuracy"))
-    try:
-        config = make_config(world_size=2, batch_size=16, epochs=2.0)
-        result = pool.train(config, report)
-        assert [e.index for e in seen] == [1, 2] and seen[-1].final
-        assert result.world_size == 2 and result.effective_batch_size == 32
-        assert result.samples_seen == seen[-1].samples_seen
-        assert result.samples_seen == 2 * result.optimizer_steps * 16
-        assert result.score > 0.5 and result.samples_per_second > 0
+    config = make_config(world_size=2, batch_size=16, epochs=2.0)
+    result = pool.train(config, report)
+    started = pool.started
+    assert [e.index for e in seen] == [1, 2] and seen[-1].final
+    assert result.world_size == 2 and result.effective_batch_size == 32
+    assert result.samples_seen == seen[-1].samples_seen
+    assert result.samples_seen == 2 * result.optimizer_steps * 16
+    assert result.score > 0.5 and result.samples_per_second > 0
 
-        result = pool.train(config.replace(epochs=3.0), stop_at_first)
-        assert len(stopped) == 1 and len(result.evaluations) == 1  # both ranks stopped there
-        # ... at the same step: the next trial on the same ranks trains in step again
-        assert pool.train(config, lambda evaluation: False).score > 0.5
-        assert pool.started == 1
-    finally:
-        pool.close()
-    assert _children() == []
+    result = pool.train(config.replace(epochs=3.0), stop_at_first)
+    assert len(stopped) == 1 and len(result.evaluations) == 1  # both ranks stopped there
+    # ... at the same step: the next trial on the same ranks trains in step again
+    assert pool.train(config, lambda evaluation: False).score > 0.5
+    assert pool.started == started
 
 
 @pytest.mark.parametrize(
@@ -170,12 +180,13 @@ def test_a_failing_rank_is_one_fault_and_leaves_no_process(fault, kind, said):
     fails once, with that rank's fault, and every rank process is gone when it returns."""
     spec = SPEC.model_copy(update={"model_args": {**fault, "fault_rank": 1}})
     pool = distributed.RankPool(distributed.WorkloadSource(spec, None, "accuracy"))
+    others = _children()  # the module's ``pool``, where it runs
     started = time.monotonic()
     with pytest.raises(TrialFault) as raised:  # the failed trial stops the pool itself
         pool.train(make_config(world_size=2), lambda evaluation: False)
     assert raised.value.kind == kind and raised.value.message.startswith(said), raised.value
     assert time.monotonic() - started < 60  # the other rank did not wait out a timeout
-    assert _children() == []
+    assert _children() == others
 
 
 def _children() -> list[str]:
@@ -192,32 +203,29 @@ def _children() -> list[str]:
     return found
 
 
-def test_the_ranks_are_kept_between_trials_and_started_anew_after_a_fault():
+def test_the_ranks_are_kept_between_trials_and_started_anew_after_a_fault(
+    pool: distributed.RankPool,
+):
     """A pool's ranks train trial after trial (one start-up, paid once); a trial whose rank
-    fails stops them, the next trial starts new ones, and closing leaves no process."""
-    pool = distributed.RankPool(distributed.WorkloadSource(SPEC, None, "accuracy"))
-    try:
-        config = make_config(world_size=2, batch_size=16)
-        first = pool.train(config, lambda evaluation: False)
-        ranks = [rank.process.pid for rank in pool.ranks]
-        second = pool.train(config.replace(seed=1), lambda evaluation: False)
-        assert pool.started == 1  # no new processes: the same ranks trained it
-        assert [rank.process.pid for rank in pool.ranks] == ranks
-        assert first.world_size == second.world_size == 2 and second.score > 0.5
-        with pytest.raises(
-            TrialFault, match=r"rank [01] of 2: batch_size 100000 \(per process\) is larger"
-        ):
-            pool.train(config.replace(batch_size=100_000), lambda evaluation: False)
-        assert pool.started == 1
-        assert pool.train(config, lambda evaluation: False).score > 0.5
-        assert pool.started == 2  # the failed trial's ranks were stopped, new ones started
-        os.kill(pool.ranks[1].process.pid, signal.SIGKILL)  # a rank dies between trials
-        pool.ranks[1].process.join()
-        assert pool.train(config, lambda evaluation: False).score > 0.5
-        assert pool.started == 3  # not a BrokenPipeError charged to the configuration
-    finally:
-        pool.close()
-    assert _children() == []
+    fails stops them, the next trial starts new ones (closing leaves no process: ``pool``)."""
+    config = make_config(world_size=2, batch_size=16)
+    first = pool.train(config, lambda evaluation: False)
+    started, ranks = pool.started, [rank.process.pid for rank in pool.ranks]
+    second = pool.train(config.replace(seed=1), lambda evaluation: False)
+    assert pool.started == started  # no new processes: the same ranks trained it
+    assert [rank.process.pid for rank in pool.ranks] == ranks
+    assert first.world_size == second.world_size == 2 and second.score > 0.5
+    with pytest.raises(
+        TrialFault, match=r"rank [01] of 2: batch_size 100000 \(per process\) is larger"
+    ):
+        pool.train(config.replace(batch_size=100_000), lambda evaluation: False)
+    assert pool.started == started
+    assert pool.train(config, lambda evaluation: False).score > 0.5
+    assert pool.started == started + 1  # the failed trial's ranks were stopped, new ones started
+    os.kill(pool.ranks[1].process.pid, signal.SIGKILL)  # a rank dies between trials
+    pool.ranks[1].process.join()
+    assert pool.train(config, lambda evaluation: False).score > 0.5
+    assert pool.started == started + 2  # not a BrokenPipeError charged to the configuration
 
 
 # the trials in the study's own process (the worker is not the subject), stage 1 one short

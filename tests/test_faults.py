@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -334,17 +335,21 @@ def test_a_hanging_trial_is_killed_with_its_dataloader_workers(tmp_path: Path, r
     )
     # the timeout counts from the end of the warm-up: the DataLoader worker starts (forked) and
     # the step hangs well within it; a kill while warming would say so in its message
-    study, _, executor = run(text, tmp_path, isolation="worker", timeout=2.5)
+    study, _, executor = run(text, tmp_path, isolation="worker", timeout=1.5)
     for trial in study.trials:
         message = trial.user_attrs["fail_msg"]
-        assert (
-            "no result after 2.5 s; the worker and its DataLoader workers were killed" in message
-        )
         # on a busy machine (other jobs on these cores) the timeout is not held against the
-        # configuration: the next test checks that case on purpose
+        # configuration (the next test checks that case on purpose), and the warm-up may take
+        # the whole 1.5 s: the kill then says so
         under_load = "other processes took" in message
         expected = "timeout_under_load" if under_load else "trial_timeout"
         assert trial.user_attrs["fail_kind"] == expected
+        warming = " (still warming up: the process's first steps)" if under_load else ""
+        assert re.match(
+            rf"no result after 1\.5 s({re.escape(warming)})?; the worker and its DataLoader "
+            "workers were killed",
+            message,
+        ), message
     # a fresh worker for every trial (a timeout under load is not counted: one more trial runs)
     assert len(executor.started_pids) == len(study.trials) >= 2
     for pid in executor.started_pids:
@@ -362,8 +367,8 @@ def test_a_timeout_while_other_processes_take_the_cores_is_not_held_against_the_
         int(subprocess.run(["sh", "-c", burn], capture_output=True, check=True).stdout)
         for _ in range(len(os.sched_getaffinity(0)))
     ]
-    try:  # killed after 2 s, warming up or hanging: either way while the burners run
-        study, _, _ = run(text, tmp_path, isolation="worker", timeout=2)
+    try:  # killed after 1 s, warming up or hanging: either way while the burners run
+        study, _, _ = run(text, tmp_path, isolation="worker", timeout=1)
     finally:
         for pid in burners:
             os.kill(pid, signal.SIGKILL)

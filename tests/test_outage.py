@@ -17,13 +17,10 @@ import pytest
 import sqlalchemy
 from optuna.trial import TrialState
 
-from autotune.results import Evaluation
-from autotune.spacefile import WorkloadSpec
 from autotune.storage import adapter
 from autotune.storage._outage import troubled_within
 from autotune.study import OutageRetry, StorageOutage, TrialRecord, without_retry
-from autotune.testing import make_config, start_cli, write_space
-from autotune.worker import WorkerExecutor
+from autotune.testing import start_cli, write_space
 
 
 def _locked_study(tmp_path: Path, retry: OutageRetry) -> tuple[optuna.Study, Path]:
@@ -105,30 +102,6 @@ def test_past_its_bound_a_storage_call_gives_up_in_one_line_and_waits_no_more(tm
     released.join()
     study.set_user_attr("third", 1)  # a database that answers is written to as ever
     assert study.user_attrs == {"third": 1}
-
-
-def test_the_time_a_trial_waits_for_the_study_to_record_an_evaluation_is_not_its_timeout():
-    """The worker trains on while the study process waits for its database: the time it
-    waits for the answer to an evaluation is not held against the trial's timeout."""
-    workload = WorkloadSpec(
-        model="autotune.testing:tiny_mlp",
-        data="autotune.testing:blobs",
-        data_args={"train_delay_seconds": 0.003},  # half an epoch: longer than a poll
-    )
-    executor = WorkerExecutor(workload, None, trial_timeout=2.5)
-    answered: list[int] = []
-
-    def slow_report(evaluation: Evaluation) -> bool:
-        if not answered:
-            time.sleep(3.0)  # a database that restarts, past the trial's timeout
-        answered.append(evaluation.index)
-        return False
-
-    try:
-        result = executor.train(make_config(epochs=1.0, eval_every=0.5), slow_report)
-    finally:
-        executor.close()
-    assert len(answered) == 2 and result.evaluations[-1].final
 
 
 SPACE = """\

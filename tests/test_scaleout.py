@@ -56,6 +56,7 @@ space:
   lr: {{low: 1.0e-3, high: 1.0e-1, log: true}}
   batch_size: [32]
 """
+SHORT_BURSTS = "{repeats: 2, bursts: 1, burst_seconds: 0.05}"  # stage 1 in a fraction of a second
 
 
 def test_the_cores_are_divided_into_equal_shares(monkeypatch: pytest.MonkeyPatch):
@@ -182,7 +183,9 @@ def test_a_worker_that_cannot_run_is_one_line_and_creates_nothing(tmp_path: Path
 @two_cores
 @pytest.mark.slow
 def test_two_workers_train_at_once_on_their_own_cores_and_keep_the_count(tmp_path: Path):
-    write_space(tmp_path, SLOW_SPACE.format(n_trials=4, delay=0.002), name="space.yaml")
+    text = SLOW_SPACE.format(n_trials=4, delay=0.002)  # stage 1 in short bursts
+    text = text.replace("  seed: 0\n", f"  seed: 0\n  speed: {SHORT_BURSTS}\n")
+    write_space(tmp_path, text, name="space.yaml")
     done = run_cli("run", "space.yaml", "--workers", "2", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "workers worker 1 of 2: 1 core 0; worker 2 of 2: 1 core 1" in done.stdout

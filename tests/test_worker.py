@@ -229,7 +229,7 @@ def test_a_worker_killed_from_outside_is_not_the_configurations_fault():
     workload = WorkloadSpec(
         model="autotune.testing:tiny_mlp",
         data="autotune.testing:blobs",
-        model_args={"step_delay_seconds": 0.2},  # 8 steps: time to be killed mid-trial
+        model_args={"step_delay_seconds": 0.1},  # 3 warm-up steps and 8: killed mid-trial
     )
     executor = WorkerExecutor(workload, None)
     kinds = []
@@ -237,7 +237,7 @@ def test_a_worker_killed_from_outside_is_not_the_configurations_fault():
         for sent in (signal.SIGKILL, signal.SIGSEGV):
             executor.start()
             pid = executor.started_pids[-1]
-            killer = threading.Timer(1.5, os.kill, (pid, sent))
+            killer = threading.Timer(0.6, os.kill, (pid, sent))
             killer.start()
             with pytest.raises(TrialFault) as caught:
                 executor.train(make_config(epochs=1.0), lambda evaluation: False)
