@@ -170,7 +170,8 @@ def answer(child: Child, evaluated: Evaluated, report: Reporter) -> float:
 
 
 def ask_to_exit(children: list[Child]) -> None:
-    """Ask each child to exit, and wait up to EXIT_GRACE_SECONDS for them (then ``kill``)."""
+    """Ask each child to exit, and wait up to EXIT_GRACE_SECONDS for them (the caller then
+    ``kill``s what is left)."""
     tell(children, Exit())
     deadline = time.monotonic() + EXIT_GRACE_SECONDS
     for child in children:
