@@ -139,7 +139,7 @@ def run_study(
             requeue_lost_references(study, spec, hardware, fits)  # not into a finished study
             if on_trials_start is not None:  # only when there is something left to run
                 on_trials_start()
-        _trials(study, spec, trial_runner, deadline, outcome)
+        _trials(study, trial_runner, deadline, outcome)
     except KeyboardInterrupt as stop:
         outcome.interrupted = True
         outcome.terminated = isinstance(stop, Terminated)
@@ -185,14 +185,14 @@ def _stage_one(
 
 def _trials(
     study: optuna.Study,
-    spec: Spec,
     trial_runner: TrialRunner,
     deadline: float | None,
     outcome: RunOutcome,
 ) -> None:
     """Trials until the study holds its total, the timeout's ``deadline`` passes, or this
     run's failures say to stop (``run_study``'s rules); what they did, in ``outcome``."""
-    observer, target = trial_runner.observer, spec.study.n_trials
+    observer, spec = trial_runner.observer, trial_runner.spec
+    target = spec.study.n_trials
     errors: list[str] = []  # messages of unexpected errors since the last counted trial
     completed_here = False  # whether a trial of this run completed
     failures = 0
