@@ -82,6 +82,7 @@ from autotune.spacefile import Choice, FloatRange, Spec, load_spec
 from autotune.speed import BurstPlan, SpeedChoice, SpeedMeasurement, SpeedTable
 from autotune.stage1._plan import SpeedPlan, describe
 from autotune.stage1._stage import run_speed_stage
+from autotune.stage1._take import StageInputs
 from autotune.study._sampling import make_pruner, make_sampler
 from autotune.testing import never_stop
 from autotune.training.telemetry import fingerprint
@@ -189,7 +190,7 @@ def record_stage_one(
         direction="maximize",
     )
     started = time.monotonic()
-    table = run_speed_stage(study, spec, hardware, executor, workload, remeasure=True)
+    table = run_speed_stage(StageInputs(study, spec, hardware, executor, workload), remeasure=True)
     seconds = time.monotonic() - started
     for m in executor.measurements:
         speed = m.get("samples_per_second_by_accumulation", {}).get("1")

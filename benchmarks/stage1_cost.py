@@ -33,6 +33,7 @@ from autotune.machine.hardware import Hardware, detect
 from autotune.search.space import restrict
 from autotune.spacefile import Spec, load_spec, parse_spec
 from autotune.stage1._stage import run_speed_stage
+from autotune.stage1._take import StageInputs
 from autotune.study import SpeedEvent, SpeedRecord, open_storage, open_study, speed_study_name
 from autotune.training.context import graph_key
 from autotune.worker import WorkerExecutor
@@ -51,7 +52,9 @@ def stage_one(spec: Spec, hardware: Hardware, directory: Path) -> dict[str, floa
     events: list[SpeedEvent] = []
     try:
         started = time.monotonic()
-        table = run_speed_stage(study, spec, hardware, executor, workload, on_event=events.append)
+        table = run_speed_stage(
+            StageInputs(study, spec, hardware, executor, workload, on_event=events.append)
+        )
         seconds = time.monotonic() - started
     finally:
         executor.close()

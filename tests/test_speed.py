@@ -33,6 +33,7 @@ from autotune.stage1._probe import doubled
 from autotune.study import (
     RunOutcome,
     SpeedRecord,
+    StageInputs,
     StudyError,
     StudyRecord,
     TrialRecord,
@@ -355,7 +356,9 @@ def test_a_cell_begins_with_the_cudnn_benchmark_flag_its_worker_process_ran_last
     )
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), AMPERE).spec
-    stage = Stage(study, spec, AMPERE, InProcessExecutor(blobs_workload()), None, None, print)
+    stage = Stage(
+        StageInputs(study, spec, AMPERE, InProcessExecutor(blobs_workload()), on_event=print)
+    )
     cell = Cell(16, "fp32")
     planned = stage.plan.first_round(cell)
     flags = [dict(s)["cudnn_benchmark"] for s in planned]
@@ -384,7 +387,7 @@ def test_stage_one_on_a_gpu_switches_cudnn_benchmark_once_a_cell(tmp_path: Path,
     executor = SyntheticExecutor()  # what a GPU would be asked
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), AMPERE).spec
-    run_speed_stage(study, spec, AMPERE, executor)
+    run_speed_stage(StageInputs(study, spec, AMPERE, executor))
     asked = executor.measured
     assert all(c.device.startswith("cuda") for c in asked)
     by_cell = [[c.cudnn_benchmark for c in asked if c.batch_size == b] for b in (16, 32)]
@@ -955,7 +958,7 @@ def test_a_measurement_taken_under_interference_is_its_studys_only(
         study, _, _, _ = prepare_study(space, tmp_path, run=False)
         spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
         executor = SyntheticExecutor()
-        run_speed_stage(study, spec, CPU, executor, _workload(tmp_path, space))
+        run_speed_stage(StageInputs(study, spec, CPU, executor, _workload(tmp_path, space)))
         return executor
 
     space = two_stage(n_trials=1, batch_sizes="[16]", precisions="fp32", workers="[0]")
@@ -1027,7 +1030,7 @@ def test_stage_one_compiles_each_distinct_graph_once_and_charges_its_cold_compil
     executor = GraphCounting(_workload(tmp_path, space))
     study, url, _, _ = prepare_study(space, tmp_path, run=False)
     spec = parse_spec(space, tmp_path / "space.yaml")
-    table = run_speed_stage(study, restrict(spec, CPU).spec, CPU, executor)
+    table = run_speed_stage(StageInputs(study, restrict(spec, CPU).spec, CPU, executor))
     compiled = [c for c in executor.measured if c.compile == "default"]
     assert len(compiled) >= 2  # the device and the dataloader pipeline, compiled
     assert len({graph_key(c) for c in compiled}) == 1
@@ -1160,7 +1163,7 @@ def test_stage_one_times_a_precision_far_behind_with_one_setting_after_its_first
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
     events: list = []
-    table = run_speed_stage(study, spec, CPU, executor, on_event=events.append)
+    table = run_speed_stage(StageInputs(study, spec, CPU, executor, on_event=events.append))
     bf16 = [c for c in executor.measured if c.precision == "bf16"]
     # its first cell gone through, its fastest (64: every cell's reference was timed first),
     # times its other settings, as the other rules allow
@@ -1181,7 +1184,7 @@ def test_stage_one_times_a_precision_far_behind_with_one_setting_after_its_first
     # run again (a resumed study): the cells far behind keep the setting they timed, no other
     again = SyntheticExecutor(slow_bf16)
     resumed: list = []
-    assert run_speed_stage(study, spec, CPU, again, on_event=resumed.append) == table
+    assert run_speed_stage(StageInputs(study, spec, CPU, again, on_event=resumed.append)) == table
     assert again.measured == []
     said = [e for e in resumed if "bf16 runs at" in (e.fault or "")]
     assert {e.cell for e in said} == {"batch 16, bf16", "batch 32, bf16"}
@@ -1204,7 +1207,7 @@ def test_a_compile_that_cannot_pay_back_is_not_tried_in_the_cells_after_the_firs
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
     events: list = []
-    table = run_speed_stage(study, spec, CPU, executor, on_event=events.append)
+    table = run_speed_stage(StageInputs(study, spec, CPU, executor, on_event=events.append))
     # the first cell gone through is the fastest eager one: 32 (each cell's reference first)
     measured = {(c.batch_size, c.compile) for c in executor.measured}
     assert measured == {(32, "none"), (32, "default"), (16, "none")}
@@ -1262,7 +1265,7 @@ def test_a_compile_still_running_when_it_can_no_longer_pay_back_is_stopped_and_d
     executor = WorkerExecutor(spec.workload, tmp_path)
     events: list = []
     try:
-        table = run_speed_stage(study, spec, CPU, executor, on_event=events.append)
+        table = run_speed_stage(StageInputs(study, spec, CPU, executor, on_event=events.append))
     finally:
         executor.close()
     stopped = [e for e in events if e.measured and e.samples_per_second is None]
@@ -1333,7 +1336,7 @@ def test_past_its_budget_stage_one_starts_nothing_but_its_first_measurement(
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
     events: list = []
-    table = run_speed_stage(study, spec, CPU, executor, on_event=events.append)
+    table = run_speed_stage(StageInputs(study, spec, CPU, executor, on_event=events.append))
     # the stage's first measurement (trials need a speed): the largest micro-batch's
     # reference, eager; nothing after its budget
     assert [(c.batch_size, c.compile) for c in executor.measured] == [(32, "none")]
@@ -1362,10 +1365,10 @@ def test_what_batch_size_auto_spent_before_stage_one_counts_in_its_budget(
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
     within = SyntheticExecutor(clock=clock, seconds_each=1.0)
-    run_speed_stage(study, spec, CPU, within, spent=90.0)
+    run_speed_stage(StageInputs(study, spec, CPU, within), spent=90.0)
     assert len(within.measured) > 1  # 10 s left: room for more than one
     spent = SyntheticExecutor(clock=clock, seconds_each=1.0)
-    run_speed_stage(study, spec, CPU, spent, remeasure=True, spent=100.5)
+    run_speed_stage(StageInputs(study, spec, CPU, spent), remeasure=True, spent=100.5)
     assert len(spent.measured) == 1  # the stage's first measurement, and nothing after
 
 
@@ -1464,7 +1467,9 @@ def test_a_cell_whose_every_setting_compiles_may_take_its_compile_past_the_budge
     space = space.replace("speed: {bursts: 2,", "speed: {max_seconds: 100, bursts: 2,")
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
-    stage = Stage(study, spec, CPU, InProcessExecutor(blobs_workload()), None, None, print)
+    stage = Stage(
+        StageInputs(study, spec, CPU, InProcessExecutor(blobs_workload()), on_event=print)
+    )
     cell = next(iter(stage.plan.cells()))
     assert not stage._can_fall_back(cell)  # no eager setting in the space, nothing timed
     clock.seconds = 95.0  # 5 s of the budget left
@@ -1515,7 +1520,7 @@ def test_a_short_budget_times_the_fast_corner_first_and_every_cell_before_its_ot
     executor = SyntheticExecutor(_gpu_step, compile_seconds=20.0, clock=clock, seconds_each=3.0)
     study, _, _, _ = prepare_study(space, tmp_path, run=False, hardware=AMPERE)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), AMPERE).spec
-    table = run_speed_stage(study, spec, AMPERE, executor)
+    table = run_speed_stage(StageInputs(study, spec, AMPERE, executor))
     asked = executor.measured
     first = [(c.precision, c.batch_size) for c in asked[:4]]
     assert first == [("fp16", 128), ("bf16", 128), ("fp16", 64), ("bf16", 64)]
@@ -1550,7 +1555,7 @@ def test_a_cell_that_timed_a_setting_when_the_budget_ran_out_times_no_other(
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
     events: list = []
-    table = run_speed_stage(study, spec, CPU, executor, on_event=events.append)
+    table = run_speed_stage(StageInputs(study, spec, CPU, executor, on_event=events.append))
     assert [c.batch_size for c in executor.measured] == [32, 16]
     assert {c.batch_size for c in table} == {16, 32}
     spent = [e for e in events if "budget of 100 s is spent" in (e.fault or "")]
@@ -1731,7 +1736,7 @@ def test_a_machine_grown_busy_takes_stage_one_past_its_budget_by_one_measurement
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
     events: list = []
-    table = run_speed_stage(study, spec, CPU, executor, on_event=events.append)
+    table = run_speed_stage(StageInputs(study, spec, CPU, executor, on_event=events.append))
     assert max(starts) < 75.0  # nothing starts past the budget
     typical = 15.0  # the median measurement by then
     assert clock.seconds <= 75.0 + typical
@@ -1751,7 +1756,7 @@ def test_on_a_machine_busy_throughout_stage_one_ends_within_its_budget(
     executor = SyntheticExecutor(clock=clock, load=lambda n: (10.0, 0.6))
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
-    table = run_speed_stage(study, spec, CPU, executor)
+    table = run_speed_stage(StageInputs(study, spec, CPU, executor))
     assert clock.seconds <= 75.0
     assert {c.batch_size for c in table} == {16, 32, 64, 128}
     assert all(c.interference for c in table)  # and each row says how it was measured
@@ -1786,7 +1791,7 @@ def test_what_a_busy_machine_spoiled_is_timed_again_at_the_end_while_the_budget_
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
     events: list = []
-    table = run_speed_stage(study, spec, CPU, executor, on_event=events.append)
+    table = run_speed_stage(StageInputs(study, spec, CPU, executor, on_event=events.append))
     measured = [(c.batch_size, c.data_pipeline) for c in executor.measured]
     assert measured[:4] == [(32, "device"), (16, "device"), (32, "dataloader"), (16, "dataloader")]
     assert sorted(measured[4:]) == [(16, "device"), (32, "device")]  # once each, again
@@ -1807,7 +1812,7 @@ def test_on_a_machine_that_stays_busy_nothing_is_timed_again_and_rows_are_marked
     executor = SyntheticExecutor(_faster_on_the_device, load=lambda n: (0.0, 0.8))
     study, _, _, _ = prepare_study(space, tmp_path, run=False)
     spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
-    table = run_speed_stage(study, spec, CPU, executor)
+    table = run_speed_stage(StageInputs(study, spec, CPU, executor))
     assert len(executor.measured) == 4  # two settings a cell, once each
     assert all(c.interference for c in table)
 
@@ -1857,7 +1862,9 @@ def test_stage_one_waits_for_its_turn_within_its_budget_and_says_for_whom(
     said: list[str] = []
     try:
         began = time.monotonic()
-        run_speed_stage(study, spec, CPU, executor, on_event=events.append, on_wait=said.append)
+        run_speed_stage(
+            StageInputs(study, spec, CPU, executor, on_event=events.append, on_wait=said.append)
+        )
         took = time.monotonic() - began
     finally:
         for holder in holders:
@@ -1909,7 +1916,7 @@ def test_a_failure_is_not_a_fact_only_what_the_setting_caused_is_reused(
         study, _, _, _ = prepare_study(space, tmp_path, run=False)
         spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
         events: list = []
-        run_speed_stage(study, spec, CPU, executor, on_event=events.append)
+        run_speed_stage(StageInputs(study, spec, CPU, executor, on_event=events.append))
         return events
 
     oom = TrialFault(FaultKind.OOM, "CUDA out of memory. Tried to allocate 2.00 GiB")

@@ -15,23 +15,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-import optuna
 
 from autotune.faults import FaultKind
 from autotune.spacefile import Spec
 from autotune.stage1._plan import Cell
 from autotune.stage1._stage import Stage
-from autotune.stage1._store import SpeedEvent
-from autotune.stage1._take import SettingTimer
+from autotune.stage1._take import SettingTimer, StageInputs
 from autotune.storage._liveness import study_lock
 from autotune.storage._records import StudyRecord
-
-if TYPE_CHECKING:
-    from autotune.executor import TrialExecutor
-    from autotune.machine.hardware import Hardware
-    from autotune.workloads import Workload
 
 MIN_GAIN = 0.10  # a doubling that adds less samples/s than this does not pay: the probe stops
 _WALLS = (FaultKind.OOM.value, FaultKind.KILLED.value, FaultKind.WORKER_CRASHED.value)
@@ -126,9 +117,9 @@ def _bisected(
     return (f"; {', '.join(walls)} too" if walls else "") + why
 
 
-def _probe(timer: SettingTimer, workload: Workload | None) -> tuple[list[int], str]:
+def _probe(timer: SettingTimer) -> tuple[list[int], str]:
     """Time the micro-batches ``doubled`` asks for in stage 1's first cell group."""
-    plan = timer.plan
+    plan, workload = timer.plan, timer.inputs.workload
     groups = list(plan.groups())
     wanted = plan.checklist.get("precision")
     precision, extras = next((g for g in groups if g[0] == wanted), groups[0])
@@ -153,25 +144,17 @@ def _probe(timer: SettingTimer, workload: Workload | None) -> tuple[list[int], s
     return doubled(start, limit, speed_of, lambda batch: speed_of(batch, again=True))
 
 
-def resolve_batch_sizes(
-    study: optuna.Study,
-    spec: Spec,
-    hardware: Hardware,
-    executor: TrialExecutor,
-    workload: Workload | None,
-    on_event: Callable[[SpeedEvent], None],
-    on_wait: Callable[[str], None] | None = None,
-) -> tuple[Spec, str]:
-    """``spec`` with ``batch_size: auto`` resolved, and the probe's line: the study's stored
+def resolve_batch_sizes(inputs: StageInputs) -> tuple[Spec, str]:
+    """The spec with ``batch_size: auto`` resolved, and the probe's line: the study's stored
     list, else the probe's (run once, under the study's lock, and stored)."""
+    study = inputs.study
     record = StudyRecord.of(study)
     if record.batch_sizes is None:
         with study_lock(study, purpose="batch_size", held_long=True):
             record = StudyRecord.of(study)  # another process may have probed meanwhile
             if record.batch_sizes is None:
-                timer = Stage(study, spec, hardware, executor, workload, None, on_event, on_wait)
-                sizes, line = _probe(timer, workload)
+                sizes, line = _probe(Stage(inputs))
                 record = StudyRecord(batch_sizes=sizes, batch_size_auto=line)
                 record.store(study)
     found = tuple(int(size) for size in record.batch_sizes or ())
-    return spec.with_batch_sizes(found), record.batch_size_auto or ""
+    return inputs.spec.with_batch_sizes(found), record.batch_size_auto or ""

@@ -12,26 +12,15 @@ trial finishes soonest, charged as the objective charges.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-import optuna
-
-from autotune.executor import TrialExecutor
 from autotune.knobs import COMPUTE_KNOBS
-from autotune.spacefile import Spec
 from autotune.speed import SpeedTable
 from autotune.stage1._plan import Cell, Settings, describe
 from autotune.stage1._rules import CellResult
 from autotune.stage1._store import SpeedEvent
 from autotune.stage1._table import speed_table
-from autotune.stage1._take import SettingTimer
+from autotune.stage1._take import SettingTimer, StageInputs
 from autotune.training.context import graph_key
-
-if TYPE_CHECKING:
-    from autotune.machine.hardware import Hardware
-    from autotune.workloads import Workload
-
 
 CONTENDER_MARGIN = 0.10  # settings within this of a cell's fastest are measured again
 MAX_CONTENDERS = 4  # ... at most this many per cell
@@ -102,7 +91,7 @@ class Stage(SettingTimer):
         if why is None:
             return False
         words = describe(settings)
-        self.on_event(SpeedEvent.left_out(cell.label(), words, why))
+        self.inputs.on_event(SpeedEvent.left_out(cell.label(), words, why))
         return True
 
     def run_cell_over_budget(self, cell: Cell) -> None:
@@ -121,7 +110,7 @@ class Stage(SettingTimer):
             measured = [self.plan.settings(fallback, {})]
         for settings in measured:
             self.measure(cell, settings, 1)
-        self.on_event(SpeedEvent.left_out(cell.label(), "the other settings", why))
+        self.inputs.on_event(SpeedEvent.left_out(cell.label(), "the other settings", why))
 
     def _results(self, cell: Cell) -> list[CellResult]:
         results = []
@@ -181,7 +170,7 @@ class Stage(SettingTimer):
         leaders = [s for s in tried if s in close[:MAX_CONTENDERS]]  # in the order first measured
         if len(leaders) < 2 or self.rules.over_budget():
             return  # a clear winner needs no rematch; a spent budget pays for none
-        for repeat in range(2, self.spec.study.speed.repeats + 1):
+        for repeat in range(2, self.inputs.spec.study.speed.repeats + 1):
             order = leaders if repeat % 2 == 1 else list(reversed(leaders))
             self.measure_all(cell, order, count=repeat)
 
@@ -212,29 +201,17 @@ class Stage(SettingTimer):
 
     def table(self) -> SpeedTable:
         """The fastest settings of every micro-batch split, precision and declared value."""
-        return speed_table(self.spec, self.plan, self.tried, self.pool)
+        return speed_table(self.inputs.spec, self.plan, self.tried, self.pool)
 
 
 def run_speed_stage(
-    study: optuna.Study,
-    spec: Spec,
-    hardware: Hardware,
-    executor: TrialExecutor,
-    workload: Workload | None = None,
-    remeasure: bool = False,
-    on_event: Callable[[SpeedEvent], None] | None = None,
-    on_wait: Callable[[str], None] | None = None,
-    spent: float = 0.0,
+    inputs: StageInputs, remeasure: bool = False, spent: float = 0.0
 ) -> SpeedTable:
     """Time every cell's execution settings (reusing matching measurements unless
     ``remeasure``) and return the fastest of each micro-batch split and precision.
-    ``on_event`` hears each setting; ``on_wait``, that a measurement waits for another process
-    of this machine (``turns``); ``spent``: seconds of its budget gone before it (the probe of
-    ``batch_size: auto``, whose measurements are its first rounds)."""
-    since = datetime.datetime.now() if remeasure else None
-    stage = Stage(
-        study, spec, hardware, executor, workload, since, on_event or (lambda e: None), on_wait
-    )
+    ``spent``: seconds of its budget gone before it (the probe of ``batch_size: auto``, whose
+    measurements are its first rounds)."""
+    stage = Stage(inputs, datetime.datetime.now() if remeasure else None)
     stage.rules.deadline -= spent
     cells = stage.plan.predicted()
     stage.time_references(cells)

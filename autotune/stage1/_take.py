@@ -13,6 +13,7 @@ import datetime
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import optuna
@@ -51,39 +52,41 @@ _TIMEOUTS = (FaultKind.TRIAL_TIMEOUT, FaultKind.TIMEOUT_UNDER_LOAD)
 CLAIM_POLL_SECONDS = 0.5  # how often a process waiting for another's measurement looks
 
 
+@dataclass(frozen=True)
+class StageInputs:
+    """The study's speed stage as it runs in this process: the study and its spec, the machine,
+    the executor that times each setting, and who hears of it: ``on_event`` each setting,
+    ``on_wait`` that a measurement waits for another process of this machine (``turns``)."""
+
+    study: optuna.Study
+    spec: Spec
+    hardware: Hardware
+    executor: TrialExecutor
+    workload: Workload | None = None
+    on_event: Callable[[SpeedEvent], None] = lambda event: None
+    on_wait: Callable[[str], None] | None = None
+
+
 class SettingTimer:
     """Stage 1's measurements of one study in one process: what it has (``pools``, by cache
     key), and how it takes one more."""
 
-    def __init__(
-        self,
-        study: optuna.Study,
-        spec: Spec,
-        hardware: Hardware,
-        executor: TrialExecutor,
-        workload: Workload | None,
-        since: datetime.datetime | None,
-        on_event: Callable[[SpeedEvent], None],
-        on_wait: Callable[[str], None] | None = None,
-    ) -> None:
-        """Stage 1 of ``spec`` ready to measure: its plan, its budget from now, the
+    def __init__(self, inputs: StageInputs, since: datetime.datetime | None = None) -> None:
+        """Stage 1 of ``inputs`` ready to measure: its plan, its budget from now, the
         measurements stored since ``since`` (all where None)."""
         from autotune.search.references import checklist_rules, untuned_config
 
+        spec, hardware, study = inputs.spec, inputs.hardware, inputs.study
         # what the timed cells rule out, and the budget (counted from here: reading the cache too)
         self.rules = StageRules(spec)
         self.plan = SpeedPlan(spec, untuned_config(spec, hardware), checklist_rules(hardware))
-        self.context = context_key(context_facts(spec, hardware, workload))
+        self.context = context_key(context_facts(spec, hardware, inputs.workload))
         self.storage = adapter.storage_of(study)
         self.pools = load_cache(self.storage, self.context, since, study.study_name)
         self.speed_study = open_speed_study(self.storage, study.study_name)
         self.known = known_distributions(self.speed_study)  # its parameters' axes
         self.since = since  # measurements before this are not reused (--remeasure)
-        self.study_name = study.study_name
-        self.spec = spec
-        self.executor = executor
-        self.on_event = on_event
-        self.on_wait = on_wait  # hears that a measurement waits for another process
+        self.inputs = inputs
         self.claims = Claims(self.speed_study)  # who times which setting, across machines
         self.last_measured: TrialConfig | None = None  # what the worker's process ran last
         self.burst_plan = BurstPlan(
@@ -110,8 +113,8 @@ class SettingTimer:
         waiting for another process that holds its claim."""
         said = False
         while (other := self._claim_and_measure(cell, settings, count)) is not None:
-            if not said and self.on_wait is not None:
-                self.on_wait(
+            if not said and self.inputs.on_wait is not None:
+                self.inputs.on_wait(
                     f"waiting for autotune process {other}, which times {describe(settings)}"
                 )
                 said = True
@@ -129,7 +132,7 @@ class SettingTimer:
         if pool.fault is None and not pool.results and blocked is not None:
             pool.fault = (FaultKind.OOM.value, blocked)
             self.said.add(self.key(cell, settings))
-            self.on_event(SpeedEvent.left_out(cell.label(), words, pool.fault[1]))
+            self.inputs.on_event(SpeedEvent.left_out(cell.label(), words, pool.fault[1]))
             return None
         if self._done(cell, settings, count):
             return None
@@ -156,7 +159,7 @@ class SettingTimer:
         if why is None:
             try:
                 with device_lock(
-                    config.device, config.world_size, self.on_wait, self.turn_patience()
+                    config.device, config.world_size, self.inputs.on_wait, self.turn_patience()
                 ):
                     why = self.refused()
                     if why is None:
@@ -168,7 +171,7 @@ class SettingTimer:
         key = self.key(cell, settings)
         if why is not None and key not in self.said:  # said once, however often refused
             self.said.add(key)
-            self.on_event(SpeedEvent.left_out(cell.label(), describe(settings), why))
+            self.inputs.on_event(SpeedEvent.left_out(cell.label(), describe(settings), why))
 
     def _measured(self) -> bool:
         """Whether the stage has a measurement (this run's or the cache's)."""
@@ -229,7 +232,7 @@ class SettingTimer:
                 self.said.add(key)
                 fault = pool.fault[1] if pool.fault else None
                 best = pool.combined()
-                self.on_event(
+                self.inputs.on_event(
                     SpeedEvent(
                         cell=cell.label(),
                         settings=describe(settings),
@@ -246,7 +249,9 @@ class SettingTimer:
         """Read ``settings``' measurements in ``cell`` from the storage again: another process
         may have taken some since the stage started."""
         key = self.key(cell, settings)
-        found = load_cache(self.storage, self.context, self.since, self.study_name, key)
+        found = load_cache(
+            self.storage, self.context, self.since, self.inputs.study.study_name, key
+        )
         if key in found and len(found[key].results) > len(self.pool(cell, settings).results):
             self.pools[key] = found[key]
 
@@ -269,7 +274,7 @@ class SettingTimer:
             self.burst_plan, time_limit_seconds=limit.seconds if limit is not None else None
         )
         self.last_measured = config
-        result = attempt(lambda: self.executor.measure(config, plan))
+        result = attempt(lambda: self.inputs.executor.measure(config, plan))
         if isinstance(result, TrialFault):
             kind, message = result.kind, result.message
             self.quiet = kind != FaultKind.TIMEOUT_UNDER_LOAD
@@ -289,7 +294,7 @@ class SettingTimer:
             )
             if kind.value not in TRANSIENT_FAULTS:  # measured again next time
                 pool.fault = (kind.value, message)
-            self.on_event(SpeedEvent(cell=cell.label(), settings=words, fault=message))
+            self.inputs.on_event(SpeedEvent(cell=cell.label(), settings=words, fault=message))
             return
         # as measured, its wait for the turn included: what it cost the stage's budget
         self.rules.took(config.compile, time.monotonic() - asked, result.compile_seconds)
@@ -302,7 +307,7 @@ class SettingTimer:
         trial = speed_trial(cell, settings, done, result.samples_per_second(), self.known)
         number = adapter.add_finished_trial(self.speed_study, trial)
         pool.results.append((number, result, flagged, round_number))
-        self.on_event(
+        self.inputs.on_event(
             SpeedEvent(
                 cell=cell.label(),
                 settings=words,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from autotune.stage1._stage import run_speed_stage
     from autotune.stage1._store import SpeedEvent, SpeedRecord, speed_study_name
+    from autotune.stage1._take import StageInputs
     from autotune.storage._liveness import recover_stale_trials, study_lock
     from autotune.storage._outage import OutageRetry, StorageOutage, without_retry
     from autotune.storage._queries import (

@@ -86,9 +86,7 @@ class Confirmed:
         flagged = [run for run in measured if run.interfered]
         clean = [run for run in measured if not run.interfered]
         runs = flagged if compared == "flagged" and flagged else clean or measured
-        # the values of feasible runs: a run below min_score (or short of the target) is no
-        # measurement of an answer, and a failed one measured nothing
-        trained = [run for run in runs if run.value is not None and run.feasible]
+        trained = _trained(runs)
         references: dict[int | None, ReferenceKind] = {
             record.baseline: "baseline",
             record.checklist: "checklist",
@@ -96,7 +94,7 @@ class Confirmed:
         return cls(
             trial=number,
             reference=references.get(number),
-            trial_feasible=all(run.feasible for run in measured if run.repeat == 0),
+            trial_feasible=_own_trial_feasible(measured),
             values=_values(trained),
             # every run that trained, feasible or not: the score it really reaches
             scores=tuple(r.score for r in runs if r.value is not None and r.score),
@@ -115,15 +113,23 @@ def _values(runs: list[ConfirmRun]) -> tuple[float, ...]:
     return tuple(run.value for run in runs if run.value is not None)
 
 
+def _own_trial_feasible(runs: list[ConfirmRun]) -> bool:
+    """Whether the configuration's own trial (its round's repeat 0) met every requirement."""
+    return all(run.feasible for run in runs if run.repeat == 0)
+
+
+def _trained(runs: list[ConfirmRun]) -> list[ConfirmRun]:
+    """The feasible runs: a run below min_score (or short of the target) is no measurement of
+    an answer, and a failed one measured nothing."""
+    return [run for run in runs if run.value is not None and run.feasible]
+
+
 def compared_runs(record: ConfirmationRecord) -> Literal["clean", "flagged", "mixed"]:
     """Which runs the round compares: the clean ones where every configuration that can be the
     answer (its own trial feasible) has a feasible clean run, else the flagged ones where every
     one has a flagged run, else none alike ("mixed")."""
-    rankable = []
-    for number in record.candidates:
-        runs = [run for run in record.runs if run.trial == number]
-        if all(run.feasible for run in runs if run.repeat == 0):
-            rankable.append([run for run in runs if run.value is not None and run.feasible])
+    measured = ([run for run in record.runs if run.trial == n] for n in record.candidates)
+    rankable = [_trained(runs) for runs in measured if _own_trial_feasible(runs)]
     rankable = [runs for runs in rankable if runs]
     if all(any(not run.interfered for run in runs) for runs in rankable):
         return "clean"

@@ -18,6 +18,9 @@ from autotune.faults import FaultKind
 from autotune.machine.hardware import Hardware
 from autotune.spacefile import Spec
 from autotune.speed import SpeedTable
+from autotune.stage1._probe import resolve_batch_sizes
+from autotune.stage1._stage import run_speed_stage
+from autotune.stage1._take import StageInputs
 from autotune.storage._liveness import recover_stale_trials, study_lock
 from autotune.storage._queries import COUNTED_STATES
 from autotune.storage._records import REFERENCES, TrialRecord
@@ -107,9 +110,16 @@ def run_study(
     walls = MemoryWalls.from_study(study)
     table = None
     if spec.study.strategy == "two_stage":
-        staged = _stage_one(
-            study, spec, hardware, executor, workload, remeasure, outcome, observer
+        inputs = StageInputs(
+            study,
+            spec,
+            hardware,
+            executor,
+            workload,
+            observer.speed_measured,
+            observer.turn_waiting,
         )
+        staged = _stage_one(inputs, remeasure, outcome, observer)
         if staged is None:  # interrupted, or no setting could train: no trial runs
             return outcome
         spec, table = staged  # batch_size: auto resolved
@@ -129,7 +139,7 @@ def run_study(
             requeue_lost_references(study, spec, hardware, fits)  # not into a finished study
             if on_trials_start is not None:  # only when there is something left to run
                 on_trials_start()
-        _trials(study, spec, trial_runner, deadline, outcome)
+        _trials(study, trial_runner, deadline, outcome)
     except KeyboardInterrupt as stop:
         outcome.interrupted = True
         outcome.terminated = isinstance(stop, Terminated)
@@ -138,48 +148,21 @@ def run_study(
 
 
 def _stage_one(
-    study: optuna.Study,
-    spec: Spec,
-    hardware: Hardware,
-    executor: TrialExecutor,
-    workload: Workload | None,
-    remeasure: bool,
-    outcome: RunOutcome,
-    observer: StudyObserver,
+    inputs: StageInputs, remeasure: bool, outcome: RunOutcome, observer: StudyObserver
 ) -> tuple[Spec, SpeedTable] | None:
-    """A two-stage study's speed stage, its time and how it ended in ``outcome``: ``spec``
+    """A two-stage study's speed stage, its time and how it ended in ``outcome``: the spec
     with ``batch_size: auto`` resolved first (``stage1._probe``; what it found, said and in
     the table) and its table, or None where it was interrupted or could train no setting at all
     (why, in ``outcome``)."""
-    from autotune.stage1._probe import resolve_batch_sizes
-    from autotune.stage1._stage import run_speed_stage
-
     found: str | None = None  # batch_size: auto, what its probe found, in one line
     stage_started = time.monotonic()
     try:
-        if spec.space.batch_size_auto:  # the micro-batches, before the cells and references
-            spec, found = resolve_batch_sizes(
-                study,
-                spec,
-                hardware,
-                executor,
-                workload,
-                observer.speed_measured,
-                observer.turn_waiting,
-            )
+        if inputs.spec.space.batch_size_auto:  # the micro-batches, before the cells and references
+            resolved, found = resolve_batch_sizes(inputs)
+            inputs = dataclasses.replace(inputs, spec=resolved)
             observer.turn_waiting(found)
         spent = time.monotonic() - stage_started  # the probe's: stage 1's budget counts them
-        table = run_speed_stage(
-            study,
-            spec,
-            hardware,
-            executor,
-            workload,
-            remeasure,
-            observer.speed_measured,
-            observer.turn_waiting,
-            spent,
-        )
+        table = run_speed_stage(inputs, remeasure, spent)
     except KeyboardInterrupt as stop:
         outcome.interrupted = True
         outcome.terminated = isinstance(stop, Terminated)
@@ -190,7 +173,7 @@ def _stage_one(
     outcome.speed_table = table
     failure = table.failure()
     if failure is None:
-        return spec, table
+        return inputs.spec, table
     kind, why = failure  # no trial could train: say why, run none
     if kind == FaultKind.ERROR:  # the same bug everywhere, as trials would show it
         outcome.repeated_error = why
@@ -202,14 +185,14 @@ def _stage_one(
 
 def _trials(
     study: optuna.Study,
-    spec: Spec,
     trial_runner: TrialRunner,
     deadline: float | None,
     outcome: RunOutcome,
 ) -> None:
     """Trials until the study holds its total, the timeout's ``deadline`` passes, or this
     run's failures say to stop (``run_study``'s rules); what they did, in ``outcome``."""
-    observer, target = trial_runner.observer, spec.study.n_trials
+    observer, spec = trial_runner.observer, trial_runner.spec
+    target = spec.study.n_trials
     errors: list[str] = []  # messages of unexpected errors since the last counted trial
     completed_here = False  # whether a trial of this run completed
     failures = 0
