@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -645,6 +646,12 @@ def test_samples_per_second_is_written_one_way_outside_the_live_lines():
         assert display.fmt_metric("samples_per_second", value) == display.fmt(value)
     (row,), _ = display.speed_rows(SpeedTable(choices=(_speed(32, 7812.4, "fp32"),)))
     assert str(row[2]).startswith("7,812 ±")  # stage 1's table, in the terminal and the report
+    # how far behind the next best setting was: one decimal under 1%, not "-0%"
+    close = (replace(_speed(32, 7812.4, "fp32"), runner_up=r) for r in (7790.0, 6250.0))
+    assert [row[3] for row in display.speed_rows(SpeedTable(choices=tuple(close)))[0]] == [
+        "-0.3%",
+        "-20%",
+    ]
 
 
 def test_stage_ones_table_marks_a_row_measured_only_on_a_busy_machine():

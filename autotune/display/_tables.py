@@ -164,9 +164,9 @@ def speed_rows(table: SpeedTable) -> tuple[list[tuple[str | Text, ...]], str | N
         ):
             continue  # one row a micro-batch: accumulation only moves the optimizer's share
         extra = "".join(f", {k} {v}" for k, v in choice.extras)
-        runner_up = (
-            f"{choice.runner_up / choice.samples_per_second - 1:+.0%}" if choice.runner_up else "-"
-        )
+        behind = choice.runner_up / choice.samples_per_second - 1 if choice.runner_up else None
+        # under 1%: one decimal, or a next best 0.3% behind reads "-0%"
+        runner_up = "-" if behind is None else f"{behind:+.{int(abs(behind) < 0.01)}%}"
         speed = Text(f"{fmt(choice.samples_per_second)} ±{choice.spread / 2:.0%}")
         settings = Text(describe(choice.settings))
         if choice.interference:  # measured only while others took its cores: said under it
