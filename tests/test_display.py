@@ -491,8 +491,10 @@ def test_a_confirmation_runs_interference_note_wraps_indented_under_it(seen):
     first, note = (line.rstrip() for line in _text(console).splitlines())
     assert first.startswith("confirm   1/10  trial  17 run 1  3.236 acc/s") and len(first) <= 80
     assert note == "        interference: others took 50% of the cores", note
+    show(busy, 1, 10)  # measured again at the same place: the line says so
+    assert _text(console).splitlines()[2].startswith("confirm   1/10  trial  17 run 1 again  3.")
     show(ConfirmRun(trial=17, repeat=2, value=3.2, samples_per_second=14000.0, **common), 2, 10)
-    assert len(_text(console).splitlines()) == 3  # a quiet run: one line
+    assert len(_text(console).splitlines()) == 5  # a quiet run: one line
 
 
 @pytest.mark.parametrize(("scaling", "shown"), [("none", "-"), ("linear", "256")])

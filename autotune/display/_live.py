@@ -277,9 +277,12 @@ def live_progress(console: Console) -> Progress:
 def confirmation_progress(console: Console, spec: Spec) -> Callable[[ConfirmRun, int, int], None]:
     """A line per run of the confirmation round, as it finishes."""
     unit = metric_unit(spec.objective.metric_name)
+    shown: set[tuple[int, int]] = set()  # a run measured again (others took its cores) says so
 
     def show(run: ConfirmRun, done: int, total: int) -> None:
-        line = Text(f"confirm {done:>3}/{total}  trial {run.trial:>3} run {run.repeat}  ")
+        again = " again" if (run.trial, run.repeat) in shown else ""
+        shown.add((run.trial, run.repeat))
+        line = Text(f"confirm {done:>3}/{total}  trial {run.trial:>3} run {run.repeat}{again}  ")
         if run.value is None:
             line.append(f"{run.fault}", style="red")
         elif not run.feasible and not spec.objective.per_second:  # its value is time spent
