@@ -119,7 +119,7 @@ study:
 workload:
   model: autotune.testing:tiny_mlp
   data: autotune.testing:blobs
-  data_args: {{train_delay_seconds: 0.01}}
+  data_args: {{train_delay_seconds: {delay}}}
   epochs: 1
   eval_every: 0.25
   device: cpu
@@ -172,8 +172,13 @@ def test_two_processes_ride_out_a_postgresql_restart_and_one_past_its_bound_ends
     the restart, the one that waits 1 s ends in one line, and its next run recovers its
     trial."""
     server, url = postgres_to_restart.server, postgres_to_restart.url
-    write_space(tmp_path, SPACE.format(name="riding", n_trials=2, outage=180), name="a.yaml")
-    write_space(tmp_path, SPACE.format(name="giving-up", n_trials=1, outage=1), name="b.yaml")
+    # the riders' trials last about 8 s (256 samples of 0.03 s): both must be training at once
+    # though three processes start torch on two cores, some seconds apart (at 2.6 s a trial,
+    # one rider sometimes took both trials before the other started, and the wait ran out)
+    riding = SPACE.format(name="riding", n_trials=2, outage=180, delay=0.03)
+    write_space(tmp_path, riding, name="a.yaml")
+    giving_up = SPACE.format(name="giving-up", n_trials=1, outage=1, delay=0.01)
+    write_space(tmp_path, giving_up, name="b.yaml")
 
     def start(space: str, machine: str) -> subprocess.Popen[str]:
         env = {"AUTOTUNE_MACHINE_DIR": str(tmp_path / machine)}
