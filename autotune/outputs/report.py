@@ -7,10 +7,9 @@ import datetime
 import html
 import re
 import statistics
-import warnings
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jinja2
 import optuna
@@ -22,12 +21,12 @@ from autotune._version import __version__
 from autotune.display import SPEED_COLUMNS, fmt, fmt_metric, speed_rows, study_options
 from autotune.errors import UserError
 from autotune.export import TrialConfirmation, confirmation_text, study_spec
+from autotune.outputs import charts
 from autotune.outputs.notes import (
     PHASE_LABELS,
     best_headline,
     comparisons,
     knob_rows,
-    measured,
     names,
     verify_block,
 )
@@ -42,110 +41,15 @@ from autotune.study import (
     SpeedRecord,
     StudyRecord,
     TrialRecord,
-    Verification,
     answer_of,
     baseline_trial,
-    feasible_trials,
     speed_study_name,
     trial_config,
 )
 
-if TYPE_CHECKING:  # plotly is imported where a report is drawn: run and export need none
-    import plotly.graph_objects as go
-
-TOP_TRIALS = 10  # trials shown in the time-breakdown chart
-
 
 class ReportError(UserError):
     """A report that cannot be written here (a user-fixable problem): one line."""
-
-
-def _figure_html(figure: go.Figure) -> str:
-    figure.update_layout(template="plotly_white", margin={"l": 60, "r": 20, "t": 50, "b": 50})
-    return figure.to_html(full_html=False, include_plotlyjs=False)
-
-
-def _pareto_front(trials: list[FrozenTrial], higher_score_better: bool) -> list[FrozenTrial]:
-    """Trials no other trial beats on both the score and samples/s."""
-    sign = 1.0 if higher_score_better else -1.0
-    points = [
-        (t, sign * (measured(t, "score") or 0.0), measured(t, "samples_per_second") or 0.0)
-        for t in trials
-    ]
-    front = []
-    for trial, score, speed in points:
-        dominated = any(
-            a >= score and s >= speed and (a > score or s > speed) for _, a, s in points
-        )
-        if not dominated:
-            front.append(trial)
-    return sorted(front, key=lambda t: measured(t, "samples_per_second") or 0.0)
-
-
-def _scatter(study: optuna.Study) -> go.Figure:
-    import plotly.graph_objects as go
-
-    complete = [
-        t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if TrialRecord.of(t).samples_per_second is not None
-    ]
-    feasible = feasible_trials(study)
-    numbers = {t.number for t in feasible}
-    _, score_name, higher = names(study)
-    figure = go.Figure()
-    for label, chosen, style in (
-        ("feasible", [t for t in complete if t.number in numbers], {"symbol": "circle"}),
-        ("infeasible", [t for t in complete if t.number not in numbers], {"symbol": "x"}),
-        ("Pareto front (feasible)", _pareto_front(feasible, higher), None),
-    ):
-        figure.add_trace(
-            go.Scatter(
-                x=[measured(t, "samples_per_second") for t in chosen],
-                y=[measured(t, "score") for t in chosen],
-                mode="lines+markers" if style is None else "markers",
-                name=label,
-                marker={**style, "size": 9} if style is not None else None,
-                line={"dash": "dot"} if style is None else None,
-                text=[f"trial {t.number}" for t in chosen],
-            )
-        )
-    figure.update_layout(
-        title=f"{score_name} against samples/s",
-        xaxis_title="samples/s (steady state)",
-        yaxis_title=f"validation {score_name}",
-    )
-    return figure
-
-
-def _verified_curves(study: optuna.Study) -> go.Figure | None:
-    """``autotune verify``'s runs: the score against training seconds, a line a run, the
-    target marked; None before a verify."""
-    import plotly.graph_objects as go
-
-    verified = Verification.of(study)
-    if verified is None or not verified.runs:
-        return None
-    figure = go.Figure()
-    _, score_name, higher = names(study)
-    role_names = {row.role: row.name for row in verified.rows(higher)}
-    for run in verified.runs:
-        figure.add_trace(
-            go.Scatter(
-                x=[0.0, *(seconds for seconds, _ in run.curve)],
-                y=[None, *(score for _, score in run.curve)],
-                mode="lines+markers",
-                name=role_names[run.role] + (f", run {run.repeat}" if run.repeat > 1 else ""),
-            )
-        )
-    if verified.target is not None:
-        figure.add_hline(y=verified.target, line_dash="dot", annotation_text="target")
-    figure.update_layout(
-        title=f"At full length: {verified.epochs:g} epochs (autotune verify)",
-        xaxis_title="training seconds (one-time costs included)",
-        yaxis_title=f"validation {score_name}",
-    )
-    return figure
 
 
 def measurements(trial: FrozenTrial) -> list[tuple[str, str]]:
@@ -164,37 +68,6 @@ def measurements(trial: FrozenTrial) -> list[tuple[str, str]]:
         if isinstance(value, int | float):
             shown.append((label, fmt_metric(key, value)))
     return shown
-
-
-def _breakdown_bars(study: optuna.Study, baseline: FrozenTrial | None) -> go.Figure | None:
-    import plotly.graph_objects as go
-
-    def shares(trial: FrozenTrial) -> dict[str, float]:
-        return TrialRecord.of(trial).time_breakdown or {}
-
-    trials = [t for t in feasible_trials(study)[:TOP_TRIALS] if shares(t)]
-    if baseline is not None and baseline not in trials and shares(baseline):
-        trials.append(baseline)
-    if not trials:
-        return None
-    kinds = [(t.number, TrialRecord.of(t).reference) for t in trials]  # baseline, checklist
-    labels = [f"trial {number}" + (f" ({kind})" if kind else "") for number, kind in kinds]
-    figure = go.Figure()
-    for phase in PHASES:
-        figure.add_trace(
-            go.Bar(
-                x=labels,
-                y=[shares(t).get(phase, 0.0) for t in trials],
-                name=PHASE_LABELS[phase],
-            )
-        )
-    figure.update_layout(
-        barmode="stack",
-        title="Where the training step's time goes (best trials first)",
-        yaxis_title="share of a steady-state step",
-        yaxis_tickformat=".0%",
-    )
-    return figure
 
 
 @dataclass(frozen=True)
@@ -366,22 +239,6 @@ def stored_speed_table(study: optuna.Study) -> SpeedTable | None:
     )
 
 
-def _optuna_figures(study: optuna.Study) -> list[tuple[str, str]]:
-    """(title, html) of Optuna's optimization history and parameter importances."""
-    figures = []
-    for title, make in (
-        ("Optimization history", optuna.visualization.plot_optimization_history),
-        ("Parameter importances", optuna.visualization.plot_param_importances),
-    ):
-        try:
-            with warnings.catch_warnings():  # "some regimes have less than 2 trials": the
-                warnings.simplefilter("ignore", UserWarning)  # page says what it measures
-                figures.append((title, _figure_html(make(study))))
-        except (ValueError, RuntimeError, ZeroDivisionError) as err:  # too few trials, say
-            figures.append((title, f"<p class='note'>Not available: {html.escape(str(err))}</p>"))
-    return figures
-
-
 def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     """A single self-contained HTML page about a study (plotly included: it opens offline).
 
@@ -406,8 +263,8 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     said = html.escape(best_headline(answer, metric, score_name)) if answer is not None else ""
     table = stored_speed_table(study)
     stage_one, caption = speed_rows(table) if table is not None else ([], None)
-    bars = _breakdown_bars(study, baseline)
-    curves = _verified_curves(study)
+    bars = charts.breakdown_bars(study, baseline)
+    curves = charts.verified_curves(study)
     param_names, rows = trial_rows(study)
     environment = jinja2.Environment(
         loader=jinja2.PackageLoader("autotune", "templates"),
@@ -442,10 +299,10 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         speed_caption=caption,
         batch_size_auto=table.batch_size_auto if table else None,
         hardware=hardware_rows(StudyRecord.of(study).hardware or {}),
-        figures=_optuna_figures(study),
-        scatter=_figure_html(_scatter(study)),
-        bars=_figure_html(bars) if bars is not None else None,
-        verified=_figure_html(curves) if curves is not None else None,
+        figures=charts.optuna_figures(study),
+        scatter=charts.figure_html(charts.scatter(study)),
+        bars=charts.figure_html(bars) if bars is not None else None,
+        verified=charts.figure_html(curves) if curves is not None else None,
         verify_lines=verify_block(study),
         plotly_js=plotly_offline.get_plotlyjs(),
         generated=datetime.datetime.now().isoformat(timespec="seconds"),
