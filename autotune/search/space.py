@@ -76,49 +76,62 @@ def _in_memory_bytes(dataset: Any) -> int | None:
     return None
 
 
-def _unsupported(  # noqa: C901
-    hardware: Hardware, workload: Workload | None, processes: int = 1
-) -> Callable[[str, Any], str | None]:
-    """(knob, value) -> why the value cannot run here, or None: the hardware it needs (the
-    registry's ``needs``), and what the workload allows. ``processes``: those of one trial
+@dataclass(frozen=True)
+class _Limits:
+    """Why a knob's value cannot run here, or None: the hardware it needs (the registry's
+    ``needs``) and what the workload allows. ``processes``: those of one trial
     (workload.gpus_per_trial), each with its DataLoader."""
 
-    def compile_mode(value: Any) -> str | None:
-        return hardware.compile_problem if value != "none" else None
+    hardware: Hardware
+    workload: Workload | None
+    processes: int = 1
 
-    def data_pipeline(value: Any) -> str | None:
-        if value != "device" or workload is None:
+    def why_not(self, name: str, value: Any) -> str | None:
+        check = getattr(self, f"_{name}", None)
+        reason = check(value) if check else None
+        for needed, flag, lacking in KNOBS[name].needs:
+            if reason is None and value == needed and not getattr(self.hardware, flag):
+                reason = lacking.format(device=self.hardware.device_name)
+        return reason
+
+    def _compile(self, value: Any) -> str | None:
+        return self.hardware.compile_problem if value != "none" else None
+
+    def _data_pipeline(self, value: Any) -> str | None:
+        if value != "device" or self.workload is None:
             return None
-        if workload.collate_fn is not None:
+        if self.workload.collate_fn is not None:
             return "the data function's collate_fn batches samples in a DataLoader"
-        size = _in_memory_bytes(workload.train_set)
+        size = _in_memory_bytes(self.workload.train_set)
         if size is None:
             return (
                 f"the device pipeline needs the training set in memory as tensors; "
-                f"{type(workload.train_set).__name__} loads sample by sample"
+                f"{type(self.workload.train_set).__name__} loads sample by sample"
             )
-        if hardware.memory_bytes is not None and size > DEVICE_DATA_SHARE * hardware.memory_bytes:
+        memory = self.hardware.memory_bytes
+        if memory is not None and size > DEVICE_DATA_SHARE * memory:
             return (
                 f"the training set ({size / 2**30:.1f} GiB) would take over "
                 f"{DEVICE_DATA_SHARE:.0%} of the GPU's memory"
             )
         return None
 
-    def batch_size(value: Any) -> str | None:
-        if workload is None:
+    def _batch_size(self, value: Any) -> str | None:
+        if self.workload is None:
             return None
-        size = len(workload.train_set)  # type: ignore[arg-type]  # map-style: sized
-        share = size // processes  # each process draws its own share of every epoch
+        size = len(self.workload.train_set)  # type: ignore[arg-type]  # map-style: sized
+        share = size // self.processes  # each process draws its own share of every epoch
         if value <= share:
             return None
-        if processes == 1:
+        if self.processes == 1:
             return f"larger than the training set ({size} samples)"
         return (
-            f"larger than each of the {processes} processes' share of the training set "
+            f"larger than each of the {self.processes} processes' share of the training set "
             f"({share} of {size} samples; batch_size is per process)"
         )
 
-    def num_workers(value: Any) -> str | None:
+    def _num_workers(self, value: Any) -> str | None:
+        hardware, processes = self.hardware, self.processes
         cores = f"{hardware.cpu_count} core{'' if hardware.cpu_count == 1 else 's'}"
         whose = "this worker's share" if hardware.cpu_share else "this machine"
         if value * processes > WORKERS_PER_CORE * hardware.cpu_count:  # a fork bomb, not a knob
@@ -129,29 +142,11 @@ def _unsupported(  # noqa: C901
             return f"{processes} processes' DataLoaders would outnumber the {cores} of {whose}"
         return f"more DataLoader processes than the {cores} of {whose}"
 
-    def channels_last(value: Any) -> str | None:
-        if not value or workload is None or len(workload.input_shape) == 3:
+    def _channels_last(self, value: Any) -> str | None:
+        if not value or self.workload is None or len(self.workload.input_shape) == 3:
             return None
-        shape = list(workload.input_shape) if workload.input_shape else "not a tensor"
+        shape = list(self.workload.input_shape) if self.workload.input_shape else "not a tensor"
         return f"it reorders 4-D image batches only; one input here is {shape}"
-
-    checks: dict[str, Callable[[Any], str | None]] = {
-        "batch_size": batch_size,
-        "channels_last": channels_last,
-        "num_workers": num_workers,
-        "compile": compile_mode,
-        "data_pipeline": data_pipeline,
-    }
-
-    def why_not(name: str, value: Any) -> str | None:
-        check = checks.get(name)
-        reason = check(value) if check else None
-        for needed, flag, lacking in KNOBS[name].needs:
-            if reason is None and value == needed and not getattr(hardware, flag):
-                reason = lacking.format(device=hardware.device_name)
-        return reason
-
-    return why_not
 
 
 def _room_for_processes(hardware: Hardware, processes: int) -> list[str]:
@@ -195,15 +190,17 @@ def restrict(spec: Spec, hardware: Hardware, workload: Workload | None = None) -
     problems: list[str] = []
     processes = spec.workload.gpus_per_trial
     problems.extend(_room_for_processes(hardware, processes))
-    why_not = _unsupported(hardware, workload, processes)
+    limits = _Limits(hardware, workload, processes)
     for name, knob in spec.space.knobs():
         if not isinstance(knob, Choice):
             continue  # a batch_size range: trials past the data set end as invalid_config
-        keep = [v for v in knob.values if why_not(name, v) is None]
+        keep: list[Any] = []
         reasons: dict[str, list[Any]] = {}
         for value in knob.values:
-            reason = why_not(name, value)
-            if reason is not None:
+            reason = limits.why_not(name, value)
+            if reason is None:
+                keep.append(value)
+            else:
                 reasons.setdefault(reason, []).append(value)
         if not keep:
             listed = "; ".join(

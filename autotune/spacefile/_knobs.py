@@ -91,7 +91,7 @@ def did_you_mean(word: str, options: list[str] | tuple[str, ...]) -> str:
     return f"; did you mean '{candidates[match[0]]}'?" if match else ""
 
 
-def _check_scalar(name: str, info: KnobInfo, value: Any) -> Scalar:  # noqa: C901, PLR0912
+def _check_scalar(name: str, info: KnobInfo, value: Any) -> Scalar:
     """Return ``value`` converted to the knob's type, or raise ValueError saying why not."""
     if info.kind == "bool":
         if not isinstance(value, bool):
@@ -104,24 +104,7 @@ def _check_scalar(name: str, info: KnobInfo, value: Any) -> Scalar:  # noqa: C90
             hint = did_you_mean(str(value), info.choices)
             raise ValueError(f"{value!r} is not one of {', '.join(info.choices)}{hint}")
         return value
-    number: int | float
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a number")
-    if info.kind == "int":
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if not isinstance(value, int):
-            raise ValueError(f"{value!r} is not an integer")
-        number = value
-    else:
-        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                raise ValueError(f"{value!r} is not a number") from None
-        if not isinstance(value, int | float) or not math.isfinite(value):
-            raise ValueError(f"{value!r} is not a finite number")
-        number = float(value)
+    number = _as_number(info.kind, value)
     if info.ge is not None and number < info.ge:
         raise ValueError(f"{number!r} is too small: must be >= {info.ge:g}")
     if info.gt is not None and number <= info.gt:
@@ -129,6 +112,26 @@ def _check_scalar(name: str, info: KnobInfo, value: Any) -> Scalar:  # noqa: C90
     if info.lt is not None and number >= info.lt:
         raise ValueError(f"{number!r} is too large: must be < {info.lt:g}")
     return number
+
+
+def _as_number(kind: str, value: Any) -> int | float:
+    """``value`` as an int (kind "int") or a finite float, or a ValueError saying why not."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a number")
+    if kind == "int":
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int):
+            raise ValueError(f"{value!r} is not an integer")
+        return value
+    if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a number") from None
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{value!r} is not a finite number")
+    return float(value)
 
 
 _RANGE_KEYS = ("low", "high", "log", "step")
