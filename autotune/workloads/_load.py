@@ -34,7 +34,7 @@ from autotune.workloads._registry import (
     resolve_entry_point,
     resolve_model,
 )
-from autotune.workloads.batches import BatchLayout, LayoutError
+from autotune.workloads.batches import BatchLayout, LayoutError, ModelInputs
 from autotune.workloads.scoring import (
     LossFn,
     cross_entropy_classes_last,
@@ -93,12 +93,10 @@ def model_kwargs(
     return kwargs
 
 
-def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accuracy") -> Workload:
-    """Build the workload a spec names, judged by ``score`` (objective.score), checked on real
-    batches; entries imported from the working directory, then ``base_dir`` (the space file's)."""
+def _splits(spec: WorkloadSpec, base_dir: Path | None) -> DataSplits:
+    """The training and validation splits the spec's data function returns, checked map-style
+    and not empty."""
     data_fn = resolve_data(spec, base_dir)
-    model_fn = resolve_model(spec, base_dir)
-
     splits = call_entry(data_fn, dict(spec.data_args), "data set", spec.data)
     if isinstance(splits, tuple | list) and len(splits) == 2:
         splits = DataSplits(train=splits[0], val=splits[1])
@@ -115,6 +113,14 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accurac
             )
         if len(split) == 0:
             raise WorkloadError(f"data set '{spec.data}': the {split_name} split is empty")
+    return splits
+
+
+def _first_sample(
+    spec: WorkloadSpec, splits: DataSplits, base_dir: Path | None
+) -> tuple[BatchLayout, ModelInputs, Any]:
+    """How a batch splits into inputs and target, and the first training sample's (inputs,
+    label) split that way."""
     sample = read_sample(splits.train, "training", spec.data)
     if spec.batch_fn is not None:  # the user's function splits batches: one of one sample
         layout = BatchLayout(
@@ -122,13 +128,21 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accurac
             batch_fn_name=spec.batch_fn,
         )
         inputs, label = split_batch(layout, batch_of([sample], splits.collate_fn, spec.data))
-        inputs = tree_map_only(torch.Tensor, lambda tensor: tensor[0], inputs)  # one sample's
-    else:
-        try:
-            layout = BatchLayout.of(sample, spec.inputs, spec.target, spec.loss == "model")
-        except LayoutError as error:
-            raise WorkloadError(f"data set '{spec.data}': {error}") from None
-        inputs, label = layout.split(sample)
+        return layout, tree_map_only(torch.Tensor, lambda tensor: tensor[0], inputs), label
+    try:
+        layout = BatchLayout.of(sample, spec.inputs, spec.target, spec.loss == "model")
+    except LayoutError as error:
+        raise WorkloadError(f"data set '{spec.data}': {error}") from None
+    inputs, label = layout.split(sample)
+    return layout, inputs, label
+
+
+def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accuracy") -> Workload:
+    """Build the workload a spec names, judged by ``score`` (objective.score), checked on real
+    batches; entries imported from the working directory, then ``base_dir`` (the space file's)."""
+    model_fn = resolve_model(spec, base_dir)
+    splits = _splits(spec, base_dir)
+    layout, inputs, label = _first_sample(spec, splits, base_dir)
     loss_fn = loss_function(spec.loss, base_dir)
     score_fn = None if score in SCORES else resolve_entry_point(score, "score", base_dir)
     classifies = score_fn is None or loss_fn is cross_entropy_loss
