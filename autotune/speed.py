@@ -5,6 +5,7 @@ fast a step runs, not what is learned), as plain frozen data. Nothing here impor
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Iterator
@@ -157,6 +158,38 @@ class SpeedTable:
 
     def __iter__(self) -> Iterator[SpeedChoice]:
         return iter(self.choices)
+
+    def to_attrs(self) -> dict[str, Any]:
+        """JSON for the study's user attribute (``StudyRecord.speed_table``); the probe's line
+        is the study's own (``StudyRecord.batch_size_auto``)."""
+        return {
+            "choices": [dataclasses.asdict(choice) for choice in self.choices],
+            "unrunnable": [list(row) for row in self.unrunnable],
+        }
+
+    @classmethod
+    def from_attrs(cls, data: dict[str, Any]) -> SpeedTable:
+        """Inverse of ``to_attrs``: JSON's lists as the tuples they were."""
+
+        def pairs(values: list[list[Any]]) -> Extras:
+            return tuple((name, value) for name, value in values)
+
+        choices = (
+            SpeedChoice(
+                **{
+                    **choice,
+                    "extras": pairs(choice["extras"]),
+                    "settings": pairs(choice["settings"]),
+                    "speed_trials": tuple(choice["speed_trials"]),
+                }
+            )
+            for choice in data["choices"]
+        )
+        unrunnable = (
+            (cell_key(batch, accumulation, precision, pairs(extras)), kind, why)
+            for (batch, accumulation, precision, extras), kind, why in data["unrunnable"]
+        )
+        return cls(choices=tuple(choices), unrunnable=tuple(unrunnable))
 
     def exact(
         self, batch_size: int, accumulation_steps: int, precision: str, extras: Extras = ()

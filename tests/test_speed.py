@@ -451,6 +451,22 @@ def test_the_table_gives_the_split_a_trial_finishes_soonest_with():
     assert table.fastest(32, "bf16") is None
 
 
+def test_the_table_stored_with_its_study_reads_back_as_it_was():
+    """Through JSON and back (``StudyRecord.speed_table``): declared values, a cell left
+    unmeasured (no speed, infinite seconds) and one that could not run keep their tuples."""
+    unmeasured = SpeedChoice(32, 1, "bf16", (("compile", "default"),), (("num_workers", 0),))
+    table = SpeedTable(
+        choices=(_choice(16, 2, 3.0), unmeasured),
+        unrunnable=(((64, 1, "bf16", (("compile", "default"),)), "oom", "batch 64: oom"),),
+    )
+    study = optuna.create_study(storage=optuna.storages.RDBStorage("sqlite://"))
+    StudyRecord(speed_table=table).store(study)
+    stored = StudyRecord.of(study).speed_table
+    assert stored == table and stored is not None
+    assert stored.exact(32, 1, "bf16", (("compile", "default"),)) == unmeasured
+    assert stored.runs_out_of_memory(64, "bf16")
+
+
 # -- the stage ------------------------------------------------------------------------------------
 
 

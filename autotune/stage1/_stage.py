@@ -20,6 +20,7 @@ from autotune.stage1._rules import CellResult
 from autotune.stage1._store import SpeedEvent
 from autotune.stage1._table import speed_table
 from autotune.stage1._take import SettingTimer, StageInputs
+from autotune.storage._records import StudyRecord
 from autotune.training.context import graph_key
 
 CONTENDER_MARGIN = 0.10  # settings within this of a cell's fastest are measured again
@@ -228,4 +229,6 @@ def run_speed_stage(
         else:
             stage.run_cell(cell)
     stage.time_again()
-    return stage.table()
+    table = stage.table()
+    StudyRecord(speed_table=table).store(inputs.study)  # the report's, as printed
+    return table
