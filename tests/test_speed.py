@@ -308,12 +308,11 @@ def test_a_precision_the_gpu_order_does_not_name_is_timed_last(monkeypatch):
 def test_stage_one_predicts_the_checklist_precision_at_the_largest_micro_batch_fastest():
     import dataclasses
 
-    from autotune.search.references import checklist_rules
     from autotune.testing import TEST_CPU
 
     def predicted(space: str, hardware) -> list[tuple[str, int]]:
         spec = restrict(parse_spec(space, "space.yaml"), hardware).spec
-        plan = SpeedPlan(spec, untuned_config(spec, hardware), checklist_rules(hardware))
+        plan = SpeedPlan.for_hardware(spec, hardware)
         return [(c.precision, c.batch_size) for c in plan.predicted()]
 
     four = two_stage(precisions="[fp32, tf32, bf16, fp16]")

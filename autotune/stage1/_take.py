@@ -74,12 +74,10 @@ class SettingTimer:
     def __init__(self, inputs: StageInputs, since: datetime.datetime | None = None) -> None:
         """Stage 1 of ``inputs`` ready to measure: its plan, its budget from now, the
         measurements stored since ``since`` (all where None)."""
-        from autotune.search.references import checklist_rules, untuned_config
-
         spec, hardware, study = inputs.spec, inputs.hardware, inputs.study
         # what the timed cells rule out, and the budget (counted from here: reading the cache too)
         self.rules = StageRules(spec)
-        self.plan = SpeedPlan(spec, untuned_config(spec, hardware), checklist_rules(hardware))
+        self.plan = SpeedPlan.for_hardware(spec, hardware)
         self.context = context_key(context_facts(spec, hardware, inputs.workload))
         self.storage = adapter.storage_of(study)
         self.pools = load_cache(self.storage, self.context, since, study.study_name)
