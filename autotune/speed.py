@@ -5,6 +5,7 @@ fast a step runs, not what is learned), as plain frozen data. Nothing here impor
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 Extras = tuple[tuple[str, Any], ...]  # declared learning knobs among SPEED_KNOBS, by name
+Unrunnable = tuple[tuple[Any, ...], str, str]  # (cell_key, fault kind, why) of a split
 
 
 @dataclass(frozen=True)
@@ -68,14 +70,11 @@ class SpeedMeasurement:
     # and compile seconds are those of that graph's cold compile (charged by the stage)
     compile_warm: bool = False
 
-    def seconds_per_micro_batch(self, accumulation_steps: int = 1) -> float:
-        """Steady seconds per micro-batch with one optimizer step per ``accumulation_steps``."""
-        optimizer = _median(self.optimizer_seconds)
-        return _median(self.step_seconds) - optimizer * (1.0 - 1.0 / accumulation_steps)
-
     def epoch_seconds(self, accumulation_steps: int = 1) -> float:
-        """Seconds of one pass over the training data, its start included."""
-        per_batch = self.seconds_per_micro_batch(accumulation_steps)
+        """Seconds of one pass over the training data, its start included, with one optimizer
+        step per ``accumulation_steps`` micro-batches."""
+        skipped = _median(self.optimizer_seconds) * (1.0 - 1.0 / accumulation_steps)
+        per_batch = _median(self.step_seconds) - skipped  # steady seconds per micro-batch
         return _median(self.epoch_start_seconds) + self.micro_batches_per_epoch * per_batch
 
     def samples_per_second(self, accumulation_steps: int = 1) -> float:
@@ -144,8 +143,7 @@ class SpeedTable:
     values, the fastest settings measured; and why a split has none (out of memory, ...)."""
 
     choices: tuple[SpeedChoice, ...] = ()
-    # (key, fault kind, why) of every split with no runnable setting
-    unrunnable: tuple[tuple[tuple[Any, ...], str, str], ...] = ()
+    unrunnable: tuple[Unrunnable, ...] = ()  # every split with no runnable setting
     batch_size_auto: str | None = None  # batch_size: auto, what its probe found, in one line
     _by_key: dict[tuple[Any, ...], SpeedChoice] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -157,6 +155,38 @@ class SpeedTable:
 
     def __iter__(self) -> Iterator[SpeedChoice]:
         return iter(self.choices)
+
+    def to_attrs(self) -> dict[str, Any]:
+        """JSON for the study's user attribute (``StudyRecord.speed_table``); the probe's line
+        is the study's own (``StudyRecord.batch_size_auto``)."""
+        return {
+            "choices": [dataclasses.asdict(choice) for choice in self.choices],
+            "unrunnable": [list(row) for row in self.unrunnable],
+        }
+
+    @classmethod
+    def from_attrs(cls, data: dict[str, Any]) -> SpeedTable:
+        """Inverse of ``to_attrs``: JSON's lists as the tuples they were."""
+
+        def pairs(values: list[list[Any]]) -> Extras:
+            return tuple((name, value) for name, value in values)
+
+        choices = (
+            SpeedChoice(
+                **{
+                    **choice,
+                    "extras": pairs(choice["extras"]),
+                    "settings": pairs(choice["settings"]),
+                    "speed_trials": tuple(choice["speed_trials"]),
+                }
+            )
+            for choice in data["choices"]
+        )
+        unrunnable = (
+            (cell_key(batch, accumulation, precision, pairs(extras)), kind, why)
+            for (batch, accumulation, precision, extras), kind, why in data["unrunnable"]
+        )
+        return cls(choices=tuple(choices), unrunnable=tuple(unrunnable))
 
     def exact(
         self, batch_size: int, accumulation_steps: int, precision: str, extras: Extras = ()

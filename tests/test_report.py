@@ -175,23 +175,30 @@ def test_a_two_stage_report_shows_stage_one_and_where_each_knob_came_from(seen):
     assert "timed in stage 1" in page and "searched" in page
 
 
-def test_the_reports_stage_one_table_is_the_one_the_run_printed(prepare_study, tmp_path):
-    """The report rebuilds stage 1's table from the speed study: the rows the terminal
-    printed at the end of stage 1, cell for cell, in the report."""
+def test_the_reports_stage_one_table_is_the_one_the_run_printed(
+    prepare_study, tmp_path, monkeypatch
+):
+    """The report shows stage 1's table as the run printed it, row for row, also in a second
+    study of the same space and storage whose stage 1 reused every cell from the first's
+    speed study (its own holds none)."""
     from tests.conftest import SEEN_SPACE
 
+    monkeypatch.setattr("autotune.stage1._take.interfered", lambda share: False)  # reusable
     space = SEEN_SPACE.replace("n_trials: 5", "n_trials: 1") + "  accumulation_steps: [1, 2]\n"
-    run = prepare_study(space, tmp_path)
-    printed, _ = display.speed_rows(run.outcome.speed_table)
-    stored = report.stored_speed_table(run.study)
-    assert stored is not None
-    assert [[str(c) for c in row] for row in display.speed_rows(stored)[0]] == [
-        [str(c) for c in row] for row in printed
-    ]
-    page = report.render_html(run.study, run.url)
-    shown = page[page.index('<table id="stage-1">') : page.index("Where the time goes")]
-    for row in printed:
-        assert " ".join(str(c) for c in row) in _text(shown)
+    first = prepare_study(space, tmp_path)
+    second = prepare_study(space.replace("name: seen", "name: again"), tmp_path)
+    assert optuna.load_study(study_name="again.speed", storage=second.url).trials == []
+    for run in (first, second):
+        printed, _ = display.speed_rows(run.outcome.speed_table)
+        stored = report.stored_speed_table(run.study)
+        assert stored is not None
+        assert [[str(c) for c in row] for row in display.speed_rows(stored)[0]] == [
+            [str(c) for c in row] for row in printed
+        ]
+        page = report.render_html(run.study, run.url)
+        shown = page[page.index('<table id="stage-1">') : page.index("Where the time goes")]
+        for row in printed:
+            assert " ".join(str(c) for c in row) in _text(shown)
 
 
 def test_values_carry_the_run_to_run_spread_once_a_confirmation_round_measured_it(seen):

@@ -308,12 +308,11 @@ def test_a_precision_the_gpu_order_does_not_name_is_timed_last(monkeypatch):
 def test_stage_one_predicts_the_checklist_precision_at_the_largest_micro_batch_fastest():
     import dataclasses
 
-    from autotune.search.references import checklist_rules
     from autotune.testing import TEST_CPU
 
     def predicted(space: str, hardware) -> list[tuple[str, int]]:
         spec = restrict(parse_spec(space, "space.yaml"), hardware).spec
-        plan = SpeedPlan(spec, untuned_config(spec, hardware), checklist_rules(hardware))
+        plan = SpeedPlan.for_hardware(spec, hardware)
         return [(c.precision, c.batch_size) for c in plan.predicted()]
 
     four = two_stage(precisions="[fp32, tf32, bf16, fp16]")
@@ -449,6 +448,22 @@ def test_the_table_gives_the_split_a_trial_finishes_soonest_with():
     assert kind == "oom" and "batch 64: out of memory" in why
     assert table.exact(16, 2, "fp32") == _choice(16, 2, 3.0)
     assert table.fastest(32, "bf16") is None
+
+
+def test_the_table_stored_with_its_study_reads_back_as_it_was():
+    """Through JSON and back (``StudyRecord.speed_table``): declared values, a cell left
+    unmeasured (no speed, infinite seconds) and one that could not run keep their tuples."""
+    unmeasured = SpeedChoice(32, 1, "bf16", (("compile", "default"),), (("num_workers", 0),))
+    table = SpeedTable(
+        choices=(_choice(16, 2, 3.0), unmeasured),
+        unrunnable=(((64, 1, "bf16", (("compile", "default"),)), "oom", "batch 64: oom"),),
+    )
+    study = optuna.create_study(storage=optuna.storages.RDBStorage("sqlite://"))
+    StudyRecord(speed_table=table).store(study)
+    stored = StudyRecord.of(study).speed_table
+    assert stored == table and stored is not None
+    assert stored.exact(32, 1, "bf16", (("compile", "default"),)) == unmeasured
+    assert stored.runs_out_of_memory(64, "bf16")
 
 
 # -- the stage ------------------------------------------------------------------------------------

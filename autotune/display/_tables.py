@@ -115,10 +115,8 @@ def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
     """What stage 1 will time and about how long it takes, said before it starts: its
     measurements, cold compiles, an estimate from guessed compile times, its budget, and
     what it times first (``SpeedPlan.predicted``, ``SpeedPlan.reference``)."""
-    from autotune.search.references import checklist_rules, untuned_config
-
     speed = spec.study.speed
-    plan = SpeedPlan(spec, untuned_config(spec, hardware), checklist_rules(hardware))
+    plan = SpeedPlan.for_hardware(spec, hardware)
     estimate = plan.estimate(speed.burst_seconds, speed.bursts, speed.repeats)
     words = [f"{estimate.measurements} measurements in {estimate.cells} cells"]
     if estimate.graphs:

@@ -3,6 +3,7 @@ where the time goes, the score against speed, Optuna's history and importances, 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import html
 import re
@@ -20,7 +21,7 @@ from autotune._imports import optional
 from autotune._version import __version__
 from autotune.display import SPEED_COLUMNS, fmt, fmt_metric, speed_rows, study_options
 from autotune.errors import UserError
-from autotune.export import TrialConfirmation, confirmation_text, study_spec
+from autotune.export import TrialConfirmation, confirmation_text
 from autotune.outputs import charts
 from autotune.outputs.notes import (
     PHASE_LABELS,
@@ -32,18 +33,12 @@ from autotune.outputs.notes import (
 )
 from autotune.results import PHASES
 from autotune.spacefile import DEFAULT_STORAGE, KNOBS
-from autotune.speed import Extras, SpeedTable
-from autotune.stage1._plan import Cell, Settings, SpeedPlan
-from autotune.stage1._store import TRANSIENT_FAULTS, Pool
-from autotune.stage1._table import speed_table
-from autotune.storage import adapter
+from autotune.speed import SpeedTable
 from autotune.study import (
-    SpeedRecord,
     StudyRecord,
     TrialRecord,
     answer_of,
     baseline_trial,
-    speed_study_name,
     trial_config,
 )
 
@@ -198,45 +193,13 @@ def hardware_rows(hardware: dict[str, object]) -> list[tuple[str, str]]:
 
 
 def stored_speed_table(study: optuna.Study) -> SpeedTable | None:
-    """Stage 1's table as the run showed it (``stage1._table``'s rule), from the measurements
-    in the study's speed study (``NAME.speed``) and its stored space file; None without them.
-    The cells of the space file that speed study never measured are left out (a precision the
-    machine lacks), and measurements reused from another study's are not in it."""
-    name, storage = speed_study_name(study.study_name), adapter.storage_of(study)
-    spec = study_spec(study)
-    base = next(
-        (c for t in study.get_trials(deepcopy=False) if (c := TrialRecord.of(t).config)), None
-    )
-    if spec is None or base is None or name not in optuna.get_all_study_names(storage):
-        return None
+    """Stage 1's table as its last run printed it, stored with the study (cells it reused from
+    another study's measurements included); None where no stage 1 ran (or ran before tables
+    were stored: a resumed run stores it, reusing every measurement)."""
     record = StudyRecord.of(study)
-    plan = SpeedPlan(
-        spec.with_batch_sizes(tuple(record.batch_sizes)) if record.batch_sizes else spec, base
-    )
-    pools: dict[tuple[str, Settings], Pool] = {}  # by cell and settings, as stage 1 had them
-    for trial in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False):
-        speed = SpeedRecord.of(trial)
-        if speed is None:
-            continue
-        cell = ("batch_size", "precision", *plan.declared)
-        settings = tuple((k, v) for k, v in trial.params.items() if k not in cell)
-        pool = pools.setdefault((speed.cell, settings), Pool())
-        if trial.state == TrialState.COMPLETE and (result := speed.result()) is not None:
-            pool.results.append((trial.number, result, speed.interference, speed.round))
-        elif speed.fail_kind and speed.fail_kind not in TRANSIENT_FAULTS:
-            pool.fault = (speed.fail_kind, speed.fail_msg or speed.fail_kind)
-    tried = {c: [s for label, s in pools if label == c.label()] for c in plan.cells()}
-    table = speed_table(plan.spec, plan, tried, lambda c, s: pools[(c.label(), s)])
-    measured = {label for label, _ in pools}
-
-    def seen(batch_size: int, precision: str, extras: Extras) -> bool:
-        return Cell(batch_size, precision, extras).label() in measured
-
-    return SpeedTable(
-        choices=tuple(c for c in table if seen(c.batch_size, c.precision, c.extras)),
-        unrunnable=tuple(u for u in table.unrunnable if seen(u[0][0], u[0][2], u[0][3])),
-        batch_size_auto=record.batch_size_auto,
-    )
+    if record.speed_table is None:
+        return None
+    return dataclasses.replace(record.speed_table, batch_size_auto=record.batch_size_auto)
 
 
 def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:

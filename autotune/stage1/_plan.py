@@ -15,7 +15,7 @@ import itertools
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrialConfig
 from autotune.knobs import (
@@ -28,6 +28,9 @@ from autotune.knobs import (
 )
 from autotune.spacefile import Choice, FloatRange, IntRange, Knob, Spec, SpecError
 from autotune.speed import Extras
+
+if TYPE_CHECKING:
+    from autotune.machine.hardware import Hardware
 
 FULL_PRODUCT_LIMIT = 12  # settings per cell measured exhaustively; more: in two passes
 MAX_RANGE_VALUES = 64  # an integer range of an execution knob is enumerated up to this many
@@ -154,6 +157,14 @@ class SpeedPlan:
         self.accumulations = tuple(
             sorted(set(_values("accumulation_steps", space.accumulation_steps)))
         )
+
+    @classmethod
+    def for_hardware(cls, spec: Spec, hardware: Hardware) -> SpeedPlan:
+        """The plan of ``spec``'s stage 1 on ``hardware``: the untuned baseline's values of
+        the knobs it does not time, the tuning checklist's reference settings (imports torch)."""
+        from autotune.search.references import checklist_rules, untuned_config
+
+        return cls(spec, untuned_config(spec, hardware), checklist_rules(hardware))
 
     # -- cells ---------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from autotune.stage1._rules import CellResult
 from autotune.stage1._store import SpeedEvent
 from autotune.stage1._table import speed_table
 from autotune.stage1._take import SettingTimer, StageInputs
+from autotune.storage._records import StudyRecord
 from autotune.training.context import graph_key
 
 CONTENDER_MARGIN = 0.10  # settings within this of a cell's fastest are measured again
@@ -148,6 +149,8 @@ class Stage(SettingTimer):
         return sorted(cells, key=rank)
 
     def run_cell(self, cell: Cell) -> None:
+        """Time ``cell``'s settings (every one, or the compute settings with the reference
+        pipeline, then the pipelines with the fastest of them), then its leaders again."""
         plan = self.plan
         if plan.exhaustive(cell):
             self.measure_all(cell, plan.all_settings(cell))
@@ -162,7 +165,11 @@ class Stage(SettingTimer):
                 self.measure_all(cell, pipelines)
         self.rules.learn(cell, self._results(cell))
         self.last_winner = self.fastest(cell, self.tried.get(cell, []))
-        # the leaders again, in alternating order: A B C, then C B A, ...
+        self._rematch(cell)
+
+    def _rematch(self, cell: Cell) -> None:
+        """``cell``'s leaders (within ``CONTENDER_MARGIN`` of its fastest) measured again, in
+        alternating order: A B C, then C B A, ..."""
         tried = self.tried.get(cell, [])
         speeds = {s: speed for s in tried if (speed := self.speed(cell, s)) is not None}
         top = max(speeds.values(), default=0.0) * (1 - CONTENDER_MARGIN)
@@ -199,10 +206,6 @@ class Stage(SettingTimer):
         self.measure(cell, settings, len(self.pool(cell, settings).results) + 1)
         return True
 
-    def table(self) -> SpeedTable:
-        """The fastest settings of every micro-batch split, precision and declared value."""
-        return speed_table(self.inputs.spec, self.plan, self.tried, self.pool)
-
 
 def run_speed_stage(
     inputs: StageInputs, remeasure: bool = False, spent: float = 0.0
@@ -228,4 +231,6 @@ def run_speed_stage(
         else:
             stage.run_cell(cell)
     stage.time_again()
-    return stage.table()
+    table = speed_table(inputs.spec, stage.plan, stage.tried, stage.pool)
+    StudyRecord(speed_table=table).store(inputs.study)  # the report's, as printed
+    return table

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 from autotune.faults import FaultKind
 from autotune.search import objective
 from autotune.spacefile import Spec
-from autotune.speed import SpeedChoice, SpeedMeasurement, SpeedTable, cell_key
+from autotune.speed import SpeedChoice, SpeedMeasurement, SpeedTable, Unrunnable, cell_key
 from autotune.stage1._plan import Cell, Settings, SpeedPlan
 from autotune.stage1._store import Pool
 
@@ -24,6 +23,11 @@ _NOT_MEASURED = (
 )
 
 
+# a measured setting of a cell: its settings, its measurements combined, the speed trials
+# behind them, whether every one was taken under interference
+Run = tuple[Settings, SpeedMeasurement, tuple[int, ...], bool]
+
+
 def speed_table(
     spec: Spec,
     plan: SpeedPlan,
@@ -31,74 +35,75 @@ def speed_table(
     pool_of: Callable[[Cell, Settings], Pool],
 ) -> SpeedTable:
     """The table of ``plan``'s cells from the settings ``tried`` in each and their pools."""
-    epochs = spec.workload.epochs
-    full = spec.objective.full_run_epochs if spec.objective.per_second else None
     choices: list[SpeedChoice] = []
-    unrunnable: list[tuple[tuple[Any, ...], str, str]] = []
+    unrunnable: list[Unrunnable] = []
     unmeasured: list[Cell] = []
     for cell in plan.cells():
-        runs: list[tuple[Settings, SpeedMeasurement, list[int], bool]] = []
+        runs: list[Run] = []
         faults: list[tuple[str, str]] = []  # (kind, message)
         for settings in tried.get(cell, []):
             pool = pool_of(cell, settings)
-            combined = pool.combined()
-            if combined is not None:
-                numbers = [n for n, _ in pool.clean()]
+            if (combined := pool.combined()) is not None:
+                numbers = tuple(n for n, _ in pool.clean())
                 runs.append((settings, combined, numbers, pool.flagged_only()))
             elif pool.fault is not None:
                 faults.append(pool.fault)
-        for accumulation in plan.accumulations:
-            key = cell_key(cell.batch_size, accumulation, cell.precision, cell.extras)
-            if not runs and not faults:
-                unmeasured.append(cell)
-                break
-            if not runs:
-                # out of memory when any setting ran out of it: the cell's wall
-                kind, why = next((f for f in faults if f[0] == FaultKind.OOM.value), faults[0])
-                unrunnable.append((key, kind, f"batch {cell.batch_size}: {why}"))
-                continue
-
-            def charged(m: SpeedMeasurement, a: int = accumulation) -> float:
-                train = m.one_time_seconds + epochs * m.epoch_seconds(a)
-                return objective.charged_seconds(train, m.one_time_seconds, epochs, full)
-
-            ranked = sorted(runs, key=lambda run: charged(run[1]))
-            settings, best, numbers, flagged = ranked[0]
-            choices.append(
-                SpeedChoice(
-                    batch_size=cell.batch_size,
-                    accumulation_steps=accumulation,
-                    precision=cell.precision,
-                    extras=cell.extras,
-                    settings=settings,
-                    samples_per_second=best.samples_per_second(accumulation),
-                    charged_seconds=charged(best),
-                    one_time_seconds=best.one_time_seconds,
-                    spread=best.spread,
-                    measurements=len(numbers),
-                    speed_trials=tuple(numbers),
-                    interference=flagged,
-                    # as charged: the ranking's own terms (a compile's seconds included), so
-                    # never faster than the choice it lost to
-                    runner_up=(
-                        best.samples_per_second(accumulation)
-                        * charged(best)
-                        / charged(ranked[1][1])
-                        if len(ranked) > 1
-                        else None
-                    ),
-                )
-            )
+        if runs:
+            choices += (_fastest(spec, cell, a, runs) for a in plan.accumulations)
+        elif faults:
+            # out of memory when any setting ran out of it: the cell's wall
+            kind, why = next((f for f in faults if f[0] == FaultKind.OOM.value), faults[0])
+            unrunnable += _keyed(cell, plan, kind, f"batch {cell.batch_size}: {why}")
+        else:
+            unmeasured.append(cell)
     measured = list(choices)
     for cell in unmeasured:
         borrowed = _borrowed(cell, plan, measured)
         if not borrowed:
             why = f"batch {cell.batch_size}: {_NOT_MEASURED}"
-            for a in plan.accumulations:
-                key = cell_key(cell.batch_size, a, cell.precision, cell.extras)
-                unrunnable.append((key, FaultKind.INTERRUPTED.value, why))
+            unrunnable += _keyed(cell, plan, FaultKind.INTERRUPTED.value, why)
         choices += borrowed
     return SpeedTable(choices=tuple(choices), unrunnable=tuple(unrunnable))
+
+
+def _keyed(cell: Cell, plan: SpeedPlan, kind: str, why: str) -> list[Unrunnable]:
+    """``cell``'s rows of the table's ``unrunnable``, one for each accumulation."""
+    return [
+        (cell_key(cell.batch_size, a, cell.precision, cell.extras), kind, why)
+        for a in plan.accumulations
+    ]
+
+
+def _fastest(spec: Spec, cell: Cell, accumulation: int, runs: list[Run]) -> SpeedChoice:
+    """``cell``'s choice at ``accumulation``: the run a trial finishes soonest with, charged
+    as the objective charges one-time costs."""
+    epochs = spec.workload.epochs
+    full = spec.objective.full_run_epochs if spec.objective.per_second else None
+
+    def charged(m: SpeedMeasurement) -> float:
+        train = m.one_time_seconds + epochs * m.epoch_seconds(accumulation)
+        return objective.charged_seconds(train, m.one_time_seconds, epochs, full)
+
+    ranked = sorted(runs, key=lambda run: charged(run[1]))
+    settings, best, numbers, flagged = ranked[0]
+    speed = best.samples_per_second(accumulation)
+    return SpeedChoice(
+        batch_size=cell.batch_size,
+        accumulation_steps=accumulation,
+        precision=cell.precision,
+        extras=cell.extras,
+        settings=settings,
+        samples_per_second=speed,
+        charged_seconds=charged(best),
+        one_time_seconds=best.one_time_seconds,
+        spread=best.spread,
+        measurements=len(numbers),
+        speed_trials=numbers,
+        interference=flagged,
+        # as charged: the ranking's own terms (a compile's seconds included), so never faster
+        # than the choice it lost to
+        runner_up=speed * charged(best) / charged(ranked[1][1]) if len(ranked) > 1 else None,
+    )
 
 
 def _borrowed(cell: Cell, plan: SpeedPlan, measured: list[SpeedChoice]) -> list[SpeedChoice]:

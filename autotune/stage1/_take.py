@@ -74,12 +74,10 @@ class SettingTimer:
     def __init__(self, inputs: StageInputs, since: datetime.datetime | None = None) -> None:
         """Stage 1 of ``inputs`` ready to measure: its plan, its budget from now, the
         measurements stored since ``since`` (all where None)."""
-        from autotune.search.references import checklist_rules, untuned_config
-
         spec, hardware, study = inputs.spec, inputs.hardware, inputs.study
         # what the timed cells rule out, and the budget (counted from here: reading the cache too)
         self.rules = StageRules(spec)
-        self.plan = SpeedPlan(spec, untuned_config(spec, hardware), checklist_rules(hardware))
+        self.plan = SpeedPlan.for_hardware(spec, hardware)
         self.context = context_key(context_facts(spec, hardware, inputs.workload))
         self.storage = adapter.storage_of(study)
         self.pools = load_cache(self.storage, self.context, since, study.study_name)
@@ -258,16 +256,14 @@ class SettingTimer:
     def _take(self, cell: Cell, settings: Settings, config: TrialConfig, asked: float) -> None:
         """Time ``settings`` in ``cell`` once more (its turn asked for at ``asked``, a
         time.monotonic()), store it, and say so."""
-        pool = self.pool(cell, settings)
-        words = describe(settings)
-        round_number = len(pool.results) + 1
-        self.said.add(self.key(cell, settings))
+        key = self.key(cell, settings)
+        self.said.add(key)
         record = SpeedRecord(
-            cache_key=self.key(cell, settings),
+            cache_key=key,
             context=self.context,
             cell=cell.label(),
-            settings=words,
-            round=round_number,
+            settings=describe(settings),
+            round=len(self.pool(cell, settings).results) + 1,
         )
         limit = self.time_limit(cell, config)
         plan = dataclasses.replace(
@@ -276,25 +272,7 @@ class SettingTimer:
         self.last_measured = config
         result = attempt(lambda: self.inputs.executor.measure(config, plan))
         if isinstance(result, TrialFault):
-            kind, message = result.kind, result.message
-            self.quiet = kind != FaultKind.TIMEOUT_UNDER_LOAD
-            if limit is not None and kind in _TIMEOUTS:  # stopped at the stage's limit
-                self.rules.stopped(config.compile, limit, cell)
-                message = f"{limit.why} ({message})"
-                if limit.budget:  # says nothing of the setting: a later stage times it
-                    kind = FaultKind.INTERRUPTED
-            if kind == FaultKind.OOM:
-                self.walls.add(config, "stage 1")
-            details = (result.details or None) if kind == FaultKind.ERROR else None
-            failed = dataclasses.replace(
-                record, fail_kind=kind.value, fail_msg=message, fail_traceback=details
-            )
-            adapter.add_finished_trial(
-                self.speed_study, speed_trial(cell, settings, failed, None, self.known)
-            )
-            if kind.value not in TRANSIENT_FAULTS:  # measured again next time
-                pool.fault = (kind.value, message)
-            self.inputs.on_event(SpeedEvent(cell=cell.label(), settings=words, fault=message))
+            self._failed(cell, settings, record, result, limit)
             return
         # as measured, its wait for the turn included: what it cost the stage's budget
         self.rules.took(config.compile, time.monotonic() - asked, result.compile_seconds)
@@ -306,17 +284,48 @@ class SettingTimer:
         )
         trial = speed_trial(cell, settings, done, result.samples_per_second(), self.known)
         number = adapter.add_finished_trial(self.speed_study, trial)
-        pool.results.append((number, result, flagged, round_number))
+        self.pool(cell, settings).results.append((number, result, flagged, record.round))
         self.inputs.on_event(
             SpeedEvent(
-                cell=cell.label(),
-                settings=words,
+                cell=record.cell,
+                settings=record.settings,
                 samples_per_second=result.samples_per_second(),
                 spread=result.spread,
                 fault="measured under interference" if flagged else None,
-                round=round_number,
+                round=record.round,
             )
         )
+
+    def _failed(
+        self,
+        cell: Cell,
+        settings: Settings,
+        record: SpeedRecord,
+        fault: TrialFault,
+        limit: TimeLimit | None,
+    ) -> None:
+        """Store and say the ``fault`` of ``record``'s measurement: one stopped at ``limit`` is
+        the limit's (the budget's: interrupted); out of memory a wall."""
+        config = self.plan.config(cell, settings)
+        kind, message = fault.kind, fault.message
+        self.quiet = kind != FaultKind.TIMEOUT_UNDER_LOAD
+        if limit is not None and kind in _TIMEOUTS:  # stopped at the stage's limit
+            self.rules.stopped(config.compile, limit, cell)
+            message = f"{limit.why} ({message})"
+            if limit.budget:  # says nothing of the setting: a later stage times it
+                kind = FaultKind.INTERRUPTED
+        if kind == FaultKind.OOM:
+            self.walls.add(config, "stage 1")
+        details = (fault.details or None) if kind == FaultKind.ERROR else None
+        failed = dataclasses.replace(
+            record, fail_kind=kind.value, fail_msg=message, fail_traceback=details
+        )
+        adapter.add_finished_trial(
+            self.speed_study, speed_trial(cell, settings, failed, None, self.known)
+        )
+        if kind.value not in TRANSIENT_FAULTS:  # measured again next time
+            self.pool(cell, settings).fault = (kind.value, message)
+        self.inputs.on_event(SpeedEvent(cell=record.cell, settings=record.settings, fault=message))
 
     def _charge_cold_compile(
         self, config: TrialConfig, result: SpeedMeasurement

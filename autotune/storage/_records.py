@@ -21,6 +21,7 @@ from autotune.config import TrialConfig
 from autotune.faults import FaultKind
 from autotune.machine.interference import interfered
 from autotune.results import TrialResult
+from autotune.speed import SpeedTable
 
 # the configurations every study measures its answer against (autotune.search.references), in the
 # order they are queued: the untuned baseline, then the tuning checklist
@@ -46,7 +47,7 @@ class _Record:
                 continue
             if isinstance(value, TrialConfig):
                 value = value.to_dict()
-            elif isinstance(value, ConfirmationRecord):
+            elif isinstance(value, ConfirmationRecord | SpeedTable):
                 value = value.to_attrs()
             elif isinstance(value, FaultKind):
                 value = value.value
@@ -330,6 +331,8 @@ class StudyRecord(_Record):
     # resume (Optuna refuses a changed distribution): the micro-batches, and its one line
     batch_sizes: list[int] | None = None
     batch_size_auto: str | None = None
+    # two_stage: stage 1's table as its last run printed it, reused measurements included
+    speed_table: SpeedTable | None = None
     # two_stage: execution knobs sampled in stage 2. The last field, so the last attribute a
     # new study's labelling writes: a process joining a study being created waits for it
     # (``_open._settled_record``); it once waited for the fingerprint alone, read no strategy
@@ -342,6 +345,8 @@ class StudyRecord(_Record):
         known = cls._known(attrs)
         if isinstance(known.get("confirmation"), dict):
             known["confirmation"] = ConfirmationRecord.from_attrs(known["confirmation"])
+        if isinstance(known.get("speed_table"), dict):
+            known["speed_table"] = SpeedTable.from_attrs(known["speed_table"])
         return cls(**known)
 
     @classmethod
