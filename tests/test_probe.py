@@ -18,7 +18,7 @@ from autotune.executor import InProcessExecutor
 from autotune.faults import FaultKind, TrialFault
 from autotune.spacefile import parse_spec
 from autotune.speed import BurstPlan, SpeedMeasurement
-from autotune.stage1._probe import Speed, doubled
+from autotune.stage1._probe import WAITING, Speed, doubled
 from autotune.study import (
     SpeedRecord,
     StudyRecord,
@@ -156,7 +156,7 @@ def test_a_study_searches_the_largest_batch_the_bisection_found_under_the_wall(
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="2 workers need 2 cores")
 @pytest.mark.slow
-def test_under_workers_one_process_probes_while_the_other_waits_and_both_search_its_list(
+def test_under_workers_one_process_probes_while_the_other_waits_saying_so_and_both_search_it(
     tmp_path: Path, prepare_study
 ):
     space = AUTO_SPACE.format(n_trials=2, delay=0.005)
@@ -174,6 +174,8 @@ def test_under_workers_one_process_probes_while_the_other_waits_and_both_search_
     log = (tmp_path / "studies" / "auto.workers" / "worker-2.log").read_text()
     outputs = [" ".join(said.split()) for said in (out, log)]
     assert all(FOUND in said for said in outputs)  # the same list, read by both
+    # each said once that it waited (for this test, then one of them for the other), piped
+    assert [said.count(WAITING) for said in outputs] == [1, 1], outputs
     url = f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
     record = StudyRecord.of(optuna.load_study(study_name="auto", storage=url))
     assert record.batch_sizes == [8, 16, 32, 48]

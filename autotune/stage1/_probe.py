@@ -29,6 +29,8 @@ MIN_GAIN = 0.10  # a doubling that adds less samples/s than this does not pay: t
 TRIES = 3  # measurements of a size the machine's load stopped or spoiled, before it gives up
 _WALLS = (FaultKind.OOM.value, FaultKind.KILLED.value, FaultKind.WORKER_CRASHED.value)
 
+WAITING = "waiting for another autotune process of this study, which probes batch_size: auto"
+
 # a micro-batch's samples/s, or why it has none: (fault kind, message)
 Speed = float | tuple[str, str]
 
@@ -162,13 +164,16 @@ def _probe(timer: SettingTimer) -> tuple[list[int], str]:
     return doubled(start, limit, speed_of, lambda batch: speed_of(batch, again=True), per)
 
 
-def resolve_batch_sizes(inputs: StageInputs) -> tuple[Spec, str]:
+def resolve_batch_sizes(
+    inputs: StageInputs, on_wait: Callable[[str], None] = lambda line: None
+) -> tuple[Spec, str]:
     """The spec with ``batch_size: auto`` resolved, and the probe's line: the study's stored
-    list, else the probe's (run once, under the study's lock, and stored)."""
+    list, else the probe's (run once, under the study's lock, and stored). ``on_wait`` hears
+    that another process of the study probes it meanwhile (``WAITING``)."""
     study = inputs.study
     record = StudyRecord.of(study)
     if record.batch_sizes is None:
-        with study_lock(study, purpose="batch_size", held_long=True):
+        with study_lock(study, "batch_size", lambda: on_wait(WAITING), held_long=True):
             record = StudyRecord.of(study)  # another process may have probed meanwhile
             if record.batch_sizes is None:
                 sizes, line = _probe(Stage(inputs))
