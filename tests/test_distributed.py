@@ -28,7 +28,7 @@ from autotune import distributed
 from autotune.cli import app
 from autotune.faults import FaultKind, TrialFault
 from autotune.spacefile import WorkloadSpec
-from autotune.study import TrialRecord
+from autotune.study import SpeedRecord, StudyRecord, TrialRecord, trial_config
 from autotune.testing import make_config, tiny_mlp, write_space
 from autotune.training.trainer import Trainer
 
@@ -229,7 +229,8 @@ def test_the_ranks_are_kept_between_trials_and_started_anew_after_a_fault(
 
 
 # the trials in the study's own process (the worker is not the subject), stage 1 one short
-# measurement of each DDP setting
+# measurement of each DDP setting; batch_size: auto from 16, rank 1 out of memory at 32 (each
+# step's sleep makes samples/s grow with the batch)
 DDP_SPACE = """\
 study:
   name: ddp
@@ -238,9 +239,11 @@ study:
   confirm: false
   pruner: none
   isolation: none
+  baseline: {batch_size: 16, lr: 0.05}  # and the checklist's lr: both learn in 2 epochs
   speed: {repeats: 1, bursts: 1, burst_seconds: 0.05}
 workload:
   model: autotune.testing:tiny_mlp
+  model_args: {oom_at_batch: 32, fault_rank: 1, step_delay_seconds: 0.005}
   data: autotune.testing:blobs
   epochs: 2
   eval_every: 1
@@ -250,7 +253,7 @@ space:
   lr: {low: 1.0e-3, high: 1.0e-1, log: true}
   lr_scaling: linear
   base_batch_size: 64
-  batch_size: [16]
+  batch_size: auto
   accumulation_steps: [2]
   static_graph: [false, true]
 """
@@ -261,28 +264,41 @@ def test_a_study_of_distributed_trials_exports_a_script_torchrun_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     """`autotune run` with workload.gpus_per_trial: 2 on a CPU (its session, in this process):
-    stage 1 times the DDP setting as two processes, the trials train as two, the records say
-    so; the exported script trains the same way under torchrun (and alone, saying it is not
-    the trial's batch)."""
+    batch_size: auto doubles each process's micro-batch until a rank runs out of memory, then
+    tries halfway; stage 1 times the DDP settings as two processes, the trials train as two,
+    the records say so; the exported script trains the same way under torchrun (and alone,
+    saying it is not the trial's batch)."""
     space = write_space(tmp_path, DDP_SPACE, name="ddp.yaml")
     with contextlib.chdir(tmp_path):  # the study in studies/ here, where the command puts it
         report = autotune.run(space)
     assert report.ok, report.ending
-    study = optuna.load_study(
-        study_name="ddp", storage=f"sqlite:///{tmp_path}/studies/autotune.db"
-    )
+    table = report.outcome.speed_table
+    assert table is not None and {c.batch_size for c in table} == {16, 24}
+    assert table.batch_size_auto == "batch_size auto: 16 to 24 (32 ran out of memory)"
+    url = f"sqlite:///{tmp_path}/studies/autotune.db"
+    study = optuna.load_study(study_name="ddp", storage=url)
+    assert StudyRecord.of(study).batch_sizes == [16, 24]
     trials = study.get_trials(states=(TrialState.COMPLETE,))
     assert len(trials) == 2
     for trial in trials:
         record = TrialRecord.of(trial)
         assert record.config is not None and record.config.world_size == 2
-        assert record.processes == 2 and record.effective_batch_size == 16 * 2 * 2
-        # the learning rate follows the global batch: 64 samples a step, base 64
-        assert record.config.lr == pytest.approx(record.config.base_lr)
-    speed = optuna.load_study(
-        study_name="ddp.speed", storage=f"sqlite:///{tmp_path}/studies/autotune.db"
-    )
+        effective = record.config.batch_size * 2 * 2
+        assert record.processes == 2 and record.effective_batch_size == effective
+        # the learning rate follows the global batch: base 64 (linear)
+        assert record.config.lr == pytest.approx(record.config.base_lr * effective / 64)
+    # the untuned baseline at 16 a process, the checklist at the largest that fits
+    assert sorted(trial_config(t).batch_size for t in trials) == [16, 24]
+    speed = optuna.load_study(study_name="ddp.speed", storage=url)
     assert {t.params.get("static_graph") for t in speed.get_trials()} == {False, True}
+    # each process's micro-batch doubled: 16 a process is 256 // (2 * 16) steps an epoch
+    (wall,) = [t for t in speed.trials if t.params["batch_size"] == 32]
+    assert wall.state == TrialState.FAIL and wall.user_attrs["fail_kind"] == "oom"
+    assert wall.user_attrs["fail_msg"].startswith("rank 1 of 2: ")  # found on its rank
+    sixteen = SpeedRecord.of(next(t for t in speed.trials if t.params["batch_size"] == 16))
+    assert sixteen is not None and sixteen.measurement is not None
+    assert (sixteen.measurement["world_size"], sixteen.measurement["batch_size"]) == (2, 16)
+    assert sixteen.measurement["micro_batches_per_epoch"] == 256 // (2 * 16)
 
     verbosity = optuna.logging.get_verbosity()  # the command quiets Optuna: for itself only
     with contextlib.chdir(tmp_path):  # read-only: in this process (Typer's CliRunner)

@@ -13,7 +13,12 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.stage1._probe import Speed, doubled
+from autotune.config import TrialConfig
+from autotune.executor import InProcessExecutor
+from autotune.faults import FaultKind, TrialFault
+from autotune.spacefile import parse_spec
+from autotune.speed import BurstPlan, SpeedMeasurement
+from autotune.stage1._probe import WAITING, Speed, doubled
 from autotune.study import (
     SpeedRecord,
     StudyRecord,
@@ -23,6 +28,7 @@ from autotune.study import (
     trial_config,
 )
 from autotune.testing import start_cli
+from autotune.workloads import Workload, load
 
 OOM: Speed = ("oom", "CUDA out of memory")
 
@@ -109,18 +115,38 @@ space:
 FOUND = "batch_size auto: 8 to 48 (64 ran out of memory; 56 too)"  # 48: 50% over 32
 
 
+class _StoppedOnce(InProcessExecutor):
+    """In this process, but the first measurement of a micro-batch of ``batch`` is stopped, as
+    a worker's is on a machine that others keep busy."""
+
+    def __init__(self, workload: Workload, batch: int) -> None:
+        super().__init__(workload)
+        self.batch, self.stopped = batch, 0
+
+    def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
+        if config.batch_size == self.batch and not self.stopped:
+            self.stopped += 1
+            busy = "no result after 15 s; other processes took 80% of its cores meanwhile"
+            raise TrialFault(FaultKind.TIMEOUT_UNDER_LOAD, busy)
+        return super().measure(config, plan)
+
+
 def test_a_study_searches_the_largest_batch_the_bisection_found_under_the_wall(
     tmp_path: Path, prepare_study
 ):
     space = AUTO_SPACE.format(n_trials=2, delay=0.005)
-    study, url, outcome, _ = prepare_study(space, tmp_path)
+    # a measurement the machine's load stopped says nothing of its size: timed again
+    executor = _StoppedOnce(load(parse_spec(space).workload, tmp_path), batch=16)
+    study, url, outcome, _ = prepare_study(space, tmp_path, executor=executor)
+    assert executor.stopped == 1
     assert outcome.speed_table is not None and outcome.speed_table.batch_size_auto == FOUND
     assert StudyRecord.of(study).batch_sizes == [8, 16, 32, 48]
     # the probe's sizes stored (each round once): stage 1 took them, its table has 48
     speed = optuna.load_study(study_name=speed_study_name("auto"), storage=url)
     records = [r for r in map(SpeedRecord.of, speed.trials) if r is not None]
     assert {r.cell for r in records} == {f"batch {b}, fp32" for b in (8, 16, 32, 64, 48, 56)}
-    assert len({(r.cell, r.round) for r in records}) == len(records)
+    timed = [r for r in records if r.fail_kind != "interrupted"]
+    assert len({(r.cell, r.round) for r in timed}) == len(timed) == len(records) - 1
     assert outcome.speed_table is not None
     assert {c.batch_size for c in outcome.speed_table} == {8, 16, 32, 48}
     (checklist,) = [t for t in study.trials if TrialRecord.of(t).checklist]
@@ -130,7 +156,7 @@ def test_a_study_searches_the_largest_batch_the_bisection_found_under_the_wall(
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="2 workers need 2 cores")
 @pytest.mark.slow
-def test_under_workers_one_process_probes_while_the_other_waits_and_both_search_its_list(
+def test_under_workers_one_process_probes_while_the_other_waits_saying_so_and_both_search_it(
     tmp_path: Path, prepare_study
 ):
     space = AUTO_SPACE.format(n_trials=2, delay=0.005)
@@ -148,6 +174,8 @@ def test_under_workers_one_process_probes_while_the_other_waits_and_both_search_
     log = (tmp_path / "studies" / "auto.workers" / "worker-2.log").read_text()
     outputs = [" ".join(said.split()) for said in (out, log)]
     assert all(FOUND in said for said in outputs)  # the same list, read by both
+    # each said once that it waited (for this test, then one of them for the other), piped
+    assert [said.count(WAITING) for said in outputs] == [1, 1], outputs
     url = f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
     record = StudyRecord.of(optuna.load_study(study_name="auto", storage=url))
     assert record.batch_sizes == [8, 16, 32, 48]

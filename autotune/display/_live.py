@@ -133,6 +133,9 @@ class LiveObserver(studies.StudyObserver):
         doing = f"trial {self.current}" if self.current is not None else "stage 1"
         self._show(f"  {doing}: {line}", cut=True)
 
+    def study_waiting(self, line: str) -> None:
+        self.say(f"  {line}", "dim")  # a line of its own: piped output shows no status line
+
     def recovered(self, count: int) -> None:
         self.say(
             f"{count} trial(s) left running by a stopped autotune process (killed, or "

@@ -5,9 +5,9 @@ passes the training set; after a memory wall, halfway to it and halfway again (i
 mode: on a GPU the largest batch that fits is often the fastest). Each size is timed as stage 1
 times a cell first: the tuning checklist's precision and reference setting
 (``SpeedPlan.reference``), claimed, timed and stored by ``_take``, so stage 1 reuses it and the
-processes of a study time it once. The list and its line are kept in the ``StudyRecord``: every
-process, resume and ``--remeasure`` of the study reads the same list (Optuna refuses a changed
-distribution).
+processes of a study time it once; under DDP, each process's micro-batch. The list and its line
+are kept in the ``StudyRecord``: every process, resume and ``--remeasure`` of the study reads the
+same list (Optuna refuses a changed distribution).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from autotune.faults import FaultKind
 from autotune.spacefile import Spec
+from autotune.stage1._budget import MIN_LIMIT_SECONDS
 from autotune.stage1._plan import Cell
 from autotune.stage1._stage import Stage
 from autotune.stage1._take import SettingTimer, StageInputs
@@ -25,7 +26,10 @@ from autotune.storage._liveness import study_lock
 from autotune.storage._records import StudyRecord
 
 MIN_GAIN = 0.10  # a doubling that adds less samples/s than this does not pay: the probe stops
+TRIES = 3  # measurements of a size the machine's load stopped or spoiled, before it gives up
 _WALLS = (FaultKind.OOM.value, FaultKind.KILLED.value, FaultKind.WORKER_CRASHED.value)
+
+WAITING = "waiting for another autotune process of this study, which probes batch_size: auto"
 
 # a micro-batch's samples/s, or why it has none: (fault kind, message)
 Speed = float | tuple[str, str]
@@ -36,11 +40,13 @@ def doubled(
     limit: int | None,
     speed_of: Callable[[int], Speed],
     again: Callable[[int], Speed] | None = None,
+    per: str = "",
 ) -> tuple[list[int], str]:
     """The micro-batches from ``start``, doubling while each runs and gains (``_tried``), at
-    most ``limit`` (the training set's samples); after a memory wall, the sizes between the last
-    that ran and the wall (``_bisected``); and the one line that says what stopped it:
-    "batch_size auto: 32 to 768 (1024 ran out of memory; 896 too)"."""
+    most ``limit`` (the training set's samples, ``per`` process of a distributed trial); after a
+    memory wall, the sizes between the last that ran and the wall (``_bisected``); and the one
+    line that says what stopped it: "batch_size auto: 32 to 768 (1024 ran out of memory; 896
+    too)"."""
     sizes: list[int] = []
     last: float | None = None
     batch = start
@@ -54,7 +60,7 @@ def doubled(
         sizes.append(batch)
         last, batch = tried, 2 * batch
     else:
-        why = f"{batch} is more than the {limit} training samples"
+        why = f"{batch} is more than the {limit} training samples{per}"
     found = f"{sizes[0]} to {sizes[-1]}" if len(sizes) > 1 else str(sizes[0] if sizes else start)
     return sizes or [start], f"batch_size auto: {found} ({why})"
 
@@ -128,29 +134,46 @@ def _probe(timer: SettingTimer) -> tuple[list[int], str]:
     def speed_of(batch: int, again: bool = False) -> Speed:
         cell = Cell(batch, precision, extras, world)
         settings = plan.reference(cell)
-        # the probe always finishes (the space needs its list), past stage 1's budget too
-        timer.rules.deadline = time.monotonic() + timer.rules.budget
-        timer.measure(cell, settings, len(timer.pool(cell, settings).results) + 1 if again else 1)
-        if timer.pool(cell, settings).flagged_only():  # taken while others had the cores
-            timer.measure(cell, settings, 2)  # once more: a busy figure would skew the gain
         pool = timer.pool(cell, settings)
+        count = len(pool.results) + 1 if again else 1
+        busy = False
+        # a measurement the machine's load stopped (it says nothing of the size) is taken again,
+        # one taken while others had the cores once more (a busy figure would skew the gain)
+        for _ in range(TRIES):
+            # the probe always finishes (the space needs its list), past stage 1's budget too,
+            # each measurement as long as a busy machine's may take (``Budget.eager_limit``):
+            # a distributed trial's processes start again after a memory wall
+            timer.rules.deadline = time.monotonic() + max(timer.rules.budget, MIN_LIMIT_SECONDS)
+            timer.measure(cell, settings, count)
+            pool = timer.pool(cell, settings)
+            if pool.fault is not None:
+                break
+            if len(pool.results) >= count:
+                if busy or not pool.flagged_only():
+                    break
+                count, busy = count + 1, True
         best = pool.combined()
         if best is None:
-            return pool.fault or (FaultKind.ERROR.value, "no measurement")
+            return pool.fault or (FaultKind.INTERRUPTED.value, f"stopped in each of {TRIES} tries")
         return best.samples_per_second()
 
+    # under DDP each process trains its share of the training set, batch_size at a time
     limit = len(workload.train_set) // world if workload is not None else None  # type: ignore[arg-type]
     start = int(plan.batch_sizes[0])
-    return doubled(start, limit, speed_of, lambda batch: speed_of(batch, again=True))
+    per = " per process" if world > 1 else ""
+    return doubled(start, limit, speed_of, lambda batch: speed_of(batch, again=True), per)
 
 
-def resolve_batch_sizes(inputs: StageInputs) -> tuple[Spec, str]:
+def resolve_batch_sizes(
+    inputs: StageInputs, on_wait: Callable[[str], None] = lambda line: None
+) -> tuple[Spec, str]:
     """The spec with ``batch_size: auto`` resolved, and the probe's line: the study's stored
-    list, else the probe's (run once, under the study's lock, and stored)."""
+    list, else the probe's (run once, under the study's lock, and stored). ``on_wait`` hears
+    that another process of the study probes it meanwhile (``WAITING``)."""
     study = inputs.study
     record = StudyRecord.of(study)
     if record.batch_sizes is None:
-        with study_lock(study, purpose="batch_size", held_long=True):
+        with study_lock(study, "batch_size", lambda: on_wait(WAITING), held_long=True):
             record = StudyRecord.of(study)  # another process may have probed meanwhile
             if record.batch_sizes is None:
                 sizes, line = _probe(Stage(inputs))

@@ -158,7 +158,7 @@ def _stage_one(
     stage_started = time.monotonic()
     try:
         if inputs.spec.space.batch_size_auto:  # the micro-batches, before the cells and references
-            resolved, found = resolve_batch_sizes(inputs)
+            resolved, found = resolve_batch_sizes(inputs, observer.study_waiting)
             inputs = dataclasses.replace(inputs, spec=resolved)
             observer.turn_waiting(found)
         spent = time.monotonic() - stage_started  # the probe's: stage 1's budget counts them

@@ -87,6 +87,10 @@ class StudyObserver:
         """This process waits for its turn on the machine (``turns``): ``line`` says for whom;
         the trial's or measurement's clock has not started."""
 
+    def study_waiting(self, line: str) -> None:
+        """This process waits for another process of the study (``study_lock``), minutes
+        perhaps: ``line`` says for what; said once, as a line of its own."""
+
     def taken_over(self, number: int, kept_on: str | None) -> None:
         """Another process failed trial ``number`` as stale while this one trained it; what
         this one measured is kept on ``kept_on`` (a trial or the study), if anything."""
