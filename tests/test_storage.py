@@ -144,6 +144,14 @@ def test_storage_problem_reads_through_the_wrappers(tmp_path: Path):
     assert storage_problem(ValueError("a bug")) is None
 
 
+def test_a_missing_database_driver_is_named_in_one_line():
+    # SQLAlchemy raises its own ImportError from the driver's: the driver's names the module
+    with pytest.raises(StudyError) as refused:
+        open_storage("postgresql+psycopg2://u@127.0.0.1:1/none")
+    assert "its driver is not installed (No module named 'psycopg2')" in str(refused.value)
+    assert "pip install 'autotune[postgres]'" in str(refused.value)
+
+
 @pytest.mark.slow
 def test_a_read_only_study_is_read_and_reported_but_not_run(study_copy: Path, tmp_path: Path):
     folder = study_copy / "studies"

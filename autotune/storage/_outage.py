@@ -29,7 +29,8 @@ from typing import TypeVar
 
 import sqlalchemy
 
-from autotune.storage._rdb import StudyError, storage_problem, wrapped
+from autotune.faults import wrapped
+from autotune.storage._rdb import StudyError, storage_problem
 
 # A managed database fails over in one to two minutes, a restart for maintenance in seconds
 DEFAULT_OUTAGE_SECONDS = 180.0

@@ -10,7 +10,6 @@ import re
 import sqlite3
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
@@ -22,6 +21,7 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial
 
 from autotune.errors import UserError
+from autotune.faults import wrapped
 from autotune.files import OutputFileError, make_folder_for
 from autotune.storage._records import TrialRecord
 
@@ -125,21 +125,6 @@ _PROBLEMS: list[tuple[tuple[str, ...], str]] = [
     ),
     (("database is locked",), "another process holds its lock"),
 ]
-
-
-def wrapped(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and everything it wraps (causes, contexts, SQLAlchemy's ``.orig``), each once."""
-    seen: set[int] = set()
-    pending: list[BaseException | None] = [exc]
-    while pending:
-        current = pending.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        yield current
-        orig = getattr(current, "orig", None)
-        pending += [current.__cause__, current.__context__]
-        pending.append(orig if isinstance(orig, BaseException) else None)
 
 
 def storage_problem(exc: BaseException) -> str | None:
@@ -306,7 +291,8 @@ def _synchronous_normal(connection: Any, _record: Any) -> None:
 
 def _open_error(shown: str, err: BaseException) -> str:
     """The one line that says why the storage ``shown`` (a masked URL) did not open."""
-    missing = next((e for e in (err.__cause__, err) if isinstance(e, ImportError)), None)
+    imports = [e for e in wrapped(err) if isinstance(e, ImportError)]
+    missing = imports[-1] if imports else None  # the innermost names the module
     if missing is not None and shown.startswith("postgresql"):
         return (
             f"cannot open storage {shown}: its driver is not installed ({missing}); "
