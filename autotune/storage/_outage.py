@@ -30,32 +30,12 @@ from typing import TypeVar
 import sqlalchemy
 
 from autotune.faults import wrapped
-from autotune.storage._rdb import StudyError, storage_problem
+from autotune.storage._rdb import StudyError, driver_said, storage_problem
 
 # A managed database fails over in one to two minutes, a restart for maintenance in seconds
 DEFAULT_OUTAGE_SECONDS = 180.0
 FIRST_RETRY_SECONDS = 0.5
 LONGEST_RETRY_SECONDS = 4.0
-
-# what drivers say while a server restarts, fails over, or is unreachable for a moment
-_OUTAGE_NEEDLES = (
-    "connection refused",
-    "could not connect",
-    "connection failed",
-    "server closed the connection",
-    "terminating connection",
-    "the database system is",  # ... starting up / shutting down / in recovery mode
-    "connection is closed",
-    "connection already closed",
-    "consuming input failed",
-    "no connection to the server",
-    "ssl syscall error",
-    "connection timed out",
-    "connection reset",
-    "could not receive data",
-    "could not send data",
-    "database is locked",  # SQLite: another process held its lock past the busy timeout
-)
 
 T = TypeVar("T")
 
@@ -73,8 +53,7 @@ def is_outage(exc: BaseException) -> bool:
             return False  # the wait is over already
         if isinstance(current, sqlalchemy.exc.DBAPIError) and current.connection_invalidated:
             return True  # SQLAlchemy's own verdict: the connection is gone
-        text = str(current).lower()
-        if any(needle in text for needle in _OUTAGE_NEEDLES):
+        if any(outage for _, outage in driver_said(current)):
             return True
     return False
 

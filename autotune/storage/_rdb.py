@@ -108,23 +108,51 @@ def _url_problem(url: str) -> str | None:
     return None
 
 
-_PROBLEMS: list[tuple[tuple[str, ...], str]] = [
-    (("database or disk is full",), "the disk is full"),
-    (("disk i/o error",), "a disk I/O error (is the disk full?)"),
-    (("attempt to write a readonly database", "read-only transaction"), "it is read-only"),
+# What database drivers say (lowercased), what it means in a few words (None: no more than that
+# the database does not answer), and whether it is an outage that trying again may mend: a
+# server restarting, failing over or unreachable for a moment, a connection it dropped, SQLite's
+# lock held past its busy timeout
+_DRIVER_PHRASES: tuple[tuple[tuple[str, ...], str | None, bool], ...] = (
+    (("database or disk is full",), "the disk is full", False),
+    (("disk i/o error",), "a disk I/O error (is the disk full?)", False),
+    (("attempt to write a readonly database", "read-only transaction"), "it is read-only", False),
     (
         ("file is not a database", "database disk image is malformed"),
         "the database file is damaged (not a database, or malformed)",
+        False,
     ),
-    (("unable to open database file",), "the database file cannot be opened (permissions?)"),
-    (("password authentication failed",), "the password or user name is wrong"),
-    (("connection refused", "could not connect", "connection failed"), "no server answers"),
     (
+        ("unable to open database file",),
+        "the database file cannot be opened (permissions?)",
+        False,
+    ),
+    (("password authentication failed",), "the password or user name is wrong", False),
+    (("connection refused", "could not connect", "connection failed"), "no server answers", True),
+    (
+        # "the database system is" starting up / shutting down / in recovery mode
         ("server closed the connection", "terminating connection", "the database system is"),
         "its server restarts",
+        True,
     ),
-    (("database is locked",), "another process holds its lock"),
-]
+    (("database is locked",), "another process holds its lock", True),
+    (
+        ("connection is closed", "connection already closed", "consuming input failed"),
+        None,
+        True,
+    ),
+    (("no connection to the server", "ssl syscall error", "connection timed out"), None, True),
+    (("connection reset", "could not receive data", "could not send data"), None, True),
+)
+
+
+def driver_said(error: BaseException) -> list[tuple[str | None, bool]]:
+    """(problem, outage) of each of the ``_DRIVER_PHRASES`` that ``error``'s own text holds."""
+    text = str(error).lower()
+    return [
+        (problem, outage)
+        for needles, problem, outage in _DRIVER_PHRASES
+        if any(needle in text for needle in needles)
+    ]
 
 
 def storage_problem(exc: BaseException) -> str | None:
@@ -138,9 +166,8 @@ def storage_problem(exc: BaseException) -> str | None:
             return "it is read-only"
         if isinstance(current, PermissionError):
             return f"permission denied ({current.filename or 'a file or folder'})"
-        text = str(current).lower()
-        for needles, problem in _PROBLEMS:
-            if any(needle in text for needle in needles):
+        for problem, _ in driver_said(current):
+            if problem is not None:
                 return problem
     return None
 
