@@ -27,6 +27,7 @@ from autotune.storage._records import TrialRecord
 
 SQLITE_BUSY_TIMEOUT_SECONDS = 60
 STORAGE_OPEN_ATTEMPTS = 5
+STALE_BEATS = 3  # heartbeats a running trial may miss before it is stale (its process is lost)
 
 
 class StudyError(UserError):
@@ -225,7 +226,7 @@ def _read_only_query(path: Path, follow_writers: bool) -> str:
     return "mode=ro&immutable=1" if in_wal else "mode=ro"
 
 
-def open_storage(  # noqa: C901, PLR0912
+def open_storage(
     url: str,
     access: Access = "create",
     heartbeat_interval: int | None = None,
@@ -239,13 +240,13 @@ def open_storage(  # noqa: C901, PLR0912
     SQLite file is checked first (``PRAGMA quick_check`` on a read-only connection), then opened
     with ``mode=ro``; a PostgreSQL session is read-only. A missing, empty, damaged or foreign
     file is a StudyError of one line. With ``heartbeat_interval`` (seconds) running trials
-    beat, and one silent for three intervals is stale: failed as interrupted and retried once.
+    beat (``optuna_storage``), and one that is stale is failed as interrupted and retried once.
     """
     shown = display_url(url)
     if (problem := _url_problem(url)) is not None:
         raise StudyError(f"storage {shown}: {problem}")
     path = sqlite_path(url)
-    engine_kwargs: dict[str, Any] = {}
+    connect_args: dict[str, Any] = {}
     target = url
     if path is not None:
         unwritable = _unwritable(path) if access != "read" else None
@@ -265,26 +266,17 @@ def open_storage(  # noqa: C901, PLR0912
         if access == "read":
             query = _read_only_query(path, follow_writers)
             target = f"{_SQLITE_PREFIX}file:{quote(str(path.resolve()))}?{query}&uri=true"
-        engine_kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_SECONDS}
+        connect_args = {"timeout": SQLITE_BUSY_TIMEOUT_SECONDS}
     elif access == "read" and url.startswith("postgresql"):
-        engine_kwargs["connect_args"] = {"options": "-c default_transaction_read_only=on"}
-    heartbeat: dict[str, Any] = {}
-    if heartbeat_interval is not None:
-        heartbeat = {
-            "heartbeat_interval": heartbeat_interval,
-            "grace_period": 3 * heartbeat_interval,
-            "heartbeat_stale_trial_callback": _RetryOnce(),
-        }
+        connect_args = {"options": "-c default_transaction_read_only=on"}
+    retry_stale = _RetryOnce() if heartbeat_interval is not None else None
+    options = {
+        "skip_table_creation": access != "create",
+        "heartbeat_stale_trial_callback": retry_stale,
+    }
     for attempt in range(STORAGE_OPEN_ATTEMPTS):
         try:
-            # heartbeat_interval: experimental in Optuna
-            with warnings.catch_warnings(action="ignore", category=ExperimentalWarning):
-                storage = optuna.storages.RDBStorage(
-                    target,
-                    engine_kwargs=engine_kwargs,
-                    skip_table_creation=access != "create",
-                    **heartbeat,
-                )
+            storage = optuna_storage(target, connect_args, heartbeat_interval, **options)
             break
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as err:
             # another process is creating the same new database's tables right now
@@ -308,6 +300,19 @@ def open_storage(  # noqa: C901, PLR0912
         sqlalchemy.event.listen(storage.engine, "connect", _synchronous_normal)
         storage.engine.dispose()  # the pooled connections were made before: made again
     return storage
+
+
+def optuna_storage(
+    url: str, connect_args: dict[str, Any], heartbeat_interval: int | None, **options: Any
+) -> optuna.storages.RDBStorage:
+    """Optuna's storage of ``url``. With ``heartbeat_interval`` (seconds) running trials beat,
+    and one that missed ``STALE_BEATS`` beats is stale."""
+    if heartbeat_interval is not None:
+        options["heartbeat_interval"] = heartbeat_interval
+        options["grace_period"] = STALE_BEATS * heartbeat_interval
+    with warnings.catch_warnings(action="ignore", category=ExperimentalWarning):  # heartbeats
+        engine = {"connect_args": connect_args}
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine, **options)
 
 
 def _synchronous_normal(connection: Any, _record: Any) -> None:
