@@ -48,8 +48,7 @@ class FaultKind(StrEnum):
 
     @property
     def is_configuration_fault(self) -> bool:
-        """Whether the configuration itself cannot train here (recorded as PRUNED with a
-        violated constraint, so the sampler learns to avoid it)."""
+        """Whether the configuration itself cannot train here (see the module's docstring)."""
         return self in CONFIGURATION_FAULTS
 
 
