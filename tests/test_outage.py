@@ -73,6 +73,26 @@ def test_what_a_driver_says_is_an_outage_to_wait_for_or_a_problem_to_name():
     assert not is_outage(ValueError("a bug")) and storage_problem(ValueError("a bug")) is None
 
 
+def test_a_call_inside_a_retried_call_is_retried_by_the_outer_one_only():
+    retry, calls = OutageRetry(30), []
+
+    def inner() -> str:
+        calls.append("inner")
+        if len(calls) == 2:  # the first time: the database is locked
+            raise sqlalchemy.exc.OperationalError("SELECT 1", {}, Exception("database is locked"))
+        return "done"
+
+    def outer() -> str:
+        calls.append("outer")
+        return retry.call(inner)
+
+    assert retry.call(outer) == "done"
+    assert calls == ["outer", "inner", "outer", "inner"]  # the whole outer call again
+    with without_retry(), pytest.raises(sqlalchemy.exc.OperationalError):
+        calls.clear()
+        retry.call(outer)  # refused at once: not waited for
+
+
 def test_a_storage_call_waits_for_a_locked_database_and_goes_on(tmp_path: Path):
     said: list[tuple[str, object]] = []
     retry = OutageRetry(

@@ -77,7 +77,7 @@ def troubled_within(url: str | None, seconds: float) -> bool:
     return last is not None and time.monotonic() - last < seconds
 
 
-_no_retry = threading.local()
+_no_retry = threading.local()  # depth: this thread's calls go to the database untried
 
 
 class without_retry:
@@ -106,19 +106,15 @@ class OutageRetry:
     gave_up: bool = False  # past the bound once: the process is ending, nothing waits again
     _waiting_since: float | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _calls: threading.local = field(default_factory=threading.local, repr=False)
 
     def call(self, function: Callable[..., T], *args: object, **kwargs: object) -> T:
         """``function(*args, **kwargs)``, tried again while the database does not answer, up
         to the bound; StorageOutage past it. A call made inside another (a storage method
         that calls another) is tried by the outer one only."""
-        if getattr(self._calls, "depth", 0) or getattr(_no_retry, "depth", 0):
+        if getattr(_no_retry, "depth", 0):
             return function(*args, **kwargs)
-        self._calls.depth = 1
-        try:
+        with without_retry():  # what it calls in turn
             return self._patiently(function, *args, **kwargs)
-        finally:
-            self._calls.depth = 0
 
     def _patiently(self, function: Callable[..., T], *args: object, **kwargs: object) -> T:
         started: float | None = None
