@@ -17,6 +17,7 @@ import re
 import signal
 import sysconfig
 import traceback
+from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 
@@ -47,8 +48,7 @@ class FaultKind(StrEnum):
 
     @property
     def is_configuration_fault(self) -> bool:
-        """Whether the configuration itself cannot train here (recorded as PRUNED with a
-        violated constraint, so the sampler learns to avoid it)."""
+        """Whether the configuration itself cannot train here (see the module's docstring)."""
         return self in CONFIGURATION_FAULTS
 
 
@@ -100,8 +100,9 @@ def _is_broken_worker_pipe(error: BaseException) -> bool:
     return any("torch/utils/data/" in frame.filename.replace("\\", "/") for frame in frames)
 
 
-# what CUDA libraries raise when they cannot allocate their workspace: out of memory, by name
-_ALLOCATION_FAILED = ("CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
+# what an error says when the device ran out of memory (CUDA libraries that cannot allocate
+# their workspace say it by name)
+_OUT_OF_MEMORY = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
 # failures that out of memory causes among others: counted as such only when the device is
 # nearly full (a cuDNN plan that found no workspace; a CUDA-graph capture an allocation broke)
 _UNDER_PRESSURE = (
@@ -129,20 +130,30 @@ def _memory_pressure() -> bool:
     return total > 0 and free < (1 - NEARLY_FULL) * total
 
 
+def wrapped(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and everything it wraps (causes, contexts, SQLAlchemy's ``.orig``), each once."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        orig = getattr(current, "orig", None)
+        pending += [current.__cause__, current.__context__]
+        pending.append(orig if isinstance(orig, BaseException) else None)
+
+
 def _out_of_memory(error: BaseException) -> bool:
-    """Whether ``error``, or an error it was raised from, says the device ran out of memory."""
+    """Whether ``error``, or an error it ``wrapped``, says the device ran out of memory."""
     import torch
 
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        text = str(current)
-        if isinstance(current, torch.OutOfMemoryError | MemoryError) or "out of memory" in text:
+    for current in wrapped(error):
+        if isinstance(current, torch.OutOfMemoryError | MemoryError):
             return True
-        if any(name in text for name in _ALLOCATION_FAILED):
+        if any(phrase in str(current) for phrase in _OUT_OF_MEMORY):
             return True
-        current = current.__cause__ or current.__context__
     text = str(error)
     return any(name in text for name in _UNDER_PRESSURE) and _memory_pressure()
 

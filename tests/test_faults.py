@@ -297,6 +297,25 @@ def test_what_cuda_libraries_raise_when_memory_runs_out_is_out_of_memory(
     assert classify(internal)[0] == FaultKind.ERROR
 
 
+def test_an_error_is_read_with_everything_it_wraps_each_once():
+    from autotune.faults import wrapped
+
+    class DriverError(Exception):  # as SQLAlchemy's DBAPIError keeps the driver's in .orig
+        orig = OSError("the driver's own")
+
+    cause, context, outer = ValueError("cause"), KeyError("context"), DriverError("outer")
+    outer.__cause__, outer.__context__ = cause, context
+    cause.__context__ = outer  # a cycle is walked once
+    assert sorted(map(str, wrapped(outer))) == sorted(
+        ["outer", "cause", "'context'", "the driver's own"]
+    )
+    # out of memory said by an error another one was raised while handling (no ``from``)
+    oom = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    cleanup = RuntimeError("the trial's cleanup failed")
+    cleanup.__context__ = oom
+    assert classify(cleanup)[0] == FaultKind.OOM
+
+
 def test_fault_kinds_are_an_enum_stored_as_strings():
     assert FaultKind("trial_timeout") is FaultKind.TRIAL_TIMEOUT
     assert not FaultKind.INTERRUPTED.is_configuration_fault

@@ -18,8 +18,14 @@ import sqlalchemy
 from optuna.trial import TrialState
 
 from autotune.storage import adapter
-from autotune.storage._outage import troubled_within
-from autotune.study import OutageRetry, StorageOutage, TrialRecord, without_retry
+from autotune.storage._outage import is_outage, troubled_within
+from autotune.study import (
+    OutageRetry,
+    StorageOutage,
+    TrialRecord,
+    storage_problem,
+    without_retry,
+)
 from autotune.testing import start_cli, write_space
 
 
@@ -50,6 +56,41 @@ def _hold_lock(path: Path, seconds: float) -> threading.Thread:
     thread = threading.Thread(target=release)
     thread.start()
     return thread
+
+
+def test_what_a_driver_says_is_an_outage_to_wait_for_or_a_problem_to_name():
+    def said(text: str) -> sqlalchemy.exc.OperationalError:  # as SQLAlchemy wraps psycopg's
+        return sqlalchemy.exc.OperationalError("SELECT 1", {}, Exception(text))
+
+    restart = said("server closed the connection unexpectedly")
+    assert is_outage(restart) and storage_problem(restart) == "its server restarts"
+    dropped = said("consuming input failed: SSL SYSCALL error: EOF detected")
+    assert is_outage(dropped) and storage_problem(dropped) is None
+    locked = said("(sqlite3.OperationalError) database is locked")
+    assert is_outage(locked) and storage_problem(locked) == "another process holds its lock"
+    full = said("(sqlite3.OperationalError) database or disk is full")
+    assert not is_outage(full) and storage_problem(full) == "the disk is full"
+    assert not is_outage(ValueError("a bug")) and storage_problem(ValueError("a bug")) is None
+
+
+def test_a_call_inside_a_retried_call_is_retried_by_the_outer_one_only():
+    retry, calls = OutageRetry(30), []
+
+    def inner() -> str:
+        calls.append("inner")
+        if len(calls) == 2:  # the first time: the database is locked
+            raise sqlalchemy.exc.OperationalError("SELECT 1", {}, Exception("database is locked"))
+        return "done"
+
+    def outer() -> str:
+        calls.append("outer")
+        return retry.call(inner)
+
+    assert retry.call(outer) == "done"
+    assert calls == ["outer", "inner", "outer", "inner"]  # the whole outer call again
+    with without_retry(), pytest.raises(sqlalchemy.exc.OperationalError):
+        calls.clear()
+        retry.call(outer)  # refused at once: not waited for
 
 
 def test_a_storage_call_waits_for_a_locked_database_and_goes_on(tmp_path: Path):

@@ -4,6 +4,7 @@ databases said in one line, and passwords that are never shown or stored."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import sqlite3
@@ -19,6 +20,8 @@ from optuna.trial import TrialState
 
 import autotune
 from autotune.study import (
+    ConfirmationRecord,
+    ConfirmRun,
     StudyError,
     StudyRecord,
     TrialRecord,
@@ -142,6 +145,26 @@ def test_storage_problem_reads_through_the_wrappers(tmp_path: Path):
     except optuna.exceptions.StorageInternalError as wrapped:
         assert storage_problem(wrapped) == "it is read-only"
     assert storage_problem(ValueError("a bug")) is None
+
+
+def test_a_missing_database_driver_is_named_in_one_line():
+    # SQLAlchemy raises its own ImportError from the driver's: the driver's names the module
+    with pytest.raises(StudyError) as refused:
+        open_storage("postgresql+psycopg2://u@127.0.0.1:1/none")
+    assert "its driver is not installed (No module named 'psycopg2')" in str(refused.value)
+    assert "pip install 'autotune[postgres]'" in str(refused.value)
+
+
+def test_a_study_record_stores_its_confirmation_round_as_json_and_reads_it_back():
+    run = ConfirmRun(
+        3, 1, 7, value=0.5, score=0.9, samples_per_second=1e3, feasible=True, wall_seconds=2.0
+    )
+    confirmation = ConfirmationRecord(2, 3, True, candidates=(3, 0), baseline=0, runs=(run,))
+    attrs = StudyRecord(metric="accuracy_per_second", confirmation=confirmation).to_attrs()
+    stored = json.loads(json.dumps(attrs))  # as Optuna stores a user attribute
+    assert StudyRecord.from_attrs(stored) == StudyRecord(
+        metric="accuracy_per_second", confirmation=confirmation
+    )
 
 
 @pytest.mark.slow

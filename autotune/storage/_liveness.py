@@ -24,7 +24,7 @@ from autotune.faults import FaultKind
 from autotune.machine.turns import file_lock
 from autotune.storage import adapter
 from autotune.storage._outage import is_outage, note_trouble, troubled_within
-from autotune.storage._rdb import sqlite_path
+from autotune.storage._rdb import STALE_BEATS, optuna_storage, sqlite_path
 from autotune.storage._records import TrialRecord
 
 
@@ -226,7 +226,6 @@ def _locked_connection(
 
 
 def _unlock(connection: sqlalchemy.Connection, key: str) -> None:
-    """Release the advisory lock on ``key`` and close its connection."""
     try:
         connection.execute(
             sqlalchemy.text("SELECT pg_advisory_unlock(hashtext(:key))"), {"key": key}
@@ -245,11 +244,11 @@ def _beat_storage(storage: optuna.storages.BaseStorage, interval: int) -> Any:
     """The storage the heartbeat writes through: one of its own (its own engine, so its own
     connections) whose writes give up after half an interval.
 
-    The rule: a trial is stale after three intervals without a beat (the grace period). A beat
+    The rule: a trial is stale after ``STALE_BEATS`` intervals without a beat. A beat
     that waited behind the study's own writes (SQLite's busy timeout is a minute) could land
     after that although its process is alive. Beats are due on a fixed clock, one an interval,
     and each gives up after half an interval, so a live process is judged stale only when the
-    database refused every beat due in three intervals. Falls back to ``storage`` where none
+    database refused every beat due in those intervals. Falls back to ``storage`` where none
     can be made.
     """
     url = adapter.storage_url(storage)
@@ -266,16 +265,8 @@ def _beat_storage(storage: optuna.storages.BaseStorage, interval: int) -> Any:
         else:
             connect_args = {}
         try:
-            # heartbeat_interval: experimental in Optuna
-            with warnings.catch_warnings(action="ignore", category=ExperimentalWarning):
-                _BEAT_STORAGES[url] = optuna.storages.RDBStorage(
-                    url,
-                    engine_kwargs={"connect_args": connect_args},
-                    skip_compatibility_check=True,
-                    skip_table_creation=True,
-                    heartbeat_interval=interval,
-                    grace_period=3 * interval,
-                )
+            fast = {"skip_compatibility_check": True, "skip_table_creation": True}
+            _BEAT_STORAGES[url] = optuna_storage(url, connect_args, interval, **fast)
         except Exception:  # the study's own storage beats then, as before
             return storage
     return _BEAT_STORAGES[url]
@@ -285,12 +276,12 @@ def recover_stale_trials(study: optuna.Study) -> int:
     """Fail trials whose study process stopped beating, as ``interrupted``; return how many.
 
     Their parameters are queued once more (RetryHeartbeatStaleTrialCallback in the storage).
-    None is judged stale for a grace period (three heartbeat intervals) after this process saw
+    None is judged stale for ``STALE_BEATS`` heartbeat intervals after this process saw
     the database refuse a call: every live process's beats were refused too, and are due again.
     """
     storage = adapter.storage_of(study)
     interval = adapter.heartbeat_interval(storage)
-    if interval is None or troubled_within(adapter.storage_url(storage), 3 * interval):
+    if interval is None or troubled_within(adapter.storage_url(storage), STALE_BEATS * interval):
         return 0
     stale = adapter.stale_trial_ids(study)  # the trials fail_stale_trials is about to fail
     if not stale:

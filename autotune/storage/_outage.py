@@ -29,32 +29,13 @@ from typing import TypeVar
 
 import sqlalchemy
 
-from autotune.storage._rdb import StudyError, storage_problem, wrapped
+from autotune.faults import wrapped
+from autotune.storage._rdb import StudyError, driver_said, storage_problem
 
 # A managed database fails over in one to two minutes, a restart for maintenance in seconds
 DEFAULT_OUTAGE_SECONDS = 180.0
 FIRST_RETRY_SECONDS = 0.5
 LONGEST_RETRY_SECONDS = 4.0
-
-# what drivers say while a server restarts, fails over, or is unreachable for a moment
-_OUTAGE_NEEDLES = (
-    "connection refused",
-    "could not connect",
-    "connection failed",
-    "server closed the connection",
-    "terminating connection",
-    "the database system is",  # ... starting up / shutting down / in recovery mode
-    "connection is closed",
-    "connection already closed",
-    "consuming input failed",
-    "no connection to the server",
-    "ssl syscall error",
-    "connection timed out",
-    "connection reset",
-    "could not receive data",
-    "could not send data",
-    "database is locked",  # SQLite: another process held its lock past the busy timeout
-)
 
 T = TypeVar("T")
 
@@ -72,8 +53,7 @@ def is_outage(exc: BaseException) -> bool:
             return False  # the wait is over already
         if isinstance(current, sqlalchemy.exc.DBAPIError) and current.connection_invalidated:
             return True  # SQLAlchemy's own verdict: the connection is gone
-        text = str(current).lower()
-        if any(needle in text for needle in _OUTAGE_NEEDLES):
+        if any(outage for _, outage in driver_said(current)):
             return True
     return False
 
@@ -97,7 +77,7 @@ def troubled_within(url: str | None, seconds: float) -> bool:
     return last is not None and time.monotonic() - last < seconds
 
 
-_no_retry = threading.local()
+_no_retry = threading.local()  # depth: this thread's calls go to the database untried
 
 
 class without_retry:
@@ -126,19 +106,15 @@ class OutageRetry:
     gave_up: bool = False  # past the bound once: the process is ending, nothing waits again
     _waiting_since: float | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _calls: threading.local = field(default_factory=threading.local, repr=False)
 
     def call(self, function: Callable[..., T], *args: object, **kwargs: object) -> T:
         """``function(*args, **kwargs)``, tried again while the database does not answer, up
         to the bound; StorageOutage past it. A call made inside another (a storage method
         that calls another) is tried by the outer one only."""
-        if getattr(self._calls, "depth", 0) or getattr(_no_retry, "depth", 0):
+        if getattr(_no_retry, "depth", 0):
             return function(*args, **kwargs)
-        self._calls.depth = 1
-        try:
+        with without_retry():  # what it calls in turn
             return self._patiently(function, *args, **kwargs)
-        finally:
-            self._calls.depth = 0
 
     def _patiently(self, function: Callable[..., T], *args: object, **kwargs: object) -> T:
         started: float | None = None

@@ -10,7 +10,6 @@ import re
 import sqlite3
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
@@ -22,11 +21,13 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial
 
 from autotune.errors import UserError
+from autotune.faults import wrapped
 from autotune.files import OutputFileError, make_folder_for
 from autotune.storage._records import TrialRecord
 
 SQLITE_BUSY_TIMEOUT_SECONDS = 60
 STORAGE_OPEN_ATTEMPTS = 5
+STALE_BEATS = 3  # heartbeats a running trial may miss before it is stale (its process is lost)
 
 
 class StudyError(UserError):
@@ -108,38 +109,51 @@ def _url_problem(url: str) -> str | None:
     return None
 
 
-_PROBLEMS: list[tuple[tuple[str, ...], str]] = [
-    (("database or disk is full",), "the disk is full"),
-    (("disk i/o error",), "a disk I/O error (is the disk full?)"),
-    (("attempt to write a readonly database", "read-only transaction"), "it is read-only"),
+# What database drivers say (lowercased), what it means in a few words (None: no more than that
+# the database does not answer), and whether it is an outage that trying again may mend: a
+# server restarting, failing over or unreachable for a moment, a connection it dropped, SQLite's
+# lock held past its busy timeout
+_DRIVER_PHRASES: tuple[tuple[tuple[str, ...], str | None, bool], ...] = (
+    (("database or disk is full",), "the disk is full", False),
+    (("disk i/o error",), "a disk I/O error (is the disk full?)", False),
+    (("attempt to write a readonly database", "read-only transaction"), "it is read-only", False),
     (
         ("file is not a database", "database disk image is malformed"),
         "the database file is damaged (not a database, or malformed)",
+        False,
     ),
-    (("unable to open database file",), "the database file cannot be opened (permissions?)"),
-    (("password authentication failed",), "the password or user name is wrong"),
-    (("connection refused", "could not connect", "connection failed"), "no server answers"),
     (
+        ("unable to open database file",),
+        "the database file cannot be opened (permissions?)",
+        False,
+    ),
+    (("password authentication failed",), "the password or user name is wrong", False),
+    (("connection refused", "could not connect", "connection failed"), "no server answers", True),
+    (
+        # "the database system is" starting up / shutting down / in recovery mode
         ("server closed the connection", "terminating connection", "the database system is"),
         "its server restarts",
+        True,
     ),
-    (("database is locked",), "another process holds its lock"),
-]
+    (("database is locked",), "another process holds its lock", True),
+    (
+        ("connection is closed", "connection already closed", "consuming input failed"),
+        None,
+        True,
+    ),
+    (("no connection to the server", "ssl syscall error", "connection timed out"), None, True),
+    (("connection reset", "could not receive data", "could not send data"), None, True),
+)
 
 
-def wrapped(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and everything it wraps (causes, contexts, SQLAlchemy's ``.orig``), each once."""
-    seen: set[int] = set()
-    pending: list[BaseException | None] = [exc]
-    while pending:
-        current = pending.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        yield current
-        orig = getattr(current, "orig", None)
-        pending += [current.__cause__, current.__context__]
-        pending.append(orig if isinstance(orig, BaseException) else None)
+def driver_said(error: BaseException) -> list[tuple[str | None, bool]]:
+    """(problem, outage) of each of the ``_DRIVER_PHRASES`` that ``error``'s own text holds."""
+    text = str(error).lower()
+    return [
+        (problem, outage)
+        for needles, problem, outage in _DRIVER_PHRASES
+        if any(needle in text for needle in needles)
+    ]
 
 
 def storage_problem(exc: BaseException) -> str | None:
@@ -153,9 +167,8 @@ def storage_problem(exc: BaseException) -> str | None:
             return "it is read-only"
         if isinstance(current, PermissionError):
             return f"permission denied ({current.filename or 'a file or folder'})"
-        text = str(current).lower()
-        for needles, problem in _PROBLEMS:
-            if any(needle in text for needle in needles):
+        for problem, _ in driver_said(current):
+            if problem is not None:
                 return problem
     return None
 
@@ -213,7 +226,7 @@ def _read_only_query(path: Path, follow_writers: bool) -> str:
     return "mode=ro&immutable=1" if in_wal else "mode=ro"
 
 
-def open_storage(  # noqa: C901, PLR0912
+def open_storage(
     url: str,
     access: Access = "create",
     heartbeat_interval: int | None = None,
@@ -227,13 +240,13 @@ def open_storage(  # noqa: C901, PLR0912
     SQLite file is checked first (``PRAGMA quick_check`` on a read-only connection), then opened
     with ``mode=ro``; a PostgreSQL session is read-only. A missing, empty, damaged or foreign
     file is a StudyError of one line. With ``heartbeat_interval`` (seconds) running trials
-    beat, and one silent for three intervals is stale: failed as interrupted and retried once.
+    beat (``optuna_storage``), and one that is stale is failed as interrupted and retried once.
     """
     shown = display_url(url)
     if (problem := _url_problem(url)) is not None:
         raise StudyError(f"storage {shown}: {problem}")
     path = sqlite_path(url)
-    engine_kwargs: dict[str, Any] = {}
+    connect_args: dict[str, Any] = {}
     target = url
     if path is not None:
         unwritable = _unwritable(path) if access != "read" else None
@@ -253,26 +266,17 @@ def open_storage(  # noqa: C901, PLR0912
         if access == "read":
             query = _read_only_query(path, follow_writers)
             target = f"{_SQLITE_PREFIX}file:{quote(str(path.resolve()))}?{query}&uri=true"
-        engine_kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_SECONDS}
+        connect_args = {"timeout": SQLITE_BUSY_TIMEOUT_SECONDS}
     elif access == "read" and url.startswith("postgresql"):
-        engine_kwargs["connect_args"] = {"options": "-c default_transaction_read_only=on"}
-    heartbeat: dict[str, Any] = {}
-    if heartbeat_interval is not None:
-        heartbeat = {
-            "heartbeat_interval": heartbeat_interval,
-            "grace_period": 3 * heartbeat_interval,
-            "heartbeat_stale_trial_callback": _RetryOnce(),
-        }
+        connect_args = {"options": "-c default_transaction_read_only=on"}
+    retry_stale = _RetryOnce() if heartbeat_interval is not None else None
+    options = {
+        "skip_table_creation": access != "create",
+        "heartbeat_stale_trial_callback": retry_stale,
+    }
     for attempt in range(STORAGE_OPEN_ATTEMPTS):
         try:
-            # heartbeat_interval: experimental in Optuna
-            with warnings.catch_warnings(action="ignore", category=ExperimentalWarning):
-                storage = optuna.storages.RDBStorage(
-                    target,
-                    engine_kwargs=engine_kwargs,
-                    skip_table_creation=access != "create",
-                    **heartbeat,
-                )
+            storage = optuna_storage(target, connect_args, heartbeat_interval, **options)
             break
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as err:
             # another process is creating the same new database's tables right now
@@ -298,6 +302,19 @@ def open_storage(  # noqa: C901, PLR0912
     return storage
 
 
+def optuna_storage(
+    url: str, connect_args: dict[str, Any], heartbeat_interval: int | None, **options: Any
+) -> optuna.storages.RDBStorage:
+    """Optuna's storage of ``url``. With ``heartbeat_interval`` (seconds) running trials beat,
+    and one that missed ``STALE_BEATS`` beats is stale."""
+    if heartbeat_interval is not None:
+        options["heartbeat_interval"] = heartbeat_interval
+        options["grace_period"] = STALE_BEATS * heartbeat_interval
+    with warnings.catch_warnings(action="ignore", category=ExperimentalWarning):  # heartbeats
+        engine = {"connect_args": connect_args}
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine, **options)
+
+
 def _synchronous_normal(connection: Any, _record: Any) -> None:
     cursor = connection.cursor()
     cursor.execute("PRAGMA synchronous=NORMAL")
@@ -306,7 +323,8 @@ def _synchronous_normal(connection: Any, _record: Any) -> None:
 
 def _open_error(shown: str, err: BaseException) -> str:
     """The one line that says why the storage ``shown`` (a masked URL) did not open."""
-    missing = next((e for e in (err.__cause__, err) if isinstance(e, ImportError)), None)
+    imports = [e for e in wrapped(err) if isinstance(e, ImportError)]
+    missing = imports[-1] if imports else None  # the innermost names the module
     if missing is not None and shown.startswith("postgresql"):
         return (
             f"cannot open storage {shown}: its driver is not installed ({missing}); "

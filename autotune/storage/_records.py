@@ -11,8 +11,9 @@ questions every reader asks of a study: its feasible trials, its best, its basel
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -43,21 +44,23 @@ class _Record:
         attrs: dict[str, Any] = {}
         for item in dataclasses.fields(self):
             value = getattr(self, item.name)
-            if value == item.default:
-                continue
-            if isinstance(value, TrialConfig):
-                value = value.to_dict()
-            elif isinstance(value, ConfirmationRecord | SpeedTable):
-                value = value.to_attrs()
-            elif isinstance(value, FaultKind):
-                value = value.value
-            attrs[item.name] = value
+            if value != item.default:
+                attrs[item.name] = _CODECS[item.name][0](value) if item.name in _CODECS else value
         return attrs
 
     @classmethod
-    def _known(cls, attrs: dict[str, Any]) -> dict[str, Any]:
-        """The attributes that are fields of the record (a user's, another tool's are not)."""
-        return {name: value for name, value in attrs.items() if name in cls.__dataclass_fields__}
+    def from_attrs(cls, attrs: dict[str, Any]) -> Self:
+        """The record in a trial's or a study's user attributes (a user's, another tool's are
+        not its fields: ignored)."""
+        fields = cls.__dataclass_fields__
+        known = {name: value for name, value in attrs.items() if name in fields}
+        for old, new in _RENAMED.items():  # trials stored before the names changed
+            if old in attrs and new in fields and new not in known:
+                known[new] = attrs[old]
+        for name, (_, decode) in _CODECS.items():
+            if known.get(name) is not None:
+                known[name] = decode(known[name])
+        return cls(**known)
 
     def store(self, holder: optuna.Trial | optuna.Study) -> None:
         """Write this record's attributes on a running trial or a study, one transaction
@@ -139,19 +142,6 @@ class TrialRecord(_Record):
     speed_trials: list[int] | None = None  # the NAME.speed trials behind the prediction
     speed_tolerance: float | None = None  # how far off the prediction is still expected
     speed_mismatch: bool = False  # trained further off the prediction than that
-
-    @classmethod
-    def from_attrs(cls, attrs: dict[str, Any]) -> TrialRecord:
-        """The record in a trial's user attributes."""
-        known = cls._known(attrs)
-        for old, new in _RENAMED.items():  # trials stored before the names changed
-            if old in attrs and new not in known:
-                known[new] = attrs[old]
-        if isinstance(known.get("config"), dict):
-            known["config"] = TrialConfig.from_dict(known["config"])
-        if known.get("fail_kind") is not None:
-            known["fail_kind"] = FaultKind(known["fail_kind"])
-        return cls(**known)
 
     @property
     def reference(self) -> ReferenceKind | None:
@@ -340,16 +330,15 @@ class StudyRecord(_Record):
     learning_knobs: list[str] | None = None
 
     @classmethod
-    def from_attrs(cls, attrs: dict[str, Any]) -> StudyRecord:
-        """The record in a study's user attributes."""
-        known = cls._known(attrs)
-        if isinstance(known.get("confirmation"), dict):
-            known["confirmation"] = ConfirmationRecord.from_attrs(known["confirmation"])
-        if isinstance(known.get("speed_table"), dict):
-            known["speed_table"] = SpeedTable.from_attrs(known["speed_table"])
-        return cls(**known)
-
-    @classmethod
     def of(cls, study: optuna.Study) -> StudyRecord:
         """The record of a stored study."""
         return cls.from_attrs(study.user_attrs)
+
+
+# the fields stored as JSON of their own: (written as, read back as)
+_CODECS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+    "config": (TrialConfig.to_dict, TrialConfig.from_dict),
+    "fail_kind": (str, FaultKind),
+    "confirmation": (ConfirmationRecord.to_attrs, ConfirmationRecord.from_attrs),
+    "speed_table": (SpeedTable.to_attrs, SpeedTable.from_attrs),
+}

@@ -58,10 +58,10 @@ class MemoryWalls:
     def blocks(self, config: TrialConfig) -> str | None:
         """Why ``config`` would run out of memory, or None (also for the first configuration
         at a wall of an earlier run: it is tried once more, and the wall waits for it)."""
-        key = self._key(config)
-        wall = self.walls.get(key)
-        if wall is None or config.batch_size < wall[0]:
+        if self.fits(config):
             return None
+        key = self._key(config)
+        wall = self.walls[key]
         if key in self.inherited:
             self.inherited.discard(key)
             del self.walls[key]  # back if the retry runs out of memory again (add)

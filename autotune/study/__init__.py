@@ -8,10 +8,8 @@ live) and ``autotune.stage1`` (the speed stage) that other rooms read, each impo
 use.
 """
 
-# ruff: noqa: F401 (re-exported: __all__ is every name of _MODULES)
-import ast
+# ruff: noqa: F401 (re-exported: every name of _MODULES)
 import importlib
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -74,21 +72,33 @@ if TYPE_CHECKING:
 
 
 # Imported on first use: a reader of finished studies (autotune best, studies, export) never
-# loads _run and _confirm, which import the trainer and torch. The names and their modules are
-# those of the imports above, read once from this file, as scientific-python's lazy_loader reads
-# a stub: one list for the type checker and the lazy import alike.
-def _lazy_names() -> dict[str, str]:
-    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
-    (typed,) = (node for node in tree.body if isinstance(node, ast.If))
-    return {
-        alias.name: statement.module
-        for statement in typed.body
-        if isinstance(statement, ast.ImportFrom) and statement.module is not None
-        for alias in statement.names
-    }
-
-
-_MODULES = _lazy_names()
+# loads _run and _confirm, which import the trainer and torch. The table (module -> names) is the
+# lazy import's; the imports above are the type checker's, held equal to it by test_architecture.
+_LAZY = {  # module (under autotune) -> its names
+    "stage1._stage": "run_speed_stage",
+    "stage1._store": "SpeedEvent SpeedRecord speed_study_name",
+    "stage1._take": "StageInputs",
+    "storage._liveness": "recover_stale_trials study_lock",
+    "storage._outage": "OutageRetry StorageOutage without_retry",
+    "storage._queries": "COUNTED_STATES baseline_trial best_trial counted_trials feasible_trials"
+    " is_feasible knob_origin reference_trial trial_config trial_knob_origin",
+    "storage._rdb": "StudyError display_url open_storage password_note sqlite_path"
+    " storage_problem",
+    "storage._records": "METRIC_FIELDS REFERENCE_NAMES ConfirmationRecord ConfirmRun StudyRecord"
+    " TrialRecord",
+    "storage._walls": "MemoryWalls",
+    "study._answer": "Answer Reference answer_of answer_trial listed trials_named",
+    "study._confirm": "confirm_study confirmation_plan",
+    "study._confirmed": "NOISY_SPREAD Confirmed",
+    "study._open": "load_study open_study patient_storage with_study_strategy",
+    "study._run": "RunOutcome count_states run_study",
+    "study._sampling": "make_sampler",
+    "study._trial": "StudyObserver Terminated",
+    "study._verify": "Verification VerifyRun role_name runs_left verify_candidates verify_study",
+}
+_MODULES = {
+    name: f"autotune.{module}" for module, names in _LAZY.items() for name in names.split()
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -99,4 +109,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'autotune.study' has no attribute {name!r}")
 
 
-__all__ = sorted(_MODULES)
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULES})
