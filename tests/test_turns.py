@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -238,3 +239,29 @@ def test_the_run_command_gives_up_waiting_after_turn_wait_in_one_line(tmp_path: 
     study = load_study("two", f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}")
     record = TrialRecord.of(study.trials[0])
     assert record.fail_kind == "interrupted" and "gave up waiting" in (record.fail_msg or "")
+
+
+def test_a_removed_lock_file_is_not_left_behind_and_a_waiter_locks_the_new_one(tmp_path: Path):
+    """A study's purpose lock (``remove``) is deleted on release; a process that waited on the
+    deleted file locks the path's file instead, so two holders never overlap."""
+    path = tmp_path / "autotune.db.claims-x.lock"
+    waits: list[int | None] = []
+    holding, events = threading.Event(), []
+
+    def second() -> None:
+        holding.wait()
+        with turns.file_lock(path, waits.append, remove=True):
+            events.append(("second in", path.exists()))
+        events.append(("second out", path.exists()))
+
+    other = threading.Thread(target=second)
+    other.start()
+    with turns.file_lock(path, remove=True):
+        holding.set()
+        while not waits:  # the second waits on this file
+            time.sleep(0.01)
+        events.append(("first out", None))
+    other.join(10)
+    assert waits == [os.getpid()]  # told once, with the holder's id
+    assert events == [("first out", None), ("second in", True), ("second out", False)]
+    assert not list(tmp_path.iterdir())

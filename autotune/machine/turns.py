@@ -98,36 +98,54 @@ def file_lock(
     path: Path,
     on_wait: Callable[[int | None], None] | None = None,
     wait: Callable[[IO[str]], None] | None = None,
+    remove: bool = False,
 ) -> Iterator[None]:
     """An exclusive ``flock`` on ``path`` while held, this process's id written into it (none
     where the file cannot be opened). Where another process holds it, ``on_wait`` hears that
-    process's id (None: unknown) before waiting, or ``wait`` waits instead (returns holding the
-    lock, or raises)."""
+    process's id (None: unknown) once before waiting, or ``wait`` waits instead (returns holding
+    the lock, or raises). ``remove``: the file is deleted on release (no lock file left behind
+    per study); a process that waited on the deleted file locks the path's new one instead."""
     import fcntl
 
-    try:
-        handle = open(path, "a+")  # noqa: SIM115
-    except OSError:
-        yield
-        return
-    with handle:
+    while True:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if wait is not None:
-                wait(handle)
-            else:
-                if on_wait is not None:
-                    on_wait(_holder(handle))
-                fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            with contextlib.suppress(OSError):
-                handle.truncate(0)
-                handle.write(str(os.getpid()))
-                handle.flush()
+            handle = open(path, "a+")  # noqa: SIM115
+        except OSError:
             yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            return
+        with handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if wait is not None:
+                    wait(handle)
+                else:
+                    if on_wait is not None:
+                        on_wait(_holder(handle))
+                        on_wait = None  # said once
+                    fcntl.flock(handle, fcntl.LOCK_EX)
+            if remove and not _is_file_at(handle, path):
+                continue  # its holder removed it on release: lock the one at the path now
+            try:
+                with contextlib.suppress(OSError):
+                    handle.truncate(0)
+                    handle.write(str(os.getpid()))
+                    handle.flush()
+                yield
+            finally:
+                if remove:
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                fcntl.flock(handle, fcntl.LOCK_UN)
+        return
+
+
+def _is_file_at(handle: IO[str], path: Path) -> bool:
+    """Whether ``handle`` is still the file at ``path`` (not one deleted since it was opened)."""
+    try:
+        return os.fstat(handle.fileno()).st_ino == os.stat(path).st_ino
+    except OSError:
+        return False
 
 
 def _holder(handle: object) -> int | None:

@@ -156,7 +156,7 @@ def study_lock(
     suffix = suffix if purpose else ""
     if path is not None:  # a full or read-only disk: none; the study's own write says so next
         waiting = (lambda pid: on_wait()) if on_wait is not None else None
-        with file_lock(path.with_name(f"{path.name}{suffix}.lock"), waiting):
+        with file_lock(path.with_name(f"{path.name}{suffix}.lock"), waiting, remove=bool(purpose)):
             yield
     elif backend is not None and url is not None and url.startswith("postgresql"):
         key = f"autotune{':' + purpose if purpose else ''}:{study.study_name}"
