@@ -120,15 +120,6 @@ def run(
         os.environ[TURN_WAIT_ENV] = f"{turn_wait:g}"
     if as_worker is not None:  # the storage worker 0 runs on, from its environment
         storage = os.environ.pop(scaleout.WORKER_STORAGE_ENV, None) or storage
-    options = session.RunOptions(
-        n_trials=n_trials,
-        timeout=timeout,
-        storage=storage,
-        study_name=study_name,
-        device=device,
-        seed=seed,
-        isolation=isolation,
-    )
 
     def meanwhile() -> None:  # while the worker starts: its imports overlap these
         quiet_libraries(verbose)
@@ -136,7 +127,7 @@ def run(
             scaleout.refuse_cuda_workers(spec.workload.device)
 
     try:
-        spec = session.load_run_spec(space_file, options)
+        spec = session.load_run_spec(space_file, session.RunOptions.of(locals()))
         per_trial = spec.workload.gpus_per_trial  # the space file says how many GPUs a trial
         shares = scaleout.take_share(per_trial, workers, gpus, as_worker)
         share = shares[as_worker or 0] if shares is not None else None

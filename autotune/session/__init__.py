@@ -296,16 +296,7 @@ def run(
     from autotune import study as studies
     from autotune.outputs import notes
 
-    options = RunOptions(
-        n_trials=n_trials,
-        timeout=timeout,
-        storage=storage,
-        study_name=study_name,
-        device=device,
-        seed=seed,
-        isolation=isolation,
-    )
-    spec = load_run_spec(space, options)
+    spec = load_run_spec(space, RunOptions.of(locals()))
     if base_dir is None:
         base_dir = Path(space).parent if not isinstance(space, Spec) else Path.cwd()
     verbosity = optuna.logging.get_verbosity()
