@@ -79,11 +79,12 @@ def confirm_answer(
     ``on_wait`` as ``confirm_study`` calls them."""
     from autotune import study as studies
 
+    goal = spec.objective
+    inputs = studies.ConfirmationInputs(
+        study, goal, executor, top, repeats, on_run, on_start, on_wait
+    )
     with studies.study_lock(study, "confirm", on_other, held_long=True):
-        goal = spec.objective
-        record = studies.confirm_study(
-            study, goal, executor, top, repeats, on_run, on_start=on_start, on_wait=on_wait
-        )
+        record = studies.confirm_study(inputs)
     return record is not None
 
 
@@ -214,17 +215,12 @@ def run_prepared(
                     workers.start_trials()
                 hooks.trials_start(workers)
 
-            outcome = studies.run_study(
-                study,
-                spec,
-                prepared.hardware,
-                executor,
-                observer,
-                prepared.workload,
-                remeasure,
-                on_trials_start=trials_start,
-                worker=scale.worker if scale is not None else None,
+            worker = scale.worker if scale is not None else None
+            observer = observer or studies.StudyObserver()
+            inputs = studies.StudyInputs(
+                study, spec, prepared.hardware, executor, prepared.workload, observer, worker
             )
+            outcome = studies.run_study(inputs, remeasure, trials_start)
             hooks.trials_done(outcome)
             if workers is not None:  # the study is done, or this worker stopped or gave up
                 stopping = bool(outcome.interrupted or outcome.repeated_error)

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 import optuna
 from optuna.trial import TrialState
 
-from autotune.executor import TrialExecutor
 from autotune.faults import FaultKind
 from autotune.machine.hardware import Hardware
 from autotune.spacefile import Spec
@@ -26,11 +25,10 @@ from autotune.storage._queries import COUNTED_STATES
 from autotune.storage._records import REFERENCES, TrialRecord
 from autotune.storage._walls import MemoryWalls
 from autotune.study._open import queue_reference
-from autotune.study._trial import StudyObserver, Terminated, TrialRunner
+from autotune.study._trial import StudyInputs, Terminated, TrialRunner
 
 if TYPE_CHECKING:
     from autotune.config import TrialConfig
-    from autotune.workloads import Workload
 
 SAME_ERROR_LIMIT = 3  # identical unexpected errors in a row, with no trial completed: stop
 
@@ -83,15 +81,9 @@ def requeue_lost_references(
 
 
 def run_study(
-    study: optuna.Study,
-    spec: Spec,
-    hardware: Hardware,
-    executor: TrialExecutor,
-    observer: StudyObserver | None = None,
-    workload: Workload | None = None,
+    inputs: StudyInputs,
     remeasure: bool = False,
     on_trials_start: Callable[[], None] | None = None,
-    worker: str | None = None,
 ) -> RunOutcome:
     """Run the study's stages: for ``study.strategy: two_stage`` the speed stage first (its
     measurements reused from the storage unless ``remeasure``), then trials until the study
@@ -102,28 +94,19 @@ def run_study(
     trials in a row before any completes in this run (a bug, not a configuration). An
     interruption is recorded on the running trial and in ``outcome``; WorkerError (a worker
     that cannot start) propagates. ``on_trials_start``: once stage 1 is measured, before the
-    first trial (``--workers``); ``worker`` ("2/4") is recorded on each trial it trains.
+    first trial (``--workers``).
     """
-    observer = observer or StudyObserver()
+    study, spec, observer = inputs.study, inputs.spec, inputs.observer
     outcome = RunOutcome(study_name=study.study_name)
     deadline = time.monotonic() + spec.study.timeout if spec.study.timeout else None
     walls = MemoryWalls.from_study(study)
     table = None
     if spec.study.strategy == "two_stage":
-        inputs = StageInputs(
-            study,
-            spec,
-            hardware,
-            executor,
-            workload,
-            observer.speed_measured,
-            observer.turn_waiting,
-        )
-        staged = _stage_one(inputs, remeasure, outcome, observer)
+        staged = _stage_one(inputs, remeasure, outcome)
         if staged is None:  # interrupted, or no setting could train: no trial runs
             return outcome
         spec, table = staged  # batch_size: auto resolved
-    trial_runner = TrialRunner(spec, hardware, executor, observer, walls, table, worker=worker)
+    trial_runner = TrialRunner(dataclasses.replace(inputs, spec=spec), walls, table)
     try:
         # a stale baseline is retried with its mark, not queued anew
         if recovered := recover_stale_trials(study):
@@ -136,10 +119,11 @@ def run_study(
                 )
                 return walls.fits(config) and not oom
 
-            requeue_lost_references(study, spec, hardware, fits)  # not into a finished study
+            # not into a finished study
+            requeue_lost_references(study, spec, inputs.hardware, fits)
             if on_trials_start is not None:  # only when there is something left to run
                 on_trials_start()
-        _trials(study, trial_runner, deadline, outcome)
+        _trials(trial_runner, deadline, outcome)
     except KeyboardInterrupt as stop:
         outcome.interrupted = True
         outcome.terminated = isinstance(stop, Terminated)
@@ -148,12 +132,22 @@ def run_study(
 
 
 def _stage_one(
-    inputs: StageInputs, remeasure: bool, outcome: RunOutcome, observer: StudyObserver
+    study: StudyInputs, remeasure: bool, outcome: RunOutcome
 ) -> tuple[Spec, SpeedTable] | None:
     """A two-stage study's speed stage, its time and how it ended in ``outcome``: the spec
     with ``batch_size: auto`` resolved first (``stage1._probe``; what it found, said and in
     the table) and its table, or None where it was interrupted or could train no setting at all
     (why, in ``outcome``)."""
+    observer = study.observer
+    inputs = StageInputs(
+        study.study,
+        study.spec,
+        study.hardware,
+        study.executor,
+        study.workload,
+        observer.speed_measured,
+        observer.turn_waiting,
+    )
     found: str | None = None  # batch_size: auto, what its probe found, in one line
     stage_started = time.monotonic()
     try:
@@ -183,15 +177,11 @@ def _stage_one(
     return None
 
 
-def _trials(
-    study: optuna.Study,
-    trial_runner: TrialRunner,
-    deadline: float | None,
-    outcome: RunOutcome,
-) -> None:
+def _trials(trial_runner: TrialRunner, deadline: float | None, outcome: RunOutcome) -> None:
     """Trials until the study holds its total, the timeout's ``deadline`` passes, or this
     run's failures say to stop (``run_study``'s rules); what they did, in ``outcome``."""
-    observer, spec = trial_runner.observer, trial_runner.spec
+    inputs = trial_runner.inputs
+    study, spec, observer = inputs.study, inputs.spec, inputs.observer
     target = spec.study.n_trials
     errors: list[str] = []  # messages of unexpected errors since the last counted trial
     completed_here = False  # whether a trial of this run completed
