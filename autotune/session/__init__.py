@@ -105,8 +105,7 @@ def confirm_after_run(
     try:
         return confirm(plan.top, plan.repeats)
     except KeyboardInterrupt as stop:
-        outcome.interrupted = True
-        outcome.terminated = isinstance(stop, studies.Terminated)
+        outcome.stopped_by(stop)
         return False
 
 

@@ -73,7 +73,7 @@ def load_run_spec(space: Path | str | Spec, options: RunOptions | None = None) -
 
 @dataclass(frozen=True)
 class Prepared:
-    """What a run trains on (``prepare``'s), for ``train``."""
+    """What a run trains on (``prepare``'s), for ``run_prepared``."""
 
     spec: Spec  # as this machine runs it: values it cannot run dropped, a study's strategy kept
     hardware: Hardware

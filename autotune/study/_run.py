@@ -53,6 +53,10 @@ class RunOutcome:
     timed_out: bool = False  # study.timeout ended the run
     stage_seconds: float | None = None  # what stage 1 took in this run (two-stage studies)
 
+    def stopped_by(self, stop: KeyboardInterrupt) -> None:
+        """Record an interruption: Ctrl-C, or SIGTERM (``Terminated``)."""
+        self.interrupted, self.terminated = True, isinstance(stop, Terminated)
+
 
 def _past(deadline: float | None) -> bool:
     """Whether the run's timeout (a ``time.monotonic()`` deadline) has passed."""
@@ -125,8 +129,7 @@ def run_study(
                 on_trials_start()
         _trials(trial_runner, deadline, outcome)
     except KeyboardInterrupt as stop:
-        outcome.interrupted = True
-        outcome.terminated = isinstance(stop, Terminated)
+        outcome.stopped_by(stop)
     count_states(study, outcome)
     return outcome
 
@@ -158,8 +161,7 @@ def _stage_one(
         spent = time.monotonic() - stage_started  # the probe's: stage 1's budget counts them
         table = run_speed_stage(inputs, remeasure, spent)
     except KeyboardInterrupt as stop:
-        outcome.interrupted = True
-        outcome.terminated = isinstance(stop, Terminated)
+        outcome.stopped_by(stop)
         return None
     table = dataclasses.replace(table, batch_size_auto=found)
     outcome.stage_seconds = time.monotonic() - stage_started
