@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autotune import study as studies
 from autotune.ending import Ending, ending
 from autotune.spacefile import Spec
 
@@ -77,8 +78,6 @@ def confirm_answer(
     confirm). One process at a time runs a study's round: another that finishes beside it waits
     (``on_other`` is called) and then finds the round done. ``on_start``, ``on_run`` and
     ``on_wait`` as ``confirm_study`` calls them."""
-    from autotune import study as studies
-
     goal = spec.objective
     inputs = studies.ConfirmationInputs(
         study, goal, executor, top, repeats, on_run, on_start, on_wait
@@ -95,8 +94,6 @@ def confirm_after_run(
     ``study.confirm``) runs it when the file asks for one, the study holds its total and the
     run was not stopped (interrupted, the same error in every trial, nothing stage 1 could
     train); an interruption of the round is recorded in ``outcome``. Whether a round exists."""
-    from autotune import study as studies
-
     plan = spec.study.confirm
     finished = studies.counted_trials(study) >= spec.study.n_trials
     stopped = outcome.interrupted or outcome.repeated_error or outcome.stage_failed
@@ -128,7 +125,6 @@ class ScaleOut:
     def start_others(self, spec: Spec, study: optuna.Study) -> Workers | None:
         """Worker 0 of several starts the others now (their start-up overlaps stage 1, on their
         own cores), logging beside a SQLite database, else under studies/; else None."""
-        from autotune import study as studies
         from autotune.machine import scaleout
 
         if self.index or len(self.shares) == 1:
@@ -188,7 +184,6 @@ def run_prepared(
     is measured, stops them and counts their trials; another waits for its word. The run's
     outcome, and whether a confirmation round exists. A storage fault is raised as a StudyError
     (``storage_faults``)."""
-    from autotune import study as studies
     from autotune.machine import scaleout
 
     spec, study = prepared.spec, prepared.study
@@ -288,7 +283,6 @@ def run(
     """
     import optuna
 
-    from autotune import study as studies
     from autotune.outputs import notes
 
     spec = load_run_spec(space, RunOptions.of(locals()))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune import study as studies
 from autotune.errors import UserError
 from autotune.spacefile import Spec, load_spec
 
@@ -106,7 +107,6 @@ def prepare(
     try:
         if meanwhile is not None:
             meanwhile()
-        from autotune import study as studies
         from autotune.machine.hardware import detect
         from autotune.search.space import restrict
         from autotune.workloads import load as load_workload
@@ -138,8 +138,6 @@ def prepare(
 def storage_faults(storage: str) -> Iterator[None]:
     """A storage fault inside (a full disk, a read-only or damaged database, no server) raised
     as a StudyError, a UserError of one line that names the storage; anything else as it was."""
-    from autotune import study as studies
-
     try:
         yield
     except UserError:
