@@ -29,7 +29,8 @@ from autotune.cli._common import (
 )
 from autotune.cli._confirm import confirm, confirm_round, say_storage_waits, verify
 from autotune.cli._ending import finish, worker_exit
-from autotune.errors import UserError
+from autotune.errors import UserError, WorkerError
+from autotune.machine import scaleout
 from autotune.machine.turns import TURN_WAIT_ENV, DeviceLockTimeout
 from autotune.spacefile import DEFAULT_STORAGE
 
@@ -111,9 +112,6 @@ def run(
     verbose: Annotated[bool, flag("--verbose", "-v", help="Show Optuna's logs.")] = False,
 ) -> None:
     """Run (or resume) the study a space file describes and print the best configuration."""
-    from autotune.errors import WorkerError
-    from autotune.machine import scaleout
-
     in_range("--workers", workers, 1)
     in_range("--turn-wait", turn_wait, 0)
     if turn_wait is not None:  # read where a turn is waited for, here and in its workers
