@@ -21,7 +21,7 @@ from autotune.stage1._probe import resolve_batch_sizes
 from autotune.stage1._stage import run_speed_stage
 from autotune.stage1._take import StageInputs
 from autotune.storage._liveness import recover_stale_trials, study_lock
-from autotune.storage._queries import COUNTED_STATES
+from autotune.storage._queries import COUNTED_STATES, counted_trials
 from autotune.storage._records import REFERENCES, TrialRecord
 from autotune.storage._walls import MemoryWalls
 from autotune.study._open import queue_reference
@@ -115,7 +115,7 @@ def run_study(
         # a stale baseline is retried with its mark, not queued anew
         if recovered := recover_stale_trials(study):
             observer.recovered(recovered)
-        if len(study.get_trials(deepcopy=False, states=COUNTED_STATES)) < spec.study.n_trials:
+        if counted_trials(study) < spec.study.n_trials:
 
             def fits(config: TrialConfig) -> bool:  # below the walls of trials and stage 1
                 oom = table is not None and table.runs_out_of_memory(
