@@ -275,6 +275,19 @@ def test_the_same_bug_in_every_trial_stops_the_study(tmp_path: Path, prepare_stu
         assert "raise ValueError(self.message)" in trial.user_attrs["fail_traceback"]
 
 
+def test_trials_that_fail_differently_stop_the_run_once_as_many_failed_as_wanted(
+    tmp_path: Path, prepare_study
+):
+    class Failing(InProcessExecutor):
+        def train(self, config: TrialConfig, report) -> TrialResult:
+            raise RuntimeError(f"a bug at seed {config.seed}")  # another message each time
+
+    spec = tiny_spec(n_trials=3)
+    outcome = prepare_study(spec, tmp_path, executor=Failing(load(spec.workload))).outcome
+    assert outcome.failed_out and not outcome.repeated_error and not outcome.interrupted
+    assert outcome.stopped_reason == "3 trials failed in this run"
+
+
 def test_pruned_trials_say_why_and_nothing_is_left_running(tmp_path: Path, prepare_study):
     spec = tiny_spec(n_trials=8, pruner="median", workload={"epochs": 3})
     study = prepare_study(spec, tmp_path).study

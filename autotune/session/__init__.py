@@ -217,9 +217,8 @@ def run_prepared(
             outcome = studies.run_study(inputs, remeasure, trials_start)
             hooks.trials_done(outcome)
             if workers is not None:  # the study is done, or this worker stopped or gave up
-                stopping = bool(outcome.interrupted or outcome.repeated_error)
-                stopping = stopping or not workers.trials_started
-                stopping = stopping or "trials failed" in outcome.stopped_reason
+                stopping = outcome.interrupted or outcome.failed_out or not workers.trials_started
+                stopping = stopping or bool(outcome.repeated_error)
                 hooks.others_ended(workers.stop(stopping, spec.study.trial_timeout or 600))
                 studies.count_states(study, outcome, began)  # the workers' trials
         round_of = functools.partial(hooks.confirm, study, spec, executor)

@@ -46,6 +46,7 @@ class RunOutcome:
     # where the repeated error's traceback is kept: "trials" (each trial's fail_traceback) or
     # "stage 1" (the failed trials of the NAME.speed study)
     repeated_in: str = "trials"
+    failed_out: bool = False  # as many trials failed in this run as the study wants: it gave up
     states: dict[str, int] = field(default_factory=dict)
     speed_table: SpeedTable | None = None  # two-stage studies: stage 1's answer
     stage_failed: str | None = None  # stage 1 could run no setting at all: why
@@ -238,6 +239,7 @@ def _trials(trial_runner: TrialRunner, deadline: float | None, outcome: RunOutco
             return
         if failures >= max(target, SAME_ERROR_LIMIT):
             outcome.stopped_reason = f"{failures} trials failed in this run"
+            outcome.failed_out = True
             return
 
 
