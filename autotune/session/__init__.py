@@ -77,7 +77,7 @@ def confirm_answer(
     ``repeats`` runs each, interleaved; whether a round exists now (False: no feasible trial to
     confirm). One process at a time runs a study's round: another that finishes beside it waits
     (``on_other`` is called) and then finds the round done. ``on_start``, ``on_run`` and
-    ``on_wait`` as ``confirm_study`` calls them."""
+    ``on_wait`` as in ``ConfirmationInputs``."""
     goal = spec.objective
     inputs = studies.ConfirmationInputs(
         study, goal, executor, top, repeats, on_run, on_start, on_wait
