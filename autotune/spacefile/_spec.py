@@ -174,23 +174,15 @@ class Spec(Frozen):
         space = self.space.model_copy(update={"batch_size": Choice(values=sizes, auto=True)})
         return self.model_copy(update={"space": space})
 
-    def with_overrides(
-        self,
-        *,
-        study: dict[str, Any] | None = None,
-        workload: dict[str, Any] | None = None,
-        objective: dict[str, Any] | None = None,
-    ) -> Spec:
+    def with_overrides(self, **sections: dict[str, Any]) -> Spec:
         """A copy with some fields replaced, e.g. ``with_overrides(study={"n_trials": 5})``
-        (a None leaves its field as it is), held to the same rules as the file. Not ``space``:
-        its parsed knobs are no longer the file's shapes (``with_batch_sizes`` changes one)."""
-        sections = {"study": study, "workload": workload, "objective": objective}
+        (a None leaves its field as it is), held to the same rules as the file."""
+        if "space" in sections:  # its parsed knobs would be validated as the file's shapes
+            raise TypeError("with_overrides changes study, workload or objective, not space")
         updated: dict[str, Any] = {}
         within: tuple[str, ...] = ()  # the section being checked; () for the whole spec
         try:
             for section, values in sections.items():
-                if values is None:
-                    continue
                 within = (section,)
                 current: BaseModel = getattr(self, section)
                 changes = {k: v for k, v in values.items() if v is not None}
