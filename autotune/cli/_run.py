@@ -126,8 +126,7 @@ def run(
 
     try:
         spec = session.load_run_spec(space_file, session.RunOptions.of(locals()))
-        per_trial = spec.workload.gpus_per_trial  # the space file says how many GPUs a trial
-        shares = scaleout.take_share(per_trial, workers, gpus, as_worker)
+        shares = scaleout.take_share(spec.workload.gpus_per_trial, workers, gpus, as_worker)
         share = shares[as_worker or 0] if shares is not None else None
         prepared = session.prepare(
             spec,
