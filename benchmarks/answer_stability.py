@@ -39,6 +39,8 @@ from autotune.search.space import restrict
 from autotune.spacefile import Spec, load_spec
 from autotune.study import (
     Answer,
+    ConfirmationInputs,
+    StudyInputs,
     StudyRecord,
     TrialRecord,
     answer_trial,
@@ -76,10 +78,11 @@ def study_once(spec: Spec, seed: int, directory: Path, isolation: str) -> optuna
         else InProcessExecutor(workload)
     )
     try:
-        run_study(study, spec, hardware, executor)
+        run_study(StudyInputs(study, spec, hardware, executor))
         plan = spec.study.confirm
         if plan.enabled:
-            confirm_study(study, spec.objective, executor, plan.top, plan.repeats)
+            goal = spec.objective
+            confirm_study(ConfirmationInputs(study, goal, executor, plan.top, plan.repeats))
     finally:
         executor.close()
     return study

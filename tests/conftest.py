@@ -28,6 +28,7 @@ from autotune.search.space import restrict
 from autotune.spacefile import Spec, parse_spec
 from autotune.study import (
     RunOutcome,
+    StudyInputs,
     StudyObserver,
     open_storage,
     open_study,
@@ -190,15 +191,10 @@ def _prepare_study(
     elif executor is None:
         executor = InProcessExecutor(workload)
     try:
-        outcome = run_study(
-            study,
-            spec,
-            hardware,
-            executor,
-            observer=observer,
-            workload=workload,
-            remeasure=remeasure,
+        inputs = StudyInputs(
+            study, spec, hardware, executor, workload, observer or StudyObserver()
         )
+        outcome = run_study(inputs, remeasure=remeasure)
     finally:
         if not given:
             executor.close()

@@ -24,8 +24,10 @@ from autotune.search.space import restrict
 from autotune.spacefile import parse_spec
 from autotune.study import (
     Answer,
+    ConfirmationInputs,
     ConfirmationRecord,
     ConfirmRun,
+    StudyInputs,
     TrialRecord,
     confirm_study,
     open_storage,
@@ -247,15 +249,17 @@ def test_the_confirmation_round_measures_a_flagged_run_again(tmp_path: Path):
     spec = restrict(parse_spec(SPACE, tmp_path / "space.yaml"), CPU).spec
     workload = load(spec.workload)
     study = open_study(spec, open_storage(f"sqlite:///{tmp_path / 's.db'}"), CPU, workload)
-    run_study(study, spec, CPU, Interfering(workload, flagged=0))
+    run_study(StudyInputs(study, spec, CPU, Interfering(workload, flagged=0)))
     heard: list[tuple[int, int, bool]] = []
     record = confirm_study(
-        study,
-        spec.objective,
-        Interfering(workload, flagged=2),  # the first run, and its first re-measure
-        top=1,
-        repeats=1,
-        on_run=lambda run, done, total: heard.append((run.trial, run.repeat, run.interfered)),
+        ConfirmationInputs(
+            study,
+            spec.objective,
+            Interfering(workload, flagged=2),  # the first run, and its first re-measure
+            top=1,
+            repeats=1,
+            on_run=lambda run, done, total: heard.append((run.trial, run.repeat, run.interfered)),
+        )
     )
     assert record is not None and record.complete
     first = record.candidates[0]
@@ -270,9 +274,8 @@ def test_the_confirmation_round_measures_a_flagged_run_again(tmp_path: Path):
     assert len(confirmed.values) == 2 and not confirmed.interfered  # original + clean run
 
     # a machine that never quiets down: each run is measured 1 + REMEASURES times, then kept
-    again = confirm_study(
-        study, spec.objective, Interfering(workload, flagged=100), top=1, repeats=2
-    )
+    flagged = Interfering(workload, flagged=100)
+    again = confirm_study(ConfirmationInputs(study, spec.objective, flagged, top=1, repeats=2))
     assert again is not None
     repeat_two = [run for run in again.runs if (run.trial, run.repeat) == (first, 2)]
     assert len(repeat_two) == 3 and all(run.interfered for run in repeat_two)

@@ -3,6 +3,8 @@ it, without printing, its ending said in the command's terms, and its errors one
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from pathlib import Path
 
 import optuna
@@ -210,3 +212,12 @@ def test_a_run_confirms_only_when_the_study_is_full_and_the_run_was_not_stopped(
     outcome = RunOutcome("x")
     assert not confirm_after_run(study, spec, outcome, stopped)
     assert outcome.interrupted and outcome.terminated
+
+
+def test_the_library_and_the_command_read_the_run_options_by_the_same_names():
+    from autotune.cli._run import run as command
+
+    for takes in (autotune.run, command):  # RunOptions.of(locals()) in each
+        arguments = {name: f"<{name}>" for name in inspect.signature(takes).parameters}
+        options = dataclasses.asdict(RunOptions.of(arguments))
+        assert options == {name: f"<{name}>" for name in options}

@@ -329,6 +329,8 @@ def test_overrides_are_validated_and_keep_the_source():
     with pytest.raises(SpecError) as caught:
         spec.with_overrides(study={"n_trial": 5})
     assert caught.value.problems == ["unknown key 'n_trial' in study; did you mean 'n_trials'?"]
+    with pytest.raises(TypeError, match="not space"):  # its knobs are parsed: not file input
+        spec.with_overrides(space={"precision": ["fp32"]})
     # a check across sections names its own place, not the section last overridden
     auto = parse_spec(MINIMAL + "space: {batch_size: auto}\n")
     with pytest.raises(SpecError) as caught:

@@ -32,10 +32,12 @@ from autotune.study import (
     METRIC_FIELDS,
     NOISY_SPREAD,
     Answer,
+    ConfirmationInputs,
     ConfirmationRecord,
     ConfirmRun,
     StorageOutage,
     StudyError,
+    StudyInputs,
     StudyObserver,
     StudyRecord,
     Terminated,
@@ -273,6 +275,19 @@ def test_the_same_bug_in_every_trial_stops_the_study(tmp_path: Path, prepare_stu
         assert "raise ValueError(self.message)" in trial.user_attrs["fail_traceback"]
 
 
+def test_trials_that_fail_differently_stop_the_run_once_as_many_failed_as_wanted(
+    tmp_path: Path, prepare_study
+):
+    class Failing(InProcessExecutor):
+        def train(self, config: TrialConfig, report) -> TrialResult:
+            raise RuntimeError(f"a bug at seed {config.seed}")  # another message each time
+
+    spec = tiny_spec(n_trials=3)
+    outcome = prepare_study(spec, tmp_path, executor=Failing(load(spec.workload))).outcome
+    assert outcome.failed_out and not outcome.repeated_error and not outcome.interrupted
+    assert outcome.stopped_reason == "3 trials failed in this run"
+
+
 def test_pruned_trials_say_why_and_nothing_is_left_running(tmp_path: Path, prepare_study):
     spec = tiny_spec(n_trials=8, pruner="median", workload={"epochs": 3})
     study = prepare_study(spec, tmp_path).study
@@ -489,7 +504,7 @@ def test_a_bug_outside_training_leaves_no_trial_running(tmp_path: Path, prepare_
     study = prepare_study(spec, tmp_path, run=False).study
     executor = InProcessExecutor(load(spec.workload))
     with pytest.raises(RuntimeError, match="a bug in the display"):
-        run_study(study, spec, CPU, executor, BrokenObserver())
+        run_study(StudyInputs(study, spec, CPU, executor, observer=BrokenObserver()))
     (trial,) = [t for t in study.get_trials() if t.state != TrialState.WAITING]  # the checklist
     assert trial.state == TrialState.FAIL
     assert trial.user_attrs["fail_kind"] == "error"
@@ -747,13 +762,15 @@ def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(
     # remeasures=0: interference, a property of the machine, must not change the order here
     with pytest.raises(Stop):
         confirm_study(
-            study,
-            spec.objective,
-            executor,
-            top=2,
-            repeats=2,
-            on_run=interrupt_after_three,
-            remeasures=0,
+            ConfirmationInputs(
+                study,
+                spec.objective,
+                executor,
+                top=2,
+                repeats=2,
+                on_run=interrupt_after_three,
+                remeasures=0,
+            )
         )
     stored = StudyRecord.of(study).confirmation
     assert stored is not None and not stored.complete
@@ -763,7 +780,7 @@ def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(
         seen.append((run_.trial, run_.repeat, run_.seed))
 
     final = confirm_study(
-        study, spec.objective, executor, top=2, repeats=2, on_run=record, remeasures=0
+        ConfirmationInputs(study, spec.objective, executor, 2, 2, on_run=record, remeasures=0)
     )
     assert final is not None and final.complete
     leaders = [t.number for t in feasible_trials(study)[:2]]
@@ -790,7 +807,9 @@ def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(
             assert longer is not None and longer.runs == final.runs
             assert longer.runs_left() == len(candidates)
         on_run = lambda *a: again.append(a)  # noqa: E731
-        confirm_study(study, spec.objective, executor, 2, repeats, on_run, remeasures=0)
+        confirm_study(
+            ConfirmationInputs(study, spec.objective, executor, 2, repeats, on_run, remeasures=0)
+        )
     added = StudyRecord.of(study).confirmation
     assert added is not None and added.complete and added.repeats == 3
     assert added.runs[: len(final.runs)] == final.runs and len(again) == len(candidates)
@@ -903,7 +922,7 @@ def test_a_run_says_it_recovered_trials_a_stopped_process_left_running(
         def recovered(self, count: int) -> None:
             counts.append(count)
 
-    run_study(study, spec, CPU, InProcessExecutor(load(spec.workload)), Said())
+    run_study(StudyInputs(study, spec, CPU, InProcessExecutor(load(spec.workload)), None, Said()))
     assert counts == [1]
     first = study.get_trials()[0]
     assert first.state == TrialState.FAIL and first.user_attrs["fail_kind"] == "interrupted"
@@ -966,7 +985,8 @@ def test_a_trial_that_an_exception_stops_is_recorded_and_told_as_failed(
             raise stop
 
     study = optuna.create_study()
-    runner = Stopped(None, None, None, Heard(), None)  # type: ignore[arg-type]
+    inputs = StudyInputs(study, None, None, None, observer=Heard())  # type: ignore[arg-type]
+    runner = Stopped(inputs, None)  # type: ignore[arg-type]
     with pytest.raises(type(stop)):
         runner.run(study, study.ask())
     (trial,) = study.trials

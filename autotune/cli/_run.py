@@ -29,7 +29,8 @@ from autotune.cli._common import (
 )
 from autotune.cli._confirm import confirm, confirm_round, say_storage_waits, verify
 from autotune.cli._ending import finish, worker_exit
-from autotune.errors import UserError
+from autotune.errors import UserError, WorkerError
+from autotune.machine import scaleout
 from autotune.machine.turns import TURN_WAIT_ENV, DeviceLockTimeout
 from autotune.spacefile import DEFAULT_STORAGE
 
@@ -111,24 +112,12 @@ def run(
     verbose: Annotated[bool, flag("--verbose", "-v", help="Show Optuna's logs.")] = False,
 ) -> None:
     """Run (or resume) the study a space file describes and print the best configuration."""
-    from autotune.errors import WorkerError
-    from autotune.machine import scaleout
-
     in_range("--workers", workers, 1)
     in_range("--turn-wait", turn_wait, 0)
     if turn_wait is not None:  # read where a turn is waited for, here and in its workers
         os.environ[TURN_WAIT_ENV] = f"{turn_wait:g}"
     if as_worker is not None:  # the storage worker 0 runs on, from its environment
         storage = os.environ.pop(scaleout.WORKER_STORAGE_ENV, None) or storage
-    options = session.RunOptions(
-        n_trials=n_trials,
-        timeout=timeout,
-        storage=storage,
-        study_name=study_name,
-        device=device,
-        seed=seed,
-        isolation=isolation,
-    )
 
     def meanwhile() -> None:  # while the worker starts: its imports overlap these
         quiet_libraries(verbose)
@@ -136,9 +125,8 @@ def run(
             scaleout.refuse_cuda_workers(spec.workload.device)
 
     try:
-        spec = session.load_run_spec(space_file, options)
-        per_trial = spec.workload.gpus_per_trial  # the space file says how many GPUs a trial
-        shares = scaleout.take_share(per_trial, workers, gpus, as_worker)
+        spec = session.load_run_spec(space_file, session.RunOptions.of(locals()))
+        shares = scaleout.take_share(spec.workload.gpus_per_trial, workers, gpus, as_worker)
         share = shares[as_worker or 0] if shares is not None else None
         prepared = session.prepare(
             spec,

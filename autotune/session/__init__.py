@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autotune import study as studies
 from autotune.ending import Ending, ending
 from autotune.spacefile import Spec
 
@@ -76,14 +77,13 @@ def confirm_answer(
     ``repeats`` runs each, interleaved; whether a round exists now (False: no feasible trial to
     confirm). One process at a time runs a study's round: another that finishes beside it waits
     (``on_other`` is called) and then finds the round done. ``on_start``, ``on_run`` and
-    ``on_wait`` as ``confirm_study`` calls them."""
-    from autotune import study as studies
-
+    ``on_wait`` as in ``ConfirmationInputs``."""
+    goal = spec.objective
+    inputs = studies.ConfirmationInputs(
+        study, goal, executor, top, repeats, on_run, on_start, on_wait
+    )
     with studies.study_lock(study, "confirm", on_other, held_long=True):
-        goal = spec.objective
-        record = studies.confirm_study(
-            study, goal, executor, top, repeats, on_run, on_start=on_start, on_wait=on_wait
-        )
+        record = studies.confirm_study(inputs)
     return record is not None
 
 
@@ -94,8 +94,6 @@ def confirm_after_run(
     ``study.confirm``) runs it when the file asks for one, the study holds its total and the
     run was not stopped (interrupted, the same error in every trial, nothing stage 1 could
     train); an interruption of the round is recorded in ``outcome``. Whether a round exists."""
-    from autotune import study as studies
-
     plan = spec.study.confirm
     finished = studies.counted_trials(study) >= spec.study.n_trials
     stopped = outcome.interrupted or outcome.repeated_error or outcome.stage_failed
@@ -104,8 +102,7 @@ def confirm_after_run(
     try:
         return confirm(plan.top, plan.repeats)
     except KeyboardInterrupt as stop:
-        outcome.interrupted = True
-        outcome.terminated = isinstance(stop, studies.Terminated)
+        outcome.stopped_by(stop)
         return False
 
 
@@ -128,7 +125,6 @@ class ScaleOut:
     def start_others(self, spec: Spec, study: optuna.Study) -> Workers | None:
         """Worker 0 of several starts the others now (their start-up overlaps stage 1, on their
         own cores), logging beside a SQLite database, else under studies/; else None."""
-        from autotune import study as studies
         from autotune.machine import scaleout
 
         if self.index or len(self.shares) == 1:
@@ -188,7 +184,6 @@ def run_prepared(
     is measured, stops them and counts their trials; another waits for its word. The run's
     outcome, and whether a confirmation round exists. A storage fault is raised as a StudyError
     (``storage_faults``)."""
-    from autotune import study as studies
     from autotune.machine import scaleout
 
     spec, study = prepared.spec, prepared.study
@@ -214,22 +209,16 @@ def run_prepared(
                     workers.start_trials()
                 hooks.trials_start(workers)
 
-            outcome = studies.run_study(
-                study,
-                spec,
-                prepared.hardware,
-                executor,
-                observer,
-                prepared.workload,
-                remeasure,
-                on_trials_start=trials_start,
-                worker=scale.worker if scale is not None else None,
+            worker = scale.worker if scale is not None else None
+            observer = observer or studies.StudyObserver()
+            inputs = studies.StudyInputs(
+                study, spec, prepared.hardware, executor, prepared.workload, observer, worker
             )
+            outcome = studies.run_study(inputs, remeasure, trials_start)
             hooks.trials_done(outcome)
             if workers is not None:  # the study is done, or this worker stopped or gave up
-                stopping = bool(outcome.interrupted or outcome.repeated_error)
-                stopping = stopping or not workers.trials_started
-                stopping = stopping or "trials failed" in outcome.stopped_reason
+                stopping = outcome.interrupted or outcome.failed_out or not workers.trials_started
+                stopping = stopping or bool(outcome.repeated_error)
                 hooks.others_ended(workers.stop(stopping, spec.study.trial_timeout or 600))
                 studies.count_states(study, outcome, began)  # the workers' trials
         round_of = functools.partial(hooks.confirm, study, spec, executor)
@@ -293,19 +282,9 @@ def run(
     """
     import optuna
 
-    from autotune import study as studies
     from autotune.outputs import notes
 
-    options = RunOptions(
-        n_trials=n_trials,
-        timeout=timeout,
-        storage=storage,
-        study_name=study_name,
-        device=device,
-        seed=seed,
-        isolation=isolation,
-    )
-    spec = load_run_spec(space, options)
+    spec = load_run_spec(space, RunOptions.of(locals()))
     if base_dir is None:
         base_dir = Path(space).parent if not isinstance(space, Spec) else Path.cwd()
     verbosity = optuna.logging.get_verbosity()

@@ -9,11 +9,12 @@ import contextlib
 import dataclasses
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from autotune import study as studies
 from autotune.errors import UserError
 from autotune.spacefile import Spec, load_spec
 
@@ -42,6 +43,12 @@ class RunOptions:
     seed: int | None = None
     isolation: str | None = None  # worker or none
 
+    @classmethod
+    def of(cls, arguments: Mapping[str, Any]) -> RunOptions:
+        """The options among a caller's ``arguments`` (``locals()``), named as these fields: the
+        keywords of ``autotune.run`` and the options of ``autotune run``."""
+        return cls(**{field.name: arguments[field.name] for field in dataclasses.fields(cls)})
+
 
 def load_run_spec(space: Path | str | Spec, options: RunOptions | None = None) -> Spec:
     """The space file's Spec (or ``space`` itself) with the run's ``options``, and
@@ -67,7 +74,7 @@ def load_run_spec(space: Path | str | Spec, options: RunOptions | None = None) -
 
 @dataclass(frozen=True)
 class Prepared:
-    """What a run trains on (``prepare``'s), for ``train``."""
+    """What a run trains on (``prepare``'s), for ``run_prepared``."""
 
     spec: Spec  # as this machine runs it: values it cannot run dropped, a study's strategy kept
     hardware: Hardware
@@ -100,7 +107,6 @@ def prepare(
     try:
         if meanwhile is not None:
             meanwhile()
-        from autotune import study as studies
         from autotune.machine.hardware import detect
         from autotune.search.space import restrict
         from autotune.workloads import load as load_workload
@@ -132,8 +138,6 @@ def prepare(
 def storage_faults(storage: str) -> Iterator[None]:
     """A storage fault inside (a full disk, a read-only or damaged database, no server) raised
     as a StudyError, a UserError of one line that names the storage; anything else as it was."""
-    from autotune import study as studies
-
     try:
         yield
     except UserError:

@@ -177,6 +177,8 @@ class Spec(Frozen):
     def with_overrides(self, **sections: dict[str, Any]) -> Spec:
         """A copy with some fields replaced, e.g. ``with_overrides(study={"n_trials": 5})``
         (a None leaves its field as it is), held to the same rules as the file."""
+        if "space" in sections:  # its parsed knobs would be validated as the file's shapes
+            raise TypeError("with_overrides changes study, workload or objective, not space")
         updated: dict[str, Any] = {}
         within: tuple[str, ...] = ()  # the section being checked; () for the whole spec
         try:

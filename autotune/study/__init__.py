@@ -55,12 +55,12 @@ if TYPE_CHECKING:
         listed,
         trials_named,
     )
-    from autotune.study._confirm import confirm_study, confirmation_plan
+    from autotune.study._confirm import ConfirmationInputs, confirm_study, confirmation_plan
     from autotune.study._confirmed import NOISY_SPREAD, Confirmed
     from autotune.study._open import load_study, open_study, patient_storage, with_study_strategy
     from autotune.study._run import RunOutcome, count_states, run_study
     from autotune.study._sampling import make_sampler
-    from autotune.study._trial import StudyObserver, Terminated
+    from autotune.study._trial import StudyInputs, StudyObserver, Terminated
     from autotune.study._verify import (
         Verification,
         VerifyRun,

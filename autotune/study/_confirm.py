@@ -104,37 +104,46 @@ def interleaved(items: Sequence[T], repeats: int) -> list[tuple[T, int]]:
     ]
 
 
-def confirm_study(
-    study: optuna.Study,
-    goal: ObjectiveSpec,
-    executor: TrialExecutor,
-    top: int,
-    repeats: int,
-    on_run: Callable[[ConfirmRun, int, int], None] | None = None,
-    remeasures: int = REMEASURES,
-    on_wait: Callable[[str], None] | None = None,
-    on_start: Callable[[ConfirmationRecord], None] | None = None,
-) -> ConfirmationRecord | None:
-    """Run (or resume) the confirmation round of ``study``; its record, stored in the study
-    after every run. ``on_start(plan)`` hears the round before it runs (what it keeps, what is
-    left: ``runs_left``, none where it is complete); ``on_run(run, done, total)`` each finished
-    run (one measured again is heard again at the same place); ``on_wait``, that a run waits
-    for its turn (``turns``). None when there is nothing to confirm. An interruption
-    propagates; what ran is kept."""
-    record = confirmation_plan(study, top, repeats, goal.score_higher_is_better)
+@dataclasses.dataclass(frozen=True)
+class ConfirmationInputs:
+    """The confirmation round as it runs in this process: the study and its objective, the
+    executor that trains each run, the round's size (the ``top`` leaders and the references,
+    ``repeats`` more runs of each; a run under interference measured again up to ``remeasures``
+    times), and who hears of it: ``on_start(plan)`` the round before it runs (what it keeps,
+    what is left: ``runs_left``, none where it is complete), ``on_run(run, done, total)`` each
+    finished run (one measured again is heard again at the same place), ``on_wait`` that a run
+    waits for its turn (``turns``)."""
+
+    study: optuna.Study
+    goal: ObjectiveSpec
+    executor: TrialExecutor
+    top: int
+    repeats: int
+    on_run: Callable[[ConfirmRun, int, int], None] | None = None
+    on_start: Callable[[ConfirmationRecord], None] | None = None
+    on_wait: Callable[[str], None] | None = None
+    remeasures: int = REMEASURES
+
+
+def confirm_study(inputs: ConfirmationInputs) -> ConfirmationRecord | None:
+    """Run (or resume) the confirmation round of ``inputs.study``; its record, stored in the
+    study after every run. None when there is nothing to confirm. An interruption propagates;
+    what ran is kept."""
+    study, goal = inputs.study, inputs.goal
+    record = confirmation_plan(study, inputs.top, inputs.repeats, goal.score_higher_is_better)
     if record is None:
         return None
-    if on_start is not None:
-        on_start(record)
+    if inputs.on_start is not None:
+        inputs.on_start(record)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     order = interleaved(record.candidates, record.repeats)
     for position, (number, repeat) in enumerate(order, start=1):
-        while _needs_run(record, number, repeat, remeasures):
-            run = _measure(trials[number], repeat, goal, executor, on_wait)
+        while _needs_run(record, number, repeat, inputs.remeasures):
+            run = _measure(inputs, trials[number], repeat)
             record = record.with_run(run)
             _store(study, record)
-            if on_run is not None:
-                on_run(run, position, len(order))
+            if inputs.on_run is not None:
+                inputs.on_run(run, position, len(order))
     record = dataclasses.replace(record, complete=True)
     _store(study, record)
     return record
@@ -153,15 +162,9 @@ def _store(study: optuna.Study, record: ConfirmationRecord) -> None:
     study.set_user_attr("confirmation", record.to_attrs())
 
 
-def _measure(
-    trial: FrozenTrial,
-    repeat: int,
-    goal: ObjectiveSpec,
-    executor: TrialExecutor,
-    on_wait: Callable[[str], None] | None = None,
-) -> ConfirmRun:
+def _measure(inputs: ConfirmationInputs, trial: FrozenTrial, repeat: int) -> ConfirmRun:
     """Train ``trial``'s configuration once more, with a new seed and its own budget."""
-    config = trial_config(trial)
+    goal, config = inputs.goal, trial_config(trial)
     seed = config.seed + repeat * SEED_STRIDE
 
     def report(evaluation: Evaluation) -> bool:  # the whole budget, or to the target
@@ -169,9 +172,9 @@ def _measure(
 
     from autotune.executor import attempt  # torch: only a confirmation round needs it
 
-    with device_lock(config.device, config.world_size, on_wait):  # off the clock, as a trial
+    with device_lock(config.device, config.world_size, inputs.on_wait):  # off the clock
         started = time.monotonic()
-        result = attempt(lambda: executor.train(config.replace(seed=seed), report))
+        result = attempt(lambda: inputs.executor.train(config.replace(seed=seed), report))
     run = ConfirmRun(trial.number, repeat, seed, None, None, None, False, 0.0)
     if isinstance(result, faults.TrialFault):
         fault = f"{result.kind}: {result.message}"

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 import optuna
 from optuna.trial import TrialState
 
-from autotune.executor import TrialExecutor
 from autotune.faults import FaultKind
 from autotune.machine.hardware import Hardware
 from autotune.spacefile import Spec
@@ -22,15 +21,14 @@ from autotune.stage1._probe import resolve_batch_sizes
 from autotune.stage1._stage import run_speed_stage
 from autotune.stage1._take import StageInputs
 from autotune.storage._liveness import recover_stale_trials, study_lock
-from autotune.storage._queries import COUNTED_STATES
+from autotune.storage._queries import COUNTED_STATES, counted_trials
 from autotune.storage._records import REFERENCES, TrialRecord
 from autotune.storage._walls import MemoryWalls
 from autotune.study._open import queue_reference
-from autotune.study._trial import StudyObserver, Terminated, TrialRunner
+from autotune.study._trial import StudyInputs, Terminated, TrialRunner
 
 if TYPE_CHECKING:
     from autotune.config import TrialConfig
-    from autotune.workloads import Workload
 
 SAME_ERROR_LIMIT = 3  # identical unexpected errors in a row, with no trial completed: stop
 
@@ -48,12 +46,17 @@ class RunOutcome:
     # where the repeated error's traceback is kept: "trials" (each trial's fail_traceback) or
     # "stage 1" (the failed trials of the NAME.speed study)
     repeated_in: str = "trials"
+    failed_out: bool = False  # as many trials failed in this run as the study wants: it gave up
     states: dict[str, int] = field(default_factory=dict)
     speed_table: SpeedTable | None = None  # two-stage studies: stage 1's answer
     stage_failed: str | None = None  # stage 1 could run no setting at all: why
     taken_over: int = 0  # trials another process failed as stale while this one trained them
     timed_out: bool = False  # study.timeout ended the run
     stage_seconds: float | None = None  # what stage 1 took in this run (two-stage studies)
+
+    def stopped_by(self, stop: KeyboardInterrupt) -> None:
+        """Record an interruption: Ctrl-C, or SIGTERM (``Terminated``)."""
+        self.interrupted, self.terminated = True, isinstance(stop, Terminated)
 
 
 def _past(deadline: float | None) -> bool:
@@ -83,15 +86,9 @@ def requeue_lost_references(
 
 
 def run_study(
-    study: optuna.Study,
-    spec: Spec,
-    hardware: Hardware,
-    executor: TrialExecutor,
-    observer: StudyObserver | None = None,
-    workload: Workload | None = None,
+    inputs: StudyInputs,
     remeasure: bool = False,
     on_trials_start: Callable[[], None] | None = None,
-    worker: str | None = None,
 ) -> RunOutcome:
     """Run the study's stages: for ``study.strategy: two_stage`` the speed stage first (its
     measurements reused from the storage unless ``remeasure``), then trials until the study
@@ -102,33 +99,24 @@ def run_study(
     trials in a row before any completes in this run (a bug, not a configuration). An
     interruption is recorded on the running trial and in ``outcome``; WorkerError (a worker
     that cannot start) propagates. ``on_trials_start``: once stage 1 is measured, before the
-    first trial (``--workers``); ``worker`` ("2/4") is recorded on each trial it trains.
+    first trial (``--workers``).
     """
-    observer = observer or StudyObserver()
+    study, spec, observer = inputs.study, inputs.spec, inputs.observer
     outcome = RunOutcome(study_name=study.study_name)
     deadline = time.monotonic() + spec.study.timeout if spec.study.timeout else None
     walls = MemoryWalls.from_study(study)
     table = None
     if spec.study.strategy == "two_stage":
-        inputs = StageInputs(
-            study,
-            spec,
-            hardware,
-            executor,
-            workload,
-            observer.speed_measured,
-            observer.turn_waiting,
-        )
-        staged = _stage_one(inputs, remeasure, outcome, observer)
+        staged = _stage_one(inputs, remeasure, outcome)
         if staged is None:  # interrupted, or no setting could train: no trial runs
             return outcome
         spec, table = staged  # batch_size: auto resolved
-    trial_runner = TrialRunner(spec, hardware, executor, observer, walls, table, worker=worker)
+    trial_runner = TrialRunner(dataclasses.replace(inputs, spec=spec), walls, table)
     try:
         # a stale baseline is retried with its mark, not queued anew
         if recovered := recover_stale_trials(study):
             observer.recovered(recovered)
-        if len(study.get_trials(deepcopy=False, states=COUNTED_STATES)) < spec.study.n_trials:
+        if counted_trials(study) < spec.study.n_trials:
 
             def fits(config: TrialConfig) -> bool:  # below the walls of trials and stage 1
                 oom = table is not None and table.runs_out_of_memory(
@@ -136,24 +124,34 @@ def run_study(
                 )
                 return walls.fits(config) and not oom
 
-            requeue_lost_references(study, spec, hardware, fits)  # not into a finished study
+            # not into a finished study
+            requeue_lost_references(study, spec, inputs.hardware, fits)
             if on_trials_start is not None:  # only when there is something left to run
                 on_trials_start()
-        _trials(study, trial_runner, deadline, outcome)
+        _trials(trial_runner, deadline, outcome)
     except KeyboardInterrupt as stop:
-        outcome.interrupted = True
-        outcome.terminated = isinstance(stop, Terminated)
+        outcome.stopped_by(stop)
     count_states(study, outcome)
     return outcome
 
 
 def _stage_one(
-    inputs: StageInputs, remeasure: bool, outcome: RunOutcome, observer: StudyObserver
+    study: StudyInputs, remeasure: bool, outcome: RunOutcome
 ) -> tuple[Spec, SpeedTable] | None:
     """A two-stage study's speed stage, its time and how it ended in ``outcome``: the spec
     with ``batch_size: auto`` resolved first (``stage1._probe``; what it found, said and in
     the table) and its table, or None where it was interrupted or could train no setting at all
     (why, in ``outcome``)."""
+    observer = study.observer
+    inputs = StageInputs(
+        study.study,
+        study.spec,
+        study.hardware,
+        study.executor,
+        study.workload,
+        observer.speed_measured,
+        observer.turn_waiting,
+    )
     found: str | None = None  # batch_size: auto, what its probe found, in one line
     stage_started = time.monotonic()
     try:
@@ -164,8 +162,7 @@ def _stage_one(
         spent = time.monotonic() - stage_started  # the probe's: stage 1's budget counts them
         table = run_speed_stage(inputs, remeasure, spent)
     except KeyboardInterrupt as stop:
-        outcome.interrupted = True
-        outcome.terminated = isinstance(stop, Terminated)
+        outcome.stopped_by(stop)
         return None
     table = dataclasses.replace(table, batch_size_auto=found)
     outcome.stage_seconds = time.monotonic() - stage_started
@@ -183,15 +180,11 @@ def _stage_one(
     return None
 
 
-def _trials(
-    study: optuna.Study,
-    trial_runner: TrialRunner,
-    deadline: float | None,
-    outcome: RunOutcome,
-) -> None:
+def _trials(trial_runner: TrialRunner, deadline: float | None, outcome: RunOutcome) -> None:
     """Trials until the study holds its total, the timeout's ``deadline`` passes, or this
     run's failures say to stop (``run_study``'s rules); what they did, in ``outcome``."""
-    observer, spec = trial_runner.observer, trial_runner.spec
+    inputs = trial_runner.inputs
+    study, spec, observer = inputs.study, inputs.spec, inputs.observer
     target = spec.study.n_trials
     errors: list[str] = []  # messages of unexpected errors since the last counted trial
     completed_here = False  # whether a trial of this run completed
@@ -246,6 +239,7 @@ def _trials(
             return
         if failures >= max(target, SAME_ERROR_LIMIT):
             outcome.stopped_reason = f"{failures} trials failed in this run"
+            outcome.failed_out = True
             return
 
 

@@ -34,6 +34,7 @@ from autotune.storage._walls import MemoryWalls
 
 if TYPE_CHECKING:
     from autotune.stage1._store import SpeedEvent
+    from autotune.workloads import Workload
 
 # a trial further off the speed stage's prediction than this, or than the spread stage 1
 # measured where that is wider (a noisy CPU), is flagged
@@ -101,6 +102,21 @@ class StudyObserver:
 
     def storage_back(self, seconds: float) -> None:
         """The study's database answers again, after ``seconds`` without; the study goes on."""
+
+
+@dataclass(frozen=True)
+class StudyInputs:
+    """The study as it runs in this process: the study and its spec, the machine, the executor
+    that trains its trials (and times stage 1), the workload loaded here (if any), who hears of
+    it, and this process's place among ``--workers`` ("2/4"), recorded on each trial."""
+
+    study: optuna.Study
+    spec: Spec
+    hardware: Hardware
+    executor: TrialExecutor
+    workload: Workload | None = None
+    observer: StudyObserver = field(default_factory=StudyObserver)
+    worker: str | None = None
 
 
 class QuietPace:
@@ -198,14 +214,10 @@ class TrialReporter:
 class TrialRunner:
     """One trial being run: what the loop needs to run it and say how it ended."""
 
-    spec: Spec
-    hardware: Hardware
-    executor: TrialExecutor
-    observer: StudyObserver
+    inputs: StudyInputs  # its spec as the trials run it (batch_size: auto resolved)
     walls: MemoryWalls
     speed: SpeedTable | None = None  # two-stage: the execution knobs come from here
     taken_over: bool = False  # the last trial run was failed as stale by another process
-    worker: str | None = None  # "2/4": this process's place among --workers, if any
 
     def _sample(self, trial: optuna.Trial) -> TrialConfig:
         """The trial's configuration; a two-stage trial's execution knobs from the speed
@@ -214,13 +226,15 @@ class TrialRunner:
         table = self.speed
         if record.reference is not None and table is not None and record.config:
             # on the study's axes, with its own execution knobs (references.as_two_stage)
-            table = references.own_table(self.spec, record.config)
+            table = references.own_table(self.inputs.spec, record.config)
         elif table is None or record.reference is not None:  # (a reference queued as joint)
-            return space.sample(trial, self.spec, self.hardware)
+            return space.sample(trial, self.inputs.spec, self.inputs.hardware)
         pick = space.suggestions(trial)
-        config, choice = space.draw_from_table(pick, self.spec, self.hardware, table, trial.number)
+        config, choice = space.draw_from_table(
+            pick, self.inputs.spec, self.inputs.hardware, table, trial.number
+        )
         # the knobs the table chose among several values (fixed ones it only kept)
-        chosen = sorted(k for k in choice.knobs() if k in self.spec.space.searched())
+        chosen = sorted(k for k in choice.knobs() if k in self.inputs.spec.space.searched())
         if record.reference is not None:  # its own: nothing predicted
             TrialRecord(speed_knobs=chosen).store(trial)
             return config
@@ -234,13 +248,13 @@ class TrialRunner:
 
     def train(self, trial: optuna.Trial) -> tuple[TrialState, float | None]:
         """Sample, train and score ``trial``; its end state and value (None unless COMPLETE)."""
-        goal = self.spec.objective
+        goal = self.inputs.spec.objective
         try:
             config = self._sample(trial)
         except space.NothingFits as nothing:
             return _fault(trial, FaultKind(nothing.kind), str(nothing)), None
-        TrialRecord(config=config, worker=self.worker).store(trial)
-        self.observer.trial_started(trial.number, config)
+        TrialRecord(config=config, worker=self.inputs.worker).store(trial)
+        self.inputs.observer.trial_started(trial.number, config)
         blocked = self.walls.blocks(config)
         if blocked is not None:
             TrialRecord(oom_skipped=True).store(trial)
@@ -248,17 +262,17 @@ class TrialRunner:
         reference = TrialRecord.from_attrs(trial.user_attrs).reference is not None
         # the best answer so far, which the trial is stopped for where it cannot beat it; never
         # without a pruner, nor a reference (the confirmation measures the answer against it)
-        no_stop = reference or self.spec.study.pruner == "none"
+        no_stop = reference or self.inputs.spec.study.pruner == "none"
         leader = None if no_stop else best_trial(trial.study)
         # another process of this machine training on the same cores or GPU: wait, off the clock
         asked_turn = time.monotonic()
-        with device_lock(config.device, config.world_size, self.observer.turn_waiting):
+        with device_lock(config.device, config.world_size, self.inputs.observer.turn_waiting):
             started = time.monotonic()
             if started - asked_turn > TURN_WAIT_SAID:
                 TrialRecord(turn_wait_seconds=started - asked_turn).store(trial)
-            reporter = TrialReporter(trial, config, goal, self.observer, leader, reference)
+            reporter = TrialReporter(trial, config, goal, self.inputs.observer, leader, reference)
             try:
-                result = attempt(lambda: self.executor.train(config, reporter.report))
+                result = attempt(lambda: self.inputs.executor.train(config, reporter.report))
             except ReportFailed as failed:
                 raise failed.error from None  # as if raised here, where the study writes
         if reporter.taken_over:
@@ -280,7 +294,7 @@ class TrialRunner:
     ) -> tuple[TrialState, float | None]:
         """Record what a trial that trained measured, and how it ended: stopped where it could
         not beat the leader, pruned (as ``reporter`` decided), or scored (its state and value)."""
-        goal = self.spec.objective
+        goal, pruner = self.inputs.spec.objective, self.inputs.spec.study.pruner
         TrialRecord.from_result(result, config.precision).store(trial)
         if off_stage_one(result, TrialRecord.from_attrs(trial.user_attrs)):
             TrialRecord(speed_mismatch=True).store(trial)
@@ -302,7 +316,7 @@ class TrialRunner:
         if (pruned_at := reporter.pruned_at) is not None:
             message = (
                 f"pruned at evaluation {pruned_at.index} (epoch {pruned_at.epoch:.2f}, "
-                f"{goal.score_name} {pruned_at.score:.4g}) by the {self.spec.study.pruner} pruner"
+                f"{goal.score_name} {pruned_at.score:.4g}) by the {pruner} pruner"
             )
             TrialRecord(fail_kind=FaultKind.PRUNED, fail_msg=message).store(trial)
             return TrialState.PRUNED, None
@@ -373,7 +387,7 @@ class TrialRunner:
             TrialRecord(fail_kind=kind, fail_msg=message).store(trial)
             told = study.tell(trial, state=TrialState.FAIL)
             if kind == FaultKind.INTERRUPTED:
-                self.observer.trial_finished(told)
+                self.inputs.observer.trial_finished(told)
 
     def _taken_over(
         self, study: optuna.Study, trial: optuna.Trial, result: TrialResult | None
@@ -409,5 +423,5 @@ class TrialRunner:
             except optuna.exceptions.UpdateFinishedTrialError:  # the retry ended already
                 study.set_user_attr(f"earlier_attempt_of_trial_{trial.number}", attempt)
                 kept_on = "the study"
-        self.observer.taken_over(trial.number, kept_on)
+        self.inputs.observer.taken_over(trial.number, kept_on)
         return adapter.get_trial(study, adapter.trial_id(trial))
