@@ -88,12 +88,12 @@ _LAZY = {  # module (under autotune) -> its names
     " TrialRecord",
     "storage._walls": "MemoryWalls",
     "study._answer": "Answer Reference answer_of answer_trial listed trials_named",
-    "study._confirm": "confirm_study confirmation_plan",
+    "study._confirm": "ConfirmationInputs confirm_study confirmation_plan",
     "study._confirmed": "NOISY_SPREAD Confirmed",
     "study._open": "load_study open_study patient_storage with_study_strategy",
     "study._run": "RunOutcome count_states run_study",
     "study._sampling": "make_sampler",
-    "study._trial": "StudyObserver Terminated",
+    "study._trial": "StudyInputs StudyObserver Terminated",
     "study._verify": "Verification VerifyRun role_name runs_left verify_candidates verify_study",
 }
 _MODULES = {
