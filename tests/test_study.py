@@ -285,7 +285,25 @@ def test_trials_that_fail_differently_stop_the_run_once_as_many_failed_as_wanted
     spec = tiny_spec(n_trials=3)
     outcome = prepare_study(spec, tmp_path, executor=Failing(load(spec.workload))).outcome
     assert outcome.failed_out and not outcome.repeated_error and not outcome.interrupted
-    assert outcome.stopped_reason == "3 trials failed in this run"
+    assert outcome.stopped_reason.startswith(
+        "3 trials failed in this run; each its own way, the last with RuntimeError: a bug at seed "
+    )
+
+    class Flaky(InProcessExecutor):  # the first trial trains; then the model breaks
+        def train(self, config: TrialConfig, report) -> TrialResult:
+            if self.calls:
+                raise ValueError("a bug after 50 batches")
+            self.calls += 1
+            return super().train(config, report)
+
+    flaky = Flaky(load(spec.workload))
+    flaky.calls = 0
+    outcome = prepare_study(spec, tmp_path / "flaky", executor=flaky).outcome
+    # a trial completed, so not "every trial failed the same way": the reason names the error
+    assert outcome.failed_out and not outcome.repeated_error
+    assert outcome.stopped_reason.startswith(
+        "3 trials failed in this run; 3 of them with ValueError: a bug after 50 batches (at "
+    )
 
 
 def test_pruned_trials_say_why_and_nothing_is_left_running(tmp_path: Path, prepare_study):

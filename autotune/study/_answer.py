@@ -74,11 +74,14 @@ class Reference:
     interval: tuple[float, float] | None = None  # where the ratio may lie, from the spreads
     why: str | None = None  # why no ratio is claimed, in a few words
     learning_only: bool = False  # the answer's own execution settings: the ratio is learning's
+    infeasible: bool = False  # none of its runs in the round met the study's bar
 
     @property
     def said(self) -> str:
         """The answer over it, as every rendering says it: "2.05x the untuned baseline (1.91x
         to 2.20x)", or "over the untuned baseline, no measurable speed-up on ..." and why."""
+        if self.infeasible:
+            return f"over {self.name}, no ratio: none of its runs in the round reached the bar"
         if self.ratio is None or self.interval is None:
             return (
                 f"over {self.name}, no measurable speed-up on this machine as it was ({self.why})"
@@ -300,7 +303,8 @@ class Answer:
             name, measured.trial, measured.round_median, runs, None, interval, None, same_settings
         )
         if not measured.values:
-            return dataclasses.replace(found, why="none of its runs in the round was feasible")
+            why = "none of its runs in the round reached the bar"
+            return dataclasses.replace(found, why=why, infeasible=True)
         if ratio is None or self.winner is None:
             return dataclasses.replace(found, why="the two were measured under different loads")
         if self.noisy:

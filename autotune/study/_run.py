@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -188,7 +189,7 @@ def _trials(trial_runner: TrialRunner, deadline: float | None, outcome: RunOutco
     target = spec.study.n_trials
     errors: list[str] = []  # messages of unexpected errors since the last counted trial
     completed_here = False  # whether a trial of this run completed
-    failures = 0
+    failures: Counter[str] = Counter()  # this run's failed trials by message
     wait_seconds = min(1.0, float(spec.study.heartbeat_interval))
     while True:
         if recovered := recover_stale_trials(study):
@@ -224,8 +225,8 @@ def _trials(trial_runner: TrialRunner, deadline: float | None, outcome: RunOutco
             continue
         observer.trial_finished(trial)
         if trial.state == TrialState.FAIL:
-            failures += 1
             record = TrialRecord.of(trial)
+            failures[str(record.fail_msg)] += 1
             if record.fail_kind == FaultKind.ERROR:
                 errors.append(str(record.fail_msg))
         elif trial.state in COUNTED_STATES:
@@ -237,8 +238,13 @@ def _trials(trial_runner: TrialRunner, deadline: float | None, outcome: RunOutco
         if len(last) == SAME_ERROR_LIMIT and len(set(last)) == 1 and not completed_here:
             outcome.repeated_error = errors[-1]
             return
-        if failures >= max(target, SAME_ERROR_LIMIT):
-            outcome.stopped_reason = f"{failures} trials failed in this run"
+        if failures.total() >= max(target, SAME_ERROR_LIMIT):
+            message, count = failures.most_common(1)[0]
+            which = f"{count} of them with" if count > 1 else "each its own way, the last with"
+            message = message if count > 1 else list(failures)[-1]
+            outcome.stopped_reason = (
+                f"{failures.total()} trials failed in this run; {which} {message}"
+            )
             outcome.failed_out = True
             return
 
