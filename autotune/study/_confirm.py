@@ -10,7 +10,10 @@ trial counts as one of a configuration's measurements.
 
 A run measured under interference (other processes took more than
 ``interference.INTERFERENCE_SHARE`` of its cores) is kept but measured again, up to
-``REMEASURES`` times. What the round concludes, and the study's answer, are ``_answer``'s.
+``REMEASURES`` times; once that many retakes in a row were busy too, the machine stays busy and
+the round's later runs are kept as measured (on a busy 2-core VM every retake was busy: the
+round cost 150% of the search and still could not rank). What the round concludes, and the
+study's answer, are ``_answer``'s.
 
 The round is stored in the study (``StudyRecord.confirmation``) after every run: an interrupted
 round resumes where it stopped, and a round whose leaders changed (more trials since) starts
@@ -137,9 +140,14 @@ def confirm_study(inputs: ConfirmationInputs) -> ConfirmationRecord | None:
         inputs.on_start(record)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     order = interleaved(record.candidates, record.repeats)
+    busy = 0  # retakes in a row measured under interference again
     for position, (number, repeat) in enumerate(order, start=1):
-        while _needs_run(record, number, repeat, inputs.remeasures):
+        remeasures = inputs.remeasures if busy < inputs.remeasures else 0  # it stays busy
+        while _needs_run(record, number, repeat, remeasures):
+            retake = any((r.trial, r.repeat) == (number, repeat) for r in record.runs)
             run = _measure(inputs, trials[number], repeat)
+            if retake:
+                busy = busy + 1 if run.interfered else 0
             record = record.with_run(run)
             _store(study, record)
             if inputs.on_run is not None:
