@@ -55,7 +55,6 @@ wall-clock); stage 1 is the real one, run once, not a re-derivation; the untuned
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import random
@@ -79,7 +78,7 @@ from autotune.results import Evaluation
 from autotune.search import objective, space
 from autotune.search.references import untuned_config
 from autotune.spacefile import Choice, FloatRange, Spec, load_spec
-from autotune.speed import BurstPlan, SpeedChoice, SpeedMeasurement, SpeedTable
+from autotune.speed import BurstPlan, SpeedMeasurement, SpeedTable
 from autotune.stage1._plan import SpeedPlan, describe
 from autotune.stage1._stage import run_speed_stage
 from autotune.stage1._take import StageInputs
@@ -202,8 +201,7 @@ def record_stage_one(
     return {
         "wall_seconds": seconds,
         "measurements": executor.measurements,
-        "choices": [dataclasses.asdict(c) for c in table.choices],
-        "unrunnable": [list(u) for u in table.unrunnable],
+        **table.to_attrs(),
     }
 
 
@@ -382,23 +380,9 @@ class Point:
 
 
 def speed_table(stage_one: dict[str, Any]) -> SpeedTable:
-    """The recorded stage 1 table, as stage 2 reads it."""
-
-    def pairs(values: list[list[Any]]) -> tuple[tuple[str, Any], ...]:
-        return tuple((name, value) for name, value in values)
-
-    choices = tuple(
-        SpeedChoice(
-            **{
-                **c,
-                "extras": pairs(c["extras"]),
-                "settings": pairs(c["settings"]),
-                "speed_trials": tuple(c["speed_trials"]),
-            }
-        )
-        for c in stage_one["choices"]
-    )
-    return SpeedTable(choices=choices)
+    """The recorded stage 1 table, as stage 2 reads it (recordings before the table had
+    unrunnable rows have none)."""
+    return SpeedTable.from_attrs({"unrunnable": [], **stage_one})
 
 
 @dataclass(frozen=True)
