@@ -57,6 +57,16 @@ def test_the_plan_puts_each_item_and_the_whole_storage_url_on_a_line(seen, width
     assert "processes 2 per trial under DDP, a share of the cores each (gloo)" in said
 
 
+def test_a_study_made_on_another_device_is_said_once_where_it_trains(seen):
+    """``run``'s plan and ``confirm``/``verify`` (``cli._confirm.open_to_train``) say it alike."""
+    study, _ = seen
+    for hardware, warned in ((CPU, False), (replace(CPU, device_name="a slower CPU"), True)):
+        console = _console(200)
+        display.print_plan(console, _spec(study), hardware, study, [])
+        said = f"created on {CPU.device_name}; what is measured on {hardware.device_name} will"
+        assert (said in " ".join(_text(console).split())) is warned
+
+
 def test_the_plan_says_a_batch_split_only_where_there_is_one_and_what_a_short_budget_does(seen):
     study, _ = seen  # its space searches batch_size but no accumulation
     console = _console(80)

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 
 from autotune.cli._common import (
     EXIT_FAILED,
@@ -47,7 +46,7 @@ def open_to_train(
     """The study (the storage's only one where none is named), its space file as stored, and
     an executor as its runs had (``isolation``: worker or none, default study.isolation); a
     warning where it was created on another device. A UserError where it cannot train."""
-    from autotune import export, session
+    from autotune import display, export, session
     from autotune import study as studies
     from autotune.machine.hardware import detect
     from autotune.storage import adapter
@@ -67,11 +66,7 @@ def open_to_train(
     hardware = detect(spec.workload.device)
     trains = spec.with_overrides(study={"isolation": isolation})  # as its runs, or told
     executor = session.executor_for(trains, base_dir)
-    if record.created_on and record.created_on != hardware.device_name:
-        console.print(
-            f"[yellow]warning:[/] this study was created on {escape(record.created_on)}; the "
-            f"runs on {escape(hardware.device_name)} will be compared with its trials"
-        )
+    display.print_other_device(console, found, hardware.device_name)
     return found, spec, executor
 
 

@@ -11,6 +11,7 @@ from autotune.display._tables import (
     SPEED_COLUMNS,
     config_table,
     print_confirmation,
+    print_other_device,
     print_plan,
     print_summary,
     speed_rows,

@@ -81,17 +81,22 @@ def print_plan(
         print_item(console, "searching", ", ".join(searched) if searched else "nothing")
     for line in dropped:
         console.print(f"[yellow]not searched:[/] {escape(line)}")
-    created_on = studies.StudyRecord.of(study).created_on
-    if created_on and created_on != hardware.device_name:
-        console.print(
-            f"[yellow]warning:[/] this study was created on {escape(created_on)}; trials "
-            f"measured on {escape(hardware.device_name)} will be compared with its trials"
-        )
+    print_other_device(console, study, hardware.device_name)
     workers = spec.space.num_workers
     most = max(workers.values) if isinstance(workers, Choice) else workers.high
     if isinstance(most, int) and most > hardware.cpu_count:
         console.print(
             f"[yellow]note:[/] num_workers goes up to {most} on {hardware.cpu_count} CPU cores"
+        )
+
+
+def print_other_device(console: Console, study: optuna.Study, device_name: str) -> None:
+    """A warning where ``study`` was created on another device than ``device_name``."""
+    created_on = studies.StudyRecord.of(study).created_on
+    if created_on and created_on != device_name:
+        console.print(
+            f"[yellow]warning:[/] this study was created on {escape(created_on)}; what is "
+            f"measured on {escape(device_name)} will be compared with its trials"
         )
 
 
