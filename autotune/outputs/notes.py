@@ -99,13 +99,13 @@ def _breakdown_text(trial: FrozenTrial) -> str:
     return ", ".join(parts)
 
 
-def _confirmation_line(answer: Answer, study_name: str) -> str:
-    """How sure the study is of its answer, for the note: the verdict's line, with what the
-    runs were interleaved with."""
+def verdict(answer: Answer, study_name: str) -> str:
+    """How sure the study is of its answer, in markdown for the note and the report: the
+    verdict's line (``confirmation_text``), with what the runs were interleaved with."""
     found = TrialConfirmation.of(answer, answer.number)
     leaders = "the other leaders" + "".join(f" and {r.name}" for r in answer.references)
-    verdict, _, rest = confirmation_text(found, study_name, interleaved=leaders).partition(":")
-    return f"**{verdict.capitalize()}**:{rest}."
+    said, _, rest = confirmation_text(found, study_name, interleaved=leaders).partition(":")
+    return f"**{said.capitalize()}**:{rest}."
 
 
 NOTE_SPACE_CHARS = 20_000  # the longest space file the note shows whole
@@ -199,7 +199,7 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
             for label, other, speed, value in comparisons(study, answer)
         ]
         lines += compared + ([""] if compared else [])
-        lines += [_confirmation_line(answer, study_name), ""]
+        lines += [verdict(answer, study_name), ""]
         if record.bottleneck:
             lines.append(f"Its bottleneck: **{record.bottleneck}** ({_breakdown_text(best)}).")
         if bottlenecks := _bottlenecks(study):
