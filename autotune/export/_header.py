@@ -219,8 +219,8 @@ def provenance_rows(best: BestConfig, model: str, data: str) -> list[tuple[str, 
     sps = metrics.get("samples_per_second")
     result = (  # which measurement it is, the answer below says
         f"{best.metric} {fmt(best.headline_value)}"
-        + (f", validation {best.score_name} {score:.4g}" if score is not None else "")
-        + (f", {sps:,.0f} samples/s steady state" if sps is not None else "")
+        + (f", validation {best.score_name} {fmt(score)}" if score is not None else "")
+        + (f", {fmt(sps)} samples/s steady state" if sps is not None else "")
     )
     device = str(metrics.get("device_name", config.device))
     items: list[tuple[str, Any]] = [
