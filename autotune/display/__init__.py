@@ -10,6 +10,7 @@ from autotune.display._confirmation import TrialConfirmation, confirmation_text
 from autotune.display._tables import (
     SPEED_COLUMNS,
     config_table,
+    knob_rows,
     print_confirmation,
     print_other_device,
     print_plan,
@@ -25,7 +26,6 @@ from autotune.display._text import (
     metric_unit,
     print_command,
     print_item,
-    si,
     storage_back,
     storage_waiting,
     study_options,

@@ -231,23 +231,31 @@ def _best_table(study: optuna.Study, spec: Spec) -> Table | None:
     return table
 
 
-def config_table(trial: FrozenTrial) -> Table:
+def knob_rows(trial: FrozenTrial, *more: str) -> list[tuple[str, str, str]]:
+    """(knob, value, where the value came from) of a trial's configuration, as the terminal, the
+    note and the report show it, and ``more`` of its fields (device, seed); the base batch size
+    only where the lr is scaled from it, as the lr's note says."""
     config = studies.trial_config(trial).to_dict()
+    scaled = config["lr_scaling"] != "none"
+    rows = []
+    for name in [*knobs_for(config.get("world_size", 1)), *more]:
+        note = studies.trial_knob_origin(trial, name)
+        if name == "lr" and scaled:
+            note = f"{note}; {fmt(config['base_lr'])} per {config['base_batch_size']} examples"
+        value = config[name] if scaled or name != "base_batch_size" else None
+        rows.append((name, fmt(value), note.strip("; ")))
+    return rows
+
+
+def config_table(trial: FrozenTrial) -> Table:
+    """A trial's configuration (``knob_rows``), its processes, device, epochs and seed."""
     table = Table(show_header=False, box=None, padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
     table.add_column(style="dim")
-    world = config.get("world_size", 1)
-    processes = ["world_size"] if world > 1 else []  # with DDP's settings, for several
-    for name in [*knobs_for(world), *processes, "device", "epochs", "seed"]:
-        note = studies.trial_knob_origin(trial, name)
-        if name == "lr" and config["lr_scaling"] != "none":
-            note = f"{note}; {fmt(config['base_lr'])} per {config['base_batch_size']} examples"
-        value = config[name]
-        if name == "base_batch_size" and config["lr_scaling"] == "none":
-            value = None  # the lr is not scaled: there is no batch it is per
-        # Text: a stored value (a device name, say) is data, never markup
-        table.add_row(Text(name), Text(fmt(value)), Text(note.strip("; ")))
+    processes = ["world_size"] if studies.trial_config(trial).world_size > 1 else []
+    for row in knob_rows(trial, *processes, "device", "epochs", "seed"):
+        table.add_row(*map(Text, row))  # Text: a stored value (a device name) is never markup
     return table
 
 

@@ -15,10 +15,10 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune._version import __version__
-from autotune.display import fmt, study_options, verification_rows
+from autotune.display import fmt, knob_rows, study_options, verification_rows
 from autotune.export import TrialConfirmation, confirmation_text
 from autotune.results import PHASES
-from autotune.spacefile import DEFAULT_STORAGE, knobs_for
+from autotune.spacefile import DEFAULT_STORAGE
 from autotune.storage import adapter
 from autotune.study import (
     REFERENCE_NAMES,
@@ -31,8 +31,6 @@ from autotune.study import (
     feasible_trials,
     reference_trial,
     speed_study_name,
-    trial_config,
-    trial_knob_origin,
 )
 
 PHASE_LABELS = {
@@ -132,14 +130,6 @@ def _space_file_block(study: optuna.Study) -> list[str]:
             "",
         ]
     return lines
-
-
-def knob_rows(trial: FrozenTrial) -> list[tuple[str, str, str]]:
-    """(knob, value, where the value came from) of a trial's configuration, as the note and
-    the report show it."""
-    config = trial_config(trial).to_dict()
-    knobs = knobs_for(config.get("world_size", 1))
-    return [(name, fmt(config[name]), trial_knob_origin(trial, name)) for name in knobs]
 
 
 def names(study: optuna.Study) -> tuple[str, str, bool]:

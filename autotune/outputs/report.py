@@ -45,7 +45,6 @@ from autotune.study import (
     answer_of,
     baseline_trial,
     speed_study_name,
-    trial_config,
 )
 
 
@@ -258,9 +257,9 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     best = answer.trial if answer is not None else None
     baseline = baseline_trial(study)
     metric, score_name, _ = names(study)
-    base = trial_config(baseline).to_dict() if baseline else {}  # the untuned baseline's
+    base = {name: value for name, value, _ in knob_rows(baseline)} if baseline else {}
     config_rows = [
-        (name, value, fmt(base.get(name)) if base else "", origin)
+        (name, value, base.get(name, fmt(None)) if base else "", origin)
         for name, value, origin in (knob_rows(best) if best is not None else [])
     ]
     compared = [
