@@ -289,6 +289,18 @@ def test_the_confirmation_line_writes_the_median_by_the_same_rule():
     assert said.startswith("confirmed: median 27,712 over 3 runs")
 
 
+def test_seconds_read_alike_in_best_the_summary_and_the_note(seen):
+    """``best``'s charged_seconds, the summary's seconds column and the note's headline: once
+    12.3 s, 12.35 and 12.35 s (3 and 4 significant digits, 2 decimals)."""
+    assert display.fmt_metric("charged_seconds", 12.345) == "12.35 s"
+    study, _ = seen
+    best = studies.feasible_trials(study)[0]
+    console = _console(200)
+    display.print_summary(console, study, _spec(study), studies.RunOutcome(study_name="seen"))
+    seconds = display.fmt(studies.TrialRecord.of(best).charged_seconds)
+    assert f" {best.number} " in _text(console) and f" {seconds} " in _text(console)
+
+
 def test_a_long_value_goes_on_a_line_of_its_own_and_is_never_broken():
     console = _console(80)
     long_url = "postgresql://autotune:***@db.example.org:5432/" + "x" * 60

@@ -3,7 +3,6 @@ and the confirmation round's verdict."""
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import optuna
@@ -224,7 +223,7 @@ def _best_table(study: optuna.Study, spec: Spec) -> Table | None:
             str(trial.number),
             fmt(trial.value),
             fmt(record.score),
-            f"{record.charged_seconds if record.charged_seconds is not None else math.nan:.2f}",
+            fmt(record.charged_seconds),
             fmt(record.samples_per_second),
             Text(params(trial)),  # categorical values are the user's strings
         )

@@ -42,7 +42,9 @@ def fmt(value: Any) -> str:
 
 
 _METRIC_FORMATS: dict[str, Any] = {
-    **dict.fromkeys(("charged_seconds", "train_seconds", "overhead_seconds"), "{:.3g} s".format),
+    **dict.fromkeys(
+        ("charged_seconds", "train_seconds", "overhead_seconds"), lambda v: f"{fmt(v)} s"
+    ),
     "compile_seconds": lambda v: f"{v:.1f} s",
     "achieved_flops": lambda v: f"{v / 1e9:,.1f} GFLOP/s",
     "mfu": lambda v: f"{v:.1%}",
