@@ -529,6 +529,8 @@ def test_the_base_batch_size_is_shown_only_where_the_lr_is_scaled_from_it(scalin
     console.print(display.config_table(trial))
     rows = {line.split()[0]: line.split()[1] for line in _text(console).splitlines() if line}
     assert rows["base_batch_size"] == shown and rows["lr_scaling"] == scaling
+    per = f"per 256 examples, scaled linear to the effective batch of {config.batch_size}"
+    assert (per in " ".join(_text(console).split())) is (scaling == "linear")  # as exports say
 
 
 def _speed(batch: int, samples_per_second: float, precision: str) -> SpeedChoice:

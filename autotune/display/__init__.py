@@ -23,6 +23,7 @@ from autotune.display._text import (
     describe_shares,
     fmt,
     fmt_metric,
+    lr_text,
     metric_unit,
     print_command,
     print_item,

@@ -18,6 +18,7 @@ from autotune.display._text import (
     command,
     duration,
     fmt,
+    lr_text,
     metric_unit,
     params,
     plural,
@@ -234,13 +235,13 @@ def knob_rows(trial: FrozenTrial, *more: str) -> list[tuple[str, str, str]]:
     """(knob, value, where the value came from) of a trial's configuration, as the terminal, the
     note and the report show it, and ``more`` of its fields (device, seed); the base batch size
     only where the lr is scaled from it, as the lr's note says."""
-    config = studies.trial_config(trial).to_dict()
-    scaled = config["lr_scaling"] != "none"
+    found = studies.trial_config(trial)
+    config, scaled = found.to_dict(), found.lr_scaling != "none"
     rows = []
-    for name in [*knobs_for(config.get("world_size", 1)), *more]:
+    for name in [*knobs_for(found.world_size), *more]:
         note = studies.trial_knob_origin(trial, name)
         if name == "lr" and scaled:
-            note = f"{note}; {fmt(config['base_lr'])} per {config['base_batch_size']} examples"
+            note = f"{note}; {lr_text(found)}"
         value = config[name] if scaled or name != "base_batch_size" else None
         rows.append((name, fmt(value), note.strip("; ")))
     return rows
