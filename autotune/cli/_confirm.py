@@ -28,6 +28,8 @@ from autotune.cli._common import (
 )
 from autotune.spacefile import DEFAULT_STORAGE
 
+ISOLATION_OPTION = typer.Option(help="worker or none. Default: study.isolation.")
+
 
 def say_storage_waits(retry: Any) -> None:
     """Have ``retry`` (an ``OutageRetry``) print, outside the live display, when the study's
@@ -119,9 +121,7 @@ def confirm(
         int | None,
         typer.Option(help="More runs of each. Default: study.confirm.repeats."),
     ] = None,
-    isolation: Annotated[
-        str | None, typer.Option(help="worker or none. Default: study.isolation.")
-    ] = None,
+    isolation: Annotated[str | None, ISOLATION_OPTION] = None,
 ) -> None:
     """Re-measure a study's leaders and its references side by side, and name the answer.
 
@@ -194,9 +194,7 @@ def verify(
     runner_up: Annotated[
         bool, flag("--runner-up", help="Also the best other feasible trial.")
     ] = False,
-    isolation: Annotated[
-        str | None, typer.Option(help="worker or none. Default: study.isolation.")
-    ] = None,
+    isolation: Annotated[str | None, ISOLATION_OPTION] = None,
 ) -> None:
     """Train the answer and the references for the full run and show who reaches the target
     first, and whether the short trials' ranking holds.
