@@ -514,9 +514,12 @@ def test_a_round_about_leaders_since_changed_is_confirmed_nowhere(seen):
     assert "Answer: trial" not in said["terminal"]
     why = "one measurement (run `autotune confirm --study seen`)"  # the verdict's words
     assert f"**Not confirmed**: {why}." in said["note"] and "**Confirmed**" not in said["note"]
-    coded = why.replace("`", "<code>", 1).replace("`", "</code>")
-    assert f"<strong>Not confirmed</strong>: {coded}." in said["report"]
     assert said["best"] == f"trial {first.number}: not confirmed: {why}"
+    # the report's study is elsewhere than the default storage: the command says --storage
+    again = "autotune confirm --study seen --storage sqlite:///x.db"
+    coded = f"<strong>Not confirmed</strong>: one measurement (run <code>{again}</code>)."
+    assert coded in said["report"]
+    assert f"(run `{again}`)." in notes.study_note(study, "sqlite:///x.db")
 
 
 def test_an_answer_measured_only_under_interference_is_said_so_everywhere(seen):

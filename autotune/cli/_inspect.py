@@ -63,7 +63,7 @@ def best(
         f"[bold green]{display.fmt(result.headline_value)}[/] {unit} ({result.headline_source})"
     )
     # what the run said of it: a speed-up only where the confirmation round backs one
-    console.print(f"  {result.confirmation_text()}", markup=False)
+    console.print(f"  {result.confirmation_text(storage)}", markup=False)
     for key, value in result.metrics.items():
         note = display.METRIC_NOTES.get(key)
         name = f"validation {result.score_name}" if key == "score" else key

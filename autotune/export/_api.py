@@ -77,9 +77,9 @@ class BestConfig:
         study.knob_origin."""
         return knob_origin(knob, self.params, self.speed_knobs, self.reference)
 
-    def confirmation_text(self) -> str:
-        """One line on how sure the study is of this answer."""
-        return confirmation_text(self.confirmation, self.study)
+    def confirmation_text(self, storage: str = DEFAULT_STORAGE) -> str:
+        """One line on how sure the study (in ``storage``) is of this answer."""
+        return confirmation_text(self.confirmation, self.study, storage=storage)
 
     @property
     def headline_value(self) -> float:

@@ -97,12 +97,12 @@ def _breakdown_text(trial: FrozenTrial) -> str:
     return ", ".join(parts)
 
 
-def verdict(answer: Answer, study_name: str) -> str:
+def verdict(answer: Answer, study_name: str, storage_url: str) -> str:
     """How sure the study is of its answer, in markdown for the note and the report: the
     verdict's line (``confirmation_text``), with what the runs were interleaved with."""
     found = TrialConfirmation.of(answer, answer.number)
     leaders = "the other leaders" + "".join(f" and {r.name}" for r in answer.references)
-    said, _, rest = confirmation_text(found, study_name, interleaved=leaders).partition(":")
+    said, _, rest = confirmation_text(found, study_name, leaders, storage_url).partition(":")
     return f"**{said.capitalize()}**:{rest}."
 
 
@@ -189,7 +189,7 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
             for label, other, speed, value in comparisons(study, answer)
         ]
         lines += compared + ([""] if compared else [])
-        lines += [verdict(answer, study_name), ""]
+        lines += [verdict(answer, study_name, storage_url), ""]
         if record.bottleneck:
             lines.append(f"Its bottleneck: **{record.bottleneck}** ({_breakdown_text(best)}).")
         if bottlenecks := _bottlenecks(study):
