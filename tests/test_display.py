@@ -495,8 +495,20 @@ def test_a_confirmation_run_short_of_its_target_says_so_not_a_time(seen):
     show(ConfirmRun(trial=3, repeat=1, value=0.6974, score=0.93, feasible=False, **common), 1, 2)
     show(ConfirmRun(trial=4, repeat=1, value=0.41, score=0.99, feasible=True, **common), 2, 2)
     short, reached = _text(console).splitlines()
-    assert "target not reached in 0.697 s" in short and "s to target" not in short
+    assert "target not reached in 0.6974 s" in short and "s to target" not in short  # fmt's
     assert "0.41 s to target" in reached
+
+
+def test_a_verify_line_writes_its_score_and_seconds_as_verifys_table(seen):
+    """Once 0.9500 and 12.3 s, where the table under it writes 0.95 and 12.35."""
+    from autotune.results import Evaluation
+
+    study, _ = seen
+    console = _console(160)
+    heard = display.verify_progress(console, _spec(study), 2)
+    rest = {"val_loss": None, "train_loss": 1.0, "overhead_seconds": 0.0, "eval_seconds": 0.1}
+    heard("answer", 3, Evaluation(2, 2.0, 10, 640, 0.95, train_seconds=12.345, final=True, **rest))
+    assert "epoch 2/2  accuracy 0.95  12.35 s" in _text(console)
 
 
 def test_a_confirmation_runs_interference_note_wraps_indented_under_it(seen):
