@@ -147,15 +147,13 @@ def verify_block(study: optuna.Study) -> list[str]:
         return []
     _, score_name, higher = names(study)
     (head, *rows), losses = verification_rows(verified, score_name, higher)
-    return [
-        f"**At full length** (`autotune verify`, {verified.epochs:g} epochs):",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-        *("| " + " | ".join(cells) + " |" for cells in rows),
-        "",
-        *losses,
-    ]
+    title = f"**At full length** (`autotune verify`, {verified.epochs:g} epochs):"
+    return [title, "", *_markdown_table(head, rows), "", *losses]
+
+
+def _markdown_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(cells) + " |" for cells in (head, *rows)]
+    return [lines[0], "|" + "---|" * len(head), *lines[1:]]
 
 
 def best_headline(answer: Answer, metric: str, score_name: str) -> str:
@@ -194,10 +192,11 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
             lines.append(f"Its bottleneck: **{record.bottleneck}** ({_breakdown_text(best)}).")
         if bottlenecks := _bottlenecks(study):
             lines.append(f"Bottlenecks of the completed trials: {bottlenecks}.")
-        lines += ["", "| knob | value |", "|---|---|"]
-        for name, value, origin in knob_rows(best):
-            lines.append(f"| {name} | {value}{f' ({origin})' if origin else ''} |")
-        lines.append("")
+        knobs = [
+            [name, f"{value} ({origin})" if origin else value]
+            for name, value, origin in knob_rows(best)
+        ]
+        lines += ["", *_markdown_table(["knob", "value"], knobs), ""]
         if StudyRecord.of(study).strategy == "two_stage":
             predicted = record.predicted_samples_per_second
             lines += [
