@@ -479,7 +479,9 @@ def test_every_rendering_names_the_same_answer_and_ratio(seen):
     )
     assert f"(spread ±2%); {over}." in said["note"]  # the terminal's clauses
     assert f"<strong>Best: trial {winner}</strong>" in said["report"]
-    assert f"The answer is {confirmed}." in said["report"]
+    interleaved = "median 4.1 over 3 runs, interleaved with the other leaders and the untuned"
+    assert f"<strong>Confirmed</strong>: {interleaved}" in said["report"]  # the note's words
+    assert f"(spread ±2%); {over}.</p>" in said["report"]
     assert re.search(r'<td>tuning checklist</td><td class="num">\d+</td>', said["report"])
     assert said["best"] == f"trial {winner}: {confirmed}"
     # ``best --trial`` of another configuration: its medians in the round, no ratio, no ties
@@ -512,8 +514,12 @@ def test_a_round_about_leaders_since_changed_is_confirmed_nowhere(seen):
     assert "Answer: trial" not in said["terminal"]
     why = "one measurement (run `autotune confirm --study seen`)"  # the verdict's words
     assert f"**Not confirmed**: {why}." in said["note"] and "**Confirmed**" not in said["note"]
-    assert f"The answer is not confirmed: {why}." in said["report"]
     assert said["best"] == f"trial {first.number}: not confirmed: {why}"
+    # the report's study is elsewhere than the default storage: the command says --storage
+    again = "autotune confirm --study seen --storage sqlite:///x.db"
+    coded = f"<strong>Not confirmed</strong>: one measurement (run <code>{again}</code>)."
+    assert coded in said["report"]
+    assert f"(run `{again}`)." in notes.study_note(study, "sqlite:///x.db")
 
 
 def test_an_answer_measured_only_under_interference_is_said_so_everywhere(seen):

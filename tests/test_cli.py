@@ -401,7 +401,7 @@ def test_best_says_what_its_seconds_are_and_no_speedup_the_run_did_not(
     assert any(line.startswith("train_seconds:") and "overhead_seconds included" in line
                for line in lines), lines  # fmt: skip
     said = " ".join(shown.stdout.split())
-    assert export.best_config(study, trial).confirmation_text() in said  # the round's words
+    assert export.best_config(study, trial).confirmation_text(url) in said  # the round's words
     assert "one measurement each" not in said
     assert f"of the untuned baseline (trial {baseline.number})" not in said
     assert f"autotune export --study seen --storage {url} -o train.py" in lines  # whole

@@ -57,6 +57,16 @@ def test_the_plan_puts_each_item_and_the_whole_storage_url_on_a_line(seen, width
     assert "processes 2 per trial under DDP, a share of the cores each (gloo)" in said
 
 
+def test_a_study_made_on_another_device_is_said_once_where_it_trains(seen):
+    """``run``'s plan and ``confirm``/``verify`` (``cli._confirm.open_to_train``) say it alike."""
+    study, _ = seen
+    for hardware, warned in ((CPU, False), (replace(CPU, device_name="a slower CPU"), True)):
+        console = _console(200)
+        display.print_plan(console, _spec(study), hardware, study, [])
+        said = f"created on {CPU.device_name}; what is measured on {hardware.device_name} will"
+        assert (said in " ".join(_text(console).split())) is warned
+
+
 def test_the_plan_says_a_batch_split_only_where_there_is_one_and_what_a_short_budget_does(seen):
     study, _ = seen  # its space searches batch_size but no accumulation
     console = _console(80)
@@ -279,6 +289,18 @@ def test_the_confirmation_line_writes_the_median_by_the_same_rule():
     assert said.startswith("confirmed: median 27,712 over 3 runs")
 
 
+def test_seconds_read_alike_in_best_the_summary_and_the_note(seen):
+    """``best``'s charged_seconds, the summary's seconds column and the note's headline: once
+    12.3 s, 12.35 and 12.35 s (3 and 4 significant digits, 2 decimals)."""
+    assert display.fmt_metric("charged_seconds", 12.345) == "12.35 s"
+    study, _ = seen
+    best = studies.feasible_trials(study)[0]
+    console = _console(200)
+    display.print_summary(console, study, _spec(study), studies.RunOutcome(study_name="seen"))
+    seconds = display.fmt(studies.TrialRecord.of(best).charged_seconds)
+    assert f" {best.number} " in _text(console) and f" {seconds} " in _text(console)
+
+
 def test_a_long_value_goes_on_a_line_of_its_own_and_is_never_broken():
     console = _console(80)
     long_url = "postgresql://autotune:***@db.example.org:5432/" + "x" * 60
@@ -473,8 +495,20 @@ def test_a_confirmation_run_short_of_its_target_says_so_not_a_time(seen):
     show(ConfirmRun(trial=3, repeat=1, value=0.6974, score=0.93, feasible=False, **common), 1, 2)
     show(ConfirmRun(trial=4, repeat=1, value=0.41, score=0.99, feasible=True, **common), 2, 2)
     short, reached = _text(console).splitlines()
-    assert "target not reached in 0.697 s" in short and "s to target" not in short
+    assert "target not reached in 0.6974 s" in short and "s to target" not in short  # fmt's
     assert "0.41 s to target" in reached
+
+
+def test_a_verify_line_writes_its_score_and_seconds_as_verifys_table(seen):
+    """Once 0.9500 and 12.3 s, where the table under it writes 0.95 and 12.35."""
+    from autotune.results import Evaluation
+
+    study, _ = seen
+    console = _console(160)
+    heard = display.verify_progress(console, _spec(study), 2)
+    rest = {"val_loss": None, "train_loss": 1.0, "overhead_seconds": 0.0, "eval_seconds": 0.1}
+    heard("answer", 3, Evaluation(2, 2.0, 10, 640, 0.95, train_seconds=12.345, final=True, **rest))
+    assert "epoch 2/2  accuracy 0.95  12.35 s" in _text(console)
 
 
 def test_a_confirmation_runs_interference_note_wraps_indented_under_it(seen):
@@ -507,6 +541,8 @@ def test_the_base_batch_size_is_shown_only_where_the_lr_is_scaled_from_it(scalin
     console.print(display.config_table(trial))
     rows = {line.split()[0]: line.split()[1] for line in _text(console).splitlines() if line}
     assert rows["base_batch_size"] == shown and rows["lr_scaling"] == scaling
+    per = f"per 256 examples, scaled linear to the effective batch of {config.batch_size}"
+    assert (per in " ".join(_text(console).split())) is (scaling == "linear")  # as exports say
 
 
 def _speed(batch: int, samples_per_second: float, precision: str) -> SpeedChoice:

@@ -530,6 +530,9 @@ def test_yaml_and_json_round_trip_to_the_same_config(tiny_study, tmp_path: Path)
     said = provenance(render_script(study, confirmed))
     assert said["answer"] == confirmed.confirmation_text()
     assert said["result"].startswith(f"{confirmed.metric} 2.5, validation ")
+    slow = dataclasses.replace(confirmed, metrics={**best.metrics, "samples_per_second": 812.34})
+    said = provenance(render_script(study, slow))  # samples/s as the tables write it: fmt's
+    assert said["result"].endswith(", 812.3 samples/s steady state")
     once = dataclasses.replace(verdict, runs=1)
     assert dataclasses.replace(best, confirmation=once).headline.endswith(
         ": median of 1 confirmed run"

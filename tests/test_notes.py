@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import re
 from pathlib import Path
 
@@ -10,7 +11,9 @@ import optuna
 import optuna_dashboard
 import pytest
 from optuna.artifacts import FileSystemArtifactStore, download_artifact, get_all_artifact_meta
+from rich.console import Console
 
+from autotune import display
 from autotune.errors import UserError
 from autotune.outputs import artifacts, notes
 from autotune.study import StudyRecord, TrialRecord, answer_of, answer_trial
@@ -39,6 +42,21 @@ def test_note_and_artifacts_are_readable_back(seen, tmp_path: Path):
     copy = tmp_path / "copy.py"
     download_artifact(artifact_store=store, artifact_id=artifact_id, file_path=str(copy))
     assert copy.read_text() == "print('hello')\n"
+
+
+def test_the_note_shows_the_configuration_as_the_terminal_does(seen):
+    """Once, the note said base_batch_size 256 where the lr is not scaled (none per batch) and
+    ``best`` said -."""
+    study, url = seen
+    best = answer_trial(study)
+    assert best is not None
+    console = Console(file=io.StringIO(), width=200)
+    console.print(display.config_table(best))
+    assert isinstance(console.file, io.StringIO)
+    terminal = [line.split()[:2] for line in console.file.getvalue().splitlines() if line]
+    rows = dict(re.findall(r"^\| (\w+) \| (\S+)", notes.study_note(study, url), re.MULTILINE))
+    assert rows.pop("knob") == "value" and rows["base_batch_size"] == "-"  # lr_scaling: none
+    assert list(rows.items()) == [(name, value) for name, value in terminal if name in rows]
 
 
 def test_comparisons_name_each_other_trial_once():

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 
 from autotune.cli._common import (
     EXIT_FAILED,
@@ -28,6 +27,8 @@ from autotune.cli._common import (
     quiet_libraries,
 )
 from autotune.spacefile import DEFAULT_STORAGE
+
+ISOLATION_OPTION = typer.Option(help="worker or none. Default: study.isolation.")
 
 
 def say_storage_waits(retry: Any) -> None:
@@ -47,7 +48,7 @@ def open_to_train(
     """The study (the storage's only one where none is named), its space file as stored, and
     an executor as its runs had (``isolation``: worker or none, default study.isolation); a
     warning where it was created on another device. A UserError where it cannot train."""
-    from autotune import export, session
+    from autotune import display, export, session
     from autotune import study as studies
     from autotune.machine.hardware import detect
     from autotune.storage import adapter
@@ -67,11 +68,7 @@ def open_to_train(
     hardware = detect(spec.workload.device)
     trains = spec.with_overrides(study={"isolation": isolation})  # as its runs, or told
     executor = session.executor_for(trains, base_dir)
-    if record.created_on and record.created_on != hardware.device_name:
-        console.print(
-            f"[yellow]warning:[/] this study was created on {escape(record.created_on)}; the "
-            f"runs on {escape(hardware.device_name)} will be compared with its trials"
-        )
+    display.print_other_device(console, found, hardware.device_name)
     return found, spec, executor
 
 
@@ -124,9 +121,7 @@ def confirm(
         int | None,
         typer.Option(help="More runs of each. Default: study.confirm.repeats."),
     ] = None,
-    isolation: Annotated[
-        str | None, typer.Option(help="worker or none. Default: study.isolation.")
-    ] = None,
+    isolation: Annotated[str | None, ISOLATION_OPTION] = None,
 ) -> None:
     """Re-measure a study's leaders and its references side by side, and name the answer.
 
@@ -199,9 +194,7 @@ def verify(
     runner_up: Annotated[
         bool, flag("--runner-up", help="Also the best other feasible trial.")
     ] = False,
-    isolation: Annotated[
-        str | None, typer.Option(help="worker or none. Default: study.isolation.")
-    ] = None,
+    isolation: Annotated[str | None, ISOLATION_OPTION] = None,
 ) -> None:
     """Train the answer and the references for the full run and show who reaches the target
     first, and whether the short trials' ranking holds.

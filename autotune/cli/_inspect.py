@@ -63,7 +63,7 @@ def best(
         f"[bold green]{display.fmt(result.headline_value)}[/] {unit} ({result.headline_source})"
     )
     # what the run said of it: a speed-up only where the confirmation round backs one
-    console.print(f"  {result.confirmation_text()}", markup=False)
+    console.print(f"  {result.confirmation_text(storage)}", markup=False)
     for key, value in result.metrics.items():
         note = display.METRIC_NOTES.get(key)
         name = f"validation {result.score_name}" if key == "score" else key
@@ -79,16 +79,6 @@ def best(
     display.print_command(console, "Export it:", "autotune", "export", *where, "-o", "train.py")
     if studies.password_note(storage):
         console.print(studies.password_note(storage), markup=False)
-
-
-# export's formats, and what each writes
-_FORMATS = {
-    "script": "training script",
-    "yaml": "YAML",
-    "json": "JSON",
-    "lightning": "Lightning settings",
-    "hf": "Hugging Face TrainingArguments",
-}
 
 
 @app.command("export", cls=Command)
@@ -123,12 +113,12 @@ def export_command(
 ) -> None:
     """Export the best configuration as a standalone training script, YAML, JSON, or the
     settings of a Lightning or Hugging Face Trainer."""
-    if fmt not in _FORMATS:
-        raise fail(f"--format must be one of {', '.join(_FORMATS)}, not '{fmt}'")
     from autotune import display, export
     from autotune import study as studies
     from autotune.outputs import artifacts as stores
 
+    if fmt not in export.FORMATS:
+        raise fail(f"--format must be one of {', '.join(export.FORMATS)}, not '{fmt}'")
     quiet_libraries(verbose=False)
     notices = console if output is not None else errors  # stdout may be the script itself
     try:
@@ -139,6 +129,7 @@ def export_command(
         result = export.best_config(found, chosen)
         spec = export.study_spec(found)
         imported = spec.user_entry_points() if spec is not None else []
+        yours = f"It imports and runs your code: {', '.join(imported)}."
         if rebuild_workload and fmt == "script" and imported:  # before it runs any of it
             notices.print(
                 f"Rebuilding the workload: importing and running {', '.join(imported)}.",
@@ -157,9 +148,7 @@ def export_command(
         if output is None:
             sys.stdout.write(text)
             if fmt == "script" and imported:
-                notices.print(
-                    f"It imports and runs your code: {', '.join(imported)}.", markup=False
-                )
+                notices.print(yours, markup=False)
             return
         made = make_folder_for(output, parents=True)  # -o runs/b/train.py: made, and said
         if made:
@@ -169,7 +158,7 @@ def export_command(
         raise fail(f"cannot write {output}: {err.strerror}", EXIT_FAILED) from None
     _attach(found, output, storage, location)
     console.print(
-        f"Wrote {output}: the {_FORMATS[fmt]} of trial {result.trial} of {study_name} "
+        f"Wrote {output}: the {export.FORMATS[fmt]} of trial {result.trial} of {study_name} "
         f"({result.headline}).",
         markup=False,
     )
@@ -181,7 +170,7 @@ def export_command(
         epochs = f"{result.epochs} epoch{'s' if result.epochs != 1 else ''}"
         console.print(Padding(Text(f"{epochs} into run/; {options}"), (0, 0, 0, 2)))
         if imported:  # say so before the user runs it: a shared study could name anything
-            console.print(f"It imports and runs your code: {', '.join(imported)}.", markup=False)
+            console.print(yours, markup=False)
 
 
 def _attach(study: Any, output: Path, storage: str, location: ArtifactLocation | None) -> None:

@@ -10,7 +10,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.display._text import fmt, visible
+from autotune.display._text import fmt, study_options, visible
+from autotune.spacefile import DEFAULT_STORAGE
 from autotune.study import REFERENCE_NAMES, Answer, trials_named
 
 
@@ -86,11 +87,18 @@ class TrialConfirmation:
         return cls(**fields)
 
 
-def confirmation_text(found: TrialConfirmation | None, study: str, interleaved: str = "") -> str:
-    """One line on how sure ``study`` is of a trial: its ``TrialConfirmation``, or None;
-    ``interleaved``: what its runs alternated with (the note says it)."""
+def confirmation_text(
+    found: TrialConfirmation | None,
+    study: str,
+    interleaved: str = "",
+    storage: str = DEFAULT_STORAGE,
+) -> str:
+    """One line on how sure ``study`` is of a trial: its ``TrialConfirmation``, or None (the
+    command to confirm it: ``--storage`` where ``storage`` is not the default); ``interleaved``:
+    what its runs alternated with (the note says it)."""
     if found is None:
-        again = shlex.join(visible(word) for word in ("autotune", "confirm", "--study", study))
+        words = ("autotune", "confirm", *study_options(study, storage))
+        again = shlex.join(visible(word) for word in words)
         return f"not confirmed: one measurement (run `{again}`)"
     text = f"confirmed: median {fmt(found.median)} over {found.runs} run{'s' * (found.runs != 1)}"
     if interleaved:

@@ -289,7 +289,7 @@ def confirmation_progress(console: Console, spec: Spec) -> Callable[[ConfirmRun,
         if run.value is None:
             line.append(f"{run.fault}", style="red")
         elif not run.feasible and not spec.objective.per_second:  # its value is time spent
-            line.append(f"target not reached in {run.value:.3g} s", style="yellow")
+            line.append(f"target not reached in {fmt(run.value)} s", style="yellow")
             line.append(f"  best {score_text(spec.objective, run.score)}")
         else:
             line.append(

@@ -3,7 +3,6 @@ and the confirmation round's verdict."""
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import optuna
@@ -19,6 +18,7 @@ from autotune.display._text import (
     command,
     duration,
     fmt,
+    lr_text,
     metric_unit,
     params,
     plural,
@@ -81,17 +81,22 @@ def print_plan(
         print_item(console, "searching", ", ".join(searched) if searched else "nothing")
     for line in dropped:
         console.print(f"[yellow]not searched:[/] {escape(line)}")
-    created_on = studies.StudyRecord.of(study).created_on
-    if created_on and created_on != hardware.device_name:
-        console.print(
-            f"[yellow]warning:[/] this study was created on {escape(created_on)}; trials "
-            f"measured on {escape(hardware.device_name)} will be compared with its trials"
-        )
+    print_other_device(console, study, hardware.device_name)
     workers = spec.space.num_workers
     most = max(workers.values) if isinstance(workers, Choice) else workers.high
     if isinstance(most, int) and most > hardware.cpu_count:
         console.print(
             f"[yellow]note:[/] num_workers goes up to {most} on {hardware.cpu_count} CPU cores"
+        )
+
+
+def print_other_device(console: Console, study: optuna.Study, device_name: str) -> None:
+    """A warning where ``study`` was created on another device than ``device_name``."""
+    created_on = studies.StudyRecord.of(study).created_on
+    if created_on and created_on != device_name:
+        console.print(
+            f"[yellow]warning:[/] this study was created on {escape(created_on)}; what is "
+            f"measured on {escape(device_name)} will be compared with its trials"
         )
 
 
@@ -217,30 +222,38 @@ def _best_table(study: optuna.Study, spec: Spec) -> Table | None:
             str(trial.number),
             fmt(trial.value),
             fmt(record.score),
-            f"{record.charged_seconds if record.charged_seconds is not None else math.nan:.2f}",
+            fmt(record.charged_seconds),
             fmt(record.samples_per_second),
             Text(params(trial)),  # categorical values are the user's strings
         )
     return table
 
 
+def knob_rows(trial: FrozenTrial, *more: str) -> list[tuple[str, str, str]]:
+    """(knob, value, where the value came from) of a trial's configuration, as the terminal, the
+    note and the report show it, and ``more`` of its fields (device, seed); the base batch size
+    only where the lr is scaled from it, as the lr's note says."""
+    found = studies.trial_config(trial)
+    config, scaled = found.to_dict(), found.lr_scaling != "none"
+    rows = []
+    for name in [*knobs_for(found.world_size), *more]:
+        note = studies.trial_knob_origin(trial, name)
+        if name == "lr" and scaled:
+            note = f"{note}; {lr_text(found)}"
+        value = config[name] if scaled or name != "base_batch_size" else None
+        rows.append((name, fmt(value), note.strip("; ")))
+    return rows
+
+
 def config_table(trial: FrozenTrial) -> Table:
-    config = studies.trial_config(trial).to_dict()
+    """A trial's configuration (``knob_rows``), its processes, device, epochs and seed."""
     table = Table(show_header=False, box=None, padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
     table.add_column(style="dim")
-    world = config.get("world_size", 1)
-    processes = ["world_size"] if world > 1 else []  # with DDP's settings, for several
-    for name in [*knobs_for(world), *processes, "device", "epochs", "seed"]:
-        note = studies.trial_knob_origin(trial, name)
-        if name == "lr" and config["lr_scaling"] != "none":
-            note = f"{note}; {fmt(config['base_lr'])} per {config['base_batch_size']} examples"
-        value = config[name]
-        if name == "base_batch_size" and config["lr_scaling"] == "none":
-            value = None  # the lr is not scaled: there is no batch it is per
-        # Text: a stored value (a device name, say) is data, never markup
-        table.add_row(Text(name), Text(fmt(value)), Text(note.strip("; ")))
+    processes = ["world_size"] if studies.trial_config(trial).world_size > 1 else []
+    for row in knob_rows(trial, *processes, "device", "epochs", "seed"):
+        table.add_row(*map(Text, row))  # Text: a stored value (a device name) is never markup
     return table
 
 

@@ -12,6 +12,7 @@ from rich.padding import Padding
 from rich.text import Text
 
 from autotune import study as studies
+from autotune.config import TrialConfig
 from autotune.knobs import as_written
 from autotune.machine.scaleout import WorkerShare, unused_cores
 from autotune.spacefile import DEFAULT_STORAGE, SCORES, ObjectiveSpec, is_unprintable
@@ -42,7 +43,9 @@ def fmt(value: Any) -> str:
 
 
 _METRIC_FORMATS: dict[str, Any] = {
-    **dict.fromkeys(("charged_seconds", "train_seconds", "overhead_seconds"), "{:.3g} s".format),
+    **dict.fromkeys(
+        ("charged_seconds", "train_seconds", "overhead_seconds"), lambda v: f"{fmt(v)} s"
+    ),
     "compile_seconds": lambda v: f"{v:.1f} s",
     "achieved_flops": lambda v: f"{v / 1e9:,.1f} GFLOP/s",
     "mfu": lambda v: f"{v:.1%}",
@@ -60,6 +63,16 @@ METRIC_NOTES = {
     "train_seconds": "training time, overhead_seconds included",
     "overhead_seconds": "one-time costs: compile, warm-up, worker start",
 }
+
+
+def lr_text(config: TrialConfig) -> str:
+    """What the learning rate is per, as the exported files and the configuration tables say."""
+    if config.lr_scaling == "none":
+        return "per optimizer step"
+    return (
+        f"{fmt(config.base_lr)} per {config.base_batch_size} examples, scaled "
+        f"{config.lr_scaling} to the effective batch of {config.effective_batch_size}"
+    )
 
 
 def score_text(goal: ObjectiveSpec, value: float | None, short: bool = True) -> str:

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune import study as studies
-from autotune.display._text import duration, fmt, plural
+from autotune.display._text import duration, fmt, plural, score_text
 from autotune.results import Evaluation
 from autotune.spacefile import Spec
 
@@ -50,8 +50,8 @@ def verify_progress(console: Console, spec: Spec, epochs: float) -> Callable[...
             return
         console.print(
             f"  {studies.role_name(role, trial)}  epoch {evaluation.epoch:g}/{epochs:g}  "
-            f"{spec.objective.score_name} {evaluation.score:.4f}  "
-            f"{evaluation.train_seconds:.3g} s",
+            f"{score_text(spec.objective, evaluation.score, short=False)}  "
+            f"{fmt(evaluation.train_seconds)} s",
             markup=False,
             highlight=False,
         )

@@ -77,9 +77,9 @@ class BestConfig:
         study.knob_origin."""
         return knob_origin(knob, self.params, self.speed_knobs, self.reference)
 
-    def confirmation_text(self) -> str:
-        """One line on how sure the study is of this answer."""
-        return confirmation_text(self.confirmation, self.study)
+    def confirmation_text(self, storage: str = DEFAULT_STORAGE) -> str:
+        """One line on how sure the study (in ``storage``) is of this answer."""
+        return confirmation_text(self.confirmation, self.study, storage=storage)
 
     @property
     def headline_value(self) -> float:
@@ -216,12 +216,12 @@ class BestConfig:
         process trains on its own GPU, ``cuda:LOCAL_RANK``, as do its loaders.
         """
         from autotune.training.trainer import Trainer, set_backend_flags
-        from autotune.workloads import WorkloadError, recorded_layout, study_loss, study_workload
+        from autotune.workloads import WorkloadError, runnable_layout, study_loss, study_workload
 
         try:
             spec, folder = study_workload(self.workload, self.workload_dir)
             loss_fn = loss_fn or study_loss(spec, folder, self.classes_last)
-            layout = recorded_layout(self.batch_layout, folder)
+            layout = runnable_layout(self.batch_layout, folder)
         except WorkloadError as err:
             raise ExportError(str(err)) from None
         config = self._here()

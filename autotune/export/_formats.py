@@ -16,7 +16,13 @@ from autotune.export._bundle import literal
 from autotune.export._frameworks import render_framework
 from autotune.export._script import render_script
 
-FORMATS = ("script", "yaml", "json", "lightning", "hf")
+FORMATS = {  # each format, and what it writes
+    "script": "training script",
+    "yaml": "YAML",
+    "json": "JSON",
+    "lightning": "Lightning settings",
+    "hf": "Hugging Face TrainingArguments",
+}
 
 
 def render(

@@ -12,13 +12,13 @@ import re
 from typing import Any
 
 from autotune.config import TrialConfig
+from autotune.display import lr_text
 from autotune.export._api import BestConfig, ExportError
 from autotune.export._bundle import Import, bundle, import_block, literal
 from autotune.export._header import (
     Argument,
     has_schedule,
     loader_arguments,
-    lr_text,
     provenance_rows,
     searched,
     tuned,

@@ -12,7 +12,7 @@ from typing import Any
 
 from autotune._version import __version__
 from autotune.config import TrialConfig
-from autotune.display import fmt
+from autotune.display import fmt, lr_text
 from autotune.export._api import BestConfig
 from autotune.export._bundle import literal
 from autotune.knobs import DDP_KNOBS, KNOBS, SPEED_KNOBS
@@ -60,16 +60,6 @@ def searched(best: BestConfig, knob: str, text: str = "") -> str:
 def tuned(best: BestConfig, keyword: str, knob: str, text: str = "") -> Argument:
     """``keyword=`` the configuration's value of ``knob``, noting where it came from."""
     return Argument(keyword, literal(getattr(best.config, knob)), searched(best, knob, text))
-
-
-def lr_text(config: TrialConfig) -> str:
-    """What the learning rate is per, as every exported file's comment says it."""
-    if config.lr_scaling == "none":
-        return "per optimizer step"
-    return (
-        f"{config.base_lr:.6g} per {config.base_batch_size} examples, scaled "
-        f"{config.lr_scaling} to the effective batch of {config.effective_batch_size}"
-    )
 
 
 def loader_arguments(best: BestConfig, prefix: str = "") -> list[Argument]:
@@ -219,8 +209,8 @@ def provenance_rows(best: BestConfig, model: str, data: str) -> list[tuple[str, 
     sps = metrics.get("samples_per_second")
     result = (  # which measurement it is, the answer below says
         f"{best.metric} {fmt(best.headline_value)}"
-        + (f", validation {best.score_name} {score:.4g}" if score is not None else "")
-        + (f", {sps:,.0f} samples/s steady state" if sps is not None else "")
+        + (f", validation {best.score_name} {fmt(score)}" if score is not None else "")
+        + (f", {fmt(sps)} samples/s steady state" if sps is not None else "")
     )
     device = str(metrics.get("device_name", config.device))
     items: list[tuple[str, Any]] = [

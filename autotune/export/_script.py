@@ -13,6 +13,7 @@ from typing import Any
 import jinja2
 import optuna
 
+from autotune.display import fmt
 from autotune.export._api import BestConfig, ExportError, study_spec
 from autotune.export._bundle import Import, bundle, import_block, literal
 from autotune.export._header import comment_text, has_schedule, knob_notes, provenance_rows
@@ -27,7 +28,7 @@ def _infeasible_reason(best: BestConfig, spec: Any) -> str:
     goal, score = spec.objective, best.metrics.get("score")
     floor = goal.bar
     if floor is not None and isinstance(score, float) and score < floor:
-        return f"validation {goal.score_name} {score:.4g} is below {goal.bar_name} {floor:g}"
+        return f"validation {goal.score_name} {fmt(score)} is below {goal.bar_name} {floor:g}"
     return "it violated a constraint: a fault, or a requirement it missed"
 
 

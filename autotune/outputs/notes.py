@@ -15,10 +15,10 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune._version import __version__
-from autotune.display import fmt, study_options, verification_rows
+from autotune.display import fmt, knob_rows, study_options, verification_rows
 from autotune.export import TrialConfirmation, confirmation_text
 from autotune.results import PHASES
-from autotune.spacefile import DEFAULT_STORAGE, knobs_for
+from autotune.spacefile import DEFAULT_STORAGE
 from autotune.storage import adapter
 from autotune.study import (
     REFERENCE_NAMES,
@@ -31,8 +31,6 @@ from autotune.study import (
     feasible_trials,
     reference_trial,
     speed_study_name,
-    trial_config,
-    trial_knob_origin,
 )
 
 PHASE_LABELS = {
@@ -99,13 +97,13 @@ def _breakdown_text(trial: FrozenTrial) -> str:
     return ", ".join(parts)
 
 
-def _confirmation_line(answer: Answer, study_name: str) -> str:
-    """How sure the study is of its answer, for the note: the verdict's line, with what the
-    runs were interleaved with."""
+def verdict(answer: Answer, study_name: str, storage_url: str) -> str:
+    """How sure the study is of its answer, in markdown for the note and the report: the
+    verdict's line (``confirmation_text``), with what the runs were interleaved with."""
     found = TrialConfirmation.of(answer, answer.number)
     leaders = "the other leaders" + "".join(f" and {r.name}" for r in answer.references)
-    verdict, _, rest = confirmation_text(found, study_name, interleaved=leaders).partition(":")
-    return f"**{verdict.capitalize()}**:{rest}."
+    said, _, rest = confirmation_text(found, study_name, leaders, storage_url).partition(":")
+    return f"**{said.capitalize()}**:{rest}."
 
 
 NOTE_SPACE_CHARS = 20_000  # the longest space file the note shows whole
@@ -134,14 +132,6 @@ def _space_file_block(study: optuna.Study) -> list[str]:
     return lines
 
 
-def knob_rows(trial: FrozenTrial) -> list[tuple[str, str, str]]:
-    """(knob, value, where the value came from) of a trial's configuration, as the note and
-    the report show it."""
-    config = trial_config(trial).to_dict()
-    knobs = knobs_for(config.get("world_size", 1))
-    return [(name, fmt(config[name]), trial_knob_origin(trial, name)) for name in knobs]
-
-
 def names(study: optuna.Study) -> tuple[str, str, bool]:
     """The study's metric, its score's name and whether a higher score is better."""
     record = StudyRecord.of(study)
@@ -157,15 +147,13 @@ def verify_block(study: optuna.Study) -> list[str]:
         return []
     _, score_name, higher = names(study)
     (head, *rows), losses = verification_rows(verified, score_name, higher)
-    return [
-        f"**At full length** (`autotune verify`, {verified.epochs:g} epochs):",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-        *("| " + " | ".join(cells) + " |" for cells in rows),
-        "",
-        *losses,
-    ]
+    title = f"**At full length** (`autotune verify`, {verified.epochs:g} epochs):"
+    return [title, "", *_markdown_table(head, rows), "", *losses]
+
+
+def _markdown_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(cells) + " |" for cells in (head, *rows)]
+    return [lines[0], "|" + "---|" * len(head), *lines[1:]]
 
 
 def best_headline(answer: Answer, metric: str, score_name: str) -> str:
@@ -199,15 +187,16 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
             for label, other, speed, value in comparisons(study, answer)
         ]
         lines += compared + ([""] if compared else [])
-        lines += [_confirmation_line(answer, study_name), ""]
+        lines += [verdict(answer, study_name, storage_url), ""]
         if record.bottleneck:
             lines.append(f"Its bottleneck: **{record.bottleneck}** ({_breakdown_text(best)}).")
         if bottlenecks := _bottlenecks(study):
             lines.append(f"Bottlenecks of the completed trials: {bottlenecks}.")
-        lines += ["", "| knob | value |", "|---|---|"]
-        for name, value, origin in knob_rows(best):
-            lines.append(f"| {name} | {value}{f' ({origin})' if origin else ''} |")
-        lines.append("")
+        knobs = [
+            [name, f"{value} ({origin})" if origin else value]
+            for name, value, origin in knob_rows(best)
+        ]
+        lines += ["", *_markdown_table(["knob", "value"], knobs), ""]
         if StudyRecord.of(study).strategy == "two_stage":
             predicted = record.predicted_samples_per_second
             lines += [

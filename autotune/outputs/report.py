@@ -21,7 +21,6 @@ from autotune._imports import optional
 from autotune._version import __version__
 from autotune.display import SPEED_COLUMNS, fmt, fmt_metric, speed_rows, study_options
 from autotune.errors import UserError
-from autotune.export import TrialConfirmation, confirmation_text
 from autotune.outputs import charts
 from autotune.outputs.notes import (
     PHASE_LABELS,
@@ -29,6 +28,7 @@ from autotune.outputs.notes import (
     comparisons,
     knob_rows,
     names,
+    verdict,
     verify_block,
 )
 from autotune.results import PHASES
@@ -39,7 +39,6 @@ from autotune.study import (
     TrialRecord,
     answer_of,
     baseline_trial,
-    trial_config,
 )
 
 
@@ -202,6 +201,12 @@ def stored_speed_table(study: optuna.Study) -> SpeedTable | None:
     return dataclasses.replace(record.speed_table, batch_size_auto=record.batch_size_auto)
 
 
+def as_html(markdown: str) -> str:
+    """A line of the note in HTML: escaped, ``**`` as ``<strong>``, backticks as ``<code>``."""
+    strong = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", html.escape(markdown))
+    return re.sub(r"`(.+?)`", r"<code>\1</code>", strong)
+
+
 def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     """A single self-contained HTML page about a study (plotly included: it opens offline).
 
@@ -214,16 +219,15 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     best = answer.trial if answer is not None else None
     baseline = baseline_trial(study)
     metric, score_name, _ = names(study)
-    base = trial_config(baseline).to_dict() if baseline else {}  # the untuned baseline's
+    base = {name: value for name, value, _ in knob_rows(baseline)} if baseline else {}
     config_rows = [
-        (name, value, fmt(base.get(name)) if base else "", origin)
+        (name, value, base.get(name, fmt(None)) if base else "", origin)
         for name, value, origin in (knob_rows(best) if best is not None else [])
     ]
     compared = [
         (label.removeprefix("the "), other.number, speed, value, TrialRecord.of(other))
         for label, other, speed, value in comparisons(study, answer)
     ]
-    said = html.escape(best_headline(answer, metric, score_name)) if answer is not None else ""
     table = stored_speed_table(study)
     stage_one, caption = speed_rows(table) if table is not None else ([], None)
     bars = charts.breakdown_bars(study, baseline)
@@ -245,10 +249,8 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         baseline=baseline,
         best=best,
         best_record=TrialRecord.of(best) if best is not None else None,
-        headline=re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", said),  # the note's: ** as HTML
-        confirmation=confirmation_text(TrialConfirmation.of(answer, best.number), study.study_name)
-        if best is not None
-        else "",
+        headline=as_html(best_headline(answer, metric, score_name)) if answer else "",
+        verdict=as_html(verdict(answer, study.study_name, storage_url)) if answer else "",
         config_rows=config_rows,
         comparisons=compared,
         measurements=measurements(best) if best is not None else [],

@@ -18,7 +18,7 @@ from autotune.workloads._registry import (  # noqa: F401
 )
 from autotune.workloads._reuse import (  # noqa: F401
     data_collate,
-    recorded_layout,
+    runnable_layout,
     study_loss,
     study_workload,
 )

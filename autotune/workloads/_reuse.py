@@ -56,11 +56,12 @@ def data_collate(spec: WorkloadSpec | None, base_dir: Path | None = None) -> Col
     return splits.collate_fn if isinstance(splits, DataSplits) else None
 
 
-def recorded_layout(
+def runnable_layout(
     record: Mapping[str, Any] | None, base_dir: Path | None = None
 ) -> BatchLayout | None:
-    """The batch layout a study recorded (None: none), its batch_fn imported; WorkloadError for
-    a record that is not one (an edited export), or a batch_fn that cannot be imported."""
+    """The batch layout a study recorded (None: none), able to split batches here: its batch_fn
+    imported (``export``'s ``recorded_layout`` reads it without importing anything); WorkloadError
+    for a record that is not one (an edited export), or a batch_fn that cannot be imported."""
     if record is None:
         return None
     try:
