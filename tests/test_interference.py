@@ -285,3 +285,6 @@ def test_the_confirmation_round_measures_a_flagged_run_again(tmp_path: Path):
     assert all(run.interfered for run in new)
     measured = list(Counter((run.trial, run.repeat) for run in new).values())
     assert len(measured) >= 2 and measured == [1 + REMEASURES] + [1] * (len(measured) - 1)
+    # another process (or a resume) reading the round decides alike: nothing left to retake
+    read = confirm_study(ConfirmationInputs(study, spec.objective, flagged, top=2, repeats=2))
+    assert read is not None and read.runs == again.runs

@@ -140,14 +140,9 @@ def confirm_study(inputs: ConfirmationInputs) -> ConfirmationRecord | None:
         inputs.on_start(record)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     order = interleaved(record.candidates, record.repeats)
-    busy = 0  # retakes in a row measured under interference again
     for position, (number, repeat) in enumerate(order, start=1):
-        remeasures = inputs.remeasures if busy < inputs.remeasures else 0  # it stays busy
-        while _needs_run(record, number, repeat, remeasures):
-            retake = any((r.trial, r.repeat) == (number, repeat) for r in record.runs)
+        while _needs_run(record, number, repeat, inputs.remeasures):
             run = _measure(inputs, trials[number], repeat)
-            if retake:
-                busy = busy + 1 if run.interfered else 0
             record = record.with_run(run)
             _store(study, record)
             if inputs.on_run is not None:
@@ -159,11 +154,25 @@ def confirm_study(inputs: ConfirmationInputs) -> ConfirmationRecord | None:
 
 def _needs_run(record: ConfirmationRecord, number: int, repeat: int, remeasures: int) -> bool:
     """Whether repeat ``repeat`` of trial ``number`` is still to measure: it has no run yet, or
-    only runs under interference and no more than ``remeasures`` of them."""
+    only runs under interference and no more than ``remeasures`` of them, on a machine that
+    does not stay busy."""
     runs = [run for run in record.runs if (run.trial, run.repeat) == (number, repeat)]
     if not runs:
         return True
-    return all(run.interfered for run in runs) and len(runs) <= remeasures
+    retake = all(run.interfered for run in runs) and len(runs) <= remeasures
+    return retake and _busy_retakes(record) < remeasures
+
+
+def _busy_retakes(record: ConfirmationRecord) -> int:
+    """The round's last retakes in a row that were measured under interference too: read from
+    the stored runs, so that every process (and a resumed round) decides alike."""
+    seen: set[tuple[int, int]] = set()
+    busy = 0
+    for run in record.runs:
+        if (run.trial, run.repeat) in seen:
+            busy = busy + 1 if run.interfered else 0
+        seen.add((run.trial, run.repeat))
+    return busy
 
 
 def _store(study: optuna.Study, record: ConfirmationRecord) -> None:
