@@ -93,10 +93,9 @@ def model_kwargs(
     return kwargs
 
 
-def _splits(spec: WorkloadSpec, base_dir: Path | None) -> DataSplits:
+def _splits(spec: WorkloadSpec, data_fn: Callable[..., Any]) -> DataSplits:
     """The training and validation splits the spec's data function returns, checked map-style
     and not empty."""
-    data_fn = resolve_data(spec, base_dir)
     splits = call_entry(data_fn, dict(spec.data_args), "data set", spec.data)
     if isinstance(splits, tuple | list) and len(splits) == 2:
         splits = DataSplits(train=splits[0], val=splits[1])
@@ -140,8 +139,9 @@ def _first_sample(
 def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accuracy") -> Workload:
     """Build the workload a spec names, judged by ``score`` (objective.score), checked on real
     batches; entries imported from the working directory, then ``base_dir`` (the space file's)."""
+    data_fn = resolve_data(spec, base_dir)
     model_fn = resolve_model(spec, base_dir)
-    splits = _splits(spec, base_dir)
+    splits = _splits(spec, data_fn)
     layout, inputs, label = _first_sample(spec, splits, base_dir)
     loss_fn = loss_function(spec.loss, base_dir)
     score_fn = None if score in SCORES else resolve_entry_point(score, "score", base_dir)
