@@ -446,6 +446,23 @@ def test_best_of_an_infeasible_trial_says_so_and_its_export_command_names_it(
     assert f"warning: {warning}, and the export says so" in exported.stdout
 
 
+def test_a_command_that_trains_a_stored_study_names_its_storage_in_the_commands_it_suggests(
+    seen,
+):
+    """``confirm --storage URL`` of a study whose space file names no storage suggested
+    ``autotune confirm --study NAME --repeats 3``: the default storage, another study."""
+    from autotune.cli._confirm import open_to_train
+
+    study, url = seen
+    from autotune.export import study_spec
+
+    stored = study_spec(study)
+    assert stored is not None and stored.study.storage != url  # the space file names none
+    found, spec, executor = open_to_train("seen", url, "none")
+    executor.close()
+    assert found.study_name == "seen" and spec.study.storage == url
+
+
 def test_a_run_whose_trials_all_failed_exits_1_saying_why(invoke_cli, tmp_path: Path):
     """One rule for the exit status: a run after which no trial of the study trained to its
     end fails, whatever its trials' messages, with a line naming the commonest (here a NaN

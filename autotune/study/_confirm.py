@@ -36,14 +36,19 @@ from autotune.results import Evaluation
 from autotune.search import objective
 from autotune.spacefile import ObjectiveSpec
 from autotune.storage._queries import feasible_trials, reference_trial, trial_config
-from autotune.storage._records import ConfirmationRecord, ConfirmRun, StudyRecord, TrialRecord
+from autotune.storage._records import (
+    REMEASURES,
+    ConfirmationRecord,
+    ConfirmRun,
+    StudyRecord,
+    TrialRecord,
+)
 
 if TYPE_CHECKING:
     from autotune.executor import TrialExecutor
 
 SEED_STRIDE = 1_000_003  # repeat r of a trial trains with its seed + r * this: new, reproducible
 T = TypeVar("T")
-REMEASURES = 2  # a run measured under interference is run again at most this many times
 
 
 def confirmation_plan(
@@ -143,7 +148,7 @@ def confirm_study(inputs: ConfirmationInputs) -> ConfirmationRecord | None:
     busy = 0  # retakes in a row measured under interference again
     for position, (number, repeat) in enumerate(order, start=1):
         remeasures = inputs.remeasures if busy < inputs.remeasures else 0  # it stays busy
-        while _needs_run(record, number, repeat, remeasures):
+        while record.needs_run(number, repeat, remeasures):
             retake = any((r.trial, r.repeat) == (number, repeat) for r in record.runs)
             run = _measure(inputs, trials[number], repeat)
             if retake:
@@ -155,15 +160,6 @@ def confirm_study(inputs: ConfirmationInputs) -> ConfirmationRecord | None:
     record = dataclasses.replace(record, complete=True)
     _store(study, record)
     return record
-
-
-def _needs_run(record: ConfirmationRecord, number: int, repeat: int, remeasures: int) -> bool:
-    """Whether repeat ``repeat`` of trial ``number`` is still to measure: it has no run yet, or
-    only runs under interference and no more than ``remeasures`` of them."""
-    runs = [run for run in record.runs if (run.trial, run.repeat) == (number, repeat)]
-    if not runs:
-        return True
-    return all(run.interfered for run in runs) and len(runs) <= remeasures
 
 
 def _store(study: optuna.Study, record: ConfirmationRecord) -> None:
