@@ -76,7 +76,8 @@ def test_run_then_best_then_resume(invoke_cli, tmp_path: Path, monkeypatch: pyte
     assert best.returncode == 0, best.stderr
     payload = json.loads(best.stdout)
     assert payload["trial"] == answer.number
-    assert payload["value"] == pytest.approx(answer.value)
+    assert payload["trial_value"] == pytest.approx(answer.value)
+    assert payload["value"] == pytest.approx(studies.answer_of(study).median)  # as shown
     assert payload["config"] == answer.user_attrs["config"]
     assert payload["metrics"]["score"] >= 0.5
     shown = invoke_cli("best", cwd=tmp_path)  # no --study: the storage's only study (and .speed)
