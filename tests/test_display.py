@@ -458,6 +458,36 @@ def test_a_round_too_noisy_to_rank_says_so_and_how_to_confirm_again(tmp_path: Pa
     assert "autotune confirm --study loud" in said and "tied" not in said
 
 
+def test_runs_used_tells_the_retakes_of_a_busy_machine_apart_from_runs(tmp_path: Path, seen):
+    """ "runs used 7" under "Confirmation (2 more runs each, interleaved)" read as 7 runs: it
+    was the trial's own measurement and 2 runs measured 3 times each on a busy machine."""
+    import dataclasses
+
+    from autotune.study import ConfirmRun, StudyRecord
+
+    study, _ = seen
+    copy, (first, second) = _confirmed_copy(seen, tmp_path, "busy", ((1.0,), (0.9,)))
+    busy = {"score": 0.93, "samples_per_second": 1.0, "feasible": True, "wall_seconds": 1.0}
+    repeats = {first: (0, 1, 1, 1, 2, 2, 2), second: (0, 1, 2)}
+    runs = tuple(
+        ConfirmRun(trial=n, repeat=r, seed=r, value=1.0 + i / 100, other_cpu_share=0.7, **busy)
+        for n, series in repeats.items()
+        for i, r in enumerate(series)
+    )
+    record = StudyRecord.of(copy).confirmation
+    assert record is not None
+    StudyRecord(confirmation=dataclasses.replace(record, runs=runs)).store(copy)
+    console = _console(80)
+    display.print_confirmation(console, studies.answer_of(copy), _spec(study), "busy")
+    rows = {line.split()[1]: line for line in _text(console).splitlines() if "│" in line}
+    assert rows[str(first)].rstrip(" │").endswith("7 (4 retakes)"), rows
+    assert rows[str(second)].rstrip(" │").endswith(" 3"), rows
+    said = " ".join(_text(console).split())
+    assert (
+        "the trial's own measurement is one; a retake: a run measured again, the machine " in said
+    )
+
+
 def test_an_answer_from_single_runs_says_run_not_runs(tmp_path: Path, seen):
     import dataclasses
 

@@ -361,25 +361,23 @@ def print_confirmation(
     table.add_column("range", justify="right")
     table.add_column(f"median {spec.objective.score_name}", justify="right")
     table.add_column("runs used", justify="right")  # the medians' runs: of how many
+    retaken = any(found.retakes for found in answer.configurations)
     table.caption = (
-        "runs used: those the medians count, of every run: feasible, and measured alike "
-        "(quiet, or all under load)"
+        "runs used: those the medians count, of every measurement: feasible, and measured "
+        "alike (quiet, or all under load); the trial's own measurement is one"
+        + ("; a retake: a run measured again, the machine busy the first time" if retaken else "")
     )
     table.caption_justify = "left"
     for found in answer.configurations:
-        label = found.label
+        label, used = found.label, _runs_used(found)
         if not found.values or not (found.eligible or found.reference):
             score = fmt(found.median_score) if found.scores else "-"
-            table.add_row(label, "-", "-", score, f"{len(found.values)} of {found.all_runs}")
+            table.add_row(label, "-", "-", score, used)
             continue
-        counted = len(found.values)
         table.add_row(
-            label,
-            fmt(found.median),
-            f"{fmt(found.low)}-{fmt(found.high)}",
-            fmt(found.median_score),
-            str(counted) + ("" if counted == found.all_runs else f" of {found.all_runs}"),
-        )
+            label, fmt(found.median), f"{fmt(found.low)}-{fmt(found.high)}",
+            fmt(found.median_score), used,
+        )  # fmt: skip
     console.print(table)
     again = command("autotune", "confirm", *study_options(study_name, spec.study.storage))
     if answer.round_state == "no_winner":
@@ -404,6 +402,14 @@ def print_confirmation(
         f"confirmation: {answer.round_runs} runs, {answer.cost_seconds:.0f} s{share_text}.",
         style="dim",
     )
+
+
+def _runs_used(found: studies.Confirmed) -> str:
+    """ "3", "2 of 3", "7 (4 retakes)": the measurements a median counts, of how many, and how
+    many of those were runs measured again."""
+    counted, measured = len(found.values), found.all_runs
+    shown = str(counted) + ("" if counted == measured else f" of {measured}")
+    return shown + (f" ({plural(found.retakes, 'retake')})" if found.retakes else "")
 
 
 def _print_confirmed(
