@@ -85,6 +85,41 @@ def test_the_plan_says_a_batch_split_only_where_there_is_one_and_what_a_short_bu
     assert "the split of each effective batch into batch_size x accumulation_steps" in said
 
 
+def test_the_plan_names_the_references_and_why_the_checklist_is_not_one(seen):
+    """custom_workload.yaml trained no checklist trial and said "Confirming the 3 best and the
+    untuned baseline" with no line saying why; its plan said "timing nothing" and then timed
+    8 measurements, "each cell timed first with the tuning checklist's no workers"."""
+    from autotune.spacefile import parse_spec
+    from tests.conftest import SEEN_SPACE
+
+    study, _ = seen
+    learning_only = SEEN_SPACE.replace("  precision: [bf16, fp32]\n  num_workers: [1, 0]\n", "")
+    plans = {}
+    for text, said in (
+        (SEEN_SPACE, "references the untuned baseline and the tuning checklist"),
+        (
+            learning_only,
+            "references the untuned baseline; no tuning checklist: this space leaves it nothing "
+            "to set beyond the untuned baseline",
+        ),
+        (
+            SEEN_SPACE.replace("n_startup_trials: 2", "n_startup_trials: 2, checklist: false"),
+            "references the untuned baseline; no tuning checklist: switched off in the space file",
+        ),
+    ):
+        console = _console(80)
+        display.print_plan(console, parse_spec(text), CPU, study, [])
+        plans[text] = shown = " ".join(_text(console).split())
+        assert said in shown, shown
+    shown = plans[learning_only]
+    assert "timing each micro-batch's speed: no execution knob to choose (stage 1: speed)" in shown
+    assert "nothing" not in shown.split("searching")[0]
+    assert "each cell timed with the tuning checklist's settings (no workers), from batch 64" in (
+        shown
+    )
+    assert "other settings" not in shown  # a cell has no other to time
+
+
 def test_the_plan_says_what_batch_size_auto_will_do_then_what_it_found():
     from autotune.spacefile import parse_spec
     from tests.conftest import SEEN_SPACE

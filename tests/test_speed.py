@@ -1314,11 +1314,12 @@ def test_the_plan_says_what_stage_one_will_time_and_its_budget():
     spec = restrict(parse_spec(two_stage(workers="[0, 1]"), Path("space.yaml")), CPU).spec
     said = stage_one_plan(spec, CPU)
     # 2 micro-batches x 2 precisions, 3 pipelines each, a rematch of 2 leaders each
-    assert said.startswith("20 measurements in 4 cells; about ")
+    assert said.startswith("20 measurements of 4 cells (a micro-batch and a precision each); ")
     assert "at most 15 min (study.speed.max_seconds)" in said
     first = "bf16" if CPU.bf16_native else "fp32"  # the checklist's precision on this CPU
     assert said.endswith(
-        "each cell timed first with the tuning checklist's device pipeline, from batch 32, "
+        "each cell timed first with the tuning checklist's settings (device pipeline), from "
+        "batch 32, "
         f"{first} down; then the fastest cells' other settings"
     )
     compiled = two_stage(workers="[0]").replace(
