@@ -429,6 +429,32 @@ def test_the_running_best_carries_the_noise_a_confirmation_measured(tmp_path: Pa
     assert "acc/s ±" in best_line()
 
 
+@pytest.mark.parametrize(
+    ("timed", "reused", "where"),
+    [
+        (0, 12, ""),
+        (3, 0, "; all in study seen.speed"),
+        (3, 9, "; those timed in study seen.speed"),
+    ],
+)
+def test_stage_one_names_its_speed_study_only_for_what_it_holds(seen, timed, reused, where):
+    """ "0 settings timed, 12 reused ...; all in study second.speed": all twelve came from
+    first.speed (stage 1's cache is shared per hardware, model and data)."""
+    study, _ = seen
+    console = _console(200)
+    progress = display.live_progress(console)
+    observer = display.LiveObserver(study, _spec(study), Live(progress, console=console), progress)
+    for cached in [False] * timed + [True] * reused:
+        observer.speed_measured(
+            studies.SpeedEvent(cell="batch 64, fp32", settings="no workers", cached=cached)
+        )
+    table = SpeedTable(choices=(SpeedChoice(64, 1, "fp32", (), (("num_workers", 0),), 1e4),))
+    observer.speed_finished(table, 3.0)
+    said = " ".join(_text(console).split())
+    assert f"{reused} reused (timed by earlier runs or other processes), in 3 s{where}. " in said
+    assert "in study" not in said.replace(where, "")
+
+
 def test_the_baselines_knobs_are_untuned_not_searched(seen):
     study, _ = seen
     baseline = studies.baseline_trial(study)

@@ -102,10 +102,13 @@ class LiveObserver(studies.StudyObserver):
             else ""
         )
         again = f" ({plural(self.speed['again'], 'leader')} again)" if self.speed["again"] else ""
+        # what was reused may be another study's (the cache is per hardware, model and data)
+        timed, reused = self.speed["timed"], self.speed["reused"]
+        kept = f"; {'those timed' if reused else 'all'} in study {name}" if timed else ""
         console.print(
-            f"stage 1: {plural(self.speed['timed'], 'setting')} timed{again}, "
-            f"{self.speed['reused']} reused (timed by earlier runs or other processes){skipped}, "
-            f"in {seconds:.0f} s; all in study {name}. Stage 2 trains with the fastest of each.",
+            f"stage 1: {plural(timed, 'setting')} timed{again}, {reused} reused (timed by "
+            f"earlier runs or other processes){skipped}, in {seconds:.0f} s{kept}. Stage 2 "
+            f"trains with the fastest of each.",
             markup=False,
         )
         self._show()
