@@ -359,9 +359,12 @@ def test_studies_fits_80_columns_with_whole_headers(seen, invoke_cli, tmp_path: 
     assert url in shown or f"Studies in {url}" in listed.stdout
     row = next(line for line in listed.stdout.splitlines() if line.split()[:1] == ["seen"])
     assert "acc/s" in row and all(len(line) <= 80 for line in listed.stdout.splitlines())
-    # its speed study (stage 1) beside it, in samples/s
-    speed = next(line for line in listed.stdout.splitlines() if line.split()[:1] == ["seen.speed"])
+    # its speed study (stage 1) under it, in samples/s: not one of the user's studies
+    lines = listed.stdout.splitlines()
+    speed = lines[lines.index(row) + 1]
+    assert speed.split()[:2] == ["└", "seen.speed"], lines
     assert "samples/s" in speed and "e+" not in speed
+    assert "└ the speed stage's measurements (stage 1) of the study above it" in lines
     # and for scripts, the same as JSON
     as_json = invoke_cli("studies", "--storage", url, "--json", cwd=tmp_path)
     assert as_json.returncode == 0, as_json.stderr

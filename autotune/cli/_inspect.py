@@ -337,6 +337,9 @@ def list_studies(
         console.print(f"No studies in {shown}.", markup=False)
         return
     display.print_item(console, "Studies in", shown, copy=True)
+    # a study's stage-1 measurements (NAME.speed) under it, not among the user's studies
+    parents = {studies.speed_study_name(str(row["study"])): str(row["study"]) for row in rows}
+    rows.sort(key=lambda row: (parents.get(row["study"], row["study"]), row["study"] in parents))
     # no vertical rules and the unit beside the best value: the table fits 80 columns
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     longest = max((len(display.visible(str(row["study"]))) for row in rows), default=5)
@@ -348,10 +351,14 @@ def list_studies(
     for row in rows:
         metric = str(row["metric"] or "-")
         unit = display.metric_unit(metric) or metric
+        name = display.visible(str(row["study"]))
         table.add_row(
-            Text(display.visible(str(row["study"]))),  # stored values are data, never markup
+            Text(f"└ {name}" if row["study"] in parents else name),  # data, never markup
             *(str(row[state]) for state in _COUNTED),
             Text(f"{display.fmt(row['best_value'])} {unit}"),
             str(row["best_trial"]) if row["best_trial"] is not None else "-",
         )
+    if any(row["study"] in parents for row in rows):
+        table.caption = "└ the speed stage's measurements (stage 1) of the study above it"
+        table.caption_justify = "left"
     console.print(table)
