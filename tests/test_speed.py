@@ -1551,8 +1551,8 @@ def test_a_short_budget_times_the_fast_corner_first_and_every_cell_before_its_ot
     from autotune.display._tables import stage_one_plan
 
     assert stage_one_plan(spec, AMPERE).endswith(
-        "checklist's device pipeline, channels_last, cudnn.benchmark, from batch 128, fp16 "
-        "down; then the fastest cells' other settings"
+        "checklist's settings (device pipeline, channels_last, cudnn.benchmark), from batch "
+        "128, fp16 down; then the fastest cells' other settings"
     )
 
 
