@@ -254,6 +254,8 @@ def test_runs_left_count_a_run_measured_again_once():
     assert interrupted.runs_left(remeasures=0) == 0  # a round that measures none again
     retaken = (*interrupted.runs, *[_run(0, 3, 1.0, other=0.7)] * REMEASURES)
     assert dataclasses.replace(interrupted, runs=retaken).runs_left() == 0  # retakes used up
+    # a finished round is not run again: what it kept of a busy machine stays as measured
+    assert dataclasses.replace(interrupted, complete=True).runs_left() == 0
 
 
 def test_the_confirmation_round_measures_a_flagged_run_again(tmp_path: Path):

@@ -762,7 +762,7 @@ def test_the_speedup_is_against_the_baseline_measured_in_the_same_round():
 
 @pytest.mark.slow
 def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(
-    tmp_path: Path, prepare_study, capsys: pytest.CaptureFixture[str], monkeypatch
+    tmp_path: Path, prepare_study, capsys: pytest.CaptureFixture[str]
 ):
     spec = tiny_spec(n_trials=5)
     study = prepare_study(spec, tmp_path).study
@@ -834,9 +834,6 @@ def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(
     assert {run.repeat for run in added.runs[len(final.runs) :]} == {3}
     from autotune.cli._confirm import confirm_round
 
-    # the rounds above measured nothing again under interference; a confirm would retake a
-    # busy run (and say so): none here, whatever this machine's load
-    monkeypatch.setattr("autotune.storage._records.interfered", lambda share: False)
     assert confirm_round(study, spec, executor, 2, 2)  # says it keeps the round, runs none
     said = " ".join(capsys.readouterr().out.split())
     kept = 3 * len(candidates)

@@ -287,8 +287,11 @@ class ConfirmationRecord:
 
     def needs_run(self, trial: int, repeat: int, remeasures: int = REMEASURES) -> bool:
         """Whether repeat ``repeat`` of ``trial`` is still to measure: it has no run yet, or only
-        runs under interference and no more than ``remeasures`` of them (a retake is left)."""
+        runs under interference and no more than ``remeasures`` of them (a retake is left); in
+        a complete round, none is (it kept what the busy machine measured)."""
         runs = [run for run in self.runs if (run.trial, run.repeat) == (trial, repeat)]
+        if self.complete:
+            return False
         return not runs or (all(run.interfered for run in runs) and len(runs) <= remeasures)
 
     def runs_left(self, remeasures: int = REMEASURES) -> int:
