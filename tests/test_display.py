@@ -451,10 +451,17 @@ def test_stage_one_names_its_speed_study_only_for_what_it_holds(seen, timed, reu
         observer.speed_measured(
             studies.SpeedEvent(cell="batch 64, fp32", settings="no workers", cached=cached)
         )
+    # what it left out, by the rules that applied: it listed every rule there is
+    for why in ("past the budget", "with a pipeline far behind", "with a pipeline far behind"):
+        observer.speed_measured(studies.SpeedEvent.left_out("batch 8, fp32", "-", "...", why))
     table = SpeedTable(choices=(SpeedChoice(64, 1, "fp32", (), (("num_workers", 0),), 1e4),))
     observer.speed_finished(table, 3.0)
     said = " ".join(_text(console).split())
-    assert f"{reused} reused (timed by earlier runs or other processes), in 3 s{where}. " in said
+    left_out = "3 not tried (2 with a pipeline far behind, 1 past the budget)"
+    assert (
+        f"{reused} reused (timed by earlier runs or other processes), {left_out}, in 3 s{where}. "
+        in said
+    )
     assert "in study" not in said.replace(where, "")
 
 

@@ -1159,6 +1159,7 @@ def test_channels_last_no_faster_under_a_compile_mode_is_not_tried_in_later_cell
     rules.learn(Cell(16, "fp32"), results)
     why = rules.why(Cell(32, "fp32"), setting("default", True), compute_pass=True)
     assert why is not None and "channels_last under compile default" in why and "-2%" in why
+    assert rules.reason(why) == "with channels_last no faster"  # counted by its rule
     assert rules.why(Cell(32, "fp32"), setting("default", False), compute_pass=True) is None
     assert rules.why(Cell(32, "fp32"), setting("max-autotune", True), compute_pass=True) is None
     assert rules.why(Cell(32, "fp32"), setting("none", True), compute_pass=True) is None
@@ -1458,6 +1459,7 @@ def test_a_compile_is_not_started_when_less_of_the_budget_is_left_than_it_takes(
     assert rules.why(cell, (("compile", "default"),)) is None
     said = rules.why(cell, autotuned)
     assert said is not None and "20 s of stage 1's budget of 100 s are left" in said
+    assert rules.reason(said) == "past the budget"
     assert f"takes about {guess * scale:.0f} s" in said
     # an eager setting is still timed in a cell with nothing timed, and left out of one with
     clock.seconds = 100.0
