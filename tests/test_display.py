@@ -362,9 +362,9 @@ def test_studies_fits_80_columns_with_whole_headers(seen, invoke_cli, tmp_path: 
     # its speed study (stage 1) under it, in samples/s: not one of the user's studies
     lines = listed.stdout.splitlines()
     speed = lines[lines.index(row) + 1]
-    assert speed.split()[:2] == ["└", "seen.speed"], lines
+    assert speed.split()[:3] == ["└", "stage", "1"] and "seen.speed" not in listed.stdout, lines
     assert "samples/s" in speed and "e+" not in speed
-    assert "└ the speed stage's measurements (stage 1) of the study above it" in lines
+    assert "└ stage 1: the speed measurements of the study above (its NAME.speed)" in lines
     # and for scripts, the same as JSON
     as_json = invoke_cli("studies", "--storage", url, "--json", cwd=tmp_path)
     assert as_json.returncode == 0, as_json.stderr

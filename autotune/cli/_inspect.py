@@ -289,6 +289,8 @@ def dashboard(
         raise typer.Exit(0) from None
 
 
+SPEED_ROW = "└ stage 1"  # a study's speed study (NAME.speed), in the row under it
+
 # trials counted per study, by state (the names TrialState gives them, but "failed")
 _COUNTED = {"complete": "COMPLETE", "pruned": "PRUNED", "failed": "FAIL", "running": "RUNNING"}
 
@@ -340,25 +342,27 @@ def list_studies(
     # a study's stage-1 measurements (NAME.speed) under it, not among the user's studies
     parents = {studies.speed_study_name(str(row["study"])): str(row["study"]) for row in rows}
     rows.sort(key=lambda row: (parents.get(row["study"], row["study"]), row["study"] in parents))
+    # stored names are data, never markup
+    labels = [SPEED_ROW if row["study"] in parents else display.visible(str(row["study"]))
+              for row in rows]  # fmt: skip
     # no vertical rules and the unit beside the best value: the table fits 80 columns
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    longest = max((len(display.visible(str(row["study"]))) for row in rows), default=5)
+    longest = max(map(len, labels), default=5)
     table.add_column("study", overflow="fold", min_width=min(32, longest))
     for column in _COUNTED:
         table.add_column(column, justify="right", no_wrap=True)
     table.add_column("best", justify="right", no_wrap=True)
     table.add_column("trial", justify="right", no_wrap=True)
-    for row in rows:
+    for row, label in zip(rows, labels, strict=True):
         metric = str(row["metric"] or "-")
         unit = display.metric_unit(metric) or metric
-        name = display.visible(str(row["study"]))
         table.add_row(
-            Text(f"└ {name}" if row["study"] in parents else name),  # data, never markup
+            Text(label),
             *(str(row[state]) for state in _COUNTED),
             Text(f"{display.fmt(row['best_value'])} {unit}"),
             str(row["best_trial"]) if row["best_trial"] is not None else "-",
         )
-    if any(row["study"] in parents for row in rows):
-        table.caption = "└ the speed stage's measurements (stage 1) of the study above it"
+    if SPEED_ROW in labels:
+        table.caption = f"{SPEED_ROW}: the speed measurements of the study above (its NAME.speed)"
         table.caption_justify = "left"
     console.print(table)
