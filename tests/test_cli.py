@@ -76,7 +76,8 @@ def test_run_then_best_then_resume(invoke_cli, tmp_path: Path, monkeypatch: pyte
     assert best.returncode == 0, best.stderr
     payload = json.loads(best.stdout)
     assert payload["trial"] == answer.number
-    assert payload["value"] == pytest.approx(answer.value)
+    assert payload["trial_value"] == pytest.approx(answer.value)
+    assert payload["value"] == pytest.approx(studies.answer_of(study).median)  # as shown
     assert payload["config"] == answer.user_attrs["config"]
     assert payload["metrics"]["score"] >= 0.5
     shown = invoke_cli("best", cwd=tmp_path)  # no --study: the storage's only study (and .speed)
@@ -404,7 +405,63 @@ def test_best_says_what_its_seconds_are_and_no_speedup_the_run_did_not(
     assert export.best_config(study, trial).confirmation_text(url) in said  # the round's words
     assert "one measurement each" not in said
     assert f"of the untuned baseline (trial {baseline.number})" not in said
-    assert f"autotune export --study seen --storage {url} -o train.py" in lines  # whole
+    assert f"autotune export --study seen --storage {url} --trial {trial.number} -o train.py" in (
+        lines
+    )  # whole, and the trial shown: not the answer
+
+
+def test_best_of_an_infeasible_trial_says_so_and_its_export_command_names_it(
+    invoke_cli, seen, tmp_path: Path
+):
+    """``best --trial 9`` of a trial below min_accuracy printed its value and "Export it:
+    autotune export --study quickstart -o train.py", which exports another trial: it warns as
+    ``export --trial 9`` does, and its command names the trial."""
+    study, url = seen
+    copy = f"sqlite:///{tmp_path / 'copy.db'}"
+    optuna.copy_study(from_study_name="seen", from_storage=url, to_storage=copy)
+    chosen = next(t for t in study.get_trials() if t.state == TrialState.COMPLETE)
+    why = "accuracy 0.8972 is below min_accuracy 0.9"
+    with sqlite3.connect(tmp_path / "copy.db") as connection:  # as the trial would record it
+        (trial_id,) = connection.execute(
+            "SELECT trial_id FROM trials WHERE number = ?", (chosen.number,)
+        ).fetchone()
+        for table, key, value in (
+            ("trial_system_attributes", "constraints:min_accuracy", 0.0028),
+            ("trial_user_attributes", "infeasible_reason", why),
+        ):
+            connection.execute(
+                f"INSERT OR REPLACE INTO {table} (trial_id, key, value_json) VALUES (?, ?, ?)",
+                (trial_id, key, json.dumps(value)),
+            )
+    where = ("--study", "seen", "--storage", copy, "--trial", str(chosen.number))
+    warning = f"trial {chosen.number} is infeasible ({why}): it is not the study's answer"
+    shown = invoke_cli("best", *where, cwd=tmp_path, columns=200)
+    assert shown.returncode == 0, shown.stderr
+    assert f"warning: {warning}" in shown.stdout
+    assert (
+        f"autotune export --study seen --storage {copy} --trial {chosen.number} -o train.py"
+        in (shown.stdout)
+    )
+    exported = invoke_cli("export", *where, "-o", "t.py", cwd=tmp_path, columns=200)
+    assert exported.returncode == 0, exported.stderr
+    assert f"warning: {warning}, and the export says so" in exported.stdout
+
+
+def test_a_command_that_trains_a_stored_study_names_its_storage_in_the_commands_it_suggests(
+    seen,
+):
+    """``confirm --storage URL`` of a study whose space file names no storage suggested
+    ``autotune confirm --study NAME --repeats 3``: the default storage, another study."""
+    from autotune.cli._confirm import open_to_train
+
+    study, url = seen
+    from autotune.export import study_spec
+
+    stored = study_spec(study)
+    assert stored is not None and stored.study.storage != url  # the space file names none
+    found, spec, executor = open_to_train("seen", url, "none")
+    executor.close()
+    assert found.study_name == "seen" and spec.study.storage == url
 
 
 def test_a_run_whose_trials_all_failed_exits_1_saying_why(invoke_cli, tmp_path: Path):

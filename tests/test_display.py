@@ -85,6 +85,41 @@ def test_the_plan_says_a_batch_split_only_where_there_is_one_and_what_a_short_bu
     assert "the split of each effective batch into batch_size x accumulation_steps" in said
 
 
+def test_the_plan_names_the_references_and_why_the_checklist_is_not_one(seen):
+    """custom_workload.yaml trained no checklist trial and said "Confirming the 3 best and the
+    untuned baseline" with no line saying why; its plan said "timing nothing" and then timed
+    8 measurements, "each cell timed first with the tuning checklist's no workers"."""
+    from autotune.spacefile import parse_spec
+    from tests.conftest import SEEN_SPACE
+
+    study, _ = seen
+    learning_only = SEEN_SPACE.replace("  precision: [bf16, fp32]\n  num_workers: [1, 0]\n", "")
+    plans = {}
+    for text, said in (
+        (SEEN_SPACE, "references the untuned baseline and the tuning checklist"),
+        (
+            learning_only,
+            "references the untuned baseline; no tuning checklist: this space leaves it nothing "
+            "to set beyond the untuned baseline",
+        ),
+        (
+            SEEN_SPACE.replace("n_startup_trials: 2", "n_startup_trials: 2, checklist: false"),
+            "references the untuned baseline; no tuning checklist: switched off in the space file",
+        ),
+    ):
+        console = _console(80)
+        display.print_plan(console, parse_spec(text), CPU, study, [])
+        plans[text] = shown = " ".join(_text(console).split())
+        assert said in shown, shown
+    shown = plans[learning_only]
+    assert "timing each micro-batch's speed: no execution knob to choose (stage 1: speed)" in shown
+    assert "nothing" not in shown.split("searching")[0]
+    assert "each cell timed with the tuning checklist's settings (no workers), from batch 64" in (
+        shown
+    )
+    assert "other settings" not in shown  # a cell has no other to time
+
+
 def test_the_plan_says_what_batch_size_auto_will_do_then_what_it_found():
     from autotune.spacefile import parse_spec
     from tests.conftest import SEEN_SPACE
@@ -324,9 +359,12 @@ def test_studies_fits_80_columns_with_whole_headers(seen, invoke_cli, tmp_path: 
     assert url in shown or f"Studies in {url}" in listed.stdout
     row = next(line for line in listed.stdout.splitlines() if line.split()[:1] == ["seen"])
     assert "acc/s" in row and all(len(line) <= 80 for line in listed.stdout.splitlines())
-    # its speed study (stage 1) beside it, in samples/s
-    speed = next(line for line in listed.stdout.splitlines() if line.split()[:1] == ["seen.speed"])
+    # its speed study (stage 1) under it, in samples/s: not one of the user's studies
+    lines = listed.stdout.splitlines()
+    speed = lines[lines.index(row) + 1]
+    assert speed.split()[:3] == ["└", "stage", "1"] and "seen.speed" not in listed.stdout, lines
     assert "samples/s" in speed and "e+" not in speed
+    assert "└ stage 1: the speed measurements of the study above (its NAME.speed)" in lines
     # and for scripts, the same as JSON
     as_json = invoke_cli("studies", "--storage", url, "--json", cwd=tmp_path)
     assert as_json.returncode == 0, as_json.stderr
@@ -394,6 +432,39 @@ def test_the_running_best_carries_the_noise_a_confirmation_measured(tmp_path: Pa
     assert "acc/s ±" in best_line()
 
 
+@pytest.mark.parametrize(
+    ("timed", "reused", "where"),
+    [
+        (0, 12, ""),
+        (3, 0, "; all in study seen.speed"),
+        (3, 9, "; those timed in study seen.speed"),
+    ],
+)
+def test_stage_one_names_its_speed_study_only_for_what_it_holds(seen, timed, reused, where):
+    """ "0 settings timed, 12 reused ...; all in study second.speed": all twelve came from
+    first.speed (stage 1's cache is shared per hardware, model and data)."""
+    study, _ = seen
+    console = _console(200)
+    progress = display.live_progress(console)
+    observer = display.LiveObserver(study, _spec(study), Live(progress, console=console), progress)
+    for cached in [False] * timed + [True] * reused:
+        observer.speed_measured(
+            studies.SpeedEvent(cell="batch 64, fp32", settings="no workers", cached=cached)
+        )
+    # what it left out, by the rules that applied: it listed every rule there is
+    for why in ("past the budget", "with a pipeline far behind", "with a pipeline far behind"):
+        observer.speed_measured(studies.SpeedEvent.left_out("batch 8, fp32", "-", "...", why))
+    table = SpeedTable(choices=(SpeedChoice(64, 1, "fp32", (), (("num_workers", 0),), 1e4),))
+    observer.speed_finished(table, 3.0)
+    said = " ".join(_text(console).split())
+    left_out = "3 not tried (2 with a pipeline far behind, 1 past the budget)"
+    assert (
+        f"{reused} reused (timed by earlier runs or other processes), {left_out}, in 3 s{where}. "
+        in said
+    )
+    assert "in study" not in said.replace(where, "")
+
+
 def test_the_baselines_knobs_are_untuned_not_searched(seen):
     study, _ = seen
     baseline = studies.baseline_trial(study)
@@ -456,6 +527,36 @@ def test_a_round_too_noisy_to_rank_says_so_and_how_to_confirm_again(tmp_path: Pa
     assert f"Answer: trial {leaders[1]}," in said  # the best median, 1.6 against 0.9
     assert "The machine was too noisy to rank the leaders" in said
     assert "autotune confirm --study loud" in said and "tied" not in said
+
+
+def test_runs_used_tells_the_retakes_of_a_busy_machine_apart_from_runs(tmp_path: Path, seen):
+    """ "runs used 7" under "Confirmation (2 more runs each, interleaved)" read as 7 runs: it
+    was the trial's own measurement and 2 runs measured 3 times each on a busy machine."""
+    import dataclasses
+
+    from autotune.study import ConfirmRun, StudyRecord
+
+    study, _ = seen
+    copy, (first, second) = _confirmed_copy(seen, tmp_path, "busy", ((1.0,), (0.9,)))
+    busy = {"score": 0.93, "samples_per_second": 1.0, "feasible": True, "wall_seconds": 1.0}
+    repeats = {first: (0, 1, 1, 1, 2, 2, 2), second: (0, 1, 2)}
+    runs = tuple(
+        ConfirmRun(trial=n, repeat=r, seed=r, value=1.0 + i / 100, other_cpu_share=0.7, **busy)
+        for n, series in repeats.items()
+        for i, r in enumerate(series)
+    )
+    record = StudyRecord.of(copy).confirmation
+    assert record is not None
+    StudyRecord(confirmation=dataclasses.replace(record, runs=runs)).store(copy)
+    console = _console(80)
+    display.print_confirmation(console, studies.answer_of(copy), _spec(study), "busy")
+    rows = {line.split()[1]: line for line in _text(console).splitlines() if "│" in line}
+    assert rows[str(first)].rstrip(" │").endswith("7 (4 retakes)"), rows
+    assert rows[str(second)].rstrip(" │").endswith(" 3"), rows
+    said = " ".join(_text(console).split())
+    assert (
+        "the trial's own measurement is one; a retake: a run measured again, the machine " in said
+    )
 
 
 def test_an_answer_from_single_runs_says_run_not_runs(tmp_path: Path, seen):

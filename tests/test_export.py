@@ -514,6 +514,13 @@ def test_yaml_and_json_round_trip_to_the_same_config(tiny_study, tmp_path: Path)
     confirmed = dataclasses.replace(best, confirmation=verdict)
     plain = json.dumps(confirmed.to_dict(), allow_nan=False)  # strict JSON: no Infinity
     assert BestConfig.from_dict(json.loads(plain)) == confirmed
+    # "value" is the figure every rendering shows (best --json gave the trial's own 1.132 where
+    # the text, the note and `studies --json` said 1.051, the median); the trial's is named so
+    data = confirmed.to_dict()
+    assert data["value"] == 2.5 and data["value_source"] == "median of 3 confirmed runs"
+    assert data["trial_value"] == best.value and best.value != 2.5
+    older = {key: item for key, item in data.items() if key != "trial_value"}
+    assert BestConfig.from_dict({**older, "value": best.value}).value == best.value  # format 2
     assert confirmed.confirmation_text() == (
         "confirmed: median 2.5 over 3 runs (spread ±10%); 1.50x the untuned baseline (at least "
         "1.20x); tied within noise with trial 4"

@@ -246,6 +246,16 @@ def test_runs_left_count_a_run_measured_again_once():
     assert record.runs_left() == 2  # (1, 2) and (0, 2)
     again = (*runs, _run(1, 2, 3.0), _run(0, 2, 1.0, other=0.7), _run(0, 2, 1.0))
     assert dataclasses.replace(record, runs=again).runs_left() == 0
+    # a run measured under interference whose retake was interrupted (Ctrl-C): the resumed
+    # round said "Nothing new to measure" and then measured "confirm 12/12 trial 0 run 3"
+    busy = (*again, _run(0, 3, 1.0, other=0.7))
+    interrupted = dataclasses.replace(record, repeats=3, runs=(*busy, _run(1, 3, 3.0)))
+    assert interrupted.runs_left() == 1 and interrupted.needs_run(0, 3, REMEASURES)
+    assert interrupted.runs_left(remeasures=0) == 0  # a round that measures none again
+    retaken = (*interrupted.runs, *[_run(0, 3, 1.0, other=0.7)] * REMEASURES)
+    assert dataclasses.replace(interrupted, runs=retaken).runs_left() == 0  # retakes used up
+    # a finished round is not run again: what it kept of a busy machine stays as measured
+    assert dataclasses.replace(interrupted, complete=True).runs_left() == 0
 
 
 def test_the_confirmation_round_measures_a_flagged_run_again(tmp_path: Path):

@@ -1159,6 +1159,7 @@ def test_channels_last_no_faster_under_a_compile_mode_is_not_tried_in_later_cell
     rules.learn(Cell(16, "fp32"), results)
     why = rules.why(Cell(32, "fp32"), setting("default", True), compute_pass=True)
     assert why is not None and "channels_last under compile default" in why and "-2%" in why
+    assert rules.reason(why) == "with channels_last no faster"  # counted by its rule
     assert rules.why(Cell(32, "fp32"), setting("default", False), compute_pass=True) is None
     assert rules.why(Cell(32, "fp32"), setting("max-autotune", True), compute_pass=True) is None
     assert rules.why(Cell(32, "fp32"), setting("none", True), compute_pass=True) is None
@@ -1314,11 +1315,12 @@ def test_the_plan_says_what_stage_one_will_time_and_its_budget():
     spec = restrict(parse_spec(two_stage(workers="[0, 1]"), Path("space.yaml")), CPU).spec
     said = stage_one_plan(spec, CPU)
     # 2 micro-batches x 2 precisions, 3 pipelines each, a rematch of 2 leaders each
-    assert said.startswith("20 measurements in 4 cells; about ")
+    assert said.startswith("20 measurements of 4 cells (a micro-batch and a precision each); ")
     assert "at most 15 min (study.speed.max_seconds)" in said
     first = "bf16" if CPU.bf16_native else "fp32"  # the checklist's precision on this CPU
     assert said.endswith(
-        "each cell timed first with the tuning checklist's device pipeline, from batch 32, "
+        "each cell timed first with the tuning checklist's settings (device pipeline), from "
+        "batch 32, "
         f"{first} down; then the fastest cells' other settings"
     )
     compiled = two_stage(workers="[0]").replace(
@@ -1457,6 +1459,7 @@ def test_a_compile_is_not_started_when_less_of_the_budget_is_left_than_it_takes(
     assert rules.why(cell, (("compile", "default"),)) is None
     said = rules.why(cell, autotuned)
     assert said is not None and "20 s of stage 1's budget of 100 s are left" in said
+    assert rules.reason(said) == "past the budget"
     assert f"takes about {guess * scale:.0f} s" in said
     # an eager setting is still timed in a cell with nothing timed, and left out of one with
     clock.seconds = 100.0
@@ -1550,8 +1553,8 @@ def test_a_short_budget_times_the_fast_corner_first_and_every_cell_before_its_ot
     from autotune.display._tables import stage_one_plan
 
     assert stage_one_plan(spec, AMPERE).endswith(
-        "checklist's device pipeline, channels_last, cudnn.benchmark, from batch 128, fp16 "
-        "down; then the fastest cells' other settings"
+        "checklist's settings (device pipeline, channels_last, cudnn.benchmark), from batch "
+        "128, fp16 down; then the fastest cells' other settings"
     )
 
 

@@ -823,7 +823,7 @@ def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(
             assert confirmation_plan(study, 2, 1) == final and again == []
             longer = confirmation_plan(study, 2, 3)
             assert longer is not None and longer.runs == final.runs
-            assert longer.runs_left() == len(candidates)
+            assert longer.runs_left(remeasures=0) == len(candidates)  # as these rounds run
         on_run = lambda *a: again.append(a)  # noqa: E731
         confirm_study(
             ConfirmationInputs(study, spec.objective, executor, 2, repeats, on_run, remeasures=0)
@@ -837,9 +837,12 @@ def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(
     assert confirm_round(study, spec, executor, 2, 2)  # says it keeps the round, runs none
     said = " ".join(capsys.readouterr().out.split())
     kept = 3 * len(candidates)
-    # (the rounds above measured nothing again under interference, as a confirm does)
     assert said.startswith("Nothing new to measure: the round of the "), said
-    assert f"has its {kept} runs (3 more of each); --repeats 4 adds one more each." in said
+    assert (
+        f"has its {kept} runs (3 more of each); autotune confirm --study {study.study_name}"
+        in said
+    )
+    assert "--repeats 4 adds one more of each." in said  # a command that has the flag
 
 
 def test_the_answer_is_the_confirmed_winner_over_a_higher_single_value(

@@ -55,11 +55,12 @@ def open_to_train(
 
     quiet_libraries(verbose=False)
     found = studies.load_study(study_name, storage, "write")
-    spec = export.study_spec(found)
-    if spec is None:
+    stored = export.study_spec(found)
+    if stored is None:
         raise studies.StudyError(
             f"study '{found.study_name}' holds no readable space file: it cannot train again"
         )
+    spec = stored.with_overrides(study={"storage": storage})  # where it is, as commands say
     retry = adapter.outage_retry_of(adapter.storage_of(found))
     retry.seconds = spec.study.storage_outage  # as long as the study's own runs wait
     say_storage_waits(retry)
@@ -83,16 +84,20 @@ def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) 
         if leaders:
             named.insert(0, "the best configuration" if leaders == 1 else f"the {leaders} best")
         beside = studies.listed(named)
-        todo = plan.runs_left()  # runs measured again count once: never "-8 runs"
+        todo = plan.runs_left()  # a retake left counts; runs measured again count once
         kept = len(plan.candidates) * plan.repeats - todo
         if not todo:
+            where = display.study_options(study.study_name, spec.study.storage)
+            more = display.command(
+                "autotune", "confirm", *where, "--repeats", f"{plan.repeats + 1}"
+            )
             console.print(
                 f"Nothing new to measure: the round of {beside} has its {kept} runs "
-                f"({plan.repeats} more of each); --repeats {plan.repeats + 1} adds one more each."
+                f"({plan.repeats} more of each); {more} adds one more of each."
             )
             return
         more = f", beside the {kept} the round has" if kept else ""
-        console.print(f"Confirming {beside}: {todo} runs{more}, interleaved.")
+        console.print(f"Confirming {beside}: {display.plural(todo, 'run')}{more}, interleaved.")
 
     return session.confirm_answer(
         study,

@@ -30,6 +30,8 @@ from autotune.cli._common import (
 from autotune.errors import UserError
 
 if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
     from autotune.outputs.artifacts import ArtifactLocation
 from autotune.files import make_folder_for, write_new_file
 from autotune.spacefile import DEFAULT_STORAGE
@@ -62,6 +64,8 @@ def best(
         f"{escape(result.metric)} "
         f"[bold green]{display.fmt(result.headline_value)}[/] {unit} ({result.headline_source})"
     )
+    if not result.feasible:
+        console.print(f"[yellow]warning:[/] {escape(_infeasible(chosen))}")
     # what the run said of it: a speed-up only where the confirmation round backs one
     console.print(f"  {result.confirmation_text(storage)}", markup=False)
     for key, value in result.metrics.items():
@@ -76,7 +80,10 @@ def best(
         console.print(f"  its workload is your code: {', '.join(imported)}", markup=False)
     where = display.study_options(study_name, storage)
     console.print()
-    display.print_command(console, "Export it:", "autotune", "export", *where, "-o", "train.py")
+    chosen_one = ("--trial", str(trial)) if trial is not None else ()  # not the answer, say
+    display.print_command(
+        console, "Export it:", "autotune", "export", *where, *chosen_one, "-o", "train.py"
+    )
     if studies.password_note(storage):
         console.print(studies.password_note(storage), markup=False)
 
@@ -137,8 +144,7 @@ def export_command(
             )
         if not result.feasible:
             notices.print(
-                f"[yellow]warning:[/] trial {result.trial} is infeasible (below min_score, or "
-                f"a fault): it is not the study's answer, and the export says so"
+                f"[yellow]warning:[/] {escape(_infeasible(chosen))}, and the export says so"
             )
         name = output.name if output is not None else "train.py"
         with contextlib.redirect_stdout(sys.stderr):  # what the user's code prints, say
@@ -171,6 +177,15 @@ def export_command(
         console.print(Padding(Text(f"{epochs} into run/; {options}"), (0, 0, 0, 2)))
         if imported:  # say so before the user runs it: a shared study could name anything
             console.print(yours, markup=False)
+
+
+def _infeasible(trial: FrozenTrial) -> str:
+    """ "trial 9 is infeasible (accuracy 0.8972 is below min_accuracy 0.9): it is not the
+    study's answer", as ``best`` and ``export`` warn of it."""
+    from autotune import study as studies
+
+    why = studies.TrialRecord.of(trial).infeasible_reason or "below min_score, or a fault"
+    return f"trial {trial.number} is infeasible ({why}): it is not the study's answer"
 
 
 def _attach(study: Any, output: Path, storage: str, location: ArtifactLocation | None) -> None:
@@ -274,6 +289,8 @@ def dashboard(
         raise typer.Exit(0) from None
 
 
+SPEED_ROW = "└ stage 1"  # a study's speed study (NAME.speed), in the row under it
+
 # trials counted per study, by state (the names TrialState gives them, but "failed")
 _COUNTED = {"complete": "COMPLETE", "pruned": "PRUNED", "failed": "FAIL", "running": "RUNNING"}
 
@@ -322,21 +339,30 @@ def list_studies(
         console.print(f"No studies in {shown}.", markup=False)
         return
     display.print_item(console, "Studies in", shown, copy=True)
+    # a study's stage-1 measurements (NAME.speed) under it, not among the user's studies
+    parents = {studies.speed_study_name(str(row["study"])): str(row["study"]) for row in rows}
+    rows.sort(key=lambda row: (parents.get(row["study"], row["study"]), row["study"] in parents))
+    # stored names are data, never markup
+    labels = [SPEED_ROW if row["study"] in parents else display.visible(str(row["study"]))
+              for row in rows]  # fmt: skip
     # no vertical rules and the unit beside the best value: the table fits 80 columns
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    longest = max((len(display.visible(str(row["study"]))) for row in rows), default=5)
+    longest = max(map(len, labels), default=5)
     table.add_column("study", overflow="fold", min_width=min(32, longest))
     for column in _COUNTED:
         table.add_column(column, justify="right", no_wrap=True)
     table.add_column("best", justify="right", no_wrap=True)
     table.add_column("trial", justify="right", no_wrap=True)
-    for row in rows:
+    for row, label in zip(rows, labels, strict=True):
         metric = str(row["metric"] or "-")
         unit = display.metric_unit(metric) or metric
         table.add_row(
-            Text(display.visible(str(row["study"]))),  # stored values are data, never markup
+            Text(label),
             *(str(row[state]) for state in _COUNTED),
             Text(f"{display.fmt(row['best_value'])} {unit}"),
             str(row["best_trial"]) if row["best_trial"] is not None else "-",
         )
+    if SPEED_ROW in labels:
+        table.caption = f"{SPEED_ROW}: the speed measurements of the study above (its NAME.speed)"
+        table.caption_justify = "left"
     console.print(table)

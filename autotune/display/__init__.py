@@ -25,6 +25,7 @@ from autotune.display._text import (
     fmt_metric,
     lr_text,
     metric_unit,
+    plural,
     print_command,
     print_item,
     storage_back,

@@ -55,6 +55,7 @@ class LiveObserver(studies.StudyObserver):
         self.current: int | None = None  # the trial this process trains
         # stage 1's settings: timed, reused, skipped (not tried), again (a leader timed again)
         self.speed: Counter[str] = Counter()
+        self.left_out: Counter[str] = Counter()  # stage 1's settings not tried, by rule
         self.shown: set[int] = set()  # trials whose line is printed (this and other workers')
         self.own: set[int] = set()  # trials this process trains (the others' are polled)
         self.lock = threading.Lock()  # worker 0 shows other workers' trials from a thread
@@ -80,6 +81,8 @@ class LiveObserver(studies.StudyObserver):
     def speed_measured(self, event: studies.SpeedEvent) -> None:
         measured = ("again" if event.round > 1 else "timed") if event.measured else "skipped"
         self.speed["reused" if event.cached else measured] += 1
+        if not event.measured:
+            self.left_out[event.reason or "for another reason"] += 1
         if event.samples_per_second is not None:
             result = f"{si(event.samples_per_second)} samples/s"
         else:
@@ -95,17 +98,18 @@ class LiveObserver(studies.StudyObserver):
         console = self.live.console
         print_speed_table(console, table)
         name = studies.speed_study_name(self.study.study_name)
+        reasons = ", ".join(f"{count} {why}" for why, count in self.left_out.most_common())
         skipped = (
-            f", {self.speed['skipped']} not tried (memory walls, pipelines far behind, compile "
-            f"modes that cannot pay back, precisions far behind, the budget)"
-            if self.speed["skipped"]
-            else ""
+            f", {self.speed['skipped']} not tried ({reasons})" if self.speed["skipped"] else ""
         )
         again = f" ({plural(self.speed['again'], 'leader')} again)" if self.speed["again"] else ""
+        # what was reused may be another study's (the cache is per hardware, model and data)
+        timed, reused = self.speed["timed"], self.speed["reused"]
+        kept = f"; {'those timed' if reused else 'all'} in study {name}" if timed else ""
         console.print(
-            f"stage 1: {plural(self.speed['timed'], 'setting')} timed{again}, "
-            f"{self.speed['reused']} reused (timed by earlier runs or other processes){skipped}, "
-            f"in {seconds:.0f} s; all in study {name}. Stage 2 trains with the fastest of each.",
+            f"stage 1: {plural(timed, 'setting')} timed{again}, {reused} reused (timed by "
+            f"earlier runs or other processes){skipped}, in {seconds:.0f} s{kept}. Stage 2 "
+            f"trains with the fastest of each.",
             markup=False,
         )
         self._show()

@@ -74,11 +74,13 @@ def print_plan(
             learned.insert(1 if "lr" in learned else 0, "effective_batch_size")
         if len(split) > 1:  # one split knob alone is the effective batch, searched in stage 2
             timed.append(f"the split of each effective batch into {' x '.join(split)}")
-        print_item(console, "timing", f"{', '.join(timed) or 'nothing'} (stage 1: speed)")
+        only = "each micro-batch's speed: no execution knob to choose"  # not "timing nothing"
+        print_item(console, "timing", f"{', '.join(timed) or only} (stage 1: speed)")
         print_item(console, "stage 1", stage_one_plan(spec, hardware))
         print_item(console, "searching", f"{', '.join(learned) or 'nothing'} (stage 2: learning)")
     else:
         print_item(console, "searching", ", ".join(searched) if searched else "nothing")
+    print_item(console, "references", _references(spec, hardware))
     for line in dropped:
         console.print(f"[yellow]not searched:[/] {escape(line)}")
     print_other_device(console, study, hardware.device_name)
@@ -88,6 +90,23 @@ def print_plan(
         console.print(
             f"[yellow]note:[/] num_workers goes up to {most} on {hardware.cpu_count} CPU cores"
         )
+
+
+def _references(spec: Spec, hardware: Hardware) -> str:
+    """The references the study trains beside its search, and why the tuning checklist is not
+    one where it is not (``study._open.queue_reference`` queues them)."""
+    from autotune.search import references
+
+    named = [studies.REFERENCE_NAMES["baseline"]] if spec.study.baseline is not False else []
+    why = None
+    if not spec.study.checklist:
+        why = "switched off in the space file"
+    elif references.checklist_params(spec, hardware) is None:
+        why = "this space leaves it nothing to set beyond the untuned baseline"
+    else:
+        named.append(studies.REFERENCE_NAMES["checklist"])
+    shown = " and ".join(named) or "none"
+    return shown + (f"; no tuning checklist: {why}" if why else "")
 
 
 def print_other_device(console: Console, study: optuna.Study, device_name: str) -> None:
@@ -123,7 +142,8 @@ def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
     speed = spec.study.speed
     plan = SpeedPlan.for_hardware(spec, hardware)
     estimate = plan.estimate(speed.burst_seconds, speed.bursts, speed.repeats)
-    words = [f"{estimate.measurements} measurements in {estimate.cells} cells"]
+    cells = f"{estimate.cells} cells (a micro-batch and a precision each)"
+    words = [f"{estimate.measurements} measurements of {cells}"]
     if estimate.graphs:
         words.append(
             f"{estimate.graphs_first_cells} to {estimate.graphs} cold compiles (one per "
@@ -138,10 +158,14 @@ def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
         bound = "study.speed.max_seconds"
     words.append(f"at most {duration(budget)} ({bound})")
     first = plan.predicted()[0]
-    words.append(
-        f"each cell timed first with the tuning checklist's {describe(plan.reference(first))}, "
-        f"from {first.label()} down; then the fastest cells' other settings"
-    )
+    checklist = f"the tuning checklist's settings ({describe(plan.reference(first))})"
+    if len(plan.all_settings(first)) == 1:  # nothing else to time in a cell
+        words.append(f"each cell timed with {checklist}, from {first.label()} down")
+    else:
+        words.append(
+            f"each cell timed first with {checklist}, from {first.label()} down; then the "
+            "fastest cells' other settings"
+        )
     return "; ".join(words)
 
 
@@ -361,25 +385,23 @@ def print_confirmation(
     table.add_column("range", justify="right")
     table.add_column(f"median {spec.objective.score_name}", justify="right")
     table.add_column("runs used", justify="right")  # the medians' runs: of how many
+    retaken = any(found.retakes for found in answer.configurations)
     table.caption = (
-        "runs used: those the medians count, of every run: feasible, and measured alike "
-        "(quiet, or all under load)"
+        "runs used: those the medians count, of every measurement: feasible, and measured "
+        "alike (quiet, or all under load); the trial's own measurement is one"
+        + ("; a retake: a run measured again, the machine busy the first time" if retaken else "")
     )
     table.caption_justify = "left"
     for found in answer.configurations:
-        label = found.label
+        label, used = found.label, _runs_used(found)
         if not found.values or not (found.eligible or found.reference):
             score = fmt(found.median_score) if found.scores else "-"
-            table.add_row(label, "-", "-", score, f"{len(found.values)} of {found.all_runs}")
+            table.add_row(label, "-", "-", score, used)
             continue
-        counted = len(found.values)
         table.add_row(
-            label,
-            fmt(found.median),
-            f"{fmt(found.low)}-{fmt(found.high)}",
-            fmt(found.median_score),
-            str(counted) + ("" if counted == found.all_runs else f" of {found.all_runs}"),
-        )
+            label, fmt(found.median), f"{fmt(found.low)}-{fmt(found.high)}",
+            fmt(found.median_score), used,
+        )  # fmt: skip
     console.print(table)
     again = command("autotune", "confirm", *study_options(study_name, spec.study.storage))
     if answer.round_state == "no_winner":
@@ -404,6 +426,14 @@ def print_confirmation(
         f"confirmation: {answer.round_runs} runs, {answer.cost_seconds:.0f} s{share_text}.",
         style="dim",
     )
+
+
+def _runs_used(found: studies.Confirmed) -> str:
+    """ "3", "2 of 3", "7 (4 retakes)": the measurements a median counts, of how many, and how
+    many of those were runs measured again."""
+    counted, measured = len(found.values), found.all_runs
+    shown = str(counted) + ("" if counted == measured else f" of {measured}")
+    return shown + (f" ({plural(found.retakes, 'retake')})" if found.retakes else "")
 
 
 def _print_confirmed(

@@ -42,7 +42,9 @@ if TYPE_CHECKING:  # torch: only the building blocks need it, not reading a stud
     from autotune.training.trainer import LossFn, Trainer
 
 
-EXPORT_FORMAT_VERSION = 2  # 2: metrics hold "score" (named by score_name), not "accuracy"
+# 2: metrics hold "score" (named by score_name), not "accuracy"; 3: "value" is the headline (the
+# confirmed median where the round measured the trial), "trial_value" the trial's own
+EXPORT_FORMAT_VERSION = 3
 
 
 class ExportError(UserError):
@@ -56,7 +58,7 @@ class BestConfig:
     study: str
     trial: int
     metric: str
-    value: float
+    value: float  # the trial's own measurement; its to_dict() "trial_value"
     params: dict[str, Any] = field(default_factory=dict)  # the searched knobs' values
     config: TrialConfig
     metrics: dict[str, Any] = field(default_factory=dict)  # score, samples_per_second, ...
@@ -111,10 +113,15 @@ class BestConfig:
         return max(1, round(self.full_run_epochs or self.config.epochs))
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data: what ``autotune best --json`` prints and the YAML/JSON export holds."""
+        """Plain data: what ``autotune best --json`` prints and the YAML/JSON export holds; its
+        "value" is the headline every rendering shows (``value_source`` says which), the
+        trial's own measurement is "trial_value"."""
         plain: dict[str, Any] = {"autotune_export": EXPORT_FORMAT_VERSION}
         for name, value in dataclasses.asdict(self).items():
             plain[name] = value
+            if name == "value":
+                plain.update(value=self.headline_value, value_source=self.headline_source)
+                plain["trial_value"] = value
             if name == "reference":  # as exports before the checklist said
                 plain["baseline"] = value == "baseline"
         confirmation = self.confirmation.to_dict() if self.confirmation else {}
@@ -129,7 +136,7 @@ class BestConfig:
             study=str(data["study"]),
             trial=int(data["trial"]),
             metric=str(data["metric"]),
-            value=float(data["value"]),
+            value=float(data.get("trial_value", data["value"])),  # format 2: "value" only
             config=TrialConfig.from_dict(dict(data["config"])),
             params=dict(data.get("params") or {}),
             metrics=_renamed_metrics(dict(data.get("metrics") or {})),

@@ -29,6 +29,13 @@ SLOW_PIPELINE_SHARE = 0.5
 DOMINATED_SHARE = 1 / 3
 
 
+# each rule, as stage 1's closing line counts what it left out ("3 past the budget")
+MEMORY_WALL, BUDGET = "over a memory wall", "past the budget"
+SLOW_PIPELINE, SLOW_PRECISION = "with a pipeline far behind", "at a precision far behind"
+UNPAID_COMPILE = "with a compile mode ruled out (it cannot pay back, or failed)"
+SLOW_LAYOUT = "with channels_last no faster"
+
+
 # what a compiled measurement takes beside its compile (the worker's warm-up steps, its bursts,
 # a cuDNN or Triton autotuning pass at each new shape) before its compile can be judged unpaid
 MEASUREMENT_SLACK_SECONDS = 30.0
@@ -175,6 +182,18 @@ class StageRules(Budget):
             return None
         slow = self.slow_pipelines.get((cell.batch_size, cell.extras), {})
         return slow.get(_pipeline(settings))
+
+    def reason(self, why: str) -> str:
+        """The rule that said ``why`` (a text of ``why``, ``far_behind`` or the budget's)."""
+        if why in self.dropped_modes.values():
+            return UNPAID_COMPILE
+        if why in self.dropped_layouts.values():
+            return SLOW_LAYOUT
+        if any(why in slow.values() for slow in self.slow_pipelines.values()):
+            return SLOW_PIPELINE
+        if any(why == text for text, _ in self.dominated.values()):
+            return SLOW_PRECISION
+        return BUDGET
 
     def far_behind(self, cell: Cell) -> tuple[str, Settings] | None:
         """Why ``cell``'s precision is far behind another, with the settings its cells time

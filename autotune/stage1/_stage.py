@@ -92,7 +92,7 @@ class Stage(SettingTimer):
         if why is None:
             return False
         words = describe(settings)
-        self.inputs.on_event(SpeedEvent.left_out(cell.label(), words, why))
+        self.inputs.on_event(SpeedEvent.left_out(cell.label(), words, why, self.rules.reason(why)))
         return True
 
     def run_cell_over_budget(self, cell: Cell) -> None:
@@ -111,7 +111,10 @@ class Stage(SettingTimer):
             measured = [self.plan.settings(fallback, {})]
         for settings in measured:
             self.measure(cell, settings, 1)
-        self.inputs.on_event(SpeedEvent.left_out(cell.label(), "the other settings", why))
+        others = SpeedEvent.left_out(
+            cell.label(), "the other settings", why, self.rules.reason(why)
+        )
+        self.inputs.on_event(others)
 
     def _results(self, cell: Cell) -> list[CellResult]:
         results = []

@@ -109,11 +109,13 @@ class SpeedEvent:
     fault: str | None = None  # why it has no speed
     round: int = 1
     measured: bool = True  # False: not tried (a memory wall, a pipeline far behind)
+    reason: str | None = None  # not tried: by which rule ("past the budget": _rules.BUDGET)
 
     @classmethod
-    def left_out(cls, cell: str, settings: str, why: str) -> SpeedEvent:
-        """``settings`` of ``cell`` not tried, and why (a memory wall, the budget, ...)."""
-        return cls(cell=cell, settings=settings, fault=why, measured=False)
+    def left_out(cls, cell: str, settings: str, why: str, reason: str) -> SpeedEvent:
+        """``settings`` of ``cell`` not tried, ``why`` (a memory wall, the budget, ...), by
+        the rule ``reason`` names."""
+        return cls(cell=cell, settings=settings, fault=why, measured=False, reason=reason)
 
 
 def _source_digest(entry: str) -> str | None:

@@ -28,7 +28,7 @@ from autotune.speed import BurstPlan, SpeedMeasurement
 from autotune.stage1._budget import TimeLimit
 from autotune.stage1._claims import Claims
 from autotune.stage1._plan import Cell, Settings, SpeedPlan, config_key, context_key, describe
-from autotune.stage1._rules import MEASUREMENT_SLACK_SECONDS, StageRules
+from autotune.stage1._rules import BUDGET, MEASUREMENT_SLACK_SECONDS, MEMORY_WALL, StageRules
 from autotune.stage1._store import (
     TRANSIENT_FAULTS,
     Pool,
@@ -130,7 +130,8 @@ class SettingTimer:
         if pool.fault is None and not pool.results and blocked is not None:
             pool.fault = (FaultKind.OOM.value, blocked)
             self.said.add(self.key(cell, settings))
-            self.inputs.on_event(SpeedEvent.left_out(cell.label(), words, pool.fault[1]))
+            walled = SpeedEvent.left_out(cell.label(), words, pool.fault[1], MEMORY_WALL)
+            self.inputs.on_event(walled)
             return None
         if self._done(cell, settings, count):
             return None
@@ -169,7 +170,9 @@ class SettingTimer:
         key = self.key(cell, settings)
         if why is not None and key not in self.said:  # said once, however often refused
             self.said.add(key)
-            self.inputs.on_event(SpeedEvent.left_out(cell.label(), describe(settings), why))
+            self.inputs.on_event(
+                SpeedEvent.left_out(cell.label(), describe(settings), why, BUDGET)
+            )
 
     def _measured(self) -> bool:
         """Whether the stage has a measurement (this run's or the cache's)."""

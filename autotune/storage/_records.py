@@ -240,6 +240,9 @@ class ConfirmRun:
         return interfered(self.other_cpu_share)
 
 
+REMEASURES = 2  # a confirmation run measured under interference is run again at most this often
+
+
 @dataclass(frozen=True)
 class ConfirmationRecord:
     """The confirmation round of a study, as stored (the study's ``confirmation`` attribute).
@@ -282,11 +285,35 @@ class ConfirmationRecord:
         trials = {"baseline": self.baseline, "checklist": self.checklist}
         return tuple(REFERENCE_NAMES[kind] for kind in REFERENCES if trials[kind] is not None)
 
-    def runs_left(self) -> int:
-        """Runs of the round not measured yet; a run measured again (under interference)
-        counts once."""
-        done = {(run.trial, run.repeat) for run in self.runs if run.repeat > 0}
-        return max(0, len(self.candidates) * self.repeats - len(done))
+    def needs_run(self, trial: int, repeat: int, remeasures: int = REMEASURES) -> bool:
+        """Whether repeat ``repeat`` of ``trial`` is still to measure: it has no run yet, or only
+        runs under interference and no more than ``remeasures`` of them on a machine that does
+        not stay busy (a retake is left); in a complete round, none is."""
+        runs = [run for run in self.runs if (run.trial, run.repeat) == (trial, repeat)]
+        if self.complete:
+            return False
+        if not runs:
+            return True
+        retake = all(run.interfered for run in runs) and len(runs) <= remeasures
+        return retake and self.busy_retakes() < remeasures  # else the machine stays busy
+
+    def busy_retakes(self) -> int:
+        """The round's last retakes in a row that were measured under interference too: once
+        ``remeasures`` of them, the machine stays busy and later runs are kept as measured.
+        Read from the stored runs, so that every process (and a resumed round) decides alike."""
+        seen: set[tuple[int, int]] = set()
+        busy = 0
+        for run in self.runs:
+            if (run.trial, run.repeat) in seen:
+                busy = busy + 1 if run.interfered else 0
+            seen.add((run.trial, run.repeat))
+        return busy
+
+    def runs_left(self, remeasures: int = REMEASURES) -> int:
+        """Runs of the round still to measure (``needs_run``), retakes included; a run
+        measured again counts once."""
+        repeats = range(1, self.repeats + 1)
+        return sum(self.needs_run(t, r, remeasures) for t in self.candidates for r in repeats)
 
     def with_run(self, run: ConfirmRun) -> ConfirmationRecord:
         """A copy with one more measurement."""

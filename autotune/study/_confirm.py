@@ -36,14 +36,19 @@ from autotune.results import Evaluation
 from autotune.search import objective
 from autotune.spacefile import ObjectiveSpec
 from autotune.storage._queries import feasible_trials, reference_trial, trial_config
-from autotune.storage._records import ConfirmationRecord, ConfirmRun, StudyRecord, TrialRecord
+from autotune.storage._records import (
+    REMEASURES,
+    ConfirmationRecord,
+    ConfirmRun,
+    StudyRecord,
+    TrialRecord,
+)
 
 if TYPE_CHECKING:
     from autotune.executor import TrialExecutor
 
 SEED_STRIDE = 1_000_003  # repeat r of a trial trains with its seed + r * this: new, reproducible
 T = TypeVar("T")
-REMEASURES = 2  # a run measured under interference is run again at most this many times
 
 
 def confirmation_plan(
@@ -141,7 +146,7 @@ def confirm_study(inputs: ConfirmationInputs) -> ConfirmationRecord | None:
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     order = interleaved(record.candidates, record.repeats)
     for position, (number, repeat) in enumerate(order, start=1):
-        while _needs_run(record, number, repeat, inputs.remeasures):
+        while record.needs_run(number, repeat, inputs.remeasures):
             run = _measure(inputs, trials[number], repeat)
             record = record.with_run(run)
             _store(study, record)
@@ -150,29 +155,6 @@ def confirm_study(inputs: ConfirmationInputs) -> ConfirmationRecord | None:
     record = dataclasses.replace(record, complete=True)
     _store(study, record)
     return record
-
-
-def _needs_run(record: ConfirmationRecord, number: int, repeat: int, remeasures: int) -> bool:
-    """Whether repeat ``repeat`` of trial ``number`` is still to measure: it has no run yet, or
-    only runs under interference and no more than ``remeasures`` of them, on a machine that
-    does not stay busy."""
-    runs = [run for run in record.runs if (run.trial, run.repeat) == (number, repeat)]
-    if not runs:
-        return True
-    retake = all(run.interfered for run in runs) and len(runs) <= remeasures
-    return retake and _busy_retakes(record) < remeasures
-
-
-def _busy_retakes(record: ConfirmationRecord) -> int:
-    """The round's last retakes in a row that were measured under interference too: read from
-    the stored runs, so that every process (and a resumed round) decides alike."""
-    seen: set[tuple[int, int]] = set()
-    busy = 0
-    for run in record.runs:
-        if (run.trial, run.repeat) in seen:
-            busy = busy + 1 if run.interfered else 0
-        seen.add((run.trial, run.repeat))
-    return busy
 
 
 def _store(study: optuna.Study, record: ConfirmationRecord) -> None:

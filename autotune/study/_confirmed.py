@@ -33,6 +33,7 @@ class Confirmed:
     # chosen for their high original value, so the speed-up is read from these
     round_values: tuple[float, ...] = ()
     all_runs: int = 0  # every measurement of it, flagged and failed ones included
+    retakes: int = 0  # of all_runs, runs measured again (their first was under interference)
     trial_feasible: bool = True  # its own trial met every requirement (min_score)
 
     @property
@@ -106,6 +107,7 @@ class Confirmed:
             interfered=bool(runs) and all(run.interfered for run in runs),
             round_values=_values([run for run in trained if run.repeat > 0]),
             all_runs=len(measured),
+            retakes=len(measured) - len({run.repeat for run in measured}),
         )
 
 
