@@ -555,7 +555,7 @@ def test_runs_used_tells_the_retakes_of_a_busy_machine_apart_from_runs(tmp_path:
     assert rows[str(second)].rstrip(" │").endswith(" 3"), rows
     said = " ".join(_text(console).split())
     assert (
-        "the trial's own measurement is one; a retake: a run measured again, the machine " in said
+        "all under load); a retake: a run measured again, the machine busy the first time" in said
     )
 
 

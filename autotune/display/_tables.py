@@ -387,8 +387,8 @@ def print_confirmation(
     table.add_column("runs used", justify="right")  # the medians' runs: of how many
     retaken = any(found.retakes for found in answer.configurations)
     table.caption = (
-        "runs used: those the medians count, of every measurement: feasible, and measured "
-        "alike (quiet, or all under load); the trial's own measurement is one"
+        "runs used: the measurements each median counts, the trial's own among them: "
+        "feasible, and measured alike (quiet, or all under load)"
         + ("; a retake: a run measured again, the machine busy the first time" if retaken else "")
     )
     table.caption_justify = "left"
