@@ -80,6 +80,7 @@ def script_here(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
     stdout, stderr = io.StringIO(), io.StringIO()
     status: object = 0
     saved_argv, saved_path = sys.argv, list(sys.path)
+    threads = torch.get_num_threads()  # the script sets them: for itself only
     sys.argv, sys.path[:0] = [script.name, *args], [str(script.parent)]
     try:
         with (
@@ -100,6 +101,7 @@ def script_here(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
                 status = 1
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+        torch.set_num_threads(threads)
     code = status or 0
     return subprocess.CompletedProcess(
         [script.name, *args], code, stdout.getvalue(), stderr.getvalue()
@@ -159,8 +161,8 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
 
     assert "autotune" not in imported_modules(text)
     assert imported_modules(text) <= {
-        "argparse", "collections", "contextlib", "itertools", "json", "math", "statistics",
-        "time", "pathlib", "typing", "torch", "sklearn",
+        "argparse", "collections", "contextlib", "itertools", "json", "math", "os",
+        "statistics", "time", "pathlib", "typing", "torch", "sklearn",
     }  # fmt: skip
     assert provenance(text)["study"] == "digits" and "EPOCHS = 4" in text
     assert provenance(text)["trial"] == best.trial
@@ -180,6 +182,9 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
 
     first = run_script(script, "--epochs", "1", block_autotune=blocker)
     assert first.returncode == 0, first.stderr
+    assert re.match(
+        r"training on cpu with \d+ intra-op threads? \(the idle cores of", first.stdout
+    )
     assert re.search(r"epoch 1/1 .* val accuracy 0\.\d+ .* samples/s", first.stdout)
     assert "done: 1 epoch;" in first.stdout  # not "1 epochs"
     run = tmp_path / "run"
@@ -195,8 +200,9 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
     assert torch.load(run / "checkpoint.pt")["epoch"] == 1
 
     # continued, with more epochs: the schedule keeps the length the run started with
-    resumed = script_here(script, "--epochs", "2", "--resume")
+    resumed = script_here(script, "--epochs", "2", "--resume", "--threads", "1")
     assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.startswith("training on cpu with 1 intra-op thread (--threads;")
     assert "resumed from run/checkpoint.pt after 1 epoch" in resumed.stdout
     assert "the learning-rate schedule ends after epoch 1" in resumed.stdout
     assert "epoch 2/2" in resumed.stdout and "epoch 1/2" not in resumed.stdout

@@ -16,6 +16,7 @@ import optuna
 from autotune.export._api import BestConfig, ExportError, study_spec
 from autotune.export._bundle import Import, bundle, import_block, literal
 from autotune.export._header import comment_text, has_schedule, knob_notes, provenance_rows
+from autotune.machine import interference
 from autotune.spacefile import SCORES, SpecError, parse_spec
 from autotune.study import StudyRecord
 
@@ -108,6 +109,10 @@ def render_script(
         semantics.set_cuda_flags,
         semantics.TrainingSteps,
         batches.to_device,
+        # the trials' intra-op threads: the cores others leave idle
+        interference.own_cores,
+        interference.idle_cores,
+        interference.process_ticks,
     ]
     has_scheduler = has_schedule(config)
     if has_scheduler:
@@ -136,6 +141,7 @@ def render_script(
             best=best,
             config=config,
             constants=knob_notes(best),
+            trial_threads=best.metrics.get("intra_op_threads"),
             **workload_fields,
             training_sources=training_sources,
             has_scheduler=has_scheduler,
