@@ -88,7 +88,7 @@ def render_script(
         study, spec, config.data_pipeline == "device", rebuild_workload, script_dir
     )
     imports = {
-        *map(Import, ("argparse", "json", "statistics", "time", "torch")),
+        *map(Import, ("argparse", "json", "shlex", "statistics", "sys", "time", "torch")),
         Import("pathlib", "Path"),
         *workload_imports,
     }
@@ -96,7 +96,7 @@ def render_script(
         imports.add(Import("torch.utils.data", "DataLoader"))
     if config.distributed:  # torchrun's processes
         imports |= {
-            *map(Import, ("gc", "os", "sys")),
+            *map(Import, ("gc", "os")),
             Import("torch.distributed", alias="dist"),
             Import("torch.nn.parallel", "DistributedDataParallel"),
         }
