@@ -96,7 +96,7 @@ def process_ticks() -> int | None:
 def trial_threads() -> int:
     """Intra-op threads for a trial: the cores others leave idle (``idle_cores``), the trial's
     process tree (``count_tree_as_own``) not counted as others."""
-    return idle_cores(lambda: _tree_ticks(_trial_root or os.getpid()))
+    return idle_cores(CpuMeter().own_ticks)
 
 
 @dataclass(frozen=True)
@@ -219,8 +219,12 @@ class CpuMeter:
         self._pid = _trial_root if _trial_root is not None else os.getpid()
         self.share: CpuShare | None = None
 
+    def own_ticks(self) -> int | None:
+        """CPU ticks of the trial's process tree (None: no /proc)."""
+        return _tree_ticks(self._pid)
+
     def _read(self) -> tuple[float, int, int] | None:
-        return _ticks_now(self._cores, lambda: _tree_ticks(self._pid))
+        return _ticks_now(self._cores, self.own_ticks)
 
     def __enter__(self) -> CpuMeter:
         self._start = self._read()
