@@ -80,6 +80,7 @@ def script_here(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
     stdout, stderr = io.StringIO(), io.StringIO()
     status: object = 0
     saved_argv, saved_path = sys.argv, list(sys.path)
+    threads = torch.get_num_threads()  # the script sets them: for itself only
     sys.argv, sys.path[:0] = [script.name, *args], [str(script.parent)]
     try:
         with (
@@ -100,6 +101,7 @@ def script_here(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
                 status = 1
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+        torch.set_num_threads(threads)
     code = status or 0
     return subprocess.CompletedProcess(
         [script.name, *args], code, stdout.getvalue(), stderr.getvalue()
@@ -159,8 +161,8 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
 
     assert "autotune" not in imported_modules(text)
     assert imported_modules(text) <= {
-        "argparse", "collections", "contextlib", "itertools", "json", "math", "statistics",
-        "time", "pathlib", "typing", "torch", "sklearn",
+        "argparse", "collections", "contextlib", "itertools", "json", "math", "os", "shlex",
+        "statistics", "sys", "time", "pathlib", "typing", "torch", "sklearn",
     }  # fmt: skip
     assert provenance(text)["study"] == "digits" and "EPOCHS = 4" in text
     assert provenance(text)["trial"] == best.trial
@@ -180,6 +182,9 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
 
     first = run_script(script, "--epochs", "1", block_autotune=blocker)
     assert first.returncode == 0, first.stderr
+    assert re.match(
+        r"training on cpu with \d+ intra-op threads? \(the idle cores of", first.stdout
+    )
     assert re.search(r"epoch 1/1 .* val accuracy 0\.\d+ .* samples/s", first.stdout)
     assert "done: 1 epoch;" in first.stdout  # not "1 epochs"
     run = tmp_path / "run"
@@ -195,8 +200,9 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
     assert torch.load(run / "checkpoint.pt")["epoch"] == 1
 
     # continued, with more epochs: the schedule keeps the length the run started with
-    resumed = script_here(script, "--epochs", "2", "--resume")
+    resumed = script_here(script, "--epochs", "2", "--resume", "--threads", "1")
     assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.startswith("training on cpu with 1 intra-op thread (--threads;")
     assert "resumed from run/checkpoint.pt after 1 epoch" in resumed.stdout
     assert "the learning-rate schedule ends after epoch 1" in resumed.stdout
     assert "epoch 2/2" in resumed.stdout and "epoch 1/2" not in resumed.stdout
@@ -210,14 +216,54 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
     assert missing.returncode == 2 and "there is no checkpoint at nope/checkpoint.pt" in (
         missing.stderr
     )
-    other = script_here(script, "--epochs", "1", "--run-dir", "b", "--seed", "3", "--lr", "0.01")
-    assert other.returncode == 0, other.stderr
+    # Ctrl-C in the second epoch, as its checkpoint is written: the first one's is kept whole
+    torch_save, saves = torch.save, 0
+
+    def interrupted_save(*args: object, **kwargs: object) -> None:
+        nonlocal saves
+        saves += 1
+        if saves == 2:  # half written
+            Path(str(args[1])).write_bytes(b"\x80")
+            raise KeyboardInterrupt
+        torch_save(*args, **kwargs)
+
+    def interrupt(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "save", interrupted_save)
+        other = script_here(
+            script, "--epochs", "2", "--run-dir", "b", "--seed", "3", "--lr", ".01"
+        )
+        patch.setattr(torch, "manual_seed", interrupt)  # before the first epoch
+        early = script_here(script, "--epochs", "1", "--run-dir", "c")
+    assert (other.returncode, other.stderr) == (
+        130,
+        f"interrupted in epoch 2 of 2; the last checkpoint is epoch 1 in b/: python {script} "
+        "--resume --run-dir b\n",  # runpy runs it as python /its/path/train.py
+    )
     assert torch.load(tmp_path / "b" / "checkpoint.pt")["plan"] == {
         "lr": 0.01,
         "seed": 3,
-        "epochs": 1,
-        "total_steps": saved["plan"]["total_steps"],
+        "epochs": 2,
+        "total_steps": 2 * saved["plan"]["total_steps"],
     }
+    assert (early.returncode, early.stderr) == (
+        130,
+        f"interrupted before training began: python {script} --epochs 1 --run-dir c starts it "
+        "again\n",
+    )
+    # arguments out of range, and a device this machine does not have: argparse's one line
+    for given, said in [
+        (("--epochs", "0"), "argument --epochs: 0: must be above 0"),
+        (("--epochs", "-1"), "argument --epochs: -1: must be above 0"),
+        (("--lr", "-1"), "argument --lr: -1: must be above 0"),
+        (("--threads", "0"), "argument --threads: 0: must be above 0"),
+        (("--device", "cuda:99"), "argument --device: cuda:99: this machine has "),
+    ]:
+        refused = script_here(script, *given)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        assert refused.stderr.splitlines()[-1].startswith(f"train.py: error: {said}"), given
 
 
 VARIANTS = {

@@ -15,7 +15,9 @@ import dataclasses
 import importlib.util
 import inspect
 import math
+import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -29,6 +31,7 @@ import autotune
 from autotune import semantics
 from autotune.config import TrialConfig
 from autotune.export import best_config, render_script, select_trial
+from autotune.machine import interference
 from autotune.study import load_study
 from autotune.testing import cuda_flags, learning_rates, write_space
 from autotune.training.trainer import Trainer, backend_flags
@@ -100,8 +103,10 @@ def export(study, tmp_path: Path) -> Iterator[Export]:
         spec.loader.exec_module(module)  # not __main__: defines everything, trains nothing
         return module, config
 
+    threads = torch.get_num_threads()  # main() sets them, for the process
     yield load
     sys.path[:] = saved_sys_path
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture
@@ -213,6 +218,7 @@ def test_on_cuda_the_script_sets_the_trainers_tf32_and_cudnn_flags(
         raise _Stop
 
     monkeypatch.setattr(script, "set_cuda_flags", set_then_stop)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # --device cuda:0 is checked
     monkeypatch.setattr(sys, "argv", ["train.py", "--run-dir", str(tmp_path / "run")])
     for start in START_FLAGS:
         set_flags(*start)
@@ -376,3 +382,74 @@ def test_the_script_trains_with_the_tuned_values_to_the_last_digit(export: Expor
         learning_rates(ours, script_scheduler(script, ours), TOTAL_STEPS),
         learning_rates(theirs.optimizer, theirs.scheduler, TOTAL_STEPS),
     )
+
+
+class BusyProc:
+    """A /proc in which other processes keep ``others`` of this process's cores busy: each
+    ``sleep`` advances ``perf_counter`` by its seconds and charges them to the cores."""
+
+    def __init__(self, folder: Path, others: int) -> None:
+        self.folder, self.others, self.busy, self.offset = folder, others, 0, 0.0
+        self.perf_counter = time.perf_counter
+        for process in ("self", str(os.getpid())):  # utime stime cutime cstime: 0
+            (folder / process).mkdir(parents=True, exist_ok=True)
+            (folder / process / "stat").write_text(f"1 (python) S 1 {'0 ' * 20}\n")
+        self.write()
+
+    def write(self) -> None:
+        cores = interference.own_cores()
+        lines = [
+            f"cpu{core} {self.busy if core == cores[0] else 0} 0 0 9 0 0 0 0 0 0" for core in cores
+        ]
+        (self.folder / "stat").write_text("cpu  0 0 0 0 0 0 0 0 0 0\n" + "\n".join(lines) + "\n")
+
+    def sleep(self, seconds: float) -> None:
+        self.offset += seconds
+        self.busy += round(self.others * seconds * interference._TICKS_PER_SECOND)
+        self.write()
+
+    def clock(self) -> float:
+        return self.perf_counter() + self.offset
+
+    def install(self, patch: pytest.MonkeyPatch, *modules: ModuleType) -> None:
+        """This /proc and its clock for ``modules`` (the trials' and the script's)."""
+        for module in modules:
+            patch.setattr(module, "_PROC", self.folder)
+        patch.setattr(time, "sleep", self.sleep)
+        patch.setattr(time, "perf_counter", self.clock)
+
+
+@pytest.mark.parametrize("others", [0, 1, 64])
+def test_the_script_trains_on_the_threads_the_trials_rule_chooses(
+    export: Export, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys, others: int
+):
+    """The script chooses its intra-op threads by the trials' rule (``idle_cores``, pasted):
+    beside the same busy processes it chooses what a trial would, trains on them and says so;
+    ``--threads`` overrides it."""
+    script, _ = export()
+    cores = interference.usable_cores()
+    expected = max(1, cores - others)
+    with monkeypatch.context() as patch:
+        BusyProc(tmp_path / "proc", others).install(patch, interference, script)
+        assert interference.trial_threads() == expected
+        assert script.idle_cores(script.process_ticks) == expected
+    assert inspect.getsource(interference.idle_cores) in Path(script.__file__).read_text()
+
+    def threads_seen(*given: str) -> set[int]:
+        seen: set[int] = set()
+        recorder = Recorder(script.make_model())
+        recorder.register_forward_pre_hook(lambda *_: seen.add(torch.get_num_threads()))
+        with monkeypatch.context() as patch:
+            BusyProc(tmp_path / "proc", others).install(patch, script)
+            patch.setattr(script, "make_model", lambda: recorder)
+            run_dir = str(tmp_path / f"run-{len(given)}")
+            patch.setattr(sys, "argv", ["train.py", "--epochs", "1", "--run-dir", run_dir, *given])
+            torch.set_num_threads(cores + 1)  # neither torch's default nor the rule's
+            script.main()
+        return seen
+
+    assert threads_seen() == {expected}
+    said = f"training on cpu with {expected} intra-op thread"
+    assert said in capsys.readouterr().out
+    assert threads_seen("--threads", "3") == {3}
+    assert "with 3 intra-op threads (--threads; the trial trained on" in capsys.readouterr().out

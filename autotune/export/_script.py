@@ -17,6 +17,7 @@ from autotune.display import fmt
 from autotune.export._api import BestConfig, ExportError, study_spec
 from autotune.export._bundle import Import, bundle, import_block, literal
 from autotune.export._header import comment_text, has_schedule, knob_notes, provenance_rows
+from autotune.machine import interference
 from autotune.spacefile import SCORES, SpecError, parse_spec
 from autotune.study import StudyRecord
 
@@ -88,7 +89,7 @@ def render_script(
         study, spec, config.data_pipeline == "device", rebuild_workload, script_dir
     )
     imports = {
-        *map(Import, ("argparse", "json", "statistics", "time", "torch")),
+        *map(Import, ("argparse", "json", "shlex", "statistics", "sys", "time", "torch")),
         Import("pathlib", "Path"),
         *workload_imports,
     }
@@ -96,7 +97,7 @@ def render_script(
         imports.add(Import("torch.utils.data", "DataLoader"))
     if config.distributed:  # torchrun's processes
         imports |= {
-            *map(Import, ("gc", "os", "sys")),
+            *map(Import, ("gc", "os")),
             Import("torch.distributed", alias="dist"),
             Import("torch.nn.parallel", "DistributedDataParallel"),
         }
@@ -109,6 +110,10 @@ def render_script(
         semantics.set_cuda_flags,
         semantics.TrainingSteps,
         batches.to_device,
+        # the trials' intra-op threads: the cores others leave idle
+        interference.own_cores,
+        interference.idle_cores,
+        interference.process_ticks,
     ]
     has_scheduler = has_schedule(config)
     if has_scheduler:
@@ -137,6 +142,7 @@ def render_script(
             best=best,
             config=config,
             constants=knob_notes(best),
+            trial_threads=best.metrics.get("intra_op_threads"),
             **workload_fields,
             training_sources=training_sources,
             has_scheduler=has_scheduler,

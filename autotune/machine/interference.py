@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from pathlib import Path
 # daemons take about 1%; one busy process on a 2-core machine takes 50%.
 INTERFERENCE_SHARE = 0.15
 
-BUSY_WINDOW_SECONDS = 0.05  # how long trial_threads looks at what others run
+BUSY_WINDOW_SECONDS = 0.05  # how long idle_cores watches what others run
 # ... unless others ran nothing in its first part: a core another process keeps busy shows in
 # /proc/stat within 20 ms (2 ticks of 10 ms; the kernel charges every tick, 4 ms at HZ=250)
 QUIET_WINDOW_SECONDS = 0.02
@@ -48,25 +49,54 @@ def usable_cores() -> int:
     return len(own_cores())
 
 
+def idle_cores(own_ticks: Callable[[], int | None]) -> int:
+    """How many of the cores this process may run on other processes leave idle now (at least
+    one; all where /proc cannot be read): intra-op threads for a trial, and for the script
+    exported from it. ``own_ticks`` reads the CPU ticks of the processes that are not others
+    (``process_ticks``: this one). A pool larger than the idle cores waits at every parallel
+    region for a thread the scheduler gave to another process: beside two spinning processes on
+    a 2-core VM, the quickstart's CNN at micro-batch 16 trained 156-611 samples/s on 2 threads
+    and 4.7-5.1k on 1 (quiet: 10k and 7.8k; 2026-11-27). Others are watched for
+    ``BUSY_WINDOW_SECONDS``, a quiet machine's for ``QUIET_WINDOW_SECONDS``."""
+    cores = set(own_cores())
+    start = _ticks_now(cores, own_ticks)
+    others = 0.0  # cores others kept busy
+    for window in (QUIET_WINDOW_SECONDS, BUSY_WINDOW_SECONDS):
+        if start is None:
+            return len(cores)
+        time.sleep(max(0.0, start[0] + window - time.perf_counter()))
+        now = _ticks_now(cores, own_ticks)
+        if now is None:
+            return len(cores)
+        seconds, busy, own = (after - before for after, before in zip(now, start, strict=True))
+        # the own processes' time may run on other cores, or be accounted a tick apart
+        others = max(0.0, busy - own) / _TICKS_PER_SECOND / seconds
+        if others == 0:
+            return len(cores)
+    return max(1, len(cores) - int(others + 0.5))
+
+
+def _ticks_now(
+    cores: set[int], own_ticks: Callable[[], int | None]
+) -> tuple[float, int, int] | None:
+    """perf_counter's seconds, the busy ticks of ``cores`` and the own processes' ticks (None:
+    no /proc)."""
+    busy, own = _busy_ticks(cores), own_ticks()
+    return None if busy is None or own is None else (time.perf_counter(), busy, own)
+
+
+def process_ticks() -> int | None:
+    """CPU ticks of this process, its reaped children included (None: no /proc)."""
+    try:
+        return _ticks(_stat(_PROC / "self"))
+    except OSError:
+        return None
+
+
 def trial_threads() -> int:
-    """Intra-op threads for a trial: the cores this process may run on, less those other
-    processes keep busy now (at least one; a quiet machine's are known after
-    ``QUIET_WINDOW_SECONDS``). A pool larger than the idle cores waits at every parallel region
-    for a thread the scheduler gave to another process: beside two spinning processes on a
-    2-core VM, the quickstart's CNN at micro-batch 16 trained 156-611 samples/s on 2 threads and
-    4.7-5.1k on 1 (quiet: 10k and 7.8k; 2026-11-27)."""
-    cores = usable_cores()
-    with CpuMeter() as meter:
-        time.sleep(QUIET_WINDOW_SECONDS)
-        early = meter.so_far()
-        if early is not None and early.other_cpu_seconds == 0:
-            return cores
-        time.sleep(BUSY_WINDOW_SECONDS - QUIET_WINDOW_SECONDS)
-    share = meter.share
-    if share is None or share.wall_seconds <= 0:
-        return cores
-    busy = share.other_cpu_seconds / share.wall_seconds  # cores others kept busy
-    return max(1, min(cores, cores - int(busy + 0.5)))
+    """Intra-op threads for a trial: the cores others leave idle (``idle_cores``), the trial's
+    process tree (``count_tree_as_own``) not counted as others."""
+    return idle_cores(CpuMeter().own_ticks)
 
 
 @dataclass(frozen=True)
@@ -148,16 +178,26 @@ def _scan() -> tuple[dict[int, int], dict[int, int], bool] | None:
     vanished = False
     for entry in entries:
         try:
-            # the command name is in parentheses and may hold spaces: split after it
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            fields = _stat(entry)
         except OSError:  # gone since the listing
             vanished = True
             continue
         with contextlib.suppress(ValueError, IndexError):  # unreadable
             pid = int(entry.name)
             parents[pid] = int(fields[1])
-            ticks[pid] = sum(int(f) for f in fields[11:15])
+            ticks[pid] = _ticks(fields)
     return parents, ticks, vanished
+
+
+def _stat(process: Path) -> list[str]:
+    """The fields of a process's ``stat`` after its command name (its parent is [1]): the name
+    is in parentheses and may hold spaces."""
+    return (process / "stat").read_text().rpartition(")")[2].split()
+
+
+def _ticks(fields: list[str]) -> int:
+    """A process's CPU ticks from its ``stat`` fields: utime stime cutime cstime."""
+    return sum(int(f) for f in fields[11:15])
 
 
 _trial_root: int | None = None  # the process whose tree is the trial (None: this process)
@@ -179,8 +219,12 @@ class CpuMeter:
         self._pid = _trial_root if _trial_root is not None else os.getpid()
         self.share: CpuShare | None = None
 
-    def _read(self) -> tuple[float, int | None, int | None]:
-        return time.perf_counter(), _busy_ticks(self._cores), _tree_ticks(self._pid)
+    def own_ticks(self) -> int | None:
+        """CPU ticks of the trial's process tree (None: no /proc)."""
+        return _tree_ticks(self._pid)
+
+    def _read(self) -> tuple[float, int, int] | None:
+        return _ticks_now(self._cores, self.own_ticks)
 
     def __enter__(self) -> CpuMeter:
         self._start = self._read()
@@ -191,18 +235,16 @@ class CpuMeter:
 
     def so_far(self) -> CpuShare | None:
         """Where the cores' time went from the start of the block until now (None: no /proc)."""
-        started, busy_before, own_before = self._start
-        ended, busy_after, own_after = self._read()
-        if None in (busy_before, busy_after, own_before, own_after) or not self._cores:
+        now = self._read()
+        if self._start is None or now is None or not self._cores:
             return None
-        assert busy_before is not None and busy_after is not None
-        assert own_before is not None and own_after is not None
-        own = (own_after - own_before) / _TICKS_PER_SECOND
-        busy = (busy_after - busy_before) / _TICKS_PER_SECOND
+        seconds, busy, own = (
+            after - before for after, before in zip(now, self._start, strict=True)
+        )
         return CpuShare(
-            wall_seconds=ended - started,
+            wall_seconds=seconds,
             cores=len(self._cores),
-            own_cpu_seconds=own,
+            own_cpu_seconds=own / _TICKS_PER_SECOND,
             # the tree's time may run on cores outside the set, or be accounted a tick apart
-            other_cpu_seconds=max(0.0, busy - own),
+            other_cpu_seconds=max(0.0, busy - own) / _TICKS_PER_SECOND,
         )
