@@ -562,7 +562,7 @@ def test_the_confirmation_shows_every_runs_score_and_marks_an_infeasible_run():
     )
     display.print_confirmation(Console(file=said, width=200), answer, spec, study.study_name)
     shown = " ".join(said.getvalue().split())
-    assert "runs used: the measurements each median counts, the trial's own among them: feasible" in shown
+    assert "runs used: the measurements each median counts, the trial's own among them" in shown
     assert "│ 2 │ - │ - │ 0.81 │ 2 of 4 │" in shown, shown
     lines = io.StringIO()
     show = display.confirmation_progress(Console(file=lines, width=200), spec)
