@@ -22,7 +22,6 @@ from autotune.training.clocks import Epochs
 from autotune.training.context import (
     compiled_graphs,
     guarded,
-    kept_graph,
     peak_memory_bytes,
     reset_peak_memory,
 )
@@ -40,8 +39,9 @@ MAX_BURST_MICRO_BATCHES = 400  # and however fast
 def measure(config: TrialConfig, workload: Workload, plan: BurstPlan) -> SpeedMeasurement:
     """Time ``config``'s training steps (at accumulation 1); TrialFault when it cannot train."""
     config = config.replace(accumulation_steps=1)  # the optimizer's share is timed apart
-    warm = kept_graph(config, plan.keep_compiled)  # compiled earlier in this stage
-    return guarded(config, lambda: _measure(config, workload, plan, warm), plan.keep_compiled)
+    return guarded(
+        config, lambda graph: _measure(config, workload, plan, graph.warm), plan.keep_compiled
+    )
 
 
 def _measure(

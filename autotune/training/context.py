@@ -56,29 +56,30 @@ def graph_key(config: TrialConfig) -> str:
 
 @dataclass
 class CompiledGraph:
-    """The compiled graph of one run: whether the run failed (then it is not kept)."""
+    """The compiled graph of one run: whether it reuses a graph kept in this process (``warm``)
+    and whether the run failed (then it is not kept)."""
 
+    warm: bool = False
     failed: bool = False
 
 
 class _Kept:
-    """Stage 1's compiled graphs in this process: each one's Inductor caches, by graph key, and
-    the graph whose Dynamo state is live."""
+    """Stage 1's live compiled graph in this process: its key (graph and intra-op threads), the
+    stage it was compiled for and its Inductor caches' directory."""
 
-    directories: dict[str, str] = {}  # noqa: RUF012  # one per process, by graph key
-    live: str | None = None
-    stage: str = ""  # the stage they were compiled for
+    key: str | None = None
+    stage: str = ""
+    directory: str = ""
 
     @classmethod
-    def drop(cls, key: str | None = None) -> None:
-        """Forget ``key``'s graph (every graph when None): its Dynamo state and its caches."""
-        if cls.live is not None and key in (None, cls.live):
+    def drop(cls) -> None:
+        """Forget the kept graph: its Dynamo state and its caches."""
+        if cls.key is not None:
             torch.compiler.reset()
-            cls.live = None
-        for name in [key] if key is not None else list(cls.directories):
-            directory = cls.directories.pop(name, None)
-            if directory is not None:
-                shutil.rmtree(directory, ignore_errors=True)
+            cls.key = None
+        if cls.directory:
+            shutil.rmtree(cls.directory, ignore_errors=True)
+            cls.directory = ""
 
 
 atexit.register(_Kept.drop)
@@ -108,26 +109,18 @@ def cold_compiler(prefix: str) -> Iterator[None]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def kept_graph(config: TrialConfig, stage: str) -> bool:
-    """Whether ``config``'s graph was compiled and kept for ``stage`` in this process."""
-    return (
-        bool(stage)
-        and config.compile != "none"
-        and _Kept.stage == stage
-        and graph_key(config) in _Kept.directories
-    )
-
-
 @contextlib.contextmanager
-def compile_state(config: TrialConfig, keep: str = "") -> Iterator[CompiledGraph]:
+def compile_state(config: TrialConfig, threads: int, keep: str = "") -> Iterator[CompiledGraph]:
     """For a compiled trial, a cold compiler (``cold_compiler``), so the compile time a trial
     pays does not depend on which trials or studies ran before it.
 
-    ``keep`` (stage 1, its id): each distinct graph is compiled cold once in this process and
-    kept for that stage, its Dynamo state live until another graph runs and its caches until
-    a run without ``keep``; a later run of the same graph (another pipeline, cudnn_benchmark,
-    a rematch) reuses it (``kept_graph``), its one-time cost charged from the cold compile. A
-    run that fails drops its graph."""
+    ``keep`` (stage 1, its id): a graph is kept, live, for the runs of that stage that follow
+    it in this process at the same intra-op ``threads`` (another pipeline, cudnn_benchmark, a
+    rematch): they reuse it (``CompiledGraph.warm``), their one-time cost charged from its cold
+    compile. Any other run drops it: another graph (one live graph bounds the memory held), a
+    run without ``keep``, a run that failed, or another thread count, on which Dynamo's
+    guards compile the graph again (cold, as a trial would at that count: Inductor's caches
+    are fresh at every entry, so only the live Dynamo state makes a run warm)."""
     graph = CompiledGraph()
     if keep != _Kept.stage:  # another stage, or a trial: nothing kept helps it or holds memory
         _Kept.drop()
@@ -136,20 +129,20 @@ def compile_state(config: TrialConfig, keep: str = "") -> Iterator[CompiledGraph
         yield graph
         return
     if keep:
-        key = graph_key(config)
-        if _Kept.live != key:
-            torch.compiler.reset()  # one live graph: a reset bounds what stays in memory
-            _Kept.live = None
-        if key not in _Kept.directories:
-            _Kept.directories[key] = tempfile.mkdtemp(prefix="autotune-graph-")
+        key = json.dumps([graph_key(config), threads])
+        graph.warm = _Kept.key == key
+        if not graph.warm:
+            _Kept.drop()
+            torch.compiler.reset()  # cold, whatever this process compiled before
+            _Kept.directory = tempfile.mkdtemp(prefix="autotune-graph-")
         try:
-            with _inductor_cache(_Kept.directories[key]):
+            with _inductor_cache(_Kept.directory):
                 yield graph
         finally:
             if graph.failed:
-                _Kept.drop(key)
+                _Kept.drop()
             else:
-                _Kept.live = key
+                _Kept.key = key
         return
     with cold_compiler("autotune-compile-"):
         yield graph
@@ -192,19 +185,19 @@ Measured = TypeVar("Measured", TrialResult, SpeedMeasurement)
 
 
 def guarded(
-    config: TrialConfig, body: Callable[[], Measured], keep_compiled: str = ""
+    config: TrialConfig, body: Callable[[CompiledGraph], Measured], keep_compiled: str = ""
 ) -> Measured:
-    """Run ``body`` (training under ``config``) in its context (``keep_compiled``: stage 1's
-    kept graph, ``compile_state``): what it measured, with the intra-op threads it ran on and
-    others' share of its cores meanwhile; every failure raised as a TrialFault (kind, one line,
-    and the traceback as ``details`` for unexpected errors)."""
+    """Run ``body`` (training under ``config``, given its compiled graph) in its context
+    (``keep_compiled``: stage 1's kept graph, ``compile_state``): what it measured, with the
+    intra-op threads it ran on and others' share of its cores meanwhile; every failure raised
+    as a TrialFault (kind, one line, and the traceback as ``details`` for unexpected errors)."""
     device = torch.device(config.device)
-    threads = trial_threads()
+    threads = trial_threads()  # before compile_state: a graph is kept per thread count
     with (
         # the current CUDA device: streams, events and caches follow it
         torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext(),
         backend_flags(config),
-        compile_state(config, keep_compiled) as graph,
+        compile_state(config, threads, keep_compiled) as graph,
         intra_op_threads(threads),
         warnings.catch_warnings(),
     ):
@@ -213,7 +206,7 @@ def guarded(
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
         try:
             with CpuMeter() as meter:  # what else ran on these cores meanwhile
-                value = body()
+                value = body(graph)
             share = meter.share.other_share if meter.share is not None else None
             return dataclasses.replace(value, intra_op_threads=threads, other_cpu_share=share)
         except BaseException as error:

@@ -125,7 +125,7 @@ def _flops_per_sample(trainer: Trainer, workload: Workload) -> float | None:
 
 def train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialResult:
     """Train one trial; TrialFault when it cannot finish."""
-    return guarded(config, lambda: _train(config, workload, report))
+    return guarded(config, lambda _graph: _train(config, workload, report))
 
 
 # ---------------------------------------------------------------------------------------------
