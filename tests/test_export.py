@@ -331,9 +331,11 @@ LINTED = {
 }
 
 
-def test_every_variant_of_the_script_is_lint_clean(tiny_study, regression_study, tmp_path: Path):
-    """``ruff check`` with this project's configuration: the script is the code users keep, and
-    reads as the project's own."""
+def test_every_variant_of_the_script_is_lint_and_format_clean(
+    tiny_study, regression_study, tmp_path: Path
+):
+    """``ruff check`` and ``ruff format --check`` with this project's configuration: the script
+    is the code users keep, and reads as the project's own."""
     for study, variants in [(tiny_study[0], LINTED), (regression_study[0], {"users": {}})]:
         best = best_config(study, select_trial(study))
         for name, changes in variants.items():
@@ -349,6 +351,21 @@ def test_every_variant_of_the_script_is_lint_clean(tiny_study, regression_study,
         text=True,
     )
     assert checked.returncode == 0, checked.stdout
+    formatted = subprocess.run(
+        [
+            *ruff,
+            "format",
+            "--check",
+            "--diff",
+            "--no-cache",
+            "--config",
+            str(config),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert formatted.returncode == 0, formatted.stdout + formatted.stderr
 
 
 # every knob, a value unlike its default, and the code the script must then hold
