@@ -222,7 +222,7 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
     def interrupted_save(*args: object, **kwargs: object) -> None:
         nonlocal saves
         saves += 1
-        if saves == 2:  # half written
+        if saves in (2, 4):  # half written
             Path(str(args[1])).write_bytes(b"\x80")
             raise KeyboardInterrupt
         torch_save(*args, **kwargs)
@@ -235,6 +235,8 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
         other = script_here(
             script, "--epochs", "2", "--run-dir", "b", "--seed", "3", "--lr", ".01"
         )
+        saves = 2  # the next run's second save: model.pt, after its last epoch
+        last = script_here(script, "--epochs", "1", "--run-dir", "d")
         patch.setattr(torch, "manual_seed", interrupt)  # before the first epoch
         early = script_here(script, "--epochs", "1", "--run-dir", "c")
     assert (other.returncode, other.stderr) == (
@@ -248,13 +250,37 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
         "epochs": 2,
         "total_steps": 2 * saved["plan"]["total_steps"],
     }
+    assert (last.returncode, last.stderr) == (
+        130,
+        f"interrupted after the last epoch, writing d/model.pt: python {script} --resume "
+        "--run-dir d writes it\n",
+    )
+    written = script_here(script, "--resume", "--run-dir", "d")
+    assert (
+        "nothing to do: d/checkpoint.pt already holds 1 epoch; the final weights are in d/model.pt"
+        in written.stdout
+    )
+    assert set(torch.load(tmp_path / "d" / "model.pt")) == set(saved["model"])
     assert (early.returncode, early.stderr) == (
         130,
         f"interrupted before training began: python {script} --epochs 1 --run-dir c starts it "
         "again\n",
     )
+    # a --run-dir that is a file; checkpoints not torch's, without a plan, of another model
+    (tmp_path / "a-file").write_text("")
+    for folder in "efg":
+        (tmp_path / folder).mkdir()
+    (tmp_path / "e" / "checkpoint.pt").write_text("not a checkpoint")
+    torch.save({"model": saved["model"]}, tmp_path / "f" / "checkpoint.pt")
+    torch.save({**saved, "model": {}}, tmp_path / "g" / "checkpoint.pt")
+    foreign = "checkpoint.pt is not a checkpoint of this script's runs"
     # arguments out of range, and a device this machine does not have: argparse's one line
     for given, said in [
+        (("--run-dir", "a-file"), "--run-dir: a-file is a file, not a folder"),
+        (("--resume", "--run-dir", "e"), f"--resume: e/{foreign} (torch.load cannot read it)"),
+        (("--resume", "--run-dir", "f"), f"--resume: f/{foreign} (it holds no run's plan and"),
+        (("--resume", "--run-dir", "g"), f"--resume: g/{foreign} (RuntimeError: Error(s) in"),
+        (("--seed", "-1"), "argument --seed: -1: must be 0 to 2**64 - 1"),
         (("--epochs", "0"), "argument --epochs: 0: must be above 0"),
         (("--epochs", "-1"), "argument --epochs: -1: must be above 0"),
         (("--lr", "-1"), "argument --lr: -1: must be above 0"),
@@ -263,7 +289,9 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
     ]:
         refused = script_here(script, *given)
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
-        assert refused.stderr.splitlines()[-1].startswith(f"train.py: error: {said}"), given
+        assert refused.stderr.splitlines()[-1].startswith(f"train.py: error: {said}"), (
+            refused.stderr
+        )
 
 
 VARIANTS = {
