@@ -699,6 +699,9 @@ def test_reading_a_crafted_study_runs_none_of_the_code_it_names(tiny_copy, tmp_p
         exported.stdout
     )
     assert "from os import system" in (tmp_path / "t.py").read_text()
+    # the hint names each of the script's options (--force: a used --run-dir's refusal says it)
+    options = re.findall(r'add_argument\(\s*"(--[a-z-]+)"', (tmp_path / "t.py").read_text())
+    assert set(options) - {"--force"} <= set(re.findall(r"--[a-z-]+", exported.stdout)), options
     best = autotune_here("best", "--study", "tiny", "--storage", url, cwd=tmp_path)
     assert "its workload is your code: autotune.testing:tiny_mlp, os:system" in best.stdout
     assert not marker.exists()
