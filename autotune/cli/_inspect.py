@@ -172,7 +172,7 @@ def export_command(
         processes = result.config.world_size  # a DDP trial's script runs as its processes
         launch = ("torchrun", "--nproc-per-node", str(processes)) if processes > 1 else ("python",)
         display.print_command(console, "Run it:", *launch, str(output))
-        options = "--epochs N, --resume, --run-dir DIR, --lr, --seed, --device"
+        options = "--epochs N, --resume, --run-dir DIR, --lr, --seed, --threads N, --device"
         epochs = f"{result.epochs} epoch{'s' if result.epochs != 1 else ''}"
         console.print(Padding(Text(f"{epochs} into run/; {options}"), (0, 0, 0, 2)))
         if imported:  # say so before the user runs it: a shared study could name anything

@@ -188,10 +188,12 @@ def _wrapped_literal(text: str, room: int) -> str:
     characters left on the first line."""
     if len(literal(text)) <= room:
         return literal(text)
+    # one piece where it fits on a line of its own, as ruff format joins the pieces
+    width = len(literal(text)) if len(literal(text)) <= 99 - 8 else _PROVENANCE_WIDTH
     pieces: list[str] = []
     current = ""
     for char in text:
-        if current and len(literal(current + char)) > _PROVENANCE_WIDTH:
+        if current and len(literal(current + char)) > width:
             cut = current.rfind(" ") + 1 or len(current)  # after a space where there is one
             pieces.append(current[:cut])
             current = current[cut:]
