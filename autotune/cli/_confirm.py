@@ -130,9 +130,10 @@ def confirm(
 ) -> None:
     """Re-measure a study's leaders and its references side by side, and name the answer.
 
-    Runs (or resumes) the confirmation round; --repeats beyond the stored round's adds runs to
-    it, fewer keeps it; other leaders (--top, trials since), a new round. It trains,
-    so it imports the workload's model and data functions named in the study's space file.
+    It runs the confirmation round, or resumes it. A larger --repeats than the stored round's
+    adds runs to that round; a smaller one keeps it as it is. Other leaders (another --top, or
+    trials finished since the round) start a new round. It trains, so it imports the
+    workload's model and data functions named in the study's space file.
     """
     in_range("--top", top, 1)
     in_range("--repeats", repeats, 1)

@@ -37,7 +37,7 @@ from autotune.files import make_folder_for, write_new_file
 from autotune.spacefile import DEFAULT_STORAGE
 
 
-@app.command(cls=Command)
+@app.command(cls=Command, short_help="Print the best feasible trial's configuration and metrics.")
 def best(
     study_name: Annotated[str | None, STUDY_OPTION] = None,
     storage: Annotated[str, STORAGE_OPTION] = DEFAULT_STORAGE,
@@ -88,7 +88,11 @@ def best(
         console.print(studies.password_note(storage), markup=False)
 
 
-@app.command("export", cls=Command)
+@app.command(
+    "export",
+    cls=Command,
+    short_help="Export the answer: a script, YAML, JSON, or Trainer settings.",
+)
 def export_command(
     study_name: Annotated[str | None, STUDY_OPTION] = None,
     output: Annotated[
@@ -246,7 +250,9 @@ def report_command(
     )
 
 
-@app.command(cls=Command)
+@app.command(
+    cls=Command, short_help="Open the studies in optuna-dashboard, with autotune's notes."
+)
 def dashboard(
     storage: Annotated[str, STORAGE_OPTION] = DEFAULT_STORAGE,
     artifacts: Annotated[str | None, ARTIFACTS_OPTION] = None,
@@ -295,7 +301,9 @@ SPEED_ROW = "└ stage 1"  # a study's speed study (NAME.speed), in the row unde
 _COUNTED = {"complete": "COMPLETE", "pruned": "PRUNED", "failed": "FAIL", "running": "RUNNING"}
 
 
-@app.command("studies", cls=Command)
+@app.command(
+    "studies", cls=Command, short_help="List a storage's studies, their trials and best values."
+)
 def list_studies(
     storage: Annotated[str, STORAGE_OPTION] = DEFAULT_STORAGE,
     as_json: Annotated[bool, flag("--json", help="Print machine-readable JSON.")] = False,

@@ -38,10 +38,11 @@ if TYPE_CHECKING:
     from autotune.machine.scaleout import Workers, WorkerShare
 
 
-@app.command(cls=Command)
+@app.command(cls=Command, short_help="Run or resume a study, then print its answer.")
 def run(
     space_file: Annotated[
-        Path, typer.Argument(help="The space file (YAML) describing the study.")
+        Path,
+        typer.Argument(metavar="SPACE_FILE", help="The space file (YAML) describing the study."),
     ],
     n_trials: Annotated[
         int | None,
@@ -246,5 +247,6 @@ class Shown(session.RunHooks):
         return confirm_round(study, spec, executor, top, repeats)
 
 
-app.command(cls=Command)(confirm)  # after run: --help lists the commands in this order
-app.command(cls=Command)(verify)
+# after run: --help lists the commands in this order
+app.command(cls=Command, short_help="Re-measure the leaders and references side by side.")(confirm)
+app.command(cls=Command, short_help="Train the answer and references for the full run.")(verify)
