@@ -67,17 +67,17 @@ def best(
     if not result.feasible:
         console.print(f"[yellow]warning:[/] {escape(_infeasible(chosen))}")
     # what the run said of it: a speed-up only where the confirmation round backs one
-    console.print(f"  {result.confirmation_text(storage)}", markup=False)
+    display.print_fact(console, result.confirmation_text(storage))
     for key, value in result.metrics.items():
         note = display.METRIC_NOTES.get(key)
         name = f"validation {result.score_name}" if key == "score" else key
-        shown = f"  {name}: {display.fmt_metric(key, value)}" + (f"  ({note})" if note else "")
-        console.print(shown, markup=False)
+        shown = f"{name}: {display.fmt_metric(key, value)}" + (f"  ({note})" if note else "")
+        display.print_fact(console, shown)
     console.print(display.config_table(chosen))
     spec = export.study_spec(found)
     imported = spec.user_entry_points() if spec is not None else []
     if imported:
-        console.print(f"  its workload is your code: {', '.join(imported)}", markup=False)
+        display.print_fact(console, f"its workload is your code: {', '.join(imported)}")
     where = display.study_options(study_name, storage)
     console.print()
     chosen_one = ("--trial", str(trial)) if trial is not None else ()  # not the answer, say
