@@ -379,9 +379,10 @@ def test_commands_that_read_a_study_do_not_import_torch(seen, tmp_path: Path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
-        ((_, last),) = _probe(("dashboard", "--storage", url, "--port", port), cwd=tmp_path)
+        ((shown, last),) = _probe(("dashboard", "--storage", url, "--port", port), cwd=tmp_path)
     # optuna-dashboard imports scikit-learn (for its importances): torch it need not
     assert last.startswith("exit 1; loaded ") and "torch" not in last, last
+    assert "http://" not in shown, shown  # a URL that serves nothing is not said
 
 
 def test_run_takes_autotune_storage_unless_the_space_file_names_one(tmp_path: Path, monkeypatch):

@@ -262,6 +262,8 @@ def dashboard(
 ) -> None:
     """Open the studies in optuna-dashboard, with autotune's notes and artifacts."""
     in_range("--port", port, 1, 65535)
+    from wsgiref.simple_server import WSGIServer
+
     import bottle
     import optuna_dashboard
 
@@ -275,20 +277,23 @@ def dashboard(
     store = stores.open_store(location, create=False) if location is not None else None
     if artifacts and store is None:
         raise fail(f"--artifacts {location}: no such folder", EXIT_FAILED)
-    console.print(
-        f"optuna-dashboard on [bold]{escape(f'http://{host}:{port}/')}[/] (Ctrl-C to stop; "
-        f"read-only)"
-    )
-    if location is None:
-        console.print(
-            f"No artifacts shown: name where this storage's studies keep them with --artifacts "
-            f"(or ${stores.ARTIFACTS_ENV}).",
-            markup=False,
-        )
+
+    class Listening(WSGIServer):  # its URL said once the port is its own, not before
+        def server_activate(self) -> None:
+            super().server_activate()
+            url = escape(f"http://{host}:{port}/")
+            console.print(f"optuna-dashboard on [bold]{url}[/] (Ctrl-C to stop; read-only)")
+            if location is None:
+                console.print(
+                    f"No artifacts shown: name where this storage's studies keep them with "
+                    f"--artifacts (or ${stores.ARTIFACTS_ENV}).",
+                    markup=False,
+                )
+
     try:
         # optuna_dashboard.run_server, but quiet: no line per HTTP request unless --verbose
         app = optuna_dashboard.wsgi(backend, artifact_store=store)
-        bottle.run(app, host=host, port=port, quiet=not verbose)
+        bottle.run(app, host=host, port=port, quiet=not verbose, server_class=Listening)
     except OSError as err:  # the port is taken, say
         raise fail(f"cannot serve on {host}:{port}: {err.strerror or err}", EXIT_FAILED) from None
     except KeyboardInterrupt:
