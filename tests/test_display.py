@@ -906,6 +906,12 @@ def test_verifys_table_is_built_once_for_the_terminal_and_the_note():
     ]
     said = "The short trials' ranking does not hold: the untuned baseline ends at 0.97"
     assert losses == [f"{said} against the answer's 0.91."]
+    # where it holds it says so, in the same place (a new user read silence, not a verdict)
+    _, holds = display.verification_rows(Verification(30, 0.9, runs[::2]), "acc", True)
+    assert holds == [
+        "The short trials' ranking holds at full length: the answer ends no worse than the "
+        "tuning checklist and reaches 0.9 no later, within noise."
+    ]
     (head, *rows), _ = display.verification_rows(Verification(30, None, runs), "acc", True)
     assert len(head) == 3 and all(len(row) == 3 for row in rows)
 
