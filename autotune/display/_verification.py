@@ -75,8 +75,8 @@ def verification_rows(
     others = [studies.role_name(row.role) for row in verified.rows(higher) if row.role != "answer"]
     if losses or not others:  # nothing verified beside the answer: no ranking to hold
         return rows, losses
-    reached = verified.time_to_target("answer", higher) is not None
-    later = f" and reaches {verified.target:g} no later" if reach and reached else ""
+    arrives = verified.time_to_target("answer", higher) is not None
+    later = f" and reaches {verified.target:g} no later" if reach and arrives else ""
     holds = f"the answer ends no worse than {studies.listed(others)}{later}, within noise"
     return rows, [f"The short trials' ranking holds at full length: {holds}."]
 
