@@ -37,7 +37,7 @@ from autotune.files import make_folder_for, write_new_file
 from autotune.spacefile import DEFAULT_STORAGE
 
 
-@app.command(cls=Command, short_help="Print the best feasible trial's configuration and metrics.")
+@app.command(cls=Command)
 def best(
     study_name: Annotated[str | None, STUDY_OPTION] = None,
     storage: Annotated[str, STORAGE_OPTION] = DEFAULT_STORAGE,
@@ -46,7 +46,7 @@ def best(
     ] = None,
     as_json: Annotated[bool, flag("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
-    """Print the best feasible trial of a study: its full configuration and metrics."""
+    """Print the best feasible trial's configuration and metrics."""
     from autotune import display, export
     from autotune import study as studies
 
@@ -88,11 +88,7 @@ def best(
         console.print(studies.password_note(storage), markup=False)
 
 
-@app.command(
-    "export",
-    cls=Command,
-    short_help="Export the answer: a script, YAML, JSON, or Trainer settings.",
-)
+@app.command("export", cls=Command)
 def export_command(
     study_name: Annotated[str | None, STUDY_OPTION] = None,
     output: Annotated[
@@ -122,8 +118,10 @@ def export_command(
         ),
     ] = False,
 ) -> None:
-    """Export the best configuration as a standalone training script, YAML, JSON, or the
-    settings of a Lightning or Hugging Face Trainer."""
+    """Export the answer: a script, YAML, JSON, or Trainer settings.
+
+    A standalone training script, YAML, JSON, or the settings of a Lightning or Hugging Face
+    Trainer, for the study's answer (or --trial)."""
     from autotune import display, export
     from autotune import study as studies
     from autotune.outputs import artifacts as stores
@@ -250,9 +248,7 @@ def report_command(
     )
 
 
-@app.command(
-    cls=Command, short_help="Open the studies in optuna-dashboard, with autotune's notes."
-)
+@app.command(cls=Command)
 def dashboard(
     storage: Annotated[str, STORAGE_OPTION] = DEFAULT_STORAGE,
     artifacts: Annotated[str | None, ARTIFACTS_OPTION] = None,
@@ -260,7 +256,7 @@ def dashboard(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     verbose: Annotated[bool, flag("--verbose", "-v", help="Log every HTTP request.")] = False,
 ) -> None:
-    """Open the studies in optuna-dashboard, with autotune's notes and artifacts."""
+    """Open the studies in optuna-dashboard, with notes and artifacts."""
     in_range("--port", port, 1, 65535)
     from wsgiref.simple_server import WSGIServer
 
@@ -306,14 +302,12 @@ SPEED_ROW = "└ stage 1"  # a study's speed study (NAME.speed), in the row unde
 _COUNTED = {"complete": "COMPLETE", "pruned": "PRUNED", "failed": "FAIL", "running": "RUNNING"}
 
 
-@app.command(
-    "studies", cls=Command, short_help="List a storage's studies, their trials and best values."
-)
+@app.command("studies", cls=Command)
 def list_studies(
     storage: Annotated[str, STORAGE_OPTION] = DEFAULT_STORAGE,
     as_json: Annotated[bool, flag("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
-    """List the studies in a storage with their trial counts and best values."""
+    """List the studies in a storage: trial counts and best values."""
     import optuna
     from optuna.trial import TrialState
     from rich import box

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from autotune.machine.scaleout import Workers, WorkerShare
 
 
-@app.command(cls=Command, short_help="Run or resume a study, then print its answer.")
+@app.command(cls=Command)
 def run(
     space_file: Annotated[
         Path,
@@ -112,7 +112,7 @@ def run(
     as_worker: Annotated[int | None, typer.Option(hidden=True)] = None,
     verbose: Annotated[bool, flag("--verbose", "-v", help="Show Optuna's logs.")] = False,
 ) -> None:
-    """Run (or resume) the study a space file describes and print the best configuration."""
+    """Run (or resume) a space file's study and print its answer."""
     in_range("--workers", workers, 1)
     in_range("--turn-wait", turn_wait, 0)
     if turn_wait is not None:  # read where a turn is waited for, here and in its workers
@@ -247,6 +247,5 @@ class Shown(session.RunHooks):
         return confirm_round(study, spec, executor, top, repeats)
 
 
-# after run: --help lists the commands in this order
-app.command(cls=Command, short_help="Re-measure the leaders and references side by side.")(confirm)
-app.command(cls=Command, short_help="Train the answer and references for the full run.")(verify)
+app.command(cls=Command)(confirm)  # after run: --help lists the commands in this order
+app.command(cls=Command)(verify)
