@@ -252,6 +252,25 @@ def test_help_shows_flags_as_flags_and_version(invoke_cli, tmp_path: Path):
     assert version.stdout.strip() == f"autotune {__version__}"
 
 
+def test_help_reads_as_sentences_at_80_columns(invoke_cli, tmp_path: Path):
+    """A new user's --help at 80 columns broke verify's summary mid-sentence ("reaches the
+    target" / "first"), confirm's paragraph at the source's line breaks, and showed run's
+    argument as ``{space_file}``."""
+    root = invoke_cli("--help", cwd=tmp_path, columns=80).stdout.splitlines()
+    start = next(i for i, line in enumerate(root) if "Commands" in line) + 1
+    rows = root[start : next(i for i, line in enumerate(root) if i > start and "╰" in line)]
+    assert [row.split()[1] for row in rows] == [
+        *("run", "confirm", "verify", "best", "export", "report", "dashboard", "studies")
+    ], "\n".join(root)  # a summary each, of one line
+    for command in ("confirm", "verify", "run"):
+        lines = invoke_cli(command, "--help", cwd=tmp_path, columns=80).stdout.splitlines()
+        above_the_options = lines[: next(i for i, line in enumerate(lines) if "╭" in line)]
+        prose = "\n".join(line.strip() for line in above_the_options).strip()
+        for paragraph in prose.split("\n\n")[1:]:  # after the usage line: filled lines
+            assert all(len(line) > 60 for line in paragraph.splitlines()[:-1]), prose
+    assert prose.splitlines()[0].endswith(" run [OPTIONS] SPACE_FILE"), prose
+
+
 def test_autotune_storage_is_every_commands_default_storage(invoke_cli, seen, tmp_path: Path):
     """The default storage is relative to the current folder; AUTOTUNE_STORAGE names one for
     every command run from anywhere."""
@@ -360,9 +379,10 @@ def test_commands_that_read_a_study_do_not_import_torch(seen, tmp_path: Path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
-        ((_, last),) = _probe(("dashboard", "--storage", url, "--port", port), cwd=tmp_path)
+        ((shown, last),) = _probe(("dashboard", "--storage", url, "--port", port), cwd=tmp_path)
     # optuna-dashboard imports scikit-learn (for its importances): torch it need not
     assert last.startswith("exit 1; loaded ") and "torch" not in last, last
+    assert "http://" not in shown, shown  # a URL that serves nothing is not said
 
 
 def test_run_takes_autotune_storage_unless_the_space_file_names_one(tmp_path: Path, monkeypatch):

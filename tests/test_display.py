@@ -559,6 +559,21 @@ def test_runs_used_tells_the_retakes_of_a_busy_machine_apart_from_runs(tmp_path:
     )
 
 
+def test_the_round_and_best_wrap_at_the_consoles_width(tmp_path: Path, seen, invoke_cli):
+    """At COLUMNS=100 the "runs used:" footnote wrapped at the table's 65 columns (a caption);
+    ``best``'s "confirmed:" line, wrapped, went on at column 0 rather than under its label."""
+    copy, _ = _confirmed_copy(seen, tmp_path, "tied", ((1.0, 1.1, 0.95), (0.99, 1.0, 1.02)))
+    console = _console(100)
+    display.print_confirmation(console, studies.answer_of(copy), _spec(seen[0]), "tied")
+    footnote = next(line for line in _text(console).splitlines() if "runs used:" in line)
+    assert len(footnote.rstrip()) > 80, _text(console)
+    url = f"sqlite:///{tmp_path / 'copy.db'}"
+    shown = invoke_cli("best", "--storage", url, cwd=tmp_path, columns=60).stdout.splitlines()
+    at = next(i for i, line in enumerate(shown) if line.startswith("  confirmed: median"))
+    assert "with trial" in shown[at + 1], shown  # it wraps: it goes on under its label
+    assert shown[at + 1].startswith("    ") and shown[at + 1][4] != " ", shown
+
+
 def test_an_answer_from_single_runs_says_run_not_runs(tmp_path: Path, seen):
     import dataclasses
 
@@ -891,6 +906,12 @@ def test_verifys_table_is_built_once_for_the_terminal_and_the_note():
     ]
     said = "The short trials' ranking does not hold: the untuned baseline ends at 0.97"
     assert losses == [f"{said} against the answer's 0.91."]
+    # where it holds it says so, in the same place (a new user read silence, not a verdict)
+    _, holds = display.verification_rows(Verification(30, 0.9, runs[::2]), "acc", True)
+    assert holds == [
+        "The short trials' ranking holds at full length: the answer ends no worse than the "
+        "tuning checklist and reaches 0.9 no later, within noise."
+    ]
     (head, *rows), _ = display.verification_rows(Verification(30, None, runs), "acc", True)
     assert len(head) == 3 and all(len(row) == 3 for row in rows)
 

@@ -144,6 +144,18 @@ def test_unknown_top_level_section():
     assert message == "s.yaml:2: unknown key 'spcae' in the space file; did you mean 'space'?"
 
 
+def test_a_misspelt_required_section_or_metric_is_one_line_that_names_the_right_one():
+    """A new user's 'worklaod:' got "missing required key 'workload'" first and the
+    did-you-mean second; a misspelt metric got no did-you-mean at all."""
+    body = MINIMAL.replace("workload:", "worklaod:")
+    assert one_problem(body) == (
+        "s.yaml:1: unknown key 'worklaod' in the space file; did you mean 'workload'? "
+        "(it is required)"
+    )
+    message = one_problem(MINIMAL + "objective: {metric: acuracy_per_second}\n")
+    assert message.endswith(", got 'acuracy_per_second'; did you mean 'accuracy_per_second'?")
+
+
 @pytest.mark.parametrize(
     ("knob_yaml", "expected"),
     [

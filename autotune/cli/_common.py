@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import textwrap
 import warnings
@@ -41,7 +42,20 @@ class Group(_PlainHelp, TyperGroup):
 
 
 class Command(_PlainHelp, TyperCommand):
-    """Each command: a plain ``--help``."""
+    """Each command: a plain ``--help``, its docstring's paragraphs filled to the terminal's
+    width (Typer's rich help keeps the line breaks of the source)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        paragraphs = inspect.cleandoc(self.help or "").split("\n\n")
+        self.help = "\n\n".join(" ".join(paragraph.split()) for paragraph in paragraphs)
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        """The usage line names a required argument as ``SPACE_FILE``, not Typer's ``{...}``."""
+        return [
+            piece.removeprefix("{").removesuffix("}")
+            for piece in super().collect_usage_pieces(ctx)
+        ]
 
 
 def flag(*names: str, help: str) -> Any:

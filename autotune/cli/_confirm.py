@@ -128,11 +128,13 @@ def confirm(
     ] = None,
     isolation: Annotated[str | None, ISOLATION_OPTION] = None,
 ) -> None:
-    """Re-measure a study's leaders and its references side by side, and name the answer.
+    """Re-measure the leaders and references side by side.
 
-    Runs (or resumes) the confirmation round; --repeats beyond the stored round's adds runs to
-    it, fewer keeps it; other leaders (--top, trials since), a new round. It trains,
-    so it imports the workload's model and data functions named in the study's space file.
+    The round names the study's answer. It runs the confirmation round, or resumes it. A
+    larger --repeats than the stored round's adds runs to that round; a smaller one keeps it as
+    it is. Other leaders (another --top, or trials finished since the round) start a new round.
+    It trains, so it imports the workload's model and data functions named in the study's
+    space file.
     """
     in_range("--top", top, 1)
     in_range("--repeats", repeats, 1)
@@ -201,10 +203,10 @@ def verify(
     ] = False,
     isolation: Annotated[str | None, ISOLATION_OPTION] = None,
 ) -> None:
-    """Train the answer and the references for the full run and show who reaches the target
-    first, and whether the short trials' ranking holds.
+    """Train the answer and the references for the full run.
 
-    It trains, so it imports the workload's model and data functions named in the study's space
+    It shows who reaches the target first, and whether the short trials' ranking holds. It
+    trains, so it imports the workload's model and data functions named in the study's space
     file. Finished runs are stored with the study: the same command resumes.
     """
     in_range("--epochs", epochs, 1e-3, 100_000)

@@ -46,7 +46,7 @@ def best(
     ] = None,
     as_json: Annotated[bool, flag("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
-    """Print the best feasible trial of a study: its full configuration and metrics."""
+    """Print the best feasible trial's configuration and metrics."""
     from autotune import display, export
     from autotune import study as studies
 
@@ -67,17 +67,17 @@ def best(
     if not result.feasible:
         console.print(f"[yellow]warning:[/] {escape(_infeasible(chosen))}")
     # what the run said of it: a speed-up only where the confirmation round backs one
-    console.print(f"  {result.confirmation_text(storage)}", markup=False)
+    display.print_fact(console, result.confirmation_text(storage))
     for key, value in result.metrics.items():
         note = display.METRIC_NOTES.get(key)
         name = f"validation {result.score_name}" if key == "score" else key
-        shown = f"  {name}: {display.fmt_metric(key, value)}" + (f"  ({note})" if note else "")
-        console.print(shown, markup=False)
+        shown = f"{name}: {display.fmt_metric(key, value)}" + (f"  ({note})" if note else "")
+        display.print_fact(console, shown)
     console.print(display.config_table(chosen))
     spec = export.study_spec(found)
     imported = spec.user_entry_points() if spec is not None else []
     if imported:
-        console.print(f"  its workload is your code: {', '.join(imported)}", markup=False)
+        display.print_fact(console, f"its workload is your code: {', '.join(imported)}")
     where = display.study_options(study_name, storage)
     console.print()
     chosen_one = ("--trial", str(trial)) if trial is not None else ()  # not the answer, say
@@ -118,8 +118,10 @@ def export_command(
         ),
     ] = False,
 ) -> None:
-    """Export the best configuration as a standalone training script, YAML, JSON, or the
-    settings of a Lightning or Hugging Face Trainer."""
+    """Export the answer: a script, YAML, JSON, or Trainer settings.
+
+    A standalone training script, YAML, JSON, or the settings of a Lightning or Hugging Face
+    Trainer, for the study's answer (or --trial)."""
     from autotune import display, export
     from autotune import study as studies
     from autotune.outputs import artifacts as stores
@@ -254,8 +256,10 @@ def dashboard(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     verbose: Annotated[bool, flag("--verbose", "-v", help="Log every HTTP request.")] = False,
 ) -> None:
-    """Open the studies in optuna-dashboard, with autotune's notes and artifacts."""
+    """Open the studies in optuna-dashboard, with notes and artifacts."""
     in_range("--port", port, 1, 65535)
+    from wsgiref.simple_server import WSGIServer
+
     import bottle
     import optuna_dashboard
 
@@ -269,20 +273,23 @@ def dashboard(
     store = stores.open_store(location, create=False) if location is not None else None
     if artifacts and store is None:
         raise fail(f"--artifacts {location}: no such folder", EXIT_FAILED)
-    console.print(
-        f"optuna-dashboard on [bold]{escape(f'http://{host}:{port}/')}[/] (Ctrl-C to stop; "
-        f"read-only)"
-    )
-    if location is None:
-        console.print(
-            f"No artifacts shown: name where this storage's studies keep them with --artifacts "
-            f"(or ${stores.ARTIFACTS_ENV}).",
-            markup=False,
-        )
+
+    class Listening(WSGIServer):  # its URL said once the port is its own, not before
+        def server_activate(self) -> None:
+            super().server_activate()
+            url = escape(f"http://{host}:{port}/")
+            console.print(f"optuna-dashboard on [bold]{url}[/] (Ctrl-C to stop; read-only)")
+            if location is None:
+                console.print(
+                    f"No artifacts shown: name where this storage's studies keep them with "
+                    f"--artifacts (or ${stores.ARTIFACTS_ENV}).",
+                    markup=False,
+                )
+
     try:
         # optuna_dashboard.run_server, but quiet: no line per HTTP request unless --verbose
         app = optuna_dashboard.wsgi(backend, artifact_store=store)
-        bottle.run(app, host=host, port=port, quiet=not verbose)
+        bottle.run(app, host=host, port=port, quiet=not verbose, server_class=Listening)
     except OSError as err:  # the port is taken, say
         raise fail(f"cannot serve on {host}:{port}: {err.strerror or err}", EXIT_FAILED) from None
     except KeyboardInterrupt:
@@ -300,7 +307,7 @@ def list_studies(
     storage: Annotated[str, STORAGE_OPTION] = DEFAULT_STORAGE,
     as_json: Annotated[bool, flag("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
-    """List the studies in a storage with their trial counts and best values."""
+    """List the studies in a storage: trial counts and best values."""
     import optuna
     from optuna.trial import TrialState
     from rich import box

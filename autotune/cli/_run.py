@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 @app.command(cls=Command)
 def run(
     space_file: Annotated[
-        Path, typer.Argument(help="The space file (YAML) describing the study.")
+        Path,
+        typer.Argument(metavar="SPACE_FILE", help="The space file (YAML) describing the study."),
     ],
     n_trials: Annotated[
         int | None,
@@ -111,7 +112,7 @@ def run(
     as_worker: Annotated[int | None, typer.Option(hidden=True)] = None,
     verbose: Annotated[bool, flag("--verbose", "-v", help="Show Optuna's logs.")] = False,
 ) -> None:
-    """Run (or resume) the study a space file describes and print the best configuration."""
+    """Run (or resume) a space file's study and print its answer."""
     in_range("--workers", workers, 1)
     in_range("--turn-wait", turn_wait, 0)
     if turn_wait is not None:  # read where a turn is waited for, here and in its workers

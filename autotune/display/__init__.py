@@ -27,6 +27,7 @@ from autotune.display._text import (
     metric_unit,
     plural,
     print_command,
+    print_fact,
     print_item,
     storage_back,
     storage_waiting,

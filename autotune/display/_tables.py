@@ -386,12 +386,11 @@ def print_confirmation(
     table.add_column(f"median {spec.objective.score_name}", justify="right")
     table.add_column("runs used", justify="right")  # the medians' runs: of how many
     retaken = any(found.retakes for found in answer.configurations)
-    table.caption = (
+    footnote = (  # after the table, as wide as the console (a caption wraps to the table's)
         "runs used: the measurements each median counts, the trial's own among them: "
         "feasible, and measured alike (quiet, or all under load)"
         + ("; a retake: a run measured again, the machine busy the first time" if retaken else "")
     )
-    table.caption_justify = "left"
     for found in answer.configurations:
         label, used = found.label, _runs_used(found)
         if not found.values or not (found.eligible or found.reference):
@@ -403,6 +402,7 @@ def print_confirmation(
             fmt(found.median_score), used,
         )  # fmt: skip
     console.print(table)
+    console.print(Text(footnote))
     again = command("autotune", "confirm", *study_options(study_name, spec.study.storage))
     if answer.round_state == "no_winner":
         console.print("[yellow]No configuration was feasible in most of its runs.[/]")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import textwrap
 from typing import Any
 
 from optuna.trial import FrozenTrial
@@ -132,6 +133,16 @@ def print_item(console: Console, label: str, value: str, *, copy: bool = False) 
         console.print(Text(f"  {value}"), soft_wrap=True, highlight=False)
     else:
         console.print(Padding(Text(value), (0, 0, 0, 2)), highlight=False)
+
+
+def print_fact(console: Console, line: str) -> None:
+    """``line`` (plain text: "confirmed: median ...") indented two spaces; where it wraps, its
+    further lines sit two deeper, under its label, wrapped between words."""
+    wrapped = textwrap.wrap(
+        line, console.width, initial_indent="  ", subsequent_indent="    ",
+        break_long_words=False, break_on_hyphens=False,
+    )  # fmt: skip
+    console.print(Text("\n".join(wrapped)), soft_wrap=True, highlight=False)
 
 
 def print_beside(console: Console, line: Text, rest: Text) -> None:

@@ -63,31 +63,39 @@ def verification_rows(
     verified: studies.Verification, score_name: str, higher: bool
 ) -> tuple[list[list[str]], list[str]]:
     """verify's table as the terminal and the note show it, its header first (final score,
-    training seconds, seconds to the target: a row per configuration), and a line per
-    reference the answer does not beat at full length."""
+    training seconds, seconds to the target: a row per configuration), and its verdict: a line
+    per reference the answer does not beat at full length, or that the ranking holds."""
     reach = [f"s to {verified.target:g}"] if verified.target is not None else []
     rows = [["configuration", f"final {score_name}", "training s", *reach]]
     for row in verified.rows(higher):
         reached = ["never" if row.to_target is None else fmt(row.to_target)] if reach else []
         rows.append([row.name, fmt(row.final_score), fmt(row.seconds), *reached])
     said = "The short trials' ranking does not hold"
-    return rows, [f"{said}: {name} {how}." for name, how in verified.losses(higher)]
+    losses = [f"{said}: {name} {how}." for name, how in verified.losses(higher)]
+    others = [studies.role_name(row.role) for row in verified.rows(higher) if row.role != "answer"]
+    if losses or not others:  # nothing verified beside the answer: no ranking to hold
+        return rows, losses
+    arrives = verified.time_to_target("answer", higher) is not None
+    later = f" and reaches {verified.target:g} no later" if reach and arrives else ""
+    holds = f"the answer ends no worse than {studies.listed(others)}{later}, within noise"
+    return rows, [f"The short trials' ranking holds at full length: {holds}."]
 
 
 def print_verification(console: Console, verified: studies.Verification, spec: Spec) -> None:
-    """The table and the answer's speed-up in time to the target over each reference, or where
-    the short trials' ranking does not hold."""
+    """The table, whether the short trials' ranking holds, and the answer's speed-up in time to
+    the target over each reference (where it does not hold: what to do)."""
     higher, target = spec.objective.score_higher_is_better, verified.target
-    (head, *rows), losses = verification_rows(verified, spec.objective.score_name, higher)
+    (head, *rows), verdict = verification_rows(verified, spec.objective.score_name, higher)
+    holds = not verified.losses(higher)
     table = Table(title=f"At {verified.epochs:g} epochs", title_justify="left")
     for column, name in enumerate(head):
         table.add_column(name, justify="right" if column else "left")
     for cells in rows:
         table.add_row(*cells)
     console.print(table)
-    for line in losses:
-        console.print(line, style="yellow", markup=False)
-    if losses:
+    for line in verdict:
+        console.print(line, style=None if holds else "yellow", markup=False)
+    if not holds:
         console.print(
             f"Lengthen the trials (workload.epochs) toward the real run, or run a study with "
             f"trials of {verified.epochs:g} epochs, and verify again.",

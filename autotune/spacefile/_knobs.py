@@ -83,12 +83,18 @@ _ALIASES = {
 }
 
 
-def did_you_mean(word: str, options: list[str] | tuple[str, ...]) -> str:
-    """ "; did you mean 'x'?" for the valid option closest to a misspelt ``word``, else ""."""
+def closest(word: str, options: list[str] | tuple[str, ...]) -> str | None:
+    """The valid option a misspelt ``word`` (or an alias of it) most likely meant, else None."""
     candidates = {option: option for option in options}
     candidates.update({a: k for a, k in _ALIASES.items() if k in candidates})
     match = difflib.get_close_matches(word.lower(), list(candidates), n=1, cutoff=0.6)
-    return f"; did you mean '{candidates[match[0]]}'?" if match else ""
+    return candidates[match[0]] if match else None
+
+
+def did_you_mean(word: str, options: list[str] | tuple[str, ...]) -> str:
+    """ "; did you mean 'x'?" for the valid option closest to a misspelt ``word``, else ""."""
+    meant = closest(word, options)
+    return f"; did you mean '{meant}'?" if meant else ""
 
 
 def _check_scalar(name: str, info: KnobInfo, value: Any) -> Scalar:

@@ -23,6 +23,7 @@ from autotune.spacefile._knobs import (
     IntRange,
     SpaceSpec,
     SpecError,
+    closest,
     did_you_mean,
 )
 from autotune.spacefile._sections import ADDED_LATER, ObjectiveSpec, StudySpec, WorkloadSpec
@@ -293,6 +294,18 @@ def _keys_at(loc: tuple[Any, ...]) -> list[str]:
     return [] if model is None else list(model.model_fields)
 
 
+def _meant(loc: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The key path an unknown key at ``loc`` most likely misspells, else None."""
+    meant = closest(str(loc[-1]), _keys_at(loc[:-1]))
+    return (*loc[:-1], meant) if meant else None
+
+
+def _required(loc: tuple[Any, ...]) -> bool:
+    """Whether the key at ``loc`` must be in the space file (``workload``, say)."""
+    model = _model_at(loc[:-1])
+    return model is not None and model.model_fields[loc[-1]].is_required()
+
+
 _KEYED_MESSAGE = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*): (.+)$", re.DOTALL)
 
 
@@ -326,7 +339,10 @@ def _describe(error: Mapping[str, Any], loc: tuple[Any, ...], message: str) -> s
     if kind == "extra_forbidden":
         key, parent = str(loc[-1]), loc[:-1]
         where = _dotted(parent) if parent else "the space file"
-        return f"unknown key '{key}' in {where}{did_you_mean(key, _keys_at(parent))}"
+        meant = _meant(loc)
+        hint = f"; did you mean '{meant[-1]}'?" if meant else ""
+        hint += " (it is required)" if meant and _required(meant) else ""
+        return f"unknown key '{key}' in {where}{hint}"
     if kind == "missing":
         return f"missing required key '{_dotted(loc)}'"
     if kind == "value_error":
@@ -340,7 +356,9 @@ def _describe(error: Mapping[str, Any], loc: tuple[Any, ...], message: str) -> s
     if kind in ("model_type", "dict_type", "model_attributes_type"):
         return f"{_dotted(loc)}: must be a mapping of keys to values, got {error['input']!r}"
     message = message.replace("Input should be", "must be").replace("String should", "must")
-    return f"{_dotted(loc)}: {message}, got {error['input']!r}"
+    words = re.findall(r"'([^']*)'", str(error.get("ctx", {}).get("expected")))  # a Literal's
+    hint = did_you_mean(str(error["input"]), words) if kind == "literal_error" else ""
+    return f"{_dotted(loc)}: {message}, got {error['input']!r}{hint}"
 
 
 def _too_large(name: str) -> str:
@@ -391,9 +409,13 @@ def parse_spec(text: str, path: Path | str = "<space>") -> Spec:
     try:
         spec = Spec.model_validate(raw)
     except ValidationError as err:
+        misspelt = {
+            _meant(tuple(e["loc"])) for e in err.errors() if e["type"] == "extra_forbidden"
+        }
         for error in err.errors():
             loc, message = _locate(error)
-            found.append((lines.find(loc) or 0, _describe(error, loc, message)))
+            if error["type"] != "missing" or loc not in misspelt:  # else said with the misspelling
+                found.append((lines.find(loc) or 0, _describe(error, loc, message)))
     else:
         if not found:
             spec._path = Path(path) if not name.startswith("<") else None
