@@ -23,9 +23,9 @@ class BurstPlan:
     warmup_micro_batches: int = 3  # compile, cuDNN autotuning, worker start: one-time costs
     bursts: int = 3  # timed bursts, each starting a new pass over the data
     burst_seconds: float = 0.25  # each burst's target length (its micro-batches follow)
-    # stage 1's id: each distinct compiled graph compiled once in the process for the stage
-    # and reused by the settings that share it (``context.compile_state``), the stage
-    # charging the cold compile; "": a cold compile for every measurement
+    # stage 1's id: a compiled graph is kept live for the next settings that share it at the
+    # same thread count (``context.compile_state``; else compiled cold and charged as such);
+    # "": a cold compile for every measurement
     keep_compiled: str = ""
     # seconds the whole measurement (compile included) may take before its worker is killed
     # and it fails as trial_timeout; None: the study's trial_timeout alone. Enforced by the

@@ -90,7 +90,7 @@ class SettingTimer:
         self.burst_plan = BurstPlan(
             bursts=spec.study.speed.bursts,
             burst_seconds=spec.study.speed.burst_seconds,
-            # each distinct graph compiled once in this stage (training.context.compile_state)
+            # a live graph reused by the settings after it (training.context.compile_state)
             keep_compiled=uuid.uuid4().hex,
         )
         # graph_key -> the cold compile's seconds, charged to every setting that reuses it
