@@ -512,12 +512,16 @@ def test_a_round_about_leaders_since_changed_is_confirmed_nowhere(seen):
     assert f"Best configuration (trial {first.number}, not confirmed)" in said["terminal"]
     assert "Not confirmed: trials since have changed the leaders" in said["terminal"]
     assert "Answer: trial" not in said["terminal"]
-    why = "one measurement (run `autotune confirm --study seen`)"  # the verdict's words
+    # the terminal's words everywhere: they once said "one measurement" of a study with a round
+    why = "trials since have changed the leaders (run `autotune confirm --study seen`)"
     assert f"**Not confirmed**: {why}." in said["note"] and "**Confirmed**" not in said["note"]
     assert said["best"] == f"trial {first.number}: not confirmed: {why}"
+    exported = export.best_config(study, export.select_trial(study)).to_dict()  # best --json
+    assert export.BestConfig.from_dict(exported).confirmation_text() == f"not confirmed: {why}"
     # the report's study is elsewhere than the default storage: the command says --storage
     again = "autotune confirm --study seen --storage sqlite:///x.db"
-    coded = f"<strong>Not confirmed</strong>: one measurement (run <code>{again}</code>)."
+    why = f"trials since have changed the leaders (run <code>{again}</code>)"
+    coded = f"<strong>Not confirmed</strong>: {why}."
     assert coded in said["report"]
     assert f"(run `{again}`)." in notes.study_note(study, "sqlite:///x.db")
 

@@ -404,11 +404,8 @@ def print_confirmation(
         )  # fmt: skip
     console.print(table)
     again = command("autotune", "confirm", *study_options(study_name, spec.study.storage))
-    if answer.round_state == "no_winner":
-        console.print("[yellow]No configuration was feasible in most of its runs.[/]")
-    elif not answer.confirmed:
-        stale = answer.round_state == "stale"
-        why = "trials since have changed the leaders" if stale else "the round is unfinished"
+    if not answer.confirmed:
+        why = studies.UNCONFIRMED[answer.round_state]
         console.print(f"[yellow]Not confirmed:[/] {why}; confirm again: {again}")
     else:
         _print_confirmed(console, answer, study_name, again)

@@ -102,7 +102,8 @@ def verdict(answer: Answer, study_name: str, storage_url: str) -> str:
     verdict's line (``confirmation_text``), with what the runs were interleaved with."""
     found = TrialConfirmation.of(answer, answer.number)
     leaders = "the other leaders" + "".join(f" and {r.name}" for r in answer.references)
-    said, _, rest = confirmation_text(found, study_name, leaders, storage_url).partition(":")
+    said = confirmation_text(found, study_name, leaders, storage_url, answer.round_state)
+    said, _, rest = said.partition(":")
     return f"**{said.capitalize()}**:{rest}."
 
 

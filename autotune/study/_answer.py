@@ -108,6 +108,13 @@ def _same_settings(one: FrozenTrial, other: FrozenTrial) -> bool:
 # study's current leaders, with a winner), else why not: no round, an unfinished one, one whose
 # leaders trials since have changed, one where no configuration was feasible in most of its runs
 RoundState = Literal["none", "unfinished", "stale", "no_winner", "confirmed"]
+# why an answer is not confirmed, by its round's state: the words every rendering says it in
+UNCONFIRMED: dict[str, str] = {
+    "none": "one measurement",
+    "unfinished": "the round is unfinished",
+    "stale": "trials since have changed the leaders",
+    "no_winner": "no configuration was feasible in most of its runs",
+}
 
 
 @dataclass(frozen=True)
