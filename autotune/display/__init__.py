@@ -11,6 +11,7 @@ from autotune.display._tables import (
     SPEED_COLUMNS,
     config_table,
     knob_rows,
+    no_answer,
     print_confirmation,
     print_other_device,
     print_plan,

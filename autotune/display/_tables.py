@@ -29,7 +29,7 @@ from autotune.display._text import (
 )
 from autotune.knobs import SPEED_KNOBS, SPLIT_KNOBS
 from autotune.machine.interference import INTERFERENCE_SHARE
-from autotune.spacefile import Choice, Spec, knobs_for
+from autotune.spacefile import Choice, ObjectiveSpec, Spec, knobs_for
 from autotune.stage1._plan import SpeedPlan, describe
 
 if TYPE_CHECKING:  # torch: the plan is printed by `autotune run` only
@@ -318,9 +318,7 @@ def print_summary(
         console.print(stuck, style="yellow")
     table = _best_table(study, spec)
     if table is None:
-        goal, bar = spec.objective, spec.objective.goal
-        reason = f" (none reached {goal.score_name} {bar:g})" if bar is not None else ""
-        console.print(f"[yellow]No trial has completed feasibly yet{reason}.[/]")
+        console.print(no_answer(spec.objective), style="yellow")
         return
     console.print(table)
     answer = studies.answer_of(study)
@@ -339,6 +337,14 @@ def print_summary(
     if answer.round_state in ("none", "unfinished", "stale") and spec.study.confirm.enabled:
         print_command(console, "Confirm it:       ", "autotune", "confirm", *where)
     print_command(console, "Print the winner: ", "autotune", "best", *where)
+
+
+def no_answer(objective: ObjectiveSpec | None) -> str:
+    """What the terminal, the note and the report say of a study with no feasible trial, and
+    the score none reached where the space file (``objective``) sets one."""
+    bar = objective.goal if objective is not None else None
+    reason = f" (none reached {objective.score_name} {bar:g})" if objective and bar else ""
+    return f"No trial has completed feasibly yet{reason}."
 
 
 def _edge_of_space(

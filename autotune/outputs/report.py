@@ -19,8 +19,16 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune._imports import optional
 from autotune._version import __version__
-from autotune.display import SPEED_COLUMNS, fmt, fmt_metric, speed_rows, study_options
+from autotune.display import (
+    SPEED_COLUMNS,
+    fmt,
+    fmt_metric,
+    no_answer,
+    speed_rows,
+    study_options,
+)
 from autotune.errors import UserError
+from autotune.export import study_spec
 from autotune.outputs import charts
 from autotune.outputs.notes import (
     PHASE_LABELS,
@@ -250,6 +258,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         best=best,
         best_record=TrialRecord.of(best) if best is not None else None,
         headline=as_html(best_headline(answer, metric, score_name)) if answer else "",
+        no_answer=no_answer(spec.objective if (spec := study_spec(study)) else None),
         verdict=as_html(verdict(answer, study.study_name, storage_url)) if answer else "",
         config_rows=config_rows,
         comparisons=compared,
