@@ -12,6 +12,7 @@ from autotune.display._tables import (
     config_table,
     knob_rows,
     no_answer,
+    off_stage_one,
     print_confirmation,
     print_other_device,
     print_plan,

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from autotune import study as studies
 from autotune.config import TrialConfig
-from autotune.display._tables import print_speed_table
+from autotune.display._tables import off_stage_one, print_speed_table
 from autotune.display._text import (
     fmt,
     metric_unit,
@@ -232,8 +232,7 @@ class LiveObserver(studies.StudyObserver):
         if record.memory_left_bytes:  # a leak: the next trial got a fresh worker
             left = si(record.memory_left_bytes)
             flags.append(f"{left}B of device memory not freed  ", style="yellow")
-        if record.speed_mismatch and record.predicted_samples_per_second:
-            off = (record.samples_per_second or 0) / record.predicted_samples_per_second - 1
+        if (off := off_stage_one(record)) is not None:
             flags.append(f"{off:+.0%} off stage 1  ", style="yellow")
         return line, flags
 

@@ -339,6 +339,14 @@ def print_summary(
     print_command(console, "Print the winner: ", "autotune", "best", *where)
 
 
+def off_stage_one(record: studies.TrialRecord) -> float | None:
+    """How far a trial trained off stage 1's prediction of its samples/s (-0.3: 30% slower),
+    where the study flagged it (``speed_mismatch``); None elsewhere."""
+    if not record.speed_mismatch or not record.predicted_samples_per_second:
+        return None
+    return (record.samples_per_second or 0) / record.predicted_samples_per_second - 1
+
+
 def no_answer(objective: ObjectiveSpec | None) -> str:
     """What the terminal, the note and the report say of a study with no feasible trial, and
     the score none reached where the space file (``objective``) sets one."""

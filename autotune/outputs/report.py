@@ -24,6 +24,7 @@ from autotune.display import (
     fmt,
     fmt_metric,
     no_answer,
+    off_stage_one,
     speed_rows,
     study_options,
 )
@@ -109,8 +110,7 @@ def trial_rows(study: optuna.Study) -> tuple[list[str], list[TrialRow]]:
         if trial.state == TrialState.COMPLETE and record.feasible is False:
             state, kind = f"{state} (infeasible)", "infeasible"
             message = record.infeasible_reason or ""
-        if record.speed_mismatch and record.predicted_samples_per_second and not kind:
-            off = (record.samples_per_second or 0) / record.predicted_samples_per_second - 1
+        if (off := off_stage_one(record)) is not None and not kind:
             kind = "speed_mismatch"
             message = (
                 f"trained {off:+.0%} off stage 1's prediction of "
