@@ -424,18 +424,26 @@ def print_confirmation(
     else:
         _print_confirmed(console, answer, study_name, again)
     if answer.flagged:
-        console.print(
-            f"{plural(answer.flagged, 'measurement')} {'was' if answer.flagged == 1 else 'were'} "
-            f"taken while other processes took more than {INTERFERENCE_SHARE:.0%} of the cores: "
-            f"each was measured again, and the round compares flagged runs only with flagged "
-            f"ones.",
-            style="yellow",
-        )
+        console.print(_flagged(answer), style="yellow")
     share = answer.search_share
     share_text = f", {share:.0%} of the search" if share is not None else ""
     console.print(
         f"confirmation: {answer.round_runs} runs, {answer.cost_seconds:.0f} s{share_text}.",
         style="dim",
+    )
+
+
+def _flagged(answer: studies.Answer) -> str:
+    """The round's measurements taken under interference: how many, which of them the round
+    measured again (never a trial's own), and how the round compares them."""
+    originals, own = answer.flagged_originals, answer.flagged - answer.flagged_originals
+    which = [f"{originals} of the trials' own, which the round never retakes"] * bool(originals)
+    again = "each" if answer.retakes >= own else f"{answer.retakes or 'none'} of them"
+    which += [f"{own} of the round's, {again} measured again"] * bool(own)
+    return (
+        f"{plural(answer.flagged, 'measurement')} {'was' if answer.flagged == 1 else 'were'} "
+        f"taken while other processes took more than {INTERFERENCE_SHARE:.0%} of the cores "
+        f"({', and '.join(which)}): the round compares flagged runs only with flagged ones."
     )
 
 

@@ -136,6 +136,8 @@ class Answer:
     spread: float | None = None  # the round's run-to-run spread (0.06: ±6%)
     maximize: bool = True  # the study's direction
     flagged: int = 0  # the round's measurements taken under interference
+    flagged_originals: int = 0  # of them, trials' own (repeat 0), which the round never retakes
+    retakes: int = 0  # the round's runs measured again (the machine busy the first time)
     round_runs: int = 0  # the round's own runs, each measured again counted again
     cost_seconds: float = 0.0  # their wall-clock seconds
     search_share: float | None = None  # cost_seconds over every trial's wall-clock seconds
@@ -257,6 +259,8 @@ class Answer:
             spread=statistics.median(spreads) if spreads else None,
             maximize=record.maximize,
             flagged=sum(1 for run in record.runs if run.interfered),
+            flagged_originals=sum(1 for run in record.runs if run.interfered and not run.repeat),
+            retakes=sum(c.retakes for c in configurations),
             round_runs=len(own),
             cost_seconds=sum(run.wall_seconds for run in own),
         )
