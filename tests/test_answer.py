@@ -483,6 +483,9 @@ def test_every_rendering_names_the_same_answer_and_ratio(seen):
     assert f"<strong>Confirmed</strong>: {interleaved}" in said["report"]  # the note's words
     assert f"(spread ±2%); {over}.</p>" in said["report"]
     assert re.search(r'<td>tuning checklist</td><td class="num">\d+</td>', said["report"])
+    # "Against the others": the round's ratio over each reference, not "-", and said beneath
+    assert re.search(r"<td>tuning checklist</td>.*?1\.37x</td>", said["report"])
+    assert f"never one measurement's: {over}.</p>" in said["report"]
     assert said["best"] == f"trial {winner}: {confirmed}"
     # ``best --trial`` of another configuration: its medians in the round, no ratio, no ties
     other = next(c.trial for c in answer.configurations if c.trial != winner)
@@ -523,6 +526,8 @@ def test_a_round_about_leaders_since_changed_is_confirmed_nowhere(seen):
     why = f"trials since have changed the leaders (run <code>{again}</code>)"
     coded = f"<strong>Not confirmed</strong>: {why}."
     assert coded in said["report"]
+    ratio = "over the tuning checklist, no ratio: not confirmed, trials since have changed"
+    assert f"never one measurement's: {ratio} the leaders.</p>" in said["report"]
     assert f"(run `{again}`)." in notes.study_note(study, "sqlite:///x.db")
 
 

@@ -44,6 +44,9 @@ from autotune.results import PHASES
 from autotune.spacefile import DEFAULT_STORAGE, KNOBS
 from autotune.speed import SpeedTable
 from autotune.study import (
+    REFERENCE_NAMES,
+    UNCONFIRMED,
+    Answer,
     StudyRecord,
     TrialRecord,
     answer_of,
@@ -209,6 +212,25 @@ def stored_speed_table(study: optuna.Study) -> SpeedTable | None:
     return dataclasses.replace(record.speed_table, batch_size_auto=record.batch_size_auto)
 
 
+def over_references(answer: Answer | None, labels: list[str]) -> list[str]:
+    """Why the table's ratio of the metric over each reference among ``labels`` is "-": the
+    answer's over it is the confirmation round's to claim (``Reference.said``, its ``why``
+    where it claims none), and a study without a round, or with a round that backs no answer,
+    claims none."""
+    if answer is None:
+        return []
+    said = []
+    for name in (label for label in labels if label in REFERENCE_NAMES.values()):
+        found = answer.over(name)
+        if found is not None:
+            said.append(found.said)
+        elif answer.confirmed:
+            said.append(f"over {name}, no ratio: the round did not measure it beside the answer")
+        else:
+            said.append(f"over {name}, no ratio: not confirmed, {UNCONFIRMED[answer.round_state]}")
+    return said
+
+
 def as_html(markdown: str) -> str:
     """A line of the note in HTML: escaped, ``**`` as ``<strong>``, backticks as ``<code>``."""
     strong = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", html.escape(markdown))
@@ -232,10 +254,12 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         (name, value, base.get(name, fmt(None)) if base else "", origin)
         for name, value, origin in (knob_rows(best) if best is not None else [])
     ]
-    compared = [
-        (label.removeprefix("the "), other.number, speed, value, TrialRecord.of(other))
-        for label, other, speed, value in comparisons(study, answer)
-    ]
+    found, compared = comparisons(study, answer), []
+    for label, other, speed, value in found:  # over a reference: the round's ratio, if claimed
+        value = value or (answer.ratio_over(label) if answer is not None else None)
+        compared.append(
+            (label.removeprefix("the "), other.number, speed, value, TrialRecord.of(other))
+        )
     table = stored_speed_table(study)
     stage_one, caption = speed_rows(table) if table is not None else ([], None)
     bars = charts.breakdown_bars(study, baseline)
@@ -262,6 +286,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         verdict=as_html(verdict(answer, study.study_name, storage_url)) if answer else "",
         config_rows=config_rows,
         comparisons=compared,
+        over_references=over_references(answer, [label for label, *_ in found]),
         measurements=measurements(best) if best is not None else [],
         phases=[(p, PHASE_LABELS[p]) for p in PHASES],
         param_names=param_names,
