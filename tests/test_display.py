@@ -189,6 +189,11 @@ def test_flags_that_do_not_fit_the_trial_line_go_with_its_knobs(seen):
     assert all(line.startswith(" ") for line in lines[1:]), lines  # nothing at column 0
     text = " ".join(lines)
     assert "infeasible" in text and "interference 37%" in text
+    # the report's trial table says it in the same words (it once said nothing of it)
+    copy = optuna.create_study(study_name="seen")
+    copy.add_trial(flagged)
+    (row,) = report.trial_rows(copy)[1]
+    assert row.flags == "interference 37%"
 
 
 def test_a_trial_off_stage_one_and_on_tokens_says_so(seen):

@@ -84,6 +84,16 @@ def test_comparison_columns_are_labelled_as_ratios(seen):
         assert "<th>&times; accuracy_per_second</th>" in table
 
 
+def test_a_trial_measured_under_interference_is_marked_in_the_trial_table(seen):
+    study, url = seen
+    done = answer_trial(study)
+    assert done is not None
+    busy = {**done.user_attrs, "interference": True, "other_cpu_share": 0.81}
+    copy = _copy_with(study, optuna.trial.create_trial(value=done.value, user_attrs=busy))
+    page = _text(report.render_html(copy, url))
+    assert "samples/s measured" in page and "interference 81%" in page
+
+
 def test_hardware_shows_what_the_trials_used(seen):
     recorded = {"device": "cpu", "cpu_cores": 2, "torch": "2.9.0", "cuda": "13.0", "cudnn": 92400}
     assert report.hardware_rows(recorded) == [

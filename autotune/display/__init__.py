@@ -11,6 +11,7 @@ from autotune.display._tables import (
     SPEED_COLUMNS,
     config_table,
     knob_rows,
+    measured_flags,
     no_answer,
     off_stage_one,
     print_confirmation,

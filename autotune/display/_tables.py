@@ -24,6 +24,7 @@ from autotune.display._text import (
     plural,
     print_command,
     print_item,
+    si,
     study_options,
     visible,
 )
@@ -345,6 +346,17 @@ def off_stage_one(record: studies.TrialRecord) -> float | None:
     if not record.speed_mismatch or not record.predicted_samples_per_second:
         return None
     return (record.samples_per_second or 0) / record.predicted_samples_per_second - 1
+
+
+def measured_flags(record: studies.TrialRecord) -> list[str]:
+    """What marks a complete trial's measurement, on its line and in the report's trial table:
+    "interference 81%" (others took that share of the cores), a leak, off stage 1."""
+    flags = [f"interference {record.other_cpu_share or 0:.0%}"] * bool(record.interference)
+    if record.memory_left_bytes:  # a leak: the next trial got a fresh worker
+        flags.append(f"{si(record.memory_left_bytes)}B of device memory not freed")
+    if (off := off_stage_one(record)) is not None:
+        flags.append(f"{off:+.0%} off stage 1")
+    return flags
 
 
 def no_answer(objective: ObjectiveSpec | None) -> str:

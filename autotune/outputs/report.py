@@ -23,6 +23,7 @@ from autotune.display import (
     SPEED_COLUMNS,
     fmt,
     fmt_metric,
+    measured_flags,
     no_answer,
     off_stage_one,
     speed_rows,
@@ -89,6 +90,7 @@ class TrialRow:
     params: tuple[str, ...]  # in the order of the table's parameter columns
     fail_kind: str  # pruned, oom, ...; for an infeasible trial: infeasible
     fail_msg: str  # why; for an infeasible trial: which constraint failed
+    flags: str = ""  # a complete trial's, as its line said them: "interference 81%", ...
 
 
 def _knob_value(trial: FrozenTrial, record: TrialRecord, name: str) -> Any:
@@ -131,6 +133,7 @@ def trial_rows(study: optuna.Study) -> tuple[list[str], list[TrialRow]]:
                 params=tuple(fmt(_knob_value(trial, record, k)) for k in names),
                 fail_kind=str(kind),
                 fail_msg=message or "",
+                flags="; ".join(measured_flags(record) * (trial.state == TrialState.COMPLETE)),
             )
         )
     return names, rows
@@ -292,6 +295,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         param_names=param_names,
         trial_rows=rows,
         any_tokens=any(row.tokens_per_second != fmt(None) for row in rows),
+        any_flags=any(row.flags for row in rows),
         knob_speeds=knob_speeds(study),
         speed_columns=SPEED_COLUMNS,
         speed_rows=[[str(cell) for cell in row] for row in stage_one],
