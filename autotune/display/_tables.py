@@ -418,16 +418,8 @@ def print_confirmation(
         + ("; a retake: a run measured again, the machine busy the first time" if retaken else "")
     )
     table.caption_justify = "left"
-    for found in answer.configurations:
-        label, used = found.label, _runs_used(found)
-        if not found.values or not (found.eligible or found.reference):
-            score = fmt(found.median_score) if found.scores else "-"
-            table.add_row(label, "-", "-", score, used)
-            continue
-        table.add_row(
-            label, fmt(found.median), f"{fmt(found.low)}-{fmt(found.high)}",
-            fmt(found.median_score), used,
-        )  # fmt: skip
+    for row in confirmation_rows(answer):
+        table.add_row(*row)
     console.print(table)
     again = command("autotune", "confirm", *study_options(study_name, spec.study.storage))
     if not answer.confirmed:
@@ -436,16 +428,33 @@ def print_confirmation(
     else:
         _print_confirmed(console, answer, study_name, again)
     if answer.flagged:
-        console.print(_flagged(answer), style="yellow")
+        console.print(flagged_measurements(answer), style="yellow")
+    console.print(confirmation_cost(answer), style="dim")
+
+
+def confirmation_rows(answer: studies.Answer) -> list[tuple[str, str, str, str, str]]:
+    """The confirmation table's rows, in the terminal and the report: each configuration's
+    label, median, range, median score and runs used ("-" where it has no median)."""
+    rows = []
+    for found in answer.configurations:
+        label, used = found.label, _runs_used(found)
+        if not found.values or not (found.eligible or found.reference):
+            score = fmt(found.median_score) if found.scores else "-"
+            rows.append((label, "-", "-", score, used))
+            continue
+        spread = f"{fmt(found.low)}-{fmt(found.high)}"
+        rows.append((label, fmt(found.median), spread, fmt(found.median_score), used))
+    return rows
+
+
+def confirmation_cost(answer: studies.Answer) -> str:
+    """What the round cost: "confirmation: 9 runs, 18 s, 60% of the search."."""
     share = answer.search_share
     share_text = f", {share:.0%} of the search" if share is not None else ""
-    console.print(
-        f"confirmation: {answer.round_runs} runs, {answer.cost_seconds:.0f} s{share_text}.",
-        style="dim",
-    )
+    return f"confirmation: {answer.round_runs} runs, {answer.cost_seconds:.0f} s{share_text}."
 
 
-def _flagged(answer: studies.Answer) -> str:
+def flagged_measurements(answer: studies.Answer) -> str:
     """The round's measurements taken under interference: how many, which of them the round
     measured again (never a trial's own), and how the round compares them."""
     originals, own = answer.flagged_originals, answer.flagged - answer.flagged_originals

@@ -21,6 +21,9 @@ from autotune._imports import optional
 from autotune._version import __version__
 from autotune.display import (
     SPEED_COLUMNS,
+    confirmation_cost,
+    confirmation_rows,
+    flagged_measurements,
     fmt,
     fmt_metric,
     measured_flags,
@@ -215,6 +218,14 @@ def stored_speed_table(study: optuna.Study) -> SpeedTable | None:
     return dataclasses.replace(record.speed_table, batch_size_auto=record.batch_size_auto)
 
 
+def confirmation_notes(answer: Answer | None) -> list[str]:
+    """The lines under the report's confirmation table, as the terminal prints them under its
+    own: the measurements taken under interference (which the round retook), and its cost."""
+    if answer is None or not answer.configurations:
+        return []
+    return [flagged_measurements(answer)] * bool(answer.flagged) + [confirmation_cost(answer)]
+
+
 def over_references(answer: Answer | None, labels: list[str]) -> list[str]:
     """Why the table's ratio of the metric over each reference among ``labels`` is "-": the
     answer's over it is the confirmation round's to claim (``Reference.said``, its ``why``
@@ -289,6 +300,8 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         verdict=as_html(verdict(answer, study.study_name, storage_url)) if answer else "",
         config_rows=config_rows,
         comparisons=compared,
+        confirmation=confirmation_rows(answer) if answer is not None else [],
+        confirmation_notes=confirmation_notes(answer),
         over_references=over_references(answer, [label for label, *_ in found]),
         measurements=measurements(best) if best is not None else [],
         phases=[(p, PHASE_LABELS[p]) for p in PHASES],
