@@ -4,6 +4,7 @@ confirmation round, and rendered alike by the terminal, the note, the report and
 from __future__ import annotations
 
 import dataclasses
+import html
 import io
 import re
 
@@ -483,6 +484,9 @@ def test_every_rendering_names_the_same_answer_and_ratio(seen):
     assert f"<strong>Confirmed</strong>: {interleaved}" in said["report"]  # the note's words
     assert f"(spread ±2%); {over}.</p>" in said["report"]
     assert re.search(r'<td>tuning checklist</td><td class="num">\d+</td>', said["report"])
+    # "Against the others": the round's ratio over each reference, not "-", and said beneath
+    assert re.search(r"<td>tuning checklist</td>.*?1\.37x</td>", said["report"])
+    assert f"never one measurement's: {over}.</p>" in said["report"]
     assert said["best"] == f"trial {winner}: {confirmed}"
     # ``best --trial`` of another configuration: its medians in the round, no ratio, no ties
     other = next(c.trial for c in answer.configurations if c.trial != winner)
@@ -512,13 +516,19 @@ def test_a_round_about_leaders_since_changed_is_confirmed_nowhere(seen):
     assert f"Best configuration (trial {first.number}, not confirmed)" in said["terminal"]
     assert "Not confirmed: trials since have changed the leaders" in said["terminal"]
     assert "Answer: trial" not in said["terminal"]
-    why = "one measurement (run `autotune confirm --study seen`)"  # the verdict's words
+    # the terminal's words everywhere: they once said "one measurement" of a study with a round
+    why = "trials since have changed the leaders (run `autotune confirm --study seen`)"
     assert f"**Not confirmed**: {why}." in said["note"] and "**Confirmed**" not in said["note"]
     assert said["best"] == f"trial {first.number}: not confirmed: {why}"
+    exported = export.best_config(study, export.select_trial(study)).to_dict()  # best --json
+    assert export.BestConfig.from_dict(exported).confirmation_text() == f"not confirmed: {why}"
     # the report's study is elsewhere than the default storage: the command says --storage
     again = "autotune confirm --study seen --storage sqlite:///x.db"
-    coded = f"<strong>Not confirmed</strong>: one measurement (run <code>{again}</code>)."
+    why = f"trials since have changed the leaders (run <code>{again}</code>)"
+    coded = f"<strong>Not confirmed</strong>: {why}."
     assert coded in said["report"]
+    ratio = "over the tuning checklist, no ratio: not confirmed, trials since have changed"
+    assert f"{ratio} the leaders" in said["report"]  # under "Against the others"
     assert f"(run `{again}`)." in notes.study_note(study, "sqlite:///x.db")
 
 
@@ -533,7 +543,15 @@ def test_an_answer_measured_only_under_interference_is_said_so_everywhere(seen):
     answer = _answer(study, dataclasses.replace(record, runs=flagged))
     assert answer.confirmed and answer.number == winner and answer.interfered
     said = _renderings(study)
-    assert "3 measurements were taken while other processes" in said["terminal"]
+    # its trial's own measurement is never retaken, and the machine stayed busy for the others:
+    # the note once said "each was measured again" of all three
+    flagged = "(1 of the trials' own, which the round never retakes, and 2 of the round's, none"
+    assert "3 measurements were taken while other processes took more than" in said["terminal"]
+    assert f"{flagged} of them measured again): the round compares" in said["terminal"]
+    # the report's confirmation table, and the same line under it (it said nothing of it)
+    page = html.unescape(said["report"])
+    assert re.search(rf'<td>{winner}</td><td class="num">4\.1</td>', page)
+    assert f"{flagged} of them measured again): the round compares" in page
     warned = "measured while other processes used the CPU (confirm it again)"
     assert f"{warned}." in said["terminal"]
     assert f"{warned}." in said["note"]

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from autotune import display, export
 from autotune import study as studies
+from autotune.outputs import report
 from autotune.spacefile import Choice, Spec
 from autotune.speed import SpeedChoice, SpeedTable
 from autotune.testing import CPU
@@ -188,6 +189,11 @@ def test_flags_that_do_not_fit_the_trial_line_go_with_its_knobs(seen):
     assert all(line.startswith(" ") for line in lines[1:]), lines  # nothing at column 0
     text = " ".join(lines)
     assert "infeasible" in text and "interference 37%" in text
+    # the report's trial table says it in the same words (it once said nothing of it)
+    copy = optuna.create_study(study_name="seen")
+    copy.add_trial(flagged)
+    (row,) = report.trial_rows(copy)[1]
+    assert row.flags == "interference 37%"
 
 
 def test_a_trial_off_stage_one_and_on_tokens_says_so(seen):
@@ -216,6 +222,14 @@ def test_a_trial_off_stage_one_and_on_tokens_says_so(seen):
     observer.trial_finished(shown)
     text = " ".join(_text(console).split())
     assert "1.2M tokens/s" in text and "-30% off stage 1" in text
+    # the report's trial table: the same figure, from the same function
+    assert display.off_stage_one(studies.TrialRecord.of(shown)) == pytest.approx(-0.3)
+    copy = optuna.create_study(study_name="seen")
+    copy.add_trial(shown)
+    (row,) = report.trial_rows(copy)[1]
+    assert row.fail_kind == "speed_mismatch" and row.fail_msg.startswith(
+        "trained -30% off stage 1"
+    )
 
 
 def test_a_database_outage_is_said_alike_in_the_live_display_and_outside_it(seen, monkeypatch):

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import html.parser
+import io
 import re
 
 import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
+from rich.console import Console
 
-from autotune import display
+from autotune import display, export
 from autotune.outputs import notes, report
-from autotune.study import ConfirmationRecord, ConfirmRun, TrialRecord, answer_of, answer_trial
+from autotune.study import (
+    ConfirmationRecord,
+    ConfirmRun,
+    RunOutcome,
+    TrialRecord,
+    answer_of,
+    answer_trial,
+)
 
 
 class _Structure(html.parser.HTMLParser):
@@ -73,6 +82,16 @@ def test_comparison_columns_are_labelled_as_ratios(seen):
         assert "<th>samples/s</th>" not in table
         assert "<th>&times; samples/s</th>" in table
         assert "<th>&times; accuracy_per_second</th>" in table
+
+
+def test_a_trial_measured_under_interference_is_marked_in_the_trial_table(seen):
+    study, url = seen
+    done = answer_trial(study)
+    assert done is not None
+    busy = {**done.user_attrs, "interference": True, "other_cpu_share": 0.81}
+    copy = _copy_with(study, optuna.trial.create_trial(value=done.value, user_attrs=busy))
+    page = _text(report.render_html(copy, url))
+    assert "samples/s measured" in page and "interference 81%" in page
 
 
 def test_hardware_shows_what_the_trials_used(seen):
@@ -222,3 +241,20 @@ def test_values_carry_the_run_to_run_spread_once_a_confirmation_round_measured_i
     assert re.search(r"Best: trial \d+ ?, accuracy_per_second [\d.]+ ±9%", text), text[
         text.find("Best:") : text.find("Best:") + 200
     ]
+
+
+def test_a_study_without_an_answer_is_said_so_in_one_sentence_everywhere(seen):
+    """The terminal named the bar no trial reached; the note and the report, their own words
+    without it."""
+    study, _ = seen
+    empty = optuna.create_study(study_name=study.study_name, direction=study.direction)
+    for key, value in study.user_attrs.items():
+        empty.set_user_attr(key, value)
+    spec = export.study_spec(empty)
+    assert spec is not None
+    said = "No trial has completed feasibly yet (none reached accuracy 0.5)."
+    console = Console(file=io.StringIO(), width=200)
+    display.print_summary(console, empty, spec, RunOutcome(study_name="seen", states={}))
+    assert isinstance(console.file, io.StringIO) and said in console.file.getvalue()
+    assert said in notes.study_note(empty)
+    assert f'<p class="headline">{said}</p>' in report.render_html(empty)

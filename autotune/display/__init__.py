@@ -10,7 +10,13 @@ from autotune.display._confirmation import TrialConfirmation, confirmation_text
 from autotune.display._tables import (
     SPEED_COLUMNS,
     config_table,
+    confirmation_cost,
+    confirmation_rows,
+    flagged_measurements,
     knob_rows,
+    measured_flags,
+    no_answer,
+    off_stage_one,
     print_confirmation,
     print_other_device,
     print_plan,

@@ -12,7 +12,7 @@ from typing import Any
 
 from autotune.display._text import fmt, study_options, visible
 from autotune.spacefile import DEFAULT_STORAGE
-from autotune.study import REFERENCE_NAMES, Answer, trials_named
+from autotune.study import REFERENCE_NAMES, UNCONFIRMED, Answer, trials_named
 
 
 @dataclass(frozen=True)
@@ -92,14 +92,17 @@ def confirmation_text(
     study: str,
     interleaved: str = "",
     storage: str = DEFAULT_STORAGE,
+    round_state: str = "none",
 ) -> str:
-    """One line on how sure ``study`` is of a trial: its ``TrialConfirmation``, or None (the
-    command to confirm it: ``--storage`` where ``storage`` is not the default); ``interleaved``:
-    what its runs alternated with (the note says it)."""
+    """One line on how sure ``study`` is of a trial: its ``TrialConfirmation``, or None (why
+    not, by the ``round_state`` of the study's answer, and the command to confirm it:
+    ``--storage`` where ``storage`` is not the default); ``interleaved``: what its runs
+    alternated with (the note says it)."""
     if found is None:
         words = ("autotune", "confirm", *study_options(study, storage))
         again = shlex.join(visible(word) for word in words)
-        return f"not confirmed: one measurement (run `{again}`)"
+        why = UNCONFIRMED.get(round_state, UNCONFIRMED["none"])  # "confirmed": not this trial
+        return f"not confirmed: {why} (run `{again}`)"
     text = f"confirmed: median {fmt(found.median)} over {found.runs} run{'s' * (found.runs != 1)}"
     if interleaved:
         text += f", interleaved with {interleaved}"

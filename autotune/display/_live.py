@@ -17,7 +17,7 @@ from rich.text import Text
 
 from autotune import study as studies
 from autotune.config import TrialConfig
-from autotune.display._tables import print_speed_table
+from autotune.display._tables import measured_flags, print_speed_table
 from autotune.display._text import (
     fmt,
     metric_unit,
@@ -208,8 +208,8 @@ class LiveObserver(studies.StudyObserver):
             )
 
     def _completed(self, trial: FrozenTrial, record: studies.TrialRecord) -> tuple[Text, Text]:
-        """A complete trial's measurements on its line, and its flags (infeasible,
-        interference, a leak, off stage 1's prediction)."""
+        """A complete trial's measurements on its line, and its flags (infeasible, and
+        ``measured_flags``)."""
         line, flags = Text(), Text()
         feasible = studies.is_feasible(trial)
         if feasible or self.spec.objective.per_second:
@@ -227,14 +227,8 @@ class LiveObserver(studies.StudyObserver):
             line.append(f"{si(record.tokens_per_second)} tokens/s  ")
         if not feasible and self.spec.objective.per_second:
             flags.append("infeasible  ", style="yellow")
-        if record.interference:
-            flags.append(f"interference {record.other_cpu_share or 0:.0%}  ", style="yellow")
-        if record.memory_left_bytes:  # a leak: the next trial got a fresh worker
-            left = si(record.memory_left_bytes)
-            flags.append(f"{left}B of device memory not freed  ", style="yellow")
-        if record.speed_mismatch and record.predicted_samples_per_second:
-            off = (record.samples_per_second or 0) / record.predicted_samples_per_second - 1
-            flags.append(f"{off:+.0%} off stage 1  ", style="yellow")
+        for flag in measured_flags(record):
+            flags.append(f"{flag}  ", style="yellow")
         return line, flags
 
     def _trial_line(self, trial: FrozenTrial, own: bool = True) -> None:

@@ -24,12 +24,13 @@ from autotune.display._text import (
     plural,
     print_command,
     print_item,
+    si,
     study_options,
     visible,
 )
 from autotune.knobs import SPEED_KNOBS, SPLIT_KNOBS
 from autotune.machine.interference import INTERFERENCE_SHARE
-from autotune.spacefile import Choice, Spec, knobs_for
+from autotune.spacefile import Choice, ObjectiveSpec, Spec, knobs_for
 from autotune.stage1._plan import SpeedPlan, describe
 
 if TYPE_CHECKING:  # torch: the plan is printed by `autotune run` only
@@ -318,9 +319,7 @@ def print_summary(
         console.print(stuck, style="yellow")
     table = _best_table(study, spec)
     if table is None:
-        goal, bar = spec.objective, spec.objective.goal
-        reason = f" (none reached {goal.score_name} {bar:g})" if bar is not None else ""
-        console.print(f"[yellow]No trial has completed feasibly yet{reason}.[/]")
+        console.print(no_answer(spec.objective), style="yellow")
         return
     console.print(table)
     answer = studies.answer_of(study)
@@ -339,6 +338,33 @@ def print_summary(
     if answer.round_state in ("none", "unfinished", "stale") and spec.study.confirm.enabled:
         print_command(console, "Confirm it:       ", "autotune", "confirm", *where)
     print_command(console, "Print the winner: ", "autotune", "best", *where)
+
+
+def off_stage_one(record: studies.TrialRecord) -> float | None:
+    """How far a trial trained off stage 1's prediction of its samples/s (-0.3: 30% slower),
+    where the study flagged it (``speed_mismatch``); None elsewhere."""
+    if not record.speed_mismatch or not record.predicted_samples_per_second:
+        return None
+    return (record.samples_per_second or 0) / record.predicted_samples_per_second - 1
+
+
+def measured_flags(record: studies.TrialRecord) -> list[str]:
+    """What marks a complete trial's measurement, on its line and in the report's trial table:
+    "interference 81%" (others took that share of the cores), a leak, off stage 1."""
+    flags = [f"interference {record.other_cpu_share or 0:.0%}"] * bool(record.interference)
+    if record.memory_left_bytes:  # a leak: the next trial got a fresh worker
+        flags.append(f"{si(record.memory_left_bytes)}B of device memory not freed")
+    if (off := off_stage_one(record)) is not None:
+        flags.append(f"{off:+.0%} off stage 1")
+    return flags
+
+
+def no_answer(objective: ObjectiveSpec | None) -> str:
+    """What the terminal, the note and the report say of a study with no feasible trial, and
+    the score none reached where the space file (``objective``) sets one."""
+    bar = objective.goal if objective is not None else None
+    reason = f" (none reached {objective.score_name} {bar:g})" if objective and bar else ""
+    return f"No trial has completed feasibly yet{reason}."
 
 
 def _edge_of_space(
@@ -391,40 +417,54 @@ def print_confirmation(
         "feasible, and measured alike (quiet, or all under load)"
         + ("; a retake: a run measured again, the machine busy the first time" if retaken else "")
     )
-    for found in answer.configurations:
-        label, used = found.label, _runs_used(found)
-        if not found.values or not (found.eligible or found.reference):
-            score = fmt(found.median_score) if found.scores else "-"
-            table.add_row(label, "-", "-", score, used)
-            continue
-        table.add_row(
-            label, fmt(found.median), f"{fmt(found.low)}-{fmt(found.high)}",
-            fmt(found.median_score), used,
-        )  # fmt: skip
+    for row in confirmation_rows(answer):
+        table.add_row(*row)
     console.print(table)
     console.print(Text(footnote))
     again = command("autotune", "confirm", *study_options(study_name, spec.study.storage))
-    if answer.round_state == "no_winner":
-        console.print("[yellow]No configuration was feasible in most of its runs.[/]")
-    elif not answer.confirmed:
-        stale = answer.round_state == "stale"
-        why = "trials since have changed the leaders" if stale else "the round is unfinished"
+    if not answer.confirmed:
+        why = studies.UNCONFIRMED[answer.round_state]
         console.print(f"[yellow]Not confirmed:[/] {why}; confirm again: {again}")
     else:
         _print_confirmed(console, answer, study_name, again)
     if answer.flagged:
-        console.print(
-            f"{plural(answer.flagged, 'measurement')} {'was' if answer.flagged == 1 else 'were'} "
-            f"taken while other processes took more than {INTERFERENCE_SHARE:.0%} of the cores: "
-            f"each was measured again, and the round compares flagged runs only with flagged "
-            f"ones.",
-            style="yellow",
-        )
+        console.print(flagged_measurements(answer), style="yellow")
+    console.print(confirmation_cost(answer), style="dim")
+
+
+def confirmation_rows(answer: studies.Answer) -> list[tuple[str, str, str, str, str]]:
+    """The confirmation table's rows, in the terminal and the report: each configuration's
+    label, median, range, median score and runs used ("-" where it has no median)."""
+    rows = []
+    for found in answer.configurations:
+        label, used = found.label, _runs_used(found)
+        if not found.values or not (found.eligible or found.reference):
+            score = fmt(found.median_score) if found.scores else "-"
+            rows.append((label, "-", "-", score, used))
+            continue
+        spread = f"{fmt(found.low)}-{fmt(found.high)}"
+        rows.append((label, fmt(found.median), spread, fmt(found.median_score), used))
+    return rows
+
+
+def confirmation_cost(answer: studies.Answer) -> str:
+    """What the round cost: "confirmation: 9 runs, 18 s, 60% of the search."."""
     share = answer.search_share
     share_text = f", {share:.0%} of the search" if share is not None else ""
-    console.print(
-        f"confirmation: {answer.round_runs} runs, {answer.cost_seconds:.0f} s{share_text}.",
-        style="dim",
+    return f"confirmation: {answer.round_runs} runs, {answer.cost_seconds:.0f} s{share_text}."
+
+
+def flagged_measurements(answer: studies.Answer) -> str:
+    """The round's measurements taken under interference: how many, which of them the round
+    measured again (never a trial's own), and how the round compares them."""
+    originals, own = answer.flagged_originals, answer.flagged - answer.flagged_originals
+    which = [f"{originals} of the trials' own, which the round never retakes"] * bool(originals)
+    again = "each" if answer.retakes >= own else f"{answer.retakes or 'none'} of them"
+    which += [f"{own} of the round's, {again} measured again"] * bool(own)
+    return (
+        f"{plural(answer.flagged, 'measurement')} {'was' if answer.flagged == 1 else 'were'} "
+        f"taken while other processes took more than {INTERFERENCE_SHARE:.0%} of the cores "
+        f"({', and '.join(which)}): the round compares flagged runs only with flagged ones."
     )
 
 

@@ -66,6 +66,7 @@ class BestConfig:
     workload: dict[str, Any] = field(default_factory=dict)  # the space file's workload section
     # the confirmation round's verdict on this trial (None when the study has none yet)
     confirmation: TrialConfirmation | None = None
+    round_state: str = "none"  # the study's answer's (study.Answer): why it is not confirmed
     feasible: bool = True  # the trial met every requirement (min_score): an answer
     speed_knobs: tuple[str, ...] = ()  # two-stage: the knobs the speed stage chose
     reference: str | None = None  # "baseline", "checklist": its knobs were set, not searched
@@ -81,7 +82,8 @@ class BestConfig:
 
     def confirmation_text(self, storage: str = DEFAULT_STORAGE) -> str:
         """One line on how sure the study (in ``storage``) is of this answer."""
-        return confirmation_text(self.confirmation, self.study, storage=storage)
+        found, study = self.confirmation, self.study
+        return confirmation_text(found, study, storage=storage, round_state=self.round_state)
 
     @property
     def headline_value(self) -> float:
@@ -143,6 +145,7 @@ class BestConfig:
             full_run_epochs=data.get("full_run_epochs"),
             workload=dict(data.get("workload") or {}),
             confirmation=TrialConfirmation.from_dict(data.get("confirmation")),
+            round_state=str(data.get("round_state") or "none"),
             feasible=bool(data.get("feasible", True)),
             speed_knobs=tuple(data.get("speed_knobs") or ()),
             reference=data.get("reference") or ("baseline" if data.get("baseline") else None),
@@ -299,7 +302,7 @@ def best_config(study: optuna.Study, trial: FrozenTrial) -> BestConfig:
     # the (first) objective's value; a multi-objective trial has no single .value
     value = trial.values[0] if trial.values else float("nan")
     record = TrialRecord.of(trial)
-    study_record = StudyRecord.of(study)
+    study_record, answer = StudyRecord.of(study), answer_of(study)
     assert record.config is not None, "select_trial() gives trials with a configuration"
     return BestConfig(
         study=study.study_name,
@@ -309,7 +312,8 @@ def best_config(study: optuna.Study, trial: FrozenTrial) -> BestConfig:
         config=record.config,
         params=dict(trial.params),
         metrics=record.metrics(),
-        confirmation=TrialConfirmation.of(answer_of(study), trial.number),
+        confirmation=TrialConfirmation.of(answer, trial.number),
+        round_state=answer.round_state if answer is not None else "none",
         feasible=is_feasible(trial),
         speed_knobs=tuple(record.speed_knobs or ()),
         reference=record.reference,

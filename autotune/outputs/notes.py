@@ -15,8 +15,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune._version import __version__
-from autotune.display import fmt, knob_rows, study_options, verification_rows
-from autotune.export import TrialConfirmation, confirmation_text
+from autotune.display import fmt, knob_rows, no_answer, study_options, verification_rows
+from autotune.export import TrialConfirmation, confirmation_text, study_spec
 from autotune.results import PHASES
 from autotune.spacefile import DEFAULT_STORAGE
 from autotune.storage import adapter
@@ -102,7 +102,8 @@ def verdict(answer: Answer, study_name: str, storage_url: str) -> str:
     verdict's line (``confirmation_text``), with what the runs were interleaved with."""
     found = TrialConfirmation.of(answer, answer.number)
     leaders = "the other leaders" + "".join(f" and {r.name}" for r in answer.references)
-    said, _, rest = confirmation_text(found, study_name, leaders, storage_url).partition(":")
+    said = confirmation_text(found, study_name, leaders, storage_url, answer.round_state)
+    said, _, rest = said.partition(":")
     return f"**{said.capitalize()}**:{rest}."
 
 
@@ -177,7 +178,8 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     where = " ".join(study_options(study_name, storage_url))  # a password as ***: it is shared
     lines = [f"## autotune: {study_name}", ""]
     if answer is None:
-        lines += ["No trial has completed feasibly yet.", ""]
+        spec = study_spec(study)
+        lines += [no_answer(spec.objective if spec else None), ""]
     else:
         best, record = answer.trial, TrialRecord.of(answer.trial)
         lines += [best_headline(answer, metric, score_name), ""]

@@ -19,8 +19,21 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune._imports import optional
 from autotune._version import __version__
-from autotune.display import SPEED_COLUMNS, fmt, fmt_metric, speed_rows, study_options
+from autotune.display import (
+    SPEED_COLUMNS,
+    confirmation_cost,
+    confirmation_rows,
+    flagged_measurements,
+    fmt,
+    fmt_metric,
+    measured_flags,
+    no_answer,
+    off_stage_one,
+    speed_rows,
+    study_options,
+)
 from autotune.errors import UserError
+from autotune.export import study_spec
 from autotune.outputs import charts
 from autotune.outputs.notes import (
     PHASE_LABELS,
@@ -35,6 +48,9 @@ from autotune.results import PHASES
 from autotune.spacefile import DEFAULT_STORAGE, KNOBS
 from autotune.speed import SpeedTable
 from autotune.study import (
+    REFERENCE_NAMES,
+    UNCONFIRMED,
+    Answer,
     StudyRecord,
     TrialRecord,
     answer_of,
@@ -77,6 +93,7 @@ class TrialRow:
     params: tuple[str, ...]  # in the order of the table's parameter columns
     fail_kind: str  # pruned, oom, ...; for an infeasible trial: infeasible
     fail_msg: str  # why; for an infeasible trial: which constraint failed
+    flags: str = ""  # a complete trial's, as its line said them: "interference 81%", ...
 
 
 def _knob_value(trial: FrozenTrial, record: TrialRecord, name: str) -> Any:
@@ -101,8 +118,7 @@ def trial_rows(study: optuna.Study) -> tuple[list[str], list[TrialRow]]:
         if trial.state == TrialState.COMPLETE and record.feasible is False:
             state, kind = f"{state} (infeasible)", "infeasible"
             message = record.infeasible_reason or ""
-        if record.speed_mismatch and record.predicted_samples_per_second and not kind:
-            off = (record.samples_per_second or 0) / record.predicted_samples_per_second - 1
+        if (off := off_stage_one(record)) is not None and not kind:
             kind = "speed_mismatch"
             message = (
                 f"trained {off:+.0%} off stage 1's prediction of "
@@ -120,6 +136,7 @@ def trial_rows(study: optuna.Study) -> tuple[list[str], list[TrialRow]]:
                 params=tuple(fmt(_knob_value(trial, record, k)) for k in names),
                 fail_kind=str(kind),
                 fail_msg=message or "",
+                flags="; ".join(measured_flags(record) * (trial.state == TrialState.COMPLETE)),
             )
         )
     return names, rows
@@ -201,6 +218,33 @@ def stored_speed_table(study: optuna.Study) -> SpeedTable | None:
     return dataclasses.replace(record.speed_table, batch_size_auto=record.batch_size_auto)
 
 
+def confirmation_notes(answer: Answer | None) -> list[str]:
+    """The lines under the report's confirmation table, as the terminal prints them under its
+    own: the measurements taken under interference (which the round retook), and its cost."""
+    if answer is None or not answer.configurations:
+        return []
+    return [flagged_measurements(answer)] * bool(answer.flagged) + [confirmation_cost(answer)]
+
+
+def over_references(answer: Answer | None, labels: list[str]) -> list[str]:
+    """Why the table's ratio of the metric over each reference among ``labels`` is "-": the
+    answer's over it is the confirmation round's to claim (``Reference.said``, its ``why``
+    where it claims none), and a study without a round, or with a round that backs no answer,
+    claims none."""
+    if answer is None:
+        return []
+    said = []
+    for name in (label for label in labels if label in REFERENCE_NAMES.values()):
+        found = answer.over(name)
+        if found is not None:
+            said.append(found.said)
+        elif answer.confirmed:
+            said.append(f"over {name}, no ratio: the round did not measure it beside the answer")
+        else:
+            said.append(f"over {name}, no ratio: not confirmed, {UNCONFIRMED[answer.round_state]}")
+    return said
+
+
 def as_html(markdown: str) -> str:
     """A line of the note in HTML: escaped, ``**`` as ``<strong>``, backticks as ``<code>``."""
     strong = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", html.escape(markdown))
@@ -224,10 +268,12 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         (name, value, base.get(name, fmt(None)) if base else "", origin)
         for name, value, origin in (knob_rows(best) if best is not None else [])
     ]
-    compared = [
-        (label.removeprefix("the "), other.number, speed, value, TrialRecord.of(other))
-        for label, other, speed, value in comparisons(study, answer)
-    ]
+    found, compared = comparisons(study, answer), []
+    for label, other, speed, value in found:  # over a reference: the round's ratio, if claimed
+        value = value or (answer.ratio_over(label) if answer is not None else None)
+        compared.append(
+            (label.removeprefix("the "), other.number, speed, value, TrialRecord.of(other))
+        )
     table = stored_speed_table(study)
     stage_one, caption = speed_rows(table) if table is not None else ([], None)
     bars = charts.breakdown_bars(study, baseline)
@@ -250,14 +296,19 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         best=best,
         best_record=TrialRecord.of(best) if best is not None else None,
         headline=as_html(best_headline(answer, metric, score_name)) if answer else "",
+        no_answer=no_answer(spec.objective if (spec := study_spec(study)) else None),
         verdict=as_html(verdict(answer, study.study_name, storage_url)) if answer else "",
         config_rows=config_rows,
         comparisons=compared,
+        confirmation=confirmation_rows(answer) if answer is not None else [],
+        confirmation_notes=confirmation_notes(answer),
+        over_references=over_references(answer, [label for label, *_ in found]),
         measurements=measurements(best) if best is not None else [],
         phases=[(p, PHASE_LABELS[p]) for p in PHASES],
         param_names=param_names,
         trial_rows=rows,
         any_tokens=any(row.tokens_per_second != fmt(None) for row in rows),
+        any_flags=any(row.flags for row in rows),
         knob_speeds=knob_speeds(study),
         speed_columns=SPEED_COLUMNS,
         speed_rows=[[str(cell) for cell in row] for row in stage_one],

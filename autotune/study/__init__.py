@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     )
     from autotune.storage._walls import MemoryWalls
     from autotune.study._answer import (
+        UNCONFIRMED,
         Answer,
         Reference,
         answer_of,
@@ -87,7 +88,7 @@ _LAZY = {  # module (under autotune) -> its names
     "storage._records": "METRIC_FIELDS REFERENCE_NAMES ConfirmationRecord ConfirmRun StudyRecord"
     " TrialRecord",
     "storage._walls": "MemoryWalls",
-    "study._answer": "Answer Reference answer_of answer_trial listed trials_named",
+    "study._answer": "Answer Reference UNCONFIRMED answer_of answer_trial listed trials_named",
     "study._confirm": "ConfirmationInputs confirm_study confirmation_plan",
     "study._confirmed": "NOISY_SPREAD Confirmed",
     "study._open": "load_study open_study patient_storage with_study_strategy",

@@ -108,6 +108,13 @@ def _same_settings(one: FrozenTrial, other: FrozenTrial) -> bool:
 # study's current leaders, with a winner), else why not: no round, an unfinished one, one whose
 # leaders trials since have changed, one where no configuration was feasible in most of its runs
 RoundState = Literal["none", "unfinished", "stale", "no_winner", "confirmed"]
+# why an answer is not confirmed, by its round's state: the words every rendering says it in
+UNCONFIRMED: dict[str, str] = {
+    "none": "one measurement",
+    "unfinished": "the round is unfinished",
+    "stale": "trials since have changed the leaders",
+    "no_winner": "no configuration was feasible in most of its runs",
+}
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,8 @@ class Answer:
     spread: float | None = None  # the round's run-to-run spread (0.06: ±6%)
     maximize: bool = True  # the study's direction
     flagged: int = 0  # the round's measurements taken under interference
+    flagged_originals: int = 0  # of them, trials' own (repeat 0), which the round never retakes
+    retakes: int = 0  # the round's runs measured again (the machine busy the first time)
     round_runs: int = 0  # the round's own runs, each measured again counted again
     cost_seconds: float = 0.0  # their wall-clock seconds
     search_share: float | None = None  # cost_seconds over every trial's wall-clock seconds
@@ -250,6 +259,8 @@ class Answer:
             spread=statistics.median(spreads) if spreads else None,
             maximize=record.maximize,
             flagged=sum(1 for run in record.runs if run.interfered),
+            flagged_originals=sum(1 for run in record.runs if run.interfered and not run.repeat),
+            retakes=sum(c.retakes for c in configurations),
             round_runs=len(own),
             cost_seconds=sum(run.wall_seconds for run in own),
         )
