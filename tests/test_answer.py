@@ -552,6 +552,7 @@ def test_an_answer_measured_only_under_interference_is_said_so_everywhere(seen):
     page = html.unescape(said["report"])
     assert re.search(rf'<td>{winner}</td><td class="num">4\.1</td>', page)
     assert f"{flagged} of them measured again): the round compares" in page
+    assert "runs used: the measurements each median counts, the trial's own among" in page
     warned = "measured while other processes used the CPU (confirm it again)"
     assert f"{warned}." in said["terminal"]
     assert f"{warned}." in said["note"]

@@ -21,6 +21,7 @@ from autotune.display._tables import (
     print_other_device,
     print_plan,
     print_summary,
+    runs_used_note,
     speed_rows,
 )
 from autotune.display._text import (

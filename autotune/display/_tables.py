@@ -411,16 +411,11 @@ def print_confirmation(
     table.add_column("range", justify="right")
     table.add_column(f"median {spec.objective.score_name}", justify="right")
     table.add_column("runs used", justify="right")  # the medians' runs: of how many
-    retaken = any(found.retakes for found in answer.configurations)
-    footnote = (  # after the table, as wide as the console (a caption wraps to the table's)
-        "runs used: the measurements each median counts, the trial's own among them: "
-        "feasible, and measured alike (quiet, or all under load)"
-        + ("; a retake: a run measured again, the machine busy the first time" if retaken else "")
-    )
     for row in confirmation_rows(answer):
         table.add_row(*row)
     console.print(table)
-    console.print(Text(footnote))
+    # after the table, as wide as the console (a caption wraps to the table's width)
+    console.print(Text(runs_used_note(answer)))
     again = command("autotune", "confirm", *study_options(study_name, spec.study.storage))
     if not answer.confirmed:
         why = studies.UNCONFIRMED[answer.round_state]
@@ -445,6 +440,16 @@ def confirmation_rows(answer: studies.Answer) -> list[tuple[str, str, str, str, 
         spread = f"{fmt(found.low)}-{fmt(found.high)}"
         rows.append((label, fmt(found.median), spread, fmt(found.median_score), used))
     return rows
+
+
+def runs_used_note(answer: studies.Answer) -> str:
+    """What the confirmation table's "runs used" counts, in the terminal and the report."""
+    retaken = any(found.retakes for found in answer.configurations)
+    return (
+        "runs used: the measurements each median counts, the trial's own among them: "
+        "feasible, and measured alike (quiet, or all under load)"
+        + ("; a retake: a run measured again, the machine busy the first time" if retaken else "")
+    )
 
 
 def confirmation_cost(answer: studies.Answer) -> str:

@@ -29,6 +29,7 @@ from autotune.display import (
     measured_flags,
     no_answer,
     off_stage_one,
+    runs_used_note,
     speed_rows,
     study_options,
 )
@@ -220,10 +221,12 @@ def stored_speed_table(study: optuna.Study) -> SpeedTable | None:
 
 def confirmation_notes(answer: Answer | None) -> list[str]:
     """The lines under the report's confirmation table, as the terminal prints them under its
-    own: the measurements taken under interference (which the round retook), and its cost."""
+    own: what "runs used" counts, the measurements taken under interference (which the round
+    retook), and its cost."""
     if answer is None or not answer.configurations:
         return []
-    return [flagged_measurements(answer)] * bool(answer.flagged) + [confirmation_cost(answer)]
+    flagged = [flagged_measurements(answer)] * bool(answer.flagged)
+    return [runs_used_note(answer), *flagged, confirmation_cost(answer)]
 
 
 def over_references(answer: Answer | None, labels: list[str]) -> list[str]:
