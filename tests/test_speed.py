@@ -1708,6 +1708,18 @@ def test_a_claimed_setting_is_timed_by_its_holder_and_a_lost_holder_is_taken_ove
         assert other is None
         assert set(here.study.user_attrs[CLAIMS_ATTR]) == {"k round 1"}  # the lost ones go
     assert here.study.user_attrs[CLAIMS_ATTR] == {}
+    # a Ctrl-C just after the claim was written: dropped, or the next run waits 60 s for it
+    write = here.study.set_user_attr
+
+    def interrupted(key: str, value: object) -> None:
+        write(key, value)
+        here.study.set_user_attr = write  # type: ignore[method-assign]
+        raise KeyboardInterrupt
+
+    here.study.set_user_attr = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt), here.hold("k", 4):
+        pass
+    assert here.study.user_attrs[CLAIMS_ATTR] == {}
 
 
 @pytest.mark.slow

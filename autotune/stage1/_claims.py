@@ -72,7 +72,11 @@ class Claims:
         process holds it (renewed in the background, dropped afterwards), else who does
         (``host:pid``), and then nothing is claimed."""
         name = f"{key} round {round_number}"
-        other = self._update(name, mine=True)
+        try:
+            other = self._update(name, mine=True)
+        except BaseException:  # a Ctrl-C while claiming: a claim written would wait 60 s
+            self._drop(name)
+            raise
         if other is not None:
             yield other
             return
@@ -92,5 +96,9 @@ class Claims:
         finally:
             done.set()
             thread.join()
-            with contextlib.suppress(Exception), without_retry():  # else it goes stale by itself
-                self._update(name, mine=False)
+            self._drop(name)
+
+    def _drop(self, name: str) -> None:
+        """Drop this process's claim ``name``, if it holds it (else it goes stale by itself)."""
+        with contextlib.suppress(Exception), without_retry():
+            self._update(name, mine=False)
