@@ -6,22 +6,25 @@ wording every rendering says it in (``_confirmation``) and how values and comman
 # ruff: noqa: F401  (this package re-exports what its modules define)
 from typing import TYPE_CHECKING, Any
 
-from autotune.display._confirmation import TrialConfirmation, confirmation_text
+from autotune.display._confirmation import (
+    TrialConfirmation,
+    confirmation_cost,
+    confirmation_rows,
+    confirmation_text,
+    flagged_measurements,
+    print_confirmation,
+    runs_used_note,
+)
 from autotune.display._tables import (
     SPEED_COLUMNS,
     config_table,
-    confirmation_cost,
-    confirmation_rows,
-    flagged_measurements,
     knob_rows,
     measured_flags,
     no_answer,
     off_stage_one,
-    print_confirmation,
     print_other_device,
     print_plan,
     print_summary,
-    runs_used_note,
     speed_rows,
 )
 from autotune.display._text import (

@@ -1,6 +1,7 @@
-"""The confirmation round's verdict on one trial, as the Python API and the exports carry it
-(``BestConfig.confirmation``): typed, plain data in a YAML or JSON export, and the one line
-that the terminal, the note, the report and the exports say it in."""
+"""The confirmation round as people see it: its verdict on one trial, as the Python API and the
+exports carry it (``BestConfig.confirmation``: typed, plain data in a YAML or JSON export), the
+one line that the terminal, the note, the report and the exports say it in, and the round's
+table with the lines under it (terminal and report)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,15 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.display._text import fmt, study_options, visible
-from autotune.spacefile import DEFAULT_STORAGE
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from autotune import study as studies
+from autotune.display._text import command, fmt, metric_unit, plural, study_options, visible
+from autotune.machine.interference import INTERFERENCE_SHARE
+from autotune.spacefile import DEFAULT_STORAGE, Spec
 from autotune.study import REFERENCE_NAMES, UNCONFIRMED, Answer, trials_named
 
 
@@ -117,3 +125,109 @@ def confirmation_text(
     if found.under_interference:
         text += "; measured while other processes used the CPU (confirm it again)"
     return text
+
+
+def print_confirmation(
+    console: Console, answer: studies.Answer, spec: Spec, study_name: str
+) -> None:
+    """The confirmation round behind the study's answer (``studies.answer_of``, once a round
+    exists): each configuration's median and range, the answer, ties, its ratio over each
+    reference the round measured beside it, and what the round cost."""
+    unit = metric_unit(spec.objective.metric_name)
+    table = Table(
+        title=f"Confirmation ({answer.repeats} more runs each, interleaved)", title_justify="left"
+    )
+    table.add_column("trial", justify="right")
+    table.add_column(f"median {unit}", justify="right", style="bold green")
+    table.add_column("range", justify="right")
+    table.add_column(f"median {spec.objective.score_name}", justify="right")
+    table.add_column("runs used", justify="right")  # the medians' runs: of how many
+    for row in confirmation_rows(answer):
+        table.add_row(*row)
+    console.print(table)
+    # after the table, as wide as the console (a caption wraps to the table's width)
+    console.print(Text(runs_used_note(answer)))
+    again = command("autotune", "confirm", *study_options(study_name, spec.study.storage))
+    if not answer.confirmed:
+        why = studies.UNCONFIRMED[answer.round_state]
+        console.print(f"[yellow]Not confirmed:[/] {why}; confirm again: {again}")
+    else:
+        _print_confirmed(console, answer, study_name, again)
+    if answer.flagged:
+        console.print(flagged_measurements(answer), style="yellow")
+    console.print(confirmation_cost(answer), style="dim")
+
+
+def confirmation_rows(answer: studies.Answer) -> list[tuple[str, str, str, str, str]]:
+    """The confirmation table's rows, in the terminal and the report: each configuration's
+    label, median, range, median score and runs used ("-" where it has no median)."""
+    rows = []
+    for found in answer.configurations:
+        label, used = found.label, _runs_used(found)
+        if not found.values or not (found.eligible or found.reference):
+            score = fmt(found.median_score) if found.scores else "-"
+            rows.append((label, "-", "-", score, used))
+            continue
+        spread = f"{fmt(found.low)}-{fmt(found.high)}"
+        rows.append((label, fmt(found.median), spread, fmt(found.median_score), used))
+    return rows
+
+
+def runs_used_note(answer: studies.Answer) -> str:
+    """What the confirmation table's "runs used" counts, in the terminal and the report."""
+    retaken = any(found.retakes for found in answer.configurations)
+    return (
+        "runs used: the measurements each median counts, the trial's own among them: "
+        "feasible, and measured alike (quiet, or all under load)"
+        + ("; a retake: a run measured again, the machine busy the first time" if retaken else "")
+    )
+
+
+def confirmation_cost(answer: studies.Answer) -> str:
+    """What the round cost: "confirmation: 9 runs, 18 s, 60% of the search."."""
+    share = answer.search_share
+    share_text = f", {share:.0%} of the search" if share is not None else ""
+    return f"confirmation: {answer.round_runs} runs, {answer.cost_seconds:.0f} s{share_text}."
+
+
+def flagged_measurements(answer: studies.Answer) -> str:
+    """The round's measurements taken under interference: how many, which of them the round
+    measured again (never a trial's own), and how the round compares them."""
+    originals, own = answer.flagged_originals, answer.flagged - answer.flagged_originals
+    which = [f"{originals} of the trials' own, which the round never retakes"] * bool(originals)
+    again = "each" if answer.retakes >= own else f"{answer.retakes or 'none'} of them"
+    which += [f"{own} of the round's, {again} measured again"] * bool(own)
+    return (
+        f"{plural(answer.flagged, 'measurement')} {'was' if answer.flagged == 1 else 'were'} "
+        f"taken while other processes took more than {INTERFERENCE_SHARE:.0%} of the cores "
+        f"({', and '.join(which)}): the round compares flagged runs only with flagged ones."
+    )
+
+
+def _runs_used(found: studies.Confirmed) -> str:
+    """ "3", "2 of 3", "7 (4 retakes)": the measurements a median counts, of how many, and how
+    many of those were runs measured again."""
+    counted, measured = len(found.values), found.all_runs
+    shown = str(counted) + ("" if counted == measured else f" of {measured}")
+    return shown + (f" ({plural(found.retakes, 'retake')})" if found.retakes else "")
+
+
+def _print_confirmed(
+    console: Console, answer: studies.Answer, study_name: str, again: str
+) -> None:
+    """A confirmed answer in the verdict's one wording (``confirmation_text``: the note, the
+    report and the exports say it alike) and, for a noisy round, how to confirm it again."""
+    said = confirmation_text(TrialConfirmation.of(answer, answer.number), study_name)
+    console.print(f"[bold]Answer: trial {answer.number}[/], {escape(said)}.")
+    if answer.noisy:
+        spread = f"±{answer.spread:.0%}" if answer.spread is not None else "unknown"
+        why = (
+            f"run-to-run spread {spread}, over ±{studies.NOISY_SPREAD:.0%}"
+            if answer.alike
+            else "some were measured only on a quiet machine, others only under interference"
+        )
+        console.print(
+            f"[yellow]The machine was too noisy to rank the leaders[/] ({why}): trial "
+            f"{answer.number} is named for the best median. Confirm again on a quiet machine: "
+            f"{again}"
+        )
