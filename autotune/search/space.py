@@ -28,9 +28,7 @@ from autotune.spacefile import Choice, IntRange, Knob, Spec, SpecError
 from autotune.speed import SpeedChoice, SpeedTable
 from autotune.workloads import Workload
 
-DEVICE_DATA_SHARE = (
-    0.5  # the most of a GPU's memory a training set may take in the device pipeline
-)
+DEVICE_DATA_SHARE = 0.5  # the most of a GPU's memory the device pipeline's training set takes
 WORKERS_PER_CORE = 4  # DataLoader processes a core may be given (I/O-bound loading: several)
 # a knob's value, given its name and its values in the space: Optuna's suggestion in a trial
 Pick = Callable[[str, Knob], Any]
@@ -67,15 +65,6 @@ class Restriction:
     dropped: tuple[Dropped, ...]
 
 
-def _in_memory_bytes(dataset: Any) -> int | None:
-    """Bytes an in-memory data set would occupy on the device; None if it is not in memory."""
-    if isinstance(dataset, ImageTensorDataset):
-        return dataset.images.nbytes + dataset.labels.nbytes
-    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
-        return sum(t.nbytes for t in dataset.tensors)
-    return None
-
-
 @dataclass(frozen=True)
 class _Limits:
     """Why a knob's value cannot run here, or None: the hardware it needs (the registry's
@@ -102,11 +91,15 @@ class _Limits:
             return None
         if self.workload.collate_fn is not None:
             return "the data function's collate_fn batches samples in a DataLoader"
-        size = _in_memory_bytes(self.workload.train_set)
-        if size is None:
+        data = self.workload.train_set  # its bytes on the device, where it is in memory
+        if isinstance(data, ImageTensorDataset):
+            size = data.images.nbytes + data.labels.nbytes
+        elif isinstance(data, TensorDataset) and len(data.tensors) == 2:
+            size = sum(t.nbytes for t in data.tensors)
+        else:
             return (
                 f"the device pipeline needs the training set in memory as tensors; "
-                f"{type(self.workload.train_set).__name__} loads sample by sample"
+                f"{type(data).__name__} loads sample by sample"
             )
         memory = self.hardware.memory_bytes
         if memory is not None and size > DEVICE_DATA_SHARE * memory:

@@ -186,10 +186,8 @@ def _distributions(config_values: dict[str, Any]) -> dict[str, BaseDistribution]
 
 def speed_params(cell: Cell, settings: Settings) -> dict[str, Any]:
     values: dict[str, Any] = {"batch_size": cell.batch_size, "precision": cell.precision}
-    for name, value in (*cell.extras, *settings):
-        if value is None:  # prefetch_factor without workers: it means nothing there
-            continue
-        values[name] = value
+    # None: prefetch_factor without workers, say: it means nothing there
+    values |= {name: value for name, value in (*cell.extras, *settings) if value is not None}
     if values.get("num_workers", 0) == 0:
         values.pop("persistent_workers", None)
     if not cell.distributed:  # DDP's settings mean nothing to one process

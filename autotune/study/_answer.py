@@ -321,10 +321,8 @@ class Answer:
         if self.noisy:
             return dataclasses.replace(found, why=f"run-to-run spread ±{self.spread or 0:.0%}")
         if same_settings and interval is not None:  # samples/s alike but for noise: out
-            ours, theirs = (
-                self.winner.median_samples_per_second,
-                measured.median_samples_per_second,
-            )
+            ours = self.winner.median_samples_per_second
+            theirs = measured.median_samples_per_second
             learning = theirs / ours if ours and theirs else math.nan
             ratio, interval = ratio * learning, (interval[0] * learning, interval[1] * learning)
         if interval is None or math.isnan(ratio):
