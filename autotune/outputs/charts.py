@@ -126,9 +126,7 @@ def breakdown_bars(study: optuna.Study, baseline: FrozenTrial | None) -> go.Figu
     for phase in PHASES:
         figure.add_trace(
             go.Bar(
-                x=labels,
-                y=[shares(t).get(phase, 0.0) for t in trials],
-                name=PHASE_LABELS[phase],
+                x=labels, y=[shares(t).get(phase, 0.0) for t in trials], name=PHASE_LABELS[phase]
             )
         )
     figure.update_layout(

@@ -36,10 +36,7 @@ REMAINING_PACE_SLACK = 0.8
 
 
 def charged_seconds(
-    train_seconds: float,
-    overhead_seconds: float,
-    epochs: float,
-    full_run_epochs: float | None,
+    train_seconds: float, overhead_seconds: float, epochs: float, full_run_epochs: float | None
 ) -> float:
     """Training seconds with overhead charged in proportion ``epochs / full_run_epochs``.
 

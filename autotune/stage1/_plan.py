@@ -18,14 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrialConfig
-from autotune.knobs import (
-    COMPUTE_KNOBS,
-    DDP_KNOBS,
-    KNOBS,
-    PIPELINE_KNOBS,
-    SPEED_KNOBS,
-    as_written,
-)
+from autotune.knobs import COMPUTE_KNOBS, DDP_KNOBS, KNOBS, PIPELINE_KNOBS, SPEED_KNOBS, as_written
 from autotune.spacefile import Choice, FloatRange, IntRange, Knob, Spec, SpecError
 from autotune.speed import Extras
 

@@ -136,11 +136,7 @@ _DRIVER_PHRASES: tuple[tuple[tuple[str, ...], str | None, bool], ...] = (
         True,
     ),
     (("database is locked",), "another process holds its lock", True),
-    (
-        ("connection is closed", "connection already closed", "consuming input failed"),
-        None,
-        True,
-    ),
+    (("connection is closed", "connection already closed", "consuming input failed"), None, True),
     (("no connection to the server", "ssl syscall error", "connection timed out"), None, True),
     (("connection reset", "could not receive data", "could not send data"), None, True),
 )

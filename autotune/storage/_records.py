@@ -168,10 +168,7 @@ class TrialRecord(_Record):
     def from_result(cls, result: TrialResult, precision: str) -> TrialRecord:
         """What a trial that trained stores of its measurements: each field of both as measured,
         but for those derived here."""
-        from autotune.training import (  # torch: only the writer of a trial needs it
-            telemetry,
-            timing,
-        )
+        from autotune.training import telemetry, timing  # torch: only a trial's writer needs it
 
         breakdown: dict[str, Any] = {"time_breakdown": None}  # seconds in, shares stored
         if result.time_breakdown:

@@ -16,9 +16,4 @@ from autotune.workloads._registry import (  # noqa: F401
     resolve_data,
     resolve_model,
 )
-from autotune.workloads._reuse import (  # noqa: F401
-    data_collate,
-    runnable_layout,
-    study_loss,
-    study_workload,
-)
+from autotune.workloads._reuse import data_collate, runnable_layout, study_loss, study_workload  # noqa: F401
