@@ -44,11 +44,11 @@ from autotune.study import (
     StudyRecord,
     TrialRecord,
     answer_trial,
-    baseline_trial,
     confirm_study,
     feasible_trials,
     open_storage,
     open_study,
+    reference_trial,
     run_study,
     trial_config,
 )
@@ -95,7 +95,7 @@ def remeasure(
     fresh worker; runs measured under interference are left out where a trial has clean ones
     (their number is the third element)."""
     trials = [t for t in feasible_trials(study)[:REMEASURED]]
-    baseline = baseline_trial(study)
+    baseline = reference_trial(study, "baseline")
     if baseline is not None and baseline not in trials:
         trials.append(baseline)
     workload = load(spec.workload, spec.path.parent if spec.path else None, spec.objective.score)
@@ -159,7 +159,7 @@ def main() -> None:
         values, speeds, flagged = remeasure(spec, study, args.repeats, args.isolation)
         medians = {n: statistics.median(v) for n, v in values.items()}
         answer = answer_trial(study)
-        baseline = baseline_trial(study)
+        baseline = reference_trial(study, "baseline")
         confirmation = StudyRecord.of(study).confirmation
         verdict = Answer.of_round(confirmation, study.trials[0]) if confirmation else None
         flagged_in_study = sum(1 for t in study.trials if TrialRecord.of(t).interference)

@@ -26,7 +26,6 @@ from autotune.study import (
     TrialRecord,
     answer_of,
     answer_trial,
-    baseline_trial,
     feasible_trials,
     reference_trial,
 )
@@ -446,7 +445,8 @@ def _renderings(study: optuna.Study) -> dict[str, str]:
 def _leaders_round(study: optuna.Study) -> tuple[int, ConfirmationRecord]:
     """A clean round of the study's three leaders and its references, won by a leader that is
     neither the best single trial nor a reference: that leader and the round."""
-    baseline, checklist_trial = baseline_trial(study), reference_trial(study, "checklist")
+    baseline = reference_trial(study, "baseline")
+    checklist_trial = reference_trial(study, "checklist")
     assert baseline is not None and checklist_trial is not None
     base, checklist = baseline.number, checklist_trial.number
     leaders = [t.number for t in feasible_trials(study)[:3]]

@@ -481,7 +481,7 @@ def test_stage_one_names_its_speed_study_only_for_what_it_holds(seen, timed, reu
 
 def test_the_baselines_knobs_are_untuned_not_searched(seen):
     study, _ = seen
-    baseline = studies.baseline_trial(study)
+    baseline = studies.reference_trial(study, "baseline")
     assert baseline is not None
     console = _console(100)
     console.print(display.config_table(baseline))
@@ -492,7 +492,7 @@ def test_the_baselines_knobs_are_untuned_not_searched(seen):
 
 def test_the_configuration_shows_ddp_settings_only_for_a_trial_of_several_processes(seen):
     study, _ = seen
-    one = studies.baseline_trial(study)
+    one = studies.reference_trial(study, "baseline")
     assert one is not None
     console = _console(100)
     console.print(display.config_table(one))

@@ -255,11 +255,11 @@ def knob_rows(trial: FrozenTrial, *more: str) -> list[tuple[str, str, str]]:
     """(knob, value, where the value came from) of a trial's configuration, as the terminal, the
     note and the report show it, and ``more`` of its fields (device, seed); the base batch size
     only where the lr is scaled from it, as the lr's note says."""
-    found = studies.trial_config(trial)
+    found, record = studies.trial_config(trial), studies.TrialRecord.of(trial)
     config, scaled = found.to_dict(), found.lr_scaling != "none"
     rows = []
     for name in [*knobs_for(found.world_size), *more]:
-        note = studies.trial_knob_origin(trial, name)
+        note = studies.knob_origin(name, trial.params, record.speed_knobs, record.reference)
         if name == "lr" and scaled:
             note = f"{note}; {lr_text(found)}"
         value = config[name] if scaled or name != "base_batch_size" else None

@@ -27,7 +27,6 @@ from autotune.study import (
     TrialRecord,
     Verification,
     answer_of,
-    baseline_trial,
     feasible_trials,
     reference_trial,
     speed_study_name,
@@ -70,7 +69,7 @@ def comparisons(study: optuna.Study, answer: Answer | None) -> list[Comparison]:
     by_speed = sorted(feasible_trials(study), key=lambda t: speed(t) or 0.0)  # answer's too
     found, shown = [], {answer.number}
     for label, other in (
-        (REFERENCE_NAMES["baseline"], baseline_trial(study)),
+        (REFERENCE_NAMES["baseline"], reference_trial(study, "baseline")),
         (REFERENCE_NAMES["checklist"], reference_trial(study, "checklist")),
         ("the median feasible trial", by_speed[len(by_speed) // 2]),
         ("the slowest feasible trial", min(by_speed, key=lambda t: speed(t) or math.inf)),

@@ -55,7 +55,7 @@ from autotune.study import (
     StudyRecord,
     TrialRecord,
     answer_of,
-    baseline_trial,
+    reference_trial,
 )
 
 
@@ -264,7 +264,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         raise ReportError("autotune report needs plotly: pip install plotly")
     answer = answer_of(study)
     best = answer.trial if answer is not None else None
-    baseline = baseline_trial(study)
+    baseline = reference_trial(study, "baseline")
     metric, score_name, _ = names(study)
     base = {name: value for name, value, _ in knob_rows(baseline)} if baseline else {}
     config_rows = [

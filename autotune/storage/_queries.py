@@ -44,11 +44,6 @@ def reference_trial(study: optuna.Study, kind: str) -> FrozenTrial | None:
     return None
 
 
-def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
-    """The untuned baseline, if it completed."""
-    return reference_trial(study, "baseline")
-
-
 def trial_config(trial: FrozenTrial) -> TrialConfig:
     """The full configuration a trial trained with (stored as its ``config`` attribute)."""
     config = TrialRecord.of(trial).config
@@ -74,9 +69,3 @@ def knob_origin(
     if reference in ("baseline", "checklist"):  # a two-stage reference's own knobs too
         return {"baseline": "untuned", "checklist": "checklist"}[reference]
     return "searched" if name in params else "timed in stage 1"
-
-
-def trial_knob_origin(trial: FrozenTrial, name: str) -> str:
-    """``knob_origin`` of a stored trial."""
-    record = TrialRecord.of(trial)
-    return knob_origin(name, trial.params, record.speed_knobs, record.reference)

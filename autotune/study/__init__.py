@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from autotune.storage._outage import OutageRetry, StorageOutage, without_retry
     from autotune.storage._queries import (
         COUNTED_STATES,
-        baseline_trial,
         best_trial,
         counted_trials,
         feasible_trials,
@@ -28,7 +27,6 @@ if TYPE_CHECKING:
         knob_origin,
         reference_trial,
         trial_config,
-        trial_knob_origin,
     )
     from autotune.storage._rdb import (
         StudyError,
@@ -81,8 +79,8 @@ _LAZY = {  # module (under autotune) -> its names
     "stage1._take": "StageInputs",
     "storage._liveness": "recover_stale_trials study_lock",
     "storage._outage": "OutageRetry StorageOutage without_retry",
-    "storage._queries": "COUNTED_STATES baseline_trial best_trial counted_trials feasible_trials"
-    " is_feasible knob_origin reference_trial trial_config trial_knob_origin",
+    "storage._queries": "COUNTED_STATES best_trial counted_trials feasible_trials is_feasible"
+    " knob_origin reference_trial trial_config",
     "storage._rdb": "StudyError display_url open_storage password_note sqlite_path"
     " storage_problem",
     "storage._records": "METRIC_FIELDS REFERENCE_NAMES ConfirmationRecord ConfirmRun StudyRecord"
