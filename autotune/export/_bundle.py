@@ -136,11 +136,6 @@ def bundle(objects: list[Any]) -> tuple[list[str], set[Import]]:
     return sources, imports
 
 
-def _installed(path: Path) -> bool:
-    roots = {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}
-    return any(path.is_relative_to(root) for root in roots)
-
-
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -212,7 +207,8 @@ def _folder_to_add(found: ModuleSpec) -> str | None:
     else:
         return None
     where = where.resolve()
-    return None if _installed(where) else str(where.parent)
+    installed = {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}
+    return None if any(where.is_relative_to(root) for root in installed) else str(where.parent)
 
 
 def call(expression: str, kwargs: dict[str, Any], args: tuple[Any, ...] = ()) -> str:

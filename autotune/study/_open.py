@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import difflib
 import hashlib
+import itertools
 import json
 import time
 import warnings
@@ -186,14 +187,6 @@ def _json_or_none(value: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
 
-def _next_free_name(storage: optuna.storages.BaseStorage, name: str) -> str:
-    taken = set(optuna.get_all_study_names(storage))
-    number = 2
-    while f"{name}-{number}" in taken:
-        number += 1
-    return f"{name}-{number}"
-
-
 def open_study(
     spec: Spec,
     storage: optuna.storages.BaseStorage,
@@ -217,7 +210,8 @@ def open_study(
             raise StudyError(
                 f"{problem}\nrun with --new-study to start a new study, or set study.name"
             )
-        name = _next_free_name(storage, name)
+        taken = set(optuna.get_all_study_names(storage))
+        name = next(f"{name}-{n}" for n in itertools.count(2) if f"{name}-{n}" not in taken)
     try:
         study = optuna.create_study(
             study_name=name, storage=storage, direction=spec.objective.direction
