@@ -226,17 +226,17 @@ def verify(
             )
         if not studies.verify_candidates(found):
             raise fail(f"study '{found.study_name}' has no feasible trial to verify", EXIT_FAILED)
-        left = studies.runs_left(found, epochs, repeats, runner_up)
-        display.print_verify_plan(console, left, epochs)
-        verified = studies.verify_study(
+        inputs = studies.VerifyInputs(
             found,
             executor,
             epochs,
             target if target is not None else goal.goal,
             repeats,
+            runner_up,
             on_evaluation=display.verify_progress(console, spec, epochs),
             on_wait=lambda line: console.print(f"  {line}", style="dim", markup=False),
-            runner_up=runner_up,
         )
+        display.print_verify_plan(console, studies.runs_left(inputs), epochs)
+        verified = studies.verify_study(inputs)
     display.print_verification(console, verified, spec)
     write_note(found, storage)
