@@ -53,16 +53,23 @@ CLAIM_POLL_SECONDS = 0.5  # how often a process waiting for another's measuremen
 
 
 @dataclass(frozen=True)
-class StageInputs:
-    """The study's speed stage as it runs in this process: the study and its spec, the machine,
-    the executor that times each setting, and who hears of it: ``on_event`` each setting,
-    ``on_wait`` that a measurement waits for another process of this machine (``turns``)."""
+class StudyParts:
+    """A study as it runs in this process: the study and its spec, the machine, the executor
+    that trains its trials and times stage 1's settings, the workload loaded here (if any)."""
 
     study: optuna.Study
     spec: Spec
     hardware: Hardware
     executor: TrialExecutor
     workload: Workload | None = None
+
+
+@dataclass(frozen=True)
+class StageInputs(StudyParts):
+    """The study's speed stage as it runs in this process, and who hears of it: ``on_event``
+    each setting, ``on_wait`` that a measurement waits for another process of this machine
+    (``turns``)."""
+
     on_event: Callable[[SpeedEvent], None] = lambda event: None
     on_wait: Callable[[str], None] | None = None
 
