@@ -3,7 +3,7 @@ describes, its stages and then its confirmation round, and returns a ``RunReport
 it ended, in the words ``autotune run`` prints.
 
 A notebook or a scheduler calls ``run``; ``autotune run`` calls the same steps
-(``load_run_spec``, ``prepare``, ``run_prepared``, ``ending``), its display, its workers and
+(``load_run_spec``, ``prepare``, ``run_prepared``, ``end_run``), its display, its workers and
 SIGTERM passed to ``run_prepared`` as ``RunHooks``, its exit statuses around them. Nothing
 prints. The first steps (the space file, ``prepare``, the executor) are ``_prepare``'s.
 """
@@ -51,6 +51,7 @@ __all__ = [
     "ScaleOut",
     "confirm_after_run",
     "confirm_answer",
+    "end_run",
     "executor_for",
     "load_run_spec",
     "prepare",
@@ -226,6 +227,18 @@ def run_prepared(
     return outcome, confirmed
 
 
+def end_run(study: optuna.Study, spec: Spec, outcome: RunOutcome) -> Ending:
+    """A run's last step, ``autotune.run``'s and ``autotune run``'s: the study's note (what
+    optuna-dashboard shows first) written where this run trained a trial, and how the run ended
+    (``autotune.ending``). A storage fault is raised as a StudyError (``storage_faults``)."""
+    from autotune.outputs import notes
+
+    with storage_faults(spec.study.storage):
+        if outcome.trials_run:
+            notes.write_note(study, spec.study.storage)
+        return ending(study, spec, outcome)
+
+
 @dataclass(frozen=True)
 class RunReport:
     """What ``run`` did: the study (its name and masked storage URL), this run's outcome
@@ -282,8 +295,6 @@ def run(
     """
     import optuna
 
-    from autotune.outputs import notes
-
     spec = load_run_spec(space, RunOptions.of(locals()))
     if base_dir is None:
         base_dir = Path(space).parent if not isinstance(space, Spec) else Path.cwd()
@@ -296,9 +307,7 @@ def run(
             prepared, Path(base_dir), hooks, remeasure=remeasure, confirm=confirm
         )
         spec, study = prepared.spec, prepared.study
-        if outcome.trials_run:
-            notes.write_note(study, spec.study.storage)  # what optuna-dashboard shows first
-        end = ending(study, spec, outcome)
+        end = end_run(study, spec, outcome)
     finally:
         optuna.logging.set_verbosity(verbosity)
     shown = studies.display_url(spec.study.storage)
