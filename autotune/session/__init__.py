@@ -295,7 +295,16 @@ def run(
     """
     import optuna
 
-    spec = load_run_spec(space, RunOptions.of(locals()))
+    options = RunOptions(
+        n_trials=n_trials,
+        timeout=timeout,
+        storage=storage,
+        study_name=study_name,
+        device=device,
+        seed=seed,
+        isolation=isolation,
+    )
+    spec = load_run_spec(space, options)
     if base_dir is None:
         base_dir = Path(space).parent if not isinstance(space, Spec) else Path.cwd()
     verbosity = optuna.logging.get_verbosity()
