@@ -115,7 +115,7 @@ def test_the_worker_starts_before_the_study_process_imports_torch(tmp_path: Path
     program = f"""
 import sys
 from pathlib import Path
-
+from autotune import session
 
 spec = session.load_run_spec(Path({str(space)!r}))
 prepared = session.prepare(spec, Path.cwd(), meanwhile=lambda: print("torch" in sys.modules))
