@@ -99,20 +99,18 @@ def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) 
         more = f", beside the {kept} the round has" if kept else ""
         console.print(f"Confirming {beside}: {display.plural(todo, 'run')}{more}, interleaved.")
 
-    return session.confirm_answer(
+    inputs = studies.ConfirmationInputs(
         study,
-        spec,
+        spec.objective,
         executor,
         top,
         repeats,
-        on_start=starting,
         on_run=display.confirmation_progress(console, spec),
+        on_start=starting,
         on_wait=lambda line: console.print(f"  {line}", style="dim", markup=False),
-        on_other=lambda: console.print(
-            "Waiting for another process of this study, which runs its confirmation round.",
-            style="dim",
-        ),
     )
+    other = "Waiting for another process of this study, which runs its confirmation round."
+    return session.confirm_answer(inputs, lambda: console.print(other, style="dim"))
 
 
 def confirm(

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from autotune.executor import TrialExecutor
     from autotune.export import BestConfig
     from autotune.machine.scaleout import Workers, WorkerShare
-    from autotune.study import ConfirmationRecord, RunOutcome, StudyObserver
+    from autotune.study import ConfirmationInputs, RunOutcome, StudyObserver
 
 from autotune.session._prepare import (
     STORAGE_ENV,
@@ -62,30 +62,12 @@ __all__ = [
 ]
 
 
-def confirm_answer(
-    study: optuna.Study,
-    spec: Spec,
-    executor: TrialExecutor,
-    top: int,
-    repeats: int,
-    *,
-    on_start: Callable[[ConfirmationRecord], None] | None = None,
-    on_run: Callable[..., None] | None = None,
-    on_wait: Callable[[str], None] | None = None,
-    on_other: Callable[[], None] | None = None,
-) -> bool:
-    """Run (or resume) the confirmation round of the study's ``top`` leaders and references,
-    ``repeats`` runs each, interleaved; whether a round exists now (False: no feasible trial to
-    confirm). One process at a time runs a study's round: another that finishes beside it waits
-    (``on_other`` is called) and then finds the round done. ``on_start``, ``on_run`` and
-    ``on_wait`` as in ``ConfirmationInputs``."""
-    goal = spec.objective
-    inputs = studies.ConfirmationInputs(
-        study, goal, executor, top, repeats, on_run, on_start, on_wait
-    )
-    with studies.study_lock(study, "confirm", on_other, held_long=True):
-        record = studies.confirm_study(inputs)
-    return record is not None
+def confirm_answer(inputs: ConfirmationInputs, on_other: Callable[[], None] | None = None) -> bool:
+    """Run (or resume) the confirmation round ``inputs`` describe; whether a round exists now
+    (False: no feasible trial to confirm). One process at a time runs a study's round: another
+    that finishes beside it waits (``on_other`` is called) and then finds the round done."""
+    with studies.study_lock(inputs.study, "confirm", on_other, held_long=True):
+        return studies.confirm_study(inputs) is not None
 
 
 def confirm_after_run(
@@ -166,7 +148,8 @@ class RunHooks:
         self, study: optuna.Study, spec: Spec, executor: TrialExecutor, top: int, repeats: int
     ) -> bool:
         """Run the confirmation round (``confirm_answer``); whether one exists now."""
-        return confirm_answer(study, spec, executor, top, repeats)
+        inputs = studies.ConfirmationInputs(study, spec.objective, executor, top, repeats)
+        return confirm_answer(inputs)
 
 
 def run_prepared(
@@ -228,9 +211,8 @@ def run_prepared(
 
 
 def end_run(study: optuna.Study, spec: Spec, outcome: RunOutcome) -> Ending:
-    """A run's last step, ``autotune.run``'s and ``autotune run``'s: the study's note (what
-    optuna-dashboard shows first) written where this run trained a trial, and how the run ended
-    (``autotune.ending``). A storage fault is raised as a StudyError (``storage_faults``)."""
+    """A run's last step: the study's note (optuna-dashboard's) written where this run trained
+    a trial, and how the run ended (``ending``). A storage fault raised as a StudyError."""
     from autotune.outputs import notes
 
     with storage_faults(spec.study.storage):

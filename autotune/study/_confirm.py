@@ -192,9 +192,8 @@ def train_once(
     report: Callable[[Evaluation], bool],
     on_wait: Callable[[str], None] | None,
 ) -> tuple[TrialResult | str, float]:
-    """``config`` trained once more (a confirmation run, a verify run) on this machine's turn,
-    its wait off the clock (``on_wait`` hears of it): the result, or its fault in a line
-    ("kind: message"), and the run's wall seconds."""
+    """``config`` trained once more on this machine's turn (waited for off the clock): its
+    result, or its fault in a line ("kind: message"), and the run's wall seconds."""
     from autotune.executor import attempt  # torch: only a run that trains needs it
 
     with device_lock(config.device, config.world_size, on_wait):

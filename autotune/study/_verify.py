@@ -202,11 +202,9 @@ def _kept(study: optuna.Study, epochs: float) -> Verification:
 
 @dataclass(frozen=True)
 class VerifyInputs:
-    """A verify as it runs in this process: the study, the executor that trains each run, the
-    full run's ``epochs`` and the ``target`` score, ``repeats`` runs of each configuration
-    (``runner_up``: the best other feasible trial too), and who hears of it:
-    ``on_evaluation(role, trial, evaluation)`` each evaluation, ``on_wait`` that a run waits
-    for its turn."""
+    """A verify as it runs in this process: ``repeats`` runs of each configuration (``runner_up``:
+    the best other feasible trial too) for the full run's ``epochs``, and who hears of it:
+    ``on_evaluation(role, trial, evaluation)``, ``on_wait`` (a run waits for its turn)."""
 
     study: optuna.Study
     executor: TrialExecutor
