@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 
 import optuna
+import optuna_dashboard
 import pytest
 from optuna.trial import TrialState
 
@@ -63,6 +64,7 @@ def test_a_study_runs_from_python_and_its_report_holds_the_answer(
     assert best.study == "library" and best.config.precision == "fp32" and best.confirmation
     study = optuna.load_study(study_name="library", storage=storage)
     assert study.user_attrs.get("confirmation")  # the same record the command leaves
+    assert "library" in optuna_dashboard.get_note(study)  # and the same note (session.end_run)
     assert capsys.readouterr().out == ""  # a library call prints nothing
     again = autotune.run(space, storage=storage, n_trials=4, confirm=False)
     assert again.outcome.trials_run == 1 and not again.confirmed  # resumed: one more trial
