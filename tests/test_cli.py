@@ -584,8 +584,9 @@ def test_a_round_led_by_a_reference_is_announced_without_a_zero_best(monkeypatch
     from autotune.cli._confirm import confirm_round
     from autotune.spacefile import parse_spec
 
-    def answer(*args: object, on_start, **kwargs: object) -> bool:
-        on_start(studies.ConfirmationRecord(1, 1, True, (1, 0), 0, checklist=1))
+    def answer(inputs: studies.ConfirmationInputs, on_other: object = None) -> bool:
+        assert inputs.on_start is not None
+        inputs.on_start(studies.ConfirmationRecord(1, 1, True, (1, 0), 0, checklist=1))
         return True
 
     monkeypatch.setattr(session, "confirm_answer", answer)

@@ -4,14 +4,15 @@ it, without printing, its ending said in the command's terms, and its errors one
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from pathlib import Path
 
 import optuna
+import optuna_dashboard
 import pytest
 from optuna.trial import TrialState
 
 import autotune
+from autotune import session
 from autotune.ending import ending
 from autotune.errors import UserError
 from autotune.session import RunOptions, load_run_spec
@@ -63,6 +64,7 @@ def test_a_study_runs_from_python_and_its_report_holds_the_answer(
     assert best.study == "library" and best.config.precision == "fp32" and best.confirmation
     study = optuna.load_study(study_name="library", storage=storage)
     assert study.user_attrs.get("confirmation")  # the same record the command leaves
+    assert "library" in optuna_dashboard.get_note(study)  # and the same note (session.end_run)
     assert capsys.readouterr().out == ""  # a library call prints nothing
     again = autotune.run(space, storage=storage, n_trials=4, confirm=False)
     assert again.outcome.trials_run == 1 and not again.confirmed  # resumed: one more trial
@@ -214,10 +216,29 @@ def test_a_run_confirms_only_when_the_study_is_full_and_the_run_was_not_stopped(
     assert outcome.interrupted and outcome.terminated
 
 
-def test_the_library_and_the_command_read_the_run_options_by_the_same_names():
+def test_the_library_and_the_command_pass_each_run_option(monkeypatch):
     from autotune.cli._run import run as command
 
-    for takes in (autotune.run, command):  # RunOptions.of(locals()) in each
-        arguments = {name: f"<{name}>" for name in inspect.signature(takes).parameters}
-        options = dataclasses.asdict(RunOptions.of(arguments))
-        assert options == {name: f"<{name}>" for name in options}
+    given = RunOptions(
+        n_trials=9,
+        timeout=60.0,
+        storage="sqlite:///given.db",
+        study_name="given",
+        device="cpu",
+        seed=3,
+        isolation="none",
+    )
+    heard: list[RunOptions | None] = []
+
+    class Read(Exception):
+        pass
+
+    def load_run_spec(space: object, options: RunOptions | None = None) -> None:
+        heard.append(options)
+        raise Read
+
+    monkeypatch.setattr(session, "load_run_spec", load_run_spec)
+    for takes in (autotune.run, command):
+        with pytest.raises(Read):
+            takes(Path("space.yaml"), **dataclasses.asdict(given))
+    assert heard == [given, given]

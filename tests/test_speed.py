@@ -28,7 +28,7 @@ from autotune.search.references import untuned_config
 from autotune.search.space import restrict
 from autotune.spacefile import SpecError, parse_spec
 from autotune.speed import BurstPlan, SpeedChoice, SpeedMeasurement, SpeedTable
-from autotune.stage1._plan import FULL_PRODUCT_LIMIT, Cell, SpeedPlan
+from autotune.stage1._plan import FULL_PRODUCT_LIMIT, Cell, Settings, SpeedPlan
 from autotune.stage1._probe import doubled
 from autotune.study import (
     RunOutcome,
@@ -1481,8 +1481,42 @@ def test_a_compile_is_not_started_when_less_of_the_budget_is_left_than_it_takes(
     assert rules.why(cell, autotuned, fallback=False) is None
     clock.seconds = 80.0
     assert rules.why(cell, autotuned, fallback=False) is None
-    # a graph this stage compiled already costs no cold compile: not refused for the budget
-    assert rules.why(cell, autotuned, compiled=True) is None
+    # a graph live in the worker costs no cold compile: not refused for the budget
+    assert rules.why(cell, autotuned, warm=True) is None
+
+
+def test_only_a_graph_live_in_the_worker_skips_its_cold_compile_in_the_budget_rule(
+    tmp_path: Path, prepare_study, clock: FakeClock
+):
+    """The budget left cannot hold a cold compile: a setting is left out unless the worker
+    keeps its graph live (``CompiledGraph.warm``). A graph compiled earlier in the stage but
+    dropped since (another graph compiled after it) compiles cold again, and so does a live
+    one after a busy measurement (the thread count a graph is kept at follows the load)."""
+    from autotune.stage1._stage import Stage
+
+    space = two_stage(workers="[0]", precisions="fp32").replace(
+        "num_workers: [0]\n", "num_workers: [0]\n  compile: [none, default]\n"
+    )
+    space = space.replace("speed: {bursts: 2,", "speed: {max_seconds: 100, bursts: 2,")
+    study, _, _, _ = prepare_study(space, tmp_path, run=False)
+    spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
+    busy_third = SyntheticExecutor(compile_seconds=10.0, load=lambda n: (0.0, 0.5 * (n == 3)))
+    stage = Stage(StageInputs(study, spec, CPU, busy_third))
+    small, large = list(stage.plan.cells())[:2]  # two micro-batches: two graphs
+
+    def setting(cell: Cell, pipeline: str, compile: str = "default") -> Settings:
+        wanted = {"data_pipeline": pipeline, "compile": compile}
+        found = [s for s in stage.plan.all_settings(cell) if wanted.items() <= dict(s).items()]
+        return found[0]
+
+    stage.measure(small, setting(small, "dataloader"), 1)
+    clock.seconds = 95.0  # 5 s of the budget left; the compile took 10
+    assert not stage.skip(small, setting(small, "device"))  # its graph, live
+    stage.measure(large, setting(large, "dataloader"), 1)  # drops the first graph
+    assert stage.skip(small, setting(small, "device"))
+    assert not stage.skip(large, setting(large, "device"))
+    stage.measure(large, setting(large, "dataloader", "none"), 1)  # eager, on a busy machine
+    assert stage.skip(large, setting(large, "device"))
 
 
 def test_a_cell_whose_every_setting_compiles_may_take_its_compile_past_the_budget(

@@ -14,7 +14,13 @@ from autotune import display
 from autotune.executor import InProcessExecutor
 from autotune.outputs import notes, report
 from autotune.spacefile import parse_spec
-from autotune.study import Verification, VerifyRun, verify_candidates, verify_study
+from autotune.study import (
+    Verification,
+    VerifyInputs,
+    VerifyRun,
+    verify_candidates,
+    verify_study,
+)
 from autotune.workloads import load
 
 SPACE = """\
@@ -102,7 +108,7 @@ def test_verify_trains_each_configuration_stores_every_run_and_resumes(study: op
             raise KeyboardInterrupt  # Ctrl-C during the second run
 
     with pytest.raises(KeyboardInterrupt):
-        verify_study(study, executor, 3, 0.9, 1, on_evaluation=stop_at_the_second)
+        verify_study(VerifyInputs(study, executor, 3, 0.9, on_evaluation=stop_at_the_second))
     kept = Verification.of(study)
     assert kept is not None and [run.role for run in kept.runs] == ["answer"]
     assert [epoch for _, epoch in heard[:3]] == [1.0, 2.0, 3.0]  # every evaluation, 3 epochs
@@ -110,12 +116,14 @@ def test_verify_trains_each_configuration_stores_every_run_and_resumes(study: op
 
     heard.clear()
     done = verify_study(
-        study, executor, 3, 0.9, 1, on_evaluation=lambda r, t, e: heard.append((r, e.epoch))
+        VerifyInputs(
+            study, executor, 3, 0.9, on_evaluation=lambda r, _, e: heard.append((r, e.epoch))
+        )
     )
     assert {role for role, _ in heard} == {role for role, _ in chosen} - {"answer"}  # resumed
     assert sorted(run.role for run in done.runs) == sorted(role for role, _ in chosen)
     assert Verification.of(study) == done  # stored
-    again = verify_study(study, executor, 2, 0.9, 1)  # another length: a new verification
+    again = verify_study(VerifyInputs(study, executor, 2, 0.9))  # another length: a new one
     assert again.epochs == 2 and all(len(run.curve) == 2 for run in again.runs)
 
 

@@ -99,20 +99,18 @@ def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) 
         more = f", beside the {kept} the round has" if kept else ""
         console.print(f"Confirming {beside}: {display.plural(todo, 'run')}{more}, interleaved.")
 
-    return session.confirm_answer(
+    inputs = studies.ConfirmationInputs(
         study,
-        spec,
+        spec.objective,
         executor,
         top,
         repeats,
-        on_start=starting,
         on_run=display.confirmation_progress(console, spec),
+        on_start=starting,
         on_wait=lambda line: console.print(f"  {line}", style="dim", markup=False),
-        on_other=lambda: console.print(
-            "Waiting for another process of this study, which runs its confirmation round.",
-            style="dim",
-        ),
     )
+    other = "Waiting for another process of this study, which runs its confirmation round."
+    return session.confirm_answer(inputs, lambda: console.print(other, style="dim"))
 
 
 def confirm(
@@ -226,17 +224,17 @@ def verify(
             )
         if not studies.verify_candidates(found):
             raise fail(f"study '{found.study_name}' has no feasible trial to verify", EXIT_FAILED)
-        left = studies.runs_left(found, epochs, repeats, runner_up)
-        display.print_verify_plan(console, left, epochs)
-        verified = studies.verify_study(
+        inputs = studies.VerifyInputs(
             found,
             executor,
             epochs,
             target if target is not None else goal.goal,
             repeats,
+            runner_up,
             on_evaluation=display.verify_progress(console, spec, epochs),
             on_wait=lambda line: console.print(f"  {line}", style="dim", markup=False),
-            runner_up=runner_up,
         )
+        display.print_verify_plan(console, studies.runs_left(inputs), epochs)
+        verified = studies.verify_study(inputs)
     display.print_verification(console, verified, spec)
     write_note(found, storage)

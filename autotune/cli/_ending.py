@@ -1,5 +1,5 @@
-"""How ``autotune run`` ends: the summary, the dashboard note, and the exit status of the run's
-ending (``autotune.ending``), with the line that says why where it failed."""
+"""How ``autotune run`` ends: the summary, and the exit status of the run's ending
+(``session.end_run``), with the line that says why where it failed."""
 
 from __future__ import annotations
 
@@ -20,24 +20,18 @@ from autotune.errors import UserError
 def finish(
     study: Any, spec: Any, outcome: Any, confirmed: bool, *, new_study: bool, verbose: bool
 ) -> None:
-    """Print the run's summary and write the study's note; raise the exit its outcome calls
-    for (typer.Exit), or return for status 0."""
+    """Print the run's summary and end the run (``session.end_run``); raise the exit its
+    ending calls for (typer.Exit), or return for status 0."""
     from autotune import display, session
     from autotune import study as studies
-    from autotune.ending import ending
 
     display.print_summary(console, study, spec, outcome, confirmation=confirmed)
     if studies.password_note(spec.study.storage):
         console.print(studies.password_note(spec.study.storage), markup=False)
-    if outcome.trials_run:
-        from autotune.outputs import notes
-
-        try:
-            with session.storage_faults(spec.study.storage):
-                notes.write_note(study, spec.study.storage)  # what optuna-dashboard shows first
-        except UserError as err:
-            raise fail(str(err)) from None
-    end = ending(study, spec, outcome)
+    try:
+        end = session.end_run(study, spec, outcome)  # the study's note, and how the run ended
+    except UserError as err:
+        raise fail(str(err)) from None
     if end.status in ("interrupted", "terminated"):
         how = "run the same command to resume"
         if new_study:  # the same command would start yet another study

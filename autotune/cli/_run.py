@@ -126,7 +126,16 @@ def run(
             scaleout.refuse_cuda_workers(spec.workload.device)
 
     try:
-        spec = session.load_run_spec(space_file, session.RunOptions.of(locals()))
+        options = session.RunOptions(
+            n_trials=n_trials,
+            timeout=timeout,
+            storage=storage,
+            study_name=study_name,
+            device=device,
+            seed=seed,
+            isolation=isolation,
+        )
+        spec = session.load_run_spec(space_file, options)
         shares = scaleout.take_share(spec.workload.gpus_per_trial, workers, gpus, as_worker)
         share = shares[as_worker or 0] if shares is not None else None
         prepared = session.prepare(

@@ -3,7 +3,7 @@ describes, its stages and then its confirmation round, and returns a ``RunReport
 it ended, in the words ``autotune run`` prints.
 
 A notebook or a scheduler calls ``run``; ``autotune run`` calls the same steps
-(``load_run_spec``, ``prepare``, ``run_prepared``, ``ending``), its display, its workers and
+(``load_run_spec``, ``prepare``, ``run_prepared``, ``end_run``), its display, its workers and
 SIGTERM passed to ``run_prepared`` as ``RunHooks``, its exit statuses around them. Nothing
 prints. The first steps (the space file, ``prepare``, the executor) are ``_prepare``'s.
 """
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from autotune.executor import TrialExecutor
     from autotune.export import BestConfig
     from autotune.machine.scaleout import Workers, WorkerShare
-    from autotune.study import ConfirmationRecord, RunOutcome, StudyObserver
+    from autotune.study import ConfirmationInputs, RunOutcome, StudyObserver
 
 from autotune.session._prepare import (
     STORAGE_ENV,
@@ -51,6 +51,7 @@ __all__ = [
     "ScaleOut",
     "confirm_after_run",
     "confirm_answer",
+    "end_run",
     "executor_for",
     "load_run_spec",
     "prepare",
@@ -61,30 +62,12 @@ __all__ = [
 ]
 
 
-def confirm_answer(
-    study: optuna.Study,
-    spec: Spec,
-    executor: TrialExecutor,
-    top: int,
-    repeats: int,
-    *,
-    on_start: Callable[[ConfirmationRecord], None] | None = None,
-    on_run: Callable[..., None] | None = None,
-    on_wait: Callable[[str], None] | None = None,
-    on_other: Callable[[], None] | None = None,
-) -> bool:
-    """Run (or resume) the confirmation round of the study's ``top`` leaders and references,
-    ``repeats`` runs each, interleaved; whether a round exists now (False: no feasible trial to
-    confirm). One process at a time runs a study's round: another that finishes beside it waits
-    (``on_other`` is called) and then finds the round done. ``on_start``, ``on_run`` and
-    ``on_wait`` as in ``ConfirmationInputs``."""
-    goal = spec.objective
-    inputs = studies.ConfirmationInputs(
-        study, goal, executor, top, repeats, on_run, on_start, on_wait
-    )
-    with studies.study_lock(study, "confirm", on_other, held_long=True):
-        record = studies.confirm_study(inputs)
-    return record is not None
+def confirm_answer(inputs: ConfirmationInputs, on_other: Callable[[], None] | None = None) -> bool:
+    """Run (or resume) the confirmation round ``inputs`` describe; whether a round exists now
+    (False: no feasible trial to confirm). One process at a time runs a study's round: another
+    that finishes beside it waits (``on_other`` is called) and then finds the round done."""
+    with studies.study_lock(inputs.study, "confirm", on_other, held_long=True):
+        return studies.confirm_study(inputs) is not None
 
 
 def confirm_after_run(
@@ -165,7 +148,8 @@ class RunHooks:
         self, study: optuna.Study, spec: Spec, executor: TrialExecutor, top: int, repeats: int
     ) -> bool:
         """Run the confirmation round (``confirm_answer``); whether one exists now."""
-        return confirm_answer(study, spec, executor, top, repeats)
+        inputs = studies.ConfirmationInputs(study, spec.objective, executor, top, repeats)
+        return confirm_answer(inputs)
 
 
 def run_prepared(
@@ -226,6 +210,17 @@ def run_prepared(
     return outcome, confirmed
 
 
+def end_run(study: optuna.Study, spec: Spec, outcome: RunOutcome) -> Ending:
+    """A run's last step: the study's note (optuna-dashboard's) written where this run trained
+    a trial, and how the run ended (``ending``). A storage fault raised as a StudyError."""
+    from autotune.outputs import notes
+
+    with storage_faults(spec.study.storage):
+        if outcome.trials_run:
+            notes.write_note(study, spec.study.storage)
+        return ending(study, spec, outcome)
+
+
 @dataclass(frozen=True)
 class RunReport:
     """What ``run`` did: the study (its name and masked storage URL), this run's outcome
@@ -282,9 +277,16 @@ def run(
     """
     import optuna
 
-    from autotune.outputs import notes
-
-    spec = load_run_spec(space, RunOptions.of(locals()))
+    options = RunOptions(
+        n_trials=n_trials,
+        timeout=timeout,
+        storage=storage,
+        study_name=study_name,
+        device=device,
+        seed=seed,
+        isolation=isolation,
+    )
+    spec = load_run_spec(space, options)
     if base_dir is None:
         base_dir = Path(space).parent if not isinstance(space, Spec) else Path.cwd()
     verbosity = optuna.logging.get_verbosity()
@@ -296,9 +298,7 @@ def run(
             prepared, Path(base_dir), hooks, remeasure=remeasure, confirm=confirm
         )
         spec, study = prepared.spec, prepared.study
-        if outcome.trials_run:
-            notes.write_note(study, spec.study.storage)  # what optuna-dashboard shows first
-        end = ending(study, spec, outcome)
+        end = end_run(study, spec, outcome)
     finally:
         optuna.logging.set_verbosity(verbosity)
     shown = studies.display_url(spec.study.storage)

@@ -9,10 +9,10 @@ import contextlib
 import dataclasses
 import os
 import signal
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from autotune import study as studies
 from autotune.errors import UserError
@@ -42,12 +42,6 @@ class RunOptions:
     device: str | None = None  # auto, cpu, cuda or cuda:N
     seed: int | None = None
     isolation: str | None = None  # worker or none
-
-    @classmethod
-    def of(cls, arguments: Mapping[str, Any]) -> RunOptions:
-        """The options among a caller's ``arguments`` (``locals()``), named as these fields: the
-        keywords of ``autotune.run`` and the options of ``autotune run``."""
-        return cls(**{field.name: arguments[field.name] for field in dataclasses.fields(cls)})
 
 
 def load_run_spec(space: Path | str | Spec, options: RunOptions | None = None) -> Spec:

@@ -158,19 +158,19 @@ class StageRules(Budget):
         compute_pass: bool = False,
         timed: bool = False,
         fallback: bool = True,
-        compiled: bool = False,
+        warm: bool = False,
     ) -> str | None:
         """Why ``settings`` is not tried in ``cell``, or None. The compute pass times its
         settings with a reference pipeline, which the pipeline rule does not judge; ``timed``:
         the cell has timed a setting already (past the budget it times no other);
         ``fallback``: the cell has timed a setting or has an eager one to time, so a compile
         the budget left cannot hold may be left out (a cell whose every setting compiles
-        times one, bounded by ``compile_limit``); ``compiled``: its graph was compiled in this
-        stage already (no cold compile to wait for)."""
+        times one, bounded by ``compile_limit``); ``warm``: it reuses a live compiled graph (no
+        cold compile to wait for)."""
         mode = _mode(settings)
         if (mode != "none" or timed) and fallback and self.over_budget():
             return self.budget_spent()
-        if mode != "none" and mode not in self.dropped_modes and fallback and not compiled:
+        if mode != "none" and mode not in self.dropped_modes and fallback and not warm:
             short = self._too_short(mode)
             if short is not None:
                 return short

@@ -21,7 +21,7 @@ from autotune.stage1._store import SpeedEvent
 from autotune.stage1._table import speed_table
 from autotune.stage1._take import SettingTimer, StageInputs
 from autotune.storage._records import StudyRecord
-from autotune.training.context import graph_key
+from autotune.training.trainer import cudnn_plans_differ
 
 CONTENDER_MARGIN = 0.10  # settings within this of a cell's fastest are measured again
 MAX_CONTENDERS = 4  # ... at most this many per cell
@@ -61,8 +61,6 @@ class Stage(SettingTimer):
         """``candidates``, those the worker can time in its current process first: a switch
         of cudnn.benchmark takes a new worker process (``cudnn_plans_differ``; 10-13 s on an
         H100), so a cell switches once, not twice."""
-        from autotune.training.trainer import cudnn_plans_differ  # torch: imported by now
-
         last = self.last_measured
         if last is None:
             return candidates
@@ -85,10 +83,8 @@ class Stage(SettingTimer):
         if self.pool(cell, settings).results:
             return False
         timed = self._timed(cell)
-        compiled = graph_key(self.plan.config(cell, settings)) in self.cold_compiles
-        why = self.rules.why(
-            cell, settings, compute_pass, timed, self._can_fall_back(cell), compiled
-        )
+        warm = self.graph_live(self.plan.config(cell, settings))
+        why = self.rules.why(cell, settings, compute_pass, timed, self._can_fall_back(cell), warm)
         if why is None:
             return False
         words = describe(settings)

@@ -43,6 +43,7 @@ from autotune.stage1._store import (
 from autotune.storage import adapter
 from autotune.storage._walls import MemoryWalls
 from autotune.training.context import graph_key
+from autotune.training.trainer import cudnn_plans_differ
 
 if TYPE_CHECKING:
     from autotune.machine.hardware import Hardware
@@ -53,16 +54,23 @@ CLAIM_POLL_SECONDS = 0.5  # how often a process waiting for another's measuremen
 
 
 @dataclass(frozen=True)
-class StageInputs:
-    """The study's speed stage as it runs in this process: the study and its spec, the machine,
-    the executor that times each setting, and who hears of it: ``on_event`` each setting,
-    ``on_wait`` that a measurement waits for another process of this machine (``turns``)."""
+class StudyParts:
+    """A study as it runs in this process: the study and its spec, the machine, the executor
+    that trains its trials and times stage 1's settings, the workload loaded here (if any)."""
 
     study: optuna.Study
     spec: Spec
     hardware: Hardware
     executor: TrialExecutor
     workload: Workload | None = None
+
+
+@dataclass(frozen=True)
+class StageInputs(StudyParts):
+    """The study's speed stage as it runs in this process, and who hears of it: ``on_event``
+    each setting, ``on_wait`` that a measurement waits for another process of this machine
+    (``turns``)."""
+
     on_event: Callable[[SpeedEvent], None] = lambda event: None
     on_wait: Callable[[str], None] | None = None
 
@@ -95,6 +103,8 @@ class SettingTimer:
         )
         # graph_key -> the cold compile's seconds, charged to every setting that reuses it
         self.cold_compiles: dict[str, float] = {}
+        self.live_graph: tuple[str, int] | None = None  # the worker's: graph_key, its threads
+        self.threads = 0  # the intra-op threads of the last measurement
         self.walls = MemoryWalls()  # larger micro-batches than one out of memory: not timed
         self.tried: dict[Cell, list[Settings]] = {}  # every setting of a cell, in order
         self.said: set[str] = set()  # keys this stage has reported (timed, reused, failed)
@@ -173,6 +183,15 @@ class SettingTimer:
             self.inputs.on_event(
                 SpeedEvent.left_out(cell.label(), describe(settings), why, BUDGET)
             )
+
+    def graph_live(self, config: TrialConfig) -> bool:
+        """Whether a measurement of ``config`` now reuses the graph the worker keeps live (no
+        cold compile: ``CompiledGraph.warm``), at the last measurement's threads (it was quiet:
+        threads follow the load), in the same process (no switch of cudnn.benchmark)."""
+        last = self.last_measured
+        if last is None or cudnn_plans_differ(last, config) or not self.quiet:
+            return False
+        return config.compile != "none" and self.live_graph == (graph_key(config), self.threads)
 
     def _measured(self) -> bool:
         """Whether the stage has a measurement (this run's or the cache's)."""
@@ -272,11 +291,17 @@ class SettingTimer:
         plan = dataclasses.replace(
             self.burst_plan, time_limit_seconds=limit.seconds if limit is not None else None
         )
+        if self.last_measured is not None and cudnn_plans_differ(self.last_measured, config):
+            self.live_graph = None  # a new worker process: nothing kept
         self.last_measured = config
         result = attempt(lambda: self.inputs.executor.measure(config, plan))
         if isinstance(result, TrialFault):
+            self.live_graph = None
             self._failed(cell, settings, record, result, limit)
             return
+        self.threads = result.intra_op_threads
+        if config.compile != "none":
+            self.live_graph = (graph_key(config), self.threads)
         # as measured, its wait for the turn included: what it cost the stage's budget
         self.rules.took(config.compile, time.monotonic() - asked, result.compile_seconds)
         result = self._charge_cold_compile(config, result)

@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from autotune.study._trial import StudyInputs, StudyObserver, Terminated
     from autotune.study._verify import (
         Verification,
+        VerifyInputs,
         VerifyRun,
         role_name,
         runs_left,
@@ -93,7 +94,8 @@ _LAZY = {  # module (under autotune) -> its names
     "study._run": "RunOutcome count_states run_study",
     "study._sampling": "make_sampler",
     "study._trial": "StudyInputs StudyObserver Terminated",
-    "study._verify": "Verification VerifyRun role_name runs_left verify_candidates verify_study",
+    "study._verify": "Verification VerifyInputs VerifyRun role_name runs_left verify_candidates"
+    " verify_study",
 }
 _MODULES = {
     name: f"autotune.{module}" for module, names in _LAZY.items() for name in names.split()

@@ -32,7 +32,7 @@ from optuna.trial import FrozenTrial
 
 from autotune import faults
 from autotune.machine.turns import device_lock
-from autotune.results import Evaluation
+from autotune.results import Evaluation, TrialResult
 from autotune.search import objective
 from autotune.spacefile import ObjectiveSpec
 from autotune.storage._queries import feasible_trials, reference_trial, trial_config
@@ -45,6 +45,7 @@ from autotune.storage._records import (
 )
 
 if TYPE_CHECKING:
+    from autotune.config import TrialConfig
     from autotune.executor import TrialExecutor
 
 SEED_STRIDE = 1_000_003  # repeat r of a trial trains with its seed + r * this: new, reproducible
@@ -169,15 +170,11 @@ def _measure(inputs: ConfirmationInputs, trial: FrozenTrial, repeat: int) -> Con
     def report(evaluation: Evaluation) -> bool:  # the whole budget, or to the target
         return objective.target_reached(evaluation, goal)
 
-    from autotune.executor import attempt  # torch: only a confirmation round needs it
-
-    with device_lock(config.device, config.world_size, inputs.on_wait):  # off the clock
-        started = time.monotonic()
-        result = attempt(lambda: inputs.executor.train(config.replace(seed=seed), report))
-    run = ConfirmRun(trial.number, repeat, seed, None, None, None, False, 0.0)
-    if isinstance(result, faults.TrialFault):
-        fault = f"{result.kind}: {result.message}"
-        return dataclasses.replace(run, wall_seconds=time.monotonic() - started, fault=fault)
+    config = config.replace(seed=seed)
+    result, seconds = train_once(inputs.executor, config, report, inputs.on_wait)
+    run = ConfirmRun(trial.number, repeat, seed, None, None, None, False, seconds)
+    if isinstance(result, str):
+        return dataclasses.replace(run, fault=result)
     scored = objective.score(result, goal)
     return dataclasses.replace(
         run,
@@ -185,6 +182,24 @@ def _measure(inputs: ConfirmationInputs, trial: FrozenTrial, repeat: int) -> Con
         score=scored.score,
         samples_per_second=result.samples_per_second,
         feasible=scored.feasible,
-        wall_seconds=time.monotonic() - started,
         other_cpu_share=result.other_cpu_share,
     )
+
+
+def train_once(
+    executor: TrialExecutor,
+    config: TrialConfig,
+    report: Callable[[Evaluation], bool],
+    on_wait: Callable[[str], None] | None,
+) -> tuple[TrialResult | str, float]:
+    """``config`` trained once more on this machine's turn (waited for off the clock): its
+    result, or its fault in a line ("kind: message"), and the run's wall seconds."""
+    from autotune.executor import attempt  # torch: only a run that trains needs it
+
+    with device_lock(config.device, config.world_size, on_wait):
+        started = time.monotonic()
+        result = attempt(lambda: executor.train(config, report))
+    seconds = time.monotonic() - started
+    if isinstance(result, faults.TrialFault):
+        return f"{result.kind}: {result.message}", seconds
+    return result, seconds

@@ -20,7 +20,7 @@ from autotune.spacefile import Spec
 from autotune.speed import SpeedTable
 from autotune.stage1._probe import resolve_batch_sizes
 from autotune.stage1._stage import run_speed_stage
-from autotune.stage1._take import StageInputs
+from autotune.stage1._take import StageInputs, StudyParts
 from autotune.storage._liveness import recover_stale_trials, study_lock
 from autotune.storage._queries import COUNTED_STATES, counted_trials
 from autotune.storage._records import REFERENCES, TrialRecord
@@ -144,15 +144,8 @@ def _stage_one(
     the table) and its table, or None where it was interrupted or could train no setting at all
     (why, in ``outcome``)."""
     observer = study.observer
-    inputs = StageInputs(
-        study.study,
-        study.spec,
-        study.hardware,
-        study.executor,
-        study.workload,
-        observer.speed_measured,
-        observer.turn_waiting,
-    )
+    parts = {part.name: getattr(study, part.name) for part in dataclasses.fields(StudyParts)}
+    inputs = StageInputs(**parts, on_event=observer.speed_measured, on_wait=observer.turn_waiting)
     found: str | None = None  # batch_size: auto, what its probe found, in one line
     stage_started = time.monotonic()
     try:

@@ -15,16 +15,15 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import TrialConfig
 from autotune.errors import ReportFailed, WorkerError
-from autotune.executor import TrialExecutor, attempt
+from autotune.executor import attempt
 from autotune.faults import FaultKind, TrialFault
-from autotune.machine.hardware import Hardware
 from autotune.machine.interference import CpuMeter, interfered
 from autotune.machine.turns import DeviceLockTimeout, device_lock
 from autotune.results import Evaluation, TrialResult
 from autotune.search import objective, references, space
-from autotune.spacefile import Spec
 from autotune.spacefile._sections import ObjectiveSpec
 from autotune.speed import SpeedTable
+from autotune.stage1._take import StudyParts
 from autotune.storage import adapter
 from autotune.storage._liveness import heartbeat
 from autotune.storage._outage import StorageOutage
@@ -34,7 +33,6 @@ from autotune.storage._walls import MemoryWalls
 
 if TYPE_CHECKING:
     from autotune.stage1._store import SpeedEvent
-    from autotune.workloads import Workload
 
 # a trial further off the speed stage's prediction than this, or than the spread stage 1
 # measured where that is wider (a noisy CPU), is flagged
@@ -105,16 +103,10 @@ class StudyObserver:
 
 
 @dataclass(frozen=True)
-class StudyInputs:
-    """The study as it runs in this process: the study and its spec, the machine, the executor
-    that trains its trials (and times stage 1), the workload loaded here (if any), who hears of
-    it, and this process's place among ``--workers`` ("2/4"), recorded on each trial."""
+class StudyInputs(StudyParts):
+    """The study as it runs in this process, who hears of it, and this process's place among
+    ``--workers`` ("2/4"), recorded on each trial."""
 
-    study: optuna.Study
-    spec: Spec
-    hardware: Hardware
-    executor: TrialExecutor
-    workload: Workload | None = None
     observer: StudyObserver = field(default_factory=StudyObserver)
     worker: str | None = None
 

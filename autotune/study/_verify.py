@@ -16,18 +16,18 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import optuna
 
-from autotune.executor import TrialExecutor, attempt
-from autotune.faults import TrialFault
-from autotune.machine.turns import device_lock
 from autotune.results import Evaluation
 from autotune.storage._queries import feasible_trials, reference_trial, trial_config
 from autotune.storage._records import REFERENCE_NAMES
 from autotune.study._answer import answer_of
-from autotune.study._confirm import interleaved
+from autotune.study._confirm import interleaved, train_once
+
+if TYPE_CHECKING:
+    from autotune.executor import TrialExecutor
 
 ATTRIBUTE = "verify"  # the study's user attribute that holds the runs
 # what "better" must exceed before the short trials' ranking is said not to hold: one run each
@@ -200,34 +200,39 @@ def _kept(study: optuna.Study, epochs: float) -> Verification:
     return Verification(epochs, None)
 
 
-def runs_left(
-    study: optuna.Study, epochs: float, repeats: int, runner_up: bool = False
-) -> list[tuple[str, optuna.trial.FrozenTrial, int]]:
-    """(role, trial, repeat) of the runs a verify for ``epochs`` still has to train, in the
-    order it trains them (A B C, then C B A, ...)."""
-    done = {(run.role, run.repeat) for run in _kept(study, epochs).runs}
-    chosen = verify_candidates(study, runner_up)
-    order = interleaved(chosen, repeats)
+@dataclass(frozen=True)
+class VerifyInputs:
+    """A verify as it runs in this process: ``repeats`` runs of each configuration (``runner_up``:
+    the best other feasible trial too) for the full run's ``epochs``, and who hears of it:
+    ``on_evaluation(role, trial, evaluation)``, ``on_wait`` (a run waits for its turn)."""
+
+    study: optuna.Study
+    executor: TrialExecutor
+    epochs: float
+    target: float | None
+    repeats: int = 1
+    runner_up: bool = False
+    on_evaluation: Callable[[str, int, Evaluation], None] | None = None
+    on_wait: Callable[[str], None] | None = None
+
+
+def runs_left(inputs: VerifyInputs) -> list[tuple[str, optuna.trial.FrozenTrial, int]]:
+    """(role, trial, repeat) of the runs a verify still has to train, in the order it trains
+    them (A B C, then C B A, ...)."""
+    done = {(run.role, run.repeat) for run in _kept(inputs.study, inputs.epochs).runs}
+    order = interleaved(verify_candidates(inputs.study, inputs.runner_up), inputs.repeats)
     return [(role, trial, repeat) for (role, trial), repeat in order if (role, repeat) not in done]
 
 
-def verify_study(
-    study: optuna.Study,
-    executor: TrialExecutor,
-    epochs: float,
-    target: float | None,
-    repeats: int,
-    on_evaluation: Callable[[str, int, Evaluation], None] | None = None,
-    on_wait: Callable[[str], None] | None = None,
-    runner_up: bool = False,
-) -> Verification:
-    """Train each configuration (``verify_candidates``) for ``epochs``, ``repeats`` times,
-    interleaved, storing the verification after every run; runs stored at the same epochs are
-    kept (a resume), another ``epochs`` starts over. An interruption propagates; what finished
-    is kept."""
-    verification = dataclasses.replace(_kept(study, epochs), target=target)
-    for role, trial, repeat in runs_left(study, epochs, repeats, runner_up):
-        run = _train(trial, role, repeat, epochs, executor, on_evaluation, on_wait)
+def verify_study(inputs: VerifyInputs) -> Verification:
+    """Train each configuration (``verify_candidates``) for ``inputs.epochs``, ``repeats``
+    times, interleaved, storing the verification after every run; runs stored at the same
+    epochs are kept (a resume), another ``epochs`` starts over. An interruption propagates;
+    what finished is kept."""
+    study = inputs.study
+    verification = dataclasses.replace(_kept(study, inputs.epochs), target=inputs.target)
+    for role, trial, repeat in runs_left(inputs):
+        run = _train(inputs, trial, role, repeat)
         verification = dataclasses.replace(verification, runs=(*verification.runs, run))
         study.set_user_attr(ATTRIBUTE, verification.to_attrs())  # each run, as it ends
     if Verification.of(study) != verification:  # nothing left to train: the target's change
@@ -236,29 +241,21 @@ def verify_study(
 
 
 def _train(
-    trial: optuna.trial.FrozenTrial,
-    role: str,
-    repeat: int,
-    epochs: float,
-    executor: TrialExecutor,
-    on_evaluation: Callable[[str, int, Evaluation], None] | None,
-    on_wait: Callable[[str], None] | None,
+    inputs: VerifyInputs, trial: optuna.trial.FrozenTrial, role: str, repeat: int
 ) -> VerifyRun:
-    """``trial``'s configuration trained once for ``epochs`` (its seed the trial's, moved on by
-    the repeat), evaluated as often as its trial was."""
+    """``trial``'s configuration trained once for the full run (its seed the trial's, moved on
+    by the repeat), evaluated as often as its trial was."""
     config = trial_config(trial)
-    config = config.replace(epochs=epochs, seed=config.seed + repeat - 1)
+    config = config.replace(epochs=inputs.epochs, seed=config.seed + repeat - 1)
     curve: list[tuple[float, float]] = []
 
     def report(evaluation: Evaluation) -> bool:
         curve.append((evaluation.train_seconds, evaluation.score))
-        if on_evaluation is not None:
-            on_evaluation(role, trial.number, evaluation)
+        if inputs.on_evaluation is not None:
+            inputs.on_evaluation(role, trial.number, evaluation)
         return False  # the whole run: that is what is verified
 
-    with device_lock(config.device, config.world_size, on_wait):
-        result = attempt(lambda: executor.train(config, report))
-    if isinstance(result, TrialFault):
-        fault = f"{result.kind}: {result.message}"
-        return VerifyRun(trial.number, role, repeat, tuple(curve), fault=fault)
+    result, _ = train_once(inputs.executor, config, report, inputs.on_wait)
+    if isinstance(result, str):
+        return VerifyRun(trial.number, role, repeat, tuple(curve), fault=result)
     return VerifyRun(trial.number, role, repeat, tuple(curve), result.samples_per_second)
