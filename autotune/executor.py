@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from autotune import distributed
+from autotune import distributed, stops
 from autotune.config import TrialConfig
 from autotune.distributed import WorkloadSource
 from autotune.errors import ReportFailed, UserError, WorkerError
@@ -37,15 +37,21 @@ def attempt(call: Callable[[], Outcome]) -> Outcome | TrialFault:
     the fault that stopped it, classified where it happened, with the memory it left behind
     released. The study's trials, stage 1 and the confirmation round all call an executor
     through here. An interruption (Ctrl-C, SIGTERM), a worker that cannot start and a study
-    that cannot record an evaluation are not a configuration's faults: they propagate."""
+    that cannot record an evaluation are not a configuration's faults: they propagate; one that
+    a callback swallowed is raised again before and after the call (``stops``)."""
+    stops.raise_pending()
     try:
-        return call()
+        outcome = call()
     except (KeyboardInterrupt, WorkerError, ReportFailed):
         raise
     except Exception as error:
         fault = as_fault(error)
+    else:
+        stops.raise_pending()
+        return outcome
     if not needs_fresh_process(fault):  # a broken CUDA context raises again when touched
         release_memory()
+    stops.raise_pending()
     return fault
 
 

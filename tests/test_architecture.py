@@ -23,8 +23,9 @@ PACKAGE = Path(autotune.__file__).parent
 LAYERS: list[set[str]] = [
     {"_version", "_imports", "errors", "knobs", "config", "results", "speed", "semantics"},
     # plain data, names, optional packages; what training means in plain torch
-    {"spacefile", "faults", "machine", "files"},  # what the user asked; how a failure is told;
-    # the machine, what else runs on it, its turns and its shares among workers; files written
+    {"spacefile", "stops", "faults", "machine", "files"},  # what the user asked (a stop too);
+    # how a failure is told; the machine, what else runs on it, its turns and its shares among
+    # workers; files written
     {"pipeline"},  # batches reaching the device
     {"workloads"},  # models and data
     {"training", "search", "testing"},  # one training run, measured; what the study samples

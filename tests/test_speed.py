@@ -20,6 +20,7 @@ import pytest
 from optuna.trial import TrialState
 from typer.testing import Result
 
+from autotune import stops
 from autotune.config import TrialConfig
 from autotune.executor import InProcessExecutor
 from autotune.faults import FaultKind, TrialFault
@@ -1742,17 +1743,21 @@ def test_a_claimed_setting_is_timed_by_its_holder_and_a_lost_holder_is_taken_ove
         assert other is None
         assert set(here.study.user_attrs[CLAIMS_ATTR]) == {"k round 1"}  # the lost ones go
     assert here.study.user_attrs[CLAIMS_ATTR] == {}
-    # a Ctrl-C just after the claim was written: dropped, or the next run waits 60 s for it
+    # a Ctrl-C as the claim is written, or as it is dropped: the claim is not left behind
+    # (the next run would wait 60 s for it), and the stop is raised
     write = here.study.set_user_attr
 
-    def interrupted(key: str, value: object) -> None:
-        write(key, value)
+    def interrupted(key: str, value: object) -> None:  # Ctrl-C as a claim is (un)written
         here.study.set_user_attr = write  # type: ignore[method-assign]
-        raise KeyboardInterrupt
+        signal.raise_signal(signal.SIGINT)
+        write(key, value)
 
     here.study.set_user_attr = interrupted  # type: ignore[method-assign]
-    with pytest.raises(KeyboardInterrupt), here.hold("k", 4):
-        pass
+    with stops.handled(), pytest.raises(KeyboardInterrupt), here.hold("k", 4):
+        pytest.fail("a stop asked while claiming is raised before the block")
+    assert here.study.user_attrs[CLAIMS_ATTR] == {}
+    with stops.handled(), pytest.raises(KeyboardInterrupt), here.hold("k", 5):
+        here.study.set_user_attr = interrupted  # type: ignore[method-assign]  # as it drops
     assert here.study.user_attrs[CLAIMS_ATTR] == {}
 
 

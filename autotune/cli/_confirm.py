@@ -27,6 +27,7 @@ from autotune.cli._common import (
     quiet_libraries,
 )
 from autotune.spacefile import DEFAULT_STORAGE
+from autotune.stops import Terminated, handled
 
 ISOLATION_OPTION = typer.Option(help="worker or none. Default: study.isolation.")
 
@@ -170,14 +171,13 @@ def training(executor: Any, storage: str) -> Iterator[None]:
     a worker that cannot start, or a storage fault, in one line (exit 1); an interruption keeps
     what finished and exits 130 (143 for SIGTERM); the executor closed in the end."""
     from autotune import session
-    from autotune import study as studies
 
     try:
-        stops, faults = session.stopped_by_sigterm(), session.storage_faults(storage)
+        stops, faults = handled(sigterm=True), session.storage_faults(storage)
         with stops, faults, contextlib.closing(executor):
             yield
     except KeyboardInterrupt as stop:
-        terminated = isinstance(stop, studies.Terminated)
+        terminated = isinstance(stop, Terminated)
         console.print(
             "[yellow]Interrupted.[/] The finished runs are saved; run the same command to resume."
         )

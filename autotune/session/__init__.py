@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autotune import stops
 from autotune import study as studies
 from autotune.ending import Ending, ending
 from autotune.spacefile import Spec
@@ -38,7 +39,6 @@ from autotune.session._prepare import (
     executor_for,
     load_run_spec,
     prepare,
-    stopped_by_sigterm,
     storage_faults,
 )
 
@@ -57,7 +57,6 @@ __all__ = [
     "prepare",
     "run",
     "run_prepared",
-    "stopped_by_sigterm",
     "storage_faults",
 ]
 
@@ -122,7 +121,7 @@ class RunHooks:
     display and SIGTERM as a stop. These defaults add nothing (a library run): ``observer`` is
     told of each measurement and trial."""
 
-    sigterm_stops = False  # SIGTERM stops the run as Ctrl-C does (``stopped_by_sigterm``)
+    sigterm_stops = False  # SIGTERM stops the run as Ctrl-C does (``stops.handled``)
 
     def __init__(self, observer: StudyObserver | None = None) -> None:
         self.observer = observer
@@ -174,8 +173,7 @@ def run_prepared(
     began = time.time()  # every trial that starts from here is this run's, any worker's
     with contextlib.ExitStack() as stack:
         stack.enter_context(storage_faults(spec.study.storage))
-        if hooks.sigterm_stops:
-            stack.enter_context(stopped_by_sigterm())
+        stack.enter_context(stops.handled(sigterm=hooks.sigterm_stops))
         executor = executor_for(
             spec, base_dir, prepared.workload, verbose=verbose, launched=prepared.launched
         )

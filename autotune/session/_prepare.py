@@ -1,14 +1,13 @@
 """A run's first steps, shared by ``autotune.run`` and ``autotune run``: the space file read
 with the command's overrides (``load_run_spec``), the worker launched and the workload and
 study opened (``prepare``), the one executor of a run (``executor_for``), and the storage
-faults and SIGTERM as a run meets them (``storage_faults``, ``stopped_by_sigterm``)."""
+faults as a run meets them (``storage_faults``)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import os
-import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,22 +141,6 @@ def storage_faults(storage: str) -> Iterator[None]:
             raise
         shown = studies.display_url(storage)
         raise studies.StudyError(f"cannot write the study to {shown}: {problem}") from err
-
-
-@contextlib.contextmanager
-def stopped_by_sigterm() -> Iterator[None]:
-    """Inside, SIGTERM stops the study as Ctrl-C does (raised as ``Terminated``, a
-    KeyboardInterrupt: the running trial recorded); the handler before it restored after."""
-    from autotune.study import Terminated
-
-    def terminated(signum: int, frame: object) -> None:
-        raise Terminated()
-
-    previous_handler = signal.signal(signal.SIGTERM, terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous_handler)
 
 
 def executor_for(

@@ -22,6 +22,7 @@ from typing import Any
 
 import optuna
 
+from autotune import stops
 from autotune.storage._liveness import study_lock
 from autotune.storage._outage import without_retry
 
@@ -72,31 +73,36 @@ class Claims:
         process holds it (renewed in the background, dropped afterwards), else who does
         (``host:pid``), and then nothing is claimed."""
         name = f"{key} round {round_number}"
-        try:
-            other = self._update(name, mine=True)
-        except BaseException:  # a Ctrl-C while claiming: a claim written would wait 60 s
-            self._drop(name)
-            raise
-        if other is not None:
-            yield other
-            return
         done = threading.Event()
-
-        def renew() -> None:
-            while not done.wait(CLAIM_BEAT_SECONDS):
-                # a missed renewal (the database restarts): the next one is due; one that
-                # never comes lets the claim go stale, and another process takes it over
-                with contextlib.suppress(Exception), without_retry():
-                    self._update(name, mine=True)
-
-        thread = threading.Thread(target=renew, name="autotune-claim", daemon=True)
-        thread.start()
+        renewal = threading.Thread(target=self._renew, args=(name, done), name="autotune-claim")
+        renewal.daemon = True
+        written = False  # (maybe) claimed: dropped in the end
         try:
+            # a Ctrl-C waits for the write (one left behind would be waited on for 60 s)
+            with stops.deferred():
+                written = True
+                other = self._update(name, mine=True)
+                written = other is None
+            if other is not None:
+                yield other
+                return
+            renewal.start()
             yield None
         finally:
-            done.set()
-            thread.join()
-            self._drop(name)
+            with stops.deferred():  # (one in join() skipped the drop)
+                done.set()
+                if renewal.is_alive():
+                    renewal.join()
+                if written:
+                    self._drop(name)
+
+    def _renew(self, name: str, done: threading.Event) -> None:
+        """Renew claim ``name`` until ``done``."""
+        while not done.wait(CLAIM_BEAT_SECONDS):
+            # a missed renewal (the database restarts): the next one is due; one that never
+            # comes lets the claim go stale, and another process takes it over
+            with contextlib.suppress(Exception), without_retry():
+                self._update(name, mine=True)
 
     def _drop(self, name: str) -> None:
         """Drop this process's claim ``name``, if it holds it (else it goes stale by itself)."""

@@ -24,6 +24,7 @@ from autotune.search import objective, references, space
 from autotune.spacefile._sections import ObjectiveSpec
 from autotune.speed import SpeedTable
 from autotune.stage1._take import StudyParts
+from autotune.stops import Terminated
 from autotune.storage import adapter
 from autotune.storage._liveness import heartbeat
 from autotune.storage._outage import StorageOutage
@@ -37,10 +38,6 @@ if TYPE_CHECKING:
 # a trial further off the speed stage's prediction than this, or than the spread stage 1
 # measured where that is wider (a noisy CPU), is flagged
 SPEED_MISMATCH = 0.10
-
-
-class Terminated(KeyboardInterrupt):
-    """The study process got SIGTERM: stop like Ctrl-C, recording the running trial."""
 
 
 class TakenOver(Exception):
