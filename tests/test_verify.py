@@ -154,3 +154,22 @@ def test_the_command_prints_the_table_and_refuses_what_it_cannot_verify(
     assert "| the runner-up (trial" in notes.study_note(stored, url)
     bad = invoke_cli("verify", "--storage", str(url), "--repeats", "0", cwd=tmp_path)
     assert bad.returncode == 2 and "--repeats 0: it must be from 1 to 1000" in bad.stderr
+
+
+def test_a_verify_that_cannot_run_is_refused_before_a_worker_starts(
+    study: optuna.Study, invoke_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A user's mistake is said at once: starting the worker first cost seconds (8 s seen)."""
+    from autotune import session
+
+    space_file = study.user_attrs["space_file"]
+    study.set_user_attr("space_file", space_file.replace(", full_run_epochs: 3", ""))
+
+    def started(*args: object, **kwargs: object) -> None:
+        pytest.fail("a worker was started for a verify that is refused")
+
+    monkeypatch.setattr(session, "executor_for", started)
+    url = f"sqlite:///{tmp_path / 'copy.db'}"
+    refused = invoke_cli("verify", "--storage", url, cwd=tmp_path)
+    assert refused.returncode == 1, refused.stderr
+    assert "study 'verified' sets no objective.full_run_epochs" in refused.stderr

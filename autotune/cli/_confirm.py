@@ -8,7 +8,7 @@ and what they say around their training runs. The commands are registered by ``_
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -44,11 +44,15 @@ def say_storage_waits(retry: Any) -> None:
 
 
 def open_to_train(
-    study_name: str | None, storage: str, isolation: str | None
+    study_name: str | None,
+    storage: str,
+    isolation: str | None,
+    check: Callable[[Any, Any], None] = lambda found, spec: None,
 ) -> tuple[Any, Any, Any]:
     """The study (the storage's only one where none is named), its space file as stored, and
     an executor as its runs had (``isolation``: worker or none, default study.isolation); a
-    warning where it was created on another device. A UserError where it cannot train."""
+    warning where it was created on another device. A UserError where it cannot train;
+    ``check`` (study, space file) raises what else refuses it, before a worker starts."""
     from autotune import display, export, session
     from autotune import study as studies
     from autotune.machine.hardware import detect
@@ -65,6 +69,7 @@ def open_to_train(
     retry = adapter.outage_retry_of(adapter.storage_of(found))
     retry.seconds = spec.study.storage_outage  # as long as the study's own runs wait
     say_storage_waits(retry)
+    check(found, spec)
     record = studies.StudyRecord.of(found)
     base_dir = Path(record.space_file_dir) if record.space_file_dir else None
     hardware = detect(spec.workload.device)
@@ -212,11 +217,8 @@ def verify(
     from autotune import display
     from autotune import study as studies
 
-    found, spec, executor = open_to_train(study_name, storage, isolation)
-    goal = spec.objective
-    epochs = epochs or goal.full_run_epochs
-    with training(executor, storage):  # which closes the executor however it ends
-        if epochs is None:
+    def check(found: Any, spec: Any) -> None:  # before a worker starts (seconds)
+        if not (epochs or spec.objective.full_run_epochs):
             raise fail(
                 f"study '{found.study_name}' sets no objective.full_run_epochs: say how long "
                 f"the real run is with --epochs",
@@ -224,6 +226,12 @@ def verify(
             )
         if not studies.verify_candidates(found):
             raise fail(f"study '{found.study_name}' has no feasible trial to verify", EXIT_FAILED)
+
+    found, spec, executor = open_to_train(study_name, storage, isolation, check)
+    goal = spec.objective
+    epochs = epochs or goal.full_run_epochs
+    assert epochs is not None  # (check)
+    with training(executor, storage):  # which closes the executor however it ends
         inputs = studies.VerifyInputs(
             found,
             executor,
