@@ -80,6 +80,13 @@ def worker_main(
         pass  # the study process left mid-request (it gave up on its database, or was killed)
     finally:
         executor.close()
+    # An interpreter that imported torch takes a second or more to shut down, which the study
+    # process waits for at each close (every run's end). Nothing is left to tidy: the study
+    # process ends this process group and removes its scratch folder.
+    for stream in (sys.__stdout__, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    os._exit(0)
 
 
 # Inductor's switches for its autotuning reports (kernels shown per operation; statistics)
