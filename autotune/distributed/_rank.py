@@ -20,7 +20,15 @@ from autotune.machine import interference
 from autotune.machine.scaleout import die_with_parent
 from autotune.results import Evaluation
 from autotune.spacefile import WorkloadSpec
-from autotune.supervision import Exit, Faulted, Finished, Measured, MeasureSpeed, reporter
+from autotune.supervision import (
+    Exit,
+    Faulted,
+    Finished,
+    Measured,
+    MeasureSpeed,
+    exit_at_once,
+    reporter,
+)
 from autotune.training import bursts, runner
 from autotune.training.warmup import Warmth
 
@@ -125,6 +133,7 @@ def rank_main(
         gc.collect()
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+    exit_at_once()  # (torch's interpreter shutdown is seconds the parent waits for)
 
 
 def _not_leader(evaluation: Evaluation) -> bool:

@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING
 from autotune.faults import MemoryWatch, as_fault, needs_fresh_process, release_memory
 from autotune.machine.scaleout import die_with_parent
 from autotune.spacefile import WorkloadSpec
-from autotune.supervision import Faulted, Finished, Measured, MeasureSpeed, RunTrial, reporter
+from autotune.supervision import (
+    Faulted,
+    Finished,
+    Measured,
+    MeasureSpeed,
+    RunTrial,
+    exit_at_once,
+    reporter,
+)
 from autotune.worker._protocol import Ready, StartFailed, Warmed
 
 if TYPE_CHECKING:
@@ -80,13 +88,7 @@ def worker_main(
         pass  # the study process left mid-request (it gave up on its database, or was killed)
     finally:
         executor.close()
-    # An interpreter that imported torch takes a second or more to shut down, which the study
-    # process waits for at each close (every run's end). Nothing is left to tidy: the study
-    # process ends this process group and removes its scratch folder.
-    for stream in (sys.__stdout__, sys.stderr):
-        if stream is not None:
-            stream.flush()
-    os._exit(0)
+    exit_at_once()  # (torch's interpreter shutdown is seconds the parent waits for)
 
 
 # Inductor's switches for its autotuning reports (kernels shown per operation; statistics)
