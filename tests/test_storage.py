@@ -220,8 +220,11 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.mark.slow
 def test_a_full_disk_is_one_line_and_the_study_resumes(
-    invoke_cli, small_disk: Path, tmp_path: Path
+    invoke_cli, small_disk: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
+    # the resumed run finds the study the full disk left unlabelled and waits
+    # PEER_CREATION_SECONDS (5 s) for a creator that may still be labelling it; briefly here
+    monkeypatch.setattr("autotune.study._open.PEER_CREATION_SECONDS", 0.2)
     space = _space(tmp_path)  # the disk fills while the study is made: before any trial
     url = f"sqlite:///{small_disk / 'studies' / 'autotune.db'}"
     full = invoke_cli("run", str(space), "--storage", url, cwd=tmp_path, columns=80)

@@ -197,8 +197,13 @@ def test_the_same_device_spelled_differently_resumes(tmp_path: Path, prepare_stu
     )
 
 
-def test_a_study_labelled_by_an_earlier_autotune_resumes(tmp_path: Path, prepare_study):
+def test_a_study_labelled_by_an_earlier_autotune_resumes(
+    tmp_path: Path, prepare_study, monkeypatch: pytest.MonkeyPatch
+):
     """Until 2026-11-22 the search fingerprint was compact JSON with the device as written."""
+    # an old label has no learning_knobs: each open waits PEER_CREATION_SECONDS for a creator
+    # that may still be labelling it (5 s); briefly here
+    monkeypatch.setattr("autotune.study._open.PEER_CREATION_SECONDS", 0.2)
     spec = tiny_spec(n_trials=2)
     payload = spec.model_dump(mode="json", include={"workload", "objective", "space"})
     payload["workload"]["device"] = "auto"
