@@ -167,6 +167,35 @@ def test_a_study_record_stores_its_confirmation_round_as_json_and_reads_it_back(
     )
 
 
+# the commands, each as Typer runs it (a bug's traceback on stderr), in one process kept from
+# overriding file modes: one interpreter to start, not one a command; what each said as JSON
+_AS_A_USER = """
+import json, sys
+from typer.testing import CliRunner
+from autotune.cli import app
+said = [CliRunner().invoke(app, args, catch_exceptions=False) for args in json.loads(sys.argv[1])]
+print(json.dumps([(done.exit_code, done.stdout, done.stderr) for done in said]))
+"""
+
+
+def _commands_as_a_user(cwd: Path, *commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
+    """``autotune COMMAND`` for each of ``commands`` in ``cwd``, run without root's override."""
+    done = subprocess.run(
+        [*WITHOUT_ROOT_OVERRIDE, sys.executable, "-c", _AS_A_USER, json.dumps(commands)],
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": "160", "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout.splitlines()[-1])
+    return [
+        subprocess.CompletedProcess(["autotune", *command], *what)
+        for command, what in zip(commands, said, strict=True)
+    ]
+
+
 @pytest.mark.slow
 def test_a_read_only_study_is_read_and_reported_but_not_run(study_copy: Path, tmp_path: Path):
     folder = study_copy / "studies"
@@ -178,21 +207,20 @@ def test_a_read_only_study_is_read_and_reported_but_not_run(study_copy: Path, tm
     db.chmod(0o444)
     folder.chmod(0o555)
     try:
-        best = run_cli("best", "--study", "tiny", cwd=study_copy, wrapper=WITHOUT_ROOT_OVERRIDE)
+        best, report, export, again = _commands_as_a_user(
+            study_copy,
+            ["best", "--study", "tiny"],
+            ["report", "-o", str(out / "r.html"), "--study", "tiny"],
+            ["export", "-o", str(out / "t.py"), "--study", "tiny"],
+            ["run", "tiny.yaml"],
+        )
         assert best.returncode == 0 and "tiny: trial" in best.stdout, best.stderr
-        for command in (
-            ["report", "-o", str(out / "r.html")],
-            ["export", "-o", str(out / "t.py")],
-        ):
-            done = run_cli(
-                *command, "--study", "tiny", cwd=study_copy, wrapper=WITHOUT_ROOT_OVERRIDE
-            )
+        for done in (report, export):
             assert done.returncode == 0, done.stderr
             warning = [line for line in done.stdout.splitlines() if "Warning:" in line]
             assert len(warning) == 1 and "could not be attached" in warning[0], done.stdout
             assert "read-only" in warning[0]
         assert (out / "r.html").exists() and (out / "t.py").exists()
-        again = run_cli("run", "tiny.yaml", cwd=study_copy, wrapper=WITHOUT_ROOT_OVERRIDE)
         _one_error_line(again, 2, "cannot write the study to studies/autotune.db: it is")
         assert "read-only" in again.stderr
     finally:
