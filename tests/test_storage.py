@@ -30,7 +30,7 @@ from autotune.study import (
     open_storage,
     storage_problem,
 )
-from autotune.testing import import_blocker, run_cli, write_space
+from autotune.testing import import_blocker, run_cli, run_python, write_space
 
 # root ignores file modes; without these two capabilities it meets them as anyone does
 WITHOUT_ROOT_OVERRIDE = ("setpriv", "--bounding-set=-dac_override,-dac_read_search")
@@ -178,24 +178,6 @@ print(json.dumps([(done.exit_code, done.stdout, done.stderr) for done in said]))
 """
 
 
-def _commands_as_a_user(cwd: Path, *commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
-    """``autotune COMMAND`` for each of ``commands`` in ``cwd``, run without root's override."""
-    done = subprocess.run(
-        [*WITHOUT_ROOT_OVERRIDE, sys.executable, "-c", _AS_A_USER, json.dumps(commands)],
-        cwd=cwd,
-        env={**os.environ, "COLUMNS": "160", "PYTHONWARNINGS": "ignore"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    said = json.loads(done.stdout.splitlines()[-1])
-    return [
-        subprocess.CompletedProcess(["autotune", *command], *what)
-        for command, what in zip(commands, said, strict=True)
-    ]
-
-
 @pytest.mark.slow
 def test_a_read_only_study_is_read_and_reported_but_not_run(study_copy: Path, tmp_path: Path):
     folder = study_copy / "studies"
@@ -207,12 +189,19 @@ def test_a_read_only_study_is_read_and_reported_but_not_run(study_copy: Path, tm
     db.chmod(0o444)
     folder.chmod(0o555)
     try:
-        best, report, export, again = _commands_as_a_user(
-            study_copy,
+        commands = [
             ["best", "--study", "tiny"],
             ["report", "-o", str(out / "r.html"), "--study", "tiny"],
             ["export", "-o", str(out / "t.py"), "--study", "tiny"],
             ["run", "tiny.yaml"],
+        ]
+        ran = run_python(
+            _AS_A_USER, json.dumps(commands), cwd=study_copy, wrapper=WITHOUT_ROOT_OVERRIDE
+        )
+        said = json.loads(ran.stdout.splitlines()[-1])  # (exit code, stdout, stderr) each
+        best, report, export, again = (
+            subprocess.CompletedProcess(command, *what)
+            for command, what in zip(commands, said, strict=True)
         )
         assert best.returncode == 0 and "tiny: trial" in best.stdout, best.stderr
         for done in (report, export):
