@@ -50,7 +50,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # what a test needs, read off the test itself so that no test can forget its marker
-_PROCESS_CALLS = ("run_cli(", "start_cli(", "run_script(", "subprocess.", "torchrun")
+_PROCESS_CALLS = (
+    "run_cli(",
+    "start_cli(",
+    "run_script(",
+    "run_python(",
+    "subprocess.",
+    "torchrun",
+)
 
 
 def _starts_processes(item: pytest.Item) -> bool:

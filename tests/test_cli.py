@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import socket
 import sqlite3
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -22,7 +20,7 @@ from autotune import display
 from autotune import study as studies
 from autotune._version import __version__
 from autotune.study import StudyError, StudyRecord, answer_trial, load_study
-from autotune.testing import TINY_SPACE, import_blocker, run_cli, write_space
+from autotune.testing import TINY_SPACE, import_blocker, run_cli, run_python, write_space
 
 pytestmark = pytest.mark.slow
 
@@ -340,15 +338,7 @@ for args in json.loads(sys.argv[1]):
 def _probe(*commands: tuple[str, ...], cwd: Path) -> list[tuple[str, str]]:
     """Each of ``commands`` run in turn in one fresh interpreter: what it printed, and the
     line that says its exit code and the heavy packages loaded once it had run."""
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBE, json.dumps(commands)],
-        cwd=cwd,
-        env={**os.environ, "COLUMNS": "160", "PYTHONWARNINGS": "ignore"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_python(_PROBE, json.dumps(commands), cwd=cwd, timeout=120)
     outputs = done.stdout.split("-- probe: next command --\n")[: len(commands)]
     lasts = [line for line in done.stderr.splitlines() if line.startswith("exit ")]
     assert len(outputs) == len(lasts) == len(commands), done.stdout + done.stderr

@@ -175,9 +175,14 @@ def test_a_distributed_trial_trains_as_its_processes_and_stops_together(
         ({"oom_at_batch": 1, "hang_after_fault": True}, FaultKind.OOM, "rank 1 of 2: "),
     ],
 )
-def test_a_failing_rank_is_one_fault_and_leaves_no_process(fault, kind, said):
+def test_a_failing_rank_is_one_fault_and_leaves_no_process(
+    fault, kind, said, monkeypatch: pytest.MonkeyPatch
+):
     """One rank fails (an exception it reports, or a crash that reports nothing): the trial
     fails once, with that rank's fault, and every rank process is gone when it returns."""
+    # its peer, held in a collective, never reports: the pool waits FAULT_GRACE_SECONDS (2 s)
+    # for a report that does not come; briefly here
+    monkeypatch.setattr("autotune.distributed._pool.FAULT_GRACE_SECONDS", 0.5)
     spec = SPEC.model_copy(update={"model_args": {**fault, "fault_rank": 1}})
     pool = distributed.RankPool(distributed.WorkloadSource(spec, None, "accuracy"))
     others = _children()  # the module's ``pool``, where it runs

@@ -492,15 +492,40 @@ def interrupt(tmp_path: Path, sig: signal.Signals, code: int, states: list[Trial
 
 @pytest.mark.slow
 def test_interrupting_records_the_running_trial_and_a_rerun_resumes(tmp_path: Path):
-    """SIGTERM while the untuned baseline (the first trial) runs; the rerun queues it again,
-    and Ctrl-C stops the rerun while its last trial runs, after two completed; the third run
-    finishes the study."""
+    """SIGTERM while the untuned baseline (the first trial) runs; the rerun queues it again
+    after the checklist, and is SIGKILLed while that retry runs: nobody records it, nor
+    removes its worker's temporary directory. The next run recovers it as interrupted, its
+    retry keeps its parameters and stays the baseline, the directory goes; Ctrl-C stops that
+    run while its last trial runs, after two completed; the fourth run finishes the study.
+    (One study for what two tests checked with five runs: the killed run is the rerun.)"""
     (tmp_path / "space.yaml").write_text(slow_space(n_trials=3))
     interrupt(tmp_path, signal.SIGTERM, 143, [TrialState.RUNNING])
     first = load_study(tmp_path).trials[0]
-    interrupt(tmp_path, signal.SIGINT, 130, [TrialState.FAIL, *[TrialState.COMPLETE] * 2,
+
+    process = start_cli("run", "space.yaml", cwd=tmp_path)
+    running = [TrialState.FAIL, TrialState.COMPLETE, TrialState.RUNNING]
+    wait_for(lambda: trial_states(tmp_path)[:3] == running)
+    killed = load_study(tmp_path).trials[2]  # the untuned baseline, queued again
+    assert killed.user_attrs.get("baseline") is True
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=60)
+    assert trial_states(tmp_path)[2] == TrialState.RUNNING  # nobody could record it
+    # nobody removed its worker's temporary directory either: the next run does
+    orphans = list(Path(tempfile.gettempdir()).glob(f"autotune-worker-{process.pid}-*"))
+    assert orphans
+
+    interrupt(tmp_path, signal.SIGINT, 130, [*running[:2], TrialState.FAIL, TrialState.COMPLETE,
                                              TrialState.RUNNING])  # fmt: skip
-    assert not load_study(tmp_path).trials[3].user_attrs.get("baseline")  # a tuned one
+    study = load_study(tmp_path)
+    assert not study.trials[4].user_attrs.get("baseline")  # a tuned one
+    stale = study.trials[2]
+    assert stale.state == TrialState.FAIL and stale.user_attrs["fail_kind"] == "interrupted"
+    retried = [t for t in study.trials if t.system_attrs.get("failed_trial") == killed.number]
+    assert len(retried) == 1 and retried[0].params == killed.params
+    assert retried[0].state in (TrialState.COMPLETE, TrialState.PRUNED)
+    assert "fail_kind" not in retried[0].user_attrs or retried[0].state == TrialState.PRUNED
+    assert retried[0].user_attrs.get("baseline") is True  # the retry is still the baseline
+    assert not any(orphan.exists() for orphan in orphans)
 
     resumed = start_cli("run", "space.yaml", cwd=tmp_path)
     _, stderr = resumed.communicate(timeout=300)
@@ -510,36 +535,7 @@ def test_interrupting_records_the_running_trial_and_a_rerun_resumes(tmp_path: Pa
     counted = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert len(counted) == 3
     assert_one_baseline_counted(study)  # an interrupted baseline is queued again
-    assert baselines(study)[-1].params == first.params
-
-
-@pytest.mark.slow
-def test_a_killed_study_process_leaves_no_trial_running_after_a_resume(tmp_path: Path):
-    (tmp_path / "space.yaml").write_text(slow_space(n_trials=1))  # the baseline, killed
-    process = start_cli("run", "space.yaml", cwd=tmp_path)
-    wait_for(lambda: trial_states(tmp_path)[:1] == [TrialState.RUNNING])
-    killed = load_study(tmp_path).trials[0]  # the untuned baseline
-    process.send_signal(signal.SIGKILL)
-    process.communicate(timeout=60)
-    assert trial_states(tmp_path)[0] == TrialState.RUNNING  # nobody could record it
-    # nobody removed its worker's temporary directory either: the next run does
-    orphans = list(Path(tempfile.gettempdir()).glob(f"autotune-worker-{process.pid}-*"))
-    assert orphans
-
-    resumed = start_cli("run", "space.yaml", cwd=tmp_path)
-    _, stderr = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, stderr
-    study = load_study(tmp_path)
-    assert_trials_recorded(study)
-    stale = study.trials[0]
-    assert stale.state == TrialState.FAIL and stale.user_attrs["fail_kind"] == "interrupted"
-    retried = [t for t in study.trials if t.system_attrs.get("failed_trial") == killed.number]
-    assert len(retried) == 1 and retried[0].params == killed.params
-    assert retried[0].state in (TrialState.COMPLETE, TrialState.PRUNED)
-    assert "fail_kind" not in retried[0].user_attrs or retried[0].state == TrialState.PRUNED
-    assert retried[0].user_attrs.get("baseline") is True  # the retry is still the baseline
-    assert_one_baseline_counted(study)
-    assert not any(orphan.exists() for orphan in orphans)
+    assert baselines(study)[-1].params == first.params == killed.params
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # this test beats itself

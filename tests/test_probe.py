@@ -160,6 +160,8 @@ def test_under_workers_one_process_probes_while_the_other_waits_saying_so_and_bo
     tmp_path: Path, prepare_study
 ):
     space = AUTO_SPACE.format(n_trials=2, delay=0.005)
+    # trials and measurements in the workers' own processes: two processes start torch, not four
+    space = space.replace("  confirm: false\n", "  confirm: false\n  isolation: none\n")
     study = prepare_study(space, tmp_path, run=False).study  # where `run` finds it
     # the study's probe lock held here until both workers wait for it: then one of them probes
     with study_lock(study, purpose="batch_size", held_long=True):

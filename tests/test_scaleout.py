@@ -184,7 +184,8 @@ def test_a_worker_that_cannot_run_is_one_line_and_creates_nothing(tmp_path: Path
 @pytest.mark.slow
 def test_two_workers_train_at_once_on_their_own_cores_and_keep_the_count(tmp_path: Path):
     text = SLOW_SPACE.format(n_trials=4, delay=0.002)  # stage 1 in short bursts
-    text = text.replace("  seed: 0\n", f"  seed: 0\n  speed: {SHORT_BURSTS}\n")
+    # trials and measurements in the two workers' own processes: two start torch, not four
+    text = text.replace("  seed: 0\n", f"  seed: 0\n  speed: {SHORT_BURSTS}\n  isolation: none\n")
     write_space(tmp_path, text, name="space.yaml")
     done = run_cli("run", "space.yaml", "--workers", "2", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -288,9 +289,11 @@ def test_three_processes_share_a_postgresql_study_and_recover_a_killed_one(
 ):
     """Many machines on one PostgreSQL study, played by three processes (each with a machine
     folder of its own: no turns to take): the count holds under the advisory lock, a process
-    killed mid-trial is recovered, and the readers work there."""
+    killed mid-trial is recovered, and the readers work there. Trials in the study processes
+    (a worker touches no database): three processes start torch, not six."""
     text = SLOW_SPACE.format(n_trials=4, delay=0.002).replace("name: shared", "name: pg-shared")
-    text = text.replace("  seed: 0\n", "  seed: 0\n  heartbeat_interval: 1\n  strategy: joint\n")
+    quick = "  seed: 0\n  heartbeat_interval: 1\n  strategy: joint\n  isolation: none\n"
+    text = text.replace("  seed: 0\n", quick)
     write_space(tmp_path, text, name="space.yaml")
     url = postgres.url
     processes = [

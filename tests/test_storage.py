@@ -30,7 +30,7 @@ from autotune.study import (
     open_storage,
     storage_problem,
 )
-from autotune.testing import import_blocker, run_cli, write_space
+from autotune.testing import import_blocker, run_cli, run_python, write_space
 
 # root ignores file modes; without these two capabilities it meets them as anyone does
 WITHOUT_ROOT_OVERRIDE = ("setpriv", "--bounding-set=-dac_override,-dac_read_search")
@@ -167,6 +167,17 @@ def test_a_study_record_stores_its_confirmation_round_as_json_and_reads_it_back(
     )
 
 
+# the commands, each as Typer runs it (a bug's traceback on stderr), in one process kept from
+# overriding file modes: one interpreter to start, not one a command; what each said as JSON
+_AS_A_USER = """
+import json, sys
+from typer.testing import CliRunner
+from autotune.cli import app
+said = [CliRunner().invoke(app, args, catch_exceptions=False) for args in json.loads(sys.argv[1])]
+print(json.dumps([(done.exit_code, done.stdout, done.stderr) for done in said]))
+"""
+
+
 @pytest.mark.slow
 def test_a_read_only_study_is_read_and_reported_but_not_run(study_copy: Path, tmp_path: Path):
     folder = study_copy / "studies"
@@ -178,21 +189,27 @@ def test_a_read_only_study_is_read_and_reported_but_not_run(study_copy: Path, tm
     db.chmod(0o444)
     folder.chmod(0o555)
     try:
-        best = run_cli("best", "--study", "tiny", cwd=study_copy, wrapper=WITHOUT_ROOT_OVERRIDE)
+        commands = [
+            ["best", "--study", "tiny"],
+            ["report", "-o", str(out / "r.html"), "--study", "tiny"],
+            ["export", "-o", str(out / "t.py"), "--study", "tiny"],
+            ["run", "tiny.yaml"],
+        ]
+        ran = run_python(
+            _AS_A_USER, json.dumps(commands), cwd=study_copy, wrapper=WITHOUT_ROOT_OVERRIDE
+        )
+        said = json.loads(ran.stdout.splitlines()[-1])  # (exit code, stdout, stderr) each
+        best, report, export, again = (
+            subprocess.CompletedProcess(command, *what)
+            for command, what in zip(commands, said, strict=True)
+        )
         assert best.returncode == 0 and "tiny: trial" in best.stdout, best.stderr
-        for command in (
-            ["report", "-o", str(out / "r.html")],
-            ["export", "-o", str(out / "t.py")],
-        ):
-            done = run_cli(
-                *command, "--study", "tiny", cwd=study_copy, wrapper=WITHOUT_ROOT_OVERRIDE
-            )
+        for done in (report, export):
             assert done.returncode == 0, done.stderr
             warning = [line for line in done.stdout.splitlines() if "Warning:" in line]
             assert len(warning) == 1 and "could not be attached" in warning[0], done.stdout
             assert "read-only" in warning[0]
         assert (out / "r.html").exists() and (out / "t.py").exists()
-        again = run_cli("run", "tiny.yaml", cwd=study_copy, wrapper=WITHOUT_ROOT_OVERRIDE)
         _one_error_line(again, 2, "cannot write the study to studies/autotune.db: it is")
         assert "read-only" in again.stderr
     finally:
@@ -220,8 +237,11 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.mark.slow
 def test_a_full_disk_is_one_line_and_the_study_resumes(
-    invoke_cli, small_disk: Path, tmp_path: Path
+    invoke_cli, small_disk: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
+    # the resumed run finds the study the full disk left unlabelled and waits
+    # PEER_CREATION_SECONDS (5 s) for a creator that may still be labelling it; briefly here
+    monkeypatch.setattr("autotune.study._open.PEER_CREATION_SECONDS", 0.2)
     space = _space(tmp_path)  # the disk fills while the study is made: before any trial
     url = f"sqlite:///{small_disk / 'studies' / 'autotune.db'}"
     full = invoke_cli("run", str(space), "--storage", url, cwd=tmp_path, columns=80)

@@ -197,8 +197,13 @@ def test_the_same_device_spelled_differently_resumes(tmp_path: Path, prepare_stu
     )
 
 
-def test_a_study_labelled_by_an_earlier_autotune_resumes(tmp_path: Path, prepare_study):
+def test_a_study_labelled_by_an_earlier_autotune_resumes(
+    tmp_path: Path, prepare_study, monkeypatch: pytest.MonkeyPatch
+):
     """Until 2026-11-22 the search fingerprint was compact JSON with the device as written."""
+    # an old label has no learning_knobs: each open waits PEER_CREATION_SECONDS for a creator
+    # that may still be labelling it (5 s); briefly here
+    monkeypatch.setattr("autotune.study._open.PEER_CREATION_SECONDS", 0.2)
     spec = tiny_spec(n_trials=2)
     payload = spec.model_dump(mode="json", include={"workload", "objective", "space"})
     payload["workload"]["device"] = "auto"
@@ -415,8 +420,10 @@ def test_a_trial_that_cannot_win_even_with_a_perfect_score_is_stopped(
     said = console.export_text()
     assert "the study has 2 complete, 1 pruned (1 of them could not win)." in said, said
 
-    # without a pruner every trial trains to its end, however far behind
+    # without a pruner every trial trains to its end, however far behind (over 2 epochs: its
+    # first evaluation still leaves one to stop, and the slowest trains 64 steps, not 96)
     unpruned = CANNOT_WIN_SPACE.replace("pruner: median", "pruner: none")
+    unpruned = unpruned.replace("epochs: 3", "epochs: 2")
     study = prepare_study(unpruned, tmp_path / "unpruned", run=False).study
     study.enqueue_trial({"batch_size": 32})
     study.enqueue_trial({"batch_size": 8})

@@ -30,7 +30,7 @@ from autotune.testing import (
 from autotune.worker import WorkerExecutor, _process, _protocol, remove_orphaned_scratch
 
 SPACE = """\
-study: {name: isolation, n_trials: 3, pruner: none, sampler: random}
+study: {name: isolation, n_trials: 3, pruner: none, sampler: random, strategy: joint}
 workload:
   model: autotune.testing:tiny_mlp
   model_args: {}

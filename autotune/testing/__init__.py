@@ -23,6 +23,7 @@ from autotune.testing._commands import (
     lint,
     provenance,
     run_cli,
+    run_python,
     run_script,
     start_cli,
     write_space,

@@ -71,6 +71,24 @@ def run_cli(
     )
 
 
+def run_python(
+    source: str, *args: str, cwd: Path, timeout: float = 300, wrapper: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -c SOURCE ARGS`` in ``cwd`` as run_cli runs the command (a wide console,
+    quiet warnings; ``wrapper`` before it), capturing its output: several commands in one
+    fresh interpreter, say. Fails the test unless it exits 0."""
+    done = subprocess.run(
+        [*wrapper, sys.executable, "-c", source, *args],
+        cwd=cwd,
+        env=_environment(None),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 def run_script(
     script: Path, *args: str, block_autotune: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
