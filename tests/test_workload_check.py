@@ -108,6 +108,25 @@ USER_MODULE = textwrap.dedent(
 
     def bigram(num_classes):
         return nn.Embedding(num_classes, num_classes)  # logits [batch, sequence, vocabulary]
+
+    class Arrays(Dataset):  # what many users write: indexing numpy arrays gives numpy values
+        def __init__(self, x, y):
+            self.x, self.y = x, y
+        def __len__(self):
+            return len(self.y)
+        def __getitem__(self, index):
+            return self.x[index], self.y[index]
+
+    def arrays(labels="numpy"):
+        splits = []
+        for split in blobs():
+            x, y = split.tensors
+            y = y.numpy() if labels == "numpy" else [int(label) for label in y]
+            splits.append(Arrays(x.numpy(), y))
+        return splits
+
+    def shaped(num_classes, input_shape):
+        return nn.Linear(input_shape[0], num_classes)
     """
 )
 
@@ -118,13 +137,19 @@ def user_dir(user_module) -> Path:
 
 
 def _load(
-    folder: Path, model: str, data: str = "blobs", class_dim: int | None = None, **data_args: Any
+    folder: Path,
+    model: str,
+    data: str = "blobs",
+    class_dim: int | None = None,
+    loss: str = "cross_entropy",
+    **data_args: Any,
 ):
     spec = WorkloadSpec(
         model=f"odd_workloads:{model}",
         data=f"odd_workloads:{data}",
         data_args=data_args,
         class_dim=class_dim,
+        loss=loss,
     )
     return load(spec, base_dir=folder)
 
@@ -178,6 +203,15 @@ def test_a_workload_that_cannot_train_or_be_scored_is_refused_in_one_line(
     message = str(caught.value)
     assert re.search(expected, message), message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("labels", ["numpy", "int"])
+def test_numpy_samples_are_read_as_the_dataloader_collates_them(user_dir: Path, labels: str):
+    # numpy inputs with numpy int64 or Python int labels: torch's default_collate batches them
+    workload = _load(user_dir, "shaped", "arrays", labels=labels)
+    assert workload.input_shape == (6,) and workload.num_classes == 3
+    result = train(make_config(epochs=1, lr=0.05, batch_size=8), workload, never_stop)
+    assert 0.0 <= result.score <= 1.0
 
 
 def test_an_error_in_the_users_code_names_the_line_it_was_raised_on(user_dir: Path):

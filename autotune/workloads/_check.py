@@ -68,18 +68,16 @@ _FOR_OTHER_TARGETS = (
 
 
 def check_labels(label: Any, data: str, loss: str, score: str) -> None:
-    """Refuse labels that cross-entropy or a built-in score cannot read as class indices."""
+    """Refuse labels (collated, as the trials' batches hold them) that cross-entropy or a
+    built-in score cannot read as class indices."""
     reading = [f"the loss ({loss})"] if loss == "cross_entropy" else []
     readers = " and ".join([*reading, *([f"the score ({score})"] if score in SCORES else [])])
-    floats = isinstance(label, torch.Tensor) and label.is_floating_point()
-    if floats or isinstance(label, float):
-        kind = str(label.dtype).removeprefix("torch.") if floats else f"floats ({label!r})"
+    if isinstance(label, torch.Tensor) and label.is_floating_point():
         raise WorkloadError(
-            f"data set '{data}': labels are {kind}; {readers} need integer class "
-            f"indices{_FOR_OTHER_TARGETS}"
+            f"data set '{data}': labels are {str(label.dtype).removeprefix('torch.')}; "
+            f"{readers} need integer class indices{_FOR_OTHER_TARGETS}"
         )
-    integer = isinstance(label, int) and not isinstance(label, bool)
-    if not integer and not (isinstance(label, torch.Tensor) and is_integer(label)):
+    if not (isinstance(label, torch.Tensor) and is_integer(label)):
         raise WorkloadError(
             f"data set '{data}': a label is {_describe(label)}; it must be an integer class "
             f"index, or an integer tensor of them (one per pixel or token)"

@@ -119,21 +119,21 @@ def _first_sample(
     spec: WorkloadSpec, splits: DataSplits, base_dir: Path | None
 ) -> tuple[BatchLayout, ModelInputs, Any]:
     """How a batch splits into inputs and target, and the first training sample's (inputs,
-    label) split that way."""
+    label) as the trials' DataLoaders see them: collated into a batch of one (numpy values
+    become tensors), each tensor's batch dimension dropped."""
     sample = read_sample(splits.train, "training", spec.data)
-    if spec.batch_fn is not None:  # the user's function splits batches: one of one sample
+    if spec.batch_fn is not None:  # the user's function splits batches
         layout = BatchLayout(
             batch_fn=resolve_entry_point(spec.batch_fn, "batch_fn", base_dir),
             batch_fn_name=spec.batch_fn,
         )
-        inputs, label = split_batch(layout, batch_of([sample], splits.collate_fn, spec.data))
-        return layout, tree_map_only(torch.Tensor, lambda tensor: tensor[0], inputs), label
-    try:
-        layout = BatchLayout.of(sample, spec.inputs, spec.target, spec.loss == "model")
-    except LayoutError as error:
-        raise WorkloadError(f"data set '{spec.data}': {error}") from None
-    inputs, label = layout.split(sample)
-    return layout, inputs, label
+    else:
+        try:
+            layout = BatchLayout.of(sample, spec.inputs, spec.target, spec.loss == "model")
+        except LayoutError as error:
+            raise WorkloadError(f"data set '{spec.data}': {error}") from None
+    inputs, label = split_batch(layout, batch_of([sample], splits.collate_fn, spec.data))
+    return layout, *tree_map_only(torch.Tensor, lambda tensor: tensor[0], (inputs, label))
 
 
 def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accuracy") -> Workload:
