@@ -127,6 +127,14 @@ USER_MODULE = textwrap.dedent(
 
     def shaped(num_classes, input_shape):
         return nn.Linear(input_shape[0], num_classes)
+
+    def nan_loss(output, target):
+        return nn.functional.cross_entropy(output, target) * float("nan")
+
+    def nan_weights(num_classes):
+        layer = nn.Linear(6, num_classes)
+        nn.init.constant_(layer.bias, float("nan"))
+        return layer
     """
 )
 
@@ -212,6 +220,22 @@ def test_numpy_samples_are_read_as_the_dataloader_collates_them(user_dir: Path, 
     assert workload.input_shape == (6,) and workload.num_classes == 3
     result = train(make_config(epochs=1, lr=0.05, batch_size=8), workload, never_stop)
     assert 0.0 <= result.score <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("model", "loss", "blamed"),
+    [
+        ("linear", "odd_workloads:nan_loss", "loss 'odd_workloads:nan_loss' returns nan on a"),
+        ("nan_weights", "cross_entropy", "model 'odd_workloads:nan_weights' gives a training"),
+        ("nan_weights", "odd_workloads:nan_loss", "model 'odd_workloads:nan_weights' gives a"),
+    ],
+)
+def test_a_loss_of_nan_before_training_blames_the_loss_only_when_the_output_is_finite(
+    user_dir: Path, model: str, loss: str, blamed: str
+):
+    with pytest.raises(WorkloadError) as caught:
+        _load(user_dir, model, loss=loss)
+    assert str(caught.value).startswith(blamed), caught.value
 
 
 def test_an_error_in_the_users_code_names_the_line_it_was_raised_on(user_dir: Path):

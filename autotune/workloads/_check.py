@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
 from autotune import faults
@@ -176,6 +177,12 @@ def _loss(loss_fn: LossFn, output: Any, targets: Any, split: str, names: Workloa
     return float(loss)
 
 
+def _finite(output: Any) -> bool:
+    """Whether every floating-point tensor in ``output`` is finite."""
+    tensors = [leaf for leaf in tree_leaves(output) if isinstance(leaf, torch.Tensor)]
+    return all(bool(t.isfinite().all()) for t in tensors if t.is_floating_point())
+
+
 class Checked(NamedTuple):
     """What the check found of a workload that can train."""
 
@@ -245,6 +252,11 @@ def check(
         # a mean loss over no scored target (every one IGNORE_INDEX) is NaN: not the model's
         nothing_scored = classifies and not bool((targets != IGNORE_INDEX).any())
         if not math.isfinite(loss) and not nothing_scored:
+            if names.loss not in LOSSES and _finite(output):
+                raise WorkloadError(
+                    f"loss '{names.loss}' returns {loss} on a {split} batch before any training, "
+                    f"from finite outputs of model '{names.model}'"
+                )
             raise WorkloadError(
                 f"model '{names.model}' gives a {split} loss of {loss} before any training: "
                 f"its weights or the inputs hold NaN or infinity"
