@@ -133,11 +133,27 @@ def test_data_functions_must_return_two_splits(tmp_path: Path):
         "def unlabeled():\n"
         "    d = TensorDataset(torch.zeros(4, 2))\n"
         "    return d, d\n"
+        "def tensor_pairs():\n"
+        "    d = TensorDataset(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))\n"
+        "    return d.tensors, d.tensors\n"
+        "def rows():\n"
+        "    d = TensorDataset(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))\n"
+        "    return d.tensors[0], d\n"
     )
     for function, expected in [
         ("one", "must return (train_dataset, val_dataset)"),
         ("empty", "the training split is empty"),
         ("unlabeled", "a sample is a tuple of 1: it holds no target"),
+        (
+            "tensor_pairs",
+            "split is a tuple of 2 tensors, not a Dataset of samples: wrap them in "
+            "TensorDataset(x, y)",
+        ),
+        (
+            "rows",
+            "a sample is a Tensor; it must be a tuple (such as (input, label)) or a dict "
+            "(such as {'input_ids': ..., 'labels': ...}); wrap inputs and labels in TensorDataset",
+        ),
     ]:
         spec = WorkloadSpec(model="mlp", data=f"odd_data:{function}")
         with pytest.raises(WorkloadError, match=re.escape(expected)):

@@ -105,6 +105,12 @@ def _splits(spec: WorkloadSpec, data_fn: Callable[..., Any]) -> DataSplits:
             f"(train_dataset, val_dataset) or autotune.workloads.DataSplits"
         )
     for split_name, split in (("training", splits.train), ("validation", splits.val)):
+        if isinstance(split, tuple) and all(isinstance(t, torch.Tensor) for t in split):
+            raise WorkloadError(
+                f"data set '{spec.data}': the {split_name} split is a tuple of {len(split)} "
+                f"tensors, not a Dataset of samples: wrap them in TensorDataset(x, y) "
+                f"(torch.utils.data), whose samples are (input, label) pairs"
+            )
         if not hasattr(split, "__getitem__") or not hasattr(split, "__len__"):
             raise WorkloadError(
                 f"data set '{spec.data}': the {split_name} split is not a map-style Dataset "
