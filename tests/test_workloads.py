@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from autotune.spacefile import WorkloadSpec
+from autotune.spacefile import WorkloadSpec, parse_spec
 from autotune.testing import make_config, never_stop
 from autotune.training.runner import train
 from autotune.workloads import DataSplits, WorkloadError, load
@@ -121,6 +121,26 @@ def test_resolution_errors_are_one_line(model, data, data_args, expected):
         load(WorkloadSpec(model=model, data=data, data_args=data_args), base_dir=Path.cwd())
     assert expected in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("workload", "expected"),
+    [
+        ("  model: autotune.testing:tiny_mpl\n  data: digits\n", "s.yaml:3: model 'autotune"),
+        ("  model: mlp\n  data: autotune.testing:nowhere\n", "s.yaml:4: data set 'autotune"),
+        ("  model: mlp\n  data: digits\n  loss: nowhere_pkg:loss\n", "s.yaml:5: loss 'nowhere"),
+    ],
+)
+def test_a_name_that_does_not_resolve_is_told_at_its_line_in_the_space_file(workload, expected):
+    spec = parse_spec(f"study: {{n_trials: 2}}\nworkload:\n{workload}", "s.yaml")
+    for loaded in (spec, spec.with_overrides(workload={"device": "cpu"})):  # as `autotune run`
+        with pytest.raises(WorkloadError) as caught:
+            load(loaded.workload, base_dir=Path.cwd())
+        assert str(caught.value).startswith(expected), caught.value
+    # a name given in place of the file's is not the file's to point at
+    given = {"model": "autotune.testing:tiny_mpl", "data": "digits", "loss": "cross_entropy"}
+    with pytest.raises(WorkloadError, match=r"^model 'autotune"):
+        load(spec.with_overrides(workload=given).workload, base_dir=Path.cwd())
 
 
 def test_data_functions_must_return_two_splits(tmp_path: Path):
@@ -469,7 +489,7 @@ def test_a_built_in_is_imported_only_when_a_workload_names_it():
         """
         import sys
         import autotune.worker
-        from autotune.spacefile import WorkloadSpec
+        from autotune.spacefile import WorkloadSpec, parse_spec
         from autotune.workloads import load
 
         def imported():

@@ -33,6 +33,7 @@ from autotune.workloads._registry import (
     resolve_data,
     resolve_entry_point,
     resolve_model,
+    set_at,
 )
 from autotune.workloads.batches import BatchLayout, LayoutError, ModelInputs
 from autotune.workloads.scoring import (
@@ -129,10 +130,9 @@ def _first_sample(
     become tensors), each tensor's batch dimension dropped."""
     sample = read_sample(splits.train, "training", spec.data)
     if spec.batch_fn is not None:  # the user's function splits batches
-        layout = BatchLayout(
-            batch_fn=resolve_entry_point(spec.batch_fn, "batch_fn", base_dir),
-            batch_fn_name=spec.batch_fn,
-        )
+        with set_at(spec, "batch_fn"):
+            batch_fn = resolve_entry_point(spec.batch_fn, "batch_fn", base_dir)
+        layout = BatchLayout(batch_fn=batch_fn, batch_fn_name=spec.batch_fn)
     else:
         try:
             layout = BatchLayout.of(sample, spec.inputs, spec.target, spec.loss == "model")
@@ -149,7 +149,8 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accurac
     model_fn = resolve_model(spec, base_dir)
     splits = _splits(spec, data_fn)
     layout, inputs, label = _first_sample(spec, splits, base_dir)
-    loss_fn = loss_function(spec.loss, base_dir)
+    with set_at(spec, "loss"):
+        loss_fn = loss_function(spec.loss, base_dir)
     score_fn = None if score in SCORES else resolve_entry_point(score, "score", base_dir)
     classifies = score_fn is None or loss_fn is cross_entropy_loss
     if classifies:  # before num_classes is looked for: say what is wrong
