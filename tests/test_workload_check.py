@@ -108,6 +108,33 @@ USER_MODULE = textwrap.dedent(
 
     def bigram(num_classes):
         return nn.Embedding(num_classes, num_classes)  # logits [batch, sequence, vocabulary]
+
+    class Arrays(Dataset):  # what many users write: indexing numpy arrays gives numpy values
+        def __init__(self, x, y):
+            self.x, self.y = x, y
+        def __len__(self):
+            return len(self.y)
+        def __getitem__(self, index):
+            return self.x[index], self.y[index]
+
+    def arrays(labels="numpy"):
+        splits = []
+        for split in blobs():
+            x, y = split.tensors
+            y = y.numpy() if labels == "numpy" else [int(label) for label in y]
+            splits.append(Arrays(x.numpy(), y))
+        return splits
+
+    def shaped(num_classes, input_shape):
+        return nn.Linear(input_shape[0], num_classes)
+
+    def nan_loss(output, target):
+        return nn.functional.cross_entropy(output, target) * float("nan")
+
+    def nan_weights(num_classes):
+        layer = nn.Linear(6, num_classes)
+        nn.init.constant_(layer.bias, float("nan"))
+        return layer
     """
 )
 
@@ -118,13 +145,19 @@ def user_dir(user_module) -> Path:
 
 
 def _load(
-    folder: Path, model: str, data: str = "blobs", class_dim: int | None = None, **data_args: Any
+    folder: Path,
+    model: str,
+    data: str = "blobs",
+    class_dim: int | None = None,
+    loss: str = "cross_entropy",
+    **data_args: Any,
 ):
     spec = WorkloadSpec(
         model=f"odd_workloads:{model}",
         data=f"odd_workloads:{data}",
         data_args=data_args,
         class_dim=class_dim,
+        loss=loss,
     )
     return load(spec, base_dir=folder)
 
@@ -178,6 +211,31 @@ def test_a_workload_that_cannot_train_or_be_scored_is_refused_in_one_line(
     message = str(caught.value)
     assert re.search(expected, message), message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("labels", ["numpy", "int"])
+def test_numpy_samples_are_read_as_the_dataloader_collates_them(user_dir: Path, labels: str):
+    # numpy inputs with numpy int64 or Python int labels: torch's default_collate batches them
+    workload = _load(user_dir, "shaped", "arrays", labels=labels)
+    assert workload.input_shape == (6,) and workload.num_classes == 3
+    result = train(make_config(epochs=1, lr=0.05, batch_size=8), workload, never_stop)
+    assert 0.0 <= result.score <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("model", "loss", "blamed"),
+    [
+        ("linear", "odd_workloads:nan_loss", "loss 'odd_workloads:nan_loss' returns nan on a"),
+        ("nan_weights", "cross_entropy", "model 'odd_workloads:nan_weights' gives a training"),
+        ("nan_weights", "odd_workloads:nan_loss", "model 'odd_workloads:nan_weights' gives a"),
+    ],
+)
+def test_a_loss_of_nan_before_training_blames_the_loss_only_when_the_output_is_finite(
+    user_dir: Path, model: str, loss: str, blamed: str
+):
+    with pytest.raises(WorkloadError) as caught:
+        _load(user_dir, model, loss=loss)
+    assert str(caught.value).startswith(blamed), caught.value
 
 
 def test_an_error_in_the_users_code_names_the_line_it_was_raised_on(user_dir: Path):

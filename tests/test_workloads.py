@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from autotune.spacefile import WorkloadSpec
+from autotune.spacefile import WorkloadSpec, parse_spec
 from autotune.testing import make_config, never_stop
 from autotune.training.runner import train
 from autotune.workloads import DataSplits, WorkloadError, load
@@ -123,6 +123,26 @@ def test_resolution_errors_are_one_line(model, data, data_args, expected):
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("workload", "expected"),
+    [
+        ("  model: autotune.testing:tiny_mpl\n  data: digits\n", "s.yaml:3: model 'autotune"),
+        ("  model: mlp\n  data: autotune.testing:nowhere\n", "s.yaml:4: data set 'autotune"),
+        ("  model: mlp\n  data: digits\n  loss: nowhere_pkg:loss\n", "s.yaml:5: loss 'nowhere"),
+    ],
+)
+def test_a_name_that_does_not_resolve_is_told_at_its_line_in_the_space_file(workload, expected):
+    spec = parse_spec(f"study: {{n_trials: 2}}\nworkload:\n{workload}", "s.yaml")
+    for loaded in (spec, spec.with_overrides(workload={"device": "cpu"})):  # as `autotune run`
+        with pytest.raises(WorkloadError) as caught:
+            load(loaded.workload, base_dir=Path.cwd())
+        assert str(caught.value).startswith(expected), caught.value
+    # a name given in place of the file's is not the file's to point at
+    given = {"model": "autotune.testing:tiny_mpl", "data": "digits", "loss": "cross_entropy"}
+    with pytest.raises(WorkloadError, match=r"^model 'autotune"):
+        load(spec.with_overrides(workload=given).workload, base_dir=Path.cwd())
+
+
 def test_data_functions_must_return_two_splits(tmp_path: Path):
     (tmp_path / "odd_data.py").write_text(
         "import torch\nfrom torch.utils.data import TensorDataset\n"
@@ -133,11 +153,27 @@ def test_data_functions_must_return_two_splits(tmp_path: Path):
         "def unlabeled():\n"
         "    d = TensorDataset(torch.zeros(4, 2))\n"
         "    return d, d\n"
+        "def tensor_pairs():\n"
+        "    d = TensorDataset(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))\n"
+        "    return d.tensors, d.tensors\n"
+        "def rows():\n"
+        "    d = TensorDataset(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))\n"
+        "    return d.tensors[0], d\n"
     )
     for function, expected in [
         ("one", "must return (train_dataset, val_dataset)"),
         ("empty", "the training split is empty"),
         ("unlabeled", "a sample is a tuple of 1: it holds no target"),
+        (
+            "tensor_pairs",
+            "split is a tuple of 2 tensors, not a Dataset of samples: wrap them in "
+            "TensorDataset(x, y)",
+        ),
+        (
+            "rows",
+            "a sample is a Tensor; it must be a tuple (such as (input, label)) or a dict "
+            "(such as {'input_ids': ..., 'labels': ...}); wrap inputs and labels in TensorDataset",
+        ),
     ]:
         spec = WorkloadSpec(model="mlp", data=f"odd_data:{function}")
         with pytest.raises(WorkloadError, match=re.escape(expected)):
@@ -453,7 +489,7 @@ def test_a_built_in_is_imported_only_when_a_workload_names_it():
         """
         import sys
         import autotune.worker
-        from autotune.spacefile import WorkloadSpec
+        from autotune.spacefile import WorkloadSpec, parse_spec
         from autotune.workloads import load
 
         def imported():

@@ -9,7 +9,7 @@ import re
 import unicodedata
 from typing import Any, Literal
 
-from pydantic import Field, JsonValue, field_validator, model_validator
+from pydantic import Field, JsonValue, PrivateAttr, field_validator, model_validator
 
 from autotune.knobs import DDP_KNOBS, KNOBS, LOADER_KNOBS
 from autotune.spacefile._knobs import Frozen, Scalar, did_you_mean
@@ -176,6 +176,7 @@ class WorkloadSpec(Frozen):
     # the user's package.module:function(batch) -> (model_args, model_kwargs, target), in
     # place of inputs and target: for batches a key or an index cannot describe
     batch_fn: str | None = None
+    _lines: dict[str, str] = PrivateAttr(default_factory=dict)  # key -> "space.yaml:2"
 
     @field_validator("model", "data")
     @classmethod
@@ -241,6 +242,11 @@ class WorkloadSpec(Frozen):
                 f"(epochs = {self.epochs:g}): no evaluation would run"
             )
         return self
+
+    def at(self, key: str) -> str:
+        """``space.yaml:2: ``: where the space file this spec was read from sets ``key`` (empty
+        when it was not read from a file, or does not set it)."""
+        return f"{self._lines[key]}: " if key in self._lines else ""
 
     def user_entry_points(self) -> list[str]:
         """The ``package.module:function`` entries that are the user's code (not autotune's

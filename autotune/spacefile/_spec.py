@@ -196,6 +196,9 @@ class Spec(Frozen):
         except ValidationError as err:
             raise SpecError([error_line(error, within) for error in err.errors()]) from None
         spec._path, spec._text = self._path, self._text
+        changed = {key for key, value in sections.get("workload", {}).items() if value is not None}
+        lines = self.workload._lines.items()
+        spec.workload._lines = {key: line for key, line in lines if key not in changed}
         return spec
 
 
@@ -420,6 +423,11 @@ def parse_spec(text: str, path: Path | str = "<space>") -> Spec:
         if not found:
             spec._path = Path(path) if not name.startswith("<") else None
             spec._text = text
+            spec.workload._lines = {
+                str(loc[1]): f"{name}:{line}"
+                for loc, line in lines.by_path.items()
+                if len(loc) == 2 and loc[0] == "workload"
+            }
             return spec
     found.sort(key=lambda problem: problem[0])
     raise SpecError(

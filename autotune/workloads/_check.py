@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
 from autotune import faults
@@ -68,18 +69,16 @@ _FOR_OTHER_TARGETS = (
 
 
 def check_labels(label: Any, data: str, loss: str, score: str) -> None:
-    """Refuse labels that cross-entropy or a built-in score cannot read as class indices."""
+    """Refuse labels (collated, as the trials' batches hold them) that cross-entropy or a
+    built-in score cannot read as class indices."""
     reading = [f"the loss ({loss})"] if loss == "cross_entropy" else []
     readers = " and ".join([*reading, *([f"the score ({score})"] if score in SCORES else [])])
-    floats = isinstance(label, torch.Tensor) and label.is_floating_point()
-    if floats or isinstance(label, float):
-        kind = str(label.dtype).removeprefix("torch.") if floats else f"floats ({label!r})"
+    if isinstance(label, torch.Tensor) and label.is_floating_point():
         raise WorkloadError(
-            f"data set '{data}': labels are {kind}; {readers} need integer class "
-            f"indices{_FOR_OTHER_TARGETS}"
+            f"data set '{data}': labels are {str(label.dtype).removeprefix('torch.')}; "
+            f"{readers} need integer class indices{_FOR_OTHER_TARGETS}"
         )
-    integer = isinstance(label, int) and not isinstance(label, bool)
-    if not integer and not (isinstance(label, torch.Tensor) and is_integer(label)):
+    if not (isinstance(label, torch.Tensor) and is_integer(label)):
         raise WorkloadError(
             f"data set '{data}': a label is {_describe(label)}; it must be an integer class "
             f"index, or an integer tensor of them (one per pixel or token)"
@@ -178,6 +177,12 @@ def _loss(loss_fn: LossFn, output: Any, targets: Any, split: str, names: Workloa
     return float(loss)
 
 
+def _finite(output: Any) -> bool:
+    """Whether every floating-point tensor in ``output`` is finite."""
+    tensors = [leaf for leaf in tree_leaves(output) if isinstance(leaf, torch.Tensor)]
+    return all(bool(t.isfinite().all()) for t in tensors if t.is_floating_point())
+
+
 class Checked(NamedTuple):
     """What the check found of a workload that can train."""
 
@@ -247,6 +252,11 @@ def check(
         # a mean loss over no scored target (every one IGNORE_INDEX) is NaN: not the model's
         nothing_scored = classifies and not bool((targets != IGNORE_INDEX).any())
         if not math.isfinite(loss) and not nothing_scored:
+            if names.loss not in LOSSES and _finite(output):
+                raise WorkloadError(
+                    f"loss '{names.loss}' returns {loss} on a {split} batch before any training, "
+                    f"from finite outputs of model '{names.model}'"
+                )
             raise WorkloadError(
                 f"model '{names.model}' gives a {split} loss of {loss} before any training: "
                 f"its weights or the inputs hold NaN or infinity"

@@ -33,6 +33,7 @@ from autotune.workloads._registry import (
     resolve_data,
     resolve_entry_point,
     resolve_model,
+    set_at,
 )
 from autotune.workloads.batches import BatchLayout, LayoutError, ModelInputs
 from autotune.workloads.scoring import (
@@ -105,6 +106,12 @@ def _splits(spec: WorkloadSpec, data_fn: Callable[..., Any]) -> DataSplits:
             f"(train_dataset, val_dataset) or autotune.workloads.DataSplits"
         )
     for split_name, split in (("training", splits.train), ("validation", splits.val)):
+        if isinstance(split, tuple) and all(isinstance(t, torch.Tensor) for t in split):
+            raise WorkloadError(
+                f"data set '{spec.data}': the {split_name} split is a tuple of {len(split)} "
+                f"tensors, not a Dataset of samples: wrap them in TensorDataset(x, y) "
+                f"(torch.utils.data), whose samples are (input, label) pairs"
+            )
         if not hasattr(split, "__getitem__") or not hasattr(split, "__len__"):
             raise WorkloadError(
                 f"data set '{spec.data}': the {split_name} split is not a map-style Dataset "
@@ -119,21 +126,20 @@ def _first_sample(
     spec: WorkloadSpec, splits: DataSplits, base_dir: Path | None
 ) -> tuple[BatchLayout, ModelInputs, Any]:
     """How a batch splits into inputs and target, and the first training sample's (inputs,
-    label) split that way."""
+    label) as the trials' DataLoaders see them: collated into a batch of one (numpy values
+    become tensors), each tensor's batch dimension dropped."""
     sample = read_sample(splits.train, "training", spec.data)
-    if spec.batch_fn is not None:  # the user's function splits batches: one of one sample
-        layout = BatchLayout(
-            batch_fn=resolve_entry_point(spec.batch_fn, "batch_fn", base_dir),
-            batch_fn_name=spec.batch_fn,
-        )
-        inputs, label = split_batch(layout, batch_of([sample], splits.collate_fn, spec.data))
-        return layout, tree_map_only(torch.Tensor, lambda tensor: tensor[0], inputs), label
-    try:
-        layout = BatchLayout.of(sample, spec.inputs, spec.target, spec.loss == "model")
-    except LayoutError as error:
-        raise WorkloadError(f"data set '{spec.data}': {error}") from None
-    inputs, label = layout.split(sample)
-    return layout, inputs, label
+    if spec.batch_fn is not None:  # the user's function splits batches
+        with set_at(spec, "batch_fn"):
+            batch_fn = resolve_entry_point(spec.batch_fn, "batch_fn", base_dir)
+        layout = BatchLayout(batch_fn=batch_fn, batch_fn_name=spec.batch_fn)
+    else:
+        try:
+            layout = BatchLayout.of(sample, spec.inputs, spec.target, spec.loss == "model")
+        except LayoutError as error:
+            raise WorkloadError(f"data set '{spec.data}': {error}") from None
+    inputs, label = split_batch(layout, batch_of([sample], splits.collate_fn, spec.data))
+    return layout, *tree_map_only(torch.Tensor, lambda tensor: tensor[0], (inputs, label))
 
 
 def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accuracy") -> Workload:
@@ -143,7 +149,8 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accurac
     model_fn = resolve_model(spec, base_dir)
     splits = _splits(spec, data_fn)
     layout, inputs, label = _first_sample(spec, splits, base_dir)
-    loss_fn = loss_function(spec.loss, base_dir)
+    with set_at(spec, "loss"):
+        loss_fn = loss_function(spec.loss, base_dir)
     score_fn = None if score in SCORES else resolve_entry_point(score, "score", base_dir)
     classifies = score_fn is None or loss_fn is cross_entropy_loss
     if classifies:  # before num_classes is looked for: say what is wrong

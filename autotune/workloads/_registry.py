@@ -3,6 +3,7 @@ loaded workload is made of."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import importlib
@@ -173,14 +174,25 @@ def _search_dirs(base_dir: Path | None) -> list[Path]:
     return [here] + ([base_dir.resolve()] if base_dir and base_dir.resolve() != here else [])
 
 
+@contextlib.contextmanager
+def set_at(spec: WorkloadSpec, key: str) -> Iterator[None]:
+    """A WorkloadError inside led by the space file's line that sets ``key`` (where known)."""
+    try:
+        yield
+    except WorkloadError as err:
+        raise WorkloadError(f"{spec.at(key)}{err}") from None
+
+
 def resolve_model(spec: WorkloadSpec, base_dir: Path | None = None) -> ModelFn:
     """The model function a spec names (imported when it is an entry point)."""
-    return _resolve(spec.model, MODELS, "model", _search_dirs(base_dir))
+    with set_at(spec, "model"):
+        return _resolve(spec.model, MODELS, "model", _search_dirs(base_dir))
 
 
 def resolve_data(spec: WorkloadSpec, base_dir: Path | None = None) -> DataFn:
     """The data function a spec names (imported when it is an entry point)."""
-    return _resolve(spec.data, DATASETS, "data set", _search_dirs(base_dir))
+    with set_at(spec, "data"):
+        return _resolve(spec.data, DATASETS, "data set", _search_dirs(base_dir))
 
 
 def resolve_entry_point(entry: str, what: str, base_dir: Path | None = None) -> Any:

@@ -238,9 +238,11 @@ class BatchLayout:
                     f"an index of it (0 to {size - 1})"
                 )
             return cls(listed, target, target_to_model)
+        tensor = isinstance(sample, torch.Tensor)
+        pairs = "; wrap inputs and labels in TensorDataset(x, y)" if tensor else ""
         raise LayoutError(
             f"a sample is a {type(sample).__name__}; it must be a tuple (such as (input, label)) "
-            f"or a dict (such as {{'input_ids': ..., 'labels': ...}})"
+            f"or a dict (such as {{'input_ids': ..., 'labels': ...}}){pairs}"
         )
 
 
