@@ -35,7 +35,7 @@ class TrialConfirmation:
     median_samples_per_second: float | None = None
     answer: bool = False  # the round's winner: the study's answer
     # the answer's metric over the untuned baseline's, and over the tuning checklist's, where
-    # the round backs them (None: no measurable speed-up; ``said`` says why)
+    # the round backs them (None: too noisy, or none; ``said`` says which)
     speedup: float | None = None
     over_checklist: float | None = None
     speedup_interval: tuple[float, float] | None = None  # where the speed-up may lie
