@@ -109,8 +109,8 @@ def confirmation_text(
     if found is None:
         words = ("autotune", "confirm", *study_options(study, storage))
         again = shlex.join(visible(word) for word in words)
-        why = UNCONFIRMED.get(round_state, UNCONFIRMED["none"])  # "confirmed": not this trial
-        return f"not confirmed: {why} (run `{again}`)"
+        why = UNCONFIRMED.get(round_state, UNCONFIRMED["none"])
+        return f"not confirmed: {why}" + f" (run `{again}`)" * (round_state != "confirmed")
     text = f"confirmed: median {fmt(found.median)} over {found.runs} run{'s' * (found.runs != 1)}"
     if interleaved:
         text += f", interleaved with {interleaved}"

@@ -21,17 +21,20 @@ from autotune._imports import optional
 from autotune._version import __version__
 from autotune.display import (
     SPEED_COLUMNS,
+    TO_TARGET,
     confirmation_cost,
     confirmation_rows,
     flagged_measurements,
     fmt,
     fmt_metric,
     measured_flags,
+    metric_unit,
     no_answer,
     off_stage_one,
     runs_used_note,
     speed_rows,
     study_options,
+    value_text,
 )
 from autotune.errors import UserError
 from autotune.export import study_spec
@@ -112,10 +115,15 @@ def trial_rows(study: optuna.Study) -> tuple[list[str], list[TrialRow]]:
     varied = {k for k in KNOBS if len({repr(getattr(c, k)) for c in configs}) > 1}
     names = [k for k in KNOBS if k in varied or any(k in t.params for t in trials)]
     names += sorted({k for t in trials for k in t.params} - set(names))
-    rows = []
+    rows, to_target = [], metric_unit(StudyRecord.of(study).metric or "") == TO_TARGET
     for trial in trials:
         record = TrialRecord.of(trial)
         state, kind, message = trial.state.name, record.fail_kind or "", record.fail_msg or ""
+        value = fmt(trial.value)
+        if to_target and (trial.state != TrialState.COMPLETE or record.feasible is False):
+            # the seconds it spent, or (stopped early) a projection: no time to the target
+            finished = trial.state == TrialState.COMPLETE
+            value = value_text(trial.value if finished else None, TO_TARGET, reached=False)
         if trial.state == TrialState.COMPLETE and record.feasible is False:
             state, kind = f"{state} (infeasible)", "infeasible"
             message = record.infeasible_reason or ""
@@ -130,7 +138,7 @@ def trial_rows(study: optuna.Study) -> tuple[list[str], list[TrialRow]]:
             TrialRow(
                 number=trial.number,
                 state=state,
-                value=fmt(trial.value),
+                value=value,
                 score=fmt(record.score),
                 samples_per_second=fmt(record.samples_per_second),
                 tokens_per_second=fmt(record.tokens_per_second),

@@ -123,6 +123,8 @@ UNCONFIRMED: dict[str, str] = {
     "unfinished": "the round is unfinished",
     "stale": "trials since have changed the leaders",
     "no_winner": "no configuration was feasible in most of its runs",
+    # the study's answer is confirmed, this trial is not: not one of the leaders it measured
+    "confirmed": "the round ranked only its leaders that met the bar in most of their runs",
 }
 
 
