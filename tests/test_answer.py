@@ -512,7 +512,7 @@ def test_every_rendering_names_the_same_answer_and_ratio(seen):
     assert f"(spread ±2%); {over}.</p>" in said["report"]
     assert re.search(r'<td>tuning checklist</td><td class="num">\d+</td>', said["report"])
     # "Against the others": the round's ratio over each reference, not "-", and said beneath
-    assert re.search(r"<td>tuning checklist</td>.*?1\.37x</td>", said["report"])
+    assert re.search(r"<td>tuning checklist</td>.*?1\.37x confirmed</td>", said["report"])
     assert f"never one measurement's: {over}.</p>" in said["report"]
     assert said["best"] == f"trial {winner}: {confirmed}"
     # ``best --trial`` of another configuration: its medians in the round, no ratio, no ties

@@ -45,6 +45,7 @@ from autotune.outputs.notes import (
     comparisons,
     knob_rows,
     names,
+    value_ratio_name,
     verdict,
     verify_block,
 )
@@ -281,10 +282,11 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     ]
     found, compared = comparisons(study, answer), []
     for label, other, speed, value in found:  # over a reference: the round's ratio, if claimed
-        value = value or (answer.ratio_over(label) if answer is not None else None)
+        confirmed = answer.ratio_over(label) if answer is not None else None
         compared.append(
-            (label.removeprefix("the "), other.number, speed, value, TrialRecord.of(other))
-        )
+            (label.removeprefix("the "), other.number, speed, value or confirmed,
+             TrialRecord.of(other), confirmed is not None)
+        )  # fmt: skip
     table = stored_speed_table(study)
     stage_one, caption = speed_rows(table) if table is not None else ([], None)
     bars = charts.breakdown_bars(study, baseline)
@@ -299,6 +301,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     return environment.get_template("report.html.j2").render(
         study=study.study_name,
         metric=metric,
+        value_ratio=value_ratio_name(study, metric) if answer is not None else metric,
         score_name=score_name,
         states=Counter(t.state.name for t in study.get_trials(deepcopy=False)),
         answer=answer,
