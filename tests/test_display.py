@@ -948,3 +948,18 @@ def test_durations_and_lists_are_written_one_way_everywhere():
     assert studies.listed(iter(["a", "b", "c"])) == "a, b and c"
     assert studies.trials_named([5]) == "trial 5"
     assert studies.trials_named([1, 3, 5]) == "trials 1, 3 and 5"
+
+
+def test_the_plan_counts_in_the_singular_where_there_is_one(seen):
+    """Seen: "1 epochs per trial" (buggy.yaml) and "2 measurements of 1 cells"."""
+    from autotune.spacefile import parse_spec
+    from tests.conftest import SEEN_SPACE
+
+    study, _ = seen
+    one = SEEN_SPACE.replace("  precision: [bf16, fp32]\n", "").replace("16, 32, 64", "64")
+    spec = parse_spec(one.replace("epochs: 2", "epochs: 1"))
+    console = _console(200)
+    display.print_plan(console, spec, CPU, study, [])
+    said = " ".join(_text(console).split())
+    assert ", 1 epoch per trial" in said, said
+    assert " of 1 cell (a micro-batch and a precision each)" in said, said

@@ -17,6 +17,7 @@ from autotune import display
 from autotune.errors import UserError
 from autotune.outputs import artifacts, notes
 from autotune.study import StudyRecord, TrialRecord, answer_of, answer_trial
+from autotune.testing import make_config
 
 
 def test_note_and_artifacts_are_readable_back(seen, tmp_path: Path):
@@ -165,3 +166,21 @@ def test_the_headline_says_what_its_figure_is_in_words_that_agree(seen):
     for runs, words in ((1, "median of 1 confirmed run"), (3, "median of 3 confirmed runs")):
         winner = Confirmed(trial.number, False, (2.0,) * runs, (), (), runs, runs)
         assert dataclasses.replace(plain, winner=winner).headline == (2.0, words)
+
+
+def test_a_time_to_a_target_compares_the_right_way_and_the_note_leads_with_the_verdict():
+    """Measured once (tab.yaml, time_to_rmse): "slowest feasible trial | 8 | 1.22x | 41,405 |
+    1.50x" meant the answer took 1.5x longer (0.1586 s against 0.1056 s); and the note opened
+    with one measurement's "2.79x the samples/s" above the round's confirmed ratio."""
+    study = optuna.create_study(direction="minimize")
+    study.set_user_attr("metric", "time_to_rmse")
+    for value, speed in ((0.1056, 41_405.0), (0.1586, 50_330.0), (0.2198, 53_222.0)):
+        record = TrialRecord(samples_per_second=speed, feasible=True, config=make_config())
+        study.add_trial(optuna.trial.create_trial(value=value, user_attrs=record.to_attrs()))
+    answer = answer_of(study)
+    assert answer is not None and answer.number == 0
+    found = {label: value for label, _, _, value in notes.comparisons(study, answer)}
+    assert found["the median feasible trial"] == pytest.approx(0.1586 / 0.1056)  # 1.50x faster
+    note = notes.study_note(study)
+    assert note.index("**Not confirmed**") < note.index("One measurement each (trial 0's own")
+    assert "(trial 1), 1.50x faster to the target" in note and "its time_to_rmse" not in note

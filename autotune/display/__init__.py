@@ -29,6 +29,7 @@ from autotune.display._tables import (
 )
 from autotune.display._text import (
     METRIC_NOTES,
+    TO_TARGET,
     command,
     describe_shares,
     fmt,
@@ -42,6 +43,7 @@ from autotune.display._text import (
     storage_back,
     storage_waiting,
     study_options,
+    value_text,
     visible,
 )
 from autotune.display._verification import (

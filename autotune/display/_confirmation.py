@@ -35,7 +35,7 @@ class TrialConfirmation:
     median_samples_per_second: float | None = None
     answer: bool = False  # the round's winner: the study's answer
     # the answer's metric over the untuned baseline's, and over the tuning checklist's, where
-    # the round backs them (None: no measurable speed-up; ``said`` says why)
+    # the round backs them (None: too noisy, or none; ``said`` says which)
     speedup: float | None = None
     over_checklist: float | None = None
     speedup_interval: tuple[float, float] | None = None  # where the speed-up may lie
@@ -109,8 +109,8 @@ def confirmation_text(
     if found is None:
         words = ("autotune", "confirm", *study_options(study, storage))
         again = shlex.join(visible(word) for word in words)
-        why = UNCONFIRMED.get(round_state, UNCONFIRMED["none"])  # "confirmed": not this trial
-        return f"not confirmed: {why} (run `{again}`)"
+        why = UNCONFIRMED.get(round_state, UNCONFIRMED["none"])
+        return f"not confirmed: {why}" + f" (run `{again}`)" * (round_state != "confirmed")
     text = f"confirmed: median {fmt(found.median)} over {found.runs} run{'s' * (found.runs != 1)}"
     if interleaved:
         text += f", interleaved with {interleaved}"

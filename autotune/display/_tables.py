@@ -20,6 +20,7 @@ from autotune.display._text import (
     lr_text,
     metric_unit,
     params,
+    plural,
     print_command,
     print_item,
     si,
@@ -48,7 +49,8 @@ def print_plan(
     device = f"{hardware.device} ({hardware.device_name}, torch {hardware.torch_version})"
     print_item(console, "device", device)
     workload = spec.workload
-    trained = f"{workload.model} on {workload.data}, {workload.epochs:g} epochs per trial"
+    epochs = f"{workload.epochs:g} epoch{'s' * (workload.epochs != 1)}"
+    trained = f"{workload.model} on {workload.data}, {epochs} per trial"
     print_item(console, "workload", trained)
     if workload.gpus_per_trial > 1:
         processes = workload.gpus_per_trial
@@ -140,8 +142,8 @@ def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
     speed = spec.study.speed
     plan = SpeedPlan.for_hardware(spec, hardware)
     estimate = plan.estimate(speed.burst_seconds, speed.bursts, speed.repeats)
-    cells = f"{estimate.cells} cells (a micro-batch and a precision each)"
-    words = [f"{estimate.measurements} measurements of {cells}"]
+    cells = f"{plural(estimate.cells, 'cell')} (a micro-batch and a precision each)"
+    words = [f"{plural(estimate.measurements, 'measurement')} of {cells}"]
     if estimate.graphs:
         words.append(
             f"{estimate.graphs_first_cells} to {estimate.graphs} cold compiles (one per "

@@ -26,12 +26,24 @@ def metric_unit(metric: str) -> str:
     if metric == "samples_per_second":  # the speed stage's studies (NAME.speed)
         return "samples/s"
     if metric.startswith("time_to_"):
-        return "s to target"
+        return TO_TARGET
     if metric.endswith("_per_second"):
         name = metric.removesuffix("_per_second")
         short = SCORES[name][1] if name in SCORES else name
         return f"{short}/s"
     return ""
+
+
+TO_TARGET = "s to target"  # the unit of a time to a target (``metric_unit``)
+
+
+def value_text(value: float | None, unit: str, reached: bool = True) -> str:
+    """A value with its unit, as every rendering says it: "2.912 acc/s", "0.311 s to target";
+    a time to a target not ``reached`` is the seconds spent, never a time to the target:
+    "target not reached in 0.311 s" ("target not reached" where ``value`` is None)."""
+    if unit == TO_TARGET and not reached:
+        return "target not reached" + (f" in {fmt(value)} s" if value is not None else "")
+    return f"{fmt(value)} {unit}".rstrip()
 
 
 def fmt(value: Any) -> str:

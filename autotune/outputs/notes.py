@@ -57,12 +57,20 @@ def _over(trial: FrozenTrial, other: FrozenTrial, key: str) -> float | None:
 Comparison = tuple[str, FrozenTrial, float, float | None]
 
 
+def value_ratio_name(study: optuna.Study, metric: str) -> str:
+    """What ``comparisons``' value ratio is, as the note and the report say it: "faster to the
+    target" for a time to a target (the other's time over the answer's), else the metric."""
+    minimize = study.direction == optuna.study.StudyDirection.MINIMIZE
+    return "faster to the target" if minimize else metric
+
+
 def comparisons(study: optuna.Study, answer: Answer | None) -> list[Comparison]:
     """(who, trial, the answer's samples/s over its, its value over its) against the untuned
     baseline, the tuning checklist and the median and slowest feasible trials, where they are
-    not the answer; a trial that is two of these is listed once, under the first. The value's
-    ratio over a reference is the answer's to state (``Answer.references``, from the
-    confirmation round), never one measurement's: None here."""
+    not the answer, each from the two trials' one measurement; a trial that is two of these is
+    listed once, under the first. The value's ratio reads "times better" (a time to a target:
+    the other's over the answer's); over a reference it is the answer's to state
+    (``Answer.references``, from the confirmation round), never one measurement's: None."""
     if answer is None:
         return []
     speed = functools.partial(measured, key="samples_per_second")
@@ -78,7 +86,9 @@ def comparisons(study: optuna.Study, answer: Answer | None) -> list[Comparison]:
         if other is None or other.number in shown or not faster:
             continue
         shown.add(other.number)
-        value = None if label in REFERENCE_NAMES.values() else _over(answer.trial, other, "value")
+        minimize = study.direction == optuna.study.StudyDirection.MINIMIZE
+        mine, theirs = (other, answer.trial) if minimize else (answer.trial, other)
+        value = None if label in REFERENCE_NAMES.values() else _over(mine, theirs, "value")
         found.append((label, other, faster, value))
     return found
 
@@ -182,13 +192,15 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     else:
         best, record = answer.trial, TrialRecord.of(answer.trial)
         lines += [best_headline(answer, metric, score_name), ""]
+        lines += [verdict(answer, study_name, storage_url), ""]
+        ratio_name = value_ratio_name(study, metric)
         compared = [
             f"- {speed:.2f}x the samples/s of {label} (trial {other.number})"
-            + (f", {value:.2f}x its {metric}" if value else "")
+            + (f", {value:.2f}x {'its ' * (ratio_name == metric)}{ratio_name}" if value else "")
             for label, other, speed, value in comparisons(study, answer)
         ]
-        lines += compared + ([""] if compared else [])
-        lines += [verdict(answer, study_name, storage_url), ""]
+        heading = f"One measurement each (trial {best.number}'s own and theirs), not confirmed:"
+        lines += [heading, *compared, ""] if compared else []
         if record.bottleneck:
             lines.append(f"Its bottleneck: **{record.bottleneck}** ({_breakdown_text(best)}).")
         if bottlenecks := _bottlenecks(study):

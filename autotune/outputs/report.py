@@ -21,17 +21,20 @@ from autotune._imports import optional
 from autotune._version import __version__
 from autotune.display import (
     SPEED_COLUMNS,
+    TO_TARGET,
     confirmation_cost,
     confirmation_rows,
     flagged_measurements,
     fmt,
     fmt_metric,
     measured_flags,
+    metric_unit,
     no_answer,
     off_stage_one,
     runs_used_note,
     speed_rows,
     study_options,
+    value_text,
 )
 from autotune.errors import UserError
 from autotune.export import study_spec
@@ -42,6 +45,7 @@ from autotune.outputs.notes import (
     comparisons,
     knob_rows,
     names,
+    value_ratio_name,
     verdict,
     verify_block,
 )
@@ -112,10 +116,15 @@ def trial_rows(study: optuna.Study) -> tuple[list[str], list[TrialRow]]:
     varied = {k for k in KNOBS if len({repr(getattr(c, k)) for c in configs}) > 1}
     names = [k for k in KNOBS if k in varied or any(k in t.params for t in trials)]
     names += sorted({k for t in trials for k in t.params} - set(names))
-    rows = []
+    rows, to_target = [], metric_unit(StudyRecord.of(study).metric or "") == TO_TARGET
     for trial in trials:
         record = TrialRecord.of(trial)
         state, kind, message = trial.state.name, record.fail_kind or "", record.fail_msg or ""
+        value = fmt(trial.value)
+        if to_target and (trial.state != TrialState.COMPLETE or record.feasible is False):
+            # the seconds it spent, or (stopped early) a projection: no time to the target
+            finished = trial.state == TrialState.COMPLETE
+            value = value_text(trial.value if finished else None, TO_TARGET, reached=False)
         if trial.state == TrialState.COMPLETE and record.feasible is False:
             state, kind = f"{state} (infeasible)", "infeasible"
             message = record.infeasible_reason or ""
@@ -130,7 +139,7 @@ def trial_rows(study: optuna.Study) -> tuple[list[str], list[TrialRow]]:
             TrialRow(
                 number=trial.number,
                 state=state,
-                value=fmt(trial.value),
+                value=value,
                 score=fmt(record.score),
                 samples_per_second=fmt(record.samples_per_second),
                 tokens_per_second=fmt(record.tokens_per_second),
@@ -273,10 +282,11 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     ]
     found, compared = comparisons(study, answer), []
     for label, other, speed, value in found:  # over a reference: the round's ratio, if claimed
-        value = value or (answer.ratio_over(label) if answer is not None else None)
+        confirmed = answer.ratio_over(label) if answer is not None else None
         compared.append(
-            (label.removeprefix("the "), other.number, speed, value, TrialRecord.of(other))
-        )
+            (label.removeprefix("the "), other.number, speed, value or confirmed,
+             TrialRecord.of(other), confirmed is not None)
+        )  # fmt: skip
     table = stored_speed_table(study)
     stage_one, caption = speed_rows(table) if table is not None else ([], None)
     bars = charts.breakdown_bars(study, baseline)
@@ -291,6 +301,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     return environment.get_template("report.html.j2").render(
         study=study.study_name,
         metric=metric,
+        value_ratio=value_ratio_name(study, metric) if answer is not None else metric,
         score_name=score_name,
         states=Counter(t.state.name for t in study.get_trials(deepcopy=False)),
         answer=answer,

@@ -28,13 +28,13 @@ The rule (``Answer.of_round``):
 - the ratio carries an interval from both sides' spreads (``Answer.interval``): the better
   side's lowest run over the other's highest, and its highest over their lowest.
 
-The answer claims a ratio only where its interval excludes 1.0 and the round could rank its
-leaders; else it says "no measurable speed-up on this machine as it was" and why
-(``Reference.said``). Over a reference with the answer's own execution settings (the same
-``config_key``: only the learning differs, the lr say) it claims the learning difference
-alone: the ratio with the two samples/s taken out, which are the same settings' and differ
-only by noise (a "1.31x" between two trials at accuracy 1.0 that differed in lr only was that
-noise).
+The answer claims a ratio where its interval excludes 1.0: runs that separate completely are a
+measured speed-up, even in a round too noisy to rank its leaders; where the interval includes
+1.0 it says "too noisy to quote a ratio" and what the runs allow (``Reference.said``). Over a
+reference with the answer's own execution settings (the same ``config_key``: only the learning
+differs, the lr say) the ratio is learning's alone (``LEARNING_ALONE``): the two samples/s
+are the same settings' and differ only by noise, so the ratio is taken with that difference
+out (a "1.31x" between two trials at accuracy 1.0 that differed in lr only was that noise).
 """
 
 from __future__ import annotations
@@ -70,24 +70,33 @@ class Reference:
     number: int  # its trial
     median: float  # of its values in the round's own runs (all of them without such runs)
     runs: int  # the values behind that median
-    ratio: float | None  # the answer's over it, claimed; None: no measurable speed-up
-    interval: tuple[float, float] | None = None  # where the ratio may lie, from the spreads
-    why: str | None = None  # why no ratio is claimed, in a few words
+    ratio: float | None  # the answer's over it, claimed; None: too noisy, or why not
+    interval: tuple[float, float] | None = None  # where the ratio may lie, from the runs
+    why: str | None = None  # why no interval bounds a ratio, in a few words
     learning_only: bool = False  # the answer's own execution settings: the ratio is learning's
     infeasible: bool = False  # none of its runs in the round met the study's bar
 
     @property
     def said(self) -> str:
         """The answer over it, as every rendering says it: "2.05x the untuned baseline (1.91x
-        to 2.20x)", or "over the untuned baseline, no measurable speed-up on ..." and why."""
+        to 2.20x)", "over the untuned baseline, too noisy to quote a ratio (the runs' spreads
+        allow 0.88x to 1.17x)", or why no ratio."""
         if self.infeasible:
             return f"over {self.name}, no ratio: none of its runs in the round reached the bar"
-        if self.ratio is None or self.interval is None:
-            return (
-                f"over {self.name}, no measurable speed-up on this machine as it was ({self.why})"
-            )
-        learning = ", from learning alone: the same execution settings" * self.learning_only
-        return f"{self.ratio:.2f}x {self.name} ({_between(*self.interval)}){learning}"
+        if self.interval is None:
+            return f"over {self.name}, no ratio: {self.why}"
+        learning = f"; {LEARNING_ALONE}" * self.learning_only
+        if self.ratio is None:
+            allow = f"the runs' spreads allow {_between(*self.interval)}"
+            return f"over {self.name}, too noisy to quote a ratio ({allow}{learning})"
+        return f"{self.ratio:.2f}x {self.name} ({_between(*self.interval)}{learning})"
+
+
+# what a ratio over a reference with the answer's own execution settings is, as every
+# rendering says it: the two samples/s differ by noise only, so the ratio leaves them out
+LEARNING_ALONE = (
+    "learning alone: the same execution settings, their samples/s difference left out as noise"
+)
 
 
 def _between(low: float, high: float) -> str:
@@ -114,6 +123,8 @@ UNCONFIRMED: dict[str, str] = {
     "unfinished": "the round is unfinished",
     "stale": "trials since have changed the leaders",
     "no_winner": "no configuration was feasible in most of its runs",
+    # the study's answer is confirmed, this trial is not: not one of the leaders it measured
+    "confirmed": "the round ranked only its leaders that met the bar in most of their runs",
 }
 
 
@@ -318,21 +329,16 @@ class Answer:
             return dataclasses.replace(found, why=why, infeasible=True)
         if ratio is None or self.winner is None:
             return dataclasses.replace(found, why="the two were measured under different loads")
-        if self.noisy:
-            return dataclasses.replace(found, why=f"run-to-run spread ±{self.spread or 0:.0%}")
         if same_settings and interval is not None:  # samples/s alike but for noise: out
             ours = self.winner.median_samples_per_second
             theirs = measured.median_samples_per_second
             learning = theirs / ours if ours and theirs else math.nan
             ratio, interval = ratio * learning, (interval[0] * learning, interval[1] * learning)
         if interval is None or math.isnan(ratio):
-            return dataclasses.replace(found, why="no spread to bound the ratio")
+            return dataclasses.replace(found, interval=None, why="no spread to bound the ratio")
         found = dataclasses.replace(found, interval=interval)
-        if interval[0] <= 1.0 <= interval[1]:
-            allow = f"the runs' spreads allow {_between(*interval)}"
-            if same_settings:
-                allow = f"the same execution settings: learning alone, {ratio:.2f}x; {allow}"
-            return dataclasses.replace(found, why=allow)
+        if interval[0] <= 1.0 <= interval[1]:  # the runs overlap the other's: too noisy
+            return found
         return dataclasses.replace(found, ratio=ratio)
 
 
