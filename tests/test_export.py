@@ -1234,3 +1234,28 @@ def test_a_studys_workload_that_cannot_be_used_is_one_line_and_passing_it_mends_
         moved.make_loader(user.sums().train)
     assert "\n" not in str(caught.value)
     assert moved.make_loader(user.sums().train, collate_fn=user.pad).collate_fn is user.pad
+
+
+@pytest.mark.parametrize("others", [0, 1, 64])
+def test_the_api_trainer_trains_on_the_threads_the_trials_rule_chooses(
+    tiny_study, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, others: int
+):
+    """make_trainer sets torch's intra-op threads as a trial chose its own (the cores others
+    leave idle: beside busy processes, torch's default pool trained 20x slower); ``threads``
+    overrides it."""
+    from autotune.machine import interference
+    from tests.test_export_parity import BusyProc
+
+    best = autotune.load_best("tiny", storage=tiny_study[1])
+    cores = interference.usable_cores()
+    before = torch.get_num_threads()
+    try:
+        with monkeypatch.context() as patch:
+            BusyProc(tmp_path / "proc", others).install(patch, interference)
+            torch.set_num_threads(cores + 1)  # neither torch's default nor the rule's
+            best.make_trainer(tiny_mlp(4, (1, 4, 4)), total_steps=1)
+            assert torch.get_num_threads() == max(1, cores - others)
+        best.make_trainer(tiny_mlp(4, (1, 4, 4)), total_steps=1, threads=3)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)

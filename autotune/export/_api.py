@@ -211,10 +211,19 @@ class BestConfig:
         return self.config.replace(device=device)
 
     def make_trainer(
-        self, model: nn.Module, total_steps: int, loss_fn: LossFn | None = None
+        self,
+        model: nn.Module,
+        total_steps: int,
+        loss_fn: LossFn | None = None,
+        threads: int | None = None,
     ) -> Trainer:
         """A Trainer applying precision, compile, channels_last, optimizer, schedule and
         accumulation to ``model``; ``total_steps`` optimizer steps set the schedule's length.
+
+        It sets torch's intra-op threads for the process as the trials chose theirs: the cores
+        other processes leave idle now (``interference.trial_threads``), or ``threads``. A pool
+        larger than the idle cores waits for a busy core at every parallel region: beside
+        other work on a 2-core machine, torch's default of 2 trained 20x slower than 1.
 
         It trains with the study's loss unless ``loss_fn`` is given (yours is imported), and
         ``trainer.train_step(batch)`` takes a batch as your DataLoader gives it.
@@ -225,6 +234,9 @@ class BestConfig:
         process of a group of that size (torchrun, then init_process_group); on CUDA each
         process trains on its own GPU, ``cuda:LOCAL_RANK``, as do its loaders.
         """
+        import torch
+
+        from autotune.machine.interference import trial_threads
         from autotune.training.trainer import Trainer, set_backend_flags
         from autotune.workloads import WorkloadError, runnable_layout, study_loss, study_workload
 
@@ -237,6 +249,7 @@ class BestConfig:
         config = self._here()
         if config.device.startswith("cuda"):
             set_backend_flags(config)
+        torch.set_num_threads(threads or trial_threads())
         return Trainer(model, config, total_steps, loss_fn, layout, spec)
 
 
