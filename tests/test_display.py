@@ -51,6 +51,7 @@ def test_the_plan_puts_each_item_and_the_whole_storage_url_on_a_line(seen, width
     for item in ("study", "storage", "device", "workload", "searching"):
         assert item in starts, lines
     assert "processes" not in starts  # one process per trial: nothing to say
+    assert "relative to this folder" not in _text(console)  # an absolute path: as it is
     distributed = spec.with_overrides(workload={"gpus_per_trial": 2})
     console = _console(width)
     display.print_plan(console, distributed, CPU, study, [])
@@ -963,3 +964,20 @@ def test_the_plan_counts_in_the_singular_where_there_is_one(seen):
     said = " ".join(_text(console).split())
     assert ", 1 epoch per trial" in said, said
     assert " of 1 cell (a micro-batch and a precision each)" in said, said
+
+
+def test_the_plan_says_where_a_relative_sqlite_storage_is(
+    seen, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    """A relative ``sqlite:///studies/autotune.db`` is a new database in each folder a run
+    starts from (``cd elsewhere && autotune run ../proj/space.yaml`` started a new study,
+    silently): the plan says the file it is, from here."""
+    study, _ = seen
+    monkeypatch.chdir(tmp_path)
+    console = _console(80)
+    display.print_plan(
+        console, _spec(study, storage="sqlite:///studies/autotune.db"), CPU, study, []
+    )
+    lines = _text(console).splitlines()
+    assert "storage sqlite:///studies/autotune.db" in lines, lines
+    assert f"  relative to this folder: {tmp_path / 'studies' / 'autotune.db'}" in lines, lines

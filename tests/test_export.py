@@ -29,6 +29,7 @@ from autotune.cli import app
 from autotune.export import (
     BestConfig,
     ExportError,
+    StudyObjective,
     TrialConfirmation,
     best_config,
     load_config,
@@ -39,6 +40,7 @@ from autotune.export import (
 from autotune.export._bundle import call, entry_point, literal
 from autotune.files import write_new_file
 from autotune.knobs import KNOBS
+from autotune.spacefile import ObjectiveSpec
 from autotune.study import TrialRecord, trial_config
 from autotune.testing import (
     blobs,
@@ -607,6 +609,35 @@ def test_a_study_whose_recorded_arguments_or_names_were_edited_is_refused(
 
 def _with(best: BestConfig, config) -> BestConfig:
     return BestConfig.from_dict({**best.to_dict(), "config": config.to_dict()})
+
+
+def test_an_export_says_its_objective_to_be_read_on_its_own(tiny_study, tmp_path: Path):
+    """A time_to_score study's YAML/JSON (and best --json: the same to_dict) says what its value
+    measures: the score function, its direction and the target (an export had ``value:
+    0.1216`` and ``score_name: rmse`` but no target 0.8 nor lower-is-better); one of format 3
+    still loads, without it."""
+    study, _ = tiny_study
+    best = best_config(study, select_trial(study))
+    assert best.objective == StudyObjective(
+        "accuracy_per_second", "maximize", "accuracy", True, min_score=0.5
+    )
+    section = {"metric": "time_to_score", "target_score": 0.8, "score": "tabular:rmse"}
+    goal = ObjectiveSpec(**section, higher_is_better=False)
+    timed = dataclasses.replace(best, objective=StudyObjective.of(goal))
+    for fmt in ("yaml", "json"):
+        path = tmp_path / f"best.{fmt}"
+        write_new_file(path, render(timed, fmt))
+        assert load_config(path) == timed
+    assert yaml.safe_load((tmp_path / "best.yaml").read_text())["objective"] == {
+        "metric": "time_to_rmse",
+        "direction": "minimize",
+        "score": "tabular:rmse",
+        "score_higher_is_better": False,
+        "target_score": 0.8,
+        "min_score": None,
+    }
+    older = {k: v for k, v in best.to_dict().items() if k != "objective"}
+    assert BestConfig.from_dict({**older, "autotune_export": 3}).objective is None
 
 
 def test_a_cuda_graph_mode_accumulates_into_gradients_outside_the_graphs_pool(tiny_study):
@@ -1234,3 +1265,28 @@ def test_a_studys_workload_that_cannot_be_used_is_one_line_and_passing_it_mends_
         moved.make_loader(user.sums().train)
     assert "\n" not in str(caught.value)
     assert moved.make_loader(user.sums().train, collate_fn=user.pad).collate_fn is user.pad
+
+
+@pytest.mark.parametrize("others", [0, 1, 64])
+def test_the_api_trainer_trains_on_the_threads_the_trials_rule_chooses(
+    tiny_study, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, others: int
+):
+    """make_trainer sets torch's intra-op threads as a trial chose its own (the cores others
+    leave idle: beside busy processes, torch's default pool trained 20x slower); ``threads``
+    overrides it."""
+    from autotune.machine import interference
+    from tests.test_export_parity import BusyProc
+
+    best = autotune.load_best("tiny", storage=tiny_study[1])
+    cores = interference.usable_cores()
+    before = torch.get_num_threads()
+    try:
+        with monkeypatch.context() as patch:
+            BusyProc(tmp_path / "proc", others).install(patch, interference)
+            torch.set_num_threads(cores + 1)  # neither torch's default nor the rule's
+            best.make_trainer(tiny_mlp(4, (1, 4, 4)), total_steps=1)
+            assert torch.get_num_threads() == max(1, cores - others)
+        best.make_trainer(tiny_mlp(4, (1, 4, 4)), total_steps=1, threads=3)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)

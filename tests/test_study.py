@@ -1021,3 +1021,24 @@ def test_a_trial_that_an_exception_stops_is_recorded_and_told_as_failed(
     assert trial.state == TrialState.FAIL and trial.user_attrs["fail_kind"] == kind
     assert message in trial.user_attrs["fail_msg"]
     assert finished == ([0] if shown else [])
+
+
+def test_an_effective_batch_stage_one_could_not_run_teaches_the_sampler():
+    """A trial that draws an effective batch stage 1 found no way to train (here: the model
+    raised at batch 64, an ``error``) is refused as an infeasible configuration, PRUNED with a
+    violated constraint as TPE learns from, never a FAIL that TPE ignores and draws again."""
+    from autotune.speed import SpeedChoice, SpeedTable
+    from autotune.study._trial import TrialRunner
+
+    ran = SpeedChoice(32, 1, "fp32", (), (), 100.0, 1.0, 0.0, 0.04, 2, (1,))
+    why = "batch 64: ValueError: my model cannot do batch 64"
+    table = SpeedTable(choices=(ran,), unrunnable=(((64, 1, "fp32", ()), "error", why),))
+    spec = restrict(parse_spec(TINY_SPACE.format(n_trials=4, pruner="none"), "t.yaml"), CPU).spec
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({"effective_batch_size": 64, "precision": "fp32"})
+    runner = TrialRunner(StudyInputs(study, spec, CPU, None), None, table)  # type: ignore[arg-type]
+    state, value = runner.train(study.ask())
+    (trial,) = study.get_trials(deepcopy=False)
+    assert (state, value) == (TrialState.PRUNED, None)
+    assert trial.user_attrs["fail_kind"] == "error" and why in trial.user_attrs["fail_msg"]
+    assert trial.constraints == {"fault": 1.0}

@@ -46,6 +46,10 @@ def print_plan(
     goal = f"{spec.objective.metric_name}, {spec.study.n_trials} trials{resumed}"
     print_item(console, "study", f"{visible(study.study_name)} ({goal})")
     print_item(console, "storage", studies.display_url(spec.study.storage), copy=True)
+    database = studies.sqlite_path(spec.study.storage)
+    if database is not None and not database.is_absolute():  # another folder: another database
+        where = Text(f"  relative to this folder: {database.resolve()}")
+        console.print(where, soft_wrap=True, highlight=False)  # a path to copy: never broken
     device = f"{hardware.device} ({hardware.device_name}, torch {hardware.torch_version})"
     print_item(console, "device", device)
     workload = spec.workload

@@ -17,6 +17,7 @@ from autotune.display import TrialConfirmation, confirmation_text
 from autotune.export._api import (
     BestConfig,
     ExportError,
+    StudyObjective,
     best_config,
     load_best,
     load_config,
@@ -30,6 +31,7 @@ __all__ = [
     "FORMATS",
     "BestConfig",
     "ExportError",
+    "StudyObjective",
     "TrialConfirmation",
     "best_config",
     "confirmation_text",

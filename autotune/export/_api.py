@@ -22,7 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import TrialConfig
 from autotune.display import TrialConfirmation, confirmation_text, fmt
 from autotune.errors import UserError
-from autotune.spacefile import DEFAULT_STORAGE, Spec, SpecError, parse_spec
+from autotune.spacefile import DEFAULT_STORAGE, ObjectiveSpec, Spec, SpecError, parse_spec
 from autotune.study import (
     StudyError,
     StudyRecord,
@@ -43,12 +43,39 @@ if TYPE_CHECKING:  # torch: only the building blocks need it, not reading a stud
 
 
 # 2: metrics hold "score" (named by score_name), not "accuracy"; 3: "value" is the headline (the
-# confirmed median where the round measured the trial), "trial_value" the trial's own
-EXPORT_FORMAT_VERSION = 3
+# confirmed median where the round measured the trial), "trial_value" the trial's own; 4: it
+# says its "objective"
+EXPORT_FORMAT_VERSION = 4
 
 
 class ExportError(UserError):
     """A configuration that cannot be exported as asked (a user error): one line."""
+
+
+@dataclass(frozen=True)
+class StudyObjective:
+    """What the study's value measures, readable without its space file: "time_to_rmse"
+    (minimized) of score ``tabular:rmse`` (lower is better) to ``target_score`` 0.8."""
+
+    metric: str  # the value's name: "accuracy_per_second", "time_to_rmse"
+    direction: str  # the value's: "maximize" (score per second) or "minimize" (time to target)
+    score: str  # the score function: a built-in ("accuracy") or package.module:function
+    score_higher_is_better: bool
+    target_score: float | None = None  # time_to_*: the score a trial must reach
+    min_score: float | None = None  # *_per_second: the least score an answer must reach
+
+    @classmethod
+    def of(cls, objective: ObjectiveSpec) -> StudyObjective:
+        """The space file's objective section, resolved (a built-in score's direction)."""
+        per_second = objective.per_second
+        return cls(
+            metric=objective.metric_name,
+            direction=objective.direction,
+            score=objective.score,
+            score_higher_is_better=objective.score_higher_is_better,
+            target_score=None if per_second else objective.target,
+            min_score=objective.bar if per_second else None,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +101,7 @@ class BestConfig:
     batch_layout: dict[str, Any] | None = None  # the study's BatchLayout.to_record(), if any
     classes_last: bool = False  # the study's model gives its logits' classes last
     workload_dir: str | None = None  # where its module:function entries were found
+    objective: StudyObjective | None = None  # None: an export of format 3 or older
 
     def origin(self, knob: str) -> str:
         """ "searched", "timed in stage 1", "untuned", "checklist" or "" (fixed): see
@@ -124,6 +152,7 @@ class BestConfig:
             if name == "value":
                 plain.update(value=self.headline_value, value_source=self.headline_source)
                 plain["trial_value"] = value
+                plain["objective"] = None  # its place: beside the value it explains
             if name == "reference":  # as exports before the checklist said
                 plain["baseline"] = value == "baseline"
         confirmation = self.confirmation.to_dict() if self.confirmation else {}
@@ -153,6 +182,7 @@ class BestConfig:
             batch_layout=data.get("batch_layout"),
             classes_last=bool(data.get("classes_last", False)),
             workload_dir=data.get("workload_dir"),
+            objective=StudyObjective(**data["objective"]) if data.get("objective") else None,
         )
 
     @functools.cached_property
@@ -211,10 +241,19 @@ class BestConfig:
         return self.config.replace(device=device)
 
     def make_trainer(
-        self, model: nn.Module, total_steps: int, loss_fn: LossFn | None = None
+        self,
+        model: nn.Module,
+        total_steps: int,
+        loss_fn: LossFn | None = None,
+        threads: int | None = None,
     ) -> Trainer:
         """A Trainer applying precision, compile, channels_last, optimizer, schedule and
         accumulation to ``model``; ``total_steps`` optimizer steps set the schedule's length.
+
+        It sets torch's intra-op threads for the process as the trials chose theirs: the cores
+        other processes leave idle now (``interference.trial_threads``), or ``threads``. A pool
+        larger than the idle cores waits for a busy core at every parallel region: beside
+        other work on a 2-core machine, torch's default of 2 trained 20x slower than 1.
 
         It trains with the study's loss unless ``loss_fn`` is given (yours is imported), and
         ``trainer.train_step(batch)`` takes a batch as your DataLoader gives it.
@@ -225,6 +264,9 @@ class BestConfig:
         process of a group of that size (torchrun, then init_process_group); on CUDA each
         process trains on its own GPU, ``cuda:LOCAL_RANK``, as do its loaders.
         """
+        import torch
+
+        from autotune.machine.interference import trial_threads
         from autotune.training.trainer import Trainer, set_backend_flags
         from autotune.workloads import WorkloadError, runnable_layout, study_loss, study_workload
 
@@ -237,6 +279,7 @@ class BestConfig:
         config = self._here()
         if config.device.startswith("cuda"):
             set_backend_flags(config)
+        torch.set_num_threads(threads or trial_threads())
         return Trainer(model, config, total_steps, loss_fn, layout, spec)
 
 
@@ -323,6 +366,7 @@ def best_config(study: optuna.Study, trial: FrozenTrial) -> BestConfig:
         batch_layout=study_record.batch_layout,
         classes_last=bool(study_record.classes_last),
         workload_dir=space_file_dir(study_record),
+        objective=StudyObjective.of(spec.objective) if spec else None,
     )
 
 

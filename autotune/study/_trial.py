@@ -141,11 +141,16 @@ def off_stage_one(result: TrialResult, record: TrialRecord) -> bool:
 
 
 def _fault(
-    trial: optuna.Trial, kind: FaultKind, message: str, traceback_text: str | None = None
+    trial: optuna.Trial,
+    kind: FaultKind,
+    message: str,
+    traceback_text: str | None = None,
+    measured: bool = False,
 ) -> TrialState:
-    """Record a fault on the trial; the state it ends in."""
+    """Record a fault on the trial; the state it ends in. ``measured``: stage 1 found this
+    configuration cannot run, whatever the fault: the sampler learns it as a configuration's."""
     TrialRecord(fail_kind=kind, fail_msg=message, fail_traceback=traceback_text).store(trial)
-    if kind.is_configuration_fault:
+    if measured or kind.is_configuration_fault:
         trial.set_constraint("fault", 1.0)  # the sampler learns from PRUNED + infeasible
         return TrialState.PRUNED
     return TrialState.FAIL
@@ -241,7 +246,7 @@ class TrialRunner:
         try:
             config = self._sample(trial)
         except space.NothingFits as nothing:
-            return _fault(trial, FaultKind(nothing.kind), str(nothing)), None
+            return _fault(trial, FaultKind(nothing.kind), str(nothing), measured=True), None
         TrialRecord(config=config, worker=self.inputs.worker).store(trial)
         self.inputs.observer.trial_started(trial.number, config)
         blocked = self.walls.blocks(config)
