@@ -3,7 +3,7 @@
 Starts ``--busy`` processes that spin on the cores for the whole run (0: a quiet machine), then
 ``--runs`` quickstarts together, each on a storage of its own, and prints for each: its exit
 status, stage 1's seconds against the "at most" its plan line promised, the trials it counted,
-and its answer line (a ratio with its interval, or "no measurable speed-up").
+and its answer line (a ratio with its interval, or "too noisy to quote a ratio").
 
     python benchmarks/busy_machine.py --busy 2 --runs 2
     python benchmarks/busy_machine.py --busy 0 --runs 1
