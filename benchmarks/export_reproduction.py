@@ -2,9 +2,9 @@
 
 In a scratch directory: one fixed configuration (digits_cnn on digits, nothing searched) is
 trained as a trial by ``autotune run`` and then by the script ``autotune export`` wrote, in
-alternation, several times. The steady-state samples/s of each (the trial's measurement; the
-script's median over epochs after its first) are compared as a ratio of medians: 1.00 means the
-script reproduces the trial. The goal is within 10%.
+alternation, several times. The steady-state samples/s of each (both by the trials' rule,
+``clocks.SteadyPace``, which the script pastes) are compared as a ratio of medians: 1.00 means
+the script reproduces the trial. The goal is within 10%.
 
     python benchmarks/export_reproduction.py [--repeats 5] [--batch-size 64] [--device cpu]
 """

@@ -24,7 +24,8 @@ from autotune.machine.hardware import detect
 from autotune.pipeline import make_train_loader
 from autotune.results import Evaluation
 from autotune.spacefile import WorkloadSpec
-from autotune.training.runner import MAX_WARMUP_STEPS, train
+from autotune.training.clocks import MAX_WARMUP_STEPS
+from autotune.training.runner import train
 from autotune.training.timing import synchronize
 from autotune.training.trainer import backend_flags
 from autotune.workloads import Workload, load

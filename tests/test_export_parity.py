@@ -16,6 +16,7 @@ import importlib.util
 import inspect
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +35,8 @@ from autotune.export import best_config, render_script, select_trial
 from autotune.machine import interference
 from autotune.study import load_study
 from autotune.testing import cuda_flags, learning_rates, write_space
+from autotune.training import clocks
+from autotune.training.timing import TrainClock
 from autotune.training.trainer import Trainer, backend_flags
 
 # 148 training samples in micro-batches of 4: one epoch is 37 optimizer steps
@@ -327,6 +330,7 @@ def test_the_scripts_training_loop_matches_the_trainer(
     training = [call for call in recorder.calls if call[0]]
     evaluation = [call for call in recorder.calls if not call[0]]
     assert len(training) == steps * accumulation and evaluation
+    assert not recorder.calls[0][0]  # the process warmed first, as a trial's: in eval mode
 
     # a Trainer of the same configuration, over as many optimizer steps
     trainer_model = Recorder(script.make_model())
@@ -453,3 +457,90 @@ def test_the_script_trains_on_the_threads_the_trials_rule_chooses(
     assert said in capsys.readouterr().out
     assert threads_seen("--threads", "3") == {3}
     assert "with 3 intra-op threads (--threads; the trial trained on" in capsys.readouterr().out
+
+
+# seconds on a fake clock
+WARMUP_STEP = 0.01  # an optimizer step of the warm-up
+FIRST_EPOCH_STEP = 0.001  # a step of the first epoch after it
+LATER_STEP = 0.002  # a step of a later epoch
+EPOCH_START = 0.005  # the training batches' start, every epoch
+OFF_THE_CLOCK = 1.0  # an evaluation, a checkpoint: not training time
+
+
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_the_script_reports_its_steady_speed_by_the_trials_rule(
+    export: Export, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys, epochs: int
+):
+    """The script's clocks and its steady-speed rule are the trials' (``SteadyPace``, pasted),
+    and it feeds them as a trial does: on a fake clock where every step, epoch start,
+    evaluation and checkpoint takes a known time, its steady speed leaves out the first
+    ``warmup_steps`` steps (not its whole first epoch), evaluations and checkpoints, and counts
+    one epoch start per epoch."""
+    script, config = export()
+    text = Path(script.__file__).read_text()
+    for shared in (clocks.SteadyPace, clocks.Epochs, clocks.warmup_steps, TrainClock):
+        assert inspect.getsource(shared) in text, shared.__name__
+    per_epoch = len(script.make_datasets()[0]) // config.batch_size  # micro-batches: steps
+    warmup = min(5, per_epoch // 2)  # runner.make_plan's, for an evaluation every epoch
+    now = [0.0]
+
+    class Costly(nn.Module):
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self.inner, self.steps = inner, 0
+
+        def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+            if self.training:
+                self.steps += 1
+                first = self.steps <= per_epoch
+                now[0] += (
+                    WARMUP_STEP
+                    if self.steps <= warmup
+                    else FIRST_EPOCH_STEP
+                    if first
+                    else LATER_STEP
+                )
+            return self.inner(inputs)
+
+    class Starting:  # the training batches, each epoch's start taking EPOCH_START
+        def __init__(self, loader: object) -> None:
+            self.loader = loader
+
+        def __len__(self) -> int:
+            return len(self.loader)
+
+        def __iter__(self) -> Iterator[object]:
+            now[0] += EPOCH_START
+            return iter(self.loader)
+
+    def off_the_clock(function: Callable) -> Callable:
+        def slow(*args: object) -> object:
+            now[0] += OFF_THE_CLOCK
+            return function(*args)
+
+        return slow
+
+    make_model, make_loaders = script.make_model, script.make_loaders
+
+    def starting_loaders(*args: object) -> tuple[object, ...]:
+        train_loader, *others = make_loaders(*args)
+        return Starting(train_loader), *others
+
+    with monkeypatch.context() as patch:
+        patch.setattr(time, "perf_counter", lambda: now[0])
+        patch.setattr(script, "make_model", lambda: Costly(make_model()))
+        patch.setattr(script, "make_loaders", starting_loaders)
+        patch.setattr(script, "evaluate", off_the_clock(script.evaluate))
+        patch.setattr(script, "save", off_the_clock(script.save))
+        run_dir = str(tmp_path / "run")
+        argv = ["train.py", "--epochs", str(epochs), "--threads", "1", "--run-dir", run_dir]
+        patch.setattr(sys, "argv", argv)
+        script.main()
+    said = re.search(r"steady state ([\d,]+) samples/s", capsys.readouterr().out)
+    # after the warm-up: the rest of epoch 1 and the later epochs, each of those epochs' start
+    steady = epochs * per_epoch - warmup
+    step_seconds = (per_epoch - warmup) * FIRST_EPOCH_STEP + (epochs - 1) * per_epoch * LATER_STEP
+    # one start per epoch, at what a start costs after the first (none seen in a 1-epoch run)
+    starts = steady / per_epoch * (EPOCH_START if epochs > 1 else 0.0)
+    expected = steady * config.batch_size / (step_seconds + starts)
+    assert said is not None and float(said[1].replace(",", "")) == round(expected)

@@ -71,6 +71,8 @@ def render_script(
     # the workload's layout and the bundled code import torch: YAML and JSON need neither
     from autotune import semantics
     from autotune.export._workload import recorded_layout, split_return, workload_code
+    from autotune.training import clocks
+    from autotune.training.timing import TrainClock
     from autotune.workloads import batches, loss_function
 
     spec = study_spec(study)
@@ -89,7 +91,7 @@ def render_script(
         study, spec, config.data_pipeline == "device", rebuild_workload, script_dir
     )
     imports = {
-        *map(Import, ("argparse", "json", "shlex", "statistics", "sys", "time", "torch")),
+        *map(Import, ("argparse", "json", "shlex", "sys", "torch")),
         Import("pathlib", "Path"),
         *workload_imports,
     }
@@ -114,6 +116,11 @@ def render_script(
         interference.own_cores,
         interference.idle_cores,
         interference.process_ticks,
+        # the trials' clocks and their rule for the steady speed
+        TrainClock,
+        clocks.Epochs,
+        clocks.SteadyPace,
+        clocks.warmup_steps,
     ]
     has_scheduler = has_schedule(config)
     if has_scheduler:

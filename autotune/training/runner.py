@@ -27,7 +27,7 @@ from autotune.machine import ranks
 from autotune.machine.hardware import device_name
 from autotune.pipeline import DeviceBatches, make_train_loader, make_val_loader
 from autotune.results import Evaluation, Plan, Reporter, TrialResult
-from autotune.training.clocks import TrialClocks
+from autotune.training.clocks import TrialClocks, warmup_steps
 from autotune.training.context import (
     compile_seconds,
     compiled_graphs,
@@ -41,8 +41,6 @@ from autotune.training.telemetry import flops_per_sample
 from autotune.training.trainer import Trainer, seed_everything
 from autotune.workloads import Workload
 from autotune.workloads.batches import call_model, count_samples
-
-MAX_WARMUP_STEPS = 5  # optimizer steps timed as warm-up (at most half the first evaluation span)
 
 
 def train_loader(config: TrialConfig, workload: Workload) -> DataLoader | DeviceBatches:
@@ -109,7 +107,7 @@ def make_plan(config: TrialConfig, micro_batches_per_epoch: int) -> Plan:
         micro_batches_per_epoch=micro_batches_per_epoch,
         optimizer_steps=optimizer_steps,
         eval_steps=tuple(eval_steps),
-        warmup_steps=min(MAX_WARMUP_STEPS, max(1, eval_steps[0] // 2)),
+        warmup_steps=warmup_steps(eval_steps[0]),
     )
 
 
@@ -149,7 +147,7 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
     reset_peak_memory(trainer.device)
 
     losses = TrainingLosses(config, trainer.device, workload.counts_tokens)
-    clocks = TrialClocks(trainer.device, plan, config.accumulation_steps, loader)
+    clocks = TrialClocks(trainer.device, plan, config, loader)
     probe = clocks.probe
     evaluations: list[Evaluation] = []
     # -- the clock starts: the first epoch's start (DataLoader workers starting, or the data
@@ -236,18 +234,9 @@ def _result(
     when it ended inside it), one-time costs apart."""
     last = evaluations[-1]
     warmup = clocks.warmup_seconds if clocks.warmup_seconds is not None else last.train_seconds
-    steady_steps = last.optimizer_steps - plan.warmup_steps
-    steady_seconds = (
-        clocks.steady_seconds(
-            last.train_seconds, trainer.micro_batches, plan.micro_batches_per_epoch
-        )
-        if steady_steps > 0
-        else 0.0
-    )
-    if steady_seconds > 0:
-        samples_per_second = steady_steps * config.effective_batch_size / steady_seconds
-    else:
-        samples_per_second = last.samples_seen / last.train_seconds
+    samples_per_second = clocks.pace.samples_per_second(
+        last.train_seconds, trainer.micro_batches
+    ) or (last.samples_seen / last.train_seconds)
     new_graphs = compiles.graphs()
     tokens = losses.tokens
     trained = trainer.micro_batches * config.batch_size
