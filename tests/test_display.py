@@ -284,7 +284,7 @@ def test_the_commands_to_copy_are_whole_lines(seen, width):
     study, url = seen
     spec = _spec(study, storage=url)
     console = _console(width)
-    outcome = studies.RunOutcome(study_name=study.study_name, states={"COMPLETE": 5})
+    outcome = studies.RunOutcome(study_name=study.study_name, states={"complete": 5})
     display.print_summary(console, study, spec, outcome)
     lines = [line.strip() for line in _text(console).splitlines()]
     shown = studies.display_url(url)
@@ -394,9 +394,10 @@ def test_studies_fits_80_columns_with_whole_headers(seen, invoke_cli, tmp_path: 
     )
 
 
-def test_studies_counts_an_interrupted_trial_as_interrupted(seen, invoke_cli, tmp_path: Path):
+def test_an_interrupted_trial_is_counted_as_interrupted(seen, invoke_cli, tmp_path: Path):
     """A trial stopped by Ctrl-C is stored as FAIL with its interruption recorded: a new user's
-    ``studies`` counted it under "failed", which reads as a fault of its configuration."""
+    ``studies`` counted it under "failed" (the run's summary and the report as "fail"), which
+    reads as a fault of its configuration."""
     study, url = seen
     copy = f"sqlite:///{tmp_path / 'copy.db'}"
     optuna.copy_study(from_study_name=study.study_name, from_storage=url, to_storage=copy)
@@ -416,6 +417,13 @@ def test_studies_counts_an_interrupted_trial_as_interrupted(seen, invoke_cli, tm
     row = next(line for line in lines if line.split()[:1] == [study.study_name])
     assert row.split()[3:5] == [str(failed), "2"]
     assert all(len(line) <= 80 for line in lines[lines.index(header) :]), lines
+    # the run's summary and the report count them alike
+    outcome = studies.RunOutcome(study_name=study.study_name)
+    studies.count_states(copied, outcome)
+    console = _console(200)
+    display.print_summary(console, copied, _spec(copied), outcome)
+    counts = f"{failed} failed, 2 interrupted."
+    assert counts in _text(console) and counts[:-1] in report.render_html(copied, copy)
 
 
 def _round(values: dict[int, tuple[float, ...]]):
@@ -739,7 +747,7 @@ def test_an_answer_at_the_largest_batch_still_speeding_up_names_the_next_batch(s
                 _speed(batch, speed_at_batch, precision),
             )
         )
-        outcome = studies.RunOutcome(study.study_name, states={"COMPLETE": 5}, speed_table=table)
+        outcome = studies.RunOutcome(study.study_name, states={"complete": 5}, speed_table=table)
         console = _console(200)
         display.print_summary(console, study, spec, outcome)
         return " ".join(_text(console).split())

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -299,24 +298,10 @@ def dashboard(
 
 SPEED_ROW = "└ stage 1"  # a study's speed study (NAME.speed), in the row under it
 
-# trials counted per study, by how they ended (see _ended)
+# trials counted per study, by how they ended (study.count_endings)
 _COUNTED = ("complete", "pruned", "failed", "interrupted", "running")
 # shown only where a study has such a trial: the table fits 80 columns
 _WHERE_ANY = ("interrupted", "running")
-
-
-def _ended(trial: FrozenTrial) -> str:
-    """How ``trial`` ended, as ``studies`` counts it: its state's name, but a FAIL stored as
-    interrupted (Ctrl-C, SIGTERM, a lost process: nothing of its configuration) is not failed."""
-    from optuna.trial import TrialState
-
-    from autotune.faults import FaultKind
-    from autotune.study import TrialRecord
-
-    if trial.state != TrialState.FAIL:
-        return trial.state.name.lower()
-    interrupted = TrialRecord.of(trial).fail_kind == FaultKind.INTERRUPTED
-    return "interrupted" if interrupted else "failed"
 
 
 @app.command("studies", cls=Command)
@@ -339,7 +324,7 @@ def list_studies(
     rows: list[dict[str, Any]] = []
     for summary in sorted(summaries, key=lambda s: s.study_name):
         study = optuna.load_study(study_name=summary.study_name, storage=backend)
-        count = Counter(map(_ended, study.get_trials(deepcopy=False)))
+        count = studies.count_endings(study.get_trials(deepcopy=False))
         answer = studies.answer_of(study)
         top = answer.trial if answer is not None else None
         rows.append(
@@ -347,7 +332,7 @@ def list_studies(
                 "study": summary.study_name,
                 "metric": studies.StudyRecord.of(study).metric
                 or next(iter(study.metric_names or []), None),
-                **{column: count[column] for column in _COUNTED},
+                **{column: count.get(column, 0) for column in _COUNTED},
                 # the round's median where it confirmed the answer, else its one trial's
                 "best_value": answer.headline[0] if answer is not None else None,
                 "best_source": answer.headline[1] if answer is not None else None,

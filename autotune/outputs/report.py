@@ -8,7 +8,6 @@ import datetime
 import html
 import re
 import statistics
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +55,7 @@ from autotune.study import (
     TrialRecord,
     answer_of,
     baseline_trial,
+    count_endings,
 )
 
 
@@ -292,7 +292,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         study=study.study_name,
         metric=metric,
         score_name=score_name,
-        states=Counter(t.state.name for t in study.get_trials(deepcopy=False)),
+        states=count_endings(study.get_trials(deepcopy=False)),
         answer=answer,
         spread=answer.spread if answer is not None else None,
         baseline=baseline,

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         COUNTED_STATES,
         baseline_trial,
         best_trial,
+        count_endings,
         counted_trials,
         feasible_trials,
         is_feasible,
@@ -81,8 +82,8 @@ _LAZY = {  # module (under autotune) -> its names
     "stage1._take": "StageInputs",
     "storage._liveness": "recover_stale_trials study_lock",
     "storage._outage": "OutageRetry StorageOutage without_retry",
-    "storage._queries": "COUNTED_STATES baseline_trial best_trial counted_trials feasible_trials"
-    " is_feasible knob_origin reference_trial trial_config trial_knob_origin",
+    "storage._queries": "COUNTED_STATES baseline_trial best_trial count_endings counted_trials"
+    " feasible_trials is_feasible knob_origin reference_trial trial_config trial_knob_origin",
     "storage._rdb": "StudyError display_url open_storage password_note sqlite_path"
     " storage_problem",
     "storage._records": "METRIC_FIELDS REFERENCE_NAMES ConfirmationRecord ConfirmRun StudyRecord"
