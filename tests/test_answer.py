@@ -456,7 +456,7 @@ def _renderings(study: optuna.Study) -> dict[str, str]:
     spec = export.study_spec(study)
     assert spec is not None
     console = Console(file=io.StringIO(), width=200, emoji=False)
-    outcome = RunOutcome(study_name="seen", states={"COMPLETE": 5})
+    outcome = RunOutcome(study_name="seen", states={"complete": 5})
     display.print_summary(console, study, spec, outcome, confirmation=True)
     best = export.best_config(study, export.select_trial(study))
     page = report.render_html(study, "sqlite:///x.db")

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import optuna
 import pytest
+from optuna.trial import TrialState
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
 from autotune import display, export
 from autotune import study as studies
+from autotune.faults import FaultKind
 from autotune.outputs import report
 from autotune.spacefile import Choice, Spec
 from autotune.speed import SpeedChoice, SpeedTable
@@ -283,7 +285,7 @@ def test_the_commands_to_copy_are_whole_lines(seen, width):
     study, url = seen
     spec = _spec(study, storage=url)
     console = _console(width)
-    outcome = studies.RunOutcome(study_name=study.study_name, states={"COMPLETE": 5})
+    outcome = studies.RunOutcome(study_name=study.study_name, states={"complete": 5})
     display.print_summary(console, study, spec, outcome)
     lines = [line.strip() for line in _text(console).splitlines()]
     shown = studies.display_url(url)
@@ -368,7 +370,7 @@ def test_studies_fits_80_columns_with_whole_headers(seen, invoke_cli, tmp_path: 
     assert listed.returncode == 0, listed.stderr
     assert "…" not in listed.stdout
     header = next(line for line in listed.stdout.splitlines() if "study" in line.split())
-    assert header.split() == ["study", "complete", "pruned", "failed", "running", "best", "trial"]
+    assert header.split() == ["study", "complete", "pruned", "failed", "best", "trial"]
     # a URL too long for the header line gets a line of its own (indented), never broken
     shown = [line.strip() for line in listed.stdout.splitlines()]
     assert url in shown or f"Studies in {url}" in listed.stdout
@@ -391,6 +393,38 @@ def test_studies_fits_80_columns_with_whole_headers(seen, invoke_cli, tmp_path: 
     assert answer is not None and [entry["best_value"], entry["best_source"]] == list(
         answer.headline
     )
+
+
+def test_an_interrupted_trial_is_counted_as_interrupted(seen, invoke_cli, tmp_path: Path):
+    """A trial stopped by Ctrl-C is stored as FAIL with its interruption recorded: a new user's
+    ``studies`` counted it under "failed" (the run's summary and the report as "fail"), which
+    reads as a fault of its configuration."""
+    study, url = seen
+    copy = f"sqlite:///{tmp_path / 'copy.db'}"
+    optuna.copy_study(from_study_name=study.study_name, from_storage=url, to_storage=copy)
+    copied = optuna.load_study(study_name=study.study_name, storage=copy)
+    for kind in ("interrupted", "interrupted", "error"):
+        stopped = studies.TrialRecord(fail_kind=FaultKind(kind), fail_msg="stopped")
+        copied.add_trial(optuna.create_trial(state=TrialState.FAIL, user_attrs=stopped.to_attrs()))
+    as_json = invoke_cli("studies", "--storage", copy, "--json", cwd=tmp_path)
+    (entry,) = [e for e in json.loads(as_json.stdout) if e["study"] == study.study_name]
+    failed = sum(t.state == TrialState.FAIL for t in study.get_trials()) + 1  # the error
+    assert (entry["failed"], entry["interrupted"], entry["running"]) == (failed, 2, 0)
+    listed = invoke_cli("studies", "--storage", copy, cwd=tmp_path, columns=80)
+    lines = listed.stdout.splitlines()
+    header = next(line for line in lines if "study" in line.split())
+    columns = ("study", "complete", "pruned", "failed", "interrupted", "best", "trial")
+    assert tuple(header.split()) == columns
+    row = next(line for line in lines if line.split()[:1] == [study.study_name])
+    assert row.split()[3:5] == [str(failed), "2"]
+    assert all(len(line) <= 80 for line in lines[lines.index(header) :]), lines
+    # the run's summary and the report count them alike
+    outcome = studies.RunOutcome(study_name=study.study_name)
+    studies.count_states(copied, outcome)
+    console = _console(200)
+    display.print_summary(console, copied, _spec(copied), outcome)
+    counts = f"{failed} failed, 2 interrupted."
+    assert counts in _text(console) and counts[:-1] in report.render_html(copied, copy)
 
 
 def _round(values: dict[int, tuple[float, ...]]):
@@ -473,10 +507,9 @@ def test_stage_one_names_its_speed_study_only_for_what_it_holds(seen, timed, reu
     observer.speed_finished(table, 3.0)
     said = " ".join(_text(console).split())
     left_out = "3 not tried (2 with a pipeline far behind, 1 past the budget)"
-    assert (
-        f"{reused} reused (timed by earlier runs or other processes), {left_out}, in 3 s{where}. "
-        in said
-    )
+    # the reused part only where any was: "0 reused (timed by earlier runs ...)" read as news
+    earlier = f", {reused} reused (timed by earlier runs or other processes)" if reused else ""
+    assert f" timed{earlier}, {left_out}, in 3 s{where}. " in said, said
     assert "in study" not in said.replace(where, "")
 
 
@@ -715,7 +748,7 @@ def test_an_answer_at_the_largest_batch_still_speeding_up_names_the_next_batch(s
                 _speed(batch, speed_at_batch, precision),
             )
         )
-        outcome = studies.RunOutcome(study.study_name, states={"COMPLETE": 5}, speed_table=table)
+        outcome = studies.RunOutcome(study.study_name, states={"complete": 5}, speed_table=table)
         console = _console(200)
         display.print_summary(console, study, spec, outcome)
         return " ".join(_text(console).split())

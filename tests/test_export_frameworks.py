@@ -130,17 +130,24 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 @pytest.mark.parametrize("fmt", ["lightning", "hf"])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_files_parse_lint_clean_and_import_no_autotune(best, tmp_path: Path, fmt, variant):
+def test_files_parse_and_import_no_autotune(best, fmt, variant):
     text = render(changed(best, **VARIANTS[variant]), fmt)
-    path = tmp_path / f"{fmt}_settings.py"
-    path.write_text(text)
-    compile(text, str(path), "exec")
-    assert lint(path).returncode == 0, lint(path).stdout
+    compile(text, f"{fmt}_settings.py", "exec")
     framework = "lightning" if fmt == "lightning" else "transformers"
     assert "autotune" not in imported_modules(text)
     assert framework in imported_modules(text)
     assert provenance(text)["study"] == "frameworks"
     assert provenance(text)["trial"] == best.trial
+
+
+def test_every_variant_is_lint_and_format_clean(best, tmp_path: Path):
+    """``ruff check`` and ``ruff format --check`` with this project's configuration, as the
+    exported script is held: the files are pasted into users' code."""
+    for fmt in ("lightning", "hf"):
+        for variant, changes in VARIANTS.items():
+            (tmp_path / f"{fmt}_{variant}.py").write_text(render(changed(best, **changes), fmt))
+    linted = lint(tmp_path, formatted=True)
+    assert linted.returncode == 0, linted.stdout + linted.stderr
 
 
 @pytest.mark.parametrize(

@@ -353,10 +353,10 @@ def test_a_runs_trials_are_counted_in_the_study_every_worker_included(
 
     before = time.time()
     study, _, outcome, _ = prepare_study(tiny_spec(n_trials=3), tmp_path)
-    elsewhere = RunOutcome(study.study_name, trials_run=1, states={"RUNNING": 1})  # one worker
+    elsewhere = RunOutcome(study.study_name, trials_run=1, states={"running": 1})  # one worker
     count_states(study, elsewhere, before)
     assert elsewhere.trials_run == 3 == outcome.trials_run
-    assert elsewhere.states == outcome.states and "RUNNING" not in elsewhere.states
+    assert elsewhere.states == outcome.states and "running" not in elsewhere.states
     count_states(study, elsewhere, time.time())
     assert elsewhere.trials_run == 0  # none started since
 

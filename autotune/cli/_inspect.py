@@ -298,8 +298,10 @@ def dashboard(
 
 SPEED_ROW = "└ stage 1"  # a study's speed study (NAME.speed), in the row under it
 
-# trials counted per study, by state (the names TrialState gives them, but "failed")
-_COUNTED = {"complete": "COMPLETE", "pruned": "PRUNED", "failed": "FAIL", "running": "RUNNING"}
+# trials counted per study, by how they ended (study.count_endings)
+_COUNTED = ("complete", "pruned", "failed", "interrupted", "running")
+# shown only where a study has such a trial: the table fits 80 columns
+_WHERE_ANY = ("interrupted", "running")
 
 
 @app.command("studies", cls=Command)
@@ -309,7 +311,6 @@ def list_studies(
 ) -> None:
     """List the studies in a storage: trial counts and best values."""
     import optuna
-    from optuna.trial import TrialState
     from rich import box
     from rich.table import Table
 
@@ -323,8 +324,7 @@ def list_studies(
     rows: list[dict[str, Any]] = []
     for summary in sorted(summaries, key=lambda s: s.study_name):
         study = optuna.load_study(study_name=summary.study_name, storage=backend)
-        trials = study.get_trials(deepcopy=False)
-        count = {state: sum(1 for t in trials if t.state == state) for state in TrialState}
+        count = studies.count_endings(study.get_trials(deepcopy=False))
         answer = studies.answer_of(study)
         top = answer.trial if answer is not None else None
         rows.append(
@@ -332,7 +332,7 @@ def list_studies(
                 "study": summary.study_name,
                 "metric": studies.StudyRecord.of(study).metric
                 or next(iter(study.metric_names or []), None),
-                **{column: count[TrialState[state]] for column, state in _COUNTED.items()},
+                **{column: count.get(column, 0) for column in _COUNTED},
                 # the round's median where it confirmed the answer, else its one trial's
                 "best_value": answer.headline[0] if answer is not None else None,
                 "best_source": answer.headline[1] if answer is not None else None,
@@ -356,7 +356,8 @@ def list_studies(
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     longest = max(map(len, labels), default=5)
     table.add_column("study", overflow="fold", min_width=min(32, longest))
-    for column in _COUNTED:
+    counted = [c for c in _COUNTED if c not in _WHERE_ANY or any(row[c] for row in rows)]
+    for column in counted:
         table.add_column(column, justify="right", no_wrap=True)
     table.add_column("best", justify="right", no_wrap=True)
     table.add_column("trial", justify="right", no_wrap=True)
@@ -365,11 +366,10 @@ def list_studies(
         unit = display.metric_unit(metric) or metric
         table.add_row(
             Text(label),
-            *(str(row[state]) for state in _COUNTED),
+            *(str(row[column]) for column in counted),
             Text(f"{display.fmt(row['best_value'])} {unit}"),
             str(row["best_trial"]) if row["best_trial"] is not None else "-",
         )
-    if SPEED_ROW in labels:
-        table.caption = f"{SPEED_ROW}: the speed measurements of the study above (its NAME.speed)"
-        table.caption_justify = "left"
     console.print(table)
+    if SPEED_ROW in labels:
+        console.print(f"{SPEED_ROW}: the speed measurements of the study above (its NAME.speed)")

@@ -314,8 +314,7 @@ def print_summary(
     lost = sum(studies.TrialRecord.of(t).fail_kind == "cannot_win" for t in pruned)
     said = f" ({lost} of them could not win)" if lost else ""
     counts = ", ".join(
-        f"{n} {state.lower()}{said if state == 'PRUNED' else ''}"
-        for state, n in outcome.states.items()
+        f"{n} {ending}{said if ending == 'pruned' else ''}" for ending, n in outcome.states.items()
     )
     console.print(f"{outcome.trials_run} trials this run; the study has {counts or 'none'}.")
     if (stuck := _one_score_everywhere(study, spec)) is not None:

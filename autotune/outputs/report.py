@@ -8,7 +8,6 @@ import datetime
 import html
 import re
 import statistics
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +58,7 @@ from autotune.study import (
     StudyRecord,
     TrialRecord,
     answer_of,
+    count_endings,
     reference_trial,
 )
 
@@ -303,7 +303,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         metric=metric,
         value_ratio=value_ratio_name(study, metric) if answer is not None else metric,
         score_name=score_name,
-        states=Counter(t.state.name for t in study.get_trials(deepcopy=False)),
+        states=count_endings(study.get_trials(deepcopy=False)),
         answer=answer,
         spread=answer.spread if answer is not None else None,
         baseline=baseline,

@@ -4,16 +4,38 @@ each of its knobs got its value. Read through the records of ``_records``."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import TrialConfig
+from autotune.faults import FaultKind
 from autotune.storage._records import TrialRecord
 
 # Trials that count towards ``n_trials``: those that told the sampler something.
 COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED)
+# how a trial ended (``ended``), in the order counts of a study's trials say them
+ENDINGS = ("complete", "pruned", "failed", "interrupted", "running", "waiting")
+
+
+def ended(trial: FrozenTrial) -> str:
+    """How ``trial`` ended, one of ``ENDINGS``: its state's name, but a FAIL is "failed", or
+    "interrupted" where it was stored as interrupted (Ctrl-C, SIGTERM, a lost process: nothing
+    of its configuration)."""
+    if trial.state != TrialState.FAIL:
+        return trial.state.name.lower()
+    interrupted = TrialRecord.of(trial).fail_kind == FaultKind.INTERRUPTED
+    return "interrupted" if interrupted else "failed"
+
+
+def count_endings(trials: Iterable[FrozenTrial]) -> dict[str, int]:
+    """``trials`` counted by how they ended (``ended``), in the order of ``ENDINGS``; an ending
+    no trial had is left out."""
+    count = Counter(map(ended, trials))
+    return {ending: count[ending] for ending in ENDINGS if count[ending]}
 
 
 def is_feasible(trial: FrozenTrial) -> bool:

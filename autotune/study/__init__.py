@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from autotune.storage._queries import (
         COUNTED_STATES,
         best_trial,
+        count_endings,
         counted_trials,
         feasible_trials,
         is_feasible,
@@ -80,8 +81,8 @@ _LAZY = {  # module (under autotune) -> its names
     "stage1._take": "StageInputs",
     "storage._liveness": "recover_stale_trials study_lock",
     "storage._outage": "OutageRetry StorageOutage without_retry",
-    "storage._queries": "COUNTED_STATES best_trial counted_trials feasible_trials is_feasible"
-    " knob_origin reference_trial trial_config",
+    "storage._queries": "COUNTED_STATES best_trial count_endings counted_trials feasible_trials"
+    " is_feasible knob_origin reference_trial trial_config",
     "storage._rdb": "StudyError display_url open_storage password_note sqlite_path"
     " storage_problem",
     "storage._records": "METRIC_FIELDS REFERENCE_NAMES ConfirmationRecord ConfirmRun StudyRecord"

@@ -22,7 +22,7 @@ from autotune.stage1._probe import resolve_batch_sizes
 from autotune.stage1._stage import run_speed_stage
 from autotune.stage1._take import StageInputs, StudyParts
 from autotune.storage._liveness import recover_stale_trials, study_lock
-from autotune.storage._queries import COUNTED_STATES, counted_trials
+from autotune.storage._queries import COUNTED_STATES, count_endings, counted_trials
 from autotune.storage._records import REFERENCES, TrialRecord
 from autotune.storage._walls import MemoryWalls
 from autotune.study._open import queue_reference
@@ -48,7 +48,7 @@ class RunOutcome:
     # "stage 1" (the failed trials of the NAME.speed study)
     repeated_in: str = "trials"
     failed_out: bool = False  # as many trials failed in this run as the study wants: it gave up
-    states: dict[str, int] = field(default_factory=dict)
+    states: dict[str, int] = field(default_factory=dict)  # trials by how they ended (ENDINGS)
     speed_table: SpeedTable | None = None  # two-stage studies: stage 1's answer
     stage_failed: str | None = None  # stage 1 could run no setting at all: why
     taken_over: int = 0  # trials another process failed as stale while this one trained them
@@ -243,15 +243,12 @@ def _trials(trial_runner: TrialRunner, deadline: float | None, outcome: RunOutco
 
 
 def count_states(study: optuna.Study, outcome: RunOutcome, since: float | None = None) -> None:
-    """``outcome.states``: the study's trials by state, as they are now. ``since`` (a
-    ``time.time()``): also ``outcome.trials_run``, every process's trials that started since
-    then and have ended (``--workers``: those of the workers this run started too)."""
+    """``outcome.states``: the study's trials by how they ended (``ENDINGS``), as they are now.
+    ``since`` (a ``time.time()``): also ``outcome.trials_run``, every process's trials that
+    started since then and have ended (``--workers``: those of the workers this run started
+    too)."""
     trials = study.get_trials(deepcopy=False)
-    outcome.states = {
-        state.name: count
-        for state in TrialState
-        if (count := sum(1 for t in trials if t.state == state))
-    }
+    outcome.states = count_endings(trials)
     if since is not None:
         began = datetime.datetime.fromtimestamp(since)
         starts = [t.datetime_start for t in trials if t.datetime_complete is not None]

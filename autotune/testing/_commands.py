@@ -148,11 +148,15 @@ def provenance(source: str) -> dict[str, object]:
     raise AssertionError("the file has no PROVENANCE")
 
 
-def lint(path: Path) -> subprocess.CompletedProcess[str]:
-    """``ruff check`` of ``path`` with this project's configuration (pyproject.toml)."""
+def lint(path: Path, *, formatted: bool = False) -> subprocess.CompletedProcess[str]:
+    """``ruff check`` of ``path`` (a file or a folder) with this project's configuration
+    (pyproject.toml); with ``formatted``, then ``ruff format --check`` of it (its diff in
+    stdout)."""
     config = Path(__file__).parents[2] / "pyproject.toml"  # the repository's
+    ruff, options = [sys.executable, "-m", "ruff"], ["--no-cache", "--config", str(config)]
+    checked = subprocess.run([*ruff, "check", *options, str(path)], capture_output=True, text=True)
+    if checked.returncode or not formatted:
+        return checked
     return subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "--no-cache", "--config", str(config), str(path)],
-        capture_output=True,
-        text=True,
+        [*ruff, "format", "--check", "--diff", *options, str(path)], capture_output=True, text=True
     )
