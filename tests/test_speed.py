@@ -896,7 +896,8 @@ def test_the_command_runs_two_stages_and_says_which_knobs_came_from_where(tmp_pa
     out = first.stdout
     assert "timing" in out and "(stage 1: speed)" in out and "(stage 2: learning)" in out
     assert "Stage 1: the fastest settings per micro-batch" in out
-    assert re.search(r"stage 1: 4 settings timed( \(\d leaders? again\))?, 0 reused", out)
+    more = r"( \(\d more measurements? of the leaders\))?"
+    assert re.search(r"stage 1: 4 settings timed" + more + ", in", out)
     best = command("best", "--study", "two", cwd=tmp_path)
     assert best.exit_code == 0, best.stderr
     lines = {line.split()[0]: line for line in best.stdout.splitlines() if line.strip()}
@@ -953,7 +954,8 @@ def test_ctrl_c_in_stage_one_keeps_its_measurements_for_the_next_run(tmp_path: P
     again = command("run", str(space), cwd=tmp_path)  # no signal now: in this process
     assert again.exit_code == 0, again.stderr
     shown = " ".join(again.stdout.split())
-    assert re.search(r"stage 1: 1 setting timed( \(\d leaders? again\))?, 1 reused", shown)
+    more = r"( \(\d more measurements? of the leaders\))?"
+    assert re.search(r"stage 1: 1 setting timed" + more + ", 1 reused", shown)
 
 
 def test_the_speed_stage_times_the_ddp_settings_the_space_file_offers():
@@ -1676,7 +1678,8 @@ def test_two_runs_started_together_time_each_setting_once_and_finish_the_study(t
     timed = 0
     for out, _ in outputs:
         said = re.search(
-            r"(\d+) settings? timed( \((\d+) leaders? again\))?", " ".join(out.split())
+            r"(\d+) settings? timed( \((\d+) more measurements? of the leaders\))?",
+            " ".join(out.split()),
         )
         if said is not None:
             timed += int(said.group(1)) + int(said.group(3) or 0)

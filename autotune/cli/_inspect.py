@@ -62,7 +62,8 @@ def best(
     console.print(
         f"[bold]{escape(display.visible(study_name))}[/]: trial {result.trial}, "
         f"{escape(result.metric)} "
-        f"[bold green]{display.fmt(result.headline_value)}[/] {unit} ({result.headline_source})"
+        f"[bold green]{escape(display.value_text(result.headline_value, unit, result.feasible))}"
+        f"[/] ({result.headline_source})"
     )
     if not result.feasible:
         console.print(f"[yellow]warning:[/] {escape(_infeasible(chosen))}")

@@ -19,6 +19,7 @@ from autotune import study as studies
 from autotune.config import TrialConfig
 from autotune.display._tables import measured_flags, print_speed_table
 from autotune.display._text import (
+    TO_TARGET,
     fmt,
     metric_unit,
     params,
@@ -28,6 +29,7 @@ from autotune.display._text import (
     si,
     storage_back,
     storage_waiting,
+    value_text,
     visible,
 )
 from autotune.machine.scaleout import Workers
@@ -102,7 +104,8 @@ class LiveObserver(studies.StudyObserver):
         skipped = (
             f", {self.speed['skipped']} not tried ({reasons})" if self.speed["skipped"] else ""
         )
-        again = f" ({plural(self.speed['again'], 'leader')} again)" if self.speed["again"] else ""
+        leaders = self.speed["again"]  # measurements of round 2 and later: of the leaders
+        again = f" ({plural(leaders, 'more measurement')} of the leaders)" if leaders else ""
         # what was reused may be another study's (the cache is per hardware, model and data)
         timed, reused = self.speed["timed"], self.speed["reused"]
         kept = f"; {'those timed' if reused else 'all'} in study {name}" if timed else ""
@@ -217,7 +220,7 @@ class LiveObserver(studies.StudyObserver):
                 f"{fmt(trial.value):>9} {self.unit}", style="bold green" if feasible else "yellow"
             )
         else:  # its value is a penalty, not a time to the target
-            line.append(f"{'target not reached':>21}", style="yellow")
+            line.append(f"{value_text(None, TO_TARGET, reached=False):>21}", style="yellow")
         line.append(
             f"  {score_text(self.spec.objective, record.score)}  "
             f"{record.charged_seconds or 0:.2f} s"
@@ -287,7 +290,7 @@ def confirmation_progress(console: Console, spec: Spec) -> Callable[[ConfirmRun,
         if run.value is None:
             line.append(f"{run.fault}", style="red")
         elif not run.feasible and not spec.objective.per_second:  # its value is time spent
-            line.append(f"target not reached in {fmt(run.value)} s", style="yellow")
+            line.append(value_text(run.value, TO_TARGET, reached=False), style="yellow")
             line.append(f"  best {score_text(spec.objective, run.score)}")
         else:
             line.append(
