@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import builtins
 import contextlib
 import dataclasses
 import io
@@ -198,7 +199,7 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
 
     # a second run in the same folder is refused: nothing of the first is overwritten
     again = script_here(script, "--epochs", "1")
-    assert again.returncode == 2 and "run holds a run already: --resume" in again.stderr
+    assert again.returncode == 2 and "run/ holds an earlier run: --resume" in again.stderr
     assert torch.load(run / "checkpoint.pt")["epoch"] == 1
 
     # continued, with more epochs: the schedule keeps the length the run started with
@@ -294,6 +295,54 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
         assert refused.stderr.splitlines()[-1].startswith(f"train.py: error: {said}"), (
             refused.stderr
         )
+
+
+def test_a_used_run_dir_and_a_ctrl_c_while_torch_loads_are_one_line(
+    tiny_study, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A used --run-dir is refused by its option's name (it said 'run holds a run already'); a
+    Ctrl-C in the script's first seconds, while torch loads, is one line and exit 130, as it is
+    later (it was Python's traceback, and death by SIGINT)."""
+    study, _ = tiny_study
+    script = tmp_path / "train.py"
+    write_new_file(script, render_script(study, best_config(study, select_trial(study))))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "checkpoint.pt").write_bytes(b"")
+    used = script_here(script, "--epochs", "2")
+    assert used.returncode == 2 and used.stderr.splitlines()[-1] == (
+        "train.py: error: --run-dir run/ holds an earlier run: --resume continues it, --force "
+        "starts over (replacing it), or choose another --run-dir"
+    )
+    importing = builtins.__import__
+
+    def interrupted(name: str, *args: object, **kwargs: object) -> object:
+        if name == "torch":
+            raise KeyboardInterrupt
+        return importing(name, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(builtins, "__import__", interrupted)
+        early = script_here(script, "--epochs", "2")
+    assert (early.returncode, early.stderr) == (
+        130,
+        f"interrupted while loading torch: python {script} --epochs 2 starts it again\n",
+    )
+
+
+def test_the_script_compares_its_speed_with_the_confirmed_median_else_the_trials(tiny_study):
+    """The trial's own samples/s is the one measurement the search picked for being fast: it
+    reads high. The script's done line quotes the confirmation round's median where the round
+    timed the trial, and says which figure it is."""
+    study, _ = tiny_study
+    best = best_config(study, select_trial(study))
+    confirmed = TrialConfirmation(median=1.0, runs=3, median_samples_per_second=1234.56)
+    for confirmation, (speed, source) in [
+        (confirmed, (1234.6, f"the median of trial {best.trial}'s 3 confirmation runs")),
+        (None, (round(best.metrics["samples_per_second"], 1), f"trial {best.trial}")),
+    ]:
+        text = render_script(study, dataclasses.replace(best, confirmation=confirmation))
+        assert f"TRIAL_SAMPLES_PER_SECOND = {literal(speed)}  # steady state\n" in text
+        assert f"TRIAL_SPEED_SOURCE = {literal(source)}\n" in text
 
 
 VARIANTS = {
@@ -1164,9 +1213,35 @@ def test_the_exported_script_travels_and_reproduces_its_trials_curve_to_the_bit(
     assert (lost.returncode, lost.stderr.strip()) == (
         1,
         f"error: the workload's module 'api_regression' is neither beside this script nor in "
-        f"{folder / 'gone'}, where the study found it: copy it here, or put its folder on "
-        f"PYTHONPATH",
+        f"{folder / 'gone'}, where the study found it: copy api_regression.py (or its package "
+        f"folder) into {script.parent}",
     )
+
+
+def test_a_workload_module_found_nowhere_is_one_line_whose_advice_works_under_python_i(
+    regression_study, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The script's one line for a module it finds nowhere says what works under ``python -I``
+    (as the README runs it), where PYTHONPATH, which it used to suggest, is ignored: copying
+    the module beside the script. Run as -I runs it: its folder not on sys.path."""
+    study, _ = regression_study
+    user = sys.modules["api_regression"]  # the study's module, imported as the study ran
+    found = Path(user.__file__).parent
+    script = tmp_path / "elsewhere" / "train.py"
+    script.parent.mkdir()
+    text = render_script(study, best_config(study, select_trial(study)))
+    write_new_file(script, text.replace(literal(str(found)), literal(str(tmp_path / "gone"))))
+    monkeypatch.delitem(sys.modules, "api_regression")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != found])
+    with pytest.raises(SystemExit) as lost:
+        runpy.run_path(str(script))  # not __main__: finds its modules, trains nothing
+    assert str(lost.value.code).endswith(
+        f"where the study found it: copy api_regression.py (or its package folder) into "
+        f"{script.parent}"
+    )
+    (script.parent / "api_regression.py").write_text(REGRESSION_MODULE)  # as it says
+    runpy.run_path(str(script))
+    assert sys.path[0] == str(script.parent)
 
 
 def _r2_after_training(best: BestConfig, epochs: int = 6, **given: object) -> float:

@@ -469,7 +469,7 @@ OFF_THE_CLOCK = 1.0  # an evaluation, a checkpoint: not training time
 
 @pytest.mark.parametrize("epochs", [1, 2])
 def test_the_script_reports_its_steady_speed_by_the_trials_rule(
-    export: Export, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys, epochs: int
+    study, export: Export, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys, epochs: int
 ):
     """The script's clocks and its steady-speed rule are the trials' (``SteadyPace``, pasted),
     and it feeds them as a trial does: on a fake clock where every step, epoch start,
@@ -536,7 +536,8 @@ def test_the_script_reports_its_steady_speed_by_the_trials_rule(
         argv = ["train.py", "--epochs", str(epochs), "--threads", "1", "--run-dir", run_dir]
         patch.setattr(sys, "argv", argv)
         script.main()
-    said = re.search(r"steady state ([\d,]+) samples/s", capsys.readouterr().out)
+    out = capsys.readouterr().out
+    said = re.search(r"steady state ([\d,]+) samples/s", out)
     # after the warm-up: the rest of epoch 1 and the later epochs, each of those epochs' start
     steady = epochs * per_epoch - warmup
     step_seconds = (per_epoch - warmup) * FIRST_EPOCH_STEP + (epochs - 1) * per_epoch * LATER_STEP
@@ -544,3 +545,11 @@ def test_the_script_reports_its_steady_speed_by_the_trials_rule(
     starts = steady / per_epoch * (EPOCH_START if epochs > 1 else 0.0)
     expected = steady * config.batch_size / (step_seconds + starts)
     assert said is not None and float(said[1].replace(",", "")) == round(expected)
+    # beside the confirmation round's median for the trial, not its single search-time figure
+    found = best_config(study, select_trial(study))
+    confirmed = found.confirmation
+    assert confirmed is not None and confirmed.median_samples_per_second is not None
+    assert (
+        f"(the median of trial {found.trial}'s {confirmed.runs} confirmation runs, timed alike: "
+        f"{confirmed.median_samples_per_second:,.0f})\n" in out
+    )

@@ -91,7 +91,7 @@ def render_script(
         study, spec, config.data_pipeline == "device", rebuild_workload, script_dir
     )
     imports = {
-        *map(Import, ("argparse", "json", "shlex", "sys", "torch")),
+        *map(Import, ("argparse", "json", "shlex", "torch")),
         Import("pathlib", "Path"),
         *workload_imports,
     }
@@ -145,7 +145,8 @@ def render_script(
             f"autotune found.",
             provenance=provenance_rows(best, spec.workload.model, spec.workload.data),
             script_name=script_name if _PLAIN_FILE_NAME.match(script_name) else "<this file>",
-            import_block=import_block(imports),
+            import_block=import_block(imports - {Import("sys")}),  # sys: before them
+            interrupted_imports=True,
             best=best,
             config=config,
             constants=knob_notes(best),
