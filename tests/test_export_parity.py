@@ -370,6 +370,64 @@ def test_the_scripts_training_loop_matches_the_trainer(
     assert_same_rates([lr for _, _, lr in training], per_micro_batch)
 
 
+def _script_weights(script: ModuleType, run_dir: Path, *args: str) -> dict[str, torch.Tensor]:
+    """The final weights of ``python train.py --run-dir RUN_DIR ARGS``, run in this process."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            sys, "argv", ["train.py", "--threads", "1", "--run-dir", str(run_dir), *args]
+        )
+        script.main()
+    return torch.load(run_dir / "model.pt")
+
+
+def test_an_optimizer_step_spans_two_epochs_in_the_script_as_in_the_trials(
+    export: Export, tmp_path: Path
+):
+    """37 micro-batches an epoch, 2 to an optimizer step: a trial counts its micro-batches on
+    across epochs (``runner._train``: epoch 1's last one begins a step that epoch 2's first
+    ends; 2 epochs are 37 steps). The script once dropped each epoch's odd one (36 steps, the
+    schedule over 36). Its weights equal a Trainer's fed as a trial feeds it, also when the
+    run stops after epoch 1, mid-step, and resumes (the checkpoint keeps the open step). On
+    the device pipeline: a DataLoader run resumed draws another order for its next epoch (its
+    sampler's end, polled in a straight run, draws from the generator: not this test's)."""
+    script, config = export(
+        data_pipeline="device",
+        accumulation_steps=2,
+        schedule="cosine",
+        warmup_fraction=0.2,
+        **OPTIMIZERS["sgd"],
+    )
+    seed = script.SEED
+    torch.set_num_threads(1)  # as the script's runs: sums in one order
+    torch.manual_seed(seed)  # as main() seeds, then makes the loaders and the model
+    loader = script.make_loaders(seed, torch.device("cpu"))[0]
+    trainer = Trainer(script.make_model(), config.replace(epochs=2), TOTAL_STEPS)
+    assert len(loader) == TOTAL_STEPS and len(loader) % 2  # odd: a step spans the epochs
+    batches = clocks.Epochs(loader)  # the trial's loop, micro-batch after micro-batch
+    while trainer.steps < TOTAL_STEPS:
+        trainer.train_step(*next(batches))
+    assert trainer.micro_batches == 2 * TOTAL_STEPS
+
+    straight = _script_weights(script, tmp_path / "a", "--epochs", "2")
+    evaluate, evaluations = script.evaluate, 0
+
+    def interrupted(*args: object) -> object:  # Ctrl-C in epoch 2: epoch 1's checkpoint kept
+        nonlocal evaluations
+        evaluations += 1
+        if evaluations == 2:
+            raise KeyboardInterrupt
+        return evaluate(*args)
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit):
+        patch.setattr(script, "evaluate", interrupted)
+        _script_weights(script, tmp_path / "b", "--epochs", "2")
+    assert torch.load(tmp_path / "b" / "checkpoint.pt")["epoch"] == 1
+    resumed = _script_weights(script, tmp_path / "b", "--resume")
+    for name, weights in trainer.model.state_dict().items():
+        assert torch.equal(straight[name], weights), name
+        assert torch.equal(resumed[name], weights), name
+
+
 def test_the_script_trains_with_the_tuned_values_to_the_last_digit(export: Export):
     """A sampled learning rate and warm-up fraction have more digits than six: the script must
     apply the trial's, not a neighbour's (the warm-up here is 0.5000000067 of a step: one
