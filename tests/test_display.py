@@ -1081,3 +1081,33 @@ def test_a_failed_trials_message_goes_on_under_itself(seen, width):
     assert all(line[:at] == " " * at and line[at] != " " for line in lines[1:knob_at]), lines
     assert " ".join(" ".join(lines[:knob_at]).split()).endswith(message), lines
     assert all(line.startswith(" " * 8) for line in lines[knob_at:]), lines
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_the_round_and_best_tables_cut_no_figure(tmp_path: Path, seen, width):
+    """Recorded at 80 columns after ``confirm --repeats 3`` (time to rmse): "│ 13 │ 0.03991 │
+    0.03955-0.091… │", and "effective_batch_size=1…" in the best trials: rich shares a table
+    too wide evenly and cuts, where the README promises the knobs "wrapped, never cut"."""
+    from autotune.spacefile import ObjectiveSpec
+
+    study, _ = seen
+    values = ((0.07633, 0.07758, 0.07696), (0.03955, 0.09144, 0.03991))
+    copy, _ = _confirmed_copy(seen, tmp_path, "cut", values)
+    goal = {"metric": "time_to_score", "score": "val_loss", "target_score": 0.8}
+    spec = _spec(study).model_copy(update={"objective": ObjectiveSpec.model_validate(goal)})
+    console = _console(width)
+    display.print_confirmation(console, studies.answer_of(copy), spec, "cut")
+    display.print_summary(console, copy, spec, studies.RunOutcome(study_name="cut"))
+    lines = _lines(console)
+    assert "…" not in _text(console) and all(len(line) <= width for line in lines), lines
+
+    cells = [row.replace("│", " ").split() for row in lines]
+    for spread in ("0.07633-0.07758", "0.03955-0.09144"):  # each figure whole
+        assert any(spread in row for row in cells), lines
+    knobs = [
+        f"{n}={display.fmt(v)}" for t in studies.feasible_trials(copy) for n, v in t.params.items()
+    ]
+    folded = "".join(row[-1] for row in cells if row)  # the last column's, folded parts joined
+    assert all(knob in folded for knob in knobs), lines
+    # at 60 columns, spaces between columns, not borders: room for "precision=fp32" whole
+    assert all(any(knob in row for row in cells) for knob in knobs if len(knob) <= 14), lines

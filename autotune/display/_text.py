@@ -8,9 +8,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from optuna.trial import FrozenTrial
+from rich import box
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.padding import Padding
+from rich.table import Table
 from rich.text import Text
 
 from autotune import study as studies
@@ -195,6 +198,40 @@ def _lay_out(lines: list[Text], pieces: Sequence[Text], width: int, indent: int)
             piece = piece[len(piece.plain) - len(piece.plain.lstrip(" ")) :]
         lines[-1].append_text(piece)
     return lines
+
+
+def fit(table: Table, console: Console) -> Table:
+    """``table`` with its columns shared out as rich does not, where it is wider than
+    ``console``: each as wide as its longest word (a figure, a knob), then whole, the narrowest
+    wants first, as the width allows (rich shares evenly and cuts a figure: "0.07633-0.077…"
+    beside a header that could wrap); with a space between columns, not a border, where the
+    longest words have no room for borders; where they have none at all, the widest column
+    folds (never cut)."""
+    wanted = [
+        [Measurement.get(console, console.options, cell) for cell in (c.header, *c.cells)]
+        for c in table.columns
+    ]
+    low = [max(m.minimum for m in column) for column in wanted]
+    more = [max(m.maximum for m in col) - least for col, least in zip(wanted, low, strict=True)]
+    spare = console.width - 3 * len(low) - 1 - sum(low)  # a border and a space each side
+    if spare >= sum(more):
+        return table
+    if spare < 0:  # as `autotune studies`: a space between columns (and one of padding)
+        table.box, table.show_edge, table.pad_edge, table.collapse_padding = (
+            box.SIMPLE_HEAD,
+            False,
+            False,
+            True,
+        )
+        spare += len(low) + 3
+    if spare < 0:  # no room still: the widest column folds, the others keep their longest words
+        widest = low.index(max(low))
+        table.columns[widest].overflow = "fold"
+        low[widest], spare = max(1, low[widest] + spare), 0
+    for index in sorted(range(len(more)), key=more.__getitem__):
+        table.columns[index].width = low[index] + min(more[index], spare)
+        spare -= min(more[index], spare)
+    return table
 
 
 def print_command(console: Console, label: str, *words: str) -> None:
