@@ -1014,3 +1014,100 @@ def test_the_plan_says_where_a_relative_sqlite_storage_is(
     lines = _text(console).splitlines()
     assert "storage sqlite:///studies/autotune.db" in lines, lines
     assert f"  relative to this folder: {tmp_path / 'studies' / 'autotune.db'}" in lines, lines
+
+
+def _lines(console: Console) -> list[str]:
+    return [line.rstrip() for line in _text(console).splitlines()]
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_confirmation_lines_keep_each_figure_with_its_unit_and_go_on_indented(seen, width):
+    """Recorded at 80 columns (time to rmse 0.8): "... rmse 0.5626  59.6k" then "samples/s" at
+    column 0, and a run with no interference mark followed by an empty line."""
+    from autotune.spacefile import ObjectiveSpec
+    from autotune.study import ConfirmRun
+
+    study, _ = seen
+    goal = {"metric": "time_to_score", "score": "val_loss", "target_score": 0.8}
+    spec = _spec(study).model_copy(update={"objective": ObjectiveSpec.model_validate(goal)})
+    console = _console(width)
+    show = display.confirmation_progress(console, spec)
+    common = {"seed": 1, "wall_seconds": 1.0, "feasible": True}
+    recorded = (  # trial, repeat, value, score, samples/s, others' share of the cores
+        (12, 1, 0.07654, 0.4955, 164_200.0, None),
+        (8, 1, 0.1304, 0.5626, 59_600.0, 0.48),
+        (1, 2, 0.06488, 1.503, 90_000.0, None),  # short of the target: time spent
+    )
+    for done, (trial, repeat, value, score, speed, share) in enumerate(recorded, 1):
+        run = ConfirmRun(trial=trial, repeat=repeat, value=value, score=score, **common,
+                         samples_per_second=speed, other_cpu_share=share)  # fmt: skip
+        show(replace(run, feasible=trial != 1), done, 10)
+    lines = _lines(console)
+    assert "" not in lines and all(len(line) <= width for line in lines), lines
+    assert all(line.startswith(("confirm ", " " * 8)) for line in lines), lines  # no column 0
+    said = " ".join(lines)
+    for figure in ("164.2k samples/s", "59.6k samples/s", "0.1304 s to target", "loss 1.503"):
+        assert any(figure in line for line in lines), (figure, lines)  # whole, on one line
+    assert "interference: others took 48% of the cores" in " ".join(said.split())
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_a_failed_trials_message_goes_on_under_itself(seen, width):
+    """Recorded at 80 columns: "trial 4 error no micro-batch split ..." then "ran in stage 1:
+    batch 64: ..." at column 0, where ``fail`` indents an error's continuation under it."""
+    study, _ = seen
+    done = next(t for t in study.get_trials() if t.state == TrialState.COMPLETE)
+    message = (
+        "no micro-batch split of effective batch 64 at fp32 ran in stage 1: batch 64: "
+        "ValueError: my model cannot do batch 64 after warm-up (at buggy.py:112 in forward)"
+    )
+    failed = optuna.trial.create_trial(
+        state=TrialState.FAIL,
+        params=done.params,
+        distributions=done.distributions,
+        user_attrs={"fail_kind": "error", "fail_msg": message},
+    )
+    console = _console(width)
+    progress = display.live_progress(console)
+    observer = display.LiveObserver(study, _spec(study), Live(progress, console=console), progress)
+    observer.trial_finished(failed)
+    lines = _lines(console)
+    assert all(len(line) <= width for line in lines), lines
+    first = lines[0]
+    assert first.startswith("trial ") and first.split()[2] == "error", lines
+    at = first.index(" no ") + 1  # where the message starts
+    knob_at = next(i for i, line in enumerate(lines) if "=" in line)
+    assert knob_at > 1, lines  # the message wrapped: this test is about its continuation
+    assert all(line[:at] == " " * at and line[at] != " " for line in lines[1:knob_at]), lines
+    assert " ".join(" ".join(lines[:knob_at]).split()).endswith(message), lines
+    assert all(line.startswith(" " * 8) for line in lines[knob_at:]), lines
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_the_round_and_best_tables_cut_no_figure(tmp_path: Path, seen, width):
+    """Recorded at 80 columns after ``confirm --repeats 3`` (time to rmse): "│ 13 │ 0.03991 │
+    0.03955-0.091… │", and "effective_batch_size=1…" in the best trials: rich shares a table
+    too wide evenly and cuts, where the README promises the knobs "wrapped, never cut"."""
+    from autotune.spacefile import ObjectiveSpec
+
+    study, _ = seen
+    values = ((0.07633, 0.07758, 0.07696), (0.03955, 0.09144, 0.03991))
+    copy, _ = _confirmed_copy(seen, tmp_path, "cut", values)
+    goal = {"metric": "time_to_score", "score": "val_loss", "target_score": 0.8}
+    spec = _spec(study).model_copy(update={"objective": ObjectiveSpec.model_validate(goal)})
+    console = _console(width)
+    display.print_confirmation(console, studies.answer_of(copy), spec, "cut")
+    display.print_summary(console, copy, spec, studies.RunOutcome(study_name="cut"))
+    lines = _lines(console)
+    assert "…" not in _text(console) and all(len(line) <= width for line in lines), lines
+
+    cells = [row.replace("│", " ").split() for row in lines]
+    for spread in ("0.07633-0.07758", "0.03955-0.09144"):  # each figure whole
+        assert any(spread in row for row in cells), lines
+    knobs = [
+        f"{n}={display.fmt(v)}" for t in studies.feasible_trials(copy) for n, v in t.params.items()
+    ]
+    folded = "".join(row[-1] for row in cells if row)  # the last column's, folded parts joined
+    assert all(knob in folded for knob in knobs), lines
+    # at 60 columns, spaces between columns, not borders: room for "precision=fp32" whole
+    assert all(any(knob in row for row in cells) for knob in knobs if len(knob) <= 14), lines

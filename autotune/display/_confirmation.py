@@ -17,7 +17,15 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune import study as studies
-from autotune.display._text import command, fmt, metric_unit, plural, study_options, visible
+from autotune.display._text import (
+    command,
+    fit,
+    fmt,
+    metric_unit,
+    plural,
+    study_options,
+    visible,
+)
 from autotune.machine.interference import INTERFERENCE_SHARE
 from autotune.spacefile import DEFAULT_STORAGE, Spec
 from autotune.study import REFERENCE_NAMES, UNCONFIRMED, Answer, trials_named
@@ -144,7 +152,7 @@ def print_confirmation(
     table.add_column("runs used", justify="right")  # the medians' runs: of how many
     for row in confirmation_rows(answer):
         table.add_row(*row)
-    console.print(table)
+    console.print(fit(table, console))
     # after the table, as wide as the console (a caption wraps to the table's width)
     console.print(Text(runs_used_note(answer)))
     again = command("autotune", "confirm", *study_options(study_name, spec.study.storage))

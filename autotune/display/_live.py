@@ -19,6 +19,7 @@ from autotune import study as studies
 from autotune.config import TrialConfig
 from autotune.display._tables import measured_flags, print_speed_table
 from autotune.display._text import (
+    INDENT,
     TO_TARGET,
     fmt,
     metric_unit,
@@ -31,6 +32,7 @@ from autotune.display._text import (
     storage_waiting,
     value_text,
     visible,
+    words,
 )
 from autotune.machine.scaleout import Workers
 from autotune.results import Evaluation
@@ -210,54 +212,52 @@ class LiveObserver(studies.StudyObserver):
                 )
             )
 
-    def _completed(self, trial: FrozenTrial, record: studies.TrialRecord) -> tuple[Text, Text]:
-        """A complete trial's measurements on its line, and its flags (infeasible, and
-        ``measured_flags``)."""
-        line, flags = Text(), Text()
+    def _completed(
+        self, trial: FrozenTrial, record: studies.TrialRecord
+    ) -> tuple[list[Text], list[Text]]:
+        """A complete trial's measurements on its line, a figure with its unit a piece, and its
+        flags (infeasible, and ``measured_flags``)."""
         feasible = studies.is_feasible(trial)
         if feasible or self.spec.objective.per_second:
-            line.append(
-                f"{fmt(trial.value):>9} {self.unit}", style="bold green" if feasible else "yellow"
-            )
+            style = "bold green" if feasible else "yellow"
+            value = Text(f"{fmt(trial.value):>9} {self.unit}", style=style)
         else:  # its value is a penalty, not a time to the target
-            line.append(f"{value_text(None, TO_TARGET, reached=False):>21}", style="yellow")
-        line.append(
-            f"  {score_text(self.spec.objective, record.score)}  "
-            f"{record.charged_seconds or 0:.2f} s"
-            f"  {si(record.samples_per_second or 0)} samples/s  "
-        )
+            value = Text(f"{value_text(None, TO_TARGET, reached=False):>21}", style="yellow")
+        figures = [
+            score_text(self.spec.objective, record.score),
+            f"{record.charged_seconds or 0:.2f} s",
+            f"{si(record.samples_per_second or 0)} samples/s",
+        ]
         if record.tokens_per_second:  # token inputs: the unit that fits them
-            line.append(f"{si(record.tokens_per_second)} tokens/s  ")
-        if not feasible and self.spec.objective.per_second:
-            flags.append("infeasible  ", style="yellow")
-        for flag in measured_flags(record):
-            flags.append(f"{flag}  ", style="yellow")
-        return line, flags
+            figures.append(f"{si(record.tokens_per_second)} tokens/s")
+        flags = ["infeasible"] * (not feasible and self.spec.objective.per_second)
+        flags += measured_flags(record)
+        measured = [value, *(Text(f"  {figure}") for figure in figures)]
+        return measured, [Text(f"  {flag}", style="yellow") for flag in flags]
 
     def _trial_line(self, trial: FrozenTrial, own: bool = True) -> None:
         record = studies.TrialRecord.of(trial)
         # a --workers / --gpus run: which worker trained it
         worker = f"w{record.worker.split('/')[0]} " if record.worker else ""
-        line = Text(f"{worker}trial {trial.number:>3} ")
-        flags = Text()  # infeasible, interference: with the knobs when the line has no room
+        line = [Text(f"{worker}trial {trial.number:>3} ")]
+        flags: list[Text] = []  # infeasible, interference: else with the knobs
+        hang = INDENT  # a fault's message goes on under itself, as cli's errors do
         if trial.state == TrialState.COMPLETE:
             measured, flags = self._completed(trial, record)
-            line.append_text(measured)
+            line += measured
         else:
             kind = record.fail_kind or trial.state.name.lower()
-            if kind in ("pruned", "cannot_win"):  # stopped early, no fault: its knobs say more
-                line.append(f"{kind:>15}  ", style="dim")
-            else:
-                line.append(f"{kind:>15}  {record.fail_msg or ''}  ", style="red")
+            stopped = kind in ("pruned", "cannot_win")  # stopped early, no fault: knobs say more
+            line.append(Text(f"{kind:>15}", style="dim" if stopped else "red"))
+            hang = sum(piece.cell_len for piece in line) + 2
+            line += [] if stopped else words(record.fail_msg or "", "red")
         name = studies.REFERENCE_NAMES.get(record.reference) if record.reference else None
-        knobs = Text(f"({name.removeprefix('the ')}) " if name else "", style="bold")
-        knobs.append(params(trial, own=True), style="cyan")  # precision, data_pipeline, ...
+        label = [Text(f"  ({name.removeprefix('the ')})", style="bold")] if name else []
+        knobs = words(params(trial, own=True), "cyan", " " if name else "  ")
         console = self.live.console
-        if line.cell_len + flags.cell_len <= console.width:
-            line.append_text(flags)
-        else:
-            knobs = flags + knobs
-        print_beside(console, line, knobs)  # the knobs wrapped between knobs: never cut
+        if sum(piece.cell_len for piece in [*line, *flags]) <= console.width:
+            line, flags = [*line, *flags], []  # the flags on the line where they fit
+        print_beside(console, line, [*flags, *label, *knobs], hang)  # never cut
         if trial.state in studies.COUNTED_STATES:
             self.progress.advance(self.task)
         self.progress.update(self.task, best=self._best_text())
@@ -286,20 +286,22 @@ def confirmation_progress(console: Console, spec: Spec) -> Callable[[ConfirmRun,
     def show(run: ConfirmRun, done: int, total: int) -> None:
         again = " again" if (run.trial, run.repeat) in shown else ""
         shown.add((run.trial, run.repeat))
-        line = Text(f"confirm {done:>3}/{total}  trial {run.trial:>3} run {run.repeat}{again}  ")
+        line = [Text(f"confirm {done:>3}/{total}  trial {run.trial:>3} run {run.repeat}{again}")]
+        hang = INDENT  # a fault's message goes on under itself, as cli's errors do
         if run.value is None:
-            line.append(f"{run.fault}", style="red")
+            hang = line[0].cell_len + 2
+            line += words(run.fault or "", "red")
         elif not run.feasible and not spec.objective.per_second:  # its value is time spent
-            line.append(value_text(run.value, TO_TARGET, reached=False), style="yellow")
-            line.append(f"  best {score_text(spec.objective, run.score)}")
+            spent = value_text(run.value, TO_TARGET, reached=False)
+            line += [Text(f"  {spent}", style="yellow")]
+            line += [Text(f"  best {score_text(spec.objective, run.score)}")]
         else:
-            line.append(
-                f"{fmt(run.value)} {unit}", style="bold green" if run.feasible else "yellow"
-            )
-            line.append(
-                f"  {score_text(spec.objective, run.score)}  "
-                f"{si(run.samples_per_second or 0)} samples/s"
-            )
+            style = "bold green" if run.feasible else "yellow"
+            line += [
+                Text(f"  {fmt(run.value)} {unit}", style=style),
+                Text(f"  {score_text(spec.objective, run.score)}"),
+                Text(f"  {si(run.samples_per_second or 0)} samples/s"),
+            ]
         said = []  # last, under the line where it has no room: wrapped, never cut
         bar = spec.objective.bar
         if run.value is not None and not run.feasible and spec.objective.per_second:
@@ -309,9 +311,7 @@ def confirmation_progress(console: Console, spec: Spec) -> Callable[[ConfirmRun,
             )
         if run.interfered:
             said.append(f"interference: others took {run.other_cpu_share or 0:.0%} of the cores")
-        if said:
-            line.append("  ")
-        print_beside(console, line, Text("; ".join(said), style="yellow"))
+        print_beside(console, line, words("; ".join(said), "yellow"), hang)
 
     return show
 

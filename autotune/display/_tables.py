@@ -16,6 +16,7 @@ from autotune import study as studies
 from autotune.display._confirmation import print_confirmation
 from autotune.display._text import (
     duration,
+    fit,
     fmt,
     lr_text,
     metric_unit,
@@ -227,7 +228,7 @@ def print_speed_table(console: Console, table: SpeedTable) -> None:
     rows, shown.caption = speed_rows(table)
     for row in rows:
         shown.add_row(*row)
-    console.print(shown)
+    console.print(fit(shown, console))
     if table.batch_size_auto:
         console.print(table.batch_size_auto)
 
@@ -323,7 +324,7 @@ def print_summary(
     if table is None:
         console.print(no_answer(spec.objective), style="yellow")
         return
-    console.print(table)
+    console.print(fit(table, console))
     answer = studies.answer_of(study)
     assert answer is not None  # a feasible trial is in the table
     if confirmation:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import shlex
 import textwrap
+from collections.abc import Sequence
 from typing import Any
 
 from optuna.trial import FrozenTrial
+from rich import box
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.padding import Padding
+from rich.table import Table
 from rich.text import Text
 
 from autotune import study as studies
@@ -157,14 +161,77 @@ def print_fact(console: Console, line: str) -> None:
     console.print(Text("\n".join(wrapped)), soft_wrap=True, highlight=False)
 
 
-def print_beside(console: Console, line: Text, rest: Text) -> None:
-    """``line`` then ``rest`` on one line where they fit the console; else ``rest`` on lines of
-    its own, indented under ``line`` and wrapped between words: never cut."""
-    if line.cell_len + rest.cell_len <= console.width:
-        console.print(line + rest)
-    else:
-        console.print(line)
-        console.print(Padding(rest, (0, 0, 0, 8)))
+INDENT = 8  # where a live line goes on: under its first word's end
+
+
+def words(text: str, style: str = "", gap: str = "  ") -> list[Text]:
+    """``text``'s words as pieces for ``print_beside`` (a message, knobs: broken between words);
+    ``gap`` before the first, a space before each other."""
+    return [
+        Text(gap * (i == 0) + " " * (i > 0) + word, style) for i, word in enumerate(text.split())
+    ]
+
+
+def print_beside(
+    console: Console, line: Sequence[Text], rest: Sequence[Text] = (), hang: int = INDENT
+) -> None:
+    """``line``'s pieces then ``rest``'s (each a piece with its gap before it: a figure with its
+    unit is one, never split) on one line where they fit the console; else broken between
+    pieces, ``line``'s further lines indented ``hang``, and ``rest`` beside its last where it
+    fits (not beside a message hung at ``hang``), else on lines of its own indented ``INDENT``:
+    never cut, no empty line."""
+    lines = _lay_out([Text()], line, console.width, hang)
+    hung = len(lines) > 1 and hang != INDENT  # a message hung under itself: rest under it
+    if rest and (hung or lines[-1].cell_len + sum(p.cell_len for p in rest) > console.width):
+        lines.append(Text(" " * INDENT))
+    for shown in _lay_out(lines, rest, console.width, INDENT):
+        console.print(shown, soft_wrap=True)  # each fits, but a piece wider than a line
+
+
+def _lay_out(lines: list[Text], pieces: Sequence[Text], width: int, indent: int) -> list[Text]:
+    """``pieces`` after ``lines``' last, a new line (indented ``indent``) where one has no room;
+    a line's first piece without the gap before it."""
+    for piece in pieces:
+        if lines[-1].plain.strip() and lines[-1].cell_len + piece.cell_len > width:
+            lines.append(Text(" " * indent))
+        if not lines[-1].plain.strip():
+            piece = piece[len(piece.plain) - len(piece.plain.lstrip(" ")) :]
+        lines[-1].append_text(piece)
+    return lines
+
+
+def fit(table: Table, console: Console) -> Table:
+    """``table`` with its columns shared out as rich does not, where it is wider than
+    ``console``: each as wide as its longest word (a figure, a knob), then whole, the narrowest
+    wants first, as the width allows (rich shares evenly and cuts a figure: "0.07633-0.077…"
+    beside a header that could wrap); with a space between columns, not a border, where the
+    longest words have no room for borders; where they have none at all, the widest column
+    folds (never cut)."""
+    wanted = [
+        [Measurement.get(console, console.options, cell) for cell in (c.header, *c.cells)]
+        for c in table.columns
+    ]
+    low = [max(m.minimum for m in column) for column in wanted]
+    more = [max(m.maximum for m in col) - least for col, least in zip(wanted, low, strict=True)]
+    spare = console.width - 3 * len(low) - 1 - sum(low)  # a border and a space each side
+    if spare >= sum(more):
+        return table
+    if spare < 0:  # as `autotune studies`: a space between columns (and one of padding)
+        table.box, table.show_edge, table.pad_edge, table.collapse_padding = (
+            box.SIMPLE_HEAD,
+            False,
+            False,
+            True,
+        )
+        spare += len(low) + 3
+    if spare < 0:  # no room still: the widest column folds, the others keep their longest words
+        widest = low.index(max(low))
+        table.columns[widest].overflow = "fold"
+        low[widest], spare = max(1, low[widest] + spare), 0
+    for index in sorted(range(len(more)), key=more.__getitem__):
+        table.columns[index].width = low[index] + min(more[index], spare)
+        spare -= min(more[index], spare)
+    return table
 
 
 def print_command(console: Console, label: str, *words: str) -> None:

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune import study as studies
-from autotune.display._text import duration, fmt, plural, score_text
+from autotune.display._text import duration, fit, fmt, plural, score_text
 from autotune.results import Evaluation
 from autotune.spacefile import Spec
 
@@ -92,7 +92,7 @@ def print_verification(console: Console, verified: studies.Verification, spec: S
         table.add_column(name, justify="right" if column else "left")
     for cells in rows:
         table.add_row(*cells)
-    console.print(table)
+    console.print(fit(table, console))
     for line in verdict:
         console.print(line, style=None if holds else "yellow", markup=False)
     if not holds:
