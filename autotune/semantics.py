@@ -42,7 +42,7 @@ def make_optimizer(
     parameters = model.parameters()
     implementation = True if fused else None  # None: PyTorch's default, foreach on a GPU
     if optimizer == "sgd":
-        return torch.optim.SGD(
+        sgd = torch.optim.SGD(
             parameters,
             lr=lr,
             momentum=momentum,
@@ -50,6 +50,13 @@ def make_optimizer(
             weight_decay=weight_decay,
             fused=implementation,
         )
+        # fused SGD gives a first step that GradScaler skips (an fp16 overflow, routine in the
+        # first steps) momentum buffers it never writes, uninitialised, which the next step
+        # applies: zeros instead make the first applied step's momentum its gradient, as unfused
+        if fused and momentum:
+            for parameter in sgd.param_groups[0]["params"]:
+                sgd.state[parameter]["momentum_buffer"] = torch.zeros_like(parameter)
+        return sgd
     if optimizer == "adamw":
         return torch.optim.AdamW(
             parameters, lr=lr, weight_decay=weight_decay, fused=implementation

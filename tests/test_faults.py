@@ -8,6 +8,7 @@ before the fault is unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -23,7 +24,6 @@ from pathlib import Path
 
 import optuna
 import pytest
-import sqlalchemy
 from optuna.trial import TrialState
 
 from autotune.faults import FaultKind, TrialFault, classify
@@ -437,21 +437,49 @@ def load_study(tmp_path: Path) -> optuna.Study:
     )
 
 
-def wait_for(condition, timeout: float = 120.0) -> None:
+def wait_for(condition, timeout: float = 120.0, process: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.2)
+        assert process is None or process.poll() is None, "the run ended first"
+        time.sleep(0.05)
 
 
-def trial_states(tmp_path: Path) -> list[TrialState]:
+def wait_for_states(
+    tmp_path: Path, states: list[TrialState], process: subprocess.Popen
+) -> list[tuple[TrialState, float | None]]:
+    """Wait until the study's first trials are in ``states``, the last RUNNING with its
+    parameters sampled (polled fast enough to catch a trial of a second); their states and
+    values then."""
+    rows: list[tuple[TrialState, float | None, bool]] = []
+
+    def reached() -> bool:
+        rows[:] = trial_rows(tmp_path)[: len(states)]
+        return [state for state, _, _ in rows] == states and rows[-1][2]
+
+    wait_for(reached, process=process)
+    return [(state, value) for state, value, _ in rows]
+
+
+def trial_rows(tmp_path: Path) -> list[tuple[TrialState, float | None, bool]]:
+    """The study's trials' states, values and whether they have parameters, read straight
+    from its SQLite file: milliseconds on a busy machine, where loading the study takes
+    seconds and a trial of a second can start and end between two loads."""
     db = tmp_path / "studies" / "autotune.db"
     if not db.exists():
         return []
+    query = (
+        "SELECT t.state, v.value, EXISTS (SELECT 1 FROM trial_params p WHERE p.trial_id = "
+        "t.trial_id) FROM trials t JOIN studies s ON s.study_id = t.study_id "
+        "LEFT JOIN trial_values v ON v.trial_id = t.trial_id "
+        "WHERE s.study_name = 'faults' ORDER BY t.number"
+    )
     try:
-        return [t.state for t in load_study(tmp_path).get_trials()]
-    except (KeyError, sqlalchemy.exc.SQLAlchemyError):  # the study is still being created
+        with contextlib.closing(sqlite3.connect(db, timeout=10)) as connection:
+            rows = connection.execute(query).fetchall()
+    except sqlite3.OperationalError:  # the tables are still being created
         return []
+    return [(TrialState[state], value, bool(sampled)) for state, value, sampled in rows]
 
 
 def slow_space(n_trials: int) -> str:
@@ -474,8 +502,7 @@ def interrupt(tmp_path: Path, sig: signal.Signals, code: int, states: list[Trial
     (the last RUNNING), and check that it ended with ``code``, that trial as interrupted and
     what completed before it intact."""
     process = start_cli("run", "space.yaml", cwd=tmp_path)
-    wait_for(lambda: trial_states(tmp_path)[: len(states)] == states)
-    before = load_study(tmp_path).trials
+    before = wait_for_states(tmp_path, states, process)  # as they were when the signal went
     process.send_signal(sig)
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == code, stderr
@@ -486,8 +513,7 @@ def interrupt(tmp_path: Path, sig: signal.Signals, code: int, states: list[Trial
     assert study.trials[stopped].state == TrialState.FAIL
     assert study.trials[stopped].user_attrs["fail_kind"] == "interrupted"
     for number in range(stopped):  # what completed (or failed) before is intact
-        assert study.trials[number].state == before[number].state
-        assert study.trials[number].value == before[number].value
+        assert (study.trials[number].state, study.trials[number].value) == before[number]
 
 
 @pytest.mark.slow
@@ -504,12 +530,16 @@ def test_interrupting_records_the_running_trial_and_a_rerun_resumes(tmp_path: Pa
 
     process = start_cli("run", "space.yaml", cwd=tmp_path)
     running = [TrialState.FAIL, TrialState.COMPLETE, TrialState.RUNNING]
-    wait_for(lambda: trial_states(tmp_path)[:3] == running)
-    killed = load_study(tmp_path).trials[2]  # the untuned baseline, queued again
-    assert killed.user_attrs.get("baseline") is True
+    wait_for_states(tmp_path, running, process)
     process.send_signal(signal.SIGKILL)
     process.communicate(timeout=60)
-    assert trial_states(tmp_path)[2] == TrialState.RUNNING  # nobody could record it
+    killed = load_study(tmp_path).trials[2]  # the untuned baseline, queued again
+    assert killed.user_attrs.get("baseline") is True
+    assert killed.state == TrialState.RUNNING  # nobody could record it
+    # its heartbeat stops now: the next run finds it stale as it starts, and runs its retry
+    # first (a run that started sooner would count it as running elsewhere and run a tuned
+    # trial first, as it must: it cannot tell a dead process from a slow one)
+    beat_long_ago(tmp_path / "studies" / "autotune.db")
     # nobody removed its worker's temporary directory either: the next run does
     orphans = list(Path(tempfile.gettempdir()).glob(f"autotune-worker-{process.pid}-*"))
     assert orphans

@@ -1300,9 +1300,12 @@ def test_a_compile_still_running_when_it_can_no_longer_pay_back_is_stopped_and_d
     finally:
         executor.close()
     stopped = [e for e in events if e.measured and e.samples_per_second is None]
-    assert [(e.cell, e.settings) for e in stopped] == [  # the first cell gone through
-        ("batch 32, fp32", "no workers, compile default")
-    ]
+    # the first cell gone through: the cells go fastest reference first (batch 32's, or on a
+    # busy machine batch 16's), their references all timed before
+    references = {e.cell: e.samples_per_second for e in events[:2]}
+    assert sorted(references) == ["batch 16, fp32", "batch 32, fp32"]
+    first = max(references, key=lambda cell: references[cell] or 0.0)
+    assert [(e.cell, e.settings) for e in stopped] == [(first, "no workers, compile default")]
     assert "compile default was still compiling after 1 s: it cannot pay back" in stopped[0].fault
     assert len(executor.started_pids) == 2  # its worker was killed, and another started
     # the mode is not tried again: not with the other pipeline, not in the next cell
