@@ -208,6 +208,12 @@ def test_lightning_maps_every_knob(best):
     assert "torch.optim.AdamW(" in function_source(plain, "configure_optimizers")
     assert "return {'optimizer': optimizer}" in function_source(plain, "configure_optimizers")
 
+    # fp16: AdamW fused as the trials; SGD unfused (fused SGD's momentum starts uninitialised
+    # where GradScaler skips the first step: the trials zero it, a constructor cannot)
+    for optimizer, fused in (("adamw", True), ("sgd", False)):
+        half = render(changed(best, precision="fp16", optimizer=optimizer), "lightning")
+        assert ("fused=True" in function_source(half, "configure_optimizers")) is fused
+
     onecycle = render(changed(best, schedule="onecycle", compile="default"), "lightning")
     optimizers = function_source(onecycle, "configure_optimizers")
     assert "make_scheduler(optimizer, 'onecycle', 0.0, total_steps)" in optimizers

@@ -112,7 +112,10 @@ def _optimizer(best: BestConfig) -> list[Argument]:
             tuned(best, "nesterov", "nesterov"),
         ]
     rows.append(tuned(best, "weight_decay", "weight_decay"))
-    if scales_loss(config.precision):
+    # AdamW fused as the trials (GradScaler's check stays on the GPU); SGD unfused: fused SGD
+    # leaves its momentum uninitialised after a skipped first step, which the trials zero
+    # (semantics.make_optimizer) and a plain constructor cannot
+    if scales_loss(config.precision) and config.optimizer == "adamw":
         rows.append(
             Argument("fused", "True", "GradScaler's overflow check stays on the GPU: no sync")
         )
