@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import re
+import signal
 import statistics
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 from optuna.trial import TrialState
 from rich.console import Console
 
-from autotune import display
+from autotune import display, stops
 from autotune.config import TrialConfig
 from autotune.errors import WorkerError
 from autotune.executor import InProcessExecutor
@@ -1021,6 +1022,29 @@ def test_a_trial_that_an_exception_stops_is_recorded_and_told_as_failed(
     assert trial.state == TrialState.FAIL and trial.user_attrs["fail_kind"] == kind
     assert message in trial.user_attrs["fail_msg"]
     assert finished == ([0] if shown else [])
+
+
+def test_a_ctrl_c_while_a_trial_is_created_is_recorded_on_it():
+    """A stop that lands as Optuna creates the trial waits until the run holds it, then is
+    recorded on it: left RUNNING, it would be nobody's for good (no heartbeat yet)."""
+    from autotune.study._trial import TrialRunner
+
+    spec = restrict(parse_spec(TINY_SPACE.format(n_trials=4, pruner="none"), "t.yaml"), CPU).spec
+    study = optuna.create_study(direction="maximize")
+    create = study.ask
+
+    def interrupted() -> optuna.Trial:
+        trial = create()
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C as the new trial's row is written
+        return trial
+
+    study.ask = interrupted  # type: ignore[method-assign]
+    runner = TrialRunner(StudyInputs(study, spec, CPU, None), None)  # type: ignore[arg-type]
+    with stops.handled(), pytest.raises(KeyboardInterrupt) as stop:
+        runner.ask(study)
+    runner.stopped_unstarted(study, stop.value)
+    (trial,) = study.get_trials(deepcopy=False)
+    assert trial.state == TrialState.FAIL and trial.user_attrs["fail_kind"] == "interrupted"
 
 
 def test_an_effective_batch_stage_one_could_not_run_teaches_the_sampler():

@@ -131,6 +131,7 @@ def run_study(
                 on_trials_start()
         _trials(trial_runner, deadline, outcome)
     except KeyboardInterrupt as stop:
+        trial_runner.stopped_unstarted(study, stop)
         outcome.stopped_by(stop)
     count_states(study, outcome)
     return outcome

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune import stops
 from autotune.config import TrialConfig
 from autotune.errors import ReportFailed, WorkerError
 from autotune.executor import attempt
@@ -212,6 +213,7 @@ class TrialRunner:
     walls: MemoryWalls
     speed: SpeedTable | None = None  # two-stage: the execution knobs come from here
     taken_over: bool = False  # the last trial run was failed as stale by another process
+    unstarted: optuna.Trial | None = None  # asked, and not yet in ``run``, which records it
 
     def _sample(self, trial: optuna.Trial) -> TrialConfig:
         """The trial's configuration; a two-stage trial's execution knobs from the speed
@@ -325,19 +327,28 @@ class TrialRunner:
         ).store(trial)
         return TrialState.COMPLETE, score.value
 
-    @staticmethod
-    def ask(study: optuna.Study) -> optuna.Trial:
-        """The next trial: a queued one (the baseline, a retry) first, else a new one."""
-        with warnings.catch_warnings():
+    def ask(self, study: optuna.Study) -> optuna.Trial:
+        """The next trial: a queued one (the baseline, a retry) first, else a new one. A stop
+        asked while it is created is raised once it is held as ``unstarted``, which
+        ``stopped_unstarted`` records (a RUNNING trial left behind is nobody's, for good)."""
+        with warnings.catch_warnings(), stops.deferred():
             # Optuna beats only inside Study.optimize; this loop beats itself (heartbeat)
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
-            return study.ask()
+            self.unstarted = study.ask()
+        return self.unstarted
+
+    def stopped_unstarted(self, study: optuna.Study, stop: KeyboardInterrupt) -> None:
+        """Record ``stop`` on the trial asked and not yet run, if there is one."""
+        if self.unstarted is not None:
+            self._stopped(study, self.unstarted, stop)
+            self.unstarted = None
 
     def run(self, study: optuna.Study, trial: optuna.Trial) -> FrozenTrial:
         """Train an asked ``trial`` with a heartbeat, tell how it ended."""
         self.taken_over = False
         with heartbeat(study, adapter.trial_id(trial)):
             try:
+                self.unstarted = None  # a stop from here on is recorded below
                 state, value = self.train(trial)
             except TakenOver as over:
                 return self._taken_over(study, trial, over.result)
