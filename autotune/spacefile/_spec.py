@@ -26,12 +26,8 @@ from autotune.spacefile._knobs import (
     closest,
     did_you_mean,
 )
+from autotune.spacefile._read import read_text, read_yaml
 from autotune.spacefile._sections import ADDED_LATER, ObjectiveSpec, StudySpec, WorkloadSpec
-
-# A space file is a page of settings. These bounds keep a hostile or broken one (a YAML "billion
-# laughs" of nested aliases, a multi-gigabyte file) from taking the machine's memory and time.
-MAX_SPACE_FILE_BYTES = 1_000_000
-MAX_SPACE_VALUES = 20_000  # keys, values and items once every alias is expanded
 
 
 class Spec(Frozen):
@@ -220,40 +216,6 @@ class _Lines:
         return self.by_path.get((), None)
 
 
-def _expanded_values(node: yaml.Node, limit: int) -> int:
-    """How many nodes ``node`` stands for once aliases are expanded, counting only up to ``limit``.
-
-    Shared (aliased) nodes are sized once and their size reused, so the work is linear in the
-    file however far its aliases would expand; a node that contains itself counts as unbounded.
-    """
-    sizes: dict[int, int] = {}
-    open_nodes: set[int] = set()
-
-    def size(current: yaml.Node) -> int:
-        key = id(current)
-        if key in sizes:
-            return sizes[key]
-        if key in open_nodes:  # an alias to an ancestor: infinitely deep once expanded
-            return limit + 1
-        open_nodes.add(key)
-        total = 1
-        if isinstance(current, yaml.MappingNode):
-            children = [child for pair in current.value for child in pair]
-        elif isinstance(current, yaml.SequenceNode):
-            children = list(current.value)
-        else:
-            children = []
-        for child in children:
-            total += size(child)
-            if total > limit:
-                break
-        open_nodes.discard(key)
-        sizes[key] = min(total, limit + 1)
-        return sizes[key]
-
-    return size(node)
-
-
 def _index_lines(node: yaml.Node | None, path: tuple[Any, ...], lines: _Lines) -> None:
     if node is None:
         return
@@ -364,33 +326,10 @@ def _describe(error: Mapping[str, Any], loc: tuple[Any, ...], message: str) -> s
     return f"{_dotted(loc)}: {message}, got {error['input']!r}{hint}"
 
 
-def _too_large(name: str) -> str:
-    return (
-        f"{name}: too large for a space file (more than {MAX_SPACE_FILE_BYTES:,} bytes); "
-        f"is this the right file?"
-    )
-
-
 def parse_spec(text: str, path: Path | str = "<space>") -> Spec:
     """Parse and validate the text of a space file; raise SpecError listing every problem."""
     name = str(path)
-    if len(text) > MAX_SPACE_FILE_BYTES:
-        raise SpecError([_too_large(name)])
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        if node is not None and _expanded_values(node, MAX_SPACE_VALUES) > MAX_SPACE_VALUES:
-            raise SpecError(
-                [
-                    f"{name}: its aliases expand to more than {MAX_SPACE_VALUES:,} values (or to "
-                    f"themselves); a space file needs a few dozen, so it was not read further"
-                ]
-            )
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
-        problem = getattr(err, "problem", None) or str(err)
-        raise SpecError([f"{where}: invalid YAML: {problem}"]) from None
+    node, raw = read_yaml(text, name)
     if not isinstance(raw, dict):
         raise SpecError(
             [
@@ -437,17 +376,4 @@ def parse_spec(text: str, path: Path | str = "<space>") -> Spec:
 
 def load_spec(path: Path | str) -> Spec:
     """Read and validate a space file; raise SpecError (one line per problem) when it is bad."""
-    file = Path(path)
-    try:
-        with file.open("rb") as stream:  # bounded: a device or pipe may never end
-            data = stream.read(MAX_SPACE_FILE_BYTES + 1)
-        if len(data) > MAX_SPACE_FILE_BYTES:
-            raise SpecError([_too_large(str(file))])
-        text = data.decode("utf-8")
-    except FileNotFoundError:
-        raise SpecError([f"{file}: no such file"]) from None
-    except IsADirectoryError:
-        raise SpecError([f"{file}: is a directory, not a space file"]) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise SpecError([f"{file}: cannot read: {err}"]) from None
-    return parse_spec(text, file)
+    return parse_spec(read_text(path), path)
