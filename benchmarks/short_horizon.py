@@ -22,7 +22,7 @@ import optuna
 
 import autotune
 from autotune.spacefile import load_spec
-from autotune.study import Verification, verify_study
+from autotune.study import Verification, VerifyInputs, verify_study
 from autotune.worker import WorkerExecutor
 
 
@@ -37,7 +37,7 @@ def one(space: Path, seed: int, epochs: float, folder: Path) -> tuple[str, Verif
     target = goal.goal
     executor = WorkerExecutor(spec.workload, space.parent, score=goal.score)
     try:
-        verified = verify_study(study, executor, epochs, target, 1, runner_up=True)
+        verified = verify_study(VerifyInputs(study, executor, epochs, target, runner_up=True))
     finally:
         executor.close()
     if not verified.of_role("runner_up"):
