@@ -179,10 +179,11 @@ def test_the_api_example_runs_as_a_script_and_an_unguarded_one_is_told_the_fix(t
     assert ran["guarded"].stderr == ""  # no Optuna INFO lines: a library call prints nothing
 
 
-def test_a_run_confirms_only_when_the_study_is_full_and_the_run_was_not_stopped(tmp_path: Path):
+def test_a_run_confirms_when_the_study_is_full_or_timed_out_and_was_not_stopped(tmp_path: Path):
     """``confirm_after_run``, the one rule ``autotune.run`` and ``autotune run`` share: the round
-    runs with the space file's top and repeats once the study holds its total, not after a run
-    that was stopped; an interruption of the round is recorded, not raised."""
+    runs with the space file's top and repeats once the study holds its total or the timeout
+    ended its search, not after a run that was stopped; an interruption of the round is
+    recorded, not raised."""
     from autotune.session import confirm_after_run
     from autotune.study import RunOutcome, Terminated
 
@@ -200,6 +201,10 @@ def test_a_run_confirms_only_when_the_study_is_full_and_the_run_was_not_stopped(
     for _ in range(2):
         study.add_trial(optuna.trial.create_trial(value=1.0))
     assert not confirm_after_run(study, spec, RunOutcome("x"), confirm)  # 2 of 3: not full
+    # the timeout ended the search: the answer is confirmed all the same
+    assert confirm_after_run(study, spec, RunOutcome("x", timed_out=True), confirm)
+    assert asked == [(1, 1)]
+    asked.clear()
     study.add_trial(optuna.trial.create_trial(state=TrialState.PRUNED))
     for ended in (
         RunOutcome("x", interrupted=True),

@@ -73,11 +73,13 @@ def confirm_after_run(
     study: optuna.Study, spec: Spec, outcome: RunOutcome, confirm: Callable[[int, int], bool]
 ) -> bool:
     """The one rule for a run's confirmation round: ``confirm(top, repeats)`` (the space file's
-    ``study.confirm``) runs it when the file asks for one, the study holds its total and the
-    run was not stopped (interrupted, the same error in every trial, nothing stage 1 could
-    train); an interruption of the round is recorded in ``outcome``. Whether a round exists."""
+    ``study.confirm``) runs it when the file asks for one, the study holds its total or the
+    timeout ended its search (the timeout stops new trials; the answer is still named from
+    runs side by side), and the run was not stopped (interrupted, the same error in every
+    trial, nothing stage 1 could train); an interruption of the round is recorded in
+    ``outcome``. Whether a round exists."""
     plan = spec.study.confirm
-    finished = studies.counted_trials(study) >= spec.study.n_trials
+    finished = outcome.timed_out or studies.counted_trials(study) >= spec.study.n_trials
     stopped = outcome.interrupted or outcome.repeated_error or outcome.stage_failed
     if not plan.enabled or not finished or stopped:
         return False
