@@ -20,12 +20,14 @@ from autotune.knobs import DDP_KNOBS, KNOBS  # noqa: F401
 from autotune.spacefile._knobs import Choice, FloatRange, IntRange, Knob, SpecError, knobs_for  # noqa: F401
 from autotune.spacefile._sections import (  # noqa: F401
     DEFAULT_STORAGE,
-    LOSSES,
-    MODEL_FAMILY_NAMES,
     SCORES,
     ObjectiveSpec,
-    WorkloadSpec,
-    is_argument_name,
     is_unprintable,
 )
 from autotune.spacefile._spec import Spec, error_line, load_spec, parse_spec  # noqa: F401
+from autotune.spacefile._workload import (  # noqa: F401
+    LOSSES,
+    MODEL_FAMILY_NAMES,
+    WorkloadSpec,
+    is_argument_name,
+)

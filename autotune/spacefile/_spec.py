@@ -27,7 +27,8 @@ from autotune.spacefile._knobs import (
     did_you_mean,
 )
 from autotune.spacefile._read import read_text, read_yaml
-from autotune.spacefile._sections import ADDED_LATER, ObjectiveSpec, StudySpec, WorkloadSpec
+from autotune.spacefile._sections import ADDED_LATER, ObjectiveSpec, StudySpec
+from autotune.spacefile._workload import WorkloadSpec
 
 
 class Spec(Frozen):
