@@ -619,7 +619,7 @@ def test_the_cache_is_reused_and_missed_on_another_model_or_with_remeasure(
 
 def test_a_memory_wall_stops_larger_micro_batches_and_their_trials(tmp_path: Path, prepare_study):
     space = two_stage(
-        n_trials=4,
+        n_trials=8,
         batch_sizes="[16, 32, 64]",
         model_args="{oom_at_batch: 32}",
         study_extra="  baseline: false",
@@ -644,13 +644,9 @@ def test_a_memory_wall_stops_larger_micro_batches_and_their_trials(tmp_path: Pat
     (checklist,) = [t for t in study.trials if TrialRecord.of(t).checklist]
     assert trial_config(checklist).batch_size == 16  # the largest that fits, not 64
     assert checklist.state == TrialState.COMPLETE
-    for trial in study.trials:
-        if trial.number == checklist.number:
-            continue
-        effective = trial.params["effective_batch_size"]
-        if effective >= 64:  # no split of it fits under the wall
-            assert trial.state == TrialState.PRUNED
-            assert TrialRecord.of(trial).fail_kind == FaultKind.OOM
+    # no split of 64 or more fits under the wall: no trial draws one (none is refused)
+    assert all(t.params["effective_batch_size"] < 64 for t in study.trials)
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
 
 
 def test_batch_size_auto_stops_at_the_wall_a_small_gain_or_the_training_set():
