@@ -2016,3 +2016,30 @@ def test_a_failure_is_not_a_fact_only_what_the_setting_caused_is_reused(
     other = SyntheticExecutor()
     stage_one(other, "other", 1)  # another study on the storage: what was measured serves
     assert other.measured == []
+
+
+def test_stage_one_orders_its_cells_on_clean_figures(tmp_path: Path, prepare_study):
+    """A run of the stage stopped after timing batch 32's reference while others took its
+    cores: stored with its interference mark, at a tenth of its speed, so below batch 16's.
+    The resumed stage times that reference again on the quiet machine before it orders the
+    cells (a figure taken under interference is never ranked with a clean one), and goes
+    through batch 32, the faster, first."""
+    from autotune.study import run_speed_stage
+
+    space = two_stage(n_trials=1, batch_sizes="[16, 32]", precisions="fp32", workers="[0]")
+    study, _, _, _ = prepare_study(space, tmp_path, run=False)
+    spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
+    busy = SyntheticExecutor(lambda config: 0.01, load=lambda n: (0.0, 0.8), interrupt_at=2)
+    with pytest.raises(KeyboardInterrupt):
+        run_speed_stage(StageInputs(study, spec, CPU, busy))
+    assert [(c.batch_size, c.data_pipeline) for c in busy.measured] == [(32, "device")]
+    quiet = SyntheticExecutor()  # a step a millisecond: batch 32 twice batch 16's samples/s
+    table = run_speed_stage(StageInputs(study, spec, CPU, quiet))
+    measured = [(c.batch_size, c.data_pipeline) for c in quiet.measured]
+    # batch 16's reference, batch 32's again, then batch 32's other settings before 16's
+    # (before: batch 16's first, ranked on the busy figure; 32's reference never again)
+    assert measured[:3] == [(16, "device"), (32, "device"), (32, "dataloader")]
+    assert measured.index((16, "dataloader")) > max(
+        i for i, (batch, _) in enumerate(measured) if batch == 32
+    )
+    assert not any(c.interference for c in table)
