@@ -1066,3 +1066,36 @@ def test_an_effective_batch_stage_one_could_not_run_teaches_the_sampler():
     assert (state, value) == (TrialState.PRUNED, None)
     assert trial.user_attrs["fail_kind"] == "error" and why in trial.user_attrs["fail_msg"]
     assert trial.constraints == {"fault": 1.0}
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random"])
+def test_what_stage_one_ruled_out_is_drawn_by_no_trial(sampler: str):
+    """Stage 1 ran effective batch 16 at fp32 and bf16 and 32 at bf16 only (32 at fp32 ran
+    out of memory; nothing of 64 ran): of the 9 effective batches and precisions the space
+    offers, the study's sampler draws those 3 alone, through its startup trials and after, so
+    no trial of the budget is refused (before: a third or more of them were). The trials'
+    distributions stay the space's: Optuna refuses choices that change within a study."""
+    from autotune.search.space import draw_from_table, runnable_points, suggestions
+    from autotune.speed import SpeedChoice, SpeedTable
+    from autotune.study._sampling import TrialSeededSampler
+
+    def ran(batch: int, accumulation: int, precision: str) -> SpeedChoice:
+        return SpeedChoice(batch, accumulation, precision, (), (), 100.0, 1.0, 0.0, 0.04, 2)
+
+    runs = (ran(16, 1, "fp32"), ran(16, 1, "bf16"), ran(16, 2, "bf16"))
+    oom = [((32, 1, "fp32", ()), "oom", "batch 32: out of memory")]
+    table = SpeedTable(choices=runs, unrunnable=tuple(oom))
+    text = TINY_SPACE.format(n_trials=16, pruner="none").replace("seed: 0", f"sampler: {sampler}")
+    spec = parse_spec(text.replace("n_startup_trials: 3", "n_startup_trials: 6"))
+    study = optuna.create_study(sampler=make_sampler(spec), direction="maximize")
+    assert isinstance(study.sampler, TrialSeededSampler)
+    study.sampler.keep_to(runnable_points(spec, table))
+    drawn = []
+    for _ in range(16):
+        trial = study.ask()
+        config, _ = draw_from_table(suggestions(trial), spec, CPU, table, trial.number)
+        drawn.append((trial.params["effective_batch_size"], config.precision))
+        study.tell(trial, config.base_lr)  # something to learn from
+    assert set(drawn) == {(16, "fp32"), (16, "bf16"), (32, "bf16")}, drawn
+    choices = {t.distributions["effective_batch_size"].choices for t in study.trials}
+    assert choices == {(16, 32, 64)}

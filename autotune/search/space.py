@@ -260,6 +260,28 @@ def sample(trial: optuna.trial.BaseTrial, spec: Spec, hardware: Hardware) -> Tri
     return draw(suggestions(trial), spec, hardware, trial.number)
 
 
+def runnable_points(spec: Spec, table: SpeedTable) -> tuple[dict[str, Any], ...]:
+    """Each split stage 1 found a way to train (``table``'s choices, measured or not) as the
+    parameters a two-stage trial suggests for it (``draw_from_table``): the effective batch
+    (every process's) or, where the split is a declared learning knob, the batch and its
+    accumulation; the precision; the declared learning knobs among the speed knobs. A trial
+    whose parameters match none of them ends in NothingFits."""
+    split_sampled = any(name in spec.study.learning_knobs for name in SPLIT_KNOBS)
+    world = spec.workload.gpus_per_trial
+
+    def point(choice: SpeedChoice) -> dict[str, Any]:
+        if split_sampled:
+            batch = {
+                "batch_size": choice.batch_size,
+                "accumulation_steps": choice.accumulation_steps,
+            }
+        else:
+            batch = {"effective_batch_size": choice.effective_batch_size * world}
+        return {**batch, "precision": choice.precision, **dict(choice.extras)}
+
+    return tuple(point(choice) for choice in table)
+
+
 def draw_from_table(
     pick: Pick, spec: Spec, hardware: Hardware, table: SpeedTable, number: int = 0
 ) -> tuple[TrialConfig, SpeedChoice]:

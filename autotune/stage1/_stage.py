@@ -1,9 +1,11 @@
 """Stage 1 of the two-stage search: time the execution knobs, keep the fastest per cell.
 
 First every cell (``_plan``) times its reference setting, the cells predicted fastest
-first; then, fastest first by what that measured, each cell's other settings, and its leaders
-again in alternating order (A B C, then C B A). Out of memory marks a wall; what the timed cells
-rule out is ``_rules``'s, one measurement ``_take``'s, the cache ``_store``'s.
+first (one timed only under interference again, while the machine is quiet); then, fastest
+first by what that measured (clean figures before busy ones), each cell's other settings,
+and its leaders again in alternating order (A B C, then C B A). Out of memory marks a wall;
+what the timed cells rule out is ``_rules``'s, one measurement ``_take``'s, the cache
+``_store``'s.
 What a busy machine spoiled is timed again at the end while the budget lasts (``time_again``).
 The answer is a ``SpeedTable``: per micro-batch split and precision, the settings with which a
 trial finishes soonest, charged as the objective charges.
@@ -135,15 +137,27 @@ class Stage(SettingTimer):
         for cell, settings in held:
             self.measure(cell, settings, 1)
 
+    def retime_references(self, cells: list[Cell]) -> None:
+        """Time again, while the machine is quiet and the budget holds a typical measurement,
+        each reference of ``cells`` timed only under interference (this run's, or a stopped
+        run's of this study): the cells are ordered on clean figures (``ranked``)."""
+        for cell in cells:
+            reference = self.plan.reference(cell)
+            busy = self.pool(cell, reference).flagged_only()
+            if self.quiet and busy and not self._again(cell, reference):
+                return
+
     def ranked(self, cells: list[Cell]) -> list[Cell]:
-        """``cells`` by their reference setting's speed, fastest first; those without one
-        (out of memory, failed, not reached) last, the smaller micro-batches first (memory
-        walls grow: a wall found there spares the larger ones)."""
+        """``cells`` by their reference setting's speed, fastest first: those timed only under
+        interference after the clean ones (never ranked with them: ``retime_references``
+        times them again first), those without one (out of memory, failed, not reached) last,
+        the smaller micro-batches first (memory walls grow: a wall found there spares the
+        larger ones)."""
         speeds = {cell: self.speed(cell, self.plan.reference(cell)) for cell in cells}
 
-        def rank(cell: Cell) -> tuple[bool, float, int]:
-            speed = speeds[cell]
-            return speed is None, -(speed or 0.0), cell.batch_size if speed is None else 0
+        def rank(cell: Cell) -> tuple[bool, bool, float, int]:
+            speed, busy = speeds[cell], self.pool(cell, self.plan.reference(cell)).flagged_only()
+            return speed is None, busy, -(speed or 0.0), cell.batch_size if speed is None else 0
 
         return sorted(cells, key=rank)
 
@@ -217,6 +231,7 @@ def run_speed_stage(
     stage.rules.deadline -= spent
     cells = stage.plan.predicted()
     stage.time_references(cells)
+    stage.retime_references(cells)
     ranked = stage.ranked(cells)
     for index, cell in enumerate(ranked):
         # the budget keeps back one setting for each cell to come that has none yet

@@ -277,9 +277,18 @@ class Pool:
         return bool(self.results) and all(flagged for _, _, flagged, _ in self.results)
 
     def first_round(self) -> float | None:
-        """Samples/s of the first-round measurements (their median): what decides which
-        settings are measured again, so that a resumed stage decides as the first run did."""
-        speeds = [m.samples_per_second() for _, m, _, r in self.results if r == 1]
+        """Samples/s of the first round (the median of its measurements): what decides which
+        settings are measured again and the cells' order, so that a resumed stage decides as
+        the first run did. Of its earliest round with a clean measurement where it has one (a
+        figure taken under interference is not weighed with clean ones), else of its first
+        (``flagged_only``)."""
+        clean = [r for _, _, flagged, r in self.results if not flagged]
+        first = min(clean, default=1)
+        speeds = [
+            m.samples_per_second()
+            for _, m, flagged, r in self.results
+            if r == first and (not flagged or not clean)
+        ]
         return statistics.median(speeds) if speeds else None
 
     def combined(self) -> SpeedMeasurement | None:

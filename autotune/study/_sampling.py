@@ -1,4 +1,5 @@
-"""How a study samples and prunes: a per-trial seeded sampler, and the pruners."""
+"""How a study samples and prunes: a per-trial seeded sampler (kept to what stage 1 found can
+run), and the pruners."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.spacefile import Spec
 
+# draws of the inner sampler's joint proposal before the knobs stage 1 decides are drawn one
+# by one instead (each kept to what can run)
+REDRAWS = 20
+
 
 class TrialSeededSampler(optuna.samplers.BaseSampler):
     """A sampler made afresh for each trial, seeded from the study's seed and the trial's number.
@@ -38,6 +43,24 @@ class TrialSeededSampler(optuna.samplers.BaseSampler):
         self._startup = startup  # the first trials, spread over the space (see spread_value)
         self._number: int | None = None
         self._inner = make(seed)
+        self._runnable: tuple[dict[str, Any], ...] = ()  # nothing ruled out (keep_to)
+        self._decided: frozenset[str] = frozenset()  # the parameters those points name
+
+    def keep_to(self, runnable: Sequence[dict[str, Any]]) -> None:
+        """Draw only parameters that match one of ``runnable`` (stage 1's splits that can
+        train: ``space.runnable_points``) on the parameters those name. The distributions stay
+        the study's (Optuna refuses a categorical whose choices change within a study, and the
+        trials already stored were drawn from them): what stage 1 ruled out is given no chance,
+        so no trial of the budget is spent on it. Empty: nothing ruled out."""
+        self._runnable = tuple(runnable)
+        self._decided = frozenset(name for point in self._runnable for name in point)
+
+    def _can_run(self, params: dict[str, Any]) -> bool:
+        """Whether some runnable point agrees with ``params`` on every parameter it names."""
+        if not self._runnable:
+            return True
+        named = {k: v for k, v in params.items() if k in self._decided}
+        return any(all(point.get(k, v) == v for k, v in named.items()) for point in self._runnable)
 
     def _for(self, trial: FrozenTrial) -> optuna.samplers.BaseSampler:
         if trial.number != self._number:
@@ -54,7 +77,13 @@ class TrialSeededSampler(optuna.samplers.BaseSampler):
     def sample_relative(
         self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
-        return self._for(trial).sample_relative(study, trial, search_space)
+        """The inner sampler's joint proposal, drawn again where stage 1 found it cannot run;
+        after ``REDRAWS`` such, without the parameters stage 1 decides (drawn one by one)."""
+        for _ in range(REDRAWS):
+            drawn = self._for(trial).sample_relative(study, trial, search_space)
+            if self._can_run(drawn):
+                return drawn
+        return {name: value for name, value in drawn.items() if name not in self._decided}
 
     def sample_independent(
         self,
@@ -66,11 +95,28 @@ class TrialSeededSampler(optuna.samplers.BaseSampler):
         finished = study.get_trials(
             deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)
         )
+        kept = self._kept(trial, param_name, param_distribution)
         if len(finished) < self._startup:  # as TPE counts its startup trials
-            return spread_value(
-                self._seed, self._startup, trial.number, param_name, param_distribution
+            return spread_value(self._seed, self._startup, trial.number, param_name, kept)
+        if param_name not in self._decided:
+            return self._for(trial).sample_independent(study, trial, param_name, kept)
+        for _ in range(REDRAWS):  # the inner sampler's model knows the study's distribution
+            value = self._for(trial).sample_independent(
+                study, trial, param_name, param_distribution
             )
-        return self._for(trial).sample_independent(study, trial, param_name, param_distribution)
+            if self._can_run({**trial.params, param_name: value}):
+                return value
+        return spread_value(self._seed, max(self._startup, 1), trial.number, param_name, kept)
+
+    def _kept(
+        self, trial: FrozenTrial, name: str, distribution: BaseDistribution
+    ) -> BaseDistribution:
+        """``distribution`` without the choices that cannot run given ``trial``'s parameters so
+        far (unchanged where none or all of them can: NothingFits refuses such a trial)."""
+        if not isinstance(distribution, CategoricalDistribution) or name not in self._decided:
+            return distribution
+        kept = [c for c in distribution.choices if self._can_run({**trial.params, name: c})]
+        return CategoricalDistribution(kept) if kept else distribution
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         self._for(trial).before_trial(study, trial)
