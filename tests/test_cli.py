@@ -250,6 +250,31 @@ def test_help_shows_flags_as_flags_and_version(invoke_cli, tmp_path: Path):
     assert version.stdout.strip() == f"autotune {__version__}"
 
 
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("nosuch",), "No such command 'nosuch'; see "),
+        (("--bogus",), "No such option: --bogus; see "),
+        (("run",), "Missing argument 'SPACE_FILE'; see "),
+        (("run", "x.yaml", "--n-trials", "many"), "Invalid value for '--n-trials'"),
+        (("confirm", "space.yaml"), "unexpected extra argument(s) (space.yaml); see "),
+        (("best", "--trial", "one"), "Invalid value for '--trial'"),
+        (("export", "--format"), "Option '--format' requires an argument"),
+        (("report", "--bogus"), "No such option: --bogus"),
+        (("dashboard", "--port", "http"), "Invalid value for '--port'"),
+        (("studies", "--json", "yes"), "unexpected extra argument(s) (yes)"),
+    ],
+)
+def test_a_wrong_argument_is_one_line_and_exit_2(invoke_cli, tmp_path: Path, args, expected):
+    """Typer drew a wrong option, value or command in a box of several lines, under the usage
+    line: every other user error is one line."""
+    done = invoke_cli(*args, cwd=tmp_path, columns=80)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines
+    assert "╭" not in done.stdout + done.stderr and not (tmp_path / "studies").exists()
+
+
 def test_help_reads_as_sentences_at_80_columns(invoke_cli, tmp_path: Path):
     """A new user's --help at 80 columns broke verify's summary mid-sentence ("reaches the
     target" / "first"), confirm's paragraph at the source's line breaks, and showed run's
