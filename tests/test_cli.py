@@ -10,17 +10,20 @@ import socket
 import sqlite3
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune import display
+from autotune import display, session
 from autotune import study as studies
 from autotune._version import __version__
+from autotune.cli._run import _other_cores
+from autotune.machine.scaleout import WorkerShare
 from autotune.study import StudyError, StudyRecord, answer_trial, load_study
-from autotune.testing import TINY_SPACE, import_blocker, run_cli, run_python, write_space
+from autotune.testing import CPU, TINY_SPACE, import_blocker, run_cli, run_python, write_space
 
 pytestmark = pytest.mark.slow
 
@@ -177,6 +180,43 @@ def test_edited_space_is_refused_until_new_study(invoke_cli, tmp_path: Path):
         StudyError, match=r"holds 2 studies \(tiny, tiny-2\): name one with --study"
     ):
         load_study(None, url)
+
+
+def test_a_run_on_other_cores_than_its_study_says_so_in_its_plan_with_what_to_do(
+    invoke_cli, prepare_study, tmp_path: Path
+):
+    """A study started on the whole CPU and resumed with --workers (each on a share of the
+    cores) warned only of another device's name, in two lines, and said nothing of what to do:
+    the plan says it in one line, before anything trains."""
+    before = CPU.cpu_count + 1  # cores this machine's run does not have
+    text = TINY_SPACE.format(n_trials=1, pruner="none").replace("  seed: 0\n", ONE_STAGE)
+    prepare_study(text, tmp_path, run=False, hardware=replace(CPU, cpu_count=before))
+    done = invoke_cli("run", "space.yaml", "--isolation", "none", cwd=tmp_path, columns=80)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    said = [i for i, line in enumerate(lines) if line.startswith("warning: study tiny's")]
+    assert len(said) == 1, done.stdout
+    assert lines[said[0]] == (
+        f"warning: study tiny's trials trained on {before} cores, this run on "
+        f"{display.plural(CPU.cpu_count, 'core')}: their times will not compare; name a new "
+        f"study (--study-name tiny-{CPU.cpu_count}cores)"
+    )
+    first_trial = next(i for i, line in enumerate(lines) if "trial   0" in line)
+    assert said[0] < first_trial, done.stdout  # in the plan, before it trains
+    # with --workers: each share's cores, and dropping --workers as the other way
+    prepared = session.Prepared(
+        spec=None,  # type: ignore[arg-type]  # what the line reads: the study, the machine
+        hardware=replace(CPU, cpu_count=1),
+        workload=None,  # type: ignore[arg-type]
+        dropped=(),
+        study=load_study("tiny", f"sqlite:///{tmp_path}/studies/autotune.db"),
+        retry=None,  # type: ignore[arg-type]
+    )
+    shares = [WorkerShare(index, 2, (index,), None) for index in range(2)]
+    line = _other_cores(prepared, shares) or ""
+    assert line.startswith(f"study tiny's trials trained on {before} cores, --workers 2 trains ")
+    assert "each on 1 core: their times will not compare; name a new study (--study-name " in line
+    assert "tiny-2workers)" in line
 
 
 def test_a_study_name_with_markup_and_spaces_is_shown_as_it_is(invoke_cli, tmp_path: Path):
