@@ -485,6 +485,38 @@ def test_best_says_what_its_seconds_are_and_no_speedup_the_run_did_not(
     )  # whole, and the trial shown: not the answer
 
 
+def test_best_of_a_trial_the_round_did_not_rank_says_its_value_is_one_measurement(
+    invoke_cli, tmp_path: Path
+):
+    """``best --trial N`` of a trial outside the round said "not confirmed: the round ranked
+    only its leaders ..." and never what its figure rests on; the answer's says "median of 3
+    confirmed runs"."""
+    space = write_space(tmp_path, n_trials=4)
+    space.write_text(space.read_text().replace("  seed: 0\n", SMALL_ROUNDS))
+    done = invoke_cli("run", str(space), "--isolation", "none", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    study = load_study("tiny", f"sqlite:///{tmp_path}/studies/autotune.db")
+    answer = studies.answer_of(study)
+    assert answer is not None and answer.confirmed
+    outside = [
+        t.number
+        for t in study.get_trials()
+        if t.state == TrialState.COMPLETE and answer.configuration(t.number) is None
+    ]
+    assert outside, "the round ran every trial"
+    shown = invoke_cli("best", "--trial", str(outside[0]), cwd=tmp_path, columns=200)
+    assert shown.returncode == 0, shown.stderr
+    facts = [line.strip() for line in shown.stdout.splitlines()[1:4]]
+    assert facts[:2] == [
+        "not confirmed: the round ranked only its leaders that met the bar in most of their runs",
+        "its value is one measurement, its trial's; the confirmation round did not run it",
+    ], shown.stdout
+    # the answer's own: the round's runs, and no such line
+    answer_shown = invoke_cli("best", "--trial", str(answer.number), cwd=tmp_path, columns=200)
+    assert f"(median of {answer.runs} confirmed runs)" in answer_shown.stdout
+    assert "one measurement" not in answer_shown.stdout
+
+
 def test_best_of_an_infeasible_trial_says_so_and_its_export_command_names_it(
     invoke_cli, seen, tmp_path: Path
 ):
