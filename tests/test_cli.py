@@ -277,6 +277,67 @@ def test_stored_names_and_values_are_shown_as_text(invoke_cli, seen, tmp_path: P
     assert "\N{FIRE}" not in listed.stdout
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # a trial asked, not optimized
+def test_studies_delete_keeps_stage_ones_cache_while_another_study_may_reuse_it(
+    invoke_cli, prepare_study, tmp_path: Path
+):
+    """A new user found no way to delete dead studies. ``studies --delete`` refuses a study
+    that runs, and keeps its speed study (stage 1's cache, read in place by every study of the
+    storage) until no study left may reuse it; a joint study (no stage 1) reuses nothing."""
+    space = TINY_SPACE.format(n_trials=2, pruner="none").replace("  seed: 0\n", SMALL_ROUNDS)
+    for name in ("a", "b"):  # the same machine, model and data: b reuses a's measurements
+        prepare_study(space.replace("name: tiny", f"name: {name}"), tmp_path)
+    joint = TINY_SPACE.format(n_trials=2, pruner="none").replace("  seed: 0\n", ONE_STAGE)
+    prepare_study(joint.replace("name: tiny", "name: c"), tmp_path, run=False)
+    url = f"sqlite:///{tmp_path}/studies/autotune.db"
+
+    def names() -> list[str]:
+        return sorted(optuna.get_all_study_names(url))
+
+    assert names() == ["a", "a.speed", "b", "b.speed", "c"]
+    # a trial of a trains now (its heartbeat beats): refused, and nothing deleted
+    beating = studies.open_storage(url, "write", heartbeat_interval=10)
+    trial = optuna.load_study(study_name="a", storage=beating).ask()
+    beating.record_heartbeat(trial._trial_id)
+    refused = invoke_cli("studies", "--delete", "a", cwd=tmp_path, columns=80)
+    assert refused.returncode == 1 and refused.stdout == "", refused.stdout
+    assert refused.stderr.splitlines() == [
+        "error: study a is running (1 trial training): let it end first"
+    ]
+    assert names() == ["a", "a.speed", "b", "b.speed", "c"]
+    optuna.load_study(study_name="a", storage=beating).tell(trial, state=TrialState.FAIL)
+    with studies.study_lock(load_study("a", url, "write"), "confirm"):  # a round runs
+        confirming = invoke_cli("studies", "--delete", "a", cwd=tmp_path, columns=80)
+    assert confirming.returncode == 1 and names()[0] == "a", confirming.stdout
+    assert confirming.stderr.splitlines() == [
+        "error: study a is running (its confirmation round): let it end first"
+    ]
+
+    own = invoke_cli("studies", "--delete", "a.speed", cwd=tmp_path, columns=200)
+    assert own.returncode == 1 and "it goes with its study" in own.stderr, own.stderr
+    done = invoke_cli("studies", "--delete", "a", cwd=tmp_path, columns=200)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "Deleted study a (3 trials) from sqlite:///studies/autotune.db.",
+        "Kept a.speed (stage 1's measurements): b may reuse them (the same machine, model and "
+        "data); it goes with the last study that may.",
+    ]
+    assert names() == ["a.speed", "b", "b.speed", "c"]
+    kept = invoke_cli("studies", "--delete", "a.speed", cwd=tmp_path, columns=200)
+    assert kept.returncode == 1 and "that b may reuse" in kept.stderr, kept.stderr
+
+    last = invoke_cli("studies", "--delete", "b", cwd=tmp_path, columns=200)
+    assert last.returncode == 0, last.stderr
+    lines = last.stdout.splitlines()
+    assert lines[0] == "Deleted study b (2 trials) from sqlite:///studies/autotune.db."
+    assert lines[1].startswith("Deleted a.speed: its ") and lines[1].endswith(
+        "stage-1 measurements, which no study left here may reuse."
+    )
+    assert names() == ["c"]  # a joint study reuses nothing
+    gone = invoke_cli("studies", "--delete", "b", cwd=tmp_path, columns=200)
+    assert gone.returncode == 1 and "error: no study 'b' in" in gone.stderr, gone.stderr
+
+
 def test_help_shows_flags_as_flags_and_version(invoke_cli, tmp_path: Path):
     """Typer showed ``--new-study <bool>``: ``--new-study true`` looked right and was refused."""
     commands = ("run", "export", "best", "verify")

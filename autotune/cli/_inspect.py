@@ -331,8 +331,17 @@ _WHERE_ANY = ("interrupted", "running")
 def list_studies(
     storage: Annotated[str, STORAGE_OPTION] = DEFAULT_STORAGE,
     as_json: Annotated[bool, flag("--json", help="Print machine-readable JSON.")] = False,
+    delete: Annotated[
+        str | None,
+        typer.Option(
+            "--delete",
+            metavar="NAME",
+            help="Delete study NAME (refused while it runs), and its stage-1 measurements "
+            "(NAME.speed) unless another study may reuse them.",
+        ),
+    ] = None,
 ) -> None:
-    """List the studies in a storage: trial counts and best values."""
+    """List a storage's studies and their best values, or delete one."""
     import optuna
     from rich import box
     from rich.table import Table
@@ -341,6 +350,12 @@ def list_studies(
     from autotune import study as studies
 
     quiet_libraries(verbose=False)
+    if delete is not None:
+        from autotune.cli._delete import delete_study
+
+        for line in delete_study(delete, storage):
+            console.print(line, markup=False, highlight=False)
+        return
     backend = studies.open_storage(storage, "read")
     summaries = optuna.get_all_study_summaries(backend, include_best_trial=False)
     shown = studies.display_url(storage)
