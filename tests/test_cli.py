@@ -147,6 +147,22 @@ def test_user_errors_are_one_line_exit_2_and_create_nothing(
     assert not list(scratch.glob("autotune-worker-*"))
 
 
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_gpus_that_would_train_on_the_cpu_are_refused_before_the_study_opens(
+    tmp_path: Path, device: str
+):
+    """``run --gpus 9`` of a CPU study, or of device auto where no GPU 9 exists, trained the
+    whole study on the CPU and exited 0."""
+    space = write_space(tmp_path, n_trials=1)
+    args = ("run", str(space), "--gpus", "99", "--device", device, "--isolation", "none")
+    done = run_cli(*args, cwd=tmp_path, env={"COLUMNS": "80"})
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --gpus 99: "), lines
+    assert "would train on the CPU" in lines[0] or "trains on the CPU" in lines[0]
+    assert not (tmp_path / "studies").exists()
+
+
 def test_missing_file_and_unknown_study(invoke_cli, tmp_path: Path):
     missing = invoke_cli("run", "nope.yaml", cwd=tmp_path)
     assert missing.returncode == 2 and "nope.yaml: no such file" in missing.stderr

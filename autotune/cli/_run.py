@@ -124,6 +124,8 @@ def run(
         quiet_libraries(verbose)
         if workers is not None and gpus is None:
             scaleout.refuse_cuda_workers(spec.workload.device)
+        if gpus is not None:
+            _refuse_cpu_gpus(gpus, spec.workload.device)
 
     try:
         options = session.RunOptions(
@@ -173,6 +175,24 @@ def run(
     if as_worker is not None:
         worker_exit(outcome)
     finish(study, spec, outcome, confirmed, new_study=new_study, verbose=verbose)
+
+
+def _refuse_cpu_gpus(gpus: str, device: str) -> None:
+    """A UserError where ``--gpus`` would train on the CPU: a study whose workload.device is
+    cpu, or auto where this worker's GPU (its share, applied) is none torch sees."""
+    if device == "auto":
+        from autotune.machine.hardware import detect
+
+        if detect(device).device == "cpu":
+            raise UserError(
+                f"--gpus {gpus}: torch sees no CUDA GPU of these, and workload.device auto "
+                f"would train on the CPU: name GPUs this machine has (nvidia-smi -L lists them)"
+            )
+    elif device == "cpu":
+        raise UserError(
+            f"--gpus {gpus}: this study trains on the CPU (workload.device: cpu): use "
+            f"--device cuda, or --workers N for workers on the CPU"
+        )
 
 
 def show_plan(prepared: session.Prepared, shares: list[WorkerShare] | None) -> None:
