@@ -10,17 +10,20 @@ import socket
 import sqlite3
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune import display
+from autotune import display, session
 from autotune import study as studies
 from autotune._version import __version__
+from autotune.cli._run import _other_cores
+from autotune.machine.scaleout import WorkerShare
 from autotune.study import StudyError, StudyRecord, answer_trial, load_study
-from autotune.testing import TINY_SPACE, import_blocker, run_cli, run_python, write_space
+from autotune.testing import CPU, TINY_SPACE, import_blocker, run_cli, run_python, write_space
 
 pytestmark = pytest.mark.slow
 
@@ -144,6 +147,22 @@ def test_user_errors_are_one_line_exit_2_and_create_nothing(
     assert not list(scratch.glob("autotune-worker-*"))
 
 
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_gpus_that_would_train_on_the_cpu_are_refused_before_the_study_opens(
+    tmp_path: Path, device: str
+):
+    """``run --gpus 9`` of a CPU study, or of device auto where no GPU 9 exists, trained the
+    whole study on the CPU and exited 0."""
+    space = write_space(tmp_path, n_trials=1)
+    args = ("run", str(space), "--gpus", "99", "--device", device, "--isolation", "none")
+    done = run_cli(*args, cwd=tmp_path, env={"COLUMNS": "80"})
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --gpus 99: "), lines
+    assert "would train on the CPU" in lines[0] or "trains on the CPU" in lines[0]
+    assert not (tmp_path / "studies").exists()
+
+
 def test_missing_file_and_unknown_study(invoke_cli, tmp_path: Path):
     missing = invoke_cli("run", "nope.yaml", cwd=tmp_path)
     assert missing.returncode == 2 and "nope.yaml: no such file" in missing.stderr
@@ -177,6 +196,43 @@ def test_edited_space_is_refused_until_new_study(invoke_cli, tmp_path: Path):
         StudyError, match=r"holds 2 studies \(tiny, tiny-2\): name one with --study"
     ):
         load_study(None, url)
+
+
+def test_a_run_on_other_cores_than_its_study_says_so_in_its_plan_with_what_to_do(
+    invoke_cli, prepare_study, tmp_path: Path
+):
+    """A study started on the whole CPU and resumed with --workers (each on a share of the
+    cores) warned only of another device's name, in two lines, and said nothing of what to do:
+    the plan says it in one line, before anything trains."""
+    before = CPU.cpu_count + 1  # cores this machine's run does not have
+    text = TINY_SPACE.format(n_trials=1, pruner="none").replace("  seed: 0\n", ONE_STAGE)
+    prepare_study(text, tmp_path, run=False, hardware=replace(CPU, cpu_count=before))
+    done = invoke_cli("run", "space.yaml", "--isolation", "none", cwd=tmp_path, columns=80)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    said = [i for i, line in enumerate(lines) if line.startswith("warning: study tiny's")]
+    assert len(said) == 1, done.stdout
+    assert lines[said[0]] == (
+        f"warning: study tiny's trials trained on {before} cores, this run on "
+        f"{display.plural(CPU.cpu_count, 'core')}: their times will not compare; name a new "
+        f"study (--study-name tiny-{CPU.cpu_count}cores)"
+    )
+    first_trial = next(i for i, line in enumerate(lines) if "trial   0" in line)
+    assert said[0] < first_trial, done.stdout  # in the plan, before it trains
+    # with --workers: each share's cores, and dropping --workers as the other way
+    prepared = session.Prepared(
+        spec=None,  # type: ignore[arg-type]  # what the line reads: the study, the machine
+        hardware=replace(CPU, cpu_count=1),
+        workload=None,  # type: ignore[arg-type]
+        dropped=(),
+        study=load_study("tiny", f"sqlite:///{tmp_path}/studies/autotune.db"),
+        retry=None,  # type: ignore[arg-type]
+    )
+    shares = [WorkerShare(index, 2, (index,), None) for index in range(2)]
+    line = _other_cores(prepared, shares) or ""
+    assert line.startswith(f"study tiny's trials trained on {before} cores, --workers 2 trains ")
+    assert "each on 1 core: their times will not compare; name a new study (--study-name " in line
+    assert "tiny-2workers)" in line
 
 
 def test_a_study_name_with_markup_and_spaces_is_shown_as_it_is(invoke_cli, tmp_path: Path):
@@ -237,6 +293,67 @@ def test_stored_names_and_values_are_shown_as_text(invoke_cli, seen, tmp_path: P
     assert "\N{FIRE}" not in listed.stdout
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # a trial asked, not optimized
+def test_studies_delete_keeps_stage_ones_cache_while_another_study_may_reuse_it(
+    invoke_cli, prepare_study, tmp_path: Path
+):
+    """A new user found no way to delete dead studies. ``studies --delete`` refuses a study
+    that runs, and keeps its speed study (stage 1's cache, read in place by every study of the
+    storage) until no study left may reuse it; a joint study (no stage 1) reuses nothing."""
+    space = TINY_SPACE.format(n_trials=2, pruner="none").replace("  seed: 0\n", SMALL_ROUNDS)
+    for name in ("a", "b"):  # the same machine, model and data: b reuses a's measurements
+        prepare_study(space.replace("name: tiny", f"name: {name}"), tmp_path)
+    joint = TINY_SPACE.format(n_trials=2, pruner="none").replace("  seed: 0\n", ONE_STAGE)
+    prepare_study(joint.replace("name: tiny", "name: c"), tmp_path, run=False)
+    url = f"sqlite:///{tmp_path}/studies/autotune.db"
+
+    def names() -> list[str]:
+        return sorted(optuna.get_all_study_names(url))
+
+    assert names() == ["a", "a.speed", "b", "b.speed", "c"]
+    # a trial of a trains now (its heartbeat beats): refused, and nothing deleted
+    beating = studies.open_storage(url, "write", heartbeat_interval=10)
+    trial = optuna.load_study(study_name="a", storage=beating).ask()
+    beating.record_heartbeat(trial._trial_id)
+    refused = invoke_cli("studies", "--delete", "a", cwd=tmp_path, columns=80)
+    assert refused.returncode == 1 and refused.stdout == "", refused.stdout
+    assert refused.stderr.splitlines() == [
+        "error: study a is running (1 trial training): let it end first"
+    ]
+    assert names() == ["a", "a.speed", "b", "b.speed", "c"]
+    optuna.load_study(study_name="a", storage=beating).tell(trial, state=TrialState.FAIL)
+    with studies.study_lock(load_study("a", url, "write"), "confirm"):  # a round runs
+        confirming = invoke_cli("studies", "--delete", "a", cwd=tmp_path, columns=80)
+    assert confirming.returncode == 1 and names()[0] == "a", confirming.stdout
+    assert confirming.stderr.splitlines() == [
+        "error: study a is running (its confirmation round): let it end first"
+    ]
+
+    own = invoke_cli("studies", "--delete", "a.speed", cwd=tmp_path, columns=200)
+    assert own.returncode == 1 and "it goes with its study" in own.stderr, own.stderr
+    done = invoke_cli("studies", "--delete", "a", cwd=tmp_path, columns=200)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "Deleted study a (3 trials) from sqlite:///studies/autotune.db.",
+        "Kept a.speed (stage 1's measurements): b may reuse them (the same machine, model and "
+        "data); it goes with the last study that may.",
+    ]
+    assert names() == ["a.speed", "b", "b.speed", "c"]
+    kept = invoke_cli("studies", "--delete", "a.speed", cwd=tmp_path, columns=200)
+    assert kept.returncode == 1 and "that b may reuse" in kept.stderr, kept.stderr
+
+    last = invoke_cli("studies", "--delete", "b", cwd=tmp_path, columns=200)
+    assert last.returncode == 0, last.stderr
+    lines = last.stdout.splitlines()
+    assert lines[0] == "Deleted study b (2 trials) from sqlite:///studies/autotune.db."
+    assert lines[1].startswith("Deleted a.speed: its ") and lines[1].endswith(
+        "stage-1 measurements, which no study left here may reuse."
+    )
+    assert names() == ["c"]  # a joint study reuses nothing
+    gone = invoke_cli("studies", "--delete", "b", cwd=tmp_path, columns=200)
+    assert gone.returncode == 1 and "error: no study 'b' in" in gone.stderr, gone.stderr
+
+
 def test_help_shows_flags_as_flags_and_version(invoke_cli, tmp_path: Path):
     """Typer showed ``--new-study <bool>``: ``--new-study true`` looked right and was refused."""
     commands = ("run", "export", "best", "verify")
@@ -248,6 +365,31 @@ def test_help_shows_flags_as_flags_and_version(invoke_cli, tmp_path: Path):
     version = invoke_cli("--version", cwd=tmp_path)
     assert version.returncode == 0, version.stderr
     assert version.stdout.strip() == f"autotune {__version__}"
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("nosuch",), "No such command 'nosuch'; see "),
+        (("--bogus",), "No such option: --bogus; see "),
+        (("run",), "Missing argument 'SPACE_FILE'; see "),
+        (("run", "x.yaml", "--n-trials", "many"), "Invalid value for '--n-trials'"),
+        (("confirm", "space.yaml"), "unexpected extra argument(s) (space.yaml); see "),
+        (("best", "--trial", "one"), "Invalid value for '--trial'"),
+        (("export", "--format"), "Option '--format' requires an argument"),
+        (("report", "--bogus"), "No such option: --bogus"),
+        (("dashboard", "--port", "http"), "Invalid value for '--port'"),
+        (("studies", "--json", "yes"), "unexpected extra argument(s) (yes)"),
+    ],
+)
+def test_a_wrong_argument_is_one_line_and_exit_2(invoke_cli, tmp_path: Path, args, expected):
+    """Typer drew a wrong option, value or command in a box of several lines, under the usage
+    line: every other user error is one line."""
+    done = invoke_cli(*args, cwd=tmp_path, columns=80)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines
+    assert "╭" not in done.stdout + done.stderr and not (tmp_path / "studies").exists()
 
 
 def test_help_reads_as_sentences_at_80_columns(invoke_cli, tmp_path: Path):
@@ -418,6 +560,38 @@ def test_best_says_what_its_seconds_are_and_no_speedup_the_run_did_not(
     assert f"autotune export --study seen --storage {url} --trial {trial.number} -o train.py" in (
         lines
     )  # whole, and the trial shown: not the answer
+
+
+def test_best_of_a_trial_the_round_did_not_rank_says_its_value_is_one_measurement(
+    invoke_cli, tmp_path: Path
+):
+    """``best --trial N`` of a trial outside the round said "not confirmed: the round ranked
+    only its leaders ..." and never what its figure rests on; the answer's says "median of 3
+    confirmed runs"."""
+    space = write_space(tmp_path, n_trials=4)
+    space.write_text(space.read_text().replace("  seed: 0\n", SMALL_ROUNDS))
+    done = invoke_cli("run", str(space), "--isolation", "none", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    study = load_study("tiny", f"sqlite:///{tmp_path}/studies/autotune.db")
+    answer = studies.answer_of(study)
+    assert answer is not None and answer.confirmed
+    outside = [
+        t.number
+        for t in study.get_trials()
+        if t.state == TrialState.COMPLETE and answer.configuration(t.number) is None
+    ]
+    assert outside, "the round ran every trial"
+    shown = invoke_cli("best", "--trial", str(outside[0]), cwd=tmp_path, columns=200)
+    assert shown.returncode == 0, shown.stderr
+    facts = [line.strip() for line in shown.stdout.splitlines()[1:4]]
+    assert facts[:2] == [
+        "not confirmed: the round ranked only its leaders that met the bar in most of their runs",
+        "its value is one measurement, its trial's; the confirmation round did not run it",
+    ], shown.stdout
+    # the answer's own: the round's runs, and no such line
+    answer_shown = invoke_cli("best", "--trial", str(answer.number), cwd=tmp_path, columns=200)
+    assert f"(median of {answer.runs} confirmed runs)" in answer_shown.stdout
+    assert "one measurement" not in answer_shown.stdout
 
 
 def test_best_of_an_infeasible_trial_says_so_and_its_export_command_names_it(

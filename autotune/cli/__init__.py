@@ -3,7 +3,8 @@
 Heavy modules (torch, Optuna, scikit-learn) are imported inside the commands, so that
 ``autotune --help`` and a typo in a space file answer at once. The commands that train are
 ``_run`` (run) and ``_confirm`` (confirm, verify); those that read a study are ``_inspect``'s
-(best, export, report, dashboard, studies). Importing them registers them.
+(best, export, report, dashboard, studies; ``_delete`` for ``studies --delete``). Importing
+them registers them.
 """
 
 from __future__ import annotations

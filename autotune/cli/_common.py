@@ -29,16 +29,41 @@ class _PlainHelp:
         return option
 
 
+# click's errors (a wrong option or value, a command that does not exist): Typer's own click
+# or the package's, whichever this Typer is built on
+_CLICK_ERROR: type[Exception] = next(
+    k for k in typer.BadParameter.__mro__ if k.__name__ == "ClickException"
+)
+
+
+def _usage_line(err: Any) -> typer.Exit:
+    """A click error (an unknown option, a value of the wrong type) in one line and its exit
+    status (2), naming the command's --help, not Typer's box of several lines."""
+    ctx = getattr(err, "ctx", None)
+    helped = f"; see {ctx.command_path} --help" if ctx is not None else ""
+    return fail(f"{err.format_message().rstrip('.')}{helped}", err.exit_code)
+
+
 class Group(_PlainHelp, TyperGroup):
     """The ``autotune`` group: a plain ``--help``; a user error that a command raises is said
     in a line (a line each of its lines), exit 1 (a command that exits otherwise catches its
-    own)."""
+    own); a wrong argument, option or command in a line, exit 2."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().make_context(*args, **kwargs)
+        except _CLICK_ERROR as err:
+            if type(err).__name__ == "NoArgsIsHelpError":  # plain `autotune`: the help
+                raise
+            raise _usage_line(err) from None
 
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except UserError as err:
             raise fail(str(err).splitlines(), EXIT_FAILED) from None
+        except _CLICK_ERROR as err:  # a command's own arguments
+            raise _usage_line(err) from None
 
 
 class Command(_PlainHelp, TyperCommand):

@@ -69,6 +69,8 @@ def best(
         console.print(f"[yellow]warning:[/] {escape(_infeasible(chosen))}")
     # what the run said of it: a speed-up only where the confirmation round backs one
     display.print_fact(console, result.confirmation_text(storage))
+    if result.confirmation is None and result.round_state != "none":  # "none": it says so
+        display.print_fact(console, _one_measurement(found, chosen.number))
     for key, value in result.metrics.items():
         note = display.METRIC_NOTES.get(key)
         name = f"validation {result.score_name}" if key == "score" else key
@@ -180,6 +182,26 @@ def export_command(
         console.print(Padding(Text(f"{epochs} into run/; {options}"), (0, 0, 0, 2)))
         if imported:  # say so before the user runs it: a shared study could name anything
             console.print(yours, markup=False)
+
+
+def _one_measurement(study: Any, number: int) -> str:
+    """What the value of trial ``number``, which the confirmation round of ``study`` does not
+    rank, rests on: its trial's one measurement, and the round's runs of it, where it has
+    some ("its value is one measurement, its trial's; the confirmation round measured it 3
+    times, its trial's included, feasible in 1: not most of them, so it is not ranked")."""
+    from autotune import study as studies
+
+    answer = studies.answer_of(study)
+    measured = answer.configuration(number) if answer is not None else None
+    said = "its value is one measurement, its trial's; the confirmation round "
+    if measured is None:
+        return said + "did not run it"
+    if measured.runs <= 1:
+        return said + "has not run it yet"
+    said += f"measured it {measured.runs} times, its trial's included, "
+    said += f"feasible in {measured.feasible_runs}"
+    unranked = measured.trial_feasible and not measured.eligible  # (infeasible: said above)
+    return said + (": not most of them, so it is not ranked" if unranked else "")
 
 
 def _infeasible(trial: FrozenTrial) -> str:
@@ -309,8 +331,17 @@ _WHERE_ANY = ("interrupted", "running")
 def list_studies(
     storage: Annotated[str, STORAGE_OPTION] = DEFAULT_STORAGE,
     as_json: Annotated[bool, flag("--json", help="Print machine-readable JSON.")] = False,
+    delete: Annotated[
+        str | None,
+        typer.Option(
+            "--delete",
+            metavar="NAME",
+            help="Delete study NAME (refused while it runs), and its stage-1 measurements "
+            "(NAME.speed) unless another study may reuse them.",
+        ),
+    ] = None,
 ) -> None:
-    """List the studies in a storage: trial counts and best values."""
+    """List a storage's studies and their best values, or delete one."""
     import optuna
     from rich import box
     from rich.table import Table
@@ -319,6 +350,12 @@ def list_studies(
     from autotune import study as studies
 
     quiet_libraries(verbose=False)
+    if delete is not None:
+        from autotune.cli._delete import delete_study
+
+        for line in delete_study(delete, storage):
+            console.print(line, markup=False, highlight=False)
+        return
     backend = studies.open_storage(storage, "read")
     summaries = optuna.get_all_study_summaries(backend, include_best_trial=False)
     shown = studies.display_url(storage)

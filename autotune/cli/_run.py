@@ -124,6 +124,8 @@ def run(
         quiet_libraries(verbose)
         if workers is not None and gpus is None:
             scaleout.refuse_cuda_workers(spec.workload.device)
+        if gpus is not None:
+            _refuse_cpu_gpus(gpus, spec.workload.device)
 
     try:
         options = session.RunOptions(
@@ -175,6 +177,24 @@ def run(
     finish(study, spec, outcome, confirmed, new_study=new_study, verbose=verbose)
 
 
+def _refuse_cpu_gpus(gpus: str, device: str) -> None:
+    """A UserError where ``--gpus`` would train on the CPU: a study whose workload.device is
+    cpu, or auto where this worker's GPU (its share, applied) is none torch sees."""
+    if device == "auto":
+        from autotune.machine.hardware import detect
+
+        if detect(device).device == "cpu":
+            raise UserError(
+                f"--gpus {gpus}: torch sees no CUDA GPU of these, and workload.device auto "
+                f"would train on the CPU: name GPUs this machine has (nvidia-smi -L lists them)"
+            )
+    elif device == "cpu":
+        raise UserError(
+            f"--gpus {gpus}: this study trains on the CPU (workload.device: cpu): use "
+            f"--device cuda, or --workers N for workers on the CPU"
+        )
+
+
 def show_plan(prepared: session.Prepared, shares: list[WorkerShare] | None) -> None:
     """What ``run`` shows before it trains: the plan, the workers, and what the check of the
     workload found doubtful."""
@@ -184,6 +204,9 @@ def show_plan(prepared: session.Prepared, shares: list[WorkerShare] | None) -> N
     display.print_plan(console, spec, prepared.hardware, prepared.study, list(prepared.dropped))
     if shares is not None and len(shares) > 1:
         display.print_item(console, "workers", display.describe_shares(shares))
+    mixed = _other_cores(prepared, shares)
+    if mixed is not None:
+        console.print(Text("warning: ", style="yellow") + Text(mixed), soft_wrap=True)
     for line in workload.warnings:  # what the check of the workload found doubtful
         console.print(f"[yellow]warning:[/] {escape(line)}")
     untrained = workload.untrained_score
@@ -196,6 +219,34 @@ def show_plan(prepared: session.Prepared, shares: list[WorkerShare] | None) -> N
             f"target_score, or a score that is 0 or more",
             soft_wrap=True,
         )
+
+
+def _other_cores(prepared: session.Prepared, shares: list[WorkerShare] | None) -> str | None:
+    """The plan's line where this run trains on other cores than the study's trials did
+    (``session.cores_changed``: --workers added to a study, or left out), with what to do:
+    a new study, or the cores the study started with; None where they are the same."""
+    from autotune.display import plural
+
+    changed = session.cores_changed(prepared)
+    if changed is None:
+        return None
+    before, now = changed
+    name = prepared.study.study_name
+    shares = shares if shares is not None and len(shares) > 1 else []
+    workers = len(shares) or 1
+    machine = now * workers + len(scaleout.unused_cores(shares)) if shares else now
+    cores = plural(now, "core")
+    run = f"--workers {workers} trains each on {cores}" if workers > 1 else f"this run on {cores}"
+    new_name = f"{name}-{workers}workers" if workers > 1 else f"{name}-{now}cores"
+    remedy = f"name a new study (--study-name {new_name})"
+    if before == machine:
+        remedy += " or drop --workers"
+    elif machine % before == 0:
+        remedy += f" or run it with --workers {machine // before}, as it started"
+    return (
+        f"study {name}'s trials trained on {plural(before, 'core')}, {run}: their times will "
+        f"not compare; {remedy}"
+    )
 
 
 class Shown(session.RunHooks):

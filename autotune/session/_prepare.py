@@ -127,6 +127,21 @@ def prepare(
     return Prepared(spec, hardware, workload, dropped, study, storage.retry, launched)
 
 
+def cores_changed(prepared: Prepared) -> tuple[int, int] | None:
+    """The cores the study's trials trained on (as it was created) and those this run's
+    trials train on, where the two differ on the same CPU: a study started without
+    ``--workers`` and resumed with it, or the other way. Trials timed on different cores do
+    not compare (the run says so before it trains); None where they do not differ, or where
+    the study was created on another device (the plan warns of that as it is)."""
+    created = studies.StudyRecord.of(prepared.study).hardware or {}
+    hardware = prepared.hardware
+    cores = created.get("cpu_cores")
+    if hardware.device != "cpu" or created.get("device") != "cpu" or not isinstance(cores, int):
+        return None
+    same_cpu = created.get("cpu") == hardware.device_name.rsplit(" (", 1)[0]  # "X (2 cores)"
+    return (cores, hardware.cpu_count) if same_cpu and cores != hardware.cpu_count else None
+
+
 @contextlib.contextmanager
 def storage_faults(storage: str) -> Iterator[None]:
     """A storage fault inside (a full disk, a read-only or damaged database, no server) raised
