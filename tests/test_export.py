@@ -345,6 +345,80 @@ def test_the_script_compares_its_speed_with_the_confirmed_median_else_the_trials
         assert f"TRIAL_SPEED_SOURCE = {literal(source)}\n" in text
 
 
+def test_a_study_that_recorded_no_speed_still_ends_with_a_done_line(tiny_study, tmp_path: Path):
+    """Without a speed of the trial's (none recorded, no confirmation round's), the header's
+    TRIAL_SAMPLES_PER_SECOND is None: the done line says so (formatting None raised a
+    TypeError after the run had trained)."""
+    study, _ = tiny_study
+    best = best_config(study, select_trial(study))
+    metrics = {k: v for k, v in best.metrics.items() if k != "samples_per_second"}
+    unmeasured = dataclasses.replace(best, metrics=metrics, confirmation=None)
+    script = tmp_path / "train.py"
+    write_new_file(script, render_script(study, unmeasured))
+    assert "TRIAL_SAMPLES_PER_SECOND = None" in script.read_text()
+    done = script_here(script, "--epochs", "2")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].startswith("done: 2 epochs; ")
+    assert done.stdout.endswith(f"(trial {best.trial} recorded no samples/s)\n")
+
+
+def test_ctrl_c_says_what_the_run_kept_and_the_command_that_goes_on(
+    tiny_study, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Before the first checkpoint, the same command (its arguments too: it said ``python
+    train.py``, which would train for the default epochs at the default rate); after the run
+    ended, that its weights are written (it said 'interrupted before training began'); and the
+    --resume that goes on carries what a checkpoint does not keep: more epochs than planned
+    (it was left out, and the run resumed as it said stopped at once) and the threads."""
+    study, _ = tiny_study
+    script = tmp_path / "train.py"
+    write_new_file(script, render_script(study, best_config(study, select_trial(study))))
+    printing = builtins.print
+
+    def last_line(stderr: str) -> str:  # after a note of where the workload module was found
+        return stderr.splitlines()[-1]
+
+    def stopped_saving(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    def stopped_saying_done(*args: object, **kwargs: object) -> None:
+        if str(args[0]).startswith("done:"):
+            raise KeyboardInterrupt
+        printing(*args, **kwargs)
+
+    given = ("--epochs", "2", "--lr", "0.01", "--seed", "3", "--run-dir", "a")
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "save", stopped_saving)  # epoch 1's checkpoint
+        first = script_here(script, *given)
+    assert (first.returncode, last_line(first.stderr)) == (
+        130,
+        f"interrupted in epoch 1 of 2, before its first checkpoint: python {script} "
+        f"{' '.join(given)} starts it again",
+    )
+    with monkeypatch.context() as patch:
+        patch.setattr(builtins, "print", stopped_saying_done)
+        ended = script_here(script, "--epochs", "1")
+    assert (ended.returncode, last_line(ended.stderr)) == (
+        130,
+        "interrupted after the run ended: its final weights are in run/model.pt",
+    )
+    assert (tmp_path / "run" / "model.pt").exists()
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "save", stopped_saving)  # epoch 2's checkpoint
+        longer = script_here(script, "--resume", "--epochs", "3", "--threads", "1")
+    resume = f"python {script} --resume --epochs 3 --threads 1"
+    assert (longer.returncode, last_line(longer.stderr)) == (
+        130,
+        f"interrupted in epoch 2 of 3; the last checkpoint is epoch 1 in run/: {resume}",
+    )
+    went_on = script_here(script, *resume.split()[2:])
+    assert went_on.returncode == 0, went_on.stderr
+    assert (
+        "epoch 3/3" in went_on.stdout
+        and torch.load(tmp_path / "run" / "checkpoint.pt")["epoch"] == 3
+    )
+
+
 VARIANTS = {
     "defaults": {},
     "fp16-sgd-onecycle-workers-accumulation-nhwc": {
