@@ -369,7 +369,9 @@ def test_ctrl_c_says_what_the_run_kept_and_the_command_that_goes_on(
     train.py``, which would train for the default epochs at the default rate); after the run
     ended, that its weights are written (it said 'interrupted before training began'); and the
     --resume that goes on carries what a checkpoint does not keep: more epochs than planned
-    (it was left out, and the run resumed as it said stopped at once) and the threads."""
+    (it was left out, and the run resumed as it said stopped at once) and the threads; what the
+    checkpoint keeps (the learning rate, the seed) a resumed run is not given anew (--lr was
+    ignored); each epoch is recorded once in metrics.jsonl."""
     study, _ = tiny_study
     script = tmp_path / "train.py"
     write_new_file(script, render_script(study, best_config(study, select_trial(study))))
@@ -411,12 +413,25 @@ def test_ctrl_c_says_what_the_run_kept_and_the_command_that_goes_on(
         130,
         f"interrupted in epoch 2 of 3; the last checkpoint is epoch 1 in run/: {resume}",
     )
+    # the learning rate and seed are the run's plan: another one is refused, not ignored
+    planned = re.search(r"^LEARNING_RATE = (\S+)", script.read_text(), re.MULTILINE)
+    assert planned is not None
+    other_lr = script_here(script, "--resume", "--lr", "0.5")
+    assert (other_lr.returncode, last_line(other_lr.stderr)) == (
+        2,
+        f"train.py: error: --lr 0.5: the run in run/ goes on with the --lr it began with, "
+        f"{float(planned[1])} (--force starts it over with --lr 0.5)",
+    )
     went_on = script_here(script, *resume.split()[2:])
     assert went_on.returncode == 0, went_on.stderr
     assert (
         "epoch 3/3" in went_on.stdout
         and torch.load(tmp_path / "run" / "checkpoint.pt")["epoch"] == 3
     )
+    # each epoch recorded once: the one stopped while its checkpoint was written is recorded
+    # when it trains again (it was recorded twice)
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in metrics] == [1, 2, 3]
 
 
 VARIANTS = {
