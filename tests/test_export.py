@@ -432,6 +432,30 @@ def test_ctrl_c_says_what_the_run_kept_and_the_command_that_goes_on(
     # when it trains again (it was recorded twice)
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["epoch"] for line in metrics] == [1, 2, 3]
+    # a longer run stopped while writing its final weights: the --resume it says writes them,
+    # over the shorter run's model.pt (which it kept, as if it were this run's)
+    saving, saves = torch.save, 0
+
+    def stopped_saving_the_weights(*args: object, **kwargs: object) -> None:
+        nonlocal saves
+        saves += 1
+        if saves == 2:  # the checkpoint of epoch 4, then model.pt
+            raise KeyboardInterrupt
+        saving(*args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "save", stopped_saving_the_weights)
+        writing = script_here(script, "--resume", "--epochs", "4")
+    resume = f"python {script} --resume --epochs 4"
+    assert (writing.returncode, last_line(writing.stderr)) == (
+        130,
+        f"interrupted after the last epoch, writing run/model.pt: {resume} writes it",
+    )
+    assert script_here(script, *resume.split()[2:]).returncode == 0
+    kept = torch.load(tmp_path / "run" / "checkpoint.pt")
+    assert kept["epoch"] == 4
+    for name, weights in torch.load(tmp_path / "run" / "model.pt").items():
+        assert torch.equal(weights, kept["model"][name]), name
 
 
 VARIANTS = {
