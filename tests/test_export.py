@@ -458,6 +458,33 @@ def test_ctrl_c_says_what_the_run_kept_and_the_command_that_goes_on(
         assert torch.equal(weights, kept["model"][name]), name
 
 
+def test_a_ctrl_c_before_torchruns_processes_train_is_said_once_with_torchrun(
+    tiny_study, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Under torchrun every process gets the Ctrl-C: before training, rank 0 alone says so, and
+    with the command that started them (each said 'python train.py ...')."""
+    study, _ = tiny_study
+    best = best_config(study, select_trial(study))
+    script = tmp_path / "train.py"
+    write_new_file(script, render_script(study, _with(best, best.config.replace(world_size=2))))
+
+    def interrupted(*args: object) -> int:  # as the command line is read
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch.cuda, "device_count", interrupted)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    said = {}
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        said[rank] = script_here(script, "--epochs", "2", "--device", "cpu")
+    assert (said["0"].returncode, said["0"].stderr.splitlines()[-1]) == (
+        130,
+        f"interrupted before training began: torchrun --nproc-per-node 2 {script} --epochs 2 "
+        "--device cpu starts it again",
+    )
+    assert said["1"].returncode == 130 and "interrupted" not in said["1"].stderr
+
+
 VARIANTS = {
     "defaults": {},
     "fp16-sgd-onecycle-workers-accumulation-nhwc": {
