@@ -345,6 +345,146 @@ def test_the_script_compares_its_speed_with_the_confirmed_median_else_the_trials
         assert f"TRIAL_SPEED_SOURCE = {literal(source)}\n" in text
 
 
+def test_a_study_that_recorded_no_speed_still_ends_with_a_done_line(tiny_study, tmp_path: Path):
+    """Without a speed of the trial's (none recorded, no confirmation round's), the header's
+    TRIAL_SAMPLES_PER_SECOND is None: the done line says so (formatting None raised a
+    TypeError after the run had trained)."""
+    study, _ = tiny_study
+    best = best_config(study, select_trial(study))
+    metrics = {k: v for k, v in best.metrics.items() if k != "samples_per_second"}
+    unmeasured = dataclasses.replace(best, metrics=metrics, confirmation=None)
+    script = tmp_path / "train.py"
+    write_new_file(script, render_script(study, unmeasured))
+    assert "TRIAL_SAMPLES_PER_SECOND = None" in script.read_text()
+    done = script_here(script, "--epochs", "2")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].startswith("done: 2 epochs; ")
+    assert done.stdout.endswith(f"(trial {best.trial} recorded no samples/s)\n")
+
+
+def test_ctrl_c_says_what_the_run_kept_and_the_command_that_goes_on(
+    tiny_study, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Before the first checkpoint, the same command (its arguments too: it said ``python
+    train.py``, which would train for the default epochs at the default rate); after the run
+    ended, that its weights are written (it said 'interrupted before training began'); and the
+    --resume that goes on carries what a checkpoint does not keep: more epochs than planned
+    (it was left out, and the run resumed as it said stopped at once) and the threads; what the
+    checkpoint keeps (the learning rate, the seed) a resumed run is not given anew (--lr was
+    ignored); each epoch is recorded once in metrics.jsonl."""
+    study, _ = tiny_study
+    script = tmp_path / "train.py"
+    write_new_file(script, render_script(study, best_config(study, select_trial(study))))
+    printing = builtins.print
+
+    def last_line(stderr: str) -> str:  # after a note of where the workload module was found
+        return stderr.splitlines()[-1]
+
+    def stopped_saving(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    def stopped_saying_done(*args: object, **kwargs: object) -> None:
+        if str(args[0]).startswith("done:"):
+            raise KeyboardInterrupt
+        printing(*args, **kwargs)
+
+    given = ("--epochs", "2", "--lr", "0.01", "--seed", "3", "--run-dir", "a")
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "save", stopped_saving)  # epoch 1's checkpoint
+        first = script_here(script, *given)
+    assert (first.returncode, last_line(first.stderr)) == (
+        130,
+        f"interrupted in epoch 1 of 2, before its first checkpoint: python {script} "
+        f"{' '.join(given)} starts it again",
+    )
+    with monkeypatch.context() as patch:
+        patch.setattr(builtins, "print", stopped_saying_done)
+        ended = script_here(script, "--epochs", "1")
+    assert (ended.returncode, last_line(ended.stderr)) == (
+        130,
+        "interrupted after the run ended: its final weights are in run/model.pt",
+    )
+    assert (tmp_path / "run" / "model.pt").exists()
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "save", stopped_saving)  # epoch 2's checkpoint
+        longer = script_here(script, "--resume", "--epochs", "3", "--threads", "1")
+    resume = f"python {script} --resume --epochs 3 --threads 1"
+    assert (longer.returncode, last_line(longer.stderr)) == (
+        130,
+        f"interrupted in epoch 2 of 3; the last checkpoint is epoch 1 in run/: {resume}",
+    )
+    # the learning rate and seed are the run's plan: another one is refused, not ignored
+    planned = re.search(r"^LEARNING_RATE = (\S+)", script.read_text(), re.MULTILINE)
+    assert planned is not None
+    other_lr = script_here(script, "--resume", "--lr", "0.5")
+    assert (other_lr.returncode, last_line(other_lr.stderr)) == (
+        2,
+        f"train.py: error: --lr 0.5: the run in run/ goes on with the --lr it began with, "
+        f"{float(planned[1])} (--force starts it over with --lr 0.5)",
+    )
+    went_on = script_here(script, *resume.split()[2:])
+    assert went_on.returncode == 0, went_on.stderr
+    assert (
+        "epoch 3/3" in went_on.stdout
+        and torch.load(tmp_path / "run" / "checkpoint.pt")["epoch"] == 3
+    )
+    # each epoch recorded once: the one stopped while its checkpoint was written is recorded
+    # when it trains again (it was recorded twice)
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in metrics] == [1, 2, 3]
+    # a longer run stopped while writing its final weights: the --resume it says writes them,
+    # over the shorter run's model.pt (which it kept, as if it were this run's)
+    saving, saves = torch.save, 0
+
+    def stopped_saving_the_weights(*args: object, **kwargs: object) -> None:
+        nonlocal saves
+        saves += 1
+        if saves == 2:  # the checkpoint of epoch 4, then model.pt
+            raise KeyboardInterrupt
+        saving(*args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "save", stopped_saving_the_weights)
+        writing = script_here(script, "--resume", "--epochs", "4")
+    resume = f"python {script} --resume --epochs 4"
+    assert (writing.returncode, last_line(writing.stderr)) == (
+        130,
+        f"interrupted after the last epoch, writing run/model.pt: {resume} writes it",
+    )
+    assert script_here(script, *resume.split()[2:]).returncode == 0
+    kept = torch.load(tmp_path / "run" / "checkpoint.pt")
+    assert kept["epoch"] == 4
+    for name, weights in torch.load(tmp_path / "run" / "model.pt").items():
+        assert torch.equal(weights, kept["model"][name]), name
+
+
+def test_a_ctrl_c_before_torchruns_processes_train_is_said_once_with_torchrun(
+    tiny_study, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Under torchrun every process gets the Ctrl-C: before training, rank 0 alone says so, and
+    with the command that started them (each said 'python train.py ...')."""
+    study, _ = tiny_study
+    best = best_config(study, select_trial(study))
+    script = tmp_path / "train.py"
+    write_new_file(script, render_script(study, _with(best, best.config.replace(world_size=2))))
+
+    def interrupted(*args: object) -> int:  # as the command line is read
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch.cuda, "device_count", interrupted)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    said = {}
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        said[rank] = script_here(script, "--epochs", "2", "--device", "cpu")
+    assert (said["0"].returncode, said["0"].stderr.splitlines()[-1]) == (
+        130,
+        f"interrupted before training began: torchrun --nproc-per-node 2 {script} --epochs 2 "
+        "--device cpu starts it again",
+    )
+    assert said["1"].returncode == 130 and "interrupted" not in said["1"].stderr
+
+
 VARIANTS = {
     "defaults": {},
     "fp16-sgd-onecycle-workers-accumulation-nhwc": {

@@ -380,51 +380,105 @@ def _script_weights(script: ModuleType, run_dir: Path, *args: str) -> dict[str, 
     return torch.load(run_dir / "model.pt")
 
 
-def test_an_optimizer_step_spans_two_epochs_in_the_script_as_in_the_trials(
-    export: Export, tmp_path: Path
+# how the training batches reach the device: the device pipeline, and a DataLoader whose
+# sampler draws each epoch's order from the generator lazily
+PIPELINES = {
+    "device": {"data_pipeline": "device"},
+    "dataloader": {"data_pipeline": "dataloader", "num_workers": 0},
+}
+# the same in worker processes, started every epoch or once (their seed drawn from the
+# generator only then): processes to start, so slow
+WORKERS = {"data_pipeline": "dataloader", "num_workers": 1, "prefetch_factor": 2}
+PIPELINES |= {
+    "dataloader-workers": WORKERS | {"persistent_workers": False},
+    "dataloader-persistent-workers": WORKERS | {"persistent_workers": True},
+}
+
+
+def _interrupted_at(script: ModuleType, micro_batch: int, run_dir: Path, *args: str) -> int:
+    """``python train.py --run-dir RUN_DIR ARGS`` stopped by Ctrl-C as it begins the
+    ``micro_batch``-th micro-batch of this process (counting from 1): the epochs its checkpoint
+    then holds."""
+    training_loss, calls = script.training_loss, 0
+
+    def interrupted(*loss_args: object) -> object:
+        nonlocal calls
+        calls += 1
+        if calls == micro_batch:
+            raise KeyboardInterrupt
+        return training_loss(*loss_args)
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit):
+        patch.setattr(script, "training_loss", interrupted)
+        _script_weights(script, run_dir, *args)
+    return torch.load(run_dir / "checkpoint.pt")["epoch"]
+
+
+@pytest.mark.parametrize(
+    "pipeline",
+    [
+        pytest.param(name, marks=[pytest.mark.slow] if "workers" in name else [])
+        for name in PIPELINES
+    ],
+)
+def test_an_interrupted_run_resumes_on_the_straight_runs_batches_to_the_bit(
+    export: Export, tmp_path: Path, pipeline: str
 ):
     """37 micro-batches an epoch, 2 to an optimizer step: a trial counts its micro-batches on
     across epochs (``runner._train``: epoch 1's last one begins a step that epoch 2's first
-    ends; 2 epochs are 37 steps). The script once dropped each epoch's odd one (36 steps, the
-    schedule over 36). Its weights equal a Trainer's fed as a trial feeds it, also when the
-    run stops after epoch 1, mid-step, and resumes (the checkpoint keeps the open step). On
-    the device pipeline: a DataLoader run resumed draws another order for its next epoch (its
-    sampler's end, polled in a straight run, draws from the generator: not this test's)."""
+    ends; 3 epochs are 55 steps), and so does the script; a checkpoint keeps the open step.
+    Three epochs straight, and the same stopped by Ctrl-C at an epoch's first micro-batch, then
+    resumed and stopped again mid-epoch, then resumed to the end: the same weights, bit for bit,
+    as a Trainer's fed as a trial feeds it. The DataLoader's sampler draws an epoch's order from
+    the generator lazily, and the trailing draw of its end at the next epoch's first batch: the
+    script ends each epoch's pass before its checkpoint keeps the generator's state (it once
+    kept the state before that draw, and a resumed run trained on other batches); persistent
+    workers draw their seed from it once, as the first epoch begins (a resumed run's did again,
+    and drew another order)."""
     script, config = export(
-        data_pipeline="device",
+        **PIPELINES[pipeline],
         accumulation_steps=2,
         schedule="cosine",
         warmup_fraction=0.2,
         **OPTIMIZERS["sgd"],
     )
-    seed = script.SEED
+    seed, epochs = script.SEED, 3
+    total_steps = epochs * TOTAL_STEPS // 2
     torch.set_num_threads(1)  # as the script's runs: sums in one order
     torch.manual_seed(seed)  # as main() seeds, then makes the loaders and the model
     loader = script.make_loaders(seed, torch.device("cpu"))[0]
-    trainer = Trainer(script.make_model(), config.replace(epochs=2), TOTAL_STEPS)
+    trainer = Trainer(script.make_model(), config.replace(epochs=epochs), total_steps)
     assert len(loader) == TOTAL_STEPS and len(loader) % 2  # odd: a step spans the epochs
     batches = clocks.Epochs(loader)  # the trial's loop, micro-batch after micro-batch
-    while trainer.steps < TOTAL_STEPS:
+    while trainer.steps < total_steps:
         trainer.train_step(*next(batches))
-    assert trainer.micro_batches == 2 * TOTAL_STEPS
 
-    straight = _script_weights(script, tmp_path / "a", "--epochs", "2")
-    evaluate, evaluations = script.evaluate, 0
-
-    def interrupted(*args: object) -> object:  # Ctrl-C in epoch 2: epoch 1's checkpoint kept
-        nonlocal evaluations
-        evaluations += 1
-        if evaluations == 2:
-            raise KeyboardInterrupt
-        return evaluate(*args)
-
-    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit):
-        patch.setattr(script, "evaluate", interrupted)
-        _script_weights(script, tmp_path / "b", "--epochs", "2")
-    assert torch.load(tmp_path / "b" / "checkpoint.pt")["epoch"] == 1
-    resumed = _script_weights(script, tmp_path / "b", "--resume")
+    straight = _script_weights(script, tmp_path / "a", "--epochs", str(epochs))
+    run = tmp_path / "b"
+    # Ctrl-C as epoch 2 begins (its checkpoint just written), then in the middle of epoch 3
+    assert _interrupted_at(script, TOTAL_STEPS + 1, run, "--epochs", str(epochs)) == 1
+    assert _interrupted_at(script, TOTAL_STEPS + 18, run, "--resume") == 2
+    resumed = _script_weights(script, run, "--resume")
     for name, weights in trainer.model.state_dict().items():
         assert torch.equal(straight[name], weights), name
+        assert torch.equal(resumed[name], weights), name
+
+
+def test_a_resumed_run_draws_from_torchs_random_stream_where_the_straight_run_did(
+    export: Export, tmp_path: Path
+):
+    """Dropout, and a data set's augmentation in the main process (the built-in CIFAR-10's
+    crop and flip through a DataLoader without workers), draw from torch's global random stream:
+    the checkpoint keeps its state, so a run stopped mid-epoch and resumed ends with the
+    straight run's weights (it once started the stream again from the seed)."""
+    script, _ = export(data_pipeline="dataloader", num_workers=0)
+    make_model = script.make_model
+    script.make_model = lambda: nn.Sequential(nn.Dropout(0.2), make_model())
+    straight = _script_weights(script, tmp_path / "a", "--epochs", "2")
+    run = tmp_path / "b"
+    assert _interrupted_at(script, TOTAL_STEPS + 18, run, "--epochs", "2") == 1
+    resumed = _script_weights(script, run, "--resume")
+    for name, weights in straight.items():
         assert torch.equal(resumed[name], weights), name
 
 
@@ -522,6 +576,7 @@ WARMUP_STEP = 0.01  # an optimizer step of the warm-up
 FIRST_EPOCH_STEP = 0.001  # a step of the first epoch after it
 LATER_STEP = 0.002  # a step of a later epoch
 EPOCH_START = 0.005  # the training batches' start, every epoch
+EPOCH_END = 0.003  # their end (a DataLoader's workers stopping), every epoch
 OFF_THE_CLOCK = 1.0  # an evaluation, a checkpoint: not training time
 
 
@@ -533,7 +588,9 @@ def test_the_script_reports_its_steady_speed_by_the_trials_rule(
     and it feeds them as a trial does: on a fake clock where every step, epoch start,
     evaluation and checkpoint takes a known time, its steady speed leaves out the first
     ``warmup_steps`` steps (not its whole first epoch), evaluations and checkpoints, and counts
-    one epoch start per epoch."""
+    one epoch start per epoch, the end of the epoch before it included (a trial pays an
+    epoch's end as the next begins; the script ends an epoch's pass before its checkpoint, on
+    the clock, and pays the last one too)."""
     script, config = export()
     text = Path(script.__file__).read_text()
     for shared in (clocks.SteadyPace, clocks.Epochs, clocks.warmup_steps, TrainClock):
@@ -560,7 +617,7 @@ def test_the_script_reports_its_steady_speed_by_the_trials_rule(
                 )
             return self.inner(inputs)
 
-    class Starting:  # the training batches, each epoch's start taking EPOCH_START
+    class Starting:  # the training batches, each epoch's start and end taking their time
         def __init__(self, loader: object) -> None:
             self.loader = loader
 
@@ -569,7 +626,8 @@ def test_the_script_reports_its_steady_speed_by_the_trials_rule(
 
         def __iter__(self) -> Iterator[object]:
             now[0] += EPOCH_START
-            return iter(self.loader)
+            yield from self.loader
+            now[0] += EPOCH_END
 
     def off_the_clock(function: Callable) -> Callable:
         def slow(*args: object) -> object:
@@ -599,9 +657,10 @@ def test_the_script_reports_its_steady_speed_by_the_trials_rule(
     # after the warm-up: the rest of epoch 1 and the later epochs, each of those epochs' start
     steady = epochs * per_epoch - warmup
     step_seconds = (per_epoch - warmup) * FIRST_EPOCH_STEP + (epochs - 1) * per_epoch * LATER_STEP
-    # one start per epoch, at what a start costs after the first (none seen in a 1-epoch run)
-    starts = steady / per_epoch * (EPOCH_START if epochs > 1 else 0.0)
-    expected = steady * config.batch_size / (step_seconds + starts)
+    # one start per epoch, at what a start costs after the first, the end before it included
+    # (none seen in a 1-epoch run), and the last epoch's end
+    starts = steady / per_epoch * (EPOCH_START + EPOCH_END if epochs > 1 else 0.0)
+    expected = steady * config.batch_size / (step_seconds + starts + EPOCH_END)
     assert said is not None and float(said[1].replace(",", "")) == round(expected)
     # beside the confirmation round's median for the trial, not its single search-time figure
     found = best_config(study, select_trial(study))

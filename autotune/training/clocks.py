@@ -36,6 +36,7 @@ class Epochs:
         self.loader = loader
         self.start_seconds: list[float] = []  # per epoch begun, the first one's included
         self._epoch: Iterator[Any] = iter(())
+        self._ended = 0.0  # seconds ending this epoch's pass took (``end_epoch``)
 
     def __iter__(self) -> Iterator[Any]:
         return self
@@ -46,8 +47,20 @@ class Epochs:
         if batch is _END:
             self._epoch = iter(self.loader)
             batch = next(self._epoch)
-            self.start_seconds.append(time.perf_counter() - began)
+            self.start_seconds.append(time.perf_counter() - began + self._ended)
+            self._ended = 0.0
         return batch
+
+    def end_epoch(self) -> None:
+        """Read this epoch's pass past its last batch, as the next epoch's first batch would:
+        its sampler's last draw from the loader's generator (a shuffling DataLoader's draws the
+        permutation that ends its iterator) is made now, so a checkpoint keeps the state the
+        next epoch begins from. Timed as part of the next epoch's start."""
+        began = time.perf_counter()
+        if next(self._epoch, _END) is not _END:
+            raise RuntimeError("end_epoch: the epoch has batches left")
+        self._epoch = iter(())
+        self._ended += time.perf_counter() - began
 
     def end_pass(self) -> None:
         """Abandon this epoch: the next batch begins another (a stage-1 burst's)."""
