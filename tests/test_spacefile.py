@@ -258,6 +258,9 @@ def test_bad_knob_values(knob_yaml, expected):
         ),
         ("", "this one is empty"),
         ("- a\n- b\n", "this one is list"),
+        # another file passed by mistake: one line, its keys (perhaps secrets) not echoed
+        ("root:*:20228:0:99999:7::\n", "this one is a mapping of 1 other key, none of them"),
+        ("password: hunter2\ntoken: abc\n", "a mapping of 2 other keys, none of them a section"),
         ("study: [\n", "invalid YAML"),
     ],
 )

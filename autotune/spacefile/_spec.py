@@ -331,12 +331,16 @@ def parse_spec(text: str, path: Path | str = "<space>") -> Spec:
     """Parse and validate the text of a space file; raise SpecError listing every problem."""
     name = str(path)
     node, raw = read_yaml(text, name)
-    if not isinstance(raw, dict):
+    sections = list(Spec.model_fields)
+    if not isinstance(raw, dict) or not any(closest(str(key), sections) for key in raw):
+        what = "empty" if raw is None else type(raw).__name__
+        if isinstance(raw, dict):  # another file passed by mistake: its keys are not echoed
+            keys = f"{len(raw)} other key{'s' * (len(raw) != 1)}"
+            what = f"a mapping of {keys}, none of them a section"
         raise SpecError(
             [
                 f"{name}: a space file is a mapping with the sections study, workload, "
-                f"objective and space; this one is "
-                f"{'empty' if raw is None else type(raw).__name__}"
+                f"objective and space; this one is {what}"
             ]
         )
     lines = _Lines()
