@@ -143,6 +143,27 @@ def test_a_name_that_does_not_resolve_is_told_at_its_line_in_the_space_file(work
         load(spec.with_overrides(workload=given).workload, base_dir=Path.cwd())
 
 
+def test_a_misspelt_argument_is_told_at_its_line_with_the_parameter_it_meant():
+    """A new user's ``model_args: {layer: 2}`` (for ``layers``) got "cannot be called with"
+    and no line, unlike every other key of the space file."""
+    text = (
+        "study: {n_trials: 2}\nworkload:\n  model: digits_cnn\n"
+        "  model_args: {widht: 8}\n  data: digits\n  data_args:\n    val_fractoin: 0.2\n"
+    )
+    spec = parse_spec(text, "s.yaml")
+    with pytest.raises(WorkloadError) as caught:
+        load(spec.workload, base_dir=Path.cwd())
+    said = str(caught.value)
+    assert said.startswith("s.yaml:6: data set 'digits' cannot be called with val_fractoin")
+    assert said.endswith("; did you mean 'val_fraction'?")
+    fixed = parse_spec(text.replace("val_fractoin", "val_fraction"), "s.yaml")
+    with pytest.raises(WorkloadError) as caught:
+        load(fixed.workload, base_dir=Path.cwd())
+    said = str(caught.value)
+    assert said.startswith("s.yaml:4: model 'digits_cnn' cannot be called with")
+    assert said.endswith("; did you mean 'width'?") and "\n" not in said
+
+
 def test_data_functions_must_return_two_splits(tmp_path: Path):
     (tmp_path / "odd_data.py").write_text(
         "import torch\nfrom torch.utils.data import TensorDataset\n"

@@ -3,6 +3,7 @@ batches; what goes wrong is the user's to fix, one WorkloadError line naming the
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 from collections.abc import Callable
@@ -44,16 +45,23 @@ from autotune.workloads.scoring import (
 )
 
 
-def call_entry(fn: Callable[..., Any], kwargs: dict[str, Any], what: str, entry: str) -> Any:
+def call_entry(
+    fn: Callable[..., Any], kwargs: dict[str, Any], what: str, entry: str, where: str = ""
+) -> Any:
     """``fn(**kwargs)``, the workload's ``what`` named ``entry``; WorkloadError when it cannot
-    be called or raises."""
+    be called (led by ``where``, the space file's line of the arguments, and naming the
+    parameter a misspelt argument meant) or raises."""
     try:
-        inspect.signature(fn).bind(**kwargs)
-    except TypeError as err:
-        given = ", ".join(kwargs) or "no arguments"
-        raise WorkloadError(f"{what} '{entry}' cannot be called with {given}: {err}") from None
+        signature = inspect.signature(fn)
+        signature.bind(**kwargs)
     except ValueError:  # no signature (a builtin): just call it
         pass
+    except TypeError as err:
+        given = ", ".join(kwargs) or "no arguments"
+        raise WorkloadError(
+            f"{where}{what} '{entry}' cannot be called with {given}: {err}"
+            f"{_meant(signature, kwargs)}"
+        ) from None
     try:
         return fn(**kwargs)
     except WorkloadError:
@@ -66,6 +74,18 @@ def call_entry(fn: Callable[..., Any], kwargs: dict[str, Any], what: str, entry:
         if isinstance(err, FileNotFoundError | NotADirectoryError | ValueError):
             raise WorkloadError(f"{what} '{entry}': {err}") from None  # a data set not there
         raise  # autotune's own function failing: a bug, its traceback helps
+
+
+def _meant(signature: inspect.Signature, kwargs: dict[str, Any]) -> str:
+    """ "; did you mean 'layers'?" for a keyword ``kwargs`` gives that no parameter takes, where
+    one is close, else ""."""
+    takes = [name for name, p in signature.parameters.items() if p.kind != p.VAR_POSITIONAL]
+    for name in kwargs:
+        if name not in takes:
+            close = difflib.get_close_matches(name, takes, n=1, cutoff=0.6)
+            if close:
+                return f"; did you mean '{close[0]}'?"
+    return ""
 
 
 def model_kwargs(
@@ -97,7 +117,8 @@ def model_kwargs(
 def _splits(spec: WorkloadSpec, data_fn: Callable[..., Any]) -> DataSplits:
     """The training and validation splits the spec's data function returns, checked map-style
     and not empty."""
-    splits = call_entry(data_fn, dict(spec.data_args), "data set", spec.data)
+    where = spec.at("data_args")
+    splits = call_entry(data_fn, dict(spec.data_args), "data set", spec.data, where)
     if isinstance(splits, tuple | list) and len(splits) == 2:
         splits = DataSplits(train=splits[0], val=splits[1])
     if not isinstance(splits, DataSplits):
@@ -161,7 +182,7 @@ def load(spec: WorkloadSpec, base_dir: Path | None = None, score: str = "accurac
     num_classes = count_classes(splits, layout, spec.data, given)
 
     kwargs = model_kwargs(model_fn, dict(spec.model_args), num_classes, input_shape)
-    model = call_entry(model_fn, kwargs, "model", spec.model)
+    model = call_entry(model_fn, kwargs, "model", spec.model, spec.at("model_args"))
     if not isinstance(model, nn.Module):
         raise WorkloadError(
             f"model '{spec.model}' returned {type(model).__name__}, not a torch.nn.Module"
