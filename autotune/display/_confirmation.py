@@ -202,14 +202,26 @@ def flagged_measurements(answer: studies.Answer) -> str:
     """The round's measurements taken under interference: how many, which of them the round
     measured again (never a trial's own), and how the round compares them."""
     originals, own = answer.flagged_originals, answer.flagged - answer.flagged_originals
-    which = [f"{originals} of the trials' own, which the round never retakes"] * bool(originals)
+    search = f" (the search's, at {_shares(answer.search_load)})" * bool(answer.search_load)
+    which = [f"{originals} of the trials' own{search}, never compared with the round's runs"]
+    which *= bool(originals)
     again = "each" if answer.retakes >= own else f"{answer.retakes or 'none'} of them"
     which += [f"{own} of the round's, {again} measured again"] * bool(own)
+    compared = f", the runs it compares at {_shares(answer.load)}" * bool(answer.load)
     return (
         f"{plural(answer.flagged, 'measurement')} {'was' if answer.flagged == 1 else 'were'} "
         f"taken while other processes took more than {INTERFERENCE_SHARE:.0%} of the cores "
-        f"({', and '.join(which)}): the round compares flagged runs only with flagged ones."
+        f"({', and '.join(which)}): the round compares flagged runs only with its own flagged "
+        f"ones{compared}."
     )
+
+
+def _shares(span: tuple[float, float] | None) -> str:
+    """Others' share of the cores over some runs: "78-86%", "80%"."""
+    if span is None:
+        return "-"
+    low, high = (round(share * 100) for share in span)
+    return f"{low}%" if low == high else f"{low}-{high}%"
 
 
 def _runs_used(found: studies.Confirmed) -> str:
@@ -228,14 +240,29 @@ def _print_confirmed(
     said = confirmation_text(TrialConfirmation.of(answer, answer.number), study_name)
     console.print(f"[bold]Answer: trial {answer.number}[/], {escape(said)}.")
     if answer.noisy:
-        spread = f"±{answer.spread:.0%}" if answer.spread is not None else "unknown"
-        why = (
-            f"run-to-run spread {spread}, over ±{studies.NOISY_SPREAD:.0%}"
-            if answer.alike
-            else "some were measured only on a quiet machine, others only under interference"
-        )
         console.print(
-            f"[yellow]The machine was too noisy to rank the leaders[/] ({why}): trial "
-            f"{answer.number} is named for the best median. Confirm again on a quiet machine: "
+            f"[yellow]The round was too noisy to rank the leaders[/] ({_why_noisy(answer)}): "
+            f"trial {answer.number} is named for the best median. {_how_to_separate(answer)}"
             f"{again}"
         )
+
+
+def _why_noisy(answer: studies.Answer) -> str:
+    """Why a noisy round (``Answer.noise``) could not rank its leaders, with the figures."""
+    if not answer.alike:
+        return "some were measured only on a quiet machine, others only under interference"
+    if answer.noise == "varied":
+        return f"the load varied: other processes took {_shares(answer.load)} of the cores"
+    spread = f"±{answer.spread:.0%}" if answer.spread is not None else "unknown"
+    return f"run-to-run spread {spread}, over ±{studies.NOISY_SPREAD:.0%}"
+
+
+def _how_to_separate(answer: studies.Answer) -> str:
+    """What can separate the leaders of a noisy round: a quiet machine where others took the
+    cores; where none did, the runs vary by themselves, and only longer or more runs can."""
+    if answer.flagged or answer.noise == "varied":
+        return "Confirm again on a quiet machine: "
+    return (
+        "The machine was quiet: its runs vary that much by themselves, so a quieter one will "
+        "not separate them; longer trials (workload.epochs) or more runs (--repeats) can: "
+    )
