@@ -44,6 +44,7 @@ from autotune.outputs.notes import (
     comparisons,
     knob_rows,
     names,
+    unlike_loads,
     value_ratio_name,
     verdict,
     verify_block,
@@ -317,6 +318,11 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         confirmation=confirmation_rows(answer) if answer is not None else [],
         confirmation_notes=confirmation_notes(answer),
         over_references=over_references(answer, [label for label, *_ in found]),
+        unlike_loads=[
+            f"{label.removeprefix('the ')}: {loads}"
+            for label, other, *_ in found
+            if best is not None and (loads := unlike_loads(best, other))
+        ],
         measurements=measurements(best) if best is not None else [],
         phases=[(p, PHASE_LABELS[p]) for p in PHASES],
         param_names=param_names,

@@ -20,8 +20,8 @@ The rule (``Answer.of_round``):
   noisy where its spread is wider than ``NOISY_SPREAD`` (with ±100% every leader is "tied", and
   the score would hand the answer to a slower one: "wide"), or where the load varied (the runs
   it compares were not measured alike, or others' share of the cores in them spans more than
-  ``INTERFERENCE_SHARE``: "varied"); a noisy round's answer is the best median, and the study
-  says why and how to confirm again (``tie_rule`` "noisy");
+  ``INTERFERENCE_SHARE``: ``loads_alike``, "varied"); a noisy round's answer is the best
+  median, and the study says why and how to confirm again (``tie_rule`` "noisy");
 - the answer's ratio over a reference (its speed-up over the untuned baseline) is the ratio of
   the two medians of the round's own runs, measured side by side and alike (clean with clean,
   flagged with flagged): the original trials are left out of it, because the leaders were
@@ -53,7 +53,6 @@ from typing import Literal
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.machine.interference import INTERFERENCE_SHARE
 from autotune.stage1._plan import config_key
 from autotune.storage._queries import feasible_trials
 from autotune.storage._records import (
@@ -63,7 +62,7 @@ from autotune.storage._records import (
     StudyRecord,
     TrialRecord,
 )
-from autotune.study._confirmed import NOISY_SPREAD, Confirmed, compared_runs
+from autotune.study._confirmed import NOISY_SPREAD, Confirmed, compared_runs, loads_alike
 
 
 @dataclass(frozen=True)
@@ -207,10 +206,9 @@ class Answer:
     @property
     def noise(self) -> Noise:
         """The one rule for how noisy the round was: "varied" where the runs it compares were
-        not measured alike or the load in them spans more than ``INTERFERENCE_SHARE``, "wide"
+        not measured alike or under like loads (``loads_alike``), "wide"
         where its spread is over ``NOISY_SPREAD``, else "quiet" (the module's docstring)."""
-        load = self.load
-        if not self.alike or (load is not None and load[1] - load[0] > INTERFERENCE_SHARE):
+        if not self.alike or not loads_alike(self.load or ()):
             return "varied"
         if self.spread is not None and self.spread > NOISY_SPREAD:
             return "wide"

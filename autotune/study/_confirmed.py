@@ -16,9 +16,11 @@ trials' own figures sat above their round's runs in 10 of 12 rows). Each compare
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from autotune.machine.interference import INTERFERENCE_SHARE, interfered
 from autotune.storage._records import ConfirmationRecord, ConfirmRun, ReferenceKind
 
 
@@ -150,3 +152,15 @@ def compared_runs(record: ConfirmationRecord) -> Literal["clean", "flagged", "mi
 
 # a round whose run-to-run spread is wider than this (relative) cannot rank its leaders
 NOISY_SPREAD = 0.25
+
+
+def loads_alike(shares: Iterable[float | None]) -> bool:
+    """Whether measurements were taken under like loads: others' share of the cores in each
+    (None: not measured, left out) on one side of ``INTERFERENCE_SHARE`` (all quiet, or all
+    flagged) and no more than ``INTERFERENCE_SHARE`` apart (a search at 69-76% and a round at
+    78-86% are not: 17 points)."""
+    known = [share for share in shares if share is not None]
+    if not known:
+        return True
+    one_side = len({interfered(share) for share in known}) == 1
+    return one_side and max(known) - min(known) <= INTERFERENCE_SHARE
