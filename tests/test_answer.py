@@ -648,11 +648,12 @@ def test_tied_trials_are_named_alike_everywhere(seen):
     and ``best`` said "trials 1 and 3" and the terminal "Trials 4, 1 and 3"."""
     study = _copy(seen)
     _, record = _leaders_round(study)
-    alike = tuple(  # every one but the baseline alike: tied
-        run if run.trial == record.baseline else dataclasses.replace(run, value=4.0 + run.repeat)
-        for run in record.runs
-    )
-    answer = _answer(study, dataclasses.replace(record, runs=alike))
+    numbers = [trial.number for trial in feasible_trials(study)]
+    series = {n: [4.0, 4.05, 4.1] for n in numbers}  # every one but the references: tied
+    series[record.baseline], series[record.checklist] = [2.0, 1.9, 2.1], [3.0, 2.9, 3.1]
+    every = _round(series, speed=dict.fromkeys(series, 1e3), top=len(numbers))
+    every = dataclasses.replace(every, baseline=record.baseline, checklist=record.checklist)
+    answer = _answer(study, every)
     assert answer.confirmed and len(answer.tied) >= 2
     *rest, last = sorted(answer.tied)
     said = _renderings(study)
@@ -747,3 +748,51 @@ def test_overlapping_runs_are_tied_in_a_quiet_round_and_too_noisy_in_a_noisy_one
     assert said([1.98, 2.06], {1: 0.5, 0: 0.64}) == ("quiet", tied)  # loads 14% apart
     assert said([1.98, 2.06], {1: 0.5, 0: 0.66}) == ("varied", noisy)  # 16% apart
     assert spreads[(1.5, 2.5)] == 0.25 and spreads[(1.48, 2.52)] == pytest.approx(0.26)
+
+
+def test_times_to_a_target_too_close_to_separate_are_tied_at_their_figures():
+    """Measured in quiet rounds: times to a target milliseconds apart on runs of tenths of a
+    second showed four digits each ("0.3124", "0.3151") and the advice to confirm on a quiet
+    machine, which cannot separate them. The medians are shown to the digits the round's
+    spread leaves them, and the round says they are tied where the figure is."""
+    study = _study([0.3151, 0.3124, 0.3301], baseline=0, maximize=False)
+    series = {
+        1: [0.3124, 0.3090, 0.3201],
+        2: [0.3301, 0.3390, 0.3350],
+        0: [0.3151, 0.3080, 0.3230],  # the untuned baseline
+    }
+    answer = _answer(study, _round(series, baseline=0, maximize=False))
+    assert answer.number == 1 and answer.noise == "quiet" and answer.tied == (0,)
+    assert answer.spread == pytest.approx(0.0178, abs=1e-4)  # ±2%: three digits
+    rows = {row[0]: row[1:3] for row in display.confirmation_rows(answer)}
+    assert rows == {
+        "1": ("0.312", "0.309-0.32"),  # the answer: no mark
+        "2": ("0.335", "0.33-0.339"),  # 7% behind: measurably slower
+        "0 (baseline)": ("0.315 tied", "0.308-0.323"),
+    }
+    (baseline,) = answer.references
+    assert baseline.tied and baseline.ratio is None
+    found = export.TrialConfirmation.of(answer, 1)
+    assert found is not None and found.tied_with == ()  # the baseline's tie: said once
+    said = export.confirmation_text(found, study.study_name)
+    assert "tied within noise" not in said and said.startswith(
+        "confirmed: median 0.312 over 3 runs (spread ±2%); tied with the untuned baseline, "
+        "the same within the round's spread (the runs' spreads allow "
+    )
+    console = Console(file=io.StringIO(), width=300)
+    spec = parse_spec("workload: {model: digits_cnn, data: digits}\n")
+    display.print_confirmation(console, answer, spec, study.study_name)
+    shown = " ".join(console.file.getvalue().split())
+    assert "0.3124" not in shown and "quiet machine" not in shown and "noisy" not in shown
+
+
+def test_a_figure_keeps_the_digits_the_spread_leaves_it():
+    assert [display.fmt_within(0.31237, s) for s in (0.003, 0.03, 0.1, 0.25, 0.9)] == [
+        "0.3124",  # ±0.3%: four, fmt's
+        "0.312",
+        "0.31",  # ±10%: the edge of two
+        "0.31",
+        "0.31",  # never fewer than two
+    ]
+    assert display.fmt_within(0.31237, None) == "0.3124" and display.fmt_within(0.2, 0.0) == "0.2"
+    assert display.fmt_within(27_712.0, 0.3) == "27,712"  # from 1,000: fmt's, whole

@@ -1098,14 +1098,16 @@ def test_the_round_and_best_tables_cut_no_figure(tmp_path: Path, seen, width):
     goal = {"metric": "time_to_score", "score": "val_loss", "target_score": 0.8}
     spec = _spec(study).model_copy(update={"objective": ObjectiveSpec.model_validate(goal)})
     console = _console(width)
-    display.print_confirmation(console, studies.answer_of(copy), spec, "cut")
+    answer = studies.answer_of(copy)
+    display.print_confirmation(console, answer, spec, "cut")
     display.print_summary(console, copy, spec, studies.RunOutcome(study_name="cut"))
     lines = _lines(console)
     assert "…" not in _text(console) and all(len(line) <= width for line in lines), lines
 
     cells = [row.replace("│", " ").split() for row in lines]
-    for spread in ("0.07633-0.07758", "0.03955-0.09144"):  # each figure whole
-        assert any(spread in row for row in cells), lines
+    for low, high in ((0.07633, 0.07758), (0.03955, 0.09144)):  # each figure whole
+        shown = [display.fmt_within(value, answer.spread) for value in (low, high)]
+        assert any("-".join(shown) in row for row in cells), lines
     knobs = [
         f"{n}={display.fmt(v)}" for t in studies.feasible_trials(copy) for n, v in t.params.items()
     ]

@@ -34,6 +34,7 @@ from autotune.display._text import (
     describe_shares,
     fmt,
     fmt_metric,
+    fmt_within,
     lr_text,
     metric_unit,
     plural,

@@ -21,6 +21,7 @@ from autotune.display._text import (
     command,
     fit,
     fmt,
+    fmt_within,
     metric_unit,
     plural,
     study_options,
@@ -49,7 +50,8 @@ class TrialConfirmation:
     speedup_interval: tuple[float, float] | None = None  # where the speed-up may lie
     said: tuple[str, ...] = ()  # the answer over each reference, as the terminal says it
     reference: str | None = None  # the answer is this reference ("the tuning checklist")
-    tied_with: tuple[int, ...] = ()  # trials within the noise of the answer
+    # trials within the noise of the answer (a reference it is tied with: in ``said``, once)
+    tied_with: tuple[int, ...] = ()
     under_interference: bool = False  # every run measured while others used the CPU
 
     def to_dict(self) -> dict[str, Any]:
@@ -84,7 +86,7 @@ class TrialConfirmation:
             speedup_interval=baseline.interval if mine and baseline is not None else None,
             said=tuple(r.said for r in answer.references) if mine else (),
             reference=answer.reference if mine else None,
-            tied_with=answer.tied if mine else (),
+            tied_with=_tied_leaders(answer) if mine else (),
             under_interference=found.interfered,
         )
 
@@ -103,6 +105,12 @@ class TrialConfirmation:
         return cls(**fields)
 
 
+def _tied_leaders(answer: Answer) -> tuple[int, ...]:
+    """The trials tied with the answer but the references its ``said`` names tied."""
+    said = {reference.number for reference in answer.references if reference.tied}
+    return tuple(number for number in answer.tied if number not in said)
+
+
 def confirmation_text(
     found: TrialConfirmation | None,
     study: str,
@@ -119,7 +127,8 @@ def confirmation_text(
         again = shlex.join(visible(word) for word in words)
         why = UNCONFIRMED.get(round_state, UNCONFIRMED["none"])
         return f"not confirmed: {why}" + f" (run `{again}`)" * (round_state != "confirmed")
-    text = f"confirmed: median {fmt(found.median)} over {found.runs} run{'s' * (found.runs != 1)}"
+    median = fmt_within(found.median, found.spread)
+    text = f"confirmed: median {median} over {found.runs} run{'s' * (found.runs != 1)}"
     if interleaved:
         text += f", interleaved with {interleaved}"
     if found.spread is not None:
@@ -168,7 +177,8 @@ def print_confirmation(
 
 def confirmation_rows(answer: studies.Answer) -> list[tuple[str, str, str, str, str]]:
     """The confirmation table's rows, in the terminal and the report: each configuration's
-    label, median, range, median score and runs used ("-" where it has no median)."""
+    label, median (to the digits the round's spread leaves it; "tied" where the round could not
+    tell it from the answer), range, median score and runs used ("-" where it has no median)."""
     rows = []
     for found in answer.configurations:
         label, used = found.label, _runs_used(found)
@@ -176,8 +186,9 @@ def confirmation_rows(answer: studies.Answer) -> list[tuple[str, str, str, str, 
             score = fmt(found.median_score) if found.scores else "-"
             rows.append((label, "-", "-", score, used))
             continue
-        spread = f"{fmt(found.low)}-{fmt(found.high)}"
-        rows.append((label, fmt(found.median), spread, fmt(found.median_score), used))
+        low, high = (fmt_within(value, answer.spread) for value in (found.low, found.high))
+        median = fmt_within(found.median, answer.spread) + " tied" * answer.tied_with(found)
+        rows.append((label, median, f"{low}-{high}", fmt(found.median_score), used))
     return rows
 
 

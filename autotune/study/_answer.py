@@ -235,6 +235,14 @@ class Answer:
         kind = self.winner.reference if self.winner is not None else None
         return REFERENCE_NAMES[kind] if kind else None
 
+    def tied_with(self, found: Confirmed) -> bool:
+        """Whether the round could not tell ``found`` from the answer: one of its ties, or a
+        reference it is tied with (``Reference.tied``)."""
+        if found.trial in self.tied:
+            return True
+        reference = self.over(REFERENCE_NAMES[found.reference]) if found.reference else None
+        return reference is not None and reference.tied
+
     def configuration(self, number: int) -> Confirmed | None:
         """Trial ``number``'s measurements in the round; None where it has none."""
         return next((c for c in self.configurations if c.trial == number), None)
