@@ -588,7 +588,7 @@ def test_an_answer_measured_only_under_interference_is_said_so_everywhere(seen):
     page = html.unescape(said["report"])
     assert re.search(rf'<td>{winner}</td><td class="num">4\.1</td>', page)
     assert f"{flagged} of them measured again): the round compares" in page
-    assert "runs used: the measurements each median counts, the trial's own among" in page
+    assert "runs used: the measurements each median counts: feasible, and measured" in page
     warned = "measured while other processes used the CPU (confirm it again)"
     assert f"{warned}." in said["terminal"]
     assert f"{warned}." in said["note"]
@@ -617,7 +617,7 @@ def test_the_confirmation_shows_every_runs_score_and_marks_an_infeasible_run():
     )
     display.print_confirmation(Console(file=said, width=200), answer, spec, study.study_name)
     shown = " ".join(said.getvalue().split())
-    assert "runs used: the measurements each median counts, the trial's own among them" in shown
+    assert "runs used: the measurements each median counts: feasible, and measured" in shown
     assert "│ 2 │ - │ - │ 0.81 │ 2 of 4 │" in shown, shown
     lines = io.StringIO()
     show = display.confirmation_progress(Console(file=lines, width=200), spec)

@@ -196,8 +196,8 @@ def runs_used_note(answer: studies.Answer) -> str:
     """What the confirmation table's "runs used" counts, in the terminal and the report."""
     retaken = any(found.retakes for found in answer.configurations)
     return (
-        "runs used: the measurements each median counts, the trial's own among them: "
-        "feasible, and measured alike (quiet, or all under load)"
+        "runs used: the measurements each median counts: feasible, and measured alike (quiet, "
+        "the trial's own among them; or the round's own under load)"
         + ("; a retake: a run measured again, the machine busy the first time" if retaken else "")
     )
 
