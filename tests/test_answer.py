@@ -262,7 +262,8 @@ def test_one_clean_run_is_never_compared_with_six_flagged_ones():
     quiet = _answer(study, dataclasses.replace(record, runs=(*clean_only, *baseline_runs)))
     assert quiet.number == 1 and quiet.noisy and not quiet.alike
     assert quiet.speedup is None and quiet.references[0].said == (
-        "over the untuned baseline, no ratio: the two were measured under different loads"
+        "over the untuned baseline, no ratio: the two were measured under different loads "
+        "(others took 2% of the cores in the answer's runs, 50-60% in its)"
     )
 
 
@@ -746,7 +747,9 @@ def test_overlapping_runs_are_tied_in_a_quiet_round_and_too_noisy_in_a_noisy_one
     assert said([1.5, 2.5]) == ("quiet", tied)  # ±25%: the edge, still quiet
     assert said([1.48, 2.52]) == ("wide", noisy)  # ±26%
     assert said([1.98, 2.06], {1: 0.5, 0: 0.64}) == ("quiet", tied)  # loads 14% apart
-    assert said([1.98, 2.06], {1: 0.5, 0: 0.66}) == ("varied", noisy)  # 16% apart
+    unlike = "over the untuned baseline, no ratio: the two were measured under different loads"
+    assert said([1.98, 2.06], {1: 0.5, 0: 0.66}) == ("varied", unlike)  # 16 points apart
+    assert said([1.98, 2.06], {1: 0.5, 0: 0.5 + 1e-9})[0] == "quiet"
     assert spreads[(1.5, 2.5)] == 0.25 and spreads[(1.48, 2.52)] == pytest.approx(0.26)
 
 
@@ -796,3 +799,24 @@ def test_a_figure_keeps_the_digits_the_spread_leaves_it():
     ]
     assert display.fmt_within(0.31237, None) == "0.3124" and display.fmt_within(0.2, 0.0) == "0.2"
     assert display.fmt_within(27_712.0, 0.3) == "27,712"  # from 1,000: fmt's, whole
+
+
+def test_no_ratio_is_quoted_between_runs_under_unlike_loads_and_the_loads_are_said():
+    """Interleaved runs share the machine's load, unless it changed with the configuration: a
+    ratio of runs at 78-80% of the cores taken by others over runs at 50-55% measures the load
+    as much as the configuration."""
+    study = _study([1.0, 3.0], baseline=0)
+    runs = (*_runs(1, (1, 3.0, 0.78), (2, 3.1, 0.8)), *_runs(0, (1, 1.0, 0.5), (2, 1.1, 0.55)))
+    record = dataclasses.replace(_round({1: [], 0: []}, baseline=0, top=1), runs=runs)
+    answer = _answer(study, record)
+    assert answer.number == 1 and answer.noise == "varied" and answer.speedup is None
+    assert answer.references[0].said == (
+        "over the untuned baseline, no ratio: the two were measured under different loads "
+        "(others took 78-80% of the cores in the answer's runs, 50-55% in its)"
+    )
+    # the answer at 64%, 14 points from the baseline's lowest: like loads, the ratio stands
+    alike = tuple(
+        dataclasses.replace(run, other_cpu_share=0.64) if run.trial == 1 else run for run in runs
+    )
+    near = _answer(study, dataclasses.replace(record, runs=alike))
+    assert near.noise != "varied" and near.speedup == pytest.approx(3.05 / 1.05)

@@ -213,26 +213,19 @@ def flagged_measurements(answer: studies.Answer) -> str:
     """The round's measurements taken under interference: how many, which of them the round
     measured again (never a trial's own), and how the round compares them."""
     originals, own = answer.flagged_originals, answer.flagged - answer.flagged_originals
-    search = f" (the search's, at {_shares(answer.search_load)})" * bool(answer.search_load)
+    search_load, load = answer.search_load or (), answer.load or ()
+    search = f" (the search's, at {studies.loads_said(search_load)})" * bool(search_load)
     which = [f"{originals} of the trials' own{search}, never compared with the round's runs"]
     which *= bool(originals)
     again = "each" if answer.retakes >= own else f"{answer.retakes or 'none'} of them"
     which += [f"{own} of the round's, {again} measured again"] * bool(own)
-    compared = f", the runs it compares at {_shares(answer.load)}" * bool(answer.load)
+    compared = f", the runs it compares at {studies.loads_said(load)}" * bool(load)
     return (
         f"{plural(answer.flagged, 'measurement')} {'was' if answer.flagged == 1 else 'were'} "
         f"taken while other processes took more than {INTERFERENCE_SHARE:.0%} of the cores "
         f"({', and '.join(which)}): the round compares flagged runs only with its own flagged "
         f"ones{compared}."
     )
-
-
-def _shares(span: tuple[float, float] | None) -> str:
-    """Others' share of the cores over some runs: "78-86%", "80%"."""
-    if span is None:
-        return "-"
-    low, high = (round(share * 100) for share in span)
-    return f"{low}%" if low == high else f"{low}-{high}%"
 
 
 def _runs_used(found: studies.Confirmed) -> str:
@@ -263,7 +256,8 @@ def _why_noisy(answer: studies.Answer) -> str:
     if not answer.alike:
         return "some were measured only on a quiet machine, others only under interference"
     if answer.noise == "varied":
-        return f"the load varied: other processes took {_shares(answer.load)} of the cores"
+        took = studies.loads_said(answer.load or ())
+        return f"the load varied: other processes took {took} of the cores"
     spread = f"±{answer.spread:.0%}" if answer.spread is not None else "unknown"
     return f"run-to-run spread {spread}, over ±{studies.NOISY_SPREAD:.0%}"
 

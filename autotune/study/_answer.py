@@ -62,7 +62,13 @@ from autotune.storage._records import (
     StudyRecord,
     TrialRecord,
 )
-from autotune.study._confirmed import NOISY_SPREAD, Confirmed, compared_runs, loads_alike
+from autotune.study._confirmed import (
+    NOISY_SPREAD,
+    Confirmed,
+    compared_runs,
+    loads_alike,
+    loads_said,
+)
 
 
 @dataclass(frozen=True)
@@ -254,11 +260,13 @@ class Answer:
     def measured_ratio(self, reference: Confirmed | None) -> float | None:
         """The winner's value over ``reference``'s, as "times better" (for a time to a target,
         the reference's time over the winner's), from the round's own runs (the module's
-        docstring); None where the two were not measured alike."""
+        docstring); None where the two were not measured alike, or under unlike loads."""
         winner = self.winner
         if winner is None or reference is None or not reference.values:
             return None
         if not self.alike or reference.interfered != winner.interfered:
+            return None
+        if not loads_alike((*winner.loads, *reference.loads)):
             return None
         if not reference.round_median or not winner.round_median:
             return None
@@ -355,6 +363,14 @@ class Answer:
             return True
         return mine[1] >= theirs[0] if self.maximize else mine[0] <= theirs[1]
 
+    def _unlike(self, measured: Confirmed) -> str:
+        """Why no ratio over ``measured``: the loads differed, with their figures."""
+        why = "the two were measured under different loads"
+        if self.winner is None or not self.winner.loads or not measured.loads:
+            return why
+        mine, other = loads_said(self.winner.loads), loads_said(measured.loads)
+        return f"{why} (others took {mine} of the cores in the answer's runs, {other} in its)"
+
     def _reference(self, name: str, measured: Confirmed, same_settings: bool) -> Reference:
         """The answer against the reference ``measured`` (``same_settings``: the two share
         their execution settings)."""
@@ -367,7 +383,7 @@ class Answer:
             why = "none of its runs in the round reached the bar"
             return dataclasses.replace(found, why=why, infeasible=True)
         if ratio is None or self.winner is None:
-            return dataclasses.replace(found, why="the two were measured under different loads")
+            return dataclasses.replace(found, why=self._unlike(measured))
         if same_settings and interval is not None:  # samples/s alike but for noise: out
             ours = self.winner.median_samples_per_second
             theirs = measured.median_samples_per_second

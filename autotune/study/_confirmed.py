@@ -164,3 +164,13 @@ def loads_alike(shares: Iterable[float | None]) -> bool:
         return True
     one_side = len({interfered(share) for share in known}) == 1
     return one_side and max(known) - min(known) <= INTERFERENCE_SHARE
+
+
+def loads_said(shares: Iterable[float]) -> str:
+    """Others' share of the cores over some measurements, as every rendering says it: "78-86%",
+    "80%" ("-" for none)."""
+    percents = [round(share * 100) for share in shares]
+    if not percents:
+        return "-"
+    low, high = min(percents), max(percents)
+    return f"{low}%" if low == high else f"{low}-{high}%"
