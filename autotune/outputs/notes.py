@@ -29,6 +29,7 @@ from autotune.study import (
     answer_of,
     feasible_trials,
     loads_alike,
+    loads_said,
     reference_trial,
     speed_study_name,
 )
@@ -66,8 +67,8 @@ def unlike_loads(trial: FrozenTrial, other: FrozenTrial) -> str:
     if mine is None or theirs is None or loads_alike((mine, theirs)):
         return ""
     return (
-        f"measured under unlike loads: others took {mine:.0%} of the cores in trial "
-        f"{trial.number}'s run, {theirs:.0%} in trial {other.number}'s"
+        f"measured under unlike loads: others took {loads_said((mine,))} of the cores in trial "
+        f"{trial.number}'s run, {loads_said((theirs,))} in trial {other.number}'s"
     )
 
 
