@@ -34,11 +34,12 @@ The answer claims a ratio where its interval excludes 1.0: runs that separate co
 measured speed-up, even in a round too noisy to rank its leaders; where the interval includes
 1.0 the two are tied in a quiet round (the same within the round's spread: a quiet round's
 0.98x-1.03x is no noise to blame) and "too noisy to quote a ratio" in a noisy one, with what
-the runs allow (``Reference.said``). Over a
-reference with the answer's own execution settings (the same ``config_key``: only the learning
-differs, the lr say) the ratio is learning's alone (``LEARNING_ALONE``): the two samples/s
-are the same settings' and differ only by noise, so the ratio is taken with that difference
-out (a "1.31x" between two trials at accuracy 1.0 that differed in lr only was that noise).
+the runs allow (``Reference.said``); between runs under unlike loads (``loads_alike``) it
+claims none and says both loads. Over a reference with the answer's own execution settings
+(the same ``config_key``: only the learning differs, the lr say) the ratio is learning's alone
+(``LEARNING_ALONE``): the two samples/s are the same settings' and differ only by noise, so
+the ratio is taken with that difference out (a "1.31x" between two trials at accuracy 1.0
+that differed in lr only was that noise).
 """
 
 from __future__ import annotations
@@ -212,8 +213,8 @@ class Answer:
     @property
     def noise(self) -> Noise:
         """The one rule for how noisy the round was: "varied" where the runs it compares were
-        not measured alike or under like loads (``loads_alike``), "wide"
-        where its spread is over ``NOISY_SPREAD``, else "quiet" (the module's docstring)."""
+        not measured alike or under like loads (``loads_alike``), "wide" where its spread is
+        over ``NOISY_SPREAD``, else "quiet" (the module's docstring)."""
         if not self.alike or not loads_alike(self.load or ()):
             return "varied"
         if self.spread is not None and self.spread > NOISY_SPREAD:
@@ -260,13 +261,14 @@ class Answer:
     def measured_ratio(self, reference: Confirmed | None) -> float | None:
         """The winner's value over ``reference``'s, as "times better" (for a time to a target,
         the reference's time over the winner's), from the round's own runs (the module's
-        docstring); None where the two were not measured alike, or under unlike loads."""
+        docstring); None where the two were not measured alike, or under unlike loads
+        (``_alike_sides``)."""
         winner = self.winner
         if winner is None or reference is None or not reference.values:
             return None
         if not self.alike or reference.interfered != winner.interfered:
             return None
-        if not loads_alike((*winner.loads, *reference.loads)):
+        if not _alike_sides(winner, reference):
             return None
         if not reference.round_median or not winner.round_median:
             return None
@@ -395,6 +397,15 @@ class Answer:
         if interval[0] <= 1.0 <= interval[1]:  # the runs overlap: tied, or too noisy to say
             return dataclasses.replace(found, tied=self.noise == "quiet")
         return dataclasses.replace(found, ratio=ratio)
+
+
+def _alike_sides(one: Confirmed, other: Confirmed) -> bool:
+    """Whether two configurations' runs were taken under like loads: their median loads
+    (``loads_alike``). Interleaved, both meet whatever the machine does meanwhile; a drift in
+    the load that falls on one side alone sets their medians apart."""
+    if not one.loads or not other.loads:
+        return True
+    return loads_alike((statistics.median(one.loads), statistics.median(other.loads)))
 
 
 def _span(values: Iterable[float]) -> tuple[float, float] | None:
