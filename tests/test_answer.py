@@ -799,6 +799,8 @@ def test_a_figure_keeps_the_digits_the_spread_leaves_it():
     ]
     assert display.fmt_within(0.31237, None) == "0.3124" and display.fmt_within(0.2, 0.0) == "0.2"
     assert display.fmt_within(27_712.0, 0.3) == "27,712"  # from 1,000: fmt's, whole
+    assert display.fmt_within(156.385, 0.19) == "156"  # whole digits kept: never "1.6e+02"
+    assert display.fmt_within(97.234, 0.19) == "97" and display.fmt_within(2.0, 0.02) == "2"
 
 
 def test_no_ratio_is_quoted_between_runs_under_unlike_loads_and_the_loads_are_said():
