@@ -723,6 +723,9 @@ def test_a_busy_round_compares_its_own_runs_and_says_when_the_load_differed(
     said = " ".join(console.file.getvalue().split())
     assert "(the load varied: other processes took 20-86% of the cores)" in said
     assert "Confirm again on a quiet machine" in said
+    # the report says it under its table, in the same words
+    page = " ".join(html.unescape(report.render_html(study)).split())
+    assert "The round was too noisy to rank the leaders (the load varied: other processes " in page
 
 
 def test_overlapping_runs_are_tied_in_a_quiet_round_and_too_noisy_in_a_noisy_one():

@@ -12,6 +12,7 @@ from autotune.display._confirmation import (
     confirmation_rows,
     confirmation_text,
     flagged_measurements,
+    noisy_round,
     print_confirmation,
     runs_used_note,
 )

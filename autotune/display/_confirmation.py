@@ -244,11 +244,16 @@ def _print_confirmed(
     said = confirmation_text(TrialConfirmation.of(answer, answer.number), study_name)
     console.print(f"[bold]Answer: trial {answer.number}[/], {escape(said)}.")
     if answer.noisy:
-        console.print(
-            f"[yellow]The round was too noisy to rank the leaders[/] ({_why_noisy(answer)}): "
-            f"trial {answer.number} is named for the best median. {_how_to_separate(answer)}"
-            f"{again}"
-        )
+        console.print(f"{escape(noisy_round(answer))}: {again}", style="yellow")
+
+
+def noisy_round(answer: studies.Answer) -> str:
+    """Why a round too noisy to rank its leaders could not, with the figures, and what can
+    separate them (the terminal adds the command; the report says it under its table)."""
+    return (
+        f"The round was too noisy to rank the leaders ({_why_noisy(answer)}): trial "
+        f"{answer.number} is named for the best median. {_how_to_separate(answer)}"
+    )
 
 
 def _why_noisy(answer: studies.Answer) -> str:
@@ -266,8 +271,8 @@ def _how_to_separate(answer: studies.Answer) -> str:
     """What can separate the leaders of a noisy round: a quiet machine where others took the
     cores; where none did, the runs vary by themselves, and only longer or more runs can."""
     if answer.flagged or answer.noise == "varied":
-        return "Confirm again on a quiet machine: "
+        return "Confirm again on a quiet machine"
     return (
         "The machine was quiet: its runs vary that much by themselves, so a quieter one will "
-        "not separate them; longer trials (workload.epochs) or more runs (--repeats) can: "
+        "not separate them; longer trials (workload.epochs) or more runs (--repeats) can"
     )

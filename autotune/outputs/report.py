@@ -29,6 +29,7 @@ from autotune.display import (
     measured_flags,
     metric_unit,
     no_answer,
+    noisy_round,
     off_stage_one,
     runs_used_note,
     speed_rows,
@@ -231,12 +232,13 @@ def stored_speed_table(study: optuna.Study) -> SpeedTable | None:
 
 def confirmation_notes(answer: Answer | None) -> list[str]:
     """The lines under the report's confirmation table, as the terminal prints them under its
-    own: what "runs used" counts, the measurements taken under interference (which the round
-    retook), and its cost."""
+    own: what "runs used" counts, why a noisy round could not rank its leaders, the
+    measurements taken under interference (which the round retook), and its cost."""
     if answer is None or not answer.configurations:
         return []
+    noisy = [f"{noisy_round(answer)}."] * (answer.confirmed and answer.noisy)
     flagged = [flagged_measurements(answer)] * bool(answer.flagged)
-    return [runs_used_note(answer), *flagged, confirmation_cost(answer)]
+    return [runs_used_note(answer), *noisy, *flagged, confirmation_cost(answer)]
 
 
 def over_references(answer: Answer | None, labels: list[str]) -> list[str]:
