@@ -251,7 +251,8 @@ def test_one_clean_run_is_never_compared_with_six_flagged_ones():
     record = dataclasses.replace(record, runs=(*answer_runs, *baseline_runs))
     answer = _answer(study, record)
     assert answer.number == 1 and answer.interfered  # its flagged runs are what it is ranked on
-    assert answer.median == 0.8 and answer.runs == 6 and len(answer.winner.round_values) == 5
+    # the round's own: its trial's flagged 0.85 was the search's, under another load
+    assert answer.median == 0.8 and answer.runs == 5 and len(answer.winner.round_values) == 5
     (baseline,) = answer.references
     assert baseline.runs == 6 and baseline.ratio == pytest.approx(0.8 / 0.1)  # not 2.86 / 0.1
     assert baseline.interval == (pytest.approx(0.7 / 0.112), pytest.approx(0.9 / 0.096))
@@ -261,7 +262,8 @@ def test_one_clean_run_is_never_compared_with_six_flagged_ones():
     quiet = _answer(study, dataclasses.replace(record, runs=(*clean_only, *baseline_runs)))
     assert quiet.number == 1 and quiet.noisy and not quiet.alike
     assert quiet.speedup is None and quiet.references[0].said == (
-        "over the untuned baseline, no ratio: the two were measured under different loads"
+        "over the untuned baseline, no ratio: the two were measured under different loads "
+        "(others took 2% of the cores in the answer's runs, 50-60% in its)"
     )
 
 
@@ -286,13 +288,14 @@ def test_a_round_that_kept_one_clean_run_of_seven_ranks_on_the_flagged_ones():
     answer = _answer(study, dataclasses.replace(record, runs=(*leader, *outlier, *baseline)))
     assert answer.number == 2 and answer.interfered and answer.alike and not answer.noisy
     kept = next(c for c in answer.configurations if c.trial == 1)
-    assert 22.19 not in kept.values and len(kept.values) == 6 and kept.all_runs == 7
+    # its flagged 1.3 (the search's) and its quiet 22.19 are not compared with the round's runs
+    assert 22.19 not in kept.values and len(kept.values) == 5 and kept.all_runs == 7
     assert answer.references[0].said == "1.50x the untuned baseline (1.27x to 1.78x)"
     said = io.StringIO()
     spec = parse_spec("workload: {model: digits_cnn, data: digits}\n")
     display.print_confirmation(Console(file=said, width=200), answer, spec, study.study_name)
     shown = " ".join(said.getvalue().split())
-    assert "│ 1 │" in shown and "6 of 7" in shown
+    assert "│ 1 │" in shown and "5 of 7" in shown
     assert "; measured while other processes used the CPU (confirm it again)." in shown
 
 
@@ -311,12 +314,16 @@ def test_a_ratio_whose_interval_includes_one_is_too_noisy_to_quote():
     said = export.TrialConfirmation.of(answer, 2)
     assert said is not None and said.speedup is None and said.said == (baseline.said,)
     assert baseline.said in export.confirmation_text(said, study.study_name)
-    # a quiet round whose ratio is still within the two sides' spreads claims nothing either
+    # a quiet round whose ratio is still within the two sides' spreads claims nothing either:
+    # there the two are tied (test_a_quiet_round_calls_overlapping_runs_tied_not_noisy)
     close = {2: [1.1, 1.2, 0.95], 1: [1.0, 1.0, 1.02], 0: [1.0, 1.05, 0.95]}
     near = _answer(study, _round(close, baseline=0)).references[0]
-    assert near.ratio is None and near.interval is not None
+    assert near.ratio is None and near.interval is not None and near.tied
     assert near.interval[0] < 1.0 < near.interval[1]
-    assert near.said.endswith("quote a ratio (the runs' spreads allow 0.90x to 1.26x)")
+    assert near.said == (
+        "tied with the untuned baseline, the same within the round's spread (the runs' spreads "
+        "allow 0.90x to 1.26x)"
+    )
 
 
 def test_runs_that_separate_completely_are_a_speedup_even_in_a_noisy_round():
@@ -350,9 +357,9 @@ def test_the_baselines_own_execution_settings_claim_the_learning_difference_alon
     (baseline,) = answer.references
     assert baseline.learning_only and baseline.ratio is None and answer.speedup is None
     assert baseline.said == (
-        "over the untuned baseline, too noisy to quote a ratio (the runs' spreads allow 0.99x to "
-        "1.01x; learning alone: the same execution settings, their samples/s difference left "
-        "out as noise)"
+        "tied with the untuned baseline, the same within the round's spread (the runs' spreads "
+        "allow 0.99x to 1.01x; learning alone: the same execution settings, their samples/s "
+        "difference left out as noise)"
     )
     # the same settings learning faster (the baseline at half the accuracy): that is claimed
     alike = _round(series, scores={0: 0.5, 1: 1.0}, speed={0: 1000.0, 1: 1000.0}, baseline=0)
@@ -572,14 +579,17 @@ def test_an_answer_measured_only_under_interference_is_said_so_everywhere(seen):
     said = _renderings(study)
     # its trial's own measurement is never retaken, and the machine stayed busy for the others:
     # the note once said "each was measured again" of all three
-    flagged = "(1 of the trials' own, which the round never retakes, and 2 of the round's, none"
+    flagged = (
+        "(1 of the trials' own (the search's, at 90%), never compared with the round's runs, "
+        "and 2 of the round's, none"
+    )
     assert "3 measurements were taken while other processes took more than" in said["terminal"]
     assert f"{flagged} of them measured again): the round compares" in said["terminal"]
     # the report's confirmation table, and the same line under it (it said nothing of it)
     page = html.unescape(said["report"])
     assert re.search(rf'<td>{winner}</td><td class="num">4\.1</td>', page)
     assert f"{flagged} of them measured again): the round compares" in page
-    assert "runs used: the measurements each median counts, the trial's own among" in page
+    assert "runs used: the measurements each median counts: feasible, and measured" in page
     warned = "measured while other processes used the CPU (confirm it again)"
     assert f"{warned}." in said["terminal"]
     assert f"{warned}." in said["note"]
@@ -608,7 +618,7 @@ def test_the_confirmation_shows_every_runs_score_and_marks_an_infeasible_run():
     )
     display.print_confirmation(Console(file=said, width=200), answer, spec, study.study_name)
     shown = " ".join(said.getvalue().split())
-    assert "runs used: the measurements each median counts, the trial's own among them" in shown
+    assert "runs used: the measurements each median counts: feasible, and measured" in shown
     assert "│ 2 │ - │ - │ 0.81 │ 2 of 4 │" in shown, shown
     lines = io.StringIO()
     show = display.confirmation_progress(Console(file=lines, width=200), spec)
@@ -639,11 +649,12 @@ def test_tied_trials_are_named_alike_everywhere(seen):
     and ``best`` said "trials 1 and 3" and the terminal "Trials 4, 1 and 3"."""
     study = _copy(seen)
     _, record = _leaders_round(study)
-    alike = tuple(  # every one but the baseline alike: tied
-        run if run.trial == record.baseline else dataclasses.replace(run, value=4.0 + run.repeat)
-        for run in record.runs
-    )
-    answer = _answer(study, dataclasses.replace(record, runs=alike))
+    numbers = [trial.number for trial in feasible_trials(study)]
+    series = {n: [4.0, 4.05, 4.1] for n in numbers}  # every one but the references: tied
+    series[record.baseline], series[record.checklist] = [2.0, 1.9, 2.1], [3.0, 2.9, 3.1]
+    every = _round(series, speed=dict.fromkeys(series, 1e3), top=len(numbers))
+    every = dataclasses.replace(every, baseline=record.baseline, checklist=record.checklist)
+    answer = _answer(study, every)
     assert answer.confirmed and len(answer.tied) >= 2
     *rest, last = sorted(answer.tied)
     said = _renderings(study)
@@ -652,3 +663,170 @@ def test_tied_trials_are_named_alike_everywhere(seen):
     assert f"; tied within noise with {named}" in said["report"]
     assert said["best"].endswith(f"; tied within noise with {named}")
     assert f"; tied within noise with {named}." in said["terminal"]
+
+
+LOADED_SPACE = """\
+study: {name: loaded, n_trials: 3, seed: 0, pruner: none, n_startup_trials: 3}
+workload: {model: autotune.testing:tiny_mlp, data: autotune.testing:blobs, epochs: 1}
+space:
+  lr: {low: 0.01, high: 0.1, log: true}
+"""
+
+
+def _loaded(record: ConfirmationRecord, search: float, round_: tuple[float, ...]) -> tuple:
+    """``record``'s runs with others' share of the cores fabricated: ``search`` in the trials'
+    own (the search), ``round_`` in the round's, in turn."""
+    shares = iter(round_ * len(record.runs))
+    return tuple(
+        dataclasses.replace(run, other_cpu_share=search if not run.repeat else next(shares))
+        for run in record.runs
+    )
+
+
+@pytest.mark.slow
+def test_a_busy_round_compares_its_own_runs_and_says_when_the_load_differed(
+    tmp_path, prepare_study
+):
+    """Measured on a busy 2-core VM: the search ran at 69-76% of the cores taken by others, the
+    round at 78-86%, and a trial's own measurement sat above its round's runs in 10 of 12 rows:
+    the round compared it, flagged like them, with runs under a heavier load."""
+    from autotune.executor import InProcessExecutor
+    from autotune.study import ConfirmationInputs, confirm_study
+    from autotune.workloads import load
+
+    prepared = prepare_study(LOADED_SPACE, tmp_path)
+    study = prepared.study
+    spec = export.study_spec(study)
+    assert spec is not None
+    executor = InProcessExecutor(load(spec.workload, tmp_path, spec.objective.score))
+    inputs = ConfirmationInputs(study, spec.objective, executor, top=2, repeats=2, remeasures=0)
+    real = confirm_study(inputs)  # real runs; their loads fabricated in storage below
+    assert real is not None and real.complete
+    busy = dataclasses.replace(real, runs=_loaded(real, 0.72, (0.78, 0.86, 0.82)))
+    answer = _answer(study, busy)
+    for found in answer.configurations:  # the round's own runs only, never the search's
+        own = [run.value for run in busy.runs if run.trial == found.trial and run.repeat]
+        assert found.values == tuple(own) and found.interfered and found.runs == 2
+    assert answer.load == (0.78, 0.86) and answer.search_load == (0.72, 0.72)
+    assert answer.noise != "varied"  # 78-86%: steady, the same load side by side
+    console = Console(file=io.StringIO(), width=400)
+    display.print_confirmation(console, answer, spec, "loaded")
+    said = " ".join(console.file.getvalue().split())
+    assert "of the trials' own (the search's, at 72%), never compared with the round's" in said
+    assert "only with its own flagged ones, the runs it compares at 78-86%." in said
+    # the load varied within the round: too noisy, whatever the spread, and said with it
+    varied = _answer(study, dataclasses.replace(real, runs=_loaded(real, 0.72, (0.2, 0.86))))
+    assert varied.noise == "varied" and varied.noisy and varied.load == (0.2, 0.86)
+    assert not any(reference.tied for reference in varied.references)
+    console = Console(file=io.StringIO(), width=400)
+    display.print_confirmation(console, varied, spec, "loaded")
+    said = " ".join(console.file.getvalue().split())
+    assert "(the load varied: other processes took 20-86% of the cores)" in said
+    assert "Confirm again on a quiet machine" in said
+    # the report says it under its table, in the same words
+    page = " ".join(html.unescape(report.render_html(study)).split())
+    assert "The round was too noisy to rank the leaders (the load varied: other processes " in page
+
+
+def test_overlapping_runs_are_tied_in_a_quiet_round_and_too_noisy_in_a_noisy_one():
+    """Measured in quiet rounds: ratios of 0.98x-1.03x read "too noisy to quote a ratio", which
+    blamed a quiet machine for two configurations of the same speed. One rule
+    (``Answer.noise``): tied where the round was quiet, too noisy where its spread was wide
+    (over ``NOISY_SPREAD``) or the load varied (over ``INTERFERENCE_SHARE`` apart)."""
+    study = _study([2.0, 2.1], baseline=0)
+
+    def said(values: list[float], other: dict[int, float] | None = None) -> tuple[str, str]:
+        record = _round({1: [2.0, *values], 0: [2.0, *values]}, other=other, baseline=0, top=1)
+        answer = _answer(study, record)
+        spreads[tuple(values)] = answer.spread
+        (baseline,) = answer.references
+        assert baseline.ratio is None and baseline.tied == (answer.noise == "quiet")
+        return answer.noise, baseline.said.partition(" (")[0]
+
+    spreads: dict[tuple[float, ...], float | None] = {}
+    tied = "tied with the untuned baseline, the same within the round's spread"
+    noisy = "over the untuned baseline, too noisy to quote a ratio"
+    assert said([1.98, 2.06]) == ("quiet", tied)  # 0.98x-1.03x, as measured
+    assert said([1.5, 2.5]) == ("quiet", tied)  # ±25%: the edge, still quiet
+    assert said([1.48, 2.52]) == ("wide", noisy)  # ±26%
+    assert said([1.98, 2.06], {1: 0.5, 0: 0.64}) == ("quiet", tied)  # loads 14% apart
+    unlike = "over the untuned baseline, no ratio: the two were measured under different loads"
+    assert said([1.98, 2.06], {1: 0.5, 0: 0.66}) == ("varied", unlike)  # 16 points apart
+    assert said([1.98, 2.06], {1: 0.5, 0: 0.5 + 1e-9})[0] == "quiet"
+    assert spreads[(1.5, 2.5)] == 0.25 and spreads[(1.48, 2.52)] == pytest.approx(0.26)
+
+
+def test_times_to_a_target_too_close_to_separate_are_tied_at_their_figures():
+    """Measured in quiet rounds: times to a target milliseconds apart on runs of tenths of a
+    second showed four digits each ("0.3124", "0.3151") and the advice to confirm on a quiet
+    machine, which cannot separate them. The medians are shown to the digits the round's
+    spread leaves them, and the round says they are tied where the figure is."""
+    study = _study([0.3151, 0.3124, 0.3301], baseline=0, maximize=False)
+    series = {
+        1: [0.3124, 0.3090, 0.3201],
+        2: [0.3301, 0.3390, 0.3350],
+        0: [0.3151, 0.3080, 0.3230],  # the untuned baseline
+    }
+    answer = _answer(study, _round(series, baseline=0, maximize=False))
+    assert answer.number == 1 and answer.noise == "quiet" and answer.tied == (0,)
+    assert answer.spread == pytest.approx(0.0178, abs=1e-4)  # ±2%: three digits
+    rows = {row[0]: row[1:3] for row in display.confirmation_rows(answer)}
+    assert rows == {
+        "1": ("0.312", "0.309-0.32"),  # the answer: no mark
+        "2": ("0.335", "0.33-0.339"),  # 7% behind: measurably slower
+        "0 (baseline)": ("0.315 tied", "0.308-0.323"),
+    }
+    (baseline,) = answer.references
+    assert baseline.tied and baseline.ratio is None
+    found = export.TrialConfirmation.of(answer, 1)
+    assert found is not None and found.tied_with == ()  # the baseline's tie: said once
+    said = export.confirmation_text(found, study.study_name)
+    assert "tied within noise" not in said and said.startswith(
+        "confirmed: median 0.312 over 3 runs (spread ±2%); tied with the untuned baseline, "
+        "the same within the round's spread (the runs' spreads allow "
+    )
+    console = Console(file=io.StringIO(), width=300)
+    spec = parse_spec("workload: {model: digits_cnn, data: digits}\n")
+    display.print_confirmation(console, answer, spec, study.study_name)
+    shown = " ".join(console.file.getvalue().split())
+    assert "0.3124" not in shown and "quiet machine" not in shown and "noisy" not in shown
+
+
+def test_a_figure_keeps_the_digits_the_spread_leaves_it():
+    assert [display.fmt_within(0.31237, s) for s in (0.003, 0.03, 0.1, 0.25, 0.9)] == [
+        "0.3124",  # ±0.3%: four, fmt's
+        "0.312",
+        "0.31",  # ±10%: the edge of two
+        "0.31",
+        "0.31",  # never fewer than two
+    ]
+    assert display.fmt_within(0.31237, None) == "0.3124" and display.fmt_within(0.2, 0.0) == "0.2"
+    assert display.fmt_within(27_712.0, 0.3) == "27,712"  # from 1,000: fmt's, whole
+    assert display.fmt_within(156.385, 0.19) == "156"  # whole digits kept: never "1.6e+02"
+    assert display.fmt_within(97.234, 0.19) == "97" and display.fmt_within(2.0, 0.02) == "2"
+
+
+def test_no_ratio_is_quoted_between_runs_under_unlike_loads_and_the_loads_are_said():
+    """Interleaved runs share the machine's load, unless it changed with the configuration: a
+    ratio of runs at 78-80% of the cores taken by others over runs at 50-55% measures the load
+    as much as the configuration."""
+    study = _study([1.0, 3.0], baseline=0)
+    runs = (*_runs(1, (1, 3.0, 0.78), (2, 3.1, 0.8)), *_runs(0, (1, 1.0, 0.5), (2, 1.1, 0.55)))
+    record = dataclasses.replace(_round({1: [], 0: []}, baseline=0, top=1), runs=runs)
+    answer = _answer(study, record)
+    assert answer.number == 1 and answer.noise == "varied" and answer.speedup is None
+    assert answer.references[0].said == (
+        "over the untuned baseline, no ratio: the two were measured under different loads "
+        "(others took 78-80% of the cores in the answer's runs, 50-55% in its)"
+    )
+    # the answer at 64%, 11.5 points from the baseline's median: like loads, the ratio stands
+    alike = tuple(
+        dataclasses.replace(run, other_cpu_share=0.64) if run.trial == 1 else run for run in runs
+    )
+    near = _answer(study, dataclasses.replace(record, runs=alike))
+    assert near.noise != "varied" and near.speedup == pytest.approx(3.05 / 1.05)
+    # a load that drifts from 50% to 80% on both sides alike, interleaved: too noisy to rank,
+    # and the runs that separate completely still a ratio
+    drift = (*_runs(1, (1, 3.0, 0.5), (2, 3.1, 0.8)), *_runs(0, (1, 1.0, 0.5), (2, 1.1, 0.8)))
+    drifted = _answer(study, dataclasses.replace(record, runs=drift))
+    assert drifted.noise == "varied" and drifted.speedup == pytest.approx(3.05 / 1.05)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import io
 import re
@@ -184,3 +185,40 @@ def test_a_time_to_a_target_compares_the_right_way_and_the_note_leads_with_the_v
     note = notes.study_note(study)
     assert note.index("**Not confirmed**") < note.index("One measurement each (trial 0's own")
     assert "(trial 1), 1.50x faster to the target" in note and "its time_to_rmse" not in note
+
+
+def test_one_measurement_each_says_when_the_two_were_taken_under_unlike_loads(seen):
+    """On a busy 2-core VM the search's own measurements were taken at 69-76% of the cores and
+    beyond: the note's "one measurement each" ratios set a trial at a quiet moment beside one
+    at a busy one and said nothing of it."""
+    from autotune.outputs import report
+
+    real, _ = seen
+
+    def loaded(answer_share: float) -> optuna.Study:
+        """The real study's trials, their loads fabricated: 72% but the answer's."""
+        study = optuna.create_study(direction=real.direction)
+        best = answer_trial(real)
+        assert best is not None
+        for trial in real.get_trials():
+            share = answer_share if trial.number == best.number else 0.72
+            trial.set_user_attr("other_cpu_share", share)
+            study.add_trial(trial)
+        return study
+
+    study = loaded(0.05)  # a quiet moment, the rest flagged: 67 points apart
+    answer = answer_of(study)
+    assert answer is not None
+    found = notes.comparisons(study, answer)
+    assert found
+    page = " ".join(html.unescape(report.render_html(study)).split())
+    note = notes.study_note(study)
+    for label, other, _, _ in found:
+        said = (
+            f"measured under unlike loads: others took 5% of the cores in trial "
+            f"{answer.number}'s run, 72% in trial {other.number}'s"
+        )
+        assert f"(trial {other.number})" in note and said in note
+        assert f"{label.removeprefix('the ')}: {said}" in page
+    # alike loads (both flagged, 10 points apart): nothing to say
+    assert "unlike loads" not in notes.study_note(loaded(0.62))

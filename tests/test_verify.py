@@ -173,3 +173,42 @@ def test_a_verify_that_cannot_run_is_refused_before_a_worker_starts(
     refused = invoke_cli("verify", "--storage", url, cwd=tmp_path)
     assert refused.returncode == 1, refused.stderr
     assert "study 'verified' sets no objective.full_run_epochs" in refused.stderr
+
+
+def test_runs_at_full_length_under_unlike_loads_are_said_so_with_the_loads(study: optuna.Study):
+    """Full-length runs are compared for the time to the target: one taken while others held
+    most of the cores beside one on a quiet machine compares the loads as much as the
+    configurations."""
+    spec = parse_spec(SPACE)
+    executor = InProcessExecutor(load(spec.workload))
+    real = verify_study(VerifyInputs(study, executor, 1, 0.9))  # real runs, loads recorded
+    assert len(real.runs) >= 2 and all(run.other_cpu_share is not None for run in real.runs)
+
+    def loaded(answer_share: float) -> Verification:
+        """The stored runs, others' share of the cores fabricated: 72% but the answer's."""
+        stored = study.user_attrs["verify"]
+        for run in stored["runs"]:
+            run["other_cpu_share"] = answer_share if run["role"] == "answer" else 0.72
+        study.set_user_attr("verify", stored)
+        verified = Verification.of(study)
+        assert verified is not None
+        return verified
+
+    _, said = display.verification_rows(loaded(0.05), "accuracy", True)
+    others = ", ".join(f"{display_name}'s 72%" for display_name in _references(real))
+    assert said[-1] == (
+        f"The runs were measured under unlike loads (others' share of the cores: the answer's "
+        f"5%, {others}): their times compare the loads as much as the configurations; verify "
+        "again on a quiet machine."
+    )
+    assert "unlike loads" in "\n".join(notes.verify_block(study))
+    _, alike = display.verification_rows(loaded(0.65), "accuracy", True)  # 7 points apart
+    assert not any("unlike loads" in line for line in alike)
+
+
+def _references(verified: Verification) -> list[str]:
+    """The names of the references verified beside the answer, in the table's order."""
+    from autotune.study import role_name
+
+    roles = {run.role for run in verified.runs} - {"answer"}
+    return [role_name(role) for role in ("runner_up", "baseline", "checklist") if role in roles]

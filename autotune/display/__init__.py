@@ -12,6 +12,7 @@ from autotune.display._confirmation import (
     confirmation_rows,
     confirmation_text,
     flagged_measurements,
+    noisy_round,
     print_confirmation,
     runs_used_note,
 )
@@ -34,6 +35,7 @@ from autotune.display._text import (
     describe_shares,
     fmt,
     fmt_metric,
+    fmt_within,
     lr_text,
     metric_unit,
     plural,

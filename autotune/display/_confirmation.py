@@ -21,6 +21,7 @@ from autotune.display._text import (
     command,
     fit,
     fmt,
+    fmt_within,
     metric_unit,
     plural,
     study_options,
@@ -49,7 +50,8 @@ class TrialConfirmation:
     speedup_interval: tuple[float, float] | None = None  # where the speed-up may lie
     said: tuple[str, ...] = ()  # the answer over each reference, as the terminal says it
     reference: str | None = None  # the answer is this reference ("the tuning checklist")
-    tied_with: tuple[int, ...] = ()  # trials within the noise of the answer
+    # trials within the noise of the answer (a reference it is tied with: in ``said``, once)
+    tied_with: tuple[int, ...] = ()
     under_interference: bool = False  # every run measured while others used the CPU
 
     def to_dict(self) -> dict[str, Any]:
@@ -84,7 +86,7 @@ class TrialConfirmation:
             speedup_interval=baseline.interval if mine and baseline is not None else None,
             said=tuple(r.said for r in answer.references) if mine else (),
             reference=answer.reference if mine else None,
-            tied_with=answer.tied if mine else (),
+            tied_with=_tied_leaders(answer) if mine else (),
             under_interference=found.interfered,
         )
 
@@ -103,6 +105,12 @@ class TrialConfirmation:
         return cls(**fields)
 
 
+def _tied_leaders(answer: Answer) -> tuple[int, ...]:
+    """The trials tied with the answer but the references its ``said`` names tied."""
+    said = {reference.number for reference in answer.references if reference.tied}
+    return tuple(number for number in answer.tied if number not in said)
+
+
 def confirmation_text(
     found: TrialConfirmation | None,
     study: str,
@@ -119,7 +127,8 @@ def confirmation_text(
         again = shlex.join(visible(word) for word in words)
         why = UNCONFIRMED.get(round_state, UNCONFIRMED["none"])
         return f"not confirmed: {why}" + f" (run `{again}`)" * (round_state != "confirmed")
-    text = f"confirmed: median {fmt(found.median)} over {found.runs} run{'s' * (found.runs != 1)}"
+    median = fmt_within(found.median, found.spread)
+    text = f"confirmed: median {median} over {found.runs} run{'s' * (found.runs != 1)}"
     if interleaved:
         text += f", interleaved with {interleaved}"
     if found.spread is not None:
@@ -168,7 +177,8 @@ def print_confirmation(
 
 def confirmation_rows(answer: studies.Answer) -> list[tuple[str, str, str, str, str]]:
     """The confirmation table's rows, in the terminal and the report: each configuration's
-    label, median, range, median score and runs used ("-" where it has no median)."""
+    label, median (to the digits the round's spread leaves it; "tied" where the round could not
+    tell it from the answer), range, median score and runs used ("-" where it has no median)."""
     rows = []
     for found in answer.configurations:
         label, used = found.label, _runs_used(found)
@@ -176,8 +186,9 @@ def confirmation_rows(answer: studies.Answer) -> list[tuple[str, str, str, str, 
             score = fmt(found.median_score) if found.scores else "-"
             rows.append((label, "-", "-", score, used))
             continue
-        spread = f"{fmt(found.low)}-{fmt(found.high)}"
-        rows.append((label, fmt(found.median), spread, fmt(found.median_score), used))
+        low, high = (fmt_within(value, answer.spread) for value in (found.low, found.high))
+        median = fmt_within(found.median, answer.spread) + " tied" * answer.tied_with(found)
+        rows.append((label, median, f"{low}-{high}", fmt(found.median_score), used))
     return rows
 
 
@@ -185,8 +196,8 @@ def runs_used_note(answer: studies.Answer) -> str:
     """What the confirmation table's "runs used" counts, in the terminal and the report."""
     retaken = any(found.retakes for found in answer.configurations)
     return (
-        "runs used: the measurements each median counts, the trial's own among them: "
-        "feasible, and measured alike (quiet, or all under load)"
+        "runs used: the measurements each median counts: feasible, and measured alike (quiet, "
+        "the trial's own among them; or the round's own under load)"
         + ("; a retake: a run measured again, the machine busy the first time" if retaken else "")
     )
 
@@ -202,13 +213,18 @@ def flagged_measurements(answer: studies.Answer) -> str:
     """The round's measurements taken under interference: how many, which of them the round
     measured again (never a trial's own), and how the round compares them."""
     originals, own = answer.flagged_originals, answer.flagged - answer.flagged_originals
-    which = [f"{originals} of the trials' own, which the round never retakes"] * bool(originals)
+    search_load, load = answer.search_load or (), answer.load or ()
+    search = f" (the search's, at {studies.loads_said(search_load)})" * bool(search_load)
+    which = [f"{originals} of the trials' own{search}, never compared with the round's runs"]
+    which *= bool(originals)
     again = "each" if answer.retakes >= own else f"{answer.retakes or 'none'} of them"
     which += [f"{own} of the round's, {again} measured again"] * bool(own)
+    compared = f", the runs it compares at {studies.loads_said(load)}" * bool(load)
     return (
         f"{plural(answer.flagged, 'measurement')} {'was' if answer.flagged == 1 else 'were'} "
         f"taken while other processes took more than {INTERFERENCE_SHARE:.0%} of the cores "
-        f"({', and '.join(which)}): the round compares flagged runs only with flagged ones."
+        f"({', and '.join(which)}): the round compares flagged runs only with its own flagged "
+        f"ones{compared}."
     )
 
 
@@ -228,14 +244,35 @@ def _print_confirmed(
     said = confirmation_text(TrialConfirmation.of(answer, answer.number), study_name)
     console.print(f"[bold]Answer: trial {answer.number}[/], {escape(said)}.")
     if answer.noisy:
-        spread = f"±{answer.spread:.0%}" if answer.spread is not None else "unknown"
-        why = (
-            f"run-to-run spread {spread}, over ±{studies.NOISY_SPREAD:.0%}"
-            if answer.alike
-            else "some were measured only on a quiet machine, others only under interference"
-        )
-        console.print(
-            f"[yellow]The machine was too noisy to rank the leaders[/] ({why}): trial "
-            f"{answer.number} is named for the best median. Confirm again on a quiet machine: "
-            f"{again}"
-        )
+        console.print(f"{escape(noisy_round(answer))}: {again}", style="yellow")
+
+
+def noisy_round(answer: studies.Answer) -> str:
+    """Why a round too noisy to rank its leaders could not, with the figures, and what can
+    separate them (the terminal adds the command; the report says it under its table)."""
+    return (
+        f"The round was too noisy to rank the leaders ({_why_noisy(answer)}): trial "
+        f"{answer.number} is named for the best median. {_how_to_separate(answer)}"
+    )
+
+
+def _why_noisy(answer: studies.Answer) -> str:
+    """Why a noisy round (``Answer.noise``) could not rank its leaders, with the figures."""
+    if not answer.alike:
+        return "some were measured only on a quiet machine, others only under interference"
+    if answer.noise == "varied":
+        took = studies.loads_said(answer.load or ())
+        return f"the load varied: other processes took {took} of the cores"
+    spread = f"±{answer.spread:.0%}" if answer.spread is not None else "unknown"
+    return f"run-to-run spread {spread}, over ±{studies.NOISY_SPREAD:.0%}"
+
+
+def _how_to_separate(answer: studies.Answer) -> str:
+    """What can separate the leaders of a noisy round: a quiet machine where others took the
+    cores; where none did, the runs vary by themselves, and only longer or more runs can."""
+    if answer.flagged or answer.noise == "varied":
+        return "Confirm again on a quiet machine"
+    return (
+        "The machine was quiet: its runs vary that much by themselves, so a quieter one will "
+        "not separate them; longer trials (workload.epochs) or more runs (--repeats) can"
+    )

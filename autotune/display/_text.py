@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shlex
 import textwrap
 from collections.abc import Sequence
@@ -57,6 +58,18 @@ def fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.0f}" if abs(value) >= 1e3 else f"{value:.4g}"
     return "-" if value is None else as_written(value)
+
+
+def fmt_within(value: float, spread: float | None) -> str:
+    """``value`` to the digits a relative ``spread`` (0.03: ±3%) leaves it, 2 to 4
+    significant: ``0.312`` at ±3%, ``0.31`` at ±10% (four digits of a time that varies by a
+    tenth promise a precision the runs do not have), its whole digits always (``156`` at
+    ±20%); ``fmt``'s without a spread, and from 1,000."""
+    if not spread or spread <= 0 or not math.isfinite(value) or not value or abs(value) >= 1e3:
+        return fmt(value)
+    digits = min(4, max(2, 1 + math.ceil(-math.log10(spread))))
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))  # whole digits kept
+    return f"{value:.{decimals}f}".rstrip("0").rstrip(".") if decimals else f"{value:.0f}"
 
 
 _METRIC_FORMATS: dict[str, Any] = {

@@ -73,12 +73,18 @@ def verification_rows(
     said = "The short trials' ranking does not hold"
     losses = [f"{said}: {name} {how}." for name, how in verified.losses(higher)]
     others = [studies.role_name(row.role) for row in verified.rows(higher) if row.role != "answer"]
+    unlike = verified.unlike_loads()
+    loads = [
+        f"The runs were measured under unlike loads (others' share of the cores: {unlike}): "
+        "their times compare the loads as much as the configurations; verify again on a "
+        "quiet machine."
+    ] * bool(unlike)
     if losses or not others:  # nothing verified beside the answer: no ranking to hold
-        return rows, losses
+        return rows, [*losses, *loads]
     arrives = verified.time_to_target("answer", higher) is not None
     later = f" and reaches {verified.target:g} no later" if reach and arrives else ""
     holds = f"the answer ends no worse than {studies.listed(others)}{later}, within noise"
-    return rows, [f"The short trials' ranking holds at full length: {holds}."]
+    return rows, [f"The short trials' ranking holds at full length: {holds}.", *loads]
 
 
 def print_verification(console: Console, verified: studies.Verification, spec: Spec) -> None:

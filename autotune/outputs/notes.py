@@ -28,6 +28,8 @@ from autotune.study import (
     Verification,
     answer_of,
     feasible_trials,
+    loads_alike,
+    loads_said,
     reference_trial,
     speed_study_name,
 )
@@ -55,6 +57,19 @@ def _over(trial: FrozenTrial, other: FrozenTrial, key: str) -> float | None:
 
 
 Comparison = tuple[str, FrozenTrial, float, float | None]
+
+
+def unlike_loads(trial: FrozenTrial, other: FrozenTrial) -> str:
+    """Where the two trials' own measurements were taken under unlike loads (``loads_alike``),
+    what each was taken at: "measured under unlike loads: others took 5% of the cores in trial
+    3's run, 72% in trial 0's"; else ""."""
+    mine, theirs = (TrialRecord.of(t).other_cpu_share for t in (trial, other))
+    if mine is None or theirs is None or loads_alike((mine, theirs)):
+        return ""
+    return (
+        f"measured under unlike loads: others took {loads_said((mine,))} of the cores in trial "
+        f"{trial.number}'s run, {loads_said((theirs,))} in trial {other.number}'s"
+    )
 
 
 def value_ratio_name(study: optuna.Study, metric: str) -> str:
@@ -197,6 +212,7 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         compared = [
             f"- {speed:.2f}x the samples/s of {label} (trial {other.number})"
             + (f", {value:.2f}x {'its ' * (ratio_name == metric)}{ratio_name}" if value else "")
+            + (f"; {loads}" if (loads := unlike_loads(best, other)) else "")
             for label, other, speed, value in comparisons(study, answer)
         ]
         heading = f"One measurement each (trial {best.number}'s own and theirs), not confirmed:"

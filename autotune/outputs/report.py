@@ -29,6 +29,7 @@ from autotune.display import (
     measured_flags,
     metric_unit,
     no_answer,
+    noisy_round,
     off_stage_one,
     runs_used_note,
     speed_rows,
@@ -44,6 +45,7 @@ from autotune.outputs.notes import (
     comparisons,
     knob_rows,
     names,
+    unlike_loads,
     value_ratio_name,
     verdict,
     verify_block,
@@ -230,12 +232,13 @@ def stored_speed_table(study: optuna.Study) -> SpeedTable | None:
 
 def confirmation_notes(answer: Answer | None) -> list[str]:
     """The lines under the report's confirmation table, as the terminal prints them under its
-    own: what "runs used" counts, the measurements taken under interference (which the round
-    retook), and its cost."""
+    own: what "runs used" counts, why a noisy round could not rank its leaders, the
+    measurements taken under interference (which the round retook), and its cost."""
     if answer is None or not answer.configurations:
         return []
+    noisy = [f"{noisy_round(answer)}."] * (answer.confirmed and answer.noisy)
     flagged = [flagged_measurements(answer)] * bool(answer.flagged)
-    return [runs_used_note(answer), *flagged, confirmation_cost(answer)]
+    return [runs_used_note(answer), *noisy, *flagged, confirmation_cost(answer)]
 
 
 def over_references(answer: Answer | None, labels: list[str]) -> list[str]:
@@ -317,6 +320,11 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         confirmation=confirmation_rows(answer) if answer is not None else [],
         confirmation_notes=confirmation_notes(answer),
         over_references=over_references(answer, [label for label, *_ in found]),
+        unlike_loads=[
+            f"{label.removeprefix('the ')}: {loads}"
+            for label, other, *_ in found
+            if best is not None and (loads := unlike_loads(best, other))
+        ],
         measurements=measurements(best) if best is not None else [],
         phases=[(p, PHASE_LABELS[p]) for p in PHASES],
         param_names=param_names,

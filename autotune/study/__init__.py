@@ -56,7 +56,7 @@ if TYPE_CHECKING:
         trials_named,
     )
     from autotune.study._confirm import ConfirmationInputs, confirm_study, confirmation_plan
-    from autotune.study._confirmed import NOISY_SPREAD, Confirmed
+    from autotune.study._confirmed import NOISY_SPREAD, Confirmed, loads_alike, loads_said
     from autotune.study._open import load_study, open_study, patient_storage, with_study_strategy
     from autotune.study._run import RunOutcome, count_states, run_study
     from autotune.study._sampling import make_sampler
@@ -90,7 +90,7 @@ _LAZY = {  # module (under autotune) -> its names
     "storage._walls": "MemoryWalls",
     "study._answer": "Answer Reference UNCONFIRMED answer_of answer_trial listed trials_named",
     "study._confirm": "ConfirmationInputs confirm_study confirmation_plan",
-    "study._confirmed": "NOISY_SPREAD Confirmed",
+    "study._confirmed": "NOISY_SPREAD Confirmed loads_alike loads_said",
     "study._open": "load_study open_study patient_storage with_study_strategy",
     "study._run": "RunOutcome count_states run_study",
     "study._sampling": "make_sampler",

@@ -16,10 +16,12 @@ The rule (``Answer.of_round``):
   lower validation loss) wins, then the better median value: the study names them and says
   which rule picked. (Overlapping ranges are no test: with three runs one slow outlier makes a
   configuration 35% behind "tied".)
-- a round whose spread is wider than ``NOISY_SPREAD`` cannot rank its leaders at all (with
-  ±100% every leader is "tied", and the score would hand the answer to a slower one): its
-  answer is the best median, and the study says the machine was too noisy and how to confirm
-  again (``tie_rule`` "noisy");
+- a round is quiet, or too noisy to rank its leaders (``Answer.noise``, the one rule): too
+  noisy where its spread is wider than ``NOISY_SPREAD`` (with ±100% every leader is "tied", and
+  the score would hand the answer to a slower one: "wide"), or where the load varied (the runs
+  it compares were not measured alike, or others' share of the cores in them spans more than
+  ``INTERFERENCE_SHARE``: ``loads_alike``, "varied"); a noisy round's answer is the best
+  median, and the study says why and how to confirm again (``tie_rule`` "noisy");
 - the answer's ratio over a reference (its speed-up over the untuned baseline) is the ratio of
   the two medians of the round's own runs, measured side by side and alike (clean with clean,
   flagged with flagged): the original trials are left out of it, because the leaders were
@@ -30,11 +32,14 @@ The rule (``Answer.of_round``):
 
 The answer claims a ratio where its interval excludes 1.0: runs that separate completely are a
 measured speed-up, even in a round too noisy to rank its leaders; where the interval includes
-1.0 it says "too noisy to quote a ratio" and what the runs allow (``Reference.said``). Over a
-reference with the answer's own execution settings (the same ``config_key``: only the learning
-differs, the lr say) the ratio is learning's alone (``LEARNING_ALONE``): the two samples/s
-are the same settings' and differ only by noise, so the ratio is taken with that difference
-out (a "1.31x" between two trials at accuracy 1.0 that differed in lr only was that noise).
+1.0 the two are tied in a quiet round (the same within the round's spread: a quiet round's
+0.98x-1.03x is no noise to blame) and "too noisy to quote a ratio" in a noisy one, with what
+the runs allow (``Reference.said``); between runs under unlike loads (``loads_alike``) it
+claims none and says both loads. Over a reference with the answer's own execution settings
+(the same ``config_key``: only the learning differs, the lr say) the ratio is learning's alone
+(``LEARNING_ALONE``): the two samples/s are the same settings' and differ only by noise, so
+the ratio is taken with that difference out (a "1.31x" between two trials at accuracy 1.0
+that differed in lr only was that noise).
 """
 
 from __future__ import annotations
@@ -58,7 +63,13 @@ from autotune.storage._records import (
     StudyRecord,
     TrialRecord,
 )
-from autotune.study._confirmed import NOISY_SPREAD, Confirmed, compared_runs
+from autotune.study._confirmed import (
+    NOISY_SPREAD,
+    Confirmed,
+    compared_runs,
+    loads_alike,
+    loads_said,
+)
 
 
 @dataclass(frozen=True)
@@ -75,12 +86,14 @@ class Reference:
     why: str | None = None  # why no interval bounds a ratio, in a few words
     learning_only: bool = False  # the answer's own execution settings: the ratio is learning's
     infeasible: bool = False  # none of its runs in the round met the study's bar
+    tied: bool = False  # no ratio, in a quiet round: the two are the same within its spread
 
     @property
     def said(self) -> str:
         """The answer over it, as every rendering says it: "2.05x the untuned baseline (1.91x
-        to 2.20x)", "over the untuned baseline, too noisy to quote a ratio (the runs' spreads
-        allow 0.88x to 1.17x)", or why no ratio."""
+        to 2.20x)", "tied with the untuned baseline, the same within the round's spread (the
+        runs' spreads allow 0.98x to 1.03x)" (a quiet round), "over the untuned baseline, too
+        noisy to quote a ratio (the runs' spreads allow 0.88x to 1.17x)", or why no ratio."""
         if self.infeasible:
             return f"over {self.name}, no ratio: none of its runs in the round reached the bar"
         if self.interval is None:
@@ -88,7 +101,9 @@ class Reference:
         learning = f"; {LEARNING_ALONE}" * self.learning_only
         if self.ratio is None:
             allow = f"the runs' spreads allow {_between(*self.interval)}"
-            return f"over {self.name}, too noisy to quote a ratio ({allow}{learning})"
+            tied = f"tied with {self.name}, the same within the round's spread"
+            verdict = tied if self.tied else f"over {self.name}, too noisy to quote a ratio"
+            return f"{verdict} ({allow}{learning})"
         return f"{self.ratio:.2f}x {self.name} ({_between(*self.interval)}{learning})"
 
 
@@ -117,6 +132,9 @@ def _same_settings(one: FrozenTrial, other: FrozenTrial) -> bool:
 # study's current leaders, with a winner), else why not: no round, an unfinished one, one whose
 # leaders trials since have changed, one where no configuration was feasible in most of its runs
 RoundState = Literal["none", "unfinished", "stale", "no_winner", "confirmed"]
+# how noisy a round was (``Answer.noise``): quiet, its runs' spread too wide to rank, or the
+# load varied across the runs it compares
+Noise = Literal["quiet", "wide", "varied"]
 # why an answer is not confirmed, by its round's state: the words every rendering says it in
 UNCONFIRMED: dict[str, str] = {
     "none": "one measurement",
@@ -148,6 +166,7 @@ class Answer:
     maximize: bool = True  # the study's direction
     flagged: int = 0  # the round's measurements taken under interference
     flagged_originals: int = 0  # of them, trials' own (repeat 0), which the round never retakes
+    search_load: tuple[float, float] | None = None  # others' share in its flagged originals
     retakes: int = 0  # the round's runs measured again (the machine busy the first time)
     round_runs: int = 0  # the round's own runs, each measured again counted again
     cost_seconds: float = 0.0  # their wall-clock seconds
@@ -186,6 +205,23 @@ class Answer:
         return self.tie_rule == "noisy"
 
     @property
+    def load(self) -> tuple[float, float] | None:
+        """The lowest and highest share of the cores other processes took in the runs the
+        round compares; None where none was measured (a GPU's)."""
+        return _span(share for found in self.configurations for share in found.loads)
+
+    @property
+    def noise(self) -> Noise:
+        """The one rule for how noisy the round was: "varied" where the runs it compares were
+        not measured alike or under like loads (``loads_alike``), "wide" where its spread is
+        over ``NOISY_SPREAD``, else "quiet" (the module's docstring)."""
+        if not self.alike or not loads_alike(self.load or ()):
+            return "varied"
+        if self.spread is not None and self.spread > NOISY_SPREAD:
+            return "wide"
+        return "quiet"
+
+    @property
     def speedup(self) -> float | None:
         """Its ratio over the untuned baseline, claimed; None without one."""
         return self.ratio_over(REFERENCE_NAMES["baseline"])
@@ -206,6 +242,14 @@ class Answer:
         kind = self.winner.reference if self.winner is not None else None
         return REFERENCE_NAMES[kind] if kind else None
 
+    def tied_with(self, found: Confirmed) -> bool:
+        """Whether the round could not tell ``found`` from the answer: one of its ties, or a
+        reference it is tied with (``Reference.tied``)."""
+        if found.trial in self.tied:
+            return True
+        reference = self.over(REFERENCE_NAMES[found.reference]) if found.reference else None
+        return reference is not None and reference.tied
+
     def configuration(self, number: int) -> Confirmed | None:
         """Trial ``number``'s measurements in the round; None where it has none."""
         return next((c for c in self.configurations if c.trial == number), None)
@@ -217,11 +261,14 @@ class Answer:
     def measured_ratio(self, reference: Confirmed | None) -> float | None:
         """The winner's value over ``reference``'s, as "times better" (for a time to a target,
         the reference's time over the winner's), from the round's own runs (the module's
-        docstring); None where the two were not measured alike."""
+        docstring); None where the two were not measured alike, or under unlike loads
+        (``_alike_sides``)."""
         winner = self.winner
         if winner is None or reference is None or not reference.values:
             return None
         if not self.alike or reference.interfered != winner.interfered:
+            return None
+        if not _alike_sides(winner, reference):
             return None
         if not reference.round_median or not winner.round_median:
             return None
@@ -260,6 +307,7 @@ class Answer:
         compared = compared_runs(record)
         configurations = tuple(Confirmed.of(record, n, compared) for n in record.candidates)
         own = [run for run in record.runs if run.repeat > 0]
+        originals = [run for run in record.runs if run.interfered and not run.repeat]
         spreads = [s for c in configurations if (s := c.relative_spread) is not None]
         answer = cls(
             trial,
@@ -270,7 +318,8 @@ class Answer:
             spread=statistics.median(spreads) if spreads else None,
             maximize=record.maximize,
             flagged=sum(1 for run in record.runs if run.interfered),
-            flagged_originals=sum(1 for run in record.runs if run.interfered and not run.repeat),
+            flagged_originals=len(originals),
+            search_load=_span(run.other_cpu_share or 0.0 for run in originals),
             retakes=sum(c.retakes for c in configurations),
             round_runs=len(own),
             cost_seconds=sum(run.wall_seconds for run in own),
@@ -285,7 +334,7 @@ class Answer:
             state: RoundState = "no_winner" if record.complete else "unfinished"
             return dataclasses.replace(answer, round_state=state)
         best = eligible[0]
-        if not answer.alike or (answer.spread is not None and answer.spread > NOISY_SPREAD):
+        if answer.noise != "quiet":
             return dataclasses.replace(answer, winner=best, tie_rule="noisy")
         answer = dataclasses.replace(answer, winner=best)
         tied = [best, *(c for c in eligible[1:] if answer._within_noise(c))]
@@ -316,6 +365,14 @@ class Answer:
             return True
         return mine[1] >= theirs[0] if self.maximize else mine[0] <= theirs[1]
 
+    def _unlike(self, measured: Confirmed) -> str:
+        """Why no ratio over ``measured``: the loads differed, with their figures."""
+        why = "the two were measured under different loads"
+        if self.winner is None or not self.winner.loads or not measured.loads:
+            return why
+        mine, other = loads_said(self.winner.loads), loads_said(measured.loads)
+        return f"{why} (others took {mine} of the cores in the answer's runs, {other} in its)"
+
     def _reference(self, name: str, measured: Confirmed, same_settings: bool) -> Reference:
         """The answer against the reference ``measured`` (``same_settings``: the two share
         their execution settings)."""
@@ -328,7 +385,7 @@ class Answer:
             why = "none of its runs in the round reached the bar"
             return dataclasses.replace(found, why=why, infeasible=True)
         if ratio is None or self.winner is None:
-            return dataclasses.replace(found, why="the two were measured under different loads")
+            return dataclasses.replace(found, why=self._unlike(measured))
         if same_settings and interval is not None:  # samples/s alike but for noise: out
             ours = self.winner.median_samples_per_second
             theirs = measured.median_samples_per_second
@@ -337,9 +394,24 @@ class Answer:
         if interval is None or math.isnan(ratio):
             return dataclasses.replace(found, interval=None, why="no spread to bound the ratio")
         found = dataclasses.replace(found, interval=interval)
-        if interval[0] <= 1.0 <= interval[1]:  # the runs overlap the other's: too noisy
-            return found
+        if interval[0] <= 1.0 <= interval[1]:  # the runs overlap: tied, or too noisy to say
+            return dataclasses.replace(found, tied=self.noise == "quiet")
         return dataclasses.replace(found, ratio=ratio)
+
+
+def _alike_sides(one: Confirmed, other: Confirmed) -> bool:
+    """Whether two configurations' runs were taken under like loads: their median loads
+    (``loads_alike``). Interleaved, both meet whatever the machine does meanwhile; a drift in
+    the load that falls on one side alone sets their medians apart."""
+    if not one.loads or not other.loads:
+        return True
+    return loads_alike((statistics.median(one.loads), statistics.median(other.loads)))
+
+
+def _span(values: Iterable[float]) -> tuple[float, float] | None:
+    """The lowest and highest of ``values``; None where there are none."""
+    found = list(values)
+    return (min(found), max(found)) if found else None
 
 
 def headline(median: float | None, runs: int, value: float | None) -> tuple[float | None, str]:

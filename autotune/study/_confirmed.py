@@ -4,16 +4,23 @@ runs are compared (``compared_runs``).
 A measurement taken under interference (other processes took more than
 ``interference.INTERFERENCE_SHARE`` of its cores) is never compared with a clean one: the round
 ranks its configurations on their clean runs where every one that can be the answer has one,
-else on their flagged runs where every one has one (and says so: ``Confirmed.interfered``),
-else it cannot rank them like for like (``Answer.alike``) and counts as too noisy to rank.
+else on the round's own flagged runs where every one has one (and says so:
+``Confirmed.interfered``), else it cannot rank them like for like (``Answer.alike``) and counts
+as too noisy to rank. A trial's own measurement under interference is never compared with the
+round's: the search took it at another time under another load, not side by side (on a busy
+2-core VM the search ran at 69-76% of the cores taken by others, the round at 78-86%, and the
+trials' own figures sat above their round's runs in 10 of 12 rows). Each compared run's load
+(others' share of its cores) is kept (``Confirmed.loads``): the answer says when it varied.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from autotune.machine.interference import INTERFERENCE_SHARE, interfered
 from autotune.storage._records import ConfirmationRecord, ConfirmRun, ReferenceKind
 
 
@@ -35,6 +42,7 @@ class Confirmed:
     all_runs: int = 0  # every measurement of it, flagged and failed ones included
     retakes: int = 0  # of all_runs, runs measured again (their first was under interference)
     trial_feasible: bool = True  # its own trial met every requirement (min_score)
+    loads: tuple[float, ...] = ()  # others' share of the cores in the runs behind ``values``
 
     @property
     def label(self) -> str:  # "0 (baseline)", "1 (checklist)", "3"
@@ -84,9 +92,9 @@ class Confirmed:
     def of(cls, record: ConfirmationRecord, number: int, compared: str) -> Confirmed:
         """Trial ``number``'s measurements in ``record``, on the runs the round compares."""
         measured = [run for run in record.runs if run.trial == number]
-        flagged = [run for run in measured if run.interfered]
+        busy = [run for run in measured if run.interfered and run.repeat]  # side by side
         clean = [run for run in measured if not run.interfered]
-        runs = flagged if compared == "flagged" and flagged else clean or measured
+        runs = busy if compared == "flagged" and busy else clean or measured
         trained = _trained(runs)
         references: dict[int | None, ReferenceKind] = {
             record.baseline: "baseline",
@@ -108,6 +116,7 @@ class Confirmed:
             round_values=_values([run for run in trained if run.repeat > 0]),
             all_runs=len(measured),
             retakes=len(measured) - len({run.repeat for run in measured}),
+            loads=tuple(r.other_cpu_share for r in trained if r.other_cpu_share is not None),
         )
 
 
@@ -128,17 +137,40 @@ def _trained(runs: list[ConfirmRun]) -> list[ConfirmRun]:
 
 def compared_runs(record: ConfirmationRecord) -> Literal["clean", "flagged", "mixed"]:
     """Which runs the round compares: the clean ones where every configuration that can be the
-    answer (its own trial feasible) has a feasible clean run, else the flagged ones where every
-    one has a flagged run, else none alike ("mixed")."""
+    answer (its own trial feasible) has a feasible clean run, else the round's own flagged ones
+    (never a trial's: the search's load was another) where every one has one, else none alike
+    ("mixed")."""
     measured = ([run for run in record.runs if run.trial == n] for n in record.candidates)
     rankable = [_trained(runs) for runs in measured if _own_trial_feasible(runs)]
     rankable = [runs for runs in rankable if runs]
     if all(any(not run.interfered for run in runs) for runs in rankable):
         return "clean"
-    if all(any(run.interfered for run in runs) for runs in rankable):
+    if all(any(run.interfered and run.repeat for run in runs) for runs in rankable):
         return "flagged"
     return "mixed"
 
 
 # a round whose run-to-run spread is wider than this (relative) cannot rank its leaders
 NOISY_SPREAD = 0.25
+
+
+def loads_alike(shares: Iterable[float | None]) -> bool:
+    """Whether measurements were taken under like loads: others' share of the cores in each
+    (None: not measured, left out) on one side of ``INTERFERENCE_SHARE`` (all quiet, or all
+    flagged) and no more than ``INTERFERENCE_SHARE`` apart (a search at 69-76% and a round at
+    78-86% are not: 17 points)."""
+    known = [share for share in shares if share is not None]
+    if not known:
+        return True
+    one_side = len({interfered(share) for share in known}) == 1
+    return one_side and max(known) - min(known) <= INTERFERENCE_SHARE
+
+
+def loads_said(shares: Iterable[float]) -> str:
+    """Others' share of the cores over some measurements, as every rendering says it: "78-86%",
+    "80%" ("-" for none)."""
+    percents = [round(share * 100) for share in shares]
+    if not percents:
+        return "-"
+    low, high = min(percents), max(percents)
+    return f"{low}%" if low == high else f"{low}-{high}%"

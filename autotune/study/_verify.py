@@ -25,6 +25,7 @@ from autotune.storage._queries import feasible_trials, reference_trial, trial_co
 from autotune.storage._records import REFERENCE_NAMES
 from autotune.study._answer import answer_of
 from autotune.study._confirm import interleaved, train_once
+from autotune.study._confirmed import loads_alike, loads_said
 
 if TYPE_CHECKING:
     from autotune.executor import TrialExecutor
@@ -50,6 +51,7 @@ class VerifyRun:
     curve: tuple[tuple[float, float], ...]
     samples_per_second: float | None = None
     fault: str | None = None  # why it did not train to its end
+    other_cpu_share: float | None = None  # others' share of its cores while it trained
 
     @property
     def seconds(self) -> float | None:
@@ -142,6 +144,20 @@ class Verification:
                 reached = self.time_to_target(role, higher_is_better)
                 rows.append(VerifiedRow(role, runs[0].trial, final, seconds, reached))
         return rows
+
+    def unlike_loads(self) -> str:
+        """Where the runs were measured under unlike loads (``loads_alike``), others' share of
+        the cores in each configuration's: "the answer's 5%, the untuned baseline's 70-74%";
+        else ""."""
+        if loads_alike(run.other_cpu_share for run in self.runs):
+            return ""
+        said = []
+        for role in ROLE_NAMES:
+            shares = [
+                r.other_cpu_share for r in self.of_role(role) if r.other_cpu_share is not None
+            ]
+            said += [f"{ROLE_NAMES[role]}'s {loads_said(shares)}"] * bool(shares)
+        return ", ".join(said)
 
     def losses(self, higher_is_better: bool) -> list[tuple[str, str]]:
         """(reference's name, how) for each reference the answer does not beat at full length:
@@ -258,4 +274,5 @@ def _train(
     result, _ = train_once(inputs.executor, config, report, inputs.on_wait)
     if isinstance(result, str):
         return VerifyRun(trial.number, role, repeat, tuple(curve), fault=result)
-    return VerifyRun(trial.number, role, repeat, tuple(curve), result.samples_per_second)
+    speed, share = result.samples_per_second, result.other_cpu_share
+    return VerifyRun(trial.number, role, repeat, tuple(curve), speed, other_cpu_share=share)
