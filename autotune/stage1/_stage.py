@@ -187,12 +187,19 @@ class Stage(SettingTimer):
         """Time again, while the machine is quiet and the budget holds a typical measurement,
         each of ``candidates`` timed only under interference that is not their fastest: such a
         figure may have lost to the load alone (one that wins is a win: interference only
-        slows). What stays so marks the cell's row busy (``_table``)."""
+        slows), each once (one that failed again is not retried). What stays so marks the
+        cell's row busy (``_table``)."""
+        retimed: set[Settings] = set()
         while self.quiet:
             best = self.fastest(cell, candidates)
-            losers = [s for s in candidates if s != best and self.pool(cell, s).flagged_only()]
+            losers = [
+                s
+                for s in candidates
+                if s != best and s not in retimed and self.pool(cell, s).flagged_only()
+            ]
             if not losers or not self._again(cell, losers[0]):
                 return
+            retimed.add(losers[0])
 
     def _rematch(self, cell: Cell) -> None:
         """``cell``'s leaders (within ``CONTENDER_MARGIN`` of its fastest) measured again, in
