@@ -108,7 +108,9 @@ class SpeedChoice:
     # the next-best settings' samples/s in this cell, as charged (the ranking's terms: its
     # one-time costs spread over the trial), so never above the choice's own
     runner_up: float | None = None
-    interference: bool = False  # measured only while other processes took its cores
+    # its choice rests on a figure taken only while other processes took the cores: its own,
+    # or that of a setting it beat (which may have lost to the load alone)
+    interference: bool = False
 
     @property
     def measured(self) -> bool:

@@ -102,32 +102,38 @@ def kinds(study: optuna.Study) -> list[str | None]:
     return [t.user_attrs.get("fail_kind") for t in study.get_trials()]
 
 
-def test_out_of_memory_is_pruned_and_the_memory_wall_is_not_retried(tmp_path: Path, run):
+@pytest.mark.parametrize("sampler", ["random", "tpe"])
+def test_out_of_memory_is_pruned_and_no_trial_is_spent_on_the_wall(
+    tmp_path: Path, run, sampler: str
+):
+    """A joint study (no stage 1) of a model that runs out of memory from batch 32: a trial
+    that does is PRUNED as oom, and its wall teaches the sampler, so that no later trial
+    draws a batch at or above it at that precision (before: they were drawn, and refused at
+    the wall as oom_skipped, each a counted trial of the budget). A precision's wall costs at
+    most two trials (64, then 32), and the trials' distributions stay the space's."""
     text = space(
         model_args="{oom_at_batch: 32}",
         knobs={"batch_size": "[16, 32, 64]", "precision": "[fp32, bf16]"},
         n_trials=12,
+        sampler=sampler,
+        n_startup_trials=4,
     )
     study, _, _ = run(text, tmp_path)
     walls: dict[str, int] = {}
-    saw_skip = False
     for trial in study.get_trials():
         config = trial.user_attrs["config"]
-        if config["batch_size"] < 32:
+        precision, batch = config["precision"], config["batch_size"]
+        assert batch < walls.get(precision, 10**9), "drawn at a wall found before it"
+        assert "oom_skipped" not in trial.user_attrs
+        if batch < 32:
             assert trial.state == TrialState.COMPLETE
             continue
         assert trial.state == TrialState.PRUNED
         assert trial.user_attrs["fail_kind"] == "oom" and trial.constraints == {"fault": 1.0}
-        precision = config["precision"]
-        if precision in walls and config["batch_size"] >= walls[precision]:
-            # the wall is known: the trial is recorded without training again
-            assert trial.user_attrs["oom_skipped"] is True
-            assert "ran out of memory in trial" in trial.user_attrs["fail_msg"]
-            saw_skip = True
-        else:
-            assert "out of memory" in trial.user_attrs["fail_msg"]
-            walls[precision] = min(walls.get(precision, 10**9), config["batch_size"])
-    assert walls and saw_skip
+        assert "out of memory" in trial.user_attrs["fail_msg"]
+        walls[precision] = batch
+    assert walls
+    assert {t.distributions["batch_size"].choices for t in study.trials} == {(16, 32, 64)}
 
 
 def test_a_memory_wall_of_an_earlier_run_is_tried_once_more_and_kept_only_if_it_holds():

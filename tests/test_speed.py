@@ -4,6 +4,7 @@ learning trials that train with stage 1's choices."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import re
 import signal
@@ -2043,3 +2044,98 @@ def test_stage_one_orders_its_cells_on_clean_figures(tmp_path: Path, prepare_stu
         i for i, (batch, _) in enumerate(measured) if batch == 32
     )
     assert not any(c.interference for c in table)
+
+
+def _dataloader_faster(config: TrialConfig) -> float:
+    """A step's seconds: a DataLoader twice as fast as the device pipeline (no rematch)."""
+    return 0.0005 if config.data_pipeline == "dataloader" else 0.001
+
+
+class CrashingAgain(SyntheticExecutor):
+    """SyntheticExecutor whose measurements of batch 32's dataloader setting crash."""
+
+    def measure(self, config: TrialConfig, plan: BurstPlan) -> SpeedMeasurement:
+        if (config.batch_size, config.data_pipeline) != (32, "dataloader"):
+            return super().measure(config, plan)
+        self.measured.append(config)
+        raise TrialFault(FaultKind.ERROR, "EOFError: the worker could not start")
+
+
+@pytest.mark.parametrize("quiet", [True, False, "crashes"])
+def test_a_setting_that_lost_on_a_busy_figure_is_timed_again_or_its_row_says_so(
+    tmp_path: Path, prepare_study, quiet: bool | str
+):
+    """A run of the stage stopped after batch 32's dataloader setting was timed while others
+    took its cores, stored at a tenth of its speed (its references clean). The resumed stage
+    compares it with no clean figure: on a quiet machine it is timed again and wins batch 32
+    (the faster); on a machine that stays busy it is not, and batch 32's row, its clean device
+    setting chosen, is marked busy (before: the device setting won on the busy figure, the
+    row unmarked, and the loser never timed again). A retime that crashes is tried once, and
+    the row is marked."""
+    from autotune.study import run_speed_stage
+
+    space = two_stage(n_trials=1, batch_sizes="[16, 32]", precisions="fp32", workers="[0]")
+    study, _, _, _ = prepare_study(space, tmp_path, run=False)
+    spec = restrict(parse_spec(space, tmp_path / "space.yaml"), CPU).spec
+
+    def stopped_run_step(config: TrialConfig) -> float:
+        return 0.01 if config.data_pipeline == "dataloader" else _dataloader_faster(config)
+
+    def stopped_run_load(n: int) -> tuple[float, float | None]:
+        return 0.0, 0.8 if n == 3 else None  # the third, 32's dataloader, under interference
+
+    busy = SyntheticExecutor(stopped_run_step, load=stopped_run_load, interrupt_at=4)
+    with pytest.raises(KeyboardInterrupt):
+        run_speed_stage(StageInputs(study, spec, CPU, busy))
+    stored = [(c.batch_size, c.data_pipeline) for c in busy.measured]
+    assert stored == [(32, "device"), (16, "device"), (32, "dataloader")]
+    kind = CrashingAgain if quiet == "crashes" else SyntheticExecutor
+    again = kind(_dataloader_faster, load=lambda n: (0.0, None if quiet else 0.8))
+    table = run_speed_stage(StageInputs(study, spec, CPU, again))
+    rows = {(c.batch_size, c.accumulation_steps): c for c in table}
+    retimed = [(c.batch_size, c.data_pipeline) for c in again.measured].count((32, "dataloader"))
+    assert retimed == (1 if quiet else 0)
+    pipeline = dict(rows[32, 1].settings)["data_pipeline"]
+    assert pipeline == ("dataloader" if quiet is True else "device")
+    assert rows[32, 1].interference == (quiet is not True)
+
+
+def test_the_rules_never_judge_a_busy_figure_to_lose():
+    """A setting timed only under interference (``busy``) may be slower only by the load: no
+    rule rules it out on that figure (a pipeline far behind, channels_last no faster, a
+    compile mode that cannot pay back, a precision far behind), while the same figures timed
+    clean are ruled out; a busy figure that wins still rules the others out."""
+    from autotune.stage1._rules import CellResult, StageRules
+
+    spec = restrict(parse_spec(two_stage(), Path("space.yaml")), CPU).spec
+    eager = SpeedMeasurement(16, 100, (0.01,), (0.001,), (0.01,), 0.0, None, 0, "cpu", "x")
+    compiled = dataclasses.replace(eager, compile_seconds=100.0, one_time_seconds=100.0)
+    device, loader = (("data_pipeline", "device"),), (("data_pipeline", "dataloader"),)
+    plain, layout = (("compile", "default"),), (("compile", "default"), ("channels_last", True))
+
+    def learned(busy: bool) -> StageRules:
+        rules = StageRules(spec)
+        rules.learn(
+            Cell(16, "fp32"),
+            [
+                CellResult(device, 3000.0, eager, None),
+                CellResult(loader, 1000.0, None, None, busy),  # under half the fastest
+                CellResult(plain, 2000.0, compiled, None, busy),  # no faster: cannot pay back
+                CellResult(layout, 1900.0, None, None, busy),  # channels_last no faster
+            ],
+        )
+        rules.learn(Cell(16, "bf16"), [CellResult(device, 500.0, None, None, busy)])
+        return rules
+
+    clean, busy = learned(busy=False), learned(busy=True)
+    at_16, at_32 = Cell(16, "bf16"), Cell(32, "bf16")
+    assert clean.why(at_16, loader) is not None and busy.why(at_16, loader) is None
+    assert "default" in clean.dropped_modes and "default" not in busy.dropped_modes
+    assert "default" in clean.dropped_layouts and "default" not in busy.dropped_layouts
+    assert clean.far_behind(at_32) is not None and busy.far_behind(at_32) is None
+    winner = StageRules(spec)  # busy and the fastest: the clean loser is far behind
+    winner.learn(
+        Cell(16, "fp32"),
+        [CellResult(device, 3000.0, None, None, True), CellResult(loader, 1000.0, None, None)],
+    )
+    assert winner.why(at_16, loader) is not None

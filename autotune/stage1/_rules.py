@@ -65,6 +65,9 @@ class CellResult:
     first_round: float | None  # samples/s of its first measurement (None: none)
     measurement: SpeedMeasurement | None  # its measurements combined (None: it failed)
     fault_kind: str | None  # why it has none
+    # every measurement taken while other processes took its cores: its speed is a lower
+    # bound (interference only slows), so it may beat others but is never judged to lose
+    busy: bool = False
 
 
 # faults of a compiled setting that rule its compile mode out of the cells after it
@@ -202,7 +205,8 @@ class StageRules(Budget):
 
     def learn(self, cell: Cell, results: list[CellResult]) -> None:
         """Take in a finished cell: its slow pipelines, the compile modes it rules out, and
-        whether its precision is far behind."""
+        whether its precision is far behind. A ``busy`` result may rule others out, never
+        itself: it lost perhaps to the load alone."""
         self._learn_pipelines(cell, results)
         self._learn_compile_modes(cell, results)
         self._learn_layouts(cell, results)
@@ -212,15 +216,20 @@ class StageRules(Budget):
         """Each compile mode under which channels_last was timed both ways in ``cell`` and was
         not faster with it (first rounds, each way's fastest)."""
         fastest: dict[tuple[str, bool], float] = {}
+        busy: set[tuple[str, bool]] = set()  # a busy figure: that side is never judged slower
         for result in results:
             mode = _mode(result.settings)
             if mode == "none" or result.first_round is None:
                 continue
             key = (mode, bool(dict(result.settings).get("channels_last")))
             fastest[key] = max(fastest.get(key, 0.0), result.first_round)
+            if result.busy:
+                busy.add(key)
         for (mode, layout), speed in fastest.items():
             plain = fastest.get((mode, False))
             if not layout or plain is None or mode in self.dropped_layouts or speed > plain:
+                continue
+            if (mode, layout) in busy:
                 continue
             self.dropped_layouts[mode] = (
                 f"not tried: channels_last under compile {mode} was no faster than without it "
@@ -240,7 +249,7 @@ class StageRules(Budget):
         if not first_of_its_precision or not others:
             return
         other, best = max(others.items(), key=lambda pair: pair[1])
-        if top < DOMINATED_SHARE * best:
+        if top < DOMINATED_SHARE * best and not any(r.busy for r in results):
             why = (
                 f"not tried: {cell.precision} runs at {top / best:.0%} of {other} at batch "
                 f"{cell.batch_size}; its cells time its fastest settings there only"
@@ -254,7 +263,7 @@ class StageRules(Budget):
         slow = self.slow_pipelines.setdefault((cell.batch_size, cell.extras), {})
         for result in results:
             speed = result.first_round
-            if speed is not None and speed < SLOW_PIPELINE_SHARE * top:
+            if speed is not None and not result.busy and speed < SLOW_PIPELINE_SHARE * top:
                 slow.setdefault(
                     _pipeline(result.settings),
                     f"not tried: under {SLOW_PIPELINE_SHARE:.0%} of the fastest at "
@@ -268,6 +277,7 @@ class StageRules(Budget):
         eager epoch seen, and each mode that failed to compile in every setting of ``cell``."""
         by_mode: dict[str, list[SpeedMeasurement]] = {}
         failed: dict[str, str] = {}  # mode -> its fault kind
+        busy = {_mode(r.settings) for r in results if r.busy}  # its speed-up: a lower bound
         for result in results:
             if result.measurement is not None:
                 by_mode.setdefault(_mode(result.settings), []).append(result.measurement)
@@ -288,7 +298,7 @@ class StageRules(Budget):
         self.slowest_eager_epoch = max(self.slowest_eager_epoch, eager)
         horizon = self._horizon()
         for mode, measured in by_mode.items():
-            if mode == "none" or mode in self.dropped_modes:
+            if mode == "none" or mode in self.dropped_modes or mode in busy:
                 continue
             compiled = min(m.epoch_seconds() for m in measured)
             speedup = max(self.best_speedup.get(mode, 0.0), eager / compiled)

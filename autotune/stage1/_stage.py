@@ -3,7 +3,9 @@
 First every cell (``_plan``) times its reference setting, the cells predicted fastest
 first (one timed only under interference again, while the machine is quiet); then, fastest
 first by what that measured (clean figures before busy ones), each cell's other settings,
-and its leaders again in alternating order (A B C, then C B A). Out of memory marks a wall;
+and its leaders again in alternating order (A B C, then C B A); a setting timed only under
+interference that lost is timed again first, while the machine is quiet (``_retime_losers``),
+or the cell's row is marked busy. Out of memory marks a wall;
 what the timed cells rule out is ``_rules``'s, one measurement ``_take``'s, the cache
 ``_store``'s.
 What a busy machine spoiled is timed again at the end while the budget lasts (``time_again``).
@@ -119,9 +121,8 @@ class Stage(SettingTimer):
         for settings in self.tried.get(cell, []):
             pool = self.pool(cell, settings)
             fault = pool.fault[0] if pool.fault is not None else None
-            results.append(
-                CellResult(settings, self.speed(cell, settings), pool.combined(), fault)
-            )
+            speed, busy = self.speed(cell, settings), pool.flagged_only()
+            results.append(CellResult(settings, speed, pool.combined(), fault, busy))
         return results
 
     def time_references(self, cells: list[Cell]) -> None:
@@ -171,14 +172,34 @@ class Stage(SettingTimer):
             reference = plan.reference_pipeline(cell)
             computes = [plan.settings(reference, c) for c in plan.compute_settings(cell)]
             first = self.measure_all(cell, computes, compute_pass=True)
+            self._retime_losers(cell, first)
             best = self.fastest(cell, first)
             if best is not None:
                 compute = {k: v for k, v in best if k in COMPUTE_KNOBS}
                 pipelines = [plan.settings(p, compute) for p in plan.pipeline_settings(cell)]
                 self.measure_all(cell, pipelines)
+        self._retime_losers(cell, self.tried.get(cell, []))
         self.rules.learn(cell, self._results(cell))
         self.last_winner = self.fastest(cell, self.tried.get(cell, []))
         self._rematch(cell)
+
+    def _retime_losers(self, cell: Cell, candidates: list[Settings]) -> None:
+        """Time again, while the machine is quiet and the budget holds a typical measurement,
+        each of ``candidates`` timed only under interference that is not their fastest: such a
+        figure may have lost to the load alone (one that wins is a win: interference only
+        slows), each once (one that failed again is not retried). What stays so marks the
+        cell's row busy (``_table``)."""
+        retimed: set[Settings] = set()
+        while self.quiet:
+            best = self.fastest(cell, candidates)
+            losers = [
+                s
+                for s in candidates
+                if s != best and s not in retimed and self.pool(cell, s).flagged_only()
+            ]
+            if not losers or not self._again(cell, losers[0]):
+                return
+            retimed.add(losers[0])
 
     def _rematch(self, cell: Cell) -> None:
         """``cell``'s leaders (within ``CONTENDER_MARGIN`` of its fastest) measured again, in
@@ -197,7 +218,7 @@ class Stage(SettingTimer):
     def time_again(self) -> None:
         """Time once more what the machine's load spoiled, while the budget lasts: each cell
         with no measurement, then, while the machine is quiet, each cell whose fastest was
-        measured only under interference."""
+        measured only under interference, then the settings that lost on such a figure."""
         cells = list(self.plan.cells())
         for cell in cells:
             tried = self.tried.get(cell, [])
@@ -210,6 +231,8 @@ class Stage(SettingTimer):
                 continue
             if not self._again(cell, again):
                 return
+        for cell in cells:
+            self._retime_losers(cell, self.tried.get(cell, []))
 
     def _again(self, cell: Cell, settings: Settings) -> bool:
         """Measure ``settings`` once more if a typical measurement fits in the budget left

@@ -76,7 +76,8 @@ def _keyed(cell: Cell, plan: SpeedPlan, kind: str, why: str) -> list[Unrunnable]
 
 def _fastest(spec: Spec, cell: Cell, accumulation: int, runs: list[Run]) -> SpeedChoice:
     """``cell``'s choice at ``accumulation``: the run a trial finishes soonest with, charged
-    as the objective charges one-time costs."""
+    as the objective charges one-time costs; marked ``interference`` where any run was timed
+    only under interference (a busy loser may have lost to the load alone)."""
     epochs = spec.workload.epochs
     full = spec.objective.full_run_epochs if spec.objective.per_second else None
 
@@ -85,7 +86,7 @@ def _fastest(spec: Spec, cell: Cell, accumulation: int, runs: list[Run]) -> Spee
         return objective.charged_seconds(train, m.one_time_seconds, epochs, full)
 
     ranked = sorted(runs, key=lambda run: charged(run[1]))
-    settings, best, numbers, flagged = ranked[0]
+    settings, best, numbers, _ = ranked[0]
     speed = best.samples_per_second(accumulation)
     return SpeedChoice(
         batch_size=cell.batch_size,
@@ -99,7 +100,8 @@ def _fastest(spec: Spec, cell: Cell, accumulation: int, runs: list[Run]) -> Spee
         spread=best.spread,
         measurements=len(numbers),
         speed_trials=numbers,
-        interference=flagged,
+        # its choice rests on a figure taken under interference: its own, or a loser's
+        interference=any(run[3] for run in runs),
         # as charged: the ranking's own terms (a compile's seconds included), so never faster
         # than the choice it lost to
         runner_up=speed * charged(best) / charged(ranked[1][1]) if len(ranked) > 1 else None,

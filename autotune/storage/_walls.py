@@ -3,18 +3,24 @@ for the same out-of-memory twice. Trials and stage 1 keep theirs in one ``Memory
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
 
 import optuna
 
 from autotune.config import TrialConfig
 from autotune.faults import FaultKind
+from autotune.search.space import offered
+from autotune.spacefile import Spec
 from autotune.storage._records import TrialRecord
 
 # what, beside the micro-batch, decides how much device memory a step takes: the precision,
 # the compiled graph and its layout, the data pipeline (the device pipeline holds the whole
 # training set in device memory), the optimizer's state and the ranks that share a model
-_WallKey = tuple[str, str, bool, str, str, int]
+_DECIDE = ("precision", "compile", "channels_last", "data_pipeline", "optimizer", "world_size")
+_WallKey = tuple[Any, ...]  # the values of _DECIDE
 
 
 @dataclass
@@ -33,15 +39,8 @@ class MemoryWalls:
     inherited: set[_WallKey] = field(default_factory=set)  # from earlier runs, not retried yet
 
     @staticmethod
-    def _key(config: TrialConfig) -> _WallKey:
-        return (
-            config.precision,
-            config.compile,
-            config.channels_last,
-            config.data_pipeline,
-            config.optimizer,
-            config.world_size,
-        )
+    def _key(config: TrialConfig | SimpleNamespace) -> _WallKey:
+        return tuple(getattr(config, name) for name in _DECIDE)
 
     def add(self, config: TrialConfig, where: str) -> None:
         """``config`` ran out of memory in ``where`` ("trial 12", "stage 1")."""
@@ -71,6 +70,26 @@ class MemoryWalls:
             f"{wall[1]} at {config.precision}, compile {config.compile}, "
             f"{config.data_pipeline} pipeline"
         )
+
+    def runnable_points(self, spec: Spec) -> tuple[dict[str, Any], ...]:
+        """Each combination of the micro-batch and the knobs that decide memory that ``spec``'s
+        space offers and no wall found in this run blocks, named by the knobs it searches: what
+        a joint study's sampler keeps to (``TrialSeededSampler.keep_to``). Empty where no such
+        wall stands (nothing ruled out): a wall of an earlier run waits for its retry."""
+        standing = {k: wall for k, wall in self.walls.items() if k not in self.inherited}
+        if not standing:
+            return ()
+        names = ("batch_size", *_DECIDE[:-1])
+        knobs = [getattr(spec.space, name) for name in names]
+        searched = [name for name, knob in zip(names, knobs, strict=True) if not knob.is_fixed]
+        world = spec.workload.gpus_per_trial
+        points = []
+        for values in itertools.product(*(offered(knob) for knob in knobs)):
+            point = dict(zip(names, values, strict=True))
+            wall = standing.get(self._key(SimpleNamespace(**point, world_size=world)))
+            if wall is None or point["batch_size"] < wall[0]:
+                points.append({name: point[name] for name in searched})
+        return tuple(points)
 
     @classmethod
     def from_study(cls, study: optuna.Study) -> MemoryWalls:

@@ -16,7 +16,6 @@ from optuna.trial import TrialState
 
 from autotune.faults import FaultKind
 from autotune.machine.hardware import Hardware
-from autotune.search import space
 from autotune.spacefile import Spec
 from autotune.speed import SpeedTable
 from autotune.stage1._probe import resolve_batch_sizes
@@ -27,7 +26,6 @@ from autotune.storage._queries import COUNTED_STATES, count_endings, counted_tri
 from autotune.storage._records import REFERENCES, TrialRecord
 from autotune.storage._walls import MemoryWalls
 from autotune.study._open import queue_reference
-from autotune.study._sampling import TrialSeededSampler
 from autotune.study._trial import StudyInputs, Terminated, TrialRunner
 
 if TYPE_CHECKING:
@@ -114,9 +112,8 @@ def run_study(
         if staged is None:  # interrupted, or no setting could train: no trial runs
             return outcome
         spec, table = staged  # batch_size: auto resolved
-        if isinstance(study.sampler, TrialSeededSampler):  # no trial on what cannot run
-            study.sampler.keep_to(space.runnable_points(spec, table))
     trial_runner = TrialRunner(dataclasses.replace(inputs, spec=spec), walls, table)
+    trial_runner.keep_sampler(study)  # no trial on what cannot run
     try:
         # a stale baseline is retried with its mark, not queued anew
         if recovered := recover_stale_trials(study):

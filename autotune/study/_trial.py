@@ -32,6 +32,7 @@ from autotune.storage._outage import StorageOutage
 from autotune.storage._queries import best_trial
 from autotune.storage._records import TrialRecord
 from autotune.storage._walls import MemoryWalls
+from autotune.study._sampling import TrialSeededSampler
 
 if TYPE_CHECKING:
     from autotune.stage1._store import SpeedEvent
@@ -215,6 +216,17 @@ class TrialRunner:
     taken_over: bool = False  # the last trial run was failed as stale by another process
     unstarted: optuna.Trial | None = None  # asked, and not yet in ``run``, which records it
 
+    def keep_sampler(self, study: optuna.Study) -> None:
+        """Have the study's sampler draw no trial that cannot run (``keep_to``): in a
+        two-stage study what stage 1 found no way to train, in a joint one what a memory wall
+        of this run blocks (called again as walls are found)."""
+        if not isinstance(study.sampler, TrialSeededSampler):
+            return
+        if self.speed is not None:
+            study.sampler.keep_to(space.runnable_points(self.inputs.spec, self.speed))
+        else:
+            study.sampler.keep_to(self.walls.runnable_points(self.inputs.spec))
+
     def _sample(self, trial: optuna.Trial) -> TrialConfig:
         """The trial's configuration; a two-stage trial's execution knobs from the speed
         stage (a reference, the untuned baseline or the tuning checklist, keeps its own)."""
@@ -277,6 +289,7 @@ class TrialRunner:
         if isinstance(result, TrialFault):
             if result.kind == FaultKind.OOM:
                 self.walls.add(config, f"trial {trial.number}")
+                self.keep_sampler(trial.study)
             details = (result.details or None) if result.kind == FaultKind.ERROR else None
             return _fault(trial, result.kind, result.message, details), None
         return self._scored(trial, config, result, reporter)
