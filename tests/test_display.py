@@ -868,7 +868,7 @@ def test_stage_ones_table_marks_a_row_measured_only_on_a_busy_machine():
     print_speed_table(console, SpeedTable(choices=(_speed(32, 5200.0, "fp32"), busy)))
     rows = {line.split()[1]: line for line in _text(console).splitlines() if "fp32" in line}
     assert "8,600 ±3619% busy" in rows["64"] and "busy" not in rows["32"]
-    assert "busy: measured only while other processes took its cores" in _text(console)
+    assert "busy: its choice rests on a figure taken while others took the cores" in _text(console)
     console = _console(120)
     unmeasured = replace(_speed(128, 0.0, "fp32"), measurements=0, speed_trials=())
     print_speed_table(console, SpeedTable(choices=(_speed(32, 5200.0, "fp32"), unmeasured)))

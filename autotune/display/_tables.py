@@ -201,9 +201,9 @@ def speed_rows(table: SpeedTable) -> tuple[list[tuple[str | Text, ...]], str | N
         runner_up = "-" if behind is None else f"{behind:+.{int(abs(behind) < 0.01)}%}"
         speed = Text(f"{fmt(choice.samples_per_second)} ±{choice.spread / 2:.0%}")
         settings = Text(describe(choice.settings))
-        if choice.interference:  # measured only while others took its cores: said under it
+        if choice.interference:  # its choice rests on a figure taken under load: said under it
             speed.append(" busy", style="yellow")
-            caption = "busy: measured only while other processes took its cores"
+            caption = "busy: its choice rests on a figure taken while others took the cores"
         if not choice.measured:  # left out as stage 1's budget ran out: its trials measure it
             speed = Text("not measured", style="yellow")
             settings.append(" (as the nearest micro-batch measured)", style="dim")
