@@ -164,8 +164,8 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
 
     assert "autotune" not in imported_modules(text)
     assert imported_modules(text) <= {
-        "argparse", "collections", "contextlib", "itertools", "json", "math", "os", "shlex",
-        "sys", "time", "pathlib", "typing", "torch", "sklearn",
+        "argparse", "collections", "contextlib", "itertools", "json", "math", "os", "random",
+        "shlex", "sys", "time", "pathlib", "typing", "torch", "numpy", "sklearn",
     }  # fmt: skip
     assert provenance(text)["study"] == "digits" and "EPOCHS = 4" in text
     assert provenance(text)["trial"] == best.trial

@@ -73,6 +73,7 @@ def render_script(
     from autotune.export._workload import recorded_layout, split_return, workload_code
     from autotune.training import clocks
     from autotune.training.timing import TrainClock
+    from autotune.training.trainer import seed_everything
     from autotune.workloads import batches, loss_function
 
     spec = study_spec(study)
@@ -95,22 +96,19 @@ def render_script(
         Import("pathlib", "Path"),
         *workload_imports,
     }
-    if config.data_pipeline == "dataloader":
-        imports.add(Import("torch.utils.data", "DataLoader"))
     if config.distributed:  # torchrun's processes
         imports |= {
             *map(Import, ("gc", "os")),
             Import("torch.distributed", alias="dist"),
             Import("torch.nn.parallel", "DistributedDataParallel"),
         }
-        if config.data_pipeline == "dataloader":
-            imports.add(Import("torch.utils.data", "DistributedSampler"))
     # what training means, the trials' own functions (autotune.semantics), and how the study
     # moved a batch to the device and took its loss (autotune.workloads): pasted
     training: list[Any] = [
         semantics.make_optimizer,
         semantics.set_cuda_flags,
         semantics.TrainingSteps,
+        seed_everything,
         batches.to_device,
         # the trials' intra-op threads: the cores others leave idle
         interference.own_cores,
