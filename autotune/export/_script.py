@@ -1,7 +1,7 @@
 """The standalone training script: the chosen configuration rendered into ``train.py.j2``.
 
 The script imports torch (and the user's own ``module:function`` entry points), never autotune:
-built-in workloads and the device data pipeline are pasted into it (``_bundle``).
+built-in workloads and the trials' loaders (``pipeline``) are pasted into it (``_bundle``).
 """
 
 from __future__ import annotations
