@@ -469,24 +469,6 @@ def test_an_interrupted_run_resumes_on_the_straight_runs_batches_to_the_bit(
         assert torch.equal(resumed[name], weights), name
 
 
-def test_a_resumed_run_draws_from_torchs_random_stream_where_the_straight_run_did(
-    export: Export, tmp_path: Path
-):
-    """Dropout, and a data set's augmentation in the main process (the built-in CIFAR-10's
-    crop and flip through a DataLoader without workers), draw from torch's global random stream:
-    the checkpoint keeps its state, so a run stopped mid-epoch and resumed ends with the
-    straight run's weights (it once started the stream again from the seed)."""
-    script, _ = export(data_pipeline="dataloader", num_workers=0)
-    make_model = script.make_model
-    script.make_model = lambda: nn.Sequential(nn.Dropout(0.2), make_model())
-    straight = _script_weights(script, tmp_path / "a", "--epochs", "2")
-    run = tmp_path / "b"
-    assert _interrupted_at(script, TOTAL_STEPS + 18, run, "--epochs", "2") == 1
-    resumed = _script_weights(script, run, "--resume")
-    for name, weights in straight.items():
-        assert torch.equal(resumed[name], weights), name
-
-
 class NoisyBlobs(Dataset):
     """The blobs' samples, each with noise from torch's, NumPy's and Python's random streams
     drawn as it is loaded (as an augmentation draws): batches show where each stream was seeded,
@@ -501,6 +483,37 @@ class NoisyBlobs(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         inputs, target = self.samples[index]
         return inputs + torch.rand(()) + np.random.rand() + random.random(), target
+
+
+def _drawing_dropout(script: ModuleType) -> None:
+    make_model = script.make_model
+    script.make_model = lambda: nn.Sequential(nn.Dropout(0.2), make_model())
+
+
+def _drawing_data(script: ModuleType) -> None:
+    splits = blobs(n_train=148, n_val=32)
+    datasets = NoisyBlobs(splits.train), NoisyBlobs(splits.val), None
+    script.make_datasets = lambda: datasets
+
+
+@pytest.mark.parametrize("drawing", [_drawing_dropout, _drawing_data], ids=["dropout", "data"])
+def test_a_resumed_run_draws_from_the_random_streams_where_the_straight_run_did(
+    export: Export, tmp_path: Path, drawing: Callable[[ModuleType], None]
+):
+    """Dropout draws from torch's global random stream, and a data set's augmentation in the
+    main process (the built-in CIFAR-10's crop and flip through a DataLoader without workers;
+    here torch's, Python's and NumPy's) too: the checkpoint keeps their states, and the warm-up
+    batch before the clock draws from none, so a run stopped mid-epoch and resumed ends with
+    the straight run's weights (it once started torch's stream again from the seed, then
+    Python's and NumPy's)."""
+    script, _ = export(data_pipeline="dataloader", num_workers=0)
+    drawing(script)
+    straight = _script_weights(script, tmp_path / "a", "--epochs", "2")
+    run = tmp_path / "b"
+    assert _interrupted_at(script, TOTAL_STEPS + 18, run, "--epochs", "2") == 1
+    resumed = _script_weights(script, run, "--resume")
+    for name, weights in straight.items():
+        assert torch.equal(resumed[name], weights), name
 
 
 # the trial's loaders: no workers, workers started every epoch (with a timeout) or once

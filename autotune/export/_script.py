@@ -92,7 +92,8 @@ def render_script(
         study, spec, config.data_pipeline == "device", rebuild_workload, script_dir
     )
     imports = {
-        *map(Import, ("argparse", "json", "shlex", "torch")),
+        *map(Import, ("argparse", "json", "random", "shlex", "torch")),
+        Import("numpy", alias="np"),
         Import("pathlib", "Path"),
         *workload_imports,
     }
