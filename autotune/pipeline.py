@@ -10,13 +10,15 @@ training records do it):
 - ``device``: ``DeviceBatches`` keeps the whole in-memory training set as one tensor on the
   training device, draws shuffled batches by index and augments each batch at once.
 
-Everything here depends only on torch and NumPy: ``autotune export`` copies this source into
-standalone training scripts.
+How a run's loaders are made is said once, in functions of plain values (``train_batches``,
+``val_batches``, ``device_train_batches``, ``device_val_batches``): the trials call them with
+a TrialConfig's fields (``make_train_loader``, ``make_val_loader``), and exported scripts,
+which carry them pasted, with their constants. Everything but those two depends only on torch
+and NumPy: ``autotune export`` copies this source into standalone training scripts.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 from collections.abc import Callable, Iterator
@@ -174,6 +176,86 @@ class EpochSampler(DistributedSampler):
         return order
 
 
+def train_batches(
+    dataset: Dataset,
+    batch_size: int,
+    seed: int,
+    *,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    prefetch_factor: int | None = None,
+    persistent_workers: bool = False,
+    timeout: float = 0.0,
+    collate_fn: Collate | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> DataLoader:
+    """Shuffled training batches of ``batch_size`` samples from a DataLoader, the last partial
+    one dropped (static shapes: no recompilation, CUDA graphs stay valid), every draw from
+    ``seed``: the order, and each worker's torch, NumPy and Python random streams. Process
+    ``rank`` of ``world_size`` draws its own share of every epoch (each pass over the loader
+    is the next epoch). The worker knobs apply only with workers; ``timeout``: seconds a worker
+    may take for a batch (0: no limit). The trials and the exported scripts call it."""
+    workers = num_workers > 0
+    sampler = (
+        EpochSampler(dataset, num_replicas=world_size, rank=rank, seed=seed, drop_last=True)
+        if world_size > 1
+        else None
+    )
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=sampler is None,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        generator=torch.Generator().manual_seed(seed),
+        prefetch_factor=prefetch_factor if workers else None,
+        persistent_workers=persistent_workers if workers else False,
+        worker_init_fn=_seed_worker if workers else None,
+        timeout=timeout if workers else 0,
+        collate_fn=collate_fn,
+    )
+
+
+def val_batches(
+    dataset: Dataset,
+    batch_size: int,
+    pin_memory: bool = False,
+    collate_fn: Collate | None = None,
+) -> DataLoader:
+    """Validation batches of ``batch_size`` samples from a DataLoader, in order, every sample
+    once. The trials and the exported scripts call it."""
+    return DataLoader(dataset, batch_size=batch_size, pin_memory=pin_memory, collate_fn=collate_fn)
+
+
+def device_train_batches(
+    dataset: Dataset,
+    batch_size: int,
+    device: torch.device,
+    seed: int,
+    rank: int = 0,
+    world: int = 1,
+) -> DeviceBatches:
+    """The device pipeline's shuffled training batches (``DeviceBatches``), every draw (the
+    order, the augmentation) from ``seed``; process ``rank`` of ``world`` trains its own share.
+    The trials and the exported scripts call it."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    return DeviceBatches(dataset, batch_size, device, generator, True, rank, world)
+
+
+def device_val_batches(
+    dataset: Dataset, batch_size: int, device: torch.device, collate_fn: Collate | None = None
+) -> DeviceBatches | DataLoader:
+    """The device pipeline's validation batches, in order: on the device when the data set is
+    in memory, else ``val_batches``. The trials and the exported scripts call it."""
+    try:
+        return DeviceBatches(dataset, batch_size, device, shuffle=False)
+    except TypeError:  # not in memory: a DataLoader serves it
+        return val_batches(dataset, batch_size, collate_fn=collate_fn)
+
+
 def make_train_loader(
     dataset: Dataset,
     config: TrialConfig,
@@ -181,48 +263,35 @@ def make_train_loader(
     collate_fn: Collate | None = None,
     rank: int = 0,
 ) -> DataLoader | DeviceBatches:
-    """Shuffled training batches of the trial's pipeline, the last partial one dropped (static
-    shapes); process ``rank`` of a distributed trial draws its own 1/world_size of every epoch."""
-    world = config.world_size
+    """The training batches of the trial's pipeline and knobs (``train_batches``,
+    ``device_train_batches``); process ``rank`` of a distributed trial draws its own share."""
     if config.data_pipeline == "device":
         device = torch.device(config.device)
-        generator = torch.Generator(device=device).manual_seed(seed)
-        return DeviceBatches(dataset, config.batch_size, device, generator, True, rank, world)
-    workers = config.num_workers > 0  # the worker knobs mean nothing without workers
-    sampler = (
-        EpochSampler(dataset, num_replicas=world, rank=rank, seed=seed, drop_last=True)
-        if world > 1
-        else None
-    )
-    return DataLoader(
+        return device_train_batches(
+            dataset, config.batch_size, device, seed, rank, config.world_size
+        )
+    return train_batches(
         dataset,
-        batch_size=config.batch_size,
-        shuffle=sampler is None,
-        sampler=sampler,
-        drop_last=True,  # static shapes: no recompilation, CUDA graphs stay valid
+        config.batch_size,
+        seed,
         num_workers=config.num_workers,
         pin_memory=config.pin_memory,
-        generator=torch.Generator().manual_seed(seed),
-        prefetch_factor=config.prefetch_factor if workers else None,
-        persistent_workers=config.persistent_workers if workers else False,
-        worker_init_fn=_seed_worker if workers else None,
-        timeout=config.dataloader_timeout if workers else 0,
+        prefetch_factor=config.prefetch_factor,
+        persistent_workers=config.persistent_workers,
+        timeout=config.dataloader_timeout,
         collate_fn=collate_fn,
+        rank=rank,
+        world_size=config.world_size,
     )
 
 
 def make_val_loader(
     dataset: Dataset, config: TrialConfig, collate_fn: Collate | None = None
 ) -> DataLoader | DeviceBatches:
-    """Validation batches in order, every sample once (on the device with the device pipeline,
-    when the validation set is in memory too)."""
+    """The validation batches of the trial's pipeline (``val_batches``,
+    ``device_val_batches``)."""
     if config.data_pipeline == "device":
-        with contextlib.suppress(TypeError):  # not in memory: a DataLoader serves it
-            device = torch.device(config.device)
-            return DeviceBatches(dataset, config.val_batch_size, device, shuffle=False)
-    return DataLoader(
-        dataset,
-        batch_size=config.val_batch_size,
-        pin_memory=config.pin_memory,
-        collate_fn=collate_fn,
-    )
+        return device_val_batches(
+            dataset, config.val_batch_size, torch.device(config.device), collate_fn
+        )
+    return val_batches(dataset, config.val_batch_size, config.pin_memory, collate_fn)

@@ -164,8 +164,8 @@ def test_exported_script_trains_checkpoints_and_resumes_without_autotune(
 
     assert "autotune" not in imported_modules(text)
     assert imported_modules(text) <= {
-        "argparse", "collections", "contextlib", "itertools", "json", "math", "os", "shlex",
-        "sys", "time", "pathlib", "typing", "torch", "sklearn",
+        "argparse", "collections", "contextlib", "itertools", "json", "math", "os", "random",
+        "shlex", "sys", "time", "pathlib", "typing", "torch", "numpy", "sklearn",
     }  # fmt: skip
     assert provenance(text)["study"] == "digits" and "EPOCHS = 4" in text
     assert provenance(text)["trial"] == best.trial
@@ -456,6 +456,31 @@ def test_ctrl_c_says_what_the_run_kept_and_the_command_that_goes_on(
     assert kept["epoch"] == 4
     for name, weights in torch.load(tmp_path / "run" / "model.pt").items():
         assert torch.equal(weights, kept["model"][name]), name
+
+
+def test_resuming_for_fewer_epochs_than_the_checkpoint_holds_is_refused(
+    tiny_study, tmp_path: Path
+):
+    """``--resume --epochs 1`` of a run whose checkpoint holds 2 epochs is one line by the
+    option's name, exit 2 (it trained nothing, wrote the 2 epochs' weights as the final ones
+    and said 'nothing to do: ... already holds 2 epochs'); with the epochs it holds, there is
+    nothing to do."""
+    study, _ = tiny_study
+    script = tmp_path / "train.py"
+    write_new_file(script, render_script(study, best_config(study, select_trial(study))))
+    assert script_here(script, "--epochs", "2").returncode == 0
+    weights = (tmp_path / "run" / "model.pt").read_bytes()
+    fewer = script_here(script, "--resume", "--epochs", "1")
+    assert (fewer.returncode, fewer.stderr.splitlines()[-1]) == (
+        2,
+        "train.py: error: --epochs 1: the run in run/ already holds 2 epochs (--force starts "
+        "it over for 1 epoch, or choose another --run-dir)",
+    )
+    assert (tmp_path / "run" / "model.pt").read_bytes() == weights  # untouched
+    same = script_here(script, "--resume", "--epochs", "2")
+    assert same.returncode == 0 and "nothing to do: run/checkpoint.pt already holds 2 epochs" in (
+        same.stdout
+    )
 
 
 def test_a_ctrl_c_before_torchruns_processes_train_is_said_once_with_torchrun(
@@ -1384,6 +1409,26 @@ def test_a_workload_module_found_nowhere_is_one_line_whose_advice_works_under_py
     (script.parent / "api_regression.py").write_text(REGRESSION_MODULE)  # as it says
     runpy.run_path(str(script))
     assert sys.path[0] == str(script.parent)
+
+
+def test_a_ddp_scripts_note_of_where_its_workload_module_is_is_rank_0s_alone(
+    regression_study, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+):
+    """Every process torchrun starts runs the script; the note that the workload's module was
+    found where the study found it is rank 0's alone (every rank printed it)."""
+    study, _ = regression_study
+    best = best_config(study, select_trial(study))
+    script = tmp_path / "elsewhere" / "train.py"
+    script.parent.mkdir()
+    write_new_file(script, render_script(study, _with(best, best.config.replace(world_size=2))))
+    folder = Path(sys.modules["api_regression"].__file__).parent
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts the folder first
+    said = {}
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        runpy.run_path(str(script))  # not __main__: finds its modules, trains nothing
+        said[rank] = capsys.readouterr().err
+    assert said == {"0": f"note: workload module api_regression from {folder}\n", "1": ""}
 
 
 def _r2_after_training(best: BestConfig, epochs: int = 6, **given: object) -> float:

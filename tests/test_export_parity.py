@@ -16,28 +16,33 @@ import importlib.util
 import inspect
 import math
 import os
+import random
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import ClassVar
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
 import autotune
-from autotune import semantics
+from autotune import pipeline, semantics
 from autotune.config import TrialConfig
 from autotune.export import best_config, render_script, select_trial
 from autotune.machine import interference
+from autotune.pipeline import make_train_loader, make_val_loader
 from autotune.study import load_study
-from autotune.testing import cuda_flags, learning_rates, write_space
-from autotune.training import clocks
+from autotune.testing import blobs, cuda_flags, learning_rates, write_space
+from autotune.training import clocks, runner
 from autotune.training.timing import TrainClock
-from autotune.training.trainer import Trainer, backend_flags
+from autotune.training.trainer import Trainer, backend_flags, seed_everything
+from autotune.workloads import Workload
 
 # 148 training samples in micro-batches of 4: one epoch is 37 optimizer steps
 SPACE = """\
@@ -464,22 +469,148 @@ def test_an_interrupted_run_resumes_on_the_straight_runs_batches_to_the_bit(
         assert torch.equal(resumed[name], weights), name
 
 
-def test_a_resumed_run_draws_from_torchs_random_stream_where_the_straight_run_did(
-    export: Export, tmp_path: Path
-):
-    """Dropout, and a data set's augmentation in the main process (the built-in CIFAR-10's
-    crop and flip through a DataLoader without workers), draw from torch's global random stream:
-    the checkpoint keeps its state, so a run stopped mid-epoch and resumed ends with the
-    straight run's weights (it once started the stream again from the seed)."""
-    script, _ = export(data_pipeline="dataloader", num_workers=0)
+class NoisyBlobs(Dataset):
+    """The blobs' samples, each with noise from torch's, NumPy's and Python's random streams
+    drawn as it is loaded (as an augmentation draws): batches show where each stream was seeded,
+    in the main process and in every worker."""
+
+    def __init__(self, samples: Dataset) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)  # type: ignore[arg-type]  # a TensorDataset: sized
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, target = self.samples[index]
+        return inputs + torch.rand(()) + np.random.rand() + random.random(), target
+
+
+def _drawing_dropout(script: ModuleType) -> None:
     make_model = script.make_model
     script.make_model = lambda: nn.Sequential(nn.Dropout(0.2), make_model())
+
+
+def _drawing_data(script: ModuleType) -> None:
+    splits = blobs(n_train=148, n_val=32)
+    datasets = NoisyBlobs(splits.train), NoisyBlobs(splits.val), None
+    script.make_datasets = lambda: datasets
+
+
+@pytest.mark.parametrize("drawing", [_drawing_dropout, _drawing_data], ids=["dropout", "data"])
+def test_a_resumed_run_draws_from_the_random_streams_where_the_straight_run_did(
+    export: Export, tmp_path: Path, drawing: Callable[[ModuleType], None]
+):
+    """Dropout draws from torch's global random stream, and a data set's augmentation in the
+    main process (the built-in CIFAR-10's crop and flip through a DataLoader without workers;
+    here torch's, Python's and NumPy's) too: the checkpoint keeps their states, and the warm-up
+    batch before the clock draws from none, so a run stopped mid-epoch and resumed ends with
+    the straight run's weights (it once started torch's stream again from the seed, then
+    Python's and NumPy's)."""
+    script, _ = export(data_pipeline="dataloader", num_workers=0)
+    drawing(script)
     straight = _script_weights(script, tmp_path / "a", "--epochs", "2")
     run = tmp_path / "b"
     assert _interrupted_at(script, TOTAL_STEPS + 18, run, "--epochs", "2") == 1
     resumed = _script_weights(script, run, "--resume")
     for name, weights in straight.items():
         assert torch.equal(resumed[name], weights), name
+
+
+# the trial's loaders: no workers, workers started every epoch (with a timeout) or once
+LOADERS = {
+    "no-workers": {"data_pipeline": "dataloader", "num_workers": 0},
+    "workers": WORKERS | {"persistent_workers": False, "dataloader_timeout": 30.0},
+    "persistent-workers": WORKERS | {"persistent_workers": True},
+}
+
+
+def _drawn(train: Iterable[object], val: Iterable[object]) -> list[object]:
+    """Two epochs of training batches with the validation batches between them, as a trial and
+    the script read them (each pass over the training loader is the next epoch)."""
+    return [*train, *val, *train]
+
+
+def _assert_same_batches(script: list[object], trial: list[object]) -> None:
+    assert len(script) == len(trial)
+    for ours, theirs in zip(script, trial, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "loader",
+    [
+        pytest.param(name, marks=[pytest.mark.slow] if "workers" in name else [])
+        for name in LOADERS
+    ],
+)
+def test_the_script_loads_its_data_as_the_trial_did(export: Export, loader: str):
+    """The script's DataLoaders are the trials' (``pipeline.train_batches`` and ``val_batches``,
+    pasted) with its constants, seeded as the trials seed: the same batches in the same order,
+    each sample's random draws included, in the main process and in the workers (the script
+    seeded no NumPy nor Python stream, and its workers none: other noise), and the same
+    timeout for a worker's batch (it had none: a hung worker waited forever)."""
+    script, config = export(**LOADERS[loader])
+    text = Path(script.__file__).read_text()
+    for pasted in (pipeline.train_batches, pipeline.val_batches, seed_everything):
+        assert inspect.getsource(pasted) in text, pasted.__name__
+    splits = blobs(n_train=148, n_val=32)  # the study's data
+    train_set, val_set = NoisyBlobs(splits.train), NoisyBlobs(splits.val)
+    workload = Workload("noisy blobs", train_set, val_set, 4, (16,), script.make_model)
+    trial_train = runner.train_loader(config, workload)  # seeded as a trial seeds
+    trial_val = make_val_loader(val_set, config)
+    trials = _drawn(trial_train, trial_val)
+
+    script.make_datasets = lambda: (train_set, val_set, None)
+    script.seed_everything(script.SEED)  # as main() seeds, then makes the loaders
+    train, val, generator = script.make_loaders(script.SEED, torch.device("cpu"))
+    _assert_same_batches(_drawn(train, val), trials)
+    assert generator is train.generator  # the checkpoint keeps the order's generator
+    assert train.timeout == trial_train.timeout == config.dataloader_timeout
+
+
+def test_a_ddp_scripts_processes_load_the_trials_shares(export: Export):
+    """Each torchrun process of a distributed script draws what the trial's process of its rank
+    drew (``EpochSampler``, the next epoch's order at every pass; the script also sets the
+    epoch, where a resumed run goes on), the NumPy and Python streams seeded as the trials'."""
+    script, config = export(data_pipeline="dataloader", num_workers=0, world_size=2)
+    assert inspect.getsource(pipeline.EpochSampler) in Path(script.__file__).read_text()
+    splits = blobs(n_train=148, n_val=32)
+    train_set, val_set = NoisyBlobs(splits.train), NoisyBlobs(splits.val)
+    script.make_datasets = lambda: (train_set, val_set, None)
+    for rank in (0, 1):
+        seed_everything(config.seed)
+        trial_train = make_train_loader(train_set, config, config.seed, rank=rank)
+        trials = _drawn(trial_train, make_val_loader(val_set, config))
+
+        script.seed_everything(script.SEED)
+        train, val, _ = script.make_loaders(script.SEED, torch.device("cpu"), rank, 2)
+        drawn = []
+        for epoch in range(2):  # as main() trains them
+            train.sampler.set_epoch(epoch)
+            drawn += [*train, *(val if epoch == 0 else ())]
+        _assert_same_batches(drawn, trials)
+        # the trials' sampler, pasted (the script's own DistributedSampler was another class)
+        assert type(train.sampler).__name__ == type(trial_train.sampler).__name__
+        assert len(train) == 148 // 2 // 4  # micro-batches of its own half of every epoch
+
+
+def test_a_device_scripts_validation_set_not_in_memory_is_loaded_as_the_trials(export: Export):
+    """With the device pipeline, a validation set that is not in memory is read by a DataLoader,
+    as the trials read it (``pipeline.device_val_batches``, pasted: the script's own
+    DeviceBatches refused it with a TypeError); the training batches are the trials'."""
+    script, config = export(data_pipeline="device")
+    splits = blobs(n_train=148, n_val=32)
+    val_set = NoisyBlobs(splits.val)
+    script.make_datasets = lambda: (splits.train, val_set, None)
+    device = torch.device("cpu")
+    seed_everything(config.seed)
+    trials = _drawn(
+        make_train_loader(splits.train, config, config.seed), make_val_loader(val_set, config)
+    )
+    script.seed_everything(script.SEED)
+    train, val, generator = script.make_loaders(script.SEED, device)
+    assert isinstance(val, DataLoader) and generator is train.generator
+    _assert_same_batches(_drawn(train, val), trials)
 
 
 def test_the_script_trains_with_the_tuned_values_to_the_last_digit(export: Export):

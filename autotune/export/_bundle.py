@@ -87,7 +87,7 @@ def bundle(objects: list[Any]) -> tuple[list[str], set[Import]]:
     constants), and the ones those name in turn, are pasted in module order, with the imports
     they need. A name imported from another autotune module is pasted from that module too
     (before the code that uses it), so the script never imports autotune. This is how an
-    exported script carries built-in workloads and the device data pipeline.
+    exported script carries built-in workloads and the trials' loaders.
     """
     parsed: dict[str, tuple[str, ast.Module]] = {}
     chosen: dict[str, set[str]] = {}

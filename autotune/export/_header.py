@@ -137,6 +137,9 @@ def knob_notes(best: BestConfig) -> list[str]:
             command = f"torchrun --nproc-per-node {config.world_size}"
             rows.append(("PROCESSES", config.world_size, f"the trial's DDP processes: {command}"))
         rows.append((KNOBS[name].script, values[name], searched(best, name, texts.get(name, ""))))
+    if _shown(config, "persistent_workers"):  # the knobs of workers: with workers only
+        timeout = "seconds a worker may take for a batch; 0: no limit"
+        rows.append(("DATALOADER_TIMEOUT", config.dataloader_timeout, timeout))
     sps, source = compared_speed(best)
     rows += [
         ("VAL_BATCH_SIZE", config.val_batch_size, ""),

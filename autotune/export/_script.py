@@ -1,7 +1,7 @@
 """The standalone training script: the chosen configuration rendered into ``train.py.j2``.
 
 The script imports torch (and the user's own ``module:function`` entry points), never autotune:
-built-in workloads and the device data pipeline are pasted into it (``_bundle``).
+built-in workloads and the trials' loaders (``pipeline``) are pasted into it (``_bundle``).
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ def render_script(
     from autotune.export._workload import recorded_layout, split_return, workload_code
     from autotune.training import clocks
     from autotune.training.timing import TrainClock
+    from autotune.training.trainer import seed_everything
     from autotune.workloads import batches, loss_function
 
     spec = study_spec(study)
@@ -91,26 +92,24 @@ def render_script(
         study, spec, config.data_pipeline == "device", rebuild_workload, script_dir
     )
     imports = {
-        *map(Import, ("argparse", "json", "shlex", "torch")),
+        *map(Import, ("argparse", "json", "random", "shlex", "torch")),
+        Import("numpy", alias="np"),
         Import("pathlib", "Path"),
         *workload_imports,
     }
-    if config.data_pipeline == "dataloader":
-        imports.add(Import("torch.utils.data", "DataLoader"))
     if config.distributed:  # torchrun's processes
         imports |= {
             *map(Import, ("gc", "os")),
             Import("torch.distributed", alias="dist"),
             Import("torch.nn.parallel", "DistributedDataParallel"),
         }
-        if config.data_pipeline == "dataloader":
-            imports.add(Import("torch.utils.data", "DistributedSampler"))
     # what training means, the trials' own functions (autotune.semantics), and how the study
     # moved a batch to the device and took its loss (autotune.workloads): pasted
     training: list[Any] = [
         semantics.make_optimizer,
         semantics.set_cuda_flags,
         semantics.TrainingSteps,
+        seed_everything,
         batches.to_device,
         # the trials' intra-op threads: the cores others leave idle
         interference.own_cores,

@@ -21,7 +21,12 @@ from pydantic import ValidationError
 
 from autotune.export._api import ExportError, space_file_dir
 from autotune.export._bundle import Import, bundle, call, entry_point, literal
-from autotune.pipeline import DeviceBatches
+from autotune.pipeline import (
+    device_train_batches,
+    device_val_batches,
+    train_batches,
+    val_batches,
+)
 from autotune.spacefile import Spec, WorkloadSpec, error_line
 from autotune.study import StudyRecord
 from autotune.workloads import WorkloadError, model_kwargs, resolve_data, resolve_model
@@ -111,8 +116,12 @@ def workload_code(
     for key, entry in (("loss", workload.loss), ("score", score), ("batch_fn", workload.batch_fn)):
         placed = code.imported(entry) if entry and ":" in entry else (None, None)
         fields[f"{key}_import"], fields[f"{key}_function"] = placed
+    # the trials' own loaders, pasted in the bundle that may paste the pipeline's data sets
+    # (each definition once)
     if device_pipeline:
-        code.builtins.append(DeviceBatches)
+        code.builtins += [device_train_batches, device_val_batches]
+    else:
+        code.builtins += [train_batches, val_batches]
     sources, imports = bundle(code.builtins)
     modules = code.module_entries()
     if modules:
