@@ -826,3 +826,17 @@ def test_a_run_stopped_in_its_trials_leads_with_how_to_resume_even_when_stopped_
     assert again.returncode == 130, again.stdout + again.stderr
     assert RESUME_LINE in " ".join(again.stdout.split()), again.stdout
     assert "trials this run" not in again.stdout  # the second Ctrl-C stopped the summary
+
+
+def test_a_ctrl_c_that_escapes_the_run_as_it_winds_down_still_says_how_to_resume(
+    invoke_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A Ctrl-C outside the trials' own handling (the second of two, as the run stops for the
+    first, or one as its live display closes) ended the command with 130 and no line."""
+    from autotune.cli._run import Shown
+
+    space = write_space(tmp_path, n_trials=2)
+    _ctrl_c_at(monkeypatch, Shown, "trials_done", lambda *args: True)
+    done = invoke_cli("run", str(space), "--isolation", "none", cwd=tmp_path)
+    assert done.returncode == 130, done.stdout + done.stderr
+    assert " ".join(done.stdout.split()).endswith(RESUME_LINE), done.stdout

@@ -18,6 +18,7 @@ from autotune import study as studies
 from autotune.cli._common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
     EXIT_USAGE,
     STORAGE_ENV,
     Command,
@@ -173,11 +174,12 @@ def run(
         console.print()  # ends the live display's last line: the error gets a line of its own
         code = EXIT_FAILED if isinstance(err, (WorkerError, DeviceLockTimeout)) else EXIT_USAGE
         raise fail(str(err), code) from None
-    except KeyboardInterrupt:  # a second Ctrl-C while the run stopped for the first
+    except KeyboardInterrupt as stop:  # a second Ctrl-C (or SIGTERM) as it stopped for the first
         console.print()
-        stopped = studies.RunOutcome(study.study_name, interrupted=True)
+        stopped = studies.RunOutcome(study.study_name)
+        stopped.stopped_by(stop)
         say_stopped(study, spec, stopped, new_study=new_study)
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise typer.Exit(EXIT_TERMINATED if stopped.terminated else EXIT_INTERRUPTED) from None
     if as_worker is not None:
         worker_exit(outcome)
     finish(study, spec, outcome, confirmed, new_study=new_study, verbose=verbose)
