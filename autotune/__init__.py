@@ -4,7 +4,7 @@ The Python API: run a study from a notebook or a scheduler, as ``autotune run`` 
 
     import autotune
     report = autotune.run("space.yaml")                   # RunReport; prints nothing
-    print(report.ending.status, report.outcome.trials_run)
+    print(report)                                          # its study, ending and answer
     best = report.best()                                   # the study's answer, a BestConfig
 
 and use a study's answer in your own training code::

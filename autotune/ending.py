@@ -31,12 +31,20 @@ class Ending:
     traceback_in: str | None = None
 
 
-def ending(study: optuna.Study, spec: Spec, outcome: RunOutcome) -> Ending:
-    """The one rule for how a run ended (said in the README): interrupted or terminated;
-    failed when stage 1 could train nothing, the timeout came before the first trial, the
-    same error ended every trial, or no trial of the study trained to its end; else ok."""
+RESUME = "run the same command to resume"  # ``autotune run``'s way; a library call says its own
+
+
+def ending(study: optuna.Study, spec: Spec, outcome: RunOutcome, resume: str = RESUME) -> Ending:
+    """The one rule for how a run ended (said in the README): interrupted or terminated (the
+    line says what is kept and ``resume``, how to go on); failed when stage 1 could train
+    nothing, the timeout came before the first trial, the same error ended every trial, or no
+    trial of the study trained to its end; else ok. An interrupted run's ending reads nothing
+    of the study: it is said at once, before anything else a second Ctrl-C could stop."""
     if outcome.interrupted:
-        return Ending("terminated" if outcome.terminated else "interrupted")
+        return Ending(
+            "terminated" if outcome.terminated else "interrupted",
+            (_stopped(spec, outcome, resume),),
+        )
     if outcome.stage_failed:
         return Ending(
             "failed",
@@ -71,6 +79,19 @@ def ending(study: optuna.Study, spec: Spec, outcome: RunOutcome) -> Ending:
     if never_trained is not None:
         return Ending("failed", (never_trained,))
     return Ending("ok")
+
+
+def _stopped(spec: Spec, outcome: RunOutcome, resume: str) -> str:
+    """ "Interrupted. What is kept; ``resume``." for a run stopped by Ctrl-C (or SIGTERM)."""
+    stopped = "Terminated" if outcome.terminated else "Interrupted"
+    if spec.study.strategy == "two_stage" and outcome.speed_table is None:
+        saved = "Stage 1's finished measurements are saved and will be reused"
+    else:
+        saved = (
+            "The running trial (or confirmation run) is recorded as interrupted and finished "
+            "ones are saved"
+        )
+    return f"{stopped}. {saved}; {resume}."
 
 
 def none_trained(study: optuna.Study, loss: str = "cross_entropy") -> str | None:

@@ -12,6 +12,7 @@ import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -729,7 +730,7 @@ def test_a_bug_that_fails_stage_one_names_the_users_file_and_keeps_its_traceback
     assert "every trial failed with the same error: ValueError: shapes do not match" in said
     assert "(at bad_model.py:12 in forward)" in said  # the user's own line, in the one line
     assert "fail_traceback attribute of the failed trials of study tiny.speed" in said
-    assert "the study has none." in done.stdout
+    assert "trials this run" not in done.stdout  # none ran: the error line says why
     speed = optuna.load_study(
         study_name="tiny.speed", storage=f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
     )
@@ -758,3 +759,84 @@ def test_a_round_led_by_a_reference_is_announced_without_a_zero_best(monkeypatch
     assert confirm_round(None, spec, None, 1, 1)
     said = " ".join(capsys.readouterr().out.split())
     assert "Confirming the untuned baseline and the tuning checklist: 2 runs" in said, said
+
+
+def _ctrl_c_at(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, when: Any) -> None:
+    """A real Ctrl-C (SIGINT to this process) the first time ``owner.name`` is called with
+    arguments for which ``when`` holds, as if the user pressed it there."""
+    import signal
+
+    called = getattr(owner, name)
+    pressed: list[bool] = []
+
+    def pressing(*args: Any, **kwargs: Any) -> Any:
+        if not pressed and when(*args, **kwargs):
+            pressed.append(True)
+            signal.raise_signal(signal.SIGINT)
+        return called(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, pressing)
+
+
+RESUME_LINE = "; run the same command to resume."
+
+
+def test_a_run_stopped_in_stage_1_says_how_to_resume_and_nothing_of_trials(
+    invoke_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Ctrl-C in stage 1, before any trial: the run said "0 trials this run; the study has
+    none." and "No trial has completed feasibly yet (none reached accuracy 0.5)." of trials
+    that never ran. It says what is kept and how to resume, and that only."""
+    from autotune.display._live import LiveObserver
+
+    space = write_space(tmp_path, n_trials=2)
+    _ctrl_c_at(monkeypatch, LiveObserver, "speed_measured", lambda *args: True)
+    done = invoke_cli("run", str(space), "--isolation", "none", cwd=tmp_path)
+    assert done.returncode == 130, done.stdout + done.stderr
+    after_bar = done.stdout.split(" 0/2 best: -")[1].split("\n", 1)[1]  # the live display's
+    assert " ".join(after_bar.split()) == (
+        "Interrupted. Stage 1's finished measurements are saved and will be reused" + RESUME_LINE
+    ), done.stdout
+
+
+def test_a_run_stopped_in_its_trials_leads_with_how_to_resume_even_when_stopped_again(
+    invoke_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Ctrl-C in the trials of a study short of its total: the resume line came last, after
+    the best trial's 23 lines and "Confirm it: autotune confirm ..." (the resumed run finishes
+    the study and confirms it); a second Ctrl-C during that summary lost the resume line. It
+    leads now, and the best trial is the best so far, with no advice to confirm it."""
+    from autotune.display._live import LiveObserver
+
+    space = write_space(tmp_path, n_trials=6)
+    space.write_text(space.read_text().replace("  seed: 0\n", SMALL_ROUNDS))
+    finished = lambda self, trial: trial.state == TrialState.COMPLETE  # noqa: E731
+    _ctrl_c_at(monkeypatch, LiveObserver, "trial_finished", finished)
+    done = invoke_cli("run", str(space), "--isolation", "none", cwd=tmp_path)
+    assert done.returncode == 130, done.stdout + done.stderr
+    said = " ".join(done.stdout.split())
+    stopped = "Interrupted. The running trial (or confirmation run) is recorded as interrupted"
+    assert stopped in said and RESUME_LINE in said, said
+    assert said.index(RESUME_LINE) < said.index("trials this run"), said
+    assert "Best configuration so far (trial" in said and "autotune confirm" not in said, said
+    # resumed, stopped again in its trials, and once more as it sums up: the line stays
+    _ctrl_c_at(monkeypatch, LiveObserver, "trial_finished", finished)
+    _ctrl_c_at(monkeypatch, display, "print_summary", lambda *args, **kwargs: True)
+    again = invoke_cli("run", str(space), "--isolation", "none", cwd=tmp_path)
+    assert again.returncode == 130, again.stdout + again.stderr
+    assert RESUME_LINE in " ".join(again.stdout.split()), again.stdout
+    assert "trials this run" not in again.stdout  # the second Ctrl-C stopped the summary
+
+
+def test_a_ctrl_c_that_escapes_the_run_as_it_winds_down_still_says_how_to_resume(
+    invoke_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A Ctrl-C outside the trials' own handling (the second of two, as the run stops for the
+    first, or one as its live display closes) ended the command with 130 and no line."""
+    from autotune.cli._run import Shown
+
+    space = write_space(tmp_path, n_trials=2)
+    _ctrl_c_at(monkeypatch, Shown, "trials_done", lambda *args: True)
+    done = invoke_cli("run", str(space), "--isolation", "none", cwd=tmp_path)
+    assert done.returncode == 130, done.stdout + done.stderr
+    assert " ".join(done.stdout.split()).endswith(RESUME_LINE), done.stdout

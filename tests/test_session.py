@@ -66,8 +66,44 @@ def test_a_study_runs_from_python_and_its_report_holds_the_answer(
     assert study.user_attrs.get("confirmation")  # the same record the command leaves
     assert "library" in optuna_dashboard.get_note(study)  # and the same note (session.end_run)
     assert capsys.readouterr().out == ""  # a library call prints nothing
+    # printed, it says its study, how it ended and the answer (it was a 4,000-character repr)
+    head, answer = str(report).splitlines()
+    assert head == f"study library ({storage}): ok, 3 trials this run, confirmed", head
+    assert answer.startswith(f"best: trial {best.trial}, ") and " acc/s (median of " in answer
+    assert repr(report) == f"<RunReport {head}; {answer}>"
     again = autotune.run(space, storage=storage, n_trials=4, confirm=False)
     assert again.outcome.trials_run == 1 and not again.confirmed  # resumed: one more trial
+
+
+class CtrlC(StudyObserver):
+    """Presses Ctrl-C (a real SIGINT to this process) once the first trial has finished."""
+
+    def trial_finished(self, trial: optuna.trial.FrozenTrial) -> None:
+        import signal
+
+        signal.raise_signal(signal.SIGINT)
+
+
+def test_ctrl_c_is_raised_on_once_the_run_has_recorded_what_it_did(tmp_path: Path):
+    """Ctrl-C in a script's ``autotune.run``: the call returned a report with status
+    "interrupted" and no line on how to resume, and the script went on to exit 0. As
+    ``autotune run`` exits 130, the call raises KeyboardInterrupt once the study has recorded
+    the trials and written its note, saying how to resume; called again, it resumes."""
+    space = write_space(tmp_path, SPACE.format(precision="fp32"), name="stopped.yaml")
+    storage = f"sqlite:///{tmp_path / 'stopped.db'}"
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        autotune.run(space, storage=storage, observer=CtrlC())
+    said = str(stopped.value)
+    assert said.startswith("Interrupted. The running trial (or confirmation run) is recorded")
+    assert said.endswith("; call autotune.run again with the same arguments to resume.")
+    study = optuna.load_study(study_name="library", storage=storage)
+    assert [t.state for t in study.trials][:1] == [TrialState.COMPLETE]
+    assert "library" in optuna_dashboard.get_note(study)  # the note of what it trained
+    new = r"resume with study_name='library-2', without new_study=True\.$"  # its new study
+    with pytest.raises(KeyboardInterrupt, match=new):
+        autotune.run(space, storage=storage, observer=CtrlC(), new_study=True)
+    resumed = autotune.run(space, storage=storage)
+    assert resumed.ok and resumed.outcome.trials_run >= 1
 
 
 def test_user_errors_are_one_line_and_the_environment_names_the_storage(
@@ -166,6 +202,8 @@ def test_the_api_example_runs_as_a_script_and_an_unguarded_one_is_told_the_fix(t
             assert not optuna.get_all_study_summaries(storage)  # refused before the study
     refused = ran["unguarded"]
     assert refused.returncode == 1 and "bootstrapping" not in refused.stderr
+    # its traceback: the script's line and autotune.run's, not the six frames below it
+    assert refused.stderr.count('  File "') == 2, refused.stderr
     assert (
         refused.stderr.strip()
         .splitlines()[-1]

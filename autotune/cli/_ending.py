@@ -21,33 +21,21 @@ def finish(
     study: Any, spec: Any, outcome: Any, confirmed: bool, *, new_study: bool, verbose: bool
 ) -> None:
     """Print the run's summary and end the run (``session.end_run``); raise the exit its
-    ending calls for (typer.Exit), or return for status 0."""
+    ending calls for (typer.Exit), or return for status 0. A stopped run says first how to
+    resume (a line no second Ctrl-C during the summary can lose), then what it found."""
     from autotune import display, session
     from autotune import study as studies
 
+    if outcome.interrupted:
+        say_stopped(study, spec, outcome, new_study=new_study)
     display.print_summary(console, study, spec, outcome, confirmation=confirmed)
     if studies.password_note(spec.study.storage):
         console.print(studies.password_note(spec.study.storage), markup=False)
     try:
-        end = session.end_run(study, spec, outcome)  # the study's note, and how the run ended
+        end = session.end_run(study, spec, outcome, _resume(study, new_study))  # and the note
     except UserError as err:
         raise fail(str(err)) from None
     if end.status in ("interrupted", "terminated"):
-        how = "run the same command to resume"
-        if new_study:  # the same command would start yet another study
-            how = (
-                f"resume with {display.command('--study-name', study.study_name)} "
-                f"(without --new-study)"
-            )
-        stopped = "Terminated" if outcome.terminated else "Interrupted"
-        if spec.study.strategy == "two_stage" and outcome.speed_table is None:
-            saved = "stage 1's finished measurements are saved and will be reused"
-        else:
-            saved = (
-                "the running trial (or confirmation run) is recorded as interrupted and "
-                "finished ones are saved"
-            )
-        console.print(f"[yellow]{stopped}.[/] {saved[0].upper()}{saved[1:]}; {how}.")
         raise typer.Exit(EXIT_TERMINATED if outcome.terminated else EXIT_INTERRUPTED)
     if end.status == "failed":
         lines = list(end.lines)
@@ -59,6 +47,27 @@ def finish(
             else:
                 lines[-1] += " (or run with --verbose)"
         raise fail(lines, EXIT_FAILED)
+
+
+def say_stopped(study: Any, spec: Any, outcome: Any, *, new_study: bool) -> None:
+    """The line of a stopped run (``ending``'s, which reads nothing of the study): what is
+    kept, and how to resume."""
+    from autotune.ending import ending
+
+    line = ending(study, spec, outcome, _resume(study, new_study)).lines[0]
+    stopped, kept = line.split(" ", 1)  # "Interrupted." and the rest: prose and a command
+    console.print(f"[yellow]{stopped}[/] {kept}")
+
+
+def _resume(study: Any, new_study: bool) -> str:
+    """How ``autotune run`` resumes the study: the same command, or (``new_study``: it would
+    start yet another) with its name."""
+    from autotune import display
+    from autotune.ending import RESUME
+
+    if not new_study:
+        return RESUME
+    return f"resume with {display.command('--study-name', study.study_name)} (without --new-study)"
 
 
 def last_traceback(study: Any, where: str) -> str | None:

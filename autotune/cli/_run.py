@@ -14,9 +14,11 @@ from rich.markup import escape
 from rich.text import Text
 
 from autotune import session
+from autotune import study as studies
 from autotune.cli._common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
     EXIT_USAGE,
     STORAGE_ENV,
     Command,
@@ -28,7 +30,7 @@ from autotune.cli._common import (
     quiet_libraries,
 )
 from autotune.cli._confirm import confirm, confirm_round, say_storage_waits, verify
-from autotune.cli._ending import finish, worker_exit
+from autotune.cli._ending import finish, say_stopped, worker_exit
 from autotune.errors import UserError, WorkerError
 from autotune.machine import scaleout
 from autotune.machine.turns import TURN_WAIT_ENV, DeviceLockTimeout
@@ -172,6 +174,12 @@ def run(
         console.print()  # ends the live display's last line: the error gets a line of its own
         code = EXIT_FAILED if isinstance(err, (WorkerError, DeviceLockTimeout)) else EXIT_USAGE
         raise fail(str(err), code) from None
+    except KeyboardInterrupt as stop:  # a second Ctrl-C (or SIGTERM) as it stopped for the first
+        console.print()
+        stopped = studies.RunOutcome(study.study_name)
+        stopped.stopped_by(stop)
+        say_stopped(study, spec, stopped, new_study=new_study)
+        raise typer.Exit(EXIT_TERMINATED if stopped.terminated else EXIT_INTERRUPTED) from None
     if as_worker is not None:
         worker_exit(outcome)
     finish(study, spec, outcome, confirmed, new_study=new_study, verbose=verbose)

@@ -19,6 +19,7 @@ from autotune.display._confirmation import (
 from autotune.display._tables import (
     SPEED_COLUMNS,
     config_table,
+    finished_any,
     knob_rows,
     measured_flags,
     no_answer,

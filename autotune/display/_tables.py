@@ -310,7 +310,12 @@ def print_summary(
     outcome: studies.RunOutcome,
     confirmation: bool = False,
 ) -> None:
-    """Trial counts, the best trials, the confirmation round (when asked), the answer."""
+    """Trial counts, the best trials, the confirmation round (when asked), the answer; nothing
+    where no trial of the study has finished (a run stopped in stage 1: its ending says why).
+    The answer of a study short of its trials is the best so far, not advised for confirming
+    (the run that finishes the study confirms it)."""
+    if not finished_any(study):
+        return
     pruned = study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
     lost = sum(studies.TrialRecord.of(t).fail_kind == "cannot_win" for t in pruned)
     said = f" ({lost} of them could not win)" if lost else ""
@@ -329,8 +334,10 @@ def print_summary(
     assert answer is not None  # a feasible trial is in the table
     if confirmation:
         print_confirmation(console, answer, spec, study.study_name)
+    finished = outcome.timed_out or studies.counted_trials(study) >= spec.study.n_trials
     how = "confirmed" if answer.confirmed else "not confirmed"
-    console.print(f"\n[bold]Best configuration[/] (trial {answer.number}, {how}):")
+    so_far = "" if finished else " so far"
+    console.print(f"\n[bold]Best configuration{so_far}[/] (trial {answer.number}, {how}):")
     console.print(config_table(answer.trial))
     if (edge := _edge_of_space(study, answer, spec, outcome.speed_table)) is not None:
         console.print(edge, style="yellow")
@@ -338,7 +345,8 @@ def print_summary(
     console.print()
     print_command(console, "Inspect the study:", "autotune", "dashboard", *where[2:])
     # the run stopped before its round, or trials since have changed the leaders
-    if answer.round_state in ("none", "unfinished", "stale") and spec.study.confirm.enabled:
+    unsure = answer.round_state in ("none", "unfinished", "stale")
+    if unsure and finished and spec.study.confirm.enabled:
         print_command(console, "Confirm it:       ", "autotune", "confirm", *where)
     print_command(console, "Print the winner: ", "autotune", "best", *where)
 
@@ -362,9 +370,17 @@ def measured_flags(record: studies.TrialRecord) -> list[str]:
     return flags
 
 
-def no_answer(objective: ObjectiveSpec | None) -> str:
+def finished_any(study: optuna.Study) -> bool:
+    """Whether a trial of the study has ended (completed, pruned or failed)."""
+    return any(trial.state.is_finished() for trial in study.get_trials(deepcopy=False))
+
+
+def no_answer(objective: ObjectiveSpec | None, finished: bool = True) -> str:
     """What the terminal, the note and the report say of a study with no feasible trial, and
-    the score none reached where the space file (``objective``) sets one."""
+    the score none reached where the space file (``objective``) sets one; of a study none of
+    whose trials has ``finished``, only that."""
+    if not finished:
+        return "No trial has finished yet."
     bar = objective.goal if objective is not None else None
     reason = f" (none reached {objective.score_name} {bar:g})" if objective and bar else ""
     return f"No trial has completed feasibly yet{reason}."
