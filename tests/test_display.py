@@ -199,6 +199,22 @@ def test_flags_that_do_not_fit_the_trial_line_go_with_its_knobs(seen):
     assert row.flags == "interference 37%"
 
 
+def test_a_long_turn_wait_is_a_line_of_its_own_in_piped_output(seen):
+    """Piped output shows no status line: a wait said again ("still waiting", a long one) is
+    printed on a line of its own; the first, routine one (a second between two runs' trials)
+    is not."""
+    study, _ = seen
+    console = _console(80)  # a StringIO: not a terminal, as a pipe or a CI log
+    progress = display.live_progress(console)
+    observer = display.LiveObserver(study, _spec(study), Live(progress, console=console), progress)
+    observer.trial_started(7, studies.trial_config(study.trials[0]))
+    observer.turn_waiting("waiting for its turn (0 s so far, gives up after 30 min): x")
+    assert "waiting for its turn" not in _text(console)
+    observer.turn_waiting("still waiting for its turn (10 s so far, gives up after 30 min): x")
+    said = [line.strip() for line in _text(console).splitlines() if "its turn" in line]
+    assert said == ["trial 7: still waiting for its turn (10 s so far, gives up after 30 min): x"]
+
+
 def test_a_trial_off_stage_one_and_on_tokens_says_so(seen):
     study, _ = seen
     done = next(

@@ -185,7 +185,7 @@ def test_a_wait_says_for_how_long_and_gives_up_after_the_users_bound_saying_how_
         for line in said
     )
     assert said[0].startswith("waiting for its turn (0 s so far, gives up after 2 s: --turn-wait)")
-    assert said[-1].startswith("waiting for its turn (1 s so far")
+    assert said[-1].startswith("still waiting for its turn (1 s so far")  # said again
     message = str(given_up.value)
     assert message.startswith("gave up waiting for this machine's turn after 2 s: autotune")
     assert "run with --turn-wait 0 (AUTOTUNE_TURN_WAIT=0); to wait longer, --turn-wait" in message

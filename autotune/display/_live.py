@@ -139,8 +139,13 @@ class LiveObserver(studies.StudyObserver):
         )
 
     def turn_waiting(self, line: str) -> None:
+        """A wait for the machine's turn, under the bar; piped output (no status line) gets a
+        line of its own once the wait is said again ("still waiting": ``turns``): a wait of a
+        second or two between two runs' trials is routine, one of minutes is news."""
         doing = f"trial {self.current}" if self.current is not None else "stage 1"
         self._show(f"  {doing}: {line}", cut=True)
+        if line.startswith("still ") and not self.live.console.is_terminal:
+            self.say(f"  {doing}: {line}", "dim")
 
     def study_waiting(self, line: str) -> None:
         self.say(f"  {line}", "dim")  # a line of its own: piped output shows no status line

@@ -194,8 +194,9 @@ class _LockWait:
         while True:
             waited = time.monotonic() - self.started
             if waited >= self.said_at and self.on_wait is not None:
+                still = "still " if self.said_at else ""  # said again: a long wait
                 self.on_wait(
-                    f"waiting for its turn ({_seconds(waited)} so far, gives up after "
+                    f"{still}waiting for its turn ({_seconds(waited)} so far, gives up after "
                     f"{_seconds(self.bound)}{': --turn-wait' if self.by_user else ''}): "
                     f"{self.who(handle)}"
                 )
