@@ -722,7 +722,8 @@ def test_a_busy_round_compares_its_own_runs_and_says_when_the_load_differed(
     display.print_confirmation(console, varied, spec, "loaded")
     said = " ".join(console.file.getvalue().split())
     assert "(the load varied: other processes took 20-86% of the cores)" in said
-    assert "Confirm again on a quiet machine" in said
+    # with the command that measures again: a plain confirm keeps the stored round
+    assert "Confirm again on a quiet machine: autotune confirm --study loaded --again" in said
     # the report says it under its table, in the same words
     page = " ".join(html.unescape(report.render_html(study)).split())
     assert "The round was too noisy to rank the leaders (the load varied: other processes " in page

@@ -243,8 +243,8 @@ def _print_confirmed(
     report and the exports say it alike) and, for a noisy round, how to confirm it again."""
     said = confirmation_text(TrialConfirmation.of(answer, answer.number), study_name)
     console.print(f"[bold]Answer: trial {answer.number}[/], {escape(said)}.")
-    if answer.noisy:
-        console.print(f"{escape(noisy_round(answer))}: {again}", style="yellow")
+    if answer.noisy:  # a new round, the noisy one replaced: a plain confirm has nothing to do
+        console.print(f"{escape(noisy_round(answer))}: {again} --again", style="yellow")
 
 
 def noisy_round(answer: studies.Answer) -> str:
