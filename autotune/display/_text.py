@@ -89,7 +89,7 @@ _METRIC_FORMATS: dict[str, Any] = {
 
 # what `autotune best` says beside a measurement whose name alone misleads
 METRIC_NOTES = {
-    "charged_seconds": "the seconds the value is based on",
+    "charged_seconds": "the seconds its trial's value is based on",
     "train_seconds": "training time, overhead_seconds included",
     "overhead_seconds": "one-time costs: compile, warm-up, worker start",
 }

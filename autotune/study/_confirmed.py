@@ -23,6 +23,10 @@ from typing import Literal
 from autotune.machine.interference import INTERFERENCE_SHARE, interfered
 from autotune.storage._records import ConfirmationRecord, ConfirmRun, ReferenceKind
 
+# the fewest compared runs a confirmed median counts: one run is one measurement, whatever
+# the round took (a round resumed under another load compared 1 of its 3 runs)
+CONFIRMED_RUNS = 2
+
 
 @dataclass(frozen=True)
 class Confirmed:
@@ -80,6 +84,12 @@ class Confirmed:
         be: it is measured whatever it scored; the answer's trial is what ``best`` shows) and
         most of its measurements were."""
         return self.trial_feasible and self.feasible_runs * 2 > self.runs
+
+    @property
+    def confirmable(self) -> bool:
+        """Whether its median is confirmed: eligible, and counting ``CONFIRMED_RUNS`` compared
+        runs at least (the best median of one run leaves the round unconfirmed)."""
+        return self.eligible and len(self.values) >= CONFIRMED_RUNS
 
     @property
     def relative_spread(self) -> float | None:
