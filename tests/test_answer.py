@@ -872,3 +872,33 @@ def test_a_baseline_that_failed_is_said_where_its_ratio_would_be():
     )
     # the note does not say its runs were interleaved with it: it has none
     assert "interleaved with the other leaders (" in notes.verdict(answer, "s", "sqlite:///x.db")
+
+
+def test_a_lone_configuration_gets_no_round_and_references_alone_are_said_so():
+    """Found by a new user: the search ran nothing, the round re-measured a lone baseline 5
+    times, and the answer said "it is the untuned baseline: the search found nothing better"."""
+    from autotune.study import confirmation_plan
+
+    study = _study([1.0], baseline=0, configs={0: make_config()})
+    plan = confirmation_plan(study, 2, 5)
+    assert plan is not None and plan.candidates == (0,) and plan.repeats == 0  # no runs
+    alone = _answer(study, dataclasses.replace(plan, complete=True))
+    assert alone.round_state == "alone" and not alone.confirmed
+    said = display.confirmation_text(None, study.study_name, round_state=alone.round_state)
+    assert said == (
+        "not confirmed: no other configuration was feasible or tried: the round had nothing to "
+        "compare it with"
+    )  # and no `autotune confirm` to run: it would measure nothing
+    # the two references alone: the checklist wins, and no search found "nothing better"
+    both = _study([1.0, 2.0], baseline=0, checklist=1)
+    record = _round({1: [2.0, 2.1, 1.9], 0: [1.0, 1.1, 0.9]}, baseline=0, checklist=1)
+    answer = _answer(both, record)
+    verdict = display.confirmation_text(display.TrialConfirmation.of(answer, 1), "s")
+    assert "; it is the tuning checklist: no configuration besides the references was tried" in (
+        verdict
+    )
+    searched = optuna.trial.create_trial(value=0.5, user_attrs=TrialRecord().to_attrs())
+    both.add_trial(searched)  # a configuration of the search's, slower
+    answer = _answer(both, record)
+    verdict = display.confirmation_text(display.TrialConfirmation.of(answer, 1), "s")
+    assert "; it is the tuning checklist: the search found nothing better" in verdict

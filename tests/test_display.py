@@ -89,6 +89,26 @@ def test_the_plan_says_a_batch_split_only_where_there_is_one_and_what_a_short_bu
     assert "the split of each effective batch into batch_size x accumulation_steps" in said
 
 
+def test_the_plan_says_when_no_configuration_besides_the_references_will_be_tried(seen):
+    """Found by a new user: n_trials 2 (the two references), or a space file with nothing to
+    search, and the answer said "the search found nothing better" with nothing said before."""
+    study, _ = seen
+    for n_trials, warned in ((2, True), (10, False)):
+        console = _console(200)
+        display.print_plan(console, _spec(study, n_trials=n_trials), CPU, study, [])
+        said = " ".join(_text(console).split())
+        note = f"note: study.n_trials {n_trials} leaves no trial beside the 2 references: no "
+        assert (note in said) is warned, said
+    from autotune.spacefile import parse_spec
+
+    nothing = parse_spec("workload: {model: digits_cnn, data: digits}\n")
+    console = _console(200)
+    display.print_plan(console, nothing, CPU, study, [])
+    assert "note: nothing to search: every trial trains the same configuration" in " ".join(
+        _text(console).split()
+    )
+
+
 def test_the_plan_names_the_references_and_why_the_checklist_is_not_one(seen):
     """custom_workload.yaml trained no checklist trial and said "Confirming the 3 best and the
     untuned baseline" with no line saying why; its plan said "timing nothing" and then timed

@@ -94,6 +94,9 @@ def confirm_round(
             named.insert(0, "the best configuration" if leaders == 1 else f"the {leaders} best")
         beside = studies.listed(named)
         todo = plan.runs_left()  # a retake left counts; runs measured again count once
+        if not plan.repeats:  # a lone configuration: nothing to compare it with
+            console.print(f"No round: {beside} is the only configuration to measure.")
+            return
         kept = len(plan.candidates) * plan.repeats - todo
         if not todo:
             where = display.study_options(study.study_name, spec.study.storage)

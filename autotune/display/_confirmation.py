@@ -53,6 +53,7 @@ class TrialConfirmation:
     # trials within the noise of the answer (a reference it is tied with: in ``said``, once)
     tied_with: tuple[int, ...] = ()
     under_interference: bool = False  # every run measured while others used the CPU
+    searched: bool = True  # the study tried a configuration besides the references
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (an export's "confirmation")."""
@@ -88,6 +89,7 @@ class TrialConfirmation:
             reference=answer.reference if mine else None,
             tied_with=_tied_leaders(answer) if mine else (),
             under_interference=found.interfered,
+            searched=answer.searched,
         )
 
     @classmethod
@@ -142,7 +144,8 @@ def confirmation_text(
         words = ("autotune", "confirm", *study_options(study, storage))
         again = shlex.join(visible(word) for word in words)
         why = UNCONFIRMED.get(round_state, UNCONFIRMED["none"])
-        return f"not confirmed: {why}" + f" (run `{again}`)" * (round_state != "confirmed")
+        advised = round_state not in ("confirmed", "alone")  # a round would do nothing new
+        return f"not confirmed: {why}" + f" (run `{again}`)" * advised
     median = fmt_within(found.median, found.spread)
     text = f"confirmed: median {median} over {found.runs} run{'s' * (found.runs != 1)}"
     if interleaved:
@@ -152,7 +155,9 @@ def confirmation_text(
     if found.said:
         text += f"; {'; '.join(found.said)}"
     if found.reference is not None:
-        text += f"; it is {found.reference}: the search found nothing better"
+        found_none = "the search found nothing better"
+        tried_none = "no configuration besides the references was tried"
+        text += f"; it is {found.reference}: {found_none if found.searched else tried_none}"
     if found.tied_with:
         text += f"; tied within noise with {trials_named(sorted(found.tied_with))}"
     if found.under_interference:
@@ -166,6 +171,9 @@ def print_confirmation(
     """The confirmation round behind the study's answer (``studies.answer_of``, once a round
     exists): each configuration's median and range, the answer, ties, its ratio over each
     reference the round measured beside it, and what the round cost."""
+    if answer.round_state == "alone":  # no round ran: no table
+        console.print(f"[yellow]Not confirmed:[/] {studies.UNCONFIRMED['alone']}.")
+        return
     unit = metric_unit(spec.objective.metric_name)
     table = Table(
         title=f"Confirmation ({answer.repeats} more runs each, interleaved)", title_justify="left"

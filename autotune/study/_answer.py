@@ -133,7 +133,8 @@ def _same_settings(one: FrozenTrial, other: FrozenTrial) -> bool:
 # study's current leaders, with a winner), else why not: no round, an unfinished one, one whose
 # leaders trials since have changed, one where no configuration was feasible in most of its
 # runs, one that compared too few runs of its best median (``CONFIRMED_RUNS``: unlike loads)
-RoundState = Literal["none", "unfinished", "stale", "no_winner", "few_runs", "confirmed"]
+# ("alone": one configuration to measure, nothing to compare it with: no round ran)
+RoundState = Literal["none", "unfinished", "stale", "no_winner", "few_runs", "alone", "confirmed"]
 # how noisy a round was (``Answer.noise``): quiet, its runs' spread too wide to rank, or the
 # load varied across the runs it compares
 Noise = Literal["quiet", "wide", "varied"]
@@ -143,6 +144,8 @@ UNCONFIRMED: dict[str, str] = {
     "unfinished": "the round is unfinished",
     "stale": "trials since have changed the leaders",
     "no_winner": "no configuration was feasible in most of its runs",
+    "alone": "no other configuration was feasible or tried: the round had nothing to "
+    "compare it with",
     "few_runs": f"the round compared fewer than {CONFIRMED_RUNS} runs of its best median "
     "(its other runs were measured under unlike loads)",
     # the study's answer is confirmed, this trial is not: not one of the leaders it measured
@@ -176,6 +179,7 @@ class Answer:
     round_runs: int = 0  # the round's own runs, each measured again counted again
     cost_seconds: float = 0.0  # their wall-clock seconds
     search_share: float | None = None  # cost_seconds over every trial's wall-clock seconds
+    searched: bool = True  # the study tried a configuration besides the references
 
     @property
     def number(self) -> int:
@@ -335,6 +339,8 @@ class Answer:
             key=lambda c: sign * c.median,
             reverse=True,
         )
+        if len(configurations) == 1:  # no round ran (``confirmation_plan``)
+            return dataclasses.replace(answer, round_state="alone")
         if not eligible or not eligible[0].confirmable:
             state: RoundState = "few_runs" if eligible else "no_winner"
             state = state if record.complete else "unfinished"
@@ -454,7 +460,8 @@ def answer_of(study: optuna.Study) -> Answer | None:
     searched = sum(TrialRecord.of(t).wall_seconds or 0.0 for t in trials.values())
     best = Answer.of_round(record, leaders[0])
     share = best.cost_seconds / searched if searched else None
-    best = dataclasses.replace(best, search_share=share)
+    tried = any(TrialRecord.of(t).reference is None for t in trials.values())
+    best = dataclasses.replace(best, search_share=share, searched=tried)
     if record.complete and not {t.number for t in leaders[: record.top]} <= set(record.candidates):
         best = dataclasses.replace(best, round_state="stale")  # trials since changed them
     winner = best.winner

@@ -63,7 +63,9 @@ def confirmation_plan(
     (resumed, or with more ``repeats`` than it has, added to: a round is never replaced by a
     shorter one), else a new one; None when the study has no feasible trial to confirm.
     ``higher_score_better``: the score's direction, for the tie rule; ``again``: a new round
-    whatever is stored (a noisy round measured again, on a quieter machine)."""
+    whatever is stored (a noisy round measured again, on a quieter machine). A lone
+    configuration (no other feasible or tried: the search ran nothing) gets a round of no runs:
+    a round compares, and re-measuring one configuration compares nothing."""
     leaders = feasible_trials(study)[:top]
     if not leaders:
         return None
@@ -73,6 +75,8 @@ def confirmation_plan(
     for reference in (baseline, checklist):
         if reference is not None and reference.number not in candidates:
             candidates = (*candidates, reference.number)
+    if len(candidates) == 1:  # nothing to compare it with: a round of no runs (``alone``)
+        repeats, again = 0, True
     stored = StudyRecord.of(study).confirmation
     if not again and stored is not None and stored.candidates == candidates and stored.top == top:
         if repeats <= stored.repeats:
