@@ -295,6 +295,9 @@ def test_a_round_that_kept_one_clean_run_of_seven_ranks_on_the_flagged_ones():
     display.print_confirmation(Console(file=said, width=200), answer, spec, study.study_name)
     shown = " ".join(said.getvalue().split())
     assert "│ 1 │" in shown and "5 of 7" in shown
+    narrow = io.StringIO()  # narrower than the table: the cell stays whole (it wrapped at "(")
+    display.print_confirmation(Console(file=narrow, width=70), answer, spec, study.study_name)
+    assert "5 of 7 (4 retakes)" in narrow.getvalue(), narrow.getvalue()
     assert "; measured while other processes used the CPU (confirm it again)." in shown
 
 
@@ -421,7 +424,7 @@ def test_a_round_that_does_not_back_the_best_trial_leaves_it_unconfirmed():
     plain = answer_of(study)
     assert plain is not None and plain.round_state == "none" and plain.number == 1
     assert plain.spread is None and plain.configurations == ()
-    assert plain.headline == (3.0, "one trial")
+    assert plain.headline == (3.0, "one measurement")  # as "not confirmed: one measurement"
     record = _round({1: [3.0, 2.0, 2.1], 2: [2.6, 2.7, 2.65], 0: [1.0, 1.1, 1.05]}, baseline=0)
     unfinished = _answer(study, dataclasses.replace(record, complete=False))
     assert unfinished.round_state == "unfinished" and unfinished.number == 1
@@ -902,3 +905,11 @@ def test_a_lone_configuration_gets_no_round_and_references_alone_are_said_so():
     answer = _answer(both, record)
     verdict = display.confirmation_text(display.TrialConfirmation.of(answer, 1), "s")
     assert "; it is the tuning checklist: the search found nothing better" in verdict
+
+
+def test_loads_exactly_the_interference_share_apart_are_alike():
+    """Two loads 15 points apart compared as 0.15000000000000002 apart: unlike."""
+    from autotune.study import loads_alike
+
+    assert loads_alike((0.5, 0.65)) and loads_alike((0.2, 0.35))
+    assert not loads_alike((0.5, 0.66))

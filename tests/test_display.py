@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shlex
 from dataclasses import replace
 from pathlib import Path
@@ -69,6 +70,15 @@ def test_a_study_made_on_another_device_is_said_once_where_it_trains(seen):
         display.print_plan(console, _spec(study), hardware, study, [])
         said = f"created on {CPU.device_name}; what is measured on {hardware.device_name} will"
         assert (said in " ".join(_text(console).split())) is warned
+    # only the core count differs: the run's own line says it (cli._run), not this one too
+    fewer = replace(CPU, device_name=re.sub(r"\(\d+ cores\)", "(1 core)", CPU.device_name))
+    assert fewer.device_name != CPU.device_name
+    console = _console(200)
+    display.print_plan(console, _spec(study), fewer, study, [])
+    assert "this study was created on" not in _text(console)
+    console = _console(200)  # confirm and verify, which print no such line, still say it
+    display.print_other_device(console, study, fewer.device_name)
+    assert "this study was created on" in _text(console)
 
 
 def test_the_plan_says_a_batch_split_only_where_there_is_one_and_what_a_short_budget_does(seen):

@@ -182,7 +182,8 @@ def print_confirmation(
     table.add_column(f"median {unit}", justify="right", style="bold green")
     table.add_column("range", justify="right")
     table.add_column(f"median {spec.objective.score_name}", justify="right")
-    table.add_column("runs used", justify="right")  # the medians' runs: of how many
+    # the medians' runs: of how many (whole: "4 of 5 (2 retakes)" wrapped at its "(")
+    table.add_column("runs used", justify="right", no_wrap=True)
     for row in confirmation_rows(answer):
         table.add_row(*row)
     console.print(fit(table, console))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import optuna
@@ -93,7 +94,7 @@ def print_plan(
         console.print(f"[yellow]note:[/] {escape(alone)}")
     for line in dropped:
         console.print(f"[yellow]not searched:[/] {escape(line)}")
-    print_other_device(console, study, hardware.device_name)
+    print_other_device(console, study, hardware.device_name, cores_said=True)
     workers = spec.space.num_workers
     most = max(workers.values) if isinstance(workers, Choice) else workers.high
     if isinstance(most, int) and most > hardware.cpu_count:
@@ -136,14 +137,25 @@ def _references(spec: Spec, hardware: Hardware) -> tuple[str, int]:
     return shown + (f"; no tuning checklist: {why}" if why else ""), len(named)
 
 
-def print_other_device(console: Console, study: optuna.Study, device_name: str) -> None:
-    """A warning where ``study`` was created on another device than ``device_name``."""
+def print_other_device(
+    console: Console, study: optuna.Study, device_name: str, cores_said: bool = False
+) -> None:
+    """A warning where ``study`` was created on another device than ``device_name``;
+    ``cores_said``: not where only the CPU's core count differs (the run's plan says that in
+    a line of its own, with what to do)."""
     created_on = studies.StudyRecord.of(study).created_on
+    if cores_said and created_on and _cpu(created_on) == _cpu(device_name):
+        return
     if created_on and created_on != device_name:
         console.print(
             f"[yellow]warning:[/] this study was created on {escape(created_on)}; what is "
             f"measured on {escape(device_name)} will be compared with its trials"
         )
+
+
+def _cpu(device_name: str) -> str:
+    """A device's name without its core count: "AMD EPYC" of "AMD EPYC (2 cores)"."""
+    return re.sub(r" \(\d+ cores?\)$", "", device_name)
 
 
 def _auto_batch(spec: Spec, study: optuna.Study) -> tuple[Spec, str]:

@@ -428,10 +428,11 @@ def _span(values: Iterable[float]) -> tuple[float, float] | None:
 
 def headline(median: float | None, runs: int, value: float | None) -> tuple[float | None, str]:
     """A value as a person reads it first, and what it is: the ``median`` of ``runs``
-    confirmed runs, else its trial's one measurement ``value``."""
+    confirmed runs, else its trial's one measurement ``value`` ("one measurement", as
+    ``UNCONFIRMED`` says it)."""
     if median is not None and runs:
         return median, f"median of {runs} confirmed run{'s' * (runs != 1)}"
-    return value, "one trial"
+    return value, UNCONFIRMED["none"]
 
 
 def listed(words: Iterable[str]) -> str:

@@ -164,6 +164,11 @@ def compared_runs(record: ConfirmationRecord) -> Literal["clean", "flagged", "mi
 NOISY_SPREAD = 0.25
 
 
+# shares that differ by INTERFERENCE_SHARE exactly compare as alike: 0.65 - 0.5 is
+# 0.15000000000000002 in floating point
+LOADS_TOLERANCE = 1e-9
+
+
 def loads_alike(shares: Iterable[float | None]) -> bool:
     """Whether measurements were taken under like loads: others' share of the cores in each
     (None: not measured, left out) on one side of ``INTERFERENCE_SHARE`` (all quiet, or all
@@ -173,7 +178,7 @@ def loads_alike(shares: Iterable[float | None]) -> bool:
     if not known:
         return True
     one_side = len({interfered(share) for share in known}) == 1
-    return one_side and max(known) - min(known) <= INTERFERENCE_SHARE
+    return one_side and max(known) - min(known) <= INTERFERENCE_SHARE + LOADS_TOLERANCE
 
 
 def loads_said(shares: Iterable[float]) -> str:
