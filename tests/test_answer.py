@@ -298,7 +298,8 @@ def test_a_round_that_kept_one_clean_run_of_seven_ranks_on_the_flagged_ones():
     narrow = io.StringIO()  # narrower than the table: the cell stays whole (it wrapped at "(")
     display.print_confirmation(Console(file=narrow, width=70), answer, spec, study.study_name)
     assert "5 of 7 (4 retakes)" in narrow.getvalue(), narrow.getvalue()
-    assert "; measured while other processes used the CPU (confirm it again)." in shown
+    run = f"run `autotune confirm --study {study.study_name} --again`"  # a new round: confirm
+    assert f"; measured while other processes used the CPU (on a quiet machine, {run})." in shown
 
 
 def test_a_ratio_whose_interval_includes_one_is_too_noisy_to_quote():
@@ -593,10 +594,15 @@ def test_an_answer_measured_only_under_interference_is_said_so_everywhere(seen):
     assert re.search(rf'<td>{winner}</td><td class="num">4\.1</td>', page)
     assert f"{flagged} of them measured again): the round compares" in page
     assert "runs used: the measurements each median counts: feasible, and measured" in page
-    warned = "measured while other processes used the CPU (confirm it again)"
-    assert f"{warned}." in said["terminal"]
-    assert f"{warned}." in said["note"]
-    assert warned in said["report"] and said["best"].endswith(warned)
+    # with the command that measures again (a plain confirm keeps the finished round)
+    warned = re.compile(
+        r"measured while other processes used the CPU \(on a quiet machine, run `autotune "
+        r"confirm --study \S+( --storage \S+)? --again`\)"
+    )
+    for where in ("terminal", "note", "report"):  # (the report's <code> is the note's `)
+        shown = re.sub("</?code>", "`", " ".join(html.unescape(said[where]).split()))
+        assert warned.search(shown), where
+    assert warned.search(said["best"]) and said["best"].endswith("--again`)")
 
 
 def test_the_confirmation_shows_every_runs_score_and_marks_an_infeasible_run():

@@ -140,9 +140,9 @@ def confirmation_text(
     not, by the ``round_state`` of the study's answer, and the command to confirm it:
     ``--storage`` where ``storage`` is not the default); ``interleaved``: what its runs
     alternated with (the note says it)."""
+    words = ("autotune", "confirm", *study_options(study, storage))
+    again = shlex.join(visible(word) for word in words)
     if found is None:
-        words = ("autotune", "confirm", *study_options(study, storage))
-        again = shlex.join(visible(word) for word in words)
         why = UNCONFIRMED.get(round_state, UNCONFIRMED["none"])
         advised = round_state not in ("confirmed", "alone")  # a round would do nothing new
         return f"not confirmed: {why}" + f" (run `{again}`)" * advised
@@ -161,7 +161,8 @@ def confirmation_text(
     if found.tied_with:
         text += f"; tied within noise with {trials_named(sorted(found.tied_with))}"
     if found.under_interference:
-        text += "; measured while other processes used the CPU (confirm it again)"
+        quiet = f"on a quiet machine, run `{again} --again`"  # a plain confirm keeps it
+        text += f"; measured while other processes used the CPU ({quiet})"
     return text
 
 
