@@ -484,7 +484,8 @@ def _failed(trials: Iterable[FrozenTrial], kind: ReferenceKind) -> Reference | N
     its batch), as the answer says it: no ratio, and its error; None where it has none."""
     for trial in trials:
         record = TrialRecord.of(trial)
-        if record.reference == kind and trial.state != optuna.trial.TrialState.COMPLETE:
+        ended = trial.state in (optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
+        if record.reference == kind and ended:  # (one running elsewhere has not failed)
             why = f"it failed ({record.fail_msg})" if record.fail_msg else "it did not complete"
             return Reference(REFERENCE_NAMES[kind], trial.number, math.nan, 0, None, why=why)
     return None
