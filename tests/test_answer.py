@@ -214,11 +214,12 @@ def test_an_answer_measured_only_under_interference_says_so():
     answer = _answer(study, record)
     assert answer.number == 1 and answer.interfered and answer.flagged == 3
     assert answer.runs == 3  # every run flagged: they count, and the answer says so
-    # measured again on a quiet machine: the clean run is the answer's one measurement
+    # measured again on a quiet machine: the clean run is its one measurement compared, no
+    # confirmed median (``CONFIRMED_RUNS``); the slower baseline's 3 clean runs do not win
     again = dataclasses.replace(record.runs[2], value=3.05, other_cpu_share=0.0)
     clean = _answer(study, record.with_run(again))
-    assert not clean.interfered and clean.flagged == 3 and clean.runs == 1
-    assert clean.median == 3.05
+    assert clean.round_state == "few_runs" and clean.number == 1 and clean.flagged == 3
+    assert clean.configuration(1).values == (3.05,) and clean.median is None
 
 
 def _runs(trial: int, *measured: tuple[int, float, float | None]) -> list[ConfirmRun]:
@@ -259,12 +260,10 @@ def test_one_clean_run_is_never_compared_with_six_flagged_ones():
     assert baseline.said == "8.00x the untuned baseline (6.25x to 9.38x)"
     # where the answer has no flagged run to set beside them, nothing is compared at all
     clean_only = [run for run in answer_runs if not run.interfered]
+    # (and its one clean run is no confirmed median: ``CONFIRMED_RUNS``)
     quiet = _answer(study, dataclasses.replace(record, runs=(*clean_only, *baseline_runs)))
-    assert quiet.number == 1 and quiet.noisy and not quiet.alike
-    assert quiet.speedup is None and quiet.references[0].said == (
-        "over the untuned baseline, no ratio: the two were measured under different loads "
-        "(others took 2% of the cores in the answer's runs, 50-60% in its)"
-    )
+    assert quiet.number == 1 and quiet.round_state == "few_runs" and not quiet.alike
+    assert quiet.speedup is None and quiet.references == ()
 
 
 def test_a_round_that_kept_one_clean_run_of_seven_ranks_on_the_flagged_ones():
@@ -296,7 +295,11 @@ def test_a_round_that_kept_one_clean_run_of_seven_ranks_on_the_flagged_ones():
     display.print_confirmation(Console(file=said, width=200), answer, spec, study.study_name)
     shown = " ".join(said.getvalue().split())
     assert "│ 1 │" in shown and "5 of 7" in shown
-    assert "; measured while other processes used the CPU (confirm it again)." in shown
+    narrow = io.StringIO()  # narrower than the table: the cell stays whole (it wrapped at "(")
+    display.print_confirmation(Console(file=narrow, width=70), answer, spec, study.study_name)
+    assert "5 of 7 (4 retakes)" in narrow.getvalue(), narrow.getvalue()
+    run = f"run `autotune confirm --study {study.study_name} --again`"  # a new round: confirm
+    assert f"; measured while other processes used the CPU (on a quiet machine, {run})." in shown
 
 
 def test_a_ratio_whose_interval_includes_one_is_too_noisy_to_quote():
@@ -400,7 +403,8 @@ def test_best_says_no_speedup_over_a_baseline_infeasible_in_the_round():
     # measurement", and no `autotune confirm` to run (it would measure it again alike)
     missed = export.best_config(study, study.trials[0]).confirmation_text()
     assert missed == (
-        "not confirmed: the round ranked only its leaders that met the bar in most of their runs"
+        "not confirmed: the round ranked only its leaders that met the bar in most of their "
+        "runs, with 2 runs compared at least"
     )
 
 
@@ -421,7 +425,7 @@ def test_a_round_that_does_not_back_the_best_trial_leaves_it_unconfirmed():
     plain = answer_of(study)
     assert plain is not None and plain.round_state == "none" and plain.number == 1
     assert plain.spread is None and plain.configurations == ()
-    assert plain.headline == (3.0, "one trial")
+    assert plain.headline == (3.0, "one measurement")  # as "not confirmed: one measurement"
     record = _round({1: [3.0, 2.0, 2.1], 2: [2.6, 2.7, 2.65], 0: [1.0, 1.1, 1.05]}, baseline=0)
     unfinished = _answer(study, dataclasses.replace(record, complete=False))
     assert unfinished.round_state == "unfinished" and unfinished.number == 1
@@ -590,10 +594,15 @@ def test_an_answer_measured_only_under_interference_is_said_so_everywhere(seen):
     assert re.search(rf'<td>{winner}</td><td class="num">4\.1</td>', page)
     assert f"{flagged} of them measured again): the round compares" in page
     assert "runs used: the measurements each median counts: feasible, and measured" in page
-    warned = "measured while other processes used the CPU (confirm it again)"
-    assert f"{warned}." in said["terminal"]
-    assert f"{warned}." in said["note"]
-    assert warned in said["report"] and said["best"].endswith(warned)
+    # with the command that measures again (a plain confirm keeps the finished round)
+    warned = re.compile(
+        r"measured while other processes used the CPU \(on a quiet machine, run `autotune "
+        r"confirm --study \S+( --storage \S+)? --again`\)"
+    )
+    for where in ("terminal", "note", "report"):  # (the report's <code> is the note's `)
+        shown = re.sub("</?code>", "`", " ".join(html.unescape(said[where]).split()))
+        assert warned.search(shown), where
+    assert warned.search(said["best"]) and said["best"].endswith("--again`)")
 
 
 def test_the_confirmation_shows_every_runs_score_and_marks_an_infeasible_run():
@@ -722,7 +731,8 @@ def test_a_busy_round_compares_its_own_runs_and_says_when_the_load_differed(
     display.print_confirmation(console, varied, spec, "loaded")
     said = " ".join(console.file.getvalue().split())
     assert "(the load varied: other processes took 20-86% of the cores)" in said
-    assert "Confirm again on a quiet machine" in said
+    # with the command that measures again: a plain confirm keeps the stored round
+    assert "Confirm again on a quiet machine: autotune confirm --study loaded --again" in said
     # the report says it under its table, in the same words
     page = " ".join(html.unescape(report.render_html(study)).split())
     assert "The round was too noisy to rank the leaders (the load varied: other processes " in page
@@ -830,3 +840,82 @@ def test_no_ratio_is_quoted_between_runs_under_unlike_loads_and_the_loads_are_sa
     drift = (*_runs(1, (1, 3.0, 0.5), (2, 3.1, 0.8)), *_runs(0, (1, 1.0, 0.5), (2, 1.1, 0.8)))
     drifted = _answer(study, dataclasses.replace(record, runs=drift))
     assert drifted.noise == "varied" and drifted.speedup == pytest.approx(3.05 / 1.05)
+
+
+def test_a_median_of_one_compared_run_is_not_confirmed():
+    """Found by a new user: after a Ctrl-C and a resume under load the like-loads rule left one
+    run of 3, and the answer read "confirmed: median 0.7174 over 1 run". A confirmed median
+    counts 2 compared runs at least; else the round says it compared too few."""
+    study = _study([1.0, 3.0], baseline=0)
+    # each configuration's trial on a quiet machine, the round's own runs all under load
+    runs = (*_runs(1, (0, 3.0, 0.0), (1, 2.0, 0.8), (2, 2.1, 0.8)),)
+    runs += (*_runs(0, (0, 1.0, 0.0), (1, 0.9, 0.8), (2, 1.1, 0.8)),)
+    record = dataclasses.replace(_round({1: [], 0: []}, baseline=0, top=1), runs=runs)
+    answer = _answer(study, record)
+    assert answer.round_state == "few_runs" and not answer.confirmed and answer.winner is None
+    said = display.confirmation_text(None, study.study_name, round_state=answer.round_state)
+    assert said.startswith(
+        "not confirmed: the round compared fewer than 2 runs of its best median (its other runs "
+        "were measured under unlike loads) (run `autotune confirm"
+    ), said
+    # one more quiet run of each: two compared runs, confirmed
+    more = (*runs, *_runs(1, (3, 2.9, 0.0)), *_runs(0, (3, 1.05, 0.0)))
+    confirmed = _answer(study, dataclasses.replace(record, runs=more, repeats=3))
+    assert confirmed.confirmed and confirmed.runs == 2 and confirmed.number == 1
+
+
+def test_a_baseline_that_failed_is_said_where_its_ratio_would_be():
+    """Found by a new user: the user's model raised at the untuned baseline's batch, and the
+    answer had no ratio ("speedup": null) with nothing saying why."""
+    study = _study([3.0, 2.5])
+    failed = TrialRecord(baseline=True, fail_msg="RuntimeError: CUDA error (injected)")
+    study.add_trial(
+        optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs=failed.to_attrs())
+    )
+    answer = _answer(study, _round({0: [3.0, 3.1, 2.9], 1: [2.5, 2.4, 2.6]}))
+    assert answer.confirmed and answer.number == 0 and answer.speedup is None
+    said = "over the untuned baseline, no ratio: it failed (RuntimeError: CUDA error (injected))"
+    assert [reference.said for reference in answer.references] == [said]
+    assert said in display.confirmation_text(
+        display.TrialConfirmation.of(answer, 0), study.study_name
+    )
+    # the note does not say its runs were interleaved with it: it has none
+    assert "interleaved with the other leaders (" in notes.verdict(answer, "s", "sqlite:///x.db")
+
+
+def test_a_lone_configuration_gets_no_round_and_references_alone_are_said_so():
+    """Found by a new user: the search ran nothing, the round re-measured a lone baseline 5
+    times, and the answer said "it is the untuned baseline: the search found nothing better"."""
+    from autotune.study import confirmation_plan
+
+    study = _study([1.0], baseline=0, configs={0: make_config()})
+    plan = confirmation_plan(study, 2, 5)
+    assert plan is not None and plan.candidates == (0,) and plan.repeats == 0  # no runs
+    alone = _answer(study, dataclasses.replace(plan, complete=True))
+    assert alone.round_state == "alone" and not alone.confirmed
+    said = display.confirmation_text(None, study.study_name, round_state=alone.round_state)
+    assert said == (
+        "not confirmed: no other configuration was feasible or tried: the round had nothing to "
+        "compare it with"
+    )  # and no `autotune confirm` to run: it would measure nothing
+    # the two references alone: the checklist wins, and no search found "nothing better"
+    both = _study([1.0, 2.0], baseline=0, checklist=1)
+    record = _round({1: [2.0, 2.1, 1.9], 0: [1.0, 1.1, 0.9]}, baseline=0, checklist=1)
+    answer = _answer(both, record)
+    verdict = display.confirmation_text(display.TrialConfirmation.of(answer, 1), "s")
+    assert "; it is the tuning checklist: no configuration besides the references was tried" in (
+        verdict
+    )
+    searched = optuna.trial.create_trial(value=0.5, user_attrs=TrialRecord().to_attrs())
+    both.add_trial(searched)  # a configuration of the search's, slower
+    answer = _answer(both, record)
+    verdict = display.confirmation_text(display.TrialConfirmation.of(answer, 1), "s")
+    assert "; it is the tuning checklist: the search found nothing better" in verdict
+
+
+def test_loads_exactly_the_interference_share_apart_are_alike():
+    """Two loads 15 points apart compared as 0.15000000000000002 apart: unlike."""
+    from autotune.study import loads_alike
+
+    assert loads_alike((0.5, 0.65)) and loads_alike((0.2, 0.35))
+    assert not loads_alike((0.5, 0.66))

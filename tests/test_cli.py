@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow
 # tuning checklist: it is not what this test looks at, and it can be the answer while its own
 # trial scored under min_accuracy (most of its runs in the round did not)
 SMALL_ROUNDS = (
-    "  seed: 0\n  checklist: false\n  confirm: {top: 1, repeats: 1}\n"
+    "  seed: 0\n  checklist: false\n  confirm: {top: 1, repeats: 2}\n"
     "  speed: {repeats: 1, bursts: 1}\n"
 )
 
@@ -586,12 +586,19 @@ def test_best_of_a_trial_the_round_did_not_rank_says_its_value_is_one_measuremen
     assert shown.returncode == 0, shown.stderr
     facts = [line.strip() for line in shown.stdout.splitlines()[1:4]]
     assert facts[:2] == [
-        "not confirmed: the round ranked only its leaders that met the bar in most of their runs",
+        "not confirmed: the round ranked only its leaders that met the bar in most of their "
+        "runs, with 2 runs compared at least",
         "its value is one measurement, its trial's; the confirmation round did not run it",
     ], shown.stdout
     # the answer's own: the round's runs, and no such line
     answer_shown = invoke_cli("best", "--trial", str(answer.number), cwd=tmp_path, columns=200)
     assert f"(median of {answer.runs} confirmed runs)" in answer_shown.stdout
+    # the figures beside the median: the round's, and the trial's own said to be its own
+    assert answer.winner is not None
+    medians = f"validation accuracy {display.fmt(answer.winner.median_score)}"
+    assert f"the round's medians: {medians}, " in answer_shown.stdout
+    assert f"the figures below are trial {answer.number}'s own measurement" in answer_shown.stdout
+    assert "(the seconds its trial's value is based on)" in answer_shown.stdout
     assert "one measurement" not in answer_shown.stdout
 
 

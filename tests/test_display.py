@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shlex
 from dataclasses import replace
 from pathlib import Path
@@ -69,6 +70,15 @@ def test_a_study_made_on_another_device_is_said_once_where_it_trains(seen):
         display.print_plan(console, _spec(study), hardware, study, [])
         said = f"created on {CPU.device_name}; what is measured on {hardware.device_name} will"
         assert (said in " ".join(_text(console).split())) is warned
+    # only the core count differs: the run's own line says it (cli._run), not this one too
+    fewer = replace(CPU, device_name=re.sub(r"\(\d+ cores\)", "(1 core)", CPU.device_name))
+    assert fewer.device_name != CPU.device_name
+    console = _console(200)
+    display.print_plan(console, _spec(study), fewer, study, [])
+    assert "this study was created on" not in _text(console)
+    console = _console(200)  # confirm and verify, which print no such line, still say it
+    display.print_other_device(console, study, fewer.device_name)
+    assert "this study was created on" in _text(console)
 
 
 def test_the_plan_says_a_batch_split_only_where_there_is_one_and_what_a_short_budget_does(seen):
@@ -87,6 +97,26 @@ def test_the_plan_says_a_batch_split_only_where_there_is_one_and_what_a_short_bu
     display.print_plan(console, split, CPU, study, [])
     said = " ".join(_text(console).split())
     assert "the split of each effective batch into batch_size x accumulation_steps" in said
+
+
+def test_the_plan_says_when_no_configuration_besides_the_references_will_be_tried(seen):
+    """Found by a new user: n_trials 2 (the two references), or a space file with nothing to
+    search, and the answer said "the search found nothing better" with nothing said before."""
+    study, _ = seen
+    for n_trials, warned in ((2, True), (10, False)):
+        console = _console(200)
+        display.print_plan(console, _spec(study, n_trials=n_trials), CPU, study, [])
+        said = " ".join(_text(console).split())
+        note = f"note: study.n_trials {n_trials} leaves no trial beside the 2 references: no "
+        assert (note in said) is warned, said
+    from autotune.spacefile import parse_spec
+
+    nothing = parse_spec("workload: {model: digits_cnn, data: digits}\n")
+    console = _console(200)
+    display.print_plan(console, nothing, CPU, study, [])
+    assert "note: nothing to search: every trial trains the same configuration" in " ".join(
+        _text(console).split()
+    )
 
 
 def test_the_plan_names_the_references_and_why_the_checklist_is_not_one(seen):
@@ -649,7 +679,8 @@ def test_an_answer_from_single_runs_says_run_not_runs(tmp_path: Path, seen):
     answer = studies.answer_of(copy)
     assert answer is not None and answer.winner is not None
     baseline = Reference("the untuned baseline", 0, 0.6, 1, 1.69, (1.38, 2.06))
-    for runs, said in ((1, "median 1 over 1 run ("), (2, "median 1 over 2 runs (")):
+    # (a median of 1 run is never confirmed: ``CONFIRMED_RUNS``, test_answer)
+    for runs, said in ((2, "median 1 over 2 runs ("), (3, "median 1 over 3 runs (")):
         values = (1.0,) * runs
         winner = dataclasses.replace(answer.winner, values=values, round_values=values)
         mine = tuple(winner if c.trial == winner.trial else c for c in answer.configurations)

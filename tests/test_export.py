@@ -910,10 +910,17 @@ def test_yaml_and_json_round_trip_to_the_same_config(tiny_study, tmp_path: Path)
     # the script's PROVENANCE names the median once: its answer says which measurement it is
     said = provenance(render_script(study, confirmed))
     assert said["answer"] == confirmed.confirmation_text()
-    assert said["result"].startswith(f"{confirmed.metric} 2.5, validation ")
-    slow = dataclasses.replace(confirmed, metrics={**best.metrics, "samples_per_second": 812.34})
-    said = provenance(render_script(study, slow))  # samples/s as the tables write it: fmt's
-    assert said["result"].endswith(", 812.3 samples/s steady state")
+    assert said["result"] == f"{confirmed.metric} 2.5"  # the round measured no score: none
+    # beside the median, the round's medians of the same runs, never the trial's own figures
+    medians = dataclasses.replace(verdict, median_score=0.75, median_samples_per_second=812.34)
+    said = provenance(render_script(study, dataclasses.replace(best, confirmation=medians)))
+    assert said["result"] == (  # samples/s as the tables write it: fmt's
+        f"{confirmed.metric} 2.5, validation accuracy 0.75, 812.3 samples/s steady state"
+    )
+    own = dataclasses.replace(best, confirmation=None)  # the trial's value: its own figures
+    said = provenance(render_script(study, own))
+    own_value = autotune.display.fmt(best.value)
+    assert said["result"].startswith(f"{best.metric} {own_value}, validation ")
     once = dataclasses.replace(verdict, runs=1)
     assert dataclasses.replace(best, confirmation=once).headline.endswith(
         ": median of 1 confirmed run"

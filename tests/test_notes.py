@@ -163,7 +163,7 @@ def test_the_headline_says_what_its_figure_is_in_words_that_agree(seen):
     trial = best_trial(study)
     assert trial is not None
     plain = answer_of(study)
-    assert plain is not None and plain.headline[1] == "one trial"
+    assert plain is not None and plain.headline[1] == "one measurement"
     for runs, words in ((1, "median of 1 confirmed run"), (3, "median of 3 confirmed runs")):
         winner = Confirmed(trial.number, False, (2.0,) * runs, (), (), runs, runs)
         assert dataclasses.replace(plain, winner=winner).headline == (2.0, words)

@@ -295,3 +295,34 @@ def test_against_the_others_marks_the_confirmed_ratio_apart_from_one_measurement
     table = _text(page[start : page.index("</table>", start)])
     assert "from the two trials' one measurement each, except where marked confirmed" in table
     assert ("x confirmed" in table) == (answer is not None and answer.speedup is not None)
+
+
+def test_a_one_measurement_ratio_taken_under_load_is_marked_busy(seen):
+    """Found by a new user: "Against the others" showed the checklist's one measurement taken
+    under load (15.05x, 710 samples/s against ~5,000 in its round) with no mark."""
+    study, url = seen
+    answer = answer_of(study)
+    assert answer is not None
+
+    def table(page: str) -> str:
+        start = page.index("<h2>Against the others</h2>")
+        return _text(page[start : page.index("</table>", start)])
+
+    def loaded(share: float):  # every trial's own measurement at this load
+        trials = []
+        for trial in study.get_trials():
+            attrs = {**trial.user_attrs, "other_cpu_share": share}
+            trials.append(optuna.trial.create_trial(
+                state=trial.state, value=trial.value, params=trial.params,
+                distributions=trial.distributions, user_attrs=attrs,
+            ))  # fmt: skip
+        copy = optuna.create_study(directions=study.directions, study_name=study.study_name)
+        for key, value in study.user_attrs.items():
+            copy.set_user_attr(key, value)
+        copy.add_trials(trials)
+        return report.render_html(copy, url)
+
+    busy, quiet = loaded(0.8), loaded(0.0)
+    assert "x busy" in table(busy) and "x busy" not in table(quiet)
+    note = "busy: one of the two trials' own measurements was taken while other processes took"
+    assert note in _text(busy) and note not in _text(quiet)

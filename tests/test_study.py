@@ -851,6 +851,14 @@ def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(
         in said
     )
     assert "--repeats 4 adds one more of each." in said  # a command that has the flag
+    # --again: a new round of the same leaders, measured anew, the stored one replaced
+    assert confirm_round(study, spec, executor, 2, 2, again=True)
+    assert "Nothing new to measure" not in capsys.readouterr().out
+    anew = StudyRecord.of(study).confirmation
+    assert anew is not None and anew.complete and anew.repeats == 2
+    assert anew.candidates == candidates and {run.repeat for run in anew.runs} == {0, 1, 2}
+    assert len(anew.runs) >= 3 * len(candidates)  # a busy run is measured again
+    assert not set(anew.runs[len(candidates) :]) & set(added.runs)  # every run measured anew
 
 
 def test_the_answer_is_the_confirmed_winner_over_a_higher_single_value(

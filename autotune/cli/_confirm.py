@@ -79,8 +79,11 @@ def open_to_train(
     return found, spec, executor
 
 
-def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) -> bool:
-    """Run (or resume) the confirmation round, a line per run; whether one exists now."""
+def confirm_round(
+    study: Any, spec: Any, executor: Any, top: int, repeats: int, again: bool = False
+) -> bool:
+    """Run (or resume) the confirmation round, a line per run (``again``: a new round, the
+    stored one replaced); whether one exists now."""
     from autotune import display, session
     from autotune import study as studies
 
@@ -91,6 +94,9 @@ def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) 
             named.insert(0, "the best configuration" if leaders == 1 else f"the {leaders} best")
         beside = studies.listed(named)
         todo = plan.runs_left()  # a retake left counts; runs measured again count once
+        if not plan.repeats:  # a lone configuration: nothing to compare it with
+            console.print(f"No round: {beside} is the only configuration to measure.")
+            return
         kept = len(plan.candidates) * plan.repeats - todo
         if not todo:
             where = display.study_options(study.study_name, spec.study.storage)
@@ -114,6 +120,7 @@ def confirm_round(study: Any, spec: Any, executor: Any, top: int, repeats: int) 
         on_run=display.confirmation_progress(console, spec),
         on_start=starting,
         on_wait=lambda line: console.print(f"  {line}", style="dim", markup=False),
+        again=again,
     )
     other = "Waiting for another process of this study, which runs its confirmation round."
     return session.confirm_answer(inputs, lambda: console.print(other, style="dim"))
@@ -131,12 +138,17 @@ def confirm(
         typer.Option(help="More runs of each. Default: study.confirm.repeats."),
     ] = None,
     isolation: Annotated[str | None, ISOLATION_OPTION] = None,
+    again: Annotated[
+        bool,
+        flag("--again", help="A new round of the leaders, replacing the stored one."),
+    ] = False,
 ) -> None:
     """Re-measure the leaders and references side by side.
 
     The round names the study's answer. It runs the confirmation round, or resumes it. A
     larger --repeats than the stored round's adds runs to that round; a smaller one keeps it as
-    it is. Other leaders (another --top, or trials finished since the round) start a new round.
+    it is. Other leaders (another --top, or trials finished since the round) start a new round;
+    so does --again (a noisy round measured again on a quieter machine).
     It trains, so it imports the workload's model and data functions named in the study's
     space file.
     """
@@ -153,6 +165,7 @@ def confirm(
             executor,
             top or spec.study.confirm.top,
             repeats or spec.study.confirm.repeats,
+            again,
         )
     answer = studies.answer_of(found)
     if not confirmed or answer is None:

@@ -71,6 +71,9 @@ def best(
     display.print_fact(console, result.confirmation_text(storage))
     if result.confirmation is None and result.round_state != "none":  # "none": it says so
         display.print_fact(console, _one_measurement(found, chosen.number))
+    below = display.round_figures(result.confirmation, result.score_name, result.trial)
+    if below is not None:  # None: the value is its trial's own, as the figures below are
+        display.print_fact(console, below)
     for key, value in result.metrics.items():
         note = display.METRIC_NOTES.get(key)
         name = f"validation {result.score_name}" if key == "score" else key

@@ -14,6 +14,7 @@ from autotune.display._confirmation import (
     flagged_measurements,
     noisy_round,
     print_confirmation,
+    round_figures,
     runs_used_note,
 )
 from autotune.display._tables import (

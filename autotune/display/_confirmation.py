@@ -53,6 +53,7 @@ class TrialConfirmation:
     # trials within the noise of the answer (a reference it is tied with: in ``said``, once)
     tied_with: tuple[int, ...] = ()
     under_interference: bool = False  # every run measured while others used the CPU
+    searched: bool = True  # the study tried a configuration besides the references
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (an export's "confirmation")."""
@@ -70,7 +71,7 @@ class TrialConfirmation:
         if answer is None or not answer.confirmed:
             return None
         found = answer.configuration(number)
-        if found is None or not found.eligible or not found.values:
+        if found is None or not found.confirmable:
             return None
         mine = number == answer.number
         baseline = answer.over(REFERENCE_NAMES["baseline"])
@@ -88,6 +89,7 @@ class TrialConfirmation:
             reference=answer.reference if mine else None,
             tied_with=_tied_leaders(answer) if mine else (),
             under_interference=found.interfered,
+            searched=answer.searched,
         )
 
     @classmethod
@@ -103,6 +105,22 @@ class TrialConfirmation:
             low, high = fields["speedup_interval"]
             fields["speedup_interval"] = (low, math.inf if high is None else high)
         return cls(**fields)
+
+
+def round_figures(found: TrialConfirmation | None, score_name: str, number: int) -> str | None:
+    """What the figures beside a confirmed median rest on: the round's medians of the same
+    runs, and that a trial's measurements shown below it are its trial's own ("the round's
+    medians: validation accuracy 0.94, 27,000 samples/s; the figures below are trial 4's own
+    measurement"); None where its value is its trial's own too (not confirmed)."""
+    if found is None:
+        return None
+    medians = [f"validation {score_name} {fmt(found.median_score)}"] * (
+        found.median_score is not None
+    )
+    if found.median_samples_per_second:
+        medians.append(f"{fmt(found.median_samples_per_second)} samples/s")
+    said = f"the round's medians: {', '.join(medians)}; " if medians else ""
+    return f"{said}the figures below are trial {number}'s own measurement"
 
 
 def _tied_leaders(answer: Answer) -> tuple[int, ...]:
@@ -122,11 +140,12 @@ def confirmation_text(
     not, by the ``round_state`` of the study's answer, and the command to confirm it:
     ``--storage`` where ``storage`` is not the default); ``interleaved``: what its runs
     alternated with (the note says it)."""
+    words = ("autotune", "confirm", *study_options(study, storage))
+    again = shlex.join(visible(word) for word in words)
     if found is None:
-        words = ("autotune", "confirm", *study_options(study, storage))
-        again = shlex.join(visible(word) for word in words)
         why = UNCONFIRMED.get(round_state, UNCONFIRMED["none"])
-        return f"not confirmed: {why}" + f" (run `{again}`)" * (round_state != "confirmed")
+        advised = round_state not in ("confirmed", "alone")  # a round would do nothing new
+        return f"not confirmed: {why}" + f" (run `{again}`)" * advised
     median = fmt_within(found.median, found.spread)
     text = f"confirmed: median {median} over {found.runs} run{'s' * (found.runs != 1)}"
     if interleaved:
@@ -136,11 +155,14 @@ def confirmation_text(
     if found.said:
         text += f"; {'; '.join(found.said)}"
     if found.reference is not None:
-        text += f"; it is {found.reference}: the search found nothing better"
+        found_none = "the search found nothing better"
+        tried_none = "no configuration besides the references was tried"
+        text += f"; it is {found.reference}: {found_none if found.searched else tried_none}"
     if found.tied_with:
         text += f"; tied within noise with {trials_named(sorted(found.tied_with))}"
     if found.under_interference:
-        text += "; measured while other processes used the CPU (confirm it again)"
+        quiet = f"on a quiet machine, run `{again} --again`"  # a plain confirm keeps it
+        text += f"; measured while other processes used the CPU ({quiet})"
     return text
 
 
@@ -150,6 +172,9 @@ def print_confirmation(
     """The confirmation round behind the study's answer (``studies.answer_of``, once a round
     exists): each configuration's median and range, the answer, ties, its ratio over each
     reference the round measured beside it, and what the round cost."""
+    if answer.round_state == "alone":  # no round ran: no table
+        console.print(f"[yellow]Not confirmed:[/] {studies.UNCONFIRMED['alone']}.")
+        return
     unit = metric_unit(spec.objective.metric_name)
     table = Table(
         title=f"Confirmation ({answer.repeats} more runs each, interleaved)", title_justify="left"
@@ -158,7 +183,8 @@ def print_confirmation(
     table.add_column(f"median {unit}", justify="right", style="bold green")
     table.add_column("range", justify="right")
     table.add_column(f"median {spec.objective.score_name}", justify="right")
-    table.add_column("runs used", justify="right")  # the medians' runs: of how many
+    # the medians' runs: of how many (whole: "4 of 5 (2 retakes)" wrapped at its "(")
+    table.add_column("runs used", justify="right", no_wrap=True)
     for row in confirmation_rows(answer):
         table.add_row(*row)
     console.print(fit(table, console))
@@ -243,8 +269,8 @@ def _print_confirmed(
     report and the exports say it alike) and, for a noisy round, how to confirm it again."""
     said = confirmation_text(TrialConfirmation.of(answer, answer.number), study_name)
     console.print(f"[bold]Answer: trial {answer.number}[/], {escape(said)}.")
-    if answer.noisy:
-        console.print(f"{escape(noisy_round(answer))}: {again}", style="yellow")
+    if answer.noisy:  # a new round, the noisy one replaced: a plain confirm has nothing to do
+        console.print(f"{escape(noisy_round(answer))}: {again} --again", style="yellow")
 
 
 def noisy_round(answer: studies.Answer) -> str:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import optuna
@@ -70,6 +71,7 @@ def print_plan(
         spec, found = _auto_batch(spec, study)
         print_item(console, "batch_size", found.removeprefix("batch_size "))
     searched = spec.space.searched()
+    varied = bool(searched)  # the trials differ in some knob (two-stage: in stage 2)
     if spec.study.strategy == "two_stage":
         declared = spec.study.learning_knobs
         timed = [k for k in searched if k in SPEED_KNOBS and k not in declared]
@@ -83,12 +85,16 @@ def print_plan(
         print_item(console, "timing", f"{', '.join(timed) or only} (stage 1: speed)")
         print_item(console, "stage 1", stage_one_plan(spec, hardware))
         print_item(console, "searching", f"{', '.join(learned) or 'nothing'} (stage 2: learning)")
+        varied = bool(learned)
     else:
         print_item(console, "searching", ", ".join(searched) if searched else "nothing")
-    print_item(console, "references", _references(spec, hardware))
+    named, references = _references(spec, hardware)
+    print_item(console, "references", named)
+    if (alone := _tries_nothing(spec, references, varied)) is not None:
+        console.print(f"[yellow]note:[/] {escape(alone)}")
     for line in dropped:
         console.print(f"[yellow]not searched:[/] {escape(line)}")
-    print_other_device(console, study, hardware.device_name)
+    print_other_device(console, study, hardware.device_name, cores_said=True)
     workers = spec.space.num_workers
     most = max(workers.values) if isinstance(workers, Choice) else workers.high
     if isinstance(most, int) and most > hardware.cpu_count:
@@ -97,9 +103,26 @@ def print_plan(
         )
 
 
-def _references(spec: Spec, hardware: Hardware) -> str:
+def _tries_nothing(spec: Spec, references: int, searched: bool) -> str | None:
+    """Why the study will try no configuration besides its ``references`` (how many), said
+    before anything runs; None where it tries some."""
+    if not searched:
+        return (
+            "nothing to search: every trial trains the same configuration, a new seed each; "
+            "add a space section to search"
+        )
+    if spec.study.n_trials <= references:
+        which = "reference" if references == 1 else f"{references} references"
+        return (
+            f"study.n_trials {spec.study.n_trials} leaves no trial beside the {which}: no "
+            f"other configuration will be tried"
+        )
+    return None
+
+
+def _references(spec: Spec, hardware: Hardware) -> tuple[str, int]:
     """The references the study trains beside its search, and why the tuning checklist is not
-    one where it is not (``study._open.queue_reference`` queues them)."""
+    one where it is not (``study._open.queue_reference`` queues them); and how many."""
     from autotune.search import references
 
     named = [studies.REFERENCE_NAMES["baseline"]] if spec.study.baseline is not False else []
@@ -111,17 +134,28 @@ def _references(spec: Spec, hardware: Hardware) -> str:
     else:
         named.append(studies.REFERENCE_NAMES["checklist"])
     shown = " and ".join(named) or "none"
-    return shown + (f"; no tuning checklist: {why}" if why else "")
+    return shown + (f"; no tuning checklist: {why}" if why else ""), len(named)
 
 
-def print_other_device(console: Console, study: optuna.Study, device_name: str) -> None:
-    """A warning where ``study`` was created on another device than ``device_name``."""
+def print_other_device(
+    console: Console, study: optuna.Study, device_name: str, cores_said: bool = False
+) -> None:
+    """A warning where ``study`` was created on another device than ``device_name``;
+    ``cores_said``: not where only the CPU's core count differs (the run's plan says that in
+    a line of its own, with what to do)."""
     created_on = studies.StudyRecord.of(study).created_on
+    if cores_said and created_on and _cpu(created_on) == _cpu(device_name):
+        return
     if created_on and created_on != device_name:
         console.print(
             f"[yellow]warning:[/] this study was created on {escape(created_on)}; what is "
             f"measured on {escape(device_name)} will be compared with its trials"
         )
+
+
+def _cpu(device_name: str) -> str:
+    """A device's name without its core count: "AMD EPYC" of "AMD EPYC (2 cores)"."""
+    return re.sub(r" \(\d+ cores?\)$", "", device_name)
 
 
 def _auto_batch(spec: Spec, study: optuna.Study) -> tuple[Spec, str]:

@@ -89,7 +89,7 @@ _METRIC_FORMATS: dict[str, Any] = {
 
 # what `autotune best` says beside a measurement whose name alone misleads
 METRIC_NOTES = {
-    "charged_seconds": "the seconds the value is based on",
+    "charged_seconds": "the seconds its trial's value is based on",
     "train_seconds": "training time, overhead_seconds included",
     "overhead_seconds": "one-time costs: compile, warm-up, worker start",
 }
@@ -219,12 +219,15 @@ def fit(table: Table, console: Console) -> Table:
     wants first, as the width allows (rich shares evenly and cuts a figure: "0.07633-0.077…"
     beside a header that could wrap); with a space between columns, not a border, where the
     longest words have no room for borders; where they have none at all, the widest column
-    folds (never cut)."""
+    folds (never cut). A ``no_wrap`` column keeps each cell whole."""
     wanted = [
         [Measurement.get(console, console.options, cell) for cell in (c.header, *c.cells)]
         for c in table.columns
     ]
-    low = [max(m.minimum for m in column) for column in wanted]
+    low = [  # a no_wrap column's cells whole: "4 of 5 (2 retakes)" never wraps at its "("
+        max(m.maximum if c.no_wrap else m.minimum for m in column)
+        for c, column in zip(table.columns, wanted, strict=True)
+    ]
     more = [max(m.maximum for m in col) - least for col, least in zip(wanted, low, strict=True)]
     spare = console.width - 3 * len(low) - 1 - sum(low)  # a border and a space each side
     if spare >= sum(more):

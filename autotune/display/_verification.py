@@ -89,7 +89,8 @@ def verification_rows(
 
 def print_verification(console: Console, verified: studies.Verification, spec: Spec) -> None:
     """The table, whether the short trials' ranking holds, and the answer's speed-up in time to
-    the target over each reference (where it does not hold: what to do)."""
+    the target over each reference (where it does not hold: what to do; none between runs
+    under unlike loads, whose times compare the loads)."""
     higher, target = spec.objective.score_higher_is_better, verified.target
     (head, *rows), verdict = verification_rows(verified, spec.objective.score_name, higher)
     holds = not verified.losses(higher)
@@ -114,5 +115,5 @@ def print_verification(console: Console, verified: studies.Verification, spec: S
         for row in verified.rows(higher)
         if row.role != "answer" and answer_time and row.to_target is not None
     ]
-    if sooner and target is not None:
+    if sooner and target is not None and not verified.unlike_loads():  # else: loads compared
         console.print(f"The answer reaches {target:g} " + " and ".join(sooner) + ".")

@@ -121,7 +121,7 @@ class BestConfig:
 
     @property
     def headline_source(self) -> str:
-        """What ``headline_value`` is: "median of 3 confirmed runs", or "one trial"."""
+        """What ``headline_value`` is: "median of 3 confirmed runs", or "one measurement"."""
         return self._headline[1]
 
     @property

@@ -218,9 +218,10 @@ def provenance_rows(best: BestConfig, model: str, data: str) -> list[tuple[str, 
     """(key, Python source of its value) of the script's PROVENANCE: where the configuration
     comes from. Study names, device names and the like are the user's (or a shared study's)
     strings: they are data, written as literals, never pasted into code or the docstring."""
-    config, metrics = best.config, best.metrics
-    score = metrics.get("score")
-    sps = metrics.get("samples_per_second")
+    config, metrics, found = best.config, best.metrics, best.confirmation
+    # beside a confirmed median, the round's medians of the same runs; else the trial's own
+    score = found.median_score if found else metrics.get("score")
+    sps = found.median_samples_per_second if found else metrics.get("samples_per_second")
     result = (  # which measurement it is, the answer below says
         f"{best.metric} {fmt(best.headline_value)}"
         + (f", validation {best.score_name} {fmt(score)}" if score is not None else "")

@@ -125,7 +125,8 @@ def verdict(answer: Answer, study_name: str, storage_url: str) -> str:
     """How sure the study is of its answer, in markdown for the note and the report: the
     verdict's line (``confirmation_text``), with what the runs were interleaved with."""
     found = TrialConfirmation.of(answer, answer.number)
-    leaders = "the other leaders" + "".join(f" and {r.name}" for r in answer.references)
+    beside = (r.name for r in answer.references if r.runs)  # a failed one was not measured
+    leaders = "the other leaders" + "".join(f" and {name}" for name in beside)
     said = confirmation_text(found, study_name, leaders, storage_url, answer.round_state)
     said, _, rest = said.partition(":")
     return f"**{said.capitalize()}**:{rest}."

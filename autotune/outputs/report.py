@@ -38,6 +38,7 @@ from autotune.display import (
 )
 from autotune.errors import UserError
 from autotune.export import study_spec
+from autotune.machine.interference import INTERFERENCE_SHARE, interfered
 from autotune.outputs import charts
 from autotune.outputs.notes import (
     PHASE_LABELS,
@@ -260,6 +261,13 @@ def over_references(answer: Answer | None, labels: list[str]) -> list[str]:
     return said
 
 
+def busy_pair(best: FrozenTrial | None, other: FrozenTrial) -> bool:
+    """Whether either trial's own measurement of a comparison was taken under interference:
+    its one-measurement ratio is marked busy (a figure taken under load, never unmarked)."""
+    trials = (other,) if best is None else (best, other)
+    return any(interfered(TrialRecord.of(t).other_cpu_share or 0.0) for t in trials)
+
+
 def as_html(markdown: str) -> str:
     """A line of the note in HTML: escaped, ``**`` as ``<strong>``, backticks as ``<code>``."""
     strong = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", html.escape(markdown))
@@ -288,7 +296,7 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         confirmed = answer.ratio_over(label) if answer is not None else None
         compared.append(
             (label.removeprefix("the "), other.number, speed, value or confirmed,
-             TrialRecord.of(other), confirmed is not None)
+             TrialRecord.of(other), confirmed is not None, busy_pair(best, other))
         )  # fmt: skip
     table = stored_speed_table(study)
     stage_one, caption = speed_rows(table) if table is not None else ([], None)
@@ -317,6 +325,8 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         verdict=as_html(verdict(answer, study.study_name, storage_url)) if answer else "",
         config_rows=config_rows,
         comparisons=compared,
+        any_busy=any(row[-1] for row in compared),
+        busy_share=f"{INTERFERENCE_SHARE:.0%}",
         confirmation=confirmation_rows(answer) if answer is not None else [],
         confirmation_notes=confirmation_notes(answer),
         over_references=over_references(answer, [label for label, *_ in found]),

@@ -64,6 +64,7 @@ from autotune.storage._records import (
     TrialRecord,
 )
 from autotune.study._confirmed import (
+    CONFIRMED_RUNS,
     NOISY_SPREAD,
     Confirmed,
     compared_runs,
@@ -130,8 +131,10 @@ def _same_settings(one: FrozenTrial, other: FrozenTrial) -> bool:
 
 # how far the confirmation round backs the answer: "confirmed" (complete, still about the
 # study's current leaders, with a winner), else why not: no round, an unfinished one, one whose
-# leaders trials since have changed, one where no configuration was feasible in most of its runs
-RoundState = Literal["none", "unfinished", "stale", "no_winner", "confirmed"]
+# leaders trials since have changed, one where no configuration was feasible in most of its
+# runs, one that compared too few runs of its best median (``CONFIRMED_RUNS``: unlike loads)
+# ("alone": one configuration to measure, nothing to compare it with: no round ran)
+RoundState = Literal["none", "unfinished", "stale", "no_winner", "few_runs", "alone", "confirmed"]
 # how noisy a round was (``Answer.noise``): quiet, its runs' spread too wide to rank, or the
 # load varied across the runs it compares
 Noise = Literal["quiet", "wide", "varied"]
@@ -141,8 +144,13 @@ UNCONFIRMED: dict[str, str] = {
     "unfinished": "the round is unfinished",
     "stale": "trials since have changed the leaders",
     "no_winner": "no configuration was feasible in most of its runs",
+    "alone": "no other configuration was feasible or tried: the round had nothing to "
+    "compare it with",
+    "few_runs": f"the round compared fewer than {CONFIRMED_RUNS} runs of its best median "
+    "(its other runs were measured under unlike loads)",
     # the study's answer is confirmed, this trial is not: not one of the leaders it measured
-    "confirmed": "the round ranked only its leaders that met the bar in most of their runs",
+    "confirmed": "the round ranked only its leaders that met the bar in most of their runs, "
+    f"with {CONFIRMED_RUNS} runs compared at least",
 }
 
 
@@ -171,6 +179,7 @@ class Answer:
     round_runs: int = 0  # the round's own runs, each measured again counted again
     cost_seconds: float = 0.0  # their wall-clock seconds
     search_share: float | None = None  # cost_seconds over every trial's wall-clock seconds
+    searched: bool = True  # the study tried a configuration besides the references
 
     @property
     def number(self) -> int:
@@ -330,14 +339,17 @@ class Answer:
             key=lambda c: sign * c.median,
             reverse=True,
         )
-        if not eligible:
-            state: RoundState = "no_winner" if record.complete else "unfinished"
+        if len(configurations) == 1:  # no round ran (``confirmation_plan``)
+            return dataclasses.replace(answer, round_state="alone")
+        if not eligible or not eligible[0].confirmable:
+            state: RoundState = "few_runs" if eligible else "no_winner"
+            state = state if record.complete else "unfinished"
             return dataclasses.replace(answer, round_state=state)
         best = eligible[0]
         if answer.noise != "quiet":
             return dataclasses.replace(answer, winner=best, tie_rule="noisy")
         answer = dataclasses.replace(answer, winner=best)
-        tied = [best, *(c for c in eligible[1:] if answer._within_noise(c))]
+        tied = [best, *(c for c in eligible[1:] if c.confirmable and answer._within_noise(c))]
         # among the tied: the better median score first, then the better median value
         score_sign = 1.0 if record.higher_score_better else -1.0
         tied.sort(key=lambda c: (score_sign * c.median_score, sign * c.median), reverse=True)
@@ -416,10 +428,11 @@ def _span(values: Iterable[float]) -> tuple[float, float] | None:
 
 def headline(median: float | None, runs: int, value: float | None) -> tuple[float | None, str]:
     """A value as a person reads it first, and what it is: the ``median`` of ``runs``
-    confirmed runs, else its trial's one measurement ``value``."""
+    confirmed runs, else its trial's one measurement ``value`` ("one measurement", as
+    ``UNCONFIRMED`` says it)."""
     if median is not None and runs:
         return median, f"median of {runs} confirmed run{'s' * (runs != 1)}"
-    return value, "one trial"
+    return value, UNCONFIRMED["none"]
 
 
 def listed(words: Iterable[str]) -> str:
@@ -448,7 +461,8 @@ def answer_of(study: optuna.Study) -> Answer | None:
     searched = sum(TrialRecord.of(t).wall_seconds or 0.0 for t in trials.values())
     best = Answer.of_round(record, leaders[0])
     share = best.cost_seconds / searched if searched else None
-    best = dataclasses.replace(best, search_share=share)
+    tried = any(TrialRecord.of(t).reference is None for t in trials.values())
+    best = dataclasses.replace(best, search_share=share, searched=tried)
     if record.complete and not {t.number for t in leaders[: record.top]} <= set(record.candidates):
         best = dataclasses.replace(best, round_state="stale")  # trials since changed them
     winner = best.winner
@@ -460,7 +474,21 @@ def answer_of(study: optuna.Study) -> Answer | None:
         if measured is not None and measured.trial != winner.trial:
             same = _same_settings(trials[winner.trial], trials[measured.trial])
             references.append(best._reference(name, measured, same))
+        elif measured is None and (failed := _failed(trials.values(), kind)) is not None:
+            references.append(failed)
     return dataclasses.replace(best, trial=trials[winner.trial], references=tuple(references))
+
+
+def _failed(trials: Iterable[FrozenTrial], kind: ReferenceKind) -> Reference | None:
+    """The reference ``kind`` where its trial did not complete (the user's model raised at
+    its batch), as the answer says it: no ratio, and its error; None where it has none."""
+    for trial in trials:
+        record = TrialRecord.of(trial)
+        ended = trial.state in (optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
+        if record.reference == kind and ended:  # (one running elsewhere has not failed)
+            why = f"it failed ({record.fail_msg})" if record.fail_msg else "it did not complete"
+            return Reference(REFERENCE_NAMES[kind], trial.number, math.nan, 0, None, why=why)
+    return None
 
 
 def answer_trial(study: optuna.Study) -> FrozenTrial | None:

@@ -53,12 +53,19 @@ T = TypeVar("T")
 
 
 def confirmation_plan(
-    study: optuna.Study, top: int, repeats: int, higher_score_better: bool = True
+    study: optuna.Study,
+    top: int,
+    repeats: int,
+    higher_score_better: bool = True,
+    again: bool = False,
 ) -> ConfirmationRecord | None:
     """The round to run now: the stored one when it confirms the same leaders, its runs kept
     (resumed, or with more ``repeats`` than it has, added to: a round is never replaced by a
     shorter one), else a new one; None when the study has no feasible trial to confirm.
-    ``higher_score_better``: the score's direction, for the tie rule."""
+    ``higher_score_better``: the score's direction, for the tie rule; ``again``: a new round
+    whatever is stored (a noisy round measured again, on a quieter machine). A lone
+    configuration (no other feasible or tried: the search ran nothing) gets a round of no runs:
+    a round compares, and re-measuring one configuration compares nothing."""
     leaders = feasible_trials(study)[:top]
     if not leaders:
         return None
@@ -68,8 +75,10 @@ def confirmation_plan(
     for reference in (baseline, checklist):
         if reference is not None and reference.number not in candidates:
             candidates = (*candidates, reference.number)
+    if len(candidates) == 1:  # nothing to compare it with: a round of no runs (``alone``)
+        repeats, again = 0, True
     stored = StudyRecord.of(study).confirmation
-    if stored is not None and stored.candidates == candidates and stored.top == top:
+    if not again and stored is not None and stored.candidates == candidates and stored.top == top:
         if repeats <= stored.repeats:
             return stored
         return dataclasses.replace(stored, repeats=repeats, complete=False)
@@ -121,7 +130,7 @@ class ConfirmationInputs:
     times), and who hears of it: ``on_start(plan)`` the round before it runs (what it keeps,
     what is left: ``runs_left``, none where it is complete), ``on_run(run, done, total)`` each
     finished run (one measured again is heard again at the same place), ``on_wait`` that a run
-    waits for its turn (``turns``)."""
+    waits for its turn (``turns``); ``again``: a new round, the stored one replaced."""
 
     study: optuna.Study
     goal: ObjectiveSpec
@@ -132,6 +141,7 @@ class ConfirmationInputs:
     on_start: Callable[[ConfirmationRecord], None] | None = None
     on_wait: Callable[[str], None] | None = None
     remeasures: int = REMEASURES
+    again: bool = False  # a new round, the stored one replaced (``confirmation_plan``)
 
 
 def confirm_study(inputs: ConfirmationInputs) -> ConfirmationRecord | None:
@@ -139,9 +149,12 @@ def confirm_study(inputs: ConfirmationInputs) -> ConfirmationRecord | None:
     study after every run. None when there is nothing to confirm. An interruption propagates;
     what ran is kept."""
     study, goal = inputs.study, inputs.goal
-    record = confirmation_plan(study, inputs.top, inputs.repeats, goal.score_higher_is_better)
+    higher = goal.score_higher_is_better
+    record = confirmation_plan(study, inputs.top, inputs.repeats, higher, inputs.again)
     if record is None:
         return None
+    if inputs.again:  # stored at once: an interrupted new round resumes, the old one is gone
+        _store(study, record)
     if inputs.on_start is not None:
         inputs.on_start(record)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}

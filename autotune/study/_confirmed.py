@@ -23,6 +23,10 @@ from typing import Literal
 from autotune.machine.interference import INTERFERENCE_SHARE, interfered
 from autotune.storage._records import ConfirmationRecord, ConfirmRun, ReferenceKind
 
+# the fewest compared runs a confirmed median counts: one run is one measurement, whatever
+# the round took (a round resumed under another load compared 1 of its 3 runs)
+CONFIRMED_RUNS = 2
+
 
 @dataclass(frozen=True)
 class Confirmed:
@@ -80,6 +84,12 @@ class Confirmed:
         be: it is measured whatever it scored; the answer's trial is what ``best`` shows) and
         most of its measurements were."""
         return self.trial_feasible and self.feasible_runs * 2 > self.runs
+
+    @property
+    def confirmable(self) -> bool:
+        """Whether its median is confirmed: eligible, and counting ``CONFIRMED_RUNS`` compared
+        runs at least (the best median of one run leaves the round unconfirmed)."""
+        return self.eligible and len(self.values) >= CONFIRMED_RUNS
 
     @property
     def relative_spread(self) -> float | None:
@@ -154,6 +164,11 @@ def compared_runs(record: ConfirmationRecord) -> Literal["clean", "flagged", "mi
 NOISY_SPREAD = 0.25
 
 
+# shares that differ by INTERFERENCE_SHARE exactly compare as alike: 0.65 - 0.5 is
+# 0.15000000000000002 in floating point
+LOADS_TOLERANCE = 1e-9
+
+
 def loads_alike(shares: Iterable[float | None]) -> bool:
     """Whether measurements were taken under like loads: others' share of the cores in each
     (None: not measured, left out) on one side of ``INTERFERENCE_SHARE`` (all quiet, or all
@@ -163,7 +178,7 @@ def loads_alike(shares: Iterable[float | None]) -> bool:
     if not known:
         return True
     one_side = len({interfered(share) for share in known}) == 1
-    return one_side and max(known) - min(known) <= INTERFERENCE_SHARE
+    return one_side and max(known) - min(known) <= INTERFERENCE_SHARE + LOADS_TOLERANCE
 
 
 def loads_said(shares: Iterable[float]) -> str:
