@@ -847,3 +847,29 @@ def test_a_ctrl_c_that_escapes_the_run_as_it_winds_down_still_says_how_to_resume
     done = invoke_cli("run", str(space), "--isolation", "none", cwd=tmp_path)
     assert done.returncode == 130, done.stdout + done.stderr
     assert " ".join(done.stdout.split()).endswith(RESUME_LINE), done.stdout
+
+
+def test_an_interrupted_confirm_again_says_the_command_that_resumes_it(tmp_path: Path, capsys):
+    """``confirm --again`` stores its new round as it starts: run again with --again it would
+    start over, so its Ctrl-C line names the command without it; a plain confirm's, itself."""
+    import typer
+
+    from autotune.cli import _confirm
+
+    class Executor:  # what ``training`` closes, however the runs end
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    storage = f"sqlite:///{tmp_path / 'a.db'}"
+    for resume, said in (
+        ("run the same command without --again", "without --again to resume."),
+        ("run the same command", "run the same command to resume."),
+    ):
+        executor = Executor()
+        with pytest.raises(typer.Exit) as ended, _confirm.training(executor, storage, resume):
+            raise KeyboardInterrupt
+        assert ended.value.exit_code == 130 and executor.closed
+        line = " ".join(capsys.readouterr().out.split())
+        assert line.startswith("Interrupted. The finished runs are saved;") and line.endswith(said)

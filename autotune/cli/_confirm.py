@@ -158,7 +158,9 @@ def confirm(
     from autotune import study as studies
 
     found, spec, executor = open_to_train(study_name, storage, isolation)
-    with training(executor, storage):
+    # a new round is stored as it starts: without --again the same command resumes it
+    resume = "run the same command without --again" if again else "run the same command"
+    with training(executor, storage, resume):
         confirmed = confirm_round(
             found,
             spec,
@@ -184,10 +186,11 @@ def write_note(study: Any, storage: str) -> None:
 
 
 @contextlib.contextmanager
-def training(executor: Any, storage: str) -> Iterator[None]:
+def training(executor: Any, storage: str, resume: str = "run the same command") -> Iterator[None]:
     """Around a command's training runs (``confirm``, ``verify``): SIGTERM as an interruption;
     a worker that cannot start, or a storage fault, in one line (exit 1); an interruption keeps
-    what finished and exits 130 (143 for SIGTERM); the executor closed in the end."""
+    what finished, says how to ``resume``, and exits 130 (143 for SIGTERM); the executor
+    closed in the end."""
     from autotune import session
 
     try:
@@ -196,9 +199,7 @@ def training(executor: Any, storage: str) -> Iterator[None]:
             yield
     except KeyboardInterrupt as stop:
         terminated = isinstance(stop, Terminated)
-        console.print(
-            "[yellow]Interrupted.[/] The finished runs are saved; run the same command to resume."
-        )
+        console.print(f"[yellow]Interrupted.[/] The finished runs are saved; {resume} to resume.")
         raise typer.Exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
 
 
