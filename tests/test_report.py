@@ -246,7 +246,8 @@ def test_values_carry_the_run_to_run_spread_once_a_confirmation_round_measured_i
 def test_a_study_without_an_answer_is_said_so_in_one_sentence_everywhere(seen):
     """The terminal named the bar no trial reached; the note and the report, their own words
     without it. Of a study no trial of which has ended (a run stopped in stage 1), the
-    terminal says nothing of trials: the run's ending says why."""
+    terminal says nothing of trials (the run's ending says why), and the note and the report
+    that none has finished, not that none reached the bar."""
     study, _ = seen
     empty = optuna.create_study(study_name=study.study_name, direction=study.direction)
     for key, value in study.user_attrs.items():
@@ -256,6 +257,9 @@ def test_a_study_without_an_answer_is_said_so_in_one_sentence_everywhere(seen):
     console = Console(file=io.StringIO(), width=200)
     display.print_summary(console, empty, spec, RunOutcome(study_name="seen", states={}))
     assert isinstance(console.file, io.StringIO) and console.file.getvalue() == ""
+    none_yet = "No trial has finished yet."  # the note and the report: no bar none reached
+    assert none_yet in notes.study_note(empty) and "none reached" not in notes.study_note(empty)
+    assert f'<p class="headline">{none_yet}</p>' in report.render_html(empty)
     empty.add_trial(optuna.trial.create_trial(state=TrialState.FAIL))  # no feasible trial
     said = "No trial has completed feasibly yet (none reached accuracy 0.5)."
     display.print_summary(console, empty, spec, RunOutcome(study_name="seen", states={}))

@@ -15,7 +15,14 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune._version import __version__
-from autotune.display import fmt, knob_rows, no_answer, study_options, verification_rows
+from autotune.display import (
+    finished_any,
+    fmt,
+    knob_rows,
+    no_answer,
+    study_options,
+    verification_rows,
+)
 from autotune.export import TrialConfirmation, confirmation_text, study_spec
 from autotune.results import PHASES
 from autotune.spacefile import DEFAULT_STORAGE
@@ -204,7 +211,7 @@ def study_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
     lines = [f"## autotune: {study_name}", ""]
     if answer is None:
         spec = study_spec(study)
-        lines += [no_answer(spec.objective if spec else None), ""]
+        lines += [no_answer(spec.objective if spec else None, finished_any(study)), ""]
     else:
         best, record = answer.trial, TrialRecord.of(answer.trial)
         lines += [best_headline(answer, metric, score_name), ""]

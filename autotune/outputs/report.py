@@ -23,6 +23,7 @@ from autotune.display import (
     TO_TARGET,
     confirmation_cost,
     confirmation_rows,
+    finished_any,
     flagged_measurements,
     fmt,
     fmt_metric,
@@ -321,7 +322,9 @@ def render_html(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> str:
         best=best,
         best_record=TrialRecord.of(best) if best is not None else None,
         headline=as_html(best_headline(answer, metric, score_name)) if answer else "",
-        no_answer=no_answer(spec.objective if (spec := study_spec(study)) else None),
+        no_answer=no_answer(
+            spec.objective if (spec := study_spec(study)) else None, finished_any(study)
+        ),
         verdict=as_html(verdict(answer, study.study_name, storage_url)) if answer else "",
         config_rows=config_rows,
         comparisons=compared,
