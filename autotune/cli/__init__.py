@@ -1,10 +1,8 @@
 """The ``autotune`` command: parses arguments, calls the modules, prints for people.
 
 Heavy modules (torch, Optuna, scikit-learn) are imported inside the commands, so that
-``autotune --help`` and a typo in a space file answer at once. The commands that train are
-``_run`` (run) and ``_confirm`` (confirm, verify); those that read a study are ``_inspect``'s
-(best, export, report, dashboard, studies; ``_delete`` for ``studies --delete``). Importing
-them registers them.
+``autotune --help`` and a typo in a space file answer at once. Importing a module registers its
+commands; which module holds which: ARCHITECTURE.md.
 """
 
 from __future__ import annotations

@@ -4,13 +4,8 @@ autotune export --study quickstart -o train.py           # a script that imports
 autotune export --study quickstart --format yaml -o best.yaml
 autotune export --study quickstart --format lightning -o lightning_settings.py  # or --format hf
 
-import autotune
-best = autotune.load_best("quickstart")                  # a BestConfig
-loader = best.make_loader(train_set)
-steps_per_epoch = len(loader) // best.config.accumulation_steps  # optimizer steps
-trainer = best.make_trainer(model, total_steps=epochs * steps_per_epoch)
-
-Its modules: ARCHITECTURE.md.
+The Python objects (``autotune.load_best``, a BestConfig): the example in ``autotune``'s
+docstring. Its modules: ARCHITECTURE.md.
 """
 
 from autotune.display import TrialConfirmation, confirmation_text

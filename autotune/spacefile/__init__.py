@@ -11,8 +11,7 @@ Everything is validated once, here. A problem the user made is reported as one l
 file, the line and the key path (``quick.yaml:7: space.lr: low (0.1) is greater than high
 (0.001)``), with the closest valid key for a typo. Nothing in this package knows about Optuna.
 
-Its modules: ``_knobs`` (the ``space`` section and how a knob's value is read), ``_sections``
-(``study``, ``workload``, ``objective``) and ``_spec`` (the whole file and its loading).
+Its modules: ARCHITECTURE.md.
 """
 
 # re-exports: what other modules import from autotune.spacefile

@@ -97,7 +97,7 @@ def did_you_mean(word: str, options: list[str] | tuple[str, ...]) -> str:
     return f"; did you mean '{meant}'?" if meant else ""
 
 
-def _check_scalar(name: str, info: KnobInfo, value: Any) -> Scalar:
+def _check_scalar(info: KnobInfo, value: Any) -> Scalar:
     """Return ``value`` converted to the knob's type, or raise ValueError saying why not."""
     if info.kind == "bool":
         if not isinstance(value, bool):
@@ -143,7 +143,7 @@ def _as_number(kind: str, value: Any) -> int | float:
 _RANGE_KEYS = ("low", "high", "log", "step")
 
 
-def _parse_range(name: str, info: KnobInfo, raw: dict[str, Any]) -> IntRange | FloatRange:
+def _parse_range(info: KnobInfo, raw: dict[str, Any]) -> IntRange | FloatRange:
     if info.kind not in ("int", "float"):
         raise ValueError(
             f"a range {{low, high}} only works for numeric knobs; list the values instead "
@@ -158,8 +158,8 @@ def _parse_range(name: str, info: KnobInfo, raw: dict[str, Any]) -> IntRange | F
     missing = [k for k in ("low", "high") if k not in raw]
     if missing:
         raise ValueError(f"a range needs both low and high (missing {' and '.join(missing)})")
-    low = _check_scalar(name, info, raw["low"])
-    high = _check_scalar(name, info, raw["high"])
+    low = _check_scalar(info, raw["low"])
+    high = _check_scalar(info, raw["high"])
     log = raw.get("log", False)
     if not isinstance(log, bool):
         raise ValueError(f"log must be true or false, not {log!r}")
@@ -189,14 +189,14 @@ def _parse_knob(name: str, raw: Any) -> Knob:
     if not info.searchable and several:
         raise ValueError("this is a setting, not a searchable knob: give one value")
     if isinstance(raw, dict):
-        return _parse_range(name, info, raw)
+        return _parse_range(info, raw)
     if isinstance(raw, list | tuple):
         if not raw:
             raise ValueError("empty list: give at least one value")
         values = []
         for position, item in enumerate(raw):
             try:
-                values.append(_check_scalar(name, info, item))
+                values.append(_check_scalar(info, item))
             except ValueError as err:
                 raise ValueError(f"item {position + 1}: {err}") from None
         duplicates = sorted({str(v) for v in values if values.count(v) > 1})
@@ -210,7 +210,7 @@ def _parse_knob(name: str, raw: Any) -> Knob:
             "auto is only for batch_size (micro-batches doubled up to the memory wall before "
             "stage 1); list the values"
         )
-    return Choice(values=(_check_scalar(name, info, raw),))
+    return Choice(values=(_check_scalar(info, raw),))
 
 
 class _Space(Frozen):

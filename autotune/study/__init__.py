@@ -1,7 +1,4 @@
-"""Studies: how they sample, open and resume (``_sampling``, ``_open``), one trial's life
-(``_trial``), the run loop over the stages and the trials (``_run``), the confirmation round
-(``_confirm``, ``_confirmed``), the one answer every rendering shows (``_answer``) and the answer
-at full length (``_verify``).
+"""Studies: a study's stages and its answer. Its modules: ARCHITECTURE.md.
 
 Everything public is re-exported here, with the names of ``autotune.storage`` (where studies
 live) and ``autotune.stage1`` (the speed stage) that other rooms read, each imported on first

@@ -180,7 +180,7 @@ def _train(config: TrialConfig, workload: Workload, report: Reporter) -> TrialRe
                 if stop:
                     break  # every rank stops here
                 clocks.resume()
-    return _result(config, trainer, tuple(evaluations), plan, clocks, losses, compiles, flops)
+    return _result(config, trainer, tuple(evaluations), clocks, losses, compiles, flops)
 
 
 def _evaluate_and_report(
@@ -224,7 +224,6 @@ def _result(
     config: TrialConfig,
     trainer: Trainer,
     evaluations: tuple[Evaluation, ...],
-    plan: Plan,
     clocks: TrialClocks,
     losses: TrainingLosses,
     compiles: Compiles,

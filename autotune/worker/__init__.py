@@ -7,10 +7,7 @@ crashes, hangs past the trial timeout, or its CUDA context breaks, the study pro
 whole process group (DataLoader workers included), records the trial and starts a fresh worker;
 GPU memory is released between such trials by construction.
 
-Three modules, one per end of the pipe and the pipe itself: ``_protocol`` (the frozen messages,
-pickled, and nothing else crosses), ``_supervisor`` (``WorkerExecutor`` in the study process:
-start, timeouts, scratch folders; ``supervision`` spawns, listens and kills, as it does for
-the ranks of a distributed trial) and ``_process`` (the worker process's loop).
+Only ``_protocol``'s frozen messages, pickled, cross the pipe. Its modules: ARCHITECTURE.md.
 """
 
 from autotune.worker._supervisor import WorkerExecutor, remove_orphaned_scratch  # noqa: F401
