@@ -99,6 +99,23 @@ def test_the_plan_says_a_batch_split_only_where_there_is_one_and_what_a_short_bu
     assert "the split of each effective batch into batch_size x accumulation_steps" in said
 
 
+def test_the_plan_of_a_resumed_two_stage_study_says_what_stage_one_reuses(seen):
+    """A resumed run's plan said "30 measurements of 6 cells ... about 38 s", and stage 1
+    then timed nothing in 0 s: it says the study's speed study holds measurements already,
+    read from the storage before the workload loads; a new study's plan does not."""
+    study, url = seen
+    speed = optuna.load_study(study_name=f"{study.study_name}.speed", storage=url)
+    stored = len(speed.get_trials(states=(TrialState.COMPLETE,)))
+    assert stored
+    said = "measured before: settings covered by its {} stored measurements are reused"
+    for shown, expected in ((study, said.format(stored)), (optuna.create_study(), None)):
+        console = _console(200)
+        display.print_plan(console, _spec(study), CPU, shown, [])
+        plan = " ".join(_text(console).split())
+        assert ("measured before" in plan) is (expected is not None), plan
+        assert expected is None or f"({expected}, unless --remeasure); at most" in plan, plan
+
+
 def test_the_plan_says_when_no_configuration_besides_the_references_will_be_tried(seen):
     """Found by a new user: n_trials 2 (the two references), or a space file with nothing to
     search, and the answer said "the search found nothing better" with nothing said before."""

@@ -32,6 +32,7 @@ from autotune.display._text import (
 from autotune.knobs import SPEED_KNOBS, SPLIT_KNOBS
 from autotune.spacefile import Choice, ObjectiveSpec, Spec, knobs_for
 from autotune.stage1._plan import SpeedPlan, describe
+from autotune.storage import adapter
 
 if TYPE_CHECKING:  # torch: the plan is printed by `autotune run` only
     from autotune.machine.hardware import Hardware
@@ -83,7 +84,7 @@ def print_plan(
             timed.append(f"the split of each effective batch into {' x '.join(split)}")
         only = "each micro-batch's speed: no execution knob to choose"  # not "timing nothing"
         print_item(console, "timing", f"{', '.join(timed) or only} (stage 1: speed)")
-        print_item(console, "stage 1", stage_one_plan(spec, hardware))
+        print_item(console, "stage 1", stage_one_plan(spec, hardware, _measured_before(study)))
         print_item(console, "searching", f"{', '.join(learned) or 'nothing'} (stage 2: learning)")
         varied = bool(learned)
     else:
@@ -174,10 +175,23 @@ def _auto_batch(spec: Spec, study: optuna.Study) -> tuple[Spec, str]:
     )
 
 
-def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
+def _measured_before(study: optuna.Study) -> int:
+    """How many measurements the study's own speed study holds (stage 1 of an earlier run of
+    it), read from the storage alone: the plan is printed before the workload loads."""
+    storage = adapter.storage_of(study)
+    try:
+        speed_id = storage.get_study_id_from_name(studies.speed_study_name(study.study_name))
+    except KeyError:
+        return 0
+    return storage.get_n_trials(speed_id, state=TrialState.COMPLETE)
+
+
+def stage_one_plan(spec: Spec, hardware: Hardware, measured_before: int = 0) -> str:
     """What stage 1 will time and about how long it takes, said before it starts: its
-    measurements, cold compiles, an estimate from guessed compile times, its budget, and
-    what it times first (``SpeedPlan.predicted``, ``SpeedPlan.reference``)."""
+    measurements, cold compiles, an estimate from guessed compile times (``measured_before``:
+    the study's speed study holds that many measurements, whose settings are not timed
+    again), its budget, and what it times first (``SpeedPlan.predicted``,
+    ``SpeedPlan.reference``)."""
     speed = spec.study.speed
     plan = SpeedPlan.for_hardware(spec, hardware)
     estimate = plan.estimate(speed.burst_seconds, speed.bursts, speed.repeats)
@@ -190,6 +204,11 @@ def stage_one_plan(spec: Spec, hardware: Hardware) -> str:
         )
     low, high = duration(estimate.low_seconds), duration(estimate.high_seconds)
     words.append(f"about {low}" if low == high else f"about {low} to {high}")
+    if measured_before:
+        words[-1] += (
+            f" (measured before: settings covered by its "
+            f"{plural(measured_before, 'stored measurement')} are reused, unless --remeasure)"
+        )
     budget = speed.budget_seconds(spec.study.timeout)
     if spec.study.timeout and budget < speed.max_seconds:
         bound = f"half of study.timeout {spec.study.timeout:g} s, which counts stage 1"
