@@ -196,11 +196,11 @@ class SpeedTable:
         """The choice for this micro-batch split, or None when none of it ran."""
         return self._by_key.get(cell_key(batch_size, accumulation_steps, precision, extras))
 
-    def fastest(
+    def ranked(
         self, effective_batch_size: int, precision: str, extras: Extras = ()
-    ) -> SpeedChoice | None:
-        """Of the splits of ``effective_batch_size``, the one a trial finishes soonest with
-        (fewest predicted charged seconds); None when none of them ran."""
+    ) -> list[SpeedChoice]:
+        """The splits of ``effective_batch_size`` that ran, those a trial finishes soonest with
+        (fewest predicted charged seconds) first; unmeasured ones last."""
         wanted = tuple(sorted(extras))
         candidates = [
             c
@@ -209,7 +209,13 @@ class SpeedTable:
             and c.precision == precision
             and tuple(sorted(c.extras)) == wanted
         ]
-        return min(candidates, key=lambda c: c.charged_seconds, default=None)
+        return sorted(candidates, key=lambda c: c.charged_seconds)
+
+    def fastest(
+        self, effective_batch_size: int, precision: str, extras: Extras = ()
+    ) -> SpeedChoice | None:
+        """The first of ``ranked``; None when no split of ``effective_batch_size`` ran."""
+        return next(iter(self.ranked(effective_batch_size, precision, extras)), None)
 
     def why_not(
         self, effective_batch_size: int, precision: str, extras: Extras = ()

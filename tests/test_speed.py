@@ -618,15 +618,21 @@ def test_the_cache_is_reused_and_missed_on_another_model_or_with_remeasure(
     assert {(c.batch_size, c.data_pipeline) for c in remeasured.measured} == settings
 
 
-def test_a_memory_wall_stops_larger_micro_batches_and_their_trials(tmp_path: Path, prepare_study):
-    space = two_stage(
-        n_trials=8,
+def walled(n_trials: int, study_extra: str) -> str:
+    """``two_stage`` at fp32 without workers, of a model that runs out of memory from
+    micro-batch 32 (when it trains for real)."""
+    return two_stage(
+        n_trials=n_trials,
         batch_sizes="[16, 32, 64]",
         model_args="{oom_at_batch: 32}",
-        study_extra="  baseline: false",
+        study_extra=study_extra,
         precisions="fp32",
         workers="[0]",
     )
+
+
+def test_a_memory_wall_stops_larger_micro_batches_and_their_trials(tmp_path: Path, prepare_study):
+    space = walled(n_trials=8, study_extra="  baseline: false")
     executor = CountingExecutor(_workload(tmp_path, space))
     study, url, outcome, _ = prepare_study(space, tmp_path, executor=executor)
     measured = [(c.batch_size, c.data_pipeline) for c in executor.measured]
@@ -648,6 +654,35 @@ def test_a_memory_wall_stops_larger_micro_batches_and_their_trials(tmp_path: Pat
     # no split of 64 or more fits under the wall: no trial draws one (none is refused)
     assert all(t.params["effective_batch_size"] < 64 for t in study.trials)
     assert all(t.state == TrialState.COMPLETE for t in study.trials)
+
+
+def test_a_wall_only_trials_meet_costs_no_more_trials(tmp_path: Path, prepare_study):
+    """Stage 1 made up, so it sees no wall (as where a trial's optimizer state or evaluation
+    needs more memory than stage 1 timed); the trials train a model that runs out of memory
+    from micro-batch 32. Once a trial found that wall, a two-stage trial takes the next
+    fastest split below it (16 x 2 for 32, not 32 x 1), and the sampler draws no effective
+    batch with no split left under it (before: the table's fastest split was picked at the
+    wall, and each such trial was refused, a counted trial of the budget)."""
+    space = walled(
+        n_trials=10, study_extra="  baseline: false\n  checklist: false\n  sampler: random"
+    ).replace("data_pipeline: [dataloader, device]", "data_pipeline: dataloader")
+    executor = SyntheticExecutor(workload=_workload(tmp_path, space))
+    study, _, outcome, _ = prepare_study(space, tmp_path, executor=executor)
+    assert outcome is not None and outcome.speed_table is not None
+    assert {c.batch_size for c in outcome.speed_table} == {16, 32, 64}  # no wall seen
+    wall, ran_out = 10**9, []
+    for trial in study.trials:
+        record, config = TrialRecord.of(trial), trial_config(trial)
+        assert config.batch_size < wall and not record.oom_skipped, "drawn at a known wall"
+        if config.batch_size < 32:
+            assert trial.state == TrialState.COMPLETE
+        else:  # a wall found, 64 then perhaps 32: at most two trials (before: 7 of 10 here)
+            assert record.fail_kind == FaultKind.OOM
+            wall = config.batch_size
+            ran_out.append(trial.number)
+    assert 1 <= len(ran_out) <= 2
+    after = [trial_config(t) for t in study.trials[ran_out[-1] + 1 :]]
+    assert {(c.batch_size, c.accumulation_steps) for c in after} == {(16, 1), (16, 2)}
 
 
 def test_batch_size_auto_stops_at_the_wall_a_small_gain_or_the_training_set():

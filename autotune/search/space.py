@@ -13,6 +13,7 @@ from the speed stage's table (``autotune.speed.SpeedTable``).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -260,14 +261,21 @@ def sample(trial: optuna.trial.BaseTrial, spec: Spec, hardware: Hardware) -> Tri
     return draw(suggestions(trial), spec, hardware, trial.number)
 
 
-def runnable_points(spec: Spec, table: SpeedTable) -> tuple[dict[str, Any], ...]:
+def runnable_points(
+    spec: Spec, table: SpeedTable, fits: Callable[[dict[str, Any]], bool] = lambda knobs: True
+) -> tuple[dict[str, Any], ...]:
     """Each split stage 1 found a way to train (``table``'s choices, measured or not) as the
     parameters a two-stage trial suggests for it (``draw_from_table``): the effective batch
     (every process's) or, where the split is a declared learning knob, the batch and its
     accumulation; the precision; the declared learning knobs among the speed knobs. A trial
-    whose parameters match none of them ends in NothingFits."""
+    whose parameters match none of them ends in NothingFits. ``fits``: whether a split's
+    knobs (TrialConfig's fields, with each optimizer the space offers) are below the memory
+    walls trials found; a split that fits with some optimizers only names those, one that
+    fits with none is left out."""
     split_sampled = any(name in spec.study.learning_knobs for name in SPLIT_KNOBS)
     world = spec.workload.gpus_per_trial
+    fixed = {name: fixed_value(knob) for name, knob in spec.space.knobs()}
+    optimizers = offered(spec.space.optimizer)
 
     def point(choice: SpeedChoice) -> dict[str, Any]:
         if split_sampled:
@@ -279,15 +287,30 @@ def runnable_points(spec: Spec, table: SpeedTable) -> tuple[dict[str, Any], ...]
             batch = {"effective_batch_size": choice.effective_batch_size * world}
         return {**batch, "precision": choice.precision, **dict(choice.extras)}
 
-    return tuple(point(choice) for choice in table)
+    points: list[dict[str, Any]] = []
+    for choice in table:
+        knobs = {**fixed, "precision": choice.precision, **dict(choice.extras)}
+        knobs.update(choice.knobs(), world_size=world)
+        kept = [o for o in optimizers if fits({**knobs, "optimizer": o})]
+        if len(kept) == len(optimizers):
+            points.append(point(choice))
+        else:
+            points.extend({**point(choice), "optimizer": o} for o in kept)
+    return tuple(points)
 
 
 def draw_from_table(
-    pick: Pick, spec: Spec, hardware: Hardware, table: SpeedTable, number: int = 0
+    pick: Pick,
+    spec: Spec,
+    hardware: Hardware,
+    table: SpeedTable,
+    number: int = 0,
+    fits: Callable[[TrialConfig], bool] = lambda config: True,
 ) -> tuple[TrialConfig, SpeedChoice]:
     """A two-stage trial's configuration: ``pick`` chooses what changes learning (see the
     module); the micro-batch split and execution knobs are the table's choice for the picked
-    effective batch, precision and declared learning knobs, returned with the configuration.
+    effective batch, precision and declared learning knobs, returned with the configuration:
+    its fastest split that ``fits`` (below the memory walls trials found), else its fastest.
     NothingFits when the table has no way to train what was picked."""
     declared = spec.study.learning_knobs
     split_sampled = any(name in declared for name in SPLIT_KNOBS)
@@ -307,13 +330,19 @@ def draw_from_table(
         (name, pick(name, getattr(space, name))) for name in SPEED_KNOBS if name in declared
     )
     if split_sampled:
-        choice = table.exact(batch_size, accumulation_steps, precision, extras)
+        exact = table.exact(batch_size, accumulation_steps, precision, extras)
+        choices = [exact] if exact is not None else []
     else:
-        choice = table.fastest(effective, precision, extras)
-    if choice is None:
+        choices = table.ranked(effective, precision, extras)
+    if not choices:
         raise NothingFits(*table.why_not(effective, precision, extras))
-    execution = {"precision": precision, **choice.knobs()}
-    return draw(pick, spec, hardware, number, execution), choice
+    # the learning knobs are picked once (a trial's suggestion stands): only the split varies
+    drawn = (
+        (draw(pick, spec, hardware, number, {"precision": precision, **c.knobs()}), c)
+        for c in choices
+    )
+    fastest = next(drawn)
+    return next((d for d in itertools.chain([fastest], drawn) if fits(d[0])), fastest)
 
 
 def draw(

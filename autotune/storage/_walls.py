@@ -71,13 +71,20 @@ class MemoryWalls:
             f"{config.data_pipeline} pipeline"
         )
 
+    def stands(self, config: TrialConfig | SimpleNamespace) -> bool:
+        """Whether a wall this run found (not one of an earlier run, which waits for its
+        retry) is at or below ``config``'s micro-batch: what the sampler and a two-stage
+        trial's split keep clear of."""
+        key = self._key(config)
+        wall = self.walls.get(key)
+        return wall is not None and key not in self.inherited and config.batch_size >= wall[0]
+
     def runnable_points(self, spec: Spec) -> tuple[dict[str, Any], ...]:
         """Each combination of the micro-batch and the knobs that decide memory that ``spec``'s
         space offers and no wall found in this run blocks, named by the knobs it searches: what
         a joint study's sampler keeps to (``TrialSeededSampler.keep_to``). Empty where no such
         wall stands (nothing ruled out): a wall of an earlier run waits for its retry."""
-        standing = {k: wall for k, wall in self.walls.items() if k not in self.inherited}
-        if not standing:
+        if set(self.walls) <= self.inherited:
             return ()
         names = ("batch_size", *_DECIDE[:-1])
         knobs = [getattr(spec.space, name) for name in names]
@@ -86,8 +93,7 @@ class MemoryWalls:
         points = []
         for values in itertools.product(*(offered(knob) for knob in knobs)):
             point = dict(zip(names, values, strict=True))
-            wall = standing.get(self._key(SimpleNamespace(**point, world_size=world)))
-            if wall is None or point["batch_size"] < wall[0]:
+            if not self.stands(SimpleNamespace(**point, world_size=world)):
                 points.append({name: point[name] for name in searched})
         return tuple(points)
 

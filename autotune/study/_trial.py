@@ -8,6 +8,7 @@ import contextlib
 import time
 import warnings
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import optuna
@@ -217,15 +218,20 @@ class TrialRunner:
     unstarted: optuna.Trial | None = None  # asked, and not yet in ``run``, which records it
 
     def keep_sampler(self, study: optuna.Study) -> None:
-        """Have the study's sampler draw no trial that cannot run (``keep_to``): in a
-        two-stage study what stage 1 found no way to train, in a joint one what a memory wall
-        of this run blocks (called again as walls are found)."""
+        """Have the study's sampler draw no trial that cannot run (``keep_to``): what a memory
+        wall of this run blocks (called again as walls are found), and in a two-stage study
+        what stage 1 found no way to train."""
         if not isinstance(study.sampler, TrialSeededSampler):
             return
-        if self.speed is not None:
-            study.sampler.keep_to(space.runnable_points(self.inputs.spec, self.speed))
-        else:
+        if self.speed is None:
             study.sampler.keep_to(self.walls.runnable_points(self.inputs.spec))
+            return
+        points = space.runnable_points(
+            self.inputs.spec,
+            self.speed,
+            lambda knobs: not self.walls.stands(SimpleNamespace(**knobs)),
+        )
+        study.sampler.keep_to(points)
 
     def _sample(self, trial: optuna.Trial) -> TrialConfig:
         """The trial's configuration; a two-stage trial's execution knobs from the speed
@@ -239,7 +245,12 @@ class TrialRunner:
             return space.sample(trial, self.inputs.spec, self.inputs.hardware)
         pick = space.suggestions(trial)
         config, choice = space.draw_from_table(
-            pick, self.inputs.spec, self.inputs.hardware, table, trial.number
+            pick,
+            self.inputs.spec,
+            self.inputs.hardware,
+            table,
+            trial.number,
+            lambda drawn: not self.walls.stands(drawn),
         )
         # the knobs the table chose among several values (fixed ones it only kept)
         chosen = sorted(k for k in choice.knobs() if k in self.inputs.spec.space.searched())
