@@ -858,6 +858,9 @@ def test_a_median_of_one_compared_run_is_not_confirmed():
         "not confirmed: the round compared fewer than 2 runs of its best median (its other runs "
         "were measured under unlike loads) (run `autotune confirm"
     ), said
+    # the round ran every run: the same command would measure nothing (a new user went round
+    # in that circle three times); a new round would
+    assert said.endswith(" --again`)"), said
     # one more quiet run of each: two compared runs, confirmed
     more = (*runs, *_runs(1, (3, 2.9, 0.0)), *_runs(0, (3, 1.05, 0.0)))
     confirmed = _answer(study, dataclasses.replace(record, runs=more, repeats=3))

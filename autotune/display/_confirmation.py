@@ -123,6 +123,10 @@ def round_figures(found: TrialConfirmation | None, score_name: str, number: int)
     return f"{said}the figures below are trial {number}'s own measurement"
 
 
+# a round that ran every run and named no answer: only a new round (--again) measures anything
+COMPLETE_UNCONFIRMED = ("few_runs", "no_winner")
+
+
 def _tied_leaders(answer: Answer) -> tuple[int, ...]:
     """The trials tied with the answer but the references its ``said`` names tied."""
     said = {reference.number for reference in answer.references if reference.tied}
@@ -145,6 +149,7 @@ def confirmation_text(
     if found is None:
         why = UNCONFIRMED.get(round_state, UNCONFIRMED["none"])
         advised = round_state not in ("confirmed", "alone")  # a round would do nothing new
+        again += " --again" * (round_state in COMPLETE_UNCONFIRMED)
         return f"not confirmed: {why}" + f" (run `{again}`)" * advised
     median = fmt_within(found.median, found.spread)
     text = f"confirmed: median {median} over {found.runs} run{'s' * (found.runs != 1)}"
@@ -193,6 +198,8 @@ def print_confirmation(
     again = command("autotune", "confirm", *study_options(study_name, spec.study.storage))
     if not answer.confirmed:
         why = studies.UNCONFIRMED[answer.round_state]
+        if answer.round_state in COMPLETE_UNCONFIRMED:  # the same command would do nothing
+            again += " --again"
         console.print(f"[yellow]Not confirmed:[/] {why}; confirm again: {again}")
     else:
         _print_confirmed(console, answer, study_name, again)
