@@ -90,6 +90,28 @@ def with_study_strategy(study: optuna.Study, spec: Spec) -> Spec:
     return spec.with_overrides(study={"strategy": strategy})
 
 
+def _changed_values(before: str, after: str) -> str:
+    """What differs between two searches' definitions (``Spec.search_definition``), by dotted
+    name: "space.num_workers.values [0, 1, 2] in the study, [0, 1] now"; "" where either is
+    not JSON."""
+    try:
+        old, new = json.loads(before), json.loads(after)
+    except ValueError:
+        return ""
+
+    def leaves(node: Any, path: str = "") -> dict[str, Any]:
+        if not isinstance(node, dict):
+            return {path: node}
+        found: dict[str, Any] = {}
+        for key, value in node.items():
+            found.update(leaves(value, f"{path}.{key}" if path else str(key)))
+        return found
+
+    was, now = leaves(old), leaves(new)
+    names = sorted(name for name in {*was, *now} if was.get(name) != now.get(name))
+    return "; ".join(f"{name} {was.get(name)} in the study, {now.get(name)} now" for name in names)
+
+
 def _resume_problem(study: optuna.Study, spec: Spec) -> str | None:
     """Why ``spec`` cannot continue ``study``, with a readable diff; None when it can."""
     record = _settled_record(study)
@@ -116,10 +138,13 @@ def _resume_problem(study: optuna.Study, spec: Spec) -> str | None:
         title = "the space file changed since the study was created"
         before, after = old_text, new_text
     elif record.search_definition is not None:  # the same file: --device, or the machine
+        changed = _changed_values(record.search_definition, spec.search_definition())
         title = (
             "the search differs from the one the study was created with (another --device, "
-            "or a machine that can run other values)"
+            "a --workers or --gpus share, or a machine that can run other values)"
         )
+        if changed:  # by name: a diff of JSON lines showed numbers without their knob
+            return f"study '{study.study_name}' cannot be resumed: {title}: {changed}"
         before, after = record.search_definition, spec.search_definition()
     else:
         title = "this machine can run a different set of values than the machine that created it"
