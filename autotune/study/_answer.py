@@ -339,7 +339,7 @@ class Answer:
             key=lambda c: sign * c.median,
             reverse=True,
         )
-        if len(configurations) == 1:  # no round ran (``confirmation_plan``)
+        if record.repeats == 0:  # a lone configuration: no round ran (``confirmation_plan``)
             return dataclasses.replace(answer, round_state="alone")
         if not eligible or not eligible[0].confirmable:
             state: RoundState = "few_runs" if eligible else "no_winner"

@@ -66,7 +66,8 @@ def confirmation_plan(
     whatever is stored (a noisy round measured again, on a quieter machine). A lone
     configuration (no other feasible or tried: the search ran nothing) gets a round of no runs:
     a round compares, and re-measuring one configuration compares nothing."""
-    leaders = feasible_trials(study)[:top]
+    feasible = feasible_trials(study)
+    leaders = feasible[:top]
     if not leaders:
         return None
     baseline = reference_trial(study, "baseline")
@@ -75,7 +76,7 @@ def confirmation_plan(
     for reference in (baseline, checklist):
         if reference is not None and reference.number not in candidates:
             candidates = (*candidates, reference.number)
-    if len(candidates) == 1:  # nothing to compare it with: a round of no runs (``alone``)
+    if len(candidates) == 1 and len(feasible) == 1:  # nothing to compare: no runs (``alone``)
         repeats, again = 0, True
     stored = StudyRecord.of(study).confirmation
     if not again and stored is not None and stored.candidates == candidates and stored.top == top:
