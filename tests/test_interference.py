@@ -257,6 +257,11 @@ def test_runs_left_count_a_run_measured_again_once():
     assert dataclasses.replace(interrupted, runs=retaken).runs_left() == 0  # retakes used up
     # a finished round is not run again: what it kept of a busy machine stays as measured
     assert dataclasses.replace(interrupted, complete=True).runs_left() == 0
+    # a busy run that ended below the bar is not taken again: the same seed learns the same
+    # (a new user's round took "acc 0.795 ... infeasible" three times under load)
+    infeasible = dataclasses.replace(busy[-1], feasible=False)
+    below = dataclasses.replace(interrupted, runs=(*busy[:-1], infeasible, _run(1, 3, 3.0)))
+    assert not below.needs_run(0, 3, REMEASURES) and below.runs_left() == 0
 
 
 def test_the_confirmation_round_measures_a_flagged_run_again(tmp_path: Path):

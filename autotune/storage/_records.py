@@ -285,13 +285,16 @@ class ConfirmationRecord:
     def needs_run(self, trial: int, repeat: int, remeasures: int = REMEASURES) -> bool:
         """Whether repeat ``repeat`` of ``trial`` is still to measure: it has no run yet, or only
         runs under interference and no more than ``remeasures`` of them on a machine that does
-        not stay busy (a retake is left); in a complete round, none is."""
+        not stay busy (a retake is left); in a complete round, none is. A run that trained to
+        an infeasible score is not taken again: its seed is the same, and a load changes its
+        time, not what it learns."""
         runs = [run for run in self.runs if (run.trial, run.repeat) == (trial, repeat)]
         if self.complete:
             return False
         if not runs:
             return True
-        retake = all(run.interfered for run in runs) and len(runs) <= remeasures
+        learnt = all(run.feasible or run.fault is not None for run in runs)
+        retake = learnt and all(run.interfered for run in runs) and len(runs) <= remeasures
         return retake and self.busy_retakes() < remeasures  # else the machine stays busy
 
     def busy_retakes(self) -> int:
