@@ -93,7 +93,7 @@ def _config_of(trial: optuna.trial.FrozenTrial, spec: Spec, hardware: Hardware) 
 
 
 def plan_only(space: Path, gpu: bool) -> None:
-    from autotune.display._tables import stage_one_plan
+    from autotune.display._plan import stage_one_plan
     from autotune.testing import AMPERE
 
     hardware = dataclasses.replace(AMPERE, cpu_count=16) if gpu else detect("cpu")

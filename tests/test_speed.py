@@ -1360,7 +1360,7 @@ def test_a_compile_still_running_when_it_can_no_longer_pay_back_is_stopped_and_d
 
 
 def test_the_plan_says_what_stage_one_will_time_and_its_budget():
-    from autotune.display._tables import stage_one_plan
+    from autotune.display._plan import stage_one_plan
 
     spec = restrict(parse_spec(two_stage(workers="[0, 1]"), Path("space.yaml")), CPU).spec
     said = stage_one_plan(spec, CPU)
@@ -1634,7 +1634,7 @@ def test_a_short_budget_times_the_fast_corner_first_and_every_cell_before_its_ot
     assert (asked[16].precision, asked[16].batch_size) == ("fp16", 128)
     assert len({(c.precision, c.batch_size) for c in table if c.measured}) == 16
     assert clock.seconds <= 90 + 20 + 3  # its budget, and one measurement past it at most
-    from autotune.display._tables import stage_one_plan
+    from autotune.display._plan import stage_one_plan
 
     assert stage_one_plan(spec, AMPERE).endswith(
         "checklist's settings (device pipeline, channels_last, cudnn.benchmark), from batch "

@@ -17,6 +17,7 @@ from autotune.display._confirmation import (
     round_figures,
     runs_used_note,
 )
+from autotune.display._plan import print_other_device, print_plan
 from autotune.display._tables import (
     SPEED_COLUMNS,
     config_table,
@@ -25,8 +26,6 @@ from autotune.display._tables import (
     measured_flags,
     no_answer,
     off_stage_one,
-    print_other_device,
-    print_plan,
     print_summary,
     speed_rows,
 )
