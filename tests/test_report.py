@@ -266,6 +266,17 @@ def test_a_study_without_an_answer_is_said_so_in_one_sentence_everywhere(seen):
     assert said in console.file.getvalue()
     assert said in notes.study_note(empty)
     assert f'<p class="headline">{said}</p>' in report.render_html(empty)
+    # trials that completed below the bar: the terminal says the nearest miss and what to change
+    for score in (0.31, 0.43):
+        attrs = TrialRecord(feasible=False, score=score).to_attrs()
+        below = {"constraints:min_accuracy": 0.5 - score}  # positive: the bar not met
+        empty.add_trial(optuna.trial.create_trial(value=0.1, user_attrs=attrs, system_attrs=below))
+    display.print_summary(console, empty, spec, RunOutcome(study_name="seen", states={}))
+    missed = " ".join(console.file.getvalue().split())
+    assert "The best accuracy reached was 0.43 (trial 2). To reach 0.5: more workload.epochs," in (
+        missed
+    )
+    assert missed.endswith("(objective.min_accuracy).")
 
 
 def test_a_time_to_a_target_is_shown_only_for_trials_that_reached_it():

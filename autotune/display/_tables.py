@@ -142,6 +142,27 @@ def config_table(trial: FrozenTrial) -> Table:
     return table
 
 
+def _nearest_miss(study: optuna.Study, spec: Spec) -> str | None:
+    """Of a study no trial of which met its bar: the best score a complete trial reached, and
+    what would let one reach the bar; None where none completed or the file sets no bar."""
+    objective = spec.objective
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    scored = [
+        (r.score, t.number) for t in done if (r := studies.TrialRecord.of(t)).score is not None
+    ]
+    if objective.goal is None or not scored:
+        return None
+    sign = 1.0 if objective.score_higher_is_better else -1.0
+    score, number = max(scored, key=lambda pair: sign * pair[0])
+    target = "target_accuracy" if objective.target_accuracy is not None else "target_score"
+    bar = "objective." + (objective.bar_name if objective.per_second else target)
+    return (
+        f"The best {objective.score_name} reached was {score:.4g} (trial {number}). To reach "
+        f"{objective.goal:g}: more workload.epochs, another lr range, or a bar the model can "
+        f"reach ({bar})."
+    )
+
+
 def _one_score_everywhere(study: optuna.Study, spec: Spec) -> str | None:
     """A warning when three or more complete trials of different learning rates all ended at
     exactly one score: the model predicts the same whatever it learns (segmentation at
@@ -184,6 +205,8 @@ def print_summary(
     table = _best_table(study, spec)
     if table is None:
         console.print(no_answer(spec.objective), style="yellow")
+        if (nearest := _nearest_miss(study, spec)) is not None:
+            console.print(nearest)
         return
     console.print(fit(table, console))
     answer = studies.answer_of(study)
