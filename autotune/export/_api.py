@@ -311,7 +311,10 @@ def select_trial(study: optuna.Study, number: int | None = None) -> FrozenTrial:
             )
         answer = answer_of(study)
         if answer is None:
-            raise ExportError(f"study '{study.study_name}' has no COMPLETE feasible trial yet")
+            raise ExportError(
+                f"study '{study.study_name}' has no feasible trial yet (none completed at the "
+                f"objective's bar); --trial N picks one of its trials all the same"
+            )
         trial = answer.trial
     if TrialRecord.of(trial).config is None:
         name = study.study_name
