@@ -269,6 +269,19 @@ def test_bad_sections(text, expected):
     assert expected in message, message
 
 
+def test_a_python_module_given_as_the_space_file_is_told_to_be_named_in_one():
+    """A new user ran ``autotune run blobs.py`` and read only YAML's "expected '<document
+    start>'": the line says what a space file is and where the module goes."""
+    module = "import torch\n\ndef convnet(num_classes):\n    return torch.nn.Linear(4, 2)\n"
+    with pytest.raises(SpecError) as caught:
+        parse_spec(module, "models/blobs.py")
+    (said,) = caught.value.problems
+    assert said.startswith("models/blobs.py:") and "invalid YAML" in said
+    assert said.endswith(
+        "a space file is YAML: name this module's functions in it (workload.model: blobs:function)"
+    )
+
+
 def test_every_problem_is_reported_in_line_order():
     text = """\
 study:

@@ -52,6 +52,11 @@ def read_yaml(text: str, name: str) -> tuple[yaml.Node | None, Any]:
         mark = getattr(err, "problem_mark", None)
         where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
         problem = getattr(err, "problem", None) or str(err)
+        if name.endswith(".py"):  # the workload's module given in place of its space file
+            problem += (
+                "; a space file is YAML: name this module's functions in it "
+                f"(workload.model: {name.rsplit('/', 1)[-1][:-3]}:function)"
+            )
         raise SpecError([f"{where}: invalid YAML: {problem}"]) from None
     return node, raw
 
