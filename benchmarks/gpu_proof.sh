@@ -8,7 +8,7 @@
 #   bash benchmarks/gpu_proof.sh tests      # tests/test_gpu.py, 4 processes                    (~4 min)
 #   bash benchmarks/gpu_proof.sh harness    # harness_overhead.py --device cuda --batch-size 512 (~2 min)
 #   bash benchmarks/gpu_proof.sh stage1     # the plan's estimate, then stage 1 of the ResNet-18 (~5 min)
-#   bash benchmarks/gpu_proof.sh study      # versus_checklist.py on cifar10_resnet18.yaml      (~6 min)
+#   bash benchmarks/gpu_proof.sh study      # versus_checklist.py on cifar10_resnet18.yaml      (~8 min)
 #   bash benchmarks/gpu_proof.sh lm         # versus_checklist.py on language_model.yaml        (~6 min)
 #   bash benchmarks/gpu_proof.sh verify     # a 150 s ResNet-18 study, then autotune verify --epochs 10 (~7 min)
 #   bash benchmarks/gpu_proof.sh all        # every part, one after the other (a machine without the limit)
@@ -96,9 +96,10 @@ lm() { against search_spaces/language_model.yaml lm; }
 # in one process
 against() {
   local storage="sqlite:///$OUT/$2.db"
-  run "$2_study" 330 python3 -m autotune run "$1" --timeout "${STUDY_SECONDS:-180}" \
+  run "$2_study" 420 python3 -m autotune run "$1" --timeout "${STUDY_SECONDS:-180}" \
     --storage "$storage" || return
-  run "$2" 250 python3 benchmarks/versus_checklist.py "$1" --storage "$storage" --repeats 2
+  run "$2" 170 python3 benchmarks/versus_checklist.py "$1" --storage "$storage" --repeats 2 \
+    ${VERSUS_ARGS:-}
 }
 
 # issue 43: the answer, the checklist and the untuned baseline at 10 epochs, to the target

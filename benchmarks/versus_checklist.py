@@ -139,6 +139,11 @@ def main() -> None:
     parser.add_argument(
         "--compile-modes", default="", help="comma-separated modes to time on the answer"
     )
+    parser.add_argument(
+        "--checklist-lr-scales",
+        default="",
+        help="comma-separated factors: the checklist again at its learning rate times each",
+    )
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -149,6 +154,11 @@ def main() -> None:
     study = optuna.load_study(study_name=spec.study_name, storage=storage)
     device = args.device or spec.workload.device
     chosen = configurations(study, spec, device)
+    for factor in map(float, filter(None, args.checklist_lr_scales.split(","))):
+        checklist = chosen["checklist"]
+        chosen[f"checklist lr x{factor:g}"] = checklist.replace(
+            lr=checklist.lr * factor, base_lr=checklist.base_lr * factor
+        )
     workload = load(spec.workload, args.space.parent, spec.objective.score)
     warm_process(chosen["baseline"], workload)  # the first run must not pay the process's start
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in chosen}
