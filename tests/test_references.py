@@ -13,6 +13,7 @@ import pytest
 from autotune.search.references import baseline_params, checklist_params, untuned_config
 from autotune.search.space import restrict, sample
 from autotune.spacefile import parse_spec
+from autotune.study import TrialRecord, trial_config
 from autotune.testing import AMPERE, TEST_CPU, VOLTA
 
 HOPPER = dataclasses.replace(AMPERE, device_name="test H100", cuda_capability=(9, 0))
@@ -112,3 +113,42 @@ space:
     spec = restrict(parse_spec(bare, Path("space.yaml")), TEST_CPU).spec
     assert checklist_params(spec, TEST_CPU) is None
     assert checklist_params(spec, CPU_WITH_BF16) == {"lr": 0.001, "precision": "bf16"}
+
+
+# every trial misses the bar: the classes overlap (spread 8), and the bar asks for 0.95
+HARD = """\
+study: {name: hard, n_trials: 5, pruner: none, n_startup_trials: 2, baseline: {batch_size: 16}}
+workload:
+  model: autotune.testing:tiny_mlp
+  data: autotune.testing:blobs
+  data_args: {spread: 8.0, n_train: 128, n_val: 64}
+  epochs: 1
+objective: {min_accuracy: 0.95}
+space:
+  lr: {low: 0.015, high: 0.2, log: true}
+  lr_scaling: linear
+  base_batch_size: 16
+  batch_size: [16, 64]
+  precision: [fp32]
+  pin_memory: [false, true]
+"""
+
+
+def test_a_checklist_that_learns_nothing_is_tried_at_half_then_a_quarter_of_its_lr(
+    tmp_path: Path, prepare_study
+):
+    """The H200's ResNet-18 checklist reached 0.11 accuracy at the baseline's lr scaled to
+    batch 1024, and 0.991 at half of it: its settings are tried again at lower rates, as
+    searched trials whose execution knobs stage 1 chooses, twice at most, never below the
+    range, and no other trial is."""
+    study = prepare_study(HARD, tmp_path).study
+    trials = study.get_trials()
+    records = [TrialRecord.of(t) for t in trials]
+    assert [r.reference for r in records[:2]] == ["baseline", "checklist"]
+    assert not any(r.feasible for r in records)  # the baseline missed the bar too: not retried
+    assert [r.halved_lr_of for r in records] == [None, None, 1, 2, None]
+    checklist, half, quarter = (t.params for t in trials[1:4])
+    assert half == {**checklist, "lr": pytest.approx(checklist["lr"] / 2)}
+    assert quarter == {**checklist, "lr": 0.015}  # a quarter is below the range: its low end
+    assert records[2].speed_knobs is not None  # drawn as a searched trial: from stage 1's table
+    assert trial_config(trials[2]).batch_size == trial_config(trials[1]).batch_size == 64

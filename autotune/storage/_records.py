@@ -85,6 +85,9 @@ class TrialRecord(_Record):
     config: TrialConfig | None = None  # the full configuration it trains with
     baseline: bool = False  # the untuned baseline (enqueued with the study)
     checklist: bool = False  # the tuning checklist (enqueued after the baseline)
+    # a searched trial queued as that trial's settings at half its learning rate: the tuning
+    # checklist's (or such a trial's) that trained to no useful score (study._run.halve_lr)
+    halved_lr_of: int | None = None
     worker: str | None = None  # "2/4": the worker of a --workers / --gpus run that trained it
     # -- what it measured (see autotune.results.TrialResult for the meanings)
     score: float | None = _metric()  # the validation score (objective.score) at its end
