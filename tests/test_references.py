@@ -135,14 +135,14 @@ space:
 
 
 def test_a_checklist_that_learns_nothing_is_tried_at_half_then_a_quarter_of_its_lr(
-    tmp_path: Path, prepare_study
+    tmp_path: Path, prepare_study, invoke_cli
 ):
     """The H200's ResNet-18 checklist reached 0.11 accuracy at the baseline's lr scaled to
     batch 1024, and 0.991 at half of it: its settings are tried again at lower rates, as
     searched trials whose execution knobs stage 1 chooses, twice at most, never below the
     range, and no other trial is."""
-    study = prepare_study(HARD, tmp_path).study
-    trials = study.get_trials()
+    prepared = prepare_study(HARD, tmp_path)
+    trials = prepared.study.get_trials()
     records = [TrialRecord.of(t) for t in trials]
     assert [r.reference for r in records[:2]] == ["baseline", "checklist"]
     assert not any(r.feasible for r in records)  # the baseline missed the bar too: not retried
@@ -152,3 +152,7 @@ def test_a_checklist_that_learns_nothing_is_tried_at_half_then_a_quarter_of_its_
     assert quarter == {**checklist, "lr": 0.015}  # a quarter is below the range: its low end
     assert records[2].speed_knobs is not None  # drawn as a searched trial: from stage 1's table
     assert trial_config(trials[2]).batch_size == trial_config(trials[1]).batch_size == 64
+    # the study list says none met the bar (it showed "- acc/s")
+    listed = invoke_cli("studies", "--storage", prepared.url, cwd=tmp_path).stdout
+    row = next(line for line in listed.splitlines() if line.startswith(" hard"))
+    assert row.split()[-3:] == ["none", "feasible", "-"], listed

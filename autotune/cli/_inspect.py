@@ -405,10 +405,14 @@ def list_studies(
     for row, label in zip(rows, labels, strict=True):
         metric = str(row["metric"] or "-")
         unit = display.metric_unit(metric) or metric
+        # trials that completed, none at the bar: said, not a value of "-"
+        best = "none feasible" if row["complete"] else "-"
+        if row["best_value"] is not None:
+            best = f"{display.fmt(row['best_value'])} {unit}"
         table.add_row(
             Text(label),
             *(str(row[column]) for column in counted),
-            Text(f"{display.fmt(row['best_value'])} {unit}"),
+            Text(best),
             str(row["best_trial"]) if row["best_trial"] is not None else "-",
         )
     console.print(table)
