@@ -3,6 +3,7 @@ the commands to copy are intact. Not snapshots: each test asserts what must surv
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
@@ -260,6 +261,24 @@ def test_a_long_turn_wait_is_a_line_of_its_own_in_piped_output(seen):
     observer.turn_waiting("still waiting for its turn (10 s so far, gives up after 30 min): x")
     said = [line.strip() for line in _text(console).splitlines() if "its turn" in line]
     assert said == ["trial 7: still waiting for its turn (10 s so far, gives up after 30 min): x"]
+
+
+def test_piped_output_hears_of_a_long_stage_one_before_its_table(seen, monkeypatch):
+    """A terminal shows stage 1's progress in the status line; piped output (a log, CI) had
+    nothing between the plan and the table for the whole stage (99 s on an H200)."""
+    from autotune.display import _live
+
+    study, _ = seen
+    console = _console(100)  # not a terminal
+    progress = display.live_progress(console)
+    observer = display.LiveObserver(study, _spec(study), Live(progress, console=console), progress)
+    timed = studies.SpeedEvent(cell="batch 64, fp32", settings="x", samples_per_second=9_000.0)
+    observer.speed_measured(timed)
+    assert "stage 1" not in _text(console)  # not before its time
+    monkeypatch.setattr(_live, "PIPED_PROGRESS_SECONDS", 0.0)
+    observer.speed_measured(dataclasses.replace(timed, cell="batch 128, fp32", cached=True))
+    said = [line.strip() for line in _text(console).splitlines() if "stage 1" in line]
+    assert said == ["stage 1: 1 timed, 1 reused so far; batch 128, fp32: 9.0k samples/s"]
 
 
 def test_a_trial_off_stage_one_and_on_tokens_says_so(seen):

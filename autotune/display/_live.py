@@ -4,6 +4,7 @@ run as it ends, and the trials of the other workers of ``--workers`` and ``--gpu
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +41,8 @@ from autotune.spacefile import Spec
 from autotune.speed import SpeedTable
 from autotune.study import ConfirmRun
 
+PIPED_PROGRESS_SECONDS = 15.0  # piped output (no status line): stage 1's progress this often
+
 
 class LiveObserver(studies.StudyObserver):
     """Live progress: a bar of the study's trials, the running best, the current trial."""
@@ -60,6 +63,7 @@ class LiveObserver(studies.StudyObserver):
         # stage 1's settings: timed, reused, skipped (not tried), again (a leader timed again)
         self.speed: Counter[str] = Counter()
         self.left_out: Counter[str] = Counter()  # stage 1's settings not tried, by rule
+        self.progress_said = time.monotonic()  # when piped output was last told stage 1's
         self.shown: set[int] = set()  # trials whose line is printed (this and other workers')
         self.own: set[int] = set()  # trials this process trains (the others' are polled)
         self.lock = threading.Lock()  # worker 0 shows other workers' trials from a thread
@@ -92,11 +96,18 @@ class LiveObserver(studies.StudyObserver):
         else:
             result = event.fault or "failed"
         again = f", again ({event.round})" if event.round > 1 else ""
+        counts = f"{self.speed['timed']} timed, {self.speed['reused']} reused"
         self._show(
-            f"  stage 1, speed: {self.speed['timed']} timed, {self.speed['reused']} reused  "
-            f"{event.cell}{again}: {event.settings}: {result}",
-            cut=True,
+            f"  stage 1, speed: {counts}  {event.cell}{again}: {event.settings}: {result}", True
         )
+        # piped output shows no status line: a minute's stage 1 said nothing until its table
+        now = time.monotonic()
+        if (
+            not self.live.console.is_terminal
+            and now - self.progress_said >= PIPED_PROGRESS_SECONDS
+        ):
+            self.progress_said = now
+            self.say(f"  stage 1: {counts} so far; {event.cell}: {result}", "dim")
 
     def speed_finished(self, table: SpeedTable, seconds: float) -> None:
         console = self.live.console
