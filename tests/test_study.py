@@ -391,7 +391,7 @@ def test_a_reference_is_never_pruned_even_behind_the_median(tmp_path: Path, prep
 def test_a_trial_that_cannot_win_even_with_a_perfect_score_is_stopped(
     tmp_path: Path, prepare_study, monkeypatch
 ):
-    monkeypatch.setattr("autotune.study._trial.CpuMeter", Meter)  # a quiet machine
+    monkeypatch.setattr("autotune.study._reporter.CpuMeter", Meter)  # a quiet machine
     # trial 1 takes 8 steps an epoch (the baseline 16); trial 2 takes 32, four times as long: at
     # its first evaluation, even accuracy 1 at its pace ends below half the leader's acc/s
     study = prepare_study(CANNOT_WIN_SPACE, tmp_path, run=False).study
@@ -481,7 +481,7 @@ def test_cannot_win_is_never_decided_on_a_pace_measured_under_interference(
     """Measured once: a trial with 52% of its cores taken by others ran 180 samples/s against
     43.7k predicted and was stopped as one that cannot win; a later trial of the same pipeline
     completed at 11.5k. Here an epoch of 1,000 samples: the leader (the baseline) at 5k/s."""
-    monkeypatch.setattr("autotune.study._trial.CpuMeter", Meter)
+    monkeypatch.setattr("autotune.study._reporter.CpuMeter", Meter)
     monkeypatch.setattr(Meter, "shares", [0.52, 0.0, 0.52, 0.0])  # two trials' first windows
     leader, busy, quiet = [0.2] * 3, 1000 / 180, 1000 / 11_500
     space = CANNOT_WIN_SPACE.replace("n_trials: 3", "n_trials: 2")

@@ -54,10 +54,11 @@ if TYPE_CHECKING:
     )
     from autotune.study._confirm import ConfirmationInputs, confirm_study, confirmation_plan
     from autotune.study._confirmed import NOISY_SPREAD, Confirmed, loads_alike, loads_said
+    from autotune.study._observer import StudyInputs, StudyObserver
     from autotune.study._open import load_study, open_study, patient_storage, with_study_strategy
     from autotune.study._run import RunOutcome, count_states, run_study
     from autotune.study._sampling import make_sampler
-    from autotune.study._trial import StudyInputs, StudyObserver, Terminated
+    from autotune.study._trial import Terminated
     from autotune.study._verify import (
         Verification,
         VerifyInputs,
@@ -88,10 +89,11 @@ _LAZY = {  # module (under autotune) -> its names
     "study._answer": "Answer Reference UNCONFIRMED answer_of answer_trial listed trials_named",
     "study._confirm": "ConfirmationInputs confirm_study confirmation_plan",
     "study._confirmed": "NOISY_SPREAD Confirmed loads_alike loads_said",
+    "study._observer": "StudyInputs StudyObserver",
     "study._open": "load_study open_study patient_storage with_study_strategy",
     "study._run": "RunOutcome count_states run_study",
     "study._sampling": "make_sampler",
-    "study._trial": "StudyInputs StudyObserver Terminated",
+    "study._trial": "Terminated",
     "study._verify": "Verification VerifyInputs VerifyRun role_name runs_left verify_candidates"
     " verify_study",
 }

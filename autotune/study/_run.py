@@ -26,8 +26,9 @@ from autotune.storage._liveness import recover_stale_trials, study_lock
 from autotune.storage._queries import COUNTED_STATES, count_endings, counted_trials
 from autotune.storage._records import REFERENCES, TrialRecord
 from autotune.storage._walls import MemoryWalls
+from autotune.study._observer import StudyInputs
 from autotune.study._open import queue_reference
-from autotune.study._trial import StudyInputs, Terminated, TrialRunner
+from autotune.study._trial import Terminated, TrialRunner
 
 if TYPE_CHECKING:
     from autotune.config import TrialConfig

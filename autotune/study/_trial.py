@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -19,13 +19,11 @@ from autotune.config import TrialConfig
 from autotune.errors import ReportFailed, WorkerError
 from autotune.executor import attempt
 from autotune.faults import FaultKind, TrialFault
-from autotune.machine.interference import CpuMeter, interfered
+from autotune.machine.interference import interfered
 from autotune.machine.turns import DeviceLockTimeout, device_lock
-from autotune.results import Evaluation, TrialResult
+from autotune.results import TrialResult
 from autotune.search import objective, references, space
-from autotune.spacefile._sections import ObjectiveSpec
 from autotune.speed import SpeedTable
-from autotune.stage1._take import StudyParts
 from autotune.stops import Terminated
 from autotune.storage import adapter
 from autotune.storage._liveness import heartbeat
@@ -33,10 +31,12 @@ from autotune.storage._outage import StorageOutage
 from autotune.storage._queries import best_trial
 from autotune.storage._records import TrialRecord
 from autotune.storage._walls import MemoryWalls
+from autotune.study._observer import StudyInputs
+from autotune.study._reporter import TrialReporter
 from autotune.study._sampling import TrialSeededSampler
 
 if TYPE_CHECKING:
-    from autotune.stage1._store import SpeedEvent
+    pass
 
 # a trial further off the speed stage's prediction than this, or than the spread stage 1
 # measured where that is wider (a noisy CPU), is flagged
@@ -54,84 +54,6 @@ class TakenOver(Exception):
 
 # a wait for the machine's turn shorter than this (seconds) is not recorded
 TURN_WAIT_SAID = 0.05
-
-
-class StudyObserver:
-    """Hooks for showing a study's progress; the default does nothing."""
-
-    def speed_measured(self, event: SpeedEvent) -> None:
-        """Stage 1 (two-stage studies) measured, reused or skipped one setting."""
-
-    def speed_finished(self, table: SpeedTable, seconds: float) -> None:
-        """Stage 1 is done, in ``seconds``: ``table`` holds the fastest settings; stage 2
-        starts."""
-
-    def trial_started(self, number: int, config: TrialConfig) -> None:
-        """A trial is about to train with ``config``."""
-
-    def evaluated(self, number: int, evaluation: Evaluation, value: float) -> None:
-        """A trial evaluated; ``value`` is what the pruner sees."""
-
-    def trial_finished(self, trial: FrozenTrial) -> None:
-        """A trial ended (any state); its attributes are final."""
-
-    def recovered(self, count: int) -> None:
-        """``count`` trials a stopped process left running were failed as interrupted and their
-        parameters queued again (``recover_stale_trials``)."""
-
-    def waiting(self, running: int) -> None:
-        """The study's last trials are running elsewhere (or are stale); this run waits."""
-
-    def turn_waiting(self, line: str) -> None:
-        """This process waits for its turn on the machine (``turns``): ``line`` says for whom;
-        the trial's or measurement's clock has not started."""
-
-    def study_waiting(self, line: str) -> None:
-        """This process waits for another process of the study (``study_lock``), minutes
-        perhaps: ``line`` says for what; said once, as a line of its own."""
-
-    def taken_over(self, number: int, kept_on: str | None) -> None:
-        """Another process failed trial ``number`` as stale while this one trained it; what
-        this one measured is kept on ``kept_on`` (a trial or the study), if anything."""
-
-    def storage_waiting(self, problem: str, seconds: float) -> None:
-        """The study's database stopped answering (``problem``, in a few words); this process
-        waits up to ``seconds`` for it while the running trial trains on."""
-
-    def storage_back(self, seconds: float) -> None:
-        """The study's database answers again, after ``seconds`` without; the study goes on."""
-
-
-@dataclass(frozen=True)
-class StudyInputs(StudyParts):
-    """The study as it runs in this process, who hears of it, and this process's place among
-    ``--workers`` ("2/4"), recorded on each trial."""
-
-    observer: StudyObserver = field(default_factory=StudyObserver)
-    worker: str | None = None
-
-
-class QuietPace:
-    """The pace the cannot-win rule may judge: others' share of the trial's cores is read
-    between evaluations (``CpuMeter``, in this process, whose tree holds the trial's worker);
-    a window over ``INTERFERENCE_SHARE`` is flagged, the pace after it is the one judged."""
-
-    def __init__(self) -> None:
-        self.meter = CpuMeter().__enter__()
-        self.paced_from: Evaluation | None = None  # the end of the last flagged window
-
-    def quiet(self, evaluation: Evaluation) -> bool:
-        """Whether the window that ended at ``evaluation`` was quiet; the next one starts."""
-        share, self.meter = self.meter.so_far(), CpuMeter().__enter__()
-        if share is not None and share.interfered:
-            self.paced_from = evaluation
-        return self.paced_from is not evaluation
-
-    @property
-    def said(self) -> str:
-        """How a cannot-win message says it judged a pace after a busy window ("": none)."""
-        since, busy = self.paced_from, "before it, other processes took its cores"
-        return f" (at its pace since evaluation {since.index}; {busy})" if since else ""
 
 
 def off_stage_one(result: TrialResult, record: TrialRecord) -> bool:
@@ -157,54 +79,6 @@ def _fault(
         trial.set_constraint("fault", 1.0)  # the sampler learns from PRUNED + infeasible
         return TrialState.PRUNED
     return TrialState.FAIL
-
-
-@dataclass
-class TrialReporter:
-    """A trial's ``report``: each evaluation told to Optuna and the observer, and whether the
-    trial stops there (its target reached; it cannot beat ``leader`` at its pace since a quiet
-    window; the pruner; another process took it over), with where and why."""
-
-    trial: optuna.Trial
-    config: TrialConfig
-    goal: ObjectiveSpec
-    observer: StudyObserver
-    leader: FrozenTrial | None  # the best so far (None: never stopped for it)
-    reference: bool  # the untuned baseline or the tuning checklist: never pruned
-    pace: QuietPace = field(default_factory=QuietPace)  # windows from the trial's start
-    lost_at: tuple[Evaluation, float] | None = None  # the value it could still reach there
-    pruned_at: Evaluation | None = None
-    taken_over: bool = False  # failed as stale by another process: stop training it
-
-    def report(self, evaluation: Evaluation) -> bool:
-        """Whether the trial stops at ``evaluation``. ReportFailed where the database fails."""
-        trial, goal, epochs = self.trial, self.goal, self.config.epochs
-        value = objective.intermediate_value(evaluation, goal, epochs)
-        try:
-            trial.report(value, evaluation.index)
-            self.observer.evaluated(trial.number, evaluation, value)
-            if objective.target_reached(evaluation, goal):
-                return True
-            if evaluation.final:
-                return False
-            if self.leader is not None and self.pace.quiet(evaluation):  # never a busy window
-                reachable = objective.best_reachable(
-                    evaluation, goal, epochs, self.pace.paced_from
-                )
-                if reachable is not None and objective.cannot_win(
-                    reachable, float(self.leader.value or 0.0), goal
-                ):
-                    self.lost_at = (evaluation, reachable)
-                    return True
-            if not self.reference and trial.should_prune():  # a reference trains to its end
-                self.pruned_at = evaluation
-                return True
-            return False
-        except optuna.exceptions.UpdateFinishedTrialError:
-            self.taken_over = True  # failed as stale elsewhere: stop training it
-            return True
-        except Exception as error:  # the database: the study's fault, not the trial's
-            raise ReportFailed(error) from error
 
 
 @dataclass
