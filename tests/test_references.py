@@ -5,6 +5,7 @@ confirms beside its leaders and names when one of them wins."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 
 import optuna
@@ -14,7 +15,7 @@ from autotune.search.references import baseline_params, checklist_params, untune
 from autotune.search.space import restrict, sample
 from autotune.spacefile import parse_spec
 from autotune.study import TrialRecord, trial_config
-from autotune.testing import AMPERE, TEST_CPU, VOLTA
+from autotune.testing import AMPERE, TEST_CPU, VOLTA, make_config
 
 HOPPER = dataclasses.replace(AMPERE, device_name="test H100", cuda_capability=(9, 0))
 CPU_WITH_BF16 = dataclasses.replace(TEST_CPU, bf16_native=True)  # AVX512-BF16, AMX
@@ -156,3 +157,23 @@ def test_a_checklist_that_learns_nothing_is_tried_at_half_then_a_quarter_of_its_
     listed = invoke_cli("studies", "--storage", prepared.url, cwd=tmp_path).stdout
     row = next(line for line in listed.splitlines() if line.startswith(" hard"))
     assert row.split()[-3:] == ["none", "feasible", "-"], listed
+
+
+def test_the_round_runs_the_untuned_baseline_apart_from_those_with_cudnn_benchmark():
+    """Each switch of cudnn.benchmark starts a new worker process on CUDA (16 s on an H200's
+    ResNet-18, whose runs train 1.5 s): the baseline (off) ran between the leaders and the
+    checklist (on), four switches in a round of 2 repeats; it now runs at the end of a pass."""
+    from autotune.study._confirm import fewest_switches, interleaved
+
+    study = optuna.create_study()
+    for number, benchmark in enumerate((False, True, True, True)):  # baseline, checklist, 2, 3
+        config = make_config(device="cuda:0", cudnn_benchmark=benchmark, seed=number)
+        study.add_trial(
+            optuna.trial.create_trial(value=1.0, user_attrs={"config": config.to_dict()})
+        )
+    trials = {t.number: t for t in study.trials}
+    order = [n for n, _ in interleaved(fewest_switches((2, 3, 0, 1), trials), 2)]
+    assert order == [2, 3, 1, 0, 0, 1, 3, 2]
+    benchmark = [trials[n].user_attrs["config"]["cudnn_benchmark"] for n in order]
+    assert sum(a != b for a, b in itertools.pairwise(benchmark)) == 2  # 4 in (2, 3, 0, 1)'s
+    assert fewest_switches((0, 1, 2), trials) == [0, 1, 2]  # led by the baseline: it runs first
