@@ -11,7 +11,7 @@ from __future__ import annotations
 from autotune.cli import _run  # noqa: F401
 
 # isort: split
-from autotune.cli import _inspect  # noqa: F401
+from autotune.cli import _inspect, _studies  # noqa: F401
 from autotune.cli._common import app
 
 
