@@ -54,7 +54,6 @@ from typing import Literal
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.stage1._plan import config_key
 from autotune.storage._queries import feasible_trials
 from autotune.storage._records import (
     REFERENCE_NAMES,
@@ -69,65 +68,8 @@ from autotune.study._confirmed import (
     Confirmed,
     compared_runs,
     loads_alike,
-    loads_said,
 )
-
-
-@dataclass(frozen=True)
-class Reference:
-    """A configuration the round measured beside the answer, and the answer's ratio over it:
-    claimed where the round backs it, else ``why`` not (see the module's docstring)."""
-
-    name: str  # as the answer's line names it: "the untuned baseline"
-    number: int  # its trial
-    median: float  # of its values in the round's own runs (all of them without such runs)
-    runs: int  # the values behind that median
-    ratio: float | None  # the answer's over it, claimed; None: too noisy, or why not
-    interval: tuple[float, float] | None = None  # where the ratio may lie, from the runs
-    why: str | None = None  # why no interval bounds a ratio, in a few words
-    learning_only: bool = False  # the answer's own execution settings: the ratio is learning's
-    infeasible: bool = False  # none of its runs in the round met the study's bar
-    tied: bool = False  # no ratio, in a quiet round: the two are the same within its spread
-
-    @property
-    def said(self) -> str:
-        """The answer over it, as every rendering says it: "2.05x the untuned baseline (1.91x
-        to 2.20x)", "tied with the untuned baseline, the same within the round's spread (the
-        runs' spreads allow 0.98x to 1.03x)" (a quiet round), "over the untuned baseline, too
-        noisy to quote a ratio (the runs' spreads allow 0.88x to 1.17x)", or why no ratio."""
-        if self.infeasible:
-            return f"over {self.name}, no ratio: none of its runs in the round reached the bar"
-        if self.interval is None:
-            return f"over {self.name}, no ratio: {self.why}"
-        learning = f"; {LEARNING_ALONE}" * self.learning_only
-        if self.ratio is None:
-            allow = f"the runs' spreads allow {_between(*self.interval)}"
-            tied = f"tied with {self.name}, the same within the round's spread"
-            verdict = tied if self.tied else f"over {self.name}, too noisy to quote a ratio"
-            return f"{verdict} ({allow}{learning})"
-        return f"{self.ratio:.2f}x {self.name} ({_between(*self.interval)}{learning})"
-
-
-# what a ratio over a reference with the answer's own execution settings is, as every
-# rendering says it: the two samples/s differ by noise only, so the ratio leaves them out
-LEARNING_ALONE = (
-    "learning alone: the same execution settings, their samples/s difference left out as noise"
-)
-
-
-def _between(low: float, high: float) -> str:
-    return f"at least {low:.2f}x" if math.isinf(high) else f"{low:.2f}x to {high:.2f}x"
-
-
-def _same_settings(one: FrozenTrial, other: FrozenTrial) -> bool:
-    """Whether two trials train with the same execution settings: stage 1 would time them as
-    one (``config_key``) and they split the batch alike; only their learning sets them apart."""
-    mine, theirs = TrialRecord.of(one).config, TrialRecord.of(other).config
-    if mine is None or theirs is None:
-        return False
-    alike = mine.accumulation_steps == theirs.accumulation_steps
-    return alike and config_key("", mine) == config_key("", theirs)
-
+from autotune.study._reference import Reference, failed_reference, same_settings, unlike_loads
 
 # how far the confirmation round backs the answer: "confirmed" (complete, still about the
 # study's current leaders, with a winner), else why not: no round, an unfinished one, one whose
@@ -377,29 +319,22 @@ class Answer:
             return True
         return mine[1] >= theirs[0] if self.maximize else mine[0] <= theirs[1]
 
-    def _unlike(self, measured: Confirmed) -> str:
-        """Why no ratio over ``measured``: the loads differed, with their figures."""
-        why = "the two were measured under different loads"
-        if self.winner is None or not self.winner.loads or not measured.loads:
-            return why
-        mine, other = loads_said(self.winner.loads), loads_said(measured.loads)
-        return f"{why} (others took {mine} of the cores in the answer's runs, {other} in its)"
-
-    def _reference(self, name: str, measured: Confirmed, same_settings: bool) -> Reference:
-        """The answer against the reference ``measured`` (``same_settings``: the two share
-        their execution settings)."""
+    def _reference(self, name: str, measured: Confirmed, same: bool) -> Reference:
+        """The answer against the reference ``measured`` (``same``: the two share their
+        execution settings)."""
         ratio, interval = self.measured_ratio(measured), self.interval(measured)
         runs = len(measured.round_values or measured.values)
         found = Reference(
-            name, measured.trial, measured.round_median, runs, None, interval, None, same_settings
+            name, measured.trial, measured.round_median, runs, None, interval, None, same
         )
         if not measured.values:
             why = "none of its runs in the round reached the bar"
             return dataclasses.replace(found, why=why, infeasible=True)
-        if ratio is None or self.winner is None:
-            return dataclasses.replace(found, why=self._unlike(measured))
-        if same_settings and interval is not None:  # samples/s alike but for noise: out
-            ours = self.winner.median_samples_per_second
+        winner = self.winner
+        if ratio is None or winner is None:
+            return dataclasses.replace(found, why=unlike_loads(winner, measured))
+        if same and interval is not None:  # samples/s alike but for noise: out
+            ours = winner.median_samples_per_second
             theirs = measured.median_samples_per_second
             learning = theirs / ours if ours and theirs else math.nan
             ratio, interval = ratio * learning, (interval[0] * learning, interval[1] * learning)
@@ -472,23 +407,11 @@ def answer_of(study: optuna.Study) -> Answer | None:
     for kind, name in REFERENCE_NAMES.items():
         measured = best.configuration_of(kind)
         if measured is not None and measured.trial != winner.trial:
-            same = _same_settings(trials[winner.trial], trials[measured.trial])
+            same = same_settings(trials[winner.trial], trials[measured.trial])
             references.append(best._reference(name, measured, same))
-        elif measured is None and (failed := _failed(trials.values(), kind)) is not None:
+        elif measured is None and (failed := failed_reference(trials.values(), kind)) is not None:
             references.append(failed)
     return dataclasses.replace(best, trial=trials[winner.trial], references=tuple(references))
-
-
-def _failed(trials: Iterable[FrozenTrial], kind: ReferenceKind) -> Reference | None:
-    """The reference ``kind`` where its trial did not complete (the user's model raised at
-    its batch), as the answer says it: no ratio, and its error; None where it has none."""
-    for trial in trials:
-        record = TrialRecord.of(trial)
-        ended = trial.state in (optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
-        if record.reference == kind and ended:  # (one running elsewhere has not failed)
-            why = f"it failed ({record.fail_msg})" if record.fail_msg else "it did not complete"
-            return Reference(REFERENCE_NAMES[kind], trial.number, math.nan, 0, None, why=why)
-    return None
 
 
 def answer_trial(study: optuna.Study) -> FrozenTrial | None:
