@@ -222,6 +222,30 @@ def test_an_answer_measured_only_under_interference_says_so():
     assert clean.configuration(1).values == (3.05,) and clean.median is None
 
 
+def test_a_round_busy_after_a_quiet_search_compares_its_own_runs_not_the_trials():
+    """A round whose runs were all measured under interference (others started once the
+    search was done; no retakes left) was ranked on the trials' own quiet measurements, one
+    each: nothing confirmed, its ``winner`` None (test_study's round test, in a whole-suite
+    run: "'NoneType' object has no attribute 'trial'"). The round's own runs, side by side
+    under one load, are what it compares."""
+    study = _study([1.0, 2.0, 1.8], baseline=0)
+    record = _round({1: [2.0, 2.1, 2.2], 2: [1.8, 1.9, 1.85], 0: [1.0, 1.1, 1.05]}, baseline=0)
+    busy = tuple(
+        dataclasses.replace(run, other_cpu_share=0.8 if run.repeat else 0.05)
+        for run in record.runs
+    )
+    answer = _answer(study, dataclasses.replace(record, runs=busy))
+    assert answer.confirmed and answer.number == 1 and answer.interfered
+    assert answer.winner is not None and answer.winner.values == (2.1, 2.2)
+    assert answer.speedup == pytest.approx(2.15 / 1.075)
+    # where one configuration's runs of the round were quiet, the others' not: unlike loads
+    one = tuple(
+        dataclasses.replace(run, other_cpu_share=0.05) if run.trial == 2 else run for run in busy
+    )
+    mixed = _answer(study, dataclasses.replace(record, runs=one))
+    assert not mixed.alike and mixed.round_state == "few_runs" and mixed.references == ()
+
+
 def _runs(trial: int, *measured: tuple[int, float, float | None]) -> list[ConfirmRun]:
     """A configuration's runs as the round recorded them: (repeat, value, others' share of the
     cores), a run measured again under interference once more for each try."""
@@ -847,8 +871,9 @@ def test_a_median_of_one_compared_run_is_not_confirmed():
     run of 3, and the answer read "confirmed: median 0.7174 over 1 run". A confirmed median
     counts 2 compared runs at least; else the round says it compared too few."""
     study = _study([1.0, 3.0], baseline=0)
-    # each configuration's trial on a quiet machine, the round's own runs all under load
-    runs = (*_runs(1, (0, 3.0, 0.0), (1, 2.0, 0.8), (2, 2.1, 0.8)),)
+    # each configuration's trial on a quiet machine, the answer's first run too; resumed under
+    # load, the rest (A B, then B A): the round compares its flagged runs, one of the answer's
+    runs = (*_runs(1, (0, 3.0, 0.0), (1, 2.0, 0.0), (2, 2.1, 0.8)),)
     runs += (*_runs(0, (0, 1.0, 0.0), (1, 0.9, 0.8), (2, 1.1, 0.8)),)
     record = dataclasses.replace(_round({1: [], 0: []}, baseline=0, top=1), runs=runs)
     answer = _answer(study, record)
@@ -861,10 +886,10 @@ def test_a_median_of_one_compared_run_is_not_confirmed():
     # the round ran every run: the same command would measure nothing (a new user went round
     # in that circle three times); a new round would
     assert said.endswith(" --again`)"), said
-    # one more quiet run of each: two compared runs, confirmed
+    # one more quiet run of each: the quiet ones compared (the answer's trial, 2 runs)
     more = (*runs, *_runs(1, (3, 2.9, 0.0)), *_runs(0, (3, 1.05, 0.0)))
     confirmed = _answer(study, dataclasses.replace(record, runs=more, repeats=3))
-    assert confirmed.confirmed and confirmed.runs == 2 and confirmed.number == 1
+    assert confirmed.confirmed and confirmed.runs == 3 and confirmed.number == 1
 
 
 def test_a_baseline_that_failed_is_said_where_its_ratio_would_be():
