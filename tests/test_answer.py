@@ -372,6 +372,84 @@ def test_runs_that_separate_completely_are_a_speedup_even_in_a_noisy_round():
     )
 
 
+def _quickstart_round(
+    changed: dict[int, list[float]] | None = None,
+) -> tuple[optuna.Study, ConfirmationRecord]:
+    """A quickstart study and its round as measured on a 2-core VM (trials 0 and 1 its
+    references, 20, 21 and 12 its leaders), a trial's values ``changed`` where given."""
+    measured = {
+        20: [3.456, 2.387, 3.136],
+        21: [3.453, 3.288, 3.186],
+        12: [3.393, 2.188, 3.745],
+        0: [1.654, 1.662, 2.070],
+        1: [2.749, 2.613, 2.748],
+    }
+    measured.update(changed or {})
+    values = [measured.get(number, [2.0])[0] for number in range(22)]
+    record = _round(measured, baseline=0, checklist=1, top=3)
+    return _study(values, baseline=0, checklist=1), record
+
+
+def _below_the_bar(record: ConfirmationRecord, *runs: tuple[int, int]) -> ConfirmationRecord:
+    """``record`` with the runs (trial, repeat) trained to a score below the study's bar."""
+    return dataclasses.replace(
+        record,
+        runs=tuple(
+            dataclasses.replace(run, feasible=False, score=0.711)
+            if (run.trial, run.repeat) in runs
+            else run
+            for run in record.runs
+        ),
+    )
+
+
+def test_a_ratio_needs_two_runs_of_the_round_on_each_side():
+    """Measured on the quickstart: "1.40x the tuning checklist (1.30x to 1.50x)" rested on one
+    round run of the answer (trial 12), its other run at another seed below the bar, spread by
+    the round's ±5%; measured again side by side, 5 runs each, it was 1.05x. Its trial's own
+    value confirms its median; no ratio is read from one run."""
+    study, record = _quickstart_round()
+    answer = _answer(study, _below_the_bar(record, (12, 1)))
+    assert answer.confirmed and answer.number == 12 and answer.runs == 2  # its trial and 1 run
+    assert answer.speedup is None and answer.ratio_over(REFERENCE_NAMES["checklist"]) is None
+    why = "no ratio: the answer has 1 feasible run in the round (2 needed)"
+    assert [reference.said for reference in answer.references] == [
+        f"over the untuned baseline, {why}",
+        f"over the tuning checklist, {why}",
+    ]
+    assert all(r.interval is None and not r.tied for r in answer.references)
+    said = export.TrialConfirmation.of(answer, 12)
+    assert said is not None and said.speedup is None and said.speedup_interval is None
+    assert f"; over the tuning checklist, {why}" in export.confirmation_text(said, "q")
+    # with both its runs feasible, the ratios are claimed
+    study, record = _quickstart_round({12: [3.393, 3.6, 3.745]})
+    claimed = _answer(study, record)
+    assert claimed.number == 12 and claimed.speedup == pytest.approx(3.6725 / 1.866)
+    # a reference with one feasible run of its own in the round: no ratio over it, the other
+    # reference's stands
+    study, record = _quickstart_round({12: [3.393, 3.6, 3.745]})
+    one = _answer(study, _below_the_bar(record, (1, 2)))
+    baseline, checklist = one.references
+    assert baseline.ratio == claimed.speedup and checklist.ratio is None
+    assert checklist.runs == 1 and checklist.said == (
+        "over the tuning checklist, no ratio: it has 1 feasible run in the round (2 needed)"
+    )
+    # none: said so
+    none = _answer(study, _below_the_bar(record, (1, 1), (1, 2))).references[1]
+    assert none.said == (
+        "over the tuning checklist, no ratio: it has no feasible run in the round (2 needed)"
+    )
+    # a round of one more run each compares no ratio at all, and says so
+    study, record = _quickstart_round()
+    short = dataclasses.replace(record, runs=tuple(r for r in record.runs if r.repeat < 2))
+    single = _answer(study, dataclasses.replace(short, repeats=1))
+    assert single.confirmed and single.speedup is None
+    assert single.references[0].said == (
+        "over the untuned baseline, no ratio: the answer has 1 feasible run in the round "
+        "(2 needed)"
+    )
+
+
 def test_the_baselines_own_execution_settings_claim_the_learning_difference_alone():
     """Measured once: "1.31x" the untuned baseline for a configuration whose execution
     settings were the baseline's (it differed in lr only), both at accuracy 1.0: the

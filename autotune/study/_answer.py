@@ -27,6 +27,12 @@ The rule (``Answer.of_round``):
   flagged with flagged): the original trials are left out of it, because the leaders were
   chosen for a high original value (a winner's curse: ten seeds on the quickstart
   over-reported the speed-up by a median 9% when they counted);
+- a ratio needs ``CONFIRMED_RUNS`` feasible runs of the round's own on each side (``_too_few``;
+  a confirmed median may count its trial's own measurement, a ratio never does): a side of one
+  run is one measurement, and its spread is unknown (a "1.40x the tuning checklist (1.30x to
+  1.50x)" rested on one run of the answer, its other run below the bar, spread by the round's
+  ±5%: measured again, 1.05x). Short of them, no ratio, and why ("it has 1 feasible run in the
+  round");
 - the ratio carries an interval from both sides' spreads (``Answer.interval``): the better
   side's lowest run over the other's highest, and its highest over their lowest.
 
@@ -69,7 +75,13 @@ from autotune.study._confirmed import (
     compared_runs,
     loads_alike,
 )
-from autotune.study._reference import Reference, failed_reference, same_settings, unlike_loads
+from autotune.study._reference import (
+    Reference,
+    failed_reference,
+    few_runs,
+    same_settings,
+    unlike_loads,
+)
 
 # how far the confirmation round backs the answer: "confirmed" (complete, still about the
 # study's current leaders, with a winner), else why not: no round, an unfinished one, one whose
@@ -212,10 +224,10 @@ class Answer:
     def measured_ratio(self, reference: Confirmed | None) -> float | None:
         """The winner's value over ``reference``'s, as "times better" (for a time to a target,
         the reference's time over the winner's), from the round's own runs (the module's
-        docstring); None where the two were not measured alike, or under unlike loads
-        (``_alike_sides``)."""
+        docstring); None where a side has too few of them (``_too_few``), or the two were not
+        measured alike, or under unlike loads (``_alike_sides``)."""
         winner = self.winner
-        if winner is None or reference is None or not reference.values:
+        if winner is None or reference is None or _too_few(winner, reference) is not None:
             return None
         if not self.alike or reference.interfered != winner.interfered:
             return None
@@ -227,9 +239,8 @@ class Answer:
         return ratio if self.maximize else 1 / ratio
 
     def interval(self, reference: Confirmed | None) -> tuple[float, float] | None:
-        """Where ``measured_ratio(reference)`` may lie (the module's docstring; a side of one
-        run spreads as the round does); None without a ratio or a spread. The high end is
-        infinite where the other side's low reaches 0."""
+        """Where ``measured_ratio(reference)`` may lie (the module's docstring); None without a
+        ratio. The high end is infinite where the other side's low reaches 0."""
         if self.measured_ratio(reference) is None or reference is None or self.winner is None:
             return None
         ours, theirs = (self.winner, reference) if self.maximize else (reference, self.winner)
@@ -331,7 +342,10 @@ class Answer:
             why = "none of its runs in the round reached the bar"
             return dataclasses.replace(found, why=why, infeasible=True)
         winner = self.winner
-        if ratio is None or winner is None:
+        assert winner is not None  # (``answer_of`` asks this of a confirmed answer only)
+        if (short := _too_few(winner, measured)) is not None:
+            return dataclasses.replace(found, why=short)
+        if ratio is None:
             return dataclasses.replace(found, why=unlike_loads(winner, measured))
         if same and interval is not None:  # samples/s alike but for noise: out
             ours = winner.median_samples_per_second
@@ -344,6 +358,16 @@ class Answer:
         if interval[0] <= 1.0 <= interval[1]:  # the runs overlap: tied, or too noisy to say
             return dataclasses.replace(found, tied=self.noise == "quiet")
         return dataclasses.replace(found, ratio=ratio)
+
+
+def _too_few(winner: Confirmed, reference: Confirmed) -> str | None:
+    """Why no ratio of ``winner`` over ``reference`` where either has fewer than
+    ``CONFIRMED_RUNS`` feasible runs of the round's own, compared (the module's docstring);
+    None where both have enough."""
+    for who, side in (("the answer", winner), ("it", reference)):
+        if len(side.round_values) < CONFIRMED_RUNS:
+            return few_runs(who, len(side.round_values))
+    return None
 
 
 def _alike_sides(one: Confirmed, other: Confirmed) -> bool:

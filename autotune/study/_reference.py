@@ -15,7 +15,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.stage1._plan import config_key
 from autotune.storage._records import REFERENCE_NAMES, ReferenceKind, TrialRecord
-from autotune.study._confirmed import Confirmed, loads_said
+from autotune.study._confirmed import CONFIRMED_RUNS, Confirmed, loads_said
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,15 @@ LEARNING_ALONE = (
 
 def _between(low: float, high: float) -> str:
     return f"at least {low:.2f}x" if math.isinf(high) else f"{low:.2f}x to {high:.2f}x"
+
+
+def few_runs(who: str, runs: int) -> str:
+    """Why no ratio where one side has fewer than ``CONFIRMED_RUNS`` feasible runs of the
+    round's own (``who``: "the answer", or "it": the reference): "it has 1 feasible run in the
+    round (2 needed)" (its other runs fell below the bar, failed, or were measured under
+    unlike loads)."""
+    count = f"{runs} feasible run{'s' * (runs != 1)}" if runs else "no feasible run"
+    return f"{who} has {count} in the round ({CONFIRMED_RUNS} needed)"
 
 
 def unlike_loads(answer: Confirmed | None, reference: Confirmed) -> str:
