@@ -33,19 +33,30 @@ The rule (``Answer.of_round``):
   1.50x)" rested on one run of the answer, its other run below the bar, spread by the round's
   ±5%: measured again, 1.05x). Short of them, no ratio, and why ("it has 1 feasible run in the
   round");
-- the ratio carries an interval from both sides' spreads (``Answer.interval``): the better
-  side's lowest run over the other's highest, and its highest over their lowest.
+- the ratio carries an interval from both sides' runs (``Answer.interval``): the better side's
+  low over the other's high, and its high over their low, where a side's low and high are its
+  runs' lowest and highest, widened to the round's spread about their median where they lie
+  closer (``_bounds``). Two runs are a poor measure of a side's spread: its median lies between
+  them with probability 1/2. On a VM whose speed drifts 30% within a minute, two runs of the
+  tuning checklist fell 2% apart in a round whose configurations spread ±8%: their interval
+  claimed "1.04x (1.01x to 1.07x)" where measuring again found 0.87x; with the round's spread,
+  0.88x to 1.23x: tied, no gain claimed. The round's spread, taken over every configuration's
+  runs (their trials' own, measured earlier, among them), is the better measure of one run's
+  noise: where every run varies alike (four configurations, three runs each, simulated), two
+  runs a side's extremes hold the true ratio 2 times in 3, widened 9 times in 10. (Each answer
+  run over the reference run nearest it in time would not widen it: every such ratio lies
+  between the lowest over the highest and the highest over the lowest.)
 
-The answer claims a ratio where its interval excludes 1.0: runs that separate completely are a
-measured speed-up, even in a round too noisy to rank its leaders; where the interval includes
-1.0 the two are tied in a quiet round (the same within the round's spread: a quiet round's
-0.98x-1.03x is no noise to blame) and "too noisy to quote a ratio" in a noisy one, with what
-the runs allow (``Reference.said``); between runs under unlike loads (``loads_alike``) it
-claims none and says both loads. Over a reference with the answer's own execution settings
-(the same ``config_key``: only the learning differs, the lr say) the ratio is learning's alone
-(``LEARNING_ALONE``): the two samples/s are the same settings' and differ only by noise, so
-the ratio is taken with that difference out (a "1.31x" between two trials at accuracy 1.0
-that differed in lr only was that noise).
+The answer claims a ratio where its interval excludes 1.0: runs that separate by more than the
+round's spread are a measured speed-up, even in a round too noisy to rank its leaders; where
+the interval includes 1.0 the two are tied in a quiet round (the same within the round's
+spread: a quiet round's 0.98x-1.03x is no noise to blame) and "too noisy to quote a ratio" in
+a noisy one, with what the runs allow (``Reference.said``); between runs under unlike loads
+(``loads_alike``) it claims none and says both loads. Over a reference with the answer's own
+execution settings (the same ``config_key``: only the learning differs, the lr say) the ratio
+is learning's alone (``LEARNING_ALONE``): the two samples/s are the same settings' and differ
+only by noise, so the ratio is taken with that difference out (a "1.31x" between two trials
+at accuracy 1.0 that differed in lr only was that noise).
 """
 
 from __future__ import annotations
@@ -239,20 +250,27 @@ class Answer:
         return ratio if self.maximize else 1 / ratio
 
     def interval(self, reference: Confirmed | None) -> tuple[float, float] | None:
-        """Where ``measured_ratio(reference)`` may lie (the module's docstring); None without a
-        ratio. The high end is infinite where the other side's low reaches 0."""
+        """Where ``measured_ratio(reference)`` may lie (the module's docstring): the better
+        side's low over the other's high, and its high over their low, each side's range at
+        least the round's spread about its median (``_bounds``); None without a ratio. The
+        high end is infinite where the other side's low reaches 0."""
         if self.measured_ratio(reference) is None or reference is None or self.winner is None:
             return None
         ours, theirs = (self.winner, reference) if self.maximize else (reference, self.winner)
-        top, bottom = self._range(ours), self._range(theirs)
-        if top is None or bottom is None:
-            return None
+        top, bottom = self._bounds(ours), self._bounds(theirs)
         low = max(0.0, top[0] / bottom[1])
         return low, top[1] / bottom[0] if bottom[0] > 0 else math.inf
 
+    def _bounds(self, side: Confirmed) -> tuple[float, float]:
+        """Where ``side``'s value may lie, from the round's own runs of it: their lowest and
+        highest, widened to the round's spread about their median where they lie closer."""
+        values, middle = side.round_values, side.round_median
+        spread = self.spread or 0.0
+        return min(*values, middle * (1 - spread)), max(*values, middle * (1 + spread))
+
     def _range(self, side: Confirmed) -> tuple[float, float] | None:
-        """The lowest and highest of the round's own runs of ``side`` (for one run, the round's
-        spread about it; None where the round has none)."""
+        """The lowest and highest of the round's own runs of ``side``, for the tie rule (for
+        one run, the round's spread about it; None where the round has none)."""
         values = side.round_values or side.values
         if len(values) > 1:
             return min(values), max(values)

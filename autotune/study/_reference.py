@@ -61,7 +61,10 @@ LEARNING_ALONE = (
 
 
 def _between(low: float, high: float) -> str:
-    return f"at least {low:.2f}x" if math.isinf(high) else f"{low:.2f}x to {high:.2f}x"
+    """ "1.91x to 2.20x", "at least 1.20x", or "any ratio" (a spread of ±100% or more)."""
+    if math.isinf(high):
+        return f"at least {low:.2f}x" if low > 0 else "any ratio"
+    return f"{low:.2f}x to {high:.2f}x"
 
 
 def few_runs(who: str, runs: int) -> str:
