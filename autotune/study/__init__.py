@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from autotune.study._answer import (
         UNCONFIRMED,
         Answer,
-        Reference,
         answer_of,
         answer_trial,
         listed,
@@ -56,6 +55,7 @@ if TYPE_CHECKING:
     from autotune.study._confirmed import NOISY_SPREAD, Confirmed, loads_alike, loads_said
     from autotune.study._observer import StudyInputs, StudyObserver
     from autotune.study._open import load_study, open_study, patient_storage, with_study_strategy
+    from autotune.study._reference import Reference
     from autotune.study._run import RunOutcome, count_states, run_study
     from autotune.study._sampling import make_sampler
     from autotune.study._trial import Terminated
@@ -86,11 +86,12 @@ _LAZY = {  # module (under autotune) -> its names
     "storage._records": "METRIC_FIELDS REFERENCE_NAMES ConfirmationRecord ConfirmRun StudyRecord"
     " TrialRecord",
     "storage._walls": "MemoryWalls",
-    "study._answer": "Answer Reference UNCONFIRMED answer_of answer_trial listed trials_named",
+    "study._answer": "Answer UNCONFIRMED answer_of answer_trial listed trials_named",
     "study._confirm": "ConfirmationInputs confirm_study confirmation_plan",
     "study._confirmed": "NOISY_SPREAD Confirmed loads_alike loads_said",
     "study._observer": "StudyInputs StudyObserver",
     "study._open": "load_study open_study patient_storage with_study_strategy",
+    "study._reference": "Reference",
     "study._run": "RunOutcome count_states run_study",
     "study._sampling": "make_sampler",
     "study._trial": "Terminated",

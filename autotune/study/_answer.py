@@ -27,19 +27,36 @@ The rule (``Answer.of_round``):
   flagged with flagged): the original trials are left out of it, because the leaders were
   chosen for a high original value (a winner's curse: ten seeds on the quickstart
   over-reported the speed-up by a median 9% when they counted);
-- the ratio carries an interval from both sides' spreads (``Answer.interval``): the better
-  side's lowest run over the other's highest, and its highest over their lowest.
+- a ratio needs ``CONFIRMED_RUNS`` feasible runs of the round's own on each side (``_too_few``;
+  a confirmed median may count its trial's own measurement, a ratio never does): a side of one
+  run is one measurement, and its spread is unknown (a "1.40x the tuning checklist (1.30x to
+  1.50x)" rested on one run of the answer, its other run below the bar, spread by the round's
+  ±5%: measured again, 1.05x). Short of them, no ratio, and why ("it has 1 feasible run in the
+  round");
+- the ratio carries an interval from both sides' runs (``Answer.interval``): the better side's
+  low over the other's high, and its high over their low, where a side's low and high are its
+  runs' lowest and highest, widened to the round's spread about their median where they lie
+  closer (``_bounds``). Two runs are a poor measure of a side's spread: its median lies between
+  them with probability 1/2. On a VM whose speed drifts 30% within a minute, two runs of the
+  tuning checklist fell 2% apart in a round whose configurations spread ±8%: their interval
+  claimed "1.04x (1.01x to 1.07x)" where measuring again found 0.87x; with the round's spread,
+  0.88x to 1.23x: tied, no gain claimed. The round's spread, taken over every configuration's
+  runs (their trials' own, measured earlier, among them), is the better measure of one run's
+  noise: where every run varies alike (four configurations, three runs each, simulated), two
+  runs a side's extremes hold the true ratio 2 times in 3, widened 9 times in 10. (Each answer
+  run over the reference run nearest it in time would not widen it: every such ratio lies
+  between the lowest over the highest and the highest over the lowest.)
 
-The answer claims a ratio where its interval excludes 1.0: runs that separate completely are a
-measured speed-up, even in a round too noisy to rank its leaders; where the interval includes
-1.0 the two are tied in a quiet round (the same within the round's spread: a quiet round's
-0.98x-1.03x is no noise to blame) and "too noisy to quote a ratio" in a noisy one, with what
-the runs allow (``Reference.said``); between runs under unlike loads (``loads_alike``) it
-claims none and says both loads. Over a reference with the answer's own execution settings
-(the same ``config_key``: only the learning differs, the lr say) the ratio is learning's alone
-(``LEARNING_ALONE``): the two samples/s are the same settings' and differ only by noise, so
-the ratio is taken with that difference out (a "1.31x" between two trials at accuracy 1.0
-that differed in lr only was that noise).
+The answer claims a ratio where its interval excludes 1.0: runs that separate by more than the
+round's spread are a measured speed-up, even in a round too noisy to rank its leaders; where
+the interval includes 1.0 the two are tied in a quiet round (the same within the round's
+spread: a quiet round's 0.98x-1.03x is no noise to blame) and "too noisy to quote a ratio" in
+a noisy one, with what the runs allow (``Reference.said``); between runs under unlike loads
+(``loads_alike``) it claims none and says both loads. Over a reference with the answer's own
+execution settings (the same ``config_key``: only the learning differs, the lr say) the ratio
+is learning's alone (``LEARNING_ALONE``): the two samples/s are the same settings' and differ
+only by noise, so the ratio is taken with that difference out (a "1.31x" between two trials
+at accuracy 1.0 that differed in lr only was that noise).
 """
 
 from __future__ import annotations
@@ -54,7 +71,6 @@ from typing import Literal
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.stage1._plan import config_key
 from autotune.storage._queries import feasible_trials
 from autotune.storage._records import (
     REFERENCE_NAMES,
@@ -69,65 +85,14 @@ from autotune.study._confirmed import (
     Confirmed,
     compared_runs,
     loads_alike,
-    loads_said,
 )
-
-
-@dataclass(frozen=True)
-class Reference:
-    """A configuration the round measured beside the answer, and the answer's ratio over it:
-    claimed where the round backs it, else ``why`` not (see the module's docstring)."""
-
-    name: str  # as the answer's line names it: "the untuned baseline"
-    number: int  # its trial
-    median: float  # of its values in the round's own runs (all of them without such runs)
-    runs: int  # the values behind that median
-    ratio: float | None  # the answer's over it, claimed; None: too noisy, or why not
-    interval: tuple[float, float] | None = None  # where the ratio may lie, from the runs
-    why: str | None = None  # why no interval bounds a ratio, in a few words
-    learning_only: bool = False  # the answer's own execution settings: the ratio is learning's
-    infeasible: bool = False  # none of its runs in the round met the study's bar
-    tied: bool = False  # no ratio, in a quiet round: the two are the same within its spread
-
-    @property
-    def said(self) -> str:
-        """The answer over it, as every rendering says it: "2.05x the untuned baseline (1.91x
-        to 2.20x)", "tied with the untuned baseline, the same within the round's spread (the
-        runs' spreads allow 0.98x to 1.03x)" (a quiet round), "over the untuned baseline, too
-        noisy to quote a ratio (the runs' spreads allow 0.88x to 1.17x)", or why no ratio."""
-        if self.infeasible:
-            return f"over {self.name}, no ratio: none of its runs in the round reached the bar"
-        if self.interval is None:
-            return f"over {self.name}, no ratio: {self.why}"
-        learning = f"; {LEARNING_ALONE}" * self.learning_only
-        if self.ratio is None:
-            allow = f"the runs' spreads allow {_between(*self.interval)}"
-            tied = f"tied with {self.name}, the same within the round's spread"
-            verdict = tied if self.tied else f"over {self.name}, too noisy to quote a ratio"
-            return f"{verdict} ({allow}{learning})"
-        return f"{self.ratio:.2f}x {self.name} ({_between(*self.interval)}{learning})"
-
-
-# what a ratio over a reference with the answer's own execution settings is, as every
-# rendering says it: the two samples/s differ by noise only, so the ratio leaves them out
-LEARNING_ALONE = (
-    "learning alone: the same execution settings, their samples/s difference left out as noise"
+from autotune.study._reference import (
+    Reference,
+    failed_reference,
+    few_runs,
+    same_settings,
+    unlike_loads,
 )
-
-
-def _between(low: float, high: float) -> str:
-    return f"at least {low:.2f}x" if math.isinf(high) else f"{low:.2f}x to {high:.2f}x"
-
-
-def _same_settings(one: FrozenTrial, other: FrozenTrial) -> bool:
-    """Whether two trials train with the same execution settings: stage 1 would time them as
-    one (``config_key``) and they split the batch alike; only their learning sets them apart."""
-    mine, theirs = TrialRecord.of(one).config, TrialRecord.of(other).config
-    if mine is None or theirs is None:
-        return False
-    alike = mine.accumulation_steps == theirs.accumulation_steps
-    return alike and config_key("", mine) == config_key("", theirs)
-
 
 # how far the confirmation round backs the answer: "confirmed" (complete, still about the
 # study's current leaders, with a winner), else why not: no round, an unfinished one, one whose
@@ -270,10 +235,10 @@ class Answer:
     def measured_ratio(self, reference: Confirmed | None) -> float | None:
         """The winner's value over ``reference``'s, as "times better" (for a time to a target,
         the reference's time over the winner's), from the round's own runs (the module's
-        docstring); None where the two were not measured alike, or under unlike loads
-        (``_alike_sides``)."""
+        docstring); None where a side has too few of them (``_too_few``), or the two were not
+        measured alike, or under unlike loads (``_alike_sides``)."""
         winner = self.winner
-        if winner is None or reference is None or not reference.values:
+        if winner is None or reference is None or _too_few(winner, reference) is not None:
             return None
         if not self.alike or reference.interfered != winner.interfered:
             return None
@@ -285,21 +250,27 @@ class Answer:
         return ratio if self.maximize else 1 / ratio
 
     def interval(self, reference: Confirmed | None) -> tuple[float, float] | None:
-        """Where ``measured_ratio(reference)`` may lie (the module's docstring; a side of one
-        run spreads as the round does); None without a ratio or a spread. The high end is
-        infinite where the other side's low reaches 0."""
+        """Where ``measured_ratio(reference)`` may lie (the module's docstring): the better
+        side's low over the other's high, and its high over their low, each side's range at
+        least the round's spread about its median (``_bounds``); None without a ratio. The
+        high end is infinite where the other side's low reaches 0."""
         if self.measured_ratio(reference) is None or reference is None or self.winner is None:
             return None
         ours, theirs = (self.winner, reference) if self.maximize else (reference, self.winner)
-        top, bottom = self._range(ours), self._range(theirs)
-        if top is None or bottom is None:
-            return None
+        top, bottom = self._bounds(ours), self._bounds(theirs)
         low = max(0.0, top[0] / bottom[1])
         return low, top[1] / bottom[0] if bottom[0] > 0 else math.inf
 
+    def _bounds(self, side: Confirmed) -> tuple[float, float]:
+        """Where ``side``'s value may lie, from the round's own runs of it: their lowest and
+        highest, widened to the round's spread about their median where they lie closer."""
+        values, middle = side.round_values, side.round_median
+        spread = self.spread or 0.0
+        return min(*values, middle * (1 - spread)), max(*values, middle * (1 + spread))
+
     def _range(self, side: Confirmed) -> tuple[float, float] | None:
-        """The lowest and highest of the round's own runs of ``side`` (for one run, the round's
-        spread about it; None where the round has none)."""
+        """The lowest and highest of the round's own runs of ``side``, for the tie rule (for
+        one run, the round's spread about it; None where the round has none)."""
         values = side.round_values or side.values
         if len(values) > 1:
             return min(values), max(values)
@@ -377,29 +348,25 @@ class Answer:
             return True
         return mine[1] >= theirs[0] if self.maximize else mine[0] <= theirs[1]
 
-    def _unlike(self, measured: Confirmed) -> str:
-        """Why no ratio over ``measured``: the loads differed, with their figures."""
-        why = "the two were measured under different loads"
-        if self.winner is None or not self.winner.loads or not measured.loads:
-            return why
-        mine, other = loads_said(self.winner.loads), loads_said(measured.loads)
-        return f"{why} (others took {mine} of the cores in the answer's runs, {other} in its)"
-
-    def _reference(self, name: str, measured: Confirmed, same_settings: bool) -> Reference:
-        """The answer against the reference ``measured`` (``same_settings``: the two share
-        their execution settings)."""
+    def _reference(self, name: str, measured: Confirmed, same: bool) -> Reference:
+        """The answer against the reference ``measured`` (``same``: the two share their
+        execution settings)."""
         ratio, interval = self.measured_ratio(measured), self.interval(measured)
         runs = len(measured.round_values or measured.values)
         found = Reference(
-            name, measured.trial, measured.round_median, runs, None, interval, None, same_settings
+            name, measured.trial, measured.round_median, runs, None, interval, None, same
         )
         if not measured.values:
             why = "none of its runs in the round reached the bar"
             return dataclasses.replace(found, why=why, infeasible=True)
-        if ratio is None or self.winner is None:
-            return dataclasses.replace(found, why=self._unlike(measured))
-        if same_settings and interval is not None:  # samples/s alike but for noise: out
-            ours = self.winner.median_samples_per_second
+        winner = self.winner
+        assert winner is not None  # (``answer_of`` asks this of a confirmed answer only)
+        if (short := _too_few(winner, measured)) is not None:
+            return dataclasses.replace(found, why=short)
+        if ratio is None:
+            return dataclasses.replace(found, why=unlike_loads(winner, measured))
+        if same and interval is not None:  # samples/s alike but for noise: out
+            ours = winner.median_samples_per_second
             theirs = measured.median_samples_per_second
             learning = theirs / ours if ours and theirs else math.nan
             ratio, interval = ratio * learning, (interval[0] * learning, interval[1] * learning)
@@ -409,6 +376,16 @@ class Answer:
         if interval[0] <= 1.0 <= interval[1]:  # the runs overlap: tied, or too noisy to say
             return dataclasses.replace(found, tied=self.noise == "quiet")
         return dataclasses.replace(found, ratio=ratio)
+
+
+def _too_few(winner: Confirmed, reference: Confirmed) -> str | None:
+    """Why no ratio of ``winner`` over ``reference`` where either has fewer than
+    ``CONFIRMED_RUNS`` feasible runs of the round's own, compared (the module's docstring);
+    None where both have enough."""
+    for who, side in (("the answer", winner), ("it", reference)):
+        if len(side.round_values) < CONFIRMED_RUNS:
+            return few_runs(who, len(side.round_values))
+    return None
 
 
 def _alike_sides(one: Confirmed, other: Confirmed) -> bool:
@@ -472,23 +449,11 @@ def answer_of(study: optuna.Study) -> Answer | None:
     for kind, name in REFERENCE_NAMES.items():
         measured = best.configuration_of(kind)
         if measured is not None and measured.trial != winner.trial:
-            same = _same_settings(trials[winner.trial], trials[measured.trial])
+            same = same_settings(trials[winner.trial], trials[measured.trial])
             references.append(best._reference(name, measured, same))
-        elif measured is None and (failed := _failed(trials.values(), kind)) is not None:
+        elif measured is None and (failed := failed_reference(trials.values(), kind)) is not None:
             references.append(failed)
     return dataclasses.replace(best, trial=trials[winner.trial], references=tuple(references))
-
-
-def _failed(trials: Iterable[FrozenTrial], kind: ReferenceKind) -> Reference | None:
-    """The reference ``kind`` where its trial did not complete (the user's model raised at
-    its batch), as the answer says it: no ratio, and its error; None where it has none."""
-    for trial in trials:
-        record = TrialRecord.of(trial)
-        ended = trial.state in (optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
-        if record.reference == kind and ended:  # (one running elsewhere has not failed)
-            why = f"it failed ({record.fail_msg})" if record.fail_msg else "it did not complete"
-            return Reference(REFERENCE_NAMES[kind], trial.number, math.nan, 0, None, why=why)
-    return None
 
 
 def answer_trial(study: optuna.Study) -> FrozenTrial | None:

@@ -3,8 +3,9 @@ runs are compared (``compared_runs``).
 
 A measurement taken under interference (other processes took more than
 ``interference.INTERFERENCE_SHARE`` of its cores) is never compared with a clean one: the round
-ranks its configurations on their clean runs where every one that can be the answer has one,
-else on the round's own flagged runs where every one has one (and says so:
+ranks its configurations on their clean runs where every one that can be the answer has a clean
+run of the round's own (its trial's own alone is one measurement, not side by side), else on
+the round's own flagged runs where every one has one (and says so:
 ``Confirmed.interfered``), else it cannot rank them like for like (``Answer.alike``) and counts
 as too noisy to rank. A trial's own measurement under interference is never compared with the
 round's: the search took it at another time under another load, not side by side (on a busy
@@ -147,12 +148,16 @@ def _trained(runs: list[ConfirmRun]) -> list[ConfirmRun]:
 
 def compared_runs(record: ConfirmationRecord) -> Literal["clean", "flagged", "mixed"]:
     """Which runs the round compares: the clean ones where every configuration that can be the
-    answer (its own trial feasible) has a feasible clean run, else the round's own flagged ones
-    (never a trial's: the search's load was another) where every one has one, else none alike
-    ("mixed")."""
+    answer (its own trial feasible, a run of the round feasible) has a feasible clean run of
+    the round, else the round's own flagged ones (never a trial's: the search's load was
+    another) where every one has one, else none alike ("mixed"). A trial's own clean
+    measurement is not enough: a round whose runs were all flagged after a quiet search
+    compared the trials' own alone, one measurement each, and confirmed nothing."""
     measured = ([run for run in record.runs if run.trial == n] for n in record.candidates)
-    rankable = [_trained(runs) for runs in measured if _own_trial_feasible(runs)]
-    rankable = [runs for runs in rankable if runs]
+    trained = [_trained(runs) for runs in measured if _own_trial_feasible(runs)]
+    rankable = [own for runs in trained if (own := [run for run in runs if run.repeat])]
+    if not rankable:  # no run of the round yet (or none: a lone configuration's)
+        rankable = [runs for runs in trained if runs]
     if all(any(not run.interfered for run in runs) for runs in rankable):
         return "clean"
     if all(any(run.interfered and run.repeat for run in runs) for runs in rankable):
