@@ -305,3 +305,43 @@ def test_channels_last_is_not_searched_for_inputs_that_are_not_images(user_dir: 
     ]
     images = restrict(spec, detect("cpu"), _load(user_dir, "pixels", "masks"))
     assert images.spec.space.channels_last.values == (True, False)
+
+
+LOUD = """
+import torch.nn as nn
+
+
+class Loud(nn.Linear):
+    def forward(self, x):
+        print("forward", tuple(x.shape))
+        return super().forward(x)
+
+
+def loud(num_classes, input_shape):
+    print("building the model")
+    return Loud(input_shape[0], num_classes)
+"""
+
+
+def test_what_the_users_code_prints_during_the_check_is_held_and_said(
+    user_module, tmp_path: Path, capsys
+):
+    """A model that prints in forward printed above the run's plan while the workload was
+    checked; it is held, and said among the plan's warnings, unless --verbose."""
+    from autotune import session
+
+    folder = user_module("loud_model", LOUD)
+    storage = f"sqlite:///{tmp_path / 'loud.db'}"
+    text = f"""\
+study: {{name: loud, n_trials: 2, isolation: none, storage: "{storage}"}}
+workload: {{model: loud_model:loud, data: autotune.testing:blobs, epochs: 1}}
+space: {{lr: {{low: 0.01, high: 0.1, log: true}}}}
+"""
+    spec = parse_spec(text, folder / "space.yaml")
+    held = session.prepare(spec, folder)
+    assert "building the model" not in capsys.readouterr().out
+    (note,) = [line for line in held.workload.warnings if "your code printed" in line]
+    assert "while autotune checked the workload (the first: 'building the model')" in note
+    shown = session.prepare(spec, folder, verbose=True)
+    assert "building the model" in capsys.readouterr().out
+    assert not any("your code printed" in line for line in shown.workload.warnings)

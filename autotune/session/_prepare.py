@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,7 +109,13 @@ def prepare(
         hardware = detect(spec.workload.device)
         if cpu_share:  # its cores are a share of the machine's
             hardware = dataclasses.replace(hardware, cpu_share=True)
-        workload = load_workload(spec.workload, base_dir, spec.objective.score)
+        with _held_prints(verbose) as printed:  # the check calls the user's code
+            workload = load_workload(spec.workload, base_dir, spec.objective.score)
+        if lines := printed.getvalue().splitlines():
+            said = f"your code printed {len(lines)} line{'s' * (len(lines) > 1)}"
+            first = f"(the first: {lines[0][:60]!r}); --verbose shows them"
+            note = f"{said} while autotune checked the workload {first}"
+            workload = dataclasses.replace(workload, warnings=(*workload.warnings, note))
         restriction = restrict(spec, hardware, workload)
         spec = restriction.spec
         with storage_faults(spec.study.storage):
@@ -125,6 +133,23 @@ def prepare(
         raise
     dropped = tuple(d.describe() for d in restriction.dropped)
     return Prepared(spec, hardware, workload, dropped, study, storage.retry, launched)
+
+
+@contextlib.contextmanager
+def _held_prints(verbose: bool) -> Iterator[io.StringIO]:
+    """What the user's code prints inside, held (shown where ``verbose``): a model that prints
+    in ``forward`` printed above the run's plan. Where the code inside fails, what it printed
+    goes to stderr with the error: it may say why."""
+    held = io.StringIO()
+    if verbose:
+        yield held
+        return
+    try:
+        with contextlib.redirect_stdout(held):
+            yield held
+    except BaseException:
+        sys.stderr.write(held.getvalue())
+        raise
 
 
 def cores_changed(prepared: Prepared) -> tuple[int, int] | None:
