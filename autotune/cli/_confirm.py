@@ -8,6 +8,7 @@ and what they say around their training runs. The commands are registered by ``_
 from __future__ import annotations
 
 import contextlib
+import shlex
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -158,6 +159,7 @@ def confirm(
     from autotune import study as studies
 
     found, spec, executor = open_to_train(study_name, storage, isolation)
+    before = studies.answer_of(found)
     # a new round is stored as it starts: without --again the same command resumes it
     resume = "run the same command without --again" if again else "run the same command"
     with training(executor, storage, resume):
@@ -173,6 +175,17 @@ def confirm(
     if not confirmed or answer is None:
         raise fail(f"study '{found.study_name}' has no feasible trial to confirm", EXIT_FAILED)
     display.print_confirmation(console, answer, spec, found.study_name)
+    if before is not None and before.number != answer.number:  # an export follows the old one
+        export = shlex.join(
+            ["autotune", "export", *display.study_options(found.study_name, storage)]
+        )
+        console.print(
+            f"The answer changed: trial {before.number} before this round, trial {answer.number} "
+            f"now; what was exported of trial {before.number} no longer follows the study "
+            f"(export again: {export}).",
+            style="yellow",
+            markup=False,
+        )
     write_note(found, storage)
 
 
