@@ -263,7 +263,8 @@ def test_dict_layouts_pass_the_labels_to_the_model_only_for_its_own_loss(user_di
             "hf_style",
             "dict",
             {"loss": "token_workloads:nowhere"},
-            "loss 'token_workloads:nowhere': token_workloads has no attribute 'nowhere'",
+            r"loss 'token_workloads:nowhere': token_workloads \(\S+token_workloads.py\) has no "
+            "attribute 'nowhere'",
         ),
         (
             "hf_style",

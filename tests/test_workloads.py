@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import pickle
 import re
+import signal
 import sys
 import textwrap
 from pathlib import Path
@@ -101,8 +102,10 @@ def test_user_entry_points_next_to_the_space_file(tmp_path: Path):
             "autotune.testing:tiny_mpl",
             "digits",
             {},
-            "autotune.testing has no attribute 'tiny_mpl'; did you mean 'tiny_mlp'?",
+            "autotune/testing/__init__.py) has no attribute 'tiny_mpl'; did you mean 'tiny_mlp'?",
         ),
+        # Python's own module of the name the user meant to give theirs: the file says so
+        ("signal:conv1d_net", "digits", {}, f"signal ({signal.__file__}) has no attribute"),
         # a module not found: each folder looked in once (the working directory is the same)
         ("nowhere_pkg:model", "digits", {}, f"(looked in {Path.cwd().resolve()} and the"),
         (

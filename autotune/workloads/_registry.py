@@ -128,8 +128,11 @@ def _import_entry_point(entry: str, what: str, search_dirs: list[Path]) -> Calla
             names = [name for name in dir(fn) if not name.startswith("_")]
             close = difflib.get_close_matches(part, names, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
+            # the file it imported: another module of that name (Python's own `signal` for a
+            # user's `signals` mistyped) read as if the user's lacked the function
+            where = f" ({module.__file__})" if getattr(module, "__file__", None) else ""
             raise WorkloadError(
-                f"{what} '{entry}': {module_name} has no attribute '{attribute}'{hint}"
+                f"{what} '{entry}': {module_name}{where} has no attribute '{attribute}'{hint}"
             )
         fn = getattr(fn, part)
     if not callable(fn):
