@@ -263,7 +263,7 @@ def test_a_long_turn_wait_is_a_line_of_its_own_in_piped_output(seen):
     assert said == ["trial 7: still waiting for its turn (10 s so far, gives up after 30 min): x"]
 
 
-def test_piped_output_hears_of_a_long_stage_one_before_its_table(seen, monkeypatch):
+def test_stage_one_is_heard_in_piped_output_and_kept_out_of_the_trials_clock(seen, monkeypatch):
     """A terminal shows stage 1's progress in the status line; piped output (a log, CI) had
     nothing between the plan and the table for the whole stage (99 s on an H200)."""
     from autotune.display import _live
@@ -279,6 +279,10 @@ def test_piped_output_hears_of_a_long_stage_one_before_its_table(seen, monkeypat
     observer.speed_measured(dataclasses.replace(timed, cell="batch 128, fp32", cached=True))
     said = [line.strip() for line in _text(console).splitlines() if "stage 1" in line]
     assert said == ["stage 1: 1 timed, 1 reused so far; batch 128, fp32: 9.0k samples/s"]
+    # the trials' bar counts its time from the first trial: it showed stage 1's 43 s in it
+    assert progress.tasks[0].start_time is None
+    observer.trial_started(0, studies.trial_config(study.trials[0]))
+    assert progress.tasks[0].start_time is not None
 
 
 def test_a_trial_off_stage_one_and_on_tokens_says_so(seen):

@@ -57,6 +57,7 @@ class LiveObserver(studies.StudyObserver):
             completed=min(spec.study.n_trials, counted),
             best=self._best_text(),
             visible=counted < spec.study.n_trials,  # no full bar for a run with nothing to do
+            start=False,  # its clock starts with the first trial: stage 1 says its own seconds
         )
         self.status = Text("")
         self.current: int | None = None  # the trial this process trains
@@ -131,6 +132,7 @@ class LiveObserver(studies.StudyObserver):
         self._show()
 
     def trial_started(self, number: int, config: TrialConfig) -> None:
+        self.progress.start_task(self.task)  # (the first trial's start; later ones keep it)
         self.own.add(number)  # its line is this process's to print, however it ends
         self.current = number
         self._show(f"  trial {number}: starting")
