@@ -331,6 +331,8 @@ def test_a_round_that_kept_one_clean_run_of_seven_ranks_on_the_flagged_ones():
     run = f"run `autotune confirm --study {study.study_name} --again`"  # a new round: confirm
     assert f"; measured while other processes used the CPU (on a quiet machine, {run})." in shown
     assert "confirmed under load: median" in shown  # first, before the ratios it qualifies
+    # what the round cost, against what (a new user could not tell what "the search" was)
+    assert re.search(r"confirmation: \d+ runs, \d+ s, \d+% of the trials' \d+ s\.", shown)
 
 
 def test_a_ratio_whose_interval_includes_one_is_too_noisy_to_quote():

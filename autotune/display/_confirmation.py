@@ -239,9 +239,10 @@ def runs_used_note(answer: studies.Answer) -> str:
 
 
 def confirmation_cost(answer: studies.Answer) -> str:
-    """What the round cost: "confirmation: 9 runs, 18 s, 60% of the search."."""
-    share = answer.search_share
-    share_text = f", {share:.0%} of the search" if share is not None else ""
+    """What the round cost, against the trials' seconds (wall-clock, stage 1 not counted):
+    "confirmation: 9 runs, 18 s, 60% of the trials' 30 s"."""
+    share, cost = answer.search_share, answer.cost_seconds
+    share_text = f", {share:.0%} of the trials' {cost / share:.0f} s" if share else ""
     return f"confirmation: {answer.round_runs} runs, {answer.cost_seconds:.0f} s{share_text}."
 
 
