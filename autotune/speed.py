@@ -239,19 +239,24 @@ class SpeedTable:
 
     def gain_at(self, batch_size: int, precision: str) -> tuple[int, float] | None:
         """(the next smaller micro-batch stage 1 timed at ``precision``, how much faster
-        ``batch_size`` ran than it: 0.23 for 23%), unaccumulated; None without both."""
-        speeds = {
-            c.batch_size: c.samples_per_second
+        ``batch_size`` ran than it: 0.23 for 23%), unaccumulated; None without both, or where
+        either figure was taken while other processes took the cores (a busy 7,233 beside a
+        quiet 9,775 made a "83% faster" that was the load's)."""
+        rows = {
+            c.batch_size: c
             for c in self.choices
             if c.precision == precision
             and c.accumulation_steps == 1
             and not c.extras
             and c.measured
         }
-        smaller = max((b for b in speeds if b < batch_size), default=None)
-        if smaller is None or batch_size not in speeds or not speeds[smaller]:
+        smaller = max((b for b in rows if b < batch_size), default=None)
+        if smaller is None or batch_size not in rows or not rows[smaller].samples_per_second:
             return None
-        return smaller, speeds[batch_size] / speeds[smaller] - 1
+        low, high = rows[smaller], rows[batch_size]
+        if low.interference or high.interference:
+            return None
+        return smaller, high.samples_per_second / low.samples_per_second - 1
 
     def runs_out_of_memory(self, batch_size: int, precision: str) -> bool:
         """Whether stage 1 ran out of memory at ``precision`` with a micro-batch of
