@@ -589,10 +589,14 @@ def test_stage_one_names_its_speed_study_only_for_what_it_holds(seen, timed, reu
     # what it left out, by the rules that applied: it listed every rule there is
     for why in ("past the budget", "with a pipeline far behind", "with a pipeline far behind"):
         observer.speed_measured(studies.SpeedEvent.left_out("batch 8, fp32", "-", "...", why))
-    table = SpeedTable(choices=(SpeedChoice(64, 1, "fp32", (), (("num_workers", 0),), 1e4),))
-    observer.speed_finished(table, 3.0)
+    row = SpeedChoice(64, 1, "fp32", (), (("num_workers", 0),), 1e4, interference=True)
+    observer.speed_finished(SpeedTable(choices=(row,)), 3.0)
     said = " ".join(_text(console).split())
     left_out = "3 not tried (2 with a pipeline far behind, 1 past the budget)"
+    # a busy figure an earlier run left is kept until asked: said, with how (a new user's
+    # resumed study on a quiet machine reused 8 busy rows without a word)
+    busy = "1 row of it rests on figures taken while other processes took the cores: --remeasure"
+    assert (busy in said) == (reused > 0), said
     # the reused part only where any was: "0 reused (timed by earlier runs ...)" read as news
     earlier = f", {reused} reused (timed by earlier runs or other processes)" if reused else ""
     assert f" timed{earlier}, {left_out}, in 3 s{where}. " in said, said

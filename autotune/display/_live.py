@@ -129,6 +129,15 @@ class LiveObserver(studies.StudyObserver):
             f"{seconds:.0f} s{kept}. Stage 2 trains with the fastest of each.",
             markup=False,
         )
+        busy = sum(1 for choice in table.choices if choice.interference)
+        if busy and reused:  # figures an earlier, busier run left: kept until asked
+            console.print(
+                f"{plural(busy, 'row')} of it {'rests' if busy == 1 else 'rest'} on figures taken "
+                "while other processes took the cores: --remeasure times stage 1 again, on a "
+                "quiet machine.",
+                style="yellow",
+                markup=False,
+            )
         self._show()
 
     def trial_started(self, number: int, config: TrialConfig) -> None:
