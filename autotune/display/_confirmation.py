@@ -255,12 +255,12 @@ def flagged_measurements(answer: studies.Answer) -> str:
     which = [f"{originals} of the trials' own{search}, never compared with the round's runs"]
     which *= bool(originals)
     again = "each" if answer.retakes >= own else f"{answer.retakes or 'none'} of them"
-    which += [f"{own} of the round's, {again} measured again"] * bool(own)
-    compared = f", the runs it compares at {studies.loads_said(load)}" * bool(load)
+    which += [f"{own} of the round's ({again} measured again)"] * bool(own)
+    compared = f" (at {studies.loads_said(load)})" * bool(load)
     return (
         f"{plural(answer.flagged, 'measurement')} {'was' if answer.flagged == 1 else 'were'} "
-        f"taken while other processes took more than {INTERFERENCE_SHARE:.0%} of the cores "
-        f"({', and '.join(which)}): the round compares flagged runs only with its own flagged "
+        f"taken while other processes took more than {INTERFERENCE_SHARE:.0%} of the cores: "
+        f"{', and '.join(which)}. The round compares flagged runs only with its own flagged "
         f"ones{compared}."
     )
 
