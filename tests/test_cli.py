@@ -766,6 +766,15 @@ def test_a_round_led_by_a_reference_is_announced_without_a_zero_best(monkeypatch
     assert confirm_round(None, spec, None, 1, 1)
     said = " ".join(capsys.readouterr().out.split())
     assert "Confirming the untuned baseline and the tuning checklist: 2 runs" in said, said
+    # one searched leader beside a checklist that leads: "the best configuration" read as if
+    # the searched one were the best
+    inputs_record = studies.ConfirmationRecord(1, 1, True, (1, 2, 0), 0, checklist=1)
+    monkeypatch.setattr(
+        session, "confirm_answer", lambda inputs, on_other=None: inputs.on_start(inputs_record)
+    )
+    confirm_round(None, spec, None, 2, 1)
+    said = " ".join(capsys.readouterr().out.split())
+    assert "Confirming the best searched configuration, the untuned baseline and" in said, said
 
 
 def _ctrl_c_at(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, when: Any) -> None:

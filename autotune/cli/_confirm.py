@@ -92,7 +92,10 @@ def confirm_round(
         leaders = len(plan.candidates) - len(plan.references)  # 0: a reference leads
         named = list(plan.references)
         if leaders:
-            named.insert(0, "the best configuration" if leaders == 1 else f"the {leaders} best")
+            # searched: a reference among the leaders is named as itself (a new user read "the
+            # best configuration" beside the checklist, which was the best)
+            one = "the best searched configuration"
+            named.insert(0, one if leaders == 1 else f"the {leaders} best searched")
         beside = studies.listed(named)
         todo = plan.runs_left()  # a retake left counts; runs measured again count once
         if not plan.repeats:  # a lone configuration: nothing to compare it with
