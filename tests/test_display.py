@@ -278,7 +278,7 @@ def test_stage_one_is_heard_in_piped_output_and_kept_out_of_the_trials_clock(see
     monkeypatch.setattr(_live, "PIPED_PROGRESS_SECONDS", 0.0)
     observer.speed_measured(dataclasses.replace(timed, cell="batch 128, fp32", cached=True))
     said = [line.strip() for line in _text(console).splitlines() if "stage 1" in line]
-    assert said == ["stage 1: 1 timed, 1 reused so far; batch 128, fp32: 9.0k samples/s"]
+    assert said == ["stage 1: 1 timed, 1 reused so far; now batch 128, fp32"]
     # the trials' bar counts its time from the first trial: it showed stage 1's 43 s in it
     assert progress.tasks[0].start_time is None
     observer.trial_started(0, studies.trial_config(study.trials[0]))

@@ -108,7 +108,8 @@ class LiveObserver(studies.StudyObserver):
             and now - self.progress_said >= PIPED_PROGRESS_SECONDS
         ):
             self.progress_said = now
-            self.say(f"  stage 1: {counts} so far; {event.cell}: {result}", "dim")
+            # no figure: one measurement (a losing setting's, a busy one) read as the cell's
+            self.say(f"  stage 1: {counts} so far; now {event.cell}", "dim")
 
     def speed_finished(self, table: SpeedTable, seconds: float) -> None:
         console = self.live.console
