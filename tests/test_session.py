@@ -69,7 +69,11 @@ def test_a_study_runs_from_python_and_its_report_holds_the_answer(
     # printed, it says its study, how it ended and the answer (it was a 4,000-character repr)
     head, answer = str(report).splitlines()
     assert head == f"study library ({storage}): ok, 3 trials this run, confirmed", head
-    assert answer.startswith(f"best: trial {best.trial}, ") and " acc/s (median of " in answer
+    # a reference that won is named ("best: trial 1, ..." hid that it was the checklist)
+    kind = TrialRecord.of(study.trials[best.trial]).reference
+    named = {None: "", "baseline": " (untuned baseline)", "checklist": " (tuning checklist)"}
+    assert answer.startswith(f"best: trial {best.trial}{named[kind]}, "), answer
+    assert " acc/s (median of " in answer
     assert repr(report) == f"<RunReport {head}; {answer}>"
     again = autotune.run(space, storage=storage, n_trials=4, confirm=False)
     assert again.outcome.trials_run == 1 and not again.confirmed  # resumed: one more trial

@@ -274,7 +274,9 @@ def answer_line(study: optuna.Study, spec: Spec) -> str:
     value, what = answer.headline
     unit = display.metric_unit(spec.objective.metric_name)
     sure = "" if answer.confirmed else ", not confirmed"
-    return f"best: trial {answer.number}, {display.value_text(value, unit)} ({what}{sure})"
+    kind = studies.TrialRecord.of(answer.trial).reference  # "best: trial 1" hid the checklist
+    named = f" ({studies.REFERENCE_NAMES[kind].removeprefix('the ')})" if kind else ""
+    return f"best: trial {answer.number}{named}, {display.value_text(value, unit)} ({what}{sure})"
 
 
 def run(
