@@ -800,6 +800,8 @@ def test_the_confirmation_shows_every_runs_score_and_marks_an_infeasible_run():
     shown = " ".join(said.getvalue().split())
     assert "runs used: the measurements each median counts: feasible, and measured" in shown
     assert "│ 2 │ - │ - │ 0.81 │ 2 of 4 │" in shown, shown
+    assert "Trial 2 met the bar in its own trial but missed it in 2 of its runs in the" in shown
+    assert "Trial 1 met" not in shown  # every run of it met the bar
     lines = io.StringIO()
     show = display.confirmation_progress(Console(file=lines, width=200), spec)
     show(runs[5], 6, 12)
