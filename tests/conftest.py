@@ -5,6 +5,7 @@ test files import from there, never from here or from each other."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import os
 import shutil
@@ -47,6 +48,20 @@ def pytest_configure(config: pytest.Config) -> None:
     Ctrl-C sees the run finish instead. A handled signal is reset to the default in a child."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After each test (its fixtures torn down), what is still alive is frozen: Python's
+    collector no longer walks it. The suite's process holds the modules, torch, Optuna and the
+    session's fixtures, half a million objects and more as it goes, and every ``gc.collect()``
+    the product makes (``faults.release_memory``, after each trial and measurement) and every
+    automatic full collection walked them all: 0.4 s a call after collection, a fifth of
+    test_study's and test_cli's time. A test's own objects are young and collected as before;
+    garbage is collected before the freeze, so only what lives is frozen."""
+    yield
+    gc.collect()
+    gc.freeze()
 
 
 # what a test needs, read off the test itself so that no test can forget its marker

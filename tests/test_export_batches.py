@@ -86,45 +86,87 @@ def _exported(prepare_study, folder: Path, space: str) -> str:
     return render_script(study, best_config(study, select_trial(study)))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("workload", "chance"), [("text", 0.25), ("triple", 0.5), ("batch_fn", 0.5)]
-)
-def test_a_script_of_another_batch_structure_and_loss_trains_outside_the_repository(
-    prepare_study, tmp_path: Path, workload: str, chance: float
-):
-    study_dir = tmp_path / "study"
-    study_dir.mkdir()
-    if workload == "text":
-        shutil.copy(SEARCH_SPACES / "text_workload.py", study_dir)
-        text = _exported(prepare_study, study_dir, TEXT_SPACE)
-        assert 'return (), dict(batch), batch["labels"]' in text  # labels go to the model
-        assert "return model_loss\n" in text  # the model computes it: the trials' model_loss
-    elif workload == "batch_fn":  # the user's function splits the batch, in the script too
-        (study_dir / "triple_workload.py").write_text(TRIPLE_MODULE)
-        space = TRIPLE_SPACE.replace("target: 2", "batch_fn: triple_workload:by_name")
-        text = _exported(prepare_study, study_dir, space)
-        assert "from triple_workload import by_name" in text
-        assert "args, kwargs, target = by_name(batch)" in text
-    else:
-        (study_dir / "triple_workload.py").write_text(TRIPLE_MODULE)
-        text = _exported(prepare_study, study_dir, TRIPLE_SPACE)
-        assert "return (batch[0], batch[1]), {}, batch[2]" in text
-        assert "from triple_workload import smoothed" in text
-        assert "channels_last=True" in text  # the image input goes NHWC, the vector cannot
-    ast.parse(text)
-    script = tmp_path / "elsewhere" / "train.py"
-    script.parent.mkdir()
-    script.write_text(text)
-    blocker = import_blocker(tmp_path, "autotune")
+# each script as ``python train.py --epochs 3`` runs it, in its own folder, one after another in
+# one interpreter (torch is imported once, not three times); the user's module each imports is
+# its own folder's, not the one the script before imported
+RUN_EACH = """
+import os, runpy, sys
+for folder in sys.argv[1:]:
+    print("=== " + folder, flush=True)
+    os.chdir(folder)
+    sys.argv, path, modules = ["train.py", "--epochs", "3"], list(sys.path), set(sys.modules)
+    try:
+        runpy.run_path("train.py", run_name="__main__")
+    except SystemExit as done:
+        if done.code:
+            raise
+    sys.path[:] = path
+    for name in set(sys.modules) - modules:
+        if name.endswith("_workload"):
+            del sys.modules[name]
+"""
+
+WORKLOADS = ("text", "triple", "batch_fn")
+
+
+@pytest.fixture(scope="module")
+def exported(
+    prepare_study, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[str, str]]:
+    """Each workload's exported script (its text) and what it printed, run outside the
+    repository without autotune: one real study each, then the three scripts in one process
+    where importing autotune fails."""
+    root = tmp_path_factory.mktemp("batches")
+    texts, folders = {}, []
+    for workload in WORKLOADS:
+        study_dir = root / workload / "study"
+        study_dir.mkdir(parents=True)
+        if workload == "text":
+            shutil.copy(SEARCH_SPACES / "text_workload.py", study_dir)
+            space = TEXT_SPACE
+        else:
+            (study_dir / "triple_workload.py").write_text(TRIPLE_MODULE)
+            space = TRIPLE_SPACE
+            if workload == "batch_fn":  # the user's function splits the batch
+                space = space.replace("target: 2", "batch_fn: triple_workload:by_name")
+        texts[workload] = _exported(prepare_study, study_dir, space)
+        script = root / workload / "elsewhere" / "train.py"
+        script.parent.mkdir()
+        script.write_text(texts[workload])
+        folders.append(str(script.parent))
+    blocker = import_blocker(root, "autotune")
     done = subprocess.run(
-        [sys.executable, str(script), "--epochs", "3"],
-        cwd=script.parent,
+        [sys.executable, "-c", RUN_EACH, *folders],
+        cwd=root,
         env={"PYTHONPATH": str(blocker), "PYTHONWARNINGS": "ignore", "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert done.returncode == 0, done.stderr
-    accuracy = float(done.stdout.split("val accuracy ")[-1].split()[0])
-    assert chance + 0.2 < accuracy <= 1.0, done.stdout  # it learned, and was scored right
+    assert done.returncode == 0, done.stdout + done.stderr
+    outputs = done.stdout.split("=== ")[1:]
+    assert [output.split("\n", 1)[0] for output in outputs] == folders
+    return {w: (texts[w], output) for w, output in zip(WORKLOADS, outputs, strict=True)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("workload", "chance"), [("text", 0.25), ("triple", 0.5), ("batch_fn", 0.5)]
+)
+def test_a_script_of_another_batch_structure_and_loss_trains_outside_the_repository(
+    exported: dict[str, tuple[str, str]], workload: str, chance: float
+):
+    text, output = exported[workload]
+    if workload == "text":
+        assert 'return (), dict(batch), batch["labels"]' in text  # labels go to the model
+        assert "return model_loss\n" in text  # the model computes it: the trials' model_loss
+    elif workload == "batch_fn":  # the user's function splits the batch, in the script too
+        assert "from triple_workload import by_name" in text
+        assert "args, kwargs, target = by_name(batch)" in text
+    else:
+        assert "return (batch[0], batch[1]), {}, batch[2]" in text
+        assert "from triple_workload import smoothed" in text
+        assert "channels_last=True" in text  # the image input goes NHWC, the vector cannot
+    ast.parse(text)
+    accuracy = float(output.split("val accuracy ")[-1].split()[0])
+    assert chance + 0.2 < accuracy <= 1.0, output  # it learned, and was scored right

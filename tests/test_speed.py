@@ -1955,14 +1955,14 @@ def test_stage_one_waits_for_its_turn_within_its_budget_and_says_for_whom(
     tmp_path: Path, prepare_study, monkeypatch
 ):
     """After the stage's first measurement another autotune process takes this machine's
-    turn and keeps it: the stage waits for it until its budget (4 s) runs out, saying who and
+    turn and keeps it: the stage waits for it until its budget (2 s) runs out, saying who and
     for how long, and leaves the rest out rather than run past its budget."""
     from autotune.machine import turns
     from autotune.study import run_speed_stage
 
     monkeypatch.setattr(turns, "MACHINE_DIR", tmp_path)
     space = two_stage(n_trials=1, batch_sizes="[16]", precisions="fp32", workers="[0]")
-    space = space.replace("speed: {bursts: 2,", "speed: {max_seconds: 4, bursts: 2,")
+    space = space.replace("speed: {bursts: 2,", "speed: {max_seconds: 2, bursts: 2,")
     holders: list[subprocess.Popen[str]] = []
 
     def load(n: int) -> tuple[float, float | None]:
@@ -1989,7 +1989,7 @@ def test_stage_one_waits_for_its_turn_within_its_budget_and_says_for_whom(
         for holder in holders:
             holder.kill()
             holder.wait()
-    assert len(executor.measured) == 1 and took < 4.0 + 1.0
+    assert len(executor.measured) == 1 and took < 2.0 + 1.0
     assert said and all(f"autotune process {holders[0].pid} trains on core" in s for s in said)
     assert said[0].startswith("waiting for its turn (0 s so far, gives up after ")
     assert "--turn-wait" not in said[0]  # the budget ends it, not the user's bound
