@@ -463,7 +463,13 @@ def wait_for_states(
         rows[:] = trial_rows(tmp_path)[: len(states)]
         return [state for state, _, _ in rows] == states and rows[-1][2]
 
-    wait_for(reached, process=process)
+    try:
+        wait_for(reached, process=process)
+    except AssertionError as failed:  # what the run said, for whoever reads the failure
+        process.kill()
+        out, err = process.communicate(timeout=60)
+        seen = trial_rows(tmp_path)
+        raise AssertionError(f"{failed}; trials {seen}\n{out[-4000:]}\n{err[-4000:]}") from None
     return [(state, value) for state, value, _ in rows]
 
 
