@@ -185,7 +185,12 @@ def test_data_functions_must_return_two_splits(tmp_path: Path):
         "    return d.tensors[0], d\n"
     )
     for function, expected in [
-        ("one", "must return (train_dataset, val_dataset)"),
+        # where the function is: a user's error says where it was raised; this one where the
+        # function is defined
+        (
+            "one",
+            f"'odd_data:one' (defined at {tmp_path / 'odd_data.py'}:3) returned list; it must",
+        ),
         ("empty", "the training split is empty"),
         ("unlabeled", "a sample is a tuple of 1: it holds no target"),
         (

@@ -114,6 +114,16 @@ def model_kwargs(
     return kwargs
 
 
+def _defined_at(fn: Callable[..., Any]) -> str:
+    """`` (defined at path:line)`` for the user's function, as a raised error's line is said;
+    empty for autotune's own, or where Python cannot tell."""
+    try:
+        path, line = inspect.getsourcefile(fn), inspect.getsourcelines(fn)[1]
+    except (TypeError, OSError):
+        return ""
+    return f" (defined at {path}:{line})" if path and not is_builtin(fn) else ""
+
+
 def _splits(spec: WorkloadSpec, data_fn: Callable[..., Any]) -> DataSplits:
     """The training and validation splits the spec's data function returns, checked map-style
     and not empty."""
@@ -123,8 +133,8 @@ def _splits(spec: WorkloadSpec, data_fn: Callable[..., Any]) -> DataSplits:
         splits = DataSplits(train=splits[0], val=splits[1])
     if not isinstance(splits, DataSplits):
         raise WorkloadError(
-            f"data set '{spec.data}' returned {type(splits).__name__}; it must return "
-            f"(train_dataset, val_dataset) or autotune.workloads.DataSplits"
+            f"data set '{spec.data}'{_defined_at(data_fn)} returned {type(splits).__name__}; it "
+            f"must return (train_dataset, val_dataset) or autotune.workloads.DataSplits"
         )
     for split_name, split in (("training", splits.train), ("validation", splits.val)):
         if isinstance(split, tuple) and all(isinstance(t, torch.Tensor) for t in split):
