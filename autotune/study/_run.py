@@ -111,6 +111,8 @@ def halve_lr(study: optuna.Study, spec: Spec, trial: optuna.trial.FrozenTrial) -
     at the same speed, a corner the search's few trials had not drawn. Only the searched
     ``lr`` moves, never below its range; the execution knobs are drawn as any trial's."""
     record = TrialRecord.of(trial)
+    if not record.checklist and record.halved_lr_of is None:
+        return False  # every other trial: no read of the whole study after each
     trials = study.get_trials(deepcopy=False)
     halvings = _halvings(trials, record)
     lr, params = spec.space.lr, trial.params
