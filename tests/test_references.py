@@ -159,6 +159,39 @@ def test_a_checklist_that_learns_nothing_is_tried_at_half_then_a_quarter_of_its_
     assert row.split()[-3:] == ["none", "feasible", "-"], listed
 
 
+def test_half_a_rate_that_learned_nothing_is_halved_again_even_where_it_met_the_bar():
+    """Half the H200 ResNet-18 checklist's lr met the bar in its trial (0.987) and missed it
+    at the round's two seeds (0.33, 0.19): the edge of stability, where the seed decides, and
+    the answer fell back to the untuned baseline. Such a retry is halved once more whatever it
+    scored (a quarter reached 0.998); a checklist that met the bar is not retried."""
+    from autotune.study._run import halve_lr
+
+    spec = parse_spec(HARD, Path("space.yaml"))
+    study = optuna.create_study(direction="maximize")
+    lr = optuna.distributions.FloatDistribution(0.015, 0.2, log=True)
+
+    def finish(params: dict, record: TrialRecord, value: float) -> optuna.trial.FrozenTrial:
+        trial = study.ask({"lr": lr})  # the queued retry, when there is one
+        record.store(trial)
+        study.tell(trial, value)
+        assert trial.params["lr"] == pytest.approx(params["lr"])
+        return study.trials[-1]
+
+    study.enqueue_trial({"lr": 0.2})
+    learned = finish({"lr": 0.2}, TrialRecord(checklist=True, feasible=True), 0.5)
+    assert not halve_lr(study, spec, learned)
+    study.enqueue_trial({"lr": 0.2})
+    nothing = finish({"lr": 0.2}, TrialRecord(checklist=True, feasible=False), 0.1)
+    assert halve_lr(study, spec, nothing)
+    half = finish({"lr": 0.1}, TrialRecord(feasible=True), 0.9)  # met the bar
+    assert TrialRecord.of(half).halved_lr_of == nothing.number
+    assert halve_lr(study, spec, half)
+    quarter = finish({"lr": 0.05}, TrialRecord(feasible=True), 0.95)
+    assert TrialRecord.of(quarter).halved_lr_of == half.number
+    assert not halve_lr(study, spec, quarter)  # LR_HALVINGS deep
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.WAITING]
+
+
 def test_the_round_runs_the_untuned_baseline_apart_from_those_with_cudnn_benchmark():
     """Each switch of cudnn.benchmark starts a new worker process on CUDA (16 s on an H200's
     ResNet-18, whose runs train 1.5 s): the baseline (off) ran between the leaders and the

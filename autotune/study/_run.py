@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from autotune.config import TrialConfig
 
 SAME_ERROR_LIMIT = 3  # identical unexpected errors in a row, with no trial completed: stop
-LR_HALVINGS = 2  # the tuning checklist's settings tried again at 1/2, then 1/4 of its lr at most
+LR_HALVINGS = 2  # a checklist that learned nothing tried again at 1/2, then 1/4 of its lr
 LEARNED_NOTHING = (FaultKind.NONFINITE_LOSS, FaultKind.DIVERGED)  # faults of too high an lr
 
 
@@ -103,13 +103,16 @@ def _halvings(trials: list[optuna.trial.FrozenTrial], record: TrialRecord) -> in
 
 def halve_lr(study: optuna.Study, spec: Spec, trial: optuna.trial.FrozenTrial) -> bool:
     """Queue ``trial``'s settings at half its learning rate, as a searched trial, where it is
-    the tuning checklist (or such a trial, ``LR_HALVINGS`` deep) and trained to no useful
-    score: below the bar, or diverged; whether it did. The checklist is the fast corner the
-    speed stage found (the largest micro-batch, half precision), and the baseline's learning
-    rate scaled up to it by ``lr_scaling`` can be too high to learn in a short trial: on
-    ResNet-18 (an H200, 2 epochs at batch 1024) it reached 0.11 accuracy, and half of it 0.991
-    at the same speed, a corner the search's few trials had not drawn. Only the searched
-    ``lr`` moves, never below its range; the execution knobs are drawn as any trial's."""
+    the tuning checklist and trained to no useful score (below the bar, or diverged), or such
+    a retry less than ``LR_HALVINGS`` deep, whatever it scored; whether it did. The checklist
+    is the fast corner the speed stage found (the largest micro-batch, half precision), and
+    the baseline's learning rate scaled up to it by ``lr_scaling`` can be too high to learn in
+    a short trial: on ResNet-18 (an H200, 2 epochs at batch 1024) it reached 0.11 accuracy,
+    and half of it 0.991 at the same speed, a corner the search's few trials had not drawn.
+    Half of a rate that learned nothing is at the edge of stability, where the seed decides:
+    there half reached 0.987 in its trial and 0.33 and 0.19 at the round's seeds (the answer
+    fell back to the baseline); a quarter reached 0.998. Only the searched ``lr`` moves, never
+    below its range; the execution knobs are drawn as any trial's."""
     record = TrialRecord.of(trial)
     if not record.checklist and record.halved_lr_of is None:
         return False  # every other trial: no read of the whole study after each
@@ -119,7 +122,8 @@ def halve_lr(study: optuna.Study, spec: Spec, trial: optuna.trial.FrozenTrial) -
     below_bar = trial.state == TrialState.COMPLETE and record.feasible is False
     if halvings is None or halvings >= LR_HALVINGS or "lr" not in params:
         return False
-    if not (below_bar or record.fail_kind in LEARNED_NOTHING) or not isinstance(lr, FloatRange):
+    learned_nothing = below_bar or record.fail_kind in LEARNED_NOTHING
+    if not (learned_nothing or halvings > 0) or not isinstance(lr, FloatRange):
         return False
     lower = max(lr.low, params["lr"] / 2)
     if lr.step:  # on the range's grid, as Optuna draws it
