@@ -8,7 +8,7 @@
 #   bash benchmarks/gpu_proof.sh tests      # tests/test_gpu.py, 4 processes                    (~4 min)
 #   bash benchmarks/gpu_proof.sh harness    # harness_overhead.py --device cuda --batch-size 512 (~2 min)
 #   bash benchmarks/gpu_proof.sh stage1     # the plan's estimate, then stage 1 of the ResNet-18 (~5 min)
-#   bash benchmarks/gpu_proof.sh study      # versus_checklist.py on cifar10_resnet18.yaml      (~8 min)
+#   bash benchmarks/gpu_proof.sh study      # versus_checklist.py on cifar10_resnet18.yaml      (~5-7 min)
 #   bash benchmarks/gpu_proof.sh lm         # versus_checklist.py on language_model.yaml        (~6 min)
 #   bash benchmarks/gpu_proof.sh verify     # a 150 s ResNet-18 study, then autotune verify --epochs 10 (~7 min)
 #   bash benchmarks/gpu_proof.sh all        # every part, one after the other (a machine without the limit)
