@@ -10,6 +10,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from optuna.trial import FrozenTrial
 
 from autotune.search.references import baseline_params, checklist_params, untuned_config
 from autotune.search.space import restrict, sample
@@ -166,14 +167,15 @@ def test_half_a_rate_that_learned_nothing_is_halved_again_even_where_it_met_the_
     scored (a quarter reached 0.998); a checklist that met the bar is not retried."""
     from autotune.study._run import halve_lr
 
-    spec = parse_spec(HARD, Path("space.yaml"))
+    spec = parse_spec(HARD.replace("n_trials: 5", "n_trials: 9"), Path("space.yaml"))
     study = optuna.create_study(direction="maximize")
     lr = optuna.distributions.FloatDistribution(0.015, 0.2, log=True)
 
-    def finish(params: dict, record: TrialRecord, value: float) -> optuna.trial.FrozenTrial:
+    def finish(params: dict, record: TrialRecord, value: float | None) -> FrozenTrial:
         trial = study.ask({"lr": lr})  # the queued retry, when there is one
         record.store(trial)
-        study.tell(trial, value)
+        pruned = optuna.trial.TrialState.PRUNED
+        study.tell(trial, value, state=pruned if value is None else None)
         assert trial.params["lr"] == pytest.approx(params["lr"])
         return study.trials[-1]
 
@@ -189,6 +191,11 @@ def test_half_a_rate_that_learned_nothing_is_halved_again_even_where_it_met_the_
     quarter = finish({"lr": 0.05}, TrialRecord(feasible=True), 0.95)
     assert TrialRecord.of(quarter).halved_lr_of == half.number
     assert not halve_lr(study, spec, quarter)  # LR_HALVINGS deep
+    study.enqueue_trial({"lr": 0.2})
+    again = finish({"lr": 0.2}, TrialRecord(checklist=True, feasible=False), 0.1)
+    assert halve_lr(study, spec, again)
+    pruned = finish({"lr": 0.1}, TrialRecord(), None)  # it did not complete: not halved again
+    assert not halve_lr(study, spec, pruned)
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.WAITING]
 
 

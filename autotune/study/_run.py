@@ -104,15 +104,16 @@ def _halvings(trials: list[optuna.trial.FrozenTrial], record: TrialRecord) -> in
 def halve_lr(study: optuna.Study, spec: Spec, trial: optuna.trial.FrozenTrial) -> bool:
     """Queue ``trial``'s settings at half its learning rate, as a searched trial, where it is
     the tuning checklist and trained to no useful score (below the bar, or diverged), or such
-    a retry less than ``LR_HALVINGS`` deep, whatever it scored; whether it did. The checklist
-    is the fast corner the speed stage found (the largest micro-batch, half precision), and
-    the baseline's learning rate scaled up to it by ``lr_scaling`` can be too high to learn in
-    a short trial: on ResNet-18 (an H200, 2 epochs at batch 1024) it reached 0.11 accuracy,
-    and half of it 0.991 at the same speed, a corner the search's few trials had not drawn.
-    Half of a rate that learned nothing is at the edge of stability, where the seed decides:
-    there half reached 0.987 in its trial and 0.33 and 0.19 at the round's seeds (the answer
-    fell back to the baseline); a quarter reached 0.998. Only the searched ``lr`` moves, never
-    below its range; the execution knobs are drawn as any trial's."""
+    a retry less than ``LR_HALVINGS`` deep that did, or completed whatever it scored; whether
+    it did. The checklist is the fast corner the speed stage found (the largest micro-batch,
+    half precision), and the baseline's learning rate scaled up to it by ``lr_scaling`` can be
+    too high to learn in a short trial: on ResNet-18 (an H200, 2 epochs at batch 1024) it
+    reached 0.11 accuracy, and half of it 0.991 at the same speed, a corner the search's few
+    trials had not drawn. Half of a rate that learned nothing is at the edge of stability,
+    where the seed decides: there half reached 0.987 in its trial and 0.33 and 0.19 at the
+    round's seeds (the answer fell back to the baseline); a quarter reached 0.998. Only the
+    searched ``lr`` moves, never below its range; the execution knobs are drawn as any
+    trial's."""
     record = TrialRecord.of(trial)
     if not record.checklist and record.halved_lr_of is None:
         return False  # every other trial: no read of the whole study after each
@@ -123,7 +124,8 @@ def halve_lr(study: optuna.Study, spec: Spec, trial: optuna.trial.FrozenTrial) -
     if halvings is None or halvings >= LR_HALVINGS or "lr" not in params:
         return False
     learned_nothing = below_bar or record.fail_kind in LEARNED_NOTHING
-    if not (learned_nothing or halvings > 0) or not isinstance(lr, FloatRange):
+    at_the_edge = halvings > 0 and trial.state == TrialState.COMPLETE  # whatever it scored
+    if not (learned_nothing or at_the_edge) or not isinstance(lr, FloatRange):
         return False
     lower = max(lr.low, params["lr"] / 2)
     if lr.step:  # on the range's grid, as Optuna draws it
