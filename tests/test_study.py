@@ -824,9 +824,15 @@ def test_a_confirmation_round_interleaves_reseeds_stores_and_resumes(
     originals = {t.number: trial_config(t).seed for t in study.get_trials()}
     assert all(seed == originals[trial] + repeat * 1_000_003 for trial, repeat, seed in seen)
     assert len(final.runs) == 3 * len(candidates)  # the originals count as one each
-    # the study's answer is now the confirmed winner
+    # the study's answer is now the confirmed winner; where the round could not rank (a run
+    # under interference, kept as measured here, or a leader infeasible at other seeds: seen
+    # once in a CI-style run), the search's best, and the round says why
     verdict = _judged(final)
-    assert answer_trial(study).number == verdict.winner.trial
+    if verdict.winner is None:
+        assert verdict.round_state in ("few_runs", "no_winner"), verdict
+        assert answer_trial(study).number == feasible_trials(study)[0].number
+    else:
+        assert answer_trial(study).number == verdict.winner.trial
     # a finished round is not run again
     again: list[object] = []
     for repeats in (2, 3):  # ... and a longer one adds its runs to it (issue 44 item 4)
