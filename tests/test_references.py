@@ -167,7 +167,7 @@ def test_half_a_rate_that_learned_nothing_is_halved_again_even_where_it_met_the_
     scored (a quarter reached 0.998); a checklist that met the bar is not retried."""
     from autotune.study._run import halve_lr
 
-    spec = parse_spec(HARD.replace("n_trials: 5", "n_trials: 9"), Path("space.yaml"))
+    spec = parse_spec(HARD.replace("n_trials: 5", "n_trials: 12"), Path("space.yaml"))
     study = optuna.create_study(direction="maximize")
     lr = optuna.distributions.FloatDistribution(0.015, 0.2, log=True)
 
@@ -179,11 +179,20 @@ def test_half_a_rate_that_learned_nothing_is_halved_again_even_where_it_met_the_
         assert trial.params["lr"] == pytest.approx(params["lr"])
         return study.trials[-1]
 
+    study.enqueue_trial({"lr": 0.05})
+    finish({"lr": 0.05}, TrialRecord(baseline=True, config=make_config(lr=0.05)), 0.3)
+    raised = make_config(lr=0.2, batch_size=64)  # lr_scaling took it above the baseline's
     study.enqueue_trial({"lr": 0.2})
-    learned = finish({"lr": 0.2}, TrialRecord(checklist=True, feasible=True), 0.5)
+    learned = finish({"lr": 0.2}, TrialRecord(checklist=True, config=raised, feasible=True), 0.5)
     assert not halve_lr(study, spec, learned)
+    # below the bar at the baseline's own rate: too few steps, and half of it learns less (a
+    # new user's MLP: 0.84, then 0.71 and 0.59): not retried
+    steps = make_config(lr=0.05, batch_size=64)
+    study.enqueue_trial({"lr": 0.05})
+    few = finish({"lr": 0.05}, TrialRecord(checklist=True, config=steps, feasible=False), 0.1)
+    assert not halve_lr(study, spec, few)
     study.enqueue_trial({"lr": 0.2})
-    nothing = finish({"lr": 0.2}, TrialRecord(checklist=True, feasible=False), 0.1)
+    nothing = finish({"lr": 0.2}, TrialRecord(checklist=True, config=raised, feasible=False), 0.1)
     assert halve_lr(study, spec, nothing)
     half = finish({"lr": 0.1}, TrialRecord(feasible=True), 0.9)  # met the bar
     assert TrialRecord.of(half).halved_lr_of == nothing.number
@@ -192,7 +201,7 @@ def test_half_a_rate_that_learned_nothing_is_halved_again_even_where_it_met_the_
     assert TrialRecord.of(quarter).halved_lr_of == half.number
     assert not halve_lr(study, spec, quarter)  # LR_HALVINGS deep
     study.enqueue_trial({"lr": 0.2})
-    again = finish({"lr": 0.2}, TrialRecord(checklist=True, feasible=False), 0.1)
+    again = finish({"lr": 0.2}, TrialRecord(checklist=True, config=raised, feasible=False), 0.1)
     assert halve_lr(study, spec, again)
     pruned = finish({"lr": 0.1}, TrialRecord(), None)  # it did not complete: not halved again
     assert not halve_lr(study, spec, pruned)

@@ -281,7 +281,7 @@ class LiveObserver(studies.StudyObserver):
             line += [] if stopped else words(record.fail_msg or "", "red")
         name = studies.REFERENCE_NAMES.get(record.reference) if record.reference else None
         if record.halved_lr_of is not None:  # the checklist's settings at a learning rate lower
-            name = f"trial {record.halved_lr_of}'s settings at a lower lr"
+            name = f"trial {record.halved_lr_of}'s settings at half its lr"
         label = [Text(f"  ({name.removeprefix('the ')})", style="bold")] if name else []
         knobs = words(params(trial, own=True), "cyan", " " if name else "  ")
         console = self.live.console

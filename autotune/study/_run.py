@@ -101,19 +101,30 @@ def _halvings(trials: list[optuna.trial.FrozenTrial], record: TrialRecord) -> in
     return None if origin is None else origin + 1
 
 
+def _rate_raised(trials: list[optuna.trial.FrozenTrial], record: TrialRecord) -> bool:
+    """Whether the trial of ``record`` trains at a higher learning rate than the untuned
+    baseline (``lr_scaling`` raised it to a larger batch), or either's is unknown. At the
+    baseline's rate or below, a checklist below the bar took too few steps (a 2-layer MLP at
+    batch 128: 0.84 accuracy), and half its rate learned less (0.71, then 0.59)."""
+    baseline = next((r for t in trials if (r := TrialRecord.of(t)).baseline), None)
+    if baseline is None or baseline.config is None or record.config is None:
+        return True
+    return record.config.lr > baseline.config.lr
+
+
 def halve_lr(study: optuna.Study, spec: Spec, trial: optuna.trial.FrozenTrial) -> bool:
     """Queue ``trial``'s settings at half its learning rate, as a searched trial, where it is
-    the tuning checklist and trained to no useful score (below the bar, or diverged), or such
-    a retry less than ``LR_HALVINGS`` deep that did, or completed whatever it scored; whether
-    it did. The checklist is the fast corner the speed stage found (the largest micro-batch,
-    half precision), and the baseline's learning rate scaled up to it by ``lr_scaling`` can be
-    too high to learn in a short trial: on ResNet-18 (an H200, 2 epochs at batch 1024) it
-    reached 0.11 accuracy, and half of it 0.991 at the same speed, a corner the search's few
-    trials had not drawn. Half of a rate that learned nothing is at the edge of stability,
-    where the seed decides: there half reached 0.987 in its trial and 0.33 and 0.19 at the
-    round's seeds (the answer fell back to the baseline); a quarter reached 0.998. Only the
-    searched ``lr`` moves, never below its range; the execution knobs are drawn as any
-    trial's."""
+    the tuning checklist and diverged, or ended below the bar at a rate ``lr_scaling`` raised
+    above the baseline's, or such a retry less than ``LR_HALVINGS`` deep that did, or that
+    completed whatever it scored; whether it did. The checklist is the fast corner the speed
+    stage found (the largest micro-batch, half precision), and the baseline's learning rate
+    scaled up to it can be too high to learn in a short trial: on ResNet-18 (an H200, 2 epochs
+    at batch 1024) it reached 0.11 accuracy, and half of it 0.991 at the same speed, a corner
+    the search's few trials had not drawn. Half of a rate that learned nothing is at the edge
+    of stability, where the seed decides: there half reached 0.987 in its trial and 0.33 and
+    0.19 at the round's seeds (the answer fell back to the baseline); a quarter reached 0.998.
+    Only the searched ``lr`` moves, never below its range; the execution knobs are drawn as
+    any trial's."""
     record = TrialRecord.of(trial)
     if not record.checklist and record.halved_lr_of is None:
         return False  # every other trial: no read of the whole study after each
@@ -123,9 +134,10 @@ def halve_lr(study: optuna.Study, spec: Spec, trial: optuna.trial.FrozenTrial) -
     below_bar = trial.state == TrialState.COMPLETE and record.feasible is False
     if halvings is None or halvings >= LR_HALVINGS or "lr" not in params:
         return False
-    learned_nothing = below_bar or record.fail_kind in LEARNED_NOTHING
+    diverged = record.fail_kind in LEARNED_NOTHING
+    too_high = below_bar and _rate_raised(trials, record)  # else too few steps: lower learns less
     at_the_edge = halvings > 0 and trial.state == TrialState.COMPLETE  # whatever it scored
-    if not (learned_nothing or at_the_edge) or not isinstance(lr, FloatRange):
+    if not (diverged or too_high or at_the_edge) or not isinstance(lr, FloatRange):
         return False
     lower = max(lr.low, params["lr"] / 2)
     if lr.step:  # on the range's grid, as Optuna draws it
