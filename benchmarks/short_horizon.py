@@ -42,7 +42,7 @@ def one(space: Path, seed: int, epochs: float, folder: Path) -> tuple[str, Verif
         executor.close()
     if not verified.of_role("runner_up"):
         return "no runner-up", verified
-    lost = [name for name, _ in verified.losses(goal.score_higher_is_better)]
+    lost = [name for name, _ in verified.losses(goal.score_higher_is_better, goal.per_second)]
     return ("lost" if "the runner-up" in lost else "held"), verified
 
 

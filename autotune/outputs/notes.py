@@ -178,8 +178,9 @@ def verify_block(study: optuna.Study) -> list[str]:
     verified = Verification.of(study)
     if verified is None or not verified.runs:
         return []
-    _, score_name, higher = names(study)
-    (head, *rows), losses = verification_rows(verified, score_name, higher)
+    metric, score_name, higher = names(study)
+    per_second = metric.endswith("_per_second")
+    (head, *rows), losses = verification_rows(verified, score_name, higher, per_second)
     title = f"**At full length** (`autotune verify`, {verified.epochs:g} epochs):"
     return [title, "", *_markdown_table(head, rows), "", *losses]
 
