@@ -123,13 +123,16 @@ def test_the_dashboard_shows_the_study_its_trials_and_the_note(seen, browser_pat
         server.communicate(timeout=30)
 
 
-def test_the_dashboard_logs_no_line_per_request(seen, tmp_path):
-    """optuna-dashboard's server wrote a line per HTTP request to the terminal; --verbose only."""
+def test_the_dashboard_logs_no_line_per_request_and_names_each_note(seen, tmp_path):
+    """optuna-dashboard's server wrote a line per HTTP request to the terminal; --verbose only.
+    It names each study's Note tab, where the answer is."""
     import urllib.request
 
+    from autotune.outputs import notes
     from autotune.testing import start_cli
 
     study, url = seen
+    notes.write_note(study, url)
     port = _free_port()
     server = start_cli("dashboard", "--storage", url, "--port", str(port), cwd=tmp_path)
     try:
@@ -149,3 +152,7 @@ def test_the_dashboard_logs_no_line_per_request(seen, tmp_path):
         server.terminate()
         out, err = server.communicate(timeout=30)
     assert "GET /" not in out + err and "HTTP/1.1" not in out + err, out + err
+    # where the answer is (its "Best Trial" card is the search's best single value): a new user
+    # read that card as the answer
+    note = f"http://127.0.0.1:{port}/dashboard/studies/{study._study_id}/note"
+    assert f"  seen: {note}" in out.splitlines(), out

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 from autotune.files import make_folder_for, write_new_file
 from autotune.spacefile import DEFAULT_STORAGE
 
+NOTES_LISTED = 10  # the studies whose note `dashboard` names, at most
+
 
 @app.command(cls=Command)
 def best(
@@ -291,6 +293,8 @@ def dashboard(
 
     from autotune import study as studies
     from autotune.outputs import artifacts as stores
+    from autotune.outputs import notes
+    from autotune.stage1._store import SPEED_SUFFIX
 
     quiet_libraries(verbose)
     # read-only (notes are edited with `optuna-dashboard URL` itself); no artifact folder made
@@ -305,6 +309,16 @@ def dashboard(
             super().server_activate()
             url = escape(f"http://{host}:{port}/")
             console.print(f"optuna-dashboard on [bold]{url}[/] (Ctrl-C to stop; read-only)")
+            noted = [  # a NAME.speed study's note is stage 1's table
+                s
+                for s in backend.get_all_studies()
+                if notes.has_note(s.system_attrs) and not s.study_name.endswith(SPEED_SUFFIX)
+            ]
+            if noted:  # its "Best Trial" card is the search's best single value, not the answer
+                console.print("Each study's answer, confirmed side by side, is on its Note tab:")
+            for summary in noted[:NOTES_LISTED]:
+                page = escape(f"{url}dashboard/studies/{summary._study_id}/note")
+                console.print(f"  {escape(summary.study_name)}: {page}")
             if location is None:
                 console.print(
                     f"No artifacts shown: name where this storage's studies keep them with "

@@ -289,6 +289,11 @@ def write_note(study: optuna.Study, storage_url: str = DEFAULT_STORAGE) -> None:
         save_note(speed_study, speed_note(study.study_name))
 
 
+def has_note(study_system_attrs: dict[str, object]) -> bool:
+    """Whether a study carries a note (optuna-dashboard's ``note_ver_key(None)``)."""
+    return "dashboard:note_ver" in study_system_attrs
+
+
 def dashboard_save_note() -> Callable[[optuna.Study, str], None]:
     """optuna-dashboard's own ``save_note``, taken from its ``_note`` module (which imports
     optuna alone) without running the package's ``__init__``: that imports the dashboard's web
