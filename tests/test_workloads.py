@@ -180,6 +180,10 @@ def test_data_functions_must_return_two_splits(tmp_path: Path):
         "def tensor_pairs():\n"
         "    d = TensorDataset(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))\n"
         "    return d.tensors, d.tensors\n"
+        "def arrays():\n"
+        "    import numpy as np\n"
+        "    x, y = np.zeros((4, 2), dtype=np.float32), np.zeros(4, dtype=np.int64)\n"
+        "    return (x, y), (x, y)\n"
         "def rows():\n"
         "    d = TensorDataset(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))\n"
         "    return d.tensors[0], d\n"
@@ -197,6 +201,12 @@ def test_data_functions_must_return_two_splits(tmp_path: Path):
             "tensor_pairs",
             "split is a tuple of 2 tensors, not a Dataset of samples: wrap them in "
             "TensorDataset(x, y)",
+        ),
+        (  # a new user's numpy arrays read "a sample is a ndarray"
+            "arrays",
+            f"(defined at {tmp_path / 'odd_data.py'}:14): the training split is a tuple of 2 "
+            "numpy arrays, not a Dataset of samples: wrap them in "
+            "TensorDataset(torch.as_tensor(x), torch.as_tensor(y))",
         ),
         (
             "rows",

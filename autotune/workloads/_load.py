@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,11 +137,16 @@ def _splits(spec: WorkloadSpec, data_fn: Callable[..., Any]) -> DataSplits:
             f"must return (train_dataset, val_dataset) or autotune.workloads.DataSplits"
         )
     for split_name, split in (("training", splits.train), ("validation", splits.val)):
-        if isinstance(split, tuple) and all(isinstance(t, torch.Tensor) for t in split):
+        columns: Sequence[Any] = split if isinstance(split, tuple | list) else ()
+        kinds: set[str | None] = {_array_kind(column) for column in columns}
+        if len(kinds) == 1 and None not in kinds:  # (x, y): arrays, not samples
+            kind = kinds.pop()
+            wrapped = "x, y" if kind == "tensors" else "torch.as_tensor(x), torch.as_tensor(y)"
             raise WorkloadError(
-                f"data set '{spec.data}': the {split_name} split is a tuple of {len(split)} "
-                f"tensors, not a Dataset of samples: wrap them in TensorDataset(x, y) "
-                f"(torch.utils.data), whose samples are (input, label) pairs"
+                f"data set '{spec.data}'{_defined_at(data_fn)}: the {split_name} split is a "
+                f"{type(split).__name__} of {len(columns)} {kind}, not a Dataset of samples: wrap "
+                f"them in TensorDataset({wrapped}) (torch.utils.data), whose samples are "
+                f"(input, label) pairs"
             )
         if not hasattr(split, "__getitem__") or not hasattr(split, "__len__"):
             raise WorkloadError(
@@ -151,6 +156,15 @@ def _splits(spec: WorkloadSpec, data_fn: Callable[..., Any]) -> DataSplits:
         if len(split) == 0:
             raise WorkloadError(f"data set '{spec.data}': the {split_name} split is empty")
     return splits
+
+
+def _array_kind(value: Any) -> str | None:
+    """ "tensors" or "numpy arrays" for a whole column of a data set, else None."""
+    if isinstance(value, torch.Tensor):
+        return "tensors"
+    return (
+        "numpy arrays" if type(value).__module__ == "numpy" and hasattr(value, "shape") else None
+    )
 
 
 def _first_sample(
