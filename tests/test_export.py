@@ -905,6 +905,19 @@ def test_yaml_and_json_round_trip_to_the_same_config(tiny_study, tmp_path: Path)
         .confirmation_text()
         .endswith("tied within noise with trials 4, 16 and 18")
     )
+    # the checklist named among tied trials for its better score: a new user read "found
+    # nothing better" beside a tied trial whose median was higher
+    checklist = dataclasses.replace(
+        verdict, said=(), reference="the tuning checklist", tie_rule="score", speedup=None
+    )
+    assert (
+        dataclasses.replace(best, confirmation=checklist)
+        .confirmation_text()
+        .endswith(
+            "; it is the tuning checklist: the search found nothing better beyond noise; tied "
+            "within noise with trial 4, and named for its better median score"
+        )
+    )
     # the headline is quoted in parentheses (export messages, the YAML header)
     assert confirmed.headline == f"{confirmed.metric} 2.5: median of 3 confirmed runs"
     # the script's PROVENANCE names the median once: its answer says which measurement it is
