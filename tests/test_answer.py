@@ -758,7 +758,10 @@ def test_an_answer_measured_only_under_interference_is_said_so_everywhere(seen):
         "cores: 1 of the trials' own (the search's, at 90%), never compared with the round's "
         "runs, and 2 of the round's (none"
     )
-    assert "3 measurements were taken while other processes took more than" in said["terminal"]
+    assert (
+        "3 measurements of the round's configurations were taken while other processes took"
+        in said["terminal"]
+    )
     assert f"{flagged} of them measured again). The round compares" in said["terminal"]
     # the report's confirmation table, and the same line under it (it said nothing of it)
     page = html.unescape(said["report"])
@@ -895,7 +898,7 @@ def test_a_busy_round_compares_its_own_runs_and_says_when_the_load_differed(
     display.print_confirmation(console, answer, spec, "loaded")
     said = " ".join(console.file.getvalue().split())
     assert "of the trials' own (the search's, at 72%), never compared with the round's" in said
-    assert "only with its own flagged ones (at 78-86%)." in said
+    assert "only with its own flagged ones (in the runs it compares, others took 78-86%)." in said
     # the load varied within the round: too noisy, whatever the spread, and said with it
     varied = _answer(study, dataclasses.replace(real, runs=_loaded(real, 0.72, (0.2, 0.86))))
     assert varied.noise == "varied" and varied.noisy and varied.load == (0.2, 0.86)

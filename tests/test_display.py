@@ -310,14 +310,14 @@ def test_a_trial_off_stage_one_and_on_tokens_says_so(seen):
     observer = display.LiveObserver(study, _spec(study), Live(progress, console=console), progress)
     observer.trial_finished(shown)
     text = " ".join(_text(console).split())
-    assert "1.2M tokens/s" in text and "-30% off stage 1" in text
+    assert "1.2M tokens/s" in text and "30% slower than stage 1" in text
     # the report's trial table: the same figure, from the same function
     assert display.off_stage_one(studies.TrialRecord.of(shown)) == pytest.approx(-0.3)
     copy = optuna.create_study(study_name="seen")
     copy.add_trial(shown)
     (row,) = report.trial_rows(copy)[1]
     assert row.fail_kind == "speed_mismatch" and row.fail_msg.startswith(
-        "trained -30% off stage 1"
+        "trained 30% slower than stage 1"
     )
 
 

@@ -279,9 +279,10 @@ def flagged_measurements(answer: studies.Answer) -> str:
     which *= bool(originals)
     again = "each" if answer.retakes >= own else f"{answer.retakes or 'none'} of them"
     which += [f"{own} of the round's ({again} measured again)"] * bool(own)
-    compared = f" (at {studies.loads_said(load)})" * bool(load)
-    return (
-        f"{plural(answer.flagged, 'measurement')} {'was' if answer.flagged == 1 else 'were'} "
+    compared = f" (in the runs it compares, others took {studies.loads_said(load)})" * bool(load)
+    return (  # the round's: the trials it does not measure again are not counted
+        f"{plural(answer.flagged, 'measurement')} of the round's configurations "
+        f"{'was' if answer.flagged == 1 else 'were'} "
         f"taken while other processes took more than {INTERFERENCE_SHARE:.0%} of the cores: "
         f"{', and '.join(which)}. The round compares flagged runs only with its own flagged "
         f"ones{compared}."

@@ -240,12 +240,12 @@ def off_stage_one(record: studies.TrialRecord) -> float | None:
 
 def measured_flags(record: studies.TrialRecord) -> list[str]:
     """What marks a complete trial's measurement, on its line and in the report's trial table:
-    "interference 81%" (others took that share of the cores), a leak, off stage 1."""
+    "interference 81%" (others took that share of the cores), a leak, "30% slower than stage 1"."""
     flags = [f"interference {record.other_cpu_share or 0:.0%}"] * bool(record.interference)
     if record.memory_left_bytes:  # a leak: the next trial got a fresh worker
         flags.append(f"{si(record.memory_left_bytes)}B of device memory not freed")
-    if (off := off_stage_one(record)) is not None:
-        flags.append(f"{off:+.0%} off stage 1")
+    if (off := off_stage_one(record)) is not None:  # "off" read as slower either way
+        flags.append(f"{abs(off):.0%} {'faster' if off > 0 else 'slower'} than stage 1")
     return flags
 
 

@@ -135,7 +135,8 @@ def trial_rows(study: optuna.Study) -> tuple[list[str], list[TrialRow]]:
         if (off := off_stage_one(record)) is not None and not kind:
             kind = "speed_mismatch"
             message = (
-                f"trained {off:+.0%} off stage 1's prediction of "
+                f"trained {abs(off):.0%} {'faster' if off > 0 else 'slower'} than stage 1's "
+                f"prediction of "
                 f"{fmt(record.predicted_samples_per_second)} samples/s (interference, or a "
                 f"stale speed cache: --remeasure)"
             )
