@@ -604,7 +604,8 @@ def test_stage_one_names_its_speed_study_only_for_what_it_holds(seen, timed, reu
     busy = "1 row of it rests on figures taken while other processes took the cores: --remeasure"
     assert (busy in said) == (reused > 0), said
     # the reused part only where any was: "0 reused (timed by earlier runs ...)" read as news
-    earlier = f", {reused} reused (timed by earlier runs or other processes)" if reused else ""
+    by = "this run's other workers, other processes or earlier runs"  # --workers: not "earlier"
+    earlier = f", {reused} reused (timed by {by})" if reused else ""
     assert f" timed{earlier}, {left_out}, in 3 s{where}. " in said, said
     assert "in study" not in said.replace(where, "")
 

@@ -124,7 +124,8 @@ class LiveObserver(studies.StudyObserver):
         # what was reused may be another study's (the cache is per hardware, model and data)
         timed, reused = self.speed["timed"], self.speed["reused"]
         kept = f"; {'those timed' if reused else 'all'} in study {name}" if timed else ""
-        earlier = f", {reused} reused (timed by earlier runs or other processes)" if reused else ""
+        by = "this run's other workers, other processes or earlier runs"  # --workers: each times
+        earlier = f", {reused} reused (timed by {by})" if reused else ""
         console.print(
             f"stage 1: {plural(timed, 'setting')} timed{again}{earlier}{skipped}, in "
             f"{seconds:.0f} s{kept}. Stage 2 trains with the fastest of each.",
