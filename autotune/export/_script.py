@@ -121,6 +121,8 @@ def render_script(
         clocks.SteadyPace,
         clocks.warmup_steps,
     ]
+    if not config.distributed:  # others' share of its cores while it trains, as a trial's
+        training.append(interference.CpuMeter)  # (a rank would count its peers on the cores)
     has_scheduler = has_schedule(config)
     if has_scheduler:
         training.append(semantics.make_scheduler)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 # Others' share of the trial's cores above which its measurement is flagged. A quiet machine's
 # daemons take about 1%; one busy process on a 2-core machine takes 50%.
@@ -226,7 +227,7 @@ class CpuMeter:
     def _read(self) -> tuple[float, int, int] | None:
         return _ticks_now(self._cores, self.own_ticks)
 
-    def __enter__(self) -> CpuMeter:
+    def __enter__(self) -> Self:
         self._start = self._read()
         return self
 
