@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import socket
 import sqlite3
 import sys
@@ -83,7 +84,8 @@ def test_run_then_best_then_resume(invoke_cli, tmp_path: Path, monkeypatch: pyte
     assert payload["config"] == answer.user_attrs["config"]
     assert payload["metrics"]["score"] >= 0.5
     shown = invoke_cli("best", cwd=tmp_path)  # no --study: the storage's only study (and .speed)
-    assert shown.returncode == 0 and "confirmed: median" in shown.stdout, shown.stdout
+    # "confirmed under load: median" where other processes took the cores (the machine's)
+    assert shown.returncode == 0 and re.search(r"confirmed( under load)?: median", shown.stdout)
     assert shown.stdout.startswith("tiny: trial ")
     # its first figure is the round's median, said so, not the trial's one measurement
     headline = shown.stdout.splitlines()[0]
