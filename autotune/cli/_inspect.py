@@ -317,7 +317,8 @@ def dashboard(
             if noted:  # its "Best Trial" card is the search's best single value, not the answer
                 console.print("Each study's answer, confirmed side by side, is on its Note tab:")
             for summary in noted[:NOTES_LISTED]:
-                page = escape(f"{url}dashboard/studies/{summary._study_id}/note")
+                number = backend.get_study_id_from_name(summary.study_name)  # the page's id
+                page = escape(f"{url}dashboard/studies/{number}/note")
                 console.print(f"  {escape(summary.study_name)}: {page}")
             if location is None:
                 console.print(
