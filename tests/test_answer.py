@@ -152,6 +152,23 @@ def test_a_round_too_noisy_to_rank_names_the_best_median_and_says_so():
     assert answer.number == 2 and answer.spread is not None and answer.spread > 0.25
 
 
+def test_a_noisy_round_whose_named_trial_beats_every_other_run_gives_the_figures():
+    """A new user read "too noisy to rank the leaders" beside the answer's runs of 11.7-15.4
+    against at most 8.63 as a contradiction: under a load that varied, the rule stands (a
+    varying load can open such a gap), and the figures are said beside it."""
+    study = _study([8.06, 4.73, 12.9], baseline=0)
+    series = {2: [12.9, 11.7, 15.4], 0: [8.06, 7.5, 8.63], 1: [4.73, 4.48, 4.98]}
+    loads = {2: 0.2, 0: 0.9, 1: 0.5}  # every run flagged, the load 20-90%: "varied"
+    answer = _answer(study, _round(series, other=loads, baseline=0))
+    assert answer.noise == "varied" and answer.noisy and answer.number == 2
+    assert "trial 2 is named for the best median; its runs (11.7-15.4) all beat every other's " \
+        "(at most 8.63), as a varying load can. " in display.noisy_round(answer)  # fmt: skip
+    series[1] = [4.73, 4.48, 12.0]  # overlapping: nothing more said
+    overlapping = _answer(study, _round(series, other=loads, baseline=0))
+    assert overlapping.number == 2 and overlapping.noisy
+    assert "all beat" not in display.noisy_round(overlapping)
+
+
 def test_the_baseline_can_be_the_answer_and_is_then_named_so():
     study = _study([2.0, 1.9], baseline=0)
     answer = _answer(study, _round({1: [1.9, 1.0, 1.05], 0: [2.0, 2.1, 2.2]}, baseline=0, top=1))
