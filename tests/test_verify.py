@@ -181,12 +181,14 @@ def test_the_command_prints_the_table_and_refuses_what_it_cannot_verify(
     assert all(f"| {name} |" in note for name in names)
     assert "At full length: 3 epochs (autotune verify)" in report.render_html(stored, url)
     # the runner-up too, on request: one more run at the same length, the others kept
+    kept = len(Verification.of(stored).runs)  # type: ignore[union-attr]
     more = invoke_cli(
         "verify", "--storage", url, "--isolation", "none", "--runner-up", cwd=tmp_path
     )
     assert more.returncode == 0, more.stderr
     said = " ".join(more.stdout.split())
     assert "Verifying at 3 epochs: the runner-up (trial" in said and ", 1 run one after" in said
+    assert f"one after another, beside the {kept} stored at 3 epochs; about" in said
     assert "| the runner-up (trial" in notes.study_note(stored, url)
     bad = invoke_cli("verify", "--storage", str(url), "--repeats", "0", cwd=tmp_path)
     assert bad.returncode == 2 and "--repeats 0: it must be from 1 to 1000" in bad.stderr

@@ -272,7 +272,8 @@ def verify(
             on_evaluation=display.verify_progress(console, spec, epochs),
             on_wait=lambda line: console.print(f"  {line}", style="dim", markup=False),
         )
-        display.print_verify_plan(console, studies.runs_left(inputs), epochs)
+        left, kept = studies.runs_left(inputs), studies.runs_kept(inputs)
+        display.print_verify_plan(console, left, epochs, kept)
         verified = studies.verify_study(inputs)
     display.print_verification(console, verified, spec)
     write_note(found, storage)

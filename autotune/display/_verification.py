@@ -20,10 +20,14 @@ LINES_PER_RUN = 10  # evaluations shown while a run trains: about this many
 
 
 def print_verify_plan(
-    console: Console, left: list[tuple[str, optuna.trial.FrozenTrial, int]], epochs: float
+    console: Console,
+    left: list[tuple[str, optuna.trial.FrozenTrial, int]],
+    epochs: float,
+    kept: int = 0,
 ) -> None:
-    """What verify still trains (``left``: role, trial, repeat), and about how long it takes
-    (from each trial's own pace); that nothing is left, where the runs are stored."""
+    """What verify still trains (``left``: role, trial, repeat) beside the ``kept`` runs stored
+    already, and about how long it takes (from each trial's own pace); that nothing is left,
+    where the runs are stored."""
     if not left:
         console.print(f"Verified at {epochs:g} epochs before: the runs stored with the study.")
         return
@@ -33,9 +37,12 @@ def print_verify_plan(
         if record.train_seconds and record.epochs_trained:
             seconds += record.train_seconds / record.epochs_trained * epochs
     names = list(dict.fromkeys(studies.role_name(role, trial.number) for role, trial, _ in left))
+    # a new user's --repeats 3 read "4 runs" where 2 of the 6 were stored: said
+    stored = f", beside the {kept} stored at {epochs:g} epochs" if kept else ""
     console.print(
         f"Verifying at {epochs:g} epochs: {studies.listed(names)}, {plural(len(left), 'run')} "
-        f"one after another; about {duration(seconds)} of training (from their trials' pace).",
+        f"one after another{stored}; about {duration(seconds)} of training (from their trials' "
+        "pace).",
         markup=False,
     )
 

@@ -64,6 +64,7 @@ if TYPE_CHECKING:
         VerifyInputs,
         VerifyRun,
         role_name,
+        runs_kept,
         runs_left,
         verify_candidates,
         verify_study,
@@ -95,8 +96,8 @@ _LAZY = {  # module (under autotune) -> its names
     "study._run": "RunOutcome count_states run_study",
     "study._sampling": "make_sampler",
     "study._trial": "Terminated",
-    "study._verify": "Verification VerifyInputs VerifyRun role_name runs_left verify_candidates"
-    " verify_study",
+    "study._verify": "Verification VerifyInputs VerifyRun role_name runs_kept runs_left"
+    " verify_candidates verify_study",
 }
 _MODULES = {
     name: f"autotune.{module}" for module, names in _LAZY.items() for name in names.split()

@@ -260,9 +260,23 @@ class VerifyInputs:
 def runs_left(inputs: VerifyInputs) -> list[tuple[str, optuna.trial.FrozenTrial, int]]:
     """(role, trial, repeat) of the runs a verify still has to train, in the order it trains
     them (A B C, then C B A, ...)."""
-    done = {(run.role, run.repeat) for run in _kept(inputs.study, inputs.epochs).runs}
-    order = interleaved(verify_candidates(inputs.study, inputs.runner_up), inputs.repeats)
+    order, done = _planned(inputs)
     return [(role, trial, repeat) for (role, trial), repeat in order if (role, repeat) not in done]
+
+
+def runs_kept(inputs: VerifyInputs) -> int:
+    """How many of the runs a verify plans are stored at its epochs already (a resume, or more
+    ``repeats`` than before): kept, not trained again."""
+    order, done = _planned(inputs)
+    return sum((role, repeat) in done for (role, _), repeat in order)
+
+
+def _planned(
+    inputs: VerifyInputs,
+) -> tuple[list[tuple[tuple[str, Any], int]], set[tuple[str, int]]]:
+    """The runs a verify plans, in order, and the (role, repeat) of those stored already."""
+    done = {(run.role, run.repeat) for run in _kept(inputs.study, inputs.epochs).runs}
+    return interleaved(verify_candidates(inputs.study, inputs.runner_up), inputs.repeats), done
 
 
 def verify_study(inputs: VerifyInputs) -> Verification:
