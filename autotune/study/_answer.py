@@ -89,8 +89,10 @@ from autotune.study._confirmed import (
 from autotune.study._reference import (
     Reference,
     failed_reference,
-    few_runs,
+    measured_ratio,
+    ratio_interval,
     same_settings,
+    too_few,
     unlike_loads,
 )
 
@@ -233,40 +235,16 @@ class Answer:
         return next((c for c in self.configurations if c.reference == kind), None)
 
     def measured_ratio(self, reference: Confirmed | None) -> float | None:
-        """The winner's value over ``reference``'s, as "times better" (for a time to a target,
-        the reference's time over the winner's), from the round's own runs (the module's
-        docstring); None where a side has too few of them (``_too_few``), or the two were not
-        measured alike, or under unlike loads (``_alike_sides``)."""
-        winner = self.winner
-        if winner is None or reference is None or _too_few(winner, reference) is not None:
+        """The winner's value over ``reference``'s as "times better" (``measured_ratio``)."""
+        if self.winner is None or reference is None:
             return None
-        if not self.alike or reference.interfered != winner.interfered:
-            return None
-        if not _alike_sides(winner, reference):
-            return None
-        if not reference.round_median or not winner.round_median:
-            return None
-        ratio = winner.round_median / reference.round_median
-        return ratio if self.maximize else 1 / ratio
+        return measured_ratio(self.winner, reference, self.maximize, self.alike)
 
     def interval(self, reference: Confirmed | None) -> tuple[float, float] | None:
-        """Where ``measured_ratio(reference)`` may lie (the module's docstring): the better
-        side's low over the other's high, and its high over their low, each side's range at
-        least the round's spread about its median (``_bounds``); None without a ratio. The
-        high end is infinite where the other side's low reaches 0."""
+        """Where ``measured_ratio(reference)`` may lie (``ratio_interval``); None without one."""
         if self.measured_ratio(reference) is None or reference is None or self.winner is None:
             return None
-        ours, theirs = (self.winner, reference) if self.maximize else (reference, self.winner)
-        top, bottom = self._bounds(ours), self._bounds(theirs)
-        low = max(0.0, top[0] / bottom[1])
-        return low, top[1] / bottom[0] if bottom[0] > 0 else math.inf
-
-    def _bounds(self, side: Confirmed) -> tuple[float, float]:
-        """Where ``side``'s value may lie, from the round's own runs of it: their lowest and
-        highest, widened to the round's spread about their median where they lie closer."""
-        values, middle = side.round_values, side.round_median
-        spread = self.spread or 0.0
-        return min(*values, middle * (1 - spread)), max(*values, middle * (1 + spread))
+        return ratio_interval(self.winner, reference, self.maximize, self.spread or 0.0)
 
     def _range(self, side: Confirmed) -> tuple[float, float] | None:
         """The lowest and highest of the round's own runs of ``side``, for the tie rule (for
@@ -361,7 +339,7 @@ class Answer:
             return dataclasses.replace(found, why=why, infeasible=True)
         winner = self.winner
         assert winner is not None  # (``answer_of`` asks this of a confirmed answer only)
-        if (short := _too_few(winner, measured)) is not None:
+        if (short := too_few(winner, measured)) is not None:
             return dataclasses.replace(found, why=short)
         if ratio is None:
             return dataclasses.replace(found, why=unlike_loads(winner, measured))
@@ -376,25 +354,6 @@ class Answer:
         if interval[0] <= 1.0 <= interval[1]:  # the runs overlap: tied, or too noisy to say
             return dataclasses.replace(found, tied=self.noise == "quiet")
         return dataclasses.replace(found, ratio=ratio)
-
-
-def _too_few(winner: Confirmed, reference: Confirmed) -> str | None:
-    """Why no ratio of ``winner`` over ``reference`` where either has fewer than
-    ``CONFIRMED_RUNS`` feasible runs of the round's own, compared (the module's docstring);
-    None where both have enough."""
-    for who, side in (("the answer", winner), ("it", reference)):
-        if len(side.round_values) < CONFIRMED_RUNS:
-            return few_runs(who, len(side.round_values))
-    return None
-
-
-def _alike_sides(one: Confirmed, other: Confirmed) -> bool:
-    """Whether two configurations' runs were taken under like loads: their median loads
-    (``loads_alike``). Interleaved, both meet whatever the machine does meanwhile; a drift in
-    the load that falls on one side alone sets their medians apart."""
-    if not one.loads or not other.loads:
-        return True
-    return loads_alike((statistics.median(one.loads), statistics.median(other.loads)))
 
 
 def _span(values: Iterable[float]) -> tuple[float, float] | None:

@@ -1,12 +1,14 @@
 """A reference measured beside the study's answer (the untuned baseline, the tuning checklist)
 and the answer's ratio over it, as every rendering says it (``Reference.said``), with the
-reasons a ratio is not claimed in their words. When a ratio is claimed is ``_answer``'s (its
-module docstring); this module only holds the result and its wording.
+reasons a ratio is not claimed in their words, and the ratio's arithmetic: the two sides'
+medians of the round's own runs and where their ratio may lie. When a ratio is claimed is
+``_answer``'s (its module docstring).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -15,7 +17,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.stage1._plan import config_key
 from autotune.storage._records import REFERENCE_NAMES, ReferenceKind, TrialRecord
-from autotune.study._confirmed import CONFIRMED_RUNS, Confirmed, loads_said
+from autotune.study._confirmed import CONFIRMED_RUNS, Confirmed, loads_alike, loads_said
 
 
 @dataclass(frozen=True)
@@ -106,3 +108,61 @@ def failed_reference(trials: Iterable[FrozenTrial], kind: ReferenceKind) -> Refe
             why = f"it failed ({record.fail_msg})" if record.fail_msg else "it did not complete"
             return Reference(REFERENCE_NAMES[kind], trial.number, math.nan, 0, None, why=why)
     return None
+
+
+def measured_ratio(
+    winner: Confirmed, reference: Confirmed, maximize: bool, alike: bool
+) -> float | None:
+    """The winner's value over ``reference``'s, as "times better" (for a time to a target,
+    the reference's time over the winner's), from the round's own runs (``_answer``'s
+    docstring); None where a side has too few of them (``too_few``), or the two were not
+    measured alike (``alike``: the round compared like runs), or under unlike loads."""
+    if too_few(winner, reference) is not None:
+        return None
+    if not alike or reference.interfered != winner.interfered:
+        return None
+    if not _alike_sides(winner, reference):
+        return None
+    if not reference.round_median or not winner.round_median:
+        return None
+    ratio = winner.round_median / reference.round_median
+    return ratio if maximize else 1 / ratio
+
+
+def ratio_interval(
+    winner: Confirmed, reference: Confirmed, maximize: bool, spread: float
+) -> tuple[float, float]:
+    """Where the ratio of ``winner`` over ``reference`` may lie: the better side's low over the
+    other's high, and its high over their low, each side's range at least the round's
+    ``spread`` about its median (``_bounds``). The high end is infinite where the other side's
+    low reaches 0."""
+    ours, theirs = (winner, reference) if maximize else (reference, winner)
+    top, bottom = _bounds(ours, spread), _bounds(theirs, spread)
+    low = max(0.0, top[0] / bottom[1])
+    return low, top[1] / bottom[0] if bottom[0] > 0 else math.inf
+
+
+def _bounds(side: Confirmed, spread: float) -> tuple[float, float]:
+    """Where ``side``'s value may lie, from the round's own runs of it: their lowest and
+    highest, widened to the round's ``spread`` about their median where they lie closer."""
+    values, middle = side.round_values, side.round_median
+    return min(*values, middle * (1 - spread)), max(*values, middle * (1 + spread))
+
+
+def too_few(winner: Confirmed, reference: Confirmed) -> str | None:
+    """Why no ratio of ``winner`` over ``reference`` where either has fewer than
+    ``CONFIRMED_RUNS`` feasible runs of the round's own, compared (``_answer``'s docstring);
+    None where both have enough."""
+    for who, side in (("the answer", winner), ("it", reference)):
+        if len(side.round_values) < CONFIRMED_RUNS:
+            return few_runs(who, len(side.round_values))
+    return None
+
+
+def _alike_sides(one: Confirmed, other: Confirmed) -> bool:
+    """Whether two configurations' runs were taken under like loads: their median loads
+    (``loads_alike``). Interleaved, both meet whatever the machine does meanwhile; a drift in
+    the load that falls on one side alone sets their medians apart."""
+    if not one.loads or not other.loads:
+        return True
+    return loads_alike((statistics.median(one.loads), statistics.median(other.loads)))
