@@ -326,13 +326,16 @@ def _apart(answer: studies.Answer) -> str:
     others = [c for c in answer.configurations if c is not mine and c.values]
     if mine is None or not mine.values or not others or answer.noise != "varied":
         return ""  # a wide spread by itself: no load to blame a gap on
-    if answer.maximize and mine.low > (best := max(c.high for c in others)):
-        edge, against = f"{fmt(mine.low)}-{fmt(mine.high)}", f"at most {fmt(best)}"
-    elif not answer.maximize and mine.high < (best := min(c.low for c in others)):
-        edge, against = f"{fmt(mine.low)}-{fmt(mine.high)}", f"at least {fmt(best)}"
+    if answer.maximize:
+        bound = max(c.high for c in others)
+        beaten, against = mine.low > bound, f"at most {fmt(bound)}"
     else:
-        return ""
-    return f"; its runs ({edge}) all beat every other's ({against}), as a varying load can"
+        bound = min(c.low for c in others)
+        beaten, against = mine.high < bound, f"at least {fmt(bound)}"
+    edge = f"{fmt(mine.low)}-{fmt(mine.high)}"
+    return (
+        f"; its runs ({edge}) all beat every other's ({against}), as a varying load can" * beaten
+    )
 
 
 def _why_noisy(answer: studies.Answer) -> str:
